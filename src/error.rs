@@ -1,0 +1,94 @@
+//! The one error type of the crate. Every fallible public function returns [`Result`].
+//! Variants are structured so that callers (CLI, server, wasm facade) can tell problems apart.
+
+use std::fmt;
+
+/// Everything that can go wrong in wgspec, named precisely.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Reading a file or another byte source failed.
+    #[error("i/o error on {path}: {message}")]
+    Io { path: String, message: String },
+
+    /// The byte stream ended before a structure was complete.
+    #[error("file truncated: needed {needed} bytes at offset {offset} for {what}, but the file has {len}")]
+    Truncated { what: String, offset: u64, needed: u64, len: u64 },
+
+    /// The file does not start with the magic of the expected format.
+    #[error("bad magic: expected {expected}, found {found:?}")]
+    BadMagic { expected: &'static str, found: [u8; 4] },
+
+    /// A known format, but a version this crate does not read.
+    #[error("unsupported {format} version {version}")]
+    UnsupportedVersion { format: &'static str, version: u32 },
+
+    /// A header field has a value that cannot be right (a count, a dimension, an offset, a length).
+    #[error("corrupt {format} file: {message}")]
+    Corrupt { format: &'static str, message: String },
+
+    /// A tensor element type that no loader or kernel knows.
+    #[error("tensor {tensor}: unknown or unsupported tensor type {type_name}")]
+    UnsupportedTensorType { tensor: String, type_name: String },
+
+    /// A tensor the architecture needs is not in the file.
+    #[error("missing tensor {name}")]
+    MissingTensor { name: String },
+
+    /// A tensor is present but has the wrong shape for the model's config.
+    #[error("tensor {name} has shape {found:?}, expected {expected:?}")]
+    TensorShape { name: String, expected: Vec<usize>, found: Vec<usize> },
+
+    /// A metadata key the architecture needs is missing or has the wrong type.
+    #[error("metadata {key}: {message}")]
+    Metadata { key: String, message: String },
+
+    /// The model's architecture is not one this crate runs.
+    #[error("unsupported architecture {0:?} (supported: llama, qwen2)")]
+    UnsupportedArchitecture(String),
+
+    /// The tokens do not fit in the model's context window.
+    #[error("context overflow: {needed} positions needed, the context holds {context}")]
+    ContextOverflow { needed: usize, context: usize },
+
+    /// A call was made with arguments that cannot be served.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// A token id is not in the vocabulary.
+    #[error("token id {id} is outside the vocabulary of {vocab}")]
+    TokenOutOfRange { id: u32, vocab: usize },
+
+    /// Building or using the tokenizer failed.
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+
+    /// No GPU adapter could be found or a device could not be created.
+    #[error("no usable GPU: {0}")]
+    NoGpu(String),
+
+    /// The adapter lacks a limit or feature this model needs.
+    #[error("GPU limit: {0}")]
+    GpuLimit(String),
+
+    /// A GPU operation (buffer mapping, submission, validation) failed.
+    #[error("GPU error: {0}")]
+    Gpu(String),
+
+    /// Fetching a model failed (a download, an archive, a checksum).
+    #[error("fetch {name}: {message}")]
+    Fetch { name: String, message: String },
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// Shorthand for [`Error::Corrupt`].
+    pub fn corrupt(format: &'static str, message: impl fmt::Display) -> Self {
+        Error::Corrupt { format, message: message.to_string() }
+    }
+    /// Shorthand for [`Error::Io`].
+    pub fn io(path: impl fmt::Display, err: impl fmt::Display) -> Self {
+        Error::Io { path: path.to_string(), message: err.to_string() }
+    }
+}

@@ -1,0 +1,1 @@
+//! File formats: bytes -> metadata + typed tensors. No GPU knowledge here.

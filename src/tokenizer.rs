@@ -1,0 +1,1 @@
+//! Tokenizers: tokenizer.json or a GGUF vocabulary.
