@@ -1,0 +1,1 @@
+//! GPU core: adapter, device, buffers, kernels, op lists.

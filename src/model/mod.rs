@@ -1,0 +1,1 @@
+//! The transformer: config, weights on the GPU, KV cache, forward pass.
