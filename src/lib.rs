@@ -5,9 +5,15 @@
 //! The same code runs natively (wgpu on Vulkan/Metal/DX12) and in the browser (wasm32 + WebGPU).
 
 pub mod error;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod fetch;
 pub mod gpu;
 pub mod loader;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod local;
 pub mod model;
+pub mod sampling;
+pub mod session;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

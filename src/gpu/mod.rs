@@ -1,1 +1,225 @@
-//! GPU core: adapter, device, buffers, kernels, op lists.
+//! GPU core: the adapter and device (with the adapter's real limits), typed buffers, the kernel
+//! pipelines built once, op lists encoded into one command buffer, and async readback.
+//!
+//! Everything here is `async` without blocking assumptions, so the same code runs natively and in
+//! wasm32 (where the browser drives the futures). Native callers block on it with `pollster`.
+
+mod buffer;
+mod kernel;
+mod ops;
+
+pub use buffer::{GpuBuffer, PackedF16};
+pub use kernel::{Kernel, Pipelines};
+pub use ops::{AttentionShape, MatmulOut, RopeLayout, Step, WeightsRef};
+
+use crate::error::{Error, Result};
+
+/// An adapter, its device and queue, its limits, and the compiled kernels.
+pub struct Gpu {
+    pub device: wgpu::Device,
+    pub queue: wgpu::Queue,
+    /// What the adapter says about itself (name, backend, driver).
+    pub info: wgpu::AdapterInfo,
+    /// The limits the device was created with: the adapter's own, not WebGPU's defaults.
+    pub limits: wgpu::Limits,
+    pipelines: Pipelines,
+}
+
+/// How many workgroups an op dispatches, possibly depending on the rows `n` in the pass.
+#[derive(Clone, Copy, Debug)]
+pub enum Grid {
+    /// Always these counts.
+    Fixed([u32; 3]),
+    /// `[x, n, 1]`: x groups for each row.
+    PerRow(u32),
+    /// `[n, 1, 1]`: one group per row.
+    Rows,
+}
+
+impl Grid {
+    fn counts(self, n: u32) -> [u32; 3] {
+        match self {
+            Grid::Fixed(c) => c,
+            Grid::PerRow(x) => [x, n, 1],
+            Grid::Rows => [n, 1, 1],
+        }
+    }
+}
+
+/// One dispatch of one kernel over buffers bound once. Built at model load, replayed every pass.
+pub struct Op {
+    kernel: Kernel,
+    bind_group: wgpu::BindGroup,
+    grid: Grid,
+}
+
+/// Workgroups needed to cover `items` with 64-thread groups.
+pub fn groups(items: usize) -> u32 {
+    items.div_ceil(Kernel::WORKGROUP as usize) as u32
+}
+
+impl Gpu {
+    /// Picks the highest-performance adapter and creates a device with the adapter's full limits.
+    pub async fn new() -> Result<Gpu> {
+        let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
+        let adapter = instance
+            .request_adapter(&wgpu::RequestAdapterOptions {
+                power_preference: wgpu::PowerPreference::HighPerformance,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| Error::NoGpu(format!("no adapter found: {e}")))?;
+        let info = adapter.get_info();
+        let limits = adapter.limits();
+        if limits.max_compute_invocations_per_workgroup < Kernel::WORKGROUP
+            || limits.max_storage_buffers_per_shader_stage < 6
+        {
+            return Err(Error::GpuLimit(format!(
+                "adapter {} allows {} invocations per workgroup and {} storage buffers per stage; \
+                 wgspec needs {} and 6",
+                info.name,
+                limits.max_compute_invocations_per_workgroup,
+                limits.max_storage_buffers_per_shader_stage,
+                Kernel::WORKGROUP
+            )));
+        }
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("wgspec"),
+                required_features: wgpu::Features::empty(),
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| Error::NoGpu(format!("adapter {} refused a device: {e}", info.name)))?;
+        let pipelines = Pipelines::build(&device).await?;
+        Ok(Gpu { device, queue, info, limits, pipelines })
+    }
+
+    /// A one-line description of the adapter, for logs and benchmark records.
+    pub fn describe(&self) -> String {
+        format!("{} ({:?}, {})", self.info.name, self.info.backend, self.info.driver_info)
+    }
+
+    /// The largest buffer that one binding may cover, in bytes (a multiple of 256).
+    pub fn max_binding_bytes(&self) -> u64 {
+        self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size) / 256 * 256
+    }
+
+    /// A uniform buffer holding `data` (padded to 16 bytes).
+    pub fn uniform(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
+        let size = (data.len() as u64).max(16).next_multiple_of(16);
+        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        self.queue.write_buffer(&buffer, 0, data);
+        buffer
+    }
+
+    /// Builds an op: `kernel` bound to the step uniform, its own params, then `storage` in binding order.
+    pub fn op(
+        &self,
+        kernel: Kernel,
+        step: &wgpu::Buffer,
+        params: &wgpu::Buffer,
+        storage: &[&wgpu::Buffer],
+        grid: Grid,
+    ) -> Op {
+        let layout = self.pipelines.get(kernel).get_bind_group_layout(0);
+        let mut entries = vec![
+            wgpu::BindGroupEntry { binding: 0, resource: step.as_entire_binding() },
+            wgpu::BindGroupEntry { binding: 1, resource: params.as_entire_binding() },
+        ];
+        for (i, b) in storage.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry { binding: 2 + i as u32, resource: b.as_entire_binding() });
+        }
+        let bind_group = self.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(&format!("{kernel:?}")),
+            layout: &layout,
+            entries: &entries,
+        });
+        Op { kernel, bind_group, grid }
+    }
+
+    /// Records `ops` for a pass of `n` rows into one compute pass of `encoder`.
+    pub fn encode(&self, encoder: &mut wgpu::CommandEncoder, ops: &[Op], n: u32) {
+        let mut pass =
+            encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
+        for op in ops {
+            let [x, y, z] = op.grid.counts(n);
+            if x == 0 || y == 0 || z == 0 {
+                continue;
+            }
+            pass.set_pipeline(self.pipelines.get(op.kernel));
+            pass.set_bind_group(0, &op.bind_group, &[]);
+            pass.dispatch_workgroups(x, y, z);
+        }
+    }
+
+    /// A new command encoder.
+    pub fn encoder(&self) -> wgpu::CommandEncoder {
+        self.device.create_command_encoder(&wgpu::CommandEncoderDescriptor { label: None })
+    }
+
+    /// Submits `encoder` after copying `bytes` bytes of `src` from `offset` (a multiple of 4) into a
+    /// fresh read-back buffer, waits for the GPU and returns the bytes. One submission, one small map.
+    pub async fn submit_and_read(
+        &self,
+        mut encoder: wgpu::CommandEncoder,
+        src: &wgpu::Buffer,
+        offset: u64,
+        bytes: u64,
+    ) -> Result<Vec<u8>> {
+        let size = bytes.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT).max(4);
+        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("readback"),
+            size,
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        encoder.copy_buffer_to_buffer(src, offset, &staging, 0, size);
+        let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        self.queue.submit([encoder.finish()]);
+        let (tx, rx) = futures_channel::oneshot::channel();
+        staging.map_async(wgpu::MapMode::Read, .., move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait()?;
+        if let Some(err) = scope.pop().await {
+            return Err(Error::Gpu(format!("validation: {err}")));
+        }
+        rx.await
+            .map_err(|_| Error::Gpu("read-back cancelled".into()))?
+            .map_err(|e| Error::Gpu(format!("mapping the read-back buffer: {e}")))?;
+        let view = staging.get_mapped_range(..).map_err(|e| Error::Gpu(format!("mapped range: {e}")))?;
+        let mut out = view.to_vec();
+        drop(view);
+        staging.unmap();
+        out.truncate(bytes as usize);
+        Ok(out)
+    }
+
+    /// Submits `encoder` without reading anything back.
+    pub fn submit(&self, encoder: wgpu::CommandEncoder) {
+        self.queue.submit([encoder.finish()]);
+    }
+
+    /// Native: blocks until the queue is idle and callbacks have run. Browser: the event loop does it.
+    fn wait(&self) -> Result<()> {
+        #[cfg(not(target_arch = "wasm32"))]
+        self.device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map_err(|e| Error::Gpu(format!("waiting for the GPU: {e}")))?;
+        Ok(())
+    }
+
+    /// Reads a whole buffer back (tests and debugging; the model reads through `submit_and_read`).
+    pub async fn read_buffer(&self, src: &wgpu::Buffer) -> Result<Vec<u8>> {
+        self.submit_and_read(self.encoder(), src, 0, src.size()).await
+    }
+}

@@ -1,1 +1,11 @@
-//! The transformer: config, weights on the GPU, KV cache, forward pass.
+//! The transformer: config, checkpoint access, weights on the GPU, the forward pass.
+
+pub mod checkpoint;
+pub mod config;
+pub mod transformer;
+pub mod weights;
+
+pub use checkpoint::{Checkpoint, HostData, HostTensor, Precision};
+pub use config::{Arch, Config};
+pub use transformer::{LoadOptions, Model, MAX_BATCH};
+pub use weights::{tensor_specs, LoadProgress, Matrix, Weights};

@@ -1,0 +1,92 @@
+// Causal multi-head attention with grouped KV heads over the KV cache (one workgroup per head and row).
+// Row r of the pass sits at position pos = start_pos + r and attends to cache positions 0..=pos:
+//   s_j = (q . k_j) * scale;  p_j = exp(s_j - max s) / sum exp;  out = sum_j p_j v_j
+// Every reduction runs in a fixed order that depends only on pos, never on n, so a verify pass
+// over K+1 rows reproduces single-row steps bit for bit.
+
+struct Step { n: u32, start_pos: u32 }
+struct Params {
+    heads: u32,      // query heads
+    kv_heads: u32,   // key/value heads (heads % kv_heads == 0)
+    head_dim: u32,   // multiple of 4
+    ctx: u32,        // cache positions (row stride of the scores scratch)
+    scale: f32,      // 1 / sqrt(head_dim)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+const WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;         // [n, heads * head_dim / 4]
+@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;   // [ctx, kv_heads * head_dim / 4]
+@group(0) @binding(4) var<storage, read> v_cache: array<f32>;         // [ctx, kv_heads * head_dim]
+@group(0) @binding(5) var<storage, read_write> scores: array<f32>;    // [n, heads, ctx] scratch
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;       // [n, heads * head_dim]
+
+var<workgroup> partial: array<f32, WG>;
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let r = wid.y;
+    if (r >= step.n) { return; }
+    let t = lid.x;
+    let pos = step.start_pos + r;
+    let len = pos + 1u;
+    let hd4 = p.head_dim / 4u;
+    let kvh = h / (p.heads / p.kv_heads);
+    let q_base = (r * p.heads + h) * hd4;
+    let kv_row4 = p.kv_heads * hd4;
+    let s_base = (r * p.heads + h) * p.ctx;
+
+    // 1. scores and the running max of this thread's keys
+    var m = -3.4028235e38;
+    for (var j = t; j < len; j += WG) {
+        let k_base = j * kv_row4 + kvh * hd4;
+        var s = 0.0;
+        for (var d = 0u; d < hd4; d++) {
+            s += dot(q[q_base + d], k_cache[k_base + d]);
+        }
+        s *= p.scale;
+        scores[s_base + j] = s;
+        m = max(m, s);
+    }
+    partial[t] = m;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (t < stride) { partial[t] = max(partial[t], partial[t + stride]); }
+        workgroupBarrier();
+    }
+    let m_all = partial[0];
+    workgroupBarrier();
+
+    // 2. exponentials and their sum
+    var l = 0.0;
+    for (var j = t; j < len; j += WG) {
+        let e = exp(scores[s_base + j] - m_all);
+        scores[s_base + j] = e;
+        l += e;
+    }
+    partial[t] = l;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (t < stride) { partial[t] += partial[t + stride]; }
+        workgroupBarrier();
+    }
+    let inv_l = 1.0 / partial[0];
+    storageBarrier();
+
+    // 3. weighted sum of values, one output dimension per thread
+    let kv_row = p.kv_heads * p.head_dim;
+    let o_base = (r * p.heads + h) * p.head_dim;
+    for (var d = t; d < p.head_dim; d += WG) {
+        var acc = 0.0;
+        for (var j = 0u; j < len; j++) {
+            acc += scores[s_base + j] * v_cache[j * kv_row + kvh * p.head_dim + d];
+        }
+        out[o_base + d] = acc * inv_l;
+    }
+}

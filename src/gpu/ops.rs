@@ -1,0 +1,296 @@
+//! One constructor per kernel: each writes the kernel's parameter block (laid out exactly as the
+//! `Params` struct of its `.wgsl` file) and binds its buffers. Model code only calls these.
+//!
+//! Every op also binds the shared step uniform `[n, start_pos]` (see [`Step`]), written once per pass.
+
+use bytemuck::{Pod, Zeroable};
+
+use super::{groups, Gpu, GpuBuffer, Grid, Kernel, Op, PackedF16};
+
+/// The per-pass uniform shared by every op: rows in the pass and the position of the first row.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Step {
+    pub n: u32,
+    pub start_pos: u32,
+}
+
+/// A weight matrix chunk as a matmul or embedding reads it.
+pub enum WeightsRef<'a> {
+    F32(&'a GpuBuffer<f32>),
+    F16(&'a GpuBuffer<PackedF16>),
+}
+
+impl WeightsRef<'_> {
+    fn raw(&self) -> &wgpu::Buffer {
+        match self {
+            WeightsRef::F32(b) => &b.raw,
+            WeightsRef::F16(b) => &b.raw,
+        }
+    }
+}
+
+/// Where a matmul writes its rows.
+#[derive(Clone, Copy, Debug)]
+pub struct MatmulOut {
+    /// Row stride of the output, in f32.
+    pub ldy: u32,
+    /// First output column written by this chunk.
+    pub col_offset: u32,
+    /// Row r of the pass goes to row `start_pos + r` (true: KV cache) or to row r (false).
+    pub at_start_pos: bool,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct MatmulParams {
+    k4: u32,
+    cols: u32,
+    col_offset: u32,
+    ldy: u32,
+    y_row_base: u32,
+    has_bias: u32,
+    _pad: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct EmbedParams {
+    dim: u32,
+    row_start: u32,
+    rows: u32,
+    _pad: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct NormParams {
+    dim: u32,
+    eps: f32,
+    _pad: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct RopeParams {
+    heads: u32,
+    head_dim: u32,
+    rope_dim: u32,
+    pairing: u32,
+    row_base: u32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct AttentionParams {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    ctx: u32,
+    scale: f32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct WidthParams {
+    width: u32,
+    _pad: [u32; 3],
+}
+
+/// Rotary layouts: which pairs of a head's dimensions rotate together.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RopeLayout {
+    /// `(x[2i], x[2i+1])`: GGUF llama q/k (llama.cpp's "normal" mode).
+    Interleaved,
+    /// `(x[i], x[i + rope_dim/2])`: Hugging Face checkpoints and GGUF qwen2 (llama.cpp's "neox" mode).
+    Halves,
+}
+
+/// Shapes of one attention layer.
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionShape {
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// Positions the KV cache holds.
+    pub ctx: u32,
+}
+
+impl Gpu {
+    /// `y[r, col_offset + c] (+)= x[r, :] . w[c, :] + bias[c]` for the `cols` rows of one weight chunk.
+    /// `x: [n, k]`, `w: [cols, k]`, `bias: [cols]` or None.
+    #[allow(clippy::too_many_arguments)]
+    pub fn matmul(
+        &self,
+        step: &wgpu::Buffer,
+        x: &GpuBuffer<f32>,
+        w: WeightsRef<'_>,
+        bias: Option<&GpuBuffer<f32>>,
+        y: &GpuBuffer<f32>,
+        k: usize,
+        cols: usize,
+        out: MatmulOut,
+    ) -> Op {
+        let kernel = match w {
+            WeightsRef::F32(_) => Kernel::MatmulF32,
+            WeightsRef::F16(_) => Kernel::MatmulF16,
+        };
+        let p = MatmulParams {
+            k4: (k / 4) as u32,
+            cols: cols as u32,
+            col_offset: out.col_offset,
+            ldy: out.ldy,
+            y_row_base: out.at_start_pos as u32,
+            has_bias: bias.is_some() as u32,
+            _pad: [0; 2],
+        };
+        let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
+        // An unused bias binding still needs a buffer: x serves (it is never read then).
+        let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
+        self.op(kernel, step, &params, &[&x.raw, w.raw(), bias_raw, &y.raw], Grid::Fixed([groups(cols), 1, 1]))
+    }
+
+    /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one chunk of an embedding table.
+    pub fn embed(
+        &self,
+        step: &wgpu::Buffer,
+        tokens: &GpuBuffer<u32>,
+        table: WeightsRef<'_>,
+        x: &GpuBuffer<f32>,
+        dim: usize,
+        row_start: usize,
+        rows: usize,
+    ) -> Op {
+        let (kernel, threads) = match table {
+            WeightsRef::F32(_) => (Kernel::EmbedF32, dim),
+            WeightsRef::F16(_) => (Kernel::EmbedF16, dim / 2),
+        };
+        let p = EmbedParams { dim: dim as u32, row_start: row_start as u32, rows: rows as u32, _pad: 0 };
+        let params = self.uniform("embed params", bytemuck::bytes_of(&p));
+        self.op(kernel, step, &params, &[&tokens.raw, table.raw(), &x.raw], Grid::PerRow(groups(threads)))
+    }
+
+    /// `y[r] = x[r] / rms(x[r]) * weight`; `x, y: [n, dim]`, `weight: [dim]`.
+    pub fn rmsnorm(
+        &self,
+        step: &wgpu::Buffer,
+        x: &GpuBuffer<f32>,
+        weight: &GpuBuffer<f32>,
+        y: &GpuBuffer<f32>,
+        dim: usize,
+        eps: f32,
+    ) -> Op {
+        let p = NormParams { dim: dim as u32, eps, _pad: [0; 2] };
+        let params = self.uniform("rmsnorm params", bytemuck::bytes_of(&p));
+        self.op(Kernel::RmsNorm, step, &params, &[&x.raw, &weight.raw, &y.raw], Grid::Rows)
+    }
+
+    /// Rotates `x: [rows, heads * head_dim]` in place; `cos_sin: [positions, rope_dim / 2, 2]`.
+    /// With `at_start_pos`, pass row r is row `start_pos + r` of `x` (a KV cache).
+    #[allow(clippy::too_many_arguments)]
+    pub fn rope(
+        &self,
+        step: &wgpu::Buffer,
+        cos_sin: &GpuBuffer<f32>,
+        x: &GpuBuffer<f32>,
+        heads: usize,
+        head_dim: usize,
+        rope_dim: usize,
+        layout: RopeLayout,
+        at_start_pos: bool,
+    ) -> Op {
+        let p = RopeParams {
+            heads: heads as u32,
+            head_dim: head_dim as u32,
+            rope_dim: rope_dim as u32,
+            pairing: match layout {
+                RopeLayout::Interleaved => 0,
+                RopeLayout::Halves => 1,
+            },
+            row_base: at_start_pos as u32,
+            _pad: [0; 3],
+        };
+        let params = self.uniform("rope params", bytemuck::bytes_of(&p));
+        self.op(Kernel::Rope, step, &params, &[&cos_sin.raw, &x.raw], Grid::PerRow(groups(heads * rope_dim / 2)))
+    }
+
+    /// Causal attention of `q: [n, heads * head_dim]` over the caches `[ctx, kv_heads * head_dim]`
+    /// into `out: [n, heads * head_dim]`, using `scores: [n_max, heads, ctx]` as scratch.
+    #[allow(clippy::too_many_arguments)]
+    pub fn attention(
+        &self,
+        step: &wgpu::Buffer,
+        q: &GpuBuffer<f32>,
+        k_cache: &GpuBuffer<f32>,
+        v_cache: &GpuBuffer<f32>,
+        scores: &GpuBuffer<f32>,
+        out: &GpuBuffer<f32>,
+        shape: AttentionShape,
+    ) -> Op {
+        let p = AttentionParams {
+            heads: shape.heads,
+            kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+            ctx: shape.ctx,
+            scale: 1.0 / (shape.head_dim as f32).sqrt(),
+            _pad: [0; 3],
+        };
+        let params = self.uniform("attention params", bytemuck::bytes_of(&p));
+        self.op(
+            Kernel::Attention,
+            step,
+            &params,
+            &[&q.raw, &k_cache.raw, &v_cache.raw, &scores.raw, &out.raw],
+            Grid::PerRow(shape.heads),
+        )
+    }
+
+    /// `gate = silu(gate) * up` over `[n, width]`.
+    pub fn silu_mul(&self, step: &wgpu::Buffer, gate: &GpuBuffer<f32>, up: &GpuBuffer<f32>, width: usize) -> Op {
+        self.elementwise(Kernel::SiluMul, step, gate, up, width)
+    }
+
+    /// `x += y` over `[n, width]`.
+    pub fn add(&self, step: &wgpu::Buffer, x: &GpuBuffer<f32>, y: &GpuBuffer<f32>, width: usize) -> Op {
+        self.elementwise(Kernel::Add, step, x, y, width)
+    }
+
+    fn elementwise(
+        &self,
+        kernel: Kernel,
+        step: &wgpu::Buffer,
+        x: &GpuBuffer<f32>,
+        y: &GpuBuffer<f32>,
+        width: usize,
+    ) -> Op {
+        let p = WidthParams { width: width as u32, _pad: [0; 3] };
+        let params = self.uniform("elementwise params", bytemuck::bytes_of(&p));
+        self.op(kernel, step, &params, &[&x.raw, &y.raw], Grid::PerRow(groups(width)))
+    }
+
+    /// `out[r] = argmax logits[r, :]` (lowest index on ties); `logits: [n, vocab]`, `out: [n]`.
+    pub fn argmax(
+        &self,
+        step: &wgpu::Buffer,
+        logits: &GpuBuffer<f32>,
+        out: &GpuBuffer<u32>,
+        vocab: usize,
+    ) -> Op {
+        let p = WidthParams { width: vocab as u32, _pad: [0; 3] };
+        let params = self.uniform("argmax params", bytemuck::bytes_of(&p));
+        self.op(Kernel::Argmax, step, &params, &[&logits.raw, &out.raw], Grid::Rows)
+    }
+
+    /// The step uniform buffer (write it with [`Gpu::write_step`] before each pass).
+    pub fn step_buffer(&self) -> wgpu::Buffer {
+        self.uniform("step", bytemuck::bytes_of(&Step { n: 0, start_pos: 0 }))
+    }
+
+    /// Sets the rows and start position of the next pass.
+    pub fn write_step(&self, step: &wgpu::Buffer, n: usize, start_pos: usize) {
+        let s = Step { n: n as u32, start_pos: start_pos as u32 };
+        self.queue.write_buffer(step, 0, bytemuck::bytes_of(&s));
+    }
+}

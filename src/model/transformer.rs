@@ -1,0 +1,262 @@
+//! The transformer on the GPU: weights, a preallocated run state and KV cache, and one
+//! straight-line forward pass recorded once as an op list and replayed for every call.
+
+use std::sync::Arc;
+
+use super::checkpoint::{Checkpoint, Precision};
+use super::config::Config;
+use super::weights::{LoadProgress, Weights};
+use crate::error::{Error, Result};
+use crate::gpu::{AttentionShape, Gpu, GpuBuffer, Op};
+
+/// The most rows one forward pass takes (a verify pass of K drafts + 1).
+pub const MAX_BATCH: usize = 32;
+
+/// How to load a model.
+#[derive(Clone, Debug)]
+pub struct LoadOptions {
+    /// KV cache positions to allocate; `None` = min(model context, 4096).
+    pub context: Option<usize>,
+    /// Precision the weights are kept in on the GPU.
+    pub precision: Precision,
+}
+
+impl Default for LoadOptions {
+    fn default() -> Self {
+        LoadOptions { context: None, precision: Precision::Auto }
+    }
+}
+
+/// Activations and caches, each allocated once for [`MAX_BATCH`] rows.
+struct RunState {
+    step: wgpu::Buffer,           // uniform [n, start_pos]
+    tokens: GpuBuffer<u32>,       // [MAX_BATCH]
+    x: GpuBuffer<f32>,            // [MAX_BATCH, dim] residual stream
+    xb: GpuBuffer<f32>,           // [MAX_BATCH, dim] normed input of a sub-block
+    xb2: GpuBuffer<f32>,          // [MAX_BATCH, dim] output of a sub-block
+    q: GpuBuffer<f32>,            // [MAX_BATCH, q_dim]
+    att: GpuBuffer<f32>,          // [MAX_BATCH, q_dim] attention output
+    scores: GpuBuffer<f32>,       // [MAX_BATCH, n_heads, context] attention scratch
+    hb: GpuBuffer<f32>,           // [MAX_BATCH, ffn_dim] gate, then silu(gate) * up
+    hb2: GpuBuffer<f32>,          // [MAX_BATCH, ffn_dim] up
+    logits: GpuBuffer<f32>,       // [MAX_BATCH, vocab]
+    argmax: GpuBuffer<u32>,       // [MAX_BATCH]
+    k_cache: Vec<GpuBuffer<f32>>, // per layer [context, kv_dim]
+    v_cache: Vec<GpuBuffer<f32>>, // per layer [context, kv_dim]
+    cos_sin: GpuBuffer<f32>,      // [context, rope_dim / 2, 2]
+}
+
+/// A model on the GPU with its KV cache. `forward` appends positions; `truncate` rolls back.
+pub struct Model {
+    pub config: Config,
+    gpu: Arc<Gpu>,
+    /// Kept alive for the bind groups that reference them.
+    _weights: Weights,
+    state: RunState,
+    /// The whole forward pass up to the logits.
+    forward_ops: Vec<Op>,
+    /// Argmax of every logits row.
+    argmax_ops: Vec<Op>,
+    /// KV cache positions allocated.
+    context: usize,
+    /// Positions currently held in the KV cache.
+    len: usize,
+}
+
+/// RoPE angles for every position: `[context, rope_dim / 2]` pairs (cos, sin), computed in f64.
+fn rope_table(c: &Config, context: usize) -> Vec<f32> {
+    let half = c.rope_dim / 2;
+    let mut t = Vec::with_capacity(context * half * 2);
+    for pos in 0..context {
+        for i in 0..half {
+            let freq = (c.rope_theta as f64).powf(-2.0 * i as f64 / c.rope_dim as f64);
+            let angle = pos as f64 * freq;
+            t.push(angle.cos() as f32);
+            t.push(angle.sin() as f32);
+        }
+    }
+    t
+}
+
+impl Model {
+    /// Uploads the checkpoint's weights and records the forward pass.
+    pub fn load(
+        gpu: Arc<Gpu>,
+        ckpt: &Checkpoint,
+        opts: &LoadOptions,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Model> {
+        let c = ckpt.config.clone();
+        let context = opts.context.unwrap_or(c.context_len.min(4096));
+        if context == 0 || context > c.context_len.max(1) * 8 || context > 1 << 20 {
+            return Err(Error::InvalidArgument(format!("context {context} for a model of {}", c.context_len)));
+        }
+        let weights = Weights::load(&gpu, ckpt, opts.precision, progress)?;
+        let g = &*gpu;
+        let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
+        let state = RunState {
+            step: g.step_buffer(),
+            tokens: GpuBuffer::<u32>::zeros(g, "tokens", MAX_BATCH),
+            x: f32s("x", MAX_BATCH * c.dim),
+            xb: f32s("xb", MAX_BATCH * c.dim),
+            xb2: f32s("xb2", MAX_BATCH * c.dim),
+            q: f32s("q", MAX_BATCH * c.q_dim()),
+            att: f32s("att", MAX_BATCH * c.q_dim()),
+            scores: f32s("scores", MAX_BATCH * c.n_heads * context),
+            hb: f32s("hb", MAX_BATCH * c.ffn_dim),
+            hb2: f32s("hb2", MAX_BATCH * c.ffn_dim),
+            logits: f32s("logits", MAX_BATCH * c.vocab_size),
+            argmax: GpuBuffer::<u32>::zeros(g, "argmax", MAX_BATCH),
+            k_cache: (0..c.n_layers).map(|i| f32s(&format!("k_cache {i}"), context * c.kv_dim())).collect(),
+            v_cache: (0..c.n_layers).map(|i| f32s(&format!("v_cache {i}"), context * c.kv_dim())).collect(),
+            cos_sin: GpuBuffer::<f32>::from_slice(g, "rope cos/sin", &rope_table(&c, context)),
+        };
+        for (label, bytes) in [
+            ("scores", state.scores.len * 4),
+            ("logits", state.logits.len * 4),
+            ("k_cache", context * c.kv_dim() * 4),
+        ] {
+            if bytes as u64 > g.max_binding_bytes() {
+                return Err(Error::GpuLimit(format!(
+                    "{label} needs {bytes} bytes in one binding; the adapter allows {}",
+                    g.max_binding_bytes()
+                )));
+            }
+        }
+        let forward_ops = record_forward(g, &c, &weights, &state, context);
+        let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
+        Ok(Model { config: c, gpu, _weights: weights, state, forward_ops, argmax_ops, context, len: 0 })
+    }
+
+    /// The GPU this model runs on.
+    pub fn gpu(&self) -> &Arc<Gpu> {
+        &self.gpu
+    }
+
+    /// Positions currently in the KV cache.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the KV cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// KV cache positions allocated (the longest sequence this model instance can hold).
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// Rolls the KV cache back to its first `len` positions (no copies: later positions are overwritten).
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    fn check(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
+        if tokens.is_empty() || tokens.len() > MAX_BATCH {
+            return Err(Error::InvalidArgument(format!(
+                "a forward pass takes 1..={MAX_BATCH} tokens, got {}",
+                tokens.len()
+            )));
+        }
+        if start_pos > self.len {
+            return Err(Error::InvalidArgument(format!(
+                "start position {start_pos} is past the {} cached positions",
+                self.len
+            )));
+        }
+        if start_pos + tokens.len() > self.context {
+            return Err(Error::ContextOverflow { needed: start_pos + tokens.len(), context: self.context });
+        }
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
+        }
+        Ok(())
+    }
+
+    fn encode(&mut self, tokens: &[u32], start_pos: usize, argmax: bool) -> Result<wgpu::CommandEncoder> {
+        self.check(tokens, start_pos)?;
+        let g = &*self.gpu;
+        g.write_step(&self.state.step, tokens.len(), start_pos);
+        g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(tokens));
+        let mut enc = g.encoder();
+        g.encode(&mut enc, &self.forward_ops, tokens.len() as u32);
+        if argmax {
+            g.encode(&mut enc, &self.argmax_ops, tokens.len() as u32);
+        }
+        self.len = start_pos + tokens.len();
+        Ok(enc)
+    }
+
+    /// Runs `tokens` at positions `start_pos..` (at most the cached length: earlier positions are
+    /// overwritten) and returns the logits of every row, `[tokens.len(), vocab]` row-major.
+    pub async fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>> {
+        let enc = self.encode(tokens, start_pos, false)?;
+        let bytes = (tokens.len() * self.config.vocab_size * 4) as u64;
+        let raw = self.gpu.submit_and_read(enc, &self.state.logits.raw, 0, bytes).await?;
+        Ok(bytemuck::pod_collect_to_vec(&raw))
+    }
+
+    /// As [`Model::forward`], but reads back only the last row's logits, `[vocab]`.
+    pub async fn forward_last(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>> {
+        let enc = self.encode(tokens, start_pos, false)?;
+        let row = (self.config.vocab_size * 4) as u64;
+        let offset = (tokens.len() as u64 - 1) * row;
+        let raw = self.gpu.submit_and_read(enc, &self.state.logits.raw, offset, row).await?;
+        Ok(bytemuck::pod_collect_to_vec(&raw))
+    }
+
+    /// As [`Model::forward`], but returns only the argmax of every row (computed on the GPU).
+    pub async fn forward_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<u32>> {
+        let enc = self.encode(tokens, start_pos, true)?;
+        let raw = self.gpu.submit_and_read(enc, &self.state.argmax.raw, 0, (tokens.len() * 4) as u64).await?;
+        Ok(bytemuck::pod_collect_to_vec(&raw))
+    }
+}
+
+/// The forward pass as one flat op list, in the order the GPU runs it.
+fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize) -> Vec<Op> {
+    let st = &s.step;
+    let shape = AttentionShape {
+        heads: c.n_heads as u32,
+        kv_heads: c.n_kv_heads as u32,
+        head_dim: c.head_dim as u32,
+        ctx: context as u32,
+    };
+    let mut ops = Vec::new();
+    // x = token_embd[tokens]                                       [n, dim]
+    ops.extend(w.token_embd.embed(g, st, &s.tokens, &s.x));
+    for (l, layer) in w.layers.iter().enumerate() {
+        let (kc, vc) = (&s.k_cache[l], &s.v_cache[l]);
+        // xb = rmsnorm(x) * attn_norm                               [n, dim]
+        ops.push(g.rmsnorm(st, &s.x, &layer.attn_norm, &s.xb, c.dim, c.rms_eps));
+        // q = xb Wq^T + bq                                          [n, q_dim]
+        ops.extend(layer.wq.matmul(g, st, &s.xb, layer.bq.as_ref(), &s.q, c.q_dim(), false));
+        // k_cache[start_pos + r] = xb Wk^T + bk; v likewise          [context, kv_dim]
+        ops.extend(layer.wk.matmul(g, st, &s.xb, layer.bk.as_ref(), kc, c.kv_dim(), true));
+        ops.extend(layer.wv.matmul(g, st, &s.xb, layer.bv.as_ref(), vc, c.kv_dim(), true));
+        // rotate q and the new k rows by their positions
+        ops.push(g.rope(st, &s.cos_sin, &s.q, c.n_heads, c.head_dim, c.rope_dim, c.rope_layout, false));
+        ops.push(g.rope(st, &s.cos_sin, kc, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_layout, true));
+        // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
+        ops.push(g.attention(st, &s.q, kc, vc, &s.scores, &s.att, shape));
+        // x += att Wo^T                                              [n, dim]
+        ops.extend(layer.wo.matmul(g, st, &s.att, None, &s.xb2, c.dim, false));
+        ops.push(g.add(st, &s.x, &s.xb2, c.dim));
+        // xb = rmsnorm(x) * ffn_norm                                 [n, dim]
+        ops.push(g.rmsnorm(st, &s.x, &layer.ffn_norm, &s.xb, c.dim, c.rms_eps));
+        // hb = silu(xb Wgate^T) * (xb Wup^T)                         [n, ffn_dim]
+        ops.extend(layer.gate.matmul(g, st, &s.xb, None, &s.hb, c.ffn_dim, false));
+        ops.extend(layer.up.matmul(g, st, &s.xb, None, &s.hb2, c.ffn_dim, false));
+        ops.push(g.silu_mul(st, &s.hb, &s.hb2, c.ffn_dim));
+        // x += hb Wdown^T                                            [n, dim]
+        ops.extend(layer.down.matmul(g, st, &s.hb, None, &s.xb2, c.dim, false));
+        ops.push(g.add(st, &s.x, &s.xb2, c.dim));
+    }
+    // logits = rmsnorm(x) * output_norm . output^T                   [n, vocab]
+    ops.push(g.rmsnorm(st, &s.x, &w.output_norm, &s.xb, c.dim, c.rms_eps));
+    let output = w.output.as_ref().unwrap_or(&w.token_embd);
+    ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, c.vocab_size, false));
+    ops
+}

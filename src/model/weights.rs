@@ -1,0 +1,224 @@
+//! Weights on the GPU. A [`Matrix`] hides its storage type and its split into row chunks (for
+//! tensors larger than the adapter's max storage binding) behind one matmul entry point, so the
+//! forward pass never branches on dtype.
+
+use super::checkpoint::{Checkpoint, HostData, HostTensor, Precision};
+use super::config::Config;
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, GpuBuffer, MatmulOut, Op, PackedF16, WeightsRef};
+
+/// Rows `[row_start, row_start + rows)` of a matrix in one buffer.
+enum ChunkData {
+    F32(GpuBuffer<f32>),
+    F16(GpuBuffer<PackedF16>),
+}
+
+struct Chunk {
+    row_start: usize,
+    rows: usize,
+    data: ChunkData,
+}
+
+impl Chunk {
+    fn weights(&self) -> WeightsRef<'_> {
+        match &self.data {
+            ChunkData::F32(b) => WeightsRef::F32(b),
+            ChunkData::F16(b) => WeightsRef::F16(b),
+        }
+    }
+}
+
+/// A `[rows, cols]` weight matrix on the GPU (rows = output features), split into row chunks.
+pub struct Matrix {
+    pub rows: usize,
+    pub cols: usize,
+    chunks: Vec<Chunk>,
+}
+
+impl Matrix {
+    /// Uploads `t` (shape `[rows, cols]`), splitting it so no chunk exceeds the max binding size.
+    pub fn upload(gpu: &Gpu, t: &HostTensor) -> Result<Matrix> {
+        let [rows, cols] = t.shape[..] else {
+            return Err(Error::InvalidArgument(format!("{} is not a matrix: {:?}", t.name, t.shape)));
+        };
+        let elem = match t.data {
+            HostData::F32(_) => 4,
+            HostData::F16(_) => 2,
+        };
+        let row_bytes = (cols * elem) as u64;
+        let rows_per_chunk = (gpu.max_binding_bytes() / row_bytes.max(1)) as usize;
+        if rows_per_chunk == 0 {
+            return Err(Error::GpuLimit(format!(
+                "{}: one row of {row_bytes} bytes exceeds the max storage binding of {} bytes",
+                t.name,
+                gpu.max_binding_bytes()
+            )));
+        }
+        let mut chunks = Vec::new();
+        let mut row_start = 0;
+        while row_start < rows {
+            let n = rows_per_chunk.min(rows - row_start);
+            let range = row_start * cols..(row_start + n) * cols;
+            let label = format!("{} rows {row_start}..{}", t.name, row_start + n);
+            let data = match &t.data {
+                HostData::F32(v) => ChunkData::F32(GpuBuffer::<f32>::from_slice(gpu, &label, &v[range])),
+                HostData::F16(v) => ChunkData::F16(GpuBuffer::<PackedF16>::from_f16(gpu, &label, &v[range])),
+            };
+            chunks.push(Chunk { row_start, rows: n, data });
+            row_start += n;
+        }
+        Ok(Matrix { rows, cols, chunks })
+    }
+
+    /// Ops computing `y[r, :rows] = x[r, :cols] . self^T (+ bias)` for each row r of the pass.
+    pub fn matmul(
+        &self,
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        x: &GpuBuffer<f32>,
+        bias: Option<&GpuBuffer<f32>>,
+        y: &GpuBuffer<f32>,
+        ldy: usize,
+        at_start_pos: bool,
+    ) -> Vec<Op> {
+        // A split matrix with a bias would need the bias split too; biases are small, so only
+        // single-chunk matrices carry them (checked at load).
+        self.chunks
+            .iter()
+            .map(|c| {
+                let out = MatmulOut { ldy: ldy as u32, col_offset: c.row_start as u32, at_start_pos };
+                gpu.matmul(step, x, c.weights(), bias, y, self.cols, c.rows, out)
+            })
+            .collect()
+    }
+
+    /// Ops gathering `x[r, :] = self[tokens[r], :]` (the matrix used as an embedding table).
+    pub fn embed(&self, gpu: &Gpu, step: &wgpu::Buffer, tokens: &GpuBuffer<u32>, x: &GpuBuffer<f32>) -> Vec<Op> {
+        self.chunks.iter().map(|c| gpu.embed(step, tokens, c.weights(), x, self.cols, c.row_start, c.rows)).collect()
+    }
+
+    /// How many buffers hold this matrix.
+    pub fn chunk_count(&self) -> usize {
+        self.chunks.len()
+    }
+}
+
+/// One transformer block's weights (GGUF names `blk.{i}.*`).
+pub struct Layer {
+    pub attn_norm: GpuBuffer<f32>, // [dim]
+    pub wq: Matrix,                // [q_dim, dim]
+    pub wk: Matrix,                // [kv_dim, dim]
+    pub wv: Matrix,                // [kv_dim, dim]
+    pub bq: Option<GpuBuffer<f32>>, // [q_dim] (qwen2)
+    pub bk: Option<GpuBuffer<f32>>, // [kv_dim] (qwen2)
+    pub bv: Option<GpuBuffer<f32>>, // [kv_dim] (qwen2)
+    pub wo: Matrix,                // [dim, q_dim]
+    pub ffn_norm: GpuBuffer<f32>,  // [dim]
+    pub gate: Matrix,              // [ffn_dim, dim]
+    pub up: Matrix,                // [ffn_dim, dim]
+    pub down: Matrix,              // [dim, ffn_dim]
+}
+
+/// All weights of a model on the GPU.
+pub struct Weights {
+    pub token_embd: Matrix,       // [vocab, dim]
+    pub layers: Vec<Layer>,
+    pub output_norm: GpuBuffer<f32>, // [dim]
+    /// `[vocab, dim]`; None when tied to `token_embd`.
+    pub output: Option<Matrix>,
+}
+
+/// Loading progress: tensors uploaded so far out of the total.
+#[derive(Clone, Copy, Debug)]
+pub struct LoadProgress {
+    pub tensors_done: usize,
+    pub tensors_total: usize,
+}
+
+/// Names and shapes of every tensor the config needs, in upload order.
+pub fn tensor_specs(c: &Config) -> Vec<(String, Vec<usize>)> {
+    let mut specs = vec![("token_embd.weight".to_string(), vec![c.vocab_size, c.dim])];
+    for i in 0..c.n_layers {
+        let b = |s: &str| format!("blk.{i}.{s}");
+        specs.push((b("attn_norm.weight"), vec![c.dim]));
+        specs.push((b("attn_q.weight"), vec![c.q_dim(), c.dim]));
+        specs.push((b("attn_k.weight"), vec![c.kv_dim(), c.dim]));
+        specs.push((b("attn_v.weight"), vec![c.kv_dim(), c.dim]));
+        if c.arch.qkv_bias() {
+            specs.push((b("attn_q.bias"), vec![c.q_dim()]));
+            specs.push((b("attn_k.bias"), vec![c.kv_dim()]));
+            specs.push((b("attn_v.bias"), vec![c.kv_dim()]));
+        }
+        specs.push((b("attn_output.weight"), vec![c.dim, c.q_dim()]));
+        specs.push((b("ffn_norm.weight"), vec![c.dim]));
+        specs.push((b("ffn_gate.weight"), vec![c.ffn_dim, c.dim]));
+        specs.push((b("ffn_up.weight"), vec![c.ffn_dim, c.dim]));
+        specs.push((b("ffn_down.weight"), vec![c.dim, c.ffn_dim]));
+    }
+    specs.push(("output_norm.weight".to_string(), vec![c.dim]));
+    if !c.tied_embeddings {
+        specs.push(("output.weight".to_string(), vec![c.vocab_size, c.dim]));
+    }
+    specs
+}
+
+impl Weights {
+    /// Uploads every tensor of `ckpt`, one at a time (never the whole model twice in memory).
+    pub fn load(
+        gpu: &Gpu,
+        ckpt: &Checkpoint,
+        precision: Precision,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Weights> {
+        let c = &ckpt.config;
+        let total = tensor_specs(c).len();
+        let mut done = 0;
+        let mut fetch = |name: String, shape: Vec<usize>| -> Result<HostTensor> {
+            let t = ckpt.tensor(&name, &shape, precision)?;
+            done += 1;
+            progress(LoadProgress { tensors_done: done, tensors_total: total });
+            Ok(t)
+        };
+        let vector = |t: HostTensor| GpuBuffer::<f32>::from_slice(gpu, &t.name, &t.to_f32());
+        let single = |m: Matrix, name: &str| -> Result<Matrix> {
+            if m.chunk_count() > 1 {
+                return Err(Error::GpuLimit(format!("{name} with a bias exceeds one storage binding")));
+            }
+            Ok(m)
+        };
+        let token_embd = Matrix::upload(gpu, &fetch("token_embd.weight".into(), vec![c.vocab_size, c.dim])?)?;
+        let mut layers = Vec::with_capacity(c.n_layers);
+        for i in 0..c.n_layers {
+            let name = |s: &str| format!("blk.{i}.{s}");
+            let attn_norm = vector(fetch(name("attn_norm.weight"), vec![c.dim])?);
+            let wq = Matrix::upload(gpu, &fetch(name("attn_q.weight"), vec![c.q_dim(), c.dim])?)?;
+            let wk = Matrix::upload(gpu, &fetch(name("attn_k.weight"), vec![c.kv_dim(), c.dim])?)?;
+            let wv = Matrix::upload(gpu, &fetch(name("attn_v.weight"), vec![c.kv_dim(), c.dim])?)?;
+            let (bq, bk, bv, wq, wk, wv) = if c.arch.qkv_bias() {
+                let bq = vector(fetch(name("attn_q.bias"), vec![c.q_dim()])?);
+                let bk = vector(fetch(name("attn_k.bias"), vec![c.kv_dim()])?);
+                let bv = vector(fetch(name("attn_v.bias"), vec![c.kv_dim()])?);
+                let wq = single(wq, &name("attn_q.weight"))?;
+                let wk = single(wk, &name("attn_k.weight"))?;
+                let wv = single(wv, &name("attn_v.weight"))?;
+                (Some(bq), Some(bk), Some(bv), wq, wk, wv)
+            } else {
+                (None, None, None, wq, wk, wv)
+            };
+            let wo = Matrix::upload(gpu, &fetch(name("attn_output.weight"), vec![c.dim, c.q_dim()])?)?;
+            let ffn_norm = vector(fetch(name("ffn_norm.weight"), vec![c.dim])?);
+            let gate = Matrix::upload(gpu, &fetch(name("ffn_gate.weight"), vec![c.ffn_dim, c.dim])?)?;
+            let up = Matrix::upload(gpu, &fetch(name("ffn_up.weight"), vec![c.ffn_dim, c.dim])?)?;
+            let down = Matrix::upload(gpu, &fetch(name("ffn_down.weight"), vec![c.dim, c.ffn_dim])?)?;
+            layers.push(Layer { attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, gate, up, down });
+        }
+        let output_norm = vector(fetch("output_norm.weight".into(), vec![c.dim])?);
+        let output = if c.tied_embeddings {
+            None
+        } else {
+            Some(Matrix::upload(gpu, &fetch("output.weight".into(), vec![c.vocab_size, c.dim])?)?)
+        };
+        Ok(Weights { token_embd, layers, output_norm, output })
+    }
+}
+

@@ -1,0 +1,54 @@
+//! Shared test helpers: the GPU, seeded random data, tolerance checks.
+#![allow(dead_code)]
+
+use std::sync::{Arc, OnceLock};
+
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use wgspec::gpu::Gpu;
+
+/// The test GPU (lavapipe in CI). Fails loudly when there is none: a silent skip hides a broken install.
+pub fn gpu() -> Arc<Gpu> {
+    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let g = pollster::block_on(Gpu::new()).unwrap_or_else(|e| {
+            panic!("GPU setup failed: {e}. (No adapter? ./build.sh setup installs lavapipe.)")
+        });
+        eprintln!("adapter: {}", g.describe());
+        Arc::new(g)
+    })
+    .clone()
+}
+
+pub fn rng(seed: u64) -> SmallRng {
+    SmallRng::seed_from_u64(seed)
+}
+
+/// `len` values uniform in [-scale, scale).
+pub fn rand_vec(rng: &mut SmallRng, len: usize, scale: f32) -> Vec<f32> {
+    (0..len).map(|_| rng.gen_range(-scale..scale)).collect()
+}
+
+pub fn read_f32(gpu: &Gpu, b: &wgpu::Buffer, len: usize) -> Vec<f32> {
+    let bytes = pollster::block_on(gpu.read_buffer(b)).expect("read back");
+    bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)[..len].to_vec()
+}
+
+pub fn read_u32(gpu: &Gpu, b: &wgpu::Buffer, len: usize) -> Vec<u32> {
+    let bytes = pollster::block_on(gpu.read_buffer(b)).expect("read back");
+    bytemuck::pod_collect_to_vec::<u8, u32>(&bytes)[..len].to_vec()
+}
+
+/// Asserts `|got - want| <= abs + rel * |want|` elementwise, naming the first failure.
+pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let mut worst = 0f32;
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        assert!(err <= abs + rel * w.abs() && g.is_finite(), "{what}[{i}]: got {g}, want {w} (err {err})");
+        worst = worst.max(err);
+    }
+    assert!(got.iter().any(|v| *v != 0.0) || want.iter().all(|v| *v == 0.0), "{what}: all zeros");
+}
+
+pub mod tiny;

@@ -1,0 +1,224 @@
+//! Tiny random-weight models that the tests write themselves, as GGUF and as safetensors.
+#![allow(dead_code)]
+
+use half::f16;
+use rand::rngs::SmallRng;
+use rand::Rng;
+use wgspec::loader::gguf::{GgufWriter, Value};
+use wgspec::loader::safetensors::write_safetensors;
+use wgspec::loader::DType;
+
+/// Shape of a tiny model.
+#[derive(Clone, Copy, Debug)]
+pub struct TinySpec {
+    pub qwen2: bool,
+    pub vocab: usize,
+    pub dim: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub ffn: usize,
+    pub context: usize,
+    pub tied: bool,
+}
+
+impl TinySpec {
+    pub fn llama() -> Self {
+        TinySpec { qwen2: false, vocab: 300, dim: 64, layers: 2, heads: 4, kv_heads: 2, ffn: 96, context: 64, tied: true }
+    }
+    pub fn qwen2() -> Self {
+        TinySpec { qwen2: true, vocab: 280, dim: 64, layers: 2, heads: 4, kv_heads: 2, ffn: 160, context: 64, tied: false }
+    }
+    pub fn head_dim(&self) -> usize {
+        self.dim / self.heads
+    }
+    fn arch(&self) -> &'static str {
+        if self.qwen2 {
+            "qwen2"
+        } else {
+            "llama"
+        }
+    }
+}
+
+/// One tensor in Hugging Face orientation (rows = output features), f32 values.
+pub struct TinyTensor {
+    /// GGUF name.
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub values: Vec<f32>,
+}
+
+/// A tiny model's weights (HF orientation and rotary layout).
+pub struct TinyModel {
+    pub spec: TinySpec,
+    pub tensors: Vec<TinyTensor>,
+}
+
+impl TinyModel {
+    pub fn random(spec: TinySpec, rng: &mut SmallRng) -> TinyModel {
+        let (d, hd) = (spec.dim, spec.head_dim());
+        let (qd, kvd) = (spec.heads * hd, spec.kv_heads * hd);
+        let mut tensors = Vec::new();
+        let mut add = |name: String, shape: Vec<usize>, scale: f32, offset: f32| {
+            let n: usize = shape.iter().product();
+            let values = (0..n).map(|_| offset + rng.gen_range(-scale..scale)).collect();
+            tensors.push(TinyTensor { name, shape, values });
+        };
+        add("token_embd.weight".into(), vec![spec.vocab, d], 1.0, 0.0);
+        for i in 0..spec.layers {
+            let b = |s: &str| format!("blk.{i}.{s}");
+            add(b("attn_norm.weight"), vec![d], 0.2, 1.0);
+            add(b("attn_q.weight"), vec![qd, d], 0.3, 0.0);
+            add(b("attn_k.weight"), vec![kvd, d], 0.3, 0.0);
+            add(b("attn_v.weight"), vec![kvd, d], 0.3, 0.0);
+            if spec.qwen2 {
+                add(b("attn_q.bias"), vec![qd], 0.5, 0.0);
+                add(b("attn_k.bias"), vec![kvd], 0.5, 0.0);
+                add(b("attn_v.bias"), vec![kvd], 0.5, 0.0);
+            }
+            add(b("attn_output.weight"), vec![d, qd], 0.2, 0.0);
+            add(b("ffn_norm.weight"), vec![d], 0.2, 1.0);
+            add(b("ffn_gate.weight"), vec![spec.ffn, d], 0.2, 0.0);
+            add(b("ffn_up.weight"), vec![spec.ffn, d], 0.2, 0.0);
+            add(b("ffn_down.weight"), vec![d, spec.ffn], 0.2, 0.0);
+        }
+        add("output_norm.weight".into(), vec![d], 0.2, 1.0);
+        if !spec.tied {
+            add("output.weight".into(), vec![spec.vocab, d], 0.5, 0.0);
+        }
+        TinyModel { spec, tensors }
+    }
+
+    /// llama.cpp's converter permutes llama q/k rows per head from halves to interleaved pairs.
+    fn gguf_rows(&self, t: &TinyTensor) -> Vec<f32> {
+        let heads = if t.name.ends_with("attn_q.weight") {
+            self.spec.heads
+        } else if t.name.ends_with("attn_k.weight") {
+            self.spec.kv_heads
+        } else {
+            return t.values.clone();
+        };
+        if self.spec.qwen2 {
+            return t.values.clone();
+        }
+        let cols = t.shape[1];
+        let hd = t.shape[0] / heads;
+        let mut out = vec![0f32; t.values.len()];
+        for h in 0..heads {
+            for i in 0..hd / 2 {
+                for (dst, src) in [(2 * i, i), (2 * i + 1, i + hd / 2)] {
+                    let (d, s) = ((h * hd + dst) * cols, (h * hd + src) * cols);
+                    out[d..d + cols].copy_from_slice(&t.values[s..s + cols]);
+                }
+            }
+        }
+        out
+    }
+
+    /// GGUF v3 bytes. Matrices are stored as `matrix_type` (F32, F16, or a quantized type whose
+    /// blocks are random valid bytes; the model's values then are those blocks' dequantization).
+    pub fn to_gguf(&self, matrix_type: DType, rng: &mut SmallRng) -> Vec<u8> {
+        let s = &self.spec;
+        let a = s.arch();
+        let mut w = GgufWriter::new();
+        w.add("general.architecture", Value::String(a.into()));
+        w.add("general.name", Value::String(format!("tiny-{a}")));
+        w.add(&format!("{a}.context_length"), Value::U32(s.context as u32));
+        w.add(&format!("{a}.embedding_length"), Value::U32(s.dim as u32));
+        w.add(&format!("{a}.block_count"), Value::U32(s.layers as u32));
+        w.add(&format!("{a}.feed_forward_length"), Value::U32(s.ffn as u32));
+        w.add(&format!("{a}.attention.head_count"), Value::U32(s.heads as u32));
+        w.add(&format!("{a}.attention.head_count_kv"), Value::U32(s.kv_heads as u32));
+        w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+        w.add(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
+        for t in &self.tensors {
+            let values = self.gguf_rows(t);
+            let (dtype, bytes) = if t.shape.len() == 1 {
+                (DType::F32, f32_bytes(&values))
+            } else {
+                match matrix_type {
+                    DType::F32 => (DType::F32, f32_bytes(&values)),
+                    DType::F16 => (DType::F16, f16_bytes(&values)),
+                    q => (q, random_blocks(q, values.len(), rng)),
+                }
+            };
+            w.add_tensor(&t.name, dtype, &t.shape, bytes);
+        }
+        w.to_bytes()
+    }
+
+    /// Hugging Face `config.json` and one `model.safetensors` (F32 or F16 or BF16 matrices).
+    pub fn to_safetensors(&self, matrix_type: DType) -> (Vec<u8>, Vec<u8>) {
+        let s = &self.spec;
+        let config = serde_json::json!({
+            "architectures": [if s.qwen2 { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
+            "hidden_size": s.dim,
+            "intermediate_size": s.ffn,
+            "num_attention_heads": s.heads,
+            "num_key_value_heads": s.kv_heads,
+            "num_hidden_layers": s.layers,
+            "rms_norm_eps": 1e-5,
+            "rope_theta": 10000.0,
+            "vocab_size": s.vocab,
+            "max_position_embeddings": s.context,
+            "tie_word_embeddings": s.tied,
+        });
+        let mut owned = Vec::new();
+        for t in &self.tensors {
+            let name = wgspec::model::checkpoint::hf_name(&t.name).expect("hf name");
+            let (dtype, bytes) = if t.shape.len() == 1 {
+                (DType::F32, f32_bytes(&t.values))
+            } else {
+                match matrix_type {
+                    DType::F16 => (DType::F16, f16_bytes(&t.values)),
+                    DType::BF16 => (DType::BF16, bf16_bytes(&t.values)),
+                    _ => (DType::F32, f32_bytes(&t.values)),
+                }
+            };
+            owned.push((name, dtype, t.shape.clone(), bytes));
+        }
+        let refs: Vec<(&str, DType, &[usize], &[u8])> =
+            owned.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), b.as_slice())).collect();
+        (serde_json::to_vec(&config).expect("json"), write_safetensors(&refs))
+    }
+}
+
+pub fn f32_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+pub fn f16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| f16::from_f32(*x).to_le_bytes()).collect()
+}
+
+pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect()
+}
+
+/// Random but valid blocks of a quantized type: random quant bits, sane f16 scales.
+pub fn random_blocks(dtype: DType, n: usize, rng: &mut SmallRng) -> Vec<u8> {
+    let blocks = n / dtype.block_len();
+    let size = dtype.block_bytes();
+    let mut out = vec![0u8; blocks * size];
+    rng.fill(&mut out[..]);
+    let scale = |rng: &mut SmallRng, lo: f32, hi: f32| f16::from_f32(rng.gen_range(lo..hi)).to_le_bytes();
+    for b in out.chunks_mut(size) {
+        // Offsets of the f16 scale fields in each block layout (ggml-common.h).
+        match dtype {
+            DType::Q8_0 => b[0..2].copy_from_slice(&scale(rng, 0.001, 0.01)),
+            DType::Q4_0 | DType::Q5_0 => b[0..2].copy_from_slice(&scale(rng, 0.01, 0.05)),
+            DType::Q4_1 => {
+                b[0..2].copy_from_slice(&scale(rng, 0.01, 0.05));
+                b[2..4].copy_from_slice(&scale(rng, -0.3, 0.0));
+            }
+            DType::Q4_K => {
+                b[0..2].copy_from_slice(&scale(rng, 0.0002, 0.0005));
+                b[2..4].copy_from_slice(&scale(rng, 0.0002, 0.0005));
+            }
+            DType::Q6_K => b[208..210].copy_from_slice(&scale(rng, 0.00002, 0.0001)),
+            other => panic!("not a quantized type: {other:?}"),
+        }
+    }
+    out
+}

@@ -1,0 +1,241 @@
+//! The whole forward pass on the GPU against the CPU reference, on tiny random models that the
+//! tests write as GGUF (every supported tensor type) and as safetensors, for both architectures.
+
+mod common;
+mod reference;
+
+use common::tiny::{TinyModel, TinySpec};
+use common::{assert_close, gpu, rng};
+use reference::RefModel;
+use wgspec::loader::DType;
+use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
+use wgspec::session::{generate, GenerateOptions};
+use wgspec::Error;
+
+/// Logits tolerance: f32 GPU sums vs f64 reference sums over a few hundred terms, relative to
+/// the largest logit of the sequence.
+const LOGIT_ABS: f32 = 2e-4;
+const LOGIT_REL: f32 = 1e-3;
+
+fn assert_logits(what: &str, got: &[f32], want: &[f32]) {
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    assert_close(what, got, want, LOGIT_ABS * scale, LOGIT_REL);
+}
+
+fn load(ckpt: &Checkpoint, precision: Precision) -> Model {
+    let opts = LoadOptions { context: Some(64), precision };
+    Model::load(gpu(), ckpt, &opts, &mut |_| {}).expect("load")
+}
+
+fn forward(m: &mut Model, tokens: &[u32], pos: usize) -> Vec<f32> {
+    pollster::block_on(m.forward(tokens, pos)).expect("forward")
+}
+
+/// Runs a sequence in passes of several sizes, rolls back and re-runs, comparing every row.
+fn check_against_reference(what: &str, ckpt: &Checkpoint, precision: Precision, seed: u64) {
+    let mut gpu_model = load(ckpt, precision);
+    let mut cpu = RefModel::new(ckpt, precision);
+    let vocab = ckpt.config.vocab_size as u32;
+    let mut r = rng(seed);
+    let tokens: Vec<u32> = (0..14).map(|_| rand::Rng::gen_range(&mut r, 0..vocab)).collect();
+    let mut pos = 0;
+    for n in [5, 1, 6, 2] {
+        let chunk = &tokens[pos..pos + n];
+        let got = forward(&mut gpu_model, chunk, pos);
+        let want = cpu.forward(chunk, pos);
+        assert_logits(&format!("{what}: logits of {n} rows at {pos}"), &got, &want);
+        pos += n;
+    }
+    assert_eq!(gpu_model.len(), 14);
+    // Roll back to 4 positions and continue with other tokens: the cache must hold no trace of them.
+    gpu_model.truncate(4);
+    assert_eq!(gpu_model.len(), 4);
+    let other: Vec<u32> = tokens[4..9].iter().map(|t| (t + 7) % vocab).collect();
+    let got = forward(&mut gpu_model, &other, 4);
+    let want = cpu.forward(&other, 4);
+    assert_logits(&format!("{what}: logits after truncate"), &got, &want);
+}
+
+#[test]
+fn gguf_float_models_match_reference() {
+    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+        for dtype in [DType::F32, DType::F16] {
+            let mut r = rng(10);
+            let tiny = TinyModel::random(spec, &mut r);
+            let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
+            check_against_reference(&format!("gguf {dtype:?} qwen2={}", spec.qwen2), &ckpt, Precision::Auto, 11);
+        }
+    }
+}
+
+#[test]
+fn gguf_quantized_models_match_reference() {
+    let k_spec = |qwen2| TinySpec { dim: 256, ffn: 256, heads: 4, kv_heads: 2, ..if qwen2 { TinySpec::qwen2() } else { TinySpec::llama() } };
+    let cases = [
+        (TinySpec::llama(), DType::Q8_0),
+        (TinySpec::qwen2(), DType::Q4_0),
+        (TinySpec::llama(), DType::Q4_1),
+        (TinySpec::qwen2(), DType::Q5_0),
+        (k_spec(false), DType::Q4_K),
+        (k_spec(true), DType::Q6_K),
+    ];
+    for (spec, dtype) in cases {
+        let mut r = rng(20);
+        let tiny = TinyModel::random(spec, &mut r);
+        let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
+        for precision in [Precision::Auto, Precision::F32] {
+            check_against_reference(&format!("gguf {dtype:?} {precision:?}"), &ckpt, precision, 21);
+        }
+    }
+}
+
+#[test]
+fn safetensors_models_match_reference() {
+    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let mut r = rng(30);
+            let tiny = TinyModel::random(spec, &mut r);
+            let (config, st) = tiny.to_safetensors(dtype);
+            let ckpt = Checkpoint::from_safetensors(&config, vec![st]).expect("safetensors");
+            check_against_reference(&format!("safetensors {dtype:?} qwen2={}", spec.qwen2), &ckpt, Precision::Auto, 31);
+        }
+    }
+}
+
+#[test]
+fn gguf_and_hugging_face_rotary_layouts_give_the_same_model() {
+    // The same weights written as GGUF (llama q/k permuted to interleaved pairs, as llama.cpp's
+    // converter does) and as safetensors (halves) must produce the same logits.
+    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+        let mut r = rng(40);
+        let tiny = TinyModel::random(spec, &mut r);
+        let gguf = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
+        let (config, st) = tiny.to_safetensors(DType::F32);
+        let hf = Checkpoint::from_safetensors(&config, vec![st]).expect("safetensors");
+        assert_ne!(gguf.config.rope_layout == hf.config.rope_layout, !spec.qwen2, "layouts differ only for llama");
+        let tokens = [3u32, 99, 17, 250, 4, 4, 120];
+        let a = forward(&mut load(&gguf, Precision::Auto), &tokens, 0);
+        let b = forward(&mut load(&hf, Precision::Auto), &tokens, 0);
+        assert_close(&format!("gguf vs hf qwen2={}", spec.qwen2), &a, &b, 1e-4, 1e-4);
+    }
+}
+
+#[test]
+fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
+    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+        let mut r = rng(50);
+        let tiny = TinyModel::random(spec, &mut r);
+        let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F16, &mut r)).expect("gguf");
+        let mut m = load(&ckpt, Precision::Auto);
+        let vocab = spec.vocab as u32;
+        let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % vocab).collect();
+        let v = spec.vocab;
+        for (start, n) in [(0usize, 1usize), (3, 5), (9, 9), (0, 20)] {
+            forward(&mut m, &tokens[..start.max(1)], 0);
+            let batch = forward(&mut m, &tokens[start..start + n], start);
+            for i in 0..n {
+                let single = forward(&mut m, &tokens[start + i..start + i + 1], start + i);
+                let same = single.iter().zip(&batch[i * v..(i + 1) * v]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "row {i} of a {n}-row pass at {start} differs from the single-token step");
+            }
+        }
+    }
+}
+
+#[test]
+fn argmax_on_the_gpu_matches_the_logits() {
+    let mut r = rng(60);
+    let tiny = TinyModel::random(TinySpec::qwen2(), &mut r);
+    let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
+    let mut m = load(&ckpt, Precision::Auto);
+    let tokens = [1u32, 2, 3, 200, 100, 50];
+    let logits = forward(&mut m, &tokens, 0);
+    let ids = pollster::block_on(m.forward_argmax(&tokens, 0)).expect("argmax");
+    let want: Vec<u32> = logits.chunks(tiny.spec.vocab).map(wgspec::sampling::argmax).collect();
+    assert_eq!(ids, want);
+}
+
+#[test]
+fn bad_model_input_gives_typed_errors() {
+    let mut r = rng(70);
+    let spec = TinySpec::llama();
+    let tiny = TinyModel::random(spec, &mut r);
+
+    // A missing tensor.
+    let mut missing = TinyModel::random(spec, &mut r);
+    missing.tensors.retain(|t| t.name != "blk.1.ffn_up.weight");
+    let ckpt = Checkpoint::from_gguf(missing.to_gguf(DType::F32, &mut r)).expect("header parses");
+    let err = Model::load(gpu(), &ckpt, &LoadOptions::default(), &mut |_| {}).err().expect("must fail");
+    assert!(matches!(&err, Error::MissingTensor { name } if name == "blk.1.ffn_up.weight"), "{err}");
+
+    // A mis-shaped tensor.
+    let mut bad = TinyModel::random(spec, &mut r);
+    for t in bad.tensors.iter_mut().filter(|t| t.name == "blk.0.attn_k.weight") {
+        t.shape = vec![t.shape[0] / 2, t.shape[1]];
+        t.values.truncate(t.values.len() / 2);
+    }
+    let ckpt = Checkpoint::from_gguf(bad.to_gguf(DType::F32, &mut r)).expect("header parses");
+    let err = Model::load(gpu(), &ckpt, &LoadOptions::default(), &mut |_| {}).err().expect("must fail");
+    assert!(matches!(&err, Error::TensorShape { name, .. } if name == "blk.0.attn_k.weight"), "{err}");
+
+    // An unsupported architecture.
+    let bytes = tiny.to_gguf(DType::F32, &mut r);
+    let renamed = replace_once(&bytes, b"llama", b"mamba");
+    let err = Checkpoint::from_gguf(renamed).err().expect("must fail");
+    assert!(matches!(&err, Error::UnsupportedArchitecture(a) if a == "mamba"), "{err}");
+    let (config, st) = tiny.to_safetensors(DType::F32);
+    let config = String::from_utf8(config).expect("utf8").replace("LlamaForCausalLM", "GPT2LMHeadModel");
+    let err = Checkpoint::from_safetensors(config.as_bytes(), vec![st]).err().expect("must fail");
+    assert!(matches!(&err, Error::UnsupportedArchitecture(_)), "{err}");
+
+    // Positions past the context, tokens outside the vocabulary, empty and oversized passes.
+    let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
+    let mut m = Model::load(gpu(), &ckpt, &LoadOptions { context: Some(16), ..Default::default() }, &mut |_| {})
+        .expect("load");
+    let err = pollster::block_on(m.forward(&[1; 17], 0)).err().expect("must fail");
+    assert!(matches!(err, Error::ContextOverflow { needed: 17, context: 16 } | Error::InvalidArgument(_)), "{err}");
+    pollster::block_on(m.forward(&[1; 10], 0)).expect("fits");
+    let err = pollster::block_on(m.forward(&[1; 7], 10)).err().expect("must fail");
+    assert!(matches!(err, Error::ContextOverflow { needed: 17, context: 16 }), "{err}");
+    let err = pollster::block_on(m.forward(&[spec.vocab as u32], 0)).err().expect("must fail");
+    assert!(matches!(err, Error::TokenOutOfRange { .. }), "{err}");
+    let err = pollster::block_on(m.forward(&[], 0)).err().expect("must fail");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    let err = pollster::block_on(m.forward(&[1; 33], 0)).err().expect("must fail");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+    let err = pollster::block_on(m.forward(&[1], 12)).err().expect("a gap in the cache");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
+
+    // A prompt longer than the context.
+    let opts = GenerateOptions { max_tokens: 4, sampling: Default::default(), stop_tokens: vec![] };
+    let err = pollster::block_on(generate(&mut m, &[5; 20], &opts, &mut |_| true)).err().expect("must fail");
+    assert!(matches!(err, Error::ContextOverflow { needed: 21, context: 16 }), "{err}");
+}
+
+#[test]
+fn generation_stops_at_the_context_end_and_on_stop_tokens() {
+    let mut r = rng(80);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
+    let mut m = Model::load(gpu(), &ckpt, &LoadOptions { context: Some(12), ..Default::default() }, &mut |_| {})
+        .expect("load");
+    let opts = GenerateOptions { max_tokens: 100, sampling: Default::default(), stop_tokens: vec![] };
+    let g = pollster::block_on(generate(&mut m, &[1, 2, 3], &opts, &mut |_| true)).expect("generate");
+    // 3 prompt positions + 9 fed tokens fill 12 positions; the 10th token is produced but not fed.
+    assert_eq!(g.tokens.len(), 10);
+    assert_eq!(g.finish, wgspec::session::FinishReason::Length);
+    // The same greedy run with its 4th token as a stop token ends there.
+    let stop = g.tokens[3];
+    let first = g.tokens.iter().position(|&t| t == stop).expect("present");
+    let opts = GenerateOptions { stop_tokens: vec![stop], ..opts };
+    let h = pollster::block_on(generate(&mut m, &[1, 2, 3], &opts, &mut |_| true)).expect("generate");
+    assert_eq!(h.tokens, g.tokens[..=first]);
+    assert_eq!(h.finish, wgspec::session::FinishReason::Stop);
+}
+
+fn replace_once(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
+    let i = hay.windows(from.len()).position(|w| w == from).expect("present");
+    let mut out = hay.to_vec();
+    out[i..i + from.len()].copy_from_slice(to);
+    out
+}

@@ -1,0 +1,153 @@
+//! The plain CPU reference forward pass: the specification every GPU result is checked against.
+//! Written for clarity, not speed: f32 weights, f64 accumulation, one loop per formula.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+
+use wgspec::gpu::RopeLayout;
+use wgspec::model::{tensor_specs, Checkpoint, Config, Precision};
+
+/// A model on the CPU, with its own KV cache.
+pub struct RefModel {
+    pub cfg: Config,
+    w: HashMap<String, Vec<f32>>,
+    k_cache: Vec<Vec<f32>>, // per layer [pos, kv_dim]
+    v_cache: Vec<Vec<f32>>,
+}
+
+/// `y[r] = x[r] . W^T` with `W: [rows, cols]`.
+pub fn matvec(w: &[f32], x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    (0..rows)
+        .map(|o| {
+            let row = &w[o * cols..(o + 1) * cols];
+            row.iter().zip(x).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() as f32
+        })
+        .collect()
+}
+
+pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
+    let ms = x.iter().map(|v| *v as f64 * *v as f64).sum::<f64>() / x.len() as f64;
+    let inv = 1.0 / (ms + eps as f64).sqrt();
+    x.iter().zip(w).map(|(v, g)| (*v as f64 * inv * *g as f64) as f32).collect()
+}
+
+/// Rotates each `head_dim` slice of `x` by position `pos`.
+pub fn rope(x: &mut [f32], head_dim: usize, rope_dim: usize, theta: f32, layout: RopeLayout, pos: usize) {
+    let half = rope_dim / 2;
+    for head in x.chunks_mut(head_dim) {
+        for i in 0..half {
+            let freq = (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64);
+            let (sin, cos) = (pos as f64 * freq).sin_cos();
+            let (a, b) = match layout {
+                RopeLayout::Interleaved => (2 * i, 2 * i + 1),
+                RopeLayout::Halves => (i, i + half),
+            };
+            let (xa, xb) = (head[a] as f64, head[b] as f64);
+            head[a] = (xa * cos - xb * sin) as f32;
+            head[b] = (xa * sin + xb * cos) as f32;
+        }
+    }
+}
+
+/// Causal attention of one query row at `pos` over cached rows 0..=pos.
+pub fn attention(q: &[f32], k: &[f32], v: &[f32], pos: usize, heads: usize, kv_heads: usize, hd: usize) -> Vec<f32> {
+    let kv_dim = kv_heads * hd;
+    let mut out = vec![0f32; heads * hd];
+    for h in 0..heads {
+        let kvh = h / (heads / kv_heads);
+        let qh = &q[h * hd..(h + 1) * hd];
+        let scores: Vec<f64> = (0..=pos)
+            .map(|j| {
+                let kj = &k[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
+                qh.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (hd as f64).sqrt()
+            })
+            .collect();
+        let m = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
+        let sum: f64 = e.iter().sum();
+        for d in 0..hd {
+            let acc: f64 = (0..=pos).map(|j| e[j] * v[j * kv_dim + kvh * hd + d] as f64).sum();
+            out[h * hd + d] = (acc / sum) as f32;
+        }
+    }
+    out
+}
+
+impl RefModel {
+    /// Reads every tensor of `ckpt` as the GPU holds it under `precision`.
+    pub fn new(ckpt: &Checkpoint, precision: Precision) -> RefModel {
+        let cfg = ckpt.config.clone();
+        let mut w = HashMap::new();
+        for (name, shape) in tensor_specs(&cfg) {
+            let t = ckpt.tensor(&name, &shape, precision).expect("tensor");
+            w.insert(name, t.to_f32());
+        }
+        let n = cfg.n_layers;
+        RefModel { cfg, w, k_cache: vec![Vec::new(); n], v_cache: vec![Vec::new(); n] }
+    }
+
+    fn t(&self, name: &str) -> &[f32] {
+        &self.w[name]
+    }
+
+    /// Cached positions.
+    pub fn len(&self) -> usize {
+        self.k_cache[0].len() / self.cfg.kv_dim()
+    }
+
+    pub fn truncate(&mut self, len: usize) {
+        let kv = self.cfg.kv_dim();
+        for l in 0..self.cfg.n_layers {
+            self.k_cache[l].truncate(len * kv);
+            self.v_cache[l].truncate(len * kv);
+        }
+    }
+
+    /// Logits `[tokens.len(), vocab]` for tokens at positions `start_pos..`.
+    pub fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Vec<f32> {
+        self.truncate(start_pos);
+        let mut logits = Vec::new();
+        for (r, &tok) in tokens.iter().enumerate() {
+            logits.extend(self.step(tok, start_pos + r));
+        }
+        logits
+    }
+
+    fn step(&mut self, tok: u32, pos: usize) -> Vec<f32> {
+        let c = self.cfg.clone();
+        let (dim, qd, kvd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let emb = self.t("token_embd.weight");
+        let mut x = emb[tok as usize * dim..(tok as usize + 1) * dim].to_vec();
+        for l in 0..c.n_layers {
+            let b = |s: &str| format!("blk.{l}.{s}");
+            let xb = rmsnorm(&x, self.t(&b("attn_norm.weight")), c.rms_eps);
+            let mut q = matvec(self.t(&b("attn_q.weight")), &xb, qd, dim);
+            let mut k = matvec(self.t(&b("attn_k.weight")), &xb, kvd, dim);
+            let mut v = matvec(self.t(&b("attn_v.weight")), &xb, kvd, dim);
+            if c.arch.qkv_bias() {
+                for (y, bias) in [(&mut q, "attn_q.bias"), (&mut k, "attn_k.bias"), (&mut v, "attn_v.bias")] {
+                    for (a, bb) in y.iter_mut().zip(self.t(&b(bias))) {
+                        *a += bb;
+                    }
+                }
+            }
+            rope(&mut q, c.head_dim, c.rope_dim, c.rope_theta, c.rope_layout, pos);
+            rope(&mut k, c.head_dim, c.rope_dim, c.rope_theta, c.rope_layout, pos);
+            self.k_cache[l].extend(&k);
+            self.v_cache[l].extend(&v);
+            let att = attention(&q, &self.k_cache[l], &self.v_cache[l], pos, c.n_heads, c.n_kv_heads, c.head_dim);
+            let o = matvec(self.t(&b("attn_output.weight")), &att, dim, qd);
+            x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+            let xb = rmsnorm(&x, self.t(&b("ffn_norm.weight")), c.rms_eps);
+            let g = matvec(self.t(&b("ffn_gate.weight")), &xb, ffn, dim);
+            let u = matvec(self.t(&b("ffn_up.weight")), &xb, ffn, dim);
+            let h: Vec<f32> =
+                g.iter().zip(&u).map(|(g, u)| ((*g as f64 / (1.0 + (-*g as f64).exp())) * *u as f64) as f32).collect();
+            let d = matvec(self.t(&b("ffn_down.weight")), &h, dim, ffn);
+            x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        }
+        let xb = rmsnorm(&x, self.t("output_norm.weight"), c.rms_eps);
+        let out_name = if c.tied_embeddings { "token_embd.weight" } else { "output.weight" };
+        matvec(self.t(out_name), &xb, c.vocab_size, dim)
+    }
+}
