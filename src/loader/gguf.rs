@@ -174,9 +174,10 @@ pub struct TensorInfo {
 }
 
 impl TensorInfo {
-    /// Number of elements (product of the shape; 1 for a scalar).
+    /// Number of elements (product of the shape; 1 for a scalar). Saturates at `usize::MAX`
+    /// (possible only on 32-bit targets), which no byte length matches.
     pub fn n_elements(&self) -> usize {
-        self.shape.iter().product()
+        self.shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)).unwrap_or(usize::MAX)
     }
 }
 
@@ -661,8 +662,8 @@ impl GgufWriter {
             }
         }
         for (name, dtype, shape, data) in &self.tensors {
-            let n: u64 = shape.iter().map(|&d| d as u64).product();
-            if dtype.bytes_for(n) != Some(data.len() as u64) {
+            let n = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
+            if n.and_then(|n| dtype.bytes_for(n)) != Some(data.len() as u64) {
                 return Err(Error::InvalidArgument(format!(
                     "GGUF tensor {name}: {} bytes of data for {dtype} shape {shape:?}",
                     data.len()
@@ -736,5 +737,41 @@ fn write_value(out: &mut Vec<u8>, v: &Value) {
                 write_value(out, i);
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn align_up_rounds_to_powers_of_two() {
+        assert_eq!(align_up(0, 32), Some(0));
+        assert_eq!(align_up(1, 32), Some(32));
+        assert_eq!(align_up(64, 32), Some(64));
+        assert_eq!(align_up(65, 1), Some(65));
+        assert_eq!(align_up(u64::MAX - 3, 32), None);
+    }
+
+    #[test]
+    fn value_accessors() {
+        assert_eq!(Value::I32(-1).as_u64(), None);
+        assert_eq!(Value::I64(5).as_u64(), Some(5));
+        assert_eq!(Value::F32(1.0).as_u64(), None);
+        assert_eq!(Value::U8(3).as_f64(), Some(3.0));
+        assert_eq!(Value::Bool(true).as_f64(), None);
+        assert_eq!(Value::String("x".into()).as_str(), Some("x"));
+        assert_eq!(Value::U8(1).as_bool(), None);
+        assert_eq!(Value::Array(vec![Value::U8(1)]).as_array().map(<[Value]>::len), Some(1));
+    }
+
+    #[test]
+    fn min_value_bytes_covers_every_type() {
+        for t in 0..=12 {
+            assert!(min_value_bytes(t).is_some(), "{t}");
+        }
+        assert_eq!(min_value_bytes(13), None);
+        assert_eq!(ggml_type_name(7), "Q5_1 (ggml type 7)");
+        assert_eq!(ggml_type_name(1000), "ggml type 1000");
     }
 }
