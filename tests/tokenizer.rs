@@ -8,10 +8,11 @@
 
 use std::path::PathBuf;
 
+use wgspec::loader::gguf::{Gguf, GgufWriter, Value};
 use wgspec::tokenizer::{GgufVocab, StreamDecoder, Tokenizer};
 use wgspec::Error;
 
-const VOCABS: [&str; 3] = ["qwen2", "llama-bpe", "gpt-2"];
+const VOCABS: [&str; 4] = ["qwen2", "llama-bpe", "gpt-2", "starcoder"];
 
 fn vocab_dir() -> PathBuf {
     let cache = match std::env::var_os("WGSPEC_CACHE") {
@@ -173,12 +174,58 @@ fn read_gguf_vocab(vocab: &str) -> GgufVocab {
     }
 }
 
+fn parse_gguf(vocab: &str) -> Gguf {
+    let bytes = read(&format!("ggml-vocab-{vocab}.gguf"));
+    Gguf::parse(&bytes, bytes.len() as u64).unwrap()
+}
+
+/// The tokenizer of a vocabulary file, through the crate's GGUF loader.
 fn gguf_tokenizer(vocab: &str) -> Tokenizer {
-    Tokenizer::from_vocab(read_gguf_vocab(vocab)).unwrap()
+    Tokenizer::from_gguf(&parse_gguf(vocab)).unwrap()
 }
 
 fn json_tokenizer() -> Tokenizer {
     Tokenizer::from_json(&read("qwen3-tokenizer.json")).unwrap()
+}
+
+#[test]
+fn from_gguf_reads_the_vocab_fields() {
+    for vocab in VOCABS {
+        let from_loader = GgufVocab::from_gguf(&parse_gguf(vocab)).unwrap();
+        let independent = read_gguf_vocab(vocab);
+        assert_eq!(from_loader.pre.as_deref(), Some(vocab));
+        assert_eq!(from_loader.add_bos, vocab == "llama-bpe", "{vocab}: llama.cpp's add_bos default");
+        assert!(from_loader == independent, "{vocab}: GgufVocab::from_gguf differs from a plain reading");
+    }
+}
+
+#[test]
+fn from_gguf_metadata_errors() {
+    let tiny = tiny_vocab();
+    let strs = |v: &[String]| Value::Array(v.iter().cloned().map(Value::String).collect());
+    let write = |types: &[i32], add_bos: Option<Value>| {
+        let mut w = GgufWriter::new();
+        w.add("general.architecture", Value::String("qwen2".into()));
+        w.add("tokenizer.ggml.model", Value::String("gpt2".into()));
+        w.add("tokenizer.ggml.pre", Value::String("qwen2".into()));
+        w.add("tokenizer.ggml.tokens", strs(&tiny.tokens));
+        w.add("tokenizer.ggml.token_type", Value::Array(types.iter().map(|&t| Value::I32(t)).collect()));
+        w.add("tokenizer.ggml.merges", strs(&tiny.merges));
+        w.add("tokenizer.ggml.eos_token_id", Value::U32(258));
+        if let Some(v) = add_bos {
+            w.add("tokenizer.ggml.add_bos_token", v);
+        }
+        let bytes = w.try_to_bytes().unwrap();
+        Gguf::parse(&bytes, bytes.len() as u64).unwrap()
+    };
+    let ok = Tokenizer::from_gguf(&write(&tiny.token_types, Some(Value::Bool(true)))).unwrap();
+    assert_eq!(ok.eos_ids(), &[258]);
+    assert_eq!(ok.encode("abc", true).unwrap(), vec![257], "add_bos without a bos id adds nothing");
+
+    let e = Tokenizer::from_gguf(&write(&tiny.token_types[1..], None)).unwrap_err();
+    assert!(matches!(&e, Error::Metadata { key, .. } if key == "tokenizer.ggml.token_type"), "{e}");
+    let e = Tokenizer::from_gguf(&write(&tiny.token_types, Some(Value::U32(1)))).unwrap_err();
+    assert!(matches!(&e, Error::Metadata { key, .. } if key == "tokenizer.ggml.add_bos_token"), "{e}");
 }
 
 /// Encodes every vector and reports all mismatches at once.
@@ -207,6 +254,12 @@ fn llama_bpe_vectors() {
 #[test]
 fn gpt2_vectors() {
     check_vectors("gpt-2", &gguf_tokenizer("gpt-2"), &vectors("gpt-2"));
+}
+
+/// StarCoder's pre-tokenizer is also SmolLM's (`smollm`).
+#[test]
+fn starcoder_vectors() {
+    check_vectors("starcoder", &gguf_tokenizer("starcoder"), &vectors("starcoder"));
 }
 
 #[test]
@@ -416,12 +469,6 @@ fn bad_vocabularies_are_errors() {
     v.token_types.pop();
     let e = err(v);
     assert!(e.contains("token_type"), "{e}");
-
-    let mut v = tiny_vocab();
-    v.tokens.remove(5);
-    v.token_types.remove(5);
-    let e = err(v);
-    assert!(e.contains("byte"), "{e}");
 
     assert!(Tokenizer::from_json(b"{\"not\": \"a tokenizer\"}").is_err());
 }

@@ -9,6 +9,7 @@ use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
 use super::{byte_level, Detok, PreKind, Specials, Tokenizer, EOG_TEXTS};
 use crate::error::{Error, Result};
+use crate::loader::gguf::{Gguf, Value};
 
 /// GGUF token type CONTROL: a special token (BOS, `<|im_start|>`, ...).
 pub const TOKEN_TYPE_CONTROL: i32 = 3;
@@ -39,6 +40,97 @@ pub struct GgufVocab {
     pub add_bos: bool,
     /// `tokenizer.ggml.add_eos_token` (default false).
     pub add_eos: bool,
+}
+
+fn meta_err(key: &str, message: impl Into<String>) -> Error {
+    Error::Metadata { key: key.to_string(), message: message.into() }
+}
+
+/// An optional key that must be a string when present.
+fn opt_str(g: &Gguf, key: &str) -> Result<Option<String>> {
+    g.get(key)
+        .map(|v| v.as_str().map(str::to_string).ok_or_else(|| meta_err(key, "expected a string")))
+        .transpose()
+}
+
+/// An optional key that must be a token id when present.
+fn opt_id(g: &Gguf, key: &str) -> Result<Option<u32>> {
+    g.get(key)
+        .map(|v| {
+            v.as_u64()
+                .and_then(|x| u32::try_from(x).ok())
+                .ok_or_else(|| meta_err(key, format!("expected a token id, found {v:?}")))
+        })
+        .transpose()
+}
+
+/// An optional key that must be a bool when present.
+fn opt_bool(g: &Gguf, key: &str) -> Result<Option<bool>> {
+    g.get(key).map(|v| v.as_bool().ok_or_else(|| meta_err(key, "expected a bool"))).transpose()
+}
+
+/// An array key (`None` when absent).
+fn opt_array<'a>(g: &'a Gguf, key: &str) -> Result<Option<&'a [Value]>> {
+    g.get(key).map(|v| v.as_array().ok_or_else(|| meta_err(key, "expected an array"))).transpose()
+}
+
+/// A required array of strings.
+fn strings(g: &Gguf, key: &str) -> Result<Vec<String>> {
+    let arr = opt_array(g, key)?.ok_or_else(|| meta_err(key, "missing"))?;
+    arr.iter()
+        .enumerate()
+        .map(|(i, v)| {
+            v.as_str()
+                .map(str::to_string)
+                .ok_or_else(|| meta_err(key, format!("element {i} is not a string")))
+        })
+        .collect()
+}
+
+impl GgufVocab {
+    /// Reads the `tokenizer.ggml.*` keys. Token types default to normal (1) when absent;
+    /// `add_bos` follows llama.cpp's default for the pre-tokenizer when the key is absent.
+    pub fn from_gguf(g: &Gguf) -> Result<GgufVocab> {
+        let model = g.get_str("tokenizer.ggml.model")?.to_string();
+        let pre = opt_str(g, "tokenizer.ggml.pre")?;
+        let tokens = strings(g, "tokenizer.ggml.tokens")?;
+        let token_types = match opt_array(g, "tokenizer.ggml.token_type")? {
+            None => vec![1; tokens.len()],
+            Some(arr) => arr
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::I32(t) => Ok(*t),
+                    other => other.as_u64().and_then(|t| i32::try_from(t).ok()).ok_or_else(|| {
+                        meta_err("tokenizer.ggml.token_type", format!("element {i} is not an integer"))
+                    }),
+                })
+                .collect::<Result<_>>()?,
+        };
+        let merges = match opt_array(g, "tokenizer.ggml.merges")? {
+            None if model == "gpt2" => return Err(meta_err("tokenizer.ggml.merges", "missing")),
+            None => Vec::new(),
+            Some(_) => strings(g, "tokenizer.ggml.merges")?,
+        };
+        // llama.cpp's default before the key: true for the Llama 3 family. An unknown
+        // pre-tokenizer is reported by `Tokenizer::from_vocab`.
+        let default_add_bos = match pre.as_deref() {
+            Some(p) => PreKind::from_name(Some(p)).is_ok_and(PreKind::default_add_bos),
+            None => false,
+        };
+        Ok(GgufVocab {
+            model,
+            pre,
+            tokens,
+            token_types,
+            merges,
+            bos: opt_id(g, "tokenizer.ggml.bos_token_id")?,
+            eos: opt_id(g, "tokenizer.ggml.eos_token_id")?,
+            eot: opt_id(g, "tokenizer.ggml.eot_token_id")?,
+            add_bos: opt_bool(g, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos),
+            add_eos: opt_bool(g, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+        })
+    }
 }
 
 /// Splits a merge line at its first space after the first byte (as llama.cpp does, so that a
@@ -95,12 +187,11 @@ pub(super) fn build(v: GgufVocab) -> Result<Tokenizer> {
 
     // The BPE model over the whole vocabulary (a repeated entry keeps its last id, as in llama.cpp).
     let vocab: Vocab = v.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
-    let to_byte = byte_level::byte_to_char();
-    if let Some(missing) = to_byte.iter().position(|c| !vocab.contains_key(&c.to_string())) {
-        return Err(Error::Tokenizer(format!(
-            "byte-level vocabulary lacks the token for byte 0x{missing:02x} ({:?})",
-            to_byte[missing]
-        )));
+    // Real vocabularies may lack bytes that rarely occur (SmolLM2 has no 0xC0, 0xF5..0xFF, ...);
+    // such a byte in the input is dropped, as llama.cpp and `tokenizers` do.
+    let missing = byte_level::byte_to_char().iter().filter(|c| !vocab.contains_key(&c.to_string())).count();
+    if missing > 0 {
+        log::debug!("byte-level vocabulary lacks {missing} of the 256 byte tokens");
     }
     let merges = v.merges.iter().enumerate().map(|(i, m)| split_merge(i, m)).collect::<Result<Vec<_>>>()?;
     let bpe = BPE::builder()

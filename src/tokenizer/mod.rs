@@ -130,6 +130,11 @@ impl Tokenizer {
         gguf_vocab::build(v)
     }
 
+    /// The vocabulary in a GGUF file's `tokenizer.ggml.*` metadata.
+    pub fn from_gguf(g: &crate::loader::gguf::Gguf) -> Result<Tokenizer> {
+        Tokenizer::from_vocab(GgufVocab::from_gguf(g)?)
+    }
+
     /// Token ids for `text`. Special-token text such as `<|im_start|>` becomes that token.
     /// With `add_special`, BOS (and EOS) are added where the vocabulary asks for them
     /// (GGUF `add_bos_token` / `add_eos_token`, or the tokenizer.json post-processor).
