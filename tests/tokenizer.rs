@@ -472,3 +472,36 @@ fn bad_vocabularies_are_errors() {
 
     assert!(Tokenizer::from_json(b"{\"not\": \"a tokenizer\"}").is_err());
 }
+
+/// A Llama-2-style tokenizer.json (Metaspace, byte fallback): decoding goes through
+/// `tokenizers`' decoder, and streaming through re-decoded windows.
+#[test]
+fn stream_decoder_non_byte_level_json() {
+    let json = r#"{
+      "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
+      "normalizer": {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": "▁"},
+        {"type": "Replace", "pattern": {"String": " "}, "content": "▁"}]},
+      "pre_tokenizer": null, "post_processor": null,
+      "decoder": {"type": "Sequence", "decoders": [
+        {"type": "Replace", "pattern": {"String": "▁"}, "content": " "},
+        {"type": "ByteFallback"}, {"type": "Fuse"},
+        {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+      "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+        "continuing_subword_prefix": null, "end_of_word_suffix": null,
+        "fuse_unk": true, "byte_fallback": true,
+        "vocab": {"<unk>": 0, "<0xE4>": 1, "<0xBD>": 2, "<0xA0>": 3, "▁hi": 4, "▁": 5,
+                  "h": 6, "i": 7, "hi": 8},
+        "merges": ["h i", "▁ hi"]}
+    }"#;
+    let tok = Tokenizer::from_json(json.as_bytes()).unwrap();
+    let ids = tok.encode("hi 你 hi", false).unwrap();
+    assert_eq!(ids, vec![4, 5, 1, 2, 3, 4]);
+    let full = tok.decode(&ids).unwrap();
+    assert_eq!(full, "hi 你 hi");
+    let (streamed, held) = stream(&tok, &ids);
+    assert_eq!(streamed, full);
+    assert!(held >= 2, "the bytes of 你 must be held back");
+    assert!(tok.eos_ids().is_empty());
+    assert!(matches!(tok.decode(&[9]), Err(Error::TokenOutOfRange { id: 9, vocab: 9 })));
+}
