@@ -1,1 +1,0 @@
-//! Tokenizers: tokenizer.json or a GGUF vocabulary.

@@ -1,0 +1,278 @@
+//! Tokenizers: a Hugging Face `tokenizer.json` or a GGUF-embedded byte-level BPE vocabulary,
+//! both turned into a [`tokenizers::Tokenizer`] (the BPE merging is that crate's), plus the
+//! bookkeeping generation needs: BOS, the end-of-generation ids, and exact detokenization
+//! (whole-sequence [`Tokenizer::decode`] and streaming [`StreamDecoder`]).
+//!
+//! A GGUF vocabulary is tokenized as llama.cpp does: the pre-tokenizer regexes of
+//! `tokenizer.ggml.pre` (see [`pre`]), tokens of type CONTROL (3) and USER_DEFINED (4) matched as
+//! whole tokens in the input text, BOS prepended when `add_special` and the vocabulary asks for it.
+
+mod gguf_vocab;
+mod pre;
+mod stream;
+
+use std::fmt;
+
+use tokenizers::{DecoderWrapper, Model};
+
+use crate::error::{Error, Result};
+
+pub use gguf_vocab::GgufVocab;
+pub use pre::PreKind;
+pub use stream::StreamDecoder;
+
+/// Texts of added (control / user-defined) tokens that end generation (the common part of
+/// llama.cpp's EOG list), in addition to the declared eos / eot ids.
+const EOG_TEXTS: &[&str] = &[
+    "<|eot_id|>",
+    "<|eom_id|>",
+    "<|im_end|>",
+    "<|end|>",
+    "<end_of_turn>",
+    "<|endoftext|>",
+    "<|end_of_text|>",
+    "<EOT>",
+    "</s>",
+    "<end_of_utterance>",
+];
+
+/// How ids turn back into text.
+#[derive(Clone)]
+enum Detok {
+    /// Byte-level BPE: the exact bytes of every id (added tokens: their text as is).
+    /// `pieces[id]`.
+    Bytes(Vec<Box<[u8]>>),
+    /// Another decoder (Metaspace, ByteFallback, ...): through `tokenizers`' decode.
+    Hf,
+}
+
+/// Whether `encode(_, add_special = true)` adds BOS / EOS by hand (GGUF) or through the
+/// tokenizer.json's post-processor.
+#[derive(Clone, Copy, Debug)]
+enum Specials {
+    Gguf { add_bos: bool, add_eos: bool, eos: Option<u32> },
+    PostProcessor,
+}
+
+/// A ready tokenizer: encode text to ids and ids back to text.
+#[derive(Clone)]
+pub struct Tokenizer {
+    hf: tokenizers::Tokenizer,
+    detok: Detok,
+    specials: Specials,
+    /// Number of ids (the largest id + 1).
+    vocab_size: usize,
+    bos: Option<u32>,
+    /// Ids that end generation, sorted, no duplicates.
+    eos_ids: Vec<u32>,
+}
+
+impl fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.vocab_size)
+            .field("bos", &self.bos)
+            .field("eos_ids", &self.eos_ids)
+            .field("specials", &self.specials)
+            .field("byte_level", &matches!(self.detok, Detok::Bytes(_)))
+            .finish()
+    }
+}
+
+fn hf_err(context: &str) -> impl Fn(tokenizers::Error) -> Error + '_ {
+    move |e| Error::Tokenizer(format!("{context}: {e}"))
+}
+
+impl Tokenizer {
+    /// A Hugging Face `tokenizer.json`. End-of-generation ids are the vocabulary's tokens among
+    /// `<|endoftext|>`, `<|im_end|>`, `<|eot_id|>`, `</s>`, ...; add those of a
+    /// `generation_config.json` with [`Tokenizer::add_eos_ids`].
+    pub fn from_json(tokenizer_json: &[u8]) -> Result<Tokenizer> {
+        let hf = tokenizers::Tokenizer::from_bytes(tokenizer_json).map_err(hf_err("tokenizer.json"))?;
+        let added = hf.get_added_tokens_decoder();
+        let max_added = added.keys().max().map_or(0, |&id| id as usize + 1);
+        let vocab_size = hf.get_model().get_vocab_size().max(max_added);
+
+        let detok = match hf.get_decoder() {
+            Some(DecoderWrapper::ByteLevel(_)) => {
+                let table = byte_level::char_to_byte();
+                let pieces = (0..vocab_size as u32)
+                    .map(|id| match (added.get(&id), hf.id_to_token(id)) {
+                        (Some(t), _) => t.content.as_bytes().into(),
+                        (None, Some(text)) => byte_level::decode_token(&table, &text),
+                        (None, None) => Box::default(),
+                    })
+                    .collect();
+                Detok::Bytes(pieces)
+            }
+            _ => Detok::Hf,
+        };
+
+        // BOS: what the post-processor puts in front of an empty input, if it is a special token.
+        let with_specials = hf.encode_fast("", true).map_err(hf_err("tokenizer.json post-processor"))?;
+        let bos =
+            with_specials.get_ids().first().copied().filter(|id| added.get(id).is_some_and(|t| t.special));
+
+        // End-of-turn tokens among the added tokens (an ordinary BPE entry is text).
+        let eos_ids: Vec<u32> = added
+            .iter()
+            .filter(|(_, t)| EOG_TEXTS.contains(&t.content.as_str()))
+            .map(|(&id, _)| id)
+            .collect();
+        let mut tok =
+            Tokenizer { hf, detok, specials: Specials::PostProcessor, vocab_size, bos, eos_ids: Vec::new() };
+        tok.add_eos_ids(&eos_ids)?;
+        Ok(tok)
+    }
+
+    /// A GGUF vocabulary (byte-level BPE, `tokenizer.ggml.model == "gpt2"`).
+    pub fn from_vocab(v: GgufVocab) -> Result<Tokenizer> {
+        gguf_vocab::build(v)
+    }
+
+    /// The vocabulary in a GGUF file's `tokenizer.ggml.*` metadata.
+    pub fn from_gguf(g: &crate::loader::gguf::Gguf) -> Result<Tokenizer> {
+        Tokenizer::from_vocab(GgufVocab::from_gguf(g)?)
+    }
+
+    /// Token ids for `text`. Special-token text such as `<|im_start|>` becomes that token.
+    /// With `add_special`, BOS (and EOS) are added where the vocabulary asks for them
+    /// (GGUF `add_bos_token` / `add_eos_token`, or the tokenizer.json post-processor).
+    pub fn encode(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let post = add_special && matches!(self.specials, Specials::PostProcessor);
+        let enc = self.hf.encode_fast(text, post).map_err(hf_err("encode"))?;
+        let ids = enc.get_ids();
+        match self.specials {
+            Specials::Gguf { add_bos, add_eos, eos } if add_special => {
+                let mut out = Vec::with_capacity(ids.len() + 2);
+                if let (true, Some(bos)) = (add_bos, self.bos) {
+                    out.push(bos);
+                }
+                out.extend_from_slice(ids);
+                if let (true, Some(eos)) = (add_eos, eos) {
+                    out.push(eos);
+                }
+                Ok(out)
+            }
+            _ => Ok(ids.to_vec()),
+        }
+    }
+
+    /// The text of `ids`. Nothing is skipped: special tokens appear as their text. Bytes that
+    /// are not valid UTF-8 become U+FFFD.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        match &self.detok {
+            Detok::Bytes(_) => {
+                let mut bytes = Vec::with_capacity(ids.len() * 4);
+                for &id in ids {
+                    bytes.extend_from_slice(self.piece(id)?);
+                }
+                Ok(String::from_utf8_lossy(&bytes).into_owned())
+            }
+            Detok::Hf => {
+                for &id in ids {
+                    self.check_id(id)?;
+                }
+                self.hf.decode(ids, false).map_err(hf_err("decode"))
+            }
+        }
+    }
+
+    /// Number of ids (the largest id + 1); it can be smaller than a model's embedding rows.
+    pub fn vocab_size(&self) -> usize {
+        self.vocab_size
+    }
+
+    /// The beginning-of-sequence id, if the vocabulary has one.
+    pub fn bos(&self) -> Option<u32> {
+        self.bos
+    }
+
+    /// All ids that end generation (eos, eot and end-of-turn tokens), sorted.
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    /// Adds end-of-generation ids (e.g. `eos_token_id` of a `generation_config.json`).
+    pub fn add_eos_ids(&mut self, ids: &[u32]) -> Result<()> {
+        for &id in ids {
+            self.check_id(id)?;
+        }
+        self.eos_ids.extend_from_slice(ids);
+        self.eos_ids.sort_unstable();
+        self.eos_ids.dedup();
+        Ok(())
+    }
+
+    /// The vocabulary entry of `id` as stored (byte-level BPE: `"Ġhello"` for `" hello"`).
+    pub fn token_text(&self, id: u32) -> Option<String> {
+        self.hf.id_to_token(id)
+    }
+
+    /// The underlying `tokenizers` tokenizer.
+    pub fn inner(&self) -> &tokenizers::Tokenizer {
+        &self.hf
+    }
+
+    fn check_id(&self, id: u32) -> Result<()> {
+        if (id as usize) < self.vocab_size {
+            Ok(())
+        } else {
+            Err(Error::TokenOutOfRange { id, vocab: self.vocab_size })
+        }
+    }
+
+    /// The bytes of one token (byte-level tokenizers only; `None` otherwise).
+    fn token_bytes(&self, id: u32) -> Result<Option<&[u8]>> {
+        match &self.detok {
+            Detok::Bytes(_) => self.piece(id).map(Some),
+            Detok::Hf => {
+                self.check_id(id)?;
+                Ok(None)
+            }
+        }
+    }
+
+    fn piece(&self, id: u32) -> Result<&[u8]> {
+        match &self.detok {
+            Detok::Bytes(pieces) => pieces
+                .get(id as usize)
+                .map(|p| &p[..])
+                .ok_or(Error::TokenOutOfRange { id, vocab: self.vocab_size }),
+            Detok::Hf => Err(Error::Tokenizer("not a byte-level tokenizer".to_string())),
+        }
+    }
+}
+
+/// GPT-2's byte <-> printable character mapping of byte-level BPE.
+mod byte_level {
+    use std::collections::HashMap;
+
+    /// The character each byte is written as in a byte-level vocabulary.
+    pub fn byte_to_char() -> [char; 256] {
+        let mut table = ['\0'; 256];
+        let mut next = 256u32;
+        for (b, slot) in table.iter_mut().enumerate() {
+            let printable = matches!(b, 0x21..=0x7E | 0xA1..=0xAC | 0xAE..=0xFF);
+            let code = if printable {
+                b as u32
+            } else {
+                next += 1;
+                next - 1
+            };
+            *slot = char::from_u32(code).unwrap_or('\u{FFFD}');
+        }
+        table
+    }
+
+    pub fn char_to_byte() -> HashMap<char, u8> {
+        byte_to_char().iter().enumerate().map(|(b, &c)| (c, b as u8)).collect()
+    }
+
+    /// The bytes a vocabulary entry stands for; an entry with a character outside the mapping
+    /// is taken as its UTF-8 text (as `tokenizers`' ByteLevel decoder does).
+    pub fn decode_token(table: &HashMap<char, u8>, text: &str) -> Box<[u8]> {
+        let mapped: Option<Vec<u8>> = text.chars().map(|c| table.get(&c).copied()).collect();
+        mapped.unwrap_or_else(|| text.as_bytes().to_vec()).into_boxed_slice()
+    }
+}
