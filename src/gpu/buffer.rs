@@ -15,9 +15,8 @@ pub struct GpuBuffer<T> {
     _t: PhantomData<T>,
 }
 
-const STORAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
-    .union(wgpu::BufferUsages::COPY_SRC)
-    .union(wgpu::BufferUsages::COPY_DST);
+const STORAGE: wgpu::BufferUsages =
+    wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
 
 fn create(gpu: &Gpu, label: &str, bytes: u64) -> wgpu::Buffer {
     gpu.device.create_buffer(&wgpu::BufferDescriptor {
@@ -57,7 +56,8 @@ impl GpuBuffer<u32> {
 impl GpuBuffer<PackedF16> {
     /// A buffer holding `data` as packed f16 pairs (an odd tail is padded with a zero).
     pub fn from_f16(gpu: &Gpu, label: &str, data: &[half::f16]) -> Self {
-        let b = GpuBuffer { raw: create(gpu, label, data.len() as u64 * 2), len: data.len(), _t: PhantomData };
+        let b =
+            GpuBuffer { raw: create(gpu, label, data.len() as u64 * 2), len: data.len(), _t: PhantomData };
         let even = data.len() / 2 * 2;
         gpu.queue.write_buffer(&b.raw, 0, bytemuck::cast_slice(&data[..even]));
         if let Some(last) = data.get(even) {

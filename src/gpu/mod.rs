@@ -10,7 +10,7 @@ mod ops;
 
 pub use buffer::{GpuBuffer, PackedF16};
 pub use kernel::{Kernel, Pipelines};
-pub use ops::{AttentionShape, MatmulOut, RopeLayout, Step, WeightsRef};
+pub use ops::{transpose_for_matmul, AttentionShape, MatmulOut, RopeLayout, Step, WeightsRef};
 
 use crate::error::{Error, Result};
 

@@ -41,10 +41,23 @@ pub struct MatmulOut {
     pub at_start_pos: bool,
 }
 
+/// Lays out rows `[rows, cols]` of a weight matrix (rows = output features) as the matmul and
+/// embedding kernels read a chunk: transposed, `[cols, rows rounded up to 4]`, zero padded.
+pub fn transpose_for_matmul<T: Copy + Default>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
+    let stride = rows.next_multiple_of(4);
+    let mut out = vec![T::default(); cols * stride];
+    for (r, row) in w.chunks_exact(cols).take(rows).enumerate() {
+        for (c, v) in row.iter().enumerate() {
+            out[c * stride + r] = *v;
+        }
+    }
+    out
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct MatmulParams {
-    k4: u32,
+    k: u32,
     cols: u32,
     col_offset: u32,
     ldy: u32,
@@ -119,8 +132,9 @@ pub struct AttentionShape {
 }
 
 impl Gpu {
-    /// `y[r, col_offset + c] (+)= x[r, :] . w[c, :] + bias[c]` for the `cols` rows of one weight chunk.
-    /// `x: [n, k]`, `w: [cols, k]`, `bias: [cols]` or None.
+    /// `y[r, col_offset + c] = x[r, :] . w[c, :] + bias[c]` for the `cols` rows of one weight chunk.
+    /// `x: [n, k]`; `w` holds the chunk `[cols, k]` laid out by [`transpose_for_matmul`];
+    /// `bias: [cols]` or None.
     #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
@@ -138,7 +152,7 @@ impl Gpu {
             WeightsRef::F16(_) => Kernel::MatmulF16,
         };
         let p = MatmulParams {
-            k4: (k / 4) as u32,
+            k: k as u32,
             cols: cols as u32,
             col_offset: out.col_offset,
             ldy: out.ldy,
@@ -149,10 +163,13 @@ impl Gpu {
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         // An unused bias binding still needs a buffer: x serves (it is never read then).
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
-        self.op(kernel, step, &params, &[&x.raw, w.raw(), bias_raw, &y.raw], Grid::Fixed([groups(cols), 1, 1]))
+        let grid = Grid::Fixed([groups(cols.div_ceil(4)), 1, 1]);
+        self.op(kernel, step, &params, &[&x.raw, w.raw(), bias_raw, &y.raw], grid)
     }
 
-    /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one chunk of an embedding table.
+    /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one chunk of an embedding
+    /// table `[rows, dim]`, laid out by [`transpose_for_matmul`] (the same buffer a tied output reads).
+    #[allow(clippy::too_many_arguments)]
     pub fn embed(
         &self,
         step: &wgpu::Buffer,
@@ -163,13 +180,13 @@ impl Gpu {
         row_start: usize,
         rows: usize,
     ) -> Op {
-        let (kernel, threads) = match table {
-            WeightsRef::F32(_) => (Kernel::EmbedF32, dim),
-            WeightsRef::F16(_) => (Kernel::EmbedF16, dim / 2),
+        let kernel = match table {
+            WeightsRef::F32(_) => Kernel::EmbedF32,
+            WeightsRef::F16(_) => Kernel::EmbedF16,
         };
         let p = EmbedParams { dim: dim as u32, row_start: row_start as u32, rows: rows as u32, _pad: 0 };
         let params = self.uniform("embed params", bytemuck::bytes_of(&p));
-        self.op(kernel, step, &params, &[&tokens.raw, table.raw(), &x.raw], Grid::PerRow(groups(threads)))
+        self.op(kernel, step, &params, &[&tokens.raw, table.raw(), &x.raw], Grid::PerRow(groups(dim)))
     }
 
     /// `y[r] = x[r] / rms(x[r]) * weight`; `x, y: [n, dim]`, `weight: [dim]`.
@@ -213,7 +230,13 @@ impl Gpu {
             _pad: [0; 3],
         };
         let params = self.uniform("rope params", bytemuck::bytes_of(&p));
-        self.op(Kernel::Rope, step, &params, &[&cos_sin.raw, &x.raw], Grid::PerRow(groups(heads * rope_dim / 2)))
+        self.op(
+            Kernel::Rope,
+            step,
+            &params,
+            &[&cos_sin.raw, &x.raw],
+            Grid::PerRow(groups(heads * rope_dim / 2)),
+        )
     }
 
     /// Causal attention of `q: [n, heads * head_dim]` over the caches `[ctx, kv_heads * head_dim]`
@@ -248,7 +271,13 @@ impl Gpu {
     }
 
     /// `gate = silu(gate) * up` over `[n, width]`.
-    pub fn silu_mul(&self, step: &wgpu::Buffer, gate: &GpuBuffer<f32>, up: &GpuBuffer<f32>, width: usize) -> Op {
+    pub fn silu_mul(
+        &self,
+        step: &wgpu::Buffer,
+        gate: &GpuBuffer<f32>,
+        up: &GpuBuffer<f32>,
+        width: usize,
+    ) -> Op {
         self.elementwise(Kernel::SiluMul, step, gate, up, width)
     }
 

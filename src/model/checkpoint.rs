@@ -162,7 +162,11 @@ impl Checkpoint {
     pub fn tensor(&self, name: &str, expected: &[usize], precision: Precision) -> Result<HostTensor> {
         let raw = self.raw(name)?.ok_or_else(|| Error::MissingTensor { name: name.to_string() })?;
         if raw.shape != expected {
-            return Err(Error::TensorShape { name: name.into(), expected: expected.to_vec(), found: raw.shape });
+            return Err(Error::TensorShape {
+                name: name.into(),
+                expected: expected.to_vec(),
+                found: raw.shape,
+            });
         }
         let n: usize = raw.shape.iter().product();
         let keep_f16 = precision == Precision::Auto && expected.len() > 1;
@@ -171,7 +175,10 @@ impl Checkpoint {
             DType::F16 if keep_f16 => {
                 let bytes: &[u8] = &raw.data;
                 if bytes.len() != n * 2 {
-                    return Err(Error::corrupt("tensor", format!("{name}: {} bytes for {n} f16", bytes.len())));
+                    return Err(Error::corrupt(
+                        "tensor",
+                        format!("{name}: {} bytes for {n} f16", bytes.len()),
+                    ));
                 }
                 HostData::F16(bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect())
             }

@@ -92,7 +92,7 @@ impl Config {
         let dim = usize_key("embedding_length")?;
         let n_heads = usize_key("attention.head_count")?;
         let n_kv_heads = opt_usize("attention.head_count_kv").unwrap_or(n_heads);
-        let head_dim = opt_usize("attention.key_length").unwrap_or(if n_heads > 0 { dim / n_heads } else { 0 });
+        let head_dim = opt_usize("attention.key_length").unwrap_or(dim.checked_div(n_heads).unwrap_or(0));
         let cfg = Config {
             arch,
             vocab_size: opt_usize("vocab_size").unwrap_or(vocab_rows),
@@ -141,11 +141,7 @@ impl Config {
             });
         }
         let n_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
-        let head_dim = hf.head_dim.unwrap_or(if hf.num_attention_heads > 0 {
-            hf.hidden_size / hf.num_attention_heads
-        } else {
-            0
-        });
+        let head_dim = hf.head_dim.unwrap_or(hf.hidden_size.checked_div(hf.num_attention_heads).unwrap_or(0));
         let cfg = Config {
             arch,
             vocab_size: hf.vocab_size,
@@ -170,7 +166,7 @@ impl Config {
     pub fn validate(&self) -> Result<()> {
         let bad = |message: String| Err(Error::Metadata { key: "model config".into(), message });
         let dims = [self.dim, self.n_heads, self.n_kv_heads, self.head_dim, self.ffn_dim, self.n_layers];
-        if dims.iter().any(|&d| d == 0) || self.vocab_size == 0 {
+        if dims.contains(&0) || self.vocab_size == 0 {
             return bad(format!("zero dimension in {self:?}"));
         }
         if [self.dim, self.head_dim, self.ffn_dim, self.n_heads, self.n_kv_heads].iter().any(|&d| d > MAX_DIM)
@@ -179,16 +175,19 @@ impl Config {
         {
             return bad(format!("absurd dimension in {self:?}"));
         }
-        if self.n_heads % self.n_kv_heads != 0 {
+        if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!("{} heads are not a multiple of {} kv heads", self.n_heads, self.n_kv_heads));
         }
-        if self.dim % 4 != 0 || self.head_dim % 4 != 0 || self.ffn_dim % 4 != 0 {
+        if [self.dim, self.head_dim, self.ffn_dim].iter().any(|d| !d.is_multiple_of(4)) {
             return bad("dim, head_dim and ffn_dim must be multiples of 4".into());
         }
-        if self.rope_dim % 2 != 0 || self.rope_dim > self.head_dim || self.rope_dim == 0 {
+        if !self.rope_dim.is_multiple_of(2) || self.rope_dim > self.head_dim || self.rope_dim == 0 {
             return bad(format!("rope dimension {} with head_dim {}", self.rope_dim, self.head_dim));
         }
-        if !(self.rms_eps.is_finite() && self.rms_eps > 0.0 && self.rope_theta.is_finite() && self.rope_theta > 0.0)
+        if !(self.rms_eps.is_finite()
+            && self.rms_eps > 0.0
+            && self.rope_theta.is_finite()
+            && self.rope_theta > 0.0)
         {
             return bad("rms epsilon and rope theta must be positive".into());
         }

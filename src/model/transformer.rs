@@ -89,7 +89,10 @@ impl Model {
         let c = ckpt.config.clone();
         let context = opts.context.unwrap_or(c.context_len.min(4096));
         if context == 0 || context > c.context_len.max(1) * 8 || context > 1 << 20 {
-            return Err(Error::InvalidArgument(format!("context {context} for a model of {}", c.context_len)));
+            return Err(Error::InvalidArgument(format!(
+                "context {context} for a model of {}",
+                c.context_len
+            )));
         }
         let weights = Weights::load(&gpu, ckpt, opts.precision, progress)?;
         let g = &*gpu;

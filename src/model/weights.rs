@@ -5,7 +5,7 @@
 use super::checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 use super::config::Config;
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuffer, MatmulOut, Op, PackedF16, WeightsRef};
+use crate::gpu::{transpose_for_matmul, Gpu, GpuBuffer, MatmulOut, Op, PackedF16, WeightsRef};
 
 /// Rows `[row_start, row_start + rows)` of a matrix in one buffer.
 enum ChunkData {
@@ -46,7 +46,8 @@ impl Matrix {
             HostData::F16(_) => 2,
         };
         let row_bytes = (cols * elem) as u64;
-        let rows_per_chunk = (gpu.max_binding_bytes() / row_bytes.max(1)) as usize;
+        // Chunks hold a multiple of 4 rows: the kernels pad each chunk's rows to 4.
+        let rows_per_chunk = (gpu.max_binding_bytes() / row_bytes.max(1)) as usize / 4 * 4;
         if rows_per_chunk == 0 {
             return Err(Error::GpuLimit(format!(
                 "{}: one row of {row_bytes} bytes exceeds the max storage binding of {} bytes",
@@ -61,8 +62,14 @@ impl Matrix {
             let range = row_start * cols..(row_start + n) * cols;
             let label = format!("{} rows {row_start}..{}", t.name, row_start + n);
             let data = match &t.data {
-                HostData::F32(v) => ChunkData::F32(GpuBuffer::<f32>::from_slice(gpu, &label, &v[range])),
-                HostData::F16(v) => ChunkData::F16(GpuBuffer::<PackedF16>::from_f16(gpu, &label, &v[range])),
+                HostData::F32(v) => {
+                    let wt = transpose_for_matmul(&v[range], n, cols);
+                    ChunkData::F32(GpuBuffer::<f32>::from_slice(gpu, &label, &wt))
+                }
+                HostData::F16(v) => {
+                    let wt = transpose_for_matmul(&v[range], n, cols);
+                    ChunkData::F16(GpuBuffer::<PackedF16>::from_f16(gpu, &label, &wt))
+                }
             };
             chunks.push(Chunk { row_start, rows: n, data });
             row_start += n;
@@ -71,6 +78,7 @@ impl Matrix {
     }
 
     /// Ops computing `y[r, :rows] = x[r, :cols] . self^T (+ bias)` for each row r of the pass.
+    #[allow(clippy::too_many_arguments)]
     pub fn matmul(
         &self,
         gpu: &Gpu,
@@ -93,8 +101,17 @@ impl Matrix {
     }
 
     /// Ops gathering `x[r, :] = self[tokens[r], :]` (the matrix used as an embedding table).
-    pub fn embed(&self, gpu: &Gpu, step: &wgpu::Buffer, tokens: &GpuBuffer<u32>, x: &GpuBuffer<f32>) -> Vec<Op> {
-        self.chunks.iter().map(|c| gpu.embed(step, tokens, c.weights(), x, self.cols, c.row_start, c.rows)).collect()
+    pub fn embed(
+        &self,
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        tokens: &GpuBuffer<u32>,
+        x: &GpuBuffer<f32>,
+    ) -> Vec<Op> {
+        self.chunks
+            .iter()
+            .map(|c| gpu.embed(step, tokens, c.weights(), x, self.cols, c.row_start, c.rows))
+            .collect()
     }
 
     /// How many buffers hold this matrix.
@@ -105,23 +122,23 @@ impl Matrix {
 
 /// One transformer block's weights (GGUF names `blk.{i}.*`).
 pub struct Layer {
-    pub attn_norm: GpuBuffer<f32>, // [dim]
-    pub wq: Matrix,                // [q_dim, dim]
-    pub wk: Matrix,                // [kv_dim, dim]
-    pub wv: Matrix,                // [kv_dim, dim]
+    pub attn_norm: GpuBuffer<f32>,  // [dim]
+    pub wq: Matrix,                 // [q_dim, dim]
+    pub wk: Matrix,                 // [kv_dim, dim]
+    pub wv: Matrix,                 // [kv_dim, dim]
     pub bq: Option<GpuBuffer<f32>>, // [q_dim] (qwen2)
     pub bk: Option<GpuBuffer<f32>>, // [kv_dim] (qwen2)
     pub bv: Option<GpuBuffer<f32>>, // [kv_dim] (qwen2)
-    pub wo: Matrix,                // [dim, q_dim]
-    pub ffn_norm: GpuBuffer<f32>,  // [dim]
-    pub gate: Matrix,              // [ffn_dim, dim]
-    pub up: Matrix,                // [ffn_dim, dim]
-    pub down: Matrix,              // [dim, ffn_dim]
+    pub wo: Matrix,                 // [dim, q_dim]
+    pub ffn_norm: GpuBuffer<f32>,   // [dim]
+    pub gate: Matrix,               // [ffn_dim, dim]
+    pub up: Matrix,                 // [ffn_dim, dim]
+    pub down: Matrix,               // [dim, ffn_dim]
 }
 
 /// All weights of a model on the GPU.
 pub struct Weights {
-    pub token_embd: Matrix,       // [vocab, dim]
+    pub token_embd: Matrix, // [vocab, dim]
     pub layers: Vec<Layer>,
     pub output_norm: GpuBuffer<f32>, // [dim]
     /// `[vocab, dim]`; None when tied to `token_embd`.
@@ -221,4 +238,3 @@ impl Weights {
         Ok(Weights { token_embd, layers, output_norm, output })
     }
 }
-

@@ -50,7 +50,15 @@ pub fn rope(x: &mut [f32], head_dim: usize, rope_dim: usize, theta: f32, layout:
 }
 
 /// Causal attention of one query row at `pos` over cached rows 0..=pos.
-pub fn attention(q: &[f32], k: &[f32], v: &[f32], pos: usize, heads: usize, kv_heads: usize, hd: usize) -> Vec<f32> {
+pub fn attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    pos: usize,
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+) -> Vec<f32> {
     let kv_dim = kv_heads * hd;
     let mut out = vec![0f32; heads * hd];
     for h in 0..heads {
@@ -135,14 +143,18 @@ impl RefModel {
             rope(&mut k, c.head_dim, c.rope_dim, c.rope_theta, c.rope_layout, pos);
             self.k_cache[l].extend(&k);
             self.v_cache[l].extend(&v);
-            let att = attention(&q, &self.k_cache[l], &self.v_cache[l], pos, c.n_heads, c.n_kv_heads, c.head_dim);
+            let att =
+                attention(&q, &self.k_cache[l], &self.v_cache[l], pos, c.n_heads, c.n_kv_heads, c.head_dim);
             let o = matvec(self.t(&b("attn_output.weight")), &att, dim, qd);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let xb = rmsnorm(&x, self.t(&b("ffn_norm.weight")), c.rms_eps);
             let g = matvec(self.t(&b("ffn_gate.weight")), &xb, ffn, dim);
             let u = matvec(self.t(&b("ffn_up.weight")), &xb, ffn, dim);
-            let h: Vec<f32> =
-                g.iter().zip(&u).map(|(g, u)| ((*g as f64 / (1.0 + (-*g as f64).exp())) * *u as f64) as f32).collect();
+            let h: Vec<f32> = g
+                .iter()
+                .zip(&u)
+                .map(|(g, u)| ((*g as f64 / (1.0 + (-*g as f64).exp())) * *u as f64) as f32)
+                .collect();
             let d = matvec(self.t(&b("ffn_down.weight")), &h, dim, ffn);
             x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         }
