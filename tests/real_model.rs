@@ -69,15 +69,22 @@ fn smollm2_greedy_equals_llama_cpp_on_f32_weights() {
 
 #[test]
 fn smollm2_greedy_on_f16_weights_shares_a_long_prefix_with_llama_cpp_q4_1() {
+    // llama.cpp's Q4_1 kernels quantize activations to 8 bits, so even its own F32 run leaves its
+    // Q4_1 transcript after a few tokens. Ours (blocks expanded to f16, f32 arithmetic) must agree
+    // with the Q4_1 transcript at least as long as llama.cpp's F32 run does, up to TOKENS.
+    const TOKENS: usize = 24;
     let g = goldens();
     let ckpt = checkpoint(&g);
     let opts = LoadOptions { context: Some(256), precision: Precision::Auto };
     let mut model = Model::load(gpu(), &ckpt, &opts, &mut |_| {}).expect("load");
-    let mut report = Vec::new();
-    for case in &g.cases {
-        let got = greedy(&mut model, &case.prompt_tokens, case.q4_1_tokens.len());
-        report.push((common_prefix(&got, &case.q4_1_tokens), common_prefix(&got, &case.f32_tokens)));
+    for case in g.cases.iter().take(4) {
+        let got = greedy(&mut model, &case.prompt_tokens, TOKENS);
+        let llama_cpp_own = common_prefix(&case.f32_tokens, &case.q4_1_tokens).min(TOKENS);
+        let ours = common_prefix(&got, &case.q4_1_tokens);
+        assert!(
+            ours >= llama_cpp_own,
+            "prompt {:?}: {ours} tokens agree with llama.cpp Q4_1, llama.cpp F32 agrees on {llama_cpp_own}",
+            case.prompt
+        );
     }
-    eprintln!("(prefix with llama.cpp q4_1, prefix with llama.cpp f32) per case: {report:?}");
-    panic!("calibrating");
 }
