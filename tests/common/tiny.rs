@@ -152,6 +152,22 @@ impl TinyModel {
         w.add(&format!("{a}.attention.head_count_kv"), Value::U32(s.kv_heads as u32));
         w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
         w.add(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
+        // A byte-level vocabulary: the 256 GPT-2 byte symbols, then plain filler tokens; the last
+        // token is the end-of-sequence control token.
+        let mut tokens: Vec<Value> = gpt2_byte_symbols().into_iter().map(Value::String).collect();
+        while tokens.len() < s.vocab - 1 {
+            tokens.push(Value::String(format!("<filler_{}>", tokens.len())));
+        }
+        tokens.push(Value::String("<|eos|>".into()));
+        let mut types = vec![Value::I32(1); s.vocab - 1];
+        types.push(Value::I32(3));
+        w.add("tokenizer.ggml.model", Value::String("gpt2".into()));
+        w.add("tokenizer.ggml.pre", Value::String("gpt2".into()));
+        w.add("tokenizer.ggml.tokens", Value::Array(tokens));
+        w.add("tokenizer.ggml.token_type", Value::Array(types));
+        w.add("tokenizer.ggml.merges", Value::Array(vec![]));
+        w.add("tokenizer.ggml.eos_token_id", Value::U32(s.vocab as u32 - 1));
+        w.add("tokenizer.ggml.add_bos_token", Value::Bool(false));
         for t in &self.tensors {
             let values = self.gguf_rows(t);
             let (dtype, bytes) = if t.shape.len() == 1 {
@@ -241,4 +257,21 @@ pub fn random_blocks(dtype: DType, n: usize, rng: &mut SmallRng) -> Vec<u8> {
         }
     }
     out
+}
+
+/// GPT-2's byte-to-symbol table: printable bytes map to themselves, the rest to U+0100 upwards.
+pub fn gpt2_byte_symbols() -> Vec<String> {
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    let mut next = 256u32;
+    (0u32..256)
+        .map(|b| {
+            let c = if printable(b) {
+                b
+            } else {
+                next += 1;
+                next - 1
+            };
+            char::from_u32(c).map(String::from).unwrap_or_default()
+        })
+        .collect()
 }
