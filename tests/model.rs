@@ -23,7 +23,7 @@ fn assert_logits(what: &str, got: &[f32], want: &[f32]) {
 }
 
 fn load(ckpt: &Checkpoint, precision: Precision) -> Model {
-    let opts = LoadOptions { context: Some(64), precision };
+    let opts = LoadOptions { context: Some(64), precision, ..Default::default() };
     Model::load(gpu(), ckpt, &opts, &mut |_| {}).expect("load")
 }
 
@@ -161,6 +161,30 @@ fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
             }
         }
     }
+}
+
+#[test]
+fn matrices_split_across_buffers_give_identical_logits() {
+    // A 4 KiB cap splits the 300-row tied embedding/output into 16-row chunks (f32) and every
+    // other matrix too; each output column is computed the same way, so the bits must not change.
+    let mut r = rng(55);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    for dtype in [DType::F32, DType::Q8_0] {
+        let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
+        let tokens = [7u32, 299, 0, 150, 64, 3];
+        let whole = forward(&mut load(&ckpt, Precision::Auto), &tokens, 0);
+        let opts = LoadOptions { context: Some(64), max_chunk_bytes: Some(4096), ..Default::default() };
+        let mut split = Model::load(gpu(), &ckpt, &opts, &mut |_| {}).expect("load split");
+        let got = forward(&mut split, &tokens, 0);
+        assert!(
+            got.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{dtype:?}: split changed the logits"
+        );
+    }
+    let opts = LoadOptions { max_chunk_bytes: Some(64), ..Default::default() };
+    let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
+    let err = Model::load(gpu(), &ckpt, &opts, &mut |_| {}).err().expect("four rows cannot fit");
+    assert!(matches!(err, Error::GpuLimit(_)), "{err}");
 }
 
 #[test]

@@ -59,7 +59,7 @@ fn smollm2_greedy_equals_llama_cpp_on_f32_weights() {
     // Q4_1 blocks expanded exactly to f32 are the weights of llama.cpp's F32 golden file.
     let g = goldens();
     let ckpt = checkpoint(&g);
-    let opts = LoadOptions { context: Some(256), precision: Precision::F32 };
+    let opts = LoadOptions { context: Some(256), precision: Precision::F32, ..Default::default() };
     let mut model = Model::load(gpu(), &ckpt, &opts, &mut |_| {}).expect("load");
     for case in &g.cases {
         let got = greedy(&mut model, &case.prompt_tokens, case.f32_tokens.len());
@@ -75,7 +75,7 @@ fn smollm2_greedy_on_f16_weights_shares_a_long_prefix_with_llama_cpp_q4_1() {
     const TOKENS: usize = 24;
     let g = goldens();
     let ckpt = checkpoint(&g);
-    let opts = LoadOptions { context: Some(256), precision: Precision::Auto };
+    let opts = LoadOptions { context: Some(256), precision: Precision::Auto, ..Default::default() };
     let mut model = Model::load(gpu(), &ckpt, &opts, &mut |_| {}).expect("load");
     for case in g.cases.iter().take(4) {
         let got = greedy(&mut model, &case.prompt_tokens, TOKENS);

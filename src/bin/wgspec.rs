@@ -97,6 +97,7 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     let opts = LoadOptions {
         context: args.context,
         precision: if args.f32 { Precision::F32 } else { Precision::Auto },
+        ..Default::default()
     };
     let mut shown = 0;
     let mut model = Model::load(gpu, &ckpt, &opts, &mut |p| {

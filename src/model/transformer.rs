@@ -19,11 +19,14 @@ pub struct LoadOptions {
     pub context: Option<usize>,
     /// Precision the weights are kept in on the GPU.
     pub precision: Precision,
+    /// Largest buffer one weight matrix chunk may take; `None` = the adapter's max storage binding.
+    /// Matrices larger than this are split by rows (tests lower it to exercise the split).
+    pub max_chunk_bytes: Option<u64>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { context: None, precision: Precision::Auto }
+        LoadOptions { context: None, precision: Precision::Auto, max_chunk_bytes: None }
     }
 }
 
@@ -94,7 +97,8 @@ impl Model {
                 c.context_len
             )));
         }
-        let weights = Weights::load(&gpu, ckpt, opts.precision, progress)?;
+        let max_chunk = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(gpu.max_binding_bytes());
+        let weights = Weights::load(&gpu, ckpt, opts.precision, max_chunk, progress)?;
         let g = &*gpu;
         let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
         let state = RunState {

@@ -36,8 +36,9 @@ pub struct Matrix {
 }
 
 impl Matrix {
-    /// Uploads `t` (shape `[rows, cols]`), splitting it so no chunk exceeds the max binding size.
-    pub fn upload(gpu: &Gpu, t: &HostTensor) -> Result<Matrix> {
+    /// Uploads `t` (shape `[rows, cols]`), splitting it so that no chunk exceeds `max_bytes`
+    /// (at most the adapter's max storage binding).
+    pub fn upload(gpu: &Gpu, max_bytes: u64, t: &HostTensor) -> Result<Matrix> {
         let [rows, cols] = t.shape[..] else {
             return Err(Error::InvalidArgument(format!("{} is not a matrix: {:?}", t.name, t.shape)));
         };
@@ -47,12 +48,12 @@ impl Matrix {
         };
         let row_bytes = (cols * elem) as u64;
         // Chunks hold a multiple of 4 rows: the kernels pad each chunk's rows to 4.
-        let rows_per_chunk = (gpu.max_binding_bytes() / row_bytes.max(1)) as usize / 4 * 4;
+        let max_bytes = max_bytes.min(gpu.max_binding_bytes());
+        let rows_per_chunk = (max_bytes / row_bytes.max(1)) as usize / 4 * 4;
         if rows_per_chunk == 0 {
             return Err(Error::GpuLimit(format!(
-                "{}: one row of {row_bytes} bytes exceeds the max storage binding of {} bytes",
-                t.name,
-                gpu.max_binding_bytes()
+                "{}: four rows of {row_bytes} bytes exceed the largest weight buffer of {max_bytes} bytes",
+                t.name
             )));
         }
         let mut chunks = Vec::new();
@@ -180,11 +181,13 @@ pub fn tensor_specs(c: &Config) -> Vec<(String, Vec<usize>)> {
 }
 
 impl Weights {
-    /// Uploads every tensor of `ckpt`, one at a time (never the whole model twice in memory).
+    /// Uploads every tensor of `ckpt`, one at a time (never the whole model twice in memory),
+    /// splitting matrices into buffers of at most `max_bytes`.
     pub fn load(
         gpu: &Gpu,
         ckpt: &Checkpoint,
         precision: Precision,
+        max_bytes: u64,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Weights> {
         let c = &ckpt.config;
@@ -203,14 +206,15 @@ impl Weights {
             }
             Ok(m)
         };
-        let token_embd = Matrix::upload(gpu, &fetch("token_embd.weight".into(), vec![c.vocab_size, c.dim])?)?;
+        let token_embd =
+            Matrix::upload(gpu, max_bytes, &fetch("token_embd.weight".into(), vec![c.vocab_size, c.dim])?)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let name = |s: &str| format!("blk.{i}.{s}");
             let attn_norm = vector(fetch(name("attn_norm.weight"), vec![c.dim])?);
-            let wq = Matrix::upload(gpu, &fetch(name("attn_q.weight"), vec![c.q_dim(), c.dim])?)?;
-            let wk = Matrix::upload(gpu, &fetch(name("attn_k.weight"), vec![c.kv_dim(), c.dim])?)?;
-            let wv = Matrix::upload(gpu, &fetch(name("attn_v.weight"), vec![c.kv_dim(), c.dim])?)?;
+            let wq = Matrix::upload(gpu, max_bytes, &fetch(name("attn_q.weight"), vec![c.q_dim(), c.dim])?)?;
+            let wk = Matrix::upload(gpu, max_bytes, &fetch(name("attn_k.weight"), vec![c.kv_dim(), c.dim])?)?;
+            let wv = Matrix::upload(gpu, max_bytes, &fetch(name("attn_v.weight"), vec![c.kv_dim(), c.dim])?)?;
             let (bq, bk, bv, wq, wk, wv) = if c.arch.qkv_bias() {
                 let bq = vector(fetch(name("attn_q.bias"), vec![c.q_dim()])?);
                 let bk = vector(fetch(name("attn_k.bias"), vec![c.kv_dim()])?);
@@ -222,18 +226,21 @@ impl Weights {
             } else {
                 (None, None, None, wq, wk, wv)
             };
-            let wo = Matrix::upload(gpu, &fetch(name("attn_output.weight"), vec![c.dim, c.q_dim()])?)?;
+            let wo =
+                Matrix::upload(gpu, max_bytes, &fetch(name("attn_output.weight"), vec![c.dim, c.q_dim()])?)?;
             let ffn_norm = vector(fetch(name("ffn_norm.weight"), vec![c.dim])?);
-            let gate = Matrix::upload(gpu, &fetch(name("ffn_gate.weight"), vec![c.ffn_dim, c.dim])?)?;
-            let up = Matrix::upload(gpu, &fetch(name("ffn_up.weight"), vec![c.ffn_dim, c.dim])?)?;
-            let down = Matrix::upload(gpu, &fetch(name("ffn_down.weight"), vec![c.dim, c.ffn_dim])?)?;
+            let gate =
+                Matrix::upload(gpu, max_bytes, &fetch(name("ffn_gate.weight"), vec![c.ffn_dim, c.dim])?)?;
+            let up = Matrix::upload(gpu, max_bytes, &fetch(name("ffn_up.weight"), vec![c.ffn_dim, c.dim])?)?;
+            let down =
+                Matrix::upload(gpu, max_bytes, &fetch(name("ffn_down.weight"), vec![c.dim, c.ffn_dim])?)?;
             layers.push(Layer { attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, gate, up, down });
         }
         let output_norm = vector(fetch("output_norm.weight".into(), vec![c.dim])?);
         let output = if c.tied_embeddings {
             None
         } else {
-            Some(Matrix::upload(gpu, &fetch("output.weight".into(), vec![c.vocab_size, c.dim])?)?)
+            Some(Matrix::upload(gpu, max_bytes, &fetch("output.weight".into(), vec![c.vocab_size, c.dim])?)?)
         };
         Ok(Weights { token_embd, layers, output_norm, output })
     }
