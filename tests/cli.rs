@@ -59,6 +59,36 @@ fn generate_json_prints_one_object_with_tokens_text_and_stats() {
 }
 
 #[test]
+fn generate_runs_a_hugging_face_folder() {
+    // config.json + model.safetensors + tokenizer.json (serialised from the GGUF vocabulary's
+    // tokenizer), as `--model FOLDER`.
+    let mut r = rng(91);
+    let tiny = TinyModel::random(TinySpec::qwen2(), &mut r);
+    let gguf = tiny.to_gguf(DType::F32, &mut r);
+    let header = wgspec::loader::gguf::Gguf::parse(&gguf, gguf.len() as u64).expect("gguf");
+    let tok = wgspec::tokenizer::Tokenizer::from_gguf(&header).expect("tokenizer");
+    let dir = std::env::temp_dir().join(format!("wgspec-cli-hf-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("dir");
+    let (config, st) = tiny.to_safetensors(DType::BF16);
+    std::fs::write(dir.join("config.json"), config).expect("write");
+    std::fs::write(dir.join("model.safetensors"), st).expect("write");
+    std::fs::write(dir.join("tokenizer.json"), tok.inner().to_string(false).expect("json")).expect("write");
+    let out = wgspec(&[
+        "generate",
+        "--model",
+        dir.to_str().expect("utf8"),
+        "--prompt",
+        "hi!",
+        "--max-tokens",
+        "5",
+        "--json",
+    ]);
+    let v = json_of(&out);
+    assert_eq!(v["prompt_tokens"], serde_json::json!([104, 105, 33]), "byte tokens of \"hi!\"");
+    assert_eq!(v["tokens"].as_array().map(|t| t.len()), Some(5));
+}
+
+#[test]
 fn bad_input_gives_a_clear_error_and_a_failing_exit_code() {
     let model = tiny_model_file("tiny-for-errors.gguf");
     let bytes = std::fs::read(&model).expect("read");
