@@ -24,10 +24,30 @@ pub struct TinySpec {
 
 impl TinySpec {
     pub fn llama() -> Self {
-        TinySpec { qwen2: false, vocab: 300, dim: 64, layers: 2, heads: 4, kv_heads: 2, ffn: 96, context: 64, tied: true }
+        TinySpec {
+            qwen2: false,
+            vocab: 300,
+            dim: 64,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 96,
+            context: 64,
+            tied: true,
+        }
     }
     pub fn qwen2() -> Self {
-        TinySpec { qwen2: true, vocab: 280, dim: 64, layers: 2, heads: 4, kv_heads: 2, ffn: 160, context: 64, tied: false }
+        TinySpec {
+            qwen2: true,
+            vocab: 280,
+            dim: 64,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 160,
+            context: 64,
+            tied: false,
+        }
     }
     pub fn head_dim(&self) -> usize {
         self.dim / self.heads
