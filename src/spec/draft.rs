@@ -15,6 +15,7 @@ use super::verify::Dist;
 use crate::error::{Error, Result};
 use crate::model::{Config, Model, MAX_BATCH};
 use crate::sampling::{Rng, SamplingParams};
+use crate::tokenizer::Tokenizer;
 
 /// A boxed future that need not be `Send` (wasm futures are not).
 pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
@@ -60,6 +61,28 @@ pub fn check_vocab(target: &Config, draft: &Config) -> Result<()> {
             "the draft model's vocabulary has {} entries and the target's {}: a draft must share the \
              target's tokenizer",
             draft.vocab_size, target.vocab_size
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that two tokenizers are the same vocabulary: the same ids, each with the same entry.
+pub fn check_tokenizers(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
+    if target.vocab_size() != draft.vocab_size() {
+        return Err(Error::InvalidArgument(format!(
+            "the draft's tokenizer has {} ids and the target's {}: a draft must share the target's tokenizer",
+            draft.vocab_size(),
+            target.vocab_size()
+        )));
+    }
+    if let Some(id) =
+        (0..target.vocab_size() as u32).find(|&id| target.token_text(id) != draft.token_text(id))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "the draft's tokenizer differs from the target's at id {id} ({:?} vs {:?}): a draft must \
+             share the target's tokenizer",
+            draft.token_text(id),
+            target.token_text(id)
         )));
     }
     Ok(())
