@@ -14,6 +14,7 @@ pub mod local;
 pub mod model;
 pub mod sampling;
 pub mod session;
+pub mod spec;
 pub mod tokenizer;
 
 pub use error::{Error, Result};

@@ -1,4 +1,5 @@
-//! The `wgspec` command line: generate text, fetch known models.
+//! The `wgspec` command line: generate text (optionally speculating with a draft), benchmark
+//! speculation against target-only decoding, fetch known models.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -11,8 +12,9 @@ use wgspec::gpu::Gpu;
 use wgspec::model::{LoadOptions, Model, Precision};
 use wgspec::sampling::SamplingParams;
 use wgspec::session::{self, GenerateOptions};
-use wgspec::tokenizer::StreamDecoder;
-use wgspec::Result;
+use wgspec::spec::{self, bench, Draft, DraftModel, KPolicy, NGram};
+use wgspec::tokenizer::{StreamDecoder, Tokenizer};
+use wgspec::{Error, Result};
 
 #[derive(Parser)]
 #[command(name = "wgspec", version, about = "Speculative decoding for LLMs on WebGPU / wgpu")]
@@ -25,6 +27,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt, streaming it, and report tokens/s.
     Generate(GenerateArgs),
+    /// Compare target-only decoding with speculation over a prompt set; print and write JSON.
+    Bench(BenchArgs),
     /// Download a known model into the cache and print its path.
     Fetch {
         /// smollm2-135m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b
@@ -60,12 +64,77 @@ struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
+    /// Speculate with a draft: a smaller model with the same tokenizer (file or known NAME), or
+    /// `ngram` (prompt lookup).
+    #[arg(long)]
+    draft: Option<String>,
+    #[command(flatten)]
+    k: KArgs,
+    /// Stop when the text contains this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+}
+
+#[derive(clap::Args)]
+struct KArgs {
+    /// Draft exactly K tokens per verify pass (default: adaptive, from measured acceptance and costs).
+    #[arg(long)]
+    draft_k: Option<usize>,
+    /// The largest K the adaptive choice may take.
+    #[arg(long, default_value_t = 16)]
+    max_draft_k: usize,
+}
+
+impl KArgs {
+    fn policy(&self) -> KPolicy {
+        match self.draft_k {
+            Some(k) => KPolicy::Fixed(k),
+            None => KPolicy::Adaptive { max: self.max_draft_k },
+        }
+    }
+}
+
+#[derive(Parser)]
+struct BenchArgs {
+    /// The target: a .gguf file, a Hugging Face folder or a known NAME.
+    #[arg(long, required_unless_present = "synthetic", conflicts_with = "synthetic")]
+    model: Option<String>,
+    /// Random weights of a real model's exact shape instead of a file (qwen2-1.5b, qwen2-0.5b,
+    /// llama-1b, smollm2-135m); prompts are then byte-mapped token ids.
+    #[arg(long)]
+    synthetic: Option<String>,
+    /// `ngram`, a draft model (file or known NAME), or with --synthetic a shape name.
+    #[arg(long)]
+    draft: String,
+    #[command(flatten)]
+    k: KArgs,
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// A JSON array of {name, kind, prompt} (default: the set in benches/prompts.json).
+    #[arg(long)]
+    prompts: Option<PathBuf>,
+    /// Only the first N prompts.
+    #[arg(long)]
+    limit: Option<usize>,
+    /// KV cache positions.
+    #[arg(long, default_value_t = 2048)]
+    context: usize,
+    /// Keep every weight in f32.
+    #[arg(long)]
+    f32: bool,
+    /// K values at which to measure verify_cost (besides the mean K of the runs).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    verify_ks: Vec<usize>,
+    /// Where to write the JSON result.
+    #[arg(long, default_value = "bench-spec.json")]
+    out: PathBuf,
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => pollster::block_on(generate(args)),
+        Command::Bench(args) => pollster::block_on(bench_cmd(args)),
         Command::Fetch { name } => fetch_cmd(&name),
     };
     match result {
@@ -87,9 +156,43 @@ fn fetch_cmd(name: &str) -> Result<()> {
     Ok(())
 }
 
-async fn generate(args: GenerateArgs) -> Result<()> {
-    let path: PathBuf = fetch::resolve_model(&args.model)?;
+/// Loads a model and its tokenizer from a file, a folder or a known name.
+fn load(gpu: &Arc<Gpu>, arg: &str, opts: &LoadOptions, quiet: bool) -> Result<(Model, Tokenizer)> {
+    let path: PathBuf = fetch::resolve_model(arg)?;
     let (ckpt, tokenizer) = wgspec::local::open(&path)?;
+    let mut shown = 0;
+    let model = Model::load(gpu.clone(), &ckpt, opts, &mut |p| {
+        // About 20 updates, whatever the tensor count.
+        let step = p.tensors_done * 20 / p.tensors_total.max(1);
+        if !quiet && (step > shown || p.tensors_done == p.tensors_total) {
+            shown = step;
+            eprint!("\rloading {}: {}/{} tensors", path.display(), p.tensors_done, p.tensors_total);
+        }
+    })?;
+    if !quiet {
+        eprintln!();
+    }
+    Ok((model, tokenizer))
+}
+
+/// The draft named by `--draft`: `ngram`, or a model sharing the target's tokenizer.
+fn load_draft(
+    gpu: &Arc<Gpu>,
+    arg: &str,
+    opts: &LoadOptions,
+    target: &Model,
+    target_tokenizer: &Tokenizer,
+    quiet: bool,
+) -> Result<Box<dyn Draft>> {
+    if arg == "ngram" {
+        return Ok(Box::new(NGram::default()));
+    }
+    let (model, tokenizer) = load(gpu, arg, opts, quiet)?;
+    spec::check_tokenizers(target_tokenizer, &tokenizer)?;
+    Ok(Box::new(DraftModel::new(model, &target.config)?))
+}
+
+async fn generate(args: GenerateArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::new().await?);
     if !args.json {
         eprintln!("adapter: {}", gpu.describe());
@@ -99,17 +202,14 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         precision: if args.f32 { Precision::F32 } else { Precision::Auto },
         ..Default::default()
     };
-    let mut shown = 0;
-    let mut model = Model::load(gpu, &ckpt, &opts, &mut |p| {
-        // About 20 updates, whatever the tensor count.
-        let step = p.tensors_done * 20 / p.tensors_total.max(1);
-        if step > shown || p.tensors_done == p.tensors_total {
-            shown = step;
-            eprint!("\rloading {}: {}/{} tensors", path.display(), p.tensors_done, p.tensors_total);
+    let (mut model, tokenizer) = load(&gpu, &args.model, &opts, false)?;
+    let mut draft = match &args.draft {
+        Some(d) => {
+            let draft_opts = LoadOptions { context: Some(model.context()), ..opts.clone() };
+            Some(load_draft(&gpu, d, &draft_opts, &model, &tokenizer, false)?)
         }
-    })?;
-    eprintln!();
-    drop(ckpt);
+        None => None,
+    };
     let prompt = tokenizer.encode(&args.prompt, true)?;
     let sampling = SamplingParams {
         temperature: args.temperature,
@@ -122,39 +222,243 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     let mut decoder = StreamDecoder::new();
     let mut stdout = std::io::stdout();
     let mut stream_err = None;
-    let generation = session::generate(&mut model, &prompt, &gen_opts, &mut |tok| {
-        if !args.json {
-            match decoder.push(&tokenizer, tok) {
-                Ok(text) => {
+    let mut text_so_far = String::new();
+    let mut stop_hit = false;
+    let mut on_token = |tok: u32| -> bool {
+        match decoder.push(&tokenizer, tok) {
+            Ok(text) => {
+                if !args.json {
                     let _ = write!(stdout, "{text}");
                     let _ = stdout.flush();
                 }
-                Err(e) => stream_err = Some(e),
+                text_so_far.push_str(&text);
             }
+            Err(e) => stream_err = Some(e),
         }
-        true
-    })
-    .await?;
+        // A stop string ends generation, also in the middle of an accepted draft run.
+        stop_hit = args.stop.iter().any(|s| !s.is_empty() && text_so_far.contains(s.as_str()));
+        !stop_hit
+    };
+    let (tokens, finish, stats, from_draft) = match draft.as_mut() {
+        Some(d) => {
+            let g =
+                spec::generate(&mut model, d.as_mut(), &prompt, &gen_opts, args.k.policy(), &mut on_token)
+                    .await?;
+            (g.tokens, g.finish, serde_json::to_value(&g.stats), Some(g.from_draft))
+        }
+        None => {
+            let g = session::generate(&mut model, &prompt, &gen_opts, &mut on_token).await?;
+            (g.tokens, g.finish, serde_json::to_value(&g.stats), None)
+        }
+    };
+    let stats = stats.map_err(|e| Error::InvalidArgument(format!("stats: {e}")))?;
     if let Some(e) = stream_err {
         return Err(e);
     }
-    let text = tokenizer.decode(&generation.tokens)?;
-    let s = &generation.stats;
+    let mut text = tokenizer.decode(&tokens)?;
+    let finish = if stop_hit {
+        if let Some(i) =
+            args.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min()
+        {
+            text.truncate(i);
+        }
+        serde_json::json!("stop")
+    } else {
+        serde_json::json!(finish)
+    };
     if args.json {
-        let out = serde_json::json!({
+        let mut out = serde_json::json!({
             "prompt_tokens": prompt,
-            "tokens": generation.tokens,
+            "tokens": tokens,
             "text": text,
-            "finish_reason": generation.finish,
-            "stats": s,
+            "finish_reason": finish,
+            "stats": stats,
         });
+        if let Some(fd) = from_draft {
+            out["from_draft"] = serde_json::json!(fd);
+        }
         println!("{out}");
     } else {
         println!();
+        let num = |k: &str| stats.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
         eprintln!(
             "{} prompt tokens, {} generated in {:.2} s: {:.2} tokens/s (prefill {:.2} s)",
-            s.prompt_tokens, s.generated_tokens, s.decode_seconds, s.tokens_per_second, s.prefill_seconds
+            num("prompt_tokens"),
+            num("generated_tokens"),
+            num("decode_seconds"),
+            num("tokens_per_second"),
+            num("prefill_seconds")
         );
+        if draft.is_some() {
+            eprintln!(
+                "speculation: {} target forwards, {} drafted, {} accepted ({:.1}%), {:.2} tokens per target forward, mean K {:.2}",
+                num("target_forwards"),
+                num("drafted"),
+                num("accepted"),
+                100.0 * num("acceptance_rate"),
+                num("tokens_per_target_forward"),
+                num("mean_k")
+            );
+        }
     }
+    Ok(())
+}
+
+async fn bench_cmd(args: BenchArgs) -> Result<()> {
+    let gpu = Arc::new(Gpu::new().await?);
+    eprintln!("adapter: {}", gpu.describe());
+    let opts = LoadOptions {
+        context: Some(args.context),
+        precision: if args.f32 { Precision::F32 } else { Precision::Auto },
+        ..Default::default()
+    };
+    let prompts_json = match &args.prompts {
+        Some(p) => std::fs::read_to_string(p).map_err(|e| Error::io(p.display(), e))?,
+        None => bench::DEFAULT_PROMPTS.to_string(),
+    };
+    let mut prompts = bench::parse_prompts(&prompts_json)?;
+    prompts.truncate(args.limit.unwrap_or(usize::MAX));
+
+    // Target, draft and a way to tokenize prompts.
+    let (mut target, mut draft, tokenizer, target_name): (Model, Box<dyn Draft>, Option<Tokenizer>, String) =
+        match &args.synthetic {
+            Some(shape_name) => {
+                let shape = bench::synthetic_shape(shape_name)?;
+                let synth = |shape: &bench::SyntheticShape, seed: u64| -> Result<Model> {
+                    eprintln!("building random {} weights", shape.name);
+                    let ckpt = wgspec::model::Checkpoint::from_gguf(bench::synthetic_gguf(shape, seed))?;
+                    Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {})
+                };
+                let target = synth(&shape, 1)?;
+                let draft: Box<dyn Draft> = if args.draft == "ngram" {
+                    Box::new(NGram::default())
+                } else {
+                    let d = bench::synthetic_shape(&args.draft)?;
+                    Box::new(DraftModel::new(synth(&d, 2)?, &target.config)?)
+                };
+                (target, draft, None, format!("synthetic {shape_name}"))
+            }
+            None => {
+                let name = args.model.clone().unwrap_or_default();
+                let (target, tokenizer) = load(&gpu, &name, &opts, false)?;
+                let draft = load_draft(&gpu, &args.draft, &opts, &target, &tokenizer, false)?;
+                (target, draft, Some(tokenizer), name)
+            }
+        };
+    let stop_tokens = tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
+    let gen_opts =
+        GenerateOptions { max_tokens: args.max_tokens, sampling: SamplingParams::greedy(), stop_tokens };
+    let policy = args.k.policy();
+
+    let mut results = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let tokens = match &tokenizer {
+            Some(t) => t.encode(&p.prompt, true)?,
+            None => bench::byte_tokens(&p.prompt, target.config.vocab_size),
+        };
+        let r =
+            bench::run_prompt(&mut target, draft.as_mut(), p, &tokens, &gen_opts, policy, i % 2 == 1).await?;
+        eprintln!(
+            "{:<20} {:<5} target-only {:>7.2} tok/s  speculative {:>7.2} tok/s  x{:.2}  tau {:.2}  accept {:>5.1}%  K {:.1}{}",
+            r.name,
+            r.kind,
+            r.target_only_tokens_per_second,
+            r.speculative_tokens_per_second,
+            r.speedup,
+            r.tokens_per_target_forward,
+            100.0 * r.acceptance_rate,
+            r.mean_k,
+            if r.identical { "" } else { "  (outputs differ!)" }
+        );
+        results.push(r);
+    }
+
+    // verify_cost at the mean K of the runs (or the fixed K) and at the listed Ks.
+    let k_runs = match policy {
+        KPolicy::Fixed(k) => k,
+        KPolicy::Adaptive { .. } => {
+            let n = results.len().max(1) as f64;
+            (results.iter().map(|r| r.mean_k).sum::<f64>() / n).round().max(1.0) as usize
+        }
+    };
+    let pos = 64.min(target.context().saturating_sub(wgspec::model::MAX_BATCH));
+    let fill: Vec<u32> = (0..pos as u32).map(|i| (i * 31 + 7) % target.config.vocab_size as u32).collect();
+    for (c, chunk) in fill.chunks(wgspec::model::MAX_BATCH).enumerate() {
+        target.forward_argmax(chunk, c * wgspec::model::MAX_BATCH).await?;
+    }
+    let mut ks: Vec<usize> =
+        args.verify_ks.iter().copied().chain([k_runs]).filter(|k| (1..32).contains(k)).collect();
+    ks.sort_unstable();
+    ks.dedup();
+    let costs = bench::verify_costs(&mut target, pos, &ks, 5).await?;
+    let verify_cost = costs.iter().find(|(k, _)| *k == k_runs).map(|c| c.1).unwrap_or(0.0);
+
+    let summarize = |rs: &[&bench::PromptResult]| {
+        let tokens: usize = rs.iter().map(|r| r.generated_tokens).sum();
+        let plain_s: f64 = rs
+            .iter()
+            .map(|r| {
+                if r.target_only_tokens_per_second > 0.0 {
+                    r.generated_tokens as f64 / r.target_only_tokens_per_second
+                } else {
+                    0.0
+                }
+            })
+            .sum();
+        let spec_s: f64 = rs.iter().map(|r| r.stats.base.decode_seconds).sum();
+        let drafted: usize = rs.iter().map(|r| r.stats.drafted).sum();
+        let accepted: usize = rs.iter().map(|r| r.stats.accepted).sum();
+        let verifies: usize = rs.iter().map(|r| r.stats.verify_forwards).sum();
+        let plain_tps = if plain_s > 0.0 { tokens as f64 / plain_s } else { 0.0 };
+        let spec_tps = if spec_s > 0.0 { tokens as f64 / spec_s } else { 0.0 };
+        serde_json::json!({
+            "prompts": rs.len(),
+            "generated_tokens": tokens,
+            "target_only_tokens_per_second": plain_tps,
+            "speculative_tokens_per_second": spec_tps,
+            "speedup": if plain_tps > 0.0 { spec_tps / plain_tps } else { 0.0 },
+            "tokens_per_target_forward": if verifies > 0 { tokens as f64 / verifies as f64 } else { 0.0 },
+            "acceptance_rate": if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 },
+            "all_identical": rs.iter().all(|r| r.identical),
+        })
+    };
+    let all: Vec<&bench::PromptResult> = results.iter().collect();
+    let mut summary = summarize(&all);
+    summary["verify_cost"] = serde_json::json!(verify_cost);
+    summary["verify_cost_k"] = serde_json::json!(k_runs);
+    let mut by_kind = serde_json::Map::new();
+    for kind in ["code", "prose"] {
+        let rs: Vec<&bench::PromptResult> = results.iter().filter(|r| r.kind == kind).collect();
+        if !rs.is_empty() {
+            by_kind.insert(kind.to_string(), summarize(&rs));
+        }
+    }
+    let out = serde_json::json!({
+        "adapter": gpu.describe(),
+        "target": target_name,
+        "draft": if args.synthetic.is_some() && args.draft != "ngram" { format!("synthetic {}", args.draft) } else { args.draft.clone() },
+        "k": match policy { KPolicy::Fixed(k) => serde_json::json!(k), KPolicy::Adaptive { max } => serde_json::json!(format!("adaptive (max {max})")) },
+        "max_tokens": args.max_tokens,
+        "summary": summary,
+        "by_kind": by_kind,
+        "verify_cost_by_k": costs.iter().map(|(k, c)| (k.to_string(), serde_json::json!(c))).collect::<serde_json::Map<_, _>>(),
+        "prompts": results,
+    });
+    let s = &out["summary"];
+    eprintln!(
+        "all: target-only {:.2} tok/s, speculative {:.2} tok/s, speedup x{:.2}, tau {:.2}, acceptance {:.1}%, verify_cost(K={}) {:.2}",
+        s["target_only_tokens_per_second"].as_f64().unwrap_or(0.0),
+        s["speculative_tokens_per_second"].as_f64().unwrap_or(0.0),
+        s["speedup"].as_f64().unwrap_or(0.0),
+        s["tokens_per_target_forward"].as_f64().unwrap_or(0.0),
+        100.0 * s["acceptance_rate"].as_f64().unwrap_or(0.0),
+        k_runs,
+        verify_cost
+    );
+    let text =
+        serde_json::to_string_pretty(&out).map_err(|e| Error::InvalidArgument(format!("json: {e}")))?;
+    std::fs::write(&args.out, &text).map_err(|e| Error::io(args.out.display(), e))?;
+    println!("{text}");
+    eprintln!("wrote {}", args.out.display());
     Ok(())
 }

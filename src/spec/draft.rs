@@ -1,0 +1,306 @@
+//! Drafts: cheap proposers of the next K tokens, behind one trait.
+//!
+//! - [`DraftModel`]: a smaller model with the same tokenizer and its own KV cache.
+//! - [`NGram`]: prompt lookup — match the last n tokens against the prompt and the generated
+//!   text and propose what followed the latest match (no second model).
+//!
+//! The trait takes the whole token context and returns tokens plus (for sampling) the draft
+//! distributions `q`, so Medusa heads, an EAGLE head (which would also read the target's hidden
+//! states) or a token tree can be added behind it later.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use super::verify::Dist;
+use crate::error::{Error, Result};
+use crate::model::{Config, Model, MAX_BATCH};
+use crate::sampling::{Rng, SamplingParams};
+use crate::tokenizer::Tokenizer;
+
+/// A boxed future that need not be `Send` (wasm futures are not).
+pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
+
+/// What a draft proposes for the positions after the context.
+#[derive(Clone, Debug, Default)]
+pub struct Proposal {
+    /// `[k']` proposed tokens, k' <= k (possibly none).
+    pub tokens: Vec<u32>,
+    /// `[k']` distributions the tokens were drawn from (after temperature / top-k / top-p);
+    /// `None` when the proposals are deterministic (one-hot q: n-gram, greedy draft model).
+    pub q: Option<Vec<Dist>>,
+    /// Draft forward passes this proposal ran (0 for drafts without a model).
+    pub steps: usize,
+}
+
+/// A proposer of draft tokens.
+pub trait Draft {
+    /// A short name for logs and stats (`"ngram"`, `"model"`).
+    fn name(&self) -> &str;
+
+    /// Sees the prompt before generation starts (a draft model prefills its KV cache with all of
+    /// it but the last token). Returns the forward passes it ran.
+    fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>>;
+
+    /// Proposes up to `k` tokens following `context` (the prompt and every token generated so
+    /// far; the target has not yet run the last one). With non-greedy `sampling`, a draft that
+    /// has distributions samples from them with `rng` and returns them in [`Proposal::q`].
+    fn propose<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        k: usize,
+        sampling: &'a SamplingParams,
+        rng: &'a mut Rng,
+    ) -> LocalFuture<'a, Result<Proposal>>;
+}
+
+/// Checks that a draft model can propose tokens for a target: the same vocabulary size (the
+/// draft's ids are the target's ids). Tokenizer identity is checked by the caller that has them.
+pub fn check_vocab(target: &Config, draft: &Config) -> Result<()> {
+    if target.vocab_size != draft.vocab_size {
+        return Err(Error::InvalidArgument(format!(
+            "the draft model's vocabulary has {} entries and the target's {}: a draft must share the \
+             target's tokenizer",
+            draft.vocab_size, target.vocab_size
+        )));
+    }
+    Ok(())
+}
+
+/// Checks that two tokenizers are the same vocabulary: the same ids, each with the same entry.
+pub fn check_tokenizers(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
+    if target.vocab_size() != draft.vocab_size() {
+        return Err(Error::InvalidArgument(format!(
+            "the draft's tokenizer has {} ids and the target's {}: a draft must share the target's tokenizer",
+            draft.vocab_size(),
+            target.vocab_size()
+        )));
+    }
+    if let Some(id) =
+        (0..target.vocab_size() as u32).find(|&id| target.token_text(id) != draft.token_text(id))
+    {
+        return Err(Error::InvalidArgument(format!(
+            "the draft's tokenizer differs from the target's at id {id} ({:?} vs {:?}): a draft must \
+             share the target's tokenizer",
+            draft.token_text(id),
+            target.token_text(id)
+        )));
+    }
+    Ok(())
+}
+
+/// A smaller model as the draft. It keeps the tokens its KV cache holds (`fed`); each proposal
+/// rolls the cache back to the longest prefix shared with the new context (the rejected drafts
+/// go), catches up on the tokens it has not seen in the same pass as its first draft step, then
+/// runs one step per further draft token.
+///
+/// Greedy proposals take one small read-back per step (the argmax id, computed on the GPU);
+/// sampled proposals read one row of logits per step. (Chaining the K steps on the GPU into one
+/// submission is a later optimisation.)
+pub struct DraftModel {
+    model: Model,
+    /// The tokens in the model's KV cache, in order (`fed.len() == model.len()`).
+    fed: Vec<u32>,
+}
+
+impl DraftModel {
+    /// Wraps `model` as a draft for a target with config `target`; refuses a different vocabulary.
+    pub fn new(model: Model, target: &Config) -> Result<DraftModel> {
+        check_vocab(target, &model.config)?;
+        Ok(DraftModel { model, fed: Vec::new() })
+    }
+
+    /// The draft model.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// Runs `tokens` at `pos` and returns the next token after them, with its distribution when sampling.
+    async fn step(
+        &mut self,
+        tokens: &[u32],
+        sampling: &SamplingParams,
+        rng: &mut Rng,
+    ) -> Result<(u32, Option<Dist>)> {
+        let pos = self.fed.len();
+        let out = if sampling.is_greedy() {
+            let ids = self.model.forward_argmax(tokens, pos).await?;
+            let id = ids.last().copied().ok_or_else(|| Error::Gpu("empty argmax read-back".into()))?;
+            (id, None)
+        } else {
+            let logits = self.model.forward_last(tokens, pos).await?;
+            let q = Dist::from_logits(&logits, sampling);
+            (q.draw(rng), Some(q))
+        };
+        self.fed.extend_from_slice(tokens);
+        Ok(out)
+    }
+
+    /// Feeds `tokens` without using their outputs, in passes of at most [`MAX_BATCH`].
+    async fn feed(&mut self, tokens: &[u32]) -> Result<usize> {
+        let mut passes = 0;
+        for chunk in tokens.chunks(MAX_BATCH) {
+            self.model.forward_argmax(chunk, self.fed.len()).await?;
+            self.fed.extend_from_slice(chunk);
+            passes += 1;
+        }
+        Ok(passes)
+    }
+
+    /// Rolls the KV cache back to the longest prefix of `context` it holds, keeping at least one
+    /// token of `context` unfed (its row gives the first draft).
+    fn rollback_to(&mut self, context: &[u32]) {
+        let common = self.fed.iter().zip(context).take_while(|(a, b)| a == b).count();
+        let keep = common.min(context.len().saturating_sub(1));
+        self.fed.truncate(keep);
+        self.model.truncate(keep);
+    }
+
+    async fn propose_impl(
+        &mut self,
+        context: &[u32],
+        k: usize,
+        sampling: &SamplingParams,
+        rng: &mut Rng,
+    ) -> Result<Proposal> {
+        let mut proposal =
+            Proposal { tokens: Vec::new(), q: (!sampling.is_greedy()).then(Vec::new), steps: 0 };
+        if context.is_empty() || k == 0 {
+            return Ok(proposal);
+        }
+        self.rollback_to(context);
+        // Draft tokens x1..x_{k-1} are fed (xk is not): positions up to context.len() + k - 1.
+        let room = (self.model.context() + 1).saturating_sub(context.len());
+        let k = k.min(room);
+        if k == 0 {
+            return Ok(proposal);
+        }
+        // Catch up: all unseen context tokens; the last pass (at most MAX_BATCH) yields x1.
+        let unseen = &context[self.fed.len()..];
+        let split = unseen.len().saturating_sub(MAX_BATCH);
+        proposal.steps += self.feed(&unseen[..split]).await?;
+        let mut input = unseen[split..].to_vec();
+        for _ in 0..k {
+            let (x, q) = self.step(&input, sampling, rng).await?;
+            proposal.steps += 1;
+            proposal.tokens.push(x);
+            if let (Some(qs), Some(q)) = (proposal.q.as_mut(), q) {
+                qs.push(q);
+            }
+            if proposal.tokens.len() == k {
+                break;
+            }
+            input = vec![x];
+        }
+        Ok(proposal)
+    }
+}
+
+impl Draft for DraftModel {
+    fn name(&self) -> &str {
+        "model"
+    }
+
+    fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
+        Box::pin(async move {
+            self.rollback_to(prompt);
+            let start = self.fed.len();
+            let end = prompt.len().saturating_sub(1).min(self.model.context());
+            if start >= end {
+                return Ok(0);
+            }
+            self.feed(&prompt[start..end]).await
+        })
+    }
+
+    fn propose<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        k: usize,
+        sampling: &'a SamplingParams,
+        rng: &'a mut Rng,
+    ) -> LocalFuture<'a, Result<Proposal>> {
+        Box::pin(self.propose_impl(context, k, sampling, rng))
+    }
+}
+
+/// Prompt lookup decoding: find the latest earlier occurrence of the context's last n tokens
+/// (n from `max_n` down to `min_n`) and propose the tokens that followed it. The continuation
+/// may run into the tokens it proposes itself, so a repeating pattern is proposed in full.
+/// Proposals are deterministic (one-hot q).
+#[derive(Clone, Debug)]
+pub struct NGram {
+    pub max_n: usize,
+    pub min_n: usize,
+}
+
+impl Default for NGram {
+    fn default() -> Self {
+        NGram { max_n: 3, min_n: 1 }
+    }
+}
+
+impl NGram {
+    /// Up to `k` tokens continuing `context` after its latest earlier n-gram match.
+    pub fn lookup(&self, context: &[u32], k: usize) -> Vec<u32> {
+        let len = context.len();
+        let mut out = Vec::new();
+        if k == 0 {
+            return out;
+        }
+        for n in (self.min_n.max(1)..=self.max_n).rev() {
+            if len <= n {
+                continue;
+            }
+            let pattern = &context[len - n..];
+            // Latest start j < len - n with context[j..j+n] == pattern.
+            let Some(j) = (0..len - n).rev().find(|&j| &context[j..j + n] == pattern) else { continue };
+            let start = j + n;
+            for i in 0..k {
+                let idx = start + i;
+                let tok = if idx < len { context[idx] } else { out[idx - len] };
+                out.push(tok);
+            }
+            return out;
+        }
+        out
+    }
+}
+
+impl Draft for NGram {
+    fn name(&self) -> &str {
+        "ngram"
+    }
+
+    fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
+        Box::pin(async { Ok(0) })
+    }
+
+    fn propose<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        k: usize,
+        _sampling: &'a SamplingParams,
+        _rng: &'a mut Rng,
+    ) -> LocalFuture<'a, Result<Proposal>> {
+        let tokens = self.lookup(context, k);
+        Box::pin(async move { Ok(Proposal { tokens, q: None, steps: 0 }) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ngram_proposes_the_continuation_of_the_latest_match() {
+        let g = NGram::default();
+        // "1 2 3 9 ... 1 2 3" -> "9 ..."
+        assert_eq!(g.lookup(&[1, 2, 3, 9, 8, 7, 5, 1, 2, 3], 3), vec![9, 8, 7]);
+        // A repeating pattern continues through its own proposals.
+        assert_eq!(g.lookup(&[4, 5, 4, 5], 5), vec![4, 5, 4, 5, 4]);
+        // No match: nothing.
+        assert_eq!(g.lookup(&[1, 2, 3, 4], 4), Vec::<u32>::new());
+        // The shorter n-gram is used when the longer has no match; the latest match wins.
+        assert_eq!(g.lookup(&[7, 1, 6, 1, 8, 9, 1], 2), vec![8, 9]);
+    }
+}

@@ -1,0 +1,216 @@
+//! The speculative generation loop: draft, verify, accept, roll back — with explicit state, as
+//! llama.cpp's `speculative-simple`:
+//!
+//! ```text
+//!   tokens   prompt + generated so far (all final)
+//!   n_past   positions in the target's KV cache = tokens.len() - 1
+//!   id_last  tokens[n_past], the last token, which the target has not run yet
+//!   draft    x1..xK proposed to follow tokens
+//!
+//!   verify : target.forward([id_last, x1..xK], n_past) -> K+1 rows (argmax ids when greedy)
+//!   accept : verify::{verify_greedy, verify_sampled} -> a accepted + 1 recovered/bonus token
+//!   commit : target.truncate(n_past + 1 + a); n_past += 1 + a; id_last = recovered/bonus
+//! ```
+//!
+//! The draft's own cache is rolled back inside the draft (see [`DraftModel`](super::DraftModel)),
+//! which catches up on the one token it has not seen in its next first step. Stop conditions
+//! (stop tokens, `max_tokens`, the callback, the context end) are checked after every emitted
+//! token, also in the middle of an accepted run.
+
+use serde::Serialize;
+use web_time::Instant;
+
+use super::draft::Draft;
+use super::schedule::{KPolicy, Schedule};
+use super::verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};
+use crate::error::{Error, Result};
+use crate::model::{Model, MAX_BATCH};
+use crate::sampling::Rng;
+use crate::session::{FinishReason, GenerateOptions, Stats};
+
+/// Counters and timings of one speculative generation.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SpecStats {
+    /// Prompt and generated token counts, target forwards (prefill included), timings, tokens/s.
+    #[serde(flatten)]
+    pub base: Stats,
+    /// Name of the draft (`"model"`, `"ngram"`).
+    pub draft: String,
+    /// Target passes in the decode loop (one per cycle).
+    pub verify_forwards: usize,
+    /// Draft model forward passes (0 for n-gram lookup).
+    pub draft_steps: usize,
+    /// Draft tokens proposed and accepted.
+    pub drafted: usize,
+    pub accepted: usize,
+    /// accepted / drafted.
+    pub acceptance_rate: f64,
+    /// Per draft position i: how often it was verified (reached) and accepted, and the ratio.
+    pub reached_by_position: Vec<usize>,
+    pub accepted_by_position: Vec<usize>,
+    pub acceptance_by_position: Vec<f64>,
+    /// τ: tokens produced per verify pass (1 for plain decoding).
+    pub tokens_per_target_forward: f64,
+    /// Mean K asked for per cycle.
+    pub mean_k: f64,
+    /// Decode time spent in the draft and in verify passes.
+    pub draft_seconds: f64,
+    pub verify_seconds: f64,
+}
+
+/// The result of [`generate`].
+#[derive(Clone, Debug)]
+pub struct SpecGeneration {
+    pub tokens: Vec<u32>,
+    /// Per generated token: whether it was a draft token the target accepted (else the target
+    /// produced it: recovered or bonus).
+    pub from_draft: Vec<bool>,
+    pub finish: FinishReason,
+    pub stats: SpecStats,
+}
+
+/// Generates up to `opts.max_tokens` tokens after `prompt` with `target`, speculating with
+/// `draft` and K chosen by `k`. Greedy output equals [`crate::session::generate`]'s token for
+/// token; sampled output has the target's sampling distribution. `on_token` is called for every
+/// token as it is committed (return false to stop).
+pub async fn generate(
+    target: &mut Model,
+    draft: &mut dyn Draft,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    k: KPolicy,
+    on_token: &mut dyn FnMut(u32) -> bool,
+) -> Result<SpecGeneration> {
+    opts.sampling.validate()?;
+    if prompt.is_empty() {
+        return Err(Error::InvalidArgument("the prompt has no tokens".into()));
+    }
+    let context = target.context();
+    if prompt.len() >= context {
+        return Err(Error::ContextOverflow { needed: prompt.len() + 1, context });
+    }
+    let params = opts.sampling;
+    let greedy = params.is_greedy();
+    let mut rng = Rng::new(params.seed);
+    let mut schedule = Schedule::new(k);
+    let mut stats = SpecStats { draft: draft.name().to_string(), ..SpecStats::default() };
+    stats.base.prompt_tokens = prompt.len();
+
+    // Prefill all but the last prompt token; the last one is the first cycle's id_last.
+    let t0 = Instant::now();
+    let mut tokens = prompt.to_vec();
+    let mut n_past = 0;
+    for chunk in prompt[..prompt.len() - 1].chunks(MAX_BATCH) {
+        target.forward_argmax(chunk, n_past).await?;
+        n_past += chunk.len();
+        stats.base.target_forwards += 1;
+    }
+    target.truncate(n_past);
+    stats.draft_steps += draft.prefill(prompt).await?;
+    stats.base.prefill_seconds = t0.elapsed().as_secs_f64();
+
+    let t1 = Instant::now();
+    let mut generated = Vec::new();
+    let mut from_draft = Vec::new();
+    let mut k_sum = 0usize;
+    let finish = 'cycles: loop {
+        let remaining = opts.max_tokens - generated.len().min(opts.max_tokens);
+        if remaining == 0 {
+            break FinishReason::Length;
+        }
+        if n_past >= context {
+            break FinishReason::Length;
+        }
+        let id_last = tokens[n_past];
+
+        // Draft: K from the schedule, capped by the context and the tokens still wanted.
+        let cap = (context - n_past - 1).min(remaining - 1);
+        let k = schedule.pick(cap);
+        k_sum += k;
+        let td = Instant::now();
+        let proposal =
+            if k > 0 { draft.propose(&tokens, k, &params, &mut rng).await? } else { Default::default() };
+        let draft_time = td.elapsed().as_secs_f64();
+        let mut xs = proposal.tokens;
+        xs.truncate(k);
+        stats.draft_steps += proposal.steps;
+        stats.draft_seconds += draft_time;
+        schedule.observe_draft(xs.len(), draft_time);
+
+        // Verify: one target pass over [id_last, x1..xK].
+        let mut batch = Vec::with_capacity(xs.len() + 1);
+        batch.push(id_last);
+        batch.extend_from_slice(&xs);
+        let tv = Instant::now();
+        let verdict: Verdict = if greedy {
+            let ids = target.forward_argmax(&batch, n_past).await?;
+            verify_greedy(&xs, &ids)?
+        } else {
+            let logits = target.forward(&batch, n_past).await?;
+            let vocab = target.config.vocab_size;
+            let p: Vec<Dist> =
+                logits.chunks_exact(vocab).map(|row| Dist::from_logits(row, &params)).collect();
+            let q: Vec<Dist> = match proposal.q {
+                Some(q) if q.len() >= xs.len() => q.into_iter().take(xs.len()).collect(),
+                _ => xs.iter().map(|&x| Dist::one_hot(x)).collect(),
+            };
+            verify_sampled(&xs, &q, &p, &mut rng)?
+        };
+        let verify_time = tv.elapsed().as_secs_f64();
+        stats.verify_seconds += verify_time;
+        stats.verify_forwards += 1;
+        stats.base.target_forwards += 1;
+        schedule.observe_verify(batch.len(), verify_time);
+        schedule.observe_acceptance(xs.len(), verdict.accepted);
+        stats.drafted += xs.len();
+        stats.accepted += verdict.accepted;
+        let reached = (verdict.accepted + 1).min(xs.len());
+        if stats.reached_by_position.len() < xs.len() {
+            stats.reached_by_position.resize(xs.len(), 0);
+            stats.accepted_by_position.resize(xs.len(), 0);
+        }
+        for i in 0..reached {
+            stats.reached_by_position[i] += 1;
+            if i < verdict.accepted {
+                stats.accepted_by_position[i] += 1;
+            }
+        }
+
+        // Commit: the target keeps id_last and the accepted drafts; the new token is next id_last.
+        n_past += 1 + verdict.accepted;
+        target.truncate(n_past);
+        let new = xs[..verdict.accepted].iter().map(|&x| (x, true)).chain([(verdict.next, false)]);
+        debug_assert!(verdict.kind == NextKind::Bonus || verdict.accepted < xs.len());
+        for (tok, drafted) in new {
+            tokens.push(tok);
+            generated.push(tok);
+            from_draft.push(drafted);
+            if !on_token(tok) {
+                break 'cycles FinishReason::Cancelled;
+            }
+            if opts.stop_tokens.contains(&tok) {
+                break 'cycles FinishReason::Stop;
+            }
+            if generated.len() >= opts.max_tokens {
+                break 'cycles FinishReason::Length;
+            }
+        }
+    };
+
+    let s = &mut stats;
+    s.base.generated_tokens = generated.len();
+    s.base.decode_seconds = t1.elapsed().as_secs_f64();
+    s.base.tokens_per_second =
+        if s.base.decode_seconds > 0.0 { generated.len() as f64 / s.base.decode_seconds } else { 0.0 };
+    s.acceptance_rate = if s.drafted > 0 { s.accepted as f64 / s.drafted as f64 } else { 0.0 };
+    s.acceptance_by_position = s
+        .reached_by_position
+        .iter()
+        .zip(&s.accepted_by_position)
+        .map(|(&r, &a)| if r > 0 { a as f64 / r as f64 } else { 0.0 })
+        .collect();
+    s.tokens_per_target_forward =
+        if s.verify_forwards > 0 { generated.len() as f64 / s.verify_forwards as f64 } else { 0.0 };
+    s.mean_k = if s.verify_forwards > 0 { k_sum as f64 / s.verify_forwards as f64 } else { 0.0 };
+    Ok(SpecGeneration { tokens: generated, from_draft, finish, stats })
+}

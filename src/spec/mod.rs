@@ -1,0 +1,20 @@
+//! Lossless speculative decoding: a draft proposes K tokens, the target verifies them in one
+//! forward pass, the acceptance rule keeps a prefix and adds one target token, both KV caches
+//! roll back to the accepted length.
+//!
+//! - [`draft`]: the [`Draft`] trait, [`DraftModel`] (a smaller model) and [`NGram`] (prompt lookup)
+//! - [`verify`]: the greedy and speculative-sampling acceptance rules (pure functions)
+//! - [`schedule`]: the choice of K (fixed, or adaptive from measured acceptance and costs)
+//! - [`generate`](mod@generate): the loop, with per-generation [`SpecStats`]
+//! - [`bench`]: target-only vs speculative timing over a prompt set, synthetic models
+
+pub mod bench;
+pub mod draft;
+pub mod generate;
+pub mod schedule;
+pub mod verify;
+
+pub use draft::{check_tokenizers, check_vocab, Draft, DraftModel, NGram, Proposal};
+pub use generate::{generate, SpecGeneration, SpecStats};
+pub use schedule::{KPolicy, Schedule};
+pub use verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};

@@ -1,0 +1,631 @@
+//! Speculative decoding: the acceptance rules on hand-built distributions, their convergence to
+//! the target's distribution (CPU, many samples; GPU, a tiny model), batch invariance of verify
+//! passes, KV rollback, and greedy speculative output == target-only greedy output on tiny
+//! random models with several drafts.
+
+mod common;
+
+use common::tiny::{TinyModel, TinySpec};
+use common::{gpu, rng};
+use rand::rngs::SmallRng;
+use rand::Rng as _;
+use wgspec::loader::DType;
+use wgspec::model::{Checkpoint, LoadOptions, Model};
+use wgspec::sampling::{self, Rng, SamplingParams};
+use wgspec::session::{self, FinishReason, GenerateOptions};
+use wgspec::spec::{
+    self, verify_greedy, verify_sampled, Dist, Draft, DraftModel, KPolicy, NGram, NextKind, Verdict,
+};
+use wgspec::Error;
+
+// ---------------------------------------------------------------------------------------------
+// Acceptance rules on hand-built logits
+// ---------------------------------------------------------------------------------------------
+
+fn dist(v: &[f64]) -> Dist {
+    Dist::from_pairs(v.iter().enumerate().map(|(i, &p)| (i as u32, p)).collect())
+}
+
+/// The argmax ids of hand-built logits rows.
+fn argmaxes(rows: &[&[f32]]) -> Vec<u32> {
+    rows.iter().map(|r| sampling::argmax(r)).collect()
+}
+
+#[test]
+fn greedy_perfect_match_accepts_all_and_adds_the_bonus() {
+    let rows: [&[f32]; 4] =
+        [&[0.0, 3.0, 1.0, 0.0], &[2.0, 0.0, 0.0, 1.0], &[0.0, 0.0, 0.5, 0.4], &[0.0, 0.1, 0.0, 9.0]];
+    let v = verify_greedy(&[1, 0, 2], &argmaxes(&rows)).expect("verify");
+    assert_eq!(v, Verdict { accepted: 3, next: 3, kind: NextKind::Bonus });
+}
+
+#[test]
+fn greedy_early_mismatch_takes_the_target_token() {
+    let rows: [&[f32]; 4] =
+        [&[0.0, 3.0, 1.0, 0.0], &[2.0, 0.0, 0.0, 1.0], &[0.0, 0.0, 0.5, 0.4], &[0.0, 0.1, 0.0, 9.0]];
+    let ids = argmaxes(&rows);
+    // First position already wrong: nothing accepted, the target's argmax (1) is recovered.
+    assert_eq!(
+        verify_greedy(&[2, 0, 2], &ids).expect("verify"),
+        Verdict { accepted: 0, next: 1, kind: NextKind::Recovered }
+    );
+    // Second position wrong.
+    assert_eq!(
+        verify_greedy(&[1, 3, 2], &ids).expect("verify"),
+        Verdict { accepted: 1, next: 0, kind: NextKind::Recovered }
+    );
+    // Last position wrong: later matches do not count.
+    assert_eq!(
+        verify_greedy(&[1, 0, 3], &ids).expect("verify"),
+        Verdict { accepted: 2, next: 2, kind: NextKind::Recovered }
+    );
+    // No draft: the target's own token (a plain decoding step).
+    assert_eq!(
+        verify_greedy(&[], &ids[..1]).expect("verify"),
+        Verdict { accepted: 0, next: 1, kind: NextKind::Bonus }
+    );
+    assert!(matches!(verify_greedy(&[1, 0], &ids), Err(Error::InvalidArgument(_))));
+}
+
+#[test]
+fn sampled_rule_with_one_hot_target_is_the_greedy_rule() {
+    // Greedy params make p one-hot on the argmax: the sampling rule then accepts exactly the matches.
+    let rows: [&[f32]; 4] =
+        [&[0.0, 3.0, 1.0, 0.0], &[2.0, 0.0, 0.0, 1.0], &[0.0, 0.0, 0.5, 0.4], &[0.0, 0.1, 0.0, 9.0]];
+    let p: Vec<Dist> = rows.iter().map(|r| Dist::from_logits(r, &SamplingParams::greedy())).collect();
+    let ids = argmaxes(&rows);
+    let mut rng = Rng::new(5);
+    for draft in [[1u32, 0, 2], [2, 0, 2], [1, 3, 2], [1, 0, 3]] {
+        let q: Vec<Dist> = draft.iter().map(|&x| Dist::one_hot(x)).collect();
+        for _ in 0..20 {
+            let s = verify_sampled(&draft, &q, &p, &mut rng).expect("verify");
+            assert_eq!(s, verify_greedy(&draft, &ids).expect("verify"), "draft {draft:?}");
+        }
+    }
+}
+
+#[test]
+fn sampled_all_accepted_when_p_dominates_q_and_bonus_from_the_last_row() {
+    // p(x) >= q(x) at every drafted token: always accepted; the bonus comes from p[K] (token 3 only).
+    let p = [dist(&[0.1, 0.9, 0.0, 0.0]), dist(&[0.6, 0.4, 0.0, 0.0]), dist(&[0.0, 0.0, 0.0, 1.0])];
+    let q = [dist(&[0.5, 0.5, 0.0, 0.0]), dist(&[0.5, 0.5, 0.0, 0.0])];
+    let mut rng = Rng::new(1);
+    for _ in 0..200 {
+        let v = verify_sampled(&[1, 0], &q, &p, &mut rng).expect("verify");
+        assert_eq!(v, Verdict { accepted: 2, next: 3, kind: NextKind::Bonus });
+    }
+}
+
+#[test]
+fn sampled_rejection_never_resamples_the_rejected_token() {
+    // The draft over-proposes token 0 (q = 0.9 > p = 0.2): rejections happen, and norm(max(0, p - q))
+    // excludes token 0, so the recovered token is never 0 (nor 3, which p excludes).
+    let p = [dist(&[0.2, 0.5, 0.3, 0.0]), dist(&[0.25; 4])];
+    let q = [dist(&[0.9, 0.05, 0.0, 0.05])];
+    let mut rng = Rng::new(2);
+    let (mut rejected, mut accepted) = (0, 0);
+    for _ in 0..5000 {
+        let v = verify_sampled(&[0], &q, &p, &mut rng).expect("verify");
+        if v.kind == NextKind::Recovered {
+            rejected += 1;
+            assert!(v.next == 1 || v.next == 2, "recovered {} after rejecting 0", v.next);
+        } else {
+            accepted += 1;
+        }
+    }
+    // Acceptance probability p/q = 0.2/0.9.
+    let rate = accepted as f64 / (accepted + rejected) as f64;
+    assert!((rate - 0.2 / 0.9).abs() < 0.03, "acceptance rate {rate}");
+    // A token the target cannot produce (p = 0) is always rejected.
+    for _ in 0..100 {
+        let v = verify_sampled(&[3], &q, &p, &mut rng).expect("verify");
+        assert_eq!((v.accepted, v.kind), (0, NextKind::Recovered));
+        assert_ne!(v.next, 3);
+    }
+}
+
+#[test]
+fn sampled_rule_is_deterministic_for_a_seed() {
+    let mut r = rng(3);
+    let p: Vec<Dist> = (0..5).map(|_| random_dist(&mut r, 12, 1.0)).collect();
+    let q: Vec<Dist> = (0..4).map(|_| random_dist(&mut r, 12, 1.0)).collect();
+    let run = |seed: u64| {
+        let mut g = Rng::new(seed);
+        (0..100)
+            .map(|_| {
+                let draft: Vec<u32> = q.iter().map(|qi| qi.draw(&mut g)).collect();
+                verify_sampled(&draft, &q, &p, &mut g).expect("verify")
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(run(7), run(7));
+    assert_ne!(run(7), run(8));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Convergence to the target distribution (CPU, many samples)
+// ---------------------------------------------------------------------------------------------
+
+fn random_logits(r: &mut SmallRng, v: usize, scale: f32) -> Vec<f32> {
+    (0..v).map(|_| r.gen_range(-scale..scale)).collect()
+}
+
+fn random_dist(r: &mut SmallRng, v: usize, scale: f32) -> Dist {
+    let params = SamplingParams { temperature: 1.0, ..SamplingParams::greedy() };
+    Dist::from_logits(&random_logits(r, v, scale), &params)
+}
+
+/// Total-variation distance between counts (normalised) and a distribution over `0..cells`.
+fn tv(counts: &[usize], want: &[f64]) -> f64 {
+    let n: usize = counts.iter().sum();
+    counts.iter().zip(want).map(|(&c, &w)| (c as f64 / n as f64 - w).abs()).sum::<f64>() / 2.0
+}
+
+/// A toy "model" whose next-token distribution depends only on the previous token.
+struct Markov {
+    rows: Vec<Dist>, // [V] next-token distribution after token v
+}
+
+/// Draft kinds for the convergence tests.
+enum ToyDraft {
+    /// Samples from its own distributions (returned as q).
+    Sampled(Markov),
+    /// Always proposes its argmax (one-hot q), like a greedy draft model or an n-gram lookup.
+    Deterministic(Vec<u32>),
+}
+
+/// Speculative sampling of two tokens after `start` (K drafts per cycle), as the loop does it.
+fn speculate_two(target: &Markov, draft: &ToyDraft, start: u32, k: usize, rng: &mut Rng) -> (u32, u32) {
+    let mut out: Vec<u32> = Vec::new();
+    let mut last = start;
+    while out.len() < 2 {
+        let mut xs = Vec::new();
+        let mut qs = Vec::new();
+        let mut prev = last;
+        for _ in 0..k {
+            let (x, q) = match draft {
+                ToyDraft::Sampled(m) => {
+                    let q = m.rows[prev as usize].clone();
+                    (q.draw(rng), q)
+                }
+                ToyDraft::Deterministic(next) => (next[prev as usize], Dist::one_hot(next[prev as usize])),
+            };
+            xs.push(x);
+            qs.push(q);
+            prev = x;
+        }
+        // p_i: the target's distribution after [last, x1..x_i].
+        let ctx: Vec<u32> = std::iter::once(last).chain(xs.iter().copied()).collect();
+        let p: Vec<Dist> = ctx.iter().map(|&t| target.rows[t as usize].clone()).collect();
+        let v = verify_sampled(&xs, &qs, &p, rng).expect("verify");
+        out.extend_from_slice(&xs[..v.accepted]);
+        out.push(v.next);
+        last = v.next;
+    }
+    (out[0], out[1])
+}
+
+#[test]
+fn speculative_sampling_converges_to_the_target_distribution() {
+    const V: usize = 8;
+    let mut r = rng(100);
+    let settings = [
+        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
+        SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9, seed: 0 },
+        SamplingParams { temperature: 1.5, top_k: 4, top_p: 1.0, seed: 0 },
+    ];
+    for (si, params) in settings.iter().enumerate() {
+        let target_logits: Vec<Vec<f32>> = (0..V).map(|_| random_logits(&mut r, V, 2.5)).collect();
+        let target = Markov { rows: target_logits.iter().map(|l| Dist::from_logits(l, params)).collect() };
+        // Good draft: the target's logits slightly perturbed, same params. Bad draft: unrelated
+        // logits and other params. Deterministic: an arbitrary fixed next token (one-hot q).
+        let good = Markov {
+            rows: target_logits
+                .iter()
+                .map(|l| {
+                    let noisy: Vec<f32> = l.iter().map(|x| x + r.gen_range(-0.3..0.3)).collect();
+                    Dist::from_logits(&noisy, params)
+                })
+                .collect(),
+        };
+        let bad = Markov { rows: (0..V).map(|_| random_dist(&mut r, V, 3.0)).collect() };
+        let fixed: Vec<u32> = (0..V).map(|_| r.gen_range(0..V as u32)).collect();
+        let drafts = [
+            ("good", ToyDraft::Sampled(good)),
+            ("bad", ToyDraft::Sampled(bad)),
+            ("one-hot", ToyDraft::Deterministic(fixed)),
+        ];
+        // Exact joint distribution of the first two tokens after token 0.
+        let mut joint = vec![0.0; V * V];
+        for a in 0..V {
+            for b in 0..V {
+                joint[a * V + b] = target.rows[0].prob(a as u32) * target.rows[a].prob(b as u32);
+            }
+        }
+        let first: Vec<f64> = (0..V).map(|a| target.rows[0].prob(a as u32)).collect();
+        for (name, draft) in &drafts {
+            let mut g = Rng::new(1000 + si as u64);
+            let mut counts = vec![0usize; V * V];
+            let mut firsts = vec![0usize; V];
+            let mut n = 0;
+            for &target_n in &[2_000usize, 20_000, 200_000] {
+                while n < target_n {
+                    let k = 1 + n % 4;
+                    let (a, b) = speculate_two(&target, draft, 0, k, &mut g);
+                    counts[a as usize * V + b as usize] += 1;
+                    firsts[a as usize] += 1;
+                    n += 1;
+                }
+                // E[TV] <= 0.4 sqrt(cells / N); the bound is 2.5 times that and shrinks as 1/sqrt(N).
+                let bound = ((V * V) as f64 / n as f64).sqrt();
+                let (tv2, tv1) = (tv(&counts, &joint), tv(&firsts, &first));
+                assert!(tv2 < bound, "{params:?} {name} draft, N={n}: joint TV {tv2:.4} >= {bound:.4}");
+                assert!(tv1 < bound, "{params:?} {name} draft, N={n}: first-token TV {tv1:.4} >= {bound:.4}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_broken_rule_is_caught_by_the_convergence_check() {
+    // Sanity check of the test's power: accepting every draft token (no correction) gives the
+    // draft's distribution, far outside the bound at N = 20000.
+    const V: usize = 8;
+    let mut r = rng(101);
+    let p = random_dist(&mut r, V, 2.5);
+    let q = random_dist(&mut r, V, 2.5);
+    let mut g = Rng::new(3);
+    let mut counts = vec![0usize; V];
+    for _ in 0..20_000 {
+        counts[q.draw(&mut g) as usize] += 1;
+    }
+    let want: Vec<f64> = (0..V).map(|a| p.prob(a as u32)).collect();
+    assert!(tv(&counts, &want) > (V as f64 / 20_000.0).sqrt());
+}
+
+// ---------------------------------------------------------------------------------------------
+// GPU: tiny random models
+// ---------------------------------------------------------------------------------------------
+
+fn load(ckpt: &Checkpoint, context: usize) -> Model {
+    Model::load(gpu(), ckpt, &LoadOptions { context: Some(context), ..Default::default() }, &mut |_| {})
+        .expect("load")
+}
+
+fn ckpt_of(tiny: &TinyModel, r: &mut SmallRng) -> Checkpoint {
+    Checkpoint::from_gguf(tiny.to_gguf(DType::F32, r)).expect("gguf")
+}
+
+/// The same model with every weight moved by up to `noise`.
+fn perturbed(tiny: &TinyModel, noise: f32, r: &mut SmallRng) -> TinyModel {
+    let mut t = TinyModel { spec: tiny.spec, tensors: Vec::new() };
+    for x in &tiny.tensors {
+        let values = x.values.iter().map(|v| v + r.gen_range(-noise..noise)).collect();
+        t.tensors.push(common::tiny::TinyTensor { name: x.name.clone(), shape: x.shape.clone(), values });
+    }
+    t
+}
+
+fn plain(model: &mut Model, prompt: &[u32], opts: &GenerateOptions) -> session::Generation {
+    pollster::block_on(session::generate(model, prompt, opts, &mut |_| true)).expect("generate")
+}
+
+fn speculative(
+    target: &mut Model,
+    draft: &mut dyn Draft,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    k: KPolicy,
+) -> spec::SpecGeneration {
+    pollster::block_on(spec::generate(target, draft, prompt, opts, k, &mut |_| true)).expect("spec generate")
+}
+
+fn greedy_opts(n: usize) -> GenerateOptions {
+    GenerateOptions { max_tokens: n, sampling: SamplingParams::greedy(), stop_tokens: vec![] }
+}
+
+#[test]
+fn every_row_of_a_verify_pass_equals_one_token_steps_bit_for_bit() {
+    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+        let mut r = rng(200);
+        let tiny = TinyModel::random(spec, &mut r);
+        let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F16, &mut r)).expect("gguf");
+        let mut m = load(&ckpt, 64);
+        let v = spec.vocab;
+        let tokens: Vec<u32> = (0..60).map(|_| r.gen_range(0..v as u32)).collect();
+        // One-token steps over the whole sequence: the reference rows.
+        let mut single = Vec::new();
+        for (pos, t) in tokens.iter().enumerate() {
+            single.push(pollster::block_on(m.forward(&[*t], pos)).expect("step"));
+        }
+        // Each pass starts within the cached length (a verify pass never skips positions).
+        let passes = [
+            (1usize, 1usize),
+            (2, 3),
+            (5, 7),
+            (11, 15),
+            (17, 2),
+            (20, 31),
+            (50, 9),
+            (40, 8),
+            (45, 2),
+            (47, 12),
+        ];
+        for (pos, k) in passes {
+            let rows = pollster::block_on(m.forward(&tokens[pos..pos + k + 1], pos)).expect("verify pass");
+            for i in 0..=k {
+                let same = rows[i * v..(i + 1) * v]
+                    .iter()
+                    .zip(&single[pos + i])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "qwen2={}: row {i} of a {}-row pass at {pos} differs from the one-token step",
+                    spec.qwen2,
+                    k + 1
+                );
+            }
+            let ids =
+                pollster::block_on(m.forward_argmax(&tokens[pos..pos + k + 1], pos)).expect("argmax pass");
+            let want: Vec<u32> = (0..=k).map(|i| sampling::argmax(&single[pos + i])).collect();
+            assert_eq!(ids, want);
+        }
+    }
+}
+
+#[test]
+fn kv_rollback_after_any_accept_pattern_matches_a_fresh_forward() {
+    let mut r = rng(210);
+    let spec = TinySpec::qwen2();
+    let tiny = TinyModel::random(spec, &mut r);
+    let ckpt = ckpt_of(&tiny, &mut r);
+    let mut m = load(&ckpt, 64);
+    let mut fresh = load(&ckpt, 64);
+    let v = spec.vocab;
+    let vocab = v as u32;
+    // Cycles of [last, K drafts] with a accepted: the target keeps n_past + 1 + a positions.
+    let mut kept: Vec<u32> = vec![3, 14, 15];
+    let mut n_past = 2;
+    pollster::block_on(m.forward(&kept[..2], 0)).expect("prefill");
+    for (k, a) in [(4usize, 0usize), (4, 4), (1, 0), (6, 2), (3, 3), (8, 1), (2, 0), (5, 5)] {
+        let drafts: Vec<u32> = (0..k).map(|_| r.gen_range(0..vocab)).collect();
+        let mut batch = vec![kept[n_past]];
+        batch.extend_from_slice(&drafts);
+        pollster::block_on(m.forward(&batch, n_past)).expect("verify");
+        n_past += 1 + a;
+        m.truncate(n_past);
+        assert_eq!(m.len(), n_past);
+        kept.truncate(n_past);
+        kept.extend_from_slice(&drafts[..a]);
+        let next = r.gen_range(0..vocab);
+        kept.push(next); // the recovered/bonus token, not yet run
+                         // The target's next pass (over the new last token) equals a fresh model's over all tokens.
+        let got = pollster::block_on(m.forward(&kept[n_past..], n_past)).expect("next");
+        m.truncate(n_past);
+        let mut want = Vec::new();
+        for (i, chunk) in kept.chunks(7).enumerate() {
+            want = pollster::block_on(fresh.forward(chunk, i * 7)).expect("fresh");
+        }
+        let last_row = &want[want.len() - v..];
+        let same = got.iter().zip(last_row).all(|(a, b)| a.to_bits() == b.to_bits());
+        assert!(same, "after K={k}, a={a}: logits differ from a fresh forward");
+    }
+}
+
+#[test]
+fn draft_model_rolls_back_and_catches_up() {
+    // After arbitrary accept patterns, the draft model's proposal equals a fresh greedy run of
+    // the same model over the same context.
+    let mut r = rng(220);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let ckpt = ckpt_of(&tiny, &mut r);
+    let target_cfg = ckpt.config.clone();
+    let mut draft = DraftModel::new(load(&ckpt, 64), &target_cfg).expect("draft");
+    let mut fresh = load(&ckpt, 64);
+    let params = SamplingParams::greedy();
+    let mut g = Rng::new(0);
+    let mut context: Vec<u32> = vec![5, 6, 7, 8];
+    pollster::block_on(draft.prefill(&context)).expect("prefill");
+    for (k, a, replace_next) in
+        [(4usize, 2usize, true), (3, 3, false), (5, 0, true), (2, 2, false), (6, 1, true)]
+    {
+        let p = pollster::block_on(draft.propose(&context, k, &params, &mut g)).expect("propose");
+        let want =
+            pollster::block_on(session::generate(&mut fresh, &context, &greedy_opts(k), &mut |_| true))
+                .expect("fresh")
+                .tokens;
+        assert_eq!(p.tokens, want, "context {context:?}");
+        assert_eq!(p.steps, k);
+        context.extend_from_slice(&p.tokens[..a]);
+        let next = if replace_next || a == k { (p.tokens[a.min(k - 1)] + 1) % 300 } else { p.tokens[a] };
+        context.push(next);
+    }
+}
+
+#[test]
+fn a_draft_with_another_vocabulary_is_refused() {
+    let mut r = rng(230);
+    let target = ckpt_of(&TinyModel::random(TinySpec::llama(), &mut r), &mut r);
+    let other = ckpt_of(&TinyModel::random(TinySpec { vocab: 320, ..TinySpec::llama() }, &mut r), &mut r);
+    let err = DraftModel::new(load(&other, 16), &target.config).err().expect("must refuse");
+    assert!(matches!(&err, Error::InvalidArgument(m) if m.contains("vocabulary")), "{err}");
+}
+
+#[test]
+fn greedy_speculative_output_equals_greedy_output() {
+    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+        let mut r = rng(300 + spec.qwen2 as u64);
+        let tiny = TinyModel::random(spec, &mut r);
+        let target_ckpt = ckpt_of(&tiny, &mut r);
+        let cfg = target_ckpt.config.clone();
+        let mut target = load(&target_ckpt, 64);
+        let same = load(&target_ckpt, 64);
+        let near = load(&ckpt_of(&perturbed(&tiny, 0.05, &mut r), &mut r), 64);
+        let random = load(&ckpt_of(&TinyModel::random(spec, &mut r), &mut r), 64);
+        let mut drafts: Vec<(&str, Box<dyn Draft>)> = vec![
+            ("itself", Box::new(DraftModel::new(same, &cfg).expect("draft"))),
+            ("perturbed", Box::new(DraftModel::new(near, &cfg).expect("draft"))),
+            ("random", Box::new(DraftModel::new(random, &cfg).expect("draft"))),
+            ("ngram", Box::new(NGram::default())),
+        ];
+        let v = spec.vocab as u32;
+        let prompts: Vec<Vec<u32>> =
+            vec![vec![7], vec![1, 2, 3, 1, 2, 3, 1, 2], (0..37).map(|_| r.gen_range(0..v)).collect()];
+        for prompt in &prompts {
+            let want = plain(&mut target, prompt, &greedy_opts(20));
+            for (name, draft) in drafts.iter_mut() {
+                for k in [KPolicy::Fixed(1), KPolicy::Fixed(4), KPolicy::Fixed(9), KPolicy::default()] {
+                    let got = speculative(&mut target, draft.as_mut(), prompt, &greedy_opts(20), k);
+                    assert_eq!(
+                        got.tokens, want.tokens,
+                        "qwen2={} draft {name} {k:?} prompt {prompt:?}",
+                        spec.qwen2
+                    );
+                    assert_eq!(got.finish, want.finish);
+                    let s = &got.stats;
+                    assert_eq!(s.base.generated_tokens, 20);
+                    assert_eq!(got.from_draft.iter().filter(|&&d| d).count(), s.accepted);
+                    assert_eq!(s.verify_forwards + s.accepted, 20, "every cycle adds accepted + 1 tokens");
+                    if *name == "itself" {
+                        assert_eq!(s.accepted, s.drafted, "a draft equal to the target is always accepted");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn stop_conditions_work_inside_an_accepted_run() {
+    let mut r = rng(400);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let ckpt = ckpt_of(&tiny, &mut r);
+    let mut target = load(&ckpt, 64);
+    let mut draft = DraftModel::new(load(&ckpt, 64), &ckpt.config).expect("draft");
+    let prompt = [4u32, 9, 16];
+    let want = plain(&mut target, &prompt, &greedy_opts(24));
+    // The target as its own draft with K = 8 accepts runs of 8: every stop lands inside a run.
+    let k = KPolicy::Fixed(8);
+    for stop_at in [2usize, 5, 11] {
+        let stop = want.tokens[stop_at];
+        let first = want.tokens.iter().position(|&t| t == stop).expect("present");
+        let opts = GenerateOptions { stop_tokens: vec![stop], ..greedy_opts(24) };
+        let got = speculative(&mut target, &mut draft, &prompt, &opts, k);
+        assert_eq!(got.tokens, want.tokens[..=first]);
+        assert_eq!(got.finish, FinishReason::Stop);
+    }
+    for max in [1usize, 3, 10] {
+        let got = speculative(&mut target, &mut draft, &prompt, &greedy_opts(max), k);
+        assert_eq!(got.tokens, want.tokens[..max]);
+        assert_eq!(got.finish, FinishReason::Length);
+    }
+    // The callback stops after its 6th token.
+    let mut seen = 0;
+    let got = pollster::block_on(spec::generate(
+        &mut target,
+        &mut draft,
+        &prompt,
+        &greedy_opts(24),
+        k,
+        &mut |_| {
+            seen += 1;
+            seen < 6
+        },
+    ))
+    .expect("generate");
+    assert_eq!(got.tokens, want.tokens[..6]);
+    assert_eq!(got.finish, FinishReason::Cancelled);
+    // The context end: as many tokens as plain generation gives.
+    let mut small = load(&ckpt, 12);
+    let mut small_draft = DraftModel::new(load(&ckpt, 12), &ckpt.config).expect("draft");
+    let want = plain(&mut small, &prompt, &greedy_opts(100));
+    let got = speculative(&mut small, &mut small_draft, &prompt, &greedy_opts(100), k);
+    assert_eq!(got.tokens, want.tokens);
+    assert_eq!(got.finish, FinishReason::Length);
+}
+
+#[test]
+fn sampled_speculation_is_seeded_and_deterministic() {
+    let mut r = rng(500);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let ckpt = ckpt_of(&tiny, &mut r);
+    let mut target = load(&ckpt, 64);
+    let mut draft = DraftModel::new(load(&ckpt_of(&perturbed(&tiny, 0.1, &mut r), &mut r), 64), &ckpt.config)
+        .expect("draft");
+    let opts = |seed| GenerateOptions {
+        max_tokens: 12,
+        sampling: SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed },
+        stop_tokens: vec![],
+    };
+    let a = speculative(&mut target, &mut draft, &[1, 2, 3], &opts(9), KPolicy::Fixed(3));
+    let b = speculative(&mut target, &mut draft, &[1, 2, 3], &opts(9), KPolicy::Fixed(3));
+    let c = speculative(&mut target, &mut draft, &[1, 2, 3], &opts(10), KPolicy::Fixed(3));
+    assert_eq!(a.tokens, b.tokens);
+    assert_ne!(a.tokens, c.tokens);
+    assert_eq!(a.tokens.len(), 12);
+}
+
+/// First- and second-token frequencies under speculative sampling on the GPU converge to the
+/// target's own distribution, for a good draft (the target perturbed), a bad one (an unrelated
+/// model) and n-gram lookup.
+#[test]
+fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
+    const V: usize = 12;
+    let spec = TinySpec { vocab: V, ..TinySpec::llama() };
+    let mut r = rng(600);
+    let mut tiny = TinyModel::random(spec, &mut r);
+    // Small (tied) embeddings: logits of a few units, so every token has a visible probability
+    // (the input side is rms-normalised and barely changes).
+    for t in tiny.tensors.iter_mut().filter(|t| t.name == "token_embd.weight") {
+        t.values.iter_mut().for_each(|v| *v *= 0.08);
+    }
+    let ckpt = ckpt_of(&tiny, &mut r);
+    let mut target = load(&ckpt, 32);
+    let good = load(&ckpt_of(&perturbed(&tiny, 0.1, &mut r), &mut r), 32);
+    let bad = load(&ckpt_of(&TinyModel::random(spec, &mut r), &mut r), 32);
+    let mut drafts: Vec<(&str, Box<dyn Draft>)> = vec![
+        ("good", Box::new(DraftModel::new(good, &ckpt.config).expect("draft"))),
+        ("bad", Box::new(DraftModel::new(bad, &ckpt.config).expect("draft"))),
+        ("ngram", Box::new(NGram { max_n: 1, min_n: 1 })),
+    ];
+    let prompt = [3u32, 5, 3];
+    for params in [
+        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
+        SamplingParams { temperature: 0.6, top_k: 0, top_p: 0.9, seed: 0 },
+    ] {
+        // Exact marginals of the first two tokens from the target's logits.
+        let first_logits = pollster::block_on(target.forward_last(&prompt, 0)).expect("forward");
+        let p1 = Dist::from_logits(&first_logits, &params);
+        let mut p2 = vec![0.0; V];
+        for &(a, pa) in p1.pairs() {
+            let l = pollster::block_on(target.forward_last(&[a], prompt.len())).expect("forward");
+            for &(b, pb) in Dist::from_logits(&l, &params).pairs() {
+                p2[b as usize] += pa * pb;
+            }
+        }
+        let p1: Vec<f64> = (0..V).map(|t| p1.prob(t as u32)).collect();
+        eprintln!("{params:?}: first-token distribution {p1:.3?}, second {p2:.3?}");
+        assert!(p1.iter().filter(|&&p| p > 0.03).count() >= 3, "a flat enough target distribution");
+        for (name, draft) in drafts.iter_mut() {
+            let (mut c1, mut c2) = (vec![0usize; V], vec![0usize; V]);
+            let mut n = 0;
+            for target_n in [45usize, 360] {
+                while n < target_n {
+                    let opts = GenerateOptions {
+                        max_tokens: 2,
+                        sampling: SamplingParams { seed: 77_000 + n as u64, ..params },
+                        stop_tokens: vec![],
+                    };
+                    let g = speculative(&mut target, draft.as_mut(), &prompt, &opts, KPolicy::Fixed(2));
+                    c1[g.tokens[0] as usize] += 1;
+                    c2[g.tokens[1] as usize] += 1;
+                    n += 1;
+                }
+                let bound = 1.2 * (V as f64 / n as f64).sqrt();
+                let (t1, t2) = (tv(&c1, &p1), tv(&c2, &p2));
+                eprintln!("{params:?} {name}: N={n} TV first {t1:.3}, second {t2:.3}, bound {bound:.3}");
+                assert!(t1 < bound && t2 < bound, "{name} draft N={n}: TV {t1:.3} / {t2:.3} >= {bound:.3}");
+            }
+        }
+    }
+}

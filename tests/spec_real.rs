@@ -1,0 +1,198 @@
+//! Speculative greedy decoding on real models equals target-only greedy decoding:
+//! SmolLM2-135M with n-gram lookup (the golden prompts), and the Qwen2.5-Coder pair
+//! (1.5B target, 0.5B draft). Models come from the cache (`./build.sh models`, `wgspec fetch`).
+//!
+//! Lavapipe runs these models at seconds per token, so the default lengths are short; set
+//! `WGSPEC_SPEC_TOKENS` for longer runs (and all golden prompts) on a real GPU.
+//!
+//! Besides a literal comparison with plain greedy generation, outputs are checked by teacher
+//! forcing: one batched forward over prompt + output must give, at every position, the argmax
+//! that is the next output token. With batch-invariant rows (tested in `tests/spec.rs`) that is
+//! exactly the plain greedy sequence, at the cost of one pass per 32 tokens instead of one per token.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::gpu;
+use serde::Deserialize;
+use web_time::Instant;
+use wgspec::model::{Checkpoint, LoadOptions, Model, MAX_BATCH};
+use wgspec::session::{self, GenerateOptions};
+use wgspec::spec::{self, Draft, DraftModel, KPolicy, NGram, SpecGeneration};
+use wgspec::tokenizer::Tokenizer;
+
+#[derive(Deserialize)]
+struct Goldens {
+    model: ModelInfo,
+    cases: Vec<Case>,
+}
+
+#[derive(Deserialize)]
+struct ModelInfo {
+    file: String,
+}
+
+#[derive(Deserialize)]
+struct Case {
+    prompt: String,
+    prompt_tokens: Vec<u32>,
+}
+
+fn goldens() -> Goldens {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/goldens/smollm2-135m.json");
+    serde_json::from_slice(&std::fs::read(path).expect("goldens")).expect("goldens json")
+}
+
+fn model_file(file: &str, fetch_name: &str) -> PathBuf {
+    let p = wgspec::fetch::cache_dir().join("models").join(file);
+    assert!(p.exists(), "{} is missing: run `wgspec fetch {fetch_name}` (or ./build.sh models)", p.display());
+    p
+}
+
+fn load(path: &PathBuf, context: usize) -> (Model, Checkpoint) {
+    let ckpt = Checkpoint::from_gguf(std::fs::read(path).expect("read model")).expect("parse");
+    let m =
+        Model::load(gpu(), &ckpt, &LoadOptions { context: Some(context), ..Default::default() }, &mut |_| {})
+            .expect("load");
+    (m, ckpt)
+}
+
+/// Tokens to generate per prompt (env `WGSPEC_SPEC_TOKENS`, else `default`).
+fn token_count(default: usize) -> usize {
+    std::env::var("WGSPEC_SPEC_TOKENS").ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn greedy(n: usize) -> GenerateOptions {
+    GenerateOptions { max_tokens: n, sampling: Default::default(), stop_tokens: vec![] }
+}
+
+/// Asserts that `output` is the target's greedy continuation of `prompt` by teacher forcing.
+fn assert_greedy_continuation(target: &mut Model, prompt: &[u32], output: &[u32], what: &str) {
+    let all: Vec<u32> = prompt.iter().chain(output).copied().collect();
+    let mut argmax = Vec::new();
+    for (c, chunk) in all[..all.len() - 1].chunks(MAX_BATCH).enumerate() {
+        argmax.extend(pollster::block_on(target.forward_argmax(chunk, c * MAX_BATCH)).expect("forward"));
+    }
+    let predicted = &argmax[prompt.len() - 1..];
+    assert_eq!(predicted, output, "{what}: the output is not the target's greedy continuation");
+}
+
+fn report(what: &str, g: &SpecGeneration, seconds: f64) {
+    let s = &g.stats;
+    eprintln!(
+        "{what}: {} tokens, {} verify passes, {} drafted, {} accepted ({:.0}%), tau {:.2}, by position {:.2?}, {:.1} s",
+        s.base.generated_tokens,
+        s.verify_forwards,
+        s.drafted,
+        s.accepted,
+        100.0 * s.acceptance_rate,
+        s.tokens_per_target_forward,
+        s.acceptance_by_position,
+        seconds
+    );
+}
+
+#[test]
+fn smollm2_ngram_speculation_equals_greedy() {
+    let g = goldens();
+    let path = model_file(&g.model.file, "smollm2-135m");
+    let (mut target, _) = load(&path, 256);
+    let n = token_count(12);
+    let long = std::env::var("WGSPEC_SPEC_TOKENS").is_ok();
+    // By default: a list (repetitive, where n-gram lookup shines), code, prose and a chat turn.
+    let picked: Vec<&Case> = if long {
+        g.cases.iter().collect()
+    } else {
+        g.cases
+            .iter()
+            .filter(|c| {
+                ["Here is a list", "def fibonacci", "Hello", "<|im_start|>"]
+                    .iter()
+                    .any(|p| c.prompt.starts_with(p))
+            })
+            .collect()
+    };
+    assert!(picked.len() >= 4);
+    let (mut drafted, mut accepted, mut tokens, mut verifies) = (0, 0, 0, 0);
+    for (i, case) in picked.iter().enumerate() {
+        let t = Instant::now();
+        let got = pollster::block_on(spec::generate(
+            &mut target,
+            &mut NGram::default(),
+            &case.prompt_tokens,
+            &greedy(n),
+            KPolicy::default(),
+            &mut |_| true,
+        ))
+        .expect("spec generate");
+        report(
+            &format!("SmolLM2 + ngram {:?}", case.prompt.chars().take(24).collect::<String>()),
+            &got,
+            t.elapsed().as_secs_f64(),
+        );
+        assert_eq!(got.tokens.len(), n);
+        if i == 0 {
+            // One literal comparison with plain greedy generation.
+            let plain = pollster::block_on(session::generate(
+                &mut target,
+                &case.prompt_tokens,
+                &greedy(n),
+                &mut |_| true,
+            ))
+            .expect("generate");
+            assert_eq!(got.tokens, plain.tokens, "prompt {:?}", case.prompt);
+        } else {
+            assert_greedy_continuation(&mut target, &case.prompt_tokens, &got.tokens, &case.prompt);
+        }
+        drafted += got.stats.drafted;
+        accepted += got.stats.accepted;
+        tokens += got.stats.base.generated_tokens;
+        verifies += got.stats.verify_forwards;
+    }
+    eprintln!(
+        "SmolLM2 + ngram overall: acceptance {:.0}% ({accepted}/{drafted}), tau {:.2}",
+        100.0 * accepted as f64 / drafted.max(1) as f64,
+        tokens as f64 / verifies.max(1) as f64
+    );
+}
+
+#[test]
+fn qwen_coder_pair_speculation_equals_greedy() {
+    let target_path = model_file("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b");
+    let draft_path = model_file("qwen2.5-coder-0.5b-instruct.gguf", "qwen2.5-coder-0.5b");
+    let t = Instant::now();
+    let (mut target, target_ckpt) = load(&target_path, 64);
+    let target_tok = Tokenizer::from_gguf(target_ckpt.gguf().expect("gguf")).expect("tokenizer");
+    drop(target_ckpt);
+    let (draft_model, draft_ckpt) = load(&draft_path, 64);
+    let draft_tok = Tokenizer::from_gguf(draft_ckpt.gguf().expect("gguf")).expect("tokenizer");
+    drop(draft_ckpt);
+    spec::check_tokenizers(&target_tok, &draft_tok).expect("the pair shares a tokenizer");
+    let mut draft = DraftModel::new(draft_model, &target.config).expect("draft");
+    eprintln!("Qwen pair loaded in {:.1} s", t.elapsed().as_secs_f64());
+
+    let prompt = target_tok
+        .encode("def quicksort(arr):\n    \"\"\"Sort a list with quicksort.\"\"\"\n", true)
+        .expect("encode");
+    let n = token_count(6);
+    let t = Instant::now();
+    let got = pollster::block_on(spec::generate(
+        &mut target,
+        &mut draft as &mut dyn Draft,
+        &prompt,
+        &greedy(n),
+        KPolicy::Fixed(n - 1),
+        &mut |_| true,
+    ))
+    .expect("spec generate");
+    report("Qwen2.5-Coder 1.5B + 0.5B draft", &got, t.elapsed().as_secs_f64());
+    assert_eq!(got.tokens.len(), n);
+    let t = Instant::now();
+    assert_greedy_continuation(&mut target, &prompt, &got.tokens, "qwen pair");
+    eprintln!(
+        "teacher-forced check in {:.1} s; text {:?}",
+        t.elapsed().as_secs_f64(),
+        target_tok.decode(&got.tokens)
+    );
+}
