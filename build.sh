@@ -39,7 +39,9 @@ setup() {
 
 models() {
   log "models and tokenizer vectors into $WGSPEC_CACHE"
-  cargo run -q --bin wgspec -- fetch smollm2-135m
+  for m in smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
+    cargo run -q --bin wgspec -- fetch "$m"
+  done
   bash scripts/fetch_vocab.sh
 }
 
