@@ -381,7 +381,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         target.forward_argmax(chunk, c * wgspec::model::MAX_BATCH).await?;
     }
     let mut ks: Vec<usize> =
-        args.verify_ks.iter().copied().chain([k_runs]).filter(|&k| k >= 1 && k < 32).collect();
+        args.verify_ks.iter().copied().chain([k_runs]).filter(|k| (1..32).contains(k)).collect();
     ks.sort_unstable();
     ks.dedup();
     let costs = bench::verify_costs(&mut target, pos, &ks, 5).await?;
