@@ -98,22 +98,20 @@ fn smollm2_ngram_speculation_equals_greedy() {
     let g = goldens();
     let path = model_file(&g.model.file, "smollm2-135m");
     let (mut target, _) = load(&path, 256);
-    let n = token_count(12);
+    let n = token_count(8);
     let long = std::env::var("WGSPEC_SPEC_TOKENS").is_ok();
-    // By default: a list (repetitive, where n-gram lookup shines), code, prose and a chat turn.
+    // By default: a list, code and a chat turn.
     let picked: Vec<&Case> = if long {
         g.cases.iter().collect()
     } else {
         g.cases
             .iter()
             .filter(|c| {
-                ["Here is a list", "def fibonacci", "Hello", "<|im_start|>"]
-                    .iter()
-                    .any(|p| c.prompt.starts_with(p))
+                ["Here is a list", "def fibonacci", "<|im_start|>"].iter().any(|p| c.prompt.starts_with(p))
             })
             .collect()
     };
-    assert!(picked.len() >= 4);
+    assert!(picked.len() >= 3);
     let (mut drafted, mut accepted, mut tokens, mut verifies) = (0, 0, 0, 0);
     for (i, case) in picked.iter().enumerate() {
         let t = Instant::now();
@@ -172,10 +170,10 @@ fn qwen_coder_pair_speculation_equals_greedy() {
     let mut draft = DraftModel::new(draft_model, &target.config).expect("draft");
     eprintln!("Qwen pair loaded in {:.1} s", t.elapsed().as_secs_f64());
 
-    let prompt = target_tok
-        .encode("def quicksort(arr):\n    \"\"\"Sort a list with quicksort.\"\"\"\n", true)
-        .expect("encode");
-    let n = token_count(6);
+    // A short prompt: on lavapipe a 1.5B pass takes about a minute and rows are not free, so the
+    // test is a short prefill, K = n - 1 draft steps, one verify pass and one checking pass.
+    let prompt = target_tok.encode("def quicksort(arr):", true).expect("encode");
+    let n = token_count(4);
     let t = Instant::now();
     let got = pollster::block_on(spec::generate(
         &mut target,
