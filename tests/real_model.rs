@@ -3,45 +3,13 @@
 
 mod common;
 
-use std::path::PathBuf;
-
+use common::goldens::{goldens, model_file, Goldens};
 use common::gpu;
-use serde::Deserialize;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
 use wgspec::session::{generate, GenerateOptions};
 
-#[derive(Deserialize)]
-struct Goldens {
-    model: ModelInfo,
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct ModelInfo {
-    file: String,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    prompt: String,
-    prompt_tokens: Vec<u32>,
-    f32_tokens: Vec<u32>,
-    q4_1_tokens: Vec<u32>,
-}
-
-fn goldens() -> Goldens {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/goldens/smollm2-135m.json");
-    serde_json::from_slice(&std::fs::read(path).expect("goldens")).expect("goldens json")
-}
-
-fn model_path(file: &str) -> PathBuf {
-    let p = wgspec::fetch::cache_dir().join("models").join(file);
-    assert!(p.exists(), "{} is missing: run ./build.sh models (or wgspec fetch smollm2-135m)", p.display());
-    p
-}
-
 fn checkpoint(g: &Goldens) -> Checkpoint {
-    let bytes = std::fs::read(model_path(&g.model.file)).expect("read model");
+    let bytes = std::fs::read(model_file(&g.model.file, "smollm2-135m")).expect("read model");
     Checkpoint::from_gguf(bytes).expect("parse SmolLM2")
 }
 

@@ -14,41 +14,13 @@ mod common;
 
 use std::path::PathBuf;
 
+use common::goldens::{goldens, model_file, Case};
 use common::gpu;
-use serde::Deserialize;
 use web_time::Instant;
 use wgspec::model::{Checkpoint, LoadOptions, Model, MAX_BATCH};
 use wgspec::session::{self, GenerateOptions};
 use wgspec::spec::{self, Draft, DraftModel, KPolicy, NGram, SpecGeneration};
 use wgspec::tokenizer::Tokenizer;
-
-#[derive(Deserialize)]
-struct Goldens {
-    model: ModelInfo,
-    cases: Vec<Case>,
-}
-
-#[derive(Deserialize)]
-struct ModelInfo {
-    file: String,
-}
-
-#[derive(Deserialize)]
-struct Case {
-    prompt: String,
-    prompt_tokens: Vec<u32>,
-}
-
-fn goldens() -> Goldens {
-    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/goldens/smollm2-135m.json");
-    serde_json::from_slice(&std::fs::read(path).expect("goldens")).expect("goldens json")
-}
-
-fn model_file(file: &str, fetch_name: &str) -> PathBuf {
-    let p = wgspec::fetch::cache_dir().join("models").join(file);
-    assert!(p.exists(), "{} is missing: run `wgspec fetch {fetch_name}` (or ./build.sh models)", p.display());
-    p
-}
 
 fn load(path: &PathBuf, context: usize) -> (Model, Checkpoint) {
     let ckpt = Checkpoint::from_gguf(std::fs::read(path).expect("read model")).expect("parse");

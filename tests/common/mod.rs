@@ -51,4 +51,5 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) {
     assert!(got.iter().any(|v| *v != 0.0) || want.iter().all(|v| *v == 0.0), "{what}: all zeros");
 }
 
+pub mod goldens;
 pub mod tiny;
