@@ -26,9 +26,11 @@ struct Params {
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    // One invocation per (4 columns, row): a thread's loop never runs past k iterations.
     let c4 = gid.x;
+    let r = gid.y;
     let cols4 = (p.cols + 3u) / 4u;
-    if (c4 >= cols4) { return; }
+    if (c4 >= cols4 || r >= step.n) { return; }
     let base = select(0u, step.start_pos, p.y_row_base == 1u);
     var b = vec4<f32>(0.0);
     if (p.has_bias == 1u) {
@@ -36,7 +38,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
             if (c4 * 4u + i < p.cols) { b[i] = bias[c4 * 4u + i]; }
         }
     }
-    for (var r = 0u; r < step.n; r++) {
+    {
         let xr = r * p.k;
         var acc = vec4<f32>(0.0);
         for (var k = 0u; k < p.k; k++) {

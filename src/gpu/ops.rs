@@ -163,7 +163,7 @@ impl Gpu {
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         // An unused bias binding still needs a buffer: x serves (it is never read then).
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
-        let grid = Grid::Fixed([groups(cols.div_ceil(4)), 1, 1]);
+        let grid = Grid::PerRow(groups(cols.div_ceil(4)));
         self.op(kernel, step, &params, &[&x.raw, w.raw(), bias_raw, &y.raw], grid)
     }
 
