@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # wgspec build and test driver. Every step installs what it needs, idempotently.
 #
-#   ./build.sh setup   system packages (software Vulkan), Rust components and targets
+#   ./build.sh setup   system packages (software Vulkan, Chromium + ChromeDriver), Rust components and
+#                      targets, wasm-bindgen-cli, npm tools (binaryen's wasm-opt, playwright-core)
 #   ./build.sh models  fetch the test/demo models and tokenizer vectors into the cache
-#   ./build.sh demo    set up, fetch the default model, generate with it
-#   ./build.sh test    set up, fetch, rustfmt check, clippy -D warnings, every test
+#   ./build.sh wasm    build the npm package into pkg/ (wasm32 release, wasm-bindgen, wasm-opt, www/lib glue)
+#   ./build.sh demo    set up, fetch the default models, build pkg/, serve the browser demo on 127.0.0.1
+#   ./build.sh test    set up, fetch, rustfmt check, clippy -D warnings, every test (native, wasm in
+#                      headless Chromium, the demo page end to end)
 #   ./build.sh bench   plain decode speed of the cached models (figures for BENCHMARKS.md)
 #
 # The cache lives outside the repo: $WGSPEC_CACHE (default ~/.cache/wgspec).
@@ -24,17 +27,56 @@ sudo_if_needed() {
 
 setup() {
   local need=()
-  for pkg in mesa-vulkan-drivers libvulkan1; do
+  for pkg in mesa-vulkan-drivers libvulkan1 chromium chromium-driver; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || need+=("$pkg")
   done
   if [ ${#need[@]} -gt 0 ]; then
-    log "installing ${need[*]} (software Vulkan for GPU tests)"
+    log "installing ${need[*]} (software Vulkan for GPU tests, Chromium for browser tests)"
     sudo_if_needed apt-get update -qq
     sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   fi
   rustup component list --installed 2>/dev/null | grep -q '^rustfmt' || rustup component add rustfmt
   rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy
   rustup target list --installed | grep -q '^wasm32-unknown-unknown$' || rustup target add wasm32-unknown-unknown
+  # The wasm-bindgen CLI must be the exact version of the wasm-bindgen crate in Cargo.lock.
+  local wb
+  wb=$(awk '/^name = "wasm-bindgen"$/ { getline; gsub(/"/, "", $3); print $3 }' Cargo.lock)
+  if ! wasm-bindgen --version 2>/dev/null | grep -qx "wasm-bindgen $wb"; then
+    log "installing wasm-bindgen-cli $wb (several minutes, once)"
+    cargo install wasm-bindgen-cli --version "$wb"
+  fi
+  if [ ! -x node_modules/.bin/wasm-opt ] || [ ! -d node_modules/playwright-core ]; then
+    log "npm tools (binaryen, playwright-core)"
+    npm install --no-audit --no-fund
+  fi
+}
+
+# The npm package: the library for wasm32 (release), its JS bindings, wasm-opt, and the glue of
+# www/lib (main-thread API, Web Worker, TypeScript declarations, README, package.json).
+wasm() {
+  log "wasm32 library (release)"
+  cargo build --lib --release --target wasm32-unknown-unknown
+  rm -rf pkg && mkdir -p pkg
+  wasm-bindgen --target web --out-dir pkg --out-name wgspec_core \
+    target/wasm32-unknown-unknown/release/wgspec.wasm
+  node_modules/.bin/wasm-opt -O2 --enable-bulk-memory --enable-nontrapping-float-to-int \
+    --enable-sign-ext --enable-mutable-globals --enable-reference-types --enable-multivalue \
+    pkg/wgspec_core_bg.wasm -o pkg/wgspec_core_bg.wasm
+  cp www/lib/* pkg/
+  (cd pkg && npm pack --dry-run --json >/dev/null)
+  log "pkg/: $(du -sh pkg | cut -f1) ($(du -h pkg/wgspec_core_bg.wasm | cut -f1) wasm)"
+}
+
+# Browser tests: wasm-bindgen-test in headless Chromium (page and dedicated worker), then the
+# demo page end to end with playwright-core against the native server and CLI.
+browser_tests() {
+  log "wasm tests in headless Chromium (WebGPU on SwiftShader)"
+  CHROMEDRIVER=/usr/bin/chromedriver WASM_BINDGEN_TEST_TIMEOUT=1200 \
+    CARGO_TARGET_WASM32_UNKNOWN_UNKNOWN_RUNNER=wasm-bindgen-test-runner \
+    cargo test --target wasm32-unknown-unknown --test web_page --test web_worker
+  log "demo page end to end (playwright-core, Chromium)"
+  cargo build --release --bin wgspec
+  WGSPEC_BIN=target/release/wgspec E2E_OUT=target/e2e node tests/e2e/demo.mjs
 }
 
 models() {
@@ -53,12 +95,17 @@ case "${1:-}" in
     setup
     models
     ;;
+  wasm)
+    setup
+    wasm
+    ;;
   demo)
     setup
     cargo build --release --bin wgspec
-    model=$(./target/release/wgspec fetch "${MODEL:-smollm2-135m}")
-    ./target/release/wgspec generate --model "$model" --max-tokens "${MAX_TOKENS:-64}" \
-      --prompt "${PROMPT:-The three most useful things to know about speculative decoding are}"
+    for m in smollm2-135m ${DEMO_MODELS:-}; do ./target/release/wgspec fetch "$m" >/dev/null; done
+    wasm
+    log "demo: open http://127.0.0.1:${PORT:-8080} in a browser with WebGPU (Ctrl-C stops)"
+    ./target/release/wgspec web --port "${PORT:-8080}"
     ;;
   test)
     setup
@@ -66,11 +113,13 @@ case "${1:-}" in
     cargo fmt --all -- --check
     log "clippy (native)"
     cargo clippy --all-targets -- -D warnings
-    log "clippy (wasm32 library)"
-    cargo clippy --lib --target wasm32-unknown-unknown -- -D warnings
+    log "clippy (wasm32: library and browser tests)"
+    cargo clippy --target wasm32-unknown-unknown --lib --test web_page --test web_worker -- -D warnings
     models
     log "tests (lavapipe)"
     cargo test --no-fail-fast
+    wasm
+    browser_tests
     ;;
   bench)
     setup

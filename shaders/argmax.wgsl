@@ -30,7 +30,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     if (r >= step.n) { return; }
     let t = lid.x;
     let base = r * p.vocab;
-    var bv = -3.4028235e38;
+    var bv = -0x1.fffffep+127f; // the lowest finite f32, written exactly (Tint refuses an inexact literal)
     var bi = 0xffffffffu;
     for (var i = t; i < p.vocab; i += WG) {
         let v = logits[base + i];

@@ -43,7 +43,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let s_base = (r * p.heads + h) * p.ctx;
 
     // 1. scores and the running max of this thread's keys
-    var m = -3.4028235e38;
+    var m = -0x1.fffffep+127f; // the lowest finite f32, written exactly (Tint refuses an inexact literal)
     for (var j = t; j < len; j += WG) {
         let k_base = j * kv_row4 + kvh * hd4;
         var s = 0.0;

@@ -62,6 +62,14 @@ pub enum Error {
     #[error("tokenizer: {0}")]
     Tokenizer(String),
 
+    /// A chat template that does not compile or render.
+    #[error("chat template: {0}")]
+    ChatTemplate(String),
+
+    /// The engine is already running a request (one generation at a time per engine).
+    #[error("busy: {0}")]
+    Busy(String),
+
     /// No GPU adapter could be found or a device could not be created.
     #[error("no usable GPU: {0}")]
     NoGpu(String),

@@ -2,19 +2,27 @@
 //!
 //! Data flows one way: bytes -> [`loader`] (GGUF | safetensors + config.json) -> [`model::Config`]
 //! and named tensors -> [`model::Model`] on the GPU ([`gpu`]) -> logits for every position.
+//! [`engine::Engine`] puts a target, its tokenizer and chat template and an optional draft behind
+//! one `generate` for every front end: the CLI, the wasm facade ([`web`], wasm32 only).
 //! The same code runs natively (wgpu on Vulkan/Metal/DX12) and in the browser (wasm32 + WebGPU).
 
+pub mod engine;
 pub mod error;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod fetch;
+pub mod files;
 pub mod gpu;
 pub mod loader;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod local;
 pub mod model;
 pub mod sampling;
+#[cfg(not(target_arch = "wasm32"))]
+pub mod server;
 pub mod session;
 pub mod spec;
 pub mod tokenizer;
+#[cfg(target_arch = "wasm32")]
+pub mod web;
 
 pub use error::{Error, Result};

@@ -317,7 +317,8 @@ fn speculative(
     opts: &GenerateOptions,
     k: KPolicy,
 ) -> spec::SpecGeneration {
-    pollster::block_on(spec::generate(target, draft, prompt, opts, k, &mut |_| true)).expect("spec generate")
+    pollster::block_on(spec::generate(target, draft, prompt, opts, k, &mut |_, _| true))
+        .expect("spec generate")
 }
 
 fn greedy_opts(n: usize) -> GenerateOptions {
@@ -527,7 +528,7 @@ fn stop_conditions_work_inside_an_accepted_run() {
         &prompt,
         &greedy_opts(24),
         k,
-        &mut |_| {
+        &mut |_, _| {
             seen += 1;
             seen < 6
         },

@@ -93,7 +93,7 @@ fn smollm2_ngram_speculation_equals_greedy() {
             &case.prompt_tokens,
             &greedy(n),
             KPolicy::default(),
-            &mut |_| true,
+            &mut |_, _| true,
         ))
         .expect("spec generate");
         report(
@@ -153,7 +153,7 @@ fn qwen_coder_pair_speculation_equals_greedy() {
         &prompt,
         &greedy(n),
         KPolicy::Fixed(n - 1),
-        &mut |_| true,
+        &mut |_, _| true,
     ))
     .expect("spec generate");
     report("Qwen2.5-Coder 1.5B + 0.5B draft", &got, t.elapsed().as_secs_f64());

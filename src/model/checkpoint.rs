@@ -182,10 +182,7 @@ impl Checkpoint {
                 }
                 HostData::F16(bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect())
             }
-            _ if keep_f16 => {
-                let v = quant::dequantize(raw.dtype, &raw.data, n)?;
-                HostData::F16(v.into_iter().map(f16::from_f32).collect())
-            }
+            _ if keep_f16 => HostData::F16(quant::dequantize_to_f16(raw.dtype, &raw.data, n)?),
             _ => HostData::F32(quant::dequantize(raw.dtype, &raw.data, n)?),
         };
         Ok(HostTensor { name: name.to_string(), shape: raw.shape, data })

@@ -65,7 +65,7 @@ pub async fn run_prompt(
     let mut spec = None;
     for spec_turn in [spec_first, !spec_first] {
         if spec_turn {
-            spec = Some(spec_generate(target, draft, prompt, opts, k, &mut |_| true).await?);
+            spec = Some(spec_generate(target, draft, prompt, opts, k, &mut |_, _| true).await?);
         } else {
             plain = Some(session::generate(target, prompt, opts, &mut |_| true).await?);
         }

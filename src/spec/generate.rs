@@ -72,14 +72,14 @@ pub struct SpecGeneration {
 /// Generates up to `opts.max_tokens` tokens after `prompt` with `target`, speculating with
 /// `draft` and K chosen by `k`. Greedy output equals [`crate::session::generate`]'s token for
 /// token; sampled output has the target's sampling distribution. `on_token` is called for every
-/// token as it is committed (return false to stop).
+/// token as it is committed, with whether it was an accepted draft token (return false to stop).
 pub async fn generate(
     target: &mut Model,
     draft: &mut dyn Draft,
     prompt: &[u32],
     opts: &GenerateOptions,
     k: KPolicy,
-    on_token: &mut dyn FnMut(u32) -> bool,
+    on_token: &mut dyn FnMut(u32, bool) -> bool,
 ) -> Result<SpecGeneration> {
     opts.sampling.validate()?;
     if prompt.is_empty() {
@@ -185,7 +185,7 @@ pub async fn generate(
             tokens.push(tok);
             generated.push(tok);
             from_draft.push(drafted);
-            if !on_token(tok) {
+            if !on_token(tok, drafted) {
                 break 'cycles FinishReason::Cancelled;
             }
             if opts.stop_tokens.contains(&tok) {

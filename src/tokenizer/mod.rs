@@ -7,6 +7,7 @@
 //! `tokenizer.ggml.pre` (see [`pre`]), tokens of type CONTROL (3) and USER_DEFINED (4) matched as
 //! whole tokens in the input text, BOS prepended when `add_special` and the vocabulary asks for it.
 
+mod chat;
 mod gguf_vocab;
 mod pre;
 mod stream;
@@ -17,6 +18,7 @@ use tokenizers::{DecoderWrapper, Model};
 
 use crate::error::{Error, Result};
 
+pub use chat::{ChatTemplate, Message};
 pub use gguf_vocab::GgufVocab;
 pub use pre::PreKind;
 pub use stream::StreamDecoder;

@@ -7,13 +7,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use wgspec::fetch;
+use wgspec::engine::{DraftKind, Engine, Request};
 use wgspec::gpu::Gpu;
 use wgspec::model::{LoadOptions, Model, Precision};
 use wgspec::sampling::SamplingParams;
-use wgspec::session::{self, GenerateOptions};
+use wgspec::session::GenerateOptions;
 use wgspec::spec::{self, bench, Draft, DraftModel, KPolicy, NGram};
-use wgspec::tokenizer::{StreamDecoder, Tokenizer};
+use wgspec::tokenizer::{ChatTemplate, Message, Tokenizer};
+use wgspec::{fetch, server};
 use wgspec::{Error, Result};
 
 #[derive(Parser)]
@@ -29,6 +30,8 @@ enum Command {
     Generate(GenerateArgs),
     /// Compare target-only decoding with speculation over a prompt set; print and write JSON.
     Bench(BenchArgs),
+    /// Serve the browser demo (www/, the npm package pkg/, the model cache) on 127.0.0.1.
+    Web(WebArgs),
     /// Download a known model into the cache and print its path.
     Fetch {
         /// smollm2-135m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b
@@ -70,9 +73,12 @@ struct GenerateArgs {
     draft: Option<String>,
     #[command(flatten)]
     k: KArgs,
-    /// Stop when the text contains this string (repeatable).
+    /// Stop when the text contains this string (repeatable); the text ends before it.
     #[arg(long)]
     stop: Vec<String>,
+    /// Treat the prompt as a user message and apply the model's chat template.
+    #[arg(long)]
+    chat: bool,
 }
 
 #[derive(clap::Args)]
@@ -92,6 +98,19 @@ impl KArgs {
             None => KPolicy::Adaptive { max: self.max_draft_k },
         }
     }
+}
+
+#[derive(Parser)]
+struct WebArgs {
+    /// Port on 127.0.0.1 (0 = any free port; the address is printed on the first line).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// The demo page's folder.
+    #[arg(long, default_value = "www")]
+    www: PathBuf,
+    /// The built npm package (`./build.sh wasm`).
+    #[arg(long, default_value = "pkg")]
+    pkg: PathBuf,
 }
 
 #[derive(Parser)]
@@ -130,11 +149,12 @@ struct BenchArgs {
     out: PathBuf,
 }
 
-fn main() -> ExitCode {
+pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Generate(args) => pollster::block_on(generate(args)),
         Command::Bench(args) => pollster::block_on(bench_cmd(args)),
+        Command::Web(args) => web_cmd(args),
         Command::Fetch { name } => fetch_cmd(&name),
     };
     match result {
@@ -144,6 +164,20 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+fn web_cmd(args: WebArgs) -> Result<()> {
+    if !args.pkg.join("wgspec_core_bg.wasm").is_file() {
+        eprintln!(
+            "warning: {} has no wgspec_core_bg.wasm; build it with ./build.sh wasm",
+            args.pkg.display()
+        );
+    }
+    let roots = server::DemoRoots { www: args.www, pkg: args.pkg, models: fetch::cache_dir().join("models") };
+    server::serve_demo(args.port, roots, |port| {
+        println!("listening on http://127.0.0.1:{port}");
+        let _ = std::io::stdout().flush();
+    })
 }
 
 fn fetch_cmd(name: &str) -> Result<()> {
@@ -156,12 +190,24 @@ fn fetch_cmd(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Loads a model and its tokenizer from a file, a folder or a known name.
-fn load(gpu: &Arc<Gpu>, arg: &str, opts: &LoadOptions, quiet: bool) -> Result<(Model, Tokenizer)> {
+/// Loads a model, its tokenizer and chat template from a file, a folder or a known name. A draft
+/// (`draft_of`: the target's config and tokenizer) is checked against the target's vocabulary
+/// before its weights are uploaded.
+fn load(
+    gpu: &Arc<Gpu>,
+    arg: &str,
+    opts: &LoadOptions,
+    draft_of: Option<(&Model, &Tokenizer)>,
+    quiet: bool,
+) -> Result<(Model, Tokenizer, Option<ChatTemplate>)> {
     let path: PathBuf = fetch::resolve_model(arg)?;
-    let (ckpt, tokenizer) = wgspec::local::open(&path)?;
+    let opened = wgspec::local::open(&path)?;
+    if let Some((target, target_tokenizer)) = draft_of {
+        spec::check_vocab(&target.config, &opened.checkpoint.config)?;
+        spec::check_tokenizers(target_tokenizer, &opened.tokenizer)?;
+    }
     let mut shown = 0;
-    let model = Model::load(gpu.clone(), &ckpt, opts, &mut |p| {
+    let model = Model::load(gpu.clone(), &opened.checkpoint, opts, &mut |p| {
         // About 20 updates, whatever the tensor count.
         let step = p.tensors_done * 20 / p.tensors_total.max(1);
         if !quiet && (step > shown || p.tensors_done == p.tensors_total) {
@@ -172,7 +218,7 @@ fn load(gpu: &Arc<Gpu>, arg: &str, opts: &LoadOptions, quiet: bool) -> Result<(M
     if !quiet {
         eprintln!();
     }
-    Ok((model, tokenizer))
+    Ok((model, opened.tokenizer, opened.chat_template))
 }
 
 /// The draft named by `--draft`: `ngram`, or a model sharing the target's tokenizer.
@@ -187,8 +233,7 @@ fn load_draft(
     if arg == "ngram" {
         return Ok(Box::new(NGram::default()));
     }
-    let (model, tokenizer) = load(gpu, arg, opts, quiet)?;
-    spec::check_tokenizers(target_tokenizer, &tokenizer)?;
+    let (model, _, _) = load(gpu, arg, opts, Some((target, target_tokenizer)), quiet)?;
     Ok(Box::new(DraftModel::new(model, &target.config)?))
 }
 
@@ -202,84 +247,57 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         precision: if args.f32 { Precision::F32 } else { Precision::Auto },
         ..Default::default()
     };
-    let (mut model, tokenizer) = load(&gpu, &args.model, &opts, false)?;
-    let mut draft = match &args.draft {
+    let (model, tokenizer, template) = load(&gpu, &args.model, &opts, None, false)?;
+    let context = model.context();
+    let mut engine = Engine::new(model, tokenizer, template);
+    let draft = match args.draft.as_deref() {
+        None => DraftKind::None,
+        Some("ngram") => DraftKind::Ngram,
         Some(d) => {
-            let draft_opts = LoadOptions { context: Some(model.context()), ..opts.clone() };
-            Some(load_draft(&gpu, d, &draft_opts, &model, &tokenizer, false)?)
-        }
-        None => None,
-    };
-    let prompt = tokenizer.encode(&args.prompt, true)?;
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
-    };
-    let gen_opts =
-        GenerateOptions { max_tokens: args.max_tokens, sampling, stop_tokens: tokenizer.eos_ids().to_vec() };
-    let mut decoder = StreamDecoder::new();
-    let mut stdout = std::io::stdout();
-    let mut stream_err = None;
-    let mut text_so_far = String::new();
-    let mut stop_hit = false;
-    let mut on_token = |tok: u32| -> bool {
-        match decoder.push(&tokenizer, tok) {
-            Ok(text) => {
-                if !args.json {
-                    let _ = write!(stdout, "{text}");
-                    let _ = stdout.flush();
-                }
-                text_so_far.push_str(&text);
-            }
-            Err(e) => stream_err = Some(e),
-        }
-        // A stop string ends generation, also in the middle of an accepted draft run.
-        stop_hit = args.stop.iter().any(|s| !s.is_empty() && text_so_far.contains(s.as_str()));
-        !stop_hit
-    };
-    let (tokens, finish, stats, from_draft) = match draft.as_mut() {
-        Some(d) => {
-            let g =
-                spec::generate(&mut model, d.as_mut(), &prompt, &gen_opts, args.k.policy(), &mut on_token)
-                    .await?;
-            (g.tokens, g.finish, serde_json::to_value(&g.stats), Some(g.from_draft))
-        }
-        None => {
-            let g = session::generate(&mut model, &prompt, &gen_opts, &mut on_token).await?;
-            (g.tokens, g.finish, serde_json::to_value(&g.stats), None)
+            let draft_opts = LoadOptions { context: Some(context), ..opts.clone() };
+            let of = Some((engine.target(), engine.tokenizer()));
+            let (model, tokenizer, _) = load(&gpu, d, &draft_opts, of, false)?;
+            engine.set_draft(Some((model, &tokenizer)))?;
+            DraftKind::Model
         }
     };
-    let stats = stats.map_err(|e| Error::InvalidArgument(format!("stats: {e}")))?;
-    if let Some(e) = stream_err {
-        return Err(e);
+    let mut req = Request::text(&args.prompt, args.max_tokens);
+    if args.chat {
+        req.prompt = None;
+        req.messages = Some(vec![Message { role: "user".into(), content: args.prompt.clone() }]);
     }
-    let mut text = tokenizer.decode(&tokens)?;
-    let finish = if stop_hit {
-        if let Some(i) =
-            args.stop.iter().filter(|s| !s.is_empty()).filter_map(|s| text.find(s.as_str())).min()
-        {
-            text.truncate(i);
-        }
-        serde_json::json!("stop")
-    } else {
-        serde_json::json!(finish)
-    };
+    req.temperature = args.temperature;
+    req.top_k = args.top_k;
+    req.top_p = args.top_p;
+    req.seed = args.seed;
+    req.stop = args.stop.clone();
+    req.draft = Some(draft);
+    req.draft_k = args.k.draft_k;
+    req.max_draft_k = args.k.max_draft_k;
+
+    let mut stdout = std::io::stdout();
+    let out = engine
+        .generate(&req, &mut |ev| {
+            if !args.json {
+                let _ = write!(stdout, "{}", ev.text);
+                let _ = stdout.flush();
+            }
+            true
+        })
+        .await?;
     if args.json {
-        let mut out = serde_json::json!({
-            "prompt_tokens": prompt,
-            "tokens": tokens,
-            "text": text,
-            "finish_reason": finish,
-            "stats": stats,
-        });
-        if let Some(fd) = from_draft {
-            out["from_draft"] = serde_json::json!(fd);
+        let mut json =
+            serde_json::to_value(&out).map_err(|e| Error::InvalidArgument(format!("output: {e}")))?;
+        if draft == DraftKind::None {
+            // Plain decoding: every token is the target's; keep the output as before speculation.
+            if let Some(o) = json.as_object_mut() {
+                o.remove("from_draft");
+            }
         }
-        println!("{out}");
+        println!("{json}");
     } else {
         println!();
+        let stats = &out.stats;
         let num = |k: &str| stats.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
         eprintln!(
             "{} prompt tokens, {} generated in {:.2} s: {:.2} tokens/s (prefill {:.2} s)",
@@ -289,7 +307,7 @@ async fn generate(args: GenerateArgs) -> Result<()> {
             num("tokens_per_second"),
             num("prefill_seconds")
         );
-        if draft.is_some() {
+        if draft != DraftKind::None {
             eprintln!(
                 "speculation: {} target forwards, {} drafted, {} accepted ({:.1}%), {:.2} tokens per target forward, mean K {:.2}",
                 num("target_forwards"),
@@ -340,7 +358,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             }
             None => {
                 let name = args.model.clone().unwrap_or_default();
-                let (target, tokenizer) = load(&gpu, &name, &opts, false)?;
+                let (target, tokenizer, _) = load(&gpu, &name, &opts, None, false)?;
                 let draft = load_draft(&gpu, &args.draft, &opts, &target, &tokenizer, false)?;
                 (target, draft, Some(tokenizer), name)
             }

@@ -1,0 +1,13 @@
+//! The `wgspec` binary: the command line in [`cli`] (native only; built for wasm32 as an empty
+//! program, since the browser gets the library through `src/web.rs` instead).
+
+#[cfg(not(target_arch = "wasm32"))]
+mod cli;
+
+#[cfg(not(target_arch = "wasm32"))]
+fn main() -> std::process::ExitCode {
+    cli::main()
+}
+
+#[cfg(target_arch = "wasm32")]
+fn main() {}

@@ -1,0 +1,114 @@
+//! A model's files as bytes, whatever their source (the disk, a download, the browser's cache),
+//! turned into a [`Checkpoint`], its [`Tokenizer`] and its chat template. The native reader
+//! ([`crate::local`]) and the wasm facade both go through [`ModelFiles::open`].
+//!
+//! Two layouts:
+//! - one GGUF file (its metadata carries the vocabulary and `tokenizer.chat_template`);
+//! - a Hugging Face folder: `config.json`, `tokenizer.json`, optional `tokenizer_config.json`
+//!   (its `chat_template`), and one or more `*.safetensors` shards.
+
+use crate::error::{Error, Result};
+use crate::model::Checkpoint;
+use crate::tokenizer::{ChatTemplate, Tokenizer};
+
+/// The files of one model, by name. Each file's bytes are held once and moved into the checkpoint.
+#[derive(Default)]
+pub struct ModelFiles {
+    files: Vec<(String, Vec<u8>)>,
+}
+
+/// What [`ModelFiles::open`] gives.
+pub struct OpenedModel {
+    pub checkpoint: Checkpoint,
+    pub tokenizer: Tokenizer,
+    /// The model's chat template, when it declares one.
+    pub chat_template: Option<ChatTemplate>,
+}
+
+impl ModelFiles {
+    pub fn new() -> ModelFiles {
+        ModelFiles::default()
+    }
+
+    /// Adds a file: `*.gguf`, `config.json`, `tokenizer.json`, `tokenizer_config.json` or
+    /// `*.safetensors` (other names are refused, so a typo does not pass silently).
+    pub fn add(&mut self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        let known = name.ends_with(".gguf")
+            || name.ends_with(".safetensors")
+            || matches!(name, "config.json" | "tokenizer.json" | "tokenizer_config.json");
+        if !known {
+            return Err(Error::InvalidArgument(format!(
+                "model file {name:?}: expected *.gguf, config.json, tokenizer.json, \
+                 tokenizer_config.json or *.safetensors"
+            )));
+        }
+        if self.files.iter().any(|(n, _)| n == name) {
+            return Err(Error::InvalidArgument(format!("model file {name:?} given twice")));
+        }
+        self.files.push((name.to_string(), bytes));
+        Ok(())
+    }
+
+    /// Whether no file was added.
+    pub fn is_empty(&self) -> bool {
+        self.files.is_empty()
+    }
+
+    fn take(&mut self, name: &str) -> Option<Vec<u8>> {
+        let i = self.files.iter().position(|(n, _)| n == name)?;
+        Some(self.files.swap_remove(i).1)
+    }
+
+    /// Parses the files into a checkpoint, a tokenizer and the chat template.
+    pub fn open(mut self) -> Result<OpenedModel> {
+        let ggufs: Vec<String> =
+            self.files.iter().map(|(n, _)| n.clone()).filter(|n| n.ends_with(".gguf")).collect();
+        match ggufs.as_slice() {
+            [name] => {
+                if self.files.len() > 1 {
+                    return Err(Error::InvalidArgument(
+                        "a GGUF model is one file; other files were given with it".into(),
+                    ));
+                }
+                let bytes = self.take(name).unwrap_or_default();
+                let checkpoint = Checkpoint::from_gguf(bytes)?;
+                let gguf = checkpoint.gguf().ok_or_else(|| Error::corrupt("gguf", "no header"))?;
+                let tokenizer = Tokenizer::from_gguf(gguf)?;
+                let chat_template = match gguf.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
+                    Some(src) => Some(ChatTemplate::for_tokenizer(src, &tokenizer)?),
+                    None => None,
+                };
+                Ok(OpenedModel { checkpoint, tokenizer, chat_template })
+            }
+            [] => self.open_hf(),
+            _ => Err(Error::InvalidArgument(format!("several GGUF files given: {}", ggufs.join(", ")))),
+        }
+    }
+
+    fn open_hf(mut self) -> Result<OpenedModel> {
+        let missing = |name: &str| Error::io(name, "missing from the model's files");
+        let config = self.take("config.json").ok_or_else(|| missing("config.json"))?;
+        let tokenizer_json = self.take("tokenizer.json").ok_or_else(|| missing("tokenizer.json"))?;
+        let tokenizer_config = self.take("tokenizer_config.json");
+        // The rest are shards; sorted by name, as the shard files are numbered.
+        self.files.sort_by(|a, b| a.0.cmp(&b.0));
+        if self.files.is_empty() {
+            return Err(missing("*.safetensors"));
+        }
+        let shards = self.files.into_iter().map(|(_, b)| b).collect();
+        let checkpoint = Checkpoint::from_safetensors(&config, shards)?;
+        let tokenizer = Tokenizer::from_json(&tokenizer_json)?;
+        let chat_template = match tokenizer_config {
+            Some(bytes) => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&bytes).map_err(|e| Error::corrupt("tokenizer_config.json", e))?;
+                match v.get("chat_template").and_then(|t| t.as_str()) {
+                    Some(src) => Some(ChatTemplate::for_tokenizer(src, &tokenizer)?),
+                    None => None,
+                }
+            }
+            None => None,
+        };
+        Ok(OpenedModel { checkpoint, tokenizer, chat_template })
+    }
+}

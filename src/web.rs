@@ -1,0 +1,200 @@
+//! The browser facade (wasm32 only): a thin `#[wasm_bindgen]` class over [`Engine`]. No logic of
+//! its own: files are staged as bytes, opened by [`ModelFiles`], loaded by [`Model::load`], and
+//! requests run through [`Engine::generate`]. Errors reach JavaScript as rejected promises /
+//! thrown `Error`s whose message is the [`Error`]'s text.
+//!
+//! ```js
+//! const engine = await WebEngine.create();            // WebGPU adapter + device, pipelines
+//! engine.stage_file("model.gguf", bytes);             // or config.json, tokenizer.json, *.safetensors
+//! const info = JSON.parse(engine.load_target(2048, (done, total) => {}));
+//! const out = JSON.parse(await engine.generate(JSON.stringify({ prompt: "Hi", draft: "ngram" }),
+//!     (id, text, fromDraft) => true));                // return false to stop
+//! engine.free();                                      // GPU memory back
+//! ```
+//!
+//! The package's Web Worker (`www/lib/worker.js`) drives this class; pages use `www/lib/wgspec.js`.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use js_sys::Function;
+use wasm_bindgen::prelude::*;
+
+use crate::engine::{Engine, Request};
+use crate::error::Error;
+use crate::files::ModelFiles;
+use crate::gpu::Gpu;
+use crate::model::{LoadOptions, LoadProgress, Model};
+use crate::spec;
+use crate::tokenizer::Message;
+
+fn js_err(e: Error) -> JsError {
+    JsError::new(&e.to_string())
+}
+
+/// The engine slot: empty before a target is loaded and while a generation holds the engine.
+#[derive(Default)]
+struct Slot {
+    engine: Option<Engine>,
+    busy: bool,
+}
+
+/// A WebGPU device with (once loaded) a target model, an optional draft and their tokenizer.
+#[wasm_bindgen]
+pub struct WebEngine {
+    gpu: Arc<Gpu>,
+    /// Files staged for the next `load_target` / `load_draft`.
+    staged: ModelFiles,
+    slot: Rc<RefCell<Slot>>,
+}
+
+/// Calls the JS progress callback with (tensors done, tensors total).
+fn progress_to(callback: &Function) -> impl FnMut(LoadProgress) + '_ {
+    move |p| {
+        let _ = callback.call2(
+            &JsValue::NULL,
+            &JsValue::from(p.tensors_done as u32),
+            &JsValue::from(p.tensors_total as u32),
+        );
+    }
+}
+
+/// A JSON summary of a loaded model.
+fn model_info(model: &Model, file_bytes: u64, chat_template: bool) -> String {
+    let c = &model.config;
+    let params: usize = crate::model::tensor_specs(c).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+    serde_json::json!({
+        "arch": format!("{:?}", c.arch).to_lowercase(),
+        "layers": c.n_layers,
+        "dim": c.dim,
+        "vocab": c.vocab_size,
+        "context": model.context(),
+        "params": params,
+        "file_bytes": file_bytes,
+        "chat_template": chat_template,
+    })
+    .to_string()
+}
+
+#[wasm_bindgen]
+impl WebEngine {
+    /// Opens the WebGPU adapter and device. Rejects when WebGPU is missing or the adapter lacks a
+    /// limit wgspec needs.
+    pub async fn create() -> Result<WebEngine, JsError> {
+        let gpu = Gpu::new().await.map_err(js_err)?;
+        // Models share the GPU through an Arc (natively across threads); the browser's WebGPU
+        // objects are not Send, and one worker thread owns them all.
+        #[allow(clippy::arc_with_non_send_sync)]
+        Ok(WebEngine { gpu: Arc::new(gpu), staged: ModelFiles::new(), slot: Rc::default() })
+    }
+
+    /// The adapter, in one line.
+    pub fn adapter(&self) -> String {
+        self.gpu.describe()
+    }
+
+    /// Copies one model file into wasm memory (`model.gguf`, or `config.json`, `tokenizer.json`,
+    /// `tokenizer_config.json`, `*.safetensors`). Drop the JS copy afterwards.
+    pub fn stage_file(&mut self, name: &str, bytes: Vec<u8>) -> Result<(), JsError> {
+        self.staged.add(name, bytes).map_err(js_err)
+    }
+
+    /// Loads the staged files as the target (replacing any target and draft), with `context`
+    /// KV positions (default: min(model context, 4096)). Returns a JSON summary.
+    pub fn load_target(&mut self, context: Option<u32>, on_progress: &Function) -> Result<String, JsError> {
+        let mut slot = self.slot.borrow_mut();
+        if slot.busy {
+            return Err(js_err(Error::Busy("a generation is running".into())));
+        }
+        slot.engine = None; // frees the previous models' GPU memory first
+        let files = std::mem::take(&mut self.staged);
+        let opened = files.open().map_err(js_err)?;
+        let opts = LoadOptions { context: context.map(|c| c as usize), ..Default::default() };
+        let model = Model::load(self.gpu.clone(), &opened.checkpoint, &opts, &mut progress_to(on_progress))
+            .map_err(js_err)?;
+        let info = model_info(&model, opened.checkpoint.file_bytes(), opened.chat_template.is_some());
+        drop(opened.checkpoint); // the file bytes
+        slot.engine = Some(Engine::new(model, opened.tokenizer, opened.chat_template));
+        Ok(info)
+    }
+
+    /// Loads the staged files as the draft model (same tokenizer as the target, else an error).
+    pub fn load_draft(&mut self, on_progress: &Function) -> Result<String, JsError> {
+        let mut slot = self.slot.borrow_mut();
+        let engine = self.ready(&mut slot)?;
+        engine.set_draft(None).map_err(js_err)?;
+        let files = std::mem::take(&mut self.staged);
+        let opened = files.open().map_err(js_err)?;
+        // Refuse a foreign vocabulary before spending time on the upload.
+        spec::check_vocab(&engine.target().config, &opened.checkpoint.config).map_err(js_err)?;
+        spec::check_tokenizers(engine.tokenizer(), &opened.tokenizer).map_err(js_err)?;
+        let opts = LoadOptions { context: Some(engine.target().context()), ..Default::default() };
+        let model = Model::load(self.gpu.clone(), &opened.checkpoint, &opts, &mut progress_to(on_progress))
+            .map_err(js_err)?;
+        let info = model_info(&model, opened.checkpoint.file_bytes(), opened.chat_template.is_some());
+        drop(opened.checkpoint);
+        engine.set_draft(Some((model, &opened.tokenizer))).map_err(js_err)?;
+        Ok(info)
+    }
+
+    /// Drops the draft model (its GPU memory is freed).
+    pub fn unload_draft(&mut self) -> Result<(), JsError> {
+        let mut slot = self.slot.borrow_mut();
+        self.ready(&mut slot)?.set_draft(None).map_err(js_err)
+    }
+
+    /// The prompt text of a JSON array of `{role, content}` under the target's chat template.
+    pub fn chat_prompt(&self, messages_json: &str) -> Result<String, JsError> {
+        let messages: Vec<Message> = serde_json::from_str(messages_json)
+            .map_err(|e| js_err(Error::InvalidArgument(format!("messages: {e}"))))?;
+        let mut slot = self.slot.borrow_mut();
+        self.ready(&mut slot)?.chat_prompt(&messages).map_err(js_err)
+    }
+
+    /// Runs a JSON request (see [`Request`]); `on_token(id, text, fromDraft)` is called for every
+    /// committed token (`id` undefined for the final flush of held-back text); returning `false`
+    /// stops generation. Resolves to the JSON [`crate::engine::Completion`].
+    pub fn generate(&self, request_json: &str, on_token: Function) -> Result<js_sys::Promise, JsError> {
+        let req = Request::from_json(request_json).map_err(js_err)?;
+        let mut engine = {
+            let mut slot = self.slot.borrow_mut();
+            self.ready(&mut slot)?;
+            slot.busy = true;
+            slot.engine.take().ok_or_else(|| js_err(Error::Busy("no engine".into())))?
+        };
+        let slot = self.slot.clone();
+        Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let result = engine
+                .generate(&req, &mut |ev| {
+                    let id = ev.id.map_or(JsValue::UNDEFINED, JsValue::from);
+                    let text = JsValue::from_str(&ev.text);
+                    match on_token.call3(&JsValue::NULL, &id, &text, &JsValue::from_bool(ev.from_draft)) {
+                        // Only an explicit `false` stops; a callback returning nothing goes on.
+                        Ok(v) => v.as_bool() != Some(false),
+                        Err(_) => false,
+                    }
+                })
+                .await;
+            {
+                let mut s = slot.borrow_mut();
+                s.engine = Some(engine);
+                s.busy = false;
+            }
+            let out = result.map_err(|e| JsValue::from(js_err(e)))?;
+            let json = serde_json::to_string(&out)
+                .map_err(|e| JsValue::from(js_err(Error::InvalidArgument(format!("result: {e}")))))?;
+            Ok(JsValue::from_str(&json))
+        }))
+    }
+}
+
+impl WebEngine {
+    /// The engine, or why there is none.
+    fn ready<'a>(&self, slot: &'a mut Slot) -> Result<&'a mut Engine, JsError> {
+        if slot.busy {
+            return Err(js_err(Error::Busy("a generation is running".into())));
+        }
+        slot.engine.as_mut().ok_or_else(|| js_err(Error::InvalidArgument("no target model is loaded".into())))
+    }
+}

@@ -1,0 +1,248 @@
+//! The engine every front end uses: model files by name (GGUF or a Hugging Face folder), chat
+//! templates (against jinja2 renders, `tests/goldens/chat_templates.json`), requests, stop
+//! strings with streaming, and speculation through the engine.
+
+mod common;
+
+use common::goldens::model_file;
+use common::tiny::{TinyModel, TinySpec};
+use common::{gpu, rng};
+use wgspec::engine::{Completion, DraftKind, Engine, Request, TokenEvent};
+use wgspec::files::ModelFiles;
+use wgspec::loader::DType;
+use wgspec::model::{LoadOptions, Model};
+use wgspec::session::FinishReason;
+use wgspec::tokenizer::{ChatTemplate, Message};
+use wgspec::Error;
+
+fn goldens() -> serde_json::Value {
+    let text =
+        std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/tests/goldens/chat_templates.json"))
+            .expect("tests/goldens/chat_templates.json");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn conversations(g: &serde_json::Value) -> Vec<Vec<Message>> {
+    serde_json::from_value(g["conversations"].clone()).expect("conversations")
+}
+
+#[test]
+fn real_chat_templates_render_as_jinja2_does() {
+    let g = goldens();
+    let convs = conversations(&g);
+    for (name, fetch_name) in [("smollm2-135m", "smollm2-135m"), ("qwen2.5-coder-0.5b", "qwen2.5-coder-0.5b")]
+    {
+        let m = &g["models"][name];
+        let path = model_file(m["file"].as_str().expect("file"), fetch_name);
+        let opened = wgspec::local::open(&path).expect("open");
+        let template = opened.chat_template.expect("the GGUF declares a chat template");
+        for (conv, want) in convs.iter().zip(m["renders"].as_array().expect("renders")) {
+            let got = template.render(conv, true).expect("render");
+            assert_eq!(got, want.as_str().expect("str"), "{name}: {conv:?}");
+        }
+    }
+}
+
+#[test]
+fn synthetic_template_whitespace_namespace_methods_and_refusal() {
+    let g = goldens();
+    let s = &g["synthetic"];
+    let str_of = |v: &serde_json::Value| v.as_str().expect("str").to_string();
+    let t = ChatTemplate::new(&str_of(&s["template"]), &str_of(&s["bos_token"]), &str_of(&s["eos_token"]))
+        .expect("compile");
+    for (conv, want) in conversations(&g).iter().zip(s["renders"].as_array().expect("renders")) {
+        assert_eq!(t.render(conv, true).expect("render"), want.as_str().expect("str"));
+    }
+    let refused: Vec<Message> = serde_json::from_value(s["refused"].clone()).expect("refused");
+    match t.render(&refused, true) {
+        Err(Error::ChatTemplate(msg)) => assert!(msg.contains(&str_of(&s["refusal_message"])), "{msg}"),
+        other => panic!("expected the template's own refusal, got {other:?}"),
+    }
+    assert!(matches!(t.render(&[], true), Err(Error::InvalidArgument(_))));
+    assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(Error::ChatTemplate(_))));
+}
+
+/// A tiny random model as GGUF files, and an engine on it.
+fn tiny_gguf(seed: u64) -> Vec<u8> {
+    let mut r = rng(seed);
+    TinyModel::random(TinySpec::llama(), &mut r).to_gguf(DType::F32, &mut r)
+}
+
+fn engine_of(gguf: Vec<u8>, template: Option<ChatTemplate>) -> Engine {
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", gguf).expect("add");
+    let opened = files.open().expect("open");
+    let opts = LoadOptions { context: Some(128), ..Default::default() };
+    let model = Model::load(gpu(), &opened.checkpoint, &opts, &mut |_| {}).expect("load");
+    Engine::new(model, opened.tokenizer, template.or(opened.chat_template))
+}
+
+fn run(engine: &mut Engine, req: &Request) -> (Completion, Vec<TokenEvent>) {
+    let mut events = Vec::new();
+    let out = pollster::block_on(engine.generate(req, &mut |ev| {
+        events.push(ev.clone());
+        true
+    }))
+    .expect("generate");
+    (out, events)
+}
+
+fn streamed(events: &[TokenEvent]) -> String {
+    events.iter().map(|e| e.text.as_str()).collect()
+}
+
+#[test]
+fn stop_strings_end_the_text_before_them_with_and_without_speculation() {
+    let mut engine = engine_of(tiny_gguf(40), None);
+    let mut req = Request::text("the cat sat on the mat", 40);
+    req.draft = Some(DraftKind::None);
+    let (plain, events) = run(&mut engine, &req);
+    assert_eq!(streamed(&events), plain.text, "streamed text == final text");
+    assert_eq!(plain.finish_reason, FinishReason::Length);
+    // A stop string that first occurs in the middle of the output.
+    let chars: Vec<char> = plain.text.chars().collect();
+    assert!(chars.len() >= 20, "tiny model text too short: {:?}", plain.text);
+    let stop: String = chars[12..14].iter().collect();
+    let cut = plain.text.find(&stop).expect("occurs");
+    for draft in [DraftKind::None, DraftKind::Ngram] {
+        let mut req = req.clone();
+        req.draft = Some(draft);
+        req.stop = vec!["never appears \u{1F600}".into(), stop.clone()];
+        let (out, events) = run(&mut engine, &req);
+        assert_eq!(out.text, plain.text[..cut], "{draft:?}: text ends before the stop string {stop:?}");
+        assert_eq!(streamed(&events), out.text, "{draft:?}: nothing past the stop string was streamed");
+        assert_eq!(out.finish_reason, FinishReason::Stop);
+        assert_eq!(out.tokens[..], plain.tokens[..out.tokens.len()], "{draft:?}: same tokens up to the stop");
+        assert_eq!(out.from_draft.len(), out.tokens.len());
+    }
+}
+
+#[test]
+fn speculation_through_the_engine_equals_plain_decoding() {
+    let target_file = tiny_gguf(41);
+    let mut engine = engine_of(target_file.clone(), None);
+    // The target as its own draft: every draft token is accepted.
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", target_file).expect("add");
+    let d = files.open().expect("open");
+    let opts = LoadOptions { context: Some(128), ..Default::default() };
+    let draft = Model::load(gpu(), &d.checkpoint, &opts, &mut |_| {}).expect("load");
+    engine.set_draft(Some((draft, &d.tokenizer))).expect("same tokenizer");
+    let mut req = Request::text("a b a b a b", 30);
+    req.draft = Some(DraftKind::None);
+    let (plain, _) = run(&mut engine, &req);
+    for (draft, k) in [(DraftKind::Model, Some(4)), (DraftKind::Model, None), (DraftKind::Ngram, Some(3))] {
+        req.draft = Some(draft);
+        req.draft_k = k;
+        let (out, events) = run(&mut engine, &req);
+        assert_eq!(out.tokens, plain.tokens, "{draft:?} K={k:?}");
+        assert_eq!(out.text, plain.text);
+        assert_eq!(streamed(&events), out.text);
+        let tokens: Vec<u32> = events.iter().filter_map(|e| e.id).collect();
+        assert_eq!(tokens, out.tokens, "one event per committed token");
+        let flags: Vec<bool> = events.iter().filter(|e| e.id.is_some()).map(|e| e.from_draft).collect();
+        assert_eq!(flags, out.from_draft, "events carry the provenance");
+        if draft == DraftKind::Model {
+            // A draft equal to the target is always right: every cycle but the last is full.
+            assert!(out.stats["acceptance_rate"].as_f64() == Some(1.0), "{}", out.stats);
+        }
+    }
+    // The default draft is the loaded model.
+    req.draft = None;
+    req.draft_k = Some(2);
+    let (out, _) = run(&mut engine, &req);
+    assert_eq!(out.stats["draft"], "model");
+}
+
+#[test]
+fn requests_are_checked_with_clear_errors() {
+    for (json, needle) in [
+        (r#"{"prompt":"x","max_tokenz":3}"#, "max_tokenz"),
+        (r#"{"prompt":"x","temperature":"hot"}"#, "temperature"),
+        (r#"{"prompt":"x","draft":"eagle"}"#, "eagle"),
+        (r#"[1,2]"#, "request"),
+    ] {
+        match Request::from_json(json) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(needle), "{json}: {m}"),
+            other => panic!("{json}: {other:?}"),
+        }
+    }
+    let mut engine = engine_of(tiny_gguf(42), None);
+    let both =
+        Request::from_json(r#"{"prompt":"x","messages":[{"role":"user","content":"x"}]}"#).expect("parses");
+    let neither = Request::from_json(r#"{"max_tokens":3}"#).expect("parses");
+    let chat = Request::from_json(r#"{"messages":[{"role":"user","content":"x"}]}"#).expect("parses");
+    let no_draft = Request::from_json(r#"{"prompt":"x","draft":"model"}"#).expect("parses");
+    let hot = Request::from_json(r#"{"prompt":"x","temperature":-1}"#).expect("parses");
+    let mut generate = |r: &Request| pollster::block_on(engine.generate(r, &mut |_| true));
+    assert!(matches!(generate(&both), Err(Error::InvalidArgument(_))));
+    assert!(matches!(generate(&neither), Err(Error::InvalidArgument(_))));
+    assert!(matches!(generate(&chat), Err(Error::ChatTemplate(_))), "no template: a clear error");
+    assert!(matches!(generate(&no_draft), Err(Error::InvalidArgument(_))));
+    assert!(matches!(generate(&hot), Err(Error::InvalidArgument(_))));
+
+    // With a template, messages are rendered and tokenized without added specials.
+    let t = ChatTemplate::new("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}>", "", "")
+        .expect("template");
+    let mut engine = engine_of(tiny_gguf(42), Some(t));
+    let ids = engine.prompt_tokens(&chat).expect("chat prompt");
+    assert_eq!(engine.tokenizer().decode(&ids).expect("decode"), "[user] x\n>");
+    let mut chat = chat.clone();
+    chat.max_tokens = 3;
+    let (out, _) = run(&mut engine, &chat);
+    assert_eq!(out.tokens.len(), 3);
+    assert_eq!(out.prompt_tokens, ids);
+}
+
+#[test]
+fn model_files_are_named_and_complete() {
+    let mut files = ModelFiles::new();
+    assert!(
+        matches!(files.add("weights.bin", vec![0]), Err(Error::InvalidArgument(m)) if m.contains("weights.bin"))
+    );
+    files.add("config.json", b"{}".to_vec()).expect("add");
+    assert!(
+        matches!(files.add("config.json", vec![]), Err(Error::InvalidArgument(m)) if m.contains("twice"))
+    );
+    // A Hugging Face folder without tokenizer.json names the missing file.
+    match files.open() {
+        Err(Error::Io { path, .. }) => assert_eq!(path, "tokenizer.json"),
+        Err(other) => panic!("{other}"),
+        Ok(_) => panic!("opened without a tokenizer"),
+    }
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", tiny_gguf(43)).expect("add");
+    files.add("tokenizer.json", b"{}".to_vec()).expect("add");
+    assert!(matches!(files.open(), Err(Error::InvalidArgument(_))), "a GGUF model is one file");
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", b"GGUF\x03\x00\x00\x00".to_vec()).expect("add");
+    assert!(matches!(files.open(), Err(Error::Truncated { .. })), "a truncated GGUF is named as such");
+}
+
+#[test]
+fn a_hugging_face_folder_brings_its_chat_template() {
+    let mut r = rng(44);
+    let tiny = TinyModel::random(TinySpec::qwen2(), &mut r);
+    let gguf = tiny.to_gguf(DType::F32, &mut r);
+    let (config, weights) = tiny.to_safetensors(DType::F32);
+    // tokenizer.json: the GGUF vocabulary serialised by the tokenizers crate.
+    let mut g = ModelFiles::new();
+    g.add("model.gguf", gguf).expect("add");
+    let tokenizer_json = g.open().expect("open").tokenizer.inner().to_string(false).expect("json");
+    let mut files = ModelFiles::new();
+    files.add("config.json", config).expect("add");
+    files.add("tokenizer.json", tokenizer_json.into_bytes()).expect("add");
+    files
+        .add(
+            "tokenizer_config.json",
+            br#"{"chat_template": "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"}"#
+                .to_vec(),
+        )
+        .expect("add");
+    files.add("model-00001-of-00001.safetensors", weights).expect("add");
+    let opened = files.open().expect("open");
+    let t = opened.chat_template.expect("template from tokenizer_config.json");
+    let m = vec![Message { role: "user".into(), content: "hi".into() }];
+    assert_eq!(t.render(&m, true).expect("render"), "<user>hi");
+    assert_eq!(opened.checkpoint.config.n_layers, 2);
+}

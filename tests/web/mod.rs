@@ -1,0 +1,263 @@
+//! Browser checks, shared by `tests/web_page.rs` (on the page) and `tests/web_worker.rs` (in a
+//! dedicated worker), run by wasm-bindgen-test in headless Chromium on its WebGPU adapter
+//! (SwiftShader, no `shader-f16`): a shader against the CPU reference, tiny-model logits against
+//! the reference, greedy speculation == greedy decoding through the engine and the JS facade.
+#![allow(dead_code)]
+// One browser thread owns every WebGPU object; the model API shares the GPU through an Arc.
+#![allow(clippy::arc_with_non_send_sync)]
+
+use half::f16;
+use rand::rngs::SmallRng;
+use rand::{Rng, SeedableRng};
+use wasm_bindgen::JsCast;
+use wasm_bindgen_futures::JsFuture;
+use wgspec::engine::{DraftKind, Engine, Request};
+use wgspec::files::ModelFiles;
+use wgspec::gpu::{transpose_for_matmul as tr, Gpu, GpuBuffer, MatmulOut, PackedF16, WeightsRef};
+use wgspec::loader::DType;
+use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
+use wgspec::web::WebEngine;
+
+#[path = "../reference/mod.rs"]
+mod reference;
+#[path = "../common/tiny.rs"]
+mod tiny;
+
+use std::sync::Arc;
+use tiny::{TinyModel, TinySpec};
+
+/// Logits tolerance (as in tests/model.rs): f32 GPU sums vs f64 reference sums, relative to the
+/// largest logit.
+const LOGIT_ABS: f32 = 2e-4;
+const LOGIT_REL: f32 = 1e-3;
+/// f32 dot products of length k: error bound relative to the magnitude of the terms.
+const MATMUL_REL: f32 = 2e-6;
+
+pub async fn gpu() -> Arc<Gpu> {
+    let g = Gpu::new().await.unwrap_or_else(|e| panic!("WebGPU setup failed: {e}"));
+    web_sys_log(&format!("adapter: {}", g.describe()));
+    Arc::new(g)
+}
+
+fn web_sys_log(s: &str) {
+    wasm_bindgen_test::console_log!("{}", s);
+}
+
+fn rng(seed: u64) -> SmallRng {
+    SmallRng::seed_from_u64(seed)
+}
+
+fn rand_vec(r: &mut SmallRng, len: usize, scale: f32) -> Vec<f32> {
+    (0..len).map(|_| r.gen_range(-scale..scale)).collect()
+}
+
+async fn read_f32(gpu: &Gpu, b: &wgpu::Buffer, len: usize) -> Vec<f32> {
+    let bytes = gpu.read_buffer(b).await.expect("read back");
+    bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)[..len].to_vec()
+}
+
+/// The matmul shader (f32 and packed-f16 weights, with and without bias) against the CPU.
+pub async fn matmul_matches_reference() {
+    let gpu = gpu().await;
+    let step = gpu.step_buffer();
+    let mut r = rng(1);
+    for &(n, k, cols) in &[(1, 4, 1), (3, 64, 63), (5, 100, 65), (9, 576, 40)] {
+        for f16_weights in [false, true] {
+            let x = rand_vec(&mut r, n * k, 1.0);
+            let mut w = rand_vec(&mut r, cols * k, 0.5);
+            let w_h: Vec<f16> = w.iter().map(|v| f16::from_f32(*v)).collect();
+            if f16_weights {
+                w = w_h.iter().map(|v| v.to_f32()).collect();
+            }
+            let bias = rand_vec(&mut r, cols, 0.3);
+            let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+            let wb32 = GpuBuffer::<f32>::from_slice(&gpu, "w", &tr(&w, cols, k));
+            let wb16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "w16", &tr(&w_h, cols, k));
+            let bb = GpuBuffer::<f32>::from_slice(&gpu, "b", &bias);
+            let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * cols);
+            let weights = if f16_weights { WeightsRef::F16(&wb16) } else { WeightsRef::F32(&wb32) };
+            let out = MatmulOut { ldy: cols as u32, col_offset: 0, at_start_pos: false };
+            let op = gpu.matmul(&step, &xb, weights, Some(&bb), &yb, k, cols, out);
+            gpu.write_step(&step, n, 0);
+            let mut enc = gpu.encoder();
+            gpu.encode(&mut enc, &[op], n as u32);
+            gpu.submit(enc);
+            let y = read_f32(&gpu, &yb.raw, n * cols).await;
+            for row in 0..n {
+                let want = reference::matvec(&w, &x[row * k..(row + 1) * k], cols, k);
+                for c in 0..cols {
+                    let mag: f32 = (0..k).map(|i| (x[row * k + i] * w[c * k + i]).abs()).sum();
+                    let bound = mag * MATMUL_REL * (k as f32).sqrt() + 1e-6;
+                    let (g, e) = (y[row * cols + c], want[c] + bias[c]);
+                    assert!(
+                        (g - e).abs() <= bound,
+                        "matmul n={n} k={k} f16={f16_weights} [{row},{c}]: {g} vs {e}"
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn assert_logits(what: &str, got: &[f32], want: &[f32]) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    let scale = want.iter().fold(1f32, |m, v| m.max(v.abs()));
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let err = (g - w).abs();
+        assert!(err <= LOGIT_ABS * scale + LOGIT_REL * w.abs(), "{what}[{i}]: got {g}, want {w}");
+    }
+    assert!(got.iter().any(|v| *v != 0.0), "{what}: all zeros");
+}
+
+/// Tiny random models (both architectures, F32 / F16 / Q8_0 weights) against the CPU reference:
+/// every row of passes of 5, 1 and 6 tokens, then again after a rollback.
+pub async fn tiny_models_match_reference() {
+    let gpu = gpu().await;
+    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+        for dtype in [DType::F32, DType::F16, DType::Q8_0] {
+            let what = format!("{dtype:?} qwen2={}", spec.qwen2);
+            let mut r = rng(10);
+            let tiny = TinyModel::random(spec, &mut r);
+            let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
+            let opts = LoadOptions { context: Some(64), ..Default::default() };
+            let mut model = Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {}).expect("load");
+            let mut cpu = reference::RefModel::new(&ckpt, Precision::Auto);
+            let vocab = ckpt.config.vocab_size as u32;
+            let tokens: Vec<u32> = (0..12).map(|_| r.gen_range(0..vocab)).collect();
+            let mut pos = 0;
+            for n in [5, 1, 6] {
+                let chunk = &tokens[pos..pos + n];
+                let got = model.forward(chunk, pos).await.expect("forward");
+                assert_logits(&format!("{what}: {n} rows at {pos}"), &got, &cpu.forward(chunk, pos));
+                pos += n;
+            }
+            model.truncate(3);
+            cpu.truncate(3);
+            let other: Vec<u32> = tokens[3..7].iter().map(|t| (t + 5) % vocab).collect();
+            let got = model.forward(&other, 3).await.expect("forward");
+            assert_logits(&format!("{what}: after truncate"), &got, &cpu.forward(&other, 3));
+        }
+    }
+}
+
+/// The same model with every weight moved by up to `noise` (a draft that mostly agrees).
+fn perturbed(t: &TinyModel, noise: f32, r: &mut SmallRng) -> TinyModel {
+    let mut out = TinyModel { spec: t.spec, tensors: Vec::new() };
+    for x in &t.tensors {
+        let values = x.values.iter().map(|v| v + r.gen_range(-noise..noise)).collect();
+        out.tensors.push(tiny::TinyTensor { name: x.name.clone(), shape: x.shape.clone(), values });
+    }
+    out
+}
+
+fn open(gguf: Vec<u8>) -> wgspec::files::OpenedModel {
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", gguf).expect("stage");
+    files.open().expect("open")
+}
+
+fn load(gpu: &Arc<Gpu>, ckpt: &Checkpoint) -> Model {
+    let opts = LoadOptions { context: Some(128), ..Default::default() };
+    Model::load(gpu.clone(), ckpt, &opts, &mut |_| {}).expect("load")
+}
+
+/// Tiny target and draft GGUF files (the draft: the target's weights plus noise).
+fn tiny_pair() -> (Vec<u8>, Vec<u8>) {
+    let mut r = rng(300);
+    let target = TinyModel::random(TinySpec::llama(), &mut r);
+    let draft = perturbed(&target, 0.02, &mut r);
+    (target.to_gguf(DType::F32, &mut r), draft.to_gguf(DType::F32, &mut r))
+}
+
+/// Greedy speculation (draft model at K = 1, 3 and adaptive; n-gram) equals greedy decoding
+/// token for token, through the engine the facade uses.
+pub async fn greedy_speculation_equals_greedy() {
+    let gpu = gpu().await;
+    let (target_file, draft_file) = tiny_pair();
+    let t = open(target_file);
+    let d = open(draft_file);
+    let mut engine = Engine::new(load(&gpu, &t.checkpoint), t.tokenizer, None);
+    engine.set_draft(Some((load(&gpu, &d.checkpoint), &d.tokenizer))).expect("draft");
+    let prompt = "the cat sat on the mat; the cat sat on the";
+    let mut req = Request::text(prompt, 24);
+    req.draft = Some(DraftKind::None);
+    let plain = engine.generate(&req, &mut |_| true).await.expect("plain");
+    assert_eq!(plain.tokens.len(), 24, "no stop token and room in the context");
+    let mut drafted_any = false;
+    for (kind, k) in [
+        (DraftKind::Model, Some(1)),
+        (DraftKind::Model, Some(3)),
+        (DraftKind::Model, None),
+        (DraftKind::Ngram, Some(4)),
+    ] {
+        req.draft = Some(kind);
+        req.draft_k = k;
+        let mut streamed = String::new();
+        let got = engine
+            .generate(&req, &mut |ev| {
+                streamed.push_str(&ev.text);
+                true
+            })
+            .await
+            .expect("speculative");
+        assert_eq!(got.tokens, plain.tokens, "{kind:?} K={k:?}: speculative output differs from greedy");
+        assert_eq!(streamed, got.text, "{kind:?}: streamed text equals the final text");
+        drafted_any |= got.from_draft.iter().any(|&b| b);
+    }
+    assert!(drafted_any, "no draft token was ever accepted: the test would not test speculation");
+}
+
+/// The JS facade end to end: stage files, load target and draft, generate through the promise,
+/// stop from the callback, errors as rejected promises / thrown errors.
+pub async fn facade_generates_like_the_engine() {
+    let (target_file, draft_file) = tiny_pair();
+    let mut web = WebEngine::create().await.unwrap_or_else(|_| panic!("WebEngine::create"));
+    assert!(!web.adapter().is_empty());
+    let noop = js_sys::Function::new_no_args("");
+    // No target yet: a clear error, not a panic.
+    assert!(web.generate(r#"{"prompt":"x"}"#, noop.clone()).is_err());
+    web.stage_file("model.gguf", target_file.clone()).unwrap_or_else(|_| panic!("stage"));
+    let info = web.load_target(Some(64), &noop).unwrap_or_else(|_| panic!("load_target"));
+    let info: serde_json::Value = serde_json::from_str(&info).expect("info json");
+    assert_eq!(info["arch"], "llama");
+    web.stage_file("model.gguf", draft_file).unwrap_or_else(|_| panic!("stage draft"));
+    web.load_draft(&noop).unwrap_or_else(|_| panic!("load_draft"));
+
+    let run = |json: &str, cb: js_sys::Function| {
+        let promise = web.generate(json, cb).unwrap_or_else(|_| panic!("generate"));
+        JsFuture::from(promise)
+    };
+    let plain = run(r#"{"prompt":"the cat sat","max_tokens":12,"draft":"none"}"#, noop.clone())
+        .await
+        .unwrap_or_else(|e| panic!("plain: {e:?}"));
+    let spec = run(r#"{"prompt":"the cat sat","max_tokens":12,"draft_k":3}"#, noop.clone())
+        .await
+        .unwrap_or_else(|e| panic!("spec: {e:?}"));
+    let plain: serde_json::Value = serde_json::from_str(&plain.as_string().expect("string")).expect("json");
+    let spec: serde_json::Value = serde_json::from_str(&spec.as_string().expect("string")).expect("json");
+    assert_eq!(plain["tokens"].as_array().map(Vec::len), Some(12));
+    assert_eq!(spec["tokens"], plain["tokens"], "facade: speculative != greedy");
+    assert_eq!(spec["stats"]["draft"], "model");
+
+    // A callback returning false after 3 tokens stops the generation.
+    let make = js_sys::Function::new_no_args("let n = 0; return (id, text, fromDraft) => ++n < 3;");
+    let stop_after_3: js_sys::Function =
+        make.call0(&wasm_bindgen::JsValue::NULL).expect("make").dyn_into().expect("a function");
+    let stopped = run(r#"{"prompt":"the cat sat","max_tokens":12}"#, stop_after_3).await.expect("stopped");
+    let stopped: serde_json::Value =
+        serde_json::from_str(&stopped.as_string().expect("string")).expect("json");
+    assert_eq!(stopped["finish_reason"], "cancelled");
+    assert_eq!(stopped["tokens"].as_array().map(Vec::len), Some(3));
+
+    // Malformed requests reject with a message naming the problem.
+    let err = web.generate(r#"{"prompt":"x","max_tokenz":3}"#, noop.clone()).expect_err("unknown field");
+    let msg = wasm_bindgen::JsValue::from(err).dyn_into::<js_sys::Error>().expect("Error").message();
+    assert!(String::from(msg).contains("max_tokenz"), "message names the field");
+    let err = web.stage_file("weights.bin", vec![1, 2, 3]).expect_err("unknown file name");
+    let msg = wasm_bindgen::JsValue::from(err).dyn_into::<js_sys::Error>().expect("Error").message();
+    assert!(String::from(msg).contains("weights.bin"));
+    // A truncated GGUF file: a thrown error, the engine still usable afterwards.
+    web.stage_file("model.gguf", target_file[..target_file.len() / 2].to_vec()).expect("stage");
+    assert!(web.load_target(Some(64), &noop).is_err(), "a truncated file must be refused");
+    drop(web); // frees GPU memory (JS: engine.free())
+}

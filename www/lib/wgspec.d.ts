@@ -1,0 +1,203 @@
+// Type declarations for wgspec's browser API (wgspec.js).
+
+/** A chat message. */
+export interface ChatMessage {
+  role: "system" | "user" | "assistant" | (string & {});
+  content: string;
+}
+
+/** A loading progress event. */
+export interface ProgressEvent {
+  model: "target" | "draft";
+  /** download: bytes from the network; cache: bytes from the Cache API; upload: tensors to the GPU. */
+  phase: "download" | "cache" | "upload" | "ready";
+  /** The file being read (download/cache), else null. */
+  file: string | null;
+  loaded: number;
+  /** null while a download's size is unknown. */
+  total: number | null;
+}
+
+export interface LoadOptions {
+  /** URL of a .gguf file, or of a Hugging Face folder ending with "/". */
+  target: string | URL;
+  /** A draft model URL (same tokenizer as the target), or "ngram" for prompt-lookup drafts. */
+  draft?: string | URL;
+  /** KV cache positions. */
+  context?: number;
+  onProgress?: (event: ProgressEvent) => void;
+  /** A Worker to use, or the URL of worker.js (default: worker.js next to wgspec.js). */
+  worker?: Worker | string | URL;
+  /** Keep downloaded files in the Cache API (default true). */
+  cache?: boolean;
+}
+
+/** Information about a loaded model. */
+export interface ModelInfo {
+  arch: string;
+  layers: number;
+  dim: number;
+  vocab: number;
+  context: number;
+  params: number;
+  file_bytes: number;
+  chat_template: boolean;
+}
+
+export type DraftKind = "model" | "ngram" | "none";
+
+export interface GenerateOptions {
+  /** Default 128. */
+  maxTokens?: number;
+  /** 0 (the default) is greedy. */
+  temperature?: number;
+  topK?: number;
+  topP?: number;
+  seed?: number;
+  stop?: string | string[];
+  /** Default: the draft given to load(), else "none". */
+  draft?: DraftKind;
+  /** A fixed K, or null/undefined for adaptive K. */
+  draftK?: number | null;
+  /** Default 16. */
+  maxDraftK?: number;
+  /** Aborts this generation (finish_reason "cancelled"). */
+  signal?: AbortSignal;
+}
+
+/** One committed token. */
+export interface TokenEvent {
+  /** The token id; null for a final flush of text the detokenizer held back (no new token). */
+  token: number | null;
+  /** The decoded text this token adds (may be empty while a UTF-8 sequence is incomplete). */
+  text: string;
+  /** Proposed by the draft and accepted; false for the target's own token ending a verify step. */
+  fromDraft: boolean;
+}
+
+export interface GenerationStats {
+  prompt_tokens: number;
+  generated_tokens: number;
+  target_forwards: number;
+  prefill_seconds: number;
+  decode_seconds: number;
+  tokens_per_second: number;
+  /** The following are present when speculating. */
+  draft?: string;
+  verify_forwards?: number;
+  draft_steps?: number;
+  drafted?: number;
+  accepted?: number;
+  acceptance_rate?: number;
+  acceptance_by_position?: number[];
+  tokens_per_target_forward?: number;
+  mean_k?: number;
+  draft_seconds?: number;
+  verify_seconds?: number;
+  [key: string]: unknown;
+}
+
+export interface GenerationResult {
+  /** The prompt's token ids (their count is stats.prompt_tokens). */
+  prompt_tokens: number[];
+  tokens: number[];
+  from_draft: boolean[];
+  text: string;
+  finish_reason: "stop" | "length" | "cancelled";
+  stats: GenerationStats;
+}
+
+export interface ChatCompletionParams {
+  messages: ChatMessage[];
+  stream?: boolean;
+  max_tokens?: number;
+  temperature?: number;
+  top_p?: number;
+  top_k?: number;
+  seed?: number;
+  stop?: string | string[];
+  draft?: DraftKind;
+  draft_k?: number | null;
+  max_draft_k?: number;
+  signal?: AbortSignal;
+  /** Ignored (the loaded model answers). */
+  model?: string;
+}
+
+export interface ChatCompletion {
+  id: string;
+  object: "chat.completion";
+  created: number;
+  model: string;
+  choices: Array<{
+    index: 0;
+    message: { role: "assistant"; content: string };
+    finish_reason: GenerationResult["finish_reason"];
+  }>;
+  usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+  wgspec: GenerationStats;
+}
+
+export interface ChatCompletionChunk {
+  id: string;
+  object: "chat.completion.chunk";
+  created: number;
+  model: string;
+  choices: Array<{
+    index: 0;
+    delta: { role?: "assistant"; content?: string };
+    /** null until the last chunk. */
+    finish_reason: GenerationResult["finish_reason"] | null;
+  }>;
+  /** from_draft is null on the last chunk, which also carries the stats. */
+  wgspec: { from_draft: boolean | null; stats?: GenerationStats };
+  /** On the last chunk only. */
+  usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+}
+
+export class WgSpec {
+  private constructor();
+  /** Starts a worker, loads the target (and draft) and resolves to a ready instance. */
+  static load(options: LoadOptions): Promise<WgSpec>;
+  /** Deletes the model files kept in the Cache API. */
+  static clearCache(): Promise<boolean>;
+
+  /** The GPU adapter's description. */
+  readonly adapter: string;
+  readonly info: ModelInfo;
+  readonly draftInfo: ModelInfo | null;
+  /** The draft loaded with the model: used when a call names none. */
+  readonly draftKind: "model" | "ngram" | null;
+  /** The target's file or folder name. */
+  readonly model: string;
+  /** The last finished generation's stats. */
+  readonly stats: GenerationStats | null;
+  readonly lastResult: GenerationResult | null;
+
+  /** Yields one event per committed token; the final iterator result is the whole result. */
+  generate(
+    prompt: string | ChatMessage[],
+    opts?: GenerateOptions,
+  ): AsyncGenerator<TokenEvent, GenerationResult, void>;
+  /** Generates to the end, calling onToken per token. */
+  complete(
+    prompt: string | ChatMessage[],
+    opts?: GenerateOptions & { onToken?: (event: TokenEvent) => void },
+  ): Promise<GenerationResult>;
+  /** Renders messages with the model's chat template (generation prompt added). */
+  chatPrompt(messages: ChatMessage[]): Promise<string>;
+
+  readonly chat: {
+    completions: {
+      create(params: ChatCompletionParams & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
+      create(params: ChatCompletionParams & { stream?: false }): Promise<ChatCompletion>;
+    };
+  };
+
+  /** Stops every running or queued generation (finish_reason "cancelled"). */
+  abort(): void;
+  /** Frees GPU memory and terminates the worker. */
+  dispose(): Promise<void>;
+}
+
+export default WgSpec;

@@ -1,0 +1,415 @@
+// wgspec: lossless speculative decoding of LLMs on WebGPU, in the browser.
+//
+// This module runs on the page. The model, the GPU device and the WebAssembly engine live in a
+// module Web Worker (`worker.js`, served next to this file), so downloads, weight uploads and
+// decoding never block the page.
+
+const CACHE_NAME = "wgspec-models-v1";
+
+/**
+ * The page side of the worker protocol (see worker.js): numbered calls, each with a promise and
+ * an optional event handler for its progress/token messages.
+ */
+class WorkerClient {
+  /** @param {Worker} worker */
+  constructor(worker) {
+    this.worker = worker;
+    this.nextId = 1;
+    /** @type {Map<number, {resolve: Function, reject: Function, onEvent?: Function}>} */
+    this.pending = new Map();
+    /** @type {Error|null} set once the worker is unusable; every later call fails with it */
+    this.failure = null;
+    worker.addEventListener("message", (e) => this.onMessage(e.data));
+    worker.addEventListener("error", (e) => {
+      e.preventDefault?.();
+      const detail = e.message ? `: ${e.message}` : "";
+      this.fail(
+        new Error(
+          `the wgspec worker failed${detail} (worker.js, wgspec_core.js and wgspec_core_bg.wasm ` +
+            `must be served next to wgspec.js)`,
+        ),
+      );
+    });
+    worker.addEventListener("messageerror", () =>
+      this.fail(new Error("the wgspec worker sent a message that could not be read")),
+    );
+  }
+
+  /**
+   * Starts a call.
+   * @param {string} type
+   * @param {object} payload
+   * @param {(msg: any) => void} [onEvent] progress and token messages
+   * @returns {{ id: number, promise: Promise<any> }}
+   */
+  call(type, payload = {}, onEvent) {
+    const id = this.nextId++;
+    const promise = new Promise((resolve, reject) => {
+      if (this.failure) {
+        reject(this.failure);
+        return;
+      }
+      this.pending.set(id, { resolve, reject, onEvent });
+      this.worker.postMessage({ ...payload, id, type });
+    });
+    return { id, promise };
+  }
+
+  /** Posts a message that expects no reply (abort). */
+  post(message) {
+    if (!this.failure) this.worker.postMessage(message);
+  }
+
+  onMessage(msg) {
+    if (!msg) return;
+    if (msg.type === "fatal") {
+      this.fail(new Error(msg.message));
+      return;
+    }
+    const call = this.pending.get(msg.id);
+    if (!call) return;
+    if (msg.type === "result") {
+      this.pending.delete(msg.id);
+      call.resolve(msg.value);
+    } else if (msg.type === "error") {
+      this.pending.delete(msg.id);
+      call.reject(new Error(msg.message));
+    } else if (call.onEvent) {
+      try {
+        call.onEvent(msg);
+      } catch (err) {
+        console.error("wgspec: an event handler threw", err);
+      }
+    }
+  }
+
+  /** Rejects every pending call with `error`, and every later one. */
+  fail(error) {
+    this.failure ??= error;
+    for (const call of this.pending.values()) call.reject(error);
+    this.pending.clear();
+  }
+
+  terminate() {
+    this.worker.terminate();
+    this.fail(new Error("this WgSpec instance has been disposed"));
+  }
+}
+
+/** Resolves a model URL against the page's address ("ngram" stays as it is). */
+function resolveUrl(url) {
+  if (url === "ngram") return url;
+  const base = globalThis.document?.baseURI ?? globalThis.location?.href;
+  return new URL(String(url), base).href;
+}
+
+/** A display name for a model URL: its file or folder name. */
+function modelName(url) {
+  const path = new URL(url).pathname.replace(/\/+$/, "");
+  return decodeURIComponent(path.slice(path.lastIndexOf("/") + 1)) || url;
+}
+
+/**
+ * Builds the engine's request object from a prompt (string) or messages (array) and options in
+ * camelCase or snake_case.
+ */
+function buildRequest(prompt, opts, defaultDraft) {
+  let request;
+  if (typeof prompt === "string") request = { prompt };
+  else if (Array.isArray(prompt)) request = { messages: prompt };
+  else throw new TypeError("prompt must be a string or an array of {role, content} messages");
+  const pick = (camel, snake) => (opts[camel] !== undefined ? opts[camel] : opts[snake]);
+  const stop = opts.stop;
+  Object.assign(request, {
+    max_tokens: pick("maxTokens", "max_tokens"),
+    temperature: opts.temperature,
+    top_k: pick("topK", "top_k"),
+    top_p: pick("topP", "top_p"),
+    seed: opts.seed,
+    stop: typeof stop === "string" ? [stop] : stop,
+    draft: opts.draft ?? defaultDraft,
+    draft_k: pick("draftK", "draft_k"),
+    max_draft_k: pick("maxDraftK", "max_draft_k"),
+  });
+  for (const key of Object.keys(request)) {
+    if (request[key] === undefined) delete request[key];
+  }
+  return request;
+}
+
+/** The number of prompt tokens of a result (`prompt_tokens` holds the ids; stats the count). */
+function promptTokenCount(result) {
+  const p = result.prompt_tokens;
+  return Array.isArray(p) ? p.length : (p ?? result.stats?.prompt_tokens ?? 0);
+}
+
+/**
+ * A loaded model (and optional draft) running in a Web Worker.
+ *
+ * Create one with {@link WgSpec.load}; generate with {@link WgSpec#generate},
+ * {@link WgSpec#complete} or `chat.completions.create`; free it with {@link WgSpec#dispose}.
+ */
+export class WgSpec {
+  /** @private Use WgSpec.load. */
+  constructor(client, loaded, model) {
+    /** @private */
+    this._client = client;
+    /** @private ids of the generations that have not finished */
+    this._active = new Set();
+    /** The GPU adapter's description. @type {string} */
+    this.adapter = loaded.adapter;
+    /** The target model: {arch, layers, dim, vocab, context, params, file_bytes, chat_template}. */
+    this.info = loaded.info;
+    /** The draft model's info when a draft model is loaded, else null. */
+    this.draftInfo = loaded.draftInfo;
+    /** "model", "ngram" or null: the draft used when a call does not name one. */
+    this.draftKind = loaded.draftKind;
+    /** The target's file or folder name (the `model` field of chat completions). */
+    this.model = model;
+    /** The stats of the last finished generation. @type {object|null} */
+    this.stats = null;
+    /** The last finished generation's whole result. @type {object|null} */
+    this.lastResult = null;
+    /** OpenAI-style chat completions. */
+    this.chat = { completions: { create: (params) => this._chatCompletion(params) } };
+  }
+
+  /**
+   * Starts a worker, downloads (or reads from the browser cache) the target model and the draft,
+   * uploads them to the GPU and resolves to a ready instance.
+   *
+   * @param {object} options
+   * @param {string|URL} options.target URL of a .gguf file, or of a Hugging Face folder ending
+   *   with "/" (config.json, tokenizer.json, optional tokenizer_config.json, model.safetensors or
+   *   model.safetensors.index.json and its shards).
+   * @param {string|URL} [options.draft] a draft model URL of the same kinds (same tokenizer as
+   *   the target), or "ngram" for prompt-lookup drafts; none by default.
+   * @param {number} [options.context] KV cache positions (default: the engine's choice).
+   * @param {(event: {model: "target"|"draft", phase: "download"|"cache"|"upload"|"ready",
+   *   file: string|null, loaded: number, total: number|null}) => void} [options.onProgress]
+   *   bytes for download/cache (total null when unknown), tensors for upload.
+   * @param {Worker|string|URL} [options.worker] a Worker to use, or the URL of worker.js (default:
+   *   worker.js next to this module).
+   * @param {boolean} [options.cache=true] keep downloaded files in the Cache API
+   *   ("wgspec-models-v1") and read them from there next time.
+   * @returns {Promise<WgSpec>} rejects with the worker's message on any failure.
+   */
+  static async load({ target, draft, context, onProgress, worker, cache = true } = {}) {
+    if (!target) throw new TypeError("WgSpec.load: `target` (a model URL) is required");
+    const targetUrl = resolveUrl(target);
+    const draftUrl = draft ? resolveUrl(draft) : undefined;
+    let w = worker;
+    if (!(typeof Worker !== "undefined" && w instanceof Worker)) {
+      const url = w ? new URL(String(w), globalThis.location?.href) : new URL("./worker.js", import.meta.url);
+      w = new Worker(url, { type: "module" });
+    }
+    const client = new WorkerClient(w);
+    const onEvent = (msg) => {
+      if (msg.type === "progress" && onProgress) onProgress(msg.event);
+    };
+    try {
+      const { promise } = client.call(
+        "load",
+        { target: targetUrl, draft: draftUrl, context, cache },
+        onEvent,
+      );
+      const loaded = await promise;
+      return new WgSpec(client, loaded, modelName(targetUrl));
+    } catch (err) {
+      client.terminate();
+      throw err;
+    }
+  }
+
+  /**
+   * Deletes the model files kept in the browser's Cache API.
+   * @returns {Promise<boolean>} whether there was a cache to delete.
+   */
+  static async clearCache() {
+    return globalThis.caches ? caches.delete(CACHE_NAME) : false;
+  }
+
+  /**
+   * Generates from a prompt, yielding one event per committed token (and, at the end, possibly
+ * one with `token: null` carrying text the detokenizer held back). The iterator's final
+   * result (and `this.stats`, `this.lastResult`) is the engine's result object. Leaving the loop
+   * early (break) aborts the generation.
+   *
+   * @param {string|Array<{role: string, content: string}>} prompt raw text, or chat messages
+   *   (rendered with the model's chat template).
+   * @param {GenerateOptions} [opts]
+   * @returns {AsyncGenerator<{token: number|null, text: string, fromDraft: boolean}, object, void>}
+   *
+   * @typedef {object} GenerateOptions
+   * @property {number} [maxTokens=128]
+   * @property {number} [temperature=0] 0 = greedy
+   * @property {number} [topK]
+   * @property {number} [topP]
+   * @property {number} [seed]
+   * @property {string|string[]} [stop]
+   * @property {"model"|"ngram"|"none"} [draft] default: the draft given to load, else "none"
+   * @property {number|null} [draftK] fixed K, or null/undefined for adaptive K
+   * @property {number} [maxDraftK=16]
+   * @property {AbortSignal} [signal] aborts this generation (finish_reason "cancelled")
+   */
+  async *generate(prompt, opts = {}) {
+    const request = buildRequest(prompt, opts, this.draftKind === "ngram" ? "ngram" : undefined);
+    const queue = [];
+    let wake = null;
+    let settled = false;
+    const { signal } = opts;
+    const payload = { request, aborted: Boolean(signal?.aborted) };
+    const { id, promise } = this._client.call("generate", payload, (msg) => {
+      if (msg.type !== "token") return;
+      queue.push({ token: msg.token, text: msg.text, fromDraft: msg.fromDraft });
+      wake?.();
+    });
+    this._active.add(id);
+    const finish = () => {
+      settled = true;
+      this._active.delete(id);
+      wake?.();
+    };
+    promise.then(finish, finish);
+
+    const onAbort = () => this._abortIds([id]);
+    signal?.addEventListener("abort", onAbort, { once: true });
+    try {
+      for (;;) {
+        if (queue.length > 0) {
+          yield queue.shift();
+        } else if (settled) {
+          break;
+        } else {
+          await new Promise((resolve) => (wake = resolve));
+          wake = null;
+        }
+      }
+      const result = await promise;
+      this.lastResult = result;
+      this.stats = result.stats;
+      return result;
+    } finally {
+      signal?.removeEventListener("abort", onAbort);
+      if (!settled) this._abortIds([id]); // the consumer left the loop early
+    }
+  }
+
+  /**
+   * Generates to the end and resolves to the engine's result object
+   * (`{prompt_tokens, tokens, from_draft, text, finish_reason, stats}`).
+   *
+   * @param {string|Array<{role: string, content: string}>} prompt
+   * @param {GenerateOptions & {onToken?: (event: {token: number|null, text: string,
+   *   fromDraft: boolean}) => void}} [opts]
+   * @returns {Promise<object>}
+   */
+  async complete(prompt, opts = {}) {
+    const iterator = this.generate(prompt, opts);
+    for (;;) {
+      const { done, value } = await iterator.next();
+      if (done) return value;
+      opts.onToken?.(value);
+    }
+  }
+
+  /**
+   * Renders chat messages with the target's chat template (generation prompt added).
+   * @param {Array<{role: string, content: string}>} messages
+   * @returns {Promise<string>} rejects when the model has no chat template.
+   */
+  chatPrompt(messages) {
+    return this._client.call("chatPrompt", { messages }).promise;
+  }
+
+  /** Stops every running or queued generation; each finishes with finish_reason "cancelled". */
+  abort() {
+    this._abortIds([...this._active]);
+  }
+
+  /**
+   * Frees the GPU memory and terminates the worker. Pending calls reject; the instance is
+   * unusable afterwards.
+   * @returns {Promise<void>}
+   */
+  async dispose() {
+    if (this._client.failure) {
+      this._client.terminate();
+      return;
+    }
+    this.abort();
+    const { promise } = this._client.call("dispose");
+    const timeout = new Promise((resolve) => setTimeout(resolve, 5000));
+    await Promise.race([promise.catch(() => {}), timeout]);
+    this._client.terminate();
+  }
+
+  /** @private */
+  _abortIds(ids) {
+    if (ids.length > 0) this._client.post({ type: "abort", ids });
+  }
+
+  /** @private OpenAI-style chat.completions.create. */
+  async _chatCompletion(params = {}) {
+    const { messages, stream = false } = params;
+    if (!Array.isArray(messages)) throw new TypeError("chat.completions.create: `messages` must be an array");
+    const id = `chatcmpl-${Math.random().toString(36).slice(2, 14)}`;
+    const created = Math.floor(Date.now() / 1000);
+    const model = this.model;
+    const usage = (result) => {
+      const prompt = promptTokenCount(result);
+      return { prompt_tokens: prompt, completion_tokens: result.tokens.length, total_tokens: prompt + result.tokens.length };
+    };
+
+    if (!stream) {
+      const result = await this.complete(messages, params);
+      return {
+        id,
+        object: "chat.completion",
+        created,
+        model,
+        choices: [
+          {
+            index: 0,
+            message: { role: "assistant", content: result.text },
+            finish_reason: result.finish_reason,
+          },
+        ],
+        usage: usage(result),
+        wgspec: result.stats,
+      };
+    }
+
+    const self = this;
+    const chunk = (delta, finishReason, wgspec) => ({
+      id,
+      object: "chat.completion.chunk",
+      created,
+      model,
+      choices: [{ index: 0, delta, finish_reason: finishReason }],
+      wgspec,
+    });
+    return (async function* chunks() {
+      const iterator = self.generate(messages, params);
+      let first = true;
+      try {
+        for (;;) {
+          const { done, value } = await iterator.next();
+          if (done) {
+            const last = chunk({}, value.finish_reason, { from_draft: null, stats: value.stats });
+            last.usage = usage(value);
+            yield last;
+            return;
+          }
+          const delta = first ? { role: "assistant", content: value.text } : { content: value.text };
+          first = false;
+          yield chunk(delta, null, { from_draft: value.fromDraft });
+        }
+      } finally {
+        await iterator.return(undefined); // aborts the generation when the consumer stops early
+      }
+    })();
+  }
+}
+
+export default WgSpec;
