@@ -103,6 +103,9 @@ case "${1:-}" in
     setup
     cargo build --release --bin wgspec
     for m in smollm2-135m ${DEMO_MODELS:-}; do ./target/release/wgspec fetch "$m" >/dev/null; done
+    log "native: SmolLM2-135M with n-gram drafts"
+    ./target/release/wgspec generate --model smollm2-135m --draft ngram --max-tokens "${MAX_TOKENS:-48}" \
+      --prompt "${PROMPT:-The three most useful things to know about speculative decoding are}"
     wasm
     log "demo: open http://127.0.0.1:${PORT:-8080} in a browser with WebGPU (Ctrl-C stops)"
     ./target/release/wgspec web --port "${PORT:-8080}"
