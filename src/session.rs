@@ -37,7 +37,9 @@ pub struct Stats {
     pub target_forwards: usize,
     pub prefill_seconds: f64,
     pub decode_seconds: f64,
-    /// Generated tokens per second of decoding (prefill excluded).
+    /// Generated tokens per second of decoding: generated tokens / `decode_seconds`. Prefill
+    /// covers the prompt but its last token, whose step yields the first generated token (the
+    /// speculative loop counts the same way, so the two rates compare directly).
     pub tokens_per_second: f64,
 }
 
@@ -70,22 +72,22 @@ pub async fn generate(
     let mut stats = Stats { prompt_tokens: prompt.len(), ..Stats::default() };
     let t0 = Instant::now();
 
-    // Prefill in chunks of MAX_BATCH; only the last chunk's last row matters.
-    let mut next = 0u32;
+    // Prefill all but the last prompt token in chunks of MAX_BATCH (as the speculative loop does,
+    // so that both count the same passes as decoding): every generated token then comes out of
+    // a decode step, the first one from the step over the last prompt token.
     let mut pos = 0;
-    for chunk in prompt.chunks(MAX_BATCH) {
-        let last = pos + chunk.len() == prompt.len();
-        if last {
-            next = step(model, chunk, pos, greedy, &opts.sampling, &mut rng).await?;
-        } else {
-            model.forward_argmax(chunk, pos).await?;
-        }
+    let (&last, head) = prompt.split_last().ok_or_else(|| Error::InvalidArgument("empty prompt".into()))?;
+    for chunk in head.chunks(MAX_BATCH) {
+        model.forward_argmax(chunk, pos).await?;
         stats.target_forwards += 1;
         pos += chunk.len();
     }
     stats.prefill_seconds = t0.elapsed().as_secs_f64();
 
     let t1 = Instant::now();
+    let mut next = step(model, &[last], pos, greedy, &opts.sampling, &mut rng).await?;
+    stats.target_forwards += 1;
+    pos += 1;
     let mut tokens = Vec::new();
     let finish = loop {
         if tokens.len() >= opts.max_tokens {
