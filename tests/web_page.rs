@@ -27,3 +27,8 @@ async fn greedy_speculation_equals_greedy() {
 async fn facade_generates_like_the_engine() {
     web::facade_generates_like_the_engine().await;
 }
+
+#[wasm_bindgen_test]
+async fn facade_loads_a_hugging_face_folder() {
+    web::facade_loads_a_hugging_face_folder().await;
+}

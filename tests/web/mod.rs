@@ -261,3 +261,43 @@ pub async fn facade_generates_like_the_engine() {
     assert!(web.load_target(Some(64), &noop).is_err(), "a truncated file must be refused");
     drop(web); // frees GPU memory (JS: engine.free())
 }
+
+/// The facade loads a Hugging Face folder (config.json, tokenizer.json, tokenizer_config.json,
+/// *.safetensors) as well as a GGUF file: the same tiny model both ways gives the same greedy text.
+pub async fn facade_loads_a_hugging_face_folder() {
+    let mut r = rng(301);
+    let tiny = TinyModel::random(TinySpec::qwen2(), &mut r);
+    let gguf = tiny.to_gguf(DType::F32, &mut r);
+    let (config, weights) = tiny.to_safetensors(DType::F32);
+    // tokenizer.json: the GGUF vocabulary serialised by the tokenizers crate.
+    let tokenizer_json = open(gguf.clone()).tokenizer.inner().to_string(false).expect("tokenizer.json");
+    let noop = js_sys::Function::new_no_args("");
+    let request = r#"{"prompt":"the cat sat","max_tokens":10,"draft":"ngram"}"#;
+    let mut outputs = Vec::new();
+    for hf in [false, true] {
+        let mut web = WebEngine::create().await.unwrap_or_else(|_| panic!("WebEngine::create"));
+        let stage = |web: &mut WebEngine, name: &str, bytes: Vec<u8>| {
+            web.stage_file(name, bytes).unwrap_or_else(|_| panic!("stage {name}"));
+        };
+        if hf {
+            stage(&mut web, "config.json", config.clone());
+            stage(&mut web, "tokenizer.json", tokenizer_json.clone().into_bytes());
+            let template = br#"{"chat_template": "{% for m in messages %}{{ m.content }}{% endfor %}"}"#;
+            stage(&mut web, "tokenizer_config.json", template.to_vec());
+            stage(&mut web, "model.safetensors", weights.clone());
+        } else {
+            stage(&mut web, "model.gguf", gguf.clone());
+        }
+        let info = web.load_target(Some(64), &noop).unwrap_or_else(|_| panic!("load_target hf={hf}"));
+        let info: serde_json::Value = serde_json::from_str(&info).expect("info json");
+        assert_eq!(info["arch"], "qwen2");
+        assert_eq!(info["chat_template"], hf, "only the folder brings a template here");
+        let out = JsFuture::from(web.generate(request, noop.clone()).unwrap_or_else(|_| panic!("generate")))
+            .await
+            .unwrap_or_else(|e| panic!("generate hf={hf}: {e:?}"));
+        let out: serde_json::Value = serde_json::from_str(&out.as_string().expect("string")).expect("json");
+        assert_eq!(out["tokens"].as_array().map(Vec::len), Some(10));
+        outputs.push(out["tokens"].clone());
+    }
+    assert_eq!(outputs[0], outputs[1], "GGUF and safetensors of one model generate alike");
+}
