@@ -80,7 +80,7 @@ impl Request {
             max_tokens,
             temperature: 0.0,
             top_k: 0,
-            top_p: 1.0,
+            top_p: default_top_p(),
             seed: 0,
             stop: Vec::new(),
             draft: None,
@@ -163,7 +163,11 @@ impl<'a> StopFilter<'a> {
     fn push(&mut self, piece: &str) -> String {
         self.text.push_str(piece);
         let stops = self.stops.iter().filter(|s| !s.is_empty());
-        if let Some(i) = stops.clone().filter_map(|s| self.text.find(s.as_str())).min() {
+        // A stop string can only begin in the unreleased part: released text never ends with the
+        // start of one, so searching from `released` finds every new occurrence.
+        let (released, unreleased) = (self.released, &self.text[self.released..]);
+        if let Some(i) = stops.clone().filter_map(|s| unreleased.find(s.as_str()).map(|i| released + i)).min()
+        {
             self.hit = Some(i);
             return self.release(i);
         }
@@ -210,7 +214,7 @@ impl Engine {
     pub fn set_draft(&mut self, draft: Option<(Model, &Tokenizer)>) -> Result<()> {
         self.draft = match draft {
             Some((model, tokenizer)) => {
-                spec::check_tokenizers(&self.tokenizer, tokenizer)?;
+                spec::check_draft((&self.target.config, &self.tokenizer), (&model.config, tokenizer))?;
                 Some(DraftModel::new(model, &self.target.config)?)
             }
             None => None,

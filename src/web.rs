@@ -127,8 +127,8 @@ impl WebEngine {
         let files = std::mem::take(&mut self.staged);
         let opened = files.open().map_err(js_err)?;
         // Refuse a foreign vocabulary before spending time on the upload.
-        spec::check_vocab(&engine.target().config, &opened.checkpoint.config).map_err(js_err)?;
-        spec::check_tokenizers(engine.tokenizer(), &opened.tokenizer).map_err(js_err)?;
+        let draft = (&opened.checkpoint.config, &opened.tokenizer);
+        spec::check_draft((&engine.target().config, engine.tokenizer()), draft).map_err(js_err)?;
         let opts = LoadOptions { context: Some(engine.target().context()), ..Default::default() };
         let model = Model::load(self.gpu.clone(), &opened.checkpoint, &opts, &mut progress_to(on_progress))
             .map_err(js_err)?;

@@ -2,33 +2,9 @@
 //! --test web_page` (build.sh sets up wasm-bindgen-test-runner, chromedriver and webdriver.json).
 #![cfg(target_arch = "wasm32")]
 
+#[macro_use]
 mod web;
 
-use wasm_bindgen_test::{wasm_bindgen_test, wasm_bindgen_test_configure};
+wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
-wasm_bindgen_test_configure!(run_in_browser);
-
-#[wasm_bindgen_test]
-async fn matmul_matches_reference() {
-    web::matmul_matches_reference().await;
-}
-
-#[wasm_bindgen_test]
-async fn tiny_models_match_reference() {
-    web::tiny_models_match_reference().await;
-}
-
-#[wasm_bindgen_test]
-async fn greedy_speculation_equals_greedy() {
-    web::greedy_speculation_equals_greedy().await;
-}
-
-#[wasm_bindgen_test]
-async fn facade_generates_like_the_engine() {
-    web::facade_generates_like_the_engine().await;
-}
-
-#[wasm_bindgen_test]
-async fn facade_loads_a_hugging_face_folder() {
-    web::facade_loads_a_hugging_face_folder().await;
-}
+all_browser_tests!();

@@ -47,7 +47,8 @@ pub fn serve_demo(port: u16, roots: DemoRoots, ready: impl FnOnce(u16)) -> Resul
 }
 
 fn handle(mut stream: TcpStream, roots: &DemoRoots) -> io::Result<()> {
-    let req = match read_request(&mut stream) {
+    // Buffered: the head is read byte by byte up to its blank line (no body is read).
+    let req = match read_request(&mut io::BufReader::new(&stream)) {
         Ok(r) => r,
         Err(e) => return http::respond(&mut stream, 400, "text/plain", e.to_string().as_bytes(), false),
     };

@@ -88,6 +88,13 @@ pub fn check_tokenizers(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
     Ok(())
 }
 
+/// Checks a draft model against its target, both as (config, tokenizer): the same vocabulary
+/// size and the same tokenizer entries. Front ends call it before uploading the draft's weights.
+pub fn check_draft(target: (&Config, &Tokenizer), draft: (&Config, &Tokenizer)) -> Result<()> {
+    check_vocab(target.0, draft.0)?;
+    check_tokenizers(target.1, draft.1)
+}
+
 /// A smaller model as the draft. It keeps the tokens its KV cache holds (`fed`); each proposal
 /// rolls the cache back to the longest prefix shared with the new context (the rejected drafts
 /// go), catches up on the tokens it has not seen in the same pass as its first draft step, then

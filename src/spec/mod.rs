@@ -14,7 +14,7 @@ pub mod generate;
 pub mod schedule;
 pub mod verify;
 
-pub use draft::{check_tokenizers, check_vocab, Draft, DraftModel, NGram, Proposal};
+pub use draft::{check_draft, check_tokenizers, check_vocab, Draft, DraftModel, NGram, Proposal};
 pub use generate::{generate, SpecGeneration, SpecStats};
 pub use schedule::{KPolicy, Schedule};
 pub use verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};

@@ -301,3 +301,26 @@ pub async fn facade_loads_a_hugging_face_folder() {
     }
     assert_eq!(outputs[0], outputs[1], "GGUF and safetensors of one model generate alike");
 }
+
+/// Declares every check above as a wasm-bindgen test, once per harness (`tests/web_page.rs`,
+/// `tests/web_worker.rs`), which differ only in where the tests run.
+macro_rules! browser_tests {
+    ($($name:ident),* $(,)?) => {$(
+        #[wasm_bindgen_test::wasm_bindgen_test]
+        async fn $name() {
+            web::$name().await;
+        }
+    )*};
+}
+
+macro_rules! all_browser_tests {
+    () => {
+        browser_tests!(
+            matmul_matches_reference,
+            tiny_models_match_reference,
+            greedy_speculation_equals_greedy,
+            facade_generates_like_the_engine,
+            facade_loads_a_hugging_face_folder,
+        );
+    };
+}

@@ -203,8 +203,10 @@ fn load(
     let path: PathBuf = fetch::resolve_model(arg)?;
     let opened = wgspec::local::open(&path)?;
     if let Some((target, target_tokenizer)) = draft_of {
-        spec::check_vocab(&target.config, &opened.checkpoint.config)?;
-        spec::check_tokenizers(target_tokenizer, &opened.tokenizer)?;
+        spec::check_draft(
+            (&target.config, target_tokenizer),
+            (&opened.checkpoint.config, &opened.tokenizer),
+        )?;
     }
     let mut shown = 0;
     let model = Model::load(gpu.clone(), &opened.checkpoint, opts, &mut |p| {
