@@ -4,12 +4,10 @@
 mod common;
 mod reference;
 
-use common::{assert_close, gpu, rand_vec, read_f32, read_u32, rng};
-use half::f16;
-use wgspec::gpu::{
-    transpose_for_matmul as tr, AttentionShape, Gpu, GpuBuffer, MatmulOut, Op, PackedF16, RopeLayout,
-    WeightsRef,
-};
+use common::{assert_close, gpu, rand_vec, read_f32, read_u32, rng, tiny};
+use rand::rngs::SmallRng;
+use wgspec::gpu::{AttentionShape, Gpu, GpuBuffer, MatmulOut, Op, RopeLayout, WeightBuffer, WeightFormat};
+use wgspec::loader::{quant, DType};
 
 /// f32 dot products of length k: error bound relative to the magnitude of the terms.
 const MATMUL_REL: f32 = 2e-6;
@@ -24,10 +22,21 @@ fn run(gpu: &Gpu, step: &wgpu::Buffer, ops: &[Op], n: usize, start_pos: usize) {
     gpu.submit(enc);
 }
 
-fn f16_round(v: &[f32]) -> (Vec<f16>, Vec<f32>) {
-    let h: Vec<f16> = v.iter().map(|x| f16::from_f32(*x)).collect();
-    let f = h.iter().map(|x| x.to_f32()).collect();
-    (h, f)
+/// Random weights `[cols, k]` stored as `dtype`: the stored bytes and the exact values they hold
+/// (dequantised on the CPU by the loader, the reference for the kernels' own dequantisation).
+fn random_weights(rng: &mut SmallRng, dtype: DType, cols: usize, k: usize) -> (Vec<u8>, Vec<f32>) {
+    let bytes = match dtype {
+        DType::F32 => tiny::f32_bytes(&rand_vec(rng, cols * k, 0.5)),
+        DType::F16 => tiny::f16_bytes(&rand_vec(rng, cols * k, 0.5)),
+        DType::BF16 => tiny::bf16_bytes(&rand_vec(rng, cols * k, 0.5)),
+        q => tiny::random_blocks(q, cols * k, rng),
+    };
+    let values = quant::dequantize(dtype, &bytes, cols * k).expect("dequantize");
+    (bytes, values)
+}
+
+fn upload(gpu: &Gpu, dtype: DType, bytes: &[u8], cols: usize, k: usize) -> WeightBuffer {
+    WeightBuffer::from_blocks(gpu, "w", dtype, bytes, cols, k).expect("weights")
 }
 
 /// Reference matmul with a bound on the rounding error of each output.
@@ -52,51 +61,94 @@ fn ref_matmul(
     (y, bound)
 }
 
+#[allow(clippy::too_many_arguments)]
+fn check_matmul(
+    what: &str,
+    y: &[f32],
+    ldy: usize,
+    off: usize,
+    want: &[f32],
+    bound: &[f32],
+    n: usize,
+    cols: usize,
+) {
+    for r in 0..n {
+        assert_eq!(y[r * ldy], 0.0, "{what}: column before the chunk was written");
+        for c in 0..cols {
+            let (g, e) = (y[r * ldy + off + c], want[r * cols + c]);
+            assert!((g - e).abs() <= bound[r * cols + c], "{what} [{r},{c}]: {g} vs {e}");
+        }
+    }
+}
+
 #[test]
-fn matmul_matches_reference_f32_and_f16() {
+fn matmul_matches_reference_for_every_weight_format() {
+    // Every stored type, dequantised inside the kernel, against the CPU dequantisation + f64 sums;
+    // 1..=16 rows (two row groups), column counts that are no multiple of the tile, bias or not.
     let gpu = gpu();
     let step = gpu.step_buffer();
     let mut rng = rng(1);
-    // (10, 8960, 9): a row loop inside one thread would run 89,600 iterations, which lavapipe
-    // corrupted past 65,536 (Qwen2.5-1.5B's ffn width).
-    for &(n, k, cols) in &[(1, 4, 1), (3, 64, 63), (5, 100, 65), (32, 260, 130), (7, 576, 200), (10, 8960, 9)]
-    {
-        for f16_weights in [false, true] {
+    for dtype in DType::ALL {
+        let block = dtype.block_len().max(32);
+        for &(n, k, cols) in &[(1, block, 1), (3, 2 * block, 13), (16, 3 * block, 37), (9, block * 6, 6)] {
             for with_bias in [false, true] {
+                let what = format!("matmul {dtype} n={n} k={k} cols={cols} bias={with_bias}");
                 let x = rand_vec(&mut rng, n * k, 1.0);
-                let w = rand_vec(&mut rng, cols * k, 0.5);
-                let (w_h, w_used) = if f16_weights { f16_round(&w) } else { (Vec::new(), w.clone()) };
+                let (bytes, w) = random_weights(&mut rng, dtype, cols, k);
                 let bias = rand_vec(&mut rng, cols, 0.3);
                 let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-                let wb32 = GpuBuffer::<f32>::from_slice(&gpu, "w", &tr(&w, cols, k));
-                let wb16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "w16", &tr(&w_h, cols, k));
+                let wb = upload(&gpu, dtype, &bytes, cols, k);
+                assert_eq!(wb.format, WeightFormat::of(dtype), "{what}: kept in its stored format");
                 let bb = GpuBuffer::<f32>::from_slice(&gpu, "b", &bias);
                 // Write into the middle columns of a wider output, as a chunk of a split matrix does.
                 let (ldy, off) = (cols + 3, 2usize);
                 let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * ldy);
-                let weights = if f16_weights { WeightsRef::F16(&wb16) } else { WeightsRef::F32(&wb32) };
-                let out = MatmulOut { ldy: ldy as u32, col_offset: off as u32, at_start_pos: false };
-                let op = gpu.matmul(&step, &xb, weights, with_bias.then_some(&bb), &yb, k, cols, out);
+                let out = MatmulOut { ldy: ldy as u32, col_offset: off as u32, ..Default::default() };
+                let op = gpu.matmul(&step, &xb, &wb, with_bias.then_some(&bb), &yb, out);
                 run(&gpu, &step, &[op], n, 0);
                 let y = read_f32(&gpu, &yb.raw, n * ldy);
-                let (want, bound) = ref_matmul(&x, &w_used, with_bias.then_some(&bias[..]), n, k, cols);
-                for r in 0..n {
-                    assert_eq!(y[r * ldy], 0.0, "column before the chunk was written");
-                    for c in 0..cols {
-                        let (g, e) = (y[r * ldy + off + c], want[r * cols + c]);
-                        assert!(
-                            (g - e).abs() <= bound[r * cols + c],
-                            "matmul n={n} k={k} cols={cols} f16={f16_weights} bias={with_bias} [{r},{c}]: {g} vs {e}"
-                        );
-                    }
-                }
+                let (want, bound) = ref_matmul(&x, &w, with_bias.then_some(&bias[..]), n, k, cols);
+                check_matmul(&what, &y, ldy, off, &want, &bound, n, cols);
             }
         }
     }
 }
 
 #[test]
-fn matmul_writes_kv_rows_at_start_pos() {
+fn matmul_matches_reference_for_float_rows_of_any_length() {
+    // k that is no multiple of 32 (rows padded with zeros on the GPU), and k = 8960 over 10 rows:
+    // Qwen2.5-1.5B's ffn width, where a thread looping over every row once corrupted lavapipe.
+    let gpu = gpu();
+    let step = gpu.step_buffer();
+    let mut rng = rng(11);
+    for &(n, k, cols) in &[(1, 4, 1), (3, 68, 63), (5, 100, 65), (32, 260, 130), (10, 8960, 9)] {
+        for dtype in [DType::F32, DType::F16, DType::BF16] {
+            let what = format!("matmul {dtype} n={n} k={k} cols={cols}");
+            let x = rand_vec(&mut rng, n * k, 1.0);
+            let (bytes, w) = random_weights(&mut rng, dtype, cols, k);
+            let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+            let wb = upload(&gpu, dtype, &bytes, cols, k);
+            let (ldy, off) = (cols + 1, 1usize);
+            let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * ldy);
+            let out = MatmulOut { ldy: ldy as u32, col_offset: off as u32, ..Default::default() };
+            run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, None, &yb, out)], n, 0);
+            let y = read_f32(&gpu, &yb.raw, n * ldy);
+            let (want, bound) = ref_matmul(&x, &w, None, n, k, cols);
+            check_matmul(&what, &y, ldy, off, &want, &bound, n, cols);
+        }
+    }
+}
+
+#[test]
+fn matmul_rejects_rows_the_kernels_cannot_read() {
+    let gpu = gpu();
+    assert!(WeightBuffer::from_f32(&gpu, "w", &[0.0; 6], 2, 3).is_err(), "k = 3 is no multiple of 4");
+    assert!(WeightBuffer::from_blocks(&gpu, "w", DType::Q4_K, &[0; 144], 1, 128).is_err(), "half a block");
+    assert!(WeightBuffer::from_blocks(&gpu, "w", DType::Q8_0, &[0; 33], 1, 32).is_err(), "short bytes");
+}
+
+#[test]
+fn matmul_writes_kv_rows_at_start_pos_and_accumulates() {
     let gpu = gpu();
     let step = gpu.step_buffer();
     let mut rng = rng(2);
@@ -104,79 +156,90 @@ fn matmul_writes_kv_rows_at_start_pos() {
     let x = rand_vec(&mut rng, n * k, 1.0);
     let w = rand_vec(&mut rng, cols * k, 1.0);
     let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-    let wb = GpuBuffer::<f32>::from_slice(&gpu, "w", &tr(&w, cols, k));
+    let wb = WeightBuffer::from_f32(&gpu, "w", &w, cols, k).expect("weights");
     let cache = GpuBuffer::<f32>::zeros(&gpu, "cache", 10 * cols);
-    let out = MatmulOut { ldy: cols as u32, col_offset: 0, at_start_pos: true };
-    let op = gpu.matmul(&step, &xb, WeightsRef::F32(&wb), None, &cache, k, cols, out);
-    run(&gpu, &step, &[op], n, start);
+    let out = MatmulOut { ldy: cols as u32, at_start_pos: true, ..Default::default() };
+    run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, None, &cache, out)], n, start);
     let y = read_f32(&gpu, &cache.raw, 10 * cols);
     let (want, _) = ref_matmul(&x, &w, None, n, k, cols);
     assert!(y[..start * cols].iter().all(|v| *v == 0.0), "rows before start_pos untouched");
     assert!(y[(start + n) * cols..].iter().all(|v| *v == 0.0), "rows after the pass untouched");
     assert_close("kv rows", &y[start * cols..(start + n) * cols], &want, 1e-5, 1e-5);
+
+    // accumulate: y += x w^T, bit for bit the sum of what y held and what the plain matmul writes
+    let before = rand_vec(&mut rng, n * cols, 3.0);
+    let plain = GpuBuffer::<f32>::zeros(&gpu, "plain", n * cols);
+    let acc = GpuBuffer::<f32>::from_slice(&gpu, "acc", &before);
+    let to = MatmulOut { ldy: cols as u32, ..Default::default() };
+    let ops = [
+        gpu.matmul(&step, &xb, &wb, None, &plain, to),
+        gpu.matmul(&step, &xb, &wb, None, &acc, MatmulOut { accumulate: true, ..to }),
+    ];
+    run(&gpu, &step, &ops, n, 0);
+    let plain = read_f32(&gpu, &plain.raw, n * cols);
+    let got = read_f32(&gpu, &acc.raw, n * cols);
+    let want: Vec<f32> = before.iter().zip(&plain).map(|(a, b)| a + b).collect();
+    assert_eq!(got, want, "y += x w^T");
 }
 
 #[test]
 fn matmul_rows_are_batch_invariant() {
-    // Row r of a pass over n rows must equal, bit for bit, the same row computed alone.
+    // Row r of a pass over n rows must equal, bit for bit, the same row computed alone, for the
+    // float and the block formats.
     let gpu = gpu();
     let step = gpu.step_buffer();
     let mut rng = rng(3);
-    let (k, cols) = (576, 97);
-    let x = rand_vec(&mut rng, 32 * k, 1.0);
-    let w = rand_vec(&mut rng, cols * k, 1.0);
-    let wb = GpuBuffer::<f32>::from_slice(&gpu, "w", &tr(&w, cols, k));
-    let full_x = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-    let full_y = GpuBuffer::<f32>::zeros(&gpu, "y", 32 * cols);
-    let out = MatmulOut { ldy: cols as u32, col_offset: 0, at_start_pos: false };
-    let op = gpu.matmul(&step, &full_x, WeightsRef::F32(&wb), None, &full_y, k, cols, out);
-    for n in [32usize, 5, 2] {
-        run(&gpu, &step, std::slice::from_ref(&op), n, 0);
-        let batch = read_f32(&gpu, &full_y.raw, n * cols);
-        for r in 0..n {
+    for dtype in [DType::F32, DType::Q4_K, DType::Q6_K, DType::Q8_0] {
+        let (k, cols) = (768, 97);
+        let x = rand_vec(&mut rng, 32 * k, 1.0);
+        let (bytes, _) = random_weights(&mut rng, dtype, cols, k);
+        let wb = upload(&gpu, dtype, &bytes, cols, k);
+        let full_x = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+        let full_y = GpuBuffer::<f32>::zeros(&gpu, "y", 32 * cols);
+        let out = MatmulOut { ldy: cols as u32, ..Default::default() };
+        let op = gpu.matmul(&step, &full_x, &wb, None, &full_y, out);
+        let mut singles = Vec::new();
+        for r in 0..32 {
             let xr = GpuBuffer::<f32>::from_slice(&gpu, "xr", &x[r * k..(r + 1) * k]);
             let yr = GpuBuffer::<f32>::zeros(&gpu, "yr", cols);
-            let one = gpu.matmul(&step, &xr, WeightsRef::F32(&wb), None, &yr, k, cols, out);
-            run(&gpu, &step, &[one], 1, 0);
-            let single = read_f32(&gpu, &yr.raw, cols);
-            let same =
-                single.iter().zip(&batch[r * cols..(r + 1) * cols]).all(|(a, b)| a.to_bits() == b.to_bits());
-            assert!(same, "row {r} of a {n}-row pass differs from the single-row pass");
+            run(&gpu, &step, &[gpu.matmul(&step, &xr, &wb, None, &yr, out)], 1, 0);
+            singles.push(read_f32(&gpu, &yr.raw, cols));
+        }
+        for n in [32usize, 16, 5, 2] {
+            run(&gpu, &step, std::slice::from_ref(&op), n, 0);
+            let batch = read_f32(&gpu, &full_y.raw, n * cols);
+            for (r, single) in singles.iter().enumerate().take(n) {
+                let same = single
+                    .iter()
+                    .zip(&batch[r * cols..(r + 1) * cols])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{dtype}: row {r} of a {n}-row pass differs from the single-row pass");
+            }
         }
     }
 }
 
 #[test]
-fn embed_gathers_rows_from_its_chunk() {
+fn embed_gathers_rows_of_every_format_from_its_chunk() {
     let gpu = gpu();
     let step = gpu.step_buffer();
     let mut rng = rng(4);
-    let (vocab, dim) = (37, 70);
-    let table = rand_vec(&mut rng, vocab * dim, 1.0);
-    let (table_h, table_hf) = f16_round(&table);
     let tokens: Vec<u32> = vec![0, 36, 5, 20, 20, 19];
     let tb = GpuBuffer::<u32>::from_slice(&gpu, "tokens", &tokens);
-    for f16_table in [false, true] {
+    for dtype in DType::ALL {
+        let (vocab, dim) = (37, if dtype.block_len() > 1 { dtype.block_len().max(64) } else { 68 });
+        let (bytes, table) = random_weights(&mut rng, dtype, vocab, dim);
         // Two chunks: rows 0..20 and 20..37.
-        let values = if f16_table { &table_hf } else { &table };
+        let split = dtype.bytes_for((20 * dim) as u64).expect("whole blocks") as usize;
+        let a = upload(&gpu, dtype, &bytes[..split], 20, dim);
+        let b = upload(&gpu, dtype, &bytes[split..], 17, dim);
         let xb = GpuBuffer::<f32>::zeros(&gpu, "x", tokens.len() * dim);
-        let mut ops = Vec::new();
-        let a32 = GpuBuffer::<f32>::from_slice(&gpu, "a", &tr(&table[..20 * dim], 20, dim));
-        let b32 = GpuBuffer::<f32>::from_slice(&gpu, "b", &tr(&table[20 * dim..], 17, dim));
-        let a16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "a", &tr(&table_h[..20 * dim], 20, dim));
-        let b16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "b", &tr(&table_h[20 * dim..], 17, dim));
-        if f16_table {
-            ops.push(gpu.embed(&step, &tb, WeightsRef::F16(&a16), &xb, dim, 0, 20));
-            ops.push(gpu.embed(&step, &tb, WeightsRef::F16(&b16), &xb, dim, 20, 17));
-        } else {
-            ops.push(gpu.embed(&step, &tb, WeightsRef::F32(&a32), &xb, dim, 0, 20));
-            ops.push(gpu.embed(&step, &tb, WeightsRef::F32(&b32), &xb, dim, 20, 17));
-        }
+        let ops = [gpu.embed(&step, &tb, &a, &xb, 0), gpu.embed(&step, &tb, &b, &xb, 20)];
         run(&gpu, &step, &ops, tokens.len(), 0);
         let x = read_f32(&gpu, &xb.raw, tokens.len() * dim);
         let want: Vec<f32> =
-            tokens.iter().flat_map(|&t| values[t as usize * dim..(t as usize + 1) * dim].to_vec()).collect();
-        assert_eq!(x, want, "embedding gather (f16={f16_table})");
+            tokens.iter().flat_map(|&t| table[t as usize * dim..(t as usize + 1) * dim].to_vec()).collect();
+        assert_eq!(x, want, "embedding gather of {dtype}: the exact dequantised values");
     }
 }
 

@@ -791,25 +791,3 @@ fn safetensors_every_truncation_is_an_error() {
     }
     assert!(Safetensors::parse(&file, file.len() as u64).is_ok());
 }
-
-#[test]
-fn dequantize_to_f16_equals_f32_dequantization_rounded() {
-    // More blocks than one internal batch (4096), and a partial last batch.
-    let mut rng = SmallRng::seed_from_u64(77);
-    for dtype in DType::ALL {
-        let n = dtype.block_len() * 5000;
-        let bytes = random_tensor_bytes(&mut rng, dtype, n);
-        let want: Vec<u16> =
-            dequantize(dtype, &bytes, n).unwrap().iter().map(|&v| half::f16::from_f32(v).to_bits()).collect();
-        let got: Vec<u16> = wgspec::loader::quant::dequantize_to_f16(dtype, &bytes, n)
-            .unwrap()
-            .iter()
-            .map(|v| v.to_bits())
-            .collect();
-        assert!(got == want, "{dtype}: f16 values differ");
-        assert!(matches!(
-            wgspec::loader::quant::dequantize_to_f16(dtype, &bytes[1..], n),
-            Err(Error::InvalidArgument(_))
-        ));
-    }
-}

@@ -4,11 +4,7 @@ use std::marker::PhantomData;
 
 use super::Gpu;
 
-/// Marker for buffers of f16 values packed two per u32 (low half first), readable without `shader-f16`.
-#[derive(Clone, Copy, Debug)]
-pub struct PackedF16;
-
-/// A storage buffer of `len` elements of `T` (`f32`, `u32` or [`PackedF16`]).
+/// A storage buffer of `len` elements of `T` (`f32` or `u32`).
 pub struct GpuBuffer<T> {
     pub raw: wgpu::Buffer,
     pub len: usize,
@@ -49,20 +45,6 @@ impl GpuBuffer<u32> {
     pub fn from_slice(gpu: &Gpu, label: &str, data: &[u32]) -> Self {
         let b = Self::zeros(gpu, label, data.len());
         gpu.queue.write_buffer(&b.raw, 0, bytemuck::cast_slice(data));
-        b
-    }
-}
-
-impl GpuBuffer<PackedF16> {
-    /// A buffer holding `data` as packed f16 pairs (an odd tail is padded with a zero).
-    pub fn from_f16(gpu: &Gpu, label: &str, data: &[half::f16]) -> Self {
-        let b =
-            GpuBuffer { raw: create(gpu, label, data.len() as u64 * 2), len: data.len(), _t: PhantomData };
-        let even = data.len() / 2 * 2;
-        gpu.queue.write_buffer(&b.raw, 0, bytemuck::cast_slice(&data[..even]));
-        if let Some(last) = data.get(even) {
-            gpu.queue.write_buffer(&b.raw, even as u64 * 2, bytemuck::cast_slice(&[*last, half::f16::ZERO]));
-        }
         b
     }
 }

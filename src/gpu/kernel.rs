@@ -1,15 +1,17 @@
 //! The compute kernels: one `.wgsl` file per op, one pipeline per kernel, built once per device.
 
+use std::borrow::Cow;
+
+use super::WeightFormat;
 use crate::error::{Error, Result};
 
-/// Every compute kernel the crate runs. Each maps to one file in `shaders/`.
+/// Every compute kernel the crate runs. Each maps to one file in `shaders/`; the ops that read
+/// weight matrices exist once per [`WeightFormat`] (the format's file is placed ahead of the op's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    EmbedF32,
-    EmbedF16,
+    Embed(WeightFormat),
+    Matmul(WeightFormat),
     RmsNorm,
-    MatmulF32,
-    MatmulF16,
     Rope,
     Attention,
     SiluMul,
@@ -17,39 +19,43 @@ pub enum Kernel {
     Argmax,
 }
 
+/// The kernels that do not read weight matrices.
+const PLAIN: [Kernel; 6] =
+    [Kernel::RmsNorm, Kernel::Rope, Kernel::Attention, Kernel::SiluMul, Kernel::Add, Kernel::Argmax];
+
 impl Kernel {
     /// All kernels, in a fixed order (the index into the pipeline table).
-    pub const ALL: [Kernel; 10] = [
-        Kernel::EmbedF32,
-        Kernel::EmbedF16,
-        Kernel::RmsNorm,
-        Kernel::MatmulF32,
-        Kernel::MatmulF16,
-        Kernel::Rope,
-        Kernel::Attention,
-        Kernel::SiluMul,
-        Kernel::Add,
-        Kernel::Argmax,
-    ];
-
-    /// Position of this kernel in [`Kernel::ALL`].
-    pub fn index(self) -> usize {
-        self as usize
+    pub fn all() -> Vec<Kernel> {
+        let mut all = Vec::with_capacity(PLAIN.len() + 2 * WeightFormat::ALL.len());
+        all.extend(WeightFormat::ALL.map(Kernel::Embed));
+        all.extend(WeightFormat::ALL.map(Kernel::Matmul));
+        all.extend(PLAIN);
+        all
     }
 
-    /// The kernel's WGSL source.
-    pub fn source(self) -> &'static str {
+    /// Position of this kernel in [`Kernel::all`].
+    pub fn index(self) -> usize {
+        let formats = WeightFormat::ALL.len();
+        let f = |w: WeightFormat| WeightFormat::ALL.iter().position(|x| *x == w).unwrap_or(0);
         match self {
-            Kernel::EmbedF32 => include_str!("../../shaders/embed_f32.wgsl"),
-            Kernel::EmbedF16 => include_str!("../../shaders/embed_f16.wgsl"),
-            Kernel::RmsNorm => include_str!("../../shaders/rmsnorm.wgsl"),
-            Kernel::MatmulF32 => include_str!("../../shaders/matmul_f32.wgsl"),
-            Kernel::MatmulF16 => include_str!("../../shaders/matmul_f16.wgsl"),
-            Kernel::Rope => include_str!("../../shaders/rope.wgsl"),
-            Kernel::Attention => include_str!("../../shaders/attention.wgsl"),
-            Kernel::SiluMul => include_str!("../../shaders/silu_mul.wgsl"),
-            Kernel::Add => include_str!("../../shaders/add.wgsl"),
-            Kernel::Argmax => include_str!("../../shaders/argmax.wgsl"),
+            Kernel::Embed(w) => f(w),
+            Kernel::Matmul(w) => formats + f(w),
+            plain => 2 * formats + PLAIN.iter().position(|x| *x == plain).unwrap_or(0),
+        }
+    }
+
+    /// The kernel's WGSL source: the op's file, preceded by its weight format's file if it has one.
+    pub fn source(self) -> Cow<'static, str> {
+        let with_format = |w: WeightFormat, op: &str| Cow::Owned(format!("{}\n{op}", w.source()));
+        match self {
+            Kernel::Embed(w) => with_format(w, include_str!("../../shaders/embed.wgsl")),
+            Kernel::Matmul(w) => with_format(w, include_str!("../../shaders/matmul.wgsl")),
+            Kernel::RmsNorm => Cow::Borrowed(include_str!("../../shaders/rmsnorm.wgsl")),
+            Kernel::Rope => Cow::Borrowed(include_str!("../../shaders/rope.wgsl")),
+            Kernel::Attention => Cow::Borrowed(include_str!("../../shaders/attention.wgsl")),
+            Kernel::SiluMul => Cow::Borrowed(include_str!("../../shaders/silu_mul.wgsl")),
+            Kernel::Add => Cow::Borrowed(include_str!("../../shaders/add.wgsl")),
+            Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
         }
     }
 
@@ -65,12 +71,13 @@ pub struct Pipelines {
 impl Pipelines {
     /// Compiles every kernel. Shader errors surface as [`Error::Gpu`] naming the kernel.
     pub async fn build(device: &wgpu::Device) -> Result<Pipelines> {
-        let mut table = Vec::with_capacity(Kernel::ALL.len());
-        for kernel in Kernel::ALL {
+        let kernels = Kernel::all();
+        let mut table = Vec::with_capacity(kernels.len());
+        for kernel in kernels {
             let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(&format!("{kernel:?}")),
-                source: wgpu::ShaderSource::Wgsl(kernel.source().into()),
+                source: wgpu::ShaderSource::Wgsl(kernel.source()),
             });
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&format!("{kernel:?}")),

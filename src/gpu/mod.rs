@@ -5,12 +5,14 @@
 //! wasm32 (where the browser drives the futures). Native callers block on it with `pollster`.
 
 mod buffer;
+mod format;
 mod kernel;
 mod ops;
 
-pub use buffer::{GpuBuffer, PackedF16};
+pub use buffer::GpuBuffer;
+pub use format::{pack_f32_rows, pack_rows, PackedRows, WeightBuffer, WeightFormat, UNIT};
 pub use kernel::{Kernel, Pipelines};
-pub use ops::{transpose_for_matmul, AttentionShape, MatmulOut, RopeLayout, Step, WeightsRef};
+pub use ops::{AttentionShape, MatmulOut, RopeLayout, Step, MATMUL_ROWS, MATMUL_TILE};
 
 use crate::error::{Error, Result};
 
@@ -34,6 +36,8 @@ pub enum Grid {
     PerRow(u32),
     /// `[n, 1, 1]`: one group per row.
     Rows,
+    /// `[x, ceil(n / rows), 1]`: x groups for each group of `rows` rows.
+    RowGroups { x: u32, rows: u32 },
 }
 
 impl Grid {
@@ -42,6 +46,7 @@ impl Grid {
             Grid::Fixed(c) => c,
             Grid::PerRow(x) => [x, n, 1],
             Grid::Rows => [n, 1, 1],
+            Grid::RowGroups { x, rows } => [x, n.div_ceil(rows), 1],
         }
     }
 }

@@ -5,7 +5,12 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{groups, Gpu, GpuBuffer, Grid, Kernel, Op, PackedF16};
+use super::{groups, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
+
+/// Output columns one matmul workgroup computes (`TILE` in `shaders/matmul.wgsl`).
+pub const MATMUL_TILE: usize = 4;
+/// Rows of a pass one matmul workgroup computes (`ROWS` in `shaders/matmul.wgsl`).
+pub const MATMUL_ROWS: u32 = 8;
 
 /// The per-pass uniform shared by every op: rows in the pass and the position of the first row.
 #[repr(C)]
@@ -15,23 +20,8 @@ pub struct Step {
     pub start_pos: u32,
 }
 
-/// A weight matrix chunk as a matmul or embedding reads it.
-pub enum WeightsRef<'a> {
-    F32(&'a GpuBuffer<f32>),
-    F16(&'a GpuBuffer<PackedF16>),
-}
-
-impl WeightsRef<'_> {
-    fn raw(&self) -> &wgpu::Buffer {
-        match self {
-            WeightsRef::F32(b) => &b.raw,
-            WeightsRef::F16(b) => &b.raw,
-        }
-    }
-}
-
 /// Where a matmul writes its rows.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, Default)]
 pub struct MatmulOut {
     /// Row stride of the output, in f32.
     pub ldy: u32,
@@ -39,40 +29,34 @@ pub struct MatmulOut {
     pub col_offset: u32,
     /// Row r of the pass goes to row `start_pos + r` (true: KV cache) or to row r (false).
     pub at_start_pos: bool,
-}
-
-/// Lays out rows `[rows, cols]` of a weight matrix (rows = output features) as the matmul and
-/// embedding kernels read a chunk: transposed, `[cols, rows rounded up to 4]`, zero padded.
-pub fn transpose_for_matmul<T: Copy + Default>(w: &[T], rows: usize, cols: usize) -> Vec<T> {
-    let stride = rows.next_multiple_of(4);
-    let mut out = vec![T::default(); cols * stride];
-    for (r, row) in w.chunks_exact(cols).take(rows).enumerate() {
-        for (c, v) in row.iter().enumerate() {
-            out[c * stride + r] = *v;
-        }
-    }
-    out
+    /// Add the result to what the output holds (a residual add) instead of overwriting it.
+    pub accumulate: bool,
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct MatmulParams {
     k: u32,
+    units: u32,
     cols: u32,
     col_offset: u32,
     ldy: u32,
     y_row_base: u32,
     has_bias: u32,
-    _pad: [u32; 2],
+    accumulate: u32,
+    scale_base: u32,
+    _pad: [u32; 3],
 }
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct EmbedParams {
     dim: u32,
+    units: u32,
     row_start: u32,
     rows: u32,
-    _pad: u32,
+    scale_base: u32,
+    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -132,61 +116,57 @@ pub struct AttentionShape {
 }
 
 impl Gpu {
-    /// `y[r, col_offset + c] = x[r, :] . w[c, :] + bias[c]` for the `cols` rows of one weight chunk.
-    /// `x: [n, k]`; `w` holds the chunk `[cols, k]` laid out by [`transpose_for_matmul`];
-    /// `bias: [cols]` or None.
-    #[allow(clippy::too_many_arguments)]
+    /// `y[r, col_offset + c] (+)= x[r, :] . w[c, :] + bias[c]` for the rows of one weight buffer
+    /// (`w: [cols, k]` in its format, `cols = w.rows`); `x: [n, k]`; `bias: [cols]` or None.
     pub fn matmul(
         &self,
         step: &wgpu::Buffer,
         x: &GpuBuffer<f32>,
-        w: WeightsRef<'_>,
+        w: &WeightBuffer,
         bias: Option<&GpuBuffer<f32>>,
         y: &GpuBuffer<f32>,
-        k: usize,
-        cols: usize,
         out: MatmulOut,
     ) -> Op {
-        let kernel = match w {
-            WeightsRef::F32(_) => Kernel::MatmulF32,
-            WeightsRef::F16(_) => Kernel::MatmulF16,
-        };
         let p = MatmulParams {
-            k: k as u32,
-            cols: cols as u32,
+            k: w.k as u32,
+            units: w.units() as u32,
+            cols: w.rows as u32,
             col_offset: out.col_offset,
             ldy: out.ldy,
             y_row_base: out.at_start_pos as u32,
             has_bias: bias.is_some() as u32,
-            _pad: [0; 2],
+            accumulate: out.accumulate as u32,
+            scale_base: w.scale_base,
+            _pad: [0; 3],
         };
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         // An unused bias binding still needs a buffer: x serves (it is never read then).
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
-        let grid = Grid::PerRow(groups(cols.div_ceil(4)));
-        self.op(kernel, step, &params, &[&x.raw, w.raw(), bias_raw, &y.raw], grid)
+        let grid = Grid::RowGroups { x: w.rows.div_ceil(MATMUL_TILE) as u32, rows: MATMUL_ROWS };
+        self.op(Kernel::Matmul(w.format), step, &params, &[&x.raw, &w.raw, bias_raw, &y.raw], grid)
     }
 
-    /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one chunk of an embedding
-    /// table `[rows, dim]`, laid out by [`transpose_for_matmul`] (the same buffer a tied output reads).
-    #[allow(clippy::too_many_arguments)]
+    /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one buffer of an embedding
+    /// table (`table: [rows, dim]` in its format, the same buffer a tied output reads).
     pub fn embed(
         &self,
         step: &wgpu::Buffer,
         tokens: &GpuBuffer<u32>,
-        table: WeightsRef<'_>,
+        table: &WeightBuffer,
         x: &GpuBuffer<f32>,
-        dim: usize,
         row_start: usize,
-        rows: usize,
     ) -> Op {
-        let kernel = match table {
-            WeightsRef::F32(_) => Kernel::EmbedF32,
-            WeightsRef::F16(_) => Kernel::EmbedF16,
+        let p = EmbedParams {
+            dim: table.k as u32,
+            units: table.units() as u32,
+            row_start: row_start as u32,
+            rows: table.rows as u32,
+            scale_base: table.scale_base,
+            _pad: [0; 3],
         };
-        let p = EmbedParams { dim: dim as u32, row_start: row_start as u32, rows: rows as u32, _pad: 0 };
         let params = self.uniform("embed params", bytemuck::bytes_of(&p));
-        self.op(kernel, step, &params, &[&tokens.raw, table.raw(), &x.raw], Grid::PerRow(groups(dim)))
+        let grid = Grid::PerRow(groups(table.units()));
+        self.op(Kernel::Embed(table.format), step, &params, &[&tokens.raw, &table.raw, &x.raw], grid)
     }
 
     /// `y[r] = x[r] / rms(x[r]) * weight`; `x, y: [n, dim]`, `weight: [dim]`.

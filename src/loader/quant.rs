@@ -21,21 +21,6 @@ pub fn dequantize(dtype: DType, data: &[u8], n_elements: usize) -> Result<Vec<f3
     Ok(out)
 }
 
-/// Dequantizes `data` straight to f16, a few thousand blocks at a time, so that a large tensor
-/// never exists in memory as f32 (what the GPU keeps of quantized weights is f16 anyway).
-pub fn dequantize_to_f16(dtype: DType, data: &[u8], n_elements: usize) -> Result<Vec<half::f16>> {
-    check_len(dtype, data, n_elements)?;
-    const BLOCKS: usize = 4096;
-    let mut out = Vec::with_capacity(n_elements);
-    let mut scratch = vec![0f32; BLOCKS * dtype.block_len()];
-    for bytes in data.chunks(BLOCKS * dtype.block_bytes()) {
-        let n = bytes.len() / dtype.block_bytes() * dtype.block_len();
-        dequantize_into(dtype, bytes, &mut scratch[..n])?;
-        out.extend(scratch[..n].iter().map(|&v| half::f16::from_f32(v)));
-    }
-    Ok(out)
-}
-
 /// Dequantizes `data` into `out` (`out.len()` elements; `data` must be exactly
 /// `dtype.bytes_for(out.len())` bytes). Lets callers dequantize row by row without allocating.
 pub fn dequantize_into(dtype: DType, data: &[u8], out: &mut [f32]) -> Result<()> {

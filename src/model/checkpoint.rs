@@ -3,8 +3,6 @@
 
 use std::borrow::Cow;
 
-use half::f16;
-
 use super::config::Config;
 use crate::error::{Error, Result};
 use crate::loader::gguf::Gguf;
@@ -15,18 +13,23 @@ use crate::loader::DType;
 /// How tensors are kept on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Precision {
-    /// F32 stays F32, BF16 widens to F32 (exact), F16 stays F16, quantized blocks expand to F16.
+    /// Matrices stay as the file stores them (F32, F16, BF16, quantized blocks) and are
+    /// dequantised inside the kernels; vectors (norms, biases) are F32.
     #[default]
     Auto,
-    /// Everything expanded to F32 (exact dequantization; twice the memory of `Auto`).
+    /// Everything expanded to F32 on the CPU (the same values as `Auto`, several times the memory).
     F32,
 }
 
-/// Host-side tensor values, in the precision the GPU will hold.
+/// Host-side tensor values, in the form the GPU will hold.
 #[derive(Clone, Debug)]
 pub enum HostData {
     F32(Vec<f32>),
-    F16(Vec<f16>),
+    /// The file's own bytes, in a stored type the kernels read directly (F16, BF16, quantized).
+    Stored {
+        dtype: DType,
+        bytes: Vec<u8>,
+    },
 }
 
 /// One tensor on the host: name, shape (outermost first) and values.
@@ -39,10 +42,12 @@ pub struct HostTensor {
 
 impl HostTensor {
     /// The values as f32 (exactly what the GPU computes with).
-    pub fn to_f32(&self) -> Vec<f32> {
+    pub fn to_f32(&self) -> Result<Vec<f32>> {
         match &self.data {
-            HostData::F32(v) => v.clone(),
-            HostData::F16(v) => v.iter().map(|x| x.to_f32()).collect(),
+            HostData::F32(v) => Ok(v.clone()),
+            HostData::Stored { dtype, bytes } => {
+                quant::dequantize(*dtype, bytes, self.shape.iter().product())
+            }
         }
     }
 }
@@ -169,21 +174,17 @@ impl Checkpoint {
             });
         }
         let n: usize = raw.shape.iter().product();
-        let keep_f16 = precision == Precision::Auto && expected.len() > 1;
-        let data = match raw.dtype {
-            DType::F32 | DType::BF16 => HostData::F32(quant::dequantize(raw.dtype, &raw.data, n)?),
-            DType::F16 if keep_f16 => {
-                let bytes: &[u8] = &raw.data;
-                if bytes.len() != n * 2 {
-                    return Err(Error::corrupt(
-                        "tensor",
-                        format!("{name}: {} bytes for {n} f16", bytes.len()),
-                    ));
-                }
-                HostData::F16(bytes.chunks_exact(2).map(|b| f16::from_le_bytes([b[0], b[1]])).collect())
+        let keep_stored = precision == Precision::Auto && expected.len() > 1 && raw.dtype != DType::F32;
+        let data = if keep_stored {
+            if raw.dtype.bytes_for(n as u64) != Some(raw.data.len() as u64) {
+                return Err(Error::corrupt(
+                    "tensor",
+                    format!("{name}: {} bytes for {n} {}", raw.data.len(), raw.dtype),
+                ));
             }
-            _ if keep_f16 => HostData::F16(quant::dequantize_to_f16(raw.dtype, &raw.data, n)?),
-            _ => HostData::F32(quant::dequantize(raw.dtype, &raw.data, n)?),
+            HostData::Stored { dtype: raw.dtype, bytes: raw.data.into_owned() }
+        } else {
+            HostData::F32(quant::dequantize(raw.dtype, &raw.data, n)?)
         };
         Ok(HostTensor { name: name.to_string(), shape: raw.shape, data })
     }

@@ -7,7 +7,7 @@ use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
 use super::weights::{LoadProgress, Weights};
 use crate::error::{Error, Result};
-use crate::gpu::{AttentionShape, Gpu, GpuBuffer, Op};
+use crate::gpu::{AttentionShape, Gpu, GpuBuffer, MatmulOut, Op};
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
 pub const MAX_BATCH: usize = 32;
@@ -36,7 +36,6 @@ struct RunState {
     tokens: GpuBuffer<u32>,       // [MAX_BATCH]
     x: GpuBuffer<f32>,            // [MAX_BATCH, dim] residual stream
     xb: GpuBuffer<f32>,           // [MAX_BATCH, dim] normed input of a sub-block
-    xb2: GpuBuffer<f32>,          // [MAX_BATCH, dim] output of a sub-block
     q: GpuBuffer<f32>,            // [MAX_BATCH, q_dim]
     att: GpuBuffer<f32>,          // [MAX_BATCH, q_dim] attention output
     scores: GpuBuffer<f32>,       // [MAX_BATCH, n_heads, context] attention scratch
@@ -54,7 +53,7 @@ pub struct Model {
     pub config: Config,
     gpu: Arc<Gpu>,
     /// Kept alive for the bind groups that reference them.
-    _weights: Weights,
+    weights: Weights,
     state: RunState,
     /// The whole forward pass up to the logits.
     forward_ops: Vec<Op>,
@@ -106,7 +105,6 @@ impl Model {
             tokens: GpuBuffer::<u32>::zeros(g, "tokens", MAX_BATCH),
             x: f32s("x", MAX_BATCH * c.dim),
             xb: f32s("xb", MAX_BATCH * c.dim),
-            xb2: f32s("xb2", MAX_BATCH * c.dim),
             q: f32s("q", MAX_BATCH * c.q_dim()),
             att: f32s("att", MAX_BATCH * c.q_dim()),
             scores: f32s("scores", MAX_BATCH * c.n_heads * context),
@@ -132,7 +130,12 @@ impl Model {
         }
         let forward_ops = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
-        Ok(Model { config: c, gpu, _weights: weights, state, forward_ops, argmax_ops, context, len: 0 })
+        Ok(Model { config: c, gpu, weights, state, forward_ops, argmax_ops, context, len: 0 })
+    }
+
+    /// Bytes of GPU memory the weights take (quantized blocks as stored, plus F32 norms and biases).
+    pub fn weight_bytes(&self) -> u64 {
+        self.weights.gpu_bytes()
     }
 
     /// The GPU this model runs on.
@@ -232,6 +235,9 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
         ctx: context as u32,
     };
     let mut ops = Vec::new();
+    let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
+    let to_cache = |ldy: usize| MatmulOut { at_start_pos: true, ..to(ldy) };
+    let add_to = |ldy: usize| MatmulOut { accumulate: true, ..to(ldy) };
     // x = token_embd[tokens]                                       [n, dim]
     ops.extend(w.token_embd.embed(g, st, &s.tokens, &s.x));
     for (l, layer) in w.layers.iter().enumerate() {
@@ -239,31 +245,29 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
         // xb = rmsnorm(x) * attn_norm                               [n, dim]
         ops.push(g.rmsnorm(st, &s.x, &layer.attn_norm, &s.xb, c.dim, c.rms_eps));
         // q = xb Wq^T + bq                                          [n, q_dim]
-        ops.extend(layer.wq.matmul(g, st, &s.xb, layer.bq.as_ref(), &s.q, c.q_dim(), false));
+        ops.extend(layer.wq.matmul(g, st, &s.xb, layer.bq.as_ref(), &s.q, to(c.q_dim())));
         // k_cache[start_pos + r] = xb Wk^T + bk; v likewise          [context, kv_dim]
-        ops.extend(layer.wk.matmul(g, st, &s.xb, layer.bk.as_ref(), kc, c.kv_dim(), true));
-        ops.extend(layer.wv.matmul(g, st, &s.xb, layer.bv.as_ref(), vc, c.kv_dim(), true));
+        ops.extend(layer.wk.matmul(g, st, &s.xb, layer.bk.as_ref(), kc, to_cache(c.kv_dim())));
+        ops.extend(layer.wv.matmul(g, st, &s.xb, layer.bv.as_ref(), vc, to_cache(c.kv_dim())));
         // rotate q and the new k rows by their positions
         ops.push(g.rope(st, &s.cos_sin, &s.q, c.n_heads, c.head_dim, c.rope_dim, c.rope_layout, false));
         ops.push(g.rope(st, &s.cos_sin, kc, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_layout, true));
         // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
         ops.push(g.attention(st, &s.q, kc, vc, &s.scores, &s.att, shape));
-        // x += att Wo^T                                              [n, dim]
-        ops.extend(layer.wo.matmul(g, st, &s.att, None, &s.xb2, c.dim, false));
-        ops.push(g.add(st, &s.x, &s.xb2, c.dim));
+        // x += att Wo^T (the residual add in the matmul's epilogue)   [n, dim]
+        ops.extend(layer.wo.matmul(g, st, &s.att, None, &s.x, add_to(c.dim)));
         // xb = rmsnorm(x) * ffn_norm                                 [n, dim]
         ops.push(g.rmsnorm(st, &s.x, &layer.ffn_norm, &s.xb, c.dim, c.rms_eps));
         // hb = silu(xb Wgate^T) * (xb Wup^T)                         [n, ffn_dim]
-        ops.extend(layer.gate.matmul(g, st, &s.xb, None, &s.hb, c.ffn_dim, false));
-        ops.extend(layer.up.matmul(g, st, &s.xb, None, &s.hb2, c.ffn_dim, false));
+        ops.extend(layer.gate.matmul(g, st, &s.xb, None, &s.hb, to(c.ffn_dim)));
+        ops.extend(layer.up.matmul(g, st, &s.xb, None, &s.hb2, to(c.ffn_dim)));
         ops.push(g.silu_mul(st, &s.hb, &s.hb2, c.ffn_dim));
         // x += hb Wdown^T                                            [n, dim]
-        ops.extend(layer.down.matmul(g, st, &s.hb, None, &s.xb2, c.dim, false));
-        ops.push(g.add(st, &s.x, &s.xb2, c.dim));
+        ops.extend(layer.down.matmul(g, st, &s.hb, None, &s.x, add_to(c.dim)));
     }
     // logits = rmsnorm(x) * output_norm . output^T                   [n, vocab]
     ops.push(g.rmsnorm(st, &s.x, &w.output_norm, &s.xb, c.dim, c.rms_eps));
     let output = w.output.as_ref().unwrap_or(&w.token_embd);
-    ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, c.vocab_size, false));
+    ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, to(c.vocab_size)));
     ops
 }

@@ -5,27 +5,15 @@
 use super::checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 use super::config::Config;
 use crate::error::{Error, Result};
-use crate::gpu::{transpose_for_matmul, Gpu, GpuBuffer, MatmulOut, Op, PackedF16, WeightsRef};
+use crate::gpu::{
+    pack_f32_rows, pack_rows, Gpu, GpuBuffer, MatmulOut, Op, WeightBuffer, WeightFormat, MATMUL_TILE,
+};
+use crate::loader::DType;
 
 /// Rows `[row_start, row_start + rows)` of a matrix in one buffer.
-enum ChunkData {
-    F32(GpuBuffer<f32>),
-    F16(GpuBuffer<PackedF16>),
-}
-
 struct Chunk {
     row_start: usize,
-    rows: usize,
-    data: ChunkData,
-}
-
-impl Chunk {
-    fn weights(&self) -> WeightsRef<'_> {
-        match &self.data {
-            ChunkData::F32(b) => WeightsRef::F32(b),
-            ChunkData::F16(b) => WeightsRef::F16(b),
-        }
-    }
+    data: WeightBuffer, // [rows, cols] in the matrix's weight format
 }
 
 /// A `[rows, cols]` weight matrix on the GPU (rows = output features), split into row chunks.
@@ -36,50 +24,55 @@ pub struct Matrix {
 }
 
 impl Matrix {
-    /// Uploads `t` (shape `[rows, cols]`), splitting it so that no chunk exceeds `max_bytes`
-    /// (at most the adapter's max storage binding).
+    /// Uploads `t` (shape `[rows, cols]`) in the format it is held in (its stored blocks, or F32),
+    /// splitting it so that no chunk exceeds `max_bytes` (at most the adapter's max storage binding).
     pub fn upload(gpu: &Gpu, max_bytes: u64, t: &HostTensor) -> Result<Matrix> {
         let [rows, cols] = t.shape[..] else {
             return Err(Error::InvalidArgument(format!("{} is not a matrix: {:?}", t.name, t.shape)));
         };
-        let elem = match t.data {
-            HostData::F32(_) => 4,
-            HostData::F16(_) => 2,
+        let dtype = match &t.data {
+            HostData::F32(_) => DType::F32,
+            HostData::Stored { dtype, .. } => *dtype,
         };
-        let row_bytes = (cols * elem) as u64;
-        // Chunks hold a multiple of 4 rows: the kernels pad each chunk's rows to 4.
+        let format = WeightFormat::of(dtype);
+        let row_bytes = format.row_bytes(cols);
         let max_bytes = max_bytes.min(gpu.max_binding_bytes());
-        let rows_per_chunk = (max_bytes / row_bytes.max(1)) as usize / 4 * 4;
+        // 16 bytes of slack: a buffer rounds its scale section and its size up.
+        let by_bytes = (max_bytes.saturating_sub(16) / row_bytes.max(1)) as usize;
+        // Each matmul workgroup takes MATMUL_TILE rows; the grid has at most 65535 groups along x.
+        let by_groups = gpu.limits.max_compute_workgroups_per_dimension as usize * MATMUL_TILE;
+        let rows_per_chunk = by_bytes.min(by_groups);
         if rows_per_chunk == 0 {
             return Err(Error::GpuLimit(format!(
-                "{}: four rows of {row_bytes} bytes exceed the largest weight buffer of {max_bytes} bytes",
+                "{}: a row of {row_bytes} bytes exceeds the largest weight buffer of {max_bytes} bytes",
                 t.name
             )));
         }
+        let elem_bytes = |n: usize| dtype.bytes_for(n as u64).unwrap_or(0) as usize;
         let mut chunks = Vec::new();
         let mut row_start = 0;
         while row_start < rows {
             let n = rows_per_chunk.min(rows - row_start);
-            let range = row_start * cols..(row_start + n) * cols;
             let label = format!("{} rows {row_start}..{}", t.name, row_start + n);
-            let data = match &t.data {
-                HostData::F32(v) => {
-                    let wt = transpose_for_matmul(&v[range], n, cols);
-                    ChunkData::F32(GpuBuffer::<f32>::from_slice(gpu, &label, &wt))
+            let packed = match &t.data {
+                HostData::F32(v) => pack_f32_rows(&v[row_start * cols..(row_start + n) * cols], n, cols),
+                HostData::Stored { bytes, .. } => {
+                    let range = elem_bytes(row_start * cols)..elem_bytes((row_start + n) * cols);
+                    let part = bytes.get(range).ok_or_else(|| {
+                        Error::InvalidArgument(format!("{}: fewer bytes than its shape needs", t.name))
+                    })?;
+                    pack_rows(dtype, part, n, cols)
                 }
-                HostData::F16(v) => {
-                    let wt = transpose_for_matmul(&v[range], n, cols);
-                    ChunkData::F16(GpuBuffer::<PackedF16>::from_f16(gpu, &label, &wt))
-                }
-            };
-            chunks.push(Chunk { row_start, rows: n, data });
+            }
+            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", t.name)))?;
+            chunks.push(Chunk { row_start, data: WeightBuffer::upload(gpu, &label, &packed) });
             row_start += n;
         }
         Ok(Matrix { rows, cols, chunks })
     }
 
-    /// Ops computing `y[r, :rows] = x[r, :cols] . self^T (+ bias)` for each row r of the pass.
-    #[allow(clippy::too_many_arguments)]
+    /// Ops computing `y[r, :rows] (+)= x[r, :cols] . self^T (+ bias)` for each row r of the pass;
+    /// `out.col_offset` is ignored (each chunk writes its own columns).
     pub fn matmul(
         &self,
         gpu: &Gpu,
@@ -87,16 +80,15 @@ impl Matrix {
         x: &GpuBuffer<f32>,
         bias: Option<&GpuBuffer<f32>>,
         y: &GpuBuffer<f32>,
-        ldy: usize,
-        at_start_pos: bool,
+        out: MatmulOut,
     ) -> Vec<Op> {
         // A split matrix with a bias would need the bias split too; biases are small, so only
         // single-chunk matrices carry them (checked at load).
         self.chunks
             .iter()
             .map(|c| {
-                let out = MatmulOut { ldy: ldy as u32, col_offset: c.row_start as u32, at_start_pos };
-                gpu.matmul(step, x, c.weights(), bias, y, self.cols, c.rows, out)
+                let out = MatmulOut { col_offset: c.row_start as u32, ..out };
+                gpu.matmul(step, x, &c.data, bias, y, out)
             })
             .collect()
     }
@@ -109,15 +101,22 @@ impl Matrix {
         tokens: &GpuBuffer<u32>,
         x: &GpuBuffer<f32>,
     ) -> Vec<Op> {
-        self.chunks
-            .iter()
-            .map(|c| gpu.embed(step, tokens, c.weights(), x, self.cols, c.row_start, c.rows))
-            .collect()
+        self.chunks.iter().map(|c| gpu.embed(step, tokens, &c.data, x, c.row_start)).collect()
     }
 
     /// How many buffers hold this matrix.
     pub fn chunk_count(&self) -> usize {
         self.chunks.len()
+    }
+
+    /// Bytes of GPU memory the matrix takes.
+    pub fn gpu_bytes(&self) -> u64 {
+        self.chunks.iter().map(|c| c.data.bytes()).sum()
+    }
+
+    /// The format its weights are kept in.
+    pub fn format(&self) -> Option<WeightFormat> {
+        self.chunks.first().map(|c| c.data.format)
     }
 }
 
@@ -181,6 +180,31 @@ pub fn tensor_specs(c: &Config) -> Vec<(String, Vec<usize>)> {
 }
 
 impl Weights {
+    /// Bytes of GPU memory every weight takes.
+    pub fn gpu_bytes(&self) -> u64 {
+        let v = |b: &GpuBuffer<f32>| b.raw.size();
+        let ov = |b: &Option<GpuBuffer<f32>>| b.as_ref().map_or(0, v);
+        let layers: u64 = self
+            .layers
+            .iter()
+            .map(|l| {
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
+                    .iter()
+                    .map(|m| m.gpu_bytes())
+                    .sum::<u64>()
+                    + v(&l.attn_norm)
+                    + v(&l.ffn_norm)
+                    + ov(&l.bq)
+                    + ov(&l.bk)
+                    + ov(&l.bv)
+            })
+            .sum();
+        self.token_embd.gpu_bytes()
+            + layers
+            + v(&self.output_norm)
+            + self.output.as_ref().map_or(0, |m| m.gpu_bytes())
+    }
+
     /// Uploads every tensor of `ckpt`, one at a time (never the whole model twice in memory),
     /// splitting matrices into buffers of at most `max_bytes`.
     pub fn load(
@@ -199,7 +223,9 @@ impl Weights {
             progress(LoadProgress { tensors_done: done, tensors_total: total });
             Ok(t)
         };
-        let vector = |t: HostTensor| GpuBuffer::<f32>::from_slice(gpu, &t.name, &t.to_f32());
+        let vector = |t: HostTensor| -> Result<GpuBuffer<f32>> {
+            Ok(GpuBuffer::<f32>::from_slice(gpu, &t.name, &t.to_f32()?))
+        };
         let single = |m: Matrix, name: &str| -> Result<Matrix> {
             if m.chunk_count() > 1 {
                 return Err(Error::GpuLimit(format!("{name} with a bias exceeds one storage binding")));
@@ -211,14 +237,14 @@ impl Weights {
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let name = |s: &str| format!("blk.{i}.{s}");
-            let attn_norm = vector(fetch(name("attn_norm.weight"), vec![c.dim])?);
+            let attn_norm = vector(fetch(name("attn_norm.weight"), vec![c.dim])?)?;
             let wq = Matrix::upload(gpu, max_bytes, &fetch(name("attn_q.weight"), vec![c.q_dim(), c.dim])?)?;
             let wk = Matrix::upload(gpu, max_bytes, &fetch(name("attn_k.weight"), vec![c.kv_dim(), c.dim])?)?;
             let wv = Matrix::upload(gpu, max_bytes, &fetch(name("attn_v.weight"), vec![c.kv_dim(), c.dim])?)?;
             let (bq, bk, bv, wq, wk, wv) = if c.arch.qkv_bias() {
-                let bq = vector(fetch(name("attn_q.bias"), vec![c.q_dim()])?);
-                let bk = vector(fetch(name("attn_k.bias"), vec![c.kv_dim()])?);
-                let bv = vector(fetch(name("attn_v.bias"), vec![c.kv_dim()])?);
+                let bq = vector(fetch(name("attn_q.bias"), vec![c.q_dim()])?)?;
+                let bk = vector(fetch(name("attn_k.bias"), vec![c.kv_dim()])?)?;
+                let bv = vector(fetch(name("attn_v.bias"), vec![c.kv_dim()])?)?;
                 let wq = single(wq, &name("attn_q.weight"))?;
                 let wk = single(wk, &name("attn_k.weight"))?;
                 let wv = single(wv, &name("attn_v.weight"))?;
@@ -228,7 +254,7 @@ impl Weights {
             };
             let wo =
                 Matrix::upload(gpu, max_bytes, &fetch(name("attn_output.weight"), vec![c.dim, c.q_dim()])?)?;
-            let ffn_norm = vector(fetch(name("ffn_norm.weight"), vec![c.dim])?);
+            let ffn_norm = vector(fetch(name("ffn_norm.weight"), vec![c.dim])?)?;
             let gate =
                 Matrix::upload(gpu, max_bytes, &fetch(name("ffn_gate.weight"), vec![c.ffn_dim, c.dim])?)?;
             let up = Matrix::upload(gpu, max_bytes, &fetch(name("ffn_up.weight"), vec![c.ffn_dim, c.dim])?)?;
@@ -236,7 +262,7 @@ impl Weights {
                 Matrix::upload(gpu, max_bytes, &fetch(name("ffn_down.weight"), vec![c.dim, c.ffn_dim])?)?;
             layers.push(Layer { attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, gate, up, down });
         }
-        let output_norm = vector(fetch("output_norm.weight".into(), vec![c.dim])?);
+        let output_norm = vector(fetch("output_norm.weight".into(), vec![c.dim])?)?;
         let output = if c.tied_embeddings {
             None
         } else {

@@ -88,7 +88,7 @@ impl RefModel {
         let mut w = HashMap::new();
         for (name, shape) in tensor_specs(&cfg) {
             let t = ckpt.tensor(&name, &shape, precision).expect("tensor");
-            w.insert(name, t.to_f32());
+            w.insert(name, t.to_f32().expect("values"));
         }
         let n = cfg.n_layers;
         RefModel { cfg, w, k_cache: vec![Vec::new(); n], v_cache: vec![Vec::new(); n] }

@@ -6,14 +6,13 @@
 // One browser thread owns every WebGPU object; the model API shares the GPU through an Arc.
 #![allow(clippy::arc_with_non_send_sync)]
 
-use half::f16;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 use wgspec::engine::{DraftKind, Engine, Request};
 use wgspec::files::ModelFiles;
-use wgspec::gpu::{transpose_for_matmul as tr, Gpu, GpuBuffer, MatmulOut, PackedF16, WeightsRef};
+use wgspec::gpu::{Gpu, GpuBuffer, MatmulOut, WeightBuffer};
 use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
 use wgspec::web::WebEngine;
@@ -56,28 +55,29 @@ async fn read_f32(gpu: &Gpu, b: &wgpu::Buffer, len: usize) -> Vec<f32> {
     bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)[..len].to_vec()
 }
 
-/// The matmul shader (f32 and packed-f16 weights, with and without bias) against the CPU.
+/// The matmul shader (every weight format, dequantised in the kernel, with bias) against the CPU.
 pub async fn matmul_matches_reference() {
     let gpu = gpu().await;
     let step = gpu.step_buffer();
     let mut r = rng(1);
-    for &(n, k, cols) in &[(1, 4, 1), (3, 64, 63), (5, 100, 65), (9, 576, 40)] {
-        for f16_weights in [false, true] {
+    for dtype in DType::ALL {
+        let block = dtype.block_len().max(32);
+        for &(n, k, cols) in &[(1, block, 1), (3, 2 * block, 13), (9, 3 * block, 40)] {
             let x = rand_vec(&mut r, n * k, 1.0);
-            let mut w = rand_vec(&mut r, cols * k, 0.5);
-            let w_h: Vec<f16> = w.iter().map(|v| f16::from_f32(*v)).collect();
-            if f16_weights {
-                w = w_h.iter().map(|v| v.to_f32()).collect();
-            }
+            let bytes = match dtype {
+                DType::F32 => tiny::f32_bytes(&rand_vec(&mut r, cols * k, 0.5)),
+                DType::F16 => tiny::f16_bytes(&rand_vec(&mut r, cols * k, 0.5)),
+                DType::BF16 => tiny::bf16_bytes(&rand_vec(&mut r, cols * k, 0.5)),
+                q => tiny::random_blocks(q, cols * k, &mut r),
+            };
+            let w = wgspec::loader::quant::dequantize(dtype, &bytes, cols * k).expect("dequantize");
             let bias = rand_vec(&mut r, cols, 0.3);
             let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-            let wb32 = GpuBuffer::<f32>::from_slice(&gpu, "w", &tr(&w, cols, k));
-            let wb16 = GpuBuffer::<PackedF16>::from_f16(&gpu, "w16", &tr(&w_h, cols, k));
+            let wb = WeightBuffer::from_blocks(&gpu, "w", dtype, &bytes, cols, k).expect("weights");
             let bb = GpuBuffer::<f32>::from_slice(&gpu, "b", &bias);
             let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * cols);
-            let weights = if f16_weights { WeightsRef::F16(&wb16) } else { WeightsRef::F32(&wb32) };
-            let out = MatmulOut { ldy: cols as u32, col_offset: 0, at_start_pos: false };
-            let op = gpu.matmul(&step, &xb, weights, Some(&bb), &yb, k, cols, out);
+            let out = MatmulOut { ldy: cols as u32, ..Default::default() };
+            let op = gpu.matmul(&step, &xb, &wb, Some(&bb), &yb, out);
             gpu.write_step(&step, n, 0);
             let mut enc = gpu.encoder();
             gpu.encode(&mut enc, &[op], n as u32);
@@ -89,10 +89,7 @@ pub async fn matmul_matches_reference() {
                     let mag: f32 = (0..k).map(|i| (x[row * k + i] * w[c * k + i]).abs()).sum();
                     let bound = mag * MATMUL_REL * (k as f32).sqrt() + 1e-6;
                     let (g, e) = (y[row * cols + c], want[c] + bias[c]);
-                    assert!(
-                        (g - e).abs() <= bound,
-                        "matmul n={n} k={k} f16={f16_weights} [{row},{c}]: {g} vs {e}"
-                    );
+                    assert!((g - e).abs() <= bound, "matmul {dtype} n={n} k={k} [{row},{c}]: {g} vs {e}");
                 }
             }
         }

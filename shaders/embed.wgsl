@@ -1,0 +1,37 @@
+// x[r, :] = table[tokens[r], :] for the rows r < step.n whose token falls in this chunk of an
+// embedding table [vocab, dim] (the same weight buffers a tied output projection reads).
+//
+// Preceded by one weight format file (shaders/formats/*.wgsl) that defines `load_unit(row, u)`: the
+// 32 values table[row, 32u .. 32u + 32] dequantised to f32. One invocation per (unit, row).
+
+struct Step { n: u32, start_pos: u32 }
+struct Params {
+    dim: u32,        // embedding width
+    units: u32,      // ceil(dim / 32)
+    row_start: u32,  // first vocabulary row held by this chunk
+    rows: u32,       // vocabulary rows in this chunk
+    scale_base: u32, // u32 word where the format's scale section starts (formats that have one)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> tokens: array<u32>;          // [n]
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;         // [rows, units] blocks of the weight format
+@group(0) @binding(4) var<storage, read_write> x: array<f32>;         // [n, dim]
+
+@compute @workgroup_size(64)
+fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+    let u = gid.x;
+    let r = gid.y;
+    if (u >= p.units || r >= step.n) { return; }
+    let t = tokens[r];
+    if (t < p.row_start || t >= p.row_start + p.rows) { return; }
+    var v = load_unit(t - p.row_start, u);
+    for (var i = 0u; i < 32u; i++) {
+        let e = 32u * u + i;
+        if (e < p.dim) { x[r * p.dim + e] = v[i / 4u][i % 4u]; }
+    }
+}

@@ -1,0 +1,27 @@
+// Weight format Q4_0 (ggml block_q4_0, 32 elements: f16 d, 16 bytes of nibbles; element j < 16 is
+// the low nibble of byte j, element j + 16 its high nibble; x = d * (q - 8)), in two sections:
+//   quants: block b (= row * units + u) is one vec4<u32> at vec4 index b
+//   scales: d of block b is f16 number b of the section starting at u32 word p.scale_base
+// Dequantised in f32 exactly as ggml's dequantize_row_q4_0. Included ahead of an op (matmul, embed)
+// that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`.
+
+fn word_at(i: u32) -> u32 {
+    return w[i / 4u][i % 4u];
+}
+
+fn half_at(h: u32) -> f32 {
+    return unpack2x16float(word_at(p.scale_base + h / 2u))[h % 2u];
+}
+
+fn load_unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+    let b = row * p.units + u;
+    let d = half_at(b);
+    let v = w[b];
+    var out: array<vec4<f32>, 8>;
+    for (var g = 0u; g < 8u; g++) {
+        let sh = 4u * (g / 4u);
+        let q = (vec4<u32>(v[g % 4u]) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
+        out[g] = d * vec4<f32>(vec4<i32>(q) - vec4<i32>(8));
+    }
+    return out;
+}

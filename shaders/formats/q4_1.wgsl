@@ -1,0 +1,21 @@
+// Weight format Q4_1 (ggml block_q4_1, 32 elements: f16 d, f16 m, 16 bytes of nibbles; element
+// j < 16 is the low nibble of byte j, element j + 16 its high nibble; x = d * q + m), in two sections:
+//   quants: block b (= row * units + u) is one vec4<u32> at vec4 index b
+//   scales: (d, m) of block b is the f16 pair in u32 word p.scale_base + b
+// Dequantised in f32 exactly as ggml's dequantize_row_q4_1 (d * q is exact, so a fused multiply-add
+// rounds the same). Included ahead of an op (matmul, embed) that declares `w: array<vec4<u32>>`,
+// `p.units` and `p.scale_base`.
+
+fn load_unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+    let b = row * p.units + u;
+    let s = p.scale_base + b;
+    let dm = unpack2x16float(w[s / 4u][s % 4u]);
+    let v = w[b];
+    var out: array<vec4<f32>, 8>;
+    for (var g = 0u; g < 8u; g++) {
+        let sh = 4u * (g / 4u);
+        let q = (vec4<u32>(v[g % 4u]) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
+        out[g] = dm.x * vec4<f32>(q) + dm.y;
+    }
+    return out;
+}
