@@ -1,8 +1,8 @@
 // x[r, :] = table[tokens[r], :] for the rows r < step.n whose token falls in this chunk of an
 // embedding table [vocab, dim] (the same weight buffers a tied output projection reads).
 //
-// Preceded by one weight format file (shaders/formats/*.wgsl) that defines `load_unit(row, u)`: the
-// 32 values table[row, 32u .. 32u + 32] dequantised to f32. One invocation per (unit, row).
+// Preceded by one weight format file (shaders/formats/*.wgsl) that defines `unit_head(row, u)` and
+// `unit_group(h, g)`: the values table[row, 32u + 4g .. 32u + 4g + 4] dequantised to f32. One invocation per (unit, row).
 
 struct Step { n: u32, start_pos: u32 }
 struct Params {
@@ -29,9 +29,12 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     if (u >= p.units || r >= step.n) { return; }
     let t = tokens[r];
     if (t < p.row_start || t >= p.row_start + p.rows) { return; }
-    var v = load_unit(t - p.row_start, u);
-    for (var i = 0u; i < 32u; i++) {
-        let e = 32u * u + i;
-        if (e < p.dim) { x[r * p.dim + e] = v[i / 4u][i % 4u]; }
+    let h = unit_head(t - p.row_start, u);
+    for (var g = 0u; g < 8u; g++) {
+        let v = unit_group(h, g);
+        for (var i = 0u; i < 4u; i++) {
+            let e = 32u * u + 4u * g + i;
+            if (e < p.dim) { x[r * p.dim + e] = v[i]; }
+        }
     }
 }

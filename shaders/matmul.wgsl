@@ -1,16 +1,17 @@
 // y[r, col_offset + c] (=|+=) sum_k x[r, k] * w[c, k] (+ bias[c]) for the rows r < step.n of a pass,
 // over one chunk of a weight matrix's rows (the output columns c < cols).
 //
-// Preceded by one weight format file (shaders/formats/*.wgsl) that defines `load_unit(c, u)`: the
-// 32 weights w[c, 32u .. 32u + 32] dequantised to f32, straight from the stored blocks.
+// Preceded by one weight format file (shaders/formats/*.wgsl) that defines `unit_head(c, u)` and
+// `unit_group(h, g)`: the weights w[c, 32u + 4g .. 32u + 4g + 4] dequantised to f32, straight from
+// the stored blocks.
 //
 // Shape for a GPU: a workgroup of 64 invocations owns a tile of 4 columns and a group of up to 8
-// rows. 16 lanes per column stride over k, 32 weights (one unit) at a time, and apply each unit
-// they load to every row of the group (weights are read once per 8 rows, not once per row). The
-// 16 partial sums of each (row, column) are then added by a fixed tree in workgroup memory.
+// rows. 16 lanes per column stride over k, 32 weights (one unit) at a time, and apply each group
+// of weights they load to every row of the group (weights are read once per 8 rows, not once per
+// row). The 16 partial sums of each (row, column) are then added by a fixed tree in workgroup memory.
 //
-// Batch-invariant: the order of every sum depends on k and the lane mapping only: a row is computed
-// by the same instructions whether the pass holds 1 row or 32, so its bits are the same.
+// Batch-invariant: the order of every sum depends on k and LANES only (fixed per pipeline): a row
+// is computed by the same instructions whether the pass holds 1 row or 32, so its bits are the same.
 
 struct Step { n: u32, start_pos: u32 }
 struct Params {
@@ -28,9 +29,12 @@ struct Params {
     _pad2: u32,
 }
 
-const LANES: u32 = 16u; // invocations per column, splitting k
-const TILE: u32 = 4u;   // columns per workgroup
-const ROWS: u32 = 8u;   // rows per workgroup
+// Invocations per column quad, splitting k: 16 on GPUs. An adapter that runs invocations on a CPU
+// (lavapipe, SwiftShader) gets 1, where workgroup barriers cost more than they save: each
+// invocation then walks all of k for its four columns (with the same per-output code).
+override LANES: u32 = 16u;
+const WG: u32 = 64u;    // invocations per workgroup; 4 * 64 / LANES columns per workgroup
+const ROWS: u32 = 4u;   // rows per workgroup
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -39,62 +43,98 @@ const ROWS: u32 = 8u;   // rows per workgroup
 @group(0) @binding(4) var<storage, read> bias: array<f32>;           // [cols] (this chunk) or unused
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;        // [rows_y, ldy]
 
-var<workgroup> partial: array<array<f32, ROWS>, 64>;                // [TILE * LANES, ROWS]
+var<workgroup> partial: array<array<vec4<f32>, 4>, WG>;             // [WG, ROWS, 4 columns]
 
-@compute @workgroup_size(64)
+// y[row, c] (=|+=) sum (+ bias[c])
+fn store(c: u32, row: u32, sum: f32) {
+    var v = sum;
+    if (p.has_bias == 1u) { v += bias[c]; }
+    let base = select(0u, step.start_pos, p.y_row_base == 1u);
+    let i = (base + row) * p.ldy + p.col_offset + c;
+    if (p.accumulate == 1u) { v = y[i] + v; }
+    y[i] = v;
+}
+
+@compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = lid.x;
     let lane = t % LANES;
-    let c = wid.x * TILE + t / LANES;
+    let c0 = 4u * (wid.x * (WG / LANES) + t / LANES); // first of this invocation's four columns
     let r0 = wid.y * ROWS;
+    let nr = min(ROWS, step.n - r0); // rows of this group (the grid covers only rows < n)
     let k4 = p.k / 4u;
+    // columns past the chunk read the last one (their sums are never stored)
+    let last = p.cols - 1u;
+    let cs = vec4<u32>(min(c0, last), min(c0 + 1u, last), min(c0 + 2u, last), min(c0 + 3u, last));
 
-    // 1. this lane's share of k for up to 8 rows: units lane, lane + 16, ...
-    var acc: array<f32, ROWS>;
-    if (c < p.cols) {
+    // 1. this lane's share of k: units lane, lane + LANES, ... Each group of 4 weights of the four
+    //    columns is dequantised once and applied to every row, each vec4 of x is loaded once and
+    //    applied to the four columns. acc[r] holds row r0 + r for the four columns; every output
+    //    is one accumulator summed in k order within the lane, by the same instructions whatever
+    //    nr is. A group of one row (a decode step) has its own loop; a group of more computes all
+    //    four rows without a branch per row (CPU adapters would run masked rows anyway): rows past
+    //    n read finite values of the x buffer and are never stored.
+    var acc: array<vec4<f32>, 4>;
+    if (c0 <= last) {
         for (var u = lane; u < p.units; u += LANES) {
-            var wu = load_unit(c, u);
-            // vec4s of x that exist in this unit (the last unit of a k that is no multiple of 32
-            // has fewer; its weights are zero padding)
+            let h0 = unit_head(cs.x, u);
+            let h1 = unit_head(cs.y, u);
+            let h2 = unit_head(cs.z, u);
+            let h3 = unit_head(cs.w, u);
+            // vec4s of x that exist in this unit: fewer than 8 only in the last unit of a k that
+            // is no multiple of 32, whose remaining weights are zero padding
             let valid = min(8u, k4 - 8u * u);
-            for (var r = 0u; r < ROWS; r++) {
-                if (r0 + r < step.n) {
-                    let xb = (r0 + r) * k4 + 8u * u;
-                    var s = 0.0;
-                    for (var g = 0u; g < 8u; g++) {
-                        if (g < valid) { s += dot(wu[g], x[xb + g]); }
-                    }
-                    acc[r] += s;
+            let xi = r0 * k4 + 8u * u;
+            if (nr == 1u) {
+                for (var g = 0u; g < valid; g++) {
+                    let xv = x[xi + g];
+                    acc[0] += vec4<f32>(
+                        dot(unit_group(h0, g), xv),
+                        dot(unit_group(h1, g), xv),
+                        dot(unit_group(h2, g), xv),
+                        dot(unit_group(h3, g), xv),
+                    );
+                }
+            } else {
+                for (var g = 0u; g < valid; g++) {
+                    let w0 = unit_group(h0, g);
+                    let w1 = unit_group(h1, g);
+                    let w2 = unit_group(h2, g);
+                    let w3 = unit_group(h3, g);
+                    let x0 = x[xi + g];
+                    let x1 = x[xi + k4 + g];
+                    let x2 = x[xi + 2u * k4 + g];
+                    let x3 = x[xi + 3u * k4 + g];
+                    acc[0] += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
+                    acc[1] += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
+                    acc[2] += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
+                    acc[3] += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
                 }
             }
         }
     }
-    for (var r = 0u; r < ROWS; r++) {
-        partial[t][r] = acc[r];
-    }
-    workgroupBarrier();
 
-    // 2. the 16 lanes of each column, added by a fixed tree
-    for (var stride = LANES / 2u; stride > 0u; stride /= 2u) {
-        if (lane < stride) {
-            for (var r = 0u; r < ROWS; r++) {
-                partial[t][r] += partial[t + stride][r];
-            }
-        }
+    // 2. the LANES partial sums of each output, added by a fixed tree in workgroup memory
+    if (LANES > 1u) {
+        partial[t] = acc;
         workgroupBarrier();
+        for (var stride = LANES / 2u; stride > 0u; stride /= 2u) {
+            if (lane < stride) {
+                for (var r = 0u; r < ROWS; r++) {
+                    partial[t][r] += partial[t + stride][r];
+                }
+            }
+            workgroupBarrier();
+        }
+        acc = partial[t];
     }
 
-    // 3. one invocation per (column, row) writes its output
-    if (t < TILE * ROWS) {
-        let oc = wid.x * TILE + t / ROWS;
-        let r = t % ROWS;
-        if (oc < p.cols && r0 + r < step.n) {
-            var v = partial[(t / ROWS) * LANES][r];
-            if (p.has_bias == 1u) { v += bias[oc]; }
-            let base = select(0u, step.start_pos, p.y_row_base == 1u);
-            let i = (base + r0 + r) * p.ldy + p.col_offset + oc;
-            if (p.accumulate == 1u) { v = y[i] + v; }
-            y[i] = v;
+    // 3. lane 0 writes the outputs of its columns
+    if (lane == 0u && c0 <= last) {
+        for (var r = 0u; r < nr; r++) {
+            for (var j = 0u; j < 4u; j++) {
+                if (c0 + j <= last) { store(c0 + j, r0 + r, acc[r][j]); }
+            }
         }
     }
 }

@@ -1,12 +1,14 @@
 // Weight format F32: each matrix row is its k values, padded with zeros to a multiple of 32.
-// Row `row`, unit u (elements 32u .. 32u + 32) is eight vec4 at vec4 index (row * units + u) * 8.
-// Included ahead of an op (matmul, embed) that declares `w: array<vec4<u32>>` and `p.units`.
+// Unit u of row `row` (elements 32u .. 32u + 32) is eight vec4 at vec4 index (row * units + u) * 8.
+// Included ahead of an op (matmul, embed) that declares `w: array<vec4<u32>>` and `p.units`;
+// the op calls `unit_head` once per unit and `unit_group(h, g)` for its eight groups of 4 weights.
 
-fn load_unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
-    let base = (row * p.units + u) * 8u;
-    var out: array<vec4<f32>, 8>;
-    for (var g = 0u; g < 8u; g++) {
-        out[g] = bitcast<vec4<f32>>(w[base + g]);
-    }
-    return out;
+struct Unit { base: u32 }
+
+fn unit_head(row: u32, u: u32) -> Unit {
+    return Unit((row * p.units + u) * 8u);
+}
+
+fn unit_group(h: Unit, g: u32) -> vec4<f32> {
+    return bitcast<vec4<f32>>(w[h.base + g]);
 }

@@ -3,25 +3,19 @@
 //   quants: block b (= row * units + u) is one vec4<u32> at vec4 index b
 //   scales: d of block b is f16 number b of the section starting at u32 word p.scale_base
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_0. Included ahead of an op (matmul, embed)
-// that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`.
+// that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`; the op calls `unit_head` once
+// per unit and `unit_group(h, g)` for its eight groups of 4 weights.
 
-fn word_at(i: u32) -> u32 {
-    return w[i / 4u][i % 4u];
-}
+struct Unit { q: vec4<u32>, d: f32 }
 
-fn half_at(h: u32) -> f32 {
-    return unpack2x16float(word_at(p.scale_base + h / 2u))[h % 2u];
-}
-
-fn load_unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+fn unit_head(row: u32, u: u32) -> Unit {
     let b = row * p.units + u;
-    let d = half_at(b);
-    let v = w[b];
-    var out: array<vec4<f32>, 8>;
-    for (var g = 0u; g < 8u; g++) {
-        let sh = 4u * (g / 4u);
-        let q = (vec4<u32>(v[g % 4u]) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
-        out[g] = d * vec4<f32>(vec4<i32>(q) - vec4<i32>(8));
-    }
-    return out;
+    let s = p.scale_base + b / 2u;
+    return Unit(w[b], unpack2x16float(w[s / 4u][s % 4u])[b % 2u]);
+}
+
+fn unit_group(h: Unit, g: u32) -> vec4<f32> {
+    let sh = 4u * (g / 4u);
+    let q = (vec4<u32>(h.q[g % 4u]) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
+    return h.d * vec4<f32>(vec4<i32>(q) - vec4<i32>(8));
 }

@@ -4,18 +4,19 @@
 //   scales: (d, m) of block b is the f16 pair in u32 word p.scale_base + b
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_1 (d * q is exact, so a fused multiply-add
 // rounds the same). Included ahead of an op (matmul, embed) that declares `w: array<vec4<u32>>`,
-// `p.units` and `p.scale_base`.
+// `p.units` and `p.scale_base`; the op calls `unit_head` once per unit and `unit_group(h, g)` for
+// its eight groups of 4 weights.
 
-fn load_unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+struct Unit { q: vec4<u32>, dm: vec2<f32> }
+
+fn unit_head(row: u32, u: u32) -> Unit {
     let b = row * p.units + u;
     let s = p.scale_base + b;
-    let dm = unpack2x16float(w[s / 4u][s % 4u]);
-    let v = w[b];
-    var out: array<vec4<f32>, 8>;
-    for (var g = 0u; g < 8u; g++) {
-        let sh = 4u * (g / 4u);
-        let q = (vec4<u32>(v[g % 4u]) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
-        out[g] = dm.x * vec4<f32>(q) + dm.y;
-    }
-    return out;
+    return Unit(w[b], unpack2x16float(w[s / 4u][s % 4u]));
+}
+
+fn unit_group(h: Unit, g: u32) -> vec4<f32> {
+    let sh = 4u * (g / 4u);
+    let q = (vec4<u32>(h.q[g % 4u]) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
+    return h.dm.x * vec4<f32>(q) + h.dm.y;
 }

@@ -5,37 +5,38 @@
 // A unit is one sub-block: unit u of row `row` lives in super-block (row * units + u) / 8.
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_K ((d * sc) * q is exact, so a fused
 // multiply-add rounds the same). Included ahead of an op (matmul, embed) that declares
-// `w: array<vec4<u32>>` and `p.units`.
+// `w: array<vec4<u32>>` and `p.units`; the op calls `unit_head` once per unit and
+// `unit_group(h, g)` for its eight groups of 4 weights.
 
-fn load_unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
+struct Unit { q0: vec4<u32>, q1: vec4<u32>, sh: u32, scale: f32, mn: f32 }
+
+// byte i of the twelve scale bytes held in words (a, b, c)
+fn scale_byte(sb: vec3<u32>, i: u32) -> u32 {
+    return (sb[i / 4u] >> (8u * (i % 4u))) & 255u;
+}
+
+fn unit_head(row: u32, u: u32) -> Unit {
     let base = (row * p.units + u) / 8u * 9u;
     let s = u % 8u;
     let head = w[base];
     let dd = unpack2x16float(head.x);
-    // the twelve scale bytes
-    var sb = array<u32, 3>(head.y, head.z, head.w);
+    let sb = head.yzw;
     var sc: u32;
     var m: u32;
     if (s < 4u) {
-        sc = (sb[s / 4u] >> (8u * (s % 4u))) & 63u;
-        m = (sb[(s + 4u) / 4u] >> (8u * ((s + 4u) % 4u))) & 63u;
+        sc = scale_byte(sb, s) & 63u;
+        m = scale_byte(sb, s + 4u) & 63u;
     } else {
-        let a = (sb[(s + 4u) / 4u] >> (8u * ((s + 4u) % 4u))) & 255u; // byte s + 4
-        let lo = (sb[(s - 4u) / 4u] >> (8u * ((s - 4u) % 4u))) & 255u; // byte s - 4
-        let hi = (sb[s / 4u] >> (8u * (s % 4u))) & 255u; // byte s
-        sc = (a & 15u) | ((lo >> 6u) << 4u);
-        m = (a >> 4u) | ((hi >> 6u) << 4u);
+        let a = scale_byte(sb, s + 4u);
+        sc = (a & 15u) | ((scale_byte(sb, s - 4u) >> 6u) << 4u);
+        m = (a >> 4u) | ((scale_byte(sb, s) >> 6u) << 4u);
     }
-    let scale = dd.x * f32(sc);
-    let mn = dd.y * f32(m);
-    let sh = 4u * (s % 2u);
-    let q0 = w[base + 1u + 2u * (s / 2u)];
-    let q1 = w[base + 2u + 2u * (s / 2u)];
-    var out: array<vec4<f32>, 8>;
-    for (var g = 0u; g < 8u; g++) {
-        let word = select(q1[g % 4u], q0[g % 4u], g < 4u);
-        let q = (vec4<u32>(word) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
-        out[g] = scale * vec4<f32>(q) - mn;
-    }
-    return out;
+    let q = base + 1u + 2u * (s / 2u);
+    return Unit(w[q], w[q + 1u], 4u * (s % 2u), dd.x * f32(sc), dd.y * f32(m));
+}
+
+fn unit_group(h: Unit, g: u32) -> vec4<f32> {
+    let word = select(h.q1[g % 4u], h.q0[g % 4u], g < 4u);
+    let q = (vec4<u32>(word) >> vec4<u32>(h.sh, h.sh + 8u, h.sh + 16u, h.sh + 24u)) & vec4<u32>(15u);
+    return h.scale * vec4<f32>(q) - h.mn;
 }

@@ -4,27 +4,26 @@
 //   quants: block b (= row * units + u) is five u32 words at word 5b: the 16 nibble bytes, then qh
 //   scales: d of block b is f16 number b of the section starting at u32 word p.scale_base
 // Dequantised in f32 exactly as ggml's dequantize_row_q5_0. Included ahead of an op (matmul, embed)
-// that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`.
+// that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`; the op calls `unit_head` once
+// per unit and `unit_group(h, g)` for its eight groups of 4 weights.
+
+struct Unit { q: vec4<u32>, qh: u32, d: f32 }
 
 fn word_at(i: u32) -> u32 {
     return w[i / 4u][i % 4u];
 }
 
-fn half_at(h: u32) -> f32 {
-    return unpack2x16float(word_at(p.scale_base + h / 2u))[h % 2u];
+fn unit_head(row: u32, u: u32) -> Unit {
+    let b = row * p.units + u;
+    let q = vec4<u32>(word_at(5u * b), word_at(5u * b + 1u), word_at(5u * b + 2u), word_at(5u * b + 3u));
+    let d = unpack2x16float(word_at(p.scale_base + b / 2u))[b % 2u];
+    return Unit(q, word_at(5u * b + 4u), d);
 }
 
-fn load_unit(row: u32, u: u32) -> array<vec4<f32>, 8> {
-    let b = row * p.units + u;
-    let d = half_at(b);
-    let qh = word_at(5u * b + 4u);
-    var out: array<vec4<f32>, 8>;
-    for (var g = 0u; g < 8u; g++) {
-        let sh = 4u * (g / 4u);
-        let lo = (vec4<u32>(word_at(5u * b + g % 4u)) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
-        let e = 4u * g; // element index of this group's first value
-        let hi = (vec4<u32>(qh) >> vec4<u32>(e, e + 1u, e + 2u, e + 3u)) & vec4<u32>(1u);
-        out[g] = d * vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(16));
-    }
-    return out;
+fn unit_group(h: Unit, g: u32) -> vec4<f32> {
+    let sh = 4u * (g / 4u);
+    let lo = (vec4<u32>(h.q[g % 4u]) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
+    let e = 4u * g; // element index of this group's first value
+    let hi = (vec4<u32>(h.qh) >> vec4<u32>(e, e + 1u, e + 2u, e + 3u)) & vec4<u32>(1u);
+    return h.d * vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(16));
 }

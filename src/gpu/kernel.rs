@@ -70,8 +70,10 @@ pub struct Pipelines {
 
 impl Pipelines {
     /// Compiles every kernel. Shader errors surface as [`Error::Gpu`] naming the kernel.
-    pub async fn build(device: &wgpu::Device) -> Result<Pipelines> {
+    /// `matmul_lanes` sets the matmul's invocations per column (its `LANES` override).
+    pub async fn build(device: &wgpu::Device, matmul_lanes: u32) -> Result<Pipelines> {
         let kernels = Kernel::all();
+        let lanes = [("LANES", matmul_lanes as f64)];
         let mut table = Vec::with_capacity(kernels.len());
         for kernel in kernels {
             let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -84,7 +86,14 @@ impl Pipelines {
                 layout: None,
                 module: &module,
                 entry_point: Some("main"),
-                compilation_options: Default::default(),
+                compilation_options: wgpu::PipelineCompilationOptions {
+                    constants: match kernel {
+                        Kernel::Matmul(_) => &lanes,
+                        _ => &[],
+                    },
+                    // Every kernel writes its workgroup memory before reading it.
+                    zero_initialize_workgroup_memory: false,
+                },
                 cache: None,
             });
             if let Some(err) = scope.pop().await {

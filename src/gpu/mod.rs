@@ -12,7 +12,7 @@ mod ops;
 pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, PackedRows, WeightBuffer, WeightFormat, UNIT};
 pub use kernel::{Kernel, Pipelines};
-pub use ops::{AttentionShape, MatmulOut, RopeLayout, Step, MATMUL_ROWS, MATMUL_TILE};
+pub use ops::{AttentionShape, MatmulOut, RopeLayout, Step, MATMUL_ROWS};
 
 use crate::error::{Error, Result};
 
@@ -24,6 +24,8 @@ pub struct Gpu {
     pub info: wgpu::AdapterInfo,
     /// The limits the device was created with: the adapter's own, not WebGPU's defaults.
     pub limits: wgpu::Limits,
+    /// Matmul invocations per output column: 16 on GPUs, 1 where invocations run on a CPU.
+    matmul_lanes: u32,
     pipelines: Pipelines,
 }
 
@@ -63,6 +65,14 @@ pub fn groups(items: usize) -> u32 {
     items.div_ceil(Kernel::WORKGROUP as usize) as u32
 }
 
+/// Whether the adapter runs invocations on CPU cores (lavapipe / llvmpipe, SwiftShader, WARP):
+/// there a workgroup barrier is a context switch, so the matmul gives each column one invocation.
+fn runs_on_cpu(info: &wgpu::AdapterInfo) -> bool {
+    let name = info.name.to_lowercase();
+    info.device_type == wgpu::DeviceType::Cpu
+        || ["llvmpipe", "lavapipe", "swiftshader", "warp"].iter().any(|n| name.contains(n))
+}
+
 impl Gpu {
     /// Picks the highest-performance adapter and creates a device with the adapter's full limits.
     pub async fn new() -> Result<Gpu> {
@@ -99,8 +109,14 @@ impl Gpu {
             })
             .await
             .map_err(|e| Error::NoGpu(format!("adapter {} refused a device: {e}", info.name)))?;
-        let pipelines = Pipelines::build(&device).await?;
-        Ok(Gpu { device, queue, info, limits, pipelines })
+        let matmul_lanes = if runs_on_cpu(&info) { 1 } else { 16 };
+        let pipelines = Pipelines::build(&device, matmul_lanes).await?;
+        Ok(Gpu { device, queue, info, limits, matmul_lanes, pipelines })
+    }
+
+    /// Output columns one matmul workgroup computes (4 per invocation, 64 / lanes invocations).
+    pub fn matmul_columns_per_group(&self) -> usize {
+        (4 * Kernel::WORKGROUP / self.matmul_lanes) as usize
     }
 
     /// A one-line description of the adapter, for logs and benchmark records.

@@ -7,10 +7,8 @@ use bytemuck::{Pod, Zeroable};
 
 use super::{groups, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
 
-/// Output columns one matmul workgroup computes (`TILE` in `shaders/matmul.wgsl`).
-pub const MATMUL_TILE: usize = 4;
 /// Rows of a pass one matmul workgroup computes (`ROWS` in `shaders/matmul.wgsl`).
-pub const MATMUL_ROWS: u32 = 8;
+pub const MATMUL_ROWS: u32 = 4;
 
 /// The per-pass uniform shared by every op: rows in the pass and the position of the first row.
 #[repr(C)]
@@ -142,7 +140,8 @@ impl Gpu {
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         // An unused bias binding still needs a buffer: x serves (it is never read then).
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
-        let grid = Grid::RowGroups { x: w.rows.div_ceil(MATMUL_TILE) as u32, rows: MATMUL_ROWS };
+        let grid =
+            Grid::RowGroups { x: w.rows.div_ceil(self.matmul_columns_per_group()) as u32, rows: MATMUL_ROWS };
         self.op(Kernel::Matmul(w.format), step, &params, &[&x.raw, &w.raw, bias_raw, &y.raw], grid)
     }
 

@@ -5,9 +5,7 @@
 use super::checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 use super::config::Config;
 use crate::error::{Error, Result};
-use crate::gpu::{
-    pack_f32_rows, pack_rows, Gpu, GpuBuffer, MatmulOut, Op, WeightBuffer, WeightFormat, MATMUL_TILE,
-};
+use crate::gpu::{pack_f32_rows, pack_rows, Gpu, GpuBuffer, MatmulOut, Op, WeightBuffer, WeightFormat};
 use crate::loader::DType;
 
 /// Rows `[row_start, row_start + rows)` of a matrix in one buffer.
@@ -39,8 +37,9 @@ impl Matrix {
         let max_bytes = max_bytes.min(gpu.max_binding_bytes());
         // 16 bytes of slack: a buffer rounds its scale section and its size up.
         let by_bytes = (max_bytes.saturating_sub(16) / row_bytes.max(1)) as usize;
-        // Each matmul workgroup takes MATMUL_TILE rows; the grid has at most 65535 groups along x.
-        let by_groups = gpu.limits.max_compute_workgroups_per_dimension as usize * MATMUL_TILE;
+        // Each matmul workgroup takes a few rows; the grid has at most 65535 groups along x.
+        let by_groups =
+            gpu.limits.max_compute_workgroups_per_dimension as usize * gpu.matmul_columns_per_group();
         let rows_per_chunk = by_bytes.min(by_groups);
         if rows_per_chunk == 0 {
             return Err(Error::GpuLimit(format!(
