@@ -4,7 +4,7 @@
 mod common;
 mod reference;
 
-use common::{assert_close, gpu, rand_vec, read_f32, read_u32, rng, tiny};
+use common::{assert_close, gpu, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
 use wgspec::gpu::{AttentionShape, Gpu, GpuBuffer, MatmulOut, Op, RopeLayout, WeightBuffer, WeightFormat};
 use wgspec::loader::{quant, DType};
@@ -83,32 +83,39 @@ fn check_matmul(
 
 #[test]
 fn matmul_matches_reference_for_every_weight_format() {
-    // Every stored type, dequantised inside the kernel, against the CPU dequantisation + f64 sums;
-    // 1..=16 rows (two row groups), column counts that are no multiple of the tile, bias or not.
-    let gpu = gpu();
-    let step = gpu.step_buffer();
-    let mut rng = rng(1);
-    for dtype in DType::ALL {
-        let block = dtype.block_len().max(32);
-        for &(n, k, cols) in &[(1, block, 1), (3, 2 * block, 13), (16, 3 * block, 37), (9, block * 6, 6)] {
-            for with_bias in [false, true] {
-                let what = format!("matmul {dtype} n={n} k={k} cols={cols} bias={with_bias}");
-                let x = rand_vec(&mut rng, n * k, 1.0);
-                let (bytes, w) = random_weights(&mut rng, dtype, cols, k);
-                let bias = rand_vec(&mut rng, cols, 0.3);
-                let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-                let wb = upload(&gpu, dtype, &bytes, cols, k);
-                assert_eq!(wb.format, WeightFormat::of(dtype), "{what}: kept in its stored format");
-                let bb = GpuBuffer::<f32>::from_slice(&gpu, "b", &bias);
-                // Write into the middle columns of a wider output, as a chunk of a split matrix does.
-                let (ldy, off) = (cols + 3, 2usize);
-                let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * ldy);
-                let out = MatmulOut { ldy: ldy as u32, col_offset: off as u32, ..Default::default() };
-                let op = gpu.matmul(&step, &xb, &wb, with_bias.then_some(&bb), &yb, out);
-                run(&gpu, &step, &[op], n, 0);
-                let y = read_f32(&gpu, &yb.raw, n * ldy);
-                let (want, bound) = ref_matmul(&x, &w, with_bias.then_some(&bias[..]), n, k, cols);
-                check_matmul(&what, &y, ldy, off, &want, &bound, n, cols);
+    for gpu in gpus() {
+        // Every stored type, dequantised inside the kernel, against the CPU dequantisation + f64 sums;
+        // 1..=16 rows (two row groups), column counts that are no multiple of the tile, bias or not.
+        let step = gpu.step_buffer();
+        let mut rng = rng(1);
+        for dtype in DType::ALL {
+            let block = dtype.block_len().max(32);
+            for &(n, k, cols) in &[(1, block, 1), (3, 2 * block, 13), (16, 3 * block, 37), (9, block * 6, 6)]
+            {
+                for with_bias in [false, true] {
+                    let what = format!("matmul {dtype} n={n} k={k} cols={cols} bias={with_bias}");
+                    let x = rand_vec(&mut rng, n * k, 1.0);
+                    let (bytes, w) = random_weights(&mut rng, dtype, cols, k);
+                    let bias = rand_vec(&mut rng, cols, 0.3);
+                    let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+                    let wb = upload(&gpu, dtype, &bytes, cols, k);
+                    assert_eq!(
+                        wb.format,
+                        WeightFormat::of(dtype),
+                        "{what}: kept in its stored format ({})",
+                        gpu.describe()
+                    );
+                    let bb = GpuBuffer::<f32>::from_slice(&gpu, "b", &bias);
+                    // Write into the middle columns of a wider output, as a chunk of a split matrix does.
+                    let (ldy, off) = (cols + 3, 2usize);
+                    let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * ldy);
+                    let out = MatmulOut { ldy: ldy as u32, col_offset: off as u32, ..Default::default() };
+                    let op = gpu.matmul(&step, &xb, &wb, with_bias.then_some(&bb), &yb, out);
+                    run(&gpu, &step, &[op], n, 0);
+                    let y = read_f32(&gpu, &yb.raw, n * ldy);
+                    let (want, bound) = ref_matmul(&x, &w, with_bias.then_some(&bias[..]), n, k, cols);
+                    check_matmul(&what, &y, ldy, off, &want, &bound, n, cols);
+                }
             }
         }
     }
@@ -116,25 +123,26 @@ fn matmul_matches_reference_for_every_weight_format() {
 
 #[test]
 fn matmul_matches_reference_for_float_rows_of_any_length() {
-    // k that is no multiple of 32 (rows padded with zeros on the GPU), and k = 8960 over 10 rows:
-    // Qwen2.5-1.5B's ffn width, where a thread looping over every row once corrupted lavapipe.
-    let gpu = gpu();
-    let step = gpu.step_buffer();
-    let mut rng = rng(11);
-    for &(n, k, cols) in &[(1, 4, 1), (3, 68, 63), (5, 100, 65), (32, 260, 130), (10, 8960, 9)] {
-        for dtype in [DType::F32, DType::F16, DType::BF16] {
-            let what = format!("matmul {dtype} n={n} k={k} cols={cols}");
-            let x = rand_vec(&mut rng, n * k, 1.0);
-            let (bytes, w) = random_weights(&mut rng, dtype, cols, k);
-            let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-            let wb = upload(&gpu, dtype, &bytes, cols, k);
-            let (ldy, off) = (cols + 1, 1usize);
-            let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * ldy);
-            let out = MatmulOut { ldy: ldy as u32, col_offset: off as u32, ..Default::default() };
-            run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, None, &yb, out)], n, 0);
-            let y = read_f32(&gpu, &yb.raw, n * ldy);
-            let (want, bound) = ref_matmul(&x, &w, None, n, k, cols);
-            check_matmul(&what, &y, ldy, off, &want, &bound, n, cols);
+    for gpu in gpus() {
+        // k that is no multiple of 32 (rows padded with zeros on the GPU), and k = 8960 over 10 rows:
+        // Qwen2.5-1.5B's ffn width, where a thread looping over every row once corrupted lavapipe.
+        let step = gpu.step_buffer();
+        let mut rng = rng(11);
+        for &(n, k, cols) in &[(1, 4, 1), (3, 68, 63), (5, 100, 65), (32, 260, 130), (10, 8960, 9)] {
+            for dtype in [DType::F32, DType::F16, DType::BF16] {
+                let what = format!("matmul {dtype} n={n} k={k} cols={cols}");
+                let x = rand_vec(&mut rng, n * k, 1.0);
+                let (bytes, w) = random_weights(&mut rng, dtype, cols, k);
+                let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+                let wb = upload(&gpu, dtype, &bytes, cols, k);
+                let (ldy, off) = (cols + 1, 1usize);
+                let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * ldy);
+                let out = MatmulOut { ldy: ldy as u32, col_offset: off as u32, ..Default::default() };
+                run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, None, &yb, out)], n, 0);
+                let y = read_f32(&gpu, &yb.raw, n * ldy);
+                let (want, bound) = ref_matmul(&x, &w, None, n, k, cols);
+                check_matmul(&what, &y, ldy, off, &want, &bound, n, cols);
+            }
         }
     }
 }
@@ -149,71 +157,73 @@ fn matmul_rejects_rows_the_kernels_cannot_read() {
 
 #[test]
 fn matmul_writes_kv_rows_at_start_pos_and_accumulates() {
-    let gpu = gpu();
-    let step = gpu.step_buffer();
-    let mut rng = rng(2);
-    let (n, k, cols, start) = (3, 12, 5, 4);
-    let x = rand_vec(&mut rng, n * k, 1.0);
-    let w = rand_vec(&mut rng, cols * k, 1.0);
-    let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-    let wb = WeightBuffer::from_f32(&gpu, "w", &w, cols, k).expect("weights");
-    let cache = GpuBuffer::<f32>::zeros(&gpu, "cache", 10 * cols);
-    let out = MatmulOut { ldy: cols as u32, at_start_pos: true, ..Default::default() };
-    run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, None, &cache, out)], n, start);
-    let y = read_f32(&gpu, &cache.raw, 10 * cols);
-    let (want, _) = ref_matmul(&x, &w, None, n, k, cols);
-    assert!(y[..start * cols].iter().all(|v| *v == 0.0), "rows before start_pos untouched");
-    assert!(y[(start + n) * cols..].iter().all(|v| *v == 0.0), "rows after the pass untouched");
-    assert_close("kv rows", &y[start * cols..(start + n) * cols], &want, 1e-5, 1e-5);
+    for gpu in gpus() {
+        let step = gpu.step_buffer();
+        let mut rng = rng(2);
+        let (n, k, cols, start) = (3, 12, 5, 4);
+        let x = rand_vec(&mut rng, n * k, 1.0);
+        let w = rand_vec(&mut rng, cols * k, 1.0);
+        let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+        let wb = WeightBuffer::from_f32(&gpu, "w", &w, cols, k).expect("weights");
+        let cache = GpuBuffer::<f32>::zeros(&gpu, "cache", 10 * cols);
+        let out = MatmulOut { ldy: cols as u32, at_start_pos: true, ..Default::default() };
+        run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, None, &cache, out)], n, start);
+        let y = read_f32(&gpu, &cache.raw, 10 * cols);
+        let (want, _) = ref_matmul(&x, &w, None, n, k, cols);
+        assert!(y[..start * cols].iter().all(|v| *v == 0.0), "rows before start_pos untouched");
+        assert!(y[(start + n) * cols..].iter().all(|v| *v == 0.0), "rows after the pass untouched");
+        assert_close("kv rows", &y[start * cols..(start + n) * cols], &want, 1e-5, 1e-5);
 
-    // accumulate: y += x w^T, bit for bit the sum of what y held and what the plain matmul writes
-    let before = rand_vec(&mut rng, n * cols, 3.0);
-    let plain = GpuBuffer::<f32>::zeros(&gpu, "plain", n * cols);
-    let acc = GpuBuffer::<f32>::from_slice(&gpu, "acc", &before);
-    let to = MatmulOut { ldy: cols as u32, ..Default::default() };
-    let ops = [
-        gpu.matmul(&step, &xb, &wb, None, &plain, to),
-        gpu.matmul(&step, &xb, &wb, None, &acc, MatmulOut { accumulate: true, ..to }),
-    ];
-    run(&gpu, &step, &ops, n, 0);
-    let plain = read_f32(&gpu, &plain.raw, n * cols);
-    let got = read_f32(&gpu, &acc.raw, n * cols);
-    let want: Vec<f32> = before.iter().zip(&plain).map(|(a, b)| a + b).collect();
-    assert_eq!(got, want, "y += x w^T");
+        // accumulate: y += x w^T, bit for bit the sum of what y held and what the plain matmul writes
+        let before = rand_vec(&mut rng, n * cols, 3.0);
+        let plain = GpuBuffer::<f32>::zeros(&gpu, "plain", n * cols);
+        let acc = GpuBuffer::<f32>::from_slice(&gpu, "acc", &before);
+        let to = MatmulOut { ldy: cols as u32, ..Default::default() };
+        let ops = [
+            gpu.matmul(&step, &xb, &wb, None, &plain, to),
+            gpu.matmul(&step, &xb, &wb, None, &acc, MatmulOut { accumulate: true, ..to }),
+        ];
+        run(&gpu, &step, &ops, n, 0);
+        let plain = read_f32(&gpu, &plain.raw, n * cols);
+        let got = read_f32(&gpu, &acc.raw, n * cols);
+        let want: Vec<f32> = before.iter().zip(&plain).map(|(a, b)| a + b).collect();
+        assert_eq!(got, want, "y += x w^T");
+    }
 }
 
 #[test]
 fn matmul_rows_are_batch_invariant() {
-    // Row r of a pass over n rows must equal, bit for bit, the same row computed alone, for the
-    // float and the block formats.
-    let gpu = gpu();
-    let step = gpu.step_buffer();
-    let mut rng = rng(3);
-    for dtype in [DType::F32, DType::Q4_K, DType::Q6_K, DType::Q8_0] {
-        let (k, cols) = (768, 97);
-        let x = rand_vec(&mut rng, 32 * k, 1.0);
-        let (bytes, _) = random_weights(&mut rng, dtype, cols, k);
-        let wb = upload(&gpu, dtype, &bytes, cols, k);
-        let full_x = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-        let full_y = GpuBuffer::<f32>::zeros(&gpu, "y", 32 * cols);
-        let out = MatmulOut { ldy: cols as u32, ..Default::default() };
-        let op = gpu.matmul(&step, &full_x, &wb, None, &full_y, out);
-        let mut singles = Vec::new();
-        for r in 0..32 {
-            let xr = GpuBuffer::<f32>::from_slice(&gpu, "xr", &x[r * k..(r + 1) * k]);
-            let yr = GpuBuffer::<f32>::zeros(&gpu, "yr", cols);
-            run(&gpu, &step, &[gpu.matmul(&step, &xr, &wb, None, &yr, out)], 1, 0);
-            singles.push(read_f32(&gpu, &yr.raw, cols));
-        }
-        for n in [32usize, 16, 5, 2] {
-            run(&gpu, &step, std::slice::from_ref(&op), n, 0);
-            let batch = read_f32(&gpu, &full_y.raw, n * cols);
-            for (r, single) in singles.iter().enumerate().take(n) {
-                let same = single
-                    .iter()
-                    .zip(&batch[r * cols..(r + 1) * cols])
-                    .all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{dtype}: row {r} of a {n}-row pass differs from the single-row pass");
+    for gpu in gpus() {
+        // Row r of a pass over n rows must equal, bit for bit, the same row computed alone, for the
+        // float and the block formats.
+        let step = gpu.step_buffer();
+        let mut rng = rng(3);
+        for dtype in [DType::F32, DType::Q4_K, DType::Q6_K, DType::Q8_0] {
+            let (k, cols) = (768, 97);
+            let x = rand_vec(&mut rng, 32 * k, 1.0);
+            let (bytes, _) = random_weights(&mut rng, dtype, cols, k);
+            let wb = upload(&gpu, dtype, &bytes, cols, k);
+            let full_x = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+            let full_y = GpuBuffer::<f32>::zeros(&gpu, "y", 32 * cols);
+            let out = MatmulOut { ldy: cols as u32, ..Default::default() };
+            let op = gpu.matmul(&step, &full_x, &wb, None, &full_y, out);
+            let mut singles = Vec::new();
+            for r in 0..32 {
+                let xr = GpuBuffer::<f32>::from_slice(&gpu, "xr", &x[r * k..(r + 1) * k]);
+                let yr = GpuBuffer::<f32>::zeros(&gpu, "yr", cols);
+                run(&gpu, &step, &[gpu.matmul(&step, &xr, &wb, None, &yr, out)], 1, 0);
+                singles.push(read_f32(&gpu, &yr.raw, cols));
+            }
+            for n in [32usize, 16, 5, 2] {
+                run(&gpu, &step, std::slice::from_ref(&op), n, 0);
+                let batch = read_f32(&gpu, &full_y.raw, n * cols);
+                for (r, single) in singles.iter().enumerate().take(n) {
+                    let same = single
+                        .iter()
+                        .zip(&batch[r * cols..(r + 1) * cols])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{dtype}: row {r} of a {n}-row pass differs from the single-row pass");
+                }
             }
         }
     }

@@ -5,7 +5,7 @@ mod common;
 mod reference;
 
 use common::tiny::{TinyModel, TinySpec};
-use common::{assert_close, gpu, rng};
+use common::{assert_close, gpu, gpu_shaped, rng};
 use reference::RefModel;
 use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
@@ -142,11 +142,19 @@ fn gguf_and_hugging_face_rotary_layouts_give_the_same_model() {
 
 #[test]
 fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+    // The adapter's default matmul and the GPU shape (16 lanes, fixed-tree reductions); F16 and
+    // Q4_1 blocks read in place.
+    for (spec, dtype, gpu) in [
+        (TinySpec::llama(), DType::F16, gpu()),
+        (TinySpec::qwen2(), DType::F16, gpu()),
+        (TinySpec::llama(), DType::Q4_1, gpu_shaped()),
+        (TinySpec::qwen2(), DType::F16, gpu_shaped()),
+    ] {
         let mut r = rng(50);
         let tiny = TinyModel::random(spec, &mut r);
-        let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F16, &mut r)).expect("gguf");
-        let mut m = load(&ckpt, Precision::Auto);
+        let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
+        let opts = LoadOptions { context: Some(64), ..Default::default() };
+        let mut m = Model::load(gpu, &ckpt, &opts, &mut |_| {}).expect("load");
         let vocab = spec.vocab as u32;
         let tokens: Vec<u32> = (0..20).map(|i| (i * 37 + 5) % vocab).collect();
         let v = spec.vocab;

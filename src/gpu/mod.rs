@@ -76,6 +76,12 @@ fn runs_on_cpu(info: &wgpu::AdapterInfo) -> bool {
 impl Gpu {
     /// Picks the highest-performance adapter and creates a device with the adapter's full limits.
     pub async fn new() -> Result<Gpu> {
+        Self::with_matmul_lanes(None).await
+    }
+
+    /// As [`Gpu::new`], with the matmul's invocations per column quad forced to `lanes` (a power
+    /// of two from 1 to 64) instead of the adapter's default: tests run the GPU shape on a CPU adapter.
+    pub async fn with_matmul_lanes(lanes: Option<u32>) -> Result<Gpu> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = instance
             .request_adapter(&wgpu::RequestAdapterOptions {
@@ -109,7 +115,14 @@ impl Gpu {
             })
             .await
             .map_err(|e| Error::NoGpu(format!("adapter {} refused a device: {e}", info.name)))?;
-        let matmul_lanes = if runs_on_cpu(&info) { 1 } else { 16 };
+        let matmul_lanes = match lanes {
+            Some(l) if l.is_power_of_two() && l <= Kernel::WORKGROUP => l,
+            Some(l) => {
+                return Err(Error::InvalidArgument(format!("matmul lanes {l}: a power of two up to 64")))
+            }
+            None if runs_on_cpu(&info) => 1,
+            None => 16,
+        };
         let pipelines = Pipelines::build(&device, matmul_lanes).await?;
         Ok(Gpu { device, queue, info, limits, matmul_lanes, pipelines })
     }
@@ -121,7 +134,10 @@ impl Gpu {
 
     /// A one-line description of the adapter, for logs and benchmark records.
     pub fn describe(&self) -> String {
-        format!("{} ({:?}, {})", self.info.name, self.info.backend, self.info.driver_info)
+        format!(
+            "{} ({:?}, {}; matmul lanes {})",
+            self.info.name, self.info.backend, self.info.driver_info, self.matmul_lanes
+        )
     }
 
     /// The largest buffer that one binding may cover, in bytes (a multiple of 256).

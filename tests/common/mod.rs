@@ -20,6 +20,22 @@ pub fn gpu() -> Arc<Gpu> {
     .clone()
 }
 
+/// The test adapter with the matmul in its GPU shape (16 lanes per column quad, fixed-tree
+/// reductions in workgroup memory), whatever its default: CPU adapters default to 1 lane.
+pub fn gpu_shaped() -> Arc<Gpu> {
+    static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
+    GPU.get_or_init(|| {
+        let g = pollster::block_on(Gpu::with_matmul_lanes(Some(16))).expect("GPU with 16 matmul lanes");
+        Arc::new(g)
+    })
+    .clone()
+}
+
+/// Both matmul shapes on the test adapter: its default, and the GPU shape.
+pub fn gpus() -> [Arc<Gpu>; 2] {
+    [gpu(), gpu_shaped()]
+}
+
 pub fn rng(seed: u64) -> SmallRng {
     SmallRng::seed_from_u64(seed)
 }
