@@ -7,8 +7,11 @@ mod common;
 
 use common::tiny::{TinyModel, TinySpec};
 use common::{gpu, rng};
+use std::sync::Arc;
+
 use rand::rngs::SmallRng;
 use rand::Rng as _;
+use wgspec::gpu::Gpu;
 use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model};
 use wgspec::sampling::{self, Rng, SamplingParams};
@@ -493,6 +496,54 @@ fn greedy_speculative_output_equals_greedy_output() {
                 }
             }
         }
+    }
+}
+
+#[test]
+fn gpu_resident_greedy_cycles_equal_cpu_driven_ones() {
+    // The same draft model with the GPU cycle (K draft steps + verify + acceptance in one
+    // submission, one read-back) and without it (a submission and read-back per step): the same
+    // tokens, the same provenance, and K round trips fewer per GPU cycle. A GPU of its own: the
+    // round-trip counters are per device, and other tests run beside this one.
+    let own = Arc::new(pollster::block_on(Gpu::new()).expect("gpu"));
+    let load = |ckpt: &Checkpoint| {
+        let opts = LoadOptions { context: Some(64), ..Default::default() };
+        Model::load(own.clone(), ckpt, &opts, &mut |_| {}).expect("load")
+    };
+    let spec = TinySpec::qwen2();
+    let mut r = rng(310);
+    let tiny = TinyModel::random(spec, &mut r);
+    let target_ckpt = ckpt_of(&tiny, &mut r);
+    let cfg = target_ckpt.config.clone();
+    let mut target = load(&target_ckpt);
+    let v = spec.vocab as u32;
+    let prompt: Vec<u32> = (0..45).map(|_| r.gen_range(0..v)).collect();
+    for (noise, k) in [(0.0, 4usize), (0.05, 3), (0.05, 1), (0.3, 6)] {
+        let draft_ckpt = if noise > 0.0 {
+            ckpt_of(&perturbed(&tiny, noise, &mut r), &mut r)
+        } else {
+            ckpt_of(&tiny, &mut r)
+        };
+        let mut on = DraftModel::new(load(&draft_ckpt), &cfg).expect("draft");
+        let mut off = DraftModel::new(load(&draft_ckpt), &cfg).expect("draft");
+        off.set_gpu_cycle(false);
+        let opts = greedy_opts(19);
+        let a = speculative(&mut target, &mut on, &prompt, &opts, KPolicy::Fixed(k));
+        let b = speculative(&mut target, &mut off, &prompt, &opts, KPolicy::Fixed(k));
+        let want = plain(&mut target, &prompt, &opts);
+        let what = format!("noise {noise} K={k}");
+        assert_eq!(a.tokens, want.tokens, "{what}: GPU cycle vs plain greedy");
+        assert_eq!(b.tokens, want.tokens, "{what}: CPU-driven vs plain greedy");
+        assert_eq!(a.from_draft, b.from_draft, "{what}: provenance");
+        assert_eq!((a.stats.drafted, a.stats.accepted), (b.stats.drafted, b.stats.accepted), "{what}");
+        assert!(a.stats.gpu_cycles >= 2, "{what}: {} GPU cycles", a.stats.gpu_cycles);
+        assert_eq!(b.stats.gpu_cycles, 0, "{what}: turned off");
+        // A CPU-driven cycle reads back each of its K' draft steps (K' = K but near the end, where
+        // fewer tokens are wanted) and its verify pass; a GPU cycle reads back once.
+        let cycles = a.stats.gpu_cycles as u64;
+        let saved = b.stats.readbacks - a.stats.readbacks;
+        assert!((cycles..=k as u64 * cycles).contains(&saved), "{what}: {saved} read-backs saved");
+        assert_eq!(b.stats.submits - a.stats.submits, saved, "{what}: one submission per read-back saved");
     }
 }
 

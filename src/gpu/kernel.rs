@@ -17,11 +17,19 @@ pub enum Kernel {
     SiluMul,
     Add,
     Argmax,
+    AcceptGreedy,
 }
 
 /// The kernels that do not read weight matrices.
-const PLAIN: [Kernel; 6] =
-    [Kernel::RmsNorm, Kernel::Rope, Kernel::Attention, Kernel::SiluMul, Kernel::Add, Kernel::Argmax];
+const PLAIN: [Kernel; 7] = [
+    Kernel::RmsNorm,
+    Kernel::Rope,
+    Kernel::Attention,
+    Kernel::SiluMul,
+    Kernel::Add,
+    Kernel::Argmax,
+    Kernel::AcceptGreedy,
+];
 
 impl Kernel {
     /// All kernels, in a fixed order (the index into the pipeline table).
@@ -56,6 +64,7 @@ impl Kernel {
             Kernel::SiluMul => Cow::Borrowed(include_str!("../../shaders/silu_mul.wgsl")),
             Kernel::Add => Cow::Borrowed(include_str!("../../shaders/add.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
+            Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
         }
     }
 

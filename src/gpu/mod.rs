@@ -14,6 +14,8 @@ pub use format::{pack_f32_rows, pack_rows, PackedRows, WeightBuffer, WeightForma
 pub use kernel::{Kernel, Pipelines};
 pub use ops::{AttentionShape, MatmulOut, RopeLayout, Step, MATMUL_ROWS};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::error::{Error, Result};
 
 /// An adapter, its device and queue, its limits, and the compiled kernels.
@@ -27,6 +29,26 @@ pub struct Gpu {
     /// Matmul invocations per output column: 16 on GPUs, 1 where invocations run on a CPU.
     matmul_lanes: u32,
     pipelines: Pipelines,
+    /// Command submissions and read-backs so far (see [`Gpu::round_trips`]).
+    submits: AtomicU64,
+    readbacks: AtomicU64,
+}
+
+/// Submissions and read-backs counted by a [`Gpu`]: the round trips that cost latency in a browser.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct RoundTrips {
+    pub submits: u64,
+    pub readbacks: u64,
+}
+
+impl std::ops::Sub for RoundTrips {
+    type Output = RoundTrips;
+    fn sub(self, earlier: RoundTrips) -> RoundTrips {
+        RoundTrips {
+            submits: self.submits.saturating_sub(earlier.submits),
+            readbacks: self.readbacks.saturating_sub(earlier.readbacks),
+        }
+    }
 }
 
 /// How many workgroups an op dispatches, possibly depending on the rows `n` in the pass.
@@ -124,7 +146,16 @@ impl Gpu {
             None => 16,
         };
         let pipelines = Pipelines::build(&device, matmul_lanes).await?;
-        Ok(Gpu { device, queue, info, limits, matmul_lanes, pipelines })
+        Ok(Gpu {
+            device,
+            queue,
+            info,
+            limits,
+            matmul_lanes,
+            pipelines,
+            submits: AtomicU64::new(0),
+            readbacks: AtomicU64::new(0),
+        })
     }
 
     /// Output columns one matmul workgroup computes (4 per invocation, 64 / lanes invocations).
@@ -222,6 +253,8 @@ impl Gpu {
         encoder.copy_buffer_to_buffer(src, offset, &staging, 0, size);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
         self.queue.submit([encoder.finish()]);
+        self.submits.fetch_add(1, Ordering::Relaxed);
+        self.readbacks.fetch_add(1, Ordering::Relaxed);
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -244,6 +277,15 @@ impl Gpu {
     /// Submits `encoder` without reading anything back.
     pub fn submit(&self, encoder: wgpu::CommandEncoder) {
         self.queue.submit([encoder.finish()]);
+        self.submits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Submissions and read-backs made on this GPU so far.
+    pub fn round_trips(&self) -> RoundTrips {
+        RoundTrips {
+            submits: self.submits.load(Ordering::Relaxed),
+            readbacks: self.readbacks.load(Ordering::Relaxed),
+        }
     }
 
     /// Native: blocks until the queue is idle and callbacks have run. Browser: the event loop does it.

@@ -291,6 +291,22 @@ impl Gpu {
         self.op(Kernel::Argmax, step, &params, &[&logits.raw, &out.raw], Grid::Rows)
     }
 
+    /// Greedy acceptance of a verify pass over `n = K + 1` rows (`step` is that pass's uniform):
+    /// `out = [a, target_argmax[a], drafts[..K]]` with a = the accepted count. `drafts: [capacity]`,
+    /// `target_argmax: [K + 1]`, `out: [2 + capacity]`.
+    pub fn accept_greedy(
+        &self,
+        step: &wgpu::Buffer,
+        drafts: &GpuBuffer<u32>,
+        target_argmax: &GpuBuffer<u32>,
+        out: &GpuBuffer<u32>,
+    ) -> Op {
+        let p = WidthParams { width: drafts.len.min(out.len.saturating_sub(2)) as u32, _pad: [0; 3] };
+        let params = self.uniform("accept params", bytemuck::bytes_of(&p));
+        let storage = [&drafts.raw, &target_argmax.raw, &out.raw];
+        self.op(Kernel::AcceptGreedy, step, &params, &storage, Grid::Fixed([1, 1, 1]))
+    }
+
     /// The step uniform buffer (write it with [`Gpu::write_step`] before each pass).
     pub fn step_buffer(&self) -> wgpu::Buffer {
         self.uniform("step", bytemuck::bytes_of(&Step { n: 0, start_pos: 0 }))

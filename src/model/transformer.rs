@@ -12,6 +12,9 @@ use crate::gpu::{AttentionShape, Gpu, GpuBuffer, MatmulOut, Op};
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
 pub const MAX_BATCH: usize = 32;
 
+/// The most passes of one model that one submission may record with [`Model::record`].
+pub const MAX_PASSES: usize = MAX_BATCH + 1;
+
 /// How to load a model.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
@@ -33,6 +36,7 @@ impl Default for LoadOptions {
 /// Activations and caches, each allocated once for [`MAX_BATCH`] rows.
 struct RunState {
     step: wgpu::Buffer,           // uniform [n, start_pos]
+    step_table: wgpu::Buffer,     // [MAX_PASSES, 4] u32: (n, start_pos, 0, 0) of each recorded pass
     tokens: GpuBuffer<u32>,       // [MAX_BATCH]
     x: GpuBuffer<f32>,            // [MAX_BATCH, dim] residual stream
     xb: GpuBuffer<f32>,           // [MAX_BATCH, dim] normed input of a sub-block
@@ -102,6 +106,12 @@ impl Model {
         let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
         let state = RunState {
             step: g.step_buffer(),
+            step_table: g.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("step table"),
+                size: (MAX_PASSES * 16) as u64,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
             tokens: GpuBuffer::<u32>::zeros(g, "tokens", MAX_BATCH),
             x: f32s("x", MAX_BATCH * c.dim),
             xb: f32s("xb", MAX_BATCH * c.dim),
@@ -164,10 +174,17 @@ impl Model {
     }
 
     fn check(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
-        if tokens.is_empty() || tokens.len() > MAX_BATCH {
+        self.check_rows(tokens.len(), start_pos)?;
+        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
+        }
+        Ok(())
+    }
+
+    fn check_rows(&self, n: usize, start_pos: usize) -> Result<()> {
+        if n == 0 || n > MAX_BATCH {
             return Err(Error::InvalidArgument(format!(
-                "a forward pass takes 1..={MAX_BATCH} tokens, got {}",
-                tokens.len()
+                "a forward pass takes 1..={MAX_BATCH} tokens, got {n}"
             )));
         }
         if start_pos > self.len {
@@ -176,13 +193,63 @@ impl Model {
                 self.len
             )));
         }
-        if start_pos + tokens.len() > self.context {
-            return Err(Error::ContextOverflow { needed: start_pos + tokens.len(), context: self.context });
-        }
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
+        if start_pos + n > self.context {
+            return Err(Error::ContextOverflow { needed: start_pos + n, context: self.context });
         }
         Ok(())
+    }
+
+    /// Records a pass over `n` rows at `start_pos`, argmax of every row included, into `enc`:
+    /// several passes (of this model and others) then go to the GPU in one submission. Rows
+    /// `..host.len()` of the pass's tokens are written from `host`; the other rows must be copied
+    /// into [`Model::tokens_buffer`] by earlier commands of `enc` (a draft's own argmax, the
+    /// drafts a verify pass checks). Host writes land before the submission runs, so only the
+    /// first pass of this model in a submission may take host tokens. `slot` (< [`MAX_PASSES`])
+    /// holds the pass's `(n, start_pos)` and must differ between the passes of one submission.
+    pub fn record(
+        &mut self,
+        enc: &mut wgpu::CommandEncoder,
+        slot: usize,
+        host: &[u32],
+        n: usize,
+        start_pos: usize,
+    ) -> Result<()> {
+        self.check_rows(n, start_pos)?;
+        if let Some(&id) = host.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
+        }
+        if host.len() > n || slot >= MAX_PASSES {
+            return Err(Error::InvalidArgument(format!(
+                "a recorded pass of {n} rows with {} host tokens in slot {slot} (of {MAX_PASSES})",
+                host.len()
+            )));
+        }
+        let g = &*self.gpu;
+        let entry = [n as u32, start_pos as u32, 0, 0];
+        g.queue.write_buffer(&self.state.step_table, slot as u64 * 16, bytemuck::cast_slice(&entry));
+        if !host.is_empty() {
+            g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(host));
+        }
+        enc.copy_buffer_to_buffer(&self.state.step_table, slot as u64 * 16, &self.state.step, 0, 8);
+        g.encode(enc, &self.forward_ops, n as u32);
+        g.encode(enc, &self.argmax_ops, n as u32);
+        self.len = start_pos + n;
+        Ok(())
+    }
+
+    /// The token ids of the pass, `[MAX_BATCH]` (what [`Model::record`] reads).
+    pub fn tokens_buffer(&self) -> &GpuBuffer<u32> {
+        &self.state.tokens
+    }
+
+    /// The argmax of every row of the last pass, `[MAX_BATCH]`.
+    pub fn argmax_buffer(&self) -> &GpuBuffer<u32> {
+        &self.state.argmax
+    }
+
+    /// The pass uniform `[n, start_pos]` (ops that follow a pass may bind it).
+    pub fn step_buffer(&self) -> &wgpu::Buffer {
+        &self.state.step
     }
 
     fn encode(&mut self, tokens: &[u32], start_pos: usize, argmax: bool) -> Result<wgpu::CommandEncoder> {

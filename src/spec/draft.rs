@@ -51,6 +51,12 @@ pub trait Draft {
         sampling: &'a SamplingParams,
         rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>>;
+
+    /// A draft model that can run greedy cycles on the GPU (its K steps and the target's verify
+    /// pass in one submission, see [`super::cycle`]); `None` for drafts proposed on the CPU.
+    fn gpu_draft(&mut self) -> Option<&mut DraftModel> {
+        None
+    }
 }
 
 /// Checks that a draft model can propose tokens for a target: the same vocabulary size (the
@@ -100,20 +106,64 @@ pub fn check_draft(target: (&Config, &Tokenizer), draft: (&Config, &Tokenizer)) 
 /// go), catches up on the tokens it has not seen in the same pass as its first draft step, then
 /// runs one step per further draft token.
 ///
-/// Greedy proposals take one small read-back per step (the argmax id, computed on the GPU);
-/// sampled proposals read one row of logits per step. (Chaining the K steps on the GPU into one
-/// submission is a later optimisation.)
+/// Greedy cycles run on the GPU (see [`super::cycle`]): each step feeds its own argmax to the next
+/// one and the verify pass reads the drafts from a GPU buffer, one submission per cycle. Through
+/// [`Draft::propose`] (sampling, or with the GPU cycle turned off) each step is its own submission
+/// with a small read-back: the argmax id, or one row of logits when sampling.
 pub struct DraftModel {
     model: Model,
     /// The tokens in the model's KV cache, in order (`fed.len() == model.len()`).
     fed: Vec<u32>,
+    /// Whether greedy cycles may run on the GPU.
+    gpu_cycle: bool,
 }
 
 impl DraftModel {
     /// Wraps `model` as a draft for a target with config `target`; refuses a different vocabulary.
     pub fn new(model: Model, target: &Config) -> Result<DraftModel> {
         check_vocab(target, &model.config)?;
-        Ok(DraftModel { model, fed: Vec::new() })
+        Ok(DraftModel { model, fed: Vec::new(), gpu_cycle: true })
+    }
+
+    /// Turns the GPU-resident greedy cycle on (the default) or off (every draft step its own
+    /// submission and read-back, as sampling does): the two give the same tokens.
+    pub fn set_gpu_cycle(&mut self, on: bool) {
+        self.gpu_cycle = on;
+    }
+
+    /// The draft model, mutably (a GPU cycle records its passes).
+    pub fn model_mut(&mut self) -> &mut Model {
+        &mut self.model
+    }
+
+    /// Prepares a greedy GPU cycle after `context`: rolls back, feeds all but the last
+    /// [`MAX_BATCH`] unseen tokens (their own submissions), and returns the tokens the first
+    /// recorded step takes from the host and the K that fits the draft's context (0: none).
+    pub(crate) async fn prepare_greedy(
+        &mut self,
+        context: &[u32],
+        k: usize,
+    ) -> Result<(Vec<u32>, usize, usize)> {
+        if context.is_empty() || k == 0 {
+            return Ok((Vec::new(), 0, 0));
+        }
+        self.rollback_to(context);
+        let room = (self.model.context() + 1).saturating_sub(context.len());
+        let k = k.min(room);
+        if k == 0 {
+            return Ok((Vec::new(), 0, 0));
+        }
+        let unseen = &context[self.fed.len()..];
+        let split = unseen.len().saturating_sub(MAX_BATCH);
+        let steps = self.feed(&unseen[..split]).await?;
+        Ok((unseen[split..].to_vec(), k, steps))
+    }
+
+    /// After a GPU cycle: the draft's cache now holds `first` and the drafts x1..x_{K-1}.
+    pub(crate) fn commit_greedy(&mut self, first: &[u32], drafts: &[u32]) {
+        self.fed.extend_from_slice(first);
+        self.fed.extend_from_slice(&drafts[..drafts.len().saturating_sub(1)]);
+        debug_assert_eq!(self.fed.len(), self.model.len());
     }
 
     /// The draft model.
@@ -227,6 +277,10 @@ impl Draft for DraftModel {
         rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>> {
         Box::pin(self.propose_impl(context, k, sampling, rng))
+    }
+
+    fn gpu_draft(&mut self) -> Option<&mut DraftModel> {
+        self.gpu_cycle.then_some(self)
     }
 }
 

@@ -20,6 +20,7 @@
 use serde::Serialize;
 use web_time::Instant;
 
+use super::cycle::GreedyCycle;
 use super::draft::Draft;
 use super::schedule::{KPolicy, Schedule};
 use super::verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};
@@ -53,9 +54,17 @@ pub struct SpecStats {
     pub tokens_per_target_forward: f64,
     /// Mean K asked for per cycle.
     pub mean_k: f64,
-    /// Decode time spent in the draft and in verify passes.
+    /// Decode time spent in the draft and in verify passes. A GPU-resident cycle is one
+    /// submission: its time is split between the two by the schedule's measured costs.
     pub draft_seconds: f64,
     pub verify_seconds: f64,
+    /// Cycles run GPU-resident (greedy with a draft model: one submission, one read-back each).
+    pub gpu_cycles: usize,
+    /// Command submissions and read-backs during decoding (the round trips).
+    pub submits: u64,
+    pub readbacks: u64,
+    /// Submissions per generated token.
+    pub submits_per_token: f64,
 }
 
 /// The result of [`generate`].
@@ -109,6 +118,18 @@ pub async fn generate(
     stats.draft_steps += draft.prefill(prompt).await?;
     stats.base.prefill_seconds = t0.elapsed().as_secs_f64();
 
+    // Greedy cycles with a draft model on the target's GPU run GPU-resident, except the first
+    // two and every 16th: those run CPU-driven, timing the draft and the verify pass apart for
+    // the schedule's cost model (the GPU cycle times both as one submission).
+    let gpu_cycle = match draft.gpu_draft() {
+        Some(d) if greedy && std::sync::Arc::ptr_eq(d.model().gpu(), target.gpu()) => {
+            Some(GreedyCycle::new(target))
+        }
+        _ => None,
+    };
+    let mut cycles = 0usize;
+    let trips0 = target.gpu().round_trips();
+
     let t1 = Instant::now();
     let mut generated = Vec::new();
     let mut from_draft = Vec::new();
@@ -127,40 +148,65 @@ pub async fn generate(
         let cap = (context - n_past - 1).min(remaining - 1);
         let k = schedule.pick(cap);
         k_sum += k;
-        let td = Instant::now();
-        let proposal =
-            if k > 0 { draft.propose(&tokens, k, &params, &mut rng).await? } else { Default::default() };
-        let draft_time = td.elapsed().as_secs_f64();
-        let mut xs = proposal.tokens;
-        xs.truncate(k);
-        stats.draft_steps += proposal.steps;
-        stats.draft_seconds += draft_time;
-        schedule.observe_draft(xs.len(), draft_time);
+        let calibrate = cycles < 2 || cycles.is_multiple_of(16);
+        cycles += 1;
+        let (xs, verdict) = match (&gpu_cycle, draft.gpu_draft()) {
+            (Some(cycle), Some(dm)) if k > 0 && !calibrate => {
+                let tc = Instant::now();
+                let out = cycle.run(target, dm, &tokens, n_past, k).await?;
+                let seconds = tc.elapsed().as_secs_f64();
+                let k = out.drafts.len();
+                let (d, v) = (k as f64 * schedule.draft_seconds(), schedule.verify_seconds(k + 1));
+                let draft_share = if d + v > 0.0 { d / (d + v) } else { 0.0 };
+                stats.draft_steps += out.draft_steps;
+                stats.draft_seconds += seconds * draft_share;
+                stats.verify_seconds += seconds * (1.0 - draft_share);
+                stats.gpu_cycles += 1;
+                let kind = if out.accepted == k { NextKind::Bonus } else { NextKind::Recovered };
+                let verdict = Verdict { accepted: out.accepted, next: out.next, kind };
+                (out.drafts, verdict)
+            }
+            _ => {
+                let td = Instant::now();
+                let proposal = if k > 0 {
+                    draft.propose(&tokens, k, &params, &mut rng).await?
+                } else {
+                    Default::default()
+                };
+                let draft_time = td.elapsed().as_secs_f64();
+                let mut xs = proposal.tokens;
+                xs.truncate(k);
+                stats.draft_steps += proposal.steps;
+                stats.draft_seconds += draft_time;
+                schedule.observe_draft(xs.len(), draft_time);
 
-        // Verify: one target pass over [id_last, x1..xK].
-        let mut batch = Vec::with_capacity(xs.len() + 1);
-        batch.push(id_last);
-        batch.extend_from_slice(&xs);
-        let tv = Instant::now();
-        let verdict: Verdict = if greedy {
-            let ids = target.forward_argmax(&batch, n_past).await?;
-            verify_greedy(&xs, &ids)?
-        } else {
-            let logits = target.forward(&batch, n_past).await?;
-            let vocab = target.config.vocab_size;
-            let p: Vec<Dist> =
-                logits.chunks_exact(vocab).map(|row| Dist::from_logits(row, &params)).collect();
-            let q: Vec<Dist> = match proposal.q {
-                Some(q) if q.len() >= xs.len() => q.into_iter().take(xs.len()).collect(),
-                _ => xs.iter().map(|&x| Dist::one_hot(x)).collect(),
-            };
-            verify_sampled(&xs, &q, &p, &mut rng)?
+                // Verify: one target pass over [id_last, x1..xK].
+                let mut batch = Vec::with_capacity(xs.len() + 1);
+                batch.push(id_last);
+                batch.extend_from_slice(&xs);
+                let tv = Instant::now();
+                let verdict: Verdict = if greedy {
+                    let ids = target.forward_argmax(&batch, n_past).await?;
+                    verify_greedy(&xs, &ids)?
+                } else {
+                    let logits = target.forward(&batch, n_past).await?;
+                    let vocab = target.config.vocab_size;
+                    let p: Vec<Dist> =
+                        logits.chunks_exact(vocab).map(|row| Dist::from_logits(row, &params)).collect();
+                    let q: Vec<Dist> = match proposal.q {
+                        Some(q) if q.len() >= xs.len() => q.into_iter().take(xs.len()).collect(),
+                        _ => xs.iter().map(|&x| Dist::one_hot(x)).collect(),
+                    };
+                    verify_sampled(&xs, &q, &p, &mut rng)?
+                };
+                let verify_time = tv.elapsed().as_secs_f64();
+                stats.verify_seconds += verify_time;
+                schedule.observe_verify(batch.len(), verify_time);
+                (xs, verdict)
+            }
         };
-        let verify_time = tv.elapsed().as_secs_f64();
-        stats.verify_seconds += verify_time;
         stats.verify_forwards += 1;
         stats.base.target_forwards += 1;
-        schedule.observe_verify(batch.len(), verify_time);
         schedule.observe_acceptance(xs.len(), verdict.accepted);
         stats.drafted += xs.len();
         stats.accepted += verdict.accepted;
@@ -198,6 +244,11 @@ pub async fn generate(
     };
 
     let s = &mut stats;
+    let trips = target.gpu().round_trips() - trips0;
+    s.submits = trips.submits;
+    s.readbacks = trips.readbacks;
+    s.submits_per_token =
+        if generated.is_empty() { 0.0 } else { trips.submits as f64 / generated.len() as f64 };
     s.base.generated_tokens = generated.len();
     s.base.decode_seconds = t1.elapsed().as_secs_f64();
     s.base.tokens_per_second =

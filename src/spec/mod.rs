@@ -9,11 +9,13 @@
 //! - [`bench`]: target-only vs speculative timing over a prompt set, synthetic models
 
 pub mod bench;
+pub mod cycle;
 pub mod draft;
 pub mod generate;
 pub mod schedule;
 pub mod verify;
 
+pub use cycle::{CycleOutcome, GreedyCycle};
 pub use draft::{check_draft, check_tokenizers, check_vocab, Draft, DraftModel, NGram, Proposal};
 pub use generate::{generate, SpecGeneration, SpecStats};
 pub use schedule::{KPolicy, Schedule};

@@ -1,0 +1,120 @@
+//! The GPU-resident greedy speculation cycle: the draft model's K steps, the target's verify pass
+//! and the greedy acceptance recorded into ONE command submission, with ONE small read-back.
+//!
+//! ```text
+//!   draft step 1 : the unseen context tokens (host)            -> argmax -> drafts[0], next input
+//!   draft step i : drafts[i-2] copied into its input (GPU)      -> argmax -> drafts[i-1]
+//!   verify       : [id_last (host), drafts[0..K] (GPU copy)]    -> argmax of K + 1 rows
+//!   accept       : accept_greedy.wgsl                           -> [a, next, x1..xK]  (read back)
+//! ```
+//!
+//! The tokens equal the CPU-driven cycle's (the same passes, the same kernels, the same rule):
+//! only the round trips go. Sampling keeps the CPU-driven cycle (its rule reads distributions).
+
+use super::draft::DraftModel;
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, GpuBuffer, Op};
+use crate::model::{Model, MAX_BATCH};
+
+/// Buffers and the acceptance op of the GPU cycle for one target.
+pub struct GreedyCycle {
+    drafts: GpuBuffer<u32>, // [MAX_BATCH] x1..xK, the draft's argmax ids
+    result: GpuBuffer<u32>, // [2 + MAX_BATCH] accepted count, next token, x1..xK
+    accept: Op,
+}
+
+/// What one GPU cycle produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CycleOutcome {
+    /// The drafted tokens x1..xK.
+    pub drafts: Vec<u32>,
+    /// How many of them the target accepted.
+    pub accepted: usize,
+    /// The target's token after the accepted ones (correction or bonus).
+    pub next: u32,
+    /// Draft forward passes run (catch-up passes included).
+    pub draft_steps: usize,
+}
+
+impl GreedyCycle {
+    /// The cycle's buffers for `target` (whose argmax and pass uniform the acceptance reads).
+    pub fn new(target: &Model) -> GreedyCycle {
+        let gpu: &Gpu = target.gpu();
+        let drafts = GpuBuffer::<u32>::zeros(gpu, "cycle drafts", MAX_BATCH);
+        let result = GpuBuffer::<u32>::zeros(gpu, "cycle result", 2 + MAX_BATCH);
+        let accept = gpu.accept_greedy(target.step_buffer(), &drafts, target.argmax_buffer(), &result);
+        GreedyCycle { drafts, result, accept }
+    }
+
+    /// Drafts up to `k` tokens after `context` with `draft` (greedy) and verifies them with
+    /// `target`, whose cache holds `context[..n_past]` (`context[n_past]` is the last token, not
+    /// yet run). Both models must live on the same GPU. Leaves the target's cache at
+    /// `n_past + 1 + K` positions (the caller truncates to what it keeps).
+    pub async fn run(
+        &self,
+        target: &mut Model,
+        draft: &mut DraftModel,
+        context: &[u32],
+        n_past: usize,
+        k: usize,
+    ) -> Result<CycleOutcome> {
+        let id_last = *context
+            .get(n_past)
+            .ok_or_else(|| Error::InvalidArgument(format!("no token at position {n_past} to verify from")))?;
+        let (first, k, mut draft_steps) = draft.prepare_greedy(context, k).await?;
+        let k = k.min(MAX_BATCH - 1);
+        let gpu = target.gpu().clone();
+        let mut enc = gpu.encoder();
+        if k > 0 {
+            let dm = draft.model_mut();
+            let word = 4u64;
+            let mut pos = dm.len();
+            for i in 0..k {
+                let rows = if i == 0 { first.len() } else { 1 };
+                if i > 0 {
+                    // this step's input is the previous step's argmax
+                    enc.copy_buffer_to_buffer(
+                        &self.drafts.raw,
+                        (i as u64 - 1) * word,
+                        &dm.tokens_buffer().raw,
+                        0,
+                        word,
+                    );
+                }
+                dm.record(&mut enc, i, if i == 0 { &first } else { &[] }, rows, pos)?;
+                let last_row = (rows as u64 - 1) * word;
+                enc.copy_buffer_to_buffer(
+                    &dm.argmax_buffer().raw,
+                    last_row,
+                    &self.drafts.raw,
+                    i as u64 * word,
+                    word,
+                );
+                pos += rows;
+                draft_steps += 1;
+            }
+            // the verify pass reads x1..xK after id_last
+            enc.copy_buffer_to_buffer(
+                &self.drafts.raw,
+                0,
+                &target.tokens_buffer().raw,
+                word,
+                k as u64 * word,
+            );
+        }
+        target.record(&mut enc, 0, &[id_last], k + 1, n_past)?;
+        gpu.encode(&mut enc, std::slice::from_ref(&self.accept), 1);
+        let bytes = ((2 + k) * 4) as u64;
+        let raw = gpu.submit_and_read(enc, &self.result.raw, 0, bytes).await?;
+        let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let (accepted, next) = (out[0] as usize, out[1]);
+        let drafts = out[2..2 + k].to_vec();
+        if accepted > k {
+            return Err(Error::Gpu(format!("the GPU accepted {accepted} of {k} drafts")));
+        }
+        if k > 0 {
+            draft.commit_greedy(&first, &drafts);
+        }
+        Ok(CycleOutcome { drafts, accepted, next, draft_steps })
+    }
+}
