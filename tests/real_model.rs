@@ -38,8 +38,9 @@ fn smollm2_greedy_equals_llama_cpp_on_f32_weights() {
 #[test]
 fn smollm2_greedy_on_f16_weights_shares_a_long_prefix_with_llama_cpp_q4_1() {
     // llama.cpp's Q4_1 kernels quantize activations to 8 bits, so even its own F32 run leaves its
-    // Q4_1 transcript after a few tokens. Ours (blocks expanded to f16, f32 arithmetic) must agree
-    // with the Q4_1 transcript at least as long as llama.cpp's F32 run does, up to TOKENS.
+    // Q4_1 transcript after a few tokens. Ours (the Q4_1 blocks dequantised exactly inside the
+    // kernel, f32 arithmetic) must agree with the Q4_1 transcript at least as long as llama.cpp's
+    // F32 run does, up to TOKENS, and equal llama.cpp's F32 transcript: the weights are the same.
     const TOKENS: usize = 24;
     let g = goldens();
     let ckpt = checkpoint(&g);
@@ -49,6 +50,7 @@ fn smollm2_greedy_on_f16_weights_shares_a_long_prefix_with_llama_cpp_q4_1() {
         let got = greedy(&mut model, &case.prompt_tokens, TOKENS);
         let llama_cpp_own = common_prefix(&case.f32_tokens, &case.q4_1_tokens).min(TOKENS);
         let ours = common_prefix(&got, &case.q4_1_tokens);
+        assert_eq!(got[..], case.f32_tokens[..TOKENS], "prompt {:?}: Q4_1 blocks vs F32 goldens", case.prompt);
         assert!(
             ours >= llama_cpp_own,
             "prompt {:?}: {ours} tokens agree with llama.cpp Q4_1, llama.cpp F32 agrees on {llama_cpp_own}",

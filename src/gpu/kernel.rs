@@ -18,10 +18,14 @@ pub enum Kernel {
     Add,
     Argmax,
     AcceptGreedy,
+    /// Benchmarks only: the adapter's bandwidth ceiling.
+    BenchCopy,
+    /// Benchmarks only: the adapter's arithmetic ceiling.
+    BenchFma,
 }
 
 /// The kernels that do not read weight matrices.
-const PLAIN: [Kernel; 7] = [
+const PLAIN: [Kernel; 9] = [
     Kernel::RmsNorm,
     Kernel::Rope,
     Kernel::Attention,
@@ -29,6 +33,8 @@ const PLAIN: [Kernel; 7] = [
     Kernel::Add,
     Kernel::Argmax,
     Kernel::AcceptGreedy,
+    Kernel::BenchCopy,
+    Kernel::BenchFma,
 ];
 
 impl Kernel {
@@ -65,6 +71,8 @@ impl Kernel {
             Kernel::Add => Cow::Borrowed(include_str!("../../shaders/add.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
+            Kernel::BenchCopy => Cow::Borrowed(include_str!("../../shaders/bench_copy.wgsl")),
+            Kernel::BenchFma => Cow::Borrowed(include_str!("../../shaders/bench_fma.wgsl")),
         }
     }
 

@@ -8,10 +8,12 @@ mod buffer;
 mod format;
 mod kernel;
 mod ops;
+mod roofline;
 
 pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, PackedRows, WeightBuffer, WeightFormat, UNIT};
 pub use kernel::{Kernel, Pipelines};
+pub use roofline::Ceilings;
 pub use ops::{AttentionShape, MatmulOut, RopeLayout, Step, MATMUL_ROWS};
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -80,6 +82,46 @@ pub struct Op {
     kernel: Kernel,
     bind_group: wgpu::BindGroup,
     grid: Grid,
+    cost: Cost,
+}
+
+/// What an op moves and computes, for roofline reports: a fixed part (weights), a part per row
+/// of the pass (activations), and a part per row and cached position (attention over the cache).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Cost {
+    pub fixed_bytes: u64,
+    pub row_bytes: u64,
+    pub row_flops: u64,
+    pub pos_row_bytes: u64,
+    pub pos_row_flops: u64,
+}
+
+impl Cost {
+    /// (bytes, flops) of a pass of `n` rows whose last row sits at position `pos`.
+    pub fn at(&self, n: u64, pos: u64) -> (u64, u64) {
+        let positions = n * (pos + 1);
+        (
+            self.fixed_bytes + n * self.row_bytes + positions * self.pos_row_bytes,
+            n * self.row_flops + positions * self.pos_row_flops,
+        )
+    }
+}
+
+impl Op {
+    /// The kernel this op runs.
+    pub fn kernel(&self) -> Kernel {
+        self.kernel
+    }
+
+    /// What it moves and computes.
+    pub fn cost(&self) -> Cost {
+        self.cost
+    }
+
+    /// The same op with its cost set.
+    pub fn with_cost(self, cost: Cost) -> Op {
+        Op { cost, ..self }
+    }
 }
 
 /// Workgroups needed to cover `items` with 64-thread groups.
@@ -211,7 +253,7 @@ impl Gpu {
             layout: &layout,
             entries: &entries,
         });
-        Op { kernel, bind_group, grid }
+        Op { kernel, bind_group, grid, cost: Cost::default() }
     }
 
     /// Records `ops` for a pass of `n` rows into one compute pass of `encoder`.

@@ -5,7 +5,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{groups, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
+use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
 
 /// Rows of a pass one matmul workgroup computes (`ROWS` in `shaders/matmul.wgsl`).
 pub const MATMUL_ROWS: u32 = 4;
@@ -142,7 +142,14 @@ impl Gpu {
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
         let grid =
             Grid::RowGroups { x: w.rows.div_ceil(self.matmul_columns_per_group()) as u32, rows: MATMUL_ROWS };
-        self.op(Kernel::Matmul(w.format), step, &params, &[&x.raw, &w.raw, bias_raw, &y.raw], grid)
+        let (k, cols) = (w.k as u64, w.rows as u64);
+        let cost = Cost {
+            fixed_bytes: w.bytes() + if bias.is_some() { 4 * cols } else { 0 },
+            row_bytes: 4 * (k + cols * (1 + out.accumulate as u64)),
+            row_flops: 2 * k * cols,
+            ..Cost::default()
+        };
+        self.op(Kernel::Matmul(w.format), step, &params, &[&x.raw, &w.raw, bias_raw, &y.raw], grid).with_cost(cost)
     }
 
     /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one buffer of an embedding
@@ -165,7 +172,9 @@ impl Gpu {
         };
         let params = self.uniform("embed params", bytemuck::bytes_of(&p));
         let grid = Grid::PerRow(groups(table.units()));
-        self.op(Kernel::Embed(table.format), step, &params, &[&tokens.raw, &table.raw, &x.raw], grid)
+        let row = table.format.bytes(1, table.k) + 4 * table.k as u64;
+        let cost = Cost { row_bytes: row, ..Cost::default() };
+        self.op(Kernel::Embed(table.format), step, &params, &[&tokens.raw, &table.raw, &x.raw], grid).with_cost(cost)
     }
 
     /// `y[r] = x[r] / rms(x[r]) * weight`; `x, y: [n, dim]`, `weight: [dim]`.
@@ -180,7 +189,9 @@ impl Gpu {
     ) -> Op {
         let p = NormParams { dim: dim as u32, eps, _pad: [0; 2] };
         let params = self.uniform("rmsnorm params", bytemuck::bytes_of(&p));
-        self.op(Kernel::RmsNorm, step, &params, &[&x.raw, &weight.raw, &y.raw], Grid::Rows)
+        let d = dim as u64;
+        let cost = Cost { fixed_bytes: 4 * d, row_bytes: 8 * d, row_flops: 4 * d, ..Cost::default() };
+        self.op(Kernel::RmsNorm, step, &params, &[&x.raw, &weight.raw, &y.raw], Grid::Rows).with_cost(cost)
     }
 
     /// Rotates `x: [rows, heads * head_dim]` in place; `cos_sin: [positions, rope_dim / 2, 2]`.
@@ -209,13 +220,10 @@ impl Gpu {
             _pad: [0; 3],
         };
         let params = self.uniform("rope params", bytemuck::bytes_of(&p));
-        self.op(
-            Kernel::Rope,
-            step,
-            &params,
-            &[&cos_sin.raw, &x.raw],
-            Grid::PerRow(groups(heads * rope_dim / 2)),
-        )
+        let pairs = (heads * rope_dim / 2) as u64;
+        let cost = Cost { row_bytes: pairs * 24, row_flops: pairs * 6, ..Cost::default() };
+        self.op(Kernel::Rope, step, &params, &[&cos_sin.raw, &x.raw], Grid::PerRow(groups(heads * rope_dim / 2)))
+            .with_cost(cost)
     }
 
     /// Causal attention of `q: [n, heads * head_dim]` over the caches `[ctx, kv_heads * head_dim]`
@@ -240,6 +248,14 @@ impl Gpu {
             _pad: [0; 3],
         };
         let params = self.uniform("attention params", bytemuck::bytes_of(&p));
+        let (h, hd) = (shape.heads as u64, shape.head_dim as u64);
+        let cost = Cost {
+            row_bytes: 8 * h * hd,
+            // each position's K and V rows (read once per query head in this kernel), its scores
+            pos_row_bytes: 4 * (2 * h * hd + 3 * h),
+            pos_row_flops: 4 * h * hd + 4 * h,
+            ..Cost::default()
+        };
         self.op(
             Kernel::Attention,
             step,
@@ -247,6 +263,7 @@ impl Gpu {
             &[&q.raw, &k_cache.raw, &v_cache.raw, &scores.raw, &out.raw],
             Grid::PerRow(shape.heads),
         )
+        .with_cost(cost)
     }
 
     /// `gate = silu(gate) * up` over `[n, width]`.
@@ -275,7 +292,9 @@ impl Gpu {
     ) -> Op {
         let p = WidthParams { width: width as u32, _pad: [0; 3] };
         let params = self.uniform("elementwise params", bytemuck::bytes_of(&p));
-        self.op(kernel, step, &params, &[&x.raw, &y.raw], Grid::PerRow(groups(width)))
+        let w = width as u64;
+        let cost = Cost { row_bytes: 12 * w, row_flops: 4 * w, ..Cost::default() };
+        self.op(kernel, step, &params, &[&x.raw, &y.raw], Grid::PerRow(groups(width))).with_cost(cost)
     }
 
     /// `out[r] = argmax logits[r, :]` (lowest index on ties); `logits: [n, vocab]`, `out: [n]`.
@@ -288,7 +307,8 @@ impl Gpu {
     ) -> Op {
         let p = WidthParams { width: vocab as u32, _pad: [0; 3] };
         let params = self.uniform("argmax params", bytemuck::bytes_of(&p));
-        self.op(Kernel::Argmax, step, &params, &[&logits.raw, &out.raw], Grid::Rows)
+        let cost = Cost { row_bytes: 4 * vocab as u64, row_flops: vocab as u64, ..Cost::default() };
+        self.op(Kernel::Argmax, step, &params, &[&logits.raw, &out.raw], Grid::Rows).with_cost(cost)
     }
 
     /// Greedy acceptance of a verify pass over `n = K + 1` rows (`step` is that pass's uniform):

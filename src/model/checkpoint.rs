@@ -157,6 +157,11 @@ impl Checkpoint {
         }
     }
 
+    /// Bytes the tensor `name` takes in the file (as stored: blocks, f16, ...), if present.
+    pub fn stored_bytes(&self, name: &str) -> Option<u64> {
+        self.raw(name).ok().flatten().map(|r| r.data.len() as u64)
+    }
+
     /// Whether the checkpoint has a tensor of this (GGUF) name.
     pub fn has(&self, name: &str) -> bool {
         matches!(self.raw(name), Ok(Some(_)))

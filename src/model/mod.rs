@@ -7,5 +7,5 @@ pub mod weights;
 
 pub use checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 pub use config::{Arch, Config};
-pub use transformer::{LoadOptions, Model, MAX_BATCH, MAX_PASSES};
+pub use transformer::{LoadOptions, Model, OpProfile, MAX_BATCH, MAX_PASSES};
 pub use weights::{tensor_specs, LoadProgress, Matrix, Weights};

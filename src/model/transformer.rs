@@ -52,6 +52,16 @@ struct RunState {
     cos_sin: GpuBuffer<f32>,      // [context, rope_dim / 2, 2]
 }
 
+/// One op of a forward pass, timed alone (see [`Model::profile`]).
+#[derive(Clone, Copy, Debug)]
+pub struct OpProfile {
+    pub kernel: crate::gpu::Kernel,
+    pub seconds: f64,
+    /// Bytes it moves and flops it computes (from the op's [`crate::gpu::Cost`]).
+    pub bytes: u64,
+    pub flops: u64,
+}
+
 /// A model on the GPU with its KV cache. `forward` appends positions; `truncate` rolls back.
 pub struct Model {
     pub config: Config,
@@ -65,6 +75,8 @@ pub struct Model {
     argmax_ops: Vec<Op>,
     /// KV cache positions allocated.
     context: usize,
+    /// Bytes the weights take in the checkpoint's files.
+    file_weight_bytes: u64,
     /// Positions currently held in the KV cache.
     len: usize,
 }
@@ -140,12 +152,20 @@ impl Model {
         }
         let forward_ops = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
-        Ok(Model { config: c, gpu, weights, state, forward_ops, argmax_ops, context, len: 0 })
+        let file_weight_bytes =
+            super::weights::tensor_specs(&c).iter().filter_map(|(name, _)| ckpt.stored_bytes(name)).sum();
+        Ok(Model { config: c, gpu, weights, state, forward_ops, argmax_ops, context, file_weight_bytes, len: 0 })
     }
 
     /// Bytes of GPU memory the weights take (quantized blocks as stored, plus F32 norms and biases).
     pub fn weight_bytes(&self) -> u64 {
         self.weights.gpu_bytes()
+    }
+
+    /// Bytes the same weights take in the checkpoint's files (the GPU keeps them within ~1% of
+    /// this unless loaded with [`Precision::F32`]).
+    pub fn file_weight_bytes(&self) -> u64 {
+        self.file_weight_bytes
     }
 
     /// The GPU this model runs on.
@@ -235,6 +255,33 @@ impl Model {
         g.encode(enc, &self.argmax_ops, n as u32);
         self.len = start_pos + n;
         Ok(())
+    }
+
+    /// Times every op of a forward pass of `n` rows at the cache's current length, each alone,
+    /// `reps` times (the roofline report of `wgspec bench --roofline`). Leaves the cache's
+    /// contents undefined past its length (the timed ops write rows there).
+    pub async fn profile(&mut self, n: usize, reps: usize) -> Result<Vec<OpProfile>> {
+        let start_pos = self.len;
+        self.check_rows(n, start_pos)?;
+        let g = self.gpu.clone();
+        g.write_step(&self.state.step, n, start_pos);
+        let mut out = Vec::with_capacity(self.forward_ops.len() + 1);
+        for op in self.forward_ops.iter().chain(&self.argmax_ops) {
+            let seconds = g.time_ops(std::slice::from_ref(op), n as u32, reps).await?;
+            let (bytes, flops) = op.cost().at(n as u64, (start_pos + n - 1) as u64);
+            out.push(OpProfile { kernel: op.kernel(), seconds, bytes, flops });
+        }
+        Ok(out)
+    }
+
+    /// Seconds of one whole forward pass of `n` rows at the cache's current length (up to the
+    /// logits: no argmax, no read-back), `reps` times in one submission.
+    pub async fn time_forward(&mut self, n: usize, reps: usize) -> Result<f64> {
+        let start_pos = self.len;
+        self.check_rows(n, start_pos)?;
+        let g = self.gpu.clone();
+        g.write_step(&self.state.step, n, start_pos);
+        g.time_ops(&self.forward_ops, n as u32, reps).await
     }
 
     /// The token ids of the pass, `[MAX_BATCH]` (what [`Model::record`] reads).

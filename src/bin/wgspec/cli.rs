@@ -123,8 +123,13 @@ struct BenchArgs {
     #[arg(long)]
     synthetic: Option<String>,
     /// `ngram`, a draft model (file or known NAME), or with --synthetic a shape name.
+    #[arg(long, required_unless_present = "roofline")]
+    draft: Option<String>,
+    /// Instead of speculation: the adapter's bandwidth and arithmetic ceilings, then every kernel
+    /// of the target's decode step (and of a verify pass of `--draft-k` + 1 rows, default 4 + 1)
+    /// timed alone against them.
     #[arg(long)]
-    draft: String,
+    roofline: bool,
     #[command(flatten)]
     k: KArgs,
     #[arg(long, default_value_t = 64)]
@@ -251,6 +256,10 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     };
     let (model, tokenizer, template) = load(&gpu, &args.model, &opts, None, false)?;
     let context = model.context();
+    let weight_bytes = (model.weight_bytes(), model.file_weight_bytes());
+    if !args.json {
+        eprintln!("weights on the GPU: {:.1} MB (file: {:.1} MB)", weight_bytes.0 as f64 / 1e6, weight_bytes.1 as f64 / 1e6);
+    }
     let mut engine = Engine::new(model, tokenizer, template);
     let draft = match args.draft.as_deref() {
         None => DraftKind::None,
@@ -290,11 +299,13 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     if args.json {
         let mut json =
             serde_json::to_value(&out).map_err(|e| Error::InvalidArgument(format!("output: {e}")))?;
-        if draft == DraftKind::None {
-            // Plain decoding: every token is the target's; keep the output as before speculation.
-            if let Some(o) = json.as_object_mut() {
+        if let Some(o) = json.as_object_mut() {
+            if draft == DraftKind::None {
+                // Plain decoding: every token is the target's; keep the output as before speculation.
                 o.remove("from_draft");
             }
+            o.insert("gpu_weight_bytes".into(), weight_bytes.0.into());
+            o.insert("file_weight_bytes".into(), weight_bytes.1.into());
         }
         println!("{json}");
     } else {
@@ -340,31 +351,31 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     prompts.truncate(args.limit.unwrap_or(usize::MAX));
 
     // Target, draft and a way to tokenize prompts.
-    let (mut target, mut draft, tokenizer, target_name): (Model, Box<dyn Draft>, Option<Tokenizer>, String) =
-        match &args.synthetic {
-            Some(shape_name) => {
-                let shape = bench::synthetic_shape(shape_name)?;
-                let synth = |shape: &bench::SyntheticShape, seed: u64| -> Result<Model> {
-                    eprintln!("building random {} weights", shape.name);
-                    let ckpt = wgspec::model::Checkpoint::from_gguf(bench::synthetic_gguf(shape, seed))?;
-                    Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {})
-                };
-                let target = synth(&shape, 1)?;
-                let draft: Box<dyn Draft> = if args.draft == "ngram" {
-                    Box::new(NGram::default())
-                } else {
-                    let d = bench::synthetic_shape(&args.draft)?;
-                    Box::new(DraftModel::new(synth(&d, 2)?, &target.config)?)
-                };
-                (target, draft, None, format!("synthetic {shape_name}"))
-            }
-            None => {
-                let name = args.model.clone().unwrap_or_default();
-                let (target, tokenizer, _) = load(&gpu, &name, &opts, None, false)?;
-                let draft = load_draft(&gpu, &args.draft, &opts, &target, &tokenizer, false)?;
-                (target, draft, Some(tokenizer), name)
-            }
-        };
+    let synth = |shape: &bench::SyntheticShape, seed: u64| -> Result<Model> {
+        eprintln!("building random {} weights", shape.name);
+        let ckpt = wgspec::model::Checkpoint::from_gguf(bench::synthetic_gguf(shape, seed))?;
+        Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {})
+    };
+    let (mut target, tokenizer, target_name) = match &args.synthetic {
+        Some(shape_name) => (synth(&bench::synthetic_shape(shape_name)?, 1)?, None, format!("synthetic {shape_name}")),
+        None => {
+            let name = args.model.clone().unwrap_or_default();
+            let (target, tokenizer, _) = load(&gpu, &name, &opts, None, false)?;
+            (target, Some(tokenizer), name)
+        }
+    };
+    if args.roofline {
+        let rows = args.k.draft_k.unwrap_or(4) + 1;
+        return crate::roofline::run(&gpu, &mut target, &target_name, rows, &args.out).await;
+    }
+    let draft_arg = args.draft.clone().unwrap_or_default();
+    let mut draft: Box<dyn Draft> = match (&args.synthetic, &tokenizer) {
+        _ if draft_arg == "ngram" => Box::new(NGram::default()),
+        (Some(_), _) | (None, None) => {
+            Box::new(DraftModel::new(synth(&bench::synthetic_shape(&draft_arg)?, 2)?, &target.config)?)
+        }
+        (None, Some(tok)) => load_draft(&gpu, &draft_arg, &opts, &target, tok, false)?,
+    };
     let stop_tokens = tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
     let gen_opts =
         GenerateOptions { max_tokens: args.max_tokens, sampling: SamplingParams::greedy(), stop_tokens };
@@ -456,7 +467,9 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     let out = serde_json::json!({
         "adapter": gpu.describe(),
         "target": target_name,
-        "draft": if args.synthetic.is_some() && args.draft != "ngram" { format!("synthetic {}", args.draft) } else { args.draft.clone() },
+        "target_gpu_weight_bytes": target.weight_bytes(),
+        "target_file_weight_bytes": target.file_weight_bytes(),
+        "draft": if args.synthetic.is_some() && draft_arg != "ngram" { format!("synthetic {draft_arg}") } else { draft_arg.clone() },
         "k": match policy { KPolicy::Fixed(k) => serde_json::json!(k), KPolicy::Adaptive { max } => serde_json::json!(format!("adaptive (max {max})")) },
         "max_tokens": args.max_tokens,
         "summary": summary,
