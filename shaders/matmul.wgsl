@@ -23,10 +23,11 @@ struct Params {
     y_row_base: u32,  // 1: output row r goes to row start_pos + r of y (KV cache); 0: row r
     has_bias: u32,    // 1: add bias[c]
     accumulate: u32,  // 1: y += result (a residual add); 0: y = result
+    glu: u32,         // 1: weight rows interleave gate and up (g0, u0, g1, u1, ...); output column
+                      //    c / 2 of each pair is silu(gate) * up (SwiGLU), at col_offset + c / 2
     scale_base: u32,  // u32 word where the format's scale section starts (formats that have one)
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 // Invocations per column quad, splitting k: 16 on GPUs. An adapter that runs invocations on a CPU
@@ -132,8 +133,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     // 3. lane 0 writes the outputs of its columns
     if (lane == 0u && c0 <= last) {
         for (var r = 0u; r < nr; r++) {
-            for (var j = 0u; j < 4u; j++) {
-                if (c0 + j <= last) { store(c0 + j, r0 + r, acc[r][j]); }
+            if (p.glu == 1u) {
+                // (gate, up) pairs: columns c0, c0 + 1 and c0 + 2, c0 + 3 (cols is even)
+                let a = acc[r];
+                store(c0 / 2u, r0 + r, a.x / (1.0 + exp(-a.x)) * a.y);
+                if (c0 + 2u <= last) { store(c0 / 2u + 1u, r0 + r, a.z / (1.0 + exp(-a.z)) * a.w); }
+            } else {
+                for (var j = 0u; j < 4u; j++) {
+                    if (c0 + j <= last) { store(c0 + j, r0 + r, acc[r][j]); }
+                }
             }
         }
     }

@@ -50,7 +50,12 @@ fn smollm2_greedy_on_f16_weights_shares_a_long_prefix_with_llama_cpp_q4_1() {
         let got = greedy(&mut model, &case.prompt_tokens, TOKENS);
         let llama_cpp_own = common_prefix(&case.f32_tokens, &case.q4_1_tokens).min(TOKENS);
         let ours = common_prefix(&got, &case.q4_1_tokens);
-        assert_eq!(got[..], case.f32_tokens[..TOKENS], "prompt {:?}: Q4_1 blocks vs F32 goldens", case.prompt);
+        assert_eq!(
+            got[..],
+            case.f32_tokens[..TOKENS],
+            "prompt {:?}: Q4_1 blocks vs F32 goldens",
+            case.prompt
+        );
         assert!(
             ours >= llama_cpp_own,
             "prompt {:?}: {ours} tokens agree with llama.cpp Q4_1, llama.cpp F32 agrees on {llama_cpp_own}",

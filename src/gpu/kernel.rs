@@ -14,8 +14,6 @@ pub enum Kernel {
     RmsNorm,
     Rope,
     Attention,
-    SiluMul,
-    Add,
     Argmax,
     AcceptGreedy,
     /// Benchmarks only: the adapter's bandwidth ceiling.
@@ -25,12 +23,10 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices.
-const PLAIN: [Kernel; 9] = [
+const PLAIN: [Kernel; 7] = [
     Kernel::RmsNorm,
     Kernel::Rope,
     Kernel::Attention,
-    Kernel::SiluMul,
-    Kernel::Add,
     Kernel::Argmax,
     Kernel::AcceptGreedy,
     Kernel::BenchCopy,
@@ -67,8 +63,6 @@ impl Kernel {
             Kernel::RmsNorm => Cow::Borrowed(include_str!("../../shaders/rmsnorm.wgsl")),
             Kernel::Rope => Cow::Borrowed(include_str!("../../shaders/rope.wgsl")),
             Kernel::Attention => Cow::Borrowed(include_str!("../../shaders/attention.wgsl")),
-            Kernel::SiluMul => Cow::Borrowed(include_str!("../../shaders/silu_mul.wgsl")),
-            Kernel::Add => Cow::Borrowed(include_str!("../../shaders/add.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
             Kernel::BenchCopy => Cow::Borrowed(include_str!("../../shaders/bench_copy.wgsl")),

@@ -13,8 +13,8 @@ mod roofline;
 pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, PackedRows, WeightBuffer, WeightFormat, UNIT};
 pub use kernel::{Kernel, Pipelines};
-pub use roofline::Ceilings;
 pub use ops::{AttentionShape, MatmulOut, RopeLayout, Step, MATMUL_ROWS};
+pub use roofline::Ceilings;
 
 use std::sync::atomic::{AtomicU64, Ordering};
 

@@ -29,6 +29,9 @@ pub struct MatmulOut {
     pub at_start_pos: bool,
     /// Add the result to what the output holds (a residual add) instead of overwriting it.
     pub accumulate: bool,
+    /// The weight rows interleave gate and up projections (g0, u0, g1, u1, ...): output column
+    /// `i` is `silu(gate_i) * up_i` (SwiGLU), so a matrix of `2 f` rows writes `f` columns.
+    pub glu: bool,
 }
 
 #[repr(C)]
@@ -42,8 +45,9 @@ struct MatmulParams {
     y_row_base: u32,
     has_bias: u32,
     accumulate: u32,
+    glu: u32,
     scale_base: u32,
-    _pad: [u32; 3],
+    _pad: [u32; 2],
 }
 
 #[repr(C)]
@@ -134,8 +138,9 @@ impl Gpu {
             y_row_base: out.at_start_pos as u32,
             has_bias: bias.is_some() as u32,
             accumulate: out.accumulate as u32,
+            glu: out.glu as u32,
             scale_base: w.scale_base,
-            _pad: [0; 3],
+            _pad: [0; 2],
         };
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         // An unused bias binding still needs a buffer: x serves (it is never read then).
@@ -145,11 +150,12 @@ impl Gpu {
         let (k, cols) = (w.k as u64, w.rows as u64);
         let cost = Cost {
             fixed_bytes: w.bytes() + if bias.is_some() { 4 * cols } else { 0 },
-            row_bytes: 4 * (k + cols * (1 + out.accumulate as u64)),
+            row_bytes: 4 * (k + cols / (1 + out.glu as u64) * (1 + out.accumulate as u64)),
             row_flops: 2 * k * cols,
             ..Cost::default()
         };
-        self.op(Kernel::Matmul(w.format), step, &params, &[&x.raw, &w.raw, bias_raw, &y.raw], grid).with_cost(cost)
+        self.op(Kernel::Matmul(w.format), step, &params, &[&x.raw, &w.raw, bias_raw, &y.raw], grid)
+            .with_cost(cost)
     }
 
     /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one buffer of an embedding
@@ -174,7 +180,8 @@ impl Gpu {
         let grid = Grid::PerRow(groups(table.units()));
         let row = table.format.bytes(1, table.k) + 4 * table.k as u64;
         let cost = Cost { row_bytes: row, ..Cost::default() };
-        self.op(Kernel::Embed(table.format), step, &params, &[&tokens.raw, &table.raw, &x.raw], grid).with_cost(cost)
+        self.op(Kernel::Embed(table.format), step, &params, &[&tokens.raw, &table.raw, &x.raw], grid)
+            .with_cost(cost)
     }
 
     /// `y[r] = x[r] / rms(x[r]) * weight`; `x, y: [n, dim]`, `weight: [dim]`.
@@ -222,8 +229,14 @@ impl Gpu {
         let params = self.uniform("rope params", bytemuck::bytes_of(&p));
         let pairs = (heads * rope_dim / 2) as u64;
         let cost = Cost { row_bytes: pairs * 24, row_flops: pairs * 6, ..Cost::default() };
-        self.op(Kernel::Rope, step, &params, &[&cos_sin.raw, &x.raw], Grid::PerRow(groups(heads * rope_dim / 2)))
-            .with_cost(cost)
+        self.op(
+            Kernel::Rope,
+            step,
+            &params,
+            &[&cos_sin.raw, &x.raw],
+            Grid::PerRow(groups(heads * rope_dim / 2)),
+        )
+        .with_cost(cost)
     }
 
     /// Causal attention of `q: [n, heads * head_dim]` over the caches `[ctx, kv_heads * head_dim]`
@@ -264,37 +277,6 @@ impl Gpu {
             Grid::PerRow(shape.heads),
         )
         .with_cost(cost)
-    }
-
-    /// `gate = silu(gate) * up` over `[n, width]`.
-    pub fn silu_mul(
-        &self,
-        step: &wgpu::Buffer,
-        gate: &GpuBuffer<f32>,
-        up: &GpuBuffer<f32>,
-        width: usize,
-    ) -> Op {
-        self.elementwise(Kernel::SiluMul, step, gate, up, width)
-    }
-
-    /// `x += y` over `[n, width]`.
-    pub fn add(&self, step: &wgpu::Buffer, x: &GpuBuffer<f32>, y: &GpuBuffer<f32>, width: usize) -> Op {
-        self.elementwise(Kernel::Add, step, x, y, width)
-    }
-
-    fn elementwise(
-        &self,
-        kernel: Kernel,
-        step: &wgpu::Buffer,
-        x: &GpuBuffer<f32>,
-        y: &GpuBuffer<f32>,
-        width: usize,
-    ) -> Op {
-        let p = WidthParams { width: width as u32, _pad: [0; 3] };
-        let params = self.uniform("elementwise params", bytemuck::bytes_of(&p));
-        let w = width as u64;
-        let cost = Cost { row_bytes: 12 * w, row_flops: 4 * w, ..Cost::default() };
-        self.op(kernel, step, &params, &[&x.raw, &y.raw], Grid::PerRow(groups(width))).with_cost(cost)
     }
 
     /// `out[r] = argmax logits[r, :]` (lowest index on ties); `logits: [n, vocab]`, `out: [n]`.

@@ -43,8 +43,7 @@ struct RunState {
     q: GpuBuffer<f32>,            // [MAX_BATCH, q_dim]
     att: GpuBuffer<f32>,          // [MAX_BATCH, q_dim] attention output
     scores: GpuBuffer<f32>,       // [MAX_BATCH, n_heads, context] attention scratch
-    hb: GpuBuffer<f32>,           // [MAX_BATCH, ffn_dim] gate, then silu(gate) * up
-    hb2: GpuBuffer<f32>,          // [MAX_BATCH, ffn_dim] up
+    hb: GpuBuffer<f32>,           // [MAX_BATCH, ffn_dim] silu(gate) * up
     logits: GpuBuffer<f32>,       // [MAX_BATCH, vocab]
     argmax: GpuBuffer<u32>,       // [MAX_BATCH]
     k_cache: Vec<GpuBuffer<f32>>, // per layer [context, kv_dim]
@@ -131,7 +130,6 @@ impl Model {
             att: f32s("att", MAX_BATCH * c.q_dim()),
             scores: f32s("scores", MAX_BATCH * c.n_heads * context),
             hb: f32s("hb", MAX_BATCH * c.ffn_dim),
-            hb2: f32s("hb2", MAX_BATCH * c.ffn_dim),
             logits: f32s("logits", MAX_BATCH * c.vocab_size),
             argmax: GpuBuffer::<u32>::zeros(g, "argmax", MAX_BATCH),
             k_cache: (0..c.n_layers).map(|i| f32s(&format!("k_cache {i}"), context * c.kv_dim())).collect(),
@@ -154,7 +152,17 @@ impl Model {
         let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
         let file_weight_bytes =
             super::weights::tensor_specs(&c).iter().filter_map(|(name, _)| ckpt.stored_bytes(name)).sum();
-        Ok(Model { config: c, gpu, weights, state, forward_ops, argmax_ops, context, file_weight_bytes, len: 0 })
+        Ok(Model {
+            config: c,
+            gpu,
+            weights,
+            state,
+            forward_ops,
+            argmax_ops,
+            context,
+            file_weight_bytes,
+            len: 0,
+        })
     }
 
     /// Bytes of GPU memory the weights take (quantized blocks as stored, plus F32 norms and biases).
@@ -372,10 +380,10 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
         ops.extend(layer.wo.matmul(g, st, &s.att, None, &s.x, add_to(c.dim)));
         // xb = rmsnorm(x) * ffn_norm                                 [n, dim]
         ops.push(g.rmsnorm(st, &s.x, &layer.ffn_norm, &s.xb, c.dim, c.rms_eps));
-        // hb = silu(xb Wgate^T) * (xb Wup^T)                         [n, ffn_dim]
-        ops.extend(layer.gate.matmul(g, st, &s.xb, None, &s.hb, to(c.ffn_dim)));
-        ops.extend(layer.up.matmul(g, st, &s.xb, None, &s.hb2, to(c.ffn_dim)));
-        ops.push(g.silu_mul(st, &s.hb, &s.hb2, c.ffn_dim));
+        // hb = silu(xb Wgate^T) * (xb Wup^T): one matmul over the interleaved rows, SwiGLU in its
+        // epilogue                                                   [n, ffn_dim]
+        let glu = MatmulOut { glu: true, ..to(c.ffn_dim) };
+        ops.extend(layer.gate_up.matmul(g, st, &s.xb, None, &s.hb, glu));
         // x += hb Wdown^T                                            [n, dim]
         ops.extend(layer.down.matmul(g, st, &s.hb, None, &s.x, add_to(c.dim)));
     }

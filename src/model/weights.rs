@@ -40,10 +40,12 @@ impl Matrix {
         // Each matmul workgroup takes a few rows; the grid has at most 65535 groups along x.
         let by_groups =
             gpu.limits.max_compute_workgroups_per_dimension as usize * gpu.matmul_columns_per_group();
-        let rows_per_chunk = by_bytes.min(by_groups);
+        // Chunks start at multiples of 4 rows, the columns of one matmul invocation (so the
+        // (gate, up) pairs of an interleaved matrix stay together).
+        let rows_per_chunk = by_bytes.min(by_groups) / 4 * 4;
         if rows_per_chunk == 0 {
             return Err(Error::GpuLimit(format!(
-                "{}: a row of {row_bytes} bytes exceeds the largest weight buffer of {max_bytes} bytes",
+                "{}: four rows of {row_bytes} bytes exceed the largest weight buffer of {max_bytes} bytes",
                 t.name
             )));
         }
@@ -70,7 +72,62 @@ impl Matrix {
         Ok(Matrix { rows, cols, chunks })
     }
 
-    /// Ops computing `y[r, :rows] (+)= x[r, :cols] . self^T (+ bias)` for each row r of the pass;
+    /// Uploads `gate` and `up` (both `[f, cols]`) as one `[2 f, cols]` matrix whose rows
+    /// interleave them (g0, u0, g1, u1, ...): its matmul with `glu` writes silu(gate) * up.
+    pub fn upload_gate_up(gpu: &Gpu, max_bytes: u64, gate: &HostTensor, up: &HostTensor) -> Result<Matrix> {
+        let (Some(&f), Some(&cols)) = (gate.shape.first(), gate.shape.get(1)) else {
+            return Err(Error::InvalidArgument(format!("{} is not a matrix: {:?}", gate.name, gate.shape)));
+        };
+        if up.shape != gate.shape {
+            return Err(Error::TensorShape {
+                name: up.name.clone(),
+                expected: gate.shape.clone(),
+                found: up.shape.clone(),
+            });
+        }
+        let data = match (&gate.data, &up.data) {
+            (HostData::F32(g), HostData::F32(u)) => HostData::F32(
+                g.chunks_exact(cols)
+                    .zip(u.chunks_exact(cols))
+                    .flat_map(|(a, b)| a.iter().chain(b))
+                    .copied()
+                    .collect(),
+            ),
+            (HostData::Stored { dtype, bytes: g }, HostData::Stored { dtype: du, bytes: u })
+                if dtype == du =>
+            {
+                let row = dtype.bytes_for(cols as u64).unwrap_or(0) as usize;
+                if row == 0 || g.len() != row * f || u.len() != row * f {
+                    return Err(Error::InvalidArgument(format!(
+                        "{}: bytes do not match its shape",
+                        gate.name
+                    )));
+                }
+                let bytes = g
+                    .chunks_exact(row)
+                    .zip(u.chunks_exact(row))
+                    .flat_map(|(a, b)| a.iter().chain(b))
+                    .copied();
+                HostData::Stored { dtype: *dtype, bytes: bytes.collect() }
+            }
+            _ => {
+                // different stored types: both as f32 (exact values, more memory)
+                let (g, u) = (gate.to_f32()?, up.to_f32()?);
+                HostData::F32(
+                    g.chunks_exact(cols)
+                        .zip(u.chunks_exact(cols))
+                        .flat_map(|(a, b)| a.iter().chain(b))
+                        .copied()
+                        .collect(),
+                )
+            }
+        };
+        let name = format!("{} | {}", gate.name, up.name);
+        Matrix::upload(gpu, max_bytes, &HostTensor { name, shape: vec![2 * f, cols], data })
+    }
+
+    /// Ops computing `y[r, :rows] (+)= x[r, :cols] . self^T (+ bias)` for each row r of the pass
+    /// (with `out.glu`, `y[r, :rows / 2]` = silu(gate) * up of an interleaved gate|up matrix);
     /// `out.col_offset` is ignored (each chunk writes its own columns).
     pub fn matmul(
         &self,
@@ -86,7 +143,8 @@ impl Matrix {
         self.chunks
             .iter()
             .map(|c| {
-                let out = MatmulOut { col_offset: c.row_start as u32, ..out };
+                let first = if out.glu { c.row_start / 2 } else { c.row_start };
+                let out = MatmulOut { col_offset: first as u32, ..out };
                 gpu.matmul(step, x, &c.data, bias, y, out)
             })
             .collect()
@@ -130,8 +188,7 @@ pub struct Layer {
     pub bv: Option<GpuBuffer<f32>>, // [kv_dim] (qwen2)
     pub wo: Matrix,                 // [dim, q_dim]
     pub ffn_norm: GpuBuffer<f32>,   // [dim]
-    pub gate: Matrix,               // [ffn_dim, dim]
-    pub up: Matrix,                 // [ffn_dim, dim]
+    pub gate_up: Matrix,            // [2 ffn_dim, dim]: rows of gate and up interleaved
     pub down: Matrix,               // [dim, ffn_dim]
 }
 
@@ -187,10 +244,7 @@ impl Weights {
             .layers
             .iter()
             .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate, &l.up, &l.down]
-                    .iter()
-                    .map(|m| m.gpu_bytes())
-                    .sum::<u64>()
+                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate_up, &l.down].iter().map(|m| m.gpu_bytes()).sum::<u64>()
                     + v(&l.attn_norm)
                     + v(&l.ffn_norm)
                     + ov(&l.bq)
@@ -254,12 +308,13 @@ impl Weights {
             let wo =
                 Matrix::upload(gpu, max_bytes, &fetch(name("attn_output.weight"), vec![c.dim, c.q_dim()])?)?;
             let ffn_norm = vector(fetch(name("ffn_norm.weight"), vec![c.dim])?)?;
-            let gate =
-                Matrix::upload(gpu, max_bytes, &fetch(name("ffn_gate.weight"), vec![c.ffn_dim, c.dim])?)?;
-            let up = Matrix::upload(gpu, max_bytes, &fetch(name("ffn_up.weight"), vec![c.ffn_dim, c.dim])?)?;
+            let gate = fetch(name("ffn_gate.weight"), vec![c.ffn_dim, c.dim])?;
+            let up = fetch(name("ffn_up.weight"), vec![c.ffn_dim, c.dim])?;
+            let gate_up = Matrix::upload_gate_up(gpu, max_bytes, &gate, &up)?;
+            drop((gate, up));
             let down =
                 Matrix::upload(gpu, max_bytes, &fetch(name("ffn_down.weight"), vec![c.dim, c.ffn_dim])?)?;
-            layers.push(Layer { attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, gate, up, down });
+            layers.push(Layer { attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, gate_up, down });
         }
         let output_norm = vector(fetch("output_norm.weight".into(), vec![c.dim])?)?;
         let output = if c.tied_embeddings {

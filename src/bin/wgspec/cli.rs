@@ -258,7 +258,11 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     let context = model.context();
     let weight_bytes = (model.weight_bytes(), model.file_weight_bytes());
     if !args.json {
-        eprintln!("weights on the GPU: {:.1} MB (file: {:.1} MB)", weight_bytes.0 as f64 / 1e6, weight_bytes.1 as f64 / 1e6);
+        eprintln!(
+            "weights on the GPU: {:.1} MB (file: {:.1} MB)",
+            weight_bytes.0 as f64 / 1e6,
+            weight_bytes.1 as f64 / 1e6
+        );
     }
     let mut engine = Engine::new(model, tokenizer, template);
     let draft = match args.draft.as_deref() {
@@ -357,7 +361,9 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {})
     };
     let (mut target, tokenizer, target_name) = match &args.synthetic {
-        Some(shape_name) => (synth(&bench::synthetic_shape(shape_name)?, 1)?, None, format!("synthetic {shape_name}")),
+        Some(shape_name) => {
+            (synth(&bench::synthetic_shape(shape_name)?, 1)?, None, format!("synthetic {shape_name}"))
+        }
         None => {
             let name = args.model.clone().unwrap_or_default();
             let (target, tokenizer, _) = load(&gpu, &name, &opts, None, false)?;

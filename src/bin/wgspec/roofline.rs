@@ -50,7 +50,15 @@ fn report(ceil: &Ceilings, rows: usize, seconds: f64, ops: &[OpProfile]) -> Pass
     }
     let bytes = ops.iter().map(|o| o.bytes).sum();
     let flops = ops.iter().map(|o| o.flops).sum();
-    PassReport { rows, seconds, floor_seconds: ceil.floor(bytes, flops), bytes, flops, dispatches: ops.len(), by_kernel }
+    PassReport {
+        rows,
+        seconds,
+        floor_seconds: ceil.floor(bytes, flops),
+        bytes,
+        flops,
+        dispatches: ops.len(),
+        by_kernel,
+    }
 }
 
 fn print(p: &PassReport) {
@@ -64,7 +72,10 @@ fn print(p: &PassReport) {
         p.flops as f64 / 1e9,
         100.0 * p.floor_seconds / p.seconds.max(1e-12)
     );
-    eprintln!("  {:<16} {:>5} {:>10} {:>10} {:>10} {:>10} {:>8}", "kernel", "ops", "ms", "MB", "GB/s", "GFLOP/s", "roofline");
+    eprintln!(
+        "  {:<16} {:>5} {:>10} {:>10} {:>10} {:>10} {:>8}",
+        "kernel", "ops", "ms", "MB", "GB/s", "GFLOP/s", "roofline"
+    );
     for (name, r) in &p.by_kernel {
         eprintln!(
             "  {:<16} {:>5} {:>10.3} {:>10.2} {:>10.2} {:>10.2} {:>7.1}%",
@@ -116,7 +127,8 @@ pub async fn run(gpu: &Gpu, target: &mut Model, name: &str, verify_rows: usize, 
         "passes": passes,
         "verify_cost": verify_cost,
     });
-    let text = serde_json::to_string_pretty(&json).map_err(|e| Error::InvalidArgument(format!("json: {e}")))?;
+    let text =
+        serde_json::to_string_pretty(&json).map_err(|e| Error::InvalidArgument(format!("json: {e}")))?;
     std::fs::write(out, text).map_err(|e| Error::io(out.display(), e))?;
     eprintln!("wrote {}", out.display());
     Ok(())
