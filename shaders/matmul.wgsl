@@ -60,8 +60,8 @@ fn store(c: u32, row: u32, sum: f32) {
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = lid.x;
     let lane = t % LANES;
-    let c0 = 4u * (wid.x * (WG / LANES) + t / LANES); // first of this invocation's four columns
-    let r0 = wid.y * ROWS;
+    let c0 = 4u * (wid.y * (WG / LANES) + t / LANES); // first of this invocation's four columns
+    let r0 = wid.x * ROWS;
     let nr = min(ROWS, step.n - r0); // rows of this group (the grid covers only rows < n)
     let k4 = p.k / 4u;
     // columns past the chunk read the last one (their sums are never stored)

@@ -62,8 +62,10 @@ pub enum Grid {
     PerRow(u32),
     /// `[n, 1, 1]`: one group per row.
     Rows,
-    /// `[x, ceil(n / rows), 1]`: x groups for each group of `rows` rows.
-    RowGroups { x: u32, rows: u32 },
+    /// `[ceil(n / rows), y, 1]`: y groups (tiles of columns) for each group of `rows` rows. The
+    /// row groups run along x so that a CPU adapter, which splits the linear order of workgroups
+    /// between its threads, gives each thread its share of every row group.
+    RowGroups { y: u32, rows: u32 },
 }
 
 impl Grid {
@@ -72,7 +74,7 @@ impl Grid {
             Grid::Fixed(c) => c,
             Grid::PerRow(x) => [x, n, 1],
             Grid::Rows => [n, 1, 1],
-            Grid::RowGroups { x, rows } => [x, n.div_ceil(rows), 1],
+            Grid::RowGroups { y, rows } => [n.div_ceil(rows), y, 1],
         }
     }
 }

@@ -146,7 +146,7 @@ impl Gpu {
         // An unused bias binding still needs a buffer: x serves (it is never read then).
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
         let grid =
-            Grid::RowGroups { x: w.rows.div_ceil(self.matmul_columns_per_group()) as u32, rows: MATMUL_ROWS };
+            Grid::RowGroups { y: w.rows.div_ceil(self.matmul_columns_per_group()) as u32, rows: MATMUL_ROWS };
         let (k, cols) = (w.k as u64, w.rows as u64);
         let cost = Cost {
             fixed_bytes: w.bytes() + if bias.is_some() { 4 * cols } else { 0 },
