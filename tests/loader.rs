@@ -4,7 +4,8 @@
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
-use wgspec::loader::gguf::{Gguf, GgufWriter, Value};
+use wgspec::loader::gguf::{Gguf, Value};
+use wgspec::loader::gguf_writer::GgufWriter;
 use wgspec::loader::quant::{dequantize, dequantize_into};
 use wgspec::loader::safetensors::{write_safetensors, Safetensors};
 use wgspec::loader::DType;

@@ -8,7 +8,8 @@
 
 use std::path::PathBuf;
 
-use wgspec::loader::gguf::{Gguf, GgufWriter, Value};
+use wgspec::loader::gguf::{Gguf, Value};
+use wgspec::loader::gguf_writer::GgufWriter;
 use wgspec::tokenizer::{GgufVocab, StreamDecoder, Tokenizer};
 use wgspec::Error;
 

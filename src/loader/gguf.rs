@@ -1,4 +1,5 @@
-//! GGUF (v2 and v3, little-endian): metadata key/values, the tensor table, and a writer.
+//! GGUF (v2 and v3, little-endian): metadata key/values and the tensor table (the writer is
+//! [`super::gguf_writer`]).
 //!
 //! Layout (all integers little-endian):
 //! ```text
@@ -17,7 +18,7 @@ use super::DType;
 use crate::{Error, Result};
 
 const FORMAT: &str = "GGUF";
-const MAGIC: [u8; 4] = *b"GGUF";
+pub(crate) const MAGIC: [u8; 4] = *b"GGUF";
 /// The alignment when `general.alignment` is absent.
 pub const DEFAULT_ALIGNMENT: u64 = 32;
 /// The metadata key that sets the data alignment.
@@ -28,7 +29,7 @@ pub const MAX_DIMS: usize = 4;
 const MAX_ARRAY_DEPTH: usize = 8;
 
 // Metadata value type ids.
-const T_U8: u32 = 0;
+pub(crate) const T_U8: u32 = 0;
 const T_I8: u32 = 1;
 const T_U16: u32 = 2;
 const T_I16: u32 = 3;
@@ -122,7 +123,7 @@ impl Value {
     }
 
     /// The GGUF value type id of this value.
-    fn type_id(&self) -> u32 {
+    pub(crate) fn type_id(&self) -> u32 {
         match self {
             Value::U8(_) => T_U8,
             Value::I8(_) => T_I8,
@@ -369,7 +370,7 @@ fn ggml_type_name(id: u32) -> String {
     }
 }
 
-fn align_up(x: u64, alignment: u64) -> Option<u64> {
+pub(crate) fn align_up(x: u64, alignment: u64) -> Option<u64> {
     // `alignment` is a power of two.
     x.checked_add(alignment - 1).map(|v| v & !(alignment - 1))
 }
@@ -604,140 +605,6 @@ fn read_tensor_info(r: &mut Reader<'_>) -> Result<RawTensorInfo> {
         .map(|&d| usize::try_from(d).map_err(|_| dims_err("do not fit in usize")))
         .collect::<Result<Vec<usize>>>()?;
     Ok((name, dtype, shape, rel, n_bytes))
-}
-
-/// Writes GGUF v3 files (used by tests to make tiny models, and by tools).
-///
-/// Arrays must be homogeneous and each tensor's data must be exactly
-/// `dtype.bytes_for(n_elements)` bytes: [`GgufWriter::try_to_bytes`] checks both,
-/// [`GgufWriter::to_bytes`] writes what it was given (a bad input gives a file the parser rejects).
-/// The alignment is `general.alignment` if it was added (a power of two), else 32.
-#[derive(Clone, Debug, Default)]
-pub struct GgufWriter {
-    metadata: Vec<(String, Value)>,
-    tensors: Vec<(String, DType, Vec<usize>, Vec<u8>)>,
-}
-
-impl GgufWriter {
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Adds a key/value (a key added twice is written twice, which the parser rejects).
-    pub fn add(&mut self, key: &str, v: Value) {
-        self.metadata.push((key.to_string(), v));
-    }
-
-    /// Adds a tensor; `shape` is outermost first, `data` its raw bytes.
-    pub fn add_tensor(&mut self, name: &str, dtype: DType, shape: &[usize], data: Vec<u8>) {
-        self.tensors.push((name.to_string(), dtype, shape.to_vec(), data));
-    }
-
-    fn alignment(&self) -> u64 {
-        self.metadata
-            .iter()
-            .find(|(k, _)| k == ALIGNMENT_KEY)
-            .and_then(|(_, v)| v.as_u64())
-            .filter(|a| a.is_power_of_two() && *a <= 1 << 20)
-            .unwrap_or(DEFAULT_ALIGNMENT)
-    }
-
-    /// Like [`GgufWriter::to_bytes`], but first checks that arrays are homogeneous and that
-    /// every tensor's data length matches its shape and type.
-    pub fn try_to_bytes(&self) -> Result<Vec<u8>> {
-        fn homogeneous(v: &Value) -> bool {
-            match v {
-                Value::Array(items) => {
-                    let first = items.first().map(Value::type_id);
-                    items.iter().all(|i| Some(i.type_id()) == first && homogeneous(i))
-                }
-                _ => true,
-            }
-        }
-        for (k, v) in &self.metadata {
-            if !homogeneous(v) {
-                return Err(Error::InvalidArgument(format!(
-                    "GGUF metadata {k}: array elements differ in type"
-                )));
-            }
-        }
-        for (name, dtype, shape, data) in &self.tensors {
-            let n = shape.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d as u64));
-            if n.and_then(|n| dtype.bytes_for(n)) != Some(data.len() as u64) {
-                return Err(Error::InvalidArgument(format!(
-                    "GGUF tensor {name}: {} bytes of data for {dtype} shape {shape:?}",
-                    data.len()
-                )));
-            }
-        }
-        Ok(self.to_bytes())
-    }
-
-    /// Serializes to a GGUF v3 file.
-    pub fn to_bytes(&self) -> Vec<u8> {
-        let alignment = self.alignment() as usize;
-        let mut out = Vec::new();
-        out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&3u32.to_le_bytes());
-        out.extend_from_slice(&(self.tensors.len() as u64).to_le_bytes());
-        out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
-        for (k, v) in &self.metadata {
-            write_str(&mut out, k);
-            out.extend_from_slice(&v.type_id().to_le_bytes());
-            write_value(&mut out, v);
-        }
-        let mut rel = 0usize;
-        let mut offsets = Vec::with_capacity(self.tensors.len());
-        for (name, dtype, shape, data) in &self.tensors {
-            write_str(&mut out, name);
-            out.extend_from_slice(&(shape.len() as u32).to_le_bytes());
-            for &d in shape.iter().rev() {
-                out.extend_from_slice(&(d as u64).to_le_bytes());
-            }
-            out.extend_from_slice(&dtype.ggml_type().to_le_bytes());
-            out.extend_from_slice(&(rel as u64).to_le_bytes());
-            offsets.push(rel);
-            rel = (rel + data.len()).next_multiple_of(alignment);
-        }
-        out.resize(out.len().next_multiple_of(alignment), 0);
-        let data_offset = out.len();
-        for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
-            out.resize(data_offset + off, 0);
-            out.extend_from_slice(data);
-        }
-        out.resize(out.len().next_multiple_of(alignment), 0);
-        out
-    }
-}
-
-fn write_str(out: &mut Vec<u8>, s: &str) {
-    out.extend_from_slice(&(s.len() as u64).to_le_bytes());
-    out.extend_from_slice(s.as_bytes());
-}
-
-fn write_value(out: &mut Vec<u8>, v: &Value) {
-    match v {
-        Value::U8(x) => out.push(*x),
-        Value::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::Bool(x) => out.push(u8::from(*x)),
-        Value::String(s) => write_str(out, s),
-        Value::Array(items) => {
-            let elem_type = items.first().map_or(T_U8, Value::type_id);
-            out.extend_from_slice(&elem_type.to_le_bytes());
-            out.extend_from_slice(&(items.len() as u64).to_le_bytes());
-            for i in items {
-                write_value(out, i);
-            }
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,7 @@
 //! File formats: bytes -> metadata + typed tensors. No GPU knowledge here.
 //!
-//! - [`gguf`]: GGUF v2/v3 headers (metadata + tensor table) and a writer for tests and tools.
+//! - [`gguf`]: GGUF v2/v3 headers (metadata + tensor table); [`gguf_writer`]: GGUF v3 files for
+//!   tests, synthetic benchmark models and tools.
 //! - [`safetensors`]: safetensors headers (F32 / F16 / BF16) and a writer for tests.
 //! - [`quant`]: the block formats ([`DType`]) and their dequantization to f32.
 //!
@@ -9,6 +10,7 @@
 //! location checked against the real file.
 
 pub mod gguf;
+pub mod gguf_writer;
 pub mod quant;
 pub mod safetensors;
 

@@ -4,7 +4,8 @@
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::Rng;
-use wgspec::loader::gguf::{GgufWriter, Value};
+use wgspec::loader::gguf::Value;
+use wgspec::loader::gguf_writer::GgufWriter;
 use wgspec::loader::safetensors::write_safetensors;
 use wgspec::loader::DType;
 
