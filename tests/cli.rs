@@ -50,6 +50,10 @@ fn generate_json_prints_one_object_with_tokens_text_and_stats() {
     assert!(v["text"].is_string());
     assert_eq!(v["stats"]["generated_tokens"].as_u64(), Some(tokens.len() as u64));
     assert!(v["stats"]["tokens_per_second"].as_f64().is_some_and(|t| t > 0.0));
+    // The Q8_0 blocks stay as stored: GPU weight bytes within 1% of the file's tensor bytes.
+    let (gpu, file) =
+        (v["gpu_weight_bytes"].as_f64().expect("gpu"), v["file_weight_bytes"].as_f64().expect("file"));
+    assert!(file > 0.0 && (gpu / file - 1.0).abs() < 0.01, "gpu {gpu} vs file {file} bytes");
 
     // Seeded sampling is reproducible, and a different seed may differ but still parses.
     let args = ["generate", "--model", m, "--prompt", "abc", "--max-tokens", "6", "--temperature", "1.5"];
@@ -119,4 +123,44 @@ fn bad_input_gives_a_clear_error_and_a_failing_exit_code() {
         String::from_utf8_lossy(&out.stderr).contains("smollm2-135m"),
         "the error lists the known models"
     );
+}
+
+#[test]
+fn bench_roofline_reports_every_kernel_against_the_ceilings() {
+    let model = tiny_model_file("tiny-roofline.gguf");
+    let out_file = model.with_extension("roofline.json");
+    let out = wgspec(&[
+        "bench",
+        "--roofline",
+        "--model",
+        model.to_str().expect("utf8"),
+        "--context",
+        "128",
+        "--out",
+        out_file.to_str().expect("utf8"),
+    ]);
+    assert!(out.status.success(), "roofline failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_file).expect("roofline json")).expect("json");
+    assert!(v["ceilings"]["bytes_per_second"].as_f64().is_some_and(|b| b > 1e6), "{}", v["ceilings"]);
+    assert!(v["ceilings"]["flops_per_second"].as_f64().is_some_and(|f| f > 1e6), "{}", v["ceilings"]);
+    let passes = v["passes"].as_array().expect("passes");
+    assert_eq!(passes.iter().map(|p| p["rows"].as_u64()).collect::<Vec<_>>(), [Some(1), Some(5)]);
+    for p in passes {
+        let by_kernel = p["by_kernel"].as_object().expect("by_kernel");
+        let ops: u64 = by_kernel.values().map(|k| k["ops"].as_u64().expect("ops")).sum();
+        assert_eq!(Some(ops), p["dispatches"].as_u64(), "every dispatch reported once");
+        // 2 layers x (norm, matmul x 3, rope x 2, attention, wo, norm, gate|up, down) + embed, norm,
+        // output, argmax
+        assert_eq!(ops, 2 * 11 + 4);
+        assert!(by_kernel.contains_key("Matmul(Q8_0)") && by_kernel.contains_key("Attention"));
+        for (name, k) in by_kernel {
+            let f = k["roofline_fraction"].as_f64().expect("fraction");
+            assert!(f.is_finite() && f > 0.0, "{name}: {f}");
+        }
+        assert!(p["floor_seconds"]
+            .as_f64()
+            .is_some_and(|f| f > 0.0 && f <= p["seconds"].as_f64().unwrap_or(0.0) * 1.5));
+    }
+    assert!(v["verify_cost"].as_f64().is_some_and(|c| c > 0.0));
 }

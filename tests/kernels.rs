@@ -6,7 +6,7 @@ mod reference;
 
 use common::{assert_close, gpu, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
-use wgspec::gpu::{AttentionShape, Gpu, GpuBuffer, MatmulOut, Op, RopeLayout, WeightBuffer, WeightFormat};
+use wgspec::gpu::{AttentionShape, Gpu, GpuBuffer, MatmulOut, Op, RopeLayout, WeightBuffer};
 use wgspec::loader::{quant, DType};
 
 /// f32 dot products of length k: error bound relative to the magnitude of the terms.
@@ -99,12 +99,7 @@ fn matmul_matches_reference_for_every_weight_format() {
                     let bias = rand_vec(&mut rng, cols, 0.3);
                     let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
                     let wb = upload(&gpu, dtype, &bytes, cols, k);
-                    assert_eq!(
-                        wb.format,
-                        WeightFormat::of(dtype),
-                        "{what}: kept in its stored format ({})",
-                        gpu.describe()
-                    );
+                    assert_eq!(wb.dtype, dtype, "{what}: kept in its stored format ({})", gpu.describe());
                     let bb = GpuBuffer::<f32>::from_slice(&gpu, "b", &bias);
                     // Write into the middle columns of a wider output, as a chunk of a split matrix does.
                     let (ldy, off) = (cols + 3, 2usize);

@@ -13,119 +13,63 @@ use super::Gpu;
 use crate::error::{Error, Result};
 use crate::loader::DType;
 
-/// A weight format the matmul and embedding kernels read (one `shaders/formats/*.wgsl` each).
-#[allow(non_camel_case_types)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum WeightFormat {
-    F32,
-    F16,
-    BF16,
-    Q4_0,
-    Q4_1,
-    Q5_0,
-    Q8_0,
-    Q4_K,
-    Q6_K,
-}
-
 /// Weights per unit: the granularity at which kernels load a row.
 pub const UNIT: usize = 32;
 
-impl WeightFormat {
-    /// Every format, in a fixed order (pipelines are built for each).
-    pub const ALL: [WeightFormat; 9] = [
-        WeightFormat::F32,
-        WeightFormat::F16,
-        WeightFormat::BF16,
-        WeightFormat::Q4_0,
-        WeightFormat::Q4_1,
-        WeightFormat::Q5_0,
-        WeightFormat::Q8_0,
-        WeightFormat::Q4_K,
-        WeightFormat::Q6_K,
-    ];
+/// Units of 32 weights in a row of `k` (float rows are padded up to a whole unit).
+pub fn units(k: usize) -> usize {
+    k.div_ceil(UNIT)
+}
 
-    /// The format that keeps tensors of `dtype` as they are stored.
-    pub fn of(dtype: DType) -> WeightFormat {
-        match dtype {
-            DType::F32 => WeightFormat::F32,
-            DType::F16 => WeightFormat::F16,
-            DType::BF16 => WeightFormat::BF16,
-            DType::Q4_0 => WeightFormat::Q4_0,
-            DType::Q4_1 => WeightFormat::Q4_1,
-            DType::Q5_0 => WeightFormat::Q5_0,
-            DType::Q8_0 => WeightFormat::Q8_0,
-            DType::Q4_K => WeightFormat::Q4_K,
-            DType::Q6_K => WeightFormat::Q6_K,
-        }
-    }
-
-    /// The stored type this format holds.
-    pub fn dtype(self) -> DType {
+/// Every stored type is a weight format of the kernels: its `shaders/formats/*.wgsl` file, and the
+/// layout [`pack_rows`] writes.
+impl DType {
+    /// The format's WGSL (`unit_head`, `unit_group`), placed ahead of the op that reads it.
+    pub fn format_source(self) -> &'static str {
         match self {
-            WeightFormat::F32 => DType::F32,
-            WeightFormat::F16 => DType::F16,
-            WeightFormat::BF16 => DType::BF16,
-            WeightFormat::Q4_0 => DType::Q4_0,
-            WeightFormat::Q4_1 => DType::Q4_1,
-            WeightFormat::Q5_0 => DType::Q5_0,
-            WeightFormat::Q8_0 => DType::Q8_0,
-            WeightFormat::Q4_K => DType::Q4_K,
-            WeightFormat::Q6_K => DType::Q6_K,
+            DType::F32 => include_str!("../../shaders/formats/f32.wgsl"),
+            DType::F16 => include_str!("../../shaders/formats/f16.wgsl"),
+            DType::BF16 => include_str!("../../shaders/formats/bf16.wgsl"),
+            DType::Q4_0 => include_str!("../../shaders/formats/q4_0.wgsl"),
+            DType::Q4_1 => include_str!("../../shaders/formats/q4_1.wgsl"),
+            DType::Q5_0 => include_str!("../../shaders/formats/q5_0.wgsl"),
+            DType::Q8_0 => include_str!("../../shaders/formats/q8_0.wgsl"),
+            DType::Q4_K => include_str!("../../shaders/formats/q4_k.wgsl"),
+            DType::Q6_K => include_str!("../../shaders/formats/q6_k.wgsl"),
         }
-    }
-
-    /// The format's WGSL (its `load_unit`), placed ahead of the op that reads it.
-    pub fn source(self) -> &'static str {
-        match self {
-            WeightFormat::F32 => include_str!("../../shaders/formats/f32.wgsl"),
-            WeightFormat::F16 => include_str!("../../shaders/formats/f16.wgsl"),
-            WeightFormat::BF16 => include_str!("../../shaders/formats/bf16.wgsl"),
-            WeightFormat::Q4_0 => include_str!("../../shaders/formats/q4_0.wgsl"),
-            WeightFormat::Q4_1 => include_str!("../../shaders/formats/q4_1.wgsl"),
-            WeightFormat::Q5_0 => include_str!("../../shaders/formats/q5_0.wgsl"),
-            WeightFormat::Q8_0 => include_str!("../../shaders/formats/q8_0.wgsl"),
-            WeightFormat::Q4_K => include_str!("../../shaders/formats/q4_k.wgsl"),
-            WeightFormat::Q6_K => include_str!("../../shaders/formats/q6_k.wgsl"),
-        }
-    }
-
-    /// Units of 32 weights in a row of `k` (float rows are padded up to a whole unit).
-    pub fn units(self, k: usize) -> usize {
-        k.div_ceil(UNIT)
     }
 
     /// u32 words of the quants section per block, and f16 scales per block in the scale section
-    /// (0, 1 or 2), for `blocks` blocks of `self.dtype()` (float formats: one block = one unit).
+    /// (0, 1 or 2), for `blocks` blocks of this type (float formats: one block = one unit).
     fn section_sizes(self, blocks: usize) -> (usize, usize) {
         match self {
-            WeightFormat::F32 => (blocks * 32, 0),
-            WeightFormat::F16 | WeightFormat::BF16 => (blocks * 16, 0),
-            WeightFormat::Q8_0 => (blocks * 8, blocks),
-            WeightFormat::Q4_0 => (blocks * 4, blocks),
-            WeightFormat::Q4_1 => (blocks * 4, blocks * 2),
-            WeightFormat::Q5_0 => (blocks * 5, blocks),
-            WeightFormat::Q4_K => (blocks * 36, 0),
-            WeightFormat::Q6_K => (blocks * 52, blocks),
+            DType::F32 => (blocks * 32, 0),
+            DType::F16 | DType::BF16 => (blocks * 16, 0),
+            DType::Q8_0 => (blocks * 8, blocks),
+            DType::Q4_0 => (blocks * 4, blocks),
+            DType::Q4_1 => (blocks * 4, blocks * 2),
+            DType::Q5_0 => (blocks * 5, blocks),
+            DType::Q4_K => (blocks * 36, 0),
+            DType::Q6_K => (blocks * 52, blocks),
         }
     }
 
     /// Blocks in `rows` rows of `k` (float formats count 32-element units).
     fn blocks(self, rows: usize, k: usize) -> usize {
         match self {
-            WeightFormat::F32 | WeightFormat::F16 | WeightFormat::BF16 => rows * self.units(k),
-            _ => rows * k / self.dtype().block_len(),
+            DType::F32 | DType::F16 | DType::BF16 => rows * units(k),
+            _ => rows * k / self.block_len(),
         }
     }
 
     /// GPU bytes of `rows` rows of `k` weights in this format (both sections, padded to 16).
-    pub fn bytes(self, rows: usize, k: usize) -> u64 {
+    pub fn gpu_bytes(self, rows: usize, k: usize) -> u64 {
         let (quants, halves) = self.section_sizes(self.blocks(rows, k));
         ((quants + halves.div_ceil(2)) as u64 * 4).next_multiple_of(16)
     }
 
     /// GPU bytes one row adds (at most; the f16 scale section rounds up by one word per buffer).
-    pub fn row_bytes(self, k: usize) -> u64 {
+    pub fn gpu_row_bytes(self, k: usize) -> u64 {
         let (quants, halves) = self.section_sizes(self.blocks(1, k));
         quants as u64 * 4 + halves as u64 * 2
     }
@@ -134,7 +78,7 @@ impl WeightFormat {
 /// Rows of a weight matrix laid out for one buffer: the quants section, then the scale section.
 #[derive(Clone, Debug)]
 pub struct PackedRows {
-    pub format: WeightFormat,
+    pub dtype: DType,
     pub rows: usize,
     pub k: usize,
     /// u32 word where the scale section starts.
@@ -153,20 +97,19 @@ fn le32(b: &[u8], i: usize) -> u32 {
 
 /// Lays out `rows` rows of `k` f32 values (row-major) in the F32 format.
 pub fn pack_f32_rows(values: &[f32], rows: usize, k: usize) -> Result<PackedRows> {
-    check_shape(WeightFormat::F32, values.len() * 4, rows, k)?;
-    let f = WeightFormat::F32;
-    let stride = f.units(k) * UNIT;
-    let mut words = vec![0u32; f.bytes(rows, k) as usize / 4];
+    check_shape(DType::F32, values.len() * 4, rows, k)?;
+    let f = DType::F32;
+    let stride = units(k) * UNIT;
+    let mut words = vec![0u32; f.gpu_bytes(rows, k) as usize / 4];
     for (r, row) in values.chunks_exact(k.max(1)).take(rows).enumerate() {
         for (i, v) in row.iter().enumerate() {
             words[r * stride + i] = v.to_bits();
         }
     }
-    Ok(PackedRows { format: f, rows, k, scale_base: 0, words })
+    Ok(PackedRows { dtype: f, rows, k, scale_base: 0, words })
 }
 
-fn check_shape(format: WeightFormat, bytes: usize, rows: usize, k: usize) -> Result<()> {
-    let dtype = format.dtype();
+fn check_shape(dtype: DType, bytes: usize, rows: usize, k: usize) -> Result<()> {
     if k == 0 || !k.is_multiple_of(4) {
         return Err(Error::InvalidArgument(format!(
             "weight rows of {k} elements: the kernels need a positive multiple of 4"
@@ -190,7 +133,7 @@ fn check_shape(format: WeightFormat, bytes: usize, rows: usize, k: usize) -> Res
 /// Lays out `rows` rows of `k` elements stored as `dtype` (row-major, the file's own bytes) in
 /// the format of that dtype. The values are not changed: only moved so that loads are aligned.
 pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<PackedRows> {
-    let f = WeightFormat::of(dtype);
+    let f = dtype;
     if dtype == DType::F32 {
         check_shape(f, bytes.len(), rows, k)?;
         let values: Vec<f32> =
@@ -200,15 +143,15 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<Pa
     check_shape(f, bytes.len(), rows, k)?;
     let blocks = f.blocks(rows, k);
     let (quants, halves) = f.section_sizes(blocks);
-    let mut words = vec![0u32; f.bytes(rows, k) as usize / 4];
+    let mut words = vec![0u32; f.gpu_bytes(rows, k) as usize / 4];
     let scale_base = quants;
     let set_half = |words: &mut [u32], h: usize, v: u32| {
         words[scale_base + h / 2] |= v << (16 * (h % 2));
     };
     match f {
-        WeightFormat::F16 | WeightFormat::BF16 => {
+        DType::F16 | DType::BF16 => {
             // Each row padded to whole units of 32 halves, two per word.
-            let stride = f.units(k) * UNIT / 2;
+            let stride = units(k) * UNIT / 2;
             for (r, row) in bytes.chunks_exact(k * 2).enumerate() {
                 for (i, pair) in row.chunks(4).enumerate() {
                     let lo = le16(pair, 0);
@@ -217,7 +160,7 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<Pa
                 }
             }
         }
-        WeightFormat::Q8_0 | WeightFormat::Q4_0 => {
+        DType::Q8_0 | DType::Q4_0 => {
             let qwords = quants / blocks;
             for (b, blk) in bytes.chunks_exact(dtype.block_bytes()).enumerate() {
                 set_half(&mut words, b, le16(blk, 0));
@@ -226,7 +169,7 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<Pa
                 }
             }
         }
-        WeightFormat::Q4_1 => {
+        DType::Q4_1 => {
             for (b, blk) in bytes.chunks_exact(dtype.block_bytes()).enumerate() {
                 words[scale_base + b] = le16(blk, 0) | (le16(blk, 2) << 16);
                 for i in 0..4 {
@@ -234,7 +177,7 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<Pa
                 }
             }
         }
-        WeightFormat::Q5_0 => {
+        DType::Q5_0 => {
             for (b, blk) in bytes.chunks_exact(dtype.block_bytes()).enumerate() {
                 set_half(&mut words, b, le16(blk, 0));
                 for i in 0..4 {
@@ -243,12 +186,12 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<Pa
                 words[b * 5 + 4] = le32(blk, 2);
             }
         }
-        WeightFormat::Q4_K => {
+        DType::Q4_K => {
             for (i, w) in bytes.chunks_exact(4).enumerate() {
                 words[i] = le32(w, 0);
             }
         }
-        WeightFormat::Q6_K => {
+        DType::Q6_K => {
             for (b, blk) in bytes.chunks_exact(dtype.block_bytes()).enumerate() {
                 for i in 0..52 {
                     words[b * 52 + i] = le32(blk, 4 * i);
@@ -256,15 +199,16 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<Pa
                 set_half(&mut words, b, le16(blk, 208));
             }
         }
-        WeightFormat::F32 => unreachable!("handled above"),
+        DType::F32 => unreachable!("handled above"),
     }
     debug_assert!(halves.div_ceil(2) + quants <= words.len());
-    Ok(PackedRows { format: f, rows, k, scale_base: scale_base as u32, words })
+    Ok(PackedRows { dtype: f, rows, k, scale_base: scale_base as u32, words })
 }
 
 /// Rows of a weight matrix in one GPU buffer, in a format the matmul and embedding kernels read.
 pub struct WeightBuffer {
-    pub format: WeightFormat,
+    /// The stored type, which is the format the kernels read.
+    pub dtype: DType,
     /// Rows held (output columns of a matmul, vocabulary entries of an embedding).
     pub rows: usize,
     /// Elements per row.
@@ -284,7 +228,7 @@ impl WeightBuffer {
             mapped_at_creation: false,
         });
         gpu.queue.write_buffer(&raw, 0, bytemuck::cast_slice(&p.words));
-        WeightBuffer { format: p.format, rows: p.rows, k: p.k, scale_base: p.scale_base, raw }
+        WeightBuffer { dtype: p.dtype, rows: p.rows, k: p.k, scale_base: p.scale_base, raw }
     }
 
     /// `rows` rows of `k` f32 values, in the F32 format.
@@ -317,6 +261,6 @@ impl WeightBuffer {
 
     /// Units of 32 weights per row.
     pub fn units(&self) -> usize {
-        self.format.units(self.k)
+        units(self.k)
     }
 }

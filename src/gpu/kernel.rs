@@ -2,15 +2,15 @@
 
 use std::borrow::Cow;
 
-use super::WeightFormat;
 use crate::error::{Error, Result};
+use crate::loader::DType;
 
 /// Every compute kernel the crate runs. Each maps to one file in `shaders/`; the ops that read
-/// weight matrices exist once per [`WeightFormat`] (the format's file is placed ahead of the op's).
+/// weight matrices exist once per stored type (its `shaders/formats/` file is placed ahead of the op's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    Embed(WeightFormat),
-    Matmul(WeightFormat),
+    Embed(DType),
+    Matmul(DType),
     RmsNorm,
     Rope,
     Attention,
@@ -36,17 +36,17 @@ const PLAIN: [Kernel; 7] = [
 impl Kernel {
     /// All kernels, in a fixed order (the index into the pipeline table).
     pub fn all() -> Vec<Kernel> {
-        let mut all = Vec::with_capacity(PLAIN.len() + 2 * WeightFormat::ALL.len());
-        all.extend(WeightFormat::ALL.map(Kernel::Embed));
-        all.extend(WeightFormat::ALL.map(Kernel::Matmul));
+        let mut all = Vec::with_capacity(PLAIN.len() + 2 * DType::ALL.len());
+        all.extend(DType::ALL.map(Kernel::Embed));
+        all.extend(DType::ALL.map(Kernel::Matmul));
         all.extend(PLAIN);
         all
     }
 
     /// Position of this kernel in [`Kernel::all`].
     pub fn index(self) -> usize {
-        let formats = WeightFormat::ALL.len();
-        let f = |w: WeightFormat| WeightFormat::ALL.iter().position(|x| *x == w).unwrap_or(0);
+        let formats = DType::ALL.len();
+        let f = |w: DType| DType::ALL.iter().position(|x| *x == w).unwrap_or(0);
         match self {
             Kernel::Embed(w) => f(w),
             Kernel::Matmul(w) => formats + f(w),
@@ -56,7 +56,7 @@ impl Kernel {
 
     /// The kernel's WGSL source: the op's file, preceded by its weight format's file if it has one.
     pub fn source(self) -> Cow<'static, str> {
-        let with_format = |w: WeightFormat, op: &str| Cow::Owned(format!("{}\n{op}", w.source()));
+        let with_format = |w: DType, op: &str| Cow::Owned(format!("{}\n{op}", w.format_source()));
         match self {
             Kernel::Embed(w) => with_format(w, include_str!("../../shaders/embed.wgsl")),
             Kernel::Matmul(w) => with_format(w, include_str!("../../shaders/matmul.wgsl")),

@@ -11,7 +11,7 @@ mod ops;
 mod roofline;
 
 pub use buffer::GpuBuffer;
-pub use format::{pack_f32_rows, pack_rows, PackedRows, WeightBuffer, WeightFormat, UNIT};
+pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
 pub use kernel::{Kernel, Pipelines};
 pub use ops::{AttentionShape, MatmulOut, RopeLayout, Step, MATMUL_ROWS};
 pub use roofline::Ceilings;

@@ -154,7 +154,7 @@ impl Gpu {
             row_flops: 2 * k * cols,
             ..Cost::default()
         };
-        self.op(Kernel::Matmul(w.format), step, &params, &[&x.raw, &w.raw, bias_raw, &y.raw], grid)
+        self.op(Kernel::Matmul(w.dtype), step, &params, &[&x.raw, &w.raw, bias_raw, &y.raw], grid)
             .with_cost(cost)
     }
 
@@ -178,9 +178,9 @@ impl Gpu {
         };
         let params = self.uniform("embed params", bytemuck::bytes_of(&p));
         let grid = Grid::PerRow(groups(table.units()));
-        let row = table.format.bytes(1, table.k) + 4 * table.k as u64;
+        let row = table.dtype.gpu_bytes(1, table.k) + 4 * table.k as u64;
         let cost = Cost { row_bytes: row, ..Cost::default() };
-        self.op(Kernel::Embed(table.format), step, &params, &[&tokens.raw, &table.raw, &x.raw], grid)
+        self.op(Kernel::Embed(table.dtype), step, &params, &[&tokens.raw, &table.raw, &x.raw], grid)
             .with_cost(cost)
     }
 

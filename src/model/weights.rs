@@ -5,7 +5,7 @@
 use super::checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 use super::config::Config;
 use crate::error::{Error, Result};
-use crate::gpu::{pack_f32_rows, pack_rows, Gpu, GpuBuffer, MatmulOut, Op, WeightBuffer, WeightFormat};
+use crate::gpu::{pack_f32_rows, pack_rows, Gpu, GpuBuffer, MatmulOut, Op, WeightBuffer};
 use crate::loader::DType;
 
 /// Rows `[row_start, row_start + rows)` of a matrix in one buffer.
@@ -32,8 +32,7 @@ impl Matrix {
             HostData::F32(_) => DType::F32,
             HostData::Stored { dtype, .. } => *dtype,
         };
-        let format = WeightFormat::of(dtype);
-        let row_bytes = format.row_bytes(cols);
+        let row_bytes = dtype.gpu_row_bytes(cols);
         let max_bytes = max_bytes.min(gpu.max_binding_bytes());
         // 16 bytes of slack: a buffer rounds its scale section and its size up.
         let by_bytes = (max_bytes.saturating_sub(16) / row_bytes.max(1)) as usize;
@@ -171,9 +170,9 @@ impl Matrix {
         self.chunks.iter().map(|c| c.data.bytes()).sum()
     }
 
-    /// The format its weights are kept in.
-    pub fn format(&self) -> Option<WeightFormat> {
-        self.chunks.first().map(|c| c.data.format)
+    /// The type its weights are kept in (the kernels' format).
+    pub fn dtype(&self) -> Option<DType> {
+        self.chunks.first().map(|c| c.data.dtype)
     }
 }
 
