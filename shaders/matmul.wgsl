@@ -5,10 +5,12 @@
 // `unit_group(h, g)`: the weights w[c, 32u + 4g .. 32u + 4g + 4] dequantised to f32, straight from
 // the stored blocks.
 //
-// Shape for a GPU: a workgroup of 64 invocations owns a tile of 4 columns and a group of up to 8
-// rows. 16 lanes per column stride over k, 32 weights (one unit) at a time, and apply each group
-// of weights they load to every row of the group (weights are read once per 8 rows, not once per
-// row). The 16 partial sums of each (row, column) are then added by a fixed tree in workgroup memory.
+// Shape: each invocation owns 4 adjacent columns x a group of 4 rows; it decodes each group of 4
+// weights once and applies it to every row, and loads each vec4 of x once for the 4 columns
+// (weights are read once per 4 rows, not once per row). On a GPU a workgroup of 64 invocations is
+// 4 column quads x 16 lanes: the lanes of a quad stride over k, 32 weights (one unit) at a time,
+// and their partial sums are added by a fixed tree in workgroup memory (16 columns per workgroup).
+// On a CPU adapter LANES = 1: each invocation walks all of k (256 columns per workgroup).
 //
 // Batch-invariant: the order of every sum depends on k and LANES only (fixed per pipeline): a row
 // is computed by the same instructions whether the pass holds 1 row or 32, so its bits are the same.
