@@ -148,6 +148,10 @@ fn matmul_rejects_rows_the_kernels_cannot_read() {
     assert!(WeightBuffer::from_f32(&gpu, "w", &[0.0; 6], 2, 3).is_err(), "k = 3 is no multiple of 4");
     assert!(WeightBuffer::from_blocks(&gpu, "w", DType::Q4_K, &[0; 144], 1, 128).is_err(), "half a block");
     assert!(WeightBuffer::from_blocks(&gpu, "w", DType::Q8_0, &[0; 33], 1, 32).is_err(), "short bytes");
+    for dtype in DType::ALL {
+        let packed = wgspec::gpu::pack_rows(dtype, &[], 0, 256).expect("zero rows pack to nothing");
+        assert_eq!(packed.rows, 0, "{dtype}");
+    }
 }
 
 #[test]

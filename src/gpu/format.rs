@@ -161,7 +161,7 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<Pa
             }
         }
         DType::Q8_0 | DType::Q4_0 => {
-            let qwords = quants / blocks;
+            let qwords = if f == DType::Q8_0 { 8 } else { 4 }; // quant words per block
             for (b, blk) in bytes.chunks_exact(dtype.block_bytes()).enumerate() {
                 set_half(&mut words, b, le16(blk, 0));
                 for i in 0..qwords {

@@ -36,7 +36,7 @@ impl Matrix {
         let max_bytes = max_bytes.min(gpu.max_binding_bytes());
         // 16 bytes of slack: a buffer rounds its scale section and its size up.
         let by_bytes = (max_bytes.saturating_sub(16) / row_bytes.max(1)) as usize;
-        // Each matmul workgroup takes a few rows; the grid has at most 65535 groups along x.
+        // Each matmul workgroup takes a few rows; the grid has at most 65535 column tiles along y.
         let by_groups =
             gpu.limits.max_compute_workgroups_per_dimension as usize * gpu.matmul_columns_per_group();
         // Chunks start at multiples of 4 rows, the columns of one matmul invocation (so the
