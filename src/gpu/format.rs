@@ -7,8 +7,6 @@
 //! the float formats are padded with zeros to a multiple of 32. Each file of `shaders/formats/`
 //! documents its layout; [`pack_rows`] writes it.
 
-use half::f16;
-
 use super::Gpu;
 use crate::error::{Error, Result};
 use crate::loader::DType;
@@ -246,12 +244,6 @@ impl WeightBuffer {
         k: usize,
     ) -> Result<WeightBuffer> {
         Ok(Self::upload(gpu, label, &pack_rows(dtype, bytes, rows, k)?))
-    }
-
-    /// `rows` rows of `k` f16 values, in the F16 format.
-    pub fn from_f16(gpu: &Gpu, label: &str, values: &[f16], rows: usize, k: usize) -> Result<WeightBuffer> {
-        let bytes: &[u8] = bytemuck::cast_slice(values);
-        Self::from_blocks(gpu, label, DType::F16, bytes, rows, k)
     }
 
     /// Bytes of GPU memory this buffer takes.

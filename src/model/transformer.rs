@@ -203,10 +203,14 @@ impl Model {
 
     fn check(&self, tokens: &[u32], start_pos: usize) -> Result<()> {
         self.check_rows(tokens.len(), start_pos)?;
-        if let Some(&id) = tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
+        self.check_ids(tokens)
+    }
+
+    fn check_ids(&self, tokens: &[u32]) -> Result<()> {
+        match tokens.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            Some(&id) => Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size }),
+            None => Ok(()),
         }
-        Ok(())
     }
 
     fn check_rows(&self, n: usize, start_pos: usize) -> Result<()> {
@@ -243,9 +247,7 @@ impl Model {
         start_pos: usize,
     ) -> Result<()> {
         self.check_rows(n, start_pos)?;
-        if let Some(&id) = host.iter().find(|&&t| t as usize >= self.config.vocab_size) {
-            return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
-        }
+        self.check_ids(host)?;
         if host.len() > n || slot >= MAX_PASSES {
             return Err(Error::InvalidArgument(format!(
                 "a recorded pass of {n} rows with {} host tokens in slot {slot} (of {MAX_PASSES})",
@@ -270,9 +272,7 @@ impl Model {
     /// contents undefined past its length (the timed ops write rows there).
     pub async fn profile(&mut self, n: usize, reps: usize) -> Result<Vec<OpProfile>> {
         let start_pos = self.len;
-        self.check_rows(n, start_pos)?;
-        let g = self.gpu.clone();
-        g.write_step(&self.state.step, n, start_pos);
+        let g = self.timing_pass(n)?;
         let mut out = Vec::with_capacity(self.forward_ops.len() + 1);
         for op in self.forward_ops.iter().chain(&self.argmax_ops) {
             let seconds = g.time_ops(std::slice::from_ref(op), n as u32, reps).await?;
@@ -285,11 +285,15 @@ impl Model {
     /// Seconds of one whole forward pass of `n` rows at the cache's current length (up to the
     /// logits: no argmax, no read-back), `reps` times in one submission.
     pub async fn time_forward(&mut self, n: usize, reps: usize) -> Result<f64> {
-        let start_pos = self.len;
-        self.check_rows(n, start_pos)?;
-        let g = self.gpu.clone();
-        g.write_step(&self.state.step, n, start_pos);
+        let g = self.timing_pass(n)?;
         g.time_ops(&self.forward_ops, n as u32, reps).await
+    }
+
+    /// Sets the pass uniform for a timed pass of `n` rows at the cache's current length.
+    fn timing_pass(&self, n: usize) -> Result<Arc<Gpu>> {
+        self.check_rows(n, self.len)?;
+        self.gpu.write_step(&self.state.step, n, self.len);
+        Ok(self.gpu.clone())
     }
 
     /// The token ids of the pass, `[MAX_BATCH]` (what [`Model::record`] reads).

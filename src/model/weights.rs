@@ -85,13 +85,7 @@ impl Matrix {
             });
         }
         let data = match (&gate.data, &up.data) {
-            (HostData::F32(g), HostData::F32(u)) => HostData::F32(
-                g.chunks_exact(cols)
-                    .zip(u.chunks_exact(cols))
-                    .flat_map(|(a, b)| a.iter().chain(b))
-                    .copied()
-                    .collect(),
-            ),
+            (HostData::F32(g), HostData::F32(u)) => HostData::F32(interleave_rows(g, u, cols)),
             (HostData::Stored { dtype, bytes: g }, HostData::Stored { dtype: du, bytes: u })
                 if dtype == du =>
             {
@@ -102,24 +96,10 @@ impl Matrix {
                         gate.name
                     )));
                 }
-                let bytes = g
-                    .chunks_exact(row)
-                    .zip(u.chunks_exact(row))
-                    .flat_map(|(a, b)| a.iter().chain(b))
-                    .copied();
-                HostData::Stored { dtype: *dtype, bytes: bytes.collect() }
+                HostData::Stored { dtype: *dtype, bytes: interleave_rows(g, u, row) }
             }
-            _ => {
-                // different stored types: both as f32 (exact values, more memory)
-                let (g, u) = (gate.to_f32()?, up.to_f32()?);
-                HostData::F32(
-                    g.chunks_exact(cols)
-                        .zip(u.chunks_exact(cols))
-                        .flat_map(|(a, b)| a.iter().chain(b))
-                        .copied()
-                        .collect(),
-                )
-            }
+            // different stored types: both as f32 (exact values, more memory)
+            _ => HostData::F32(interleave_rows(&gate.to_f32()?, &up.to_f32()?, cols)),
         };
         let name = format!("{} | {}", gate.name, up.name);
         Matrix::upload(gpu, max_bytes, &HostTensor { name, shape: vec![2 * f, cols], data })
@@ -169,11 +149,11 @@ impl Matrix {
     pub fn gpu_bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.data.bytes()).sum()
     }
+}
 
-    /// The type its weights are kept in (the kernels' format).
-    pub fn dtype(&self) -> Option<DType> {
-        self.chunks.first().map(|c| c.data.dtype)
-    }
+/// Rows of `a` and `b` (each `row` elements) alternated: a0, b0, a1, b1, ...
+fn interleave_rows<T: Copy>(a: &[T], b: &[T], row: usize) -> Vec<T> {
+    a.chunks_exact(row).zip(b.chunks_exact(row)).flat_map(|(x, y)| x.iter().chain(y)).copied().collect()
 }
 
 /// One transformer block's weights (GGUF names `blk.{i}.*`).

@@ -61,7 +61,7 @@ impl GreedyCycle {
         let id_last = *context
             .get(n_past)
             .ok_or_else(|| Error::InvalidArgument(format!("no token at position {n_past} to verify from")))?;
-        let (first, k, mut draft_steps) = draft.prepare_greedy(context, k).await?;
+        let (first, k, mut draft_steps) = draft.catch_up(context, k).await?;
         let k = k.min(MAX_BATCH - 1);
         let gpu = target.gpu().clone();
         let mut enc = gpu.encoder();

@@ -136,18 +136,16 @@ impl DraftModel {
         &mut self.model
     }
 
-    /// Prepares a greedy GPU cycle after `context`: rolls back, feeds all but the last
-    /// [`MAX_BATCH`] unseen tokens (their own submissions), and returns the tokens the first
-    /// recorded step takes from the host and the K that fits the draft's context (0: none).
-    pub(crate) async fn prepare_greedy(
-        &mut self,
-        context: &[u32],
-        k: usize,
-    ) -> Result<(Vec<u32>, usize, usize)> {
+    /// Readies the cache for drafting up to `k` tokens after `context`: rolls back to the longest
+    /// prefix it holds and feeds all but the last [`MAX_BATCH`] unseen tokens (their own passes).
+    /// Returns the tokens the first draft step runs (its last row yields x1), the K that fits the
+    /// draft's context (0: none), and the passes fed.
+    pub(crate) async fn catch_up(&mut self, context: &[u32], k: usize) -> Result<(Vec<u32>, usize, usize)> {
         if context.is_empty() || k == 0 {
             return Ok((Vec::new(), 0, 0));
         }
         self.rollback_to(context);
+        // Draft tokens x1..x_{k-1} are fed (xk is not): positions up to context.len() + k - 1.
         let room = (self.model.context() + 1).saturating_sub(context.len());
         let k = k.min(room);
         if k == 0 {
@@ -221,21 +219,8 @@ impl DraftModel {
     ) -> Result<Proposal> {
         let mut proposal =
             Proposal { tokens: Vec::new(), q: (!sampling.is_greedy()).then(Vec::new), steps: 0 };
-        if context.is_empty() || k == 0 {
-            return Ok(proposal);
-        }
-        self.rollback_to(context);
-        // Draft tokens x1..x_{k-1} are fed (xk is not): positions up to context.len() + k - 1.
-        let room = (self.model.context() + 1).saturating_sub(context.len());
-        let k = k.min(room);
-        if k == 0 {
-            return Ok(proposal);
-        }
-        // Catch up: all unseen context tokens; the last pass (at most MAX_BATCH) yields x1.
-        let unseen = &context[self.fed.len()..];
-        let split = unseen.len().saturating_sub(MAX_BATCH);
-        proposal.steps += self.feed(&unseen[..split]).await?;
-        let mut input = unseen[split..].to_vec();
+        let (mut input, k, steps) = self.catch_up(context, k).await?;
+        proposal.steps += steps;
         for _ in 0..k {
             let (x, q) = self.step(&input, sampling, rng).await?;
             proposal.steps += 1;
