@@ -1,4 +1,5 @@
 // Causal multi-head attention with grouped KV heads over the KV cache (one workgroup per head and row).
+// The cache holds each position's k row then its v row: [ctx, 2 * kv_heads * head_dim].
 // Row r of the pass sits at position pos = start_pos + r and attends to cache positions 0..=pos:
 //   s_j = (q . k_j) * scale;  p_j = exp(s_j - max s) / sum exp;  out = sum_j p_j v_j
 // Every reduction runs in a fixed order that depends only on pos, never on n, so a verify pass
@@ -21,8 +22,8 @@ const WG: u32 = 64u;
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;         // [n, heads * head_dim / 4]
-@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;   // [ctx, kv_heads * head_dim / 4]
-@group(0) @binding(4) var<storage, read> v_cache: array<f32>;         // [ctx, kv_heads * head_dim]
+@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;   // [ctx, 2 * kv_heads * head_dim / 4] (k | v)
+@group(0) @binding(4) var<storage, read> v_cache: array<f32>;         // the same buffer: [ctx, 2 * kv_heads * head_dim]
 @group(0) @binding(5) var<storage, read_write> scores: array<f32>;    // [n, heads, ctx] scratch
 @group(0) @binding(6) var<storage, read_write> out: array<f32>;       // [n, heads * head_dim]
 
@@ -39,7 +40,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let hd4 = p.head_dim / 4u;
     let kvh = h / (p.heads / p.kv_heads);
     let q_base = (r * p.heads + h) * hd4;
-    let kv_row4 = p.kv_heads * hd4;
+    let kv_row4 = 2u * p.kv_heads * hd4; // a cache row: k then v
     let s_base = (r * p.heads + h) * p.ctx;
 
     // 1. scores and the running max of this thread's keys
@@ -80,12 +81,13 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     storageBarrier();
 
     // 3. weighted sum of values, one output dimension per thread
-    let kv_row = p.kv_heads * p.head_dim;
+    let kv_row = 2u * p.kv_heads * p.head_dim;
+    let v_base = p.kv_heads * p.head_dim + kvh * p.head_dim;
     let o_base = (r * p.heads + h) * p.head_dim;
     for (var d = t; d < p.head_dim; d += WG) {
         var acc = 0.0;
         for (var j = 0u; j < len; j++) {
-            acc += scores[s_base + j] * v_cache[j * kv_row + kvh * p.head_dim + d];
+            acc += scores[s_base + j] * v_cache[j * kv_row + v_base + d];
         }
         out[o_base + d] = acc * inv_l;
     }

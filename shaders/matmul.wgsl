@@ -1,5 +1,5 @@
-// y[r, col_offset + c] (=|+=) sum_k x[r, k] * w[c, k] (+ bias[c]) for the rows r < step.n of a pass,
-// over one chunk of a weight matrix's rows (the output columns c < cols).
+// y[r, c] (=|+=) sum_k x[r, k] * w[c, k] (+ bias[c]) for the rows r < step.n of a pass, over one
+// chunk of a weight matrix's rows (output columns col_offset .. col_offset + cols).
 //
 // Preceded by one weight format file (shaders/formats/*.wgsl) that defines `unit_head(c, u)` and
 // `unit_group(h, g)`: the weights w[c, 32u + 4g .. 32u + 4g + 4] dequantised to f32, straight from
@@ -12,6 +12,12 @@
 // and their partial sums are added by a fixed tree in workgroup memory (16 columns per workgroup).
 // On a CPU adapter LANES = 1: each invocation walks all of k (256 columns per workgroup).
 //
+// Epilogues (per pipeline call, from the params): the bias; a residual add (`accumulate`); SwiGLU
+// over interleaved gate|up rows (`glu`); and for a fused q|k|v matrix, RoPE on the columns before
+// `rope_cols` (pairs of adjacent columns: rows of a Halves layout were reordered at load, so the
+// store puts each value back at its column) and the columns from `split` on routed to the KV cache
+// row start_pos + r.
+//
 // Batch-invariant: the order of every sum depends on k and LANES only (fixed per pipeline): a row
 // is computed by the same instructions whether the pass holds 1 row or 32, so its bits are the same.
 
@@ -20,16 +26,21 @@ struct Params {
     k: u32,           // row length of x (input features)
     units: u32,       // ceil(k / 32): 32-weight units per weight row
     cols: u32,        // output columns in this chunk (weight rows)
-    col_offset: u32,  // first output column of this chunk
+    col_offset: u32,  // the whole matrix's row of this chunk's first row (its output column;
+                      //    with glu, rows 2i and 2i + 1 give output column i)
     ldy: u32,         // row stride of y, in f32
-    y_row_base: u32,  // 1: output row r goes to row start_pos + r of y (KV cache); 0: row r
-    has_bias: u32,    // 1: add bias[c]
+    split: u32,       // output columns from here on go to kv (row start_pos + r, column c - split)
+    ldkv: u32,        // row stride of kv, in f32
+    has_bias: u32,    // 1: add bias[c] (c: the whole matrix's output column)
     accumulate: u32,  // 1: y += result (a residual add); 0: y = result
     glu: u32,         // 1: weight rows interleave gate and up (g0, u0, g1, u1, ...); output column
                       //    c / 2 of each pair is silu(gate) * up (SwiGLU), at col_offset + c / 2
     scale_base: u32,  // u32 word where the format's scale section starts (formats that have one)
-    _pad0: u32,
-    _pad1: u32,
+    rope_cols: u32,   // output columns before this are rotated by RoPE, in adjacent pairs
+    head_dim: u32,    // (RoPE) columns per head; rope_cols is a multiple of it
+    rope_dim: u32,    // (RoPE) rotated columns at the start of each head (even)
+    halves: u32,      // (RoPE) 1: the head's rows were reordered from the Halves layout
+                      //    (i, i + rope_dim / 2) to adjacent pairs; the store undoes the order
 }
 
 // Invocations per column quad, splitting k: 16 on GPUs. An adapter that runs invocations on a CPU
@@ -43,19 +54,38 @@ const ROWS: u32 = 4u;   // rows per workgroup
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;        // [n, k / 4]
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;        // [cols, units] blocks of the weight format
-@group(0) @binding(4) var<storage, read> bias: array<f32>;           // [cols] (this chunk) or unused
-@group(0) @binding(5) var<storage, read_write> y: array<f32>;        // [rows_y, ldy]
+@group(0) @binding(4) var<storage, read> bias: array<f32>;           // [whole matrix's columns] or unused
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;        // [n, ldy]
+@group(0) @binding(6) var<storage, read_write> kv: array<f32>;       // [context, ldkv] (K|V cache) or unused
+@group(0) @binding(7) var<storage, read> cos_sin: array<vec2<f32>>;  // [context, rope_dim / 2] or unused
 
 var<workgroup> partial: array<array<vec4<f32>, 4>, WG>;             // [WG, ROWS, 4 columns]
 
-// y[row, c] (=|+=) sum (+ bias[c])
-fn store(c: u32, row: u32, sum: f32) {
-    var v = sum;
-    if (p.has_bias == 1u) { v += bias[c]; }
-    let base = select(0u, step.start_pos, p.y_row_base == 1u);
-    let i = (base + row) * p.ldy + p.col_offset + c;
-    if (p.accumulate == 1u) { v = y[i] + v; }
-    y[i] = v;
+// output column c of pass row `row` (=|+=) v, at its place: y, or the KV cache past `split`
+fn store(c: u32, row: u32, v: f32) {
+    var col = c;
+    if (p.halves == 1u && c < p.rope_cols) {
+        let i = c % p.head_dim;
+        if (i < p.rope_dim) { col = c - i + i / 2u + (i % 2u) * (p.rope_dim / 2u); }
+    }
+    if (col >= p.split) {
+        kv[(step.start_pos + row) * p.ldkv + col - p.split] = v;
+        return;
+    }
+    let i = row * p.ldy + col;
+    if (p.accumulate == 1u) {
+        y[i] = y[i] + v;
+    } else {
+        y[i] = v;
+    }
+}
+
+// RoPE of the pair (a, b) at within-head columns (i, i + 1) of a row at position `pos`, with the
+// angles of a table computed once on the CPU in f64 (every GPU rotates by the same angles)
+fn rotate(a: f32, b: f32, i: u32, pos: u32) -> vec2<f32> {
+    if (i >= p.rope_dim) { return vec2<f32>(a, b); }
+    let cs = cos_sin[pos * (p.rope_dim / 2u) + i / 2u];
+    return vec2<f32>(a * cs.x - b * cs.y, a * cs.y + b * cs.x);
 }
 
 @compute @workgroup_size(WG)
@@ -132,18 +162,30 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         acc = partial[t];
     }
 
-    // 3. lane 0 writes the outputs of its columns
+    // 3. lane 0 writes the outputs of its columns (c = col_offset + c0 + j of the whole matrix)
     if (lane == 0u && c0 <= last) {
+        let c = p.col_offset + c0;
         for (var r = 0u; r < nr; r++) {
+            let row = r0 + r;
+            var v = acc[r];
             if (p.glu == 1u) {
-                // (gate, up) pairs: columns c0, c0 + 1 and c0 + 2, c0 + 3 (cols is even)
-                let a = acc[r];
-                store(c0 / 2u, r0 + r, a.x / (1.0 + exp(-a.x)) * a.y);
-                if (c0 + 2u <= last) { store(c0 / 2u + 1u, r0 + r, a.z / (1.0 + exp(-a.z)) * a.w); }
-            } else {
-                for (var j = 0u; j < 4u; j++) {
-                    if (c0 + j <= last) { store(c0 + j, r0 + r, acc[r][j]); }
-                }
+                // (gate, up) pairs: columns c0, c0 + 1 and c0 + 2, c0 + 3 (cols is even); output
+                // column c / 2 of the pair
+                store(c / 2u, row, v.x / (1.0 + exp(-v.x)) * v.y);
+                if (c0 + 2u <= last) { store(c / 2u + 1u, row, v.z / (1.0 + exp(-v.z)) * v.w); }
+                continue;
+            }
+            if (p.has_bias == 1u) {
+                v += vec4<f32>(bias[c], bias[c + min(1u, last - c0)], bias[c + min(2u, last - c0)],
+                               bias[c + min(3u, last - c0)]);
+            }
+            if (c < p.rope_cols) {
+                let i = c % p.head_dim;
+                let pos = step.start_pos + row;
+                v = vec4<f32>(rotate(v.x, v.y, i, pos), rotate(v.z, v.w, i + 2u, pos));
+            }
+            for (var j = 0u; j < 4u; j++) {
+                if (c0 + j <= last) { store(c + j, row, v[j]); }
             }
         }
     }

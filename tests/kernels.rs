@@ -6,7 +6,7 @@ mod reference;
 
 use common::{assert_close, gpu, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
-use wgspec::gpu::{AttentionShape, Gpu, GpuBuffer, MatmulOut, Op, RopeLayout, WeightBuffer};
+use wgspec::gpu::{AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, Op, RopeLayout, RopeOut, WeightBuffer};
 use wgspec::loader::{quant, DType};
 
 /// f32 dot products of length k: error bound relative to the magnitude of the terms.
@@ -100,9 +100,11 @@ fn matmul_matches_reference_for_every_weight_format() {
                     let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
                     let wb = upload(&gpu, dtype, &bytes, cols, k);
                     assert_eq!(wb.dtype, dtype, "{what}: kept in its stored format ({})", gpu.describe());
-                    let bb = GpuBuffer::<f32>::from_slice(&gpu, "b", &bias);
-                    // Write into the middle columns of a wider output, as a chunk of a split matrix does.
+                    // Write into the middle columns of a wider output, as a chunk of a split matrix
+                    // does; the bias is the whole matrix's (its first columns are another chunk's).
                     let (ldy, off) = (cols + 3, 2usize);
+                    let bb =
+                        GpuBuffer::<f32>::from_slice(&gpu, "b", &[vec![9.0; off], bias.clone()].concat());
                     let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * ldy);
                     let out = MatmulOut { ldy: ldy as u32, col_offset: off as u32, ..Default::default() };
                     let op = gpu.matmul(&step, &xb, &wb, with_bias.then_some(&bb), &yb, out);
@@ -155,23 +157,46 @@ fn matmul_rejects_rows_the_kernels_cannot_read() {
 }
 
 #[test]
-fn matmul_writes_kv_rows_at_start_pos_and_accumulates() {
+fn matmul_splits_columns_between_output_and_kv_cache_and_accumulates() {
     for gpu in gpus() {
         let step = gpu.step_buffer();
         let mut rng = rng(2);
-        let (n, k, cols, start) = (3, 12, 5, 4);
+        // columns 0..3 to y (row r), 3..8 to the cache (row start + r, column c - 3); the matrix in
+        // two buffers (rows 0..4 and 4..8) that read one bias by the whole matrix's column
+        let (n, k, cols, start, split, ctx) = (3, 12, 8, 4, 3, 10);
         let x = rand_vec(&mut rng, n * k, 1.0);
         let w = rand_vec(&mut rng, cols * k, 1.0);
+        let bias = rand_vec(&mut rng, cols, 1.0);
         let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+        let bb = GpuBuffer::<f32>::from_slice(&gpu, "bias", &bias);
+        let halves =
+            [0, 4].map(|r0| WeightBuffer::from_f32(&gpu, "w", &w[r0 * k..(r0 + 4) * k], 4, k).expect("w"));
+        let y = GpuBuffer::<f32>::zeros(&gpu, "y", n * split);
+        let cache = GpuBuffer::<f32>::zeros(&gpu, "cache", ctx * (cols - split));
+        let kv = KvOut { cache: &cache, ld: (cols - split) as u32, split: split as u32 };
+        let ops = [0u32, 4].map(|c0| {
+            let out = MatmulOut { ldy: split as u32, col_offset: c0, kv: Some(kv), ..Default::default() };
+            gpu.matmul(&step, &xb, &halves[c0 as usize / 4], Some(&bb), &y, out)
+        });
+        run(&gpu, &step, &ops, n, start);
+        let (want, _) = ref_matmul(&x, &w, Some(&bias), n, k, cols);
+        let (got_y, got_kv) =
+            (read_f32(&gpu, &y.raw, n * split), read_f32(&gpu, &cache.raw, ctx * (cols - split)));
+        let ld = cols - split;
+        assert!(got_kv[..start * ld].iter().all(|v| *v == 0.0), "rows before start_pos untouched");
+        assert!(got_kv[(start + n) * ld..].iter().all(|v| *v == 0.0), "rows after the pass untouched");
+        for r in 0..n {
+            let row = &want[r * cols..(r + 1) * cols];
+            assert_close("y columns", &got_y[r * split..(r + 1) * split], &row[..split], 1e-5, 1e-5);
+            assert_close(
+                "kv columns",
+                &got_kv[(start + r) * ld..(start + r + 1) * ld],
+                &row[split..],
+                1e-5,
+                1e-5,
+            );
+        }
         let wb = WeightBuffer::from_f32(&gpu, "w", &w, cols, k).expect("weights");
-        let cache = GpuBuffer::<f32>::zeros(&gpu, "cache", 10 * cols);
-        let out = MatmulOut { ldy: cols as u32, at_start_pos: true, ..Default::default() };
-        run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, None, &cache, out)], n, start);
-        let y = read_f32(&gpu, &cache.raw, 10 * cols);
-        let (want, _) = ref_matmul(&x, &w, None, n, k, cols);
-        assert!(y[..start * cols].iter().all(|v| *v == 0.0), "rows before start_pos untouched");
-        assert!(y[(start + n) * cols..].iter().all(|v| *v == 0.0), "rows after the pass untouched");
-        assert_close("kv rows", &y[start * cols..(start + n) * cols], &want, 1e-5, 1e-5);
 
         // accumulate: y += x w^T, bit for bit the sum of what y held and what the plain matmul writes
         let before = rand_vec(&mut rng, n * cols, 3.0);
@@ -301,61 +326,82 @@ fn rmsnorm_matches_reference() {
     }
 }
 
+/// RoPE angles `[positions, rope_dim / 2]` (cos, sin), as the model computes them (in f64).
+fn rope_table(context: usize, rope_dim: usize, theta: f64) -> Vec<f32> {
+    let mut table = Vec::new();
+    for pos in 0..context {
+        for i in 0..rope_dim / 2 {
+            let a = pos as f64 * theta.powf(-2.0 * i as f64 / rope_dim as f64);
+            table.extend([a.cos() as f32, a.sin() as f32]);
+        }
+    }
+    table
+}
+
 #[test]
-fn rope_matches_reference_in_both_layouts() {
-    let gpu = gpu();
-    let step = gpu.step_buffer();
-    let mut rng = rng(6);
-    let context = 300;
-    for &(n, heads, head_dim, rope_dim, start, at_start) in &[
-        (1, 1, 4, 4, 0, false),
-        (3, 3, 64, 64, 100, false),
-        (4, 2, 16, 8, 7, true),
-        (2, 5, 32, 32, 290, true),
-    ] {
-        for layout in [RopeLayout::Interleaved, RopeLayout::Halves] {
-            let theta = 10000.0f32;
-            let half = rope_dim / 2;
-            let mut table = Vec::new();
-            for pos in 0..context {
-                for i in 0..half {
-                    let a = pos as f64 * (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64);
-                    table.push(a.cos() as f32);
-                    table.push(a.sin() as f32);
+fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
+    // One [q | k | v] matrix whose q and k rows were reordered by RopeLayout::pair_rows (as the
+    // loader does): q rotated into its scratch, k rotated and v into the cache at start_pos,
+    // each value back at its checkpoint column. Against matmul then rotation on the CPU.
+    for gpu in gpus() {
+        let step = gpu.step_buffer();
+        let mut rng = rng(6);
+        let (context, theta) = (300, 10000.0);
+        for &(n, heads, kv_heads, head_dim, rope_dim, start) in
+            &[(1, 1, 1, 4, 4, 0), (3, 4, 2, 16, 16, 100), (4, 2, 1, 16, 8, 7), (5, 3, 3, 32, 32, 290)]
+        {
+            for layout in [RopeLayout::Interleaved, RopeLayout::Halves] {
+                let k = 64;
+                let (qd, kvd) = (heads * head_dim, kv_heads * head_dim);
+                let cols = qd + 2 * kvd;
+                let x = rand_vec(&mut rng, n * k, 1.0);
+                let w = rand_vec(&mut rng, cols * k, 0.5);
+                let bias = rand_vec(&mut rng, cols, 0.5);
+                // the upload order: q rows paired, k rows paired, v rows as they are
+                let order: Vec<usize> = layout
+                    .pair_rows(heads, head_dim, rope_dim)
+                    .into_iter()
+                    .chain(layout.pair_rows(kv_heads, head_dim, rope_dim).into_iter().map(|r| qd + r))
+                    .chain(qd + kvd..cols)
+                    .collect();
+                let w_up: Vec<f32> = order.iter().flat_map(|&r| w[r * k..(r + 1) * k].to_vec()).collect();
+                let b_up: Vec<f32> = order.iter().map(|&r| bias[r]).collect();
+                let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+                let wb = WeightBuffer::from_f32(&gpu, "wqkv", &w_up, cols, k).expect("weights");
+                let bb = GpuBuffer::<f32>::from_slice(&gpu, "bias", &b_up);
+                let tb = GpuBuffer::<f32>::from_slice(&gpu, "cos_sin", &rope_table(context, rope_dim, theta));
+                let q = GpuBuffer::<f32>::zeros(&gpu, "q", n * qd);
+                let cache = GpuBuffer::<f32>::zeros(&gpu, "kv", context * 2 * kvd);
+                let out = MatmulOut {
+                    ldy: qd as u32,
+                    kv: Some(KvOut { cache: &cache, ld: 2 * kvd as u32, split: qd as u32 }),
+                    rope: Some(RopeOut {
+                        cos_sin: &tb,
+                        cols: (qd + kvd) as u32,
+                        head_dim: head_dim as u32,
+                        rope_dim: rope_dim as u32,
+                        layout,
+                    }),
+                    ..Default::default()
+                };
+                run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, Some(&bb), &q, out)], n, start);
+                let got_q = read_f32(&gpu, &q.raw, n * qd);
+                let got_kv = read_f32(&gpu, &cache.raw, context * 2 * kvd);
+                let (mut want, _) = ref_matmul(&x, &w, Some(&bias), n, k, cols);
+                let what =
+                    format!("qkv {layout:?} n={n} heads={heads}/{kv_heads} hd={head_dim} rd={rope_dim}");
+                for r in 0..n {
+                    let row = &mut want[r * cols..(r + 1) * cols];
+                    let pos = start + r;
+                    reference::rope(&mut row[..qd], head_dim, rope_dim, theta as f32, layout, pos);
+                    reference::rope(&mut row[qd..qd + kvd], head_dim, rope_dim, theta as f32, layout, pos);
+                    assert_close(&what, &got_q[r * qd..(r + 1) * qd], &row[..qd], 1e-5, 1e-5);
+                    let cached = &got_kv[pos * 2 * kvd..(pos + 1) * 2 * kvd];
+                    assert_close(&what, cached, &row[qd..], 1e-5, 1e-5);
                 }
+                let untouched = got_kv[..start * 2 * kvd].iter().chain(&got_kv[(start + n) * 2 * kvd..]);
+                assert!(untouched.into_iter().all(|v| *v == 0.0), "{what}: other cache rows untouched");
             }
-            let rows = if at_start { context } else { n };
-            let width = heads * head_dim;
-            let x = rand_vec(&mut rng, rows * width, 1.0);
-            let tb = GpuBuffer::<f32>::from_slice(&gpu, "cos_sin", &table);
-            let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-            run(
-                &gpu,
-                &step,
-                &[gpu.rope(&step, &tb, &xb, heads, head_dim, rope_dim, layout, at_start)],
-                n,
-                start,
-            );
-            let got = read_f32(&gpu, &xb.raw, rows * width);
-            let mut want = x.clone();
-            for r in 0..n {
-                let row = if at_start { start + r } else { r };
-                reference::rope(
-                    &mut want[row * width..(row + 1) * width],
-                    head_dim,
-                    rope_dim,
-                    theta,
-                    layout,
-                    start + r,
-                );
-            }
-            assert_close(
-                &format!("rope {layout:?} n={n} hd={head_dim} rd={rope_dim}"),
-                &got,
-                &want,
-                1e-5,
-                1e-5,
-            );
         }
     }
 }
@@ -373,8 +419,10 @@ fn attention_matches_reference() {
         let k = rand_vec(&mut rng, ctx * kv_heads * hd, 1.0);
         let v = rand_vec(&mut rng, ctx * kv_heads * hd, 1.0);
         let qb = GpuBuffer::<f32>::from_slice(&gpu, "q", &q);
-        let kb = GpuBuffer::<f32>::from_slice(&gpu, "k", &k);
-        let vb = GpuBuffer::<f32>::from_slice(&gpu, "v", &v);
+        // the cache holds each position's k row, then its v row
+        let kv: Vec<f32> =
+            k.chunks(kv_heads * hd).zip(v.chunks(kv_heads * hd)).flat_map(|(a, b)| [a, b].concat()).collect();
+        let kvb = GpuBuffer::<f32>::from_slice(&gpu, "kv", &kv);
         let sb = GpuBuffer::<f32>::zeros(&gpu, "scores", n * heads * ctx);
         let ob = GpuBuffer::<f32>::zeros(&gpu, "out", n * heads * hd);
         let shape = AttentionShape {
@@ -383,7 +431,7 @@ fn attention_matches_reference() {
             head_dim: hd as u32,
             ctx: ctx as u32,
         };
-        run(&gpu, &step, &[gpu.attention(&step, &qb, &kb, &vb, &sb, &ob, shape)], n, start);
+        run(&gpu, &step, &[gpu.attention(&step, &qb, &kvb, &sb, &ob, shape)], n, start);
         let got = read_f32(&gpu, &ob.raw, n * heads * hd);
         let want: Vec<f32> = (0..n)
             .flat_map(|r| {

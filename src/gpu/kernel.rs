@@ -12,7 +12,6 @@ pub enum Kernel {
     Embed(DType),
     Matmul(DType),
     RmsNorm,
-    Rope,
     Attention,
     Argmax,
     AcceptGreedy,
@@ -23,9 +22,8 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices.
-const PLAIN: [Kernel; 7] = [
+const PLAIN: [Kernel; 6] = [
     Kernel::RmsNorm,
-    Kernel::Rope,
     Kernel::Attention,
     Kernel::Argmax,
     Kernel::AcceptGreedy,
@@ -61,7 +59,6 @@ impl Kernel {
             Kernel::Embed(w) => with_format(w, include_str!("../../shaders/embed.wgsl")),
             Kernel::Matmul(w) => with_format(w, include_str!("../../shaders/matmul.wgsl")),
             Kernel::RmsNorm => Cow::Borrowed(include_str!("../../shaders/rmsnorm.wgsl")),
-            Kernel::Rope => Cow::Borrowed(include_str!("../../shaders/rope.wgsl")),
             Kernel::Attention => Cow::Borrowed(include_str!("../../shaders/attention.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),

@@ -13,7 +13,7 @@ mod roofline;
 pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
 pub use kernel::{Kernel, Pipelines};
-pub use ops::{AttentionShape, MatmulOut, RopeLayout, Step, MATMUL_ROWS};
+pub use ops::{AttentionShape, KvOut, MatmulOut, RopeLayout, RopeOut, Step, MATMUL_ROWS};
 pub use roofline::Ceilings;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -31,6 +31,8 @@ pub struct Gpu {
     /// Matmul invocations per output column: 16 on GPUs, 1 where invocations run on a CPU.
     matmul_lanes: u32,
     pipelines: Pipelines,
+    /// Bound where an op leaves a writable binding unused (a matmul without a KV split).
+    unused_output: wgpu::Buffer,
     /// Command submissions and read-backs so far (see [`Gpu::round_trips`]).
     submits: AtomicU64,
     readbacks: AtomicU64,
@@ -190,6 +192,12 @@ impl Gpu {
             None => 16,
         };
         let pipelines = Pipelines::build(&device, matmul_lanes).await?;
+        let unused_output = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("unused output"),
+            size: 16,
+            usage: wgpu::BufferUsages::STORAGE,
+            mapped_at_creation: false,
+        });
         Ok(Gpu {
             device,
             queue,
@@ -197,6 +205,7 @@ impl Gpu {
             limits,
             matmul_lanes,
             pipelines,
+            unused_output,
             submits: AtomicU64::new(0),
             readbacks: AtomicU64::new(0),
         })

@@ -18,20 +18,48 @@ pub struct Step {
     pub start_pos: u32,
 }
 
-/// Where a matmul writes its rows.
-#[derive(Clone, Copy, Debug, Default)]
-pub struct MatmulOut {
+/// Where a matmul writes its rows, and what its epilogue does on the way.
+#[derive(Clone, Copy, Default)]
+pub struct MatmulOut<'a> {
     /// Row stride of the output, in f32.
     pub ldy: u32,
-    /// First output column written by this chunk.
+    /// The whole matrix's row of this buffer's first row (set per chunk by
+    /// [`crate::model::Matrix`]): biases, RoPE, the KV split and the output count columns of the
+    /// whole matrix (with `glu`, row `2 i` and `2 i + 1` give output column `i`).
     pub col_offset: u32,
-    /// Row r of the pass goes to row `start_pos + r` (true: KV cache) or to row r (false).
-    pub at_start_pos: bool,
     /// Add the result to what the output holds (a residual add) instead of overwriting it.
     pub accumulate: bool,
     /// The weight rows interleave gate and up projections (g0, u0, g1, u1, ...): output column
     /// `i` is `silu(gate_i) * up_i` (SwiGLU), so a matrix of `2 f` rows writes `f` columns.
     pub glu: bool,
+    /// Output columns from `split` on go to a KV cache instead (a fused q|k|v matrix).
+    pub kv: Option<KvOut<'a>>,
+    /// RoPE on the first columns (the q and k parts of a fused q|k|v matrix).
+    pub rope: Option<RopeOut<'a>>,
+}
+
+/// The K|V part of a fused q|k|v matmul: output column `c >= split` of pass row r goes to
+/// `cache[start_pos + r, c - split]`.
+#[derive(Clone, Copy)]
+pub struct KvOut<'a> {
+    /// `[context, ld]`: each position's k then v row.
+    pub cache: &'a GpuBuffer<f32>,
+    pub ld: u32,
+    pub split: u32,
+}
+
+/// RoPE in a matmul's epilogue: output columns `< cols` (whole heads of `head_dim`) rotate their
+/// first `rope_dim` dimensions by the row's position (`start_pos + r`).
+#[derive(Clone, Copy)]
+pub struct RopeOut<'a> {
+    /// `[positions, rope_dim / 2, 2]` (cos, sin), computed once on the CPU.
+    pub cos_sin: &'a GpuBuffer<f32>,
+    pub cols: u32,
+    pub head_dim: u32,
+    pub rope_dim: u32,
+    /// The layout of the checkpoint's rows. The kernel rotates adjacent pairs, so a
+    /// [`RopeLayout::Halves`] matrix must have its rows reordered by [`RopeLayout::pair_rows`] at load.
+    pub layout: RopeLayout,
 }
 
 #[repr(C)]
@@ -42,12 +70,17 @@ struct MatmulParams {
     cols: u32,
     col_offset: u32,
     ldy: u32,
-    y_row_base: u32,
+    split: u32,
+    ldkv: u32,
     has_bias: u32,
     accumulate: u32,
     glu: u32,
     scale_base: u32,
-    _pad: [u32; 2],
+    rope_cols: u32,
+    head_dim: u32,
+    rope_dim: u32,
+    halves: u32,
+    _pad: u32,
 }
 
 #[repr(C)]
@@ -67,17 +100,6 @@ struct NormParams {
     dim: u32,
     eps: f32,
     _pad: [u32; 2],
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct RopeParams {
-    heads: u32,
-    head_dim: u32,
-    rope_dim: u32,
-    pairing: u32,
-    row_base: u32,
-    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -107,6 +129,24 @@ pub enum RopeLayout {
     Halves,
 }
 
+impl RopeLayout {
+    /// The order in which the rows of a q or k projection (`heads` heads of `head_dim` rows) are
+    /// uploaded so that the pairs that rotate together are adjacent rows: entry j is the
+    /// checkpoint row that becomes row j. The identity for [`RopeLayout::Interleaved`].
+    pub fn pair_rows(self, heads: usize, head_dim: usize, rope_dim: usize) -> Vec<usize> {
+        let half = rope_dim / 2;
+        (0..heads * head_dim)
+            .map(|j| {
+                let (head, i) = (j / head_dim, j % head_dim);
+                match self {
+                    RopeLayout::Halves if i < rope_dim => head * head_dim + i / 2 + (i % 2) * half,
+                    _ => j,
+                }
+            })
+            .collect()
+    }
+}
+
 /// Shapes of one attention layer.
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionShape {
@@ -118,8 +158,9 @@ pub struct AttentionShape {
 }
 
 impl Gpu {
-    /// `y[r, col_offset + c] (+)= x[r, :] . w[c, :] + bias[c]` for the rows of one weight buffer
-    /// (`w: [cols, k]` in its format, `cols = w.rows`); `x: [n, k]`; `bias: [cols]` or None.
+    /// `y[r, col_offset + c] (+)= x[r, :] . w[c, :] + bias[col_offset + c]` for the rows of one
+    /// weight buffer (`w: [cols, k]` in its format, `cols = w.rows`), with the epilogue `out` asks
+    /// for; `x: [n, k]`; `bias: [the whole matrix's columns]` or None.
     pub fn matmul(
         &self,
         step: &wgpu::Buffer,
@@ -129,22 +170,33 @@ impl Gpu {
         y: &GpuBuffer<f32>,
         out: MatmulOut,
     ) -> Op {
+        let rope = out.rope.map_or((0, 0, 0, 0), |r| {
+            (r.cols, r.head_dim.max(1), r.rope_dim, (r.layout == RopeLayout::Halves) as u32)
+        });
         let p = MatmulParams {
             k: w.k as u32,
             units: w.units() as u32,
             cols: w.rows as u32,
             col_offset: out.col_offset,
             ldy: out.ldy,
-            y_row_base: out.at_start_pos as u32,
+            split: out.kv.map_or(u32::MAX, |kv| kv.split),
+            ldkv: out.kv.map_or(0, |kv| kv.ld),
             has_bias: bias.is_some() as u32,
             accumulate: out.accumulate as u32,
             glu: out.glu as u32,
             scale_base: w.scale_base,
-            _pad: [0; 2],
+            rope_cols: rope.0,
+            head_dim: rope.1,
+            rope_dim: rope.2,
+            halves: rope.3,
+            _pad: 0,
         };
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
-        // An unused bias binding still needs a buffer: x serves (it is never read then).
+        // Unused bindings still need buffers: x serves for the read-only ones (never read then),
+        // a small buffer of the GPU's own for the writable one.
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
+        let kv_raw = out.kv.map(|kv| &kv.cache.raw).unwrap_or(&self.unused_output);
+        let cos_sin_raw = out.rope.map(|r| &r.cos_sin.raw).unwrap_or(&x.raw);
         let grid =
             Grid::RowGroups { y: w.rows.div_ceil(self.matmul_columns_per_group()) as u32, rows: MATMUL_ROWS };
         let (k, cols) = (w.k as u64, w.rows as u64);
@@ -154,8 +206,8 @@ impl Gpu {
             row_flops: 2 * k * cols,
             ..Cost::default()
         };
-        self.op(Kernel::Matmul(w.dtype), step, &params, &[&x.raw, &w.raw, bias_raw, &y.raw], grid)
-            .with_cost(cost)
+        let storage = [&x.raw, &w.raw, bias_raw, &y.raw, kv_raw, cos_sin_raw];
+        self.op(Kernel::Matmul(w.dtype), step, &params, &storage, grid).with_cost(cost)
     }
 
     /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one buffer of an embedding
@@ -201,53 +253,14 @@ impl Gpu {
         self.op(Kernel::RmsNorm, step, &params, &[&x.raw, &weight.raw, &y.raw], Grid::Rows).with_cost(cost)
     }
 
-    /// Rotates `x: [rows, heads * head_dim]` in place; `cos_sin: [positions, rope_dim / 2, 2]`.
-    /// With `at_start_pos`, pass row r is row `start_pos + r` of `x` (a KV cache).
-    #[allow(clippy::too_many_arguments)]
-    pub fn rope(
-        &self,
-        step: &wgpu::Buffer,
-        cos_sin: &GpuBuffer<f32>,
-        x: &GpuBuffer<f32>,
-        heads: usize,
-        head_dim: usize,
-        rope_dim: usize,
-        layout: RopeLayout,
-        at_start_pos: bool,
-    ) -> Op {
-        let p = RopeParams {
-            heads: heads as u32,
-            head_dim: head_dim as u32,
-            rope_dim: rope_dim as u32,
-            pairing: match layout {
-                RopeLayout::Interleaved => 0,
-                RopeLayout::Halves => 1,
-            },
-            row_base: at_start_pos as u32,
-            _pad: [0; 3],
-        };
-        let params = self.uniform("rope params", bytemuck::bytes_of(&p));
-        let pairs = (heads * rope_dim / 2) as u64;
-        let cost = Cost { row_bytes: pairs * 24, row_flops: pairs * 6, ..Cost::default() };
-        self.op(
-            Kernel::Rope,
-            step,
-            &params,
-            &[&cos_sin.raw, &x.raw],
-            Grid::PerRow(groups(heads * rope_dim / 2)),
-        )
-        .with_cost(cost)
-    }
-
-    /// Causal attention of `q: [n, heads * head_dim]` over the caches `[ctx, kv_heads * head_dim]`
-    /// into `out: [n, heads * head_dim]`, using `scores: [n_max, heads, ctx]` as scratch.
-    #[allow(clippy::too_many_arguments)]
+    /// Causal attention of `q: [n, heads * head_dim]` over the cache `kv: [ctx, 2 kv_heads head_dim]`
+    /// (each position's k row, then its v row) into `out: [n, heads * head_dim]`, using
+    /// `scores: [n_max, heads, ctx]` as scratch.
     pub fn attention(
         &self,
         step: &wgpu::Buffer,
         q: &GpuBuffer<f32>,
-        k_cache: &GpuBuffer<f32>,
-        v_cache: &GpuBuffer<f32>,
+        kv: &GpuBuffer<f32>,
         scores: &GpuBuffer<f32>,
         out: &GpuBuffer<f32>,
         shape: AttentionShape,
@@ -273,7 +286,7 @@ impl Gpu {
             Kernel::Attention,
             step,
             &params,
-            &[&q.raw, &k_cache.raw, &v_cache.raw, &scores.raw, &out.raw],
+            &[&q.raw, &kv.raw, &kv.raw, &scores.raw, &out.raw],
             Grid::PerRow(shape.heads),
         )
         .with_cost(cost)

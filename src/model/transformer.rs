@@ -7,7 +7,7 @@ use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
 use super::weights::{LoadProgress, Weights};
 use crate::error::{Error, Result};
-use crate::gpu::{AttentionShape, Gpu, GpuBuffer, MatmulOut, Op};
+use crate::gpu::{AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, Op, RopeOut};
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
 pub const MAX_BATCH: usize = 32;
@@ -35,20 +35,19 @@ impl Default for LoadOptions {
 
 /// Activations and caches, each allocated once for [`MAX_BATCH`] rows.
 struct RunState {
-    step: wgpu::Buffer,           // uniform [n, start_pos]
-    step_table: wgpu::Buffer,     // [MAX_PASSES, 4] u32: (n, start_pos, 0, 0) of each recorded pass
-    tokens: GpuBuffer<u32>,       // [MAX_BATCH]
-    x: GpuBuffer<f32>,            // [MAX_BATCH, dim] residual stream
-    xb: GpuBuffer<f32>,           // [MAX_BATCH, dim] normed input of a sub-block
-    q: GpuBuffer<f32>,            // [MAX_BATCH, q_dim]
-    att: GpuBuffer<f32>,          // [MAX_BATCH, q_dim] attention output
-    scores: GpuBuffer<f32>,       // [MAX_BATCH, n_heads, context] attention scratch
-    hb: GpuBuffer<f32>,           // [MAX_BATCH, ffn_dim] silu(gate) * up
-    logits: GpuBuffer<f32>,       // [MAX_BATCH, vocab]
-    argmax: GpuBuffer<u32>,       // [MAX_BATCH]
-    k_cache: Vec<GpuBuffer<f32>>, // per layer [context, kv_dim]
-    v_cache: Vec<GpuBuffer<f32>>, // per layer [context, kv_dim]
-    cos_sin: GpuBuffer<f32>,      // [context, rope_dim / 2, 2]
+    step: wgpu::Buffer,            // uniform [n, start_pos]
+    step_table: wgpu::Buffer,      // [MAX_PASSES, 4] u32: (n, start_pos, 0, 0) of each recorded pass
+    tokens: GpuBuffer<u32>,        // [MAX_BATCH]
+    x: GpuBuffer<f32>,             // [MAX_BATCH, dim] residual stream
+    xb: GpuBuffer<f32>,            // [MAX_BATCH, dim] normed input of a sub-block
+    q: GpuBuffer<f32>,             // [MAX_BATCH, q_dim]
+    att: GpuBuffer<f32>,           // [MAX_BATCH, q_dim] attention output
+    scores: GpuBuffer<f32>,        // [MAX_BATCH, n_heads, context] attention scratch
+    hb: GpuBuffer<f32>,            // [MAX_BATCH, ffn_dim] silu(gate) * up
+    logits: GpuBuffer<f32>,        // [MAX_BATCH, vocab]
+    argmax: GpuBuffer<u32>,        // [MAX_BATCH]
+    kv_cache: Vec<GpuBuffer<f32>>, // per layer [context, 2 kv_dim]: each position's k, then v
+    cos_sin: GpuBuffer<f32>,       // [context, rope_dim / 2, 2]
 }
 
 /// One op of a forward pass, timed alone (see [`Model::profile`]).
@@ -132,14 +131,15 @@ impl Model {
             hb: f32s("hb", MAX_BATCH * c.ffn_dim),
             logits: f32s("logits", MAX_BATCH * c.vocab_size),
             argmax: GpuBuffer::<u32>::zeros(g, "argmax", MAX_BATCH),
-            k_cache: (0..c.n_layers).map(|i| f32s(&format!("k_cache {i}"), context * c.kv_dim())).collect(),
-            v_cache: (0..c.n_layers).map(|i| f32s(&format!("v_cache {i}"), context * c.kv_dim())).collect(),
+            kv_cache: (0..c.n_layers)
+                .map(|i| f32s(&format!("kv_cache {i}"), context * 2 * c.kv_dim()))
+                .collect(),
             cos_sin: GpuBuffer::<f32>::from_slice(g, "rope cos/sin", &rope_table(&c, context)),
         };
         for (label, bytes) in [
             ("scores", state.scores.len * 4),
             ("logits", state.logits.len * 4),
-            ("k_cache", context * c.kv_dim() * 4),
+            ("kv_cache", context * 2 * c.kv_dim() * 4),
         ] {
             if bytes as u64 > g.max_binding_bytes() {
                 return Err(Error::GpuLimit(format!(
@@ -362,24 +362,29 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
     };
     let mut ops = Vec::new();
     let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
-    let to_cache = |ldy: usize| MatmulOut { at_start_pos: true, ..to(ldy) };
     let add_to = |ldy: usize| MatmulOut { accumulate: true, ..to(ldy) };
     // x = token_embd[tokens]                                       [n, dim]
     ops.extend(w.token_embd.embed(g, st, &s.tokens, &s.x));
     for (l, layer) in w.layers.iter().enumerate() {
-        let (kc, vc) = (&s.k_cache[l], &s.v_cache[l]);
+        let kv = &s.kv_cache[l];
         // xb = rmsnorm(x) * attn_norm                               [n, dim]
         ops.push(g.rmsnorm(st, &s.x, &layer.attn_norm, &s.xb, c.dim, c.rms_eps));
-        // q = xb Wq^T + bq                                          [n, q_dim]
-        ops.extend(layer.wq.matmul(g, st, &s.xb, layer.bq.as_ref(), &s.q, to(c.q_dim())));
-        // k_cache[start_pos + r] = xb Wk^T + bk; v likewise          [context, kv_dim]
-        ops.extend(layer.wk.matmul(g, st, &s.xb, layer.bk.as_ref(), kc, to_cache(c.kv_dim())));
-        ops.extend(layer.wv.matmul(g, st, &s.xb, layer.bv.as_ref(), vc, to_cache(c.kv_dim())));
-        // rotate q and the new k rows by their positions
-        ops.push(g.rope(st, &s.cos_sin, &s.q, c.n_heads, c.head_dim, c.rope_dim, c.rope_layout, false));
-        ops.push(g.rope(st, &s.cos_sin, kc, c.n_kv_heads, c.head_dim, c.rope_dim, c.rope_layout, true));
+        // [q | k | v] = xb Wqkv^T + bqkv, one matmul: q and k rotated by their positions in its
+        // epilogue, q to its scratch [n, q_dim], k | v to the cache row start_pos + r [context, 2 kv_dim]
+        let qkv = MatmulOut {
+            kv: Some(KvOut { cache: kv, ld: 2 * c.kv_dim() as u32, split: c.q_dim() as u32 }),
+            rope: Some(RopeOut {
+                cos_sin: &s.cos_sin,
+                cols: (c.q_dim() + c.kv_dim()) as u32,
+                head_dim: c.head_dim as u32,
+                rope_dim: c.rope_dim as u32,
+                layout: c.rope_layout,
+            }),
+            ..to(c.q_dim())
+        };
+        ops.extend(layer.qkv.matmul(g, st, &s.xb, layer.qkv_bias.as_ref(), &s.q, qkv));
         // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
-        ops.push(g.attention(st, &s.q, kc, vc, &s.scores, &s.att, shape));
+        ops.push(g.attention(st, &s.q, kv, &s.scores, &s.att, shape));
         // x += att Wo^T (the residual add in the matmul's epilogue)   [n, dim]
         ops.extend(layer.wo.matmul(g, st, &s.att, None, &s.x, add_to(c.dim)));
         // xb = rmsnorm(x) * ffn_norm                                 [n, dim]

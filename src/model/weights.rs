@@ -105,9 +105,53 @@ impl Matrix {
         Matrix::upload(gpu, max_bytes, &HostTensor { name, shape: vec![2 * f, cols], data })
     }
 
+    /// Uploads `parts` (each `[rows_i, cols]`, with an optional row order: entry j names the
+    /// part's row that becomes its row j) stacked into one `[sum rows_i, cols]` matrix. Adjacent
+    /// parts of one stored type share buffers; a part of another type starts new ones (its
+    /// matmul is then one more dispatch, never a conversion).
+    pub fn upload_stacked(
+        gpu: &Gpu,
+        max_bytes: u64,
+        parts: Vec<(HostTensor, Option<Vec<usize>>)>,
+    ) -> Result<Matrix> {
+        let mut groups: Vec<(HostTensor, usize)> = Vec::new(); // (stacked parts, their first row)
+        let mut cols = None;
+        let mut rows = 0;
+        for (mut t, order) in parts {
+            let [r, c] = t.shape[..] else {
+                return Err(Error::InvalidArgument(format!("{} is not a matrix: {:?}", t.name, t.shape)));
+            };
+            if *cols.get_or_insert(c) != c {
+                return Err(Error::InvalidArgument(format!("{} has {c} columns, not {cols:?}", t.name)));
+            }
+            if let Some(order) = order {
+                t.data = reorder(&t, &order)?;
+            }
+            match groups.last_mut() {
+                Some((g, _)) if same_storage(&g.data, &t.data) => {
+                    match (&mut g.data, t.data) {
+                        (HostData::F32(a), HostData::F32(b)) => a.extend(b),
+                        (HostData::Stored { bytes: a, .. }, HostData::Stored { bytes: b, .. }) => a.extend(b),
+                        _ => {}
+                    }
+                    g.shape[0] += r;
+                    g.name = format!("{} | {}", g.name, t.name);
+                }
+                _ => groups.push((t, rows)),
+            }
+            rows += r;
+        }
+        let mut chunks = Vec::new();
+        for (t, first) in &groups {
+            let m = Matrix::upload(gpu, max_bytes, t)?;
+            chunks.extend(m.chunks.into_iter().map(|c| Chunk { row_start: first + c.row_start, ..c }));
+        }
+        Ok(Matrix { rows, cols: cols.unwrap_or(0), chunks })
+    }
+
     /// Ops computing `y[r, :rows] (+)= x[r, :cols] . self^T (+ bias)` for each row r of the pass
     /// (with `out.glu`, `y[r, :rows / 2]` = silu(gate) * up of an interleaved gate|up matrix);
-    /// `out.col_offset` is ignored (each chunk writes its own columns).
+    /// `bias: [rows]`; `out.col_offset` is ignored (each chunk writes its own columns).
     pub fn matmul(
         &self,
         gpu: &Gpu,
@@ -117,13 +161,10 @@ impl Matrix {
         y: &GpuBuffer<f32>,
         out: MatmulOut,
     ) -> Vec<Op> {
-        // A split matrix with a bias would need the bias split too; biases are small, so only
-        // single-chunk matrices carry them (checked at load).
         self.chunks
             .iter()
             .map(|c| {
-                let first = if out.glu { c.row_start / 2 } else { c.row_start };
-                let out = MatmulOut { col_offset: first as u32, ..out };
+                let out = MatmulOut { col_offset: c.row_start as u32, ..out };
                 gpu.matmul(step, x, &c.data, bias, y, out)
             })
             .collect()
@@ -151,6 +192,38 @@ impl Matrix {
     }
 }
 
+/// Whether two host tensors hold their values in the same form (F32, or the same stored type).
+fn same_storage(a: &HostData, b: &HostData) -> bool {
+    match (a, b) {
+        (HostData::F32(_), HostData::F32(_)) => true,
+        (HostData::Stored { dtype: x, .. }, HostData::Stored { dtype: y, .. }) => x == y,
+        _ => false,
+    }
+}
+
+/// The rows of `v` (`order.len()` rows of equal length) in `order`: entry j names the row that
+/// becomes row j. None when `v` does not split into those rows or an entry is out of range.
+fn reorder_rows<T: Copy>(v: &[T], order: &[usize]) -> Option<Vec<T>> {
+    let rows = order.len();
+    let row = v.len() / rows.max(1);
+    let fits = v.len() == row * rows && order.iter().all(|&r| r < rows);
+    fits.then(|| order.iter().flat_map(|&r| &v[r * row..(r + 1) * row]).copied().collect())
+}
+
+/// The rows of a matrix (or the values of a vector) in `order`, as [`reorder_rows`].
+fn reorder(t: &HostTensor, order: &[usize]) -> Result<HostData> {
+    let data = match &t.data {
+        _ if t.shape.first() != Some(&order.len()) => None,
+        HostData::F32(v) => reorder_rows(v, order).map(HostData::F32),
+        HostData::Stored { dtype, bytes } => {
+            reorder_rows(bytes, order).map(|bytes| HostData::Stored { dtype: *dtype, bytes })
+        }
+    };
+    data.ok_or_else(|| {
+        Error::InvalidArgument(format!("{}: a row order of {} rows for {:?}", t.name, order.len(), t.shape))
+    })
+}
+
 /// Rows of `a` and `b` (each `row` elements) alternated: a0, b0, a1, b1, ...
 fn interleave_rows<T: Copy>(a: &[T], b: &[T], row: usize) -> Vec<T> {
     a.chunks_exact(row).zip(b.chunks_exact(row)).flat_map(|(x, y)| x.iter().chain(y)).copied().collect()
@@ -158,17 +231,15 @@ fn interleave_rows<T: Copy>(a: &[T], b: &[T], row: usize) -> Vec<T> {
 
 /// One transformer block's weights (GGUF names `blk.{i}.*`).
 pub struct Layer {
-    pub attn_norm: GpuBuffer<f32>,  // [dim]
-    pub wq: Matrix,                 // [q_dim, dim]
-    pub wk: Matrix,                 // [kv_dim, dim]
-    pub wv: Matrix,                 // [kv_dim, dim]
-    pub bq: Option<GpuBuffer<f32>>, // [q_dim] (qwen2)
-    pub bk: Option<GpuBuffer<f32>>, // [kv_dim] (qwen2)
-    pub bv: Option<GpuBuffer<f32>>, // [kv_dim] (qwen2)
-    pub wo: Matrix,                 // [dim, q_dim]
-    pub ffn_norm: GpuBuffer<f32>,   // [dim]
-    pub gate_up: Matrix,            // [2 ffn_dim, dim]: rows of gate and up interleaved
-    pub down: Matrix,               // [dim, ffn_dim]
+    pub attn_norm: GpuBuffer<f32>, // [dim]
+    /// `[q_dim + 2 kv_dim, dim]`: the rows of Wq, Wk, Wv stacked, the q and k rows in the order
+    /// [`crate::gpu::RopeLayout::pair_rows`] gives (the pairs RoPE rotates together adjacent).
+    pub qkv: Matrix,
+    pub qkv_bias: Option<GpuBuffer<f32>>, // [q_dim + 2 kv_dim] (qwen2), in the rows' order
+    pub wo: Matrix,                       // [dim, q_dim]
+    pub ffn_norm: GpuBuffer<f32>,         // [dim]
+    pub gate_up: Matrix,                  // [2 ffn_dim, dim]: rows of gate and up interleaved
+    pub down: Matrix,                     // [dim, ffn_dim]
 }
 
 /// All weights of a model on the GPU.
@@ -223,12 +294,10 @@ impl Weights {
             .layers
             .iter()
             .map(|l| {
-                [&l.wq, &l.wk, &l.wv, &l.wo, &l.gate_up, &l.down].iter().map(|m| m.gpu_bytes()).sum::<u64>()
+                [&l.qkv, &l.wo, &l.gate_up, &l.down].iter().map(|m| m.gpu_bytes()).sum::<u64>()
                     + v(&l.attn_norm)
                     + v(&l.ffn_norm)
-                    + ov(&l.bq)
-                    + ov(&l.bk)
-                    + ov(&l.bv)
+                    + ov(&l.qkv_bias)
             })
             .sum();
         self.token_embd.gpu_bytes()
@@ -258,32 +327,37 @@ impl Weights {
         let vector = |t: HostTensor| -> Result<GpuBuffer<f32>> {
             Ok(GpuBuffer::<f32>::from_slice(gpu, &t.name, &t.to_f32()?))
         };
-        let single = |m: Matrix, name: &str| -> Result<Matrix> {
-            if m.chunk_count() > 1 {
-                return Err(Error::GpuLimit(format!("{name} with a bias exceeds one storage binding")));
-            }
-            Ok(m)
-        };
         let token_embd =
             Matrix::upload(gpu, max_bytes, &fetch("token_embd.weight".into(), vec![c.vocab_size, c.dim])?)?;
         let mut layers = Vec::with_capacity(c.n_layers);
         for i in 0..c.n_layers {
             let name = |s: &str| format!("blk.{i}.{s}");
             let attn_norm = vector(fetch(name("attn_norm.weight"), vec![c.dim])?)?;
-            let wq = Matrix::upload(gpu, max_bytes, &fetch(name("attn_q.weight"), vec![c.q_dim(), c.dim])?)?;
-            let wk = Matrix::upload(gpu, max_bytes, &fetch(name("attn_k.weight"), vec![c.kv_dim(), c.dim])?)?;
-            let wv = Matrix::upload(gpu, max_bytes, &fetch(name("attn_v.weight"), vec![c.kv_dim(), c.dim])?)?;
-            let (bq, bk, bv, wq, wk, wv) = if c.arch.qkv_bias() {
-                let bq = vector(fetch(name("attn_q.bias"), vec![c.q_dim()])?)?;
-                let bk = vector(fetch(name("attn_k.bias"), vec![c.kv_dim()])?)?;
-                let bv = vector(fetch(name("attn_v.bias"), vec![c.kv_dim()])?)?;
-                let wq = single(wq, &name("attn_q.weight"))?;
-                let wk = single(wk, &name("attn_k.weight"))?;
-                let wv = single(wv, &name("attn_v.weight"))?;
-                (Some(bq), Some(bk), Some(bv), wq, wk, wv)
+            // q and k rows reordered so that RoPE's pairs are adjacent (the matmul rotates them)
+            let q_rows = c.rope_layout.pair_rows(c.n_heads, c.head_dim, c.rope_dim);
+            let k_rows = c.rope_layout.pair_rows(c.n_kv_heads, c.head_dim, c.rope_dim);
+            let q = fetch(name("attn_q.weight"), vec![c.q_dim(), c.dim])?;
+            let k = fetch(name("attn_k.weight"), vec![c.kv_dim(), c.dim])?;
+            let v = fetch(name("attn_v.weight"), vec![c.kv_dim(), c.dim])?;
+            let qkv_bias = if c.arch.qkv_bias() {
+                let bq = fetch(name("attn_q.bias"), vec![c.q_dim()])?;
+                let bk = fetch(name("attn_k.bias"), vec![c.kv_dim()])?;
+                let bv = fetch(name("attn_v.bias"), vec![c.kv_dim()])?;
+                let rows = |t: &HostTensor, order: &[usize]| -> Result<Vec<f32>> {
+                    reorder_rows(&t.to_f32()?, order).ok_or_else(|| {
+                        Error::InvalidArgument(format!("{}: {:?} is not a q or k bias", t.name, t.shape))
+                    })
+                };
+                let b = [rows(&bq, &q_rows)?, rows(&bk, &k_rows)?, bv.to_f32()?].concat();
+                Some(GpuBuffer::<f32>::from_slice(gpu, &name("attn_qkv.bias"), &b))
             } else {
-                (None, None, None, wq, wk, wv)
+                None
             };
+            let qkv = Matrix::upload_stacked(
+                gpu,
+                max_bytes,
+                vec![(q, Some(q_rows)), (k, Some(k_rows)), (v, None)],
+            )?;
             let wo =
                 Matrix::upload(gpu, max_bytes, &fetch(name("attn_output.weight"), vec![c.dim, c.q_dim()])?)?;
             let ffn_norm = vector(fetch(name("ffn_norm.weight"), vec![c.dim])?)?;
@@ -293,7 +367,7 @@ impl Weights {
             drop((gate, up));
             let down =
                 Matrix::upload(gpu, max_bytes, &fetch(name("ffn_down.weight"), vec![c.dim, c.ffn_dim])?)?;
-            layers.push(Layer { attn_norm, wq, wk, wv, bq, bk, bv, wo, ffn_norm, gate_up, down });
+            layers.push(Layer { attn_norm, qkv, qkv_bias, wo, ffn_norm, gate_up, down });
         }
         let output_norm = vector(fetch("output_norm.weight".into(), vec![c.dim])?)?;
         let output = if c.tied_embeddings {
