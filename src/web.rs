@@ -63,7 +63,7 @@ fn progress_to(callback: &Function) -> impl FnMut(LoadProgress) + '_ {
 /// A JSON summary of a loaded model.
 fn model_info(model: &Model, file_bytes: u64, chat_template: bool) -> String {
     let c = &model.config;
-    let params: usize = crate::model::tensor_specs(c).iter().map(|(_, s)| s.iter().product::<usize>()).sum();
+    let params = crate::model::TensorTable::new(c).parameters();
     serde_json::json!({
         "arch": format!("{:?}", c.arch).to_lowercase(),
         "layers": c.n_layers,

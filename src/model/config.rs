@@ -25,6 +25,14 @@ impl Arch {
         }
     }
 
+    /// The GGUF `general.architecture` value.
+    pub fn gguf_name(self) -> &'static str {
+        match self {
+            Arch::Llama => "llama",
+            Arch::Qwen2 => "qwen2",
+        }
+    }
+
     /// Parses a Hugging Face `architectures[0]` value.
     pub fn from_hf_name(name: &str) -> Result<Arch> {
         match name {

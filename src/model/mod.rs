@@ -8,4 +8,4 @@ pub mod weights;
 pub use checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 pub use config::{Arch, Config};
 pub use transformer::{LoadOptions, Model, OpProfile, MAX_BATCH, MAX_PASSES};
-pub use weights::{tensor_specs, LoadProgress, Matrix, Weights};
+pub use weights::{LayerTensors, LoadProgress, Matrix, TensorRole, TensorSpec, TensorTable, Weights};

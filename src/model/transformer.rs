@@ -151,7 +151,7 @@ impl Model {
         let forward_ops = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
         let file_weight_bytes =
-            super::weights::tensor_specs(&c).iter().filter_map(|(name, _)| ckpt.stored_bytes(name)).sum();
+            super::weights::TensorTable::new(&c).iter().filter_map(|t| ckpt.stored_bytes(&t.name)).sum();
         Ok(Model {
             config: c,
             gpu,

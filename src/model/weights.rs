@@ -258,31 +258,109 @@ pub struct LoadProgress {
     pub tensors_total: usize,
 }
 
-/// Names and shapes of every tensor the config needs, in upload order.
-pub fn tensor_specs(c: &Config) -> Vec<(String, Vec<usize>)> {
-    let mut specs = vec![("token_embd.weight".to_string(), vec![c.vocab_size, c.dim])];
-    for i in 0..c.n_layers {
-        let b = |s: &str| format!("blk.{i}.{s}");
-        specs.push((b("attn_norm.weight"), vec![c.dim]));
-        specs.push((b("attn_q.weight"), vec![c.q_dim(), c.dim]));
-        specs.push((b("attn_k.weight"), vec![c.kv_dim(), c.dim]));
-        specs.push((b("attn_v.weight"), vec![c.kv_dim(), c.dim]));
-        if c.arch.qkv_bias() {
-            specs.push((b("attn_q.bias"), vec![c.q_dim()]));
-            specs.push((b("attn_k.bias"), vec![c.kv_dim()]));
-            specs.push((b("attn_v.bias"), vec![c.kv_dim()]));
+/// What a tensor is to the model (writers of random-weight models pick its values by this).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TensorRole {
+    /// The token embedding table `[vocab, dim]`.
+    Embedding,
+    /// An RMSNorm weight `[dim]`.
+    Norm,
+    /// A q, k or v projection `[q_dim or kv_dim, dim]`.
+    QkvWeight,
+    /// A q, k or v bias (qwen2).
+    QkvBias,
+    /// The attention output or a feed-forward projection.
+    Weight,
+    /// The untied output projection `[vocab, dim]`.
+    Output,
+}
+
+/// One tensor a model needs: its GGUF name, its shape (outermost first) and its role.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub name: String,
+    pub shape: Vec<usize>,
+    pub role: TensorRole,
+}
+
+/// One transformer block's tensors.
+#[derive(Clone, Debug)]
+pub struct LayerTensors {
+    pub attn_norm: TensorSpec,
+    pub q: TensorSpec,
+    pub k: TensorSpec,
+    pub v: TensorSpec,
+    /// q, k and v biases (qwen2), in that order.
+    pub qkv_bias: Option<[TensorSpec; 3]>,
+    pub wo: TensorSpec,
+    pub ffn_norm: TensorSpec,
+    pub gate: TensorSpec,
+    pub up: TensorSpec,
+    pub down: TensorSpec,
+}
+
+/// Every tensor a config needs: the one table the loader, the uploader, the checks and the
+/// writers of random-weight models (synthetic benchmarks, the tests' tiny models) read.
+#[derive(Clone, Debug)]
+pub struct TensorTable {
+    pub token_embd: TensorSpec,
+    pub layers: Vec<LayerTensors>,
+    pub output_norm: TensorSpec,
+    /// None when the output projection is tied to the token embedding.
+    pub output: Option<TensorSpec>,
+}
+
+impl TensorTable {
+    pub fn new(c: &Config) -> TensorTable {
+        let t = |name: String, shape: Vec<usize>, role| TensorSpec { name, shape, role };
+        let layers = (0..c.n_layers)
+            .map(|i| {
+                let b = |s: &str| format!("blk.{i}.{s}");
+                let (d, q, kv, f) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+                LayerTensors {
+                    attn_norm: t(b("attn_norm.weight"), vec![d], TensorRole::Norm),
+                    q: t(b("attn_q.weight"), vec![q, d], TensorRole::QkvWeight),
+                    k: t(b("attn_k.weight"), vec![kv, d], TensorRole::QkvWeight),
+                    v: t(b("attn_v.weight"), vec![kv, d], TensorRole::QkvWeight),
+                    qkv_bias: c.arch.qkv_bias().then(|| {
+                        [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)]
+                            .map(|(name, len)| t(b(name), vec![len], TensorRole::QkvBias))
+                    }),
+                    wo: t(b("attn_output.weight"), vec![d, q], TensorRole::Weight),
+                    ffn_norm: t(b("ffn_norm.weight"), vec![d], TensorRole::Norm),
+                    gate: t(b("ffn_gate.weight"), vec![f, d], TensorRole::Weight),
+                    up: t(b("ffn_up.weight"), vec![f, d], TensorRole::Weight),
+                    down: t(b("ffn_down.weight"), vec![d, f], TensorRole::Weight),
+                }
+            })
+            .collect();
+        TensorTable {
+            token_embd: t("token_embd.weight".into(), vec![c.vocab_size, c.dim], TensorRole::Embedding),
+            layers,
+            output_norm: t("output_norm.weight".into(), vec![c.dim], TensorRole::Norm),
+            output: (!c.tied_embeddings)
+                .then(|| t("output.weight".into(), vec![c.vocab_size, c.dim], TensorRole::Output)),
         }
-        specs.push((b("attn_output.weight"), vec![c.dim, c.q_dim()]));
-        specs.push((b("ffn_norm.weight"), vec![c.dim]));
-        specs.push((b("ffn_gate.weight"), vec![c.ffn_dim, c.dim]));
-        specs.push((b("ffn_up.weight"), vec![c.ffn_dim, c.dim]));
-        specs.push((b("ffn_down.weight"), vec![c.dim, c.ffn_dim]));
     }
-    specs.push(("output_norm.weight".to_string(), vec![c.dim]));
-    if !c.tied_embeddings {
-        specs.push(("output.weight".to_string(), vec![c.vocab_size, c.dim]));
+
+    /// Every tensor, in upload (and file) order.
+    pub fn iter(&self) -> impl Iterator<Item = &TensorSpec> {
+        let layers = self.layers.iter().flat_map(|l| {
+            [&l.attn_norm, &l.q, &l.k, &l.v].into_iter().chain(l.qkv_bias.iter().flatten()).chain([
+                &l.wo,
+                &l.ffn_norm,
+                &l.gate,
+                &l.up,
+                &l.down,
+            ])
+        });
+        std::iter::once(&self.token_embd).chain(layers).chain([&self.output_norm]).chain(&self.output)
     }
-    specs
+
+    /// Weights (parameters) over all tensors.
+    pub fn parameters(&self) -> usize {
+        self.iter().map(|t| t.shape.iter().product::<usize>()).sum()
+    }
 }
 
 impl Weights {
@@ -316,64 +394,56 @@ impl Weights {
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Weights> {
         let c = &ckpt.config;
-        let total = tensor_specs(c).len();
+        let table = TensorTable::new(c);
+        let total = table.iter().count();
         let mut done = 0;
-        let mut fetch = |name: String, shape: Vec<usize>| -> Result<HostTensor> {
-            let t = ckpt.tensor(&name, &shape, precision)?;
+        let mut fetch = |t: &TensorSpec| -> Result<HostTensor> {
+            let tensor = ckpt.tensor(&t.name, &t.shape, precision)?;
             done += 1;
             progress(LoadProgress { tensors_done: done, tensors_total: total });
-            Ok(t)
+            Ok(tensor)
         };
         let vector = |t: HostTensor| -> Result<GpuBuffer<f32>> {
             Ok(GpuBuffer::<f32>::from_slice(gpu, &t.name, &t.to_f32()?))
         };
-        let token_embd =
-            Matrix::upload(gpu, max_bytes, &fetch("token_embd.weight".into(), vec![c.vocab_size, c.dim])?)?;
+        let token_embd = Matrix::upload(gpu, max_bytes, &fetch(&table.token_embd)?)?;
         let mut layers = Vec::with_capacity(c.n_layers);
-        for i in 0..c.n_layers {
-            let name = |s: &str| format!("blk.{i}.{s}");
-            let attn_norm = vector(fetch(name("attn_norm.weight"), vec![c.dim])?)?;
+        for (i, l) in table.layers.iter().enumerate() {
+            let attn_norm = vector(fetch(&l.attn_norm)?)?;
             // q and k rows reordered so that RoPE's pairs are adjacent (the matmul rotates them)
             let q_rows = c.rope_layout.pair_rows(c.n_heads, c.head_dim, c.rope_dim);
             let k_rows = c.rope_layout.pair_rows(c.n_kv_heads, c.head_dim, c.rope_dim);
-            let q = fetch(name("attn_q.weight"), vec![c.q_dim(), c.dim])?;
-            let k = fetch(name("attn_k.weight"), vec![c.kv_dim(), c.dim])?;
-            let v = fetch(name("attn_v.weight"), vec![c.kv_dim(), c.dim])?;
-            let qkv_bias = if c.arch.qkv_bias() {
-                let bq = fetch(name("attn_q.bias"), vec![c.q_dim()])?;
-                let bk = fetch(name("attn_k.bias"), vec![c.kv_dim()])?;
-                let bv = fetch(name("attn_v.bias"), vec![c.kv_dim()])?;
-                let rows = |t: &HostTensor, order: &[usize]| -> Result<Vec<f32>> {
-                    reorder_rows(&t.to_f32()?, order).ok_or_else(|| {
-                        Error::InvalidArgument(format!("{}: {:?} is not a q or k bias", t.name, t.shape))
-                    })
-                };
-                let b = [rows(&bq, &q_rows)?, rows(&bk, &k_rows)?, bv.to_f32()?].concat();
-                Some(GpuBuffer::<f32>::from_slice(gpu, &name("attn_qkv.bias"), &b))
-            } else {
-                None
+            let (q, k, v) = (fetch(&l.q)?, fetch(&l.k)?, fetch(&l.v)?);
+            let qkv_bias = match &l.qkv_bias {
+                Some([bq, bk, bv]) => {
+                    let rows = |t: &HostTensor, order: &[usize]| -> Result<Vec<f32>> {
+                        reorder_rows(&t.to_f32()?, order).ok_or_else(|| {
+                            Error::InvalidArgument(format!("{}: {:?} is not a q or k bias", t.name, t.shape))
+                        })
+                    };
+                    let (bq, bk, bv) = (fetch(bq)?, fetch(bk)?, fetch(bv)?);
+                    let b = [rows(&bq, &q_rows)?, rows(&bk, &k_rows)?, bv.to_f32()?].concat();
+                    Some(GpuBuffer::<f32>::from_slice(gpu, &format!("blk.{i}.attn_qkv.bias"), &b))
+                }
+                None => None,
             };
             let qkv = Matrix::upload_stacked(
                 gpu,
                 max_bytes,
                 vec![(q, Some(q_rows)), (k, Some(k_rows)), (v, None)],
             )?;
-            let wo =
-                Matrix::upload(gpu, max_bytes, &fetch(name("attn_output.weight"), vec![c.dim, c.q_dim()])?)?;
-            let ffn_norm = vector(fetch(name("ffn_norm.weight"), vec![c.dim])?)?;
-            let gate = fetch(name("ffn_gate.weight"), vec![c.ffn_dim, c.dim])?;
-            let up = fetch(name("ffn_up.weight"), vec![c.ffn_dim, c.dim])?;
+            let wo = Matrix::upload(gpu, max_bytes, &fetch(&l.wo)?)?;
+            let ffn_norm = vector(fetch(&l.ffn_norm)?)?;
+            let (gate, up) = (fetch(&l.gate)?, fetch(&l.up)?);
             let gate_up = Matrix::upload_gate_up(gpu, max_bytes, &gate, &up)?;
             drop((gate, up));
-            let down =
-                Matrix::upload(gpu, max_bytes, &fetch(name("ffn_down.weight"), vec![c.dim, c.ffn_dim])?)?;
+            let down = Matrix::upload(gpu, max_bytes, &fetch(&l.down)?)?;
             layers.push(Layer { attn_norm, qkv, qkv_bias, wo, ffn_norm, gate_up, down });
         }
-        let output_norm = vector(fetch("output_norm.weight".into(), vec![c.dim])?)?;
-        let output = if c.tied_embeddings {
-            None
-        } else {
-            Some(Matrix::upload(gpu, max_bytes, &fetch("output.weight".into(), vec![c.vocab_size, c.dim])?)?)
+        let output_norm = vector(fetch(&table.output_norm)?)?;
+        let output = match &table.output {
+            Some(t) => Some(Matrix::upload(gpu, max_bytes, &fetch(t)?)?),
+            None => None,
         };
         Ok(Weights { token_embd, layers, output_norm, output })
     }

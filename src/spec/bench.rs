@@ -9,10 +9,11 @@ use super::draft::Draft;
 use super::generate::{generate as spec_generate, SpecStats};
 use super::schedule::KPolicy;
 use crate::error::{Error, Result};
+use crate::gpu::RopeLayout;
 use crate::loader::gguf::Value;
 use crate::loader::gguf_writer::GgufWriter;
 use crate::loader::DType;
-use crate::model::{Model, MAX_BATCH};
+use crate::model::{Arch, Config, Model, TensorRole, TensorTable, MAX_BATCH};
 use crate::session::{self, GenerateOptions};
 
 /// The prompt set kept in the repository (`benches/prompts.json`): code and prose.
@@ -143,8 +144,7 @@ pub async fn verify_costs(
 #[derive(Clone, Copy, Debug)]
 pub struct SyntheticShape {
     pub name: &'static str,
-    /// GGUF architecture name (`llama`, `qwen2`).
-    pub arch: &'static str,
+    pub arch: Arch,
     pub vocab: usize,
     pub dim: usize,
     pub layers: usize,
@@ -160,7 +160,7 @@ pub struct SyntheticShape {
 pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
     SyntheticShape {
         name: "qwen2-1.5b",
-        arch: "qwen2",
+        arch: Arch::Qwen2,
         vocab: 151936,
         dim: 1536,
         layers: 28,
@@ -173,7 +173,7 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
     },
     SyntheticShape {
         name: "qwen2-0.5b",
-        arch: "qwen2",
+        arch: Arch::Qwen2,
         vocab: 151936,
         dim: 896,
         layers: 24,
@@ -186,7 +186,7 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
     },
     SyntheticShape {
         name: "llama-1b",
-        arch: "llama",
+        arch: Arch::Llama,
         vocab: 128256,
         dim: 2048,
         layers: 16,
@@ -199,7 +199,7 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
     },
     SyntheticShape {
         name: "smollm2-135m",
-        arch: "llama",
+        arch: Arch::Llama,
         vocab: 49152,
         dim: 576,
         layers: 30,
@@ -247,50 +247,59 @@ fn random_q8_0(n: usize, mix: &mut Mix) -> Vec<u8> {
     out
 }
 
-/// A GGUF file of random weights with `shape`'s exact tensor shapes: Q8_0 matrices (every
-/// matrix dimension of these shapes is a multiple of 32), F32 norms (ones) and biases.
+impl SyntheticShape {
+    /// The model config these shapes give (GGUF conventions: llama q/k rows in interleaved pairs).
+    pub fn config(&self) -> Config {
+        let head_dim = self.dim / self.heads.max(1);
+        Config {
+            arch: self.arch,
+            vocab_size: self.vocab,
+            dim: self.dim,
+            n_layers: self.layers,
+            n_heads: self.heads,
+            n_kv_heads: self.kv_heads,
+            head_dim,
+            ffn_dim: self.ffn,
+            rms_eps: 1e-6,
+            rope_theta: self.rope_theta,
+            rope_dim: head_dim,
+            rope_layout: match self.arch {
+                Arch::Llama => RopeLayout::Interleaved,
+                Arch::Qwen2 => RopeLayout::Halves,
+            },
+            context_len: self.context,
+            tied_embeddings: self.tied,
+        }
+    }
+}
+
+/// A GGUF file of random weights with `shape`'s exact tensor shapes (the tensors of
+/// [`TensorTable`]): Q8_0 matrices (every matrix dimension of these shapes is a multiple of 32),
+/// F32 norms (ones) and biases.
 pub fn synthetic_gguf(shape: &SyntheticShape, seed: u64) -> Vec<u8> {
-    let s = shape;
-    let a = s.arch;
+    let c = shape.config();
+    let a = c.arch.gguf_name();
     let mut mix = Mix(seed);
-    let hd = s.dim / s.heads;
-    let (qd, kvd) = (s.heads * hd, s.kv_heads * hd);
     let mut w = GgufWriter::new();
     w.add("general.architecture", Value::String(a.into()));
-    w.add("general.name", Value::String(format!("synthetic-{}", s.name)));
-    w.add(&format!("{a}.context_length"), Value::U32(s.context as u32));
-    w.add(&format!("{a}.embedding_length"), Value::U32(s.dim as u32));
-    w.add(&format!("{a}.block_count"), Value::U32(s.layers as u32));
-    w.add(&format!("{a}.feed_forward_length"), Value::U32(s.ffn as u32));
-    w.add(&format!("{a}.attention.head_count"), Value::U32(s.heads as u32));
-    w.add(&format!("{a}.attention.head_count_kv"), Value::U32(s.kv_heads as u32));
-    w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-6));
-    w.add(&format!("{a}.rope.freq_base"), Value::F32(s.rope_theta));
-    let f32_bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
-    let mut matrix = |w: &mut GgufWriter, name: &str, rows: usize, cols: usize| {
-        w.add_tensor(name, DType::Q8_0, &[rows, cols], random_q8_0(rows * cols, &mut mix));
-    };
-    matrix(&mut w, "token_embd.weight", s.vocab, s.dim);
-    for i in 0..s.layers {
-        let b = |x: &str| format!("blk.{i}.{x}");
-        w.add_tensor(&b("attn_norm.weight"), DType::F32, &[s.dim], f32_bytes(&vec![1.0; s.dim]));
-        matrix(&mut w, &b("attn_q.weight"), qd, s.dim);
-        matrix(&mut w, &b("attn_k.weight"), kvd, s.dim);
-        matrix(&mut w, &b("attn_v.weight"), kvd, s.dim);
-        if a == "qwen2" {
-            for (n, len) in [("attn_q.bias", qd), ("attn_k.bias", kvd), ("attn_v.bias", kvd)] {
-                w.add_tensor(&b(n), DType::F32, &[len], f32_bytes(&vec![0.01; len]));
-            }
-        }
-        matrix(&mut w, &b("attn_output.weight"), s.dim, qd);
-        w.add_tensor(&b("ffn_norm.weight"), DType::F32, &[s.dim], f32_bytes(&vec![1.0; s.dim]));
-        matrix(&mut w, &b("ffn_gate.weight"), s.ffn, s.dim);
-        matrix(&mut w, &b("ffn_up.weight"), s.ffn, s.dim);
-        matrix(&mut w, &b("ffn_down.weight"), s.dim, s.ffn);
-    }
-    w.add_tensor("output_norm.weight", DType::F32, &[s.dim], f32_bytes(&vec![1.0; s.dim]));
-    if !s.tied {
-        matrix(&mut w, "output.weight", s.vocab, s.dim);
+    w.add("general.name", Value::String(format!("synthetic-{}", shape.name)));
+    w.add(&format!("{a}.context_length"), Value::U32(c.context_len as u32));
+    w.add(&format!("{a}.embedding_length"), Value::U32(c.dim as u32));
+    w.add(&format!("{a}.block_count"), Value::U32(c.n_layers as u32));
+    w.add(&format!("{a}.feed_forward_length"), Value::U32(c.ffn_dim as u32));
+    w.add(&format!("{a}.attention.head_count"), Value::U32(c.n_heads as u32));
+    w.add(&format!("{a}.attention.head_count_kv"), Value::U32(c.n_kv_heads as u32));
+    w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(c.rms_eps));
+    w.add(&format!("{a}.rope.freq_base"), Value::F32(c.rope_theta));
+    let f32_bytes = |v: f32, n: usize| (0..n).flat_map(|_| v.to_le_bytes()).collect::<Vec<u8>>();
+    for t in TensorTable::new(&c).iter() {
+        let n: usize = t.shape.iter().product();
+        let (dtype, bytes) = match t.role {
+            TensorRole::Norm => (DType::F32, f32_bytes(1.0, n)),
+            TensorRole::QkvBias => (DType::F32, f32_bytes(0.01, n)),
+            _ => (DType::Q8_0, random_q8_0(n, &mut mix)),
+        };
+        w.add_tensor(&t.name, dtype, &t.shape, bytes);
     }
     w.to_bytes()
 }

@@ -4,10 +4,12 @@
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::Rng;
+use wgspec::gpu::RopeLayout;
 use wgspec::loader::gguf::Value;
 use wgspec::loader::gguf_writer::GgufWriter;
 use wgspec::loader::safetensors::write_safetensors;
 use wgspec::loader::DType;
+use wgspec::model::{Arch, Config, TensorRole, TensorTable};
 
 /// Shape of a tiny model.
 #[derive(Clone, Copy, Debug)]
@@ -53,6 +55,25 @@ impl TinySpec {
     pub fn head_dim(&self) -> usize {
         self.dim / self.heads
     }
+    /// The config a GGUF of this model declares.
+    pub fn config(&self) -> Config {
+        Config {
+            arch: if self.qwen2 { Arch::Qwen2 } else { Arch::Llama },
+            vocab_size: self.vocab,
+            dim: self.dim,
+            n_layers: self.layers,
+            n_heads: self.heads,
+            n_kv_heads: self.kv_heads,
+            head_dim: self.head_dim(),
+            ffn_dim: self.ffn,
+            rms_eps: 1e-5,
+            rope_theta: 10000.0,
+            rope_dim: self.head_dim(),
+            rope_layout: if self.qwen2 { RopeLayout::Halves } else { RopeLayout::Interleaved },
+            context_len: self.context,
+            tied_embeddings: self.tied,
+        }
+    }
     fn arch(&self) -> &'static str {
         if self.qwen2 {
             "qwen2"
@@ -78,36 +99,21 @@ pub struct TinyModel {
 
 impl TinyModel {
     pub fn random(spec: TinySpec, rng: &mut SmallRng) -> TinyModel {
-        let (d, hd) = (spec.dim, spec.head_dim());
-        let (qd, kvd) = (spec.heads * hd, spec.kv_heads * hd);
-        let mut tensors = Vec::new();
-        let mut add = |name: String, shape: Vec<usize>, scale: f32, offset: f32| {
-            let n: usize = shape.iter().product();
-            let values = (0..n).map(|_| offset + rng.gen_range(-scale..scale)).collect();
-            tensors.push(TinyTensor { name, shape, values });
-        };
-        add("token_embd.weight".into(), vec![spec.vocab, d], 1.0, 0.0);
-        for i in 0..spec.layers {
-            let b = |s: &str| format!("blk.{i}.{s}");
-            add(b("attn_norm.weight"), vec![d], 0.2, 1.0);
-            add(b("attn_q.weight"), vec![qd, d], 0.3, 0.0);
-            add(b("attn_k.weight"), vec![kvd, d], 0.3, 0.0);
-            add(b("attn_v.weight"), vec![kvd, d], 0.3, 0.0);
-            if spec.qwen2 {
-                add(b("attn_q.bias"), vec![qd], 0.5, 0.0);
-                add(b("attn_k.bias"), vec![kvd], 0.5, 0.0);
-                add(b("attn_v.bias"), vec![kvd], 0.5, 0.0);
-            }
-            add(b("attn_output.weight"), vec![d, qd], 0.2, 0.0);
-            add(b("ffn_norm.weight"), vec![d], 0.2, 1.0);
-            add(b("ffn_gate.weight"), vec![spec.ffn, d], 0.2, 0.0);
-            add(b("ffn_up.weight"), vec![spec.ffn, d], 0.2, 0.0);
-            add(b("ffn_down.weight"), vec![d, spec.ffn], 0.2, 0.0);
-        }
-        add("output_norm.weight".into(), vec![d], 0.2, 1.0);
-        if !spec.tied {
-            add("output.weight".into(), vec![spec.vocab, d], 0.5, 0.0);
-        }
+        let tensors = TensorTable::new(&spec.config())
+            .iter()
+            .map(|t| {
+                let (scale, offset) = match t.role {
+                    TensorRole::Embedding => (1.0, 0.0),
+                    TensorRole::Norm => (0.2, 1.0),
+                    TensorRole::QkvWeight => (0.3, 0.0),
+                    TensorRole::QkvBias | TensorRole::Output => (0.5, 0.0),
+                    TensorRole::Weight => (0.2, 0.0),
+                };
+                let n: usize = t.shape.iter().product();
+                let values = (0..n).map(|_| offset + rng.gen_range(-scale..scale)).collect();
+                TinyTensor { name: t.name.clone(), shape: t.shape.clone(), values }
+            })
+            .collect();
         TinyModel { spec, tensors }
     }
 

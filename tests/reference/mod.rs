@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use wgspec::gpu::RopeLayout;
-use wgspec::model::{tensor_specs, Checkpoint, Config, Precision};
+use wgspec::model::{Checkpoint, Config, Precision, TensorTable};
 
 /// A model on the CPU, with its own KV cache.
 pub struct RefModel {
@@ -86,9 +86,9 @@ impl RefModel {
     pub fn new(ckpt: &Checkpoint, precision: Precision) -> RefModel {
         let cfg = ckpt.config.clone();
         let mut w = HashMap::new();
-        for (name, shape) in tensor_specs(&cfg) {
-            let t = ckpt.tensor(&name, &shape, precision).expect("tensor");
-            w.insert(name, t.to_f32().expect("values"));
+        for spec in TensorTable::new(&cfg).iter() {
+            let t = ckpt.tensor(&spec.name, &spec.shape, precision).expect("tensor");
+            w.insert(spec.name.clone(), t.to_f32().expect("values"));
         }
         let n = cfg.n_layers;
         RefModel { cfg, w, k_cache: vec![Vec::new(); n], v_cache: vec![Vec::new(); n] }
