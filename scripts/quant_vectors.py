@@ -52,6 +52,12 @@ def q4_k(n):  # d, dmin, scales[12], qs[128]
     return np.concatenate([f16_scales(n, 0.005), f16_scales(n, 0.005), rand_bytes(n, 12), rand_bytes(n, 128)], axis=1)
 
 
+def q5_k(n):  # d, dmin, scales[12], qh[32], qs[128]
+    return np.concatenate(
+        [f16_scales(n, 0.005), f16_scales(n, 0.005), rand_bytes(n, 12), rand_bytes(n, 32), rand_bytes(n, 128)], axis=1
+    )
+
+
 def q6_k(n):  # ql[128], qh[64], scales[16] (i8), d
     return np.concatenate([rand_bytes(n, 128), rand_bytes(n, 64), rand_bytes(n, 16), f16_scales(n, 0.002)], axis=1)
 
@@ -82,6 +88,8 @@ CASES = [
     ("Q6_K", T.Q6_K, q6_k, 3),
     ("F16", T.F16, f16, 256),
     ("BF16", T.BF16, bf16, 256),
+    # Added later: last, so that the random stream of the cases above (and their files) is unchanged.
+    ("Q5_K", T.Q5_K, q5_k, 3),
 ]
 
 

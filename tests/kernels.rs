@@ -253,7 +253,7 @@ fn matmul_rows_are_batch_invariant() {
         // float and the block formats.
         let step = gpu.step_buffer();
         let mut rng = rng(3);
-        for dtype in [DType::F32, DType::Q4_K, DType::Q6_K, DType::Q8_0] {
+        for dtype in [DType::F32, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0] {
             let (k, cols) = (768, 97);
             let x = rand_vec(&mut rng, 32 * k, 1.0);
             let (bytes, _) = random_weights(&mut rng, dtype, cols, k);

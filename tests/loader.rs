@@ -36,7 +36,7 @@ fn random_tensor_bytes(rng: &mut SmallRng, dtype: DType, n_elements: usize) -> V
                 b.copy_from_slice(&bits.to_le_bytes());
             }
             DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => b[0..2].copy_from_slice(&scale(rng)),
-            DType::Q4_1 | DType::Q4_K => {
+            DType::Q4_1 | DType::Q4_K | DType::Q5_K => {
                 b[0..2].copy_from_slice(&scale(rng));
                 b[2..4].copy_from_slice(&scale(rng));
             }
@@ -177,6 +177,7 @@ fn dtype_sizes_and_ids() {
         (DType::Q5_0, 32, 22, 6),
         (DType::Q8_0, 32, 34, 8),
         (DType::Q4_K, 256, 144, 12),
+        (DType::Q5_K, 256, 176, 13),
         (DType::Q6_K, 256, 210, 14),
         (DType::BF16, 1, 2, 30),
     ];
@@ -210,6 +211,7 @@ fn dequantize_matches_gguf_py_bit_for_bit() {
         DType::Q5_0,
         DType::Q8_0,
         DType::Q4_K,
+        DType::Q5_K,
         DType::Q6_K,
         DType::F16,
         DType::BF16,
@@ -268,6 +270,59 @@ fn dequantize_hand_checked_blocks() {
         assert_eq!(y[j], 2.0 * (j as f32 - 8.0));
         assert_eq!(y[j + 16], 2.0 * (7.0 - j as f32));
     }
+}
+
+#[test]
+fn dequantize_hand_checked_q5_k_block() {
+    // d = 0.5, dmin = 0.25 (every product below is exact). Scales and mins of the eight
+    // sub-blocks, chosen so that sub-blocks 4..7 use the spare high bits of bytes 0..7:
+    //   sc = [1, 2, 3, 63, 17, 33, 48, 5], m = [0, 4, 7, 62, 20, 35, 63, 9]
+    let sc = [1.0f32, 2.0, 3.0, 63.0, 17.0, 33.0, 48.0, 5.0];
+    let m = [0.0f32, 4.0, 7.0, 62.0, 20.0, 35.0, 63.0, 9.0];
+    let scales: [u8; 12] = [
+        0x41, 0x82, 0xC3, 0x3F, // sc[0..4] | (sc[4..8] >> 4) << 6: 1|1<<6, 2|2<<6, 3|3<<6, 63|0
+        0x40, 0x84, 0xC7, 0x3E, // m[0..4] | (m[4..8] >> 4) << 6: 0|1<<6, 4|2<<6, 7|3<<6, 62|0
+        0x41, 0x31, 0xF0, 0x95, // (sc[4..8] & 15) | (m[4..8] & 15) << 4: 1|4, 1|3, 0|15, 5|9
+    ];
+    // Quant of element l of sub-block j: (7j + 3l) mod 32, every value 0..31 in every sub-block,
+    // so the fifth bit is both set and clear in each. Encoded here: low four bits in nibble j % 2
+    // of qs[32 (j / 2) + l], the fifth in bit j of qh[l].
+    let q = |j: usize, l: usize| (7 * j + 3 * l) % 32;
+    let mut qh = [0u8; 32];
+    let mut qs = [0u8; 128];
+    for j in 0..8 {
+        for l in 0..32 {
+            qs[32 * (j / 2) + l] |= ((q(j, l) & 15) as u8) << (4 * (j % 2));
+            qh[l] |= ((q(j, l) >> 4) as u8) << j;
+        }
+    }
+    let mut b = half::f16::from_f32(0.5).to_le_bytes().to_vec();
+    b.extend(half::f16::from_f32(0.25).to_le_bytes());
+    b.extend(scales);
+    b.extend(qh);
+    b.extend(qs);
+    assert_eq!(b.len(), DType::Q5_K.block_bytes());
+    let y = dequantize(DType::Q5_K, &b, 256).unwrap();
+    for j in 0..8 {
+        for l in 0..32 {
+            let want = 0.5 * sc[j] * q(j, l) as f32 - 0.25 * m[j];
+            assert_eq!(y[32 * j + l], want, "sub-block {j} element {l}");
+        }
+    }
+    // A few by hand: (j, l) -> q -> 0.5 sc q - 0.25 m.
+    assert_eq!(y[0], 0.0); // (0, 0): q 0
+    assert_eq!(y[32 + 2], 12.0); // (1, 2): q 13, 0.5*2*13 - 0.25*4
+    assert_eq!(y[3 * 32 + 5], 110.5); // (3, 5): q 4, 0.5*63*4 - 0.25*62
+    assert_eq!(y[4 * 32 + 1], 258.5); // (4, 1): q 31 (fifth bit), 0.5*17*31 - 0.25*20
+    assert_eq!(y[5 * 32], 40.75); // (5, 0): q 3, 0.5*33*3 - 0.25*35
+    assert_eq!(y[6 * 32 + 10], 176.25); // (6, 10): q 8, 0.5*48*8 - 0.25*63
+    assert_eq!(y[7 * 32 + 31], 32.75); // (7, 31): q 14, 0.5*5*14 - 0.25*9
+                                       // The fifth bit alone: clearing bit 4 of qh[1] takes 16 off element (4, 1): 0.5*17*15 - 5.
+    b[16 + 1] &= !(1 << 4);
+    let y2 = dequantize(DType::Q5_K, &b, 256).unwrap();
+    assert_eq!(y2[4 * 32 + 1], 122.5);
+    let changed: Vec<usize> = (0..256).filter(|&i| y[i] != y2[i]).collect();
+    assert_eq!(changed, vec![4 * 32 + 1]);
 }
 
 #[test]

@@ -88,6 +88,7 @@ fn gguf_quantized_models_match_reference() {
         (TinySpec::llama(), DType::Q4_1),
         (TinySpec::qwen2(), DType::Q5_0),
         (k_spec(false), DType::Q4_K),
+        (k_spec(true), DType::Q5_K),
         (k_spec(true), DType::Q6_K),
     ];
     for (spec, dtype) in cases {

@@ -33,6 +33,7 @@ impl DType {
             DType::Q5_0 => include_str!("../../shaders/formats/q5_0.wgsl"),
             DType::Q8_0 => include_str!("../../shaders/formats/q8_0.wgsl"),
             DType::Q4_K => include_str!("../../shaders/formats/q4_k.wgsl"),
+            DType::Q5_K => include_str!("../../shaders/formats/q5_k.wgsl"),
             DType::Q6_K => include_str!("../../shaders/formats/q6_k.wgsl"),
         }
     }
@@ -48,6 +49,7 @@ impl DType {
             DType::Q4_1 => (blocks * 4, blocks * 2),
             DType::Q5_0 => (blocks * 5, blocks),
             DType::Q4_K => (blocks * 36, 0),
+            DType::Q5_K => (blocks * 44, 0),
             DType::Q6_K => (blocks * 52, blocks),
         }
     }
@@ -184,7 +186,8 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<Pa
                 words[b * 5 + 4] = le32(blk, 2);
             }
         }
-        DType::Q4_K => {
+        DType::Q4_K | DType::Q5_K => {
+            // Kept as stored: 144 and 176 bytes are whole vec4<u32>s (9 and 11).
             for (i, w) in bytes.chunks_exact(4).enumerate() {
                 words[i] = le32(w, 0);
             }

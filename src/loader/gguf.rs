@@ -342,7 +342,6 @@ fn ggml_type_name(id: u32) -> String {
         9 => "Q8_1",
         10 => "Q2_K",
         11 => "Q3_K",
-        13 => "Q5_K",
         15 => "Q8_K",
         16 => "IQ2_XXS",
         17 => "IQ2_XS",

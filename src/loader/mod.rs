@@ -38,13 +38,16 @@ pub enum DType {
     Q8_0,
     /// 256 elements: f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales/mins, 128 bytes of nibbles.
     Q4_K,
+    /// 256 elements: f16 `d`, f16 `dmin`, 12 bytes of 6-bit scales/mins (as Q4_K), 32 bytes of
+    /// fifth bits, 128 bytes of nibbles.
+    Q5_K,
     /// 256 elements: 128 bytes low nibbles, 64 bytes high 2 bits, 16 i8 scales, f16 `d`.
     Q6_K,
 }
 
 impl DType {
     /// Every supported type, in ggml type-id order.
-    pub const ALL: [DType; 9] = [
+    pub const ALL: [DType; 10] = [
         DType::F32,
         DType::F16,
         DType::Q4_0,
@@ -52,6 +55,7 @@ impl DType {
         DType::Q5_0,
         DType::Q8_0,
         DType::Q4_K,
+        DType::Q5_K,
         DType::Q6_K,
         DType::BF16,
     ];
@@ -61,7 +65,7 @@ impl DType {
         match self {
             DType::F32 | DType::F16 | DType::BF16 => 1,
             DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q8_0 => 32,
-            DType::Q4_K | DType::Q6_K => 256,
+            DType::Q4_K | DType::Q5_K | DType::Q6_K => 256,
         }
     }
 
@@ -75,6 +79,7 @@ impl DType {
             DType::Q5_0 => 2 + 4 + 16,
             DType::Q8_0 => 2 + 32,
             DType::Q4_K => 2 + 2 + 12 + 128,
+            DType::Q5_K => 2 + 2 + 12 + 32 + 128,
             DType::Q6_K => 128 + 64 + 16 + 2,
         }
     }
@@ -100,6 +105,7 @@ impl DType {
             DType::Q5_0 => "Q5_0",
             DType::Q8_0 => "Q8_0",
             DType::Q4_K => "Q4_K",
+            DType::Q5_K => "Q5_K",
             DType::Q6_K => "Q6_K",
         }
     }
@@ -119,6 +125,7 @@ impl DType {
             DType::Q5_0 => 6,
             DType::Q8_0 => 8,
             DType::Q4_K => 12,
+            DType::Q5_K => 13,
             DType::Q6_K => 14,
             DType::BF16 => 30,
         }

@@ -3,7 +3,7 @@
 //!
 //! Each block stores `DType::block_len()` elements in `DType::block_bytes()` bytes; scales are
 //! little-endian f16. Products are formed in the same order as the reference so that rounding
-//! matches: for example Q4_K computes `(d * sc) * q - (dmin * m)`, Q6_K `(d * sc) * q`.
+//! matches: for example Q4_K and Q5_K compute `(d * sc) * q - (dmin * m)`, Q6_K `(d * sc) * q`.
 
 use super::DType;
 use crate::{Error, Result};
@@ -36,6 +36,7 @@ pub fn dequantize_into(dtype: DType, data: &[u8], out: &mut [f32]) -> Result<()>
         DType::Q5_0 => block_q5_0,
         DType::Q8_0 => block_q8_0,
         DType::Q4_K => block_q4_k,
+        DType::Q5_K => block_q5_k,
         DType::Q6_K => block_q6_k,
     };
     // `check_len` guarantees both iterators have the same number of whole chunks, and each block
@@ -108,6 +109,18 @@ fn block_q8_0(b: &[u8], y: &mut [f32]) {
     }
 }
 
+/// The 6-bit scale and min of sub-block `sub` (0..8) of a Q4_K / Q5_K super-block, from its
+/// twelve packed bytes (ggml's `get_scale_min_k4`): sub-blocks 0..3 keep theirs in the low six
+/// bits of bytes `sub` and `sub + 4`; sub-blocks 4..7 take their low four bits from the nibbles of
+/// byte `sub + 4` and their top two from the spare high bits of bytes `sub - 4` and `sub`.
+fn scale_min_k4(s: &[u8], sub: usize) -> (u8, u8) {
+    if sub < 4 {
+        (s[sub] & 0x3F, s[sub + 4] & 0x3F)
+    } else {
+        ((s[sub + 4] & 0x0F) | ((s[sub - 4] >> 6) << 4), (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4))
+    }
+}
+
 /// Q4_K: `d:f16, dmin:f16, scales[12], qs[128]`. Eight sub-blocks of 32 with 6-bit scale `sc`
 /// and min `m` packed in `scales`; sub-block 2c + s uses nibble s of qs[32c..32c+32];
 /// x = (d * sc) * q - dmin * m.
@@ -117,17 +130,35 @@ fn block_q4_k(b: &[u8], y: &mut [f32]) {
     let s = &b[4..16];
     let qs = &b[16..144];
     for (sub, ys) in y.chunks_exact_mut(32).enumerate() {
-        let (sc, m) = if sub < 4 {
-            (s[sub] & 0x3F, s[sub + 4] & 0x3F)
-        } else {
-            ((s[sub + 4] & 0x0F) | ((s[sub - 4] >> 6) << 4), (s[sub + 4] >> 4) | ((s[sub] >> 6) << 4))
-        };
+        let (sc, m) = scale_min_k4(s, sub);
         let scale = d * sc as f32;
         let min = dmin * m as f32;
         let shift = 4 * (sub % 2);
         let q = &qs[32 * (sub / 2)..32 * (sub / 2) + 32];
         for (yj, &qj) in ys.iter_mut().zip(q) {
             *yj = scale * ((qj >> shift) & 0x0F) as f32 - min;
+        }
+    }
+}
+
+/// Q5_K: `d:f16, dmin:f16, scales[12], qh[32], qs[128]`. Eight sub-blocks of 32 with scales and
+/// mins packed as in Q4_K; element l of sub-block 2c + s has its low four bits in nibble s of
+/// qs[32c + l] and its fifth bit in bit 2c + s of qh[l]; x = (d * sc) * q - dmin * m, q in 0..32.
+fn block_q5_k(b: &[u8], y: &mut [f32]) {
+    let d = f16_at(b, 0);
+    let dmin = f16_at(b, 2);
+    let s = &b[4..16];
+    let qh = &b[16..48];
+    let qs = &b[48..176];
+    for (sub, ys) in y.chunks_exact_mut(32).enumerate() {
+        let (sc, m) = scale_min_k4(s, sub);
+        let scale = d * sc as f32;
+        let min = dmin * m as f32;
+        let shift = 4 * (sub % 2);
+        let q = &qs[32 * (sub / 2)..32 * (sub / 2) + 32];
+        for ((yj, &qj), &hj) in ys.iter_mut().zip(q).zip(qh) {
+            let q5 = ((qj >> shift) & 0x0F) | (((hj >> sub) & 1) << 4);
+            *yj = scale * q5 as f32 - min;
         }
     }
 }

@@ -259,6 +259,11 @@ pub fn random_blocks(dtype: DType, n: usize, rng: &mut SmallRng) -> Vec<u8> {
                 b[0..2].copy_from_slice(&scale(rng, 0.0002, 0.0005));
                 b[2..4].copy_from_slice(&scale(rng, 0.0002, 0.0005));
             }
+            DType::Q5_K => {
+                // Quants reach 31, twice Q4_K's: half its scales keep the weights alike in size.
+                b[0..2].copy_from_slice(&scale(rng, 0.0001, 0.00025));
+                b[2..4].copy_from_slice(&scale(rng, 0.0001, 0.00025));
+            }
             DType::Q6_K => b[208..210].copy_from_slice(&scale(rng, 0.00002, 0.0001)),
             other => panic!("not a quantized type: {other:?}"),
         }
