@@ -2,7 +2,8 @@
 //!
 //! - [`gguf`]: GGUF v2/v3 headers (metadata + tensor table); [`gguf_writer`]: GGUF v3 files for
 //!   tests, synthetic benchmark models and tools.
-//! - [`safetensors`]: safetensors headers (F32 / F16 / BF16) and a writer for tests.
+//! - [`safetensors`]: safetensors headers (F32 / F16 / BF16), read with the `safetensors` crate,
+//!   and a writer for tests.
 //! - [`quant`]: the block formats ([`DType`]) and their dequantization to f32.
 //!
 //! Parsers take the first bytes of a file plus the file's full length, so that a caller can

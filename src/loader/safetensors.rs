@@ -6,16 +6,23 @@
 //!             "data_offsets": [begin, end] },  // relative to the end of the header
 //!   ... }
 //! ```
+//!
+//! The JSON header is read by the `safetensors` crate (its [`Metadata`]: field types, dtype names,
+//! `data_offsets` contiguous from 0 and matching each shape). The crate's `read_metadata` wants the
+//! whole file, so the framing around the JSON is read here, and so are the checks that need the
+//! file's length or this crate's types: the header length limit, every tensor inside the file, no
+//! overlap, and a dtype the loader reads.
 
 use super::gguf::{check_no_overlap, tensor_slice, TensorInfo};
 use super::DType;
 use crate::{Error, Result};
+use safetensors::tensor::{Metadata, TensorInfo as HeaderEntry};
+use safetensors::Dtype;
 use serde_json::{Map, Value as Json};
 
 const FORMAT: &str = "safetensors";
 /// Largest header accepted (the reference implementation's limit).
 pub const MAX_HEADER_LEN: u64 = 100_000_000;
-const METADATA_KEY: &str = "__metadata__";
 
 /// A parsed safetensors header.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,24 +52,29 @@ impl Safetensors {
             ));
         }
         // header_len <= 100 MB, so this fits in usize even on 32-bit targets.
-        let json_bytes = header
+        let json = header
             .get(8..8 + header_len as usize)
             .ok_or_else(|| truncated("JSON header", 8, header_len, header.len()))?;
-        let json: Map<String, Json> = serde_json::from_slice(json_bytes)
-            .map_err(|e| Error::corrupt(FORMAT, format!("header is not a JSON object: {e}")))?;
+        let parsed: Metadata = serde_json::from_slice(json).map_err(|e| {
+            let what = if e.is_data() { "is not a valid safetensors header" } else { "is not valid JSON" };
+            Error::corrupt(FORMAT, format!("header {what}: {e}"))
+        })?;
         let data_offset = 8 + header_len;
 
-        let mut metadata = Vec::new();
-        let mut tensors = Vec::with_capacity(json.len());
-        for (name, entry) in &json {
-            if name == METADATA_KEY {
-                metadata = parse_metadata(entry)?;
-            } else {
-                tensors.push(parse_tensor(name, entry, data_offset, file_len)?);
-            }
+        let names = parsed.offset_keys();
+        let mut tensors = Vec::with_capacity(names.len());
+        for name in names {
+            let entry = parsed
+                .info(&name)
+                .ok_or_else(|| Error::corrupt(FORMAT, format!("tensor {name} listed without an entry")))?;
+            tensors.push(tensor_info(name, entry, data_offset, file_len)?);
         }
-        tensors.sort_by_key(|t| t.offset);
+        // The crate's order, made deterministic for empty tensors that share an offset.
+        tensors.sort_by(|a, b| (a.offset, a.n_bytes, &a.name).cmp(&(b.offset, b.n_bytes, &b.name)));
         check_no_overlap(&tensors, FORMAT)?;
+        let mut metadata: Vec<(String, String)> =
+            parsed.metadata().iter().flatten().map(|(k, v)| (k.clone(), v.clone())).collect();
+        metadata.sort();
         Ok(Safetensors { tensors, metadata })
     }
 
@@ -86,70 +98,37 @@ fn truncated(what: &str, offset: u64, needed: u64, len: usize) -> Error {
     Error::Truncated { what: what.to_string(), offset, needed, len: len as u64 }
 }
 
-fn parse_metadata(entry: &Json) -> Result<Vec<(String, String)>> {
-    let obj = entry.as_object().ok_or_else(|| Error::corrupt(FORMAT, "__metadata__ is not an object"))?;
-    obj.iter()
-        .map(|(k, v)| match v.as_str() {
-            Some(s) => Ok((k.clone(), s.to_string())),
-            None => Err(Error::corrupt(FORMAT, format!("__metadata__ {k} is not a string"))),
-        })
-        .collect()
-}
-
-fn parse_dtype(name: &str, s: &str) -> Result<DType> {
-    match s {
-        "F32" => Ok(DType::F32),
-        "F16" => Ok(DType::F16),
-        "BF16" => Ok(DType::BF16),
+fn dtype(name: &str, dtype: Dtype) -> Result<DType> {
+    match dtype {
+        Dtype::F32 => Ok(DType::F32),
+        Dtype::F16 => Ok(DType::F16),
+        Dtype::BF16 => Ok(DType::BF16),
         other => Err(Error::UnsupportedTensorType { tensor: name.to_string(), type_name: other.to_string() }),
     }
 }
 
-fn parse_tensor(name: &str, entry: &Json, data_offset: u64, file_len: u64) -> Result<TensorInfo> {
+/// One header entry, checked by the crate, as this crate's [`TensorInfo`] at its place in the file.
+fn tensor_info(name: String, entry: &HeaderEntry, data_offset: u64, file_len: u64) -> Result<TensorInfo> {
+    let dtype = dtype(&name, entry.dtype)?;
     let bad = |why: String| Error::corrupt(FORMAT, format!("tensor {name}: {why}"));
-    let obj = entry.as_object().ok_or_else(|| bad("entry is not an object".into()))?;
-    let dtype =
-        obj.get("dtype").and_then(Json::as_str).ok_or_else(|| bad("missing string field dtype".into()))?;
-    let dtype = parse_dtype(name, dtype)?;
-    let shape = obj
-        .get("shape")
-        .and_then(Json::as_array)
-        .ok_or_else(|| bad("missing array field shape".into()))?
-        .iter()
-        .map(|d| d.as_u64().and_then(|d| usize::try_from(d).ok()))
-        .collect::<Option<Vec<usize>>>()
-        .ok_or_else(|| bad("shape has a non-integer or negative dimension".into()))?;
-    let offsets = obj
-        .get("data_offsets")
-        .and_then(Json::as_array)
-        .map(|a| a.iter().map(Json::as_u64).collect::<Option<Vec<u64>>>());
-    let (begin, end) = match offsets {
-        Some(Some(o)) => match o[..] {
-            [b, e] if b <= e => (b, e),
-            _ => return Err(bad(format!("data_offsets {o:?} is not [begin, end] with begin <= end"))),
-        },
-        _ => return Err(bad("missing data_offsets [begin, end]".into())),
-    };
-    let n_elements = shape
+    let shape = entry.shape.clone();
+    let (begin, end) = (entry.data_offsets.0 as u64, entry.data_offsets.1 as u64);
+    // The crate has matched the byte count to the shape; again here, in u64 and this crate's DType.
+    let n_bytes = shape
         .iter()
         .try_fold(1u64, |acc, &d| acc.checked_mul(d as u64))
-        .ok_or_else(|| bad(format!("shape {shape:?} overflows the element count")))?;
-    let n_bytes = dtype
-        .bytes_for(n_elements)
-        .ok_or_else(|| bad(format!("shape {shape:?} overflows the byte count")))?;
-    if n_bytes != end - begin {
-        return Err(bad(format!(
-            "shape {shape:?} of {dtype} needs {n_bytes} bytes, data_offsets [{begin}, {end}] hold {}",
-            end - begin
-        )));
-    }
+        .and_then(|n| dtype.bytes_for(n))
+        .filter(|&n| Some(n) == end.checked_sub(begin))
+        .ok_or_else(|| {
+            bad(format!("shape {shape:?} of {dtype} does not fill data_offsets [{begin}, {end}]"))
+        })?;
     let offset = data_offset
         .checked_add(begin)
         .filter(|&o| o.checked_add(n_bytes).is_some_and(|e| e <= file_len))
         .ok_or_else(|| {
             bad(format!("data_offsets [{begin}, {end}] lie beyond the file of {file_len} bytes"))
         })?;
-    Ok(TensorInfo { name: name.to_string(), dtype, shape, offset, n_bytes })
+    Ok(TensorInfo { name, dtype, shape, offset, n_bytes })
 }
 
 /// Writes a safetensors file (for tests): the JSON header padded with spaces to a multiple of
