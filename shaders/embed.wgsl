@@ -3,6 +3,8 @@
 //
 // Preceded by one weight format file (shaders/formats/*.wgsl) that defines `unit_head(row, u)` and
 // `unit_group(h, g)`: the values table[row, 32u + 4g .. 32u + 4g + 4] dequantised to f32. One invocation per (unit, row).
+// With `scaled_copy`, x_scaled[r, e] = x[r, e] * gamma[e] as well: the input of the first matmul
+// with RMSNorm folded in (shaders/matmul.wgsl).
 
 struct Step { n: u32, start_pos: u32 }
 struct Params {
@@ -11,7 +13,7 @@ struct Params {
     row_start: u32,  // first vocabulary row held by this chunk
     rows: u32,       // vocabulary rows in this chunk
     scale_base: u32, // u32 word where the format's scale section starts (formats that have one)
-    _pad0: u32,
+    scaled_copy: u32, // 1: write x_scaled too
     _pad1: u32,
     _pad2: u32,
 }
@@ -21,6 +23,8 @@ struct Params {
 @group(0) @binding(2) var<storage, read> tokens: array<u32>;          // [n]
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;         // [rows, units] blocks of the weight format
 @group(0) @binding(4) var<storage, read_write> x: array<f32>;         // [n, dim]
+@group(0) @binding(5) var<storage, read> gamma: array<f32>;           // [dim] or unused
+@group(0) @binding(6) var<storage, read_write> x_scaled: array<f32>;  // [n, dim] or unused
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
@@ -34,7 +38,10 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         let v = unit_group(h, g);
         for (var i = 0u; i < 4u; i++) {
             let e = 32u * u + 4u * g + i;
-            if (e < p.dim) { x[r * p.dim + e] = v[i]; }
+            if (e < p.dim) {
+                x[r * p.dim + e] = v[i];
+                if (p.scaled_copy == 1u) { x_scaled[r * p.dim + e] = v[i] * gamma[e]; }
+            }
         }
     }
 }

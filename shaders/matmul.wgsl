@@ -12,11 +12,16 @@
 // and their partial sums are added by a fixed tree in workgroup memory (16 columns per workgroup).
 // On a CPU adapter LANES = 1: each invocation walks all of k (256 columns per workgroup).
 //
+// RMSNorm folded in (`norm`): x holds the previous op's output already multiplied by the norm's
+// weight, x_raw the residual stream itself; the workgroup sums the squares of each x_raw row (a
+// fixed tree) and scales the row's sums by 1 / sqrt(mean + eps), so y = rmsnorm(x_raw) . w^T.
+//
 // Epilogues (per pipeline call, from the params): the bias; a residual add (`accumulate`); SwiGLU
-// over interleaved gate|up rows (`glu`); and for a fused q|k|v matrix, RoPE on the columns before
+// over interleaved gate|up rows (`glu`); for a fused q|k|v matrix, RoPE on the columns before
 // `rope_cols` (pairs of adjacent columns: rows of a Halves layout were reordered at load, so the
 // store puts each value back at its column) and the columns from `split` on routed to the KV cache
-// row start_pos + r.
+// row start_pos + r; and (`scaled_copy`) each stored value times gamma[c] written to `second` too:
+// the input of the next normed matmul.
 //
 // Batch-invariant: the order of every sum depends on k and LANES only (fixed per pipeline): a row
 // is computed by the same instructions whether the pass holds 1 row or 32, so its bits are the same.
@@ -29,8 +34,9 @@ struct Params {
     col_offset: u32,  // the whole matrix's row of this chunk's first row (its output column;
                       //    with glu, rows 2i and 2i + 1 give output column i)
     ldy: u32,         // row stride of y, in f32
-    split: u32,       // output columns from here on go to kv (row start_pos + r, column c - split)
-    ldkv: u32,        // row stride of kv, in f32
+    split: u32,       // output columns from here on go to second (KV cache row start_pos + r,
+                      //    column c - split)
+    ldkv: u32,        // row stride of that KV cache, in f32
     has_bias: u32,    // 1: add bias[c] (c: the whole matrix's output column)
     accumulate: u32,  // 1: y += result (a residual add); 0: y = result
     glu: u32,         // 1: weight rows interleave gate and up (g0, u0, g1, u1, ...); output column
@@ -41,6 +47,10 @@ struct Params {
     rope_dim: u32,    // (RoPE) rotated columns at the start of each head (even)
     halves: u32,      // (RoPE) 1: the head's rows were reordered from the Halves layout
                       //    (i, i + rope_dim / 2) to adjacent pairs; the store undoes the order
+    norm: u32,        // 1: scale each row's sums by 1 / sqrt(mean(x_raw[r]^2) + eps)
+    eps: f32,
+    scaled_copy: u32, // 1: second[r, c] = y[r, c] * gamma[c] as well (row stride ldy)
+    _pad0: u32,
 }
 
 // Invocations per column quad, splitting k: 16 on GPUs. An adapter that runs invocations on a CPU
@@ -56,10 +66,14 @@ const ROWS: u32 = 4u;   // rows per workgroup
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;        // [cols, units] blocks of the weight format
 @group(0) @binding(4) var<storage, read> bias: array<f32>;           // [whole matrix's columns] or unused
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;        // [n, ldy]
-@group(0) @binding(6) var<storage, read_write> kv: array<f32>;       // [context, ldkv] (K|V cache) or unused
+@group(0) @binding(6) var<storage, read_write> second: array<f32>;   // K|V cache [context, ldkv], or
+                                                                     // [n, ldy] the scaled copy, or unused
 @group(0) @binding(7) var<storage, read> cos_sin: array<vec2<f32>>;  // [context, rope_dim / 2] or unused
+@group(0) @binding(8) var<storage, read> x_raw: array<vec4<f32>>;    // [n, k / 4] (norm) or unused
+@group(0) @binding(9) var<storage, read> gamma: array<f32>;          // [columns of y] (scaled_copy) or unused
 
 var<workgroup> partial: array<array<vec4<f32>, 4>, WG>;             // [WG, ROWS, 4 columns]
+var<workgroup> squares: array<vec4<f32>, WG>;                      // [WG, ROWS]
 
 // output column c of pass row `row` (=|+=) v, at its place: y, or the KV cache past `split`
 fn store(c: u32, row: u32, v: f32) {
@@ -69,15 +83,14 @@ fn store(c: u32, row: u32, v: f32) {
         if (i < p.rope_dim) { col = c - i + i / 2u + (i % 2u) * (p.rope_dim / 2u); }
     }
     if (col >= p.split) {
-        kv[(step.start_pos + row) * p.ldkv + col - p.split] = v;
+        second[(step.start_pos + row) * p.ldkv + col - p.split] = v;
         return;
     }
     let i = row * p.ldy + col;
-    if (p.accumulate == 1u) {
-        y[i] = y[i] + v;
-    } else {
-        y[i] = v;
-    }
+    var out = v;
+    if (p.accumulate == 1u) { out = y[i] + v; }
+    y[i] = out;
+    if (p.scaled_copy == 1u) { second[i] = out * gamma[col]; }
 }
 
 // RoPE of the pair (a, b) at within-head columns (i, i + 1) of a row at position `pos`, with the
@@ -99,6 +112,27 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     // columns past the chunk read the last one (their sums are never stored)
     let last = p.cols - 1u;
     let cs = vec4<u32>(min(c0, last), min(c0 + 1u, last), min(c0 + 2u, last), min(c0 + 3u, last));
+
+    // 0. (norm) 1 / rms of each row of the group: the workgroup's invocations take strided vec4s
+    //    of x_raw, then a fixed tree adds their sums (the same order for every pass size)
+    var inv_rms = vec4<f32>(1.0);
+    if (p.norm == 1u) {
+        var sq = vec4<f32>(0.0);
+        for (var i = t; i < k4; i += WG) {
+            let a = x_raw[r0 * k4 + i];
+            let b = x_raw[(r0 + 1u) * k4 + i];
+            let c = x_raw[(r0 + 2u) * k4 + i];
+            let d = x_raw[(r0 + 3u) * k4 + i];
+            sq += vec4<f32>(dot(a, a), dot(b, b), dot(c, c), dot(d, d));
+        }
+        squares[t] = sq;
+        workgroupBarrier();
+        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+            if (t < stride) { squares[t] += squares[t + stride]; }
+            workgroupBarrier();
+        }
+        inv_rms = 1.0 / sqrt(squares[0] / f32(p.k) + p.eps);
+    }
 
     // 1. this lane's share of k: units lane, lane + LANES, ... Each group of 4 weights of the four
     //    columns is dequantised once and applied to every row, each vec4 of x is loaded once and
@@ -167,7 +201,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let c = p.col_offset + c0;
         for (var r = 0u; r < nr; r++) {
             let row = r0 + r;
-            var v = acc[r];
+            var v = acc[r] * inv_rms[r];
             if (p.glu == 1u) {
                 // (gate, up) pairs: columns c0, c0 + 1 and c0 + 2, c0 + 3 (cols is even); output
                 // column c / 2 of the pair

@@ -6,7 +6,9 @@ mod reference;
 
 use common::{assert_close, gpu, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
-use wgspec::gpu::{AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, Op, RopeLayout, RopeOut, WeightBuffer};
+use wgspec::gpu::{
+    AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut, Second, WeightBuffer,
+};
 use wgspec::loader::{quant, DType};
 
 /// f32 dot products of length k: error bound relative to the magnitude of the terms.
@@ -175,7 +177,12 @@ fn matmul_splits_columns_between_output_and_kv_cache_and_accumulates() {
         let cache = GpuBuffer::<f32>::zeros(&gpu, "cache", ctx * (cols - split));
         let kv = KvOut { cache: &cache, ld: (cols - split) as u32, split: split as u32 };
         let ops = [0u32, 4].map(|c0| {
-            let out = MatmulOut { ldy: split as u32, col_offset: c0, kv: Some(kv), ..Default::default() };
+            let out = MatmulOut {
+                ldy: split as u32,
+                col_offset: c0,
+                second: Some(Second::Kv(kv)),
+                ..Default::default()
+            };
             gpu.matmul(&step, &xb, &halves[c0 as usize / 4], Some(&bb), &y, out)
         });
         run(&gpu, &step, &ops, n, start);
@@ -299,30 +306,91 @@ fn embed_gathers_rows_of_every_format_from_its_chunk() {
         let a = upload(&gpu, dtype, &bytes[..split], 20, dim);
         let b = upload(&gpu, dtype, &bytes[split..], 17, dim);
         let xb = GpuBuffer::<f32>::zeros(&gpu, "x", tokens.len() * dim);
-        let ops = [gpu.embed(&step, &tb, &a, &xb, 0), gpu.embed(&step, &tb, &b, &xb, 20)];
+        // the second chunk also writes x * gamma for its rows (the model asks it of every chunk)
+        let gamma = rand_vec(&mut rng, dim, 1.0);
+        let gb = GpuBuffer::<f32>::from_slice(&gpu, "gamma", &gamma);
+        let scaled = GpuBuffer::<f32>::zeros(&gpu, "x * gamma", tokens.len() * dim);
+        let ops = [
+            gpu.embed(&step, &tb, &a, &xb, 0, None),
+            gpu.embed(&step, &tb, &b, &xb, 20, Some((&gb, &scaled))),
+        ];
         run(&gpu, &step, &ops, tokens.len(), 0);
         let x = read_f32(&gpu, &xb.raw, tokens.len() * dim);
         let want: Vec<f32> =
             tokens.iter().flat_map(|&t| table[t as usize * dim..(t as usize + 1) * dim].to_vec()).collect();
         assert_eq!(x, want, "embedding gather of {dtype}: the exact dequantised values");
+        let got = read_f32(&gpu, &scaled.raw, tokens.len() * dim);
+        for (r, &t) in tokens.iter().enumerate() {
+            let row = &got[r * dim..(r + 1) * dim];
+            let want: Vec<f32> = if t >= 20 {
+                want[r * dim..(r + 1) * dim].iter().zip(&gamma).map(|(v, g)| v * g).collect()
+            } else {
+                vec![0.0; dim]
+            };
+            assert_eq!(row, &want[..], "{dtype}: x * gamma of row {r} (token {t})");
+        }
     }
 }
 
 #[test]
-fn rmsnorm_matches_reference() {
-    let gpu = gpu();
-    let step = gpu.step_buffer();
-    let mut rng = rng(5);
-    for &(n, dim) in &[(1, 7), (3, 64), (5, 200), (2, 576)] {
-        let x = rand_vec(&mut rng, n * dim, 2.0);
-        let w = rand_vec(&mut rng, dim, 1.0);
-        let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-        let wb = GpuBuffer::<f32>::from_slice(&gpu, "w", &w);
-        let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * dim);
-        run(&gpu, &step, &[gpu.rmsnorm(&step, &xb, &wb, &yb, dim, 1e-5)], n, 0);
-        let y = read_f32(&gpu, &yb.raw, n * dim);
-        let want: Vec<f32> = x.chunks(dim).flat_map(|r| reference::rmsnorm(r, &w, 1e-5)).collect();
-        assert_close(&format!("rmsnorm n={n} dim={dim}"), &y, &want, ELEMENTWISE_ABS, ELEMENTWISE_REL);
+fn rmsnorm_folds_into_the_matmul_that_reads_it() {
+    // A residual producer (y = before + a W1^T, and y * gamma as a second output) followed by a
+    // normed matmul (rmsnorm(y) * gamma . W2^T, reading y * gamma and dividing by the rms of y):
+    // against the CPU's residual add, rmsnorm (in f64) and matmul.
+    for gpu in gpus() {
+        let step = gpu.step_buffer();
+        let mut rng = rng(5);
+        for dtype in [DType::F32, DType::Q4_K] {
+            let block = dtype.block_len().max(1);
+            for &(n, k, cols) in &[(1, 68usize, 5), (3, 200, 13), (9, 256, 40), (5, 576, 7)] {
+                let k = k.div_ceil(block) * block;
+                let what = format!("normed matmul {dtype} n={n} k={k} cols={cols}");
+                let (m, eps) = (24, 1e-5);
+                let a = rand_vec(&mut rng, n * m, 1.0);
+                let w1 = rand_vec(&mut rng, k * m, 0.5);
+                let before = rand_vec(&mut rng, n * k, 2.0);
+                let gamma = rand_vec(&mut rng, k, 1.0);
+                let (bytes, w2) = random_weights(&mut rng, dtype, cols, k);
+                let ab = GpuBuffer::<f32>::from_slice(&gpu, "a", &a);
+                let w1b = WeightBuffer::from_f32(&gpu, "w1", &w1, k, m).expect("w1");
+                let yb = GpuBuffer::<f32>::from_slice(&gpu, "y", &before);
+                let gb = GpuBuffer::<f32>::from_slice(&gpu, "gamma", &gamma);
+                let scaled = GpuBuffer::<f32>::zeros(&gpu, "y * gamma", n * k);
+                let w2b = upload(&gpu, dtype, &bytes, cols, k);
+                let out = GpuBuffer::<f32>::zeros(&gpu, "out", n * cols);
+                let produce = MatmulOut {
+                    ldy: k as u32,
+                    accumulate: true,
+                    second: Some(Second::Scaled { out: &scaled, gamma: &gb }),
+                    ..Default::default()
+                };
+                let normed = MatmulOut {
+                    ldy: cols as u32,
+                    norm: Some(NormIn { raw: &yb, eps }),
+                    ..Default::default()
+                };
+                let ops = [
+                    gpu.matmul(&step, &ab, &w1b, None, &yb, produce),
+                    gpu.matmul(&step, &scaled, &w2b, None, &out, normed),
+                ];
+                run(&gpu, &step, &ops, n, 0);
+                let y = read_f32(&gpu, &yb.raw, n * k);
+                let (add, _) = ref_matmul(&a, &w1, None, n, m, k);
+                let want_y: Vec<f32> = before.iter().zip(&add).map(|(b, d)| b + d).collect();
+                assert_close(&format!("{what}: residual"), &y, &want_y, 1e-5, 1e-5);
+                let got_scaled = read_f32(&gpu, &scaled.raw, n * k);
+                let want_scaled: Vec<f32> =
+                    y.chunks(k).flat_map(|r| r.iter().zip(&gamma).map(|(v, g)| v * g)).collect();
+                assert_eq!(got_scaled, want_scaled, "{what}: the scaled copy is y * gamma exactly");
+                let normed: Vec<f32> = y.chunks(k).flat_map(|r| reference::rmsnorm(r, &gamma, eps)).collect();
+                let (want, bound) = ref_matmul(&normed, &w2, None, n, k, cols);
+                let got = read_f32(&gpu, &out.raw, n * cols);
+                for (i, (g, e)) in got.iter().zip(&want).enumerate() {
+                    let tol = bound[i] + ELEMENTWISE_REL * e.abs();
+                    assert!((g - e).abs() <= tol, "{what} [{i}]: {g} vs {e} ({})", gpu.describe());
+                }
+            }
+        }
     }
 }
 
@@ -374,7 +442,7 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
                 let cache = GpuBuffer::<f32>::zeros(&gpu, "kv", context * 2 * kvd);
                 let out = MatmulOut {
                     ldy: qd as u32,
-                    kv: Some(KvOut { cache: &cache, ld: 2 * kvd as u32, split: qd as u32 }),
+                    second: Some(Second::Kv(KvOut { cache: &cache, ld: 2 * kvd as u32, split: qd as u32 })),
                     rope: Some(RopeOut {
                         cos_sin: &tb,
                         cols: (qd + kvd) as u32,

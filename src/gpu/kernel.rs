@@ -11,7 +11,6 @@ use crate::loader::DType;
 pub enum Kernel {
     Embed(DType),
     Matmul(DType),
-    RmsNorm,
     Attention,
     Argmax,
     AcceptGreedy,
@@ -22,14 +21,8 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices.
-const PLAIN: [Kernel; 6] = [
-    Kernel::RmsNorm,
-    Kernel::Attention,
-    Kernel::Argmax,
-    Kernel::AcceptGreedy,
-    Kernel::BenchCopy,
-    Kernel::BenchFma,
-];
+const PLAIN: [Kernel; 5] =
+    [Kernel::Attention, Kernel::Argmax, Kernel::AcceptGreedy, Kernel::BenchCopy, Kernel::BenchFma];
 
 impl Kernel {
     /// All kernels, in a fixed order (the index into the pipeline table).
@@ -58,7 +51,6 @@ impl Kernel {
         match self {
             Kernel::Embed(w) => with_format(w, include_str!("../../shaders/embed.wgsl")),
             Kernel::Matmul(w) => with_format(w, include_str!("../../shaders/matmul.wgsl")),
-            Kernel::RmsNorm => Cow::Borrowed(include_str!("../../shaders/rmsnorm.wgsl")),
             Kernel::Attention => Cow::Borrowed(include_str!("../../shaders/attention.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),

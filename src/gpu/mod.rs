@@ -13,7 +13,7 @@ mod roofline;
 pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
 pub use kernel::{Kernel, Pipelines};
-pub use ops::{AttentionShape, KvOut, MatmulOut, RopeLayout, RopeOut, Step, MATMUL_ROWS};
+pub use ops::{AttentionShape, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, Second, Step, MATMUL_ROWS};
 pub use roofline::Ceilings;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -161,11 +161,11 @@ impl Gpu {
         let info = adapter.get_info();
         let limits = adapter.limits();
         if limits.max_compute_invocations_per_workgroup < Kernel::WORKGROUP
-            || limits.max_storage_buffers_per_shader_stage < 6
+            || limits.max_storage_buffers_per_shader_stage < 8
         {
             return Err(Error::GpuLimit(format!(
                 "adapter {} allows {} invocations per workgroup and {} storage buffers per stage; \
-                 wgspec needs {} and 6",
+                 wgspec needs {} and 8",
                 info.name,
                 limits.max_compute_invocations_per_workgroup,
                 limits.max_storage_buffers_per_shader_stage,

@@ -18,7 +18,8 @@ pub struct Step {
     pub start_pos: u32,
 }
 
-/// Where a matmul writes its rows, and what its epilogue does on the way.
+/// Where a matmul writes its rows, and what it does on the way: RMSNorm of its input, and the
+/// epilogues (bias, residual add, SwiGLU, RoPE, KV routing, the next norm's scaled copy).
 #[derive(Clone, Copy, Default)]
 pub struct MatmulOut<'a> {
     /// Row stride of the output, in f32.
@@ -32,10 +33,30 @@ pub struct MatmulOut<'a> {
     /// The weight rows interleave gate and up projections (g0, u0, g1, u1, ...): output column
     /// `i` is `silu(gate_i) * up_i` (SwiGLU), so a matrix of `2 f` rows writes `f` columns.
     pub glu: bool,
-    /// Output columns from `split` on go to a KV cache instead (a fused q|k|v matrix).
-    pub kv: Option<KvOut<'a>>,
+    /// RMSNorm folded in: x is the norm's input already times its weight (a [`Second::Scaled`]
+    /// copy), and each row's sums are scaled by `1 / rms` of this raw row.
+    pub norm: Option<NormIn<'a>>,
+    /// A second output: the KV cache, or the next norm's input.
+    pub second: Option<Second<'a>>,
     /// RoPE on the first columns (the q and k parts of a fused q|k|v matrix).
     pub rope: Option<RopeOut<'a>>,
+}
+
+/// The raw rows whose RMS a normed matmul divides by: `[n, k]`, and the norm's epsilon.
+#[derive(Clone, Copy)]
+pub struct NormIn<'a> {
+    pub raw: &'a GpuBuffer<f32>,
+    pub eps: f32,
+}
+
+/// A matmul's second output.
+#[derive(Clone, Copy)]
+pub enum Second<'a> {
+    /// Output columns from `split` on go to a KV cache instead of y (a fused q|k|v matrix).
+    Kv(KvOut<'a>),
+    /// Every value stored in `y[r, c]` is also written times `gamma[c]` to `out[r, c]` (row
+    /// stride `ldy`): the input of the next matmul with RMSNorm folded in (`gamma`: its weight).
+    Scaled { out: &'a GpuBuffer<f32>, gamma: &'a GpuBuffer<f32> },
 }
 
 /// The K|V part of a fused q|k|v matmul: output column `c >= split` of pass row r goes to
@@ -80,6 +101,9 @@ struct MatmulParams {
     head_dim: u32,
     rope_dim: u32,
     halves: u32,
+    norm: u32,
+    eps: f32,
+    scaled_copy: u32,
     _pad: u32,
 }
 
@@ -91,14 +115,7 @@ struct EmbedParams {
     row_start: u32,
     rows: u32,
     scale_base: u32,
-    _pad: [u32; 3],
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct NormParams {
-    dim: u32,
-    eps: f32,
+    scaled_copy: u32,
     _pad: [u32; 2],
 }
 
@@ -170,6 +187,10 @@ impl Gpu {
         y: &GpuBuffer<f32>,
         out: MatmulOut,
     ) -> Op {
+        let kv = match out.second {
+            Some(Second::Kv(kv)) => Some(kv),
+            _ => None,
+        };
         let rope = out.rope.map_or((0, 0, 0, 0), |r| {
             (r.cols, r.head_dim.max(1), r.rope_dim, (r.layout == RopeLayout::Halves) as u32)
         });
@@ -179,8 +200,8 @@ impl Gpu {
             cols: w.rows as u32,
             col_offset: out.col_offset,
             ldy: out.ldy,
-            split: out.kv.map_or(u32::MAX, |kv| kv.split),
-            ldkv: out.kv.map_or(0, |kv| kv.ld),
+            split: kv.map_or(u32::MAX, |kv| kv.split),
+            ldkv: kv.map_or(0, |kv| kv.ld),
             has_bias: bias.is_some() as u32,
             accumulate: out.accumulate as u32,
             glu: out.glu as u32,
@@ -189,29 +210,42 @@ impl Gpu {
             head_dim: rope.1,
             rope_dim: rope.2,
             halves: rope.3,
+            norm: out.norm.is_some() as u32,
+            eps: out.norm.map_or(0.0, |n| n.eps),
+            scaled_copy: matches!(out.second, Some(Second::Scaled { .. })) as u32,
             _pad: 0,
         };
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         // Unused bindings still need buffers: x serves for the read-only ones (never read then),
         // a small buffer of the GPU's own for the writable one.
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
-        let kv_raw = out.kv.map(|kv| &kv.cache.raw).unwrap_or(&self.unused_output);
+        let (second_raw, gamma_raw) = match out.second {
+            Some(Second::Kv(kv)) => (&kv.cache.raw, &x.raw),
+            Some(Second::Scaled { out, gamma }) => (&out.raw, &gamma.raw),
+            None => (&self.unused_output, &x.raw),
+        };
         let cos_sin_raw = out.rope.map(|r| &r.cos_sin.raw).unwrap_or(&x.raw);
+        let x_raw = out.norm.map(|n| &n.raw.raw).unwrap_or(&x.raw);
         let grid =
             Grid::RowGroups { y: w.rows.div_ceil(self.matmul_columns_per_group()) as u32, rows: MATMUL_ROWS };
         let (k, cols) = (w.k as u64, w.rows as u64);
+        // per row: x (and x_raw), each output column read (accumulate) and written (twice with
+        // a scaled copy)
+        let outs = cols / (1 + out.glu as u64);
+        let copies = 1 + out.accumulate as u64 + matches!(out.second, Some(Second::Scaled { .. })) as u64;
         let cost = Cost {
             fixed_bytes: w.bytes() + if bias.is_some() { 4 * cols } else { 0 },
-            row_bytes: 4 * (k + cols / (1 + out.glu as u64) * (1 + out.accumulate as u64)),
+            row_bytes: 4 * (k * (1 + out.norm.is_some() as u64) + outs * copies),
             row_flops: 2 * k * cols,
             ..Cost::default()
         };
-        let storage = [&x.raw, &w.raw, bias_raw, &y.raw, kv_raw, cos_sin_raw];
+        let storage = [&x.raw, &w.raw, bias_raw, &y.raw, second_raw, cos_sin_raw, x_raw, gamma_raw];
         self.op(Kernel::Matmul(w.dtype), step, &params, &storage, grid).with_cost(cost)
     }
 
     /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one buffer of an embedding
-    /// table (`table: [rows, dim]` in its format, the same buffer a tied output reads).
+    /// table (`table: [rows, dim]` in its format, the same buffer a tied output reads); with
+    /// `scaled = Some((gamma, out))`, also `out[r, :] = x[r, :] * gamma` (the first normed matmul's input).
     pub fn embed(
         &self,
         step: &wgpu::Buffer,
@@ -219,6 +253,7 @@ impl Gpu {
         table: &WeightBuffer,
         x: &GpuBuffer<f32>,
         row_start: usize,
+        scaled: Option<(&GpuBuffer<f32>, &GpuBuffer<f32>)>,
     ) -> Op {
         let p = EmbedParams {
             dim: table.k as u32,
@@ -226,31 +261,16 @@ impl Gpu {
             row_start: row_start as u32,
             rows: table.rows as u32,
             scale_base: table.scale_base,
-            _pad: [0; 3],
+            scaled_copy: scaled.is_some() as u32,
+            _pad: [0; 2],
         };
         let params = self.uniform("embed params", bytemuck::bytes_of(&p));
         let grid = Grid::PerRow(groups(table.units()));
-        let row = table.dtype.gpu_bytes(1, table.k) + 4 * table.k as u64;
+        let row = table.dtype.gpu_bytes(1, table.k) + 4 * table.k as u64 * (1 + scaled.is_some() as u64);
         let cost = Cost { row_bytes: row, ..Cost::default() };
-        self.op(Kernel::Embed(table.dtype), step, &params, &[&tokens.raw, &table.raw, &x.raw], grid)
-            .with_cost(cost)
-    }
-
-    /// `y[r] = x[r] / rms(x[r]) * weight`; `x, y: [n, dim]`, `weight: [dim]`.
-    pub fn rmsnorm(
-        &self,
-        step: &wgpu::Buffer,
-        x: &GpuBuffer<f32>,
-        weight: &GpuBuffer<f32>,
-        y: &GpuBuffer<f32>,
-        dim: usize,
-        eps: f32,
-    ) -> Op {
-        let p = NormParams { dim: dim as u32, eps, _pad: [0; 2] };
-        let params = self.uniform("rmsnorm params", bytemuck::bytes_of(&p));
-        let d = dim as u64;
-        let cost = Cost { fixed_bytes: 4 * d, row_bytes: 8 * d, row_flops: 4 * d, ..Cost::default() };
-        self.op(Kernel::RmsNorm, step, &params, &[&x.raw, &weight.raw, &y.raw], Grid::Rows).with_cost(cost)
+        let (gamma, out) = scaled.map_or((&tokens.raw, &self.unused_output), |(g, o)| (&g.raw, &o.raw));
+        let storage = [&tokens.raw, &table.raw, &x.raw, gamma, out];
+        self.op(Kernel::Embed(table.dtype), step, &params, &storage, grid).with_cost(cost)
     }
 
     /// Causal attention of `q: [n, heads * head_dim]` over the cache `kv: [ctx, 2 kv_heads head_dim]`

@@ -7,7 +7,7 @@ use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
 use super::weights::{LoadProgress, Weights};
 use crate::error::{Error, Result};
-use crate::gpu::{AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, Op, RopeOut};
+use crate::gpu::{AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeOut, Second};
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
 pub const MAX_BATCH: usize = 32;
@@ -351,7 +351,10 @@ impl Model {
     }
 }
 
-/// The forward pass as one flat op list, in the order the GPU runs it.
+/// The forward pass as one flat op list, in the order the GPU runs it (5 dispatches per layer).
+/// Every RMSNorm is folded into the matmul that reads its output: the op before it writes the
+/// residual stream x and also x * the norm's weight into xb; the matmul reads xb and divides each
+/// row's sums by the RMS of x's row.
 fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize) -> Vec<Op> {
     let st = &s.step;
     let shape = AttentionShape {
@@ -362,17 +365,23 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
     };
     let mut ops = Vec::new();
     let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
-    let add_to = |ldy: usize| MatmulOut { accumulate: true, ..to(ldy) };
-    // x = token_embd[tokens]                                       [n, dim]
-    ops.extend(w.token_embd.embed(g, st, &s.tokens, &s.x));
+    let normed = |ldy: usize| MatmulOut { norm: Some(NormIn { raw: &s.x, eps: c.rms_eps }), ..to(ldy) };
+    // x += y, and xb = x * gamma for the next norm
+    let add_then_scale = |gamma| MatmulOut {
+        accumulate: true,
+        second: Some(Second::Scaled { out: &s.xb, gamma }),
+        ..to(c.dim)
+    };
+    let first_norm = w.layers.first().map_or(&w.output_norm, |l| &l.attn_norm);
+    // x = token_embd[tokens]; xb = x * attn_norm                   [n, dim]
+    ops.extend(w.token_embd.embed(g, st, &s.tokens, &s.x, Some((first_norm, &s.xb))));
     for (l, layer) in w.layers.iter().enumerate() {
         let kv = &s.kv_cache[l];
-        // xb = rmsnorm(x) * attn_norm                               [n, dim]
-        ops.push(g.rmsnorm(st, &s.x, &layer.attn_norm, &s.xb, c.dim, c.rms_eps));
-        // [q | k | v] = xb Wqkv^T + bqkv, one matmul: q and k rotated by their positions in its
-        // epilogue, q to its scratch [n, q_dim], k | v to the cache row start_pos + r [context, 2 kv_dim]
+        // [q | k | v] = rmsnorm(x) Wqkv^T + bqkv, one matmul: q and k rotated by their positions
+        // in its epilogue, q to its scratch [n, q_dim], k | v to the cache row start_pos + r
+        // [context, 2 kv_dim]
         let qkv = MatmulOut {
-            kv: Some(KvOut { cache: kv, ld: 2 * c.kv_dim() as u32, split: c.q_dim() as u32 }),
+            second: Some(Second::Kv(KvOut { cache: kv, ld: 2 * c.kv_dim() as u32, split: c.q_dim() as u32 })),
             rope: Some(RopeOut {
                 cos_sin: &s.cos_sin,
                 cols: (c.q_dim() + c.kv_dim()) as u32,
@@ -380,25 +389,23 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
                 rope_dim: c.rope_dim as u32,
                 layout: c.rope_layout,
             }),
-            ..to(c.q_dim())
+            ..normed(c.q_dim())
         };
         ops.extend(layer.qkv.matmul(g, st, &s.xb, layer.qkv_bias.as_ref(), &s.q, qkv));
         // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
         ops.push(g.attention(st, &s.q, kv, &s.scores, &s.att, shape));
-        // x += att Wo^T (the residual add in the matmul's epilogue)   [n, dim]
-        ops.extend(layer.wo.matmul(g, st, &s.att, None, &s.x, add_to(c.dim)));
-        // xb = rmsnorm(x) * ffn_norm                                 [n, dim]
-        ops.push(g.rmsnorm(st, &s.x, &layer.ffn_norm, &s.xb, c.dim, c.rms_eps));
-        // hb = silu(xb Wgate^T) * (xb Wup^T): one matmul over the interleaved rows, SwiGLU in its
-        // epilogue                                                   [n, ffn_dim]
-        let glu = MatmulOut { glu: true, ..to(c.ffn_dim) };
+        // x += att Wo^T; xb = x * ffn_norm                            [n, dim]
+        ops.extend(layer.wo.matmul(g, st, &s.att, None, &s.x, add_then_scale(&layer.ffn_norm)));
+        // hb = silu(rmsnorm(x) Wgate^T) * (rmsnorm(x) Wup^T): one matmul over the interleaved
+        // rows, SwiGLU in its epilogue                                [n, ffn_dim]
+        let glu = MatmulOut { glu: true, ..normed(c.ffn_dim) };
         ops.extend(layer.gate_up.matmul(g, st, &s.xb, None, &s.hb, glu));
-        // x += hb Wdown^T                                            [n, dim]
-        ops.extend(layer.down.matmul(g, st, &s.hb, None, &s.x, add_to(c.dim)));
+        // x += hb Wdown^T; xb = x * (the next layer's attn_norm, or output_norm)   [n, dim]
+        let next_norm = w.layers.get(l + 1).map_or(&w.output_norm, |n| &n.attn_norm);
+        ops.extend(layer.down.matmul(g, st, &s.hb, None, &s.x, add_then_scale(next_norm)));
     }
     // logits = rmsnorm(x) * output_norm . output^T                   [n, vocab]
-    ops.push(g.rmsnorm(st, &s.x, &w.output_norm, &s.xb, c.dim, c.rms_eps));
     let output = w.output.as_ref().unwrap_or(&w.token_embd);
-    ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, to(c.vocab_size)));
+    ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, normed(c.vocab_size)));
     ops
 }

@@ -170,15 +170,17 @@ impl Matrix {
             .collect()
     }
 
-    /// Ops gathering `x[r, :] = self[tokens[r], :]` (the matrix used as an embedding table).
+    /// Ops gathering `x[r, :] = self[tokens[r], :]` (the matrix used as an embedding table), and
+    /// with `scaled = Some((gamma, out))` also `out[r, :] = x[r, :] * gamma`.
     pub fn embed(
         &self,
         gpu: &Gpu,
         step: &wgpu::Buffer,
         tokens: &GpuBuffer<u32>,
         x: &GpuBuffer<f32>,
+        scaled: Option<(&GpuBuffer<f32>, &GpuBuffer<f32>)>,
     ) -> Vec<Op> {
-        self.chunks.iter().map(|c| gpu.embed(step, tokens, &c.data, x, c.row_start)).collect()
+        self.chunks.iter().map(|c| gpu.embed(step, tokens, &c.data, x, c.row_start, scaled)).collect()
     }
 
     /// How many buffers hold this matrix.
