@@ -7,7 +7,8 @@ mod reference;
 use common::{assert_close, gpu, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
 use wgspec::gpu::{
-    AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut, Second, WeightBuffer,
+    AttentionScratch, AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut,
+    Second, WeightBuffer,
 };
 use wgspec::loader::{quant, DType};
 
@@ -20,7 +21,7 @@ const ELEMENTWISE_REL: f32 = 2e-5;
 fn run(gpu: &Gpu, step: &wgpu::Buffer, ops: &[Op], n: usize, start_pos: usize) {
     gpu.write_step(step, n, start_pos);
     let mut enc = gpu.encoder();
-    gpu.encode(&mut enc, ops, n as u32);
+    gpu.encode(&mut enc, ops, n as u32, start_pos as u32);
     gpu.submit(enc);
 }
 
@@ -480,9 +481,17 @@ fn attention_matches_reference() {
     let step = gpu.step_buffer();
     let mut rng = rng(7);
     let ctx = 160;
-    for &(n, heads, kv_heads, hd, start) in
-        &[(1, 1, 1, 4, 0), (3, 4, 2, 8, 5), (8, 3, 1, 64, 70), (2, 2, 2, 16, 150), (5, 6, 3, 12, 0)]
-    {
+    // GQA groups of 1, 2, 3 and 18 query heads (18: three blocks of one workgroup's 8), passes
+    // that reach 1, 2 and 3 chunks of 64 positions, head dims that are no multiple of 64
+    for &(n, heads, kv_heads, hd, start) in &[
+        (1, 1, 1, 4, 0),
+        (3, 4, 2, 8, 5),
+        (8, 3, 1, 64, 70),
+        (2, 2, 2, 16, 150),
+        (5, 6, 3, 12, 0),
+        (4, 18, 1, 20, 120),
+        (1, 18, 1, 132, 159),
+    ] {
         let q = rand_vec(&mut rng, n * heads * hd, 1.0);
         let k = rand_vec(&mut rng, ctx * kv_heads * hd, 1.0);
         let v = rand_vec(&mut rng, ctx * kv_heads * hd, 1.0);
@@ -491,7 +500,7 @@ fn attention_matches_reference() {
         let kv: Vec<f32> =
             k.chunks(kv_heads * hd).zip(v.chunks(kv_heads * hd)).flat_map(|(a, b)| [a, b].concat()).collect();
         let kvb = GpuBuffer::<f32>::from_slice(&gpu, "kv", &kv);
-        let sb = GpuBuffer::<f32>::zeros(&gpu, "scores", n * heads * ctx);
+        let scratch = AttentionScratch::new(&gpu, n, heads, hd, ctx);
         let ob = GpuBuffer::<f32>::zeros(&gpu, "out", n * heads * hd);
         let shape = AttentionShape {
             heads: heads as u32,
@@ -499,7 +508,7 @@ fn attention_matches_reference() {
             head_dim: hd as u32,
             ctx: ctx as u32,
         };
-        run(&gpu, &step, &[gpu.attention(&step, &qb, &kvb, &sb, &ob, shape)], n, start);
+        run(&gpu, &step, &gpu.attention(&step, &qb, &kvb, &scratch, &ob, shape), n, start);
         let got = read_f32(&gpu, &ob.raw, n * heads * hd);
         let want: Vec<f32> = (0..n)
             .flat_map(|r| {
@@ -514,13 +523,20 @@ fn attention_matches_reference() {
                 )
             })
             .collect();
-        assert_close(
-            &format!("attention n={n} h={heads}/{kv_heads} hd={hd} start={start}"),
-            &got,
-            &want,
-            1e-5,
-            1e-4,
-        );
+        let what = format!("attention n={n} h={heads}/{kv_heads} hd={hd} start={start}");
+        assert_close(&what, &got, &want, 1e-5, 1e-4);
+        // each row alone (its q moved to row 0) gives the same bits as inside the pass
+        let width = heads * hd;
+        for r in 0..n {
+            let q1 = GpuBuffer::<f32>::from_slice(&gpu, "q row", &q[r * width..(r + 1) * width]);
+            let o1 = GpuBuffer::<f32>::zeros(&gpu, "out row", width);
+            run(&gpu, &step, &gpu.attention(&step, &q1, &kvb, &scratch, &o1, shape), 1, start + r);
+            let alone = read_f32(&gpu, &o1.raw, width);
+            assert!(
+                alone.iter().zip(&got[r * width..]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{what}: row {r} alone differs from the pass"
+            );
+        }
     }
 }
 

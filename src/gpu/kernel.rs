@@ -12,6 +12,7 @@ pub enum Kernel {
     Embed(DType),
     Matmul(DType),
     Attention,
+    AttentionCombine,
     Argmax,
     AcceptGreedy,
     /// Benchmarks only: the adapter's bandwidth ceiling.
@@ -20,9 +21,15 @@ pub enum Kernel {
     BenchFma,
 }
 
-/// The kernels that do not read weight matrices.
-const PLAIN: [Kernel; 5] =
-    [Kernel::Attention, Kernel::Argmax, Kernel::AcceptGreedy, Kernel::BenchCopy, Kernel::BenchFma];
+/// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
+const PLAIN: [Kernel; 6] = [
+    Kernel::Attention,
+    Kernel::AttentionCombine,
+    Kernel::Argmax,
+    Kernel::AcceptGreedy,
+    Kernel::BenchCopy,
+    Kernel::BenchFma,
+];
 
 impl Kernel {
     /// All kernels, in a fixed order (the index into the pipeline table).
@@ -38,10 +45,17 @@ impl Kernel {
     pub fn index(self) -> usize {
         let formats = DType::ALL.len();
         let f = |w: DType| DType::ALL.iter().position(|x| *x == w).unwrap_or(0);
+        // spelled out (not searched in PLAIN) so that a new kernel cannot be left without a place
+        let plain = |i: usize| 2 * formats + i;
         match self {
             Kernel::Embed(w) => f(w),
             Kernel::Matmul(w) => formats + f(w),
-            plain => 2 * formats + PLAIN.iter().position(|x| *x == plain).unwrap_or(0),
+            Kernel::Attention => plain(0),
+            Kernel::AttentionCombine => plain(1),
+            Kernel::Argmax => plain(2),
+            Kernel::AcceptGreedy => plain(3),
+            Kernel::BenchCopy => plain(4),
+            Kernel::BenchFma => plain(5),
         }
     }
 
@@ -52,6 +66,7 @@ impl Kernel {
             Kernel::Embed(w) => with_format(w, include_str!("../../shaders/embed.wgsl")),
             Kernel::Matmul(w) => with_format(w, include_str!("../../shaders/matmul.wgsl")),
             Kernel::Attention => Cow::Borrowed(include_str!("../../shaders/attention.wgsl")),
+            Kernel::AttentionCombine => Cow::Borrowed(include_str!("../../shaders/attention_combine.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
             Kernel::BenchCopy => Cow::Borrowed(include_str!("../../shaders/bench_copy.wgsl")),
@@ -107,5 +122,17 @@ impl Pipelines {
     /// The pipeline of `kernel`.
     pub fn get(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
         &self.table[kernel.index()]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_kernel_sits_at_its_index() {
+        for (i, k) in Kernel::all().into_iter().enumerate() {
+            assert_eq!(k.index(), i, "{k:?}");
+        }
     }
 }

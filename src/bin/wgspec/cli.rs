@@ -130,6 +130,9 @@ struct BenchArgs {
     /// timed alone against them.
     #[arg(long)]
     roofline: bool,
+    /// With --roofline: cache positions before the timed passes (attention reads them).
+    #[arg(long, default_value_t = 64)]
+    past: usize,
     #[command(flatten)]
     k: KArgs,
     #[arg(long, default_value_t = 64)]
@@ -372,7 +375,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     };
     if args.roofline {
         let rows = args.k.draft_k.unwrap_or(4) + 1;
-        return crate::roofline::run(&gpu, &mut target, &target_name, rows, &args.out).await;
+        return crate::roofline::run(&gpu, &mut target, &target_name, rows, args.past, &args.out).await;
     }
     let draft_arg = args.draft.clone().unwrap_or_default();
     let mut draft: Box<dyn Draft> = match (&args.synthetic, &tokenizer) {

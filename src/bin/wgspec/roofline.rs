@@ -8,8 +8,6 @@ use wgspec::gpu::{Ceilings, Gpu};
 use wgspec::model::{Model, OpProfile};
 use wgspec::{Error, Result};
 
-/// Positions in the cache when the step is timed (attention reads them).
-const PAST: usize = 64;
 /// Timed runs of each op.
 const REPS: usize = 3;
 
@@ -90,16 +88,24 @@ fn print(p: &PassReport) {
     }
 }
 
-/// Measures the ceilings, fills `PAST` cache positions, then profiles a 1-row decode step and a
-/// `verify_rows`-row verify pass of `target`; prints tables and writes JSON to `out`.
-pub async fn run(gpu: &Gpu, target: &mut Model, name: &str, verify_rows: usize, out: &Path) -> Result<()> {
+/// Measures the ceilings, fills `past` cache positions (at most what the context leaves), then
+/// profiles a 1-row decode step and a `verify_rows`-row verify pass of `target`; prints tables and
+/// writes JSON to `out`.
+pub async fn run(
+    gpu: &Gpu,
+    target: &mut Model,
+    name: &str,
+    verify_rows: usize,
+    past: usize,
+    out: &Path,
+) -> Result<()> {
     let ceil = gpu.ceilings(256 << 20).await?;
     eprintln!(
         "ceilings: copy {:.2} GB/s, fma {:.2} GFLOP/s",
         ceil.bytes_per_second / 1e9,
         ceil.flops_per_second / 1e9
     );
-    let past = PAST.min(target.context().saturating_sub(verify_rows + 1));
+    let past = past.min(target.context().saturating_sub(verify_rows + 1));
     let filler: Vec<u32> = (0..past as u32).map(|i| i % target.config.vocab_size as u32).collect();
     target.truncate(0);
     for (i, chunk) in filler.chunks(wgspec::model::MAX_BATCH).enumerate() {
