@@ -12,7 +12,6 @@ pub enum Kernel {
     Embed(DType),
     Matmul(DType),
     Attention,
-    AttentionCombine,
     Argmax,
     AcceptGreedy,
     /// Benchmarks only: the adapter's bandwidth ceiling.
@@ -22,14 +21,8 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
-const PLAIN: [Kernel; 6] = [
-    Kernel::Attention,
-    Kernel::AttentionCombine,
-    Kernel::Argmax,
-    Kernel::AcceptGreedy,
-    Kernel::BenchCopy,
-    Kernel::BenchFma,
-];
+const PLAIN: [Kernel; 5] =
+    [Kernel::Attention, Kernel::Argmax, Kernel::AcceptGreedy, Kernel::BenchCopy, Kernel::BenchFma];
 
 impl Kernel {
     /// All kernels, in a fixed order (the index into the pipeline table).
@@ -51,11 +44,10 @@ impl Kernel {
             Kernel::Embed(w) => f(w),
             Kernel::Matmul(w) => formats + f(w),
             Kernel::Attention => plain(0),
-            Kernel::AttentionCombine => plain(1),
-            Kernel::Argmax => plain(2),
-            Kernel::AcceptGreedy => plain(3),
-            Kernel::BenchCopy => plain(4),
-            Kernel::BenchFma => plain(5),
+            Kernel::Argmax => plain(1),
+            Kernel::AcceptGreedy => plain(2),
+            Kernel::BenchCopy => plain(3),
+            Kernel::BenchFma => plain(4),
         }
     }
 
@@ -66,7 +58,6 @@ impl Kernel {
             Kernel::Embed(w) => with_format(w, include_str!("../../shaders/embed.wgsl")),
             Kernel::Matmul(w) => with_format(w, include_str!("../../shaders/matmul.wgsl")),
             Kernel::Attention => Cow::Borrowed(include_str!("../../shaders/attention.wgsl")),
-            Kernel::AttentionCombine => Cow::Borrowed(include_str!("../../shaders/attention_combine.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
             Kernel::BenchCopy => Cow::Borrowed(include_str!("../../shaders/bench_copy.wgsl")),

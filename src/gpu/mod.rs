@@ -13,10 +13,7 @@ mod roofline;
 pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
 pub use kernel::{Kernel, Pipelines};
-pub use ops::{
-    AttentionScratch, AttentionShape, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, Second, Step,
-    ATTENTION_CHUNK, MATMUL_ROWS,
-};
+pub use ops::{AttentionShape, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, Second, Step, MATMUL_ROWS};
 pub use roofline::Ceilings;
 
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -71,15 +68,11 @@ pub enum Grid {
     /// row groups run along x so that a CPU adapter, which splits the linear order of workgroups
     /// between its threads, gives each thread its share of every row group.
     RowGroups { y: u32, rows: u32 },
-    /// `[x, n, ceil((start_pos + n) / chunk)]`: x groups for each row and each chunk of `chunk`
-    /// cache positions the pass reaches.
-    Chunks { x: u32, chunk: u32 },
 }
 
 impl Grid {
-    fn counts(self, n: u32, start_pos: u32) -> [u32; 3] {
+    fn counts(self, n: u32) -> [u32; 3] {
         match self {
-            Grid::Chunks { x, chunk } => [x, n, (start_pos + n).div_ceil(chunk.max(1))],
             Grid::Fixed(c) => c,
             Grid::PerRow(x) => [x, n, 1],
             Grid::Rows => [n, 1, 1],
@@ -274,13 +267,12 @@ impl Gpu {
         Op { kernel, bind_group, grid, cost: Cost::default() }
     }
 
-    /// Records `ops` for a pass of `n` rows at `start_pos` (the values the pass uniform holds; grids
-    /// follow them) into one compute pass of `encoder`.
-    pub fn encode(&self, encoder: &mut wgpu::CommandEncoder, ops: &[Op], n: u32, start_pos: u32) {
+    /// Records `ops` for a pass of `n` rows into one compute pass of `encoder`.
+    pub fn encode(&self, encoder: &mut wgpu::CommandEncoder, ops: &[Op], n: u32) {
         let mut pass =
             encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
         for op in ops {
-            let [x, y, z] = op.grid.counts(n, start_pos);
+            let [x, y, z] = op.grid.counts(n);
             if x == 0 || y == 0 || z == 0 {
                 continue;
             }

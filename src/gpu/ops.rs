@@ -125,46 +125,9 @@ struct AttentionParams {
     heads: u32,
     kv_heads: u32,
     head_dim: u32,
-    chunks: u32,
+    ctx: u32,
     scale: f32,
-    hblocks: u32,
-    _pad: [u32; 2],
-}
-
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct CombineParams {
-    heads: u32,
-    head_dim: u32,
-    chunks: u32,
-    _pad: u32,
-}
-
-/// Cache positions per attention chunk (`CH` in `shaders/attention.wgsl` and
-/// `shaders/attention_combine.wgsl`): each chunk's partial result is computed by its own workgroup.
-pub const ATTENTION_CHUNK: u32 = 64;
-/// Query heads of one kv head's group that one attention workgroup serves (`HB`).
-const ATTENTION_HEAD_BLOCK: u32 = 8;
-
-/// Scratch of [`Gpu::attention`]: per-chunk partial results for `rows` rows.
-pub struct AttentionScratch {
-    /// `[rows, heads, chunks, head_dim]`: unnormalised outputs.
-    pub part: GpuBuffer<f32>,
-    /// `[rows, heads, chunks, 2]`: each chunk's max score and sum of exponentials.
-    pub stats: GpuBuffer<f32>,
-    /// Chunks of the whole cache: `ceil(ctx / ATTENTION_CHUNK)`.
-    pub chunks: usize,
-}
-
-impl AttentionScratch {
-    pub fn new(gpu: &Gpu, rows: usize, heads: usize, head_dim: usize, ctx: usize) -> AttentionScratch {
-        let chunks = ctx.div_ceil(ATTENTION_CHUNK as usize);
-        AttentionScratch {
-            part: GpuBuffer::<f32>::zeros(gpu, "attention partials", rows * heads * chunks * head_dim),
-            stats: GpuBuffer::<f32>::zeros(gpu, "attention chunk stats", rows * heads * chunks * 2),
-            chunks,
-        }
-    }
+    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -311,59 +274,42 @@ impl Gpu {
     }
 
     /// Causal attention of `q: [n, heads * head_dim]` over the cache `kv: [ctx, 2 kv_heads head_dim]`
-    /// (each position's k row, then its v row) into `out: [n, heads * head_dim]`: per-chunk
-    /// partials into `scratch` (each k and v row read once per block of query heads sharing it),
-    /// then their merge (two dispatches).
+    /// (each position's k row, then its v row) into `out: [n, heads * head_dim]`, using
+    /// `scores: [n_max, heads, ctx]` as scratch.
     pub fn attention(
         &self,
         step: &wgpu::Buffer,
         q: &GpuBuffer<f32>,
         kv: &GpuBuffer<f32>,
-        scratch: &AttentionScratch,
+        scores: &GpuBuffer<f32>,
         out: &GpuBuffer<f32>,
         shape: AttentionShape,
-    ) -> [Op; 2] {
-        let group = shape.heads / shape.kv_heads.max(1);
-        let hblocks = group.div_ceil(ATTENTION_HEAD_BLOCK);
+    ) -> Op {
         let p = AttentionParams {
             heads: shape.heads,
             kv_heads: shape.kv_heads,
             head_dim: shape.head_dim,
-            chunks: scratch.chunks as u32,
+            ctx: shape.ctx,
             scale: 1.0 / (shape.head_dim as f32).sqrt(),
-            hblocks,
-            _pad: [0; 2],
+            _pad: [0; 3],
         };
         let params = self.uniform("attention params", bytemuck::bytes_of(&p));
-        let (h, kvh, hd) = (shape.heads as u64, shape.kv_heads as u64, shape.head_dim as u64);
-        let partials = Cost {
-            row_bytes: 4 * h * hd,
-            // each position's k and v rows, once per block of query heads; its partial outputs
-            pos_row_bytes: 8 * kvh * hblocks as u64 * hd + 4 * h * (hd + 2) / ATTENTION_CHUNK as u64,
+        let (h, hd) = (shape.heads as u64, shape.head_dim as u64);
+        let cost = Cost {
+            row_bytes: 8 * h * hd,
+            // each position's K and V rows (read once per query head in this kernel), its scores
+            pos_row_bytes: 4 * (2 * h * hd + 3 * h),
             pos_row_flops: 4 * h * hd + 4 * h,
             ..Cost::default()
         };
-        let grid = Grid::Chunks { x: shape.kv_heads * hblocks, chunk: ATTENTION_CHUNK };
-        let storage = [&q.raw, &kv.raw, &kv.raw, &scratch.part.raw, &scratch.stats.raw];
-        let first = self.op(Kernel::Attention, step, &params, &storage, grid).with_cost(partials);
-        let p = CombineParams {
-            heads: shape.heads,
-            head_dim: shape.head_dim,
-            chunks: scratch.chunks as u32,
-            _pad: 0,
-        };
-        let params = self.uniform("attention combine params", bytemuck::bytes_of(&p));
-        let merge = Cost {
-            row_bytes: 4 * h * hd,
-            pos_row_bytes: 4 * h * (hd + 2) / ATTENTION_CHUNK as u64,
-            pos_row_flops: 3 * h * hd / ATTENTION_CHUNK as u64,
-            ..Cost::default()
-        };
-        let storage = [&scratch.part.raw, &scratch.stats.raw, &out.raw];
-        let second = self
-            .op(Kernel::AttentionCombine, step, &params, &storage, Grid::PerRow(shape.heads))
-            .with_cost(merge);
-        [first, second]
+        self.op(
+            Kernel::Attention,
+            step,
+            &params,
+            &[&q.raw, &kv.raw, &kv.raw, &scores.raw, &out.raw],
+            Grid::PerRow(shape.heads),
+        )
+        .with_cost(cost)
     }
 
     /// `out[r] = argmax logits[r, :]` (lowest index on ties); `logits: [n, vocab]`, `out: [n]`.

@@ -7,9 +7,7 @@ use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
 use super::weights::{LoadProgress, Weights};
 use crate::error::{Error, Result};
-use crate::gpu::{
-    AttentionScratch, AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeOut, Second,
-};
+use crate::gpu::{AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeOut, Second};
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
 pub const MAX_BATCH: usize = 32;
@@ -44,7 +42,7 @@ struct RunState {
     xb: GpuBuffer<f32>,            // [MAX_BATCH, dim] normed input of a sub-block
     q: GpuBuffer<f32>,             // [MAX_BATCH, q_dim]
     att: GpuBuffer<f32>,           // [MAX_BATCH, q_dim] attention output
-    attention: AttentionScratch,   // per-chunk partials of attention (see Gpu::attention)
+    scores: GpuBuffer<f32>,        // [MAX_BATCH, n_heads, context] attention scratch
     hb: GpuBuffer<f32>,            // [MAX_BATCH, ffn_dim] silu(gate) * up
     logits: GpuBuffer<f32>,        // [MAX_BATCH, vocab]
     argmax: GpuBuffer<u32>,        // [MAX_BATCH]
@@ -129,7 +127,7 @@ impl Model {
             xb: f32s("xb", MAX_BATCH * c.dim),
             q: f32s("q", MAX_BATCH * c.q_dim()),
             att: f32s("att", MAX_BATCH * c.q_dim()),
-            attention: AttentionScratch::new(g, MAX_BATCH, c.n_heads, c.head_dim, context),
+            scores: f32s("scores", MAX_BATCH * c.n_heads * context),
             hb: f32s("hb", MAX_BATCH * c.ffn_dim),
             logits: f32s("logits", MAX_BATCH * c.vocab_size),
             argmax: GpuBuffer::<u32>::zeros(g, "argmax", MAX_BATCH),
@@ -139,7 +137,7 @@ impl Model {
             cos_sin: GpuBuffer::<f32>::from_slice(g, "rope cos/sin", &rope_table(&c, context)),
         };
         for (label, bytes) in [
-            ("attention partials", state.attention.part.len * 4),
+            ("scores", state.scores.len * 4),
             ("logits", state.logits.len * 4),
             ("kv_cache", context * 2 * c.kv_dim() * 4),
         ] {
@@ -263,8 +261,8 @@ impl Model {
             g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(host));
         }
         enc.copy_buffer_to_buffer(&self.state.step_table, slot as u64 * 16, &self.state.step, 0, 8);
-        g.encode(enc, &self.forward_ops, n as u32, start_pos as u32);
-        g.encode(enc, &self.argmax_ops, n as u32, start_pos as u32);
+        g.encode(enc, &self.forward_ops, n as u32);
+        g.encode(enc, &self.argmax_ops, n as u32);
         self.len = start_pos + n;
         Ok(())
     }
@@ -277,7 +275,7 @@ impl Model {
         let g = self.timing_pass(n)?;
         let mut out = Vec::with_capacity(self.forward_ops.len() + 1);
         for op in self.forward_ops.iter().chain(&self.argmax_ops) {
-            let seconds = g.time_ops(std::slice::from_ref(op), n as u32, start_pos as u32, reps).await?;
+            let seconds = g.time_ops(std::slice::from_ref(op), n as u32, reps).await?;
             let (bytes, flops) = op.cost().at(n as u64, (start_pos + n - 1) as u64);
             out.push(OpProfile { kernel: op.kernel(), seconds, bytes, flops });
         }
@@ -288,7 +286,7 @@ impl Model {
     /// logits: no argmax, no read-back), `reps` times in one submission.
     pub async fn time_forward(&mut self, n: usize, reps: usize) -> Result<f64> {
         let g = self.timing_pass(n)?;
-        g.time_ops(&self.forward_ops, n as u32, self.len as u32, reps).await
+        g.time_ops(&self.forward_ops, n as u32, reps).await
     }
 
     /// Sets the pass uniform for a timed pass of `n` rows at the cache's current length.
@@ -319,9 +317,9 @@ impl Model {
         g.write_step(&self.state.step, tokens.len(), start_pos);
         g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(tokens));
         let mut enc = g.encoder();
-        g.encode(&mut enc, &self.forward_ops, tokens.len() as u32, start_pos as u32);
+        g.encode(&mut enc, &self.forward_ops, tokens.len() as u32);
         if argmax {
-            g.encode(&mut enc, &self.argmax_ops, tokens.len() as u32, start_pos as u32);
+            g.encode(&mut enc, &self.argmax_ops, tokens.len() as u32);
         }
         self.len = start_pos + tokens.len();
         Ok(enc)
@@ -395,7 +393,7 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
         };
         ops.extend(layer.qkv.matmul(g, st, &s.xb, layer.qkv_bias.as_ref(), &s.q, qkv));
         // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
-        ops.extend(g.attention(st, &s.q, kv, &s.attention, &s.att, shape));
+        ops.push(g.attention(st, &s.q, kv, &s.scores, &s.att, shape));
         // x += att Wo^T; xb = x * ffn_norm                            [n, dim]
         ops.extend(layer.wo.matmul(g, st, &s.att, None, &s.x, add_then_scale(&layer.ffn_norm)));
         // hb = silu(rmsnorm(x) Wgate^T) * (rmsnorm(x) Wup^T): one matmul over the interleaved

@@ -103,7 +103,7 @@ impl GreedyCycle {
             );
         }
         target.record(&mut enc, 0, &[id_last], k + 1, n_past)?;
-        gpu.encode(&mut enc, std::slice::from_ref(&self.accept), 1, 0);
+        gpu.encode(&mut enc, std::slice::from_ref(&self.accept), 1);
         let bytes = ((2 + k) * 4) as u64;
         let raw = gpu.submit_and_read(enc, &self.result.raw, 0, bytes).await?;
         let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);

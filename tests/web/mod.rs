@@ -80,7 +80,7 @@ pub async fn matmul_matches_reference() {
             let op = gpu.matmul(&step, &xb, &wb, Some(&bb), &yb, out);
             gpu.write_step(&step, n, 0);
             let mut enc = gpu.encoder();
-            gpu.encode(&mut enc, &[op], n as u32, 0);
+            gpu.encode(&mut enc, &[op], n as u32);
             gpu.submit(enc);
             let y = read_f32(&gpu, &yb.raw, n * cols).await;
             for row in 0..n {
