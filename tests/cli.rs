@@ -150,9 +150,9 @@ fn bench_roofline_reports_every_kernel_against_the_ceilings() {
         let by_kernel = p["by_kernel"].as_object().expect("by_kernel");
         let ops: u64 = by_kernel.values().map(|k| k["ops"].as_u64().expect("ops")).sum();
         assert_eq!(Some(ops), p["dispatches"].as_u64(), "every dispatch reported once");
-        // 2 layers x (norm, matmul x 3, rope x 2, attention, wo, norm, gate|up, down) + embed, norm,
+        // 2 layers x (normed q|k|v with RoPE, attention, wo, normed gate|up, down) + embed, normed
         // output, argmax
-        assert_eq!(ops, 2 * 11 + 4);
+        assert_eq!(ops, 2 * 5 + 3);
         assert!(by_kernel.contains_key("Matmul(Q8_0)") && by_kernel.contains_key("Attention"));
         for (name, k) in by_kernel {
             let f = k["roofline_fraction"].as_f64().expect("fraction");
