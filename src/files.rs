@@ -74,10 +74,10 @@ impl ModelFiles {
                 let checkpoint = Checkpoint::from_gguf(bytes)?;
                 let gguf = checkpoint.gguf().ok_or_else(|| Error::corrupt("gguf", "no header"))?;
                 let tokenizer = Tokenizer::from_gguf(gguf)?;
-                let chat_template = match gguf.get("tokenizer.chat_template").and_then(|v| v.as_str()) {
-                    Some(src) => Some(ChatTemplate::for_tokenizer(src, &tokenizer)?),
-                    None => None,
-                };
+                let chat_template = gguf
+                    .get("tokenizer.chat_template")
+                    .and_then(|v| v.as_str())
+                    .map(|src| ChatTemplate::for_tokenizer(src, &tokenizer));
                 Ok(OpenedModel { checkpoint, tokenizer, chat_template })
             }
             [] => self.open_hf(),
@@ -102,10 +102,9 @@ impl ModelFiles {
             Some(bytes) => {
                 let v: serde_json::Value =
                     serde_json::from_slice(&bytes).map_err(|e| Error::corrupt("tokenizer_config.json", e))?;
-                match v.get("chat_template").and_then(|t| t.as_str()) {
-                    Some(src) => Some(ChatTemplate::for_tokenizer(src, &tokenizer)?),
-                    None => None,
-                }
+                v.get("chat_template")
+                    .and_then(|t| t.as_str())
+                    .map(|src| ChatTemplate::for_tokenizer(src, &tokenizer))
             }
             None => None,
         };

@@ -113,7 +113,11 @@ impl WebEngine {
         let opts = LoadOptions { context: context.map(|c| c as usize), ..Default::default() };
         let model = Model::load(self.gpu.clone(), &opened.checkpoint, &opts, &mut progress_to(on_progress))
             .map_err(js_err)?;
-        let info = model_info(&model, opened.checkpoint.file_bytes(), opened.chat_template.is_some());
+        let info = model_info(
+            &model,
+            opened.checkpoint.file_bytes(),
+            opened.chat_template.as_ref().is_some_and(|t| t.check().is_ok()),
+        );
         drop(opened.checkpoint); // the file bytes
         slot.engine = Some(Engine::new(model, opened.tokenizer, opened.chat_template));
         Ok(info)
@@ -132,7 +136,11 @@ impl WebEngine {
         let opts = LoadOptions { context: Some(engine.target().context()), ..Default::default() };
         let model = Model::load(self.gpu.clone(), &opened.checkpoint, &opts, &mut progress_to(on_progress))
             .map_err(js_err)?;
-        let info = model_info(&model, opened.checkpoint.file_bytes(), opened.chat_template.is_some());
+        let info = model_info(
+            &model,
+            opened.checkpoint.file_bytes(),
+            opened.chat_template.as_ref().is_some_and(|t| t.check().is_ok()),
+        );
         drop(opened.checkpoint);
         engine.set_draft(Some((model, &opened.tokenizer))).map_err(js_err)?;
         Ok(info)

@@ -48,8 +48,8 @@ fn synthetic_template_whitespace_namespace_methods_and_refusal() {
     let g = goldens();
     let s = &g["synthetic"];
     let str_of = |v: &serde_json::Value| v.as_str().expect("str").to_string();
-    let t = ChatTemplate::new(&str_of(&s["template"]), &str_of(&s["bos_token"]), &str_of(&s["eos_token"]))
-        .expect("compile");
+    let t = ChatTemplate::new(&str_of(&s["template"]), &str_of(&s["bos_token"]), &str_of(&s["eos_token"]));
+    t.check().expect("compiles");
     for (conv, want) in conversations(&g).iter().zip(s["renders"].as_array().expect("renders")) {
         assert_eq!(t.render(conv, true).expect("render"), want.as_str().expect("str"));
     }
@@ -59,7 +59,55 @@ fn synthetic_template_whitespace_namespace_methods_and_refusal() {
         other => panic!("expected the template's own refusal, got {other:?}"),
     }
     assert!(matches!(t.render(&[], true), Err(Error::InvalidArgument(_))));
-    assert!(matches!(ChatTemplate::new("{% for %}", "", ""), Err(Error::ChatTemplate(_))));
+}
+
+/// Runs `f` on its own thread; fails the test if it takes longer than `secs` (a hang guard).
+fn within<T: Send + 'static>(secs: u64, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || tx.send(f()));
+    rx.recv_timeout(std::time::Duration::from_secs(secs)).expect("still running: no budget stopped it")
+}
+
+#[test]
+fn hostile_chat_templates_fail_fast_and_broken_ones_only_when_a_chat_is_asked() {
+    let chat = vec![Message { role: "user".into(), content: "hi".into() }];
+    let render = |src: &'static str| {
+        let chat = chat.clone();
+        within(60, move || ChatTemplate::new(src, "", "").render(&chat, true))
+    };
+    // 10^12 iterations without a budget: the fuel ends it
+    let nested = "{% for a in range(10000) %}{% for b in range(10000) %}{% for c in range(10000) %}\
+                  {% endfor %}{% endfor %}{% endfor %}";
+    match render(nested) {
+        Err(Error::ChatTemplate(msg)) => assert!(msg.contains("fuel"), "{msg}"),
+        other => panic!("nested loops: {other:?}"),
+    }
+    // 100 MB of output: the output limit ends it
+    match render("{% for i in range(100000) %}{{ 'x' * 1000 }}{% endfor %}") {
+        Err(Error::ChatTemplate(msg)) => assert!(msg.contains("exceeds"), "{msg}"),
+        other => panic!("output bomb: {other:?}"),
+    }
+    // what a real chat needs stays far inside both budgets
+    let long: Vec<Message> =
+        (0..500).map(|i| Message { role: "user".into(), content: format!("message {i} ") }).collect();
+    let t = ChatTemplate::new(
+        "{% for m in messages %}<|{{ m.role }}|>{{ m.content | trim }}\n{% endfor %}",
+        "",
+        "",
+    );
+    assert_eq!(t.render(&long, false).expect("500 messages").lines().count(), 500);
+
+    // A template that does not parse: plain generation runs, a chat gets the parse error.
+    let broken = ChatTemplate::new("{% for %}", "", "");
+    assert!(matches!(broken.check(), Err(Error::ChatTemplate(m)) if m.contains("does not parse")));
+    let mut engine = engine_of(tiny_gguf(41), Some(broken));
+    let plain = Request::text("ab", 2);
+    assert_eq!(run(&mut engine, &plain).0.tokens.len(), 2, "no template needed");
+    let chat = Request { prompt: None, messages: Some(chat), ..Request::text("", 2) };
+    let Err(err) = pollster::block_on(engine.generate(&chat, &mut |_| true)) else {
+        panic!("a chat needs the template")
+    };
+    assert!(matches!(&err, Error::ChatTemplate(m) if m.contains("does not parse")), "{err}");
 }
 
 /// A tiny random model as GGUF files, and an engine on it.
@@ -182,8 +230,7 @@ fn requests_are_checked_with_clear_errors() {
     assert!(matches!(generate(&hot), Err(Error::InvalidArgument(_))));
 
     // With a template, messages are rendered and tokenized without added specials.
-    let t = ChatTemplate::new("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}>", "", "")
-        .expect("template");
+    let t = ChatTemplate::new("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}>", "", "");
     let mut engine = engine_of(tiny_gguf(42), Some(t));
     let ids = engine.prompt_tokens(&chat).expect("chat prompt");
     assert_eq!(engine.tokenizer().decode(&ids).expect("decode"), "[user] x\n>");

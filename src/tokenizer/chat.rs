@@ -2,6 +2,11 @@
 //! `chat_template` in `tokenizer_config.json`) rendered with minijinja the way Hugging Face
 //! `apply_chat_template` renders it (`trim_blocks`, `lstrip_blocks`, Python string methods,
 //! `raise_exception`), so the prompt text is the one the model was trained on.
+//!
+//! A template is a program from the internet: it runs on a budget ([`TEMPLATE_FUEL`] minijinja
+//! instructions, [`MAX_RENDER_BYTES`] of output), so a hostile one fails in well under a second
+//! with [`Error::ChatTemplate`]. A template that does not parse is an error only when a chat is
+//! rendered: plain generation never needs it.
 
 use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
@@ -16,9 +21,16 @@ pub struct Message {
     pub content: String,
 }
 
+/// Instructions one render may run (a chat of hundreds of messages takes well under 1% of it).
+pub const TEMPLATE_FUEL: u64 = 5_000_000;
+/// The longest prompt text one render may write.
+pub const MAX_RENDER_BYTES: usize = 16 << 20;
+
 /// A compiled chat template with the tokenizer's BOS / EOS texts.
 pub struct ChatTemplate {
     env: Environment<'static>,
+    /// Why the template did not compile (reported when a chat is rendered).
+    broken: Option<String>,
     bos_token: String,
     eos_token: String,
 }
@@ -40,22 +52,36 @@ fn template_err(e: minijinja::Error) -> Error {
 }
 
 impl ChatTemplate {
-    /// Compiles `source` with the texts the template knows as `bos_token` and `eos_token`;
-    /// refuses a template that does not parse.
-    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> Result<ChatTemplate> {
+    /// Compiles `source` with the texts the template knows as `bos_token` and `eos_token`. A
+    /// template that does not parse gives a `ChatTemplate` whose [`ChatTemplate::render`] and
+    /// [`ChatTemplate::check`] return the parse error.
+    pub fn new(source: &str, bos_token: &str, eos_token: &str) -> ChatTemplate {
         let mut env = Environment::new();
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        env.set_fuel(Some(TEMPLATE_FUEL));
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
-        env.add_template_owned("chat", source.to_string()).map_err(template_err)?;
-        Ok(ChatTemplate { env, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() })
+        let broken =
+            env.add_template_owned("chat", source.to_string()).err().map(|e| match template_err(e) {
+                Error::ChatTemplate(msg) => format!("the chat template does not parse: {msg}"),
+                other => other.to_string(),
+            });
+        ChatTemplate { env, broken, bos_token: bos_token.to_string(), eos_token: eos_token.to_string() }
+    }
+
+    /// Whether the template parsed (its error otherwise).
+    pub fn check(&self) -> Result<()> {
+        match &self.broken {
+            Some(msg) => Err(Error::ChatTemplate(msg.clone())),
+            None => Ok(()),
+        }
     }
 
     /// [`ChatTemplate::new`] with the tokenizer's BOS and (first) end-of-generation token texts.
-    pub fn for_tokenizer(source: &str, tokenizer: &Tokenizer) -> Result<ChatTemplate> {
+    pub fn for_tokenizer(source: &str, tokenizer: &Tokenizer) -> ChatTemplate {
         let text = |id: Option<u32>| id.and_then(|id| tokenizer.decode(&[id]).ok()).unwrap_or_default();
         ChatTemplate::new(source, &text(tokenizer.bos()), &text(tokenizer.eos_ids().first().copied()))
     }
@@ -66,13 +92,44 @@ impl ChatTemplate {
         if messages.is_empty() {
             return Err(Error::InvalidArgument("a chat needs at least one message".into()));
         }
+        self.check()?;
         let tmpl = self.env.get_template("chat").map_err(template_err)?;
-        tmpl.render(minijinja::context! {
+        let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
-        })
-        .map_err(template_err)
+        };
+        let mut out = Bounded { bytes: Vec::new(), limit: MAX_RENDER_BYTES, overflowed: false };
+        match tmpl.render_captured_to(ctx, &mut out) {
+            Ok(_) => String::from_utf8(out.bytes)
+                .map_err(|e| Error::ChatTemplate(format!("the template wrote invalid UTF-8: {e}"))),
+            Err(_) if out.overflowed => {
+                Err(Error::ChatTemplate(format!("the template's output exceeds {MAX_RENDER_BYTES} bytes")))
+            }
+            Err(e) => Err(template_err(e)),
+        }
+    }
+}
+
+/// A writer that refuses to grow past `limit` bytes.
+struct Bounded {
+    bytes: Vec<u8>,
+    limit: usize,
+    overflowed: bool,
+}
+
+impl std::io::Write for Bounded {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.bytes.len() + buf.len() > self.limit {
+            self.overflowed = true;
+            return Err(std::io::Error::other("chat template output limit"));
+        }
+        self.bytes.extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
