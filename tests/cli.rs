@@ -117,6 +117,17 @@ fn bad_input_gives_a_clear_error_and_a_failing_exit_code() {
         );
         assert!(!stderr.contains("panicked"), "{full:?} panicked: {stderr}");
     }
+    // names quoted in errors (here a path) cannot drive the terminal: control characters escaped
+    let hostile = "/nonexistent/\u{1b}]0;pwned\u{7}\u{1b}[31mmodel.gguf";
+    let out = wgspec(&["generate", "--prompt", "x", "--model", hostile]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("error:"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}') && !stderr.contains('\u{7}'), "raw escapes in {stderr:?}");
+    assert!(stderr.contains("\\u{1b}]0;pwned"), "the escaped name is still shown: {stderr:?}");
+    // a negative number is a clear value error, not "unexpected argument"
+    let out = wgspec(&["generate", "--prompt", "x", "--model", "m.gguf", "--max-tokens", "-1"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("invalid value '-1'"), "{stderr}");
     let out = wgspec(&["fetch", "no-such-model"]);
     assert!(!out.status.success());
     assert!(
@@ -163,4 +174,36 @@ fn bench_roofline_reports_every_kernel_against_the_ceilings() {
             .is_some_and(|f| f > 0.0 && f <= p["seconds"].as_f64().unwrap_or(0.0) * 1.5));
     }
     assert!(v["verify_cost"].as_f64().is_some_and(|c| c > 0.0));
+}
+
+#[test]
+fn the_prompt_comes_from_a_file_or_standard_input() {
+    use std::io::Write;
+    let model = tiny_model_file("tiny-for-prompt-files.gguf");
+    let m = model.to_str().expect("utf8 path");
+    let args = ["generate", "--model", m, "--max-tokens", "3", "--json"];
+    let direct = json_of(&wgspec(&[&args[..], &["--prompt", "hello world"]].concat()));
+    let file = model.with_file_name("prompt.txt");
+    std::fs::write(&file, "hello world").expect("write prompt");
+    let from_file = json_of(&wgspec(&[&args[..], &["--prompt-file", file.to_str().expect("utf8")]].concat()));
+    assert_eq!(from_file["prompt_tokens"], direct["prompt_tokens"]);
+    assert_eq!(from_file["tokens"], direct["tokens"]);
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wgspec"))
+        .args([&args[..], &["--prompt-file", "-"]].concat())
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run wgspec");
+    child.stdin.take().expect("stdin").write_all(b"hello world").expect("write stdin");
+    let from_stdin = json_of(&child.wait_with_output().expect("wait"));
+    assert_eq!(from_stdin["prompt_tokens"], direct["prompt_tokens"]);
+    // a device that never ends is refused at the size limit, not read forever
+    let out = wgspec(&[&args[..], &["--prompt-file", "/dev/zero"]].concat());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && stderr.contains("more than"), "{stderr}");
+    // both at once is refused
+    let out = wgspec(&[&args[..], &["--prompt", "x", "--prompt-file", "-"]].concat());
+    assert!(!out.status.success());
 }

@@ -40,12 +40,17 @@ enum Command {
 }
 
 #[derive(Parser)]
+// "-1" is read as a value (and refused by its type with a clear message), not as an unknown flag
+#[command(allow_negative_numbers = true)]
 struct GenerateArgs {
     /// A .gguf file, a Hugging Face folder (config.json, tokenizer.json, *.safetensors), or a known model NAME.
     #[arg(long)]
     model: String,
+    #[arg(long, required_unless_present = "prompt_file", conflicts_with = "prompt_file")]
+    prompt: Option<String>,
+    /// Read the prompt from a file (`-`: standard input), for prompts too long for an argument.
     #[arg(long)]
-    prompt: String,
+    prompt_file: Option<PathBuf>,
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
     /// 0 = greedy.
@@ -114,6 +119,7 @@ struct WebArgs {
 }
 
 #[derive(Parser)]
+#[command(allow_negative_numbers = true)]
 struct BenchArgs {
     /// The target: a .gguf file, a Hugging Face folder or a known NAME.
     #[arg(long, required_unless_present = "synthetic", conflicts_with = "synthetic")]
@@ -168,10 +174,47 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", printable(&e.to_string()));
             ExitCode::FAILURE
         }
     }
+}
+
+/// The longest prompt `--prompt-file` reads.
+const MAX_PROMPT_BYTES: u64 = 64 << 20;
+
+/// A prompt from a file or (`-`) standard input: at most [`MAX_PROMPT_BYTES`] (a device that
+/// never ends, such as /dev/zero, is refused at the limit), UTF-8.
+fn read_prompt(path: &std::path::Path) -> Result<String> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    let limited = |r: &mut dyn Read, bytes: &mut Vec<u8>| r.take(MAX_PROMPT_BYTES + 1).read_to_end(bytes);
+    let read = if path.as_os_str() == "-" {
+        limited(&mut std::io::stdin().lock(), &mut bytes)
+    } else {
+        std::fs::File::open(path).and_then(|mut f| limited(&mut f, &mut bytes))
+    };
+    read.map_err(|e| Error::io(path.display(), e))?;
+    if bytes.len() as u64 > MAX_PROMPT_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "{}: a prompt of more than {MAX_PROMPT_BYTES} bytes",
+            path.display()
+        )));
+    }
+    String::from_utf8(bytes)
+        .map_err(|e| Error::InvalidArgument(format!("{}: the prompt is not UTF-8: {e}", path.display())))
+}
+
+/// `text` with control characters (other than newlines and tabs) escaped: error messages quote
+/// names from model files and arguments, which must not drive the terminal.
+fn printable(text: &str) -> String {
+    text.chars()
+        .map(|c| match c {
+            '\n' | '\t' => c.to_string(),
+            c if c.is_control() => c.escape_default().to_string(),
+            c => c.to_string(),
+        })
+        .collect()
 }
 
 fn web_cmd(args: WebArgs) -> Result<()> {
@@ -279,10 +322,15 @@ async fn generate(args: GenerateArgs) -> Result<()> {
             DraftKind::Model
         }
     };
-    let mut req = Request::text(&args.prompt, args.max_tokens);
+    let prompt = match (&args.prompt, &args.prompt_file) {
+        (Some(p), _) => p.clone(),
+        (None, Some(path)) => read_prompt(path)?,
+        (None, None) => return Err(Error::InvalidArgument("--prompt or --prompt-file is required".into())),
+    };
+    let mut req = Request::text(&prompt, args.max_tokens);
     if args.chat {
         req.prompt = None;
-        req.messages = Some(vec![Message { role: "user".into(), content: args.prompt.clone() }]);
+        req.messages = Some(vec![Message { role: "user".into(), content: prompt }]);
     }
     req.temperature = args.temperature;
     req.top_k = args.top_k;
