@@ -10,29 +10,14 @@
 
 struct Unit { q0: vec4<u32>, q1: vec4<u32>, sh: u32, scale: f32, mn: f32 }
 
-// byte i of the twelve scale bytes held in words (a, b, c)
-fn scale_byte(sb: vec3<u32>, i: u32) -> u32 {
-    return (sb[i / 4u] >> (8u * (i % 4u))) & 255u;
-}
-
 fn unit_head(row: u32, u: u32) -> Unit {
     let base = (row * p.units + u) / 8u * 9u;
     let s = u % 8u;
     let head = w[base];
     let dd = unpack2x16float(head.x);
-    let sb = head.yzw;
-    var sc: u32;
-    var m: u32;
-    if (s < 4u) {
-        sc = scale_byte(sb, s) & 63u;
-        m = scale_byte(sb, s + 4u) & 63u;
-    } else {
-        let a = scale_byte(sb, s + 4u);
-        sc = (a & 15u) | ((scale_byte(sb, s - 4u) >> 6u) << 4u);
-        m = (a >> 4u) | ((scale_byte(sb, s) >> 6u) << 4u);
-    }
+    let sm = k_scale_min(head.yzw, s); // shaders/formats/k_scales.wgsl
     let q = base + 1u + 2u * (s / 2u);
-    return Unit(w[q], w[q + 1u], 4u * (s % 2u), dd.x * f32(sc), dd.y * f32(m));
+    return Unit(w[q], w[q + 1u], 4u * (s % 2u), dd.x * f32(sm.x), dd.y * f32(sm.y));
 }
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {

@@ -32,8 +32,18 @@ impl DType {
             DType::Q4_1 => include_str!("../../shaders/formats/q4_1.wgsl"),
             DType::Q5_0 => include_str!("../../shaders/formats/q5_0.wgsl"),
             DType::Q8_0 => include_str!("../../shaders/formats/q8_0.wgsl"),
-            DType::Q4_K => include_str!("../../shaders/formats/q4_k.wgsl"),
-            DType::Q5_K => include_str!("../../shaders/formats/q5_k.wgsl"),
+            DType::Q4_K => {
+                concat!(
+                    include_str!("../../shaders/formats/k_scales.wgsl"),
+                    include_str!("../../shaders/formats/q4_k.wgsl")
+                )
+            }
+            DType::Q5_K => {
+                concat!(
+                    include_str!("../../shaders/formats/k_scales.wgsl"),
+                    include_str!("../../shaders/formats/q5_k.wgsl")
+                )
+            }
             DType::Q6_K => include_str!("../../shaders/formats/q6_k.wgsl"),
         }
     }

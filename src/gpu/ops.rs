@@ -187,9 +187,12 @@ impl Gpu {
         y: &GpuBuffer<f32>,
         out: MatmulOut,
     ) -> Op {
-        let kv = match out.second {
-            Some(Second::Kv(kv)) => Some(kv),
-            _ => None,
+        // Unused bindings still need buffers: x serves for the read-only ones (never read then),
+        // a small buffer of the GPU's own for the writable one.
+        let (kv, scaled, second_raw, gamma_raw) = match out.second {
+            Some(Second::Kv(kv)) => (Some(kv), false, &kv.cache.raw, &x.raw),
+            Some(Second::Scaled { out, gamma }) => (None, true, &out.raw, &gamma.raw),
+            None => (None, false, &self.unused_output, &x.raw),
         };
         let rope = out.rope.map_or((0, 0, 0, 0), |r| {
             (r.cols, r.head_dim.max(1), r.rope_dim, (r.layout == RopeLayout::Halves) as u32)
@@ -212,18 +215,11 @@ impl Gpu {
             halves: rope.3,
             norm: out.norm.is_some() as u32,
             eps: out.norm.map_or(0.0, |n| n.eps),
-            scaled_copy: matches!(out.second, Some(Second::Scaled { .. })) as u32,
+            scaled_copy: scaled as u32,
             _pad: 0,
         };
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
-        // Unused bindings still need buffers: x serves for the read-only ones (never read then),
-        // a small buffer of the GPU's own for the writable one.
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
-        let (second_raw, gamma_raw) = match out.second {
-            Some(Second::Kv(kv)) => (&kv.cache.raw, &x.raw),
-            Some(Second::Scaled { out, gamma }) => (&out.raw, &gamma.raw),
-            None => (&self.unused_output, &x.raw),
-        };
         let cos_sin_raw = out.rope.map(|r| &r.cos_sin.raw).unwrap_or(&x.raw);
         let x_raw = out.norm.map(|n| &n.raw.raw).unwrap_or(&x.raw);
         let grid =
@@ -232,7 +228,7 @@ impl Gpu {
         // per row: x (and x_raw), each output column read (accumulate) and written (twice with
         // a scaled copy)
         let outs = cols / (1 + out.glu as u64);
-        let copies = 1 + out.accumulate as u64 + matches!(out.second, Some(Second::Scaled { .. })) as u64;
+        let copies = 1 + out.accumulate as u64 + scaled as u64;
         let cost = Cost {
             fixed_bytes: w.bytes() + if bias.is_some() { 4 * cols } else { 0 },
             row_bytes: 4 * (k * (1 + out.norm.is_some() as u64) + outs * copies),

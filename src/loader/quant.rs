@@ -125,40 +125,31 @@ fn scale_min_k4(s: &[u8], sub: usize) -> (u8, u8) {
 /// and min `m` packed in `scales`; sub-block 2c + s uses nibble s of qs[32c..32c+32];
 /// x = (d * sc) * q - dmin * m.
 fn block_q4_k(b: &[u8], y: &mut [f32]) {
-    let d = f16_at(b, 0);
-    let dmin = f16_at(b, 2);
-    let s = &b[4..16];
-    let qs = &b[16..144];
-    for (sub, ys) in y.chunks_exact_mut(32).enumerate() {
-        let (sc, m) = scale_min_k4(s, sub);
-        let scale = d * sc as f32;
-        let min = dmin * m as f32;
-        let shift = 4 * (sub % 2);
-        let q = &qs[32 * (sub / 2)..32 * (sub / 2) + 32];
-        for (yj, &qj) in ys.iter_mut().zip(q) {
-            *yj = scale * ((qj >> shift) & 0x0F) as f32 - min;
-        }
-    }
+    block_k(b, &b[16..144], None, y);
 }
 
 /// Q5_K: `d:f16, dmin:f16, scales[12], qh[32], qs[128]`. Eight sub-blocks of 32 with scales and
 /// mins packed as in Q4_K; element l of sub-block 2c + s has its low four bits in nibble s of
 /// qs[32c + l] and its fifth bit in bit 2c + s of qh[l]; x = (d * sc) * q - dmin * m, q in 0..32.
 fn block_q5_k(b: &[u8], y: &mut [f32]) {
+    block_k(b, &b[48..176], Some(&b[16..48]), y);
+}
+
+/// A Q4_K or Q5_K super-block: `d`, `dmin` and the scales at the front of `b`, the nibbles `qs`,
+/// and for Q5_K the fifth bits `qh`.
+fn block_k(b: &[u8], qs: &[u8], qh: Option<&[u8]>, y: &mut [f32]) {
     let d = f16_at(b, 0);
     let dmin = f16_at(b, 2);
     let s = &b[4..16];
-    let qh = &b[16..48];
-    let qs = &b[48..176];
     for (sub, ys) in y.chunks_exact_mut(32).enumerate() {
         let (sc, m) = scale_min_k4(s, sub);
         let scale = d * sc as f32;
         let min = dmin * m as f32;
         let shift = 4 * (sub % 2);
         let q = &qs[32 * (sub / 2)..32 * (sub / 2) + 32];
-        for ((yj, &qj), &hj) in ys.iter_mut().zip(q).zip(qh) {
-            let q5 = ((qj >> shift) & 0x0F) | (((hj >> sub) & 1) << 4);
-            *yj = scale * q5 as f32 - min;
+        for (l, (yj, &qj)) in ys.iter_mut().zip(q).enumerate() {
+            let fifth = qh.map_or(0, |qh| ((qh[l] >> sub) & 1) << 4);
+            *yj = scale * (((qj >> shift) & 0x0F) | fifth) as f32 - min;
         }
     }
 }

@@ -4,12 +4,12 @@
 use half::f16;
 use rand::rngs::SmallRng;
 use rand::Rng;
-use wgspec::gpu::RopeLayout;
 use wgspec::loader::gguf::Value;
 use wgspec::loader::gguf_writer::GgufWriter;
 use wgspec::loader::safetensors::write_safetensors;
 use wgspec::loader::DType;
 use wgspec::model::{Arch, Config, TensorRole, TensorTable};
+use wgspec::spec::bench::SyntheticShape;
 
 /// Shape of a tiny model.
 #[derive(Clone, Copy, Debug)]
@@ -57,22 +57,20 @@ impl TinySpec {
     }
     /// The config a GGUF of this model declares.
     pub fn config(&self) -> Config {
-        Config {
+        let shape = SyntheticShape {
+            name: "tiny",
             arch: if self.qwen2 { Arch::Qwen2 } else { Arch::Llama },
-            vocab_size: self.vocab,
+            vocab: self.vocab,
             dim: self.dim,
-            n_layers: self.layers,
-            n_heads: self.heads,
-            n_kv_heads: self.kv_heads,
-            head_dim: self.head_dim(),
-            ffn_dim: self.ffn,
-            rms_eps: 1e-5,
+            layers: self.layers,
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            ffn: self.ffn,
+            tied: self.tied,
             rope_theta: 10000.0,
-            rope_dim: self.head_dim(),
-            rope_layout: if self.qwen2 { RopeLayout::Halves } else { RopeLayout::Interleaved },
-            context_len: self.context,
-            tied_embeddings: self.tied,
-        }
+            context: self.context,
+        };
+        Config { rms_eps: 1e-5, ..shape.config() }
     }
     fn arch(&self) -> &'static str {
         if self.qwen2 {
