@@ -1,17 +1,23 @@
-//! The engine behind every front end (CLI, wasm facade, later the HTTP server): a target model,
-//! its tokenizer and chat template, an optional draft model; text or chat messages in, streamed
-//! text (with per-token draft provenance) and stats out.
+//! The engine behind every front end (CLI, wasm facade, HTTP server, bench): it loads a target
+//! model, its tokenizer and chat template, and an optional draft (checked against the target's
+//! vocabulary once, before its upload), with progress; text or chat messages in, streamed text
+//! (with per-token draft provenance) and typed stats out. Plain decoding is the speculative loop
+//! without a draft: one decode loop for every front end.
 //!
 //! A [`Request`] is plain data (it deserializes from the JSON the browser package sends):
 //! the prompt or the messages, sampling, stop strings, the draft to use and K.
 
+use std::sync::Arc;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::model::Model;
+use crate::files::OpenedModel;
+use crate::gpu::Gpu;
+use crate::model::{LoadOptions, LoadProgress, Model, TensorTable};
 use crate::sampling::SamplingParams;
-use crate::session::{self, FinishReason, GenerateOptions};
-use crate::spec::{self, DraftModel, KPolicy, NGram};
+use crate::session::{FinishReason, GenerateOptions};
+use crate::spec::{self, DraftModel, KPolicy, NGram, SpecStats, DEFAULT_MAX_DRAFT_K};
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
 /// Which draft a request speculates with.
@@ -33,7 +39,7 @@ fn default_top_p() -> f32 {
     1.0
 }
 fn default_max_draft_k() -> usize {
-    16
+    DEFAULT_MAX_DRAFT_K
 }
 
 /// One generation request.
@@ -112,10 +118,7 @@ impl Request {
     }
 
     pub fn k_policy(&self) -> KPolicy {
-        match self.draft_k {
-            Some(k) => KPolicy::Fixed(k),
-            None => KPolicy::Adaptive { max: self.max_draft_k },
-        }
+        KPolicy::new(self.draft_k, self.max_draft_k)
     }
 }
 
@@ -140,8 +143,54 @@ pub struct Completion {
     pub text: String,
     /// `"stop"` (a stop token or string), `"length"` or `"cancelled"`.
     pub finish_reason: FinishReason,
-    /// [`session::Stats`] or, when speculating, [`spec::SpecStats`].
-    pub stats: serde_json::Value,
+    /// Counts and timings; `stats.draft` is `"none"` for plain decoding.
+    pub stats: SpecStats,
+}
+
+/// Which model a load report is about.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Role {
+    Target,
+    Draft,
+}
+
+/// A loaded model, in figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct ModelInfo {
+    /// `"llama"` or `"qwen2"`.
+    pub arch: String,
+    pub layers: usize,
+    pub dim: usize,
+    pub vocab: usize,
+    /// KV cache positions allocated.
+    pub context: usize,
+    pub params: usize,
+    /// Bytes of the model's files.
+    pub file_bytes: u64,
+    /// Weight bytes on the GPU, and in the file (equal when blocks stay as stored).
+    pub gpu_weight_bytes: u64,
+    pub file_weight_bytes: u64,
+    /// Whether a usable chat template came with the model.
+    pub chat_template: bool,
+}
+
+impl ModelInfo {
+    fn of(model: &Model, file_bytes: u64, chat_template: Option<&ChatTemplate>) -> ModelInfo {
+        let c = &model.config;
+        ModelInfo {
+            arch: c.arch.gguf_name().to_string(),
+            layers: c.n_layers,
+            dim: c.dim,
+            vocab: c.vocab_size,
+            context: model.context(),
+            params: TensorTable::new(c).parameters(),
+            file_bytes,
+            gpu_weight_bytes: model.weight_bytes(),
+            file_weight_bytes: model.file_weight_bytes(),
+            chat_template: chat_template.is_some_and(|t| t.check().is_ok()),
+        }
+    }
 }
 
 /// Text streaming with stop strings: text is released only once it cannot begin a stop string.
@@ -200,34 +249,92 @@ impl<'a> StopFilter<'a> {
 /// A loaded target (and optional draft) ready to generate.
 pub struct Engine {
     target: Model,
+    target_info: ModelInfo,
+    /// How the target was loaded (a draft is loaded alike, with the target's context).
+    load_options: LoadOptions,
     tokenizer: Tokenizer,
     chat_template: Option<ChatTemplate>,
-    draft: Option<DraftModel>,
+    draft: Option<(DraftModel, ModelInfo)>,
 }
 
 impl Engine {
-    pub fn new(target: Model, tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Engine {
-        Engine { target, tokenizer, chat_template, draft: None }
+    /// Uploads `target` (its files are dropped as soon as the weights are on the GPU), reporting
+    /// progress per tensor.
+    pub fn load(
+        gpu: Arc<Gpu>,
+        target: OpenedModel,
+        opts: &LoadOptions,
+        progress: &mut dyn FnMut(Role, LoadProgress),
+    ) -> Result<Engine> {
+        let model = Model::load(gpu, &target.checkpoint, opts, &mut |p| progress(Role::Target, p))?;
+        let info = ModelInfo::of(&model, target.checkpoint.file_bytes(), target.chat_template.as_ref());
+        let mut engine = Engine::new(model, target.tokenizer, target.chat_template);
+        engine.target_info = info;
+        engine.load_options = opts.clone();
+        Ok(engine)
     }
 
-    /// Sets the draft model (it must share the target's tokenizer) or removes it.
+    /// An engine on an already uploaded target (tests, random-weight models).
+    pub fn new(target: Model, tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Engine {
+        let target_info = ModelInfo::of(&target, 0, chat_template.as_ref());
+        let load_options = LoadOptions { context: Some(target.context()), ..Default::default() };
+        Engine { target, target_info, load_options, tokenizer, chat_template, draft: None }
+    }
+
+    /// Replaces the draft with `draft`: its vocabulary is checked against the target's before
+    /// its weights are uploaded, with the target's context and precision.
+    pub fn load_draft(
+        &mut self,
+        draft: OpenedModel,
+        progress: &mut dyn FnMut(Role, LoadProgress),
+    ) -> Result<&ModelInfo> {
+        self.draft = None; // the old draft's GPU memory goes first
+        spec::check_draft(
+            (&self.target.config, &self.tokenizer),
+            (&draft.checkpoint.config, &draft.tokenizer),
+        )?;
+        let opts = LoadOptions { context: Some(self.target.context()), ..self.load_options.clone() };
+        let gpu = self.target.gpu().clone();
+        let model = Model::load(gpu, &draft.checkpoint, &opts, &mut |p| progress(Role::Draft, p))?;
+        let info = ModelInfo::of(&model, draft.checkpoint.file_bytes(), draft.chat_template.as_ref());
+        self.attach_draft(model, info)
+    }
+
+    /// Sets an already uploaded draft model (it must share the target's tokenizer) or removes it.
     pub fn set_draft(&mut self, draft: Option<(Model, &Tokenizer)>) -> Result<()> {
-        self.draft = match draft {
-            Some((model, tokenizer)) => {
-                spec::check_draft((&self.target.config, &self.tokenizer), (&model.config, tokenizer))?;
-                Some(DraftModel::new(model, &self.target.config)?)
-            }
-            None => None,
-        };
+        self.draft = None;
+        if let Some((model, tokenizer)) = draft {
+            spec::check_draft((&self.target.config, &self.tokenizer), (&model.config, tokenizer))?;
+            let info = ModelInfo::of(&model, 0, None);
+            self.attach_draft(model, info)?;
+        }
         Ok(())
+    }
+
+    fn attach_draft(&mut self, model: Model, info: ModelInfo) -> Result<&ModelInfo> {
+        let draft = DraftModel::new(model, &self.target.config)?;
+        Ok(&self.draft.insert((draft, info)).1)
+    }
+
+    /// The loaded parts, for harnesses that drive the decode loop on token ids (the bench).
+    pub fn into_parts(self) -> (Model, Tokenizer, Option<DraftModel>) {
+        (self.target, self.tokenizer, self.draft.map(|d| d.0))
     }
 
     pub fn target(&self) -> &Model {
         &self.target
     }
 
+    pub fn target_info(&self) -> &ModelInfo {
+        &self.target_info
+    }
+
     pub fn draft_model(&self) -> Option<&Model> {
-        self.draft.as_ref().map(|d| d.model())
+        self.draft.as_ref().map(|d| d.0.model())
+    }
+
+    pub fn draft_info(&self) -> Option<&ModelInfo> {
+        self.draft.as_ref().map(|d| &d.1)
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
@@ -240,18 +347,21 @@ impl Engine {
 
     /// The prompt text of `messages` under the model's chat template (assistant turn opened).
     pub fn chat_prompt(&self, messages: &[Message]) -> Result<String> {
+        self.template()?.render(messages, true)
+    }
+
+    fn template(&self) -> Result<&ChatTemplate> {
         self.chat_template
             .as_ref()
-            .ok_or_else(|| Error::ChatTemplate("the model declares no chat template".into()))?
-            .render(messages, true)
+            .ok_or_else(|| Error::ChatTemplate("the model declares no chat template".into()))
     }
 
     /// The prompt's token ids.
     pub fn prompt_tokens(&self, req: &Request) -> Result<Vec<u32>> {
         match (&req.prompt, &req.messages) {
             (Some(p), None) => self.tokenizer.encode(p, true),
-            // The template places the special tokens itself.
-            (None, Some(m)) => self.tokenizer.encode(&self.chat_prompt(m)?, false),
+            // The template places the special tokens itself; message content stays text.
+            (None, Some(m)) => self.template()?.prompt_tokens(m, &self.tokenizer),
             _ => Err(Error::InvalidArgument("a request needs exactly one of `prompt` and `messages`".into())),
         }
     }
@@ -287,43 +397,36 @@ impl Engine {
             let go_on = on_token(&TokenEvent { id: Some(id), text, from_draft });
             go_on && filter.hit.is_none()
         };
-        let (tokens, from_draft, finish, stats) = match kind {
-            DraftKind::None => {
-                let g = session::generate(&mut self.target, &prompt, &opts, &mut |id| on_commit(id, false))
-                    .await?;
-                let n = g.tokens.len();
-                (g.tokens, vec![false; n], g.finish, serde_json::to_value(&g.stats))
-            }
-            DraftKind::Ngram | DraftKind::Model => {
-                let mut ngram = NGram::default();
-                let draft: &mut dyn spec::Draft = match (kind, self.draft.as_mut()) {
-                    (DraftKind::Ngram, _) => &mut ngram,
-                    (_, Some(d)) => d,
-                    (_, None) => {
-                        return Err(Error::InvalidArgument(
-                            "draft \"model\" asked for, but none is loaded".into(),
-                        ))
-                    }
-                };
-                let g =
-                    spec::generate(&mut self.target, draft, &prompt, &opts, req.k_policy(), &mut on_commit)
-                        .await?;
-                (g.tokens, g.from_draft, g.finish, serde_json::to_value(&g.stats))
+        let mut ngram = NGram::default();
+        let draft: Option<&mut dyn spec::Draft> = match (kind, self.draft.as_mut()) {
+            (DraftKind::None, _) => None,
+            (DraftKind::Ngram, _) => Some(&mut ngram),
+            (DraftKind::Model, Some((d, _))) => Some(d),
+            (DraftKind::Model, None) => {
+                return Err(Error::InvalidArgument("draft \"model\" asked for, but none is loaded".into()))
             }
         };
+        let g =
+            spec::generate(&mut self.target, draft, &prompt, &opts, req.k_policy(), &mut on_commit).await?;
         if let Some(e) = stream_err {
             return Err(e);
         }
-        let stats = stats.map_err(|e| Error::InvalidArgument(format!("stats: {e}")))?;
         let rest = decoder.finish(tokenizer)?;
         let mut tail = filter.push(&rest);
         tail.push_str(&filter.flush());
         if !tail.is_empty() {
             on_token(&TokenEvent { id: None, text: tail, from_draft: false });
         }
-        let finish = if filter.hit.is_some() { FinishReason::Stop } else { finish };
+        let finish = if filter.hit.is_some() { FinishReason::Stop } else { g.finish };
         let text = filter.text[..filter.released].to_string();
-        Ok(Completion { prompt_tokens: prompt, tokens, from_draft, text, finish_reason: finish, stats })
+        Ok(Completion {
+            prompt_tokens: prompt,
+            tokens: g.tokens,
+            from_draft: g.from_draft,
+            text,
+            finish_reason: finish,
+            stats: g.stats,
+        })
     }
 }
 

@@ -1,5 +1,5 @@
 //! The browser facade (wasm32 only): a thin `#[wasm_bindgen]` class over [`Engine`]. No logic of
-//! its own: files are staged as bytes, opened by [`ModelFiles`], loaded by [`Model::load`], and
+//! its own: files are staged as bytes, opened by [`ModelFiles`], loaded by [`Engine::load`], and
 //! requests run through [`Engine::generate`]. Errors reach JavaScript as rejected promises /
 //! thrown `Error`s whose message is the [`Error`]'s text.
 //!
@@ -21,12 +21,11 @@ use std::sync::Arc;
 use js_sys::Function;
 use wasm_bindgen::prelude::*;
 
-use crate::engine::{Engine, Request};
+use crate::engine::{Engine, ModelInfo, Request, Role};
 use crate::error::Error;
 use crate::files::ModelFiles;
 use crate::gpu::Gpu;
-use crate::model::{LoadOptions, LoadProgress, Model};
-use crate::spec;
+use crate::model::{LoadOptions, LoadProgress};
 use crate::tokenizer::Message;
 
 fn js_err(e: Error) -> JsError {
@@ -50,8 +49,8 @@ pub struct WebEngine {
 }
 
 /// Calls the JS progress callback with (tensors done, tensors total).
-fn progress_to(callback: &Function) -> impl FnMut(LoadProgress) + '_ {
-    move |p| {
+fn progress_to(callback: &Function) -> impl FnMut(Role, LoadProgress) + '_ {
+    move |_, p| {
         let _ = callback.call2(
             &JsValue::NULL,
             &JsValue::from(p.tensors_done as u32),
@@ -60,21 +59,8 @@ fn progress_to(callback: &Function) -> impl FnMut(LoadProgress) + '_ {
     }
 }
 
-/// A JSON summary of a loaded model.
-fn model_info(model: &Model, file_bytes: u64, chat_template: bool) -> String {
-    let c = &model.config;
-    let params = crate::model::TensorTable::new(c).parameters();
-    serde_json::json!({
-        "arch": format!("{:?}", c.arch).to_lowercase(),
-        "layers": c.n_layers,
-        "dim": c.dim,
-        "vocab": c.vocab_size,
-        "context": model.context(),
-        "params": params,
-        "file_bytes": file_bytes,
-        "chat_template": chat_template,
-    })
-    .to_string()
+fn to_json(info: &ModelInfo) -> Result<String, JsError> {
+    serde_json::to_string(info).map_err(|e| js_err(Error::InvalidArgument(format!("model info: {e}"))))
 }
 
 #[wasm_bindgen]
@@ -108,18 +94,12 @@ impl WebEngine {
             return Err(js_err(Error::Busy("a generation is running".into())));
         }
         slot.engine = None; // frees the previous models' GPU memory first
-        let files = std::mem::take(&mut self.staged);
-        let opened = files.open().map_err(js_err)?;
+        let opened = std::mem::take(&mut self.staged).open().map_err(js_err)?;
         let opts = LoadOptions { context: context.map(|c| c as usize), ..Default::default() };
-        let model = Model::load(self.gpu.clone(), &opened.checkpoint, &opts, &mut progress_to(on_progress))
-            .map_err(js_err)?;
-        let info = model_info(
-            &model,
-            opened.checkpoint.file_bytes(),
-            opened.chat_template.as_ref().is_some_and(|t| t.check().is_ok()),
-        );
-        drop(opened.checkpoint); // the file bytes
-        slot.engine = Some(Engine::new(model, opened.tokenizer, opened.chat_template));
+        let engine =
+            Engine::load(self.gpu.clone(), opened, &opts, &mut progress_to(on_progress)).map_err(js_err)?;
+        let info = to_json(engine.target_info())?;
+        slot.engine = Some(engine);
         Ok(info)
     }
 
@@ -127,23 +107,8 @@ impl WebEngine {
     pub fn load_draft(&mut self, on_progress: &Function) -> Result<String, JsError> {
         let mut slot = self.slot.borrow_mut();
         let engine = self.ready(&mut slot)?;
-        engine.set_draft(None).map_err(js_err)?;
-        let files = std::mem::take(&mut self.staged);
-        let opened = files.open().map_err(js_err)?;
-        // Refuse a foreign vocabulary before spending time on the upload.
-        let draft = (&opened.checkpoint.config, &opened.tokenizer);
-        spec::check_draft((&engine.target().config, engine.tokenizer()), draft).map_err(js_err)?;
-        let opts = LoadOptions { context: Some(engine.target().context()), ..Default::default() };
-        let model = Model::load(self.gpu.clone(), &opened.checkpoint, &opts, &mut progress_to(on_progress))
-            .map_err(js_err)?;
-        let info = model_info(
-            &model,
-            opened.checkpoint.file_bytes(),
-            opened.chat_template.as_ref().is_some_and(|t| t.check().is_ok()),
-        );
-        drop(opened.checkpoint);
-        engine.set_draft(Some((model, &opened.tokenizer))).map_err(js_err)?;
-        Ok(info)
+        let opened = std::mem::take(&mut self.staged).open().map_err(js_err)?;
+        to_json(engine.load_draft(opened, &mut progress_to(on_progress)).map_err(js_err)?)
     }
 
     /// Drops the draft model (its GPU memory is freed).

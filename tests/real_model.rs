@@ -6,7 +6,8 @@ mod common;
 use common::goldens::{goldens, model_file, Goldens};
 use common::gpu;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
-use wgspec::session::{generate, GenerateOptions};
+use wgspec::session::GenerateOptions;
+use wgspec::spec::KPolicy;
 
 fn checkpoint(g: &Goldens) -> Checkpoint {
     let bytes = std::fs::read(model_file(&g.model.file, "smollm2-135m")).expect("read model");
@@ -15,7 +16,11 @@ fn checkpoint(g: &Goldens) -> Checkpoint {
 
 fn greedy(model: &mut Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let opts = GenerateOptions { max_tokens: n, sampling: Default::default(), stop_tokens: vec![] };
-    pollster::block_on(generate(model, prompt, &opts, &mut |_| true)).expect("generate").tokens
+    pollster::block_on(wgspec::spec::generate(model, None, prompt, &opts, KPolicy::default(), &mut |_, _| {
+        true
+    }))
+    .expect("generate")
+    .tokens
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

@@ -15,7 +15,7 @@ use wgspec::gpu::Gpu;
 use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model};
 use wgspec::sampling::{self, Rng, SamplingParams};
-use wgspec::session::{self, FinishReason, GenerateOptions};
+use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::spec::{
     self, verify_greedy, verify_sampled, Dist, Draft, DraftModel, KPolicy, NGram, NextKind, Verdict,
 };
@@ -309,8 +309,9 @@ fn perturbed(tiny: &TinyModel, noise: f32, r: &mut SmallRng) -> TinyModel {
     t
 }
 
-fn plain(model: &mut Model, prompt: &[u32], opts: &GenerateOptions) -> session::Generation {
-    pollster::block_on(session::generate(model, prompt, opts, &mut |_| true)).expect("generate")
+fn plain(model: &mut Model, prompt: &[u32], opts: &GenerateOptions) -> spec::SpecGeneration {
+    pollster::block_on(spec::generate(model, None, prompt, opts, KPolicy::default(), &mut |_, _| true))
+        .expect("generate")
 }
 
 fn speculative(
@@ -320,7 +321,7 @@ fn speculative(
     opts: &GenerateOptions,
     k: KPolicy,
 ) -> spec::SpecGeneration {
-    pollster::block_on(spec::generate(target, draft, prompt, opts, k, &mut |_, _| true))
+    pollster::block_on(spec::generate(target, Some(draft), prompt, opts, k, &mut |_, _| true))
         .expect("spec generate")
 }
 
@@ -434,10 +435,16 @@ fn draft_model_rolls_back_and_catches_up() {
         [(4usize, 2usize, true), (3, 3, false), (5, 0, true), (2, 2, false), (6, 1, true)]
     {
         let p = pollster::block_on(draft.propose(&context, k, &params, &mut g)).expect("propose");
-        let want =
-            pollster::block_on(session::generate(&mut fresh, &context, &greedy_opts(k), &mut |_| true))
-                .expect("fresh")
-                .tokens;
+        let want = pollster::block_on(spec::generate(
+            &mut fresh,
+            None,
+            &context,
+            &greedy_opts(k),
+            KPolicy::default(),
+            &mut |_, _| true,
+        ))
+        .expect("fresh")
+        .tokens;
         assert_eq!(p.tokens, want, "context {context:?}");
         assert_eq!(p.steps, k);
         context.extend_from_slice(&p.tokens[..a]);
@@ -575,7 +582,7 @@ fn stop_conditions_work_inside_an_accepted_run() {
     let mut seen = 0;
     let got = pollster::block_on(spec::generate(
         &mut target,
-        &mut draft,
+        Some(&mut draft),
         &prompt,
         &greedy_opts(24),
         k,

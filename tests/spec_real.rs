@@ -18,7 +18,7 @@ use common::goldens::{goldens, model_file, Case};
 use common::gpu;
 use web_time::Instant;
 use wgspec::model::{Checkpoint, LoadOptions, Model, MAX_BATCH};
-use wgspec::session::{self, GenerateOptions};
+use wgspec::session::GenerateOptions;
 use wgspec::spec::{self, Draft, DraftModel, KPolicy, NGram, SpecGeneration};
 use wgspec::tokenizer::Tokenizer;
 
@@ -89,7 +89,7 @@ fn smollm2_ngram_speculation_equals_greedy() {
         let t = Instant::now();
         let got = pollster::block_on(spec::generate(
             &mut target,
-            &mut NGram::default(),
+            Some(&mut NGram::default()),
             &case.prompt_tokens,
             &greedy(n),
             KPolicy::default(),
@@ -104,11 +104,13 @@ fn smollm2_ngram_speculation_equals_greedy() {
         assert_eq!(got.tokens.len(), n);
         if i == 0 {
             // One literal comparison with plain greedy generation.
-            let plain = pollster::block_on(session::generate(
+            let plain = pollster::block_on(spec::generate(
                 &mut target,
+                None,
                 &case.prompt_tokens,
                 &greedy(n),
-                &mut |_| true,
+                KPolicy::default(),
+                &mut |_, _| true,
             ))
             .expect("generate");
             assert_eq!(got.tokens, plain.tokens, "prompt {:?}", case.prompt);
@@ -149,7 +151,7 @@ fn qwen_coder_pair_speculation_equals_greedy() {
     let t = Instant::now();
     let got = pollster::block_on(spec::generate(
         &mut target,
-        &mut draft as &mut dyn Draft,
+        Some(&mut draft as &mut dyn Draft),
         &prompt,
         &greedy(n),
         KPolicy::Fixed(n - 1),

@@ -14,7 +14,7 @@ use crate::loader::gguf::Value;
 use crate::loader::gguf_writer::GgufWriter;
 use crate::loader::DType;
 use crate::model::{Arch, Config, Model, TensorRole, TensorTable, MAX_BATCH};
-use crate::session::{self, GenerateOptions};
+use crate::session::GenerateOptions;
 
 /// The prompt set kept in the repository (`benches/prompts.json`): code and prose.
 pub const DEFAULT_PROMPTS: &str = include_str!("../../benches/prompts.json");
@@ -67,17 +67,17 @@ pub async fn run_prompt(
     let mut spec = None;
     for spec_turn in [spec_first, !spec_first] {
         if spec_turn {
-            spec = Some(spec_generate(target, draft, prompt, opts, k, &mut |_, _| true).await?);
+            spec = Some(spec_generate(target, Some(&mut *draft), prompt, opts, k, &mut |_, _| true).await?);
         } else {
-            plain = Some(session::generate(target, prompt, opts, &mut |_| true).await?);
+            plain = Some(spec_generate(target, None, prompt, opts, k, &mut |_, _| true).await?);
         }
     }
     let (Some(plain), Some(spec)) = (plain, spec) else {
         return Err(Error::InvalidArgument("benchmark run missing".into()));
     };
     let s = spec.stats;
-    let speedup = if plain.stats.tokens_per_second > 0.0 {
-        s.base.tokens_per_second / plain.stats.tokens_per_second
+    let speedup = if plain.stats.base.tokens_per_second > 0.0 {
+        s.base.tokens_per_second / plain.stats.base.tokens_per_second
     } else {
         0.0
     };
@@ -86,7 +86,7 @@ pub async fn run_prompt(
         kind: bench.kind.clone(),
         prompt_tokens: prompt.len(),
         generated_tokens: s.base.generated_tokens,
-        target_only_tokens_per_second: plain.stats.tokens_per_second,
+        target_only_tokens_per_second: plain.stats.base.tokens_per_second,
         speculative_tokens_per_second: s.base.tokens_per_second,
         speedup,
         tokens_per_target_forward: s.tokens_per_target_forward,

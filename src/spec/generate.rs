@@ -79,12 +79,14 @@ pub struct SpecGeneration {
 }
 
 /// Generates up to `opts.max_tokens` tokens after `prompt` with `target`, speculating with
-/// `draft` and K chosen by `k`. Greedy output equals [`crate::session::generate`]'s token for
-/// token; sampled output has the target's sampling distribution. `on_token` is called for every
-/// token as it is committed, with whether it was an accepted draft token (return false to stop).
+/// `draft` and K chosen by `k`; without a draft, plain decoding (one target step per token; the
+/// same loop, so plain and speculative runs count and time alike). Greedy speculative output
+/// equals greedy plain output token for token; sampled output has the target's sampling
+/// distribution. `on_token` is called for every token as it is committed, with whether it was an
+/// accepted draft token (return false to stop).
 pub async fn generate(
     target: &mut Model,
-    draft: &mut dyn Draft,
+    mut draft: Option<&mut dyn Draft>,
     prompt: &[u32],
     opts: &GenerateOptions,
     k: KPolicy,
@@ -102,7 +104,8 @@ pub async fn generate(
     let greedy = params.is_greedy();
     let mut rng = Rng::new(params.seed);
     let mut schedule = Schedule::new(k);
-    let mut stats = SpecStats { draft: draft.name().to_string(), ..SpecStats::default() };
+    let name = draft.as_ref().map_or("none", |d| d.name()).to_string();
+    let mut stats = SpecStats { draft: name, ..SpecStats::default() };
     stats.base.prompt_tokens = prompt.len();
 
     // Prefill all but the last prompt token; the last one is the first cycle's id_last.
@@ -115,13 +118,15 @@ pub async fn generate(
         stats.base.target_forwards += 1;
     }
     target.truncate(n_past);
-    stats.draft_steps += draft.prefill(prompt).await?;
+    if let Some(d) = draft.as_deref_mut() {
+        stats.draft_steps += d.prefill(prompt).await?;
+    }
     stats.base.prefill_seconds = t0.elapsed().as_secs_f64();
 
     // Greedy cycles with a draft model on the target's GPU run GPU-resident, except the first
     // two and every 16th: those run CPU-driven, timing the draft and the verify pass apart for
     // the schedule's cost model (the GPU cycle times both as one submission).
-    let gpu_cycle = match draft.gpu_draft() {
+    let gpu_cycle = match draft.as_deref_mut().and_then(|d| d.gpu_draft()) {
         Some(d) if greedy && std::sync::Arc::ptr_eq(d.model().gpu(), target.gpu()) => {
             Some(GreedyCycle::new(target))
         }
@@ -146,11 +151,11 @@ pub async fn generate(
 
         // Draft: K from the schedule, capped by the context and the tokens still wanted.
         let cap = (context - n_past - 1).min(remaining - 1);
-        let k = schedule.pick(cap);
+        let k = if draft.is_some() { schedule.pick(cap) } else { 0 };
         k_sum += k;
         let calibrate = cycles < 2 || cycles.is_multiple_of(16);
         cycles += 1;
-        let (xs, verdict) = match (&gpu_cycle, draft.gpu_draft()) {
+        let (xs, verdict) = match (&gpu_cycle, draft.as_deref_mut().and_then(|d| d.gpu_draft())) {
             (Some(cycle), Some(dm)) if k > 0 && !calibrate => {
                 let tc = Instant::now();
                 let out = cycle.run(target, dm, &tokens, n_past, k).await?;
@@ -168,10 +173,9 @@ pub async fn generate(
             }
             _ => {
                 let td = Instant::now();
-                let proposal = if k > 0 {
-                    draft.propose(&tokens, k, &params, &mut rng).await?
-                } else {
-                    Default::default()
+                let proposal = match draft.as_deref_mut() {
+                    Some(d) if k > 0 => d.propose(&tokens, k, &params, &mut rng).await?,
+                    _ => Default::default(),
                 };
                 let draft_time = td.elapsed().as_secs_f64();
                 let mut xs = proposal.tokens;

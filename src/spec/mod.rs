@@ -18,5 +18,5 @@ pub mod verify;
 pub use cycle::{CycleOutcome, GreedyCycle};
 pub use draft::{check_draft, check_tokenizers, check_vocab, Draft, DraftModel, NGram, Proposal};
 pub use generate::{generate, SpecGeneration, SpecStats};
-pub use schedule::{KPolicy, Schedule};
+pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};
 pub use verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};

@@ -27,9 +27,23 @@ pub enum KPolicy {
     Adaptive { max: usize },
 }
 
+/// The largest K the adaptive choice takes unless told otherwise.
+pub const DEFAULT_MAX_DRAFT_K: usize = 16;
+
+impl KPolicy {
+    /// `Fixed(k)` when a K is given, else adaptive up to `max`: what every front end's
+    /// `draft_k` / `max_draft_k` pair means.
+    pub fn new(draft_k: Option<usize>, max: usize) -> KPolicy {
+        match draft_k {
+            Some(k) => KPolicy::Fixed(k),
+            None => KPolicy::Adaptive { max },
+        }
+    }
+}
+
 impl Default for KPolicy {
     fn default() -> Self {
-        KPolicy::Adaptive { max: 16 }
+        KPolicy::Adaptive { max: DEFAULT_MAX_DRAFT_K }
     }
 }
 

@@ -110,6 +110,73 @@ impl ChatTemplate {
             Err(e) => Err(template_err(e)),
         }
     }
+    /// The prompt ids of `messages` (assistant turn opened), with message content as plain
+    /// text: only the template's own markup becomes control tokens. A user who types
+    /// `<|im_end|>` gets those characters, not the end of their turn (the guard against prompt
+    /// injection through chat markup). Content without special-token text is tokenized exactly
+    /// as the rendered prompt is; content with it has each occurrence spelled in ordinary tokens.
+    pub fn prompt_tokens(&self, messages: &[Message], tokenizer: &Tokenizer) -> Result<Vec<u32>> {
+        let specials = tokenizer.special_texts();
+        let has_special = |text: &str| specials.iter().any(|s| text.contains(s.as_str()));
+        if !messages.iter().any(|m| has_special(&m.content)) {
+            return tokenizer.encode(&self.render(messages, true)?, false);
+        }
+        // Each occurrence becomes a marker the template copies through; the rendered text is then
+        // tokenized between markers, and each marker as its special text spelled plainly. The
+        // marker's delimiter is a private-use character that no message holds.
+        let delim = ('\u{E000}'..='\u{F8FF}')
+            .find(|c| !messages.iter().any(|m| m.content.contains(*c) || m.role.contains(*c)))
+            .ok_or_else(|| Error::InvalidArgument("the messages use every private-use character".into()))?;
+        let mut replaced = Vec::new();
+        let marked: Vec<Message> = messages
+            .iter()
+            .map(|m| Message {
+                role: m.role.clone(),
+                content: mark(&m.content, &specials, delim, &mut replaced),
+            })
+            .collect();
+        let text = self.render(&marked, true)?;
+        let mut ids = Vec::new();
+        let mut pieces = text.split(delim);
+        if let Some(first) = pieces.next() {
+            ids.extend(tokenizer.encode(first, false)?);
+        }
+        let mut seen = 0;
+        while let (Some(index), Some(after)) = (pieces.next(), pieces.next()) {
+            let original = index.parse::<usize>().ok().and_then(|i| replaced.get(i));
+            let original: &String = original.ok_or_else(|| {
+                Error::ChatTemplate("the template altered a message's special-token text".into())
+            })?;
+            ids.extend(tokenizer.encode_plain(original)?);
+            ids.extend(tokenizer.encode(after, false)?);
+            seen += 1;
+        }
+        if seen == 0 || text.matches(delim).count() != 2 * seen {
+            return Err(Error::ChatTemplate("the template altered a message's special-token text".into()));
+        }
+        Ok(ids)
+    }
+}
+
+/// `content` with every special-token text in it replaced by `delim` index `delim`, the texts
+/// appended to `replaced` (leftmost, longest match first).
+fn mark(content: &str, specials: &[String], delim: char, replaced: &mut Vec<String>) -> String {
+    let mut out = String::with_capacity(content.len());
+    let mut rest = content;
+    while let Some((at, special)) = specials
+        .iter()
+        .filter_map(|s| rest.find(s.as_str()).map(|i| (i, s)))
+        .min_by_key(|&(i, s)| (i, std::cmp::Reverse(s.len())))
+    {
+        out.push_str(&rest[..at]);
+        out.push(delim);
+        out.push_str(&replaced.len().to_string());
+        out.push(delim);
+        replaced.push(special.clone());
+        rest = &rest[at + special.len()..];
+    }
+    out.push_str(rest);
+    out
 }
 
 /// A writer that refuses to grow past `limit` bytes.

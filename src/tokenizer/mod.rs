@@ -160,6 +160,29 @@ impl Tokenizer {
         }
     }
 
+    /// The texts of the special (control) tokens, such as `<|im_start|>`, that [`Tokenizer::encode`]
+    /// turns into their tokens wherever they occur in the text.
+    pub fn special_texts(&self) -> Vec<String> {
+        let mut texts: Vec<String> = self
+            .hf
+            .get_added_tokens_decoder()
+            .into_values()
+            .filter(|t| t.special && !t.content.is_empty())
+            .map(|t| t.content)
+            .collect();
+        texts.sort();
+        texts
+    }
+
+    /// Token ids for `text` as plain text: special-token text such as `<|im_end|>` is spelled
+    /// with ordinary tokens, never the control token; nothing is added.
+    pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
+        let mut hf = self.hf.clone();
+        hf.set_encode_special_tokens(true);
+        let enc = hf.encode_fast(text, false).map_err(hf_err("encode"))?;
+        Ok(enc.get_ids().to_vec())
+    }
+
     /// The text of `ids`. Nothing is skipped: special tokens appear as their text. Bytes that
     /// are not valid UTF-8 become U+FFFD.
     pub fn decode(&self, ids: &[u32]) -> Result<String> {

@@ -7,13 +7,14 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use wgspec::engine::{DraftKind, Engine, Request};
+use wgspec::engine::{DraftKind, Engine, Request, Role};
+use wgspec::files::OpenedModel;
 use wgspec::gpu::Gpu;
-use wgspec::model::{LoadOptions, Model, Precision};
+use wgspec::model::{LoadOptions, LoadProgress, Model, Precision};
 use wgspec::sampling::SamplingParams;
 use wgspec::session::GenerateOptions;
 use wgspec::spec::{self, bench, Draft, DraftModel, KPolicy, NGram};
-use wgspec::tokenizer::{ChatTemplate, Message, Tokenizer};
+use wgspec::tokenizer::Message;
 use wgspec::{fetch, server};
 use wgspec::{Error, Result};
 
@@ -92,16 +93,13 @@ struct KArgs {
     #[arg(long)]
     draft_k: Option<usize>,
     /// The largest K the adaptive choice may take.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = spec::DEFAULT_MAX_DRAFT_K)]
     max_draft_k: usize,
 }
 
 impl KArgs {
     fn policy(&self) -> KPolicy {
-        match self.draft_k {
-            Some(k) => KPolicy::Fixed(k),
-            None => KPolicy::Adaptive { max: self.max_draft_k },
-        }
+        KPolicy::new(self.draft_k, self.max_draft_k)
     }
 }
 
@@ -241,53 +239,49 @@ fn fetch_cmd(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// Loads a model, its tokenizer and chat template from a file, a folder or a known name. A draft
-/// (`draft_of`: the target's config and tokenizer) is checked against the target's vocabulary
-/// before its weights are uploaded.
-fn load(
-    gpu: &Arc<Gpu>,
-    arg: &str,
-    opts: &LoadOptions,
-    draft_of: Option<(&Model, &Tokenizer)>,
-    quiet: bool,
-) -> Result<(Model, Tokenizer, Option<ChatTemplate>)> {
-    let path: PathBuf = fetch::resolve_model(arg)?;
-    let opened = wgspec::local::open(&path)?;
-    if let Some((target, target_tokenizer)) = draft_of {
-        spec::check_draft(
-            (&target.config, target_tokenizer),
-            (&opened.checkpoint.config, &opened.tokenizer),
-        )?;
-    }
-    let mut shown = 0;
-    let model = Model::load(gpu.clone(), &opened.checkpoint, opts, &mut |p| {
-        // About 20 updates, whatever the tensor count.
-        let step = p.tensors_done * 20 / p.tensors_total.max(1);
-        if !quiet && (step > shown || p.tensors_done == p.tensors_total) {
-            shown = step;
-            eprint!("\rloading {}: {}/{} tensors", path.display(), p.tensors_done, p.tensors_total);
-        }
-    })?;
-    if !quiet {
-        eprintln!();
-    }
-    Ok((model, opened.tokenizer, opened.chat_template))
+/// A model's files from a path or a known name (fetched into the cache when absent).
+fn open(arg: &str) -> Result<OpenedModel> {
+    wgspec::local::open(&fetch::resolve_model(arg)?)
 }
 
-/// The draft named by `--draft`: `ngram`, or a model sharing the target's tokenizer.
-fn load_draft(
-    gpu: &Arc<Gpu>,
-    arg: &str,
-    opts: &LoadOptions,
-    target: &Model,
-    target_tokenizer: &Tokenizer,
-    quiet: bool,
-) -> Result<Box<dyn Draft>> {
-    if arg == "ngram" {
-        return Ok(Box::new(NGram::default()));
+/// Prints load progress on stderr: about 20 updates per model, whatever its tensor count.
+fn progress_bar(quiet: bool) -> impl FnMut(Role, LoadProgress) {
+    let mut shown = (Role::Target, 0);
+    move |role, p| {
+        let step = p.tensors_done * 20 / p.tensors_total.max(1);
+        if quiet || (role, step) == shown && p.tensors_done != p.tensors_total {
+            return;
+        }
+        shown = (role, step);
+        let name = if role == Role::Target { "target" } else { "draft" };
+        eprint!("\rloading {name}: {}/{} tensors", p.tensors_done, p.tensors_total);
+        if p.tensors_done == p.tensors_total {
+            eprintln!();
+        }
     }
-    let (model, _, _) = load(gpu, arg, opts, Some((target, target_tokenizer)), quiet)?;
-    Ok(Box::new(DraftModel::new(model, &target.config)?))
+}
+
+/// The engine every subcommand runs: the target, and the draft `--draft` names (a model sharing
+/// the target's tokenizer, file or known NAME; `ngram` needs nothing loaded). Returns the draft
+/// kind requests use by default.
+pub fn load_engine(
+    gpu: &Arc<Gpu>,
+    model: &str,
+    draft: Option<&str>,
+    opts: &LoadOptions,
+    quiet: bool,
+) -> Result<(Engine, DraftKind)> {
+    let mut progress = progress_bar(quiet);
+    let mut engine = Engine::load(gpu.clone(), open(model)?, opts, &mut progress)?;
+    let kind = match draft {
+        None => DraftKind::None,
+        Some("ngram") => DraftKind::Ngram,
+        Some(d) => {
+            engine.load_draft(open(d)?, &mut progress)?;
+            DraftKind::Model
+        }
+    };
+    Ok((engine, kind))
 }
 
 async fn generate(args: GenerateArgs) -> Result<()> {
@@ -300,28 +294,15 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         precision: if args.f32 { Precision::F32 } else { Precision::Auto },
         ..Default::default()
     };
-    let (model, tokenizer, template) = load(&gpu, &args.model, &opts, None, false)?;
-    let context = model.context();
-    let weight_bytes = (model.weight_bytes(), model.file_weight_bytes());
+    let (mut engine, draft) = load_engine(&gpu, &args.model, args.draft.as_deref(), &opts, args.json)?;
+    let info = engine.target_info().clone();
     if !args.json {
         eprintln!(
             "weights on the GPU: {:.1} MB (file: {:.1} MB)",
-            weight_bytes.0 as f64 / 1e6,
-            weight_bytes.1 as f64 / 1e6
+            info.gpu_weight_bytes as f64 / 1e6,
+            info.file_weight_bytes as f64 / 1e6
         );
     }
-    let mut engine = Engine::new(model, tokenizer, template);
-    let draft = match args.draft.as_deref() {
-        None => DraftKind::None,
-        Some("ngram") => DraftKind::Ngram,
-        Some(d) => {
-            let draft_opts = LoadOptions { context: Some(context), ..opts.clone() };
-            let of = Some((engine.target(), engine.tokenizer()));
-            let (model, tokenizer, _) = load(&gpu, d, &draft_opts, of, false)?;
-            engine.set_draft(Some((model, &tokenizer)))?;
-            DraftKind::Model
-        }
-    };
     let prompt = match (&args.prompt, &args.prompt_file) {
         (Some(p), _) => p.clone(),
         (None, Some(path)) => read_prompt(path)?,
@@ -352,38 +333,41 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         })
         .await?;
     if args.json {
-        let mut json =
-            serde_json::to_value(&out).map_err(|e| Error::InvalidArgument(format!("output: {e}")))?;
-        if let Some(o) = json.as_object_mut() {
-            if draft == DraftKind::None {
-                // Plain decoding: every token is the target's; keep the output as before speculation.
-                o.remove("from_draft");
-            }
-            o.insert("gpu_weight_bytes".into(), weight_bytes.0.into());
-            o.insert("file_weight_bytes".into(), weight_bytes.1.into());
+        #[derive(serde::Serialize)]
+        struct Output<'a> {
+            #[serde(flatten)]
+            completion: &'a wgspec::engine::Completion,
+            gpu_weight_bytes: u64,
+            file_weight_bytes: u64,
         }
+        let output = Output {
+            completion: &out,
+            gpu_weight_bytes: info.gpu_weight_bytes,
+            file_weight_bytes: info.file_weight_bytes,
+        };
+        let json =
+            serde_json::to_string(&output).map_err(|e| Error::InvalidArgument(format!("output: {e}")))?;
         println!("{json}");
     } else {
         println!();
-        let stats = &out.stats;
-        let num = |k: &str| stats.get(k).and_then(|v| v.as_f64()).unwrap_or(0.0);
+        let s = &out.stats;
         eprintln!(
             "{} prompt tokens, {} generated in {:.2} s: {:.2} tokens/s (prefill {:.2} s)",
-            num("prompt_tokens"),
-            num("generated_tokens"),
-            num("decode_seconds"),
-            num("tokens_per_second"),
-            num("prefill_seconds")
+            s.base.prompt_tokens,
+            s.base.generated_tokens,
+            s.base.decode_seconds,
+            s.base.tokens_per_second,
+            s.base.prefill_seconds
         );
         if draft != DraftKind::None {
             eprintln!(
                 "speculation: {} target forwards, {} drafted, {} accepted ({:.1}%), {:.2} tokens per target forward, mean K {:.2}",
-                num("target_forwards"),
-                num("drafted"),
-                num("accepted"),
-                100.0 * num("acceptance_rate"),
-                num("tokens_per_target_forward"),
-                num("mean_k")
+                s.base.target_forwards,
+                s.drafted,
+                s.accepted,
+                100.0 * s.acceptance_rate,
+                s.tokens_per_target_forward,
+                s.mean_k
             );
         }
     }
@@ -411,27 +395,27 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         let ckpt = wgspec::model::Checkpoint::from_gguf(bench::synthetic_gguf(shape, seed))?;
         Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {})
     };
-    let (mut target, tokenizer, target_name) = match &args.synthetic {
+    let draft_arg = args.draft.clone().unwrap_or_default();
+    let (mut target, tokenizer, loaded_draft, target_name) = match &args.synthetic {
         Some(shape_name) => {
-            (synth(&bench::synthetic_shape(shape_name)?, 1)?, None, format!("synthetic {shape_name}"))
+            (synth(&bench::synthetic_shape(shape_name)?, 1)?, None, None, format!("synthetic {shape_name}"))
         }
         None => {
             let name = args.model.clone().unwrap_or_default();
-            let (target, tokenizer, _) = load(&gpu, &name, &opts, None, false)?;
-            (target, Some(tokenizer), name)
+            let draft = args.draft.as_deref().filter(|_| !args.roofline);
+            let (engine, _) = load_engine(&gpu, &name, draft, &opts, false)?;
+            let (target, tokenizer, draft) = engine.into_parts();
+            (target, Some(tokenizer), draft, name)
         }
     };
     if args.roofline {
         let rows = args.k.draft_k.unwrap_or(4) + 1;
         return crate::roofline::run(&gpu, &mut target, &target_name, rows, args.past, &args.out).await;
     }
-    let draft_arg = args.draft.clone().unwrap_or_default();
-    let mut draft: Box<dyn Draft> = match (&args.synthetic, &tokenizer) {
+    let mut draft: Box<dyn Draft> = match loaded_draft {
         _ if draft_arg == "ngram" => Box::new(NGram::default()),
-        (Some(_), _) | (None, None) => {
-            Box::new(DraftModel::new(synth(&bench::synthetic_shape(&draft_arg)?, 2)?, &target.config)?)
-        }
-        (None, Some(tok)) => load_draft(&gpu, &draft_arg, &opts, &target, tok, false)?,
+        Some(d) => Box::new(d),
+        None => Box::new(DraftModel::new(synth(&bench::synthetic_shape(&draft_arg)?, 2)?, &target.config)?),
     };
     let stop_tokens = tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
     let gen_opts =
