@@ -137,6 +137,38 @@ fn bad_input_gives_a_clear_error_and_a_failing_exit_code() {
 }
 
 #[test]
+fn bench_compares_speculation_with_plain_decoding_and_writes_its_report() {
+    let model = tiny_model_file("tiny-bench.gguf");
+    let out_file = model.with_extension("bench.json");
+    let m = model.to_str().expect("utf8");
+    let o = out_file.to_str().expect("utf8");
+    // The tiny model holds 64 positions: short prompts, code and prose.
+    let prompts = model.with_extension("prompts.json");
+    let set = r#"[{"name": "a", "kind": "code", "prompt": "ababababab"},
+                  {"name": "b", "kind": "prose", "prompt": "the cat the cat"},
+                  {"name": "c", "kind": "code", "prompt": "x = x + 1"}]"#;
+    std::fs::write(&prompts, set).expect("prompts");
+    let p = prompts.to_str().expect("utf8");
+    let args = ["bench", "--model", m, "--draft", "ngram", "--prompts", p, "--max-tokens", "6"];
+    let out = wgspec(&[&args[..], &["--context", "64", "--verify-ks", "1,2", "--out", o]].concat());
+    assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_file).expect("bench json")).expect("json");
+    let prompts = v["prompts"].as_array().expect("prompts");
+    assert_eq!(prompts.len(), 3);
+    let generated: u64 = prompts.iter().map(|p| p["generated_tokens"].as_u64().expect("tokens")).sum();
+    assert_eq!(v["summary"]["generated_tokens"].as_u64(), Some(generated));
+    assert_eq!(v["summary"]["all_identical"], true, "greedy speculation equals plain decoding");
+    assert_eq!(v["draft"], "ngram");
+    let by_kind: u64 = ["code", "prose"].iter().filter_map(|k| v["by_kind"][k]["prompts"].as_u64()).sum();
+    assert_eq!(by_kind, 3, "every prompt is code or prose");
+    for k in ["1", "2"] {
+        assert!(v["verify_cost_by_k"][k].as_f64().is_some_and(|c| c > 0.0), "{}", v["verify_cost_by_k"]);
+    }
+    assert!(v["verify_cost"].as_f64().is_some_and(|c| c > 0.0));
+}
+
+#[test]
 fn bench_roofline_reports_every_kernel_against_the_ceilings() {
     let model = tiny_model_file("tiny-roofline.gguf");
     let out_file = model.with_extension("roofline.json");

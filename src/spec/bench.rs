@@ -98,6 +98,66 @@ pub async fn run_prompt(
     })
 }
 
+/// Totals over a set of prompt results.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    pub prompts: usize,
+    pub generated_tokens: usize,
+    /// Generated tokens over the summed decode times of each mode.
+    pub target_only_tokens_per_second: f64,
+    pub speculative_tokens_per_second: f64,
+    pub speedup: f64,
+    /// τ: generated tokens per verify pass.
+    pub tokens_per_target_forward: f64,
+    pub acceptance_rate: f64,
+    pub all_identical: bool,
+}
+
+impl Summary {
+    pub fn of(rs: &[&PromptResult]) -> Summary {
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+        let tokens: usize = rs.iter().map(|r| r.generated_tokens).sum();
+        let plain_s: f64 =
+            rs.iter().map(|r| ratio(r.generated_tokens as f64, r.target_only_tokens_per_second)).sum();
+        let spec_s: f64 = rs.iter().map(|r| r.stats.base.decode_seconds).sum();
+        let drafted: usize = rs.iter().map(|r| r.stats.drafted).sum();
+        let accepted: usize = rs.iter().map(|r| r.stats.accepted).sum();
+        let verifies: usize = rs.iter().map(|r| r.stats.verify_forwards).sum();
+        let (plain_tps, spec_tps) = (ratio(tokens as f64, plain_s), ratio(tokens as f64, spec_s));
+        Summary {
+            prompts: rs.len(),
+            generated_tokens: tokens,
+            target_only_tokens_per_second: plain_tps,
+            speculative_tokens_per_second: spec_tps,
+            speedup: ratio(spec_tps, plain_tps),
+            tokens_per_target_forward: ratio(tokens as f64, verifies as f64),
+            acceptance_rate: ratio(accepted as f64, drafted as f64),
+            all_identical: rs.iter().all(|r| r.identical),
+        }
+    }
+}
+
+/// What `wgspec bench` writes.
+#[derive(Clone, Debug, Serialize)]
+pub struct Report {
+    pub adapter: String,
+    pub target: String,
+    pub target_gpu_weight_bytes: u64,
+    pub target_file_weight_bytes: u64,
+    pub draft: String,
+    /// `"4"` or `"adaptive (max 16)"`.
+    pub k: String,
+    pub max_tokens: usize,
+    /// Over all prompts, with verify_cost at `verify_cost_k` (the fixed K or the runs' mean K).
+    pub summary: Summary,
+    pub verify_cost: f64,
+    pub verify_cost_k: usize,
+    /// `"code"` and `"prose"`.
+    pub by_kind: std::collections::BTreeMap<String, Summary>,
+    pub verify_cost_by_k: std::collections::BTreeMap<usize, f64>,
+    pub prompts: Vec<PromptResult>,
+}
+
 /// Median time of a forward pass of `rows` tokens at position `pos` (argmax read-back, as a
 /// greedy verify pass), over `reps` runs after one warm-up. The cache is rolled back to `pos`.
 pub async fn forward_seconds(model: &mut Model, pos: usize, rows: usize, reps: usize) -> Result<f64> {

@@ -465,67 +465,42 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     let costs = bench::verify_costs(&mut target, pos, &ks, 5).await?;
     let verify_cost = costs.iter().find(|(k, _)| *k == k_runs).map(|c| c.1).unwrap_or(0.0);
 
-    let summarize = |rs: &[&bench::PromptResult]| {
-        let tokens: usize = rs.iter().map(|r| r.generated_tokens).sum();
-        let plain_s: f64 = rs
-            .iter()
-            .map(|r| {
-                if r.target_only_tokens_per_second > 0.0 {
-                    r.generated_tokens as f64 / r.target_only_tokens_per_second
-                } else {
-                    0.0
-                }
-            })
-            .sum();
-        let spec_s: f64 = rs.iter().map(|r| r.stats.base.decode_seconds).sum();
-        let drafted: usize = rs.iter().map(|r| r.stats.drafted).sum();
-        let accepted: usize = rs.iter().map(|r| r.stats.accepted).sum();
-        let verifies: usize = rs.iter().map(|r| r.stats.verify_forwards).sum();
-        let plain_tps = if plain_s > 0.0 { tokens as f64 / plain_s } else { 0.0 };
-        let spec_tps = if spec_s > 0.0 { tokens as f64 / spec_s } else { 0.0 };
-        serde_json::json!({
-            "prompts": rs.len(),
-            "generated_tokens": tokens,
-            "target_only_tokens_per_second": plain_tps,
-            "speculative_tokens_per_second": spec_tps,
-            "speedup": if plain_tps > 0.0 { spec_tps / plain_tps } else { 0.0 },
-            "tokens_per_target_forward": if verifies > 0 { tokens as f64 / verifies as f64 } else { 0.0 },
-            "acceptance_rate": if drafted > 0 { accepted as f64 / drafted as f64 } else { 0.0 },
-            "all_identical": rs.iter().all(|r| r.identical),
-        })
-    };
     let all: Vec<&bench::PromptResult> = results.iter().collect();
-    let mut summary = summarize(&all);
-    summary["verify_cost"] = serde_json::json!(verify_cost);
-    summary["verify_cost_k"] = serde_json::json!(k_runs);
-    let mut by_kind = serde_json::Map::new();
-    for kind in ["code", "prose"] {
-        let rs: Vec<&bench::PromptResult> = results.iter().filter(|r| r.kind == kind).collect();
-        if !rs.is_empty() {
-            by_kind.insert(kind.to_string(), summarize(&rs));
-        }
-    }
-    let out = serde_json::json!({
-        "adapter": gpu.describe(),
-        "target": target_name,
-        "target_gpu_weight_bytes": target.weight_bytes(),
-        "target_file_weight_bytes": target.file_weight_bytes(),
-        "draft": if args.synthetic.is_some() && draft_arg != "ngram" { format!("synthetic {draft_arg}") } else { draft_arg.clone() },
-        "k": match policy { KPolicy::Fixed(k) => serde_json::json!(k), KPolicy::Adaptive { max } => serde_json::json!(format!("adaptive (max {max})")) },
-        "max_tokens": args.max_tokens,
-        "summary": summary,
-        "by_kind": by_kind,
-        "verify_cost_by_k": costs.iter().map(|(k, c)| (k.to_string(), serde_json::json!(c))).collect::<serde_json::Map<_, _>>(),
-        "prompts": results,
-    });
-    let s = &out["summary"];
+    let summary = bench::Summary::of(&all);
+    let by_kind = ["code", "prose"]
+        .into_iter()
+        .filter_map(|kind| {
+            let rs: Vec<&bench::PromptResult> = results.iter().filter(|r| r.kind == kind).collect();
+            (!rs.is_empty()).then(|| (kind.to_string(), bench::Summary::of(&rs)))
+        })
+        .collect();
+    let synthetic_draft = args.synthetic.is_some() && draft_arg != "ngram";
+    let out = bench::Report {
+        adapter: gpu.describe(),
+        target: target_name,
+        target_gpu_weight_bytes: target.weight_bytes(),
+        target_file_weight_bytes: target.file_weight_bytes(),
+        draft: if synthetic_draft { format!("synthetic {draft_arg}") } else { draft_arg.clone() },
+        k: match policy {
+            KPolicy::Fixed(k) => k.to_string(),
+            KPolicy::Adaptive { max } => format!("adaptive (max {max})"),
+        },
+        max_tokens: args.max_tokens,
+        summary,
+        verify_cost,
+        verify_cost_k: k_runs,
+        by_kind,
+        verify_cost_by_k: costs.into_iter().collect(),
+        prompts: results,
+    };
+    let s = &out.summary;
     eprintln!(
         "all: target-only {:.2} tok/s, speculative {:.2} tok/s, speedup x{:.2}, tau {:.2}, acceptance {:.1}%, verify_cost(K={}) {:.2}",
-        s["target_only_tokens_per_second"].as_f64().unwrap_or(0.0),
-        s["speculative_tokens_per_second"].as_f64().unwrap_or(0.0),
-        s["speedup"].as_f64().unwrap_or(0.0),
-        s["tokens_per_target_forward"].as_f64().unwrap_or(0.0),
-        100.0 * s["acceptance_rate"].as_f64().unwrap_or(0.0),
+        s.target_only_tokens_per_second,
+        s.speculative_tokens_per_second,
+        s.speedup,
+        s.tokens_per_target_forward,
+        100.0 * s.acceptance_rate,
         k_runs,
         verify_cost
     );
