@@ -82,6 +82,10 @@ pub enum Error {
     #[error("GPU error: {0}")]
     Gpu(String),
 
+    /// The model computed a NaN or an infinity where a number was needed.
+    #[error("numerical error: {0}")]
+    NonFinite(String),
+
     /// Fetching a model failed (a download, an archive, a checksum).
     #[error("fetch {name}: {message}")]
     Fetch { name: String, message: String },

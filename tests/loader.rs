@@ -6,7 +6,7 @@ use rand::{Rng, SeedableRng};
 use std::path::PathBuf;
 use wgspec::loader::gguf::{Gguf, Value};
 use wgspec::loader::gguf_writer::GgufWriter;
-use wgspec::loader::quant::{dequantize, dequantize_into};
+use wgspec::loader::quant::{dequantize, dequantize_into, first_non_finite};
 use wgspec::loader::safetensors::{write_safetensors, Safetensors};
 use wgspec::loader::DType;
 use wgspec::Error;
@@ -323,6 +323,28 @@ fn dequantize_hand_checked_q5_k_block() {
     assert_eq!(y2[4 * 32 + 1], 122.5);
     let changed: Vec<usize> = (0..256).filter(|&i| y[i] != y2[i]).collect();
     assert_eq!(changed, vec![4 * 32 + 1]);
+}
+
+#[test]
+fn non_finite_values_are_found_in_every_stored_type() {
+    let mut rng = SmallRng::seed_from_u64(17);
+    for dtype in DType::ALL {
+        let n = 4 * dtype.block_len().max(64);
+        let mut bytes = random_tensor_bytes(&mut rng, dtype, n);
+        assert_eq!(first_non_finite(dtype, &bytes), None, "{dtype}: random valid bytes");
+        assert!(dequantize(dtype, &bytes, n).expect("dequantize").iter().all(|v| v.is_finite()), "{dtype}");
+        // Poison the third block's scale (or the third element of a plain type).
+        let at = 2 * dtype.block_bytes() + if dtype == DType::Q6_K { 208 } else { 0 };
+        match dtype {
+            DType::F32 => bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes()),
+            DType::BF16 => bytes[at..at + 2].copy_from_slice(&half::bf16::INFINITY.to_le_bytes()),
+            _ => bytes[at..at + 2].copy_from_slice(&half::f16::NAN.to_le_bytes()),
+        }
+        let first = 2 * dtype.block_len();
+        assert_eq!(first_non_finite(dtype, &bytes), Some(first), "{dtype}");
+        let values = dequantize(dtype, &bytes, n).expect("dequantize");
+        assert!(!values[first].is_finite(), "{dtype}: the element reported is the poisoned one");
+    }
 }
 
 #[test]

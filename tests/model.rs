@@ -233,6 +233,43 @@ fn bad_model_input_gives_typed_errors() {
     let err = Model::load(gpu(), &ckpt, &LoadOptions::default(), &mut |_| {}).err().expect("must fail");
     assert!(matches!(&err, Error::TensorShape { name, .. } if name == "blk.0.attn_k.weight"), "{err}");
 
+    // A weight that is NaN or infinite, stored as F32 and F16 (kept as stored) and as BF16 in
+    // safetensors: refused, naming the tensor and the element.
+    for (value, dtype) in
+        [(f32::NAN, DType::F32), (f32::INFINITY, DType::F16), (f32::NEG_INFINITY, DType::BF16)]
+    {
+        let mut poisoned = TinyModel::random(spec, &mut r);
+        for t in poisoned.tensors.iter_mut().filter(|t| t.name == "blk.1.ffn_down.weight") {
+            t.values[37] = value;
+        }
+        let ckpt = if dtype == DType::BF16 {
+            let (config, st) = poisoned.to_safetensors(dtype);
+            Checkpoint::from_safetensors(&config, vec![st]).expect("header parses")
+        } else {
+            Checkpoint::from_gguf(poisoned.to_gguf(dtype, &mut r)).expect("header parses")
+        };
+        let err = Model::load(gpu(), &ckpt, &LoadOptions::default(), &mut |_| {}).err().expect("must fail");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("blk.1.ffn_down.weight") && msg.contains("element 37 is not finite"),
+            "{dtype}: {msg}"
+        );
+    }
+
+    // Finite weights whose logits overflow: sampling refuses the row instead of drawing from NaNs.
+    let mut huge = TinyModel::random(spec, &mut r);
+    for t in huge.tensors.iter_mut().filter(|t| t.name == "output_norm.weight" || t.name == "output.weight") {
+        t.values.iter_mut().for_each(|v| *v = 3e38);
+    }
+    let ckpt = Checkpoint::from_gguf(huge.to_gguf(DType::F32, &mut r)).expect("header parses");
+    let mut m = Model::load(gpu(), &ckpt, &LoadOptions::default(), &mut |_| {}).expect("finite weights load");
+    let sampling = wgspec::sampling::SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 1 };
+    let opts = GenerateOptions { max_tokens: 2, sampling, stop_tokens: vec![] };
+    let mut go_on = |_, _| true;
+    let run = wgspec::spec::generate(&mut m, None, &[1, 2], &opts, KPolicy::default(), &mut go_on);
+    let err = pollster::block_on(run).err().expect("must fail");
+    assert!(matches!(&err, Error::NonFinite(m) if m.contains("row 0")), "{err}");
+
     // An unsupported architecture.
     let bytes = tiny.to_gguf(DType::F32, &mut r);
     let renamed = replace_once(&bytes, b"llama", b"mamba");

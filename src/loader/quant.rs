@@ -47,6 +47,29 @@ pub fn dequantize_into(dtype: DType, data: &[u8], out: &mut [f32]) -> Result<()>
     Ok(())
 }
 
+/// The first element of `data` (stored as `dtype`) whose value is not finite (NaN or ±inf), if
+/// any. Block formats are checked through their f16 scales (and mins): the integer parts are
+/// small, so a block's values are finite exactly when its scales are.
+pub fn first_non_finite(dtype: DType, data: &[u8]) -> Option<usize> {
+    let f16_bad = |b: &[u8], at: usize| !f16::from_le_bytes([b[at], b[at + 1]]).is_finite();
+    let scales: &[usize] = match dtype {
+        DType::F32 => {
+            let bad = |b: &[u8]| !f32::from_le_bytes([b[0], b[1], b[2], b[3]]).is_finite();
+            return data.chunks_exact(4).position(bad);
+        }
+        DType::F16 => return data.chunks_exact(2).position(|b| f16_bad(b, 0)),
+        DType::BF16 => {
+            return data.chunks_exact(2).position(|b| !bf16::from_le_bytes([b[0], b[1]]).is_finite())
+        }
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => &[0],
+        DType::Q4_1 | DType::Q4_K | DType::Q5_K => &[0, 2],
+        DType::Q6_K => &[208],
+    };
+    let block =
+        data.chunks_exact(dtype.block_bytes()).position(|b| scales.iter().any(|&at| f16_bad(b, at)))?;
+    Some(block * dtype.block_len())
+}
+
 fn check_len(dtype: DType, data: &[u8], n_elements: usize) -> Result<()> {
     match dtype.bytes_for(n_elements as u64) {
         Some(n) if n == data.len() as u64 => Ok(()),

@@ -179,6 +179,13 @@ impl Checkpoint {
             });
         }
         let n: usize = raw.shape.iter().product();
+        // A NaN or an infinity in a weight poisons every logit downstream: refuse the file.
+        if let Some(i) = quant::first_non_finite(raw.dtype, &raw.data) {
+            return Err(Error::corrupt(
+                "tensor",
+                format!("{name}: element {i} is not finite (NaN or infinity)"),
+            ));
+        }
         let keep_stored = precision == Precision::Auto && expected.len() > 1 && raw.dtype != DType::F32;
         let data = if keep_stored {
             if raw.dtype.bytes_for(n as u64) != Some(raw.data.len() as u64) {

@@ -195,6 +195,14 @@ pub async fn generate(
                 } else {
                     let logits = target.forward(&batch, n_past).await?;
                     let vocab = target.config.vocab_size;
+                    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+                        return Err(Error::NonFinite(format!(
+                            "logit {} of row {} at position {n_past} is {}",
+                            i % vocab,
+                            i / vocab,
+                            logits[i]
+                        )));
+                    }
                     let p: Vec<Dist> =
                         logits.chunks_exact(vocab).map(|row| Dist::from_logits(row, &params)).collect();
                     let q: Vec<Dist> = match proposal.q {
