@@ -267,7 +267,7 @@ fn bad_model_input_gives_typed_errors() {
     let opts = GenerateOptions { max_tokens: 2, sampling, stop_tokens: vec![] };
     let mut go_on = |_, _| true;
     let run = wgspec::spec::generate(&mut m, None, &[1, 2], &opts, KPolicy::default(), &mut go_on);
-    let err = pollster::block_on(run).err().expect("must fail");
+    let err = pollster::block_on(run).expect_err("must fail");
     assert!(matches!(&err, Error::NonFinite(m) if m.contains("row 0")), "{err}");
 
     // An unsupported architecture.
