@@ -1,7 +1,9 @@
-//! The transformer: config, checkpoint access, weights on the GPU, the forward pass.
+//! The transformer: config, checkpoint access, weights on the GPU, the forward pass; random-weight
+//! models of real shapes ([`synthetic`]).
 
 pub mod checkpoint;
 pub mod config;
+pub mod synthetic;
 pub mod transformer;
 pub mod weights;
 

@@ -6,9 +6,7 @@
 //! - [`verify`]: the greedy and speculative-sampling acceptance rules (pure functions)
 //! - [`schedule`]: the choice of K (fixed, or adaptive from measured acceptance and costs)
 //! - [`generate`](mod@generate): the loop, with per-generation [`SpecStats`]
-//! - [`bench`]: target-only vs speculative timing over a prompt set, synthetic models
 
-pub mod bench;
 pub mod cycle;
 pub mod draft;
 pub mod generate;

@@ -8,8 +8,8 @@ use wgspec::loader::gguf::Value;
 use wgspec::loader::gguf_writer::GgufWriter;
 use wgspec::loader::safetensors::write_safetensors;
 use wgspec::loader::DType;
+use wgspec::model::synthetic::SyntheticShape;
 use wgspec::model::{Arch, Config, TensorRole, TensorTable};
-use wgspec::spec::bench::SyntheticShape;
 
 /// Shape of a tiny model.
 #[derive(Clone, Copy, Debug)]

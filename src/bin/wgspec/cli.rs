@@ -10,10 +10,13 @@ use clap::{Parser, Subcommand};
 use wgspec::engine::{DraftKind, Engine, Request, Role};
 use wgspec::files::OpenedModel;
 use wgspec::gpu::Gpu;
+use wgspec::model::synthetic;
 use wgspec::model::{LoadOptions, LoadProgress, Model, Precision};
 use wgspec::sampling::SamplingParams;
 use wgspec::session::GenerateOptions;
-use wgspec::spec::{self, bench, Draft, DraftModel, KPolicy, NGram};
+use wgspec::spec::{self, Draft, DraftModel, KPolicy, NGram};
+
+use crate::bench;
 use wgspec::tokenizer::Message;
 use wgspec::{fetch, server};
 use wgspec::{Error, Result};
@@ -390,16 +393,19 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     prompts.truncate(args.limit.unwrap_or(usize::MAX));
 
     // Target, draft and a way to tokenize prompts.
-    let synth = |shape: &bench::SyntheticShape, seed: u64| -> Result<Model> {
+    let synth = |shape: &synthetic::SyntheticShape, seed: u64| -> Result<Model> {
         eprintln!("building random {} weights", shape.name);
-        let ckpt = wgspec::model::Checkpoint::from_gguf(bench::synthetic_gguf(shape, seed))?;
+        let ckpt = wgspec::model::Checkpoint::from_gguf(synthetic::synthetic_gguf(shape, seed))?;
         Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {})
     };
     let draft_arg = args.draft.clone().unwrap_or_default();
     let (mut target, tokenizer, loaded_draft, target_name) = match &args.synthetic {
-        Some(shape_name) => {
-            (synth(&bench::synthetic_shape(shape_name)?, 1)?, None, None, format!("synthetic {shape_name}"))
-        }
+        Some(shape_name) => (
+            synth(&synthetic::synthetic_shape(shape_name)?, 1)?,
+            None,
+            None,
+            format!("synthetic {shape_name}"),
+        ),
         None => {
             let name = args.model.clone().unwrap_or_default();
             let draft = args.draft.as_deref().filter(|_| !args.roofline);
@@ -415,7 +421,9 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     let mut draft: Box<dyn Draft> = match loaded_draft {
         _ if draft_arg == "ngram" => Box::new(NGram::default()),
         Some(d) => Box::new(d),
-        None => Box::new(DraftModel::new(synth(&bench::synthetic_shape(&draft_arg)?, 2)?, &target.config)?),
+        None => {
+            Box::new(DraftModel::new(synth(&synthetic::synthetic_shape(&draft_arg)?, 2)?, &target.config)?)
+        }
     };
     let stop_tokens = tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
     let gen_opts =

@@ -2,6 +2,8 @@
 //! program, since the browser gets the library through `src/web.rs` instead).
 
 #[cfg(not(target_arch = "wasm32"))]
+mod bench;
+#[cfg(not(target_arch = "wasm32"))]
 mod cli;
 #[cfg(not(target_arch = "wasm32"))]
 mod roofline;
