@@ -211,6 +211,30 @@ fn argmax_on_the_gpu_matches_the_logits() {
 }
 
 #[test]
+fn an_uncaptured_gpu_error_fails_the_operation_not_the_process() {
+    // A device of its own: the error must not reach other tests sharing `gpu()`.
+    let g = std::sync::Arc::new(pollster::block_on(wgspec::gpu::Gpu::new()).expect("gpu"));
+    let too_big = (g.limits.max_buffer_size + 4).next_multiple_of(4);
+    let _buffer = g.device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("larger than the device allows"),
+        size: too_big,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    // wgpu's default handler would have panicked; the error waits for the next check instead.
+    let err = g.take_error().expect_err("the allocation failed");
+    assert!(matches!(&err, Error::Gpu(m) if !m.is_empty()), "{err}");
+    g.take_error().expect("reported once");
+    // The device still works: a model loads and runs on it.
+    let mut r = rng(72);
+    let ckpt =
+        Checkpoint::from_gguf(TinyModel::random(TinySpec::llama(), &mut r).to_gguf(DType::Q8_0, &mut r))
+            .expect("gguf");
+    let mut m = Model::load(g, &ckpt, &LoadOptions::default(), &mut |_| {}).expect("load");
+    assert_eq!(pollster::block_on(m.forward_argmax(&[1, 2, 3], 0)).expect("forward").len(), 3);
+}
+
+#[test]
 fn bad_model_input_gives_typed_errors() {
     let mut r = rng(70);
     let spec = TinySpec::llama();

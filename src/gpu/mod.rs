@@ -17,6 +17,7 @@ pub use ops::{AttentionShape, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, Sec
 pub use roofline::Ceilings;
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
@@ -36,6 +37,9 @@ pub struct Gpu {
     /// Command submissions and read-backs so far (see [`Gpu::round_trips`]).
     submits: AtomicU64,
     readbacks: AtomicU64,
+    /// The first GPU error no error scope caught (an out-of-memory while allocating, ...), kept
+    /// for [`Gpu::take_error`] instead of wgpu's default handler, which panics.
+    uncaptured: Arc<Mutex<Option<String>>>,
 }
 
 /// Submissions and read-backs counted by a [`Gpu`]: the round trips that cost latency in a browser.
@@ -191,6 +195,18 @@ impl Gpu {
             None if runs_on_cpu(&info) => 1,
             None => 16,
         };
+        let uncaptured = Arc::new(Mutex::new(None));
+        let sink = uncaptured.clone();
+        device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
+            let msg = match &e {
+                wgpu::Error::OutOfMemory { .. } => format!("out of GPU memory: {e}"),
+                _ => e.to_string(),
+            };
+            log::error!("uncaptured GPU error: {msg}");
+            if let Ok(mut first) = sink.lock() {
+                first.get_or_insert(msg);
+            }
+        }));
         let pipelines = Pipelines::build(&device, matmul_lanes).await?;
         let unused_output = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused output"),
@@ -208,6 +224,7 @@ impl Gpu {
             unused_output,
             submits: AtomicU64::new(0),
             readbacks: AtomicU64::new(0),
+            uncaptured,
         })
     }
 
@@ -347,7 +364,17 @@ impl Gpu {
         self.device
             .poll(wgpu::PollType::wait_indefinitely())
             .map_err(|e| Error::Gpu(format!("waiting for the GPU: {e}")))?;
-        Ok(())
+        self.take_error()
+    }
+
+    /// The first GPU error that no error scope caught since the last call (out of memory while
+    /// allocating, ...), as [`Error::Gpu`]; `Ok` when there was none. Loading and every read-back
+    /// check it, so such an error fails the operation instead of the process.
+    pub fn take_error(&self) -> Result<()> {
+        match self.uncaptured.lock().ok().and_then(|mut first| first.take()) {
+            Some(msg) => Err(Error::Gpu(msg)),
+            None => Ok(()),
+        }
     }
 
     /// Reads a whole buffer back (tests and debugging; the model reads through `submit_and_read`).

@@ -110,6 +110,19 @@ impl Model {
                 c.context_len
             )));
         }
+        // Buffers bound whole: checked before anything is allocated.
+        for (label, bytes) in [
+            ("scores", MAX_BATCH * c.n_heads * context * 4),
+            ("logits", MAX_BATCH * c.vocab_size * 4),
+            ("kv_cache", context * 2 * c.kv_dim() * 4),
+        ] {
+            if bytes as u64 > gpu.max_binding_bytes() {
+                return Err(Error::GpuLimit(format!(
+                    "{label} needs {bytes} bytes in one binding; the adapter allows {}",
+                    gpu.max_binding_bytes()
+                )));
+            }
+        }
         let max_chunk = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(gpu.max_binding_bytes());
         let weights = Weights::load(&gpu, ckpt, opts.precision, max_chunk, progress)?;
         let g = &*gpu;
@@ -136,18 +149,8 @@ impl Model {
                 .collect(),
             cos_sin: GpuBuffer::<f32>::from_slice(g, "rope cos/sin", &rope_table(&c, context)),
         };
-        for (label, bytes) in [
-            ("scores", state.scores.len * 4),
-            ("logits", state.logits.len * 4),
-            ("kv_cache", context * 2 * c.kv_dim() * 4),
-        ] {
-            if bytes as u64 > g.max_binding_bytes() {
-                return Err(Error::GpuLimit(format!(
-                    "{label} needs {bytes} bytes in one binding; the adapter allows {}",
-                    g.max_binding_bytes()
-                )));
-            }
-        }
+        // An allocation the device could not make (out of memory) fails the load, not the process.
+        g.take_error()?;
         let forward_ops = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
         let file_weight_bytes =
