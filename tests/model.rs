@@ -294,6 +294,33 @@ fn bad_model_input_gives_typed_errors() {
     let err = pollster::block_on(run).expect_err("must fail");
     assert!(matches!(&err, Error::NonFinite(m) if m.contains("row 0")), "{err}");
 
+    // Metadata checked as a whole before anything is allocated: a present key of the wrong type or
+    // sign is an error naming it (never a silent default), and derived widths are bounded.
+    use wgspec::loader::gguf::Value;
+    let s = |v: &str| Value::String(v.into());
+    for (overrides, key, says) in [
+        (vec![("llama.context_length", s("4096"))], "llama.context_length", "found string"),
+        (vec![("llama.context_length", Value::I32(-5))], "llama.context_length", "found i32 -5"),
+        (vec![("llama.rope.freq_base", s("1e4"))], "llama.rope.freq_base", "found string"),
+        (vec![("llama.attention.head_count_kv", Value::I64(-2))], "llama.attention.head_count_kv", "-2"),
+        (vec![("llama.rope.scaling.type", Value::U32(1))], "llama.rope.scaling.type", "expected a string"),
+        (
+            vec![
+                ("llama.attention.head_count", Value::U32(4096)),
+                ("llama.attention.key_length", Value::U32(4096)),
+            ],
+            "model config",
+            "q width 16777216",
+        ),
+        (vec![("llama.context_length", Value::U32(0))], "model config", "context of 0"),
+    ] {
+        let err = Checkpoint::from_gguf(tiny.to_gguf_with(DType::F32, &mut r, &overrides)).err().expect(key);
+        assert!(
+            matches!(&err, Error::Metadata { key: k, message } if k == key && message.contains(says)),
+            "{overrides:?}: {err}"
+        );
+    }
+
     // An unsupported architecture.
     let bytes = tiny.to_gguf(DType::F32, &mut r);
     let renamed = replace_once(&bytes, b"llama", b"mamba");

@@ -68,6 +68,29 @@ pub enum Value {
     Array(Vec<Value>),
 }
 
+/// What a metadata value is, for error messages: numbers as themselves, other values by type
+/// (a string or an array from the file is not quoted).
+fn describe(v: &Value) -> String {
+    match v.as_f64() {
+        Some(x) => format!("{} {x}", v.type_name()),
+        None => v.type_name().to_string(),
+    }
+}
+
+fn as_u32(key: &str, v: &Value) -> Result<u32> {
+    v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| Error::Metadata {
+        key: key.to_string(),
+        message: format!("expected an integer that fits in u32, found {}", describe(v)),
+    })
+}
+
+fn as_f32(key: &str, v: &Value) -> Result<f32> {
+    v.as_f64().map(|x| x as f32).ok_or_else(|| Error::Metadata {
+        key: key.to_string(),
+        message: format!("expected a number, found {}", describe(v)),
+    })
+}
+
 impl Value {
     /// Any integer type holding a value >= 0.
     pub fn as_u64(&self) -> Option<u64> {
@@ -480,20 +503,23 @@ impl Gguf {
 
     /// An integer key whose value fits in `u32` (any integer type is accepted).
     pub fn get_u32(&self, key: &str) -> Result<u32> {
-        let v = self.require(key)?;
-        v.as_u64().and_then(|x| u32::try_from(x).ok()).ok_or_else(|| Error::Metadata {
-            key: key.to_string(),
-            message: format!("expected an integer that fits in u32, found {} {v:?}", v.type_name()),
-        })
+        as_u32(key, self.require(key)?)
+    }
+
+    /// As [`Gguf::get_u32`] for a key that may be absent (`None`); present, it must be valid: a
+    /// string or a negative number where a count belongs is an error, never a silent default.
+    pub fn get_opt_u32(&self, key: &str) -> Result<Option<u32>> {
+        self.get(key).map(|v| as_u32(key, v)).transpose()
     }
 
     /// A numeric key as `f32` (any numeric type is accepted).
     pub fn get_f32(&self, key: &str) -> Result<f32> {
-        let v = self.require(key)?;
-        v.as_f64().map(|x| x as f32).ok_or_else(|| Error::Metadata {
-            key: key.to_string(),
-            message: format!("expected a number, found {}", v.type_name()),
-        })
+        as_f32(key, self.require(key)?)
+    }
+
+    /// As [`Gguf::get_f32`] for a key that may be absent.
+    pub fn get_opt_f32(&self, key: &str) -> Result<Option<f32>> {
+        self.get(key).map(|v| as_f32(key, v)).transpose()
     }
 
     /// A string key.

@@ -77,6 +77,8 @@ pub struct Config {
 const MAX_DIM: usize = 1 << 16;
 const MAX_LAYERS: usize = 1024;
 const MAX_VOCAB: usize = 1 << 22;
+/// The longest context a model may declare (real ones: up to 1 M).
+const MAX_CONTEXT: usize = 1 << 24;
 
 impl Config {
     /// `q` projection width.
@@ -96,14 +98,16 @@ impl Config {
         let arch = Arch::from_gguf_name(arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
         let usize_key = |k: &str| -> Result<usize> { Ok(g.get_u32(&key(k))? as usize) };
-        let opt_usize = |k: &str| g.get(&key(k)).and_then(|v| v.as_u64()).map(|v| v as usize);
+        // Optional keys: absent gives the default; present, a wrong type or a negative value is an error.
+        let opt_usize =
+            |k: &str| -> Result<Option<usize>> { Ok(g.get_opt_u32(&key(k))?.map(|v| v as usize)) };
         let dim = usize_key("embedding_length")?;
         let n_heads = usize_key("attention.head_count")?;
-        let n_kv_heads = opt_usize("attention.head_count_kv").unwrap_or(n_heads);
-        let head_dim = opt_usize("attention.key_length").unwrap_or(dim.checked_div(n_heads).unwrap_or(0));
+        let n_kv_heads = opt_usize("attention.head_count_kv")?.unwrap_or(n_heads);
+        let head_dim = opt_usize("attention.key_length")?.unwrap_or(dim.checked_div(n_heads).unwrap_or(0));
         let cfg = Config {
             arch,
-            vocab_size: opt_usize("vocab_size").unwrap_or(vocab_rows),
+            vocab_size: opt_usize("vocab_size")?.unwrap_or(vocab_rows),
             dim,
             n_layers: usize_key("block_count")?,
             n_heads,
@@ -111,17 +115,19 @@ impl Config {
             head_dim,
             ffn_dim: usize_key("feed_forward_length")?,
             rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
-            rope_theta: g.get(&key("rope.freq_base")).and_then(|v| v.as_f64()).unwrap_or(10000.0) as f32,
-            rope_dim: opt_usize("rope.dimension_count").unwrap_or(head_dim),
+            rope_theta: g.get_opt_f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
+            rope_dim: opt_usize("rope.dimension_count")?.unwrap_or(head_dim),
             // llama.cpp's converter permutes llama q/k into interleaved pairs; qwen2 keeps halves.
             rope_layout: match arch {
                 Arch::Llama => RopeLayout::Interleaved,
                 Arch::Qwen2 => RopeLayout::Halves,
             },
-            context_len: opt_usize("context_length").unwrap_or(2048),
+            context_len: opt_usize("context_length")?.unwrap_or(2048),
             tied_embeddings: tied,
         };
-        if let Some(v) = g.get(&key("rope.scaling.type")).and_then(|v| v.as_str()) {
+        if let Some(v) =
+            g.get(&key("rope.scaling.type")).map(|_| g.get_str(&key("rope.scaling.type"))).transpose()?
+        {
             if v != "none" {
                 return Err(Error::Metadata {
                     key: key("rope.scaling.type"),
@@ -182,6 +188,13 @@ impl Config {
             || self.vocab_size > MAX_VOCAB
         {
             return bad(format!("absurd dimension in {self:?}"));
+        }
+        let q_width = self.n_heads.saturating_mul(self.head_dim);
+        if q_width > MAX_DIM || self.context_len == 0 || self.context_len > MAX_CONTEXT {
+            return bad(format!(
+                "{} heads of {} (q width {}) with a context of {}",
+                self.n_heads, self.head_dim, q_width, self.context_len
+            ));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {
             return bad(format!("{} heads are not a multiple of {} kv heads", self.n_heads, self.n_kv_heads));

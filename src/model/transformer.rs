@@ -111,12 +111,19 @@ impl Model {
             )));
         }
         // Buffers bound whole: checked before anything is allocated.
+        // (u64: a 32-bit usize in the browser must not wrap)
+        let batch = MAX_BATCH as u64;
+        let ctx = context as u64;
         for (label, bytes) in [
-            ("scores", MAX_BATCH * c.n_heads * context * 4),
-            ("logits", MAX_BATCH * c.vocab_size * 4),
-            ("kv_cache", context * 2 * c.kv_dim() * 4),
+            ("x", batch * c.dim as u64 * 4),
+            ("q", batch * c.q_dim() as u64 * 4),
+            ("hb", batch * c.ffn_dim as u64 * 4),
+            ("scores", batch * c.n_heads as u64 * ctx * 4),
+            ("logits", batch * c.vocab_size as u64 * 4),
+            ("kv_cache", ctx * 2 * c.kv_dim() as u64 * 4),
+            ("rope cos/sin", ctx * c.rope_dim as u64 * 4),
         ] {
-            if bytes as u64 > gpu.max_binding_bytes() {
+            if bytes > gpu.max_binding_bytes() {
                 return Err(Error::GpuLimit(format!(
                     "{label} needs {bytes} bytes in one binding; the adapter allows {}",
                     gpu.max_binding_bytes()

@@ -144,19 +144,30 @@ impl TinyModel {
     /// GGUF v3 bytes. Matrices are stored as `matrix_type` (F32, F16, or a quantized type whose
     /// blocks are random valid bytes; the model's values then are those blocks' dequantization).
     pub fn to_gguf(&self, matrix_type: DType, rng: &mut SmallRng) -> Vec<u8> {
+        self.to_gguf_with(matrix_type, rng, &[])
+    }
+
+    /// [`TinyModel::to_gguf`] with metadata keys replaced or added (`overrides`: full key names).
+    pub fn to_gguf_with(
+        &self,
+        matrix_type: DType,
+        rng: &mut SmallRng,
+        overrides: &[(&str, Value)],
+    ) -> Vec<u8> {
         let s = &self.spec;
         let a = s.arch();
-        let mut w = GgufWriter::new();
-        w.add("general.architecture", Value::String(a.into()));
-        w.add("general.name", Value::String(format!("tiny-{a}")));
-        w.add(&format!("{a}.context_length"), Value::U32(s.context as u32));
-        w.add(&format!("{a}.embedding_length"), Value::U32(s.dim as u32));
-        w.add(&format!("{a}.block_count"), Value::U32(s.layers as u32));
-        w.add(&format!("{a}.feed_forward_length"), Value::U32(s.ffn as u32));
-        w.add(&format!("{a}.attention.head_count"), Value::U32(s.heads as u32));
-        w.add(&format!("{a}.attention.head_count_kv"), Value::U32(s.kv_heads as u32));
-        w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
-        w.add(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
+        let mut meta: Vec<(String, Value)> = Vec::new();
+        let mut add = |k: &str, v: Value| meta.push((k.to_string(), v));
+        add("general.architecture", Value::String(a.into()));
+        add("general.name", Value::String(format!("tiny-{a}")));
+        add(&format!("{a}.context_length"), Value::U32(s.context as u32));
+        add(&format!("{a}.embedding_length"), Value::U32(s.dim as u32));
+        add(&format!("{a}.block_count"), Value::U32(s.layers as u32));
+        add(&format!("{a}.feed_forward_length"), Value::U32(s.ffn as u32));
+        add(&format!("{a}.attention.head_count"), Value::U32(s.heads as u32));
+        add(&format!("{a}.attention.head_count_kv"), Value::U32(s.kv_heads as u32));
+        add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
+        add(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
         // A byte-level vocabulary: the 256 GPT-2 byte symbols, then plain filler tokens; the last
         // token is the end-of-sequence control token.
         let mut tokens: Vec<Value> = gpt2_byte_symbols().into_iter().map(Value::String).collect();
@@ -166,13 +177,21 @@ impl TinyModel {
         tokens.push(Value::String("<|eos|>".into()));
         let mut types = vec![Value::I32(1); s.vocab - 1];
         types.push(Value::I32(3));
-        w.add("tokenizer.ggml.model", Value::String("gpt2".into()));
-        w.add("tokenizer.ggml.pre", Value::String("gpt2".into()));
-        w.add("tokenizer.ggml.tokens", Value::Array(tokens));
-        w.add("tokenizer.ggml.token_type", Value::Array(types));
-        w.add("tokenizer.ggml.merges", Value::Array(vec![]));
-        w.add("tokenizer.ggml.eos_token_id", Value::U32(s.vocab as u32 - 1));
-        w.add("tokenizer.ggml.add_bos_token", Value::Bool(false));
+        add("tokenizer.ggml.model", Value::String("gpt2".into()));
+        add("tokenizer.ggml.pre", Value::String("gpt2".into()));
+        add("tokenizer.ggml.tokens", Value::Array(tokens));
+        add("tokenizer.ggml.token_type", Value::Array(types));
+        add("tokenizer.ggml.merges", Value::Array(vec![]));
+        add("tokenizer.ggml.eos_token_id", Value::U32(s.vocab as u32 - 1));
+        add("tokenizer.ggml.add_bos_token", Value::Bool(false));
+        let mut w = GgufWriter::new();
+        for (k, v) in overrides.iter().filter(|(o, _)| !meta.iter().any(|(k, _)| k == o)) {
+            w.add(k, v.clone());
+        }
+        for (k, v) in meta {
+            let v = overrides.iter().find(|(o, _)| *o == k).map_or(v, |(_, o)| o.clone());
+            w.add(&k, v);
+        }
         for t in &self.tensors {
             let values = self.gguf_rows(t);
             let (dtype, bytes) = if t.shape.len() == 1 {
