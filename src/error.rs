@@ -97,10 +97,32 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 impl Error {
     /// Shorthand for [`Error::Corrupt`].
     pub fn corrupt(format: &'static str, message: impl fmt::Display) -> Self {
-        Error::Corrupt { format, message: message.to_string() }
+        Error::Corrupt { format, message: printable(&message.to_string()) }
     }
     /// Shorthand for [`Error::Io`].
     pub fn io(path: impl fmt::Display, err: impl fmt::Display) -> Self {
         Error::Io { path: path.to_string(), message: err.to_string() }
     }
+}
+
+/// The longest text [`printable`] keeps.
+const MAX_MESSAGE_CHARS: usize = 2000;
+
+/// `text` safe to show in a terminal or a page: control characters escaped (`\u{1b}` for ESC,
+/// so names from a file cannot set colours or titles), newlines and tabs kept, and at most
+/// [`MAX_MESSAGE_CHARS`] characters.
+pub fn printable(text: &str) -> String {
+    let mut out = String::with_capacity(text.len().min(MAX_MESSAGE_CHARS));
+    for (i, c) in text.chars().enumerate() {
+        if i == MAX_MESSAGE_CHARS {
+            out.push_str("...");
+            break;
+        }
+        match c {
+            '\n' | '\t' => out.push(c),
+            c if c.is_control() => out.extend(c.escape_default()),
+            c => out.push(c),
+        }
+    }
+    out
 }

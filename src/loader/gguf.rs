@@ -27,6 +27,8 @@ pub const ALIGNMENT_KEY: &str = "general.alignment";
 pub const MAX_DIMS: usize = 4;
 /// Deepest nesting of arrays accepted (real files use 1; this bounds the recursion).
 const MAX_ARRAY_DEPTH: usize = 8;
+/// The longest metadata key or tensor name (ggml's tensor names hold 64 bytes; keys are short).
+const MAX_NAME_BYTES: usize = 1024;
 
 // Metadata value type ids.
 pub(crate) const T_U8: u32 = 0;
@@ -297,6 +299,22 @@ impl<'a> Reader<'a> {
         Ok(String::from_utf8_lossy(bytes).into_owned())
     }
 
+    /// A metadata key or tensor name: at most [`MAX_NAME_BYTES`], no control characters (a name
+    /// reaches error messages and logs).
+    fn name(&mut self, what: &str) -> Result<String> {
+        let name = self.string(what)?;
+        if name.len() > MAX_NAME_BYTES {
+            return Err(Error::corrupt(
+                FORMAT,
+                format!("{what} of {} bytes (at most {MAX_NAME_BYTES})", name.len()),
+            ));
+        }
+        if name.chars().any(char::is_control) {
+            return Err(Error::corrupt(FORMAT, format!("{what} {name:?} holds control characters")));
+        }
+        Ok(name)
+    }
+
     fn value(&mut self, type_id: u32, key: &str, depth: usize) -> Result<Value> {
         Ok(match type_id {
             T_U8 => Value::U8(self.u8(key)?),
@@ -427,7 +445,7 @@ impl Gguf {
 
         let mut metadata: Vec<(String, Value)> = Vec::with_capacity(r.capacity(n_kv, MIN_KV_BYTES));
         for _ in 0..n_kv {
-            let key = r.string("metadata key")?;
+            let key = r.name("metadata key")?;
             let type_id = r.u32(&key)?;
             let value = r.value(type_id, &key, 0)?;
             if metadata.iter().any(|(k, _)| *k == key) {
@@ -583,7 +601,7 @@ pub(crate) fn check_no_overlap(tensors: &[TensorInfo], format: &'static str) -> 
 type RawTensorInfo = (String, DType, Vec<usize>, u64, u64);
 
 fn read_tensor_info(r: &mut Reader<'_>) -> Result<RawTensorInfo> {
-    let name = r.string("tensor name")?;
+    let name = r.name("tensor name")?;
     let n_dims = r.u32(&name)? as usize;
     if n_dims > MAX_DIMS {
         return Err(Error::corrupt(

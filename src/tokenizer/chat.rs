@@ -48,7 +48,7 @@ fn template_err(e: minijinja::Error) -> Error {
         msg.push_str(&format!(": {s}"));
         source = s.source();
     }
-    Error::ChatTemplate(msg)
+    Error::ChatTemplate(crate::error::printable(&msg))
 }
 
 impl ChatTemplate {

@@ -82,7 +82,23 @@ impl fmt::Debug for Tokenizer {
 }
 
 fn hf_err(context: &str) -> impl Fn(tokenizers::Error) -> Error + '_ {
-    move |e| Error::Tokenizer(format!("{context}: {e}"))
+    move |e| Error::Tokenizer(crate::error::printable(&format!("{context}: {e}")))
+}
+
+/// A `tokenizer.json` as the `tokenizers` library reads it. That library panics (an `expect`)
+/// on some malformed files instead of returning an error, so the JSON syntax is checked first and
+/// the library only ever sees well-formed JSON; natively its remaining panics are caught too.
+fn parse_tokenizer_json(bytes: &[u8]) -> Result<tokenizers::Tokenizer> {
+    let err =
+        |e: serde_json::Error| Error::Tokenizer(crate::error::printable(&format!("tokenizer.json: {e}")));
+    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(err)?;
+    let parse = move || serde_json::from_value::<tokenizers::Tokenizer>(value);
+    #[cfg(not(target_arch = "wasm32"))]
+    let parsed = std::panic::catch_unwind(parse)
+        .map_err(|_| Error::Tokenizer("tokenizer.json: the tokenizers library could not read it".into()))?;
+    #[cfg(target_arch = "wasm32")]
+    let parsed = parse();
+    parsed.map_err(err)
 }
 
 impl Tokenizer {
@@ -90,7 +106,7 @@ impl Tokenizer {
     /// `<|endoftext|>`, `<|im_end|>`, `<|eot_id|>`, `</s>`, ...; add those of a
     /// `generation_config.json` with [`Tokenizer::add_eos_ids`].
     pub fn from_json(tokenizer_json: &[u8]) -> Result<Tokenizer> {
-        let hf = tokenizers::Tokenizer::from_bytes(tokenizer_json).map_err(hf_err("tokenizer.json"))?;
+        let hf = parse_tokenizer_json(tokenizer_json)?;
         let added = hf.get_added_tokens_decoder();
         let max_added = added.keys().max().map_or(0, |&id| id as usize + 1);
         let vocab_size = hf.get_model().get_vocab_size().max(max_added);

@@ -82,6 +82,7 @@ impl TinySpec {
 }
 
 /// One tensor in Hugging Face orientation (rows = output features), f32 values.
+#[derive(Clone)]
 pub struct TinyTensor {
     /// GGUF name.
     pub name: String,

@@ -175,7 +175,7 @@ pub fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {}", printable(&e.to_string()));
+            eprintln!("error: {}", wgspec::error::printable(&e.to_string()));
             ExitCode::FAILURE
         }
     }
@@ -204,18 +204,6 @@ fn read_prompt(path: &std::path::Path) -> Result<String> {
     }
     String::from_utf8(bytes)
         .map_err(|e| Error::InvalidArgument(format!("{}: the prompt is not UTF-8: {e}", path.display())))
-}
-
-/// `text` with control characters (other than newlines and tabs) escaped: error messages quote
-/// names from model files and arguments, which must not drive the terminal.
-fn printable(text: &str) -> String {
-    text.chars()
-        .map(|c| match c {
-            '\n' | '\t' => c.to_string(),
-            c if c.is_control() => c.escape_default().to_string(),
-            c => c.to_string(),
-        })
-        .collect()
 }
 
 fn web_cmd(args: WebArgs) -> Result<()> {
