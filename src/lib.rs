@@ -18,8 +18,6 @@ pub mod loader;
 pub mod local;
 pub mod model;
 pub mod sampling;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod server;
 pub mod session;
 pub mod spec;
 pub mod tokenizer;

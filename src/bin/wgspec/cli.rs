@@ -1,7 +1,9 @@
 //! The `wgspec` command line: generate text (optionally speculating with a draft), benchmark
-//! speculation against target-only decoding, fetch known models.
+//! speculation against target-only decoding, serve the OpenAI-compatible API and the demo page,
+//! fetch known models.
 
 use std::io::Write;
+use std::net::IpAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -16,9 +18,9 @@ use wgspec::sampling::SamplingParams;
 use wgspec::session::GenerateOptions;
 use wgspec::spec::{self, Draft, DraftModel, KPolicy, NGram};
 
-use crate::bench;
+use crate::{bench, serve};
+use wgspec::fetch;
 use wgspec::tokenizer::Message;
-use wgspec::{fetch, server};
 use wgspec::{Error, Result};
 
 #[derive(Parser)]
@@ -34,6 +36,8 @@ enum Command {
     Generate(GenerateArgs),
     /// Compare target-only decoding with speculation over a prompt set; print and write JSON.
     Bench(BenchArgs),
+    /// Serve a model over an OpenAI-compatible HTTP API (and the browser demo beside it).
+    Serve(ServeArgs),
     /// Serve the browser demo (www/, the npm package pkg/, the model cache) on 127.0.0.1.
     Web(WebArgs),
     /// Download a known model into the cache and print its path.
@@ -108,7 +112,17 @@ impl KArgs {
 
 #[derive(Parser)]
 struct WebArgs {
-    /// Port on 127.0.0.1 (0 = any free port; the address is printed on the first line).
+    #[command(flatten)]
+    listen: ListenArgs,
+}
+
+/// Where a server listens and which static files it serves.
+#[derive(clap::Args)]
+struct ListenArgs {
+    /// The address to bind (loopback by default; then requests must name a loopback Host).
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// The port (0 = any free port; the address is printed on the first line).
     #[arg(long, default_value_t = 8080)]
     port: u16,
     /// The demo page's folder.
@@ -117,6 +131,51 @@ struct WebArgs {
     /// The built npm package (`./build.sh wasm`).
     #[arg(long, default_value = "pkg")]
     pkg: PathBuf,
+    /// Seconds a connection may take to send a request head (idle keep-alive connections are
+    /// closed after as long).
+    #[arg(long, default_value_t = 10)]
+    header_timeout: u64,
+}
+
+#[derive(Parser)]
+struct ServeArgs {
+    /// A .gguf file, a Hugging Face folder or a known model NAME.
+    #[arg(long)]
+    model: String,
+    /// The default draft of requests: `ngram`, or a smaller model with the same tokenizer
+    /// (a request's `draft` field may pick another).
+    #[arg(long)]
+    draft: Option<String>,
+    /// KV cache positions: prompt and reply of one request together (default: min(model context, 4096)).
+    #[arg(long)]
+    context: Option<usize>,
+    /// The API (`/v1/*`, `/tokenize`, `/detokenize`) wants `Authorization: Bearer KEY`.
+    #[arg(long, env = "WGSPEC_API_KEY", hide_env_values = true)]
+    api_key: Option<String>,
+    /// Requests that may wait for the GPU (one runs at a time); more are answered 429 at once.
+    #[arg(long, default_value_t = 8)]
+    max_queue: usize,
+    #[command(flatten)]
+    listen: ListenArgs,
+}
+
+impl ListenArgs {
+    fn config(
+        self,
+        model: Option<serve::ModelConfig>,
+        api_key: Option<String>,
+        max_queue: usize,
+    ) -> serve::ServerConfig {
+        serve::ServerConfig {
+            host: self.host,
+            port: self.port,
+            api_key,
+            max_queue,
+            model,
+            roots: serve::Roots { www: self.www, pkg: self.pkg, models: fetch::cache_dir().join("models") },
+            header_timeout: std::time::Duration::from_secs(self.header_timeout.max(1)),
+        }
+    }
 }
 
 #[derive(Parser)]
@@ -169,6 +228,7 @@ pub fn main() -> ExitCode {
     let result = match cli.command {
         Command::Generate(args) => pollster::block_on(generate(args)),
         Command::Bench(args) => pollster::block_on(bench_cmd(args)),
+        Command::Serve(args) => serve_cmd(args),
         Command::Web(args) => web_cmd(args),
         Command::Fetch { name } => fetch_cmd(&name),
     };
@@ -207,17 +267,16 @@ fn read_prompt(path: &std::path::Path) -> Result<String> {
 }
 
 fn web_cmd(args: WebArgs) -> Result<()> {
-    if !args.pkg.join("wgspec_core_bg.wasm").is_file() {
-        eprintln!(
-            "warning: {} has no wgspec_core_bg.wasm; build it with ./build.sh wasm",
-            args.pkg.display()
-        );
+    let pkg = &args.listen.pkg;
+    if !pkg.join("wgspec_core_bg.wasm").is_file() {
+        eprintln!("warning: {} has no wgspec_core_bg.wasm; build it with ./build.sh wasm", pkg.display());
     }
-    let roots = server::DemoRoots { www: args.www, pkg: args.pkg, models: fetch::cache_dir().join("models") };
-    server::serve_demo(args.port, roots, |port| {
-        println!("listening on http://127.0.0.1:{port}");
-        let _ = std::io::stdout().flush();
-    })
+    serve::run(args.listen.config(None, None, 1))
+}
+
+fn serve_cmd(args: ServeArgs) -> Result<()> {
+    let model = serve::ModelConfig { model: args.model, draft: args.draft, context: args.context };
+    serve::run(args.listen.config(Some(model), args.api_key, args.max_queue))
 }
 
 fn fetch_cmd(name: &str) -> Result<()> {

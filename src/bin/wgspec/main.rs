@@ -1,5 +1,6 @@
-//! The `wgspec` binary: the command line in [`cli`] (native only; built for wasm32 as an empty
-//! program, since the browser gets the library through `src/web.rs` instead).
+//! The `wgspec` binary: the command line in [`cli`] and the HTTP server in [`serve`] (native
+//! only; built for wasm32 as an empty program, since the browser gets the library through
+//! `src/web.rs` instead).
 
 #[cfg(not(target_arch = "wasm32"))]
 mod bench;
@@ -7,6 +8,8 @@ mod bench;
 mod cli;
 #[cfg(not(target_arch = "wasm32"))]
 mod roofline;
+#[cfg(not(target_arch = "wasm32"))]
+mod serve;
 
 #[cfg(not(target_arch = "wasm32"))]
 fn main() -> std::process::ExitCode {

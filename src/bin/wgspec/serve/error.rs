@@ -1,0 +1,103 @@
+//! The server's error answer: OpenAI's shape `{"error": {"message", "type", "param", "code"}}`
+//! with an HTTP status, and the mapping from the library's [`wgspec::Error`].
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+
+/// An error answered to a client. Its `kind` is OpenAI's `type` and the label of
+/// `wgspec_errors_total` in the metrics.
+#[derive(Clone, Debug)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// OpenAI's `type`: `invalid_request_error`, `authentication_error`, `rate_limit_exceeded`, ...
+    pub kind: &'static str,
+    /// The request field at fault, when there is one.
+    pub param: Option<String>,
+    /// A machine-readable code (`model_not_found`, `context_length_exceeded`, ...).
+    pub code: Option<&'static str>,
+}
+
+/// The error kind a response carried, read by the metrics layer (a response extension).
+#[derive(Clone, Copy, Debug)]
+pub struct ErrorKind(pub &'static str);
+
+impl ApiError {
+    pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
+        ApiError { status, message: message.into(), kind, param: None, code: None }
+    }
+
+    /// 400 `invalid_request_error`.
+    pub fn invalid(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::BAD_REQUEST, "invalid_request_error", message)
+    }
+
+    /// 400 naming the field at fault.
+    pub fn field(param: &str, message: impl Into<String>) -> ApiError {
+        ApiError::invalid(message).with_param(param)
+    }
+
+    pub fn not_found(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found_error", message)
+    }
+
+    /// 503: no model loaded yet, or the GPU worker is gone.
+    pub fn unavailable(message: impl Into<String>) -> ApiError {
+        ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "service_unavailable", message)
+    }
+
+    /// 500: logged on the console, answered without detail beyond the message.
+    pub fn internal(message: impl Into<String>) -> ApiError {
+        let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message);
+        eprintln!("server error: {}", e.message);
+        e
+    }
+
+    pub fn with_param(mut self, param: &str) -> ApiError {
+        self.param = Some(param.to_string());
+        self
+    }
+
+    pub fn with_code(mut self, code: &'static str) -> ApiError {
+        self.code = Some(code);
+        self
+    }
+
+    /// The JSON body.
+    pub fn body(&self) -> serde_json::Value {
+        serde_json::json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind,
+                "param": self.param,
+                "code": self.code,
+            }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(self.body())).into_response();
+        response.extensions_mut().insert(ErrorKind(self.kind));
+        response
+    }
+}
+
+/// Client mistakes are 400, a busy engine 503, the rest 500 (logged).
+impl From<wgspec::Error> for ApiError {
+    fn from(e: wgspec::Error) -> ApiError {
+        use wgspec::Error as E;
+        match &e {
+            E::ContextOverflow { .. } => {
+                ApiError::invalid(e.to_string()).with_code("context_length_exceeded")
+            }
+            E::InvalidArgument(_) | E::ChatTemplate(_) | E::Tokenizer(_) | E::TokenOutOfRange { .. } => {
+                ApiError::invalid(e.to_string())
+            }
+            E::Busy(_) => ApiError::unavailable(e.to_string()),
+            _ => ApiError::internal(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,237 @@
+//! Counters, gauges and histograms of the server, rendered in Prometheus' text format at
+//! `GET /metrics`.
+
+use std::collections::BTreeMap;
+use std::fmt::Write;
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+/// Time to first token (seconds): queueing and prefill included.
+const TTFT_BOUNDS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
+/// Time between consecutive tokens of a stream (seconds); tokens accepted from one draft arrive
+/// together, so speculation shows as many near-zero latencies.
+const TOKEN_BOUNDS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+
+/// Cumulative buckets over fixed upper bounds.
+struct Histogram {
+    bounds: &'static [f64],
+    /// counts[i]: observations <= bounds[i] and > bounds[i - 1]; the last one: above all bounds.
+    counts: Vec<u64>,
+    sum: f64,
+}
+
+impl Histogram {
+    fn new(bounds: &'static [f64]) -> Histogram {
+        Histogram { bounds, counts: vec![0; bounds.len() + 1], sum: 0.0 }
+    }
+
+    fn observe(&mut self, seconds: f64) {
+        let i = self.bounds.iter().position(|b| seconds <= *b).unwrap_or(self.bounds.len());
+        self.counts[i] += 1;
+        self.sum += seconds;
+    }
+
+    fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (bound, count) in self.bounds.iter().zip(&self.counts) {
+            cumulative += count;
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}\"}} {cumulative}");
+        }
+        cumulative += self.counts[self.bounds.len()];
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum);
+        let _ = writeln!(out, "{name}_count {cumulative}");
+    }
+}
+
+struct Inner {
+    /// (route, status) -> answers.
+    requests: BTreeMap<(String, u16), u64>,
+    /// error type -> answers carrying it (streams that failed after their 200 included).
+    errors: BTreeMap<&'static str, u64>,
+    completions: u64,
+    prompt_tokens: u64,
+    generated_tokens: u64,
+    drafted: u64,
+    accepted: u64,
+    /// Target forward passes of decoding (generated tokens / τ, summed over requests).
+    decode_forwards: f64,
+    ttft: Histogram,
+    token_latency: Histogram,
+}
+
+/// The server's metrics; one per server, shared by every handler and the GPU worker.
+pub struct Metrics {
+    inner: Mutex<Inner>,
+    /// Jobs waiting for the GPU worker (not counting the one it runs).
+    pub queue_depth: AtomicI64,
+}
+
+/// One finished generation, as counted.
+pub struct CompletionCounts {
+    pub prompt_tokens: usize,
+    pub generated_tokens: usize,
+    pub drafted: usize,
+    pub accepted: usize,
+    /// τ of the request.
+    pub tokens_per_target_forward: f64,
+}
+
+impl Metrics {
+    pub fn new() -> Metrics {
+        Metrics {
+            inner: Mutex::new(Inner {
+                requests: BTreeMap::new(),
+                errors: BTreeMap::new(),
+                completions: 0,
+                prompt_tokens: 0,
+                generated_tokens: 0,
+                drafted: 0,
+                accepted: 0,
+                decode_forwards: 0.0,
+                ttft: Histogram::new(TTFT_BOUNDS),
+                token_latency: Histogram::new(TOKEN_BOUNDS),
+            }),
+            queue_depth: AtomicI64::new(0),
+        }
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut Inner) -> T) -> T {
+        // Counters stay usable after a panic elsewhere: a poisoned lock still holds valid numbers.
+        let mut inner = self.inner.lock().unwrap_or_else(|e| e.into_inner());
+        f(&mut inner)
+    }
+
+    pub fn request(&self, route: &str, status: u16) {
+        self.with(|m| *m.requests.entry((route.to_string(), status)).or_insert(0) += 1);
+    }
+
+    pub fn error(&self, kind: &'static str) {
+        self.with(|m| *m.errors.entry(kind).or_insert(0) += 1);
+    }
+
+    pub fn first_token(&self, latency: Duration) {
+        self.with(|m| m.ttft.observe(latency.as_secs_f64()));
+    }
+
+    pub fn next_token(&self, latency: Duration) {
+        self.with(|m| m.token_latency.observe(latency.as_secs_f64()));
+    }
+
+    pub fn completion(&self, c: &CompletionCounts) {
+        self.with(|m| {
+            m.completions += 1;
+            m.prompt_tokens += c.prompt_tokens as u64;
+            m.generated_tokens += c.generated_tokens as u64;
+            m.drafted += c.drafted as u64;
+            m.accepted += c.accepted as u64;
+            if c.tokens_per_target_forward > 0.0 {
+                m.decode_forwards += c.generated_tokens as f64 / c.tokens_per_target_forward;
+            }
+        });
+    }
+
+    /// The Prometheus text exposition of everything.
+    pub fn render(&self) -> String {
+        let queue_depth = self.queue_depth.load(Ordering::Relaxed).max(0);
+        self.with(|m| {
+            let mut out = String::new();
+            let _ = writeln!(
+                out,
+                "# HELP wgspec_requests_total HTTP requests answered, by route and status.\n\
+                 # TYPE wgspec_requests_total counter"
+            );
+            for ((route, status), n) in &m.requests {
+                let _ = writeln!(out, "wgspec_requests_total{{route=\"{route}\",status=\"{status}\"}} {n}");
+            }
+            let _ = writeln!(
+                out,
+                "# HELP wgspec_errors_total Error answers by type (OpenAI's error `type`).\n\
+                 # TYPE wgspec_errors_total counter"
+            );
+            for (kind, n) in &m.errors {
+                let _ = writeln!(out, "wgspec_errors_total{{kind=\"{kind}\"}} {n}");
+            }
+            let counters = [
+                ("wgspec_completions_total", "Generations finished.", m.completions),
+                ("wgspec_prompt_tokens_total", "Prompt tokens of finished generations.", m.prompt_tokens),
+                (
+                    "wgspec_generated_tokens_total",
+                    "Tokens generated by finished generations.",
+                    m.generated_tokens,
+                ),
+                ("wgspec_drafted_tokens_total", "Draft tokens proposed.", m.drafted),
+                ("wgspec_accepted_tokens_total", "Draft tokens the target accepted.", m.accepted),
+            ];
+            for (name, help, value) in counters {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
+            }
+            let acceptance = if m.drafted > 0 { m.accepted as f64 / m.drafted as f64 } else { 0.0 };
+            let tau =
+                if m.decode_forwards > 0.0 { m.generated_tokens as f64 / m.decode_forwards } else { 0.0 };
+            let gauges = [
+                ("wgspec_acceptance_rate", "Accepted / drafted tokens since the start.", acceptance),
+                (
+                    "wgspec_tokens_per_target_forward",
+                    "Tau: generated tokens per target forward since the start.",
+                    tau,
+                ),
+                ("wgspec_queue_depth", "Requests waiting for the GPU worker.", queue_depth as f64),
+            ];
+            for (name, help, value) in gauges {
+                let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
+            }
+            m.ttft.render(
+                &mut out,
+                "wgspec_time_to_first_token_seconds",
+                "From the request's arrival to its first token.",
+            );
+            m.token_latency.render(
+                &mut out,
+                "wgspec_token_latency_seconds",
+                "Between consecutive tokens of a request.",
+            );
+            out
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn renders_counters_and_cumulative_buckets() {
+        let m = Metrics::new();
+        m.request("/v1/completions", 200);
+        m.request("/v1/completions", 200);
+        m.request("/v1/completions", 429);
+        m.error("rate_limit_exceeded");
+        m.first_token(Duration::from_millis(20));
+        m.first_token(Duration::from_secs(100));
+        m.completion(&CompletionCounts {
+            prompt_tokens: 3,
+            generated_tokens: 10,
+            drafted: 8,
+            accepted: 6,
+            tokens_per_target_forward: 2.5,
+        });
+        let text = m.render();
+        for line in [
+            "wgspec_requests_total{route=\"/v1/completions\",status=\"200\"} 2",
+            "wgspec_requests_total{route=\"/v1/completions\",status=\"429\"} 1",
+            "wgspec_errors_total{kind=\"rate_limit_exceeded\"} 1",
+            "wgspec_acceptance_rate 0.75",
+            "wgspec_tokens_per_target_forward 2.5",
+            "wgspec_time_to_first_token_seconds_bucket{le=\"0.01\"} 0",
+            "wgspec_time_to_first_token_seconds_bucket{le=\"0.025\"} 1",
+            "wgspec_time_to_first_token_seconds_bucket{le=\"60\"} 1",
+            "wgspec_time_to_first_token_seconds_bucket{le=\"+Inf\"} 2",
+            "wgspec_time_to_first_token_seconds_count 2",
+        ] {
+            assert!(text.lines().any(|l| l == line), "missing {line:?} in\n{text}");
+        }
+    }
+}

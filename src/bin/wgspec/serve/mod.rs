@@ -1,0 +1,379 @@
+//! The HTTP server: `wgspec serve` (an OpenAI-compatible API over one engine, plus the demo
+//! page) and `wgspec web` (the demo page alone).
+//!
+//! One GPU worker thread owns the engine and runs one generation at a time ([`worker`]); HTTP
+//! handlers queue jobs for it in a bounded queue (full: 429 at once) and stream its token events
+//! back ([`api`]). Connections are served by hyper directly, so that each one has a header read
+//! timeout (idle keep-alive connections included), a write stall timeout ([`net`]) and a place
+//! under a cap on open connections. Requests to a loopback bind must name a loopback host (DNS
+//! rebinding); with `--api-key` the API wants `Authorization: Bearer KEY`.
+
+mod api;
+mod error;
+mod files;
+mod metrics;
+mod net;
+mod openai;
+mod worker;
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::{MatchedPath, Request, State};
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::middleware::{self, Next};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use hyper_util::service::TowerToHyperService;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, oneshot, Semaphore};
+use wgspec::engine::DraftKind;
+use wgspec::Error;
+
+pub use files::Roots;
+pub use worker::ModelConfig;
+
+use error::{ApiError, ErrorKind};
+use metrics::Metrics;
+
+/// Open connections at most; more are closed as soon as they are accepted.
+const MAX_CONNECTIONS: usize = 256;
+/// A response write that makes no progress for this long (a client that stopped reading)
+/// closes its connection.
+const WRITE_STALL: Duration = Duration::from_secs(30);
+/// How long SIGTERM / SIGINT waits for in-flight requests before the process exits.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+
+/// What the server runs with.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    pub host: IpAddr,
+    /// 0: any free port (the address is printed on the first line of standard output).
+    pub port: u16,
+    /// The API wants `Authorization: Bearer KEY` when set.
+    pub api_key: Option<String>,
+    /// Requests waiting for the GPU worker at most (the running one not counted).
+    pub max_queue: usize,
+    /// The model to serve; `None` serves the static files only (`wgspec web`).
+    pub model: Option<ModelConfig>,
+    pub roots: Roots,
+    /// A connection must send a whole request head within this time of being ready for one
+    /// (idle keep-alive connections included).
+    pub header_timeout: Duration,
+}
+
+/// The served model, as the API sees it.
+pub struct ModelInfo {
+    /// The names a request's `model` may give: the model's id first (the file stem, the folder
+    /// or known name), then the `--model` argument itself.
+    pub ids: Vec<String>,
+    pub default_draft: DraftKind,
+    /// Set once the models are loaded.
+    pub loaded: OnceLock<worker::Loaded>,
+    /// The queue of the GPU worker (closed when the worker thread has ended).
+    pub jobs: mpsc::Sender<worker::Job>,
+}
+
+/// Everything a handler reaches.
+pub struct App {
+    pub model: Option<ModelInfo>,
+    pub metrics: Arc<Metrics>,
+    pub roots: Roots,
+    pub api_key: Option<String>,
+    /// Bound to a loopback address: requests must name a loopback host.
+    pub loopback: bool,
+    pub started: Instant,
+}
+
+/// The id of the model `--model ARG` names: a known name as is, a file without its `.gguf`, a
+/// folder by its name.
+fn model_id(arg: &str) -> String {
+    let path = std::path::Path::new(arg.trim_end_matches('/'));
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or(arg);
+    name.strip_suffix(".gguf").unwrap_or(name).to_string()
+}
+
+/// Runs the server until SIGTERM or SIGINT (then in-flight requests get [`SHUTDOWN_GRACE`] to
+/// finish) or until the models fail to load (an error).
+pub fn run(cfg: ServerConfig) -> wgspec::Result<()> {
+    if cfg.max_queue == 0 {
+        return Err(Error::InvalidArgument("--max-queue must be at least 1".into()));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .thread_name("wgspec-http")
+        .build()
+        .map_err(|e| Error::io("tokio runtime", e))?;
+    let result = runtime.block_on(serve(cfg));
+    // Blocking tasks still reading files must not hold the exit.
+    runtime.shutdown_timeout(Duration::from_secs(1));
+    result
+}
+
+async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
+    let listener = TcpListener::bind((cfg.host, cfg.port))
+        .await
+        .map_err(|e| Error::io(SocketAddr::new(cfg.host, cfg.port), e))?;
+    let addr = listener.local_addr().map_err(|e| Error::io("listener", e))?;
+    {
+        use std::io::Write;
+        println!("listening on http://{addr}");
+        let _ = std::io::stdout().flush();
+    }
+
+    let metrics = Arc::new(Metrics::new());
+    let (fatal_tx, fatal_rx) = oneshot::channel::<Error>();
+    let model = match cfg.model.clone() {
+        None => None,
+        Some(model_cfg) => {
+            let (jobs, queue) = mpsc::channel(cfg.max_queue);
+            let (loaded_tx, loaded_rx) = oneshot::channel();
+            worker::spawn(model_cfg.clone(), queue, metrics.clone(), loaded_tx)
+                .map_err(|e| Error::io("the GPU worker thread", e))?;
+            let mut ids = vec![model_id(&model_cfg.model)];
+            if ids[0] != model_cfg.model {
+                ids.push(model_cfg.model.clone());
+            }
+            let info =
+                ModelInfo { ids, default_draft: model_cfg.default_draft(), loaded: OnceLock::new(), jobs };
+            Some((info, loaded_rx))
+        }
+    };
+    let (model, loaded_rx) = match model {
+        Some((info, rx)) => (Some(info), Some(rx)),
+        None => (None, None),
+    };
+    let app = Arc::new(App {
+        model,
+        metrics,
+        roots: cfg.roots.clone(),
+        api_key: cfg.api_key.clone(),
+        loopback: cfg.host.is_loopback(),
+        started: Instant::now(),
+    });
+    if let Some(rx) = loaded_rx {
+        let app = app.clone();
+        tokio::spawn(async move {
+            match rx.await {
+                Ok(Ok(loaded)) => {
+                    eprintln!("ready: context {} tokens", loaded.context);
+                    if let Some(m) = &app.model {
+                        let _ = m.loaded.set(loaded);
+                    }
+                }
+                Ok(Err(e)) => {
+                    let _ = fatal_tx.send(e);
+                }
+                Err(_) => {
+                    let _ =
+                        fatal_tx.send(Error::InvalidArgument("the GPU worker ended while loading".into()));
+                }
+            }
+        });
+    }
+
+    let router = router(app.clone());
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let stop = stop_signal(fatal_rx);
+    tokio::pin!(stop);
+    loop {
+        tokio::select! {
+            reason = &mut stop => match reason {
+                Some(e) => return Err(e),
+                None => break,
+            },
+            accepted = listener.accept() => {
+                let stream = match accepted {
+                    Ok((stream, _peer)) => stream,
+                    Err(e) => {
+                        // Out of file descriptors, or a connection reset before it was accepted:
+                        // wait a moment rather than spin, and go on.
+                        eprintln!("accept: {e}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        continue;
+                    }
+                };
+                let Ok(slot) = slots.clone().try_acquire_owned() else {
+                    continue; // over the cap: dropped, so closed
+                };
+                let _ = stream.set_nodelay(true);
+                let io = TokioIo::new(net::StallGuard::new(stream, WRITE_STALL));
+                let service = TowerToHyperService::new(router.clone());
+                let conn = hyper::server::conn::http1::Builder::new()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(cfg.header_timeout)
+                    .serve_connection(io, service);
+                let conn = graceful.watch(conn);
+                tokio::spawn(async move {
+                    let _ = conn.await;
+                    drop(slot);
+                });
+            }
+        }
+    }
+    drop(listener);
+    eprintln!("shutting down: {} connection(s) open", graceful.count());
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(SHUTDOWN_GRACE) => eprintln!("shutdown: gave up waiting after {SHUTDOWN_GRACE:?}"),
+    }
+    Ok(())
+}
+
+/// Resolves to `None` on SIGTERM or SIGINT, to the error when the models fail to load.
+async fn stop_signal(fatal: oneshot::Receiver<Error>) -> Option<Error> {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                eprintln!("SIGTERM handler: {e}");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = terminate => None,
+        r = tokio::signal::ctrl_c() => {
+            if let Err(e) = r {
+                eprintln!("SIGINT handler: {e}");
+                std::future::pending::<()>().await;
+            }
+            None
+        }
+        Ok(e) = fatal => Some(e),
+    }
+}
+
+fn router(app: Arc<App>) -> Router {
+    let mut r = Router::new()
+        .route("/health", get(api::health))
+        .route("/ready", get(api::ready))
+        .route("/health/ready", get(api::ready))
+        .route("/metrics", get(api::metrics));
+    if app.model.is_some() {
+        r = r
+            .route("/v1/chat/completions", post(api::chat_completions))
+            .route("/v1/completions", post(api::completions))
+            .route("/v1/models", get(api::models))
+            .route("/tokenize", post(api::tokenize))
+            .route("/detokenize", post(api::detokenize));
+    }
+    let roots = app.roots.clone();
+    r.method_not_allowed_fallback(api::method_not_allowed)
+        .fallback(move |req: Request| files::serve(roots.clone(), req))
+        .layer(middleware::from_fn_with_state(app.clone(), authorize))
+        .layer(middleware::from_fn_with_state(app.clone(), check_host))
+        .layer(middleware::from_fn_with_state(app.clone(), count))
+        .with_state(app)
+}
+
+/// Counts every answer by route and status, and error answers by type.
+async fn count(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let route = match req.extensions().get::<MatchedPath>() {
+        Some(p) => p.as_str().to_string(),
+        None => "other".to_string(),
+    };
+    let response = next.run(req).await;
+    app.metrics.request(&route, response.status().as_u16());
+    if let Some(ErrorKind(kind)) = response.extensions().get::<ErrorKind>() {
+        app.metrics.error(kind);
+    }
+    response
+}
+
+/// Whether a `Host` header names a loopback host: `127.0.0.1`, `localhost` or `[::1]`, with any port.
+fn loopback_host(host: &str) -> bool {
+    let name = if host.starts_with('[') {
+        host.split_once(']').map_or(host, |(name, _)| name).trim_start_matches('[')
+    } else {
+        match host.rsplit_once(':') {
+            Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
+            _ => host,
+        }
+    };
+    name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// On a loopback bind, requests must name a loopback host: a page on another site whose name
+/// was rebound to 127.0.0.1 sends its own name.
+async fn check_host(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    if app.loopback {
+        let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok());
+        if !host.is_some_and(loopback_host) {
+            return ApiError::new(
+                StatusCode::FORBIDDEN,
+                "invalid_request_error",
+                "this server listens on a loopback address: the Host header must be 127.0.0.1, localhost or [::1]",
+            )
+            .with_code("host_not_allowed")
+            .into_response();
+        }
+    }
+    next.run(req).await
+}
+
+/// With `--api-key`, the API routes want `Authorization: Bearer KEY` (health, readiness,
+/// metrics and the static files stay open).
+async fn authorize(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let path = req.uri().path();
+    let protected = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
+    if let (Some(key), true) = (&app.api_key, protected) {
+        let given = req.headers().get(header::AUTHORIZATION).and_then(|h| h.to_str().ok());
+        let token = given.and_then(|g| g.strip_prefix("Bearer ")).map(str::trim);
+        if !token.is_some_and(|t| same_secret(t.as_bytes(), key.as_bytes())) {
+            let message = match given {
+                None => "an API key is required: send `Authorization: Bearer KEY`",
+                Some(_) => "incorrect API key",
+            };
+            let mut response = ApiError::new(StatusCode::UNAUTHORIZED, "invalid_request_error", message)
+                .with_code("invalid_api_key")
+                .into_response();
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+            return response;
+        }
+    }
+    next.run(req).await
+}
+
+/// Compares two secrets in a time that depends on their lengths only.
+fn same_secret(a: &[u8], b: &[u8]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn loopback_hosts_with_and_without_ports() {
+        for ok in ["127.0.0.1", "127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]", "[::1]:8080"] {
+            assert!(loopback_host(ok), "{ok}");
+        }
+        for bad in
+            ["evil.com", "evil.com:8080", "127.0.0.1.evil.com", "localhost.evil.com:80", "[::2]:80", ""]
+        {
+            assert!(!loopback_host(bad), "{bad}");
+        }
+    }
+
+    #[test]
+    fn model_ids_are_file_stems_and_names() {
+        assert_eq!(model_id("/m/tiny.gguf"), "tiny");
+        assert_eq!(model_id("smollm2-135m"), "smollm2-135m");
+        assert_eq!(model_id("/hf/Qwen2.5-0.5B/"), "Qwen2.5-0.5B");
+    }
+
+    #[test]
+    fn secrets_compare_exactly() {
+        assert!(same_secret(b"abc", b"abc"));
+        assert!(!same_secret(b"abc", b"abd"));
+        assert!(!same_secret(b"abc", b"abcd"));
+    }
+}

@@ -1,0 +1,254 @@
+//! The GPU worker: one thread that loads the engine and then runs one job at a time from the
+//! bounded queue, streaming token events back to the HTTP handler that queued the job. When the
+//! handler is gone (its client disconnected), the events cannot be delivered, the generation
+//! stops at the next token and the worker takes the next job.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::sync::{mpsc, oneshot};
+use wgspec::engine::{Completion, DraftKind, Engine, Request, TokenEvent};
+use wgspec::gpu::Gpu;
+use wgspec::model::LoadOptions;
+use wgspec::session::FinishReason;
+use wgspec::tokenizer::Tokenizer;
+
+use super::error::ApiError;
+use super::metrics::Metrics;
+
+/// What `wgspec serve` loads.
+#[derive(Clone, Debug)]
+pub struct ModelConfig {
+    /// A .gguf file, a Hugging Face folder or a known model name.
+    pub model: String,
+    /// `ngram`, a draft model (file, folder or name), or none.
+    pub draft: Option<String>,
+    /// KV cache positions (default: the engine's, min(model context, 4096)).
+    pub context: Option<usize>,
+}
+
+impl ModelConfig {
+    /// The draft a request without a `draft` field speculates with.
+    pub fn default_draft(&self) -> DraftKind {
+        match self.draft.as_deref() {
+            None => DraftKind::None,
+            Some("ngram") => DraftKind::Ngram,
+            Some(_) => DraftKind::Model,
+        }
+    }
+}
+
+/// What the HTTP side learns once the models are loaded.
+pub struct Loaded {
+    /// A copy of the target's tokenizer, for `/tokenize` and `/detokenize`.
+    pub tokenizer: Tokenizer,
+    /// KV cache positions: prompt + generated tokens of one request.
+    pub context: usize,
+}
+
+/// One generation waiting in the queue.
+pub struct Job {
+    /// `max_tokens` is replaced by the one [`fit_context`] allows.
+    pub request: Request,
+    /// The `max_tokens` asked for (`None`: up to the end of the context).
+    pub max_tokens: Option<usize>,
+    pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// What the worker tells the handler of a job, in this order: `Started`, `Token`s, then `Done`
+/// or `Failed` (or only `Failed`, when the request cannot run).
+pub enum Event {
+    /// The request fits the context and runs.
+    Started,
+    Token(TokenEvent),
+    Done(Box<Done>),
+    Failed(ApiError),
+}
+
+/// A finished generation.
+pub struct Done {
+    pub text: String,
+    pub prompt_tokens: usize,
+    pub completion_tokens: usize,
+    pub finish: FinishReason,
+    pub from_draft: Vec<bool>,
+    pub stats: WgspecStats,
+}
+
+/// The speculation figures of one request: the `wgspec` object of a response.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct WgspecStats {
+    /// `model`, `ngram` or `none`.
+    pub draft: &'static str,
+    pub drafted: usize,
+    pub accepted: usize,
+    /// accepted / drafted (0 without drafts).
+    pub acceptance_rate: f64,
+    /// τ: tokens per target forward pass while decoding (1 for plain decoding).
+    pub tokens_per_target_forward: f64,
+    /// Mean K asked for per cycle.
+    pub mean_k: f64,
+    pub prefill_seconds: f64,
+    pub decode_seconds: f64,
+    pub tokens_per_second: f64,
+}
+
+/// The library's stats of `c` as the server reports them.
+pub fn wgspec_stats(c: &Completion, draft: DraftKind) -> WgspecStats {
+    let s = &c.stats;
+    WgspecStats {
+        draft: draft_name(draft),
+        drafted: s.drafted,
+        accepted: s.accepted,
+        acceptance_rate: s.acceptance_rate,
+        tokens_per_target_forward: s.tokens_per_target_forward,
+        mean_k: s.mean_k,
+        prefill_seconds: s.base.prefill_seconds,
+        decode_seconds: s.base.decode_seconds,
+        tokens_per_second: s.base.tokens_per_second,
+    }
+}
+
+pub fn draft_name(d: DraftKind) -> &'static str {
+    match d {
+        DraftKind::Model => "model",
+        DraftKind::Ngram => "ngram",
+        DraftKind::None => "none",
+    }
+}
+
+/// Loads the target (and the draft model, if any) with progress on stderr.
+fn load_engine(cfg: &ModelConfig) -> wgspec::Result<Engine> {
+    let gpu = Arc::new(pollster::block_on(Gpu::new())?);
+    eprintln!("adapter: {}", gpu.describe());
+    let opts = LoadOptions { context: cfg.context, ..Default::default() };
+    let (engine, _) = crate::cli::load_engine(&gpu, &cfg.model, cfg.draft.as_deref(), &opts, false)?;
+    Ok(engine)
+}
+
+/// Starts the worker thread: it loads the models, reports through `loaded`, then serves `jobs`
+/// until the queue's senders are gone.
+pub fn spawn(
+    cfg: ModelConfig,
+    mut jobs: mpsc::Receiver<Job>,
+    metrics: Arc<Metrics>,
+    loaded: oneshot::Sender<wgspec::Result<Loaded>>,
+) -> std::io::Result<()> {
+    std::thread::Builder::new().name("wgspec-gpu".into()).spawn(move || {
+        let mut engine = match load_engine(&cfg) {
+            Ok(e) => e,
+            Err(e) => {
+                let _ = loaded.send(Err(e));
+                return;
+            }
+        };
+        let context = engine.target_info().context;
+        let info = Loaded { tokenizer: engine.tokenizer().clone(), context };
+        if loaded.send(Ok(info)).is_err() {
+            return;
+        }
+        while let Some(job) = jobs.blocking_recv() {
+            metrics.queue_depth.fetch_sub(1, Ordering::Relaxed);
+            // Its client left while it waited.
+            if job.events.is_closed() {
+                continue;
+            }
+            run_job(&mut engine, context, job);
+        }
+    })?;
+    Ok(())
+}
+
+fn run_job(engine: &mut Engine, context: usize, job: Job) {
+    let Job { mut request, max_tokens, events } = job;
+    let fail = |e: ApiError| {
+        let _ = events.send(Event::Failed(e));
+    };
+    let prompt_tokens = match engine.prompt_tokens(&request) {
+        Ok(p) => p.len(),
+        Err(e) => return fail(e.into()),
+    };
+    let field = if request.messages.is_some() { "messages" } else { "prompt" };
+    request.max_tokens = match fit_context(prompt_tokens, max_tokens, context, field) {
+        Ok(n) => n,
+        Err(e) => return fail(e),
+    };
+    if events.send(Event::Started).is_err() {
+        return;
+    }
+    let draft = request.draft.unwrap_or(DraftKind::None);
+    let result = pollster::block_on(
+        engine.generate(&request, &mut |ev| events.send(Event::Token(ev.clone())).is_ok()),
+    );
+    match result {
+        // Only a client that went away cancels: nobody is left to tell.
+        Ok(c) if c.finish_reason == FinishReason::Cancelled => {}
+        Ok(c) => {
+            let done = Done {
+                stats: wgspec_stats(&c, draft),
+                prompt_tokens: c.prompt_tokens.len(),
+                completion_tokens: c.tokens.len(),
+                finish: c.finish_reason,
+                from_draft: c.from_draft,
+                text: c.text,
+            };
+            let _ = events.send(Event::Done(Box::new(done)));
+        }
+        Err(e) => fail(e.into()),
+    }
+}
+
+/// The `max_tokens` a request of `prompt` tokens runs with in `context` positions: the one asked
+/// for when prompt + max_tokens fit, else a 400 naming the limit; without one, the rest of the
+/// context.
+pub fn fit_context(
+    prompt: usize,
+    max_tokens: Option<usize>,
+    context: usize,
+    prompt_field: &str,
+) -> Result<usize, ApiError> {
+    if prompt == 0 {
+        return Err(ApiError::field(prompt_field, "the prompt is empty (no tokens)"));
+    }
+    if prompt >= context {
+        return Err(ApiError::field(
+            prompt_field,
+            format!(
+                "the prompt has {prompt} tokens; this server's context holds {context} tokens, \
+                 prompt and reply together"
+            ),
+        )
+        .with_code("context_length_exceeded"));
+    }
+    match max_tokens {
+        None => Ok(context - prompt),
+        Some(n) if n <= context - prompt => Ok(n),
+        Some(n) => Err(ApiError::field(
+            "max_tokens",
+            format!(
+                "max_tokens {n} + the prompt's {prompt} tokens exceed the context of {context} tokens \
+                 (at most {} for this prompt)",
+                context - prompt
+            ),
+        )
+        .with_code("context_length_exceeded")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::fit_context;
+
+    #[test]
+    fn requests_fit_the_context_or_name_the_limit() {
+        assert_eq!(fit_context(10, None, 64, "prompt").ok(), Some(54));
+        assert_eq!(fit_context(10, Some(54), 64, "prompt").ok(), Some(54));
+        let e = fit_context(10, Some(55), 64, "prompt").expect_err("over");
+        assert_eq!(e.param.as_deref(), Some("max_tokens"));
+        assert!(e.message.contains("context of 64"), "{}", e.message);
+        let e = fit_context(64, None, 64, "messages").expect_err("prompt too long");
+        assert_eq!(e.param.as_deref(), Some("messages"));
+        assert!(fit_context(0, None, 64, "prompt").is_err());
+    }
+}
