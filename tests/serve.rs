@@ -1,0 +1,751 @@
+//! `wgspec serve` and `wgspec web` end to end: the real binary on a free loopback port with tiny
+//! models written as GGUF, spoken to over plain HTTP/1.1 (std sockets, every read with a timeout).
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{mpsc, Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use common::rng;
+use common::tiny::{TinyModel, TinySpec};
+use serde_json::{json, Value};
+use wgspec::loader::gguf::Value as GgufValue;
+use wgspec::loader::DType;
+
+/// The tiny model's chat template: a line per message, then the assistant's turn.
+const TEMPLATE: &str =
+    "{% for m in messages %}<{{ m.role }}>{{ m.content }}\n{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}";
+/// No answer may take longer (the tiny models answer in milliseconds).
+const IO_TIMEOUT: Duration = Duration::from_secs(60);
+
+fn temp_dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("wgspec-serve-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    dir
+}
+
+/// A tiny llama with a chat template (`context` positions) written as Q8_0 GGUF into `dir`.
+fn tiny_model(dir: &Path, context: usize) -> PathBuf {
+    let mut r = rng(95);
+    let tiny = TinyModel::random(TinySpec { context, ..TinySpec::llama() }, &mut r);
+    let path = dir.join("tiny.gguf");
+    std::fs::write(
+        &path,
+        tiny.to_gguf_with(
+            DType::Q8_0,
+            &mut r,
+            &[("tokenizer.chat_template", GgufValue::String(TEMPLATE.into()))],
+        ),
+    )
+    .expect("write model");
+    path
+}
+
+/// A running `wgspec` server, killed when dropped.
+struct Server {
+    child: Child,
+    addr: String,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts `wgspec ARGS --port 0`, reads the address from its first line, and (with a model)
+    /// waits for readiness.
+    fn start(args: &[&str], env: &[(&str, &Path)], log: PathBuf) -> Server {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_wgspec"));
+        cmd.args(args).args(["--port", "0"]).env("XDG_RUNTIME_DIR", std::env::temp_dir());
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let stderr = std::fs::File::create(&log).expect("log file");
+        let mut child = cmd.stdout(Stdio::piped()).stderr(stderr).spawn().expect("start wgspec");
+        let mut stdout = child.stdout.take().expect("stdout");
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut line = Vec::new();
+            let mut byte = [0u8];
+            while stdout.read(&mut byte).is_ok_and(|n| n == 1) && byte[0] != b'\n' {
+                line.push(byte[0]);
+            }
+            let _ = tx.send(String::from_utf8_lossy(&line).into_owned());
+            // Keep reading so that the server never blocks on a full pipe.
+            let _ = std::io::copy(&mut stdout, &mut std::io::sink());
+        });
+        let line = rx.recv_timeout(IO_TIMEOUT).expect("the server printed its address");
+        let addr =
+            line.strip_prefix("listening on http://").unwrap_or_else(|| panic!("first line: {line:?}"));
+        let server = Server { child, addr: addr.to_string(), log };
+        if args[0] == "serve" {
+            let deadline = Instant::now() + IO_TIMEOUT;
+            while server.get("/ready").status != 200 {
+                assert!(Instant::now() < deadline, "not ready in time: {}", server.log());
+                std::thread::sleep(Duration::from_millis(50));
+            }
+        }
+        server
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+
+    fn connect(&self) -> TcpStream {
+        let s = TcpStream::connect(&self.addr).expect("connect");
+        s.set_read_timeout(Some(IO_TIMEOUT)).expect("timeout");
+        s.set_write_timeout(Some(IO_TIMEOUT)).expect("timeout");
+        s
+    }
+
+    fn request(&self, method: &str, path: &str, headers: &[(&str, &str)], body: &[u8]) -> Reply {
+        let mut s = self.connect();
+        let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+        let given = |name: &str| headers.iter().any(|(k, _)| k.eq_ignore_ascii_case(name));
+        if !given("host") {
+            head += "Host: 127.0.0.1\r\n";
+        }
+        if !given("content-length") {
+            head += &format!("Content-Length: {}\r\n", body.len());
+        }
+        for (k, v) in headers {
+            head += &format!("{k}: {v}\r\n");
+        }
+        head += "\r\n";
+        s.write_all(head.as_bytes()).expect("send head");
+        s.write_all(body).expect("send body");
+        read_reply(&mut s)
+    }
+
+    fn get(&self, path: &str) -> Reply {
+        self.request("GET", path, &[], b"")
+    }
+
+    fn post(&self, path: &str, body: &Value) -> Reply {
+        self.request("POST", path, &[("Content-Type", "application/json")], body.to_string().as_bytes())
+    }
+
+    /// `wgspec_requests_total{route, status}` from `/metrics`.
+    fn requests_counted(&self, route: &str, status: u16) -> u64 {
+        let metrics = self.get("/metrics").text();
+        let key = format!("wgspec_requests_total{{route=\"{route}\",status=\"{status}\"}} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&key)).map_or(0, |n| n.parse().expect("count"))
+    }
+
+    fn metric(&self, name: &str) -> f64 {
+        let metrics = self.get("/metrics").text();
+        let key = format!("{name} ");
+        metrics.lines().find_map(|l| l.strip_prefix(&key)).map_or(0.0, |n| n.parse().expect("value"))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: Vec<u8>,
+}
+
+impl Reply {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    fn json(&self) -> Value {
+        serde_json::from_slice(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.text()))
+    }
+
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(k, _)| k.eq_ignore_ascii_case(name)).map(|(_, v)| v.as_str())
+    }
+
+    /// The server-sent events' data, in order.
+    fn events(&self) -> Vec<String> {
+        let text = self.text();
+        assert!(text.ends_with("\n\n"), "events end with a blank line: {text:?}");
+        text.split("\n\n")
+            .filter(|e| !e.is_empty())
+            .map(|e| {
+                e.strip_prefix("data: ").unwrap_or_else(|| panic!("not a data event: {e:?}")).to_string()
+            })
+            .collect()
+    }
+}
+
+/// Reads a whole `Connection: close` response, undoing chunked transfer encoding.
+fn read_reply(s: &mut TcpStream) -> Reply {
+    let mut raw = Vec::new();
+    s.read_to_end(&mut raw).expect("read the response");
+    let split = raw.windows(4).position(|w| w == b"\r\n\r\n").expect("a response head");
+    let head = String::from_utf8_lossy(&raw[..split]).into_owned();
+    let mut lines = head.split("\r\n");
+    let status = lines.next().and_then(|l| l.split(' ').nth(1)).and_then(|c| c.parse().ok()).expect("status");
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|l| l.split_once(':'))
+        .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
+        .collect();
+    let mut body = raw[split + 4..].to_vec();
+    let chunked =
+        headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("transfer-encoding") && v.contains("chunked"));
+    if chunked {
+        body = dechunk(&body);
+    }
+    Reply { status, headers, body }
+}
+
+fn dechunk(mut data: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    loop {
+        let line_end = data.windows(2).position(|w| w == b"\r\n").expect("chunk size line");
+        let size_text = String::from_utf8_lossy(&data[..line_end]).into_owned();
+        let size =
+            usize::from_str_radix(size_text.split(';').next().unwrap_or("").trim(), 16).expect("chunk size");
+        data = &data[line_end + 2..];
+        if size == 0 {
+            return out;
+        }
+        out.extend_from_slice(&data[..size]);
+        data = &data[size + 2..];
+    }
+}
+
+/// Checks a stream against OpenAI's rules; returns the text, the number of tokens flagged, and
+/// the stats of the last chunk.
+fn check_stream(reply: &Reply, chat: bool, include_usage: bool) -> (String, usize, Value) {
+    assert_eq!(reply.status, 200, "{}", reply.text());
+    assert_eq!(reply.header("content-type"), Some("text/event-stream"));
+    let events = reply.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"), "ends with [DONE]");
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("chunk JSON")).collect();
+    let id = chunks[0]["id"].as_str().expect("id").to_string();
+    assert!(id.starts_with(if chat { "chatcmpl-" } else { "cmpl-" }), "{id}");
+    let object = if chat { "chat.completion.chunk" } else { "text_completion" };
+    let (with_choices, after): (Vec<&Value>, Vec<&Value>) =
+        chunks.iter().partition(|c| c["choices"].as_array().is_some_and(|a| !a.is_empty()));
+    let mut text = String::new();
+    let mut flagged = 0;
+    for (i, c) in with_choices.iter().enumerate() {
+        assert_eq!(c["id"], id.as_str(), "every chunk has the same id");
+        assert_eq!(c["object"], object);
+        assert_eq!(c["model"], "tiny");
+        assert!(c["created"].is_u64());
+        let choice = &c["choices"][0];
+        assert_eq!(choice["index"], 0);
+        let last = i + 1 == with_choices.len();
+        assert_eq!(choice["finish_reason"].is_string(), last, "finish_reason in the last chunk only: {c}");
+        if chat {
+            assert_eq!(
+                choice["delta"].get("role").is_some(),
+                i == 0,
+                "the role in the first delta only: {c}"
+            );
+            text += choice["delta"]["content"].as_str().unwrap_or("");
+        } else {
+            text += choice["text"].as_str().expect("text");
+        }
+        flagged += c["wgspec"]["from_draft"].as_array().expect("from_draft in every chunk").len();
+        assert_eq!(c.get("usage").is_some(), include_usage, "usage: null in chunks when asked: {c}");
+    }
+    let stats = with_choices.last().expect("a last chunk")["wgspec"].clone();
+    if include_usage {
+        assert_eq!(after.len(), 1, "one usage chunk after the last");
+        let usage = &after[0]["usage"];
+        assert_eq!(chunks.last().map(|c| &c["usage"]), Some(usage), "the usage chunk comes last");
+        assert_eq!(usage["completion_tokens"].as_u64(), Some(flagged as u64));
+        let sum = usage["prompt_tokens"].as_u64().expect("prompt")
+            + usage["completion_tokens"].as_u64().expect("n");
+        assert_eq!(usage["total_tokens"].as_u64(), Some(sum));
+    } else {
+        assert!(after.is_empty(), "no chunk without choices unless usage is asked");
+    }
+    (text, flagged, stats)
+}
+
+fn completion(server: &Server, body: Value) -> Value {
+    let r = server.post("/v1/completions", &body);
+    assert_eq!(r.status, 200, "{body}: {}", r.text());
+    r.json()
+}
+
+#[test]
+fn the_api_answers_as_openai_does_and_matches_the_cli() {
+    let dir = temp_dir("api");
+    let model = tiny_model(&dir, 64);
+    let m = model.to_str().expect("utf8 path");
+    let server = Server::start(&["serve", "--model", m], &[], dir.join("server.log"));
+    let prompt = "hello world";
+
+    // Completions, greedy: the CLI's text and token count.
+    let v =
+        completion(&server, json!({"model": "tiny", "prompt": prompt, "max_tokens": 12, "temperature": 0}));
+    assert!(v["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")), "{v}");
+    assert_eq!(v["object"], "text_completion");
+    assert_eq!(v["model"], "tiny");
+    let greedy = v["choices"][0]["text"].as_str().expect("text").to_string();
+    assert_eq!(v["choices"][0]["finish_reason"], "length");
+    assert_eq!(
+        v["usage"],
+        json!({"prompt_tokens": prompt.len(), "completion_tokens": 12, "total_tokens": prompt.len() + 12})
+    );
+    assert_eq!(v["wgspec"]["draft"], "none");
+    assert_eq!(v["wgspec"]["tokens_per_target_forward"], 1.0);
+    let cli = Command::new(env!("CARGO_BIN_EXE_wgspec"))
+        .args(["generate", "--model", m, "--prompt", prompt, "--max-tokens", "12", "--json"])
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .output()
+        .expect("run wgspec generate");
+    assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
+    let cli: Value = serde_json::from_slice(&cli.stdout).expect("generate --json");
+    assert_eq!(cli["text"].as_str(), Some(greedy.as_str()), "greedy text equals the CLI's");
+    assert_eq!(cli["tokens"].as_array().map(Vec::len), Some(12));
+
+    // N-gram speculation gives the same text, with its stats.
+    let v = completion(
+        &server,
+        json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "draft": "ngram", "draft_k": 3}),
+    );
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(greedy.as_str()), "speculation output equals plain");
+    let stats = &v["wgspec"];
+    assert_eq!(stats["draft"], "ngram");
+    for key in
+        ["drafted", "accepted", "acceptance_rate", "tokens_per_target_forward", "mean_k", "decode_seconds"]
+    {
+        assert!(stats[key].is_number(), "wgspec.{key} in {stats}");
+    }
+    assert!(stats["accepted"].as_u64() <= stats["drafted"].as_u64());
+    assert_eq!(stats["from_draft"].as_array().map(Vec::len), Some(12));
+
+    // A stop string: the text ends before its first occurrence.
+    let (at, stop) = greedy
+        .char_indices()
+        .skip(1)
+        .find(|(_, c)| c.is_ascii_alphanumeric())
+        .map(|(i, c)| (greedy.find(c).unwrap_or(i), c.to_string()))
+        .expect("an ASCII letter or digit in the greedy text");
+    assert!(at > 0, "the stop string {stop:?} must not begin the text {greedy:?}");
+    let v =
+        completion(&server, json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "stop": [stop]}));
+    assert_eq!(v["choices"][0]["text"].as_str(), Some(&greedy[..at]), "stop {stop:?} in {greedy:?}");
+    assert_eq!(v["choices"][0]["finish_reason"], "stop");
+
+    // Seeded sampling is reproducible.
+    let sampled =
+        json!({"prompt": "abc", "max_tokens": 10, "temperature": 1.5, "top_k": 50, "top_p": 0.9, "seed": 7});
+    let (a, b) = (completion(&server, sampled.clone()), completion(&server, sampled));
+    assert_eq!(a["choices"][0]["text"], b["choices"][0]["text"], "same seed, same text");
+
+    // Streaming completions: chunk by chunk, with usage; the text equals the whole answer's.
+    let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "stream": true, "stream_options": {"include_usage": true}});
+    let (text, flagged, stats) = check_stream(&server.post("/v1/completions", &body), false, true);
+    assert_eq!((text.as_str(), flagged), (greedy.as_str(), 12));
+    assert_eq!(stats["draft"], "none");
+
+    // Chat, whole and streamed (no usage asked), under the model's template.
+    let chat = json!({"model": "tiny", "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}], "max_tokens": 8, "temperature": 0});
+    let r = server.post("/v1/chat/completions", &chat);
+    assert_eq!(r.status, 200, "{}", r.text());
+    let v = r.json();
+    assert!(v["id"].as_str().is_some_and(|id| id.starts_with("chatcmpl-")), "{v}");
+    assert_eq!(v["object"], "chat.completion");
+    assert_eq!(v["choices"][0]["message"]["role"], "assistant");
+    let reply = v["choices"][0]["message"]["content"].as_str().expect("content").to_string();
+    let rendered = "<system>be brief\n<user>hi\n<assistant>";
+    assert_eq!(
+        v["usage"]["prompt_tokens"].as_u64(),
+        Some(rendered.len() as u64),
+        "the template's prompt, byte tokens"
+    );
+    let mut streamed = chat.clone();
+    streamed["stream"] = json!(true);
+    let (text, flagged, _) = check_stream(&server.post("/v1/chat/completions", &streamed), true, false);
+    assert_eq!(text, reply);
+    assert_eq!(flagged as u64, v["usage"]["completion_tokens"].as_u64().expect("completion tokens"));
+
+    // Tokenize / detokenize round trip, the model list, health, the page.
+    let t = server.post("/tokenize", &json!({"content": "héllo"}));
+    assert_eq!(t.status, 200, "{}", t.text());
+    let tokens = t.json()["tokens"].clone();
+    assert_eq!(tokens.as_array().map(Vec::len), Some("héllo".len()), "one byte token per byte");
+    let d = server.post("/detokenize", &json!({"tokens": tokens}));
+    assert_eq!(d.json(), json!({"content": "héllo"}));
+    let models = server.get("/v1/models").json();
+    assert_eq!(models["object"], "list");
+    assert_eq!(models["data"][0]["id"], "tiny");
+    assert_eq!(models["data"][0]["object"], "model");
+    assert_eq!(server.get("/health").status, 200);
+    let page = server.get("/");
+    assert_eq!((page.status, page.header("content-type")), (200, Some("text/html; charset=utf-8")));
+
+    // SIGTERM during a stream: the stream ends whole, the server exits 0.
+    let mut s = server.connect();
+    let body = json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "stream": true}).to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("send");
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    while !String::from_utf8_lossy(&seen).contains("data: ") {
+        let n = s.read(&mut buf).expect("the stream began");
+        assert!(n > 0, "the stream ended before its first event");
+        seen.extend_from_slice(&buf[..n]);
+    }
+    let mut server = server;
+    let term =
+        Command::new("kill").args(["-TERM", &server.child.id().to_string()]).status().expect("kill -TERM");
+    assert!(term.success());
+    s.read_to_end(&mut seen).expect("the rest of the stream");
+    let seen = String::from_utf8_lossy(&seen);
+    assert!(
+        seen.contains("\"finish_reason\":\"length\"") && seen.contains("data: [DONE]"),
+        "the stream finished after SIGTERM: {seen:?}"
+    );
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let status = loop {
+        if let Some(status) = server.child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(status.success(), "exit status {status:?}: {}", server.log());
+}
+
+#[test]
+fn bad_requests_get_openai_errors_and_the_server_stays_up() {
+    let dir = temp_dir("errors");
+    let model = tiny_model(&dir, 64);
+    let m = model.to_str().expect("utf8 path");
+    let server = Server::start(&["serve", "--model", m, "--api-key", "sk-test"], &[], dir.join("server.log"));
+    let auth = ("Authorization", "Bearer sk-test");
+    let long_prompt = "x".repeat(80);
+    // (method, path, extra header, body, status, param or code)
+    let cases: Vec<(&str, &str, Option<(&str, &str)>, String, u16, &str)> = vec![
+        ("POST", "/v1/completions", Some(auth), "{".into(), 400, "invalid_json"),
+        ("POST", "/v1/completions", Some(auth), "[1]".into(), 400, "invalid_json"),
+        ("POST", "/v1/completions", Some(auth), r#"{"max_tokens": 3}"#.into(), 400, "prompt"),
+        ("POST", "/v1/chat/completions", Some(auth), r#"{"prompt": "a"}"#.into(), 400, "prompt"),
+        ("POST", "/v1/chat/completions", Some(auth), r#"{"messages": "hi"}"#.into(), 400, "messages"),
+        (
+            "POST",
+            "/v1/chat/completions",
+            Some(auth),
+            r#"{"messages": [{"role": "user", "content": "a"}], "logprobs": true}"#.into(),
+            400,
+            "logprobs",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            Some(auth),
+            r#"{"prompt": "a", "temperature": "hot"}"#.into(),
+            400,
+            "temperature",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            Some(auth),
+            r#"{"prompt": "a", "temperature": -0.5}"#.into(),
+            400,
+            "temperature",
+        ),
+        ("POST", "/v1/completions", Some(auth), r#"{"prompt": "a", "top_p": 1.5}"#.into(), 400, "top_p"),
+        (
+            "POST",
+            "/v1/completions",
+            Some(auth),
+            r#"{"prompt": "a", "max_tokens": 0}"#.into(),
+            400,
+            "max_tokens",
+        ),
+        ("POST", "/v1/completions", Some(auth), r#"{"prompt": "a", "n": 3}"#.into(), 400, "n"),
+        (
+            "POST",
+            "/v1/completions",
+            Some(auth),
+            r#"{"prompt": "a", "presence_penalty": 1}"#.into(),
+            400,
+            "presence_penalty",
+        ),
+        ("POST", "/v1/completions", Some(auth), r#"{"prompt": "a", "stream": "yes"}"#.into(), 400, "stream"),
+        ("POST", "/v1/completions", Some(auth), r#"{"prompt": "a", "draft": "model"}"#.into(), 400, ""),
+        (
+            "POST",
+            "/v1/completions",
+            Some(auth),
+            r#"{"prompt": "a", "model": "gpt-4"}"#.into(),
+            404,
+            "model_not_found",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            Some(auth),
+            format!(r#"{{"prompt": "{long_prompt}"}}"#),
+            400,
+            "context_length_exceeded",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            Some(auth),
+            r#"{"prompt": "ab", "max_tokens": 63}"#.into(),
+            400,
+            "max_tokens",
+        ),
+        ("POST", "/v1/completions", None, r#"{"prompt": "a"}"#.into(), 401, "invalid_api_key"),
+        (
+            "POST",
+            "/v1/completions",
+            Some(("Authorization", "Bearer nope")),
+            r#"{"prompt": "a"}"#.into(),
+            401,
+            "invalid_api_key",
+        ),
+        (
+            "POST",
+            "/v1/completions",
+            Some(("Host", "attacker.example:8080")),
+            r#"{"prompt": "a"}"#.into(),
+            403,
+            "host_not_allowed",
+        ),
+        ("GET", "/v1/chat/completions", Some(auth), String::new(), 405, "method_not_allowed"),
+        ("GET", "/v1/nothing", Some(auth), String::new(), 404, ""),
+        ("POST", "/tokenize", Some(auth), r#"{"content": 5}"#.into(), 400, "content"),
+        ("POST", "/detokenize", Some(auth), r#"{"tokens": [99999]}"#.into(), 400, ""),
+    ];
+    for (method, path, header, body, status, expected) in &cases {
+        let headers: Vec<(&str, &str)> = header.iter().copied().collect();
+        let r = server.request(method, path, &headers, body.as_bytes());
+        let what = format!("{method} {path} {body:.60}");
+        assert_eq!(r.status, *status, "{what}: {}", r.text());
+        let e = &r.json()["error"];
+        assert!(e["message"].as_str().is_some_and(|m| !m.is_empty()), "{what}: {e}");
+        assert!(e["type"].is_string(), "{what}: {e}");
+        assert!(e.get("param").is_some() && e.get("code").is_some(), "{what}: {e}");
+        if !expected.is_empty() {
+            assert!(
+                e["param"] == *expected || e["code"] == *expected,
+                "{what}: param or code {expected:?} in {e}"
+            );
+        }
+    }
+
+    // A body over 8 MiB: 413, whether its length is declared or it comes in chunks.
+    let r = server.request("POST", "/v1/completions", &[auth, ("Content-Length", "9000000")], b"");
+    assert_eq!(r.status, 413, "{}", r.text());
+    let mut s = server.connect();
+    let head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nAuthorization: Bearer sk-test\r\n\
+                Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n";
+    s.write_all(head.as_bytes()).expect("head");
+    let mut writer = s.try_clone().expect("clone");
+    let sender = std::thread::spawn(move || {
+        let chunk = vec![b' '; 1 << 20];
+        for _ in 0..10 {
+            // The server may close as soon as it has answered.
+            if writer.write_all(format!("{:x}\r\n", chunk.len()).as_bytes()).is_err()
+                || writer.write_all(&chunk).is_err()
+                || writer.write_all(b"\r\n").is_err()
+            {
+                return;
+            }
+        }
+        let _ = writer.write_all(b"0\r\n\r\n");
+    });
+    let r = read_reply(&mut s);
+    assert_eq!(r.status, 413, "{}", r.text());
+    let _ = sender.join();
+
+    // Health and metrics need no key; the server still answers correctly.
+    assert_eq!(server.get("/health").status, 200);
+    assert_eq!(server.get("/metrics").status, 200);
+    let body = json!({"prompt": "ab", "max_tokens": 3, "temperature": 0});
+    let r = server.request("POST", "/v1/completions", &[auth], body.to_string().as_bytes());
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["completion_tokens"], 3);
+    assert!(server.requests_counted("/v1/completions", 401) >= 2);
+    assert!(server.metric("wgspec_errors_total{kind=\"invalid_request_error\"}") >= 20.0);
+}
+
+#[test]
+fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
+    let dir = temp_dir("load");
+    // A long context, so that an abandoned stream could run for seconds.
+    let model = tiny_model(&dir, 4096);
+    let m = model.to_str().expect("utf8 path");
+    let server =
+        Arc::new(Server::start(&["serve", "--model", m, "--max-queue", "2"], &[], dir.join("server.log")));
+
+    // 8 clients x 2 requests at once: each gets 200 or a clean 429, and the metrics agree.
+    // Threads only report what they saw (a panic in one would leave the others waiting).
+    let clients = 8;
+    let barrier = Arc::new(Barrier::new(clients));
+    let handles: Vec<_> = (0..clients)
+        .map(|i| {
+            let (server, barrier) = (server.clone(), barrier.clone());
+            std::thread::spawn(move || {
+                barrier.wait();
+                (0..2)
+                    .map(|j| {
+                        let stream = j == 1;
+                        let body = json!({"prompt": format!("client {i} request {j}"), "max_tokens": 48, "temperature": 0, "stream": stream});
+                        (stream, server.post("/v1/completions", &body))
+                    })
+                    .collect::<Vec<_>>()
+            })
+        })
+        .collect();
+    let replies: Vec<(bool, Reply)> =
+        handles.into_iter().flat_map(|h| h.join().expect("client thread")).collect();
+    let (mut ok, mut busy, mut tokens) = (0u64, 0u64, 0u64);
+    for (stream, r) in &replies {
+        match r.status {
+            200 if *stream => {
+                ok += 1;
+                tokens += check_stream(r, false, false).1 as u64;
+            }
+            200 => {
+                ok += 1;
+                tokens += r.json()["usage"]["completion_tokens"].as_u64().expect("completion_tokens");
+            }
+            429 => {
+                busy += 1;
+                assert_eq!(r.json()["error"]["type"], "rate_limit_exceeded");
+            }
+            other => panic!("status {other}: {}", r.text()),
+        }
+    }
+    assert_eq!(ok + busy, 16);
+    assert!(ok >= 3 && busy >= 1, "{ok} answered, {busy} refused: one runs and two wait at a time");
+    assert_eq!(server.requests_counted("/v1/completions", 200), ok);
+    assert_eq!(server.requests_counted("/v1/completions", 429), busy);
+    assert_eq!(server.metric("wgspec_errors_total{kind=\"rate_limit_exceeded\"}"), busy as f64);
+    assert_eq!(server.metric("wgspec_completions_total"), ok as f64);
+    assert_eq!(server.metric("wgspec_generated_tokens_total"), tokens as f64);
+    assert_eq!(server.metric("wgspec_queue_depth"), 0.0);
+
+    // A client leaves a long stream after its first event: the next request is served at once.
+    let mut s = server.connect();
+    let body =
+        json!({"prompt": "leave early", "max_tokens": 4000, "temperature": 0, "stream": true}).to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("send");
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).expect("the stream began");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    drop(s);
+    let t = Instant::now();
+    let v = completion(&server, json!({"prompt": "next", "max_tokens": 4, "temperature": 0}));
+    let waited = t.elapsed();
+    assert_eq!(v["usage"]["completion_tokens"], 4);
+    // 4000 tokens take several seconds here; the abandoned stream stopped at its next tokens.
+    assert!(waited < Duration::from_secs(3), "the next request waited {waited:?}");
+    assert_eq!(
+        server.metric("wgspec_completions_total"),
+        ok as f64 + 1.0,
+        "the abandoned stream never finished"
+    );
+}
+
+#[test]
+fn hostile_clients_and_symlinks_get_nothing() {
+    let dir = temp_dir("hostile");
+    let www = dir.join("www");
+    let pkg = dir.join("pkg");
+    let models = dir.join("cache").join("models");
+    for d in [&www, &pkg, &models] {
+        std::fs::create_dir_all(d).expect("dir");
+    }
+    std::fs::write(www.join("index.html"), "<p>demo</p>").expect("page");
+    std::fs::write(pkg.join("wgspec.js"), "export {};").expect("pkg");
+    let link = |target: &Path, at: PathBuf| std::os::unix::fs::symlink(target, at).expect("symlink");
+    link(Path::new("/etc/passwd"), www.join("passwd.txt"));
+    link(Path::new("/etc"), www.join("etc"));
+    link(Path::new("/etc/passwd"), pkg.join("passwd.js"));
+    link(Path::new("/etc/passwd"), models.join("passwd"));
+    link(Path::new("/etc/passwd"), models.join("passwd.gguf"));
+    link(Path::new("/etc/passwd"), models.join("config.json"));
+    // A model folder made of symlinks to files elsewhere (as Hugging Face's cache is): served.
+    let real = tiny_model(&dir, 64);
+    std::fs::create_dir_all(models.join("hf")).expect("dir");
+    link(&real, models.join("hf").join("model.gguf"));
+    let cache = dir.join("cache");
+    let server = Server::start(
+        &[
+            "web",
+            "--www",
+            www.to_str().expect("utf8"),
+            "--pkg",
+            pkg.to_str().expect("utf8"),
+            "--header-timeout",
+            "2",
+        ],
+        &[("WGSPEC_CACHE", &cache)],
+        dir.join("server.log"),
+    );
+
+    assert_eq!(server.get("/").text(), "<p>demo</p>");
+    assert_eq!(server.get("/pkg/wgspec.js").status, 200);
+    let gguf = server.get("/models/hf/model.gguf");
+    assert_eq!(gguf.status, 200);
+    assert!(gguf.body.starts_with(b"GGUF"));
+    assert_eq!(server.get("/models/index.json").json(), json!([]), "no known model in this cache");
+    for path in [
+        "/passwd.txt",
+        "/etc/passwd",
+        "/pkg/passwd.js",
+        "/models/passwd",
+        "/models/passwd.gguf",
+        "/models/config.json",
+        "/../../../../etc/passwd",
+        "/pkg/..%2f..%2f..%2fetc/passwd",
+        "/%2e%2e/%2e%2e/etc/passwd",
+        "/models/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+    ] {
+        let r = server.get(path);
+        assert!(!r.text().contains("root:"), "{path} leaked /etc/passwd");
+        assert!(r.status == 404 || r.status == 400, "{path}: {} {}", r.status, r.text());
+    }
+    assert_eq!(server.get("/v1/models").status, 404, "`web` has no model");
+
+    // 200 idle connections (nothing sent) and a half-sent head: a normal request is answered at
+    // once, and the timeout closes the idle ones.
+    let mut idle: Vec<TcpStream> = (0..200).map(|_| server.connect()).collect();
+    let mut half = server.connect();
+    half.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n").expect("half a head");
+    let t = Instant::now();
+    assert_eq!(server.get("/health").status, 200);
+    assert!(t.elapsed() < Duration::from_secs(2), "answered in {:?}", t.elapsed());
+    idle.push(half);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    for s in &mut idle {
+        s.set_read_timeout(Some(
+            deadline.saturating_duration_since(Instant::now()).max(Duration::from_millis(1)),
+        ))
+        .expect("timeout");
+        let mut byte = [0u8; 256];
+        // Closed: end of stream (0) or a reset; a response to the half head is fine too (408).
+        let closed = match s.read(&mut byte) {
+            Ok(0) | Err(_) if Instant::now() < deadline => true,
+            Ok(_) => s.read_to_end(&mut Vec::new()).is_ok(),
+            Err(_) => false,
+        };
+        assert!(closed, "an idle connection stayed open past the header timeout");
+    }
+}
