@@ -422,6 +422,9 @@ fn the_api_answers_as_openai_does_and_matches_the_cli() {
     assert!(status.success(), "exit status {status:?}: {}", server.log());
 }
 
+/// (method, path, an extra header, body, the status, the error's `param` or `code`: "" for any)
+type BadCase<'a> = (&'a str, &'a str, Option<(&'a str, &'a str)>, String, u16, &'a str);
+
 #[test]
 fn bad_requests_get_openai_errors_and_the_server_stays_up() {
     let dir = temp_dir("errors");
@@ -430,8 +433,7 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
     let server = Server::start(&["serve", "--model", m, "--api-key", "sk-test"], &[], dir.join("server.log"));
     let auth = ("Authorization", "Bearer sk-test");
     let long_prompt = "x".repeat(80);
-    // (method, path, extra header, body, status, param or code)
-    let cases: Vec<(&str, &str, Option<(&str, &str)>, String, u16, &str)> = vec![
+    let cases: Vec<BadCase> = vec![
         ("POST", "/v1/completions", Some(auth), "{".into(), 400, "invalid_json"),
         ("POST", "/v1/completions", Some(auth), "[1]".into(), 400, "invalid_json"),
         ("POST", "/v1/completions", Some(auth), r#"{"max_tokens": 3}"#.into(), 400, "prompt"),
@@ -480,7 +482,7 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
             "presence_penalty",
         ),
         ("POST", "/v1/completions", Some(auth), r#"{"prompt": "a", "stream": "yes"}"#.into(), 400, "stream"),
-        ("POST", "/v1/completions", Some(auth), r#"{"prompt": "a", "draft": "model"}"#.into(), 400, ""),
+        ("POST", "/v1/completions", Some(auth), r#"{"prompt": "a", "draft": "model"}"#.into(), 400, "draft"),
         (
             "POST",
             "/v1/completions",

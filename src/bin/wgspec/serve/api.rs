@@ -14,6 +14,7 @@ use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::mpsc;
+use wgspec::engine::DraftKind;
 
 use super::error::ApiError;
 use super::metrics::{CompletionCounts, Metrics};
@@ -194,6 +195,12 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Resp
     let parsed = openai::parse(endpoint, body, &model.ids)?;
     loaded(&app)?;
     let mut request = parsed.request;
+    if request.draft == Some(DraftKind::Model) && model.default_draft != DraftKind::Model {
+        return Err(ApiError::field(
+            "draft",
+            "`draft` \"model\": this server runs no draft model (start it with --draft)",
+        ));
+    }
     request.draft = Some(request.draft.unwrap_or(model.default_draft));
     let (events, mut rx) = mpsc::unbounded_channel();
     let job = Job { request, max_tokens: parsed.max_tokens, events };
