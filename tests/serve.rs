@@ -30,19 +30,17 @@ fn temp_dir(name: &str) -> PathBuf {
 }
 
 /// A tiny llama with a chat template (`context` positions) written as Q8_0 GGUF into `dir`.
-fn tiny_model(dir: &Path, context: usize) -> PathBuf {
+/// Without `eos`, its end-of-sequence id lies outside the vocabulary (ignored, with a warning), so
+/// that generations run to `max_tokens`.
+fn tiny_model(dir: &Path, context: usize, eos: bool) -> PathBuf {
     let mut r = rng(95);
     let tiny = TinyModel::random(TinySpec { context, ..TinySpec::llama() }, &mut r);
+    let mut meta = vec![("tokenizer.chat_template", GgufValue::String(TEMPLATE.into()))];
+    if !eos {
+        meta.push(("tokenizer.ggml.eos_token_id", GgufValue::U32(u32::MAX)));
+    }
     let path = dir.join("tiny.gguf");
-    std::fs::write(
-        &path,
-        tiny.to_gguf_with(
-            DType::Q8_0,
-            &mut r,
-            &[("tokenizer.chat_template", GgufValue::String(TEMPLATE.into()))],
-        ),
-    )
-    .expect("write model");
+    std::fs::write(&path, tiny.to_gguf_with(DType::Q8_0, &mut r, &meta)).expect("write model");
     path
 }
 
@@ -280,7 +278,7 @@ fn completion(server: &Server, body: Value) -> Value {
 #[test]
 fn the_api_answers_as_openai_does_and_matches_the_cli() {
     let dir = temp_dir("api");
-    let model = tiny_model(&dir, 64);
+    let model = tiny_model(&dir, 64, true);
     let m = model.to_str().expect("utf8 path");
     let server = Server::start(&["serve", "--model", m], &[], dir.join("server.log"));
     let prompt = "hello world";
@@ -428,7 +426,7 @@ type BadCase<'a> = (&'a str, &'a str, Option<(&'a str, &'a str)>, String, u16, &
 #[test]
 fn bad_requests_get_openai_errors_and_the_server_stays_up() {
     let dir = temp_dir("errors");
-    let model = tiny_model(&dir, 64);
+    let model = tiny_model(&dir, 64, true);
     let m = model.to_str().expect("utf8 path");
     let server = Server::start(&["serve", "--model", m, "--api-key", "sk-test"], &[], dir.join("server.log"));
     let auth = ("Authorization", "Bearer sk-test");
@@ -585,11 +583,13 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
 #[test]
 fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
     let dir = temp_dir("load");
-    // A long context, so that an abandoned stream could run for seconds.
-    let model = tiny_model(&dir, 4096);
+    // A long context and no end-of-sequence token: an abandoned stream could run for a minute.
+    let context = 32768;
+    let model = tiny_model(&dir, context, false);
     let m = model.to_str().expect("utf8 path");
-    let server =
-        Arc::new(Server::start(&["serve", "--model", m, "--max-queue", "2"], &[], dir.join("server.log")));
+    let context_arg = context.to_string();
+    let args = ["serve", "--model", m, "--max-queue", "2", "--context", &context_arg];
+    let server = Arc::new(Server::start(&args, &[], dir.join("server.log")));
 
     // 8 clients x 2 requests at once: each gets 200 or a clean 429, and the metrics agree.
     // Threads only report what they saw (a panic in one would leave the others waiting).
@@ -621,7 +621,9 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
             }
             200 => {
                 ok += 1;
-                tokens += r.json()["usage"]["completion_tokens"].as_u64().expect("completion_tokens");
+                let n = r.json()["usage"]["completion_tokens"].as_u64().expect("completion_tokens");
+                assert_eq!(n, 48, "no end-of-sequence token: every answer runs to max_tokens");
+                tokens += n;
             }
             429 => {
                 busy += 1;
@@ -639,10 +641,15 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
     assert_eq!(server.metric("wgspec_generated_tokens_total"), tokens as f64);
     assert_eq!(server.metric("wgspec_queue_depth"), 0.0);
 
-    // A client leaves a long stream after its first event: the next request is served at once.
+    // A client leaves a long stream after its first event: the next request is served at once,
+    // far sooner than the stream would have ended (its length over the measured tokens/s).
+    let rate = completion(&server, json!({"prompt": "rate", "max_tokens": 100, "temperature": 0}));
+    let tokens_per_second = rate["wgspec"]["tokens_per_second"].as_f64().expect("tokens_per_second");
+    let long = context - 100;
+    let whole = Duration::from_secs_f64(long as f64 / tokens_per_second);
     let mut s = server.connect();
     let body =
-        json!({"prompt": "leave early", "max_tokens": 4000, "temperature": 0, "stream": true}).to_string();
+        json!({"prompt": "leave early", "max_tokens": long, "temperature": 0, "stream": true}).to_string();
     let head = format!(
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{body}",
         body.len()
@@ -656,11 +663,10 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
     let v = completion(&server, json!({"prompt": "next", "max_tokens": 4, "temperature": 0}));
     let waited = t.elapsed();
     assert_eq!(v["usage"]["completion_tokens"], 4);
-    // 4000 tokens take several seconds here; the abandoned stream stopped at its next tokens.
-    assert!(waited < Duration::from_secs(3), "the next request waited {waited:?}");
+    assert!(waited < whole / 4, "the next request waited {waited:?}; the whole stream takes {whole:?}");
     assert_eq!(
         server.metric("wgspec_completions_total"),
-        ok as f64 + 1.0,
+        ok as f64 + 2.0,
         "the abandoned stream never finished"
     );
 }
@@ -684,7 +690,7 @@ fn hostile_clients_and_symlinks_get_nothing() {
     link(Path::new("/etc/passwd"), models.join("passwd.gguf"));
     link(Path::new("/etc/passwd"), models.join("config.json"));
     // A model folder made of symlinks to files elsewhere (as Hugging Face's cache is): served.
-    let real = tiny_model(&dir, 64);
+    let real = tiny_model(&dir, 64, true);
     std::fs::create_dir_all(models.join("hf")).expect("dir");
     link(&real, models.join("hf").join("model.gguf"));
     let cache = dir.join("cache");
