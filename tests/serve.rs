@@ -757,3 +757,36 @@ fn hostile_clients_and_symlinks_get_nothing() {
         assert!(closed, "an idle connection stayed open past the header timeout");
     }
 }
+
+#[test]
+fn smollm2_chat_through_the_server_equals_the_cli() {
+    let model = common::goldens::model_file("SmolLM2-135M-Instruct.Q4_1.gguf", "smollm2-135m");
+    let m = model.to_str().expect("utf8 path");
+    let dir = temp_dir("smollm2");
+    let server = Server::start(&["serve", "--model", m, "--context", "512"], &[], dir.join("server.log"));
+    let question = "What is the capital of France?";
+    let cli = Command::new(env!("CARGO_BIN_EXE_wgspec"))
+        .args(["generate", "--model", m, "--chat", "--prompt", question, "--max-tokens", "6", "--json"])
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .output()
+        .expect("run wgspec generate");
+    assert!(cli.status.success(), "{}", String::from_utf8_lossy(&cli.stderr));
+    let cli: Value = serde_json::from_slice(&cli.stdout).expect("generate --json");
+    let want = cli["text"].as_str().expect("text");
+    assert!(!want.trim().is_empty(), "SmolLM2 answers something: {cli}");
+
+    let mut chat = json!({"model": "SmolLM2-135M-Instruct.Q4_1", "messages": [{"role": "user", "content": question}], "max_tokens": 6, "temperature": 0});
+    let v = server.post("/v1/chat/completions", &chat).json();
+    assert_eq!(v["choices"][0]["message"]["content"].as_str(), Some(want), "{v}");
+    assert_eq!(v["usage"]["prompt_tokens"].as_u64(), cli["prompt_tokens"].as_array().map(|p| p.len() as u64));
+    chat["stream"] = json!(true);
+    chat["draft"] = json!("ngram");
+    let r = server.post("/v1/chat/completions", &chat);
+    let events = r.events();
+    let text: String = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).expect("chunk"))
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str().map(str::to_string))
+        .collect();
+    assert_eq!(text, want, "streamed with n-gram drafts");
+}
