@@ -669,6 +669,26 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
         ok as f64 + 2.0,
         "the abandoned stream never finished"
     );
+
+    // The same for a client that leaves while waiting for a whole answer.
+    let mut s = server.connect();
+    let body = json!({"prompt": "leave early", "max_tokens": long, "temperature": 0}).to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("send");
+    std::thread::sleep(Duration::from_millis(300));
+    drop(s);
+    let t = Instant::now();
+    completion(&server, json!({"prompt": "next", "max_tokens": 4, "temperature": 0}));
+    let waited = t.elapsed();
+    assert!(waited < whole / 4, "the next request waited {waited:?}; the whole answer takes {whole:?}");
+    assert_eq!(
+        server.metric("wgspec_completions_total"),
+        ok as f64 + 3.0,
+        "the abandoned answer never finished"
+    );
 }
 
 #[test]
