@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # wgspec build and test driver. Every step installs what it needs, idempotently.
 #
-#   ./build.sh setup   system packages (software Vulkan, Chromium + ChromeDriver), Rust components and
-#                      targets, wasm-bindgen-cli, npm tools (binaryen's wasm-opt, playwright-core)
+#   ./build.sh setup   system packages (software Vulkan, Chromium + ChromeDriver, nginx, python3-venv),
+#                      Rust components and targets, wasm-bindgen-cli, npm tools (binaryen's wasm-opt,
+#                      playwright-core), a virtualenv with the openai client (target/venv)
 #   ./build.sh models  fetch the test/demo models and tokenizer vectors into the cache
 #   ./build.sh wasm    build the npm package into pkg/ (wasm32 release, wasm-bindgen, wasm-opt, www/lib glue)
 #   ./build.sh demo    set up, fetch the default models, build pkg/, serve the browser demo on 127.0.0.1
 #   ./build.sh test    set up, fetch, rustfmt check, clippy -D warnings, every test (native, wasm in
-#                      headless Chromium, the demo page end to end)
+#                      headless Chromium, the demo page end to end, the server through the openai
+#                      Python client and two replicas behind nginx)
 #   ./build.sh bench   plain decode speed of the cached models (figures for BENCHMARKS.md)
 #
 # The cache lives outside the repo: $WGSPEC_CACHE (default ~/.cache/wgspec).
@@ -18,6 +20,7 @@ export WGSPEC_CACHE="${WGSPEC_CACHE:-$HOME/.cache/wgspec}"
 export XDG_RUNTIME_DIR="${XDG_RUNTIME_DIR:-/tmp/wgspec-xdg-$(id -u)}"
 mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
 export CARGO_TERM_COLOR="${CARGO_TERM_COLOR:-never}"
+OPENAI_PY=3.57.0
 
 log() { printf '\n== %s\n' "$*" >&2; }
 
@@ -27,11 +30,11 @@ sudo_if_needed() {
 
 setup() {
   local need=()
-  for pkg in mesa-vulkan-drivers libvulkan1 chromium chromium-driver; do
+  for pkg in mesa-vulkan-drivers libvulkan1 chromium chromium-driver nginx python3-venv; do
     dpkg-query -W -f='${Status}' "$pkg" 2>/dev/null | grep -q 'install ok installed' || need+=("$pkg")
   done
   if [ ${#need[@]} -gt 0 ]; then
-    log "installing ${need[*]} (software Vulkan for GPU tests, Chromium for browser tests)"
+    log "installing ${need[*]} (software Vulkan for GPU tests, Chromium for browser tests, nginx and a Python virtualenv for server tests)"
     sudo_if_needed apt-get update -qq
     sudo_if_needed env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need[@]}" >/dev/null
   fi
@@ -49,6 +52,21 @@ setup() {
     log "npm tools (binaryen, playwright-core)"
     npm install --no-audit --no-fund
   fi
+  # The official OpenAI Python client, pinned, for the server tests.
+  if ! target/venv/bin/python -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_PY')" 2>/dev/null; then
+    log "virtualenv target/venv with openai $OPENAI_PY"
+    rm -rf target/venv
+    /usr/bin/python3 -m venv target/venv
+    target/venv/bin/pip install -q "openai==$OPENAI_PY"
+  fi
+}
+
+# The server as applications use it: the openai Python client, then two replicas behind nginx.
+server_clients() {
+  log "server: openai Python client, two replicas behind nginx"
+  cargo build --release --bin wgspec
+  target/venv/bin/python tests/e2e/server_clients.py --bin target/release/wgspec \
+    --model "$(./target/release/wgspec fetch smollm2-135m)"
 }
 
 # The npm package: the library for wasm32 (release), its JS bindings, wasm-opt, and the glue of
@@ -123,6 +141,7 @@ case "${1:-}" in
     cargo test --no-fail-fast
     wasm
     browser_tests
+    server_clients
     ;;
   bench)
     setup
