@@ -299,6 +299,46 @@ pub async fn facade_loads_a_hugging_face_folder() {
     assert_eq!(outputs[0], outputs[1], "GGUF and safetensors of one model generate alike");
 }
 
+/// Hostile files in the browser: a GGUF declaring a model far beyond any adapter and a chat
+/// template that would loop 10^12 times reject with a message naming the problem, and the engine
+/// goes on serving.
+pub async fn facade_refuses_hostile_files() {
+    use wgspec::loader::gguf::Value;
+    let mut r = rng(302);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let noop = js_sys::Function::new_no_args("");
+    let message = |e: wasm_bindgen::JsValue| -> String {
+        e.dyn_into::<js_sys::Error>().map(|e| String::from(e.message())).unwrap_or_default()
+    };
+    let mut web = WebEngine::create().await.unwrap_or_else(|_| panic!("WebEngine::create"));
+
+    // 4096 heads of 4096: refused from the metadata, before any allocation.
+    let wide =
+        [("llama.attention.head_count", Value::U32(4096)), ("llama.attention.key_length", Value::U32(4096))];
+    web.stage_file("model.gguf", tiny.to_gguf_with(DType::F32, &mut r, &wide)).expect("stage");
+    let err = web.load_target(Some(64), &noop).expect_err("an oversized model must be refused");
+    let msg = message(err.into());
+    assert!(msg.contains("q width"), "{msg}");
+
+    // A template that would run for hours: the chat fails fast; plain generation still runs.
+    let hostile = "{% for a in range(10000) %}{% for b in range(10000) %}{% for c in range(10000) %}\
+                   {% endfor %}{% endfor %}{% endfor %}";
+    let with_template = [("tokenizer.chat_template", Value::String(hostile.into()))];
+    web.stage_file("model.gguf", tiny.to_gguf_with(DType::F32, &mut r, &with_template)).expect("stage");
+    web.load_target(Some(64), &noop).unwrap_or_else(|_| panic!("the model itself is fine"));
+    let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
+    let promise = web.generate(chat, noop.clone()).unwrap_or_else(|_| panic!("generate"));
+    let err = JsFuture::from(promise).await.expect_err("the template's budget must end it");
+    let msg = message(err);
+    assert!(msg.contains("chat template") && msg.contains("fuel"), "{msg}");
+    let promise = web
+        .generate(r#"{"prompt":"ab","max_tokens":2}"#, noop.clone())
+        .unwrap_or_else(|_| panic!("generate"));
+    let out = JsFuture::from(promise).await.unwrap_or_else(|e| panic!("plain after a failed chat: {e:?}"));
+    let out: serde_json::Value = serde_json::from_str(&out.as_string().expect("string")).expect("json");
+    assert_eq!(out["tokens"].as_array().map(Vec::len), Some(2));
+}
+
 /// Declares every check above as a wasm-bindgen test, once per harness (`tests/web_page.rs`,
 /// `tests/web_worker.rs`), which differ only in where the tests run.
 macro_rules! browser_tests {
@@ -318,6 +358,7 @@ macro_rules! all_browser_tests {
             greedy_speculation_equals_greedy,
             facade_generates_like_the_engine,
             facade_loads_a_hugging_face_folder,
+            facade_refuses_hostile_files,
         );
     };
 }
