@@ -7,8 +7,31 @@ use std::path::Path;
 use crate::error::{Error, Result};
 use crate::files::{ModelFiles, OpenedModel};
 
+/// The largest JSON file (config.json, tokenizer.json) read: real ones are a few MB.
+const MAX_JSON_BYTES: u64 = 256 << 20;
+
+/// A regular file's bytes, no more than its size said when opened (a device such as /dev/zero,
+/// a pipe or a file growing while read cannot make the read run forever); JSON files at most
+/// [`MAX_JSON_BYTES`].
 fn read(path: &Path) -> Result<Vec<u8>> {
-    fs::read(path).map_err(|e| Error::io(path.display(), e))
+    use std::io::Read;
+    let io = |e| Error::io(path.display(), e);
+    let file = fs::File::open(path).map_err(io)?;
+    let meta = file.metadata().map_err(io)?;
+    if !meta.is_file() {
+        return Err(Error::InvalidArgument(format!("{}: not a regular file", path.display())));
+    }
+    let json = path.extension().is_some_and(|e| e == "json");
+    if json && meta.len() > MAX_JSON_BYTES {
+        return Err(Error::InvalidArgument(format!(
+            "{}: {} bytes (a JSON file of a model holds at most {MAX_JSON_BYTES})",
+            path.display(),
+            meta.len()
+        )));
+    }
+    let mut bytes = Vec::new();
+    file.take(meta.len()).read_to_end(&mut bytes).map_err(io)?;
+    Ok(bytes)
 }
 
 /// Reads the model at `path` (a `.gguf` file or a Hugging Face folder).
