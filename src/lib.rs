@@ -9,8 +9,6 @@
 
 pub mod engine;
 pub mod error;
-#[cfg(not(target_arch = "wasm32"))]
-pub mod fetch;
 pub mod files;
 pub mod gpu;
 pub mod loader;

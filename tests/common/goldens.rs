@@ -32,9 +32,17 @@ pub fn goldens() -> Goldens {
     serde_json::from_slice(&std::fs::read(path).expect("goldens")).expect("goldens json")
 }
 
+/// The model cache of `wgspec fetch`: `$WGSPEC_CACHE`, else `~/.cache/wgspec`.
+pub fn cache_dir() -> PathBuf {
+    match std::env::var_os("WGSPEC_CACHE") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| ".".into())).join(".cache/wgspec"),
+    }
+}
+
 /// A model file in the cache; fails loudly, naming the command that fetches it.
 pub fn model_file(file: &str, fetch_name: &str) -> PathBuf {
-    let p = wgspec::fetch::cache_dir().join("models").join(file);
+    let p = cache_dir().join("models").join(file);
     assert!(p.exists(), "{} is missing: run `wgspec fetch {fetch_name}` (or ./build.sh models)", p.display());
     p
 }

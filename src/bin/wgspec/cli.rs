@@ -18,8 +18,8 @@ use wgspec::sampling::SamplingParams;
 use wgspec::session::GenerateOptions;
 use wgspec::spec::{self, Draft, DraftModel, KPolicy, NGram};
 
+use crate::fetch;
 use crate::{bench, serve};
-use wgspec::fetch;
 use wgspec::tokenizer::Message;
 use wgspec::{Error, Result};
 

@@ -7,6 +7,8 @@ mod bench;
 #[cfg(not(target_arch = "wasm32"))]
 mod cli;
 #[cfg(not(target_arch = "wasm32"))]
+mod fetch;
+#[cfg(not(target_arch = "wasm32"))]
 mod roofline;
 #[cfg(not(target_arch = "wasm32"))]
 mod serve;

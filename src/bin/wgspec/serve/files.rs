@@ -11,13 +11,13 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 
+use crate::fetch;
 use axum::body::Body;
 use axum::extract::Request;
 use axum::http::{header, HeaderValue, Method};
 use axum::response::{IntoResponse, Response};
 use tower::ServiceExt;
 use tower_http::services::ServeFile;
-use wgspec::fetch;
 
 use super::error::ApiError;
 

@@ -12,7 +12,7 @@ use std::process::Command;
 
 use sha2::{Digest, Sha256};
 
-use crate::error::{Error, Result};
+use wgspec::{Error, Result};
 
 /// A model that `wgspec fetch` knows how to get.
 pub struct KnownModel {
