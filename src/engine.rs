@@ -17,7 +17,7 @@ use crate::gpu::Gpu;
 use crate::model::{LoadOptions, LoadProgress, Model, TensorTable};
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
-use crate::spec::{self, DraftModel, KPolicy, NGram, SpecStats, DEFAULT_MAX_DRAFT_K};
+use crate::speculative::{self, DraftModel, KPolicy, NGram, SpecStats, DEFAULT_MAX_DRAFT_K};
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
 /// Which draft a request speculates with.
@@ -289,7 +289,7 @@ impl Engine {
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&ModelInfo> {
         self.draft = None; // the old draft's GPU memory goes first
-        spec::check_draft(
+        speculative::check_draft(
             (&self.target.config, &self.tokenizer),
             (&draft.checkpoint.config, &draft.tokenizer),
         )?;
@@ -304,7 +304,7 @@ impl Engine {
     pub fn set_draft(&mut self, draft: Option<(Model, &Tokenizer)>) -> Result<()> {
         self.draft = None;
         if let Some((model, tokenizer)) = draft {
-            spec::check_draft((&self.target.config, &self.tokenizer), (&model.config, tokenizer))?;
+            speculative::check_draft((&self.target.config, &self.tokenizer), (&model.config, tokenizer))?;
             let info = ModelInfo::of(&model, 0, None);
             self.attach_draft(model, info)?;
         }
@@ -398,7 +398,7 @@ impl Engine {
             go_on && filter.hit.is_none()
         };
         let mut ngram = NGram::default();
-        let draft: Option<&mut dyn spec::Draft> = match (kind, self.draft.as_mut()) {
+        let draft: Option<&mut dyn speculative::Draft> = match (kind, self.draft.as_mut()) {
             (DraftKind::None, _) => None,
             (DraftKind::Ngram, _) => Some(&mut ngram),
             (DraftKind::Model, Some((d, _))) => Some(d),
@@ -407,7 +407,8 @@ impl Engine {
             }
         };
         let g =
-            spec::generate(&mut self.target, draft, &prompt, &opts, req.k_policy(), &mut on_commit).await?;
+            speculative::generate(&mut self.target, draft, &prompt, &opts, req.k_policy(), &mut on_commit)
+                .await?;
         if let Some(e) = stream_err {
             return Err(e);
         }

@@ -110,7 +110,7 @@ const MAX_MESSAGE_CHARS: usize = 2000;
 
 /// `text` safe to show in a terminal or a page: control characters escaped (`\u{1b}` for ESC,
 /// so names from a file cannot set colours or titles), newlines and tabs kept, and at most
-/// [`MAX_MESSAGE_CHARS`] characters.
+/// 2000 characters.
 pub fn printable(text: &str) -> String {
     let mut out = String::with_capacity(text.len().min(MAX_MESSAGE_CHARS));
     for (i, c) in text.chars().enumerate() {

@@ -1,5 +1,5 @@
 //! What a generation asks for and how it ended: options, finish reason, base stats. The one
-//! decode loop is [`crate::spec::generate`] (plain decoding is that loop without a draft).
+//! decode loop is [`generate`](fn@crate::speculative::generate) (plain decoding is that loop without a draft).
 
 use serde::Serialize;
 

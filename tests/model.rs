@@ -10,7 +10,7 @@ use reference::RefModel;
 use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
 use wgspec::session::GenerateOptions;
-use wgspec::spec::KPolicy;
+use wgspec::speculative::KPolicy;
 use wgspec::Error;
 
 /// Logits tolerance: f32 GPU sums vs f64 reference sums over a few hundred terms, relative to
@@ -290,7 +290,7 @@ fn bad_model_input_gives_typed_errors() {
     let sampling = wgspec::sampling::SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 1 };
     let opts = GenerateOptions { max_tokens: 2, sampling, stop_tokens: vec![] };
     let mut go_on = |_, _| true;
-    let run = wgspec::spec::generate(&mut m, None, &[1, 2], &opts, KPolicy::default(), &mut go_on);
+    let run = wgspec::speculative::generate(&mut m, None, &[1, 2], &opts, KPolicy::default(), &mut go_on);
     let err = pollster::block_on(run).expect_err("must fail");
     assert!(matches!(&err, Error::NonFinite(m) if m.contains("row 0")), "{err}");
 
@@ -355,7 +355,7 @@ fn bad_model_input_gives_typed_errors() {
 
     // A prompt longer than the context.
     let opts = GenerateOptions { max_tokens: 4, sampling: Default::default(), stop_tokens: vec![] };
-    let err = pollster::block_on(wgspec::spec::generate(
+    let err = pollster::block_on(wgspec::speculative::generate(
         &mut m,
         None,
         &[5; 20],
@@ -376,7 +376,7 @@ fn generation_stops_at_the_context_end_and_on_stop_tokens() {
         Model::load(gpu(), &ckpt, &LoadOptions { context: Some(12), ..Default::default() }, &mut |_| {})
             .expect("load");
     let opts = GenerateOptions { max_tokens: 100, sampling: Default::default(), stop_tokens: vec![] };
-    let g = pollster::block_on(wgspec::spec::generate(
+    let g = pollster::block_on(wgspec::speculative::generate(
         &mut m,
         None,
         &[1, 2, 3],
@@ -392,7 +392,7 @@ fn generation_stops_at_the_context_end_and_on_stop_tokens() {
     let stop = g.tokens[3];
     let first = g.tokens.iter().position(|&t| t == stop).expect("present");
     let opts = GenerateOptions { stop_tokens: vec![stop], ..opts };
-    let h = pollster::block_on(wgspec::spec::generate(
+    let h = pollster::block_on(wgspec::speculative::generate(
         &mut m,
         None,
         &[1, 2, 3],

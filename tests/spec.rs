@@ -16,7 +16,7 @@ use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model};
 use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
-use wgspec::spec::{
+use wgspec::speculative::{
     self, verify_greedy, verify_sampled, Dist, Draft, DraftModel, KPolicy, NGram, NextKind, Verdict,
 };
 use wgspec::Error;
@@ -309,8 +309,8 @@ fn perturbed(tiny: &TinyModel, noise: f32, r: &mut SmallRng) -> TinyModel {
     t
 }
 
-fn plain(model: &mut Model, prompt: &[u32], opts: &GenerateOptions) -> spec::SpecGeneration {
-    pollster::block_on(spec::generate(model, None, prompt, opts, KPolicy::default(), &mut |_, _| true))
+fn plain(model: &mut Model, prompt: &[u32], opts: &GenerateOptions) -> speculative::SpecGeneration {
+    pollster::block_on(speculative::generate(model, None, prompt, opts, KPolicy::default(), &mut |_, _| true))
         .expect("generate")
 }
 
@@ -320,8 +320,8 @@ fn speculative(
     prompt: &[u32],
     opts: &GenerateOptions,
     k: KPolicy,
-) -> spec::SpecGeneration {
-    pollster::block_on(spec::generate(target, Some(draft), prompt, opts, k, &mut |_, _| true))
+) -> speculative::SpecGeneration {
+    pollster::block_on(speculative::generate(target, Some(draft), prompt, opts, k, &mut |_, _| true))
         .expect("spec generate")
 }
 
@@ -435,7 +435,7 @@ fn draft_model_rolls_back_and_catches_up() {
         [(4usize, 2usize, true), (3, 3, false), (5, 0, true), (2, 2, false), (6, 1, true)]
     {
         let p = pollster::block_on(draft.propose(&context, k, &params, &mut g)).expect("propose");
-        let want = pollster::block_on(spec::generate(
+        let want = pollster::block_on(speculative::generate(
             &mut fresh,
             None,
             &context,
@@ -580,7 +580,7 @@ fn stop_conditions_work_inside_an_accepted_run() {
     }
     // The callback stops after its 6th token.
     let mut seen = 0;
-    let got = pollster::block_on(spec::generate(
+    let got = pollster::block_on(speculative::generate(
         &mut target,
         Some(&mut draft),
         &prompt,

@@ -19,7 +19,7 @@ use common::gpu;
 use web_time::Instant;
 use wgspec::model::{Checkpoint, LoadOptions, Model, MAX_BATCH};
 use wgspec::session::GenerateOptions;
-use wgspec::spec::{self, Draft, DraftModel, KPolicy, NGram, SpecGeneration};
+use wgspec::speculative::{self, Draft, DraftModel, KPolicy, NGram, SpecGeneration};
 use wgspec::tokenizer::Tokenizer;
 
 fn load(path: &PathBuf, context: usize) -> (Model, Checkpoint) {
@@ -87,7 +87,7 @@ fn smollm2_ngram_speculation_equals_greedy() {
     let (mut drafted, mut accepted, mut tokens, mut verifies) = (0, 0, 0, 0);
     for (i, case) in picked.iter().enumerate() {
         let t = Instant::now();
-        let got = pollster::block_on(spec::generate(
+        let got = pollster::block_on(speculative::generate(
             &mut target,
             Some(&mut NGram::default()),
             &case.prompt_tokens,
@@ -104,7 +104,7 @@ fn smollm2_ngram_speculation_equals_greedy() {
         assert_eq!(got.tokens.len(), n);
         if i == 0 {
             // One literal comparison with plain greedy generation.
-            let plain = pollster::block_on(spec::generate(
+            let plain = pollster::block_on(speculative::generate(
                 &mut target,
                 None,
                 &case.prompt_tokens,
@@ -140,7 +140,7 @@ fn qwen_coder_pair_speculation_equals_greedy() {
     let (draft_model, draft_ckpt) = load(&draft_path, 64);
     let draft_tok = Tokenizer::from_gguf(draft_ckpt.gguf().expect("gguf")).expect("tokenizer");
     drop(draft_ckpt);
-    spec::check_tokenizers(&target_tok, &draft_tok).expect("the pair shares a tokenizer");
+    speculative::check_tokenizers(&target_tok, &draft_tok).expect("the pair shares a tokenizer");
     let mut draft = DraftModel::new(draft_model, &target.config).expect("draft");
     eprintln!("Qwen pair loaded in {:.1} s", t.elapsed().as_secs_f64());
 
@@ -149,7 +149,7 @@ fn qwen_coder_pair_speculation_equals_greedy() {
     let prompt = target_tok.encode("def quicksort(arr):", true).expect("encode");
     let n = token_count(4);
     let t = Instant::now();
-    let got = pollster::block_on(spec::generate(
+    let got = pollster::block_on(speculative::generate(
         &mut target,
         Some(&mut draft as &mut dyn Draft),
         &prompt,

@@ -4,7 +4,7 @@
 //! (whole-sequence [`Tokenizer::decode`] and streaming [`StreamDecoder`]).
 //!
 //! A GGUF vocabulary is tokenized as llama.cpp does: the pre-tokenizer regexes of
-//! `tokenizer.ggml.pre` (see [`pre`]), tokens of type CONTROL (3) and USER_DEFINED (4) matched as
+//! `tokenizer.ggml.pre` (see `pre.rs`), tokens of type CONTROL (3) and USER_DEFINED (4) matched as
 //! whole tokens in the input text, BOS prepended when `add_special` and the vocabulary asks for it.
 
 mod chat;

@@ -1,12 +1,12 @@
 //! The speculative-decoding benchmark harness: target-only decoding and speculation over a
 //! prompt set, alternating them, plus `verify_cost = t(forward of K+1 tokens) / t(forward of 1
-//! token)`. Both runs go through the library's one decode loop ([`spec::generate`]).
+//! token)`. Both runs go through the library's one decode loop ([`speculative::generate`]).
 
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
 use wgspec::model::{Model, MAX_BATCH};
 use wgspec::session::GenerateOptions;
-use wgspec::spec::{self, Draft, KPolicy, SpecStats};
+use wgspec::speculative::{self, Draft, KPolicy, SpecStats};
 use wgspec::{Error, Result};
 
 /// The prompt set kept in the repository (`benches/prompts.json`): code and prose.
@@ -60,9 +60,11 @@ pub async fn run_prompt(
     let mut spec = None;
     for spec_turn in [spec_first, !spec_first] {
         if spec_turn {
-            spec = Some(spec::generate(target, Some(&mut *draft), prompt, opts, k, &mut |_, _| true).await?);
+            spec = Some(
+                speculative::generate(target, Some(&mut *draft), prompt, opts, k, &mut |_, _| true).await?,
+            );
         } else {
-            plain = Some(spec::generate(target, None, prompt, opts, k, &mut |_, _| true).await?);
+            plain = Some(speculative::generate(target, None, prompt, opts, k, &mut |_, _| true).await?);
         }
     }
     let (Some(plain), Some(spec)) = (plain, spec) else {

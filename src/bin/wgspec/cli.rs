@@ -16,7 +16,7 @@ use wgspec::model::synthetic;
 use wgspec::model::{LoadOptions, LoadProgress, Model, Precision};
 use wgspec::sampling::SamplingParams;
 use wgspec::session::GenerateOptions;
-use wgspec::spec::{self, Draft, DraftModel, KPolicy, NGram};
+use wgspec::speculative::{self, Draft, DraftModel, KPolicy, NGram};
 
 use crate::fetch;
 use crate::{bench, serve};
@@ -100,7 +100,7 @@ struct KArgs {
     #[arg(long)]
     draft_k: Option<usize>,
     /// The largest K the adaptive choice may take.
-    #[arg(long, default_value_t = spec::DEFAULT_MAX_DRAFT_K)]
+    #[arg(long, default_value_t = speculative::DEFAULT_MAX_DRAFT_K)]
     max_draft_k: usize,
 }
 
