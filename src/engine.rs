@@ -246,14 +246,54 @@ impl<'a> StopFilter<'a> {
     }
 }
 
+/// What turns a request into prompt ids: the target's tokenizer and chat template. Cloneable,
+/// so a front end can tokenize a request (and check it against the context) before it queues
+/// the request for the engine, then hand the ids to [`Engine::generate_from`].
+#[derive(Clone)]
+pub struct Prompter {
+    tokenizer: Tokenizer,
+    chat_template: Option<ChatTemplate>,
+}
+
+impl Prompter {
+    pub fn tokenizer(&self) -> &Tokenizer {
+        &self.tokenizer
+    }
+
+    pub fn has_chat_template(&self) -> bool {
+        self.chat_template.is_some()
+    }
+
+    /// The prompt text of `messages` under the model's chat template (assistant turn opened).
+    pub fn chat_prompt(&self, messages: &[Message]) -> Result<String> {
+        self.template()?.render(messages, true)
+    }
+
+    fn template(&self) -> Result<&ChatTemplate> {
+        self.chat_template
+            .as_ref()
+            .ok_or_else(|| Error::ChatTemplate("the model declares no chat template".into()))
+    }
+
+    /// The prompt's token ids: `prompt` with BOS where the vocabulary asks for it, or `messages`
+    /// under the chat template (which places the special tokens itself; message content stays
+    /// text).
+    pub fn prompt_tokens(&self, req: &Request) -> Result<Vec<u32>> {
+        match (&req.prompt, &req.messages) {
+            (Some(p), None) => self.tokenizer.encode(p, true),
+            (None, Some(m)) => self.template()?.prompt_tokens(m, &self.tokenizer),
+            _ => Err(Error::InvalidArgument("a request needs exactly one of `prompt` and `messages`".into())),
+        }
+    }
+}
+
 /// A loaded target (and optional draft) ready to generate.
 pub struct Engine {
     target: Model,
     target_info: ModelInfo,
     /// How the target was loaded (a draft is loaded alike, with the target's context).
     load_options: LoadOptions,
-    tokenizer: Tokenizer,
-    chat_template: Option<ChatTemplate>,
+    prompter: Prompter,
     draft: Option<(DraftModel, ModelInfo)>,
 }
 
@@ -278,7 +318,13 @@ impl Engine {
     pub fn new(target: Model, tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Engine {
         let target_info = ModelInfo::of(&target, 0, chat_template.as_ref());
         let load_options = LoadOptions { context: Some(target.context()), ..Default::default() };
-        Engine { target, target_info, load_options, tokenizer, chat_template, draft: None }
+        Engine {
+            target,
+            target_info,
+            load_options,
+            prompter: Prompter { tokenizer, chat_template },
+            draft: None,
+        }
     }
 
     /// Replaces the draft with `draft`: its vocabulary is checked against the target's before
@@ -290,7 +336,7 @@ impl Engine {
     ) -> Result<&ModelInfo> {
         self.draft = None; // the old draft's GPU memory goes first
         speculative::check_draft(
-            (&self.target.config, &self.tokenizer),
+            (&self.target.config, &self.prompter.tokenizer),
             (&draft.checkpoint.config, &draft.tokenizer),
         )?;
         let opts = LoadOptions { context: Some(self.target.context()), ..self.load_options.clone() };
@@ -304,7 +350,10 @@ impl Engine {
     pub fn set_draft(&mut self, draft: Option<(Model, &Tokenizer)>) -> Result<()> {
         self.draft = None;
         if let Some((model, tokenizer)) = draft {
-            speculative::check_draft((&self.target.config, &self.tokenizer), (&model.config, tokenizer))?;
+            speculative::check_draft(
+                (&self.target.config, &self.prompter.tokenizer),
+                (&model.config, tokenizer),
+            )?;
             let info = ModelInfo::of(&model, 0, None);
             self.attach_draft(model, info)?;
         }
@@ -318,7 +367,7 @@ impl Engine {
 
     /// The loaded parts, for harnesses that drive the decode loop on token ids (the bench).
     pub fn into_parts(self) -> (Model, Tokenizer, Option<DraftModel>) {
-        (self.target, self.tokenizer, self.draft.map(|d| d.0))
+        (self.target, self.prompter.tokenizer, self.draft.map(|d| d.0))
     }
 
     pub fn target(&self) -> &Model {
@@ -338,32 +387,26 @@ impl Engine {
     }
 
     pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
+        &self.prompter.tokenizer
+    }
+
+    /// The tokenizer and chat template, to tokenize requests away from the engine.
+    pub fn prompter(&self) -> &Prompter {
+        &self.prompter
     }
 
     pub fn has_chat_template(&self) -> bool {
-        self.chat_template.is_some()
+        self.prompter.has_chat_template()
     }
 
     /// The prompt text of `messages` under the model's chat template (assistant turn opened).
     pub fn chat_prompt(&self, messages: &[Message]) -> Result<String> {
-        self.template()?.render(messages, true)
+        self.prompter.chat_prompt(messages)
     }
 
-    fn template(&self) -> Result<&ChatTemplate> {
-        self.chat_template
-            .as_ref()
-            .ok_or_else(|| Error::ChatTemplate("the model declares no chat template".into()))
-    }
-
-    /// The prompt's token ids.
+    /// The prompt's token ids (see [`Prompter::prompt_tokens`]).
     pub fn prompt_tokens(&self, req: &Request) -> Result<Vec<u32>> {
-        match (&req.prompt, &req.messages) {
-            (Some(p), None) => self.tokenizer.encode(p, true),
-            // The template places the special tokens itself; message content stays text.
-            (None, Some(m)) => self.template()?.prompt_tokens(m, &self.tokenizer),
-            _ => Err(Error::InvalidArgument("a request needs exactly one of `prompt` and `messages`".into())),
-        }
+        self.prompter.prompt_tokens(req)
     }
 
     /// Generates for `req`, calling `on_token` for every committed token (return false to stop)
@@ -374,14 +417,25 @@ impl Engine {
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Completion> {
         let prompt = self.prompt_tokens(req)?;
+        self.generate_from(prompt, req, on_token).await
+    }
+
+    /// [`Engine::generate`] for a prompt already tokenized (by [`Engine::prompt_tokens`] or a
+    /// [`Prompter`]); `req`'s `prompt` and `messages` are not looked at.
+    pub async fn generate_from(
+        &mut self,
+        prompt: Vec<u32>,
+        req: &Request,
+        on_token: &mut dyn FnMut(&TokenEvent) -> bool,
+    ) -> Result<Completion> {
         let opts = GenerateOptions {
             max_tokens: req.max_tokens,
             sampling: req.sampling(),
-            stop_tokens: self.tokenizer.eos_ids().to_vec(),
+            stop_tokens: self.prompter.tokenizer.eos_ids().to_vec(),
         };
         let kind = req.draft.unwrap_or(if self.draft.is_some() { DraftKind::Model } else { DraftKind::None });
 
-        let tokenizer = &self.tokenizer;
+        let tokenizer = &self.prompter.tokenizer;
         let mut decoder = StreamDecoder::new();
         let mut filter = StopFilter::new(&req.stop);
         let mut stream_err = None;

@@ -658,6 +658,17 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
     let mut buf = [0u8; 512];
     let n = s.read(&mut buf).expect("the stream began");
     assert!(String::from_utf8_lossy(&buf[..n]).contains("200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    // While it runs, a prompt over the context gets its 400 at once: requests are tokenized and
+    // checked before they queue, not when the GPU worker reaches them.
+    let t = Instant::now();
+    let r = server.post("/v1/completions", &json!({"prompt": "x".repeat(2 * context), "max_tokens": 1}));
+    assert_eq!(
+        (r.status, r.json()["error"]["code"].as_str()),
+        (400, Some("context_length_exceeded")),
+        "{}",
+        r.text()
+    );
+    assert!(t.elapsed() < whole / 4, "the over-long prompt waited {:?} behind the stream", t.elapsed());
     drop(s);
     let t = Instant::now();
     let v = completion(&server, json!({"prompt": "next", "max_tokens": 4, "temperature": 0}));

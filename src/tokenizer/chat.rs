@@ -27,6 +27,7 @@ pub const TEMPLATE_FUEL: u64 = 5_000_000;
 pub const MAX_RENDER_BYTES: usize = 16 << 20;
 
 /// A compiled chat template with the tokenizer's BOS / EOS texts.
+#[derive(Clone)]
 pub struct ChatTemplate {
     env: Environment<'static>,
     /// Why the template did not compile (reported when a chat is rendered).

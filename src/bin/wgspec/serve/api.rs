@@ -19,7 +19,7 @@ use wgspec::engine::DraftKind;
 use super::error::ApiError;
 use super::metrics::{CompletionCounts, Metrics};
 use super::openai::{self, Endpoint, Shape};
-use super::worker::{Done, Event, Job, Loaded};
+use super::worker::{fit_context, Done, Event, Job, Loaded};
 use super::{App, ModelInfo};
 
 /// The largest request body.
@@ -148,8 +148,8 @@ pub async fn tokenize(
         (Some(t), None) | (None, Some(t)) => t,
         _ => return Err(ApiError::field("content", "give exactly one of `content` and `prompt`")),
     };
-    let tokenizer = loaded.tokenizer.clone();
-    let tokens = tokio::task::spawn_blocking(move || tokenizer.encode(&text, body.add_special))
+    let prompter = loaded.prompter.clone();
+    let tokens = tokio::task::spawn_blocking(move || prompter.tokenizer().encode(&text, body.add_special))
         .await
         .map_err(|e| ApiError::internal(format!("tokenize: {e}")))??;
     Ok(Json(json!({ "tokens": tokens })))
@@ -167,8 +167,8 @@ pub async fn detokenize(
 ) -> Result<Json<Value>, ApiError> {
     let (_, loaded) = loaded(&app)?;
     let body: DetokenizeBody = openai::typed(openai::parse_object(&body)?)?;
-    let tokenizer = loaded.tokenizer.clone();
-    let content = tokio::task::spawn_blocking(move || tokenizer.decode(&body.tokens))
+    let prompter = loaded.prompter.clone();
+    let content = tokio::task::spawn_blocking(move || prompter.tokenizer().decode(&body.tokens))
         .await
         .map_err(|e| ApiError::internal(format!("detokenize: {e}")))??;
     Ok(Json(json!({ "content": content })))
@@ -193,7 +193,7 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Resp
     let arrived = Instant::now();
     let model = app.model.as_ref().ok_or_else(|| ApiError::not_found("this server has no model"))?;
     let parsed = openai::parse(endpoint, body, &model.ids)?;
-    loaded(&app)?;
+    let (_, loaded) = loaded(&app)?;
     let mut request = parsed.request;
     if request.draft == Some(DraftKind::Model) && model.default_draft != DraftKind::Model {
         return Err(ApiError::field(
@@ -202,8 +202,18 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Resp
         ));
     }
     request.draft = Some(request.draft.unwrap_or(model.default_draft));
+    // Tokenized here, off the async threads: a prompt over the context is answered at once, not
+    // after the generations queued before it.
+    let prompter = loaded.prompter.clone();
+    let (prompt, mut request) =
+        tokio::task::spawn_blocking(move || (prompter.prompt_tokens(&request), request))
+            .await
+            .map_err(|e| ApiError::internal(format!("tokenize: {e}")))?;
+    let prompt = prompt?;
+    let field = if request.messages.is_some() { "messages" } else { "prompt" };
+    request.max_tokens = fit_context(prompt.len(), parsed.max_tokens, loaded.context, field)?;
     let (events, mut rx) = mpsc::unbounded_channel();
-    let job = Job { request, max_tokens: parsed.max_tokens, events };
+    let job = Job { request, prompt, events };
     match model.jobs.try_send(job) {
         Ok(()) => {
             app.metrics.queue_depth.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -223,7 +233,7 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Resp
             return Err(ApiError::unavailable("the GPU worker has stopped"))
         }
     }
-    // The worker checks the prompt against the context before anything is answered.
+    // The worker tells when the generation starts (or that the worker has gone).
     match rx.recv().await {
         Some(Event::Started) => {}
         Some(Event::Failed(e)) => return Err(e),

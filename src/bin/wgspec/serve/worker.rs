@@ -8,11 +8,10 @@ use std::sync::Arc;
 
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
-use wgspec::engine::{Completion, DraftKind, Engine, Request, TokenEvent};
+use wgspec::engine::{Completion, DraftKind, Engine, Prompter, Request, TokenEvent};
 use wgspec::gpu::Gpu;
 use wgspec::model::LoadOptions;
 use wgspec::session::FinishReason;
-use wgspec::tokenizer::Tokenizer;
 
 use super::error::ApiError;
 use super::metrics::Metrics;
@@ -41,18 +40,20 @@ impl ModelConfig {
 
 /// What the HTTP side learns once the models are loaded.
 pub struct Loaded {
-    /// A copy of the target's tokenizer, for `/tokenize` and `/detokenize`.
-    pub tokenizer: Tokenizer,
+    /// A copy of the target's tokenizer and chat template: handlers tokenize requests (and
+    /// check them against the context) before they queue them, and serve `/tokenize` and
+    /// `/detokenize`.
+    pub prompter: Arc<Prompter>,
     /// KV cache positions: prompt + generated tokens of one request.
     pub context: usize,
 }
 
-/// One generation waiting in the queue.
+/// One generation waiting in the queue: a request that fits the context.
 pub struct Job {
-    /// `max_tokens` is replaced by the one [`fit_context`] allows.
+    /// Its `max_tokens` is the one [`fit_context`] allowed.
     pub request: Request,
-    /// The `max_tokens` asked for (`None`: up to the end of the context).
-    pub max_tokens: Option<usize>,
+    /// The request's prompt, tokenized.
+    pub prompt: Vec<u32>,
     pub events: mpsc::UnboundedSender<Event>,
 }
 
@@ -144,7 +145,7 @@ pub fn spawn(
             }
         };
         let context = engine.target_info().context;
-        let info = Loaded { tokenizer: engine.tokenizer().clone(), context };
+        let info = Loaded { prompter: Arc::new(engine.prompter().clone()), context };
         if loaded.send(Ok(info)).is_err() {
             return;
         }
@@ -154,32 +155,20 @@ pub fn spawn(
             if job.events.is_closed() {
                 continue;
             }
-            run_job(&mut engine, context, job);
+            run_job(&mut engine, job);
         }
     })?;
     Ok(())
 }
 
-fn run_job(engine: &mut Engine, context: usize, job: Job) {
-    let Job { mut request, max_tokens, events } = job;
-    let fail = |e: ApiError| {
-        let _ = events.send(Event::Failed(e));
-    };
-    let prompt_tokens = match engine.prompt_tokens(&request) {
-        Ok(p) => p.len(),
-        Err(e) => return fail(e.into()),
-    };
-    let field = if request.messages.is_some() { "messages" } else { "prompt" };
-    request.max_tokens = match fit_context(prompt_tokens, max_tokens, context, field) {
-        Ok(n) => n,
-        Err(e) => return fail(e),
-    };
+fn run_job(engine: &mut Engine, job: Job) {
+    let Job { request, prompt, events } = job;
     if events.send(Event::Started).is_err() {
         return;
     }
     let draft = request.draft.unwrap_or(DraftKind::None);
     let result = pollster::block_on(
-        engine.generate(&request, &mut |ev| events.send(Event::Token(ev.clone())).is_ok()),
+        engine.generate_from(prompt, &request, &mut |ev| events.send(Event::Token(ev.clone())).is_ok()),
     );
     match result {
         // Only a client that went away cancels: nobody is left to tell.
@@ -195,7 +184,9 @@ fn run_job(engine: &mut Engine, context: usize, job: Job) {
             };
             let _ = events.send(Event::Done(Box::new(done)));
         }
-        Err(e) => fail(e.into()),
+        Err(e) => {
+            let _ = events.send(Event::Failed(e.into()));
+        }
     }
 }
 
