@@ -591,18 +591,18 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
     let args = ["serve", "--model", m, "--max-queue", "2", "--context", &context_arg];
     let server = Arc::new(Server::start(&args, &[], dir.join("server.log")));
 
-    // 8 clients x 2 requests at once: each gets 200 or a clean 429, and the metrics agree.
+    // 16 clients x 4 requests at once: each gets 200 or a clean 429, and the metrics agree.
     // Threads only report what they saw (a panic in one would leave the others waiting).
-    let clients = 8;
+    let (clients, each) = (16, 4);
     let barrier = Arc::new(Barrier::new(clients));
     let handles: Vec<_> = (0..clients)
         .map(|i| {
             let (server, barrier) = (server.clone(), barrier.clone());
             std::thread::spawn(move || {
                 barrier.wait();
-                (0..2)
+                (0..each)
                     .map(|j| {
-                        let stream = j == 1;
+                        let stream = j % 2 == 1;
                         let body = json!({"prompt": format!("client {i} request {j}"), "max_tokens": 48, "temperature": 0, "stream": stream});
                         (stream, server.post("/v1/completions", &body))
                     })
@@ -632,7 +632,7 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
             other => panic!("status {other}: {}", r.text()),
         }
     }
-    assert_eq!(ok + busy, 16);
+    assert_eq!(ok + busy, (clients * each) as u64);
     assert!(ok >= 3 && busy >= 1, "{ok} answered, {busy} refused: one runs and two wait at a time");
     assert_eq!(server.requests_counted("/v1/completions", 200), ok);
     assert_eq!(server.requests_counted("/v1/completions", 429), busy);
@@ -763,9 +763,9 @@ fn hostile_clients_and_symlinks_get_nothing() {
     }
     assert_eq!(server.get("/v1/models").status, 404, "`web` has no model");
 
-    // 200 idle connections (nothing sent) and a half-sent head: a normal request is answered at
+    // 500 idle connections (nothing sent) and a half-sent head: a normal request is answered at
     // once, and the timeout closes the idle ones.
-    let mut idle: Vec<TcpStream> = (0..200).map(|_| server.connect()).collect();
+    let mut idle: Vec<TcpStream> = (0..500).map(|_| server.connect()).collect();
     let mut half = server.connect();
     half.write_all(b"GET / HTTP/1.1\r\nHost: 127.0.0.1\r\n").expect("half a head");
     let t = Instant::now();

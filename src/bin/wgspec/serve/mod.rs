@@ -40,8 +40,10 @@ pub use worker::ModelConfig;
 use error::{ApiError, ErrorKind};
 use metrics::Metrics;
 
-/// Open connections at most; more are closed as soon as they are accepted.
-const MAX_CONNECTIONS: usize = 256;
+/// Open connections at most; more are closed as soon as they are accepted. Idle ones cost a
+/// task and a few kB each until the header timeout closes them, so the cap is well above what
+/// a burst of idle connections (500 in the tests) takes.
+const MAX_CONNECTIONS: usize = 1024;
 /// A response write that makes no progress for this long (a client that stopped reading)
 /// closes its connection.
 const WRITE_STALL: Duration = Duration::from_secs(30);
