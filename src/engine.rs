@@ -171,6 +171,8 @@ pub struct ModelInfo {
     /// Weight bytes on the GPU, and in the file (equal when blocks stay as stored).
     pub gpu_weight_bytes: u64,
     pub file_weight_bytes: u64,
+    /// GPU memory in all: weights, KV cache and scratch.
+    pub gpu_memory_bytes: u64,
     /// Whether a usable chat template came with the model.
     pub chat_template: bool,
 }
@@ -188,6 +190,7 @@ impl ModelInfo {
             file_bytes,
             gpu_weight_bytes: model.weight_bytes(),
             file_weight_bytes: model.file_weight_bytes(),
+            gpu_memory_bytes: model.memory_bytes(),
             chat_template: chat_template.is_some_and(|t| t.check().is_ok()),
         }
     }
@@ -339,7 +342,10 @@ impl Engine {
             (&self.target.config, &self.prompter.tokenizer),
             (&draft.checkpoint.config, &draft.tokenizer),
         )?;
-        let opts = LoadOptions { context: Some(self.target.context()), ..self.load_options.clone() };
+        // The draft shares the budget with the target.
+        let max_memory = self.load_options.max_memory.map(|b| b.saturating_sub(self.target.memory_bytes()));
+        let opts =
+            LoadOptions { context: Some(self.target.context()), max_memory, ..self.load_options.clone() };
         let gpu = self.target.gpu().clone();
         let model = Model::load(gpu, &draft.checkpoint, &opts, &mut |p| progress(Role::Draft, p))?;
         let info = ModelInfo::of(&model, draft.checkpoint.file_bytes(), draft.chat_template.as_ref());

@@ -103,6 +103,10 @@ fn bad_input_gives_a_clear_error_and_a_failing_exit_code() {
         (vec!["--model".into(), "/nonexistent/model.gguf".into()], "no such file"),
         // A device that never ends is refused before reading, not read forever.
         (vec!["--model".into(), "/dev/zero".into()], "not a regular file"),
+        (
+            vec!["--model".into(), model.display().to_string(), "--max-memory-mb".into(), "0".into()],
+            "the budget is 0.0 mb",
+        ),
         (vec!["--model".into(), model.display().to_string(), "--temperature=-1".into()], "temperature"),
         (vec!["--model".into(), model.display().to_string(), "--context".into(), "4".into()], "context"),
     ];

@@ -257,6 +257,21 @@ fn bad_model_input_gives_typed_errors() {
     let err = Model::load(gpu(), &ckpt, &LoadOptions::default(), &mut |_| {}).err().expect("must fail");
     assert!(matches!(&err, Error::TensorShape { name, .. } if name == "blk.0.attn_k.weight"), "{err}");
 
+    // A GPU memory budget is checked before anything is allocated: the bill is exact to the byte.
+    let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::Q8_0, &mut r)).expect("gguf");
+    let load = |max_memory| {
+        Model::load(gpu(), &ckpt, &LoadOptions { max_memory, ..Default::default() }, &mut |_| {})
+    };
+    let need = load(None).expect("load").memory_bytes();
+    let m = load(Some(need)).expect("a budget of exactly what it needs");
+    assert!(
+        need > m.weight_bytes() && m.weight_bytes() > 0,
+        "{need} bytes for {} of weights",
+        m.weight_bytes()
+    );
+    let err = load(Some(need - 1)).err().expect("one byte short");
+    assert!(matches!(&err, Error::GpuLimit(msg) if msg.contains("budget")), "{err}");
+
     // A weight that is NaN or infinite, stored as F32 and F16 (kept as stored) and as BF16 in
     // safetensors: refused, naming the tensor and the element.
     for (value, dtype) in

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
-use super::weights::{LoadProgress, Weights};
+use super::weights::{LoadProgress, TensorTable, Weights};
 use crate::error::{Error, Result};
 use crate::gpu::{AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeOut, Second};
 
@@ -25,11 +25,15 @@ pub struct LoadOptions {
     /// Largest buffer one weight matrix chunk may take; `None` = the adapter's max storage binding.
     /// Matrices larger than this are split by rows (tests lower it to exercise the split).
     pub max_chunk_bytes: Option<u64>,
+    /// The most GPU memory the model may take (weights, KV cache and scratch, computed before
+    /// anything is allocated); `None` = only the adapter's limits. WebGPU does not tell how much
+    /// memory a device has: a budget is how a front end keeps a model from exhausting it.
+    pub max_memory: Option<u64>,
 }
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { context: None, precision: Precision::Auto, max_chunk_bytes: None }
+        LoadOptions { context: None, precision: Precision::Auto, max_chunk_bytes: None, max_memory: None }
     }
 }
 
@@ -75,6 +79,8 @@ pub struct Model {
     context: usize,
     /// Bytes the weights take in the checkpoint's files.
     file_weight_bytes: u64,
+    /// GPU memory planned before loading: weights, KV cache, scratch.
+    memory_bytes: u64,
     /// Positions currently held in the KV cache.
     len: usize,
 }
@@ -130,6 +136,36 @@ impl Model {
                 )));
             }
         }
+        // The whole bill before the first allocation: weights as they will be kept (stored
+        // blocks, or f32), then the KV cache and the scratch buffers above.
+        let weight_bytes: u64 = TensorTable::new(&c)
+            .iter()
+            .map(|t| {
+                let n = t.shape.iter().product::<usize>() as u64;
+                let stored = ckpt.stored_bytes(&t.name).unwrap_or(4 * n);
+                let kept = opts.precision == Precision::Auto && t.shape.len() > 1;
+                if kept {
+                    stored
+                } else {
+                    4 * n
+                }
+            })
+            .sum();
+        let kv_bytes = c.n_layers as u64 * ctx * 2 * c.kv_dim() as u64 * 4;
+        let widths = (2 * c.dim + 2 * c.q_dim() + c.ffn_dim + c.vocab_size) as u64 + c.n_heads as u64 * ctx;
+        let scratch_bytes = 4 * batch * widths + ctx * c.rope_dim as u64 * 4;
+        let total = weight_bytes + kv_bytes + scratch_bytes;
+        if let Some(budget) = opts.max_memory.filter(|&b| total > b) {
+            return Err(Error::GpuLimit(format!(
+                "the model needs {:.1} MB of GPU memory (weights {:.1} MB, KV cache for {context} positions \
+                 {:.1} MB, scratch {:.1} MB); the budget is {:.1} MB",
+                total as f64 / 1e6,
+                weight_bytes as f64 / 1e6,
+                kv_bytes as f64 / 1e6,
+                scratch_bytes as f64 / 1e6,
+                budget as f64 / 1e6
+            )));
+        }
         let max_chunk = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(gpu.max_binding_bytes());
         let weights = Weights::load(&gpu, ckpt, opts.precision, max_chunk, progress)?;
         let g = &*gpu;
@@ -171,6 +207,7 @@ impl Model {
             argmax_ops,
             context,
             file_weight_bytes,
+            memory_bytes: total,
             len: 0,
         })
     }
@@ -178,6 +215,12 @@ impl Model {
     /// Bytes of GPU memory the weights take (quantized blocks as stored, plus F32 norms and biases).
     pub fn weight_bytes(&self) -> u64 {
         self.weights.gpu_bytes()
+    }
+
+    /// GPU memory the model takes: weights, KV cache and scratch (what a
+    /// [`LoadOptions::max_memory`] budget is checked against).
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
     }
 
     /// Bytes the same weights take in the checkpoint's files (the GPU keeps them within ~1% of

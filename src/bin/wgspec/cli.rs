@@ -74,6 +74,10 @@ struct GenerateArgs {
     /// KV cache positions (default: min(model context, 4096)).
     #[arg(long)]
     context: Option<usize>,
+    /// The most GPU memory the models may take, in MB (weights, KV cache, scratch; checked
+    /// before anything is allocated). Default: only the adapter's limits.
+    #[arg(long)]
+    max_memory_mb: Option<u64>,
     /// Keep every weight in f32 (exact dequantization, twice the memory).
     #[arg(long)]
     f32: bool,
@@ -149,6 +153,10 @@ struct ServeArgs {
     /// KV cache positions: prompt and reply of one request together (default: min(model context, 4096)).
     #[arg(long)]
     context: Option<usize>,
+    /// The most GPU memory the models may take, in MB (weights, KV cache, scratch; checked
+    /// before anything is allocated). Default: only the adapter's limits.
+    #[arg(long)]
+    max_memory_mb: Option<u64>,
     /// The API (`/v1/*`, `/tokenize`, `/detokenize`) wants `Authorization: Bearer KEY`.
     #[arg(long, env = "WGSPEC_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
@@ -275,7 +283,12 @@ fn web_cmd(args: WebArgs) -> Result<()> {
 }
 
 fn serve_cmd(args: ServeArgs) -> Result<()> {
-    let model = serve::ModelConfig { model: args.model, draft: args.draft, context: args.context };
+    let model = serve::ModelConfig {
+        model: args.model,
+        draft: args.draft,
+        context: args.context,
+        max_memory: args.max_memory_mb.map(|mb| mb * 1_000_000),
+    };
     serve::run(args.listen.config(Some(model), args.api_key, args.max_queue))
 }
 
@@ -341,6 +354,7 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     }
     let opts = LoadOptions {
         context: args.context,
+        max_memory: args.max_memory_mb.map(|mb| mb * 1_000_000),
         precision: if args.f32 { Precision::F32 } else { Precision::Auto },
         ..Default::default()
     };
@@ -348,9 +362,10 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     let info = engine.target_info().clone();
     if !args.json {
         eprintln!(
-            "weights on the GPU: {:.1} MB (file: {:.1} MB)",
+            "weights on the GPU: {:.1} MB (file: {:.1} MB); GPU memory in all: {:.1} MB",
             info.gpu_weight_bytes as f64 / 1e6,
-            info.file_weight_bytes as f64 / 1e6
+            info.file_weight_bytes as f64 / 1e6,
+            info.gpu_memory_bytes as f64 / 1e6
         );
     }
     let prompt = match (&args.prompt, &args.prompt_file) {

@@ -25,6 +25,8 @@ pub struct ModelConfig {
     pub draft: Option<String>,
     /// KV cache positions (default: the engine's, min(model context, 4096)).
     pub context: Option<usize>,
+    /// The GPU memory budget of the models, in bytes (`--max-memory-mb`).
+    pub max_memory: Option<u64>,
 }
 
 impl ModelConfig {
@@ -123,7 +125,7 @@ pub fn draft_name(d: DraftKind) -> &'static str {
 fn load_engine(cfg: &ModelConfig) -> wgspec::Result<Engine> {
     let gpu = Arc::new(pollster::block_on(Gpu::new())?);
     eprintln!("adapter: {}", gpu.describe());
-    let opts = LoadOptions { context: cfg.context, ..Default::default() };
+    let opts = LoadOptions { context: cfg.context, max_memory: cfg.max_memory, ..Default::default() };
     let (engine, _) = crate::cli::load_engine(&gpu, &cfg.model, cfg.draft.as_deref(), &opts, false)?;
     Ok(engine)
 }
