@@ -82,6 +82,11 @@ pub enum Error {
     #[error("GPU error: {0}")]
     Gpu(String),
 
+    /// An API request (OpenAI's shapes) refused: the message, the field at fault and a
+    /// machine-readable code (`model_not_found`, `context_length_exceeded`, `invalid_json`, ...).
+    #[error("{message}")]
+    Request { message: String, param: Option<String>, code: Option<&'static str> },
+
     /// The model computed a NaN or an infinity where a number was needed.
     #[error("numerical error: {0}")]
     NonFinite(String),

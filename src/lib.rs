@@ -15,6 +15,7 @@ pub mod loader;
 #[cfg(not(target_arch = "wasm32"))]
 pub mod local;
 pub mod model;
+pub mod openai;
 pub mod sampling;
 pub mod session;
 pub mod speculative;

@@ -19,8 +19,9 @@ use wgspec::engine::DraftKind;
 use super::error::ApiError;
 use super::metrics::{CompletionCounts, Metrics};
 use super::openai::{self, Endpoint, Shape};
-use super::worker::{fit_context, Done, Event, Job, Loaded};
+use super::worker::{Done, Event, Job, Loaded};
 use super::{App, ModelInfo};
+use wgspec::openai::fit_context;
 
 /// The largest request body.
 pub const MAX_BODY: usize = 8 << 20;

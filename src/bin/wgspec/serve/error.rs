@@ -90,6 +90,16 @@ impl From<wgspec::Error> for ApiError {
     fn from(e: wgspec::Error) -> ApiError {
         use wgspec::Error as E;
         match &e {
+            E::Request { message, param, code } => {
+                let mut api = if *code == Some("model_not_found") {
+                    ApiError::not_found(message.clone())
+                } else {
+                    ApiError::invalid(message.clone())
+                };
+                api.param = param.clone();
+                api.code = *code;
+                api
+            }
             E::ContextOverflow { .. } => {
                 ApiError::invalid(e.to_string()).with_code("context_length_exceeded")
             }

@@ -52,7 +52,7 @@ pub struct Loaded {
 
 /// One generation waiting in the queue: a request that fits the context.
 pub struct Job {
-    /// Its `max_tokens` is the one [`fit_context`] allowed.
+    /// Its `max_tokens` is the one [`wgspec::openai::fit_context`] allowed.
     pub request: Request,
     /// The request's prompt, tokenized.
     pub prompt: Vec<u32>,
@@ -189,59 +189,5 @@ fn run_job(engine: &mut Engine, job: Job) {
         Err(e) => {
             let _ = events.send(Event::Failed(e.into()));
         }
-    }
-}
-
-/// The `max_tokens` a request of `prompt` tokens runs with in `context` positions: the one asked
-/// for when prompt + max_tokens fit, else a 400 naming the limit; without one, the rest of the
-/// context.
-pub fn fit_context(
-    prompt: usize,
-    max_tokens: Option<usize>,
-    context: usize,
-    prompt_field: &str,
-) -> Result<usize, ApiError> {
-    if prompt == 0 {
-        return Err(ApiError::field(prompt_field, "the prompt is empty (no tokens)"));
-    }
-    if prompt >= context {
-        return Err(ApiError::field(
-            prompt_field,
-            format!(
-                "the prompt has {prompt} tokens; this server's context holds {context} tokens, \
-                 prompt and reply together"
-            ),
-        )
-        .with_code("context_length_exceeded"));
-    }
-    match max_tokens {
-        None => Ok(context - prompt),
-        Some(n) if n <= context - prompt => Ok(n),
-        Some(n) => Err(ApiError::field(
-            "max_tokens",
-            format!(
-                "max_tokens {n} + the prompt's {prompt} tokens exceed the context of {context} tokens \
-                 (at most {} for this prompt)",
-                context - prompt
-            ),
-        )
-        .with_code("context_length_exceeded")),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::fit_context;
-
-    #[test]
-    fn requests_fit_the_context_or_name_the_limit() {
-        assert_eq!(fit_context(10, None, 64, "prompt").ok(), Some(54));
-        assert_eq!(fit_context(10, Some(54), 64, "prompt").ok(), Some(54));
-        let e = fit_context(10, Some(55), 64, "prompt").expect_err("over");
-        assert_eq!(e.param.as_deref(), Some("max_tokens"));
-        assert!(e.message.contains("context of 64"), "{}", e.message);
-        let e = fit_context(64, None, 64, "messages").expect_err("prompt too long");
-        assert_eq!(e.param.as_deref(), Some("messages"));
-        assert!(fit_context(0, None, 64, "prompt").is_err());
     }
 }

@@ -1,0 +1,540 @@
+//! OpenAI's request shapes, read once for every front end (the HTTP server and the browser
+//! package's `chat.completions.create` alike): a JSON body checked field by field (unknown fields
+//! refused, the harmless ones clients send by default accepted), turned into an
+//! [`engine::Request`]. A refusal is [`Error::Request`], naming the field and a code.
+
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::engine::{self, DraftKind};
+use crate::error::{Error, Result};
+use crate::tokenizer::Message;
+
+/// 400-class refusals, built the way the parser needs them.
+struct ApiError;
+
+impl ApiError {
+    fn invalid(message: impl Into<String>) -> Error {
+        Error::Request { message: message.into(), param: None, code: None }
+    }
+    fn field(param: &str, message: impl Into<String>) -> Error {
+        Error::Request { message: message.into(), param: Some(param.to_string()), code: None }
+    }
+}
+
+/// `temperature` when a request gives none (OpenAI's default: sampling, not greedy).
+pub const DEFAULT_TEMPERATURE: f32 = 1.0;
+/// The most stop strings one request may give.
+pub const MAX_STOPS: usize = 16;
+/// The largest `draft_k` / `max_draft_k` accepted (the engine caps K at its batch size anyway).
+pub const MAX_DRAFT_K: usize = 64;
+
+/// Which completion route a body came to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Endpoint {
+    /// `POST /v1/chat/completions`: `messages` under the model's chat template.
+    Chat,
+    /// `POST /v1/completions`: a plain `prompt`.
+    Completions,
+}
+
+/// Fields both routes take. Besides these, a body may carry the fields of [`HARMLESS`].
+const COMMON_FIELDS: &[&str] = &[
+    "model",
+    "max_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "stream",
+    "stream_options",
+    "n",
+    "draft",
+    "draft_k",
+    "max_draft_k",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
+    "logprobs",
+];
+const CHAT_FIELDS: &[&str] = &[
+    "messages",
+    "max_completion_tokens",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+];
+const COMPLETION_FIELDS: &[&str] = &["prompt", "echo", "best_of", "suffix"];
+/// Fields clients send that change nothing here; their values are not looked at.
+const HARMLESS: &[&str] = &["user", "metadata", "store", "service_tier"];
+
+/// A body's fields with the types OpenAI documents; the ones with several shapes stay JSON and
+/// are read by hand.
+#[derive(Deserialize)]
+struct Body {
+    model: Option<String>,
+    messages: Option<Vec<ChatMessage>>,
+    prompt: Option<Value>,
+    max_tokens: Option<u64>,
+    max_completion_tokens: Option<u64>,
+    temperature: Option<f64>,
+    top_p: Option<f64>,
+    top_k: Option<i64>,
+    seed: Option<i64>,
+    stop: Option<Value>,
+    stream: Option<bool>,
+    stream_options: Option<StreamOptions>,
+    n: Option<u64>,
+    draft: Option<DraftKind>,
+    draft_k: Option<u64>,
+    max_draft_k: Option<u64>,
+    presence_penalty: Option<f64>,
+    frequency_penalty: Option<f64>,
+    logit_bias: Option<Map<String, Value>>,
+    logprobs: Option<Value>,
+    top_logprobs: Option<u64>,
+    response_format: Option<Value>,
+    tools: Option<Vec<Value>>,
+    tool_choice: Option<Value>,
+    functions: Option<Vec<Value>>,
+    function_call: Option<Value>,
+    /// Without tools there is nothing to call in parallel: any value is harmless.
+    #[serde(rename = "parallel_tool_calls")]
+    _parallel_tool_calls: Option<bool>,
+    echo: Option<bool>,
+    best_of: Option<u64>,
+    suffix: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct StreamOptions {
+    #[serde(default)]
+    include_usage: bool,
+    /// OpenAI's flag for obfuscation padding; nothing to pad here.
+    #[serde(default, rename = "include_obfuscation")]
+    _include_obfuscation: Option<bool>,
+}
+
+#[derive(Deserialize)]
+struct ChatMessage {
+    role: String,
+    content: Option<Value>,
+    /// A participant's name: accepted, not shown to the model.
+    #[serde(default, rename = "name")]
+    _name: Option<String>,
+}
+
+/// A completion request, checked: what the engine runs and how to answer.
+#[derive(Debug)]
+pub struct Parsed {
+    /// The engine's request; its `max_tokens` is set once the prompt's length is known.
+    pub request: engine::Request,
+    /// The `max_tokens` asked for (`None`: up to the end of the context).
+    pub max_tokens: Option<usize>,
+    pub stream: bool,
+    pub include_usage: bool,
+}
+
+/// Reads a completion body for `endpoint`. `model_ids` are the names the loaded model answers to
+/// (empty: any `model` is taken, as the browser package serves whatever it loaded).
+pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<Parsed> {
+    let value = parse_object(bytes)?;
+    let own = match endpoint {
+        Endpoint::Chat => CHAT_FIELDS,
+        Endpoint::Completions => COMPLETION_FIELDS,
+    };
+    if let Value::Object(map) = &value {
+        for key in map.keys() {
+            let known = [COMMON_FIELDS, own, HARMLESS].iter().any(|list| list.contains(&key.as_str()));
+            if !known {
+                return Err(ApiError::field(key, format!("unrecognized request argument `{key}`")));
+            }
+        }
+    }
+    let body: Body = typed(value)?;
+    check_harmless(&body)?;
+
+    if let Some(model) = &body.model {
+        if !model_ids.is_empty() && !model_ids.iter().any(|id| id == model) {
+            return Err(Error::Request {
+                message: format!(
+                    "the model `{model}` does not exist; this server runs `{}`",
+                    model_ids.first().map(String::as_str).unwrap_or("")
+                ),
+                param: Some("model".into()),
+                code: Some("model_not_found"),
+            });
+        }
+    }
+    if let Some(n) = body.n {
+        if n != 1 {
+            return Err(ApiError::field("n", format!("`n` must be 1 (one choice per request), not {n}")));
+        }
+    }
+
+    let mut request = engine::Request::text("", 0);
+    match endpoint {
+        Endpoint::Chat => {
+            let messages =
+                body.messages.ok_or_else(|| ApiError::field("messages", "`messages` is required"))?;
+            if messages.is_empty() {
+                return Err(ApiError::field("messages", "`messages` must hold at least one message"));
+            }
+            let messages =
+                messages.into_iter().enumerate().map(|(i, m)| message(i, m)).collect::<Result<_, _>>()?;
+            request.prompt = None;
+            request.messages = Some(messages);
+        }
+        Endpoint::Completions => {
+            let prompt = body.prompt.ok_or_else(|| ApiError::field("prompt", "`prompt` is required"))?;
+            request.prompt = Some(prompt_text(prompt)?);
+        }
+    }
+
+    let max_tokens = match (body.max_tokens, body.max_completion_tokens) {
+        (Some(_), Some(_)) => {
+            return Err(ApiError::field(
+                "max_completion_tokens",
+                "give `max_tokens` or `max_completion_tokens`, not both",
+            ))
+        }
+        (Some(n), None) => Some(("max_tokens", n)),
+        (None, Some(n)) => Some(("max_completion_tokens", n)),
+        (None, None) => None,
+    };
+    let max_tokens = match max_tokens {
+        Some((field, 0)) => return Err(ApiError::field(field, format!("`{field}` must be at least 1"))),
+        Some((_, n)) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        None => None,
+    };
+
+    let temperature = body.temperature.unwrap_or(f64::from(DEFAULT_TEMPERATURE));
+    if !(0.0..=2.0).contains(&temperature) {
+        return Err(ApiError::field(
+            "temperature",
+            format!("`temperature` must be in [0, 2], not {temperature}"),
+        ));
+    }
+    request.temperature = temperature as f32;
+    if let Some(p) = body.top_p {
+        if !(p > 0.0 && p <= 1.0) {
+            return Err(ApiError::field("top_p", format!("`top_p` must be in (0, 1], not {p}")));
+        }
+        request.top_p = p as f32;
+    }
+    request.top_k = match body.top_k {
+        // -1 and 0: no top-k cut (vLLM's and llama.cpp's spellings).
+        None | Some(-1) | Some(0) => 0,
+        Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
+        Some(k) => {
+            return Err(ApiError::field(
+                "top_k",
+                format!("`top_k` must be positive (or 0 / -1 for none), not {k}"),
+            ))
+        }
+    };
+    request.seed = match body.seed {
+        // The same bits for negative seeds: any integer is a valid seed.
+        Some(s) => s as u64,
+        None => random_u64(),
+    };
+    request.stop = match body.stop {
+        None | Some(Value::Null) => Vec::new(),
+        Some(Value::String(s)) => vec![s],
+        Some(Value::Array(items)) => items
+            .into_iter()
+            .map(|v| match v {
+                Value::String(s) => Ok(s),
+                _ => Err(ApiError::field("stop", "`stop` must be a string or a list of strings")),
+            })
+            .collect::<Result<_, _>>()?,
+        Some(_) => return Err(ApiError::field("stop", "`stop` must be a string or a list of strings")),
+    };
+    if request.stop.len() > MAX_STOPS {
+        return Err(ApiError::field("stop", format!("at most {MAX_STOPS} stop strings")));
+    }
+    request.draft = body.draft;
+    let k_field = |field: &str, k: u64| {
+        if k == 0 || k > MAX_DRAFT_K as u64 {
+            Err(ApiError::field(field, format!("`{field}` must be in 1..={MAX_DRAFT_K}, not {k}")))
+        } else {
+            Ok(k as usize)
+        }
+    };
+    request.draft_k = body.draft_k.map(|k| k_field("draft_k", k)).transpose()?;
+    if let Some(k) = body.max_draft_k {
+        request.max_draft_k = k_field("max_draft_k", k)?;
+    }
+    let stream = body.stream.unwrap_or(false);
+    let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
+    Ok(Parsed { request, max_tokens, stream, include_usage })
+}
+
+/// A JSON object body, or a 400 saying what is wrong with it.
+pub fn parse_object(bytes: &[u8]) -> Result<Value> {
+    let value: Value = serde_json::from_slice(bytes).map_err(|e| Error::Request {
+        message: format!("the body is not valid JSON: {e}"),
+        param: None,
+        code: Some("invalid_json"),
+    })?;
+    if !value.is_object() {
+        return Err(Error::Request {
+            message: "the body must be a JSON object".into(),
+            param: None,
+            code: Some("invalid_json"),
+        });
+    }
+    Ok(value)
+}
+
+/// `value` as `T`, naming the field whose type is wrong.
+pub fn typed<T: for<'de> Deserialize<'de>>(value: Value) -> Result<T> {
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let path = e.path().to_string();
+        let inner = e.into_inner();
+        match path.as_str() {
+            "." | "" => ApiError::invalid(format!("the body: {inner}")),
+            field => {
+                let param = field.split(['.', '[']).next().unwrap_or(field);
+                ApiError::field(param, format!("`{field}`: {inner}"))
+            }
+        }
+    })
+}
+
+/// The fields accepted when they ask for nothing this server does not do.
+fn check_harmless(b: &Body) -> Result<()> {
+    for (field, value) in
+        [("presence_penalty", b.presence_penalty), ("frequency_penalty", b.frequency_penalty)]
+    {
+        if value.is_some_and(|v| v != 0.0) {
+            return Err(ApiError::field(field, format!("`{field}` is not supported (only 0)")));
+        }
+    }
+    if b.logit_bias.as_ref().is_some_and(|m| !m.is_empty()) {
+        return Err(ApiError::field("logit_bias", "`logit_bias` is not supported"));
+    }
+    // Chat: a boolean; completions: the number of log probabilities (null or 0 only).
+    if !matches!(b.logprobs, None | Some(Value::Null) | Some(Value::Bool(false))) {
+        return Err(ApiError::field("logprobs", "`logprobs` is not supported"));
+    }
+    if b.top_logprobs.is_some_and(|n| n != 0) {
+        return Err(ApiError::field("top_logprobs", "`top_logprobs` is not supported"));
+    }
+    match &b.response_format {
+        None | Some(Value::Null) => {}
+        Some(v) if v.get("type") == Some(&Value::from("text")) => {}
+        Some(_) => {
+            return Err(ApiError::field("response_format", "only `{\"type\": \"text\"}` is supported"))
+        }
+    }
+    if b.tools.as_ref().is_some_and(|t| !t.is_empty()) || b.functions.as_ref().is_some_and(|t| !t.is_empty())
+    {
+        let field = if b.tools.is_some() { "tools" } else { "functions" };
+        return Err(ApiError::field(field, format!("`{field}` (tool calls) are not supported")));
+    }
+    for (field, value) in [("tool_choice", &b.tool_choice), ("function_call", &b.function_call)] {
+        let harmless = match value {
+            None | Some(Value::Null) => true,
+            Some(v) => matches!(v.as_str(), Some("none" | "auto")),
+        };
+        if !harmless {
+            return Err(ApiError::field(field, format!("`{field}` is not supported")));
+        }
+    }
+    if b.echo == Some(true) {
+        return Err(ApiError::field("echo", "`echo` is not supported"));
+    }
+    if b.best_of.is_some_and(|n| n != 1) {
+        return Err(ApiError::field("best_of", "`best_of` must be 1"));
+    }
+    if b.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::field("suffix", "`suffix` is not supported"));
+    }
+    Ok(())
+}
+
+/// A chat message: `content` is a string or a list of text parts.
+fn message(i: usize, m: ChatMessage) -> Result<Message> {
+    let field = format!("messages[{i}].content");
+    let content = match m.content {
+        Some(Value::String(s)) => s,
+        Some(Value::Array(parts)) => {
+            let mut text = String::new();
+            for part in parts {
+                match (part.get("type").and_then(Value::as_str), part.get("text").and_then(Value::as_str)) {
+                    (Some("text"), Some(t)) => text.push_str(t),
+                    _ => {
+                        return Err(ApiError::field(
+                            "messages",
+                            format!("`{field}`: only text parts ({{\"type\": \"text\", \"text\": ...}}) are supported"),
+                        ))
+                    }
+                }
+            }
+            text
+        }
+        None | Some(Value::Null) => {
+            return Err(ApiError::field("messages", format!("`{field}` is required")))
+        }
+        Some(_) => {
+            return Err(ApiError::field(
+                "messages",
+                format!("`{field}` must be a string or a list of text parts"),
+            ))
+        }
+    };
+    if m.role.is_empty() {
+        return Err(ApiError::field("messages", format!("`messages[{i}].role` is empty")));
+    }
+    Ok(Message { role: m.role, content })
+}
+
+/// A completions `prompt`: a string, or a list holding exactly one string.
+fn prompt_text(prompt: Value) -> Result<String> {
+    match prompt {
+        Value::String(s) => Ok(s),
+        Value::Array(mut items) if items.len() == 1 && items[0].is_string() => match items.pop() {
+            Some(Value::String(s)) => Ok(s),
+            _ => Err(ApiError::field("prompt", "`prompt` must be a string")),
+        },
+        Value::Array(_) => Err(ApiError::field(
+            "prompt",
+            "`prompt` must be one string (lists of several prompts and token arrays are not supported)",
+        )),
+        _ => Err(ApiError::field("prompt", "`prompt` must be a string")),
+    }
+}
+
+/// A random 64-bit value (ids, seeds of unseeded requests): std's randomly keyed hasher.
+pub fn random_u64() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    h.finish()
+}
+
+/// The `max_tokens` a request of `prompt` tokens runs with in `context` positions: the one asked
+/// for when prompt + max_tokens fit, else a refusal naming the limit (code
+/// `context_length_exceeded`); without one, the rest of the context.
+pub fn fit_context(
+    prompt: usize,
+    max_tokens: Option<usize>,
+    context: usize,
+    prompt_field: &str,
+) -> Result<usize> {
+    if prompt == 0 {
+        return Err(ApiError::field(prompt_field, "the prompt is empty (no tokens)"));
+    }
+    let over = |param: &str, message: String| Error::Request {
+        message,
+        param: Some(param.to_string()),
+        code: Some("context_length_exceeded"),
+    };
+    if prompt >= context {
+        return Err(over(
+            prompt_field,
+            format!(
+                "the prompt has {prompt} tokens; this server's context holds {context} tokens, \
+                 prompt and reply together"
+            ),
+        ));
+    }
+    match max_tokens {
+        None => Ok(context - prompt),
+        Some(n) if n <= context - prompt => Ok(n),
+        Some(n) => Err(over(
+            "max_tokens",
+            format!(
+                "max_tokens {n} + the prompt's {prompt} tokens exceed the context of {context} tokens \
+                 (at most {} for this prompt)",
+                context - prompt
+            ),
+        )),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ids() -> Vec<String> {
+        vec!["tiny".to_string()]
+    }
+
+    /// (param, code) of a refusal.
+    fn refusal(e: Error) -> (Option<String>, Option<&'static str>) {
+        match e {
+            Error::Request { param, code, .. } => (param, code),
+            other => panic!("not a request refusal: {other}"),
+        }
+    }
+
+    #[test]
+    fn chat_bodies_become_engine_requests() {
+        let body = br#"{"model": "tiny", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_completion_tokens": 5, "temperature": 0, "stop": "x", "seed": -1, "user": "u",
+            "presence_penalty": 0, "logprobs": false, "stream": true, "stream_options": {"include_usage": true},
+            "draft": "ngram", "draft_k": 3}"#;
+        let p = parse(Endpoint::Chat, body, &ids()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.max_tokens, Some(5));
+        assert!(p.stream && p.include_usage);
+        assert_eq!(p.request.messages.as_ref().map(|m| m[0].content.as_str()), Some("hi"));
+        assert_eq!(p.request.stop, ["x"]);
+        assert_eq!(p.request.seed, u64::MAX);
+        assert_eq!(p.request.draft, Some(DraftKind::Ngram));
+        assert_eq!(p.request.draft_k, Some(3));
+        assert_eq!(p.request.temperature, 0.0);
+        // Without model ids (the browser package) any `model` is taken.
+        assert!(parse(Endpoint::Chat, body, &[]).is_ok());
+    }
+
+    #[test]
+    fn bad_fields_are_named() {
+        let cases: &[(&[u8], &str)] = &[
+            (b"{", ""),
+            (b"[]", ""),
+            (br#"{"prompt": "a", "temperature": "hot"}"#, "temperature"),
+            (br#"{"prompt": "a", "temperature": -1}"#, "temperature"),
+            (br#"{"prompt": "a", "top_p": 0}"#, "top_p"),
+            (br#"{"prompt": "a", "max_tokens": 0}"#, "max_tokens"),
+            (br#"{"prompt": "a", "max_tokens": -3}"#, "max_tokens"),
+            (br#"{"prompt": "a", "n": 2}"#, "n"),
+            (br#"{"prompt": "a", "frequency_penalty": 0.5}"#, "frequency_penalty"),
+            (br#"{"prompt": "a", "logprobs": 2}"#, "logprobs"),
+            (br#"{"prompt": "a", "bogus": 1}"#, "bogus"),
+            (br#"{"prompt": [1, 2]}"#, "prompt"),
+            (br#"{"prompt": "a", "stop": [1]}"#, "stop"),
+            (br#"{"prompt": "a", "draft": "eagle"}"#, "draft"),
+            (br#"{"prompt": "a", "draft_k": 0}"#, "draft_k"),
+            (br#"{}"#, "prompt"),
+        ];
+        for (body, param) in cases {
+            let text = String::from_utf8_lossy(body);
+            let e =
+                parse(Endpoint::Completions, body, &ids()).err().unwrap_or_else(|| panic!("{text} accepted"));
+            assert_eq!(refusal(e).0.as_deref().unwrap_or(""), *param, "{text}");
+        }
+        let e = parse(Endpoint::Completions, br#"{"prompt": "a", "model": "gpt-4"}"#, &ids()).err();
+        assert_eq!(e.map(refusal), Some((Some("model".into()), Some("model_not_found"))));
+    }
+
+    #[test]
+    fn requests_fit_the_context_or_name_the_limit() {
+        assert_eq!(fit_context(10, None, 64, "prompt").ok(), Some(54));
+        assert_eq!(fit_context(10, Some(54), 64, "prompt").ok(), Some(54));
+        let e = fit_context(10, Some(55), 64, "prompt").err().map(refusal);
+        assert_eq!(e, Some((Some("max_tokens".into()), Some("context_length_exceeded"))));
+        let e = fit_context(64, None, 64, "messages").err().map(refusal);
+        assert_eq!(e.and_then(|e| e.0).as_deref(), Some("messages"));
+        assert!(fit_context(0, None, 64, "prompt").is_err());
+    }
+}
