@@ -26,6 +26,7 @@ use crate::error::Error;
 use crate::files::ModelFiles;
 use crate::gpu::Gpu;
 use crate::model::{LoadOptions, LoadProgress};
+use crate::openai::{self, Endpoint};
 use crate::tokenizer::Message;
 
 fn js_err(e: Error) -> JsError {
@@ -130,6 +131,51 @@ impl WebEngine {
     /// stops generation. Resolves to the JSON [`crate::engine::Completion`].
     pub fn generate(&self, request_json: &str, on_token: Function) -> Result<js_sys::Promise, JsError> {
         let req = Request::from_json(request_json).map_err(js_err)?;
+        self.run(req, None, on_token)
+    }
+
+    /// Runs an OpenAI request body (`endpoint`: `"chat"` for chat completions, `"completions"`),
+    /// read by the same parser as the HTTP server's ([`crate::openai::parse`]): the same fields,
+    /// defaults (temperature 1) and refusals (naming the field), and `max_tokens` fitted to the
+    /// context. Streams and resolves as [`WebEngine::generate`] does.
+    pub fn generate_openai(
+        &self,
+        endpoint: &str,
+        body_json: &str,
+        on_token: Function,
+    ) -> Result<js_sys::Promise, JsError> {
+        let endpoint = match endpoint {
+            "chat" => Endpoint::Chat,
+            "completions" => Endpoint::Completions,
+            other => {
+                return Err(js_err(Error::InvalidArgument(format!(
+                    "endpoint {other:?}: chat or completions"
+                ))))
+            }
+        };
+        let parsed = openai::parse(endpoint, body_json.as_bytes(), &[]).map_err(js_err)?;
+        let mut slot = self.slot.borrow_mut();
+        let engine = self.ready(&mut slot)?;
+        let mut req = parsed.request;
+        let prompt = engine.prompt_tokens(&req).map_err(js_err)?;
+        let field = if req.messages.is_some() { "messages" } else { "prompt" };
+        req.max_tokens =
+            openai::fit_context(prompt.len(), parsed.max_tokens, engine.target().context(), field)
+                .map_err(js_err)?;
+        drop(slot);
+        self.run(req, Some(prompt), on_token)
+    }
+}
+
+impl WebEngine {
+    /// Takes the engine out of its slot for one generation (`prompt`: already tokenized) and
+    /// puts it back when the promise settles.
+    fn run(
+        &self,
+        req: Request,
+        prompt: Option<Vec<u32>>,
+        on_token: Function,
+    ) -> Result<js_sys::Promise, JsError> {
         let mut engine = {
             let mut slot = self.slot.borrow_mut();
             self.ready(&mut slot)?;
@@ -138,17 +184,19 @@ impl WebEngine {
         };
         let slot = self.slot.clone();
         Ok(wasm_bindgen_futures::future_to_promise(async move {
-            let result = engine
-                .generate(&req, &mut |ev| {
-                    let id = ev.id.map_or(JsValue::UNDEFINED, JsValue::from);
-                    let text = JsValue::from_str(&ev.text);
-                    match on_token.call3(&JsValue::NULL, &id, &text, &JsValue::from_bool(ev.from_draft)) {
-                        // Only an explicit `false` stops; a callback returning nothing goes on.
-                        Ok(v) => v.as_bool() != Some(false),
-                        Err(_) => false,
-                    }
-                })
-                .await;
+            let mut emit = |ev: &crate::engine::TokenEvent| {
+                let id = ev.id.map_or(JsValue::UNDEFINED, JsValue::from);
+                let text = JsValue::from_str(&ev.text);
+                match on_token.call3(&JsValue::NULL, &id, &text, &JsValue::from_bool(ev.from_draft)) {
+                    // Only an explicit `false` stops; a callback returning nothing goes on.
+                    Ok(v) => v.as_bool() != Some(false),
+                    Err(_) => false,
+                }
+            };
+            let result = match prompt {
+                Some(ids) => engine.generate_from(ids, &req, &mut emit).await,
+                None => engine.generate(&req, &mut emit).await,
+            };
             {
                 let mut s = slot.borrow_mut();
                 s.engine = Some(engine);

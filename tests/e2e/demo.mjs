@@ -190,6 +190,34 @@ async function caseGenerate(context, baseUrl, nativeText) {
       `  output: ${show(output)}`,
   );
   log(`case 1 passed: ${show(result.text)}`);
+
+  // The JS API's chat.completions.create: the body is read by the engine's OpenAI parser (the
+  // server's): whole and streamed agree, usage adds up, and `n: 2` is refused naming the field.
+  const chat = await page.evaluate(async () => {
+    const llm = window.wgspec;
+    const body = { messages: [{ role: "user", content: "Hi" }], max_tokens: 4, temperature: 0 };
+    const whole = await llm.chat.completions.create(body);
+    const pieces = [];
+    let finish = null;
+    for await (const c of await llm.chat.completions.create({ ...body, stream: true })) {
+      pieces.push(c.choices[0].delta.content ?? "");
+      finish = c.choices[0].finish_reason ?? finish;
+    }
+    let refused = "";
+    try {
+      await llm.chat.completions.create({ ...body, n: 2 });
+    } catch (e) {
+      refused = String(e.message || e);
+    }
+    return { whole, streamed: pieces.join(""), finish, refused };
+  });
+  const reply = chat.whole.choices[0];
+  check(chat.whole.object === "chat.completion" && reply.message.role === "assistant", `chat shape: ${show(chat.whole)}`);
+  check(chat.whole.usage.completion_tokens <= 4 && chat.whole.usage.completion_tokens > 0, `usage: ${show(chat.whole.usage)}`);
+  check(chat.streamed === reply.message.content, `streamed ${show(chat.streamed)} != whole ${show(reply.message.content)}`);
+  check(chat.finish === reply.finish_reason, `finish ${chat.finish} vs ${reply.finish_reason}`);
+  check(chat.refused.includes("`n`"), `n: 2 must be refused naming the field, got ${show(chat.refused)}`);
+  log(`chat.completions: ${show(reply.message.content)} (whole and streamed), n: 2 refused`);
   await page.close();
   return figures;
 }

@@ -107,10 +107,18 @@ export interface GenerationResult {
   stats: GenerationStats;
 }
 
+/**
+ * OpenAI's chat completion body, read by the engine with the same parser as `wgspec serve`:
+ * unknown fields and unsupported values (`n` other than 1, penalties, logprobs, tools) are refused
+ * naming the field; `temperature` defaults to 1 (OpenAI's default) and `max_tokens` to the rest
+ * of the context.
+ */
 export interface ChatCompletionParams {
   messages: ChatMessage[];
   stream?: boolean;
+  stream_options?: { include_usage?: boolean };
   max_tokens?: number;
+  max_completion_tokens?: number;
   temperature?: number;
   top_p?: number;
   top_k?: number;

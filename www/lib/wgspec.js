@@ -254,11 +254,18 @@ export class WgSpec {
    */
   async *generate(prompt, opts = {}) {
     const request = buildRequest(prompt, opts, this.draftKind === "ngram" ? "ngram" : undefined);
+    return yield* this._generate({ request }, opts.signal);
+  }
+
+  /**
+   * @private The event loop of one generation: `call` is `{request}` (the engine's request) or
+   * `{openai: {endpoint, body}}` (an OpenAI body, read by the engine's own OpenAI parser).
+   */
+  async *_generate(call, signal) {
     const queue = [];
     let wake = null;
     let settled = false;
-    const { signal } = opts;
-    const payload = { request, aborted: Boolean(signal?.aborted) };
+    const payload = { ...call, aborted: Boolean(signal?.aborted) };
     const { id, promise } = this._client.call("generate", payload, (msg) => {
       if (msg.type !== "token") return;
       queue.push({ token: msg.token, text: msg.text, fromDraft: msg.fromDraft });
@@ -349,10 +356,16 @@ export class WgSpec {
     if (ids.length > 0) this._client.post({ type: "abort", ids });
   }
 
-  /** @private OpenAI-style chat.completions.create. */
+  /**
+   * @private OpenAI-style chat.completions.create. The body is read by the engine with the same
+   * parser as `wgspec serve`'s (fields, defaults such as temperature 1, refusals naming the
+   * field); `signal` (not OpenAI's) aborts.
+   */
   async _chatCompletion(params = {}) {
-    const { messages, stream = false } = params;
-    if (!Array.isArray(messages)) throw new TypeError("chat.completions.create: `messages` must be an array");
+    const { signal, ...body } = params;
+    if (!Array.isArray(body.messages)) throw new TypeError("chat.completions.create: `messages` must be an array");
+    if (body.draft === undefined && this.draftKind === "ngram") body.draft = "ngram";
+    const stream = Boolean(body.stream);
     const id = `chatcmpl-${Math.random().toString(36).slice(2, 14)}`;
     const created = Math.floor(Date.now() / 1000);
     const model = this.model;
@@ -360,9 +373,13 @@ export class WgSpec {
       const prompt = promptTokenCount(result);
       return { prompt_tokens: prompt, completion_tokens: result.tokens.length, total_tokens: prompt + result.tokens.length };
     };
+    const run = () => this._generate({ openai: { endpoint: "chat", body } }, signal);
 
     if (!stream) {
-      const result = await this.complete(messages, params);
+      const iterator = run();
+      let step = await iterator.next();
+      while (!step.done) step = await iterator.next();
+      const result = step.value;
       return {
         id,
         object: "chat.completion",
@@ -380,7 +397,6 @@ export class WgSpec {
       };
     }
 
-    const self = this;
     const chunk = (delta, finishReason, wgspec) => ({
       id,
       object: "chat.completion.chunk",
@@ -390,7 +406,7 @@ export class WgSpec {
       wgspec,
     });
     return (async function* chunks() {
-      const iterator = self.generate(messages, params);
+      const iterator = run();
       let first = true;
       try {
         for (;;) {

@@ -4,6 +4,7 @@
 // Page -> worker (every message has a numeric `id`, except "abort"):
 //   { id, type: "load", target, draft, context, cache }  target/draft: absolute URLs (or "ngram")
 //   { id, type: "generate", request, aborted }           request: the engine's request object
+//   { id, type: "generate", openai, aborted }            openai: {endpoint: "chat"|"completions", body}
 //   { id, type: "chatPrompt", messages }
 //   { id, type: "dispose" }
 //   { type: "abort", ids: [generate ids] }               handled at once, between GPU steps
@@ -53,7 +54,7 @@ async function handle(msg) {
         value = await load(msg, (event) => self.postMessage({ id, type: "progress", event }));
         break;
       case "generate":
-        value = await generate(id, msg.request);
+        value = await generate(id, msg.request, msg.openai);
         break;
       case "chatPrompt":
         value = requireEngine().chat_prompt(JSON.stringify(msg.messages));
@@ -319,18 +320,24 @@ async function readBody(response, url, onProgress) {
 // ---------------------------------------------------------------------------------------------
 // Generation
 
-/** Runs one generation, posting a "token" message per committed token; returns the result. */
-async function generate(id, request) {
+/**
+ * Runs one generation (an engine request, or an OpenAI body read by the engine's OpenAI parser),
+ * posting a "token" message per committed token; returns the result.
+ */
+async function generate(id, request, openai) {
   const eng = requireEngine();
   if (aborted.has(id)) {
     // Aborted while it waited for its turn: do not start it.
     const stats = { prompt_tokens: 0, generated_tokens: 0, target_forwards: 0 };
     return { prompt_tokens: [], tokens: [], from_draft: [], text: "", finish_reason: "cancelled", stats };
   }
-  const json = await eng.generate(JSON.stringify(request), (token, text, fromDraft) => {
+  const onToken = (token, text, fromDraft) => {
     // `token` is undefined for the final flush of held-back text (not a token of its own).
     self.postMessage({ id, type: "token", token: token ?? null, text, fromDraft: Boolean(fromDraft) });
     return !aborted.has(id);
-  });
+  };
+  const json = openai
+    ? await eng.generate_openai(openai.endpoint, JSON.stringify(openai.body), onToken)
+    : await eng.generate(JSON.stringify(request), onToken);
   return JSON.parse(json);
 }
