@@ -20,7 +20,7 @@ use common::tiny::{TinyModel, TinySpec};
 use common::{gpu, rng};
 use rand::rngs::SmallRng;
 use rand::Rng;
-use wgspec::files::ModelFiles;
+use wgspec::files::{ModelFiles, OpenedModel};
 use wgspec::loader::gguf::{Gguf, Value};
 use wgspec::loader::DType;
 use wgspec::model::{LoadOptions, Model, Precision, TensorTable};
@@ -297,25 +297,30 @@ fn mutate(b: &Bases, class: usize, r: &mut SmallRng) -> Input {
 
 /// What loading does on the CPU, to the end: files -> checkpoint, tokenizer, template -> every
 /// tensor of the table as it would be uploaded; a chat rendered and a text encoded.
-fn load_on_cpu(input: &Input) -> wgspec::Result<()> {
-    let chat = [Message { role: "user".into(), content: "hi <|eos|>".into() }];
-    let opened = match input {
-        Input::Template(source) => {
-            let t = ChatTemplate::new(source, "<s>", "</s>");
-            return t.render(&chat, true).map(drop);
-        }
-        Input::Gguf(bytes) => {
-            let mut files = ModelFiles::new();
-            files.add("model.gguf", bytes.clone())?;
-            files.open()?
-        }
+/// A model input's files opened (checkpoint, tokenizer, template); `None` for a template alone.
+fn open(input: &Input) -> wgspec::Result<Option<OpenedModel>> {
+    let mut files = ModelFiles::new();
+    match input {
+        Input::Template(_) => return Ok(None),
+        Input::Gguf(bytes) => files.add("model.gguf", bytes.clone())?,
         Input::Folder { config, safetensors, tokenizer } => {
-            let mut files = ModelFiles::new();
             files.add("config.json", config.clone())?;
             files.add("model.safetensors", safetensors.clone())?;
             files.add("tokenizer.json", tokenizer.clone())?;
-            files.open()?
         }
+    }
+    files.open().map(Some)
+}
+
+fn load_on_cpu(input: &Input) -> wgspec::Result<()> {
+    let chat = [Message { role: "user".into(), content: "hi <|eos|>".into() }];
+    let opened = match (input, open(input)?) {
+        (Input::Template(source), _) => {
+            let t = ChatTemplate::new(source, "<s>", "</s>");
+            return t.render(&chat, true).map(drop);
+        }
+        (_, Some(opened)) => opened,
+        (_, None) => return Ok(()),
     };
     for t in TensorTable::new(&opened.checkpoint.config).iter() {
         opened.checkpoint.tensor(&t.name, &t.shape, Precision::Auto)?;
@@ -394,21 +399,7 @@ fn mutated_model_files_and_templates_load_or_fail_cleanly() {
     assert!(!for_gpu.is_empty(), "some mutated files still load");
     for input in &for_gpu {
         let result = catch_unwind(AssertUnwindSafe(|| -> wgspec::Result<()> {
-            let opened = match input {
-                Input::Gguf(bytes) => {
-                    let mut files = ModelFiles::new();
-                    files.add("model.gguf", bytes.clone())?;
-                    files.open()?
-                }
-                Input::Folder { config, safetensors, tokenizer } => {
-                    let mut files = ModelFiles::new();
-                    files.add("config.json", config.clone())?;
-                    files.add("model.safetensors", safetensors.clone())?;
-                    files.add("tokenizer.json", tokenizer.clone())?;
-                    files.open()?
-                }
-                Input::Template(_) => return Ok(()),
-            };
+            let Some(opened) = open(input)? else { return Ok(()) };
             let opts = LoadOptions { context: Some(32), ..Default::default() };
             let mut model = Model::load(gpu(), &opened.checkpoint, &opts, &mut |_| {})?;
             pollster::block_on(model.forward_argmax(&[1, 2], 0))?;

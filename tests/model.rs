@@ -370,15 +370,7 @@ fn bad_model_input_gives_typed_errors() {
 
     // A prompt longer than the context.
     let opts = GenerateOptions { max_tokens: 4, sampling: Default::default(), stop_tokens: vec![] };
-    let err = pollster::block_on(wgspec::speculative::generate(
-        &mut m,
-        None,
-        &[5; 20],
-        &opts,
-        KPolicy::default(),
-        &mut |_, _| true,
-    ))
-    .expect_err("must fail");
+    let err = common::plain(&mut m, &[5; 20], &opts).expect_err("must fail");
     assert!(matches!(err, Error::ContextOverflow { needed: 21, context: 16 }), "{err}");
 }
 
@@ -391,15 +383,7 @@ fn generation_stops_at_the_context_end_and_on_stop_tokens() {
         Model::load(gpu(), &ckpt, &LoadOptions { context: Some(12), ..Default::default() }, &mut |_| {})
             .expect("load");
     let opts = GenerateOptions { max_tokens: 100, sampling: Default::default(), stop_tokens: vec![] };
-    let g = pollster::block_on(wgspec::speculative::generate(
-        &mut m,
-        None,
-        &[1, 2, 3],
-        &opts,
-        KPolicy::default(),
-        &mut |_, _| true,
-    ))
-    .expect("generate");
+    let g = common::plain(&mut m, &[1, 2, 3], &opts).expect("generate");
     // 3 prompt positions + 9 fed tokens fill 12 positions; the 10th token is produced but not fed.
     assert_eq!(g.tokens.len(), 10);
     assert_eq!(g.finish, wgspec::session::FinishReason::Length);
@@ -407,15 +391,7 @@ fn generation_stops_at_the_context_end_and_on_stop_tokens() {
     let stop = g.tokens[3];
     let first = g.tokens.iter().position(|&t| t == stop).expect("present");
     let opts = GenerateOptions { stop_tokens: vec![stop], ..opts };
-    let h = pollster::block_on(wgspec::speculative::generate(
-        &mut m,
-        None,
-        &[1, 2, 3],
-        &opts,
-        KPolicy::default(),
-        &mut |_, _| true,
-    ))
-    .expect("generate");
+    let h = common::plain(&mut m, &[1, 2, 3], &opts).expect("generate");
     assert_eq!(h.tokens, g.tokens[..=first]);
     assert_eq!(h.finish, wgspec::session::FinishReason::Stop);
 }

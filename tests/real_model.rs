@@ -7,7 +7,6 @@ use common::goldens::{goldens, model_file, Goldens};
 use common::gpu;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
 use wgspec::session::GenerateOptions;
-use wgspec::speculative::KPolicy;
 
 fn checkpoint(g: &Goldens) -> Checkpoint {
     let bytes = std::fs::read(model_file(&g.model.file, "smollm2-135m")).expect("read model");
@@ -16,16 +15,7 @@ fn checkpoint(g: &Goldens) -> Checkpoint {
 
 fn greedy(model: &mut Model, prompt: &[u32], n: usize) -> Vec<u32> {
     let opts = GenerateOptions { max_tokens: n, sampling: Default::default(), stop_tokens: vec![] };
-    pollster::block_on(wgspec::speculative::generate(
-        model,
-        None,
-        prompt,
-        &opts,
-        KPolicy::default(),
-        &mut |_, _| true,
-    ))
-    .expect("generate")
-    .tokens
+    common::plain(model, prompt, &opts).expect("generate").tokens
 }
 
 fn common_prefix(a: &[u32], b: &[u32]) -> usize {

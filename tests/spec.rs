@@ -310,8 +310,7 @@ fn perturbed(tiny: &TinyModel, noise: f32, r: &mut SmallRng) -> TinyModel {
 }
 
 fn plain(model: &mut Model, prompt: &[u32], opts: &GenerateOptions) -> speculative::SpecGeneration {
-    pollster::block_on(speculative::generate(model, None, prompt, opts, KPolicy::default(), &mut |_, _| true))
-        .expect("generate")
+    common::plain(model, prompt, opts).expect("generate")
 }
 
 fn speculative(
@@ -435,16 +434,7 @@ fn draft_model_rolls_back_and_catches_up() {
         [(4usize, 2usize, true), (3, 3, false), (5, 0, true), (2, 2, false), (6, 1, true)]
     {
         let p = pollster::block_on(draft.propose(&context, k, &params, &mut g)).expect("propose");
-        let want = pollster::block_on(speculative::generate(
-            &mut fresh,
-            None,
-            &context,
-            &greedy_opts(k),
-            KPolicy::default(),
-            &mut |_, _| true,
-        ))
-        .expect("fresh")
-        .tokens;
+        let want = common::plain(&mut fresh, &context, &greedy_opts(k)).expect("fresh").tokens;
         assert_eq!(p.tokens, want, "context {context:?}");
         assert_eq!(p.steps, k);
         context.extend_from_slice(&p.tokens[..a]);

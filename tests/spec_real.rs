@@ -104,15 +104,7 @@ fn smollm2_ngram_speculation_equals_greedy() {
         assert_eq!(got.tokens.len(), n);
         if i == 0 {
             // One literal comparison with plain greedy generation.
-            let plain = pollster::block_on(speculative::generate(
-                &mut target,
-                None,
-                &case.prompt_tokens,
-                &greedy(n),
-                KPolicy::default(),
-                &mut |_, _| true,
-            ))
-            .expect("generate");
+            let plain = common::plain(&mut target, &case.prompt_tokens, &greedy(n)).expect("generate");
             assert_eq!(got.tokens, plain.tokens, "prompt {:?}", case.prompt);
         } else {
             assert_greedy_continuation(&mut target, &case.prompt_tokens, &got.tokens, &case.prompt);

@@ -138,19 +138,14 @@ impl Model {
         }
         // The whole bill before the first allocation: weights as they will be kept (stored
         // blocks, or f32), then the KV cache and the scratch buffers above.
-        let weight_bytes: u64 = TensorTable::new(&c)
-            .iter()
-            .map(|t| {
-                let n = t.shape.iter().product::<usize>() as u64;
-                let stored = ckpt.stored_bytes(&t.name).unwrap_or(4 * n);
-                let kept = opts.precision == Precision::Auto && t.shape.len() > 1;
-                if kept {
-                    stored
-                } else {
-                    4 * n
-                }
-            })
-            .sum();
+        let (mut weight_bytes, mut file_weight_bytes) = (0u64, 0u64);
+        for t in TensorTable::new(&c).iter() {
+            let n = t.shape.iter().product::<usize>() as u64;
+            let stored = ckpt.stored_bytes(&t.name);
+            file_weight_bytes += stored.unwrap_or(0);
+            let kept = opts.precision == Precision::Auto && t.shape.len() > 1;
+            weight_bytes += if kept { stored.unwrap_or(4 * n) } else { 4 * n };
+        }
         let kv_bytes = c.n_layers as u64 * ctx * 2 * c.kv_dim() as u64 * 4;
         let widths = (2 * c.dim + 2 * c.q_dim() + c.ffn_dim + c.vocab_size) as u64 + c.n_heads as u64 * ctx;
         let scratch_bytes = 4 * batch * widths + ctx * c.rope_dim as u64 * 4;
@@ -196,8 +191,6 @@ impl Model {
         g.take_error()?;
         let forward_ops = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
-        let file_weight_bytes =
-            super::weights::TensorTable::new(&c).iter().filter_map(|t| ckpt.stored_bytes(&t.name)).sum();
         Ok(Model {
             config: c,
             gpu,

@@ -69,3 +69,14 @@ pub fn assert_close(what: &str, got: &[f32], want: &[f32], abs: f32, rel: f32) {
 
 pub mod goldens;
 pub mod tiny;
+
+/// Plain (no draft) generation of `prompt` with `model`, to the end: the reference the
+/// speculative runs are compared with.
+pub fn plain(
+    model: &mut wgspec::model::Model,
+    prompt: &[u32],
+    opts: &wgspec::session::GenerateOptions,
+) -> wgspec::Result<wgspec::speculative::SpecGeneration> {
+    let k = wgspec::speculative::KPolicy::default();
+    pollster::block_on(wgspec::speculative::generate(model, None, prompt, opts, k, &mut |_, _| true))
+}
