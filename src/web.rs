@@ -6,7 +6,7 @@
 //! ```js
 //! const engine = await WebEngine.create();            // WebGPU adapter + device, pipelines
 //! engine.stage_file("model.gguf", bytes);             // or config.json, tokenizer.json, *.safetensors
-//! const info = JSON.parse(engine.load_target(2048, (done, total) => {}));
+//! const info = JSON.parse(engine.load_target(2048, undefined, (done, total) => {}));
 //! const out = JSON.parse(await engine.generate(JSON.stringify({ prompt: "Hi", draft: "ngram" }),
 //!     (id, text, fromDraft) => true));                // return false to stop
 //! engine.free();                                      // GPU memory back
@@ -88,15 +88,26 @@ impl WebEngine {
     }
 
     /// Loads the staged files as the target (replacing any target and draft), with `context`
-    /// KV positions (default: min(model context, 4096)). Returns a JSON summary.
-    pub fn load_target(&mut self, context: Option<u32>, on_progress: &Function) -> Result<String, JsError> {
+    /// KV positions (default: min(model context, 4096)) and at most `max_memory_mb` MB of GPU
+    /// memory for the target and its draft together (weights, KV cache, scratch; no limit by
+    /// default): a model over it is refused before anything is allocated. Returns a JSON summary.
+    pub fn load_target(
+        &mut self,
+        context: Option<u32>,
+        max_memory_mb: Option<u32>,
+        on_progress: &Function,
+    ) -> Result<String, JsError> {
         let mut slot = self.slot.borrow_mut();
         if slot.busy {
             return Err(js_err(Error::Busy("a generation is running".into())));
         }
         slot.engine = None; // frees the previous models' GPU memory first
         let opened = std::mem::take(&mut self.staged).open().map_err(js_err)?;
-        let opts = LoadOptions { context: context.map(|c| c as usize), ..Default::default() };
+        let opts = LoadOptions {
+            context: context.map(|c| c as usize),
+            max_memory: max_memory_mb.map(|mb| u64::from(mb) * 1_000_000),
+            ..Default::default()
+        };
         let engine =
             Engine::load(self.gpu.clone(), opened, &opts, &mut progress_to(on_progress)).map_err(js_err)?;
         let info = to_json(engine.target_info())?;

@@ -121,6 +121,49 @@ fn hostile_chat_templates_fail_fast_and_broken_ones_only_when_a_chat_is_asked() 
         Err(Error::ChatTemplate(msg)) => assert!(msg.contains("exceeds"), "{msg}"),
         other => panic!("output bomb: {other:?}"),
     }
+    // Memory bombs: a few instructions asking for gigabytes. Each must fail on the byte budget
+    // (see `template_budget`) before it allocates, whichever way the text grows.
+    let ns = "{% set ns = namespace(s='0123456789abcdef', l=['0123456789abcdef']) %}";
+    let bombs = [
+        ("doubling by ~", "{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}"),
+        ("doubling by +", "{% for i in range(40) %}{% set ns.s = ns.s + ns.s %}{% endfor %}"),
+        ("doubling in a capture", "{% for i in range(40) %}{% set c %}{{ ns.s }}{{ ns.s }}{% endset %}{% set ns.s = c %}{% endfor %}"),
+        ("a macro's output", "{% macro d(s) %}{% for i in range(100) %}{{ s }}{% endfor %}{% endmacro %}{% for i in range(10) %}{% set ns.s = d(ns.s) %}{% endfor %}"),
+        ("a filter block", "{% for i in range(40) %}{% filter upper %}{{ ns.s }}{% endfilter %}{% set ns.s = ns.s * 2 %}{% endfor %}"),
+        ("a list of references joined", "{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | join('') | length }}"),
+        ("a list of references as text", "{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ (ns.l ~ '') | length }}"),
+        ("a list of references in a string", "{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l in 'x' }}"),
+        ("a list of references to JSON", "{% for i in range(30) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | tojson | length }}"),
+        ("a list repeated", "{{ (ns.l * 100000000) | length }}"),
+        ("an empty pattern replaced", "{% for i in range(8) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s | replace('', ns.s) | length }}"),
+        ("a string method", "{% for i in range(8) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s.replace('', ns.s) | length }}"),
+        ("an indent width", "{{ ('a\\n' * 100000) | indent(100000) | length }}"),
+        ("a format width", "{{ '%100000000s' | format('x') | length }}"),
+        ("a string's characters as a list", "{{ ('x' * 10000000) | list | length }}"),
+        ("strings summed", "{% for i in range(24) %}{% set ns.l = ns.l + ns.l %}{% endfor %}{{ ns.l | sum(start='') | length }}"),
+    ];
+    for (what, body) in bombs {
+        let src: &'static str = Box::leak(format!("{ns}{body}").into_boxed_str());
+        match render(src) {
+            Err(Error::ChatTemplate(msg)) => {
+                assert!(msg.contains("the template makes") || msg.contains("output exceeds"), "{what}: {msg}")
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    // The guards' own names are not the template's to take.
+    let shadow = "{% macro __wgspec_concat(a, b) %}{% endmacro %}{{ 'a' ~ 'b' }}";
+    assert!(matches!(render(shadow), Err(Error::ChatTemplate(m)) if m.contains("reserved")));
+    // Growth within the budget renders as before: the guards change no output.
+    let fine = format!("{ns}{{% for i in range(10) %}}{{% set ns.s = ns.s ~ ns.s %}}{{% endfor %}}{{{{ ns.s | length }}}} \
+                        {{{{ [1, 2] * 2 }}}} {{{{ 'ab' * 2 }}}} {{{{ 3 * 4 }}}} {{{{ 1 + 2 }}}} {{{{ [1] + [2] }}}} {{{{ 'b' in 'abc' }}}} \
+                        {{{{ 2 in [1, 2] }}}} {{{{ {{'k': [1, 'x']}} | tojson(indent=2) | length }}}} {{{{ 'a-b'.replace('-', '+') }}}} \
+                        {{{{ '%05d|%s' | format(42, 'x') }}}} {{{{ ', '.join(['a', 'b']) }}}} {{{{ 'x\\ny' | indent(2) }}}}");
+    let fine: &'static str = Box::leak(fine.into_boxed_str());
+    assert_eq!(
+        render(fine).expect("within the budget"),
+        "16384 [1, 2, 1, 2] abab 12 3 [1, 2] True True 31 a+b 00042|x a, b x\n  y"
+    );
     // what a real chat needs stays far inside both budgets
     let long: Vec<Message> =
         (0..500).map(|i| Message { role: "user".into(), content: format!("message {i} ") }).collect();

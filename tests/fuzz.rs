@@ -172,7 +172,7 @@ const KEYS: [&str; 22] = [
 /// Chat templates as an attacker writes them; each must end within its budget.
 fn hostile_template(r: &mut SmallRng) -> String {
     let n = [3, 100, 10_000, 1_000_000][r.gen_range(0..4)];
-    match r.gen_range(0..9) {
+    match r.gen_range(0..12) {
         0 => format!("{{% for a in range({n}) %}}{{% for b in range({n}) %}}x{{% endfor %}}{{% endfor %}}"),
         1 => format!("{{{{ 'x' * {n} }}}}{{{{ 'y' * {n} }}}}"),
         2 => "{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}".into(),
@@ -181,6 +181,10 @@ fn hostile_template(r: &mut SmallRng) -> String {
         5 => format!("{{% for m in messages * {n} %}}{{{{ m.content }}}}{{% endfor %}}"),
         6 => "{{ raise_exception('no') }}".into(),
         7 => format!("{{% set ns = namespace(s='ab') %}}{{% for i in range({}) %}}{{% set ns.s = ns.s ~ 'ab' %}}{{% endfor %}}{{{{ ns.s }}}}", n.min(10_000)),
+        // doubling: a string, a capture, a list of references turned into text
+        8 => format!("{{% set ns = namespace(s='ab') %}}{{% for i in range({n}) %}}{{% set ns.s = ns.s ~ ns.s %}}{{% endfor %}}"),
+        9 => format!("{{% set ns = namespace(s='ab') %}}{{% for i in range({n}) %}}{{% set c %}}{{{{ ns.s }}}}{{{{ ns.s }}}}{{% endset %}}{{% set ns.s = c %}}{{% endfor %}}"),
+        10 => format!("{{% set ns = namespace(l=['ab']) %}}{{% for i in range({n}) %}}{{% set ns.l = ns.l + ns.l %}}{{% endfor %}}{{{{ ns.l | join }}}}"),
         _ => {
             let bytes: Vec<u8> = (0..r.gen_range(1..200)).map(|_| r.gen_range(b' '..=b'~')).collect();
             String::from_utf8(bytes).unwrap_or_default()
@@ -349,6 +353,11 @@ fn run(seed: u64, cases: usize, keep_for_gpu: usize) -> (BTreeMap<&'static str, 
         let (took, peak) = (t.elapsed(), PEAK.load(Relaxed).saturating_sub(before));
         let name = CLASSES[class];
         let Ok(result) = result else { panic!("case {case} ({name}) panicked") };
+        if peak > CEILING {
+            if let Input::Template(t) = &input {
+                eprintln!("TEMPLATE {t}");
+            }
+        }
         assert!(peak <= CEILING, "case {case} ({name}) allocated {peak} bytes");
         assert!(took <= SLOW, "case {case} ({name}) took {took:?}");
         let entry = outcome.entry(name).or_default();

@@ -336,6 +336,9 @@ impl Gpu {
         rx.await
             .map_err(|_| Error::Gpu("read-back cancelled".into()))?
             .map_err(|e| Error::Gpu(format!("mapping the read-back buffer: {e}")))?;
+        // In a browser uncaptured errors arrive as events: by the time the map resolves, those of
+        // the work before it (an allocation that failed while loading, ...) have been delivered.
+        self.take_error()?;
         let view = staging.get_mapped_range(..).map_err(|e| Error::Gpu(format!("mapped range: {e}")))?;
         let mut out = view.to_vec();
         drop(view);

@@ -4,14 +4,14 @@
 //! `raise_exception`), so the prompt text is the one the model was trained on.
 //!
 //! A template is a program from the internet: it runs on a budget ([`TEMPLATE_FUEL`] minijinja
-//! instructions, [`MAX_RENDER_BYTES`] of output), so a hostile one fails in well under a second
-//! with [`Error::ChatTemplate`]. A template that does not parse is an error only when a chat is
+//! instructions, [`MAX_RENDER_BYTES`] of output, and a byte budget on every value it makes, see
+//! `template_budget`), so a hostile one fails in well under a second with [`Error::ChatTemplate`]. A template that does not parse is an error only when a chat is
 //! rendered: plain generation never needs it.
 
 use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 
-use super::Tokenizer;
+use super::{template_budget, Tokenizer};
 use crate::error::{Error, Result};
 
 /// One chat message (`role`: "system", "user", "assistant", ...).
@@ -61,7 +61,7 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_fuel(Some(TEMPLATE_FUEL));
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        template_budget::install(&mut env, minijinja_contrib::pycompat::unknown_method_callback);
         env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
@@ -95,21 +95,38 @@ impl ChatTemplate {
         }
         self.check()?;
         let tmpl = self.env.get_template("chat").map_err(template_err)?;
+        let compiled = minijinja::machinery::get_compiled_template(&tmpl);
+        let guarded = template_budget::guard(&compiled.instructions).map_err(template_err)?;
+        let blocks = compiled
+            .blocks
+            .iter()
+            .map(|(name, block)| Ok((*name, template_budget::guard(block)?)))
+            .collect::<std::result::Result<_, minijinja::Error>>()
+            .map_err(template_err)?;
         let ctx = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
         };
-        let mut out = Bounded { bytes: Vec::new(), limit: MAX_RENDER_BYTES, overflowed: false };
-        match tmpl.render_captured_to(ctx, &mut out) {
-            Ok(_) => String::from_utf8(out.bytes)
-                .map_err(|e| Error::ChatTemplate(format!("the template wrote invalid UTF-8: {e}"))),
-            Err(_) if out.overflowed => {
-                Err(Error::ChatTemplate(format!("the template's output exceeds {MAX_RENDER_BYTES} bytes")))
-            }
-            Err(e) => Err(template_err(e)),
+        let mut text = String::new();
+        let mut out = minijinja::machinery::make_string_output(&mut text);
+        template_budget::with_budget(|| {
+            minijinja::machinery::Vm::new(&self.env).eval(
+                &guarded,
+                ctx,
+                &blocks,
+                &mut out,
+                compiled.initial_auto_escape,
+            )
+        })
+        .map_err(template_err)?;
+        if text.len() > MAX_RENDER_BYTES {
+            return Err(Error::ChatTemplate(format!(
+                "the template's output exceeds {MAX_RENDER_BYTES} bytes"
+            )));
         }
+        Ok(text)
     }
     /// The prompt ids of `messages` (assistant turn opened), with message content as plain
     /// text: only the template's own markup becomes control tokens. A user who types
@@ -178,26 +195,4 @@ fn mark(content: &str, specials: &[String], delim: char, replaced: &mut Vec<Stri
     }
     out.push_str(rest);
     out
-}
-
-/// A writer that refuses to grow past `limit` bytes.
-struct Bounded {
-    bytes: Vec<u8>,
-    limit: usize,
-    overflowed: bool,
-}
-
-impl std::io::Write for Bounded {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        if self.bytes.len() + buf.len() > self.limit {
-            self.overflowed = true;
-            return Err(std::io::Error::other("chat template output limit"));
-        }
-        self.bytes.extend_from_slice(buf);
-        Ok(buf.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
 }

@@ -11,6 +11,7 @@ mod chat;
 mod gguf_vocab;
 mod pre;
 mod stream;
+mod template_budget;
 
 use std::fmt;
 

@@ -214,7 +214,7 @@ pub async fn facade_generates_like_the_engine() {
     // No target yet: a clear error, not a panic.
     assert!(web.generate(r#"{"prompt":"x"}"#, noop.clone()).is_err());
     web.stage_file("model.gguf", target_file.clone()).unwrap_or_else(|_| panic!("stage"));
-    let info = web.load_target(Some(64), &noop).unwrap_or_else(|_| panic!("load_target"));
+    let info = web.load_target(Some(64), None, &noop).unwrap_or_else(|_| panic!("load_target"));
     let info: serde_json::Value = serde_json::from_str(&info).expect("info json");
     assert_eq!(info["arch"], "llama");
     web.stage_file("model.gguf", draft_file).unwrap_or_else(|_| panic!("stage draft"));
@@ -255,7 +255,7 @@ pub async fn facade_generates_like_the_engine() {
     assert!(String::from(msg).contains("weights.bin"));
     // A truncated GGUF file: a thrown error, the engine still usable afterwards.
     web.stage_file("model.gguf", target_file[..target_file.len() / 2].to_vec()).expect("stage");
-    assert!(web.load_target(Some(64), &noop).is_err(), "a truncated file must be refused");
+    assert!(web.load_target(Some(64), None, &noop).is_err(), "a truncated file must be refused");
     drop(web); // frees GPU memory (JS: engine.free())
 }
 
@@ -285,7 +285,7 @@ pub async fn facade_loads_a_hugging_face_folder() {
         } else {
             stage(&mut web, "model.gguf", gguf.clone());
         }
-        let info = web.load_target(Some(64), &noop).unwrap_or_else(|_| panic!("load_target hf={hf}"));
+        let info = web.load_target(Some(64), None, &noop).unwrap_or_else(|_| panic!("load_target hf={hf}"));
         let info: serde_json::Value = serde_json::from_str(&info).expect("info json");
         assert_eq!(info["arch"], "qwen2");
         assert_eq!(info["chat_template"], hf, "only the folder brings a template here");
@@ -316,21 +316,32 @@ pub async fn facade_refuses_hostile_files() {
     let wide =
         [("llama.attention.head_count", Value::U32(4096)), ("llama.attention.key_length", Value::U32(4096))];
     web.stage_file("model.gguf", tiny.to_gguf_with(DType::F32, &mut r, &wide)).expect("stage");
-    let err = web.load_target(Some(64), &noop).expect_err("an oversized model must be refused");
+    let err = web.load_target(Some(64), None, &noop).expect_err("an oversized model must be refused");
     let msg = message(err.into());
     assert!(msg.contains("q width"), "{msg}");
 
-    // A template that would run for hours: the chat fails fast; plain generation still runs.
-    let hostile = "{% for a in range(10000) %}{% for b in range(10000) %}{% for c in range(10000) %}\
-                   {% endfor %}{% endfor %}{% endfor %}";
-    let with_template = [("tokenizer.chat_template", Value::String(hostile.into()))];
-    web.stage_file("model.gguf", tiny.to_gguf_with(DType::F32, &mut r, &with_template)).expect("stage");
-    web.load_target(Some(64), &noop).unwrap_or_else(|_| panic!("the model itself is fine"));
-    let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
-    let promise = web.generate(chat, noop.clone()).unwrap_or_else(|_| panic!("generate"));
-    let err = JsFuture::from(promise).await.expect_err("the template's budget must end it");
-    let msg = message(err);
-    assert!(msg.contains("chat template") && msg.contains("fuel"), "{msg}");
+    // A model over the page's GPU memory budget: refused with its bill, before any allocation.
+    web.stage_file("model.gguf", tiny.to_gguf(DType::F32, &mut r)).expect("stage");
+    let err = web.load_target(Some(64), Some(0), &noop).expect_err("a model over the budget must be refused");
+    let msg = message(err.into());
+    assert!(msg.contains("the budget is 0.0 MB"), "{msg}");
+
+    // A template that would run for hours, one that doubles a string forty times (terabytes): the
+    // chat fails fast on its budget, before the worker runs out of memory; plain generation runs.
+    let hours = "{% for a in range(10000) %}{% for b in range(10000) %}{% for c in range(10000) %}\
+                 {% endfor %}{% endfor %}{% endfor %}";
+    let doubling = "{% set ns = namespace(s='ab') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}\
+                    {% endfor %}{{ ns.s }}";
+    for (hostile, budget) in [(hours, "fuel"), (doubling, "the template makes")] {
+        let with_template = [("tokenizer.chat_template", Value::String(hostile.into()))];
+        web.stage_file("model.gguf", tiny.to_gguf_with(DType::F32, &mut r, &with_template)).expect("stage");
+        web.load_target(Some(64), None, &noop).unwrap_or_else(|_| panic!("the model itself is fine"));
+        let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
+        let promise = web.generate(chat, noop.clone()).unwrap_or_else(|_| panic!("generate"));
+        let err = JsFuture::from(promise).await.expect_err("the template's budget must end it");
+        let msg = message(err);
+        assert!(msg.contains("chat template") && msg.contains(budget), "{msg}");
+    }
     let promise = web
         .generate(r#"{"prompt":"ab","max_tokens":2}"#, noop.clone())
         .unwrap_or_else(|_| panic!("generate"));

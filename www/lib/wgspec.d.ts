@@ -25,6 +25,8 @@ export interface LoadOptions {
   draft?: string | URL;
   /** KV cache positions. */
   context?: number;
+  /** GPU memory budget in MB for target and draft together; a model over it is refused before any allocation. */
+  maxMemoryMb?: number;
   onProgress?: (event: ProgressEvent) => void;
   /** A Worker to use, or the URL of worker.js (default: worker.js next to wgspec.js). */
   worker?: Worker | string | URL;

@@ -185,6 +185,9 @@ export class WgSpec {
    * @param {string|URL} [options.draft] a draft model URL of the same kinds (same tokenizer as
    *   the target), or "ngram" for prompt-lookup drafts; none by default.
    * @param {number} [options.context] KV cache positions (default: the engine's choice).
+   * @param {number} [options.maxMemoryMb] GPU memory budget in MB for the target and draft
+   *   together (weights, KV cache, scratch); a model over it is refused before any allocation
+   *   with the bill in the message. No limit by default.
    * @param {(event: {model: "target"|"draft", phase: "download"|"cache"|"upload"|"ready",
    *   file: string|null, loaded: number, total: number|null}) => void} [options.onProgress]
    *   bytes for download/cache (total null when unknown), tensors for upload.
@@ -194,7 +197,7 @@ export class WgSpec {
    *   ("wgspec-models-v1") and read them from there next time.
    * @returns {Promise<WgSpec>} rejects with the worker's message on any failure.
    */
-  static async load({ target, draft, context, onProgress, worker, cache = true } = {}) {
+  static async load({ target, draft, context, maxMemoryMb, onProgress, worker, cache = true } = {}) {
     if (!target) throw new TypeError("WgSpec.load: `target` (a model URL) is required");
     const targetUrl = resolveUrl(target);
     const draftUrl = draft ? resolveUrl(draft) : undefined;
@@ -210,7 +213,7 @@ export class WgSpec {
     try {
       const { promise } = client.call(
         "load",
-        { target: targetUrl, draft: draftUrl, context, cache },
+        { target: targetUrl, draft: draftUrl, context, maxMemoryMb, cache },
         onEvent,
       );
       const loaded = await promise;

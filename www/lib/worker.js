@@ -2,7 +2,7 @@
 // files, and runs generations. The page talks to it through `wgspec.js`; see the protocol below.
 //
 // Page -> worker (every message has a numeric `id`, except "abort"):
-//   { id, type: "load", target, draft, context, cache }  target/draft: absolute URLs (or "ngram")
+//   { id, type: "load", target, draft, context, maxMemoryMb, cache }  target/draft: absolute URLs (or "ngram")
 //   { id, type: "generate", request, aborted }           request: the engine's request object
 //   { id, type: "generate", openai, aborted }            openai: {endpoint: "chat"|"completions", body}
 //   { id, type: "chatPrompt", messages }
@@ -100,7 +100,7 @@ function errorMessage(err) {
  * Creates the engine, downloads (or reads from the cache) and stages the target's files, loads
  * the target, then the draft model if one is given.
  */
-async function load({ target, draft, context, cache: useCache = true }, progress) {
+async function load({ target, draft, context, maxMemoryMb, cache: useCache = true }, progress) {
   if (engine) throw new Error("this worker already holds a model; create a new WgSpec instance");
   if (!self.navigator || !self.navigator.gpu) {
     throw new Error(
@@ -125,7 +125,7 @@ async function load({ target, draft, context, cache: useCache = true }, progress
     await stageModel(created, target, "target", cache, progress);
     const info = JSON.parse(
       named(`the target model ${fileName(target)}`, () =>
-        created.load_target(context ?? undefined, (done, total) =>
+        created.load_target(context ?? undefined, maxMemoryMb ?? undefined, (done, total) =>
           progress({ model: "target", phase: "upload", file: null, loaded: done, total }),
         ),
       ),
