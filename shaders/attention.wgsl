@@ -4,8 +4,18 @@
 //   s_j = (q . k_j) * scale;  p_j = exp(s_j - max s) / sum exp;  out = sum_j p_j v_j
 // Every reduction runs in a fixed order that depends only on pos, never on n, so a verify pass
 // over K+1 rows reproduces single-row steps bit for bit.
+// A token-tree pass (step.tree = 1): row r is a node at depth d = popcount(ancestors[r]) - 1,
+// pos = start_pos + d, and its keys j >= start_pos are its ancestors' rows (start_pos + their row
+// index) in depth order, itself last. The keys are the ones its root-to-node path would have
+// alone, in the same order, so a node's output equals that path's last row bit for bit.
 
-struct Step { n: u32, start_pos: u32 }
+struct Step {
+    n: u32,
+    start_pos: u32,
+    tree: u32,                          // 1: a token-tree pass
+    _pad: u32,
+    ancestors: array<vec4<u32>, 8>,     // [32] (tree) bit j of ancestors[r]: row j is r or its ancestor
+}
 struct Params {
     heads: u32,      // query heads
     kv_heads: u32,   // key/value heads (heads % kv_heads == 0)
@@ -29,13 +39,23 @@ const WG: u32 = 64u;
 
 var<workgroup> partial: array<f32, WG>;
 
+// The cache row of key j of row r (see the header): j itself, except a tree pass's keys from
+// start_pos on, which are r's ancestors by depth (the (j - start_pos)-th set bit of ancestors[r]).
+fn key_row(r: u32, j: u32) -> u32 {
+    if (step.tree == 0u || j < step.start_pos) { return j; }
+    var m = step.ancestors[r / 4u][r % 4u];
+    for (var i = step.start_pos; i < j; i++) { m &= m - 1u; }
+    return step.start_pos + firstTrailingBit(m);
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let h = wid.x;
     let r = wid.y;
     if (r >= step.n) { return; }
     let t = lid.x;
-    let pos = step.start_pos + r;
+    let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
+    let pos = step.start_pos + depth;
     let len = pos + 1u;
     let hd4 = p.head_dim / 4u;
     let kvh = h / (p.heads / p.kv_heads);
@@ -46,7 +66,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     // 1. scores and the running max of this thread's keys
     var m = -0x1.fffffep+127f; // the lowest finite f32, written exactly (Tint refuses an inexact literal)
     for (var j = t; j < len; j += WG) {
-        let k_base = j * kv_row4 + kvh * hd4;
+        let k_base = key_row(r, j) * kv_row4 + kvh * hd4;
         var s = 0.0;
         for (var d = 0u; d < hd4; d++) {
             s += dot(q[q_base + d], k_cache[k_base + d]);
@@ -84,10 +104,15 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let kv_row = 2u * p.kv_heads * p.head_dim;
     let v_base = p.kv_heads * p.head_dim + kvh * p.head_dim;
     let o_base = (r * p.heads + h) * p.head_dim;
+    // keys that are their own rows, then (a tree pass) the ancestors': one sum in key order
+    let direct = select(len, min(len, step.start_pos), step.tree != 0u);
     for (var d = t; d < p.head_dim; d += WG) {
         var acc = 0.0;
-        for (var j = 0u; j < len; j++) {
+        for (var j = 0u; j < direct; j++) {
             acc += scores[s_base + j] * v_cache[j * kv_row + v_base + d];
+        }
+        for (var j = direct; j < len; j++) {
+            acc += scores[s_base + j] * v_cache[key_row(r, j) * kv_row + v_base + d];
         }
         out[o_base + d] = acc * inv_l;
     }

@@ -19,14 +19,21 @@
 // Epilogues (per pipeline call, from the params): the bias; a residual add (`accumulate`); SwiGLU
 // over interleaved gate|up rows (`glu`); for a fused q|k|v matrix, RoPE on the columns before
 // `rope_cols` (pairs of adjacent columns: rows of a Halves layout were reordered at load, so the
-// store puts each value back at its column) and the columns from `split` on routed to the KV cache
-// row start_pos + r; and (`scaled_copy`) each stored value times gamma[c] written to `second` too:
+// store puts each value back at its column; a row's position is start_pos + r, or start_pos + its
+// depth in a token-tree pass) and the columns from `split` on routed to the KV cache row
+// start_pos + r; and (`scaled_copy`) each stored value times gamma[c] written to `second` too:
 // the input of the next normed matmul.
 //
 // Batch-invariant: the order of every sum depends on k and LANES only (fixed per pipeline): a row
 // is computed by the same instructions whether the pass holds 1 row or 32, so its bits are the same.
 
-struct Step { n: u32, start_pos: u32 }
+struct Step {
+    n: u32,
+    start_pos: u32,
+    tree: u32,                          // 1: a token-tree pass (see attention.wgsl)
+    _pad: u32,
+    ancestors: array<vec4<u32>, 8>,     // [32] (tree) bit j of ancestors[r]: row j is r or its ancestor
+}
 struct Params {
     k: u32,           // row length of x (input features)
     units: u32,       // ceil(k / 32): 32-weight units per weight row
@@ -95,6 +102,12 @@ fn store(c: u32, row: u32, v: f32) {
 
 // RoPE of the pair (a, b) at within-head columns (i, i + 1) of a row at position `pos`, with the
 // angles of a table computed once on the CPU in f64 (every GPU rotates by the same angles)
+// A row's offset from start_pos: its index, or in a token-tree pass its depth in the tree.
+fn depth(row: u32) -> u32 {
+    if (step.tree == 0u) { return row; }
+    return countOneBits(step.ancestors[row / 4u][row % 4u]) - 1u;
+}
+
 fn rotate(a: f32, b: f32, i: u32, pos: u32) -> vec2<f32> {
     if (i >= p.rope_dim) { return vec2<f32>(a, b); }
     let cs = cos_sin[pos * (p.rope_dim / 2u) + i / 2u];
@@ -215,7 +228,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             }
             if (c < p.rope_cols) {
                 let i = c % p.head_dim;
-                let pos = step.start_pos + row;
+                let pos = step.start_pos + depth(row);
                 v = vec4<f32>(rotate(v.x, v.y, i, pos), rotate(v.z, v.w, i + 2u, pos));
             }
             for (var j = 0u; j < 4u; j++) {

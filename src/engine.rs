@@ -17,7 +17,10 @@ use crate::gpu::Gpu;
 use crate::model::{LoadOptions, LoadProgress, Model, TensorTable};
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
-use crate::speculative::{self, DraftModel, KPolicy, NGram, SpecStats, DEFAULT_MAX_DRAFT_K};
+use crate::speculative::{self, DraftModel, Ensemble, KPolicy, NGram, SpecStats, DEFAULT_MAX_DRAFT_K};
+
+/// Distinct continuations the engine's n-gram drafts put in one token tree (1 would be a chain).
+pub const NGRAM_BRANCHES: usize = 4;
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
 /// Which draft a request speculates with.
@@ -26,8 +29,13 @@ use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 pub enum DraftKind {
     /// The loaded draft model.
     Model,
-    /// N-gram lookup in the prompt and the text so far.
+    /// N-gram lookup in the prompt and the text so far (several matches' continuations as a
+    /// token tree when greedy... see [`NGRAM_BRANCHES`]).
     Ngram,
+    /// The loaded draft model's chain and the n-gram continuations merged into one token tree
+    /// (SpecInfer's ensemble; greedy decoding, else the model's chain).
+    #[serde(rename = "model+ngram")]
+    ModelNgram,
     /// No speculation: plain target decoding.
     None,
 }
@@ -457,13 +465,18 @@ impl Engine {
             let go_on = on_token(&TokenEvent { id: Some(id), text, from_draft });
             go_on && filter.hit.is_none()
         };
-        let mut ngram = NGram::default();
+        let mut ngram = NGram { branches: NGRAM_BRANCHES, ..NGram::default() };
+        let mut ensemble;
         let draft: Option<&mut dyn speculative::Draft> = match (kind, self.draft.as_mut()) {
             (DraftKind::None, _) => None,
             (DraftKind::Ngram, _) => Some(&mut ngram),
             (DraftKind::Model, Some((d, _))) => Some(d),
-            (DraftKind::Model, None) => {
-                return Err(Error::InvalidArgument("draft \"model\" asked for, but none is loaded".into()))
+            (DraftKind::ModelNgram, Some((d, _))) => {
+                ensemble = Ensemble { model: d, ngram: ngram.clone() };
+                Some(&mut ensemble)
+            }
+            (DraftKind::Model | DraftKind::ModelNgram, None) => {
+                return Err(Error::InvalidArgument("a draft model was asked for, but none is loaded".into()))
             }
         };
         let g =

@@ -256,7 +256,12 @@ fn speculation_through_the_engine_equals_plain_decoding() {
     let mut req = Request::text("a b a b a b", 30);
     req.draft = Some(DraftKind::None);
     let (plain, _) = run(&mut engine, &req);
-    for (draft, k) in [(DraftKind::Model, Some(4)), (DraftKind::Model, None), (DraftKind::Ngram, Some(3))] {
+    for (draft, k) in [
+        (DraftKind::Model, Some(4)),
+        (DraftKind::Model, None),
+        (DraftKind::Ngram, Some(3)),
+        (DraftKind::ModelNgram, Some(3)),
+    ] {
         req.draft = Some(draft);
         req.draft_k = k;
         let (out, events) = run(&mut engine, &req);
@@ -270,6 +275,9 @@ fn speculation_through_the_engine_equals_plain_decoding() {
         if draft == DraftKind::Model {
             // A draft equal to the target is always right: every cycle but the last is full.
             assert!(out.stats.acceptance_rate == 1.0, "{:?}", out.stats);
+        }
+        if draft == DraftKind::ModelNgram {
+            assert_eq!(out.stats.draft, "model+ngram");
         }
     }
     // The default draft is the loaded model.

@@ -10,7 +10,7 @@ use reference::RefModel;
 use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
 use wgspec::session::GenerateOptions;
-use wgspec::speculative::KPolicy;
+use wgspec::speculative::{KPolicy, TokenTree};
 use wgspec::Error;
 
 /// Logits tolerance: f32 GPU sums vs f64 reference sums over a few hundred terms, relative to
@@ -170,6 +170,87 @@ fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
                 assert!(same, "row {i} of a {n}-row pass at {start} differs from the single-token step");
             }
         }
+    }
+}
+
+#[test]
+fn every_node_of_a_token_tree_equals_its_path_run_alone_bit_for_bit() {
+    // Both architectures (qwen2: biases, GQA), both matmul shapes; trees of several shapes at a
+    // position past 0, so that nodes see the cache before the pass and their ancestors.
+    for (spec, dtype, gpu) in
+        [(TinySpec::llama(), DType::Q4_1, gpu()), (TinySpec::qwen2(), DType::F16, gpu_shaped())]
+    {
+        let mut r = rng(52);
+        let tiny = TinyModel::random(spec, &mut r);
+        let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
+        let opts = LoadOptions { context: Some(64), ..Default::default() };
+        let mut m = Model::load(gpu, &ckpt, &opts, &mut |_| {}).expect("load");
+        let (v, vocab) = (spec.vocab, spec.vocab as u32);
+        let prompt: Vec<u32> = (0..7).map(|i| (i * 41 + 3) % vocab).collect();
+        let start = prompt.len();
+        let mut trees = vec![TokenTree::chain(9, &[4, 8, 15])];
+        let mut wide = TokenTree::new(9);
+        for (i, path) in [[4u32, 8, 15, 16], [4, 8, 23, 42], [4, 5, 6, 7], [11, 12, 13, 14], [4, 8, 15, 99]]
+            .iter()
+            .enumerate()
+        {
+            wide.insert(&path[..4 - i % 2], 32);
+        }
+        trees.push(wide);
+        let mut full = TokenTree::new(1); // 32 nodes: every mask bit in use
+        for i in 0..31u32 {
+            full.insert(&[i % 3, i, i * 7 % vocab], 32);
+        }
+        assert_eq!(full.len(), 32);
+        trees.push(full);
+        for tree in &trees {
+            forward(&mut m, &prompt, 0);
+            let nodes =
+                pollster::block_on(m.forward_tree(tree.tokens(), &tree.ancestors(), start)).expect("tree");
+            let anc = tree.ancestors();
+            for node in 0..tree.len() {
+                let path: Vec<u32> =
+                    (0..tree.len()).filter(|&j| anc[node] >> j & 1 == 1).map(|j| tree.tokens()[j]).collect();
+                let alone = forward(&mut m, &path, start);
+                let last = &alone[(path.len() - 1) * v..];
+                let same = last
+                    .iter()
+                    .zip(&nodes[node * v..(node + 1) * v])
+                    .all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(
+                    same,
+                    "node {node} of a {}-node tree differs from its path {path:?} alone",
+                    tree.len()
+                );
+            }
+            // Keeping a path leaves the cache a chain would: the next step's logits are the chain's.
+            let deepest = (0..tree.len()).max_by_key(|&i| anc[i].count_ones()).expect("nodes");
+            let path: Vec<usize> = (0..tree.len()).filter(|&j| anc[deepest] >> j & 1 == 1).collect();
+            let tokens: Vec<u32> = path.iter().map(|&j| tree.tokens()[j]).collect();
+            pollster::block_on(m.forward_tree(tree.tokens(), &anc, start)).expect("tree");
+            m.keep_path(start, &path).expect("keep");
+            assert_eq!(m.len(), start + path.len());
+            let kept = forward(&mut m, &[5], start + path.len());
+            forward(&mut m, &tokens, start);
+            let chain = forward(&mut m, &[5], start + path.len());
+            assert!(
+                kept.iter().zip(&chain).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "after keep_path {path:?}"
+            );
+        }
+        // A chain pass after a tree pass is a chain again (the tree flag is per pass).
+        let batch = forward(&mut m, &prompt, 0);
+        let single = forward(&mut m, &prompt[6..], 6);
+        assert!(single.iter().zip(&batch[6 * v..]).all(|(a, b)| a.to_bits() == b.to_bits()));
+        // Malformed trees and paths are refused.
+        for bad in [vec![1u32, 0b11, 0b101, 0b1000], vec![0b11, 0b11], vec![1, 0b10]] {
+            let err = pollster::block_on(m.forward_tree(&[1, 2, 3, 4][..bad.len()], &bad, 0)).err();
+            assert!(matches!(err, Some(Error::InvalidArgument(_))), "{bad:?}: {err:?}");
+        }
+        forward(&mut m, &prompt, 0);
+        pollster::block_on(m.forward_tree(&[1, 2, 3], &[1, 0b11, 0b101], start)).expect("tree");
+        assert!(m.keep_path(start, &[0, 2, 1]).is_err() && m.keep_path(start, &[1, 2]).is_err());
+        assert!(m.keep_path(start, &[0, 5]).is_err(), "past the pass");
     }
 }
 

@@ -17,7 +17,8 @@ use wgspec::model::{Checkpoint, LoadOptions, Model};
 use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
-    self, verify_greedy, verify_sampled, Dist, Draft, DraftModel, KPolicy, NGram, NextKind, Verdict,
+    self, verify_greedy, verify_sampled, Dist, Draft, DraftModel, Ensemble, KPolicy, NGram, NextKind,
+    TokenTree, TreeVerdict, Verdict,
 };
 use wgspec::Error;
 
@@ -269,6 +270,122 @@ fn speculative_sampling_converges_to_the_target_distribution() {
     }
 }
 
+/// Speculative sampling of two tokens after `start` with deterministic token trees, as the loop
+/// does it: below every node `depth` levels of children, `branches[token]` (distinct tokens);
+/// `rule` verifies (the real one, or a broken one the check must catch).
+fn speculate_two_tree(
+    target: &Markov,
+    branches: &[Vec<u32>],
+    start: u32,
+    depth: usize,
+    rng: &mut Rng,
+    rule: &dyn Fn(&TokenTree, &[Dist], &mut Rng) -> TreeVerdict,
+) -> (u32, u32) {
+    let mut out: Vec<u32> = Vec::new();
+    let mut last = start;
+    while out.len() < 2 {
+        let mut tree = TokenTree::new(last);
+        let mut level = vec![0usize];
+        for _ in 0..depth {
+            let mut next = Vec::new();
+            for &node in &level {
+                let token = tree.tokens()[node] as usize;
+                next.extend(branches[token].iter().filter_map(|&t| tree.child(node, t)));
+            }
+            level = next;
+        }
+        let p: Vec<Dist> = tree.tokens().iter().map(|&t| target.rows[t as usize].clone()).collect();
+        let v = rule(&tree, &p, rng);
+        out.extend(v.path[1..].iter().map(|&i| tree.tokens()[i]));
+        out.push(v.next);
+        last = v.next;
+    }
+    (out[0], out[1])
+}
+
+#[test]
+fn multi_candidate_tree_sampling_converges_to_the_target_distribution() {
+    const V: usize = 8;
+    let mut r = rng(102);
+    let real = |t: &TokenTree, p: &[Dist], g: &mut Rng| t.verify_sampled(p, g).expect("verify");
+    // Broken on purpose: each child accepted with its share of the original p, the rejected
+    // children's mass never moved to the others (p(x2) instead of p(x2) / (1 - p(x1))).
+    let broken = |t: &TokenTree, p: &[Dist], g: &mut Rng| {
+        let mut path = vec![0];
+        let mut at = 0;
+        'down: loop {
+            let mut left = p[at].clone();
+            for c in t.children(at) {
+                let x = t.tokens()[c];
+                if g.next_f64() < p[at].prob(x) {
+                    path.push(c);
+                    at = c;
+                    continue 'down;
+                }
+                left = left.residual(&Dist::one_hot(x));
+            }
+            return TreeVerdict { path, next: left.draw(g) };
+        }
+    };
+    for (si, params) in [
+        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
+        SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9, seed: 0 },
+    ]
+    .iter()
+    .enumerate()
+    {
+        let target = Markov {
+            rows: (0..V).map(|_| Dist::from_logits(&random_logits(&mut r, V, 2.5), params)).collect(),
+        };
+        let branches: Vec<Vec<u32>> = (0..V)
+            .map(|_| {
+                let mut b: Vec<u32> = (0..V as u32).collect();
+                b.sort_by_key(|_| r.gen::<u32>());
+                b.truncate(3);
+                b
+            })
+            .collect();
+        let mut joint = vec![0.0; V * V];
+        for a in 0..V {
+            for b in 0..V {
+                joint[a * V + b] = target.rows[0].prob(a as u32) * target.rows[a].prob(b as u32);
+            }
+        }
+        let first: Vec<f64> = (0..V).map(|a| target.rows[0].prob(a as u32)).collect();
+        let mut g = Rng::new(2000 + si as u64);
+        let (mut counts, mut firsts, mut n) = (vec![0usize; V * V], vec![0usize; V], 0);
+        for &target_n in &[2_000usize, 20_000, 100_000] {
+            while n < target_n {
+                let (a, b) = speculate_two_tree(&target, &branches, 0, 1 + n % 3, &mut g, &real);
+                counts[a as usize * V + b as usize] += 1;
+                firsts[a as usize] += 1;
+                n += 1;
+            }
+            let bound = ((V * V) as f64 / n as f64).sqrt();
+            let (tv2, tv1) = (tv(&counts, &joint), tv(&firsts, &first));
+            assert!(tv2 < bound, "{params:?}, N={n}: joint TV {tv2:.4} >= {bound:.4}");
+            assert!(tv1 < bound, "{params:?}, N={n}: first-token TV {tv1:.4} >= {bound:.4}");
+        }
+        // The check's power: the broken rule lands far outside the same bound (with each row's
+        // three likeliest tokens as children, where it moves the most mass).
+        let likeliest: Vec<Vec<u32>> = target
+            .rows
+            .iter()
+            .map(|d| {
+                let mut pairs = d.pairs().to_vec();
+                pairs.sort_by(|a, b| b.1.total_cmp(&a.1));
+                pairs.iter().take(3).map(|&(t, _)| t).collect()
+            })
+            .collect();
+        let mut firsts = vec![0usize; V];
+        for i in 0..20_000 {
+            firsts[speculate_two_tree(&target, &likeliest, 0, 1 + i % 3, &mut g, &broken).0 as usize] += 1;
+        }
+        let bound = (V as f64 / 20_000.0).sqrt();
+        assert!(tv(&firsts, &first) > bound, "{params:?}: the broken rule went unnoticed");
+    }
+}
+
 #[test]
 fn a_broken_rule_is_caught_by_the_convergence_check() {
     // Sanity check of the test's power: accepting every draft token (no correction) gives the
@@ -463,18 +580,34 @@ fn greedy_speculative_output_equals_greedy_output() {
         let same = load(&target_ckpt, 64);
         let near = load(&ckpt_of(&perturbed(&tiny, 0.05, &mut r), &mut r), 64);
         let random = load(&ckpt_of(&TinyModel::random(spec, &mut r), &mut r), 64);
-        let mut drafts: Vec<(&str, Box<dyn Draft>)> = vec![
+        let mut ensemble_model =
+            DraftModel::new(load(&ckpt_of(&perturbed(&tiny, 0.2, &mut r), &mut r), 64), &cfg).expect("draft");
+        let ngram = NGram { branches: 4, ..NGram::default() };
+        let mut drafts: Vec<(&str, Box<dyn Draft + '_>)> = vec![
             ("itself", Box::new(DraftModel::new(same, &cfg).expect("draft"))),
             ("perturbed", Box::new(DraftModel::new(near, &cfg).expect("draft"))),
             ("random", Box::new(DraftModel::new(random, &cfg).expect("draft"))),
             ("ngram", Box::new(NGram::default())),
+            ("ngram tree", Box::new(ngram.clone())),
+            ("model+ngram", Box::new(Ensemble { model: &mut ensemble_model, ngram })),
         ];
         let v = spec.vocab as u32;
-        let prompts: Vec<Vec<u32>> =
-            vec![vec![7], vec![1, 2, 3, 1, 2, 3, 1, 2], (0..37).map(|_| r.gen_range(0..v)).collect()];
-        for prompt in &prompts {
+        // the fourth prompt repeats "5" with four different continuations: n-gram trees
+        let prompts: Vec<Vec<u32>> = vec![
+            vec![7],
+            vec![1, 2, 3, 1, 2, 3, 1, 2],
+            (0..37).map(|_| r.gen_range(0..v)).collect(),
+            vec![5, 6, 7, 5, 8, 9, 5, 6, 10, 5, 11, 5],
+        ];
+        let mut tree_cycles = [0, 0]; // ngram tree, model+ngram
+        for (i, prompt) in prompts.iter().enumerate() {
             let want = plain(&mut target, prompt, &greedy_opts(20));
             for (name, draft) in drafts.iter_mut() {
+                // (lean: the tree draft on the repetitive prompts, the last prompt for n-grams only)
+                let tree = name.contains("ngram") && *name != "ngram";
+                if (tree && i % 2 == 0) || (i == 3 && !name.contains("ngram")) {
+                    continue;
+                }
                 for k in [KPolicy::Fixed(1), KPolicy::Fixed(4), KPolicy::Fixed(9), KPolicy::default()] {
                     let got = speculative(&mut target, draft.as_mut(), prompt, &greedy_opts(20), k);
                     assert_eq!(
@@ -490,9 +623,14 @@ fn greedy_speculative_output_equals_greedy_output() {
                     if *name == "itself" {
                         assert_eq!(s.accepted, s.drafted, "a draft equal to the target is always accepted");
                     }
+                    if !tree {
+                        assert_eq!(s.tree_cycles, 0, "{name}: chains only");
+                    }
+                    tree_cycles[usize::from(name.starts_with("model"))] += s.tree_cycles;
                 }
             }
         }
+        assert!(tree_cycles.iter().all(|&n| n > 0), "both tree drafts verified trees: {tree_cycles:?}");
     }
 }
 
@@ -635,9 +773,11 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
     let mut drafts: Vec<(&str, Box<dyn Draft>)> = vec![
         ("good", Box::new(DraftModel::new(good, &ckpt.config).expect("draft"))),
         ("bad", Box::new(DraftModel::new(bad, &ckpt.config).expect("draft"))),
-        ("ngram", Box::new(NGram { max_n: 1, min_n: 1 })),
+        ("ngram", Box::new(NGram { max_n: 1, min_n: 1, branches: 1 })),
+        // "3" was followed by "7 3" and "5 3 7": a two-branch tree, the multi-candidate rule
+        ("ngram tree", Box::new(NGram { max_n: 1, min_n: 1, branches: 3 })),
     ];
-    let prompt = [3u32, 5, 3];
+    let prompt = [3u32, 5, 3, 7, 3];
     for params in [
         SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
         SamplingParams { temperature: 0.6, top_k: 0, top_p: 0.9, seed: 0 },
@@ -656,16 +796,23 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
         eprintln!("{params:?}: first-token distribution {p1:.3?}, second {p2:.3?}");
         assert!(p1.iter().filter(|&&p| p > 0.03).count() >= 3, "a flat enough target distribution");
         for (name, draft) in drafts.iter_mut() {
+            if *name == "ngram tree" && params.top_p < 1.0 {
+                continue; // (lean: the tree rule once; it does not depend on top-p)
+            }
+            let mut trees = 0;
             let (mut c1, mut c2) = (vec![0usize; V], vec![0usize; V]);
             let mut n = 0;
             for target_n in [45usize, 360] {
                 while n < target_n {
+                    // (the tree draft: 3 tokens, so that the first cycle may draft K = 2, a
+                    // two-branch tree; the other drafts need not run the third)
                     let opts = GenerateOptions {
-                        max_tokens: 2,
+                        max_tokens: if *name == "ngram tree" { 3 } else { 2 },
                         sampling: SamplingParams { seed: 77_000 + n as u64, ..params },
                         stop_tokens: vec![],
                     };
                     let g = speculative(&mut target, draft.as_mut(), &prompt, &opts, KPolicy::Fixed(2));
+                    trees += g.stats.tree_cycles;
                     c1[g.tokens[0] as usize] += 1;
                     c2[g.tokens[1] as usize] += 1;
                     n += 1;
@@ -675,6 +822,7 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
                 eprintln!("{params:?} {name}: N={n} TV first {t1:.3}, second {t2:.3}, bound {bound:.3}");
                 assert!(t1 < bound && t2 < bound, "{name} draft N={n}: TV {t1:.3} / {t2:.3} >= {bound:.3}");
             }
+            assert_eq!(trees > 0, *name == "ngram tree", "{name}: {trees} tree cycles");
         }
     }
 }

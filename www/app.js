@@ -100,7 +100,7 @@ async function fillModelPickers() {
 }
 
 function updateDraftRow() {
-  $("draft-model-row").hidden = $("draft-kind").value !== "model";
+  $("draft-model-row").hidden = !$("draft-kind").value.startsWith("model");
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -123,7 +123,7 @@ async function onLoad() {
     if (!target) throw new Error("choose a target model or enter its URL");
     const kind = $("draft-kind").value;
     let draft;
-    if (kind === "model") {
+    if (kind.startsWith("model")) {
       draft = $("draft-url").value.trim();
       if (!draft) throw new Error("choose a draft model or enter its URL (or pick n-gram / none)");
     } else if (kind === "ngram") {
@@ -277,7 +277,7 @@ async function onGenerate() {
   if (!llm || busy) return;
   clearError();
   const kind = $("draft-kind").value;
-  if (kind === "model" && llm.draftKind !== "model") {
+  if (kind.startsWith("model") && llm.draftKind !== "model") {
     showError("no draft model is loaded: press Load with the draft model chosen, or pick n-gram / none");
     return;
   }

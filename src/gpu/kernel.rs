@@ -14,6 +14,7 @@ pub enum Kernel {
     Attention,
     Argmax,
     AcceptGreedy,
+    KvKeep,
     /// Benchmarks only: the adapter's bandwidth ceiling.
     BenchCopy,
     /// Benchmarks only: the adapter's arithmetic ceiling.
@@ -21,8 +22,14 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
-const PLAIN: [Kernel; 5] =
-    [Kernel::Attention, Kernel::Argmax, Kernel::AcceptGreedy, Kernel::BenchCopy, Kernel::BenchFma];
+const PLAIN: [Kernel; 6] = [
+    Kernel::Attention,
+    Kernel::Argmax,
+    Kernel::AcceptGreedy,
+    Kernel::KvKeep,
+    Kernel::BenchCopy,
+    Kernel::BenchFma,
+];
 
 impl Kernel {
     /// All kernels, in a fixed order (the index into the pipeline table).
@@ -46,8 +53,9 @@ impl Kernel {
             Kernel::Attention => plain(0),
             Kernel::Argmax => plain(1),
             Kernel::AcceptGreedy => plain(2),
-            Kernel::BenchCopy => plain(3),
-            Kernel::BenchFma => plain(4),
+            Kernel::KvKeep => plain(3),
+            Kernel::BenchCopy => plain(4),
+            Kernel::BenchFma => plain(5),
         }
     }
 
@@ -60,6 +68,7 @@ impl Kernel {
             Kernel::Attention => Cow::Borrowed(include_str!("../../shaders/attention.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
+            Kernel::KvKeep => Cow::Borrowed(include_str!("../../shaders/kv_keep.wgsl")),
             Kernel::BenchCopy => Cow::Borrowed(include_str!("../../shaders/bench_copy.wgsl")),
             Kernel::BenchFma => Cow::Borrowed(include_str!("../../shaders/bench_fma.wgsl")),
         }

@@ -13,7 +13,10 @@ mod roofline;
 pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
 pub use kernel::{Kernel, Pipelines};
-pub use ops::{AttentionShape, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, Second, Step, MATMUL_ROWS};
+pub use ops::{
+    AttentionShape, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, Second, Step, MATMUL_ROWS,
+    MAX_TREE,
+};
 pub use roofline::Ceilings;
 
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -10,12 +10,39 @@ use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
 /// Rows of a pass one matmul workgroup computes (`ROWS` in `shaders/matmul.wgsl`).
 pub const MATMUL_ROWS: u32 = 4;
 
-/// The per-pass uniform shared by every op: rows in the pass and the position of the first row.
+/// Most nodes of a token tree in one pass (a row's ancestors are one `u32` of bits).
+pub const MAX_TREE: usize = 32;
+
+/// The per-pass uniform shared by every op: rows in the pass and the position of the first row;
+/// for a token-tree pass, each row's ancestors (the matmul's RoPE and the attention read them).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct Step {
     pub n: u32,
     pub start_pos: u32,
+    /// 1 for a token-tree pass.
+    pub tree: u32,
+    pub _pad: u32,
+    /// `[MAX_TREE]` (a tree pass) bit j of `ancestors[r]`: row j is r or an ancestor of r.
+    pub ancestors: [u32; MAX_TREE],
+}
+
+impl Step {
+    /// A chain pass: row r at position start_pos + r.
+    pub fn chain(n: usize, start_pos: usize) -> Step {
+        Step { n: n as u32, start_pos: start_pos as u32, tree: 0, _pad: 0, ancestors: [0; MAX_TREE] }
+    }
+}
+
+/// The parameters of `shaders/kv_keep.wgsl`: the rows of a tree pass to keep, by depth.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct KeepParams {
+    pub start_pos: u32,
+    pub count: u32,
+    pub width: u32,
+    pub _pad: u32,
+    pub slots: [u32; MAX_TREE],
 }
 
 /// Where a matmul writes its rows, and what it does on the way: RMSNorm of its input, and the
@@ -340,12 +367,28 @@ impl Gpu {
 
     /// The step uniform buffer (write it with [`Gpu::write_step`] before each pass).
     pub fn step_buffer(&self) -> wgpu::Buffer {
-        self.uniform("step", bytemuck::bytes_of(&Step { n: 0, start_pos: 0 }))
+        self.uniform("step", bytemuck::bytes_of(&Step::chain(0, 0)))
     }
 
-    /// Sets the rows and start position of the next pass.
+    /// Sets the rows and start position of the next pass (a chain pass: only the first 16 bytes,
+    /// the tree flag cleared).
     pub fn write_step(&self, step: &wgpu::Buffer, n: usize, start_pos: usize) {
-        let s = Step { n: n as u32, start_pos: start_pos as u32 };
+        let s = Step::chain(n, start_pos);
+        self.queue.write_buffer(step, 0, &bytemuck::bytes_of(&s)[..16]);
+    }
+
+    /// Sets the next pass to a token tree: `ancestors[r]` as in [`Step::ancestors`].
+    pub fn write_tree_step(&self, step: &wgpu::Buffer, start_pos: usize, ancestors: &[u32]) {
+        let mut s = Step::chain(ancestors.len(), start_pos);
+        s.tree = 1;
+        s.ancestors[..ancestors.len()].copy_from_slice(ancestors);
         self.queue.write_buffer(step, 0, bytemuck::bytes_of(&s));
+    }
+
+    /// Copies rows `start_pos + keep.slots[i]` of `kv: [ctx, width]` to rows `start_pos + i`
+    /// (`keep`: a [`KeepParams`] uniform written before the op runs).
+    pub fn kv_keep(&self, step: &wgpu::Buffer, keep: &wgpu::Buffer, kv: &GpuBuffer<f32>, width: u32) -> Op {
+        let grid = Grid::Fixed([width.div_ceil(Kernel::WORKGROUP), 1, 1]);
+        self.op(Kernel::KvKeep, step, keep, &[&kv.raw], grid)
     }
 }

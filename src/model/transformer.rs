@@ -7,7 +7,11 @@ use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
 use super::weights::{LoadProgress, TensorTable, Weights};
 use crate::error::{Error, Result};
-use crate::gpu::{AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeOut, Second};
+use bytemuck::Zeroable;
+
+use crate::gpu::{
+    AttentionShape, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut, Second, MAX_TREE,
+};
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
 pub const MAX_BATCH: usize = 32;
@@ -39,8 +43,9 @@ impl Default for LoadOptions {
 
 /// Activations and caches, each allocated once for [`MAX_BATCH`] rows.
 struct RunState {
-    step: wgpu::Buffer,            // uniform [n, start_pos]
+    step: wgpu::Buffer,            // uniform Step: [n, start_pos, tree, 0, ancestors[MAX_TREE]]
     step_table: wgpu::Buffer,      // [MAX_PASSES, 4] u32: (n, start_pos, 0, 0) of each recorded pass
+    keep: wgpu::Buffer,            // uniform KeepParams: the rows of a tree pass to keep
     tokens: GpuBuffer<u32>,        // [MAX_BATCH]
     x: GpuBuffer<f32>,             // [MAX_BATCH, dim] residual stream
     xb: GpuBuffer<f32>,            // [MAX_BATCH, dim] normed input of a sub-block
@@ -75,6 +80,8 @@ pub struct Model {
     forward_ops: Vec<Op>,
     /// Argmax of every logits row.
     argmax_ops: Vec<Op>,
+    /// Per layer: keeps a tree pass's accepted path in the KV cache ([`Model::keep_path`]).
+    keep_ops: Vec<Op>,
     /// KV cache positions allocated.
     context: usize,
     /// Bytes the weights take in the checkpoint's files.
@@ -83,6 +90,30 @@ pub struct Model {
     memory_bytes: u64,
     /// Positions currently held in the KV cache.
     len: usize,
+}
+
+/// Checks a tree pass's `ancestors` (see [`Model::forward_tree`]): at most [`MAX_TREE`] nodes,
+/// node 0 the root, and every other node r its parent's ancestors plus r, the parent before r.
+fn check_tree(ancestors: &[u32], n: usize) -> Result<()> {
+    let bad = |why: String| Err(Error::InvalidArgument(format!("a token tree {why}")));
+    if ancestors.len() != n || n > MAX_TREE {
+        return bad(format!(
+            "of {n} tokens needs as many ancestor sets, at most {MAX_TREE}, got {}",
+            ancestors.len()
+        ));
+    }
+    for (r, &a) in ancestors.iter().enumerate() {
+        let own = 1u32 << r;
+        let parent = (a & (own - 1)).checked_ilog2().map(|p| p as usize);
+        let ok = match parent {
+            None => r == 0 && a == 1,
+            Some(p) => a & !(own | (own - 1)) == 0 && a & own != 0 && a == ancestors[p] | own,
+        };
+        if !ok {
+            return bad(format!("node {r} has ancestors {a:#b}: not a tree rooted at node 0"));
+        }
+    }
+    Ok(())
 }
 
 /// RoPE angles for every position: `[context, rope_dim / 2]` pairs (cos, sin), computed in f64.
@@ -173,6 +204,7 @@ impl Model {
                 usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
+            keep: g.uniform("keep", bytemuck::bytes_of(&KeepParams::zeroed())),
             tokens: GpuBuffer::<u32>::zeros(g, "tokens", MAX_BATCH),
             x: f32s("x", MAX_BATCH * c.dim),
             xb: f32s("xb", MAX_BATCH * c.dim),
@@ -191,6 +223,9 @@ impl Model {
         g.take_error()?;
         let forward_ops = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
+        let width = 2 * c.kv_dim() as u32;
+        let keep_ops =
+            state.kv_cache.iter().map(|kv| g.kv_keep(&state.step, &state.keep, kv, width)).collect();
         Ok(Model {
             config: c,
             gpu,
@@ -198,6 +233,7 @@ impl Model {
             state,
             forward_ops,
             argmax_ops,
+            keep_ops,
             context,
             file_weight_bytes,
             memory_bytes: total,
@@ -306,7 +342,8 @@ impl Model {
         if !host.is_empty() {
             g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(host));
         }
-        enc.copy_buffer_to_buffer(&self.state.step_table, slot as u64 * 16, &self.state.step, 0, 8);
+        // all 16 bytes: the entry's third word clears the tree flag a host-written tree pass set
+        enc.copy_buffer_to_buffer(&self.state.step_table, slot as u64 * 16, &self.state.step, 0, 16);
         g.encode(enc, &self.forward_ops, n as u32);
         g.encode(enc, &self.argmax_ops, n as u32);
         self.len = start_pos + n;
@@ -357,10 +394,24 @@ impl Model {
         &self.state.step
     }
 
-    fn encode(&mut self, tokens: &[u32], start_pos: usize, argmax: bool) -> Result<wgpu::CommandEncoder> {
+    /// Records a pass over `tokens` at `start_pos` (a token tree when `ancestors` is given, see
+    /// [`Model::forward_tree`]), with the argmax of every row when `argmax`.
+    fn encode(
+        &mut self,
+        tokens: &[u32],
+        start_pos: usize,
+        ancestors: Option<&[u32]>,
+        argmax: bool,
+    ) -> Result<wgpu::CommandEncoder> {
         self.check(tokens, start_pos)?;
         let g = &*self.gpu;
-        g.write_step(&self.state.step, tokens.len(), start_pos);
+        match ancestors {
+            Some(ancestors) => {
+                check_tree(ancestors, tokens.len())?;
+                g.write_tree_step(&self.state.step, start_pos, ancestors);
+            }
+            None => g.write_step(&self.state.step, tokens.len(), start_pos),
+        }
         g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(tokens));
         let mut enc = g.encoder();
         g.encode(&mut enc, &self.forward_ops, tokens.len() as u32);
@@ -371,18 +422,29 @@ impl Model {
         Ok(enc)
     }
 
-    /// Runs `tokens` at positions `start_pos..` (at most the cached length: earlier positions are
-    /// overwritten) and returns the logits of every row, `[tokens.len(), vocab]` row-major.
-    pub async fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>> {
-        let enc = self.encode(tokens, start_pos, false)?;
-        let bytes = (tokens.len() * self.config.vocab_size * 4) as u64;
+    /// Submits `enc` and reads back the logits of its first `rows` rows, `[rows, vocab]`.
+    async fn read_logits(&self, enc: wgpu::CommandEncoder, rows: usize) -> Result<Vec<f32>> {
+        let bytes = (rows * self.config.vocab_size * 4) as u64;
         let raw = self.gpu.submit_and_read(enc, &self.state.logits.raw, 0, bytes).await?;
         Ok(bytemuck::pod_collect_to_vec(&raw))
     }
 
+    /// Submits `enc` and reads back the argmax of its first `rows` rows.
+    async fn read_argmax(&self, enc: wgpu::CommandEncoder, rows: usize) -> Result<Vec<u32>> {
+        let raw = self.gpu.submit_and_read(enc, &self.state.argmax.raw, 0, (rows * 4) as u64).await?;
+        Ok(bytemuck::pod_collect_to_vec(&raw))
+    }
+
+    /// Runs `tokens` at positions `start_pos..` (at most the cached length: earlier positions are
+    /// overwritten) and returns the logits of every row, `[tokens.len(), vocab]` row-major.
+    pub async fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>> {
+        let enc = self.encode(tokens, start_pos, None, false)?;
+        self.read_logits(enc, tokens.len()).await
+    }
+
     /// As [`Model::forward`], but reads back only the last row's logits, `[vocab]`.
     pub async fn forward_last(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>> {
-        let enc = self.encode(tokens, start_pos, false)?;
+        let enc = self.encode(tokens, start_pos, None, false)?;
         let row = (self.config.vocab_size * 4) as u64;
         let offset = (tokens.len() as u64 - 1) * row;
         let raw = self.gpu.submit_and_read(enc, &self.state.logits.raw, offset, row).await?;
@@ -391,9 +453,63 @@ impl Model {
 
     /// As [`Model::forward`], but returns only the argmax of every row (computed on the GPU).
     pub async fn forward_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<u32>> {
-        let enc = self.encode(tokens, start_pos, true)?;
-        let raw = self.gpu.submit_and_read(enc, &self.state.argmax.raw, 0, (tokens.len() * 4) as u64).await?;
-        Ok(bytemuck::pod_collect_to_vec(&raw))
+        let enc = self.encode(tokens, start_pos, None, true)?;
+        self.read_argmax(enc, tokens.len()).await
+    }
+
+    /// Runs a token tree at `start_pos` in one pass: row r holds node r, `ancestors[r]` its
+    /// ancestors as bits (bit j: node j is r or an ancestor of r; node 0 is the root and every
+    /// other node's parent comes before it). Node r sits at position start_pos + its depth and
+    /// sees the cache before start_pos and its ancestors, so its logits equal those of its
+    /// root-to-node path run alone, bit for bit. Its k/v go to cache row start_pos + r until
+    /// [`Model::keep_path`] keeps one path. Returns the logits of every node, `[n, vocab]`.
+    pub async fn forward_tree(
+        &mut self,
+        tokens: &[u32],
+        ancestors: &[u32],
+        start_pos: usize,
+    ) -> Result<Vec<f32>> {
+        let enc = self.encode(tokens, start_pos, Some(ancestors), false)?;
+        self.read_logits(enc, tokens.len()).await
+    }
+
+    /// As [`Model::forward_tree`], but returns only the argmax of every node.
+    pub async fn forward_tree_argmax(
+        &mut self,
+        tokens: &[u32],
+        ancestors: &[u32],
+        start_pos: usize,
+    ) -> Result<Vec<u32>> {
+        let enc = self.encode(tokens, start_pos, Some(ancestors), true)?;
+        self.read_argmax(enc, tokens.len()).await
+    }
+
+    /// After a tree pass at `start_pos`, keeps the nodes `path` (a root-to-node path: ascending
+    /// rows of that pass, starting at the root, 0) as the cache positions start_pos.. and drops
+    /// the rest: the cache then holds what running the path as a chain would have left.
+    pub fn keep_path(&mut self, start_pos: usize, path: &[usize]) -> Result<()> {
+        let ordered = path.first() == Some(&0) && path.windows(2).all(|w| w[0] < w[1]);
+        if !ordered || path.len() > MAX_TREE || start_pos + path.last().map_or(0, |&l| l + 1) > self.len {
+            return Err(Error::InvalidArgument(format!(
+                "a kept path must be ascending rows of the last tree pass from its root, got {path:?}"
+            )));
+        }
+        if path.iter().enumerate().any(|(i, &s)| s != i) {
+            let mut keep = KeepParams::zeroed();
+            keep.start_pos = start_pos as u32;
+            keep.count = path.len() as u32;
+            keep.width = 2 * self.config.kv_dim() as u32;
+            for (slot, &s) in keep.slots.iter_mut().zip(path) {
+                *slot = s as u32;
+            }
+            let g = &*self.gpu;
+            g.queue.write_buffer(&self.state.keep, 0, bytemuck::bytes_of(&keep));
+            let mut enc = g.encoder();
+            g.encode(&mut enc, &self.keep_ops, 1);
+            g.submit(enc);
+        }
+        self.len = start_pos + path.len();
+        Ok(())
     }
 }
 

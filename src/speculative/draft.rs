@@ -11,6 +11,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use super::tree::TokenTree;
 use super::verify::Dist;
 use crate::error::{Error, Result};
 use crate::model::{Config, Model, MAX_BATCH};
@@ -30,6 +31,10 @@ pub struct Proposal {
     pub q: Option<Vec<Dist>>,
     /// Draft forward passes this proposal ran (0 for drafts without a model).
     pub steps: usize,
+    /// Several continuations as a token tree rooted at the context's last token, verified in one
+    /// tree pass (with sampling only when `q` is `None`: deterministic drafts); `tokens` is then
+    /// its first branch.
+    pub tree: Option<TokenTree>,
 }
 
 /// A proposer of draft tokens.
@@ -217,8 +222,7 @@ impl DraftModel {
         sampling: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<Proposal> {
-        let mut proposal =
-            Proposal { tokens: Vec::new(), q: (!sampling.is_greedy()).then(Vec::new), steps: 0 };
+        let mut proposal = Proposal { q: (!sampling.is_greedy()).then(Vec::new), ..Proposal::default() };
         let (mut input, k, steps) = self.catch_up(context, k).await?;
         proposal.steps += steps;
         for _ in 0..k {
@@ -272,16 +276,19 @@ impl Draft for DraftModel {
 /// Prompt lookup decoding: find the latest earlier occurrence of the context's last n tokens
 /// (n from `max_n` down to `min_n`) and propose the tokens that followed it. The continuation
 /// may run into the tokens it proposes itself, so a repeating pattern is proposed in full.
-/// Proposals are deterministic (one-hot q).
+/// Proposals are deterministic (one-hot q). With `branches` > 1 the continuations of several
+/// earlier matches go into one token tree ([`NGram::lookup_tree`]).
 #[derive(Clone, Debug)]
 pub struct NGram {
     pub max_n: usize,
     pub min_n: usize,
+    /// Distinct continuations in a proposal's tree (1: the latest match's chain alone).
+    pub branches: usize,
 }
 
 impl Default for NGram {
     fn default() -> Self {
-        NGram { max_n: 3, min_n: 1 }
+        NGram { max_n: 3, min_n: 1, branches: 1 }
     }
 }
 
@@ -310,6 +317,95 @@ impl NGram {
         }
         out
     }
+
+    /// The continuations of up to `branches` earlier matches — [`NGram::lookup`]'s first, then
+    /// other matches, latest first, longer n-grams before shorter — merged into a tree below the
+    /// context's last token breadth first (every continuation's first token, then the second
+    /// ones, ...), up to `k` drafted nodes.
+    pub fn lookup_tree(&self, context: &[u32], k: usize) -> TokenTree {
+        let mut tree = TokenTree::new(context.last().copied().unwrap_or(0));
+        add_breadth_first(&mut tree, &self.continuations(context, k), k + 1);
+        tree
+    }
+
+    /// Up to `branches` distinct continuations of up to `k` tokens (see [`NGram::lookup_tree`]).
+    pub fn continuations(&self, context: &[u32], k: usize) -> Vec<Vec<u32>> {
+        let mut branches: Vec<Vec<u32>> = Vec::new();
+        let latest = self.lookup(context, k);
+        if !latest.is_empty() {
+            branches.push(latest);
+        }
+        let len = context.len();
+        'found: for n in (self.min_n.max(1)..=self.max_n).rev() {
+            if len <= n {
+                continue;
+            }
+            let pattern = &context[len - n..];
+            for j in (0..len - n).rev() {
+                if branches.len() >= self.branches {
+                    break 'found;
+                }
+                if &context[j..j + n] != pattern {
+                    continue;
+                }
+                let next: Vec<u32> = context[j + n..].iter().take(k).copied().collect();
+                if !next.is_empty() && !branches.iter().any(|b| b.starts_with(&next)) {
+                    branches.push(next);
+                }
+            }
+        }
+        branches
+    }
+}
+
+/// Inserts `paths` below `tree`'s root breadth first (every path's first token, then the second
+/// ones, ...) until the tree holds `budget` nodes.
+fn add_breadth_first(tree: &mut TokenTree, paths: &[Vec<u32>], budget: usize) {
+    let longest = paths.iter().map(Vec::len).max().unwrap_or(0);
+    for depth in 1..=longest {
+        for p in paths.iter().filter(|p| p.len() >= depth) {
+            tree.insert(&p[..depth], budget);
+        }
+    }
+}
+
+/// SpecInfer's ensemble of drafts: the draft model's chain and the n-gram continuations merged
+/// into one token tree (shared prefixes once; the n-gram adds at most `k` nodes where it differs),
+/// verified in one tree pass. With sampling, the draft model's chain alone (its tokens are drawn
+/// from its q, which a merged tree would not keep).
+pub struct Ensemble<'a> {
+    pub model: &'a mut DraftModel,
+    pub ngram: NGram,
+}
+
+impl Draft for Ensemble<'_> {
+    fn name(&self) -> &str {
+        "model+ngram"
+    }
+
+    fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
+        self.model.prefill(prompt)
+    }
+
+    fn propose<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        k: usize,
+        sampling: &'a SamplingParams,
+        rng: &'a mut Rng,
+    ) -> LocalFuture<'a, Result<Proposal>> {
+        Box::pin(async move {
+            let mut proposal = self.model.propose_impl(context, k, sampling, rng).await?;
+            if !sampling.is_greedy() {
+                return Ok(proposal);
+            }
+            let mut tree = TokenTree::chain(context.last().copied().unwrap_or(0), &proposal.tokens);
+            let budget = tree.len() + k;
+            add_breadth_first(&mut tree, &self.ngram.continuations(context, k), budget);
+            proposal.tree = Some(tree).filter(|t| !t.is_chain());
+            Ok(proposal)
+        })
+    }
 }
 
 impl Draft for NGram {
@@ -329,7 +425,8 @@ impl Draft for NGram {
         _rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>> {
         let tokens = self.lookup(context, k);
-        Box::pin(async move { Ok(Proposal { tokens, q: None, steps: 0 }) })
+        let tree = (self.branches > 1).then(|| self.lookup_tree(context, k)).filter(|t| !t.is_chain());
+        Box::pin(async move { Ok(Proposal { tokens, tree, ..Proposal::default() }) })
     }
 }
 
@@ -348,5 +445,17 @@ mod tests {
         assert_eq!(g.lookup(&[1, 2, 3, 4], 4), Vec::<u32>::new());
         // The shorter n-gram is used when the longer has no match; the latest match wins.
         assert_eq!(g.lookup(&[7, 1, 6, 1, 8, 9, 1], 2), vec![8, 9]);
+    }
+
+    #[test]
+    fn ngram_trees_merge_the_continuations_of_several_matches() {
+        let g = NGram { branches: 3, ..NGram::default() };
+        // "1" was followed by "8 9 1" (latest, then itself: "8"), "6 1 8 9" and "5 7 1 6": three
+        // branches below the root 1, breadth first, until k = 4 drafted nodes
+        let t = g.lookup_tree(&[1, 5, 7, 1, 6, 1, 8, 9, 1], 4);
+        assert_eq!(t.tokens(), &[1, 8, 6, 5, 9]);
+        assert_eq!(t.ancestors(), vec![0b1, 0b11, 0b101, 0b1001, 0b10011]);
+        // one match: a chain (proposed as the chain alone)
+        assert!(g.lookup_tree(&[1, 2, 3, 1, 2], 3).is_chain());
     }
 }

@@ -26,7 +26,7 @@ use super::schedule::{KPolicy, Schedule};
 use super::verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};
 use crate::error::{Error, Result};
 use crate::model::{Model, MAX_BATCH};
-use crate::sampling::Rng;
+use crate::sampling::{Rng, SamplingParams};
 use crate::session::{FinishReason, GenerateOptions, Stats};
 
 /// Counters and timings of one speculative generation.
@@ -46,7 +46,8 @@ pub struct SpecStats {
     pub accepted: usize,
     /// accepted / drafted.
     pub acceptance_rate: f64,
-    /// Per draft position i: how often it was verified (reached) and accepted, and the ratio.
+    /// Per draft position (a tree's depth) i: how often it was verified (reached) and
+    /// accepted, and the ratio.
     pub reached_by_position: Vec<usize>,
     pub accepted_by_position: Vec<usize>,
     pub acceptance_by_position: Vec<f64>,
@@ -60,6 +61,8 @@ pub struct SpecStats {
     pub verify_seconds: f64,
     /// Cycles run GPU-resident (greedy with a draft model: one submission, one read-back each).
     pub gpu_cycles: usize,
+    /// Cycles that verified a token tree (several continuations in one pass).
+    pub tree_cycles: usize,
     /// Command submissions and read-backs during decoding (the round trips).
     pub submits: u64,
     pub readbacks: u64,
@@ -155,77 +158,104 @@ pub async fn generate(
         k_sum += k;
         let calibrate = cycles < 2 || cycles.is_multiple_of(16);
         cycles += 1;
-        let (xs, verdict) = match (&gpu_cycle, draft.as_deref_mut().and_then(|d| d.gpu_draft())) {
-            (Some(cycle), Some(dm)) if k > 0 && !calibrate => {
-                let tc = Instant::now();
-                let out = cycle.run(target, dm, &tokens, n_past, k).await?;
-                let seconds = tc.elapsed().as_secs_f64();
-                let k = out.drafts.len();
-                let (d, v) = (k as f64 * schedule.draft_seconds(), schedule.verify_seconds(k + 1));
-                let draft_share = if d + v > 0.0 { d / (d + v) } else { 0.0 };
-                stats.draft_steps += out.draft_steps;
-                stats.draft_seconds += seconds * draft_share;
-                stats.verify_seconds += seconds * (1.0 - draft_share);
-                stats.gpu_cycles += 1;
-                let kind = if out.accepted == k { NextKind::Bonus } else { NextKind::Recovered };
-                let verdict = Verdict { accepted: out.accepted, next: out.next, kind };
-                (out.drafts, verdict)
-            }
-            _ => {
-                let td = Instant::now();
-                let proposal = match draft.as_deref_mut() {
-                    Some(d) if k > 0 => d.propose(&tokens, k, &params, &mut rng).await?,
-                    _ => Default::default(),
-                };
-                let draft_time = td.elapsed().as_secs_f64();
-                let mut xs = proposal.tokens;
-                xs.truncate(k);
-                stats.draft_steps += proposal.steps;
-                stats.draft_seconds += draft_time;
-                schedule.observe_draft(xs.len(), draft_time);
-
-                // Verify: one target pass over [id_last, x1..xK].
-                let mut batch = Vec::with_capacity(xs.len() + 1);
-                batch.push(id_last);
-                batch.extend_from_slice(&xs);
-                let tv = Instant::now();
-                let verdict: Verdict = if greedy {
-                    let ids = target.forward_argmax(&batch, n_past).await?;
-                    verify_greedy(&xs, &ids)?
-                } else {
-                    let logits = target.forward(&batch, n_past).await?;
-                    let vocab = target.config.vocab_size;
-                    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
-                        return Err(Error::NonFinite(format!(
-                            "logit {} of row {} at position {n_past} is {}",
-                            i % vocab,
-                            i / vocab,
-                            logits[i]
-                        )));
-                    }
-                    let p: Vec<Dist> =
-                        logits.chunks_exact(vocab).map(|row| Dist::from_logits(row, &params)).collect();
-                    let q: Vec<Dist> = match proposal.q {
-                        Some(q) if q.len() >= xs.len() => q.into_iter().take(xs.len()).collect(),
-                        _ => xs.iter().map(|&x| Dist::one_hot(x)).collect(),
+        // xs: the drafted tokens whose first `verdict.accepted` are kept (a tree's accepted path);
+        // drafted: draft tokens the pass verified; depth: the longest run it could accept
+        let (xs, verdict, drafted, depth) =
+            match (&gpu_cycle, draft.as_deref_mut().and_then(|d| d.gpu_draft())) {
+                (Some(cycle), Some(dm)) if k > 0 && !calibrate => {
+                    let tc = Instant::now();
+                    let out = cycle.run(target, dm, &tokens, n_past, k).await?;
+                    let seconds = tc.elapsed().as_secs_f64();
+                    let k = out.drafts.len();
+                    let (d, v) = (k as f64 * schedule.draft_seconds(), schedule.verify_seconds(k + 1));
+                    let draft_share = if d + v > 0.0 { d / (d + v) } else { 0.0 };
+                    stats.draft_steps += out.draft_steps;
+                    stats.draft_seconds += seconds * draft_share;
+                    stats.verify_seconds += seconds * (1.0 - draft_share);
+                    stats.gpu_cycles += 1;
+                    let kind = if out.accepted == k { NextKind::Bonus } else { NextKind::Recovered };
+                    let verdict = Verdict { accepted: out.accepted, next: out.next, kind };
+                    (out.drafts, verdict, k, k)
+                }
+                _ => {
+                    let td = Instant::now();
+                    let proposal = match draft.as_deref_mut() {
+                        Some(d) if k > 0 => d.propose(&tokens, k, &params, &mut rng).await?,
+                        _ => Default::default(),
                     };
-                    verify_sampled(&xs, &q, &p, &mut rng)?
-                };
-                let verify_time = tv.elapsed().as_secs_f64();
-                stats.verify_seconds += verify_time;
-                schedule.observe_verify(batch.len(), verify_time);
-                (xs, verdict)
-            }
-        };
+                    let draft_time = td.elapsed().as_secs_f64();
+                    let mut xs = proposal.tokens;
+                    xs.truncate(k);
+                    stats.draft_steps += proposal.steps;
+                    stats.draft_seconds += draft_time;
+                    schedule.observe_draft(xs.len(), draft_time);
+
+                    // A tree: one tree pass, the greedy or multi-candidate rule down the tree
+                    // (sampling: deterministic drafts only), the accepted path kept in the cache.
+                    let deterministic = greedy || proposal.q.is_none();
+                    // (its rows fit the context, its longest path the tokens still wanted)
+                    let tree = proposal.tree.filter(|t| {
+                        deterministic
+                            && t.tokens().first() == Some(&id_last)
+                            && n_past + t.len() <= context
+                            && t.max_depth() <= cap
+                    });
+                    if let Some(tree) = tree {
+                        let tv = Instant::now();
+                        let ancestors = tree.ancestors();
+                        let v = if greedy {
+                            let ids = target.forward_tree_argmax(tree.tokens(), &ancestors, n_past).await?;
+                            tree.verify_greedy(&ids)?
+                        } else {
+                            let logits = target.forward_tree(tree.tokens(), &ancestors, n_past).await?;
+                            let p = distributions(&logits, target.config.vocab_size, &params, n_past)?;
+                            tree.verify_sampled(&p, &mut rng)?
+                        };
+                        target.keep_path(n_past, &v.path)?;
+                        let verify_time = tv.elapsed().as_secs_f64();
+                        stats.verify_seconds += verify_time;
+                        schedule.observe_verify(tree.len(), verify_time);
+                        let accepted: Vec<u32> = v.path[1..].iter().map(|&i| tree.tokens()[i]).collect();
+                        let leaf = v.path.last().is_some_and(|&l| tree.children(l).next().is_none());
+                        let kind = if leaf { NextKind::Bonus } else { NextKind::Recovered };
+                        let verdict = Verdict { accepted: accepted.len(), next: v.next, kind };
+                        stats.tree_cycles += 1;
+                        (accepted, verdict, tree.len() - 1, tree.max_depth())
+                    } else {
+                        // Verify: one target pass over [id_last, x1..xK].
+                        let mut batch = Vec::with_capacity(xs.len() + 1);
+                        batch.push(id_last);
+                        batch.extend_from_slice(&xs);
+                        let tv = Instant::now();
+                        let verdict: Verdict = if greedy {
+                            let ids = target.forward_argmax(&batch, n_past).await?;
+                            verify_greedy(&xs, &ids)?
+                        } else {
+                            let logits = target.forward(&batch, n_past).await?;
+                            let p = distributions(&logits, target.config.vocab_size, &params, n_past)?;
+                            let q: Vec<Dist> = match proposal.q {
+                                Some(q) if q.len() >= xs.len() => q.into_iter().take(xs.len()).collect(),
+                                _ => xs.iter().map(|&x| Dist::one_hot(x)).collect(),
+                            };
+                            verify_sampled(&xs, &q, &p, &mut rng)?
+                        };
+                        let verify_time = tv.elapsed().as_secs_f64();
+                        stats.verify_seconds += verify_time;
+                        schedule.observe_verify(batch.len(), verify_time);
+                        let k = xs.len();
+                        (xs, verdict, k, k)
+                    }
+                }
+            };
         stats.verify_forwards += 1;
         stats.base.target_forwards += 1;
-        schedule.observe_acceptance(xs.len(), verdict.accepted);
-        stats.drafted += xs.len();
+        schedule.observe_acceptance(depth, verdict.accepted);
+        stats.drafted += drafted;
         stats.accepted += verdict.accepted;
-        let reached = (verdict.accepted + 1).min(xs.len());
-        if stats.reached_by_position.len() < xs.len() {
-            stats.reached_by_position.resize(xs.len(), 0);
-            stats.accepted_by_position.resize(xs.len(), 0);
+        let reached = (verdict.accepted + 1).min(depth);
+        if stats.reached_by_position.len() < depth {
+            stats.reached_by_position.resize(depth, 0);
+            stats.accepted_by_position.resize(depth, 0);
         }
         for i in 0..reached {
             stats.reached_by_position[i] += 1;
@@ -238,7 +268,7 @@ pub async fn generate(
         n_past += 1 + verdict.accepted;
         target.truncate(n_past);
         let new = xs[..verdict.accepted].iter().map(|&x| (x, true)).chain([(verdict.next, false)]);
-        debug_assert!(verdict.kind == NextKind::Bonus || verdict.accepted < xs.len());
+        debug_assert!(verdict.accepted <= xs.len());
         for (tok, drafted) in new {
             tokens.push(tok);
             generated.push(tok);
@@ -276,4 +306,18 @@ pub async fn generate(
         if s.verify_forwards > 0 { generated.len() as f64 / s.verify_forwards as f64 } else { 0.0 };
     s.mean_k = if s.verify_forwards > 0 { k_sum as f64 / s.verify_forwards as f64 } else { 0.0 };
     Ok(SpecGeneration { tokens: generated, from_draft, finish, stats })
+}
+
+/// The target's sampling distribution of every row of `logits` (`[rows, vocab]`, a pass at
+/// `n_past`); a non-finite logit is an error naming it.
+fn distributions(logits: &[f32], vocab: usize, params: &SamplingParams, n_past: usize) -> Result<Vec<Dist>> {
+    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
+        return Err(Error::NonFinite(format!(
+            "logit {} of row {} at position {n_past} is {}",
+            i % vocab,
+            i / vocab,
+            logits[i]
+        )));
+    }
+    Ok(logits.chunks_exact(vocab).map(|row| Dist::from_logits(row, params)).collect())
 }

@@ -4,6 +4,7 @@
 //!
 //! - [`draft`]: the [`Draft`] trait, [`DraftModel`] (a smaller model) and [`NGram`] (prompt lookup)
 //! - [`verify`]: the greedy and speculative-sampling acceptance rules (pure functions)
+//! - [`tree`]: token trees (several continuations verified in one pass) and their greedy rule
 //! - [`schedule`]: the choice of K (fixed, or adaptive from measured acceptance and costs)
 //! - [`generate`](mod@generate): the loop, with per-generation [`SpecStats`]
 
@@ -11,10 +12,12 @@ pub mod cycle;
 pub mod draft;
 pub mod generate;
 pub mod schedule;
+pub mod tree;
 pub mod verify;
 
 pub use cycle::{CycleOutcome, GreedyCycle};
-pub use draft::{check_draft, check_tokenizers, check_vocab, Draft, DraftModel, NGram, Proposal};
+pub use draft::{check_draft, check_tokenizers, check_vocab, Draft, DraftModel, Ensemble, NGram, Proposal};
 pub use generate::{generate, SpecGeneration, SpecStats};
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};
+pub use tree::{TokenTree, TreeVerdict};
 pub use verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};

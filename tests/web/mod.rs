@@ -180,12 +180,13 @@ pub async fn greedy_speculation_equals_greedy() {
     req.draft = Some(DraftKind::None);
     let plain = engine.generate(&req, &mut |_| true).await.expect("plain");
     assert_eq!(plain.tokens.len(), 24, "no stop token and room in the context");
-    let mut drafted_any = false;
+    let (mut drafted_any, mut trees) = (false, 0);
     for (kind, k) in [
         (DraftKind::Model, Some(1)),
         (DraftKind::Model, Some(3)),
         (DraftKind::Model, None),
         (DraftKind::Ngram, Some(4)),
+        (DraftKind::ModelNgram, Some(4)),
     ] {
         req.draft = Some(kind);
         req.draft_k = k;
@@ -200,8 +201,10 @@ pub async fn greedy_speculation_equals_greedy() {
         assert_eq!(got.tokens, plain.tokens, "{kind:?} K={k:?}: speculative output differs from greedy");
         assert_eq!(streamed, got.text, "{kind:?}: streamed text equals the final text");
         drafted_any |= got.from_draft.iter().any(|&b| b);
+        trees += got.stats.tree_cycles;
     }
     assert!(drafted_any, "no draft token was ever accepted: the test would not test speculation");
+    assert!(trees > 0, "token trees (n-gram, model+ngram) were verified in the browser too");
 }
 
 /// The JS facade end to end: stage files, load target and draft, generate through the promise,

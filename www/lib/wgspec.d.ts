@@ -46,7 +46,7 @@ export interface ModelInfo {
   chat_template: boolean;
 }
 
-export type DraftKind = "model" | "ngram" | "none";
+export type DraftKind = "model" | "ngram" | "model+ngram" | "none";
 
 export interface GenerateOptions {
   /** Default 128. */

@@ -250,7 +250,8 @@ export class WgSpec {
    * @property {number} [topP]
    * @property {number} [seed]
    * @property {string|string[]} [stop]
-   * @property {"model"|"ngram"|"none"} [draft] default: the draft given to load, else "none"
+   * @property {"model"|"ngram"|"model+ngram"|"none"} [draft] default: the draft given to load, else
+   *   "none" ("model+ngram": the draft model's chain and n-gram continuations in one token tree)
    * @property {number|null} [draftK] fixed K, or null/undefined for adaptive K
    * @property {number} [maxDraftK=16]
    * @property {AbortSignal} [signal] aborts this generation (finish_reason "cancelled")

@@ -16,7 +16,7 @@ use wgspec::model::synthetic;
 use wgspec::model::{LoadOptions, LoadProgress, Model, Precision};
 use wgspec::sampling::SamplingParams;
 use wgspec::session::GenerateOptions;
-use wgspec::speculative::{self, Draft, DraftModel, KPolicy, NGram};
+use wgspec::speculative::{self, Draft, DraftModel, Ensemble, KPolicy, NGram};
 
 use crate::fetch;
 use crate::{bench, serve};
@@ -84,8 +84,9 @@ struct GenerateArgs {
     /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
-    /// Speculate with a draft: a smaller model with the same tokenizer (file or known NAME), or
-    /// `ngram` (prompt lookup).
+    /// Speculate with a draft: a smaller model with the same tokenizer (file or known NAME),
+    /// `ngram` (prompt lookup: the continuations of up to 4 earlier matches as a token tree), or
+    /// `MODEL+ngram` (the model's chain and the n-gram continuations merged into one token tree).
     #[arg(long)]
     draft: Option<String>,
     #[command(flatten)]
@@ -146,8 +147,8 @@ struct ServeArgs {
     /// A .gguf file, a Hugging Face folder or a known model NAME.
     #[arg(long)]
     model: String,
-    /// The default draft of requests: `ngram`, or a smaller model with the same tokenizer
-    /// (a request's `draft` field may pick another).
+    /// The default draft of requests: `ngram`, a smaller model with the same tokenizer, or
+    /// `MODEL+ngram` (a request's `draft` field may pick another).
     #[arg(long)]
     draft: Option<String>,
     /// KV cache positions: prompt and reply of one request together (default: min(model context, 4096)).
@@ -199,6 +200,10 @@ struct BenchArgs {
     /// `ngram`, a draft model (file or known NAME), or with --synthetic a shape name.
     #[arg(long, required_unless_present = "roofline")]
     draft: Option<String>,
+    /// With `--draft ngram` or `MODEL+ngram`: merge the continuations of up to N earlier matches
+    /// into one token tree per cycle, verified in one tree pass (1: the latest match's chain).
+    #[arg(long, default_value_t = wgspec::engine::NGRAM_BRANCHES)]
+    tree: usize,
     /// Instead of speculation: the adapter's bandwidth and arithmetic ceilings, then every kernel
     /// of the target's decode step (and of a verify pass of `--draft-k` + 1 rows, default 4 + 1)
     /// timed alone against them.
@@ -325,8 +330,9 @@ fn progress_bar(quiet: bool) -> impl FnMut(Role, LoadProgress) {
 }
 
 /// The engine every subcommand runs: the target, and the draft `--draft` names (a model sharing
-/// the target's tokenizer, file or known NAME; `ngram` needs nothing loaded). Returns the draft
-/// kind requests use by default.
+/// the target's tokenizer, file or known NAME; `ngram` needs nothing loaded; `MODEL+ngram`: the
+/// model's chain and n-gram continuations in one token tree). Returns the draft kind requests
+/// use by default.
 pub fn load_engine(
     gpu: &Arc<Gpu>,
     model: &str,
@@ -340,8 +346,12 @@ pub fn load_engine(
         None => DraftKind::None,
         Some("ngram") => DraftKind::Ngram,
         Some(d) => {
-            engine.load_draft(open(d)?, &mut progress)?;
-            DraftKind::Model
+            let (model, kind) = match d.strip_suffix("+ngram") {
+                Some(model) => (model, DraftKind::ModelNgram),
+                None => (d, DraftKind::Model),
+            };
+            engine.load_draft(open(model)?, &mut progress)?;
+            kind
         }
     };
     Ok((engine, kind))
@@ -480,12 +490,24 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         let rows = args.k.draft_k.unwrap_or(4) + 1;
         return crate::roofline::run(&gpu, &mut target, &target_name, rows, args.past, &args.out).await;
     }
-    let mut draft: Box<dyn Draft> = match loaded_draft {
-        _ if draft_arg == "ngram" => Box::new(NGram::default()),
-        Some(d) => Box::new(d),
+    let ngram = NGram { branches: args.tree.max(1), ..NGram::default() };
+    let mut model_draft = match loaded_draft {
+        _ if draft_arg == "ngram" => None,
+        Some(d) => Some(d),
         None => {
-            Box::new(DraftModel::new(synth(&synthetic::synthetic_shape(&draft_arg)?, 2)?, &target.config)?)
+            let shape = synthetic::synthetic_shape(draft_arg.trim_end_matches("+ngram"))?;
+            Some(DraftModel::new(synth(&shape, 2)?, &target.config)?)
         }
+    };
+    let mut ngram_alone = ngram.clone();
+    let mut ensemble;
+    let draft: &mut dyn Draft = match model_draft.as_mut() {
+        None => &mut ngram_alone,
+        Some(model) if draft_arg.ends_with("+ngram") => {
+            ensemble = Ensemble { model, ngram };
+            &mut ensemble
+        }
+        Some(model) => model,
     };
     let stop_tokens = tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
     let gen_opts =
@@ -499,7 +521,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             None => bench::byte_tokens(&p.prompt, target.config.vocab_size),
         };
         let r =
-            bench::run_prompt(&mut target, draft.as_mut(), p, &tokens, &gen_opts, policy, i % 2 == 1).await?;
+            bench::run_prompt(&mut target, &mut *draft, p, &tokens, &gen_opts, policy, i % 2 == 1).await?;
         eprintln!(
             "{:<20} {:<5} target-only {:>7.2} tok/s  speculative {:>7.2} tok/s  x{:.2}  tau {:.2}  accept {:>5.1}%  K {:.1}{}",
             r.name,

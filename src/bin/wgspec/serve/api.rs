@@ -196,10 +196,11 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Resp
     let parsed = openai::parse(endpoint, body, &model.ids)?;
     let (_, loaded) = loaded(&app)?;
     let mut request = parsed.request;
-    if request.draft == Some(DraftKind::Model) && model.default_draft != DraftKind::Model {
+    let with_model = |d: DraftKind| matches!(d, DraftKind::Model | DraftKind::ModelNgram);
+    if request.draft.is_some_and(with_model) && !with_model(model.default_draft) {
         return Err(ApiError::field(
             "draft",
-            "`draft` \"model\": this server runs no draft model (start it with --draft)",
+            "`draft` \"model\" or \"model+ngram\": this server runs no draft model (start it with --draft)",
         ));
     }
     request.draft = Some(request.draft.unwrap_or(model.default_draft));

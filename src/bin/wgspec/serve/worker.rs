@@ -35,6 +35,7 @@ impl ModelConfig {
         match self.draft.as_deref() {
             None => DraftKind::None,
             Some("ngram") => DraftKind::Ngram,
+            Some(d) if d.ends_with("+ngram") => DraftKind::ModelNgram,
             Some(_) => DraftKind::Model,
         }
     }
@@ -117,6 +118,7 @@ pub fn draft_name(d: DraftKind) -> &'static str {
     match d {
         DraftKind::Model => "model",
         DraftKind::Ngram => "ngram",
+        DraftKind::ModelNgram => "model+ngram",
         DraftKind::None => "none",
     }
 }
