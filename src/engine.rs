@@ -17,10 +17,9 @@ use crate::gpu::Gpu;
 use crate::model::{LoadOptions, LoadProgress, Model, TensorTable};
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
-use crate::speculative::{self, DraftModel, Ensemble, KPolicy, NGram, SpecStats, DEFAULT_MAX_DRAFT_K};
-
-/// Distinct continuations the engine's n-gram drafts put in one token tree (1 would be a chain).
-pub const NGRAM_BRANCHES: usize = 4;
+use crate::speculative::{
+    self, DraftModel, Ensemble, KPolicy, NGram, SpecStats, DEFAULT_MAX_DRAFT_K, TREE_BRANCHES,
+};
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
 /// Which draft a request speculates with.
@@ -29,8 +28,7 @@ use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 pub enum DraftKind {
     /// The loaded draft model.
     Model,
-    /// N-gram lookup in the prompt and the text so far (several matches' continuations as a
-    /// token tree when greedy... see [`NGRAM_BRANCHES`]).
+    /// N-gram lookup in the prompt and the text so far (the latest match's continuation).
     Ngram,
     /// The loaded draft model's chain and the n-gram continuations merged into one token tree
     /// (SpecInfer's ensemble; greedy decoding, else the model's chain).
@@ -465,14 +463,15 @@ impl Engine {
             let go_on = on_token(&TokenEvent { id: Some(id), text, from_draft });
             go_on && filter.hit.is_none()
         };
-        let mut ngram = NGram { branches: NGRAM_BRANCHES, ..NGram::default() };
+        let mut ngram = NGram::default();
         let mut ensemble;
         let draft: Option<&mut dyn speculative::Draft> = match (kind, self.draft.as_mut()) {
             (DraftKind::None, _) => None,
             (DraftKind::Ngram, _) => Some(&mut ngram),
             (DraftKind::Model, Some((d, _))) => Some(d),
             (DraftKind::ModelNgram, Some((d, _))) => {
-                ensemble = Ensemble { model: d, ngram: ngram.clone() };
+                ensemble =
+                    Ensemble { model: d, ngram: NGram { branches: TREE_BRANCHES, ..NGram::default() } };
                 Some(&mut ensemble)
             }
             (DraftKind::Model | DraftKind::ModelNgram, None) => {

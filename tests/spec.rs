@@ -17,8 +17,8 @@ use wgspec::model::{Checkpoint, LoadOptions, Model};
 use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
-    self, verify_greedy, verify_sampled, Dist, Draft, DraftModel, Ensemble, KPolicy, NGram, NextKind,
-    TokenTree, TreeVerdict, Verdict,
+    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftModel, Ensemble, KPolicy, NGram,
+    NextKind, TokenTree, TreeVerdict, Verdict,
 };
 use wgspec::Error;
 
@@ -550,7 +550,8 @@ fn draft_model_rolls_back_and_catches_up() {
     for (k, a, replace_next) in
         [(4usize, 2usize, true), (3, 3, false), (5, 0, true), (2, 2, false), (6, 1, true)]
     {
-        let p = pollster::block_on(draft.propose(&context, k, &params, &mut g)).expect("propose");
+        let p = pollster::block_on(draft.propose(&context, DraftBudget::chain(k), &params, &mut g))
+            .expect("propose");
         let want = common::plain(&mut fresh, &context, &greedy_opts(k)).expect("fresh").tokens;
         assert_eq!(p.tokens, want, "context {context:?}");
         assert_eq!(p.steps, k);
@@ -583,6 +584,9 @@ fn greedy_speculative_output_equals_greedy_output() {
         let mut ensemble_model =
             DraftModel::new(load(&ckpt_of(&perturbed(&tiny, 0.2, &mut r), &mut r), 64), &cfg).expect("draft");
         let ngram = NGram { branches: 4, ..NGram::default() };
+        let mut top3 =
+            DraftModel::new(load(&ckpt_of(&perturbed(&tiny, 0.2, &mut r), &mut r), 64), &cfg).expect("draft");
+        top3.set_tree(2);
         let mut drafts: Vec<(&str, Box<dyn Draft + '_>)> = vec![
             ("itself", Box::new(DraftModel::new(same, &cfg).expect("draft"))),
             ("perturbed", Box::new(DraftModel::new(near, &cfg).expect("draft"))),
@@ -590,6 +594,7 @@ fn greedy_speculative_output_equals_greedy_output() {
             ("ngram", Box::new(NGram::default())),
             ("ngram tree", Box::new(ngram.clone())),
             ("model+ngram", Box::new(Ensemble { model: &mut ensemble_model, ngram })),
+            ("model top-3 tree", Box::new(top3)),
         ];
         let v = spec.vocab as u32;
         // the fourth prompt repeats "5" with four different continuations: n-gram trees
@@ -599,12 +604,12 @@ fn greedy_speculative_output_equals_greedy_output() {
             (0..37).map(|_| r.gen_range(0..v)).collect(),
             vec![5, 6, 7, 5, 8, 9, 5, 6, 10, 5, 11, 5],
         ];
-        let mut tree_cycles = [0, 0]; // ngram tree, model+ngram
+        let mut tree_cycles = [0, 0, 0]; // ngram tree, model+ngram, model top-3 tree
         for (i, prompt) in prompts.iter().enumerate() {
             let want = plain(&mut target, prompt, &greedy_opts(20));
             for (name, draft) in drafts.iter_mut() {
                 // (lean: the tree draft on the repetitive prompts, the last prompt for n-grams only)
-                let tree = name.contains("ngram") && *name != "ngram";
+                let tree = name.contains("tree") || *name == "model+ngram";
                 if (tree && i % 2 == 0) || (i == 3 && !name.contains("ngram")) {
                     continue;
                 }
@@ -626,7 +631,9 @@ fn greedy_speculative_output_equals_greedy_output() {
                     if !tree {
                         assert_eq!(s.tree_cycles, 0, "{name}: chains only");
                     }
-                    tree_cycles[usize::from(name.starts_with("model"))] += s.tree_cycles;
+                    let which =
+                        if name.starts_with("model") { 1 + usize::from(name.contains("tree")) } else { 0 };
+                    tree_cycles[which] += s.tree_cycles;
                 }
             }
         }

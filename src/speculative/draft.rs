@@ -37,6 +37,21 @@ pub struct Proposal {
     pub tree: Option<TokenTree>,
 }
 
+/// How much one proposal may draft: at most `depth` tokens along any path (a chain's K) and
+/// `nodes` tokens in all (a tree; `nodes >= depth`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct DraftBudget {
+    pub depth: usize,
+    pub nodes: usize,
+}
+
+impl DraftBudget {
+    /// A chain of `k` tokens (a tree of `k` nodes).
+    pub fn chain(k: usize) -> DraftBudget {
+        DraftBudget { depth: k, nodes: k }
+    }
+}
+
 /// A proposer of draft tokens.
 pub trait Draft {
     /// A short name for logs and stats (`"ngram"`, `"model"`).
@@ -46,13 +61,14 @@ pub trait Draft {
     /// it but the last token). Returns the forward passes it ran.
     fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>>;
 
-    /// Proposes up to `k` tokens following `context` (the prompt and every token generated so
-    /// far; the target has not yet run the last one). With non-greedy `sampling`, a draft that
-    /// has distributions samples from them with `rng` and returns them in [`Proposal::q`].
+    /// Proposes up to `budget.depth` tokens following `context` (the prompt and every token
+    /// generated so far; the target has not yet run the last one), or a tree of up to
+    /// `budget.nodes` tokens no deeper than that. With non-greedy `sampling`, a draft that has
+    /// distributions samples from them with `rng` and returns them in [`Proposal::q`].
     fn propose<'a>(
         &'a mut self,
         context: &'a [u32],
-        k: usize,
+        budget: DraftBudget,
         sampling: &'a SamplingParams,
         rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>>;
@@ -121,19 +137,29 @@ pub struct DraftModel {
     fed: Vec<u32>,
     /// Whether greedy cycles may run on the GPU.
     gpu_cycle: bool,
+    /// Greedy drafts as a token tree: besides its argmax, each step's next `alternatives` most
+    /// likely tokens become siblings of the chain's node at that depth (0: a chain).
+    alternatives: usize,
 }
 
 impl DraftModel {
     /// Wraps `model` as a draft for a target with config `target`; refuses a different vocabulary.
     pub fn new(model: Model, target: &Config) -> Result<DraftModel> {
         check_vocab(target, &model.config)?;
-        Ok(DraftModel { model, fed: Vec::new(), gpu_cycle: true })
+        Ok(DraftModel { model, fed: Vec::new(), gpu_cycle: true, alternatives: 0 })
     }
 
     /// Turns the GPU-resident greedy cycle on (the default) or off (every draft step its own
     /// submission and read-back, as sampling does): the two give the same tokens.
     pub fn set_gpu_cycle(&mut self, on: bool) {
         self.gpu_cycle = on;
+    }
+
+    /// Greedy proposals as top-k trees: the chain of argmaxes, and at each depth the step's next
+    /// `alternatives` most likely tokens as siblings (in the budget's nodes, shallow first). Each
+    /// step then reads back its logits row; the cycle is CPU-driven. 0 (the default): chains.
+    pub fn set_tree(&mut self, alternatives: usize) {
+        self.alternatives = alternatives;
     }
 
     /// The draft model, mutably (a GPU cycle records its passes).
@@ -174,15 +200,24 @@ impl DraftModel {
         &self.model
     }
 
-    /// Runs `tokens` at `pos` and returns the next token after them, with its distribution when sampling.
+    /// Runs `tokens` at `pos` and returns the next token after them, with its distribution when
+    /// sampling, and (greedy, a tree draft) the next most likely tokens in `alternatives`.
     async fn step(
         &mut self,
         tokens: &[u32],
         sampling: &SamplingParams,
         rng: &mut Rng,
+        alternatives: &mut Vec<u32>,
     ) -> Result<(u32, Option<Dist>)> {
         let pos = self.fed.len();
-        let out = if sampling.is_greedy() {
+        alternatives.clear();
+        let out = if sampling.is_greedy() && self.alternatives > 0 {
+            let logits = self.model.forward_last(tokens, pos).await?;
+            let mut top = most_likely(&logits, 1 + self.alternatives);
+            let id = top.remove(0);
+            *alternatives = top;
+            (id, None)
+        } else if sampling.is_greedy() {
             let ids = self.model.forward_argmax(tokens, pos).await?;
             let id = ids.last().copied().ok_or_else(|| Error::Gpu("empty argmax read-back".into()))?;
             (id, None)
@@ -218,15 +253,19 @@ impl DraftModel {
     async fn propose_impl(
         &mut self,
         context: &[u32],
-        k: usize,
+        budget: DraftBudget,
         sampling: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<Proposal> {
         let mut proposal = Proposal { q: (!sampling.is_greedy()).then(Vec::new), ..Proposal::default() };
-        let (mut input, k, steps) = self.catch_up(context, k).await?;
+        let (mut input, k, steps) = self.catch_up(context, budget.depth).await?;
         proposal.steps += steps;
+        // (a tree draft) per depth, the tokens ranked after the chain's
+        let mut siblings: Vec<Vec<u32>> = Vec::new();
+        let mut alternatives = Vec::new();
         for _ in 0..k {
-            let (x, q) = self.step(&input, sampling, rng).await?;
+            let (x, q) = self.step(&input, sampling, rng, &mut alternatives).await?;
+            siblings.push(alternatives.clone());
             proposal.steps += 1;
             proposal.tokens.push(x);
             if let (Some(qs), Some(q)) = (proposal.q.as_mut(), q) {
@@ -236,6 +275,17 @@ impl DraftModel {
                 break;
             }
             input = vec![x];
+        }
+        if siblings.iter().any(|s| !s.is_empty()) {
+            let chain = &proposal.tokens;
+            let mut tree = TokenTree::chain(context.last().copied().unwrap_or(0), chain);
+            for (depth, alts) in siblings.iter().enumerate() {
+                for &alt in alts {
+                    let path: Vec<u32> = chain[..depth].iter().copied().chain([alt]).collect();
+                    tree.insert(&path, budget.nodes + 1);
+                }
+            }
+            proposal.tree = Some(tree).filter(|t| !t.is_chain());
         }
         Ok(proposal)
     }
@@ -261,15 +311,15 @@ impl Draft for DraftModel {
     fn propose<'a>(
         &'a mut self,
         context: &'a [u32],
-        k: usize,
+        budget: DraftBudget,
         sampling: &'a SamplingParams,
         rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>> {
-        Box::pin(self.propose_impl(context, k, sampling, rng))
+        Box::pin(self.propose_impl(context, budget, sampling, rng))
     }
 
     fn gpu_draft(&mut self) -> Option<&mut DraftModel> {
-        self.gpu_cycle.then_some(self)
+        (self.gpu_cycle && self.alternatives == 0).then_some(self)
     }
 }
 
@@ -321,10 +371,10 @@ impl NGram {
     /// The continuations of up to `branches` earlier matches — [`NGram::lookup`]'s first, then
     /// other matches, latest first, longer n-grams before shorter — merged into a tree below the
     /// context's last token breadth first (every continuation's first token, then the second
-    /// ones, ...), up to `k` drafted nodes.
-    pub fn lookup_tree(&self, context: &[u32], k: usize) -> TokenTree {
+    /// ones, ...), `budget.depth` deep and up to `budget.nodes` drafted nodes.
+    pub fn lookup_tree(&self, context: &[u32], budget: DraftBudget) -> TokenTree {
         let mut tree = TokenTree::new(context.last().copied().unwrap_or(0));
-        add_breadth_first(&mut tree, &self.continuations(context, k), k + 1);
+        add_breadth_first(&mut tree, &self.continuations(context, budget.depth), budget.nodes + 1);
         tree
     }
 
@@ -358,6 +408,25 @@ impl NGram {
     }
 }
 
+/// The `n` most likely tokens of a logits row, most likely first (equal logits: lower id first,
+/// as the argmax kernel breaks ties).
+fn most_likely(logits: &[f32], n: usize) -> Vec<u32> {
+    let mut top: Vec<u32> = Vec::with_capacity(n + 1);
+    for (id, &v) in logits.iter().enumerate() {
+        let at = top.partition_point(|&t| logits[t as usize] >= v);
+        if at < n {
+            top.insert(at, id as u32);
+            top.truncate(n);
+        }
+    }
+    top
+}
+
+/// The n-gram continuations a tree draft merges by default (the ensemble, `bench --tree`). On
+/// lavapipe with SmolLM2 the older matches' continuations rarely beat the latest one's (τ 1.34
+/// vs 1.33, BENCHMARKS.md), so plain n-gram drafts stay chains.
+pub const TREE_BRANCHES: usize = 4;
+
 /// Inserts `paths` below `tree`'s root breadth first (every path's first token, then the second
 /// ones, ...) until the tree holds `budget` nodes.
 fn add_breadth_first(tree: &mut TokenTree, paths: &[Vec<u32>], budget: usize) {
@@ -370,7 +439,8 @@ fn add_breadth_first(tree: &mut TokenTree, paths: &[Vec<u32>], budget: usize) {
 }
 
 /// SpecInfer's ensemble of drafts: the draft model's chain and the n-gram continuations merged
-/// into one token tree (shared prefixes once; the n-gram adds at most `k` nodes where it differs),
+/// into one token tree (shared prefixes once; the n-gram fills the budget's other nodes, at least
+/// K of them, where it differs),
 /// verified in one tree pass. With sampling, the draft model's chain alone (its tokens are drawn
 /// from its q, which a merged tree would not keep).
 pub struct Ensemble<'a> {
@@ -390,18 +460,20 @@ impl Draft for Ensemble<'_> {
     fn propose<'a>(
         &'a mut self,
         context: &'a [u32],
-        k: usize,
+        budget: DraftBudget,
         sampling: &'a SamplingParams,
         rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>> {
         Box::pin(async move {
-            let mut proposal = self.model.propose_impl(context, k, sampling, rng).await?;
+            let chain = DraftBudget::chain(budget.depth);
+            let mut proposal = self.model.propose_impl(context, chain, sampling, rng).await?;
             if !sampling.is_greedy() {
                 return Ok(proposal);
             }
             let mut tree = TokenTree::chain(context.last().copied().unwrap_or(0), &proposal.tokens);
-            let budget = tree.len() + k;
-            add_breadth_first(&mut tree, &self.ngram.continuations(context, k), budget);
+            // the n-gram's branches in the nodes the chain leaves, at least `depth` of them
+            let nodes = budget.nodes.max(2 * budget.depth) + 1;
+            add_breadth_first(&mut tree, &self.ngram.continuations(context, budget.depth), nodes);
             proposal.tree = Some(tree).filter(|t| !t.is_chain());
             Ok(proposal)
         })
@@ -420,12 +492,12 @@ impl Draft for NGram {
     fn propose<'a>(
         &'a mut self,
         context: &'a [u32],
-        k: usize,
+        budget: DraftBudget,
         _sampling: &'a SamplingParams,
         _rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>> {
-        let tokens = self.lookup(context, k);
-        let tree = (self.branches > 1).then(|| self.lookup_tree(context, k)).filter(|t| !t.is_chain());
+        let tokens = self.lookup(context, budget.depth);
+        let tree = (self.branches > 1).then(|| self.lookup_tree(context, budget)).filter(|t| !t.is_chain());
         Box::pin(async move { Ok(Proposal { tokens, tree, ..Proposal::default() }) })
     }
 }
@@ -448,14 +520,26 @@ mod tests {
     }
 
     #[test]
+    fn the_most_likely_tokens_rank_ties_by_id_as_the_argmax_does() {
+        let logits = [0.5, 2.0, -1.0, 2.0, 1.5, 2.0];
+        assert_eq!(most_likely(&logits, 1), vec![crate::sampling::argmax(&logits)]);
+        assert_eq!(most_likely(&logits, 4), vec![1, 3, 5, 4]);
+        assert_eq!(most_likely(&logits, 9).len(), 6);
+    }
+
+    #[test]
     fn ngram_trees_merge_the_continuations_of_several_matches() {
         let g = NGram { branches: 3, ..NGram::default() };
         // "1" was followed by "8 9 1" (latest, then itself: "8"), "6 1 8 9" and "5 7 1 6": three
         // branches below the root 1, breadth first, until k = 4 drafted nodes
-        let t = g.lookup_tree(&[1, 5, 7, 1, 6, 1, 8, 9, 1], 4);
+        let t = g.lookup_tree(&[1, 5, 7, 1, 6, 1, 8, 9, 1], DraftBudget::chain(4));
         assert_eq!(t.tokens(), &[1, 8, 6, 5, 9]);
         assert_eq!(t.ancestors(), vec![0b1, 0b11, 0b101, 0b1001, 0b10011]);
+        // more nodes than depth: the branches grow, no path deeper than 4
+        let t = g.lookup_tree(&[1, 5, 7, 1, 6, 1, 8, 9, 1], DraftBudget { depth: 4, nodes: 7 });
+        assert_eq!(t.tokens(), &[1, 8, 6, 5, 9, 1, 7, 1]);
+        assert_eq!(t.max_depth(), 3);
         // one match: a chain (proposed as the chain alone)
-        assert!(g.lookup_tree(&[1, 2, 3, 1, 2], 3).is_chain());
+        assert!(g.lookup_tree(&[1, 2, 3, 1, 2], DraftBudget::chain(3)).is_chain());
     }
 }

@@ -21,7 +21,7 @@ use serde::Serialize;
 use web_time::Instant;
 
 use super::cycle::GreedyCycle;
-use super::draft::Draft;
+use super::draft::{Draft, DraftBudget};
 use super::schedule::{KPolicy, Schedule};
 use super::verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};
 use crate::error::{Error, Result};
@@ -180,7 +180,10 @@ pub async fn generate(
                 _ => {
                     let td = Instant::now();
                     let proposal = match draft.as_deref_mut() {
-                        Some(d) if k > 0 => d.propose(&tokens, k, &params, &mut rng).await?,
+                        Some(d) if k > 0 => {
+                            let nodes = schedule.tree_nodes(k).min(context - n_past - 1);
+                            d.propose(&tokens, DraftBudget { depth: k, nodes }, &params, &mut rng).await?
+                        }
                         _ => Default::default(),
                     };
                     let draft_time = td.elapsed().as_secs_f64();

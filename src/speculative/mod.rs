@@ -16,7 +16,10 @@ pub mod tree;
 pub mod verify;
 
 pub use cycle::{CycleOutcome, GreedyCycle};
-pub use draft::{check_draft, check_tokenizers, check_vocab, Draft, DraftModel, Ensemble, NGram, Proposal};
+pub use draft::{
+    check_draft, check_tokenizers, check_vocab, Draft, DraftBudget, DraftModel, Ensemble, NGram, Proposal,
+    TREE_BRANCHES,
+};
 pub use generate::{generate, SpecGeneration, SpecStats};
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};
 pub use tree::{TokenTree, TreeVerdict};

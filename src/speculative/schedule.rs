@@ -16,6 +16,7 @@
 //! verify pass growing 10% per row), which the first cycles replace. K >= 1 always, so
 //! acceptance keeps being measured.
 
+use crate::gpu::{MATMUL_ROWS, MAX_TREE};
 use crate::model::MAX_BATCH;
 
 /// How K is chosen.
@@ -93,6 +94,15 @@ impl Schedule {
             draft_token: Avg::default(),
             verify: vec![Avg::default(); MAX_BATCH],
         }
+    }
+
+    /// The drafted nodes a token tree may hold when the schedule picked `k`: the rows of the
+    /// verify pass's last matmul row tile ([`MATMUL_ROWS`] rows share each weight load, and a
+    /// partial tile costs what a full one does), so K + 1 rows round up to a multiple of it.
+    /// A chain uses K of them; a tree fills the rest at about no cost.
+    pub fn tree_nodes(&self, k: usize) -> usize {
+        let rows = (k + 1).next_multiple_of(MATMUL_ROWS as usize).min(MAX_TREE);
+        rows - 1
     }
 
     /// The K to draft next, at most `cap` (room left in the context, tokens still wanted).
@@ -199,6 +209,13 @@ mod tests {
         assert_eq!(s.pick(100), 5);
         assert_eq!(s.pick(2), 2);
         assert_eq!(s.pick(0), 0);
+    }
+
+    #[test]
+    fn trees_fill_the_last_matmul_row_tile() {
+        let s = Schedule::new(KPolicy::default());
+        // K + 1 rows rounded up to a multiple of 4, less the root
+        assert_eq!([1, 2, 3, 4, 7, 8, 31].map(|k| s.tree_nodes(k)), [3, 3, 3, 7, 7, 11, 31]);
     }
 
     #[test]

@@ -200,10 +200,12 @@ struct BenchArgs {
     /// `ngram`, a draft model (file or known NAME), or with --synthetic a shape name.
     #[arg(long, required_unless_present = "roofline")]
     draft: Option<String>,
-    /// With `--draft ngram` or `MODEL+ngram`: merge the continuations of up to N earlier matches
-    /// into one token tree per cycle, verified in one tree pass (1: the latest match's chain).
-    #[arg(long, default_value_t = wgspec::engine::NGRAM_BRANCHES)]
-    tree: usize,
+    /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
+    /// earlier matches (default 1, the latest match's chain); `MODEL+ngram`, up to N n-gram
+    /// continuations beside the model's chain (default 4); a draft model, its N most likely
+    /// tokens at each depth (default 1, a chain; trees run CPU-driven cycles).
+    #[arg(long)]
+    tree: Option<usize>,
     /// Instead of speculation: the adapter's bandwidth and arithmetic ceilings, then every kernel
     /// of the target's decode step (and of a verify pass of `--draft-k` + 1 rows, default 4 + 1)
     /// timed alone against them.
@@ -490,7 +492,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         let rows = args.k.draft_k.unwrap_or(4) + 1;
         return crate::roofline::run(&gpu, &mut target, &target_name, rows, args.past, &args.out).await;
     }
-    let ngram = NGram { branches: args.tree.max(1), ..NGram::default() };
+    let ngram = NGram { branches: args.tree.unwrap_or(1).max(1), ..NGram::default() };
     let mut model_draft = match loaded_draft {
         _ if draft_arg == "ngram" => None,
         Some(d) => Some(d),
@@ -504,10 +506,14 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     let draft: &mut dyn Draft = match model_draft.as_mut() {
         None => &mut ngram_alone,
         Some(model) if draft_arg.ends_with("+ngram") => {
-            ensemble = Ensemble { model, ngram };
+            let branches = args.tree.unwrap_or(speculative::TREE_BRANCHES).max(1);
+            ensemble = Ensemble { model, ngram: NGram { branches, ..ngram } };
             &mut ensemble
         }
-        Some(model) => model,
+        Some(model) => {
+            model.set_tree(args.tree.unwrap_or(1).saturating_sub(1));
+            model
+        }
     };
     let stop_tokens = tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
     let gen_opts =
