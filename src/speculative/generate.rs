@@ -23,6 +23,7 @@ use web_time::Instant;
 use super::cycle::GreedyCycle;
 use super::draft::{Draft, DraftBudget};
 use super::schedule::{KPolicy, Schedule};
+use super::tree::TokenTree;
 use super::verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};
 use crate::error::{Error, Result};
 use crate::model::{Model, MAX_BATCH};
@@ -158,9 +159,7 @@ pub async fn generate(
         k_sum += k;
         let calibrate = cycles < 2 || cycles.is_multiple_of(16);
         cycles += 1;
-        // xs: the drafted tokens whose first `verdict.accepted` are kept (a tree's accepted path);
-        // drafted: draft tokens the pass verified; depth: the longest run it could accept
-        let (xs, verdict, drafted, depth) =
+        let Checked { xs, verdict, drafted, depth } =
             match (&gpu_cycle, draft.as_deref_mut().and_then(|d| d.gpu_draft())) {
                 (Some(cycle), Some(dm)) if k > 0 && !calibrate => {
                     let tc = Instant::now();
@@ -175,7 +174,7 @@ pub async fn generate(
                     stats.gpu_cycles += 1;
                     let kind = if out.accepted == k { NextKind::Bonus } else { NextKind::Recovered };
                     let verdict = Verdict { accepted: out.accepted, next: out.next, kind };
-                    (out.drafts, verdict, k, k)
+                    Checked { xs: out.drafts, verdict, drafted: k, depth: k }
                 }
                 _ => {
                     let td = Instant::now();
@@ -193,61 +192,34 @@ pub async fn generate(
                     stats.draft_seconds += draft_time;
                     schedule.observe_draft(xs.len(), draft_time);
 
-                    // A tree: one tree pass, the greedy or multi-candidate rule down the tree
-                    // (sampling: deterministic drafts only), the accepted path kept in the cache.
+                    // A tree (sampling: deterministic drafts only) whose rows fit the context and
+                    // whose longest path fits the tokens still wanted; else the chain.
                     let deterministic = greedy || proposal.q.is_none();
-                    // (its rows fit the context, its longest path the tokens still wanted)
                     let tree = proposal.tree.filter(|t| {
                         deterministic
                             && t.tokens().first() == Some(&id_last)
                             && n_past + t.len() <= context
                             && t.max_depth() <= cap
                     });
-                    if let Some(tree) = tree {
-                        let tv = Instant::now();
-                        let ancestors = tree.ancestors();
-                        let v = if greedy {
-                            let ids = target.forward_tree_argmax(tree.tokens(), &ancestors, n_past).await?;
-                            tree.verify_greedy(&ids)?
-                        } else {
-                            let logits = target.forward_tree(tree.tokens(), &ancestors, n_past).await?;
-                            let p = distributions(&logits, target.config.vocab_size, &params, n_past)?;
-                            tree.verify_sampled(&p, &mut rng)?
-                        };
-                        target.keep_path(n_past, &v.path)?;
-                        let verify_time = tv.elapsed().as_secs_f64();
-                        stats.verify_seconds += verify_time;
-                        schedule.observe_verify(tree.len(), verify_time);
-                        let accepted: Vec<u32> = v.path[1..].iter().map(|&i| tree.tokens()[i]).collect();
-                        let leaf = v.path.last().is_some_and(|&l| tree.children(l).next().is_none());
-                        let kind = if leaf { NextKind::Bonus } else { NextKind::Recovered };
-                        let verdict = Verdict { accepted: accepted.len(), next: v.next, kind };
-                        stats.tree_cycles += 1;
-                        (accepted, verdict, tree.len() - 1, tree.max_depth())
-                    } else {
-                        // Verify: one target pass over [id_last, x1..xK].
-                        let mut batch = Vec::with_capacity(xs.len() + 1);
-                        batch.push(id_last);
-                        batch.extend_from_slice(&xs);
-                        let tv = Instant::now();
-                        let verdict: Verdict = if greedy {
-                            let ids = target.forward_argmax(&batch, n_past).await?;
-                            verify_greedy(&xs, &ids)?
-                        } else {
-                            let logits = target.forward(&batch, n_past).await?;
-                            let p = distributions(&logits, target.config.vocab_size, &params, n_past)?;
-                            let q: Vec<Dist> = match proposal.q {
-                                Some(q) if q.len() >= xs.len() => q.into_iter().take(xs.len()).collect(),
-                                _ => xs.iter().map(|&x| Dist::one_hot(x)).collect(),
-                            };
-                            verify_sampled(&xs, &q, &p, &mut rng)?
-                        };
-                        let verify_time = tv.elapsed().as_secs_f64();
-                        stats.verify_seconds += verify_time;
-                        schedule.observe_verify(batch.len(), verify_time);
-                        let k = xs.len();
-                        (xs, verdict, k, k)
-                    }
+                    let tv = Instant::now();
+                    let (checked, rows) = match tree {
+                        Some(tree) => {
+                            stats.tree_cycles += 1;
+                            (check_tree(target, &tree, n_past, &params, &mut rng).await?, tree.len())
+                        }
+                        None => {
+                            let rows = xs.len() + 1;
+                            (
+                                check_chain(target, id_last, xs, proposal.q, n_past, &params, &mut rng)
+                                    .await?,
+                                rows,
+                            )
+                        }
+                    };
+                    let verify_time = tv.elapsed().as_secs_f64();
+                    stats.verify_seconds += verify_time;
+                    schedule.observe_verify(rows, verify_time);
+                    checked
                 }
             };
         stats.verify_forwards += 1;
@@ -323,4 +295,71 @@ fn distributions(logits: &[f32], vocab: usize, params: &SamplingParams, n_past: 
         )));
     }
     Ok(logits.chunks_exact(vocab).map(|row| Dist::from_logits(row, params)).collect())
+}
+
+/// What one verify pass decided.
+struct Checked {
+    /// The drafted tokens whose first `verdict.accepted` are kept (a tree's accepted path).
+    xs: Vec<u32>,
+    verdict: Verdict,
+    /// Draft tokens the pass verified.
+    drafted: usize,
+    /// The longest run of drafts it could have accepted.
+    depth: usize,
+}
+
+/// One target pass over `[id_last, xs..]` at `n_past` and the chain's rule: greedy, or
+/// speculative sampling against the draft's `q` (one-hot when the draft gave none).
+async fn check_chain(
+    target: &mut Model,
+    id_last: u32,
+    xs: Vec<u32>,
+    q: Option<Vec<Dist>>,
+    n_past: usize,
+    params: &SamplingParams,
+    rng: &mut Rng,
+) -> Result<Checked> {
+    let mut batch = Vec::with_capacity(xs.len() + 1);
+    batch.push(id_last);
+    batch.extend_from_slice(&xs);
+    let verdict = if params.is_greedy() {
+        let ids = target.forward_argmax(&batch, n_past).await?;
+        verify_greedy(&xs, &ids)?
+    } else {
+        let logits = target.forward(&batch, n_past).await?;
+        let p = distributions(&logits, target.config.vocab_size, params, n_past)?;
+        let q: Vec<Dist> = match q {
+            Some(q) if q.len() >= xs.len() => q.into_iter().take(xs.len()).collect(),
+            _ => xs.iter().map(|&x| Dist::one_hot(x)).collect(),
+        };
+        verify_sampled(&xs, &q, &p, rng)?
+    };
+    let k = xs.len();
+    Ok(Checked { xs, verdict, drafted: k, depth: k })
+}
+
+/// One tree pass over `tree` at `n_past`, the greedy or multi-candidate rule down the tree, and
+/// the accepted path kept in the target's cache.
+async fn check_tree(
+    target: &mut Model,
+    tree: &TokenTree,
+    n_past: usize,
+    params: &SamplingParams,
+    rng: &mut Rng,
+) -> Result<Checked> {
+    let ancestors = tree.ancestors();
+    let v = if params.is_greedy() {
+        let ids = target.forward_tree_argmax(tree.tokens(), &ancestors, n_past).await?;
+        tree.verify_greedy(&ids)?
+    } else {
+        let logits = target.forward_tree(tree.tokens(), &ancestors, n_past).await?;
+        let p = distributions(&logits, target.config.vocab_size, params, n_past)?;
+        tree.verify_sampled(&p, rng)?
+    };
+    target.keep_path(n_past, &v.path)?;
+    let xs: Vec<u32> = v.path[1..].iter().map(|&i| tree.tokens()[i]).collect();
+    let leaf = v.path.last().is_some_and(|&l| tree.children(l).next().is_none());
+    let kind = if leaf { NextKind::Bonus } else { NextKind::Recovered };
+    let verdict = Verdict { accepted: xs.len(), next: v.next, kind };
+    Ok(Checked { xs, verdict, drafted: tree.len() - 1, depth: tree.max_depth() })
 }
