@@ -1,5 +1,7 @@
-//! A model's files as bytes, whatever their source (the disk, a download, the browser's cache),
-//! turned into a [`Checkpoint`], its [`Tokenizer`] and its chat template. The native reader
+//! A model's files, whatever their source (the disk, a download, the browser's storage), turned
+//! into a [`Checkpoint`], its [`Tokenizer`] and its chat template. JSON files are held as bytes;
+//! weight files (`*.gguf`, `*.safetensors`) as [`Source`]s, of which opening reads only the
+//! headers (the weights are read when the model is loaded, a batch of rows at a time). The native reader
 //! ([`crate::local`]) and the wasm facade both go through [`ModelFiles::open`].
 //!
 //! Two layouts:
@@ -8,14 +10,18 @@
 //!   (its `chat_template`), and one or more `*.safetensors` shards.
 
 use crate::error::{Error, Result};
+use crate::loader::source::{self, Source};
 use crate::model::Checkpoint;
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 
-/// The files of one model, by name. Each file's bytes are held once and moved into the checkpoint.
+/// The files of one model, by name. Each file is held once and moved into the checkpoint.
 #[derive(Default)]
 pub struct ModelFiles {
-    files: Vec<(String, Vec<u8>)>,
+    files: Vec<(String, Box<dyn Source>)>,
 }
+
+/// The largest JSON file of a model read (config.json, tokenizer.json): real ones are a few MB.
+pub const MAX_JSON_BYTES: u64 = 256 << 20;
 
 /// What [`ModelFiles::open`] gives.
 pub struct OpenedModel {
@@ -30,9 +36,16 @@ impl ModelFiles {
         ModelFiles::default()
     }
 
-    /// Adds a file: `*.gguf`, `config.json`, `tokenizer.json`, `tokenizer_config.json` or
-    /// `*.safetensors` (other names are refused, so a typo does not pass silently).
+    /// Adds a file held in memory: `*.gguf`, `config.json`, `tokenizer.json`,
+    /// `tokenizer_config.json` or `*.safetensors` (other names are refused, so a typo does not
+    /// pass silently).
     pub fn add(&mut self, name: &str, bytes: Vec<u8>) -> Result<()> {
+        self.add_source(name, Box::new(bytes))
+    }
+
+    /// Adds a file read by ranges (see [`ModelFiles::add`] for the names); a JSON file is read
+    /// whole when the files are opened, at most [`MAX_JSON_BYTES`].
+    pub fn add_source(&mut self, name: &str, file: Box<dyn Source>) -> Result<()> {
         let known = name.ends_with(".gguf")
             || name.ends_with(".safetensors")
             || matches!(name, "config.json" | "tokenizer.json" | "tokenizer_config.json");
@@ -45,7 +58,13 @@ impl ModelFiles {
         if self.files.iter().any(|(n, _)| n == name) {
             return Err(Error::InvalidArgument(format!("model file {name:?} given twice")));
         }
-        self.files.push((name.to_string(), bytes));
+        if name.ends_with(".json") && file.len() > MAX_JSON_BYTES {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: {} bytes (a JSON file of a model holds at most {MAX_JSON_BYTES})",
+                file.len()
+            )));
+        }
+        self.files.push((name.to_string(), file));
         Ok(())
     }
 
@@ -54,9 +73,15 @@ impl ModelFiles {
         self.files.is_empty()
     }
 
-    fn take(&mut self, name: &str) -> Option<Vec<u8>> {
+    fn take(&mut self, name: &str) -> Option<Box<dyn Source>> {
         let i = self.files.iter().position(|(n, _)| n == name)?;
         Some(self.files.swap_remove(i).1)
+    }
+
+    /// The whole of a (JSON) file.
+    fn take_bytes(&mut self, name: &str) -> Result<Option<Vec<u8>>> {
+        let Some(file) = self.take(name) else { return Ok(None) };
+        source::read(file.as_ref(), 0, file.len(), name).map(Some)
     }
 
     /// Parses the files into a checkpoint, a tokenizer and the chat template.
@@ -70,8 +95,8 @@ impl ModelFiles {
                         "a GGUF model is one file; other files were given with it".into(),
                     ));
                 }
-                let bytes = self.take(name).unwrap_or_default();
-                let checkpoint = Checkpoint::from_gguf(bytes)?;
+                let file = self.take(name).ok_or_else(|| Error::io(name, "missing"))?;
+                let checkpoint = Checkpoint::from_gguf_source(file)?;
                 let gguf = checkpoint.gguf().ok_or_else(|| Error::corrupt("gguf", "no header"))?;
                 let tokenizer = Tokenizer::from_gguf(gguf)?;
                 let chat_template = gguf
@@ -87,16 +112,16 @@ impl ModelFiles {
 
     fn open_hf(mut self) -> Result<OpenedModel> {
         let missing = |name: &str| Error::io(name, "missing from the model's files");
-        let config = self.take("config.json").ok_or_else(|| missing("config.json"))?;
-        let tokenizer_json = self.take("tokenizer.json").ok_or_else(|| missing("tokenizer.json"))?;
-        let tokenizer_config = self.take("tokenizer_config.json");
+        let config = self.take_bytes("config.json")?.ok_or_else(|| missing("config.json"))?;
+        let tokenizer_json = self.take_bytes("tokenizer.json")?.ok_or_else(|| missing("tokenizer.json"))?;
+        let tokenizer_config = self.take_bytes("tokenizer_config.json")?;
         // The rest are shards; sorted by name, as the shard files are numbered.
         self.files.sort_by(|a, b| a.0.cmp(&b.0));
         if self.files.is_empty() {
             return Err(missing("*.safetensors"));
         }
         let shards = self.files.into_iter().map(|(_, b)| b).collect();
-        let checkpoint = Checkpoint::from_safetensors(&config, shards)?;
+        let checkpoint = Checkpoint::from_safetensors_sources(&config, shards)?;
         let tokenizer = Tokenizer::from_json(&tokenizer_json)?;
         let chat_template = match tokenizer_config {
             Some(bytes) => {

@@ -1,12 +1,16 @@
 //! The browser facade (wasm32 only): a thin `#[wasm_bindgen]` class over [`Engine`]. No logic of
-//! its own: files are staged as bytes, opened by [`ModelFiles`], loaded by [`Engine::load`], and
+//! its own: files are staged (small JSON files as bytes, weight files as a synchronous read
+//! function over storage outside wasm memory), opened by [`ModelFiles`], loaded by
+//! [`Engine::load`] (which streams the weights to the GPU a bounded batch of rows at a time), and
 //! requests run through [`Engine::generate`]. Errors reach JavaScript as rejected promises /
 //! thrown `Error`s whose message is the [`Error`]'s text.
 //!
 //! ```js
 //! const engine = await WebEngine.create();            // WebGPU adapter + device, pipelines
-//! engine.stage_file("model.gguf", bytes);             // or config.json, tokenizer.json, *.safetensors
+//! engine.stage_file("config.json", bytes);            // small files: copied into wasm memory
+//! engine.stage_source("model.gguf", size, (offset, length) => bytes);  // weights: read by ranges
 //! const info = JSON.parse(engine.load_target(2048, undefined, (done, total) => {}));
+//! info.wasm_memory_bytes;                              // wasm memory after the load
 //! const out = JSON.parse(await engine.generate(JSON.stringify({ prompt: "Hi", draft: "ngram" }),
 //!     (id, text, fromDraft) => true));                // return false to stop
 //! engine.free();                                      // GPU memory back
@@ -25,7 +29,8 @@ use crate::engine::{Engine, ModelInfo, Request, Role};
 use crate::error::Error;
 use crate::files::ModelFiles;
 use crate::gpu::Gpu;
-use crate::model::{LoadOptions, LoadProgress};
+use crate::loader::source::{Prefix, Source};
+use crate::model::{Checkpoint, LoadOptions, LoadProgress, Model, DEFAULT_READ_BYTES};
 use crate::openai::{self, Endpoint};
 use crate::tokenizer::Message;
 
@@ -47,6 +52,43 @@ pub struct WebEngine {
     /// Files staged for the next `load_target` / `load_draft`.
     staged: ModelFiles,
     slot: Rc<RefCell<Slot>>,
+    /// The most bytes of a weight file read into wasm memory at once.
+    read_bytes: u64,
+}
+
+/// A weight file read through a synchronous JS function `(offset, length) => Uint8Array`
+/// (in the package's worker: `FileSystemSyncAccessHandle.read` on the origin-private file
+/// system, or a slice of bytes held by JS), so the file is never whole in wasm memory.
+struct JsSource {
+    len: u64,
+    read: Function,
+}
+
+impl Source for JsSource {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> crate::Result<()> {
+        let failed = |why: String| Error::io("model file", why);
+        let got = self
+            .read
+            .call2(&JsValue::NULL, &JsValue::from(offset as f64), &JsValue::from(buf.len() as f64))
+            .map_err(|e| failed(format!("reading {} bytes at {offset}: {e:?}", buf.len())))?;
+        let bytes: js_sys::Uint8Array = got
+            .dyn_into()
+            .map_err(|_| failed(format!("reading {} bytes at {offset}: not a Uint8Array", buf.len())))?;
+        if bytes.length() as usize != buf.len() {
+            return Err(failed(format!("asked {} bytes at {offset}, got {}", buf.len(), bytes.length())));
+        }
+        bytes.copy_to(buf);
+        Ok(())
+    }
+}
+
+/// Bytes of wasm linear memory: it grows and never shrinks, so this is the peak so far.
+fn wasm_memory_bytes() -> u64 {
+    core::arch::wasm32::memory_size(0) as u64 * 65536
 }
 
 /// Calls the JS progress callback with (tensors done, tensors total).
@@ -60,8 +102,14 @@ fn progress_to(callback: &Function) -> impl FnMut(Role, LoadProgress) + '_ {
     }
 }
 
+/// The model's summary, with the wasm memory after loading it (`wasm_memory_bytes`).
 fn to_json(info: &ModelInfo) -> Result<String, JsError> {
-    serde_json::to_string(info).map_err(|e| js_err(Error::InvalidArgument(format!("model info: {e}"))))
+    let bad = |e: serde_json::Error| js_err(Error::InvalidArgument(format!("model info: {e}")));
+    let mut v = serde_json::to_value(info).map_err(bad)?;
+    if let Some(map) = v.as_object_mut() {
+        map.insert("wasm_memory_bytes".into(), wasm_memory_bytes().into());
+    }
+    serde_json::to_string(&v).map_err(bad)
 }
 
 #[wasm_bindgen]
@@ -73,7 +121,12 @@ impl WebEngine {
         // Models share the GPU through an Arc (natively across threads); the browser's WebGPU
         // objects are not Send, and one worker thread owns them all.
         #[allow(clippy::arc_with_non_send_sync)]
-        Ok(WebEngine { gpu: Arc::new(gpu), staged: ModelFiles::new(), slot: Rc::default() })
+        Ok(WebEngine {
+            gpu: Arc::new(gpu),
+            staged: ModelFiles::new(),
+            slot: Rc::default(),
+            read_bytes: DEFAULT_READ_BYTES,
+        })
     }
 
     /// The adapter, in one line.
@@ -85,6 +138,56 @@ impl WebEngine {
     /// `tokenizer_config.json`, `*.safetensors`). Drop the JS copy afterwards.
     pub fn stage_file(&mut self, name: &str, bytes: Vec<u8>) -> Result<(), JsError> {
         self.staged.add(name, bytes).map_err(js_err)
+    }
+
+    /// Stages a weight file (`model.gguf` or `*.safetensors`) of `length` bytes, read by
+    /// `read(offset, length)`, which must return a `Uint8Array` of exactly `length` bytes
+    /// synchronously. Loading reads the header, then the weights a batch of rows at a time.
+    pub fn stage_source(&mut self, name: &str, length: f64, read: Function) -> Result<(), JsError> {
+        if !(length >= 0.0 && length <= 2f64.powi(53)) {
+            return Err(js_err(Error::InvalidArgument(format!("{name}: a length of {length} bytes"))));
+        }
+        self.staged.add_source(name, Box::new(JsSource { len: length as u64, read })).map_err(js_err)
+    }
+
+    /// The most bytes of a weight file read into wasm memory at once while loading (default
+    /// 16 MiB; at least 4 rows of a matrix are read).
+    pub fn set_read_bytes(&mut self, bytes: u32) {
+        self.read_bytes = u64::from(bytes.max(1));
+    }
+
+    /// Bytes of wasm memory now (it never shrinks: the peak so far).
+    pub fn wasm_memory_bytes(&self) -> f64 {
+        wasm_memory_bytes() as f64
+    }
+
+    /// Checks a GGUF model from the first bytes of its file (`prefix`, of a file of `file_len`
+    /// bytes) before the rest is downloaded: its header, and its GPU needs for `context`
+    /// positions against the adapter's limits and `max_memory_mb`. Resolves to JSON: `{"need":
+    /// n}` when the header needs the first n bytes, else `{"gpu_memory_bytes": n, "context": c}`;
+    /// a model that cannot load throws, naming the limit.
+    pub fn check_gguf(
+        &self,
+        prefix: Vec<u8>,
+        file_len: f64,
+        context: Option<u32>,
+        max_memory_mb: Option<u32>,
+    ) -> Result<String, JsError> {
+        let file = Prefix { bytes: prefix, len: file_len.max(0.0) as u64 };
+        let have = file.bytes.len() as u64;
+        let ckpt = match Checkpoint::from_gguf_source(Box::new(file)) {
+            Err(Error::Truncated { offset, needed, .. }) if offset.saturating_add(needed) > have => {
+                return Ok(format!("{{\"need\":{}}}", offset.saturating_add(needed)))
+            }
+            other => other.map_err(js_err)?,
+        };
+        let opts = LoadOptions {
+            context: context.map(|c| c as usize),
+            max_memory: max_memory_mb.map(|mb| u64::from(mb) * 1_000_000),
+            ..Default::default()
+        };
+        let bill = Model::plan(&self.gpu, &ckpt, &opts).map_err(js_err)?;
+        Ok(format!("{{\"gpu_memory_bytes\":{},\"context\":{}}}", bill.total, bill.context))
     }
 
     /// Loads the staged files as the target (replacing any target and draft), with `context`
@@ -106,6 +209,7 @@ impl WebEngine {
         let opts = LoadOptions {
             context: context.map(|c| c as usize),
             max_memory: max_memory_mb.map(|mb| u64::from(mb) * 1_000_000),
+            read_bytes: self.read_bytes,
             ..Default::default()
         };
         let engine =

@@ -254,6 +254,84 @@ fn every_node_of_a_token_tree_equals_its_path_run_alone_bit_for_bit() {
     }
 }
 
+/// A file in memory that records every read (offset, length).
+struct Recorded {
+    bytes: Vec<u8>,
+    reads: std::sync::Arc<std::sync::Mutex<Vec<(u64, usize)>>>,
+}
+
+impl wgspec::loader::source::Source for Recorded {
+    fn len(&self) -> u64 {
+        self.bytes.len() as u64
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> wgspec::Result<()> {
+        self.reads.lock().expect("reads").push((offset, buf.len()));
+        self.bytes.read_at(offset, buf)
+    }
+}
+
+#[test]
+fn weights_streamed_in_small_reads_give_identical_logits() {
+    // Every stored type (and the f32 expansion), GGUF and safetensors (whose llama q/k rows are
+    // reordered across each head): loaded in reads of a few rows, the logits must equal those of
+    // a load that reads each matrix at once, bit for bit, and no read may exceed its bound.
+    let k_spec = TinySpec { dim: 256, ffn: 256, heads: 4, kv_heads: 2, ..TinySpec::qwen2() };
+    let cases: Vec<(TinySpec, Option<DType>, Precision)> = vec![
+        (TinySpec::llama(), Some(DType::F32), Precision::Auto),
+        (TinySpec::qwen2(), Some(DType::F16), Precision::Auto),
+        (TinySpec::llama(), Some(DType::Q8_0), Precision::Auto),
+        (TinySpec::qwen2(), Some(DType::Q4_0), Precision::F32),
+        (TinySpec::llama(), Some(DType::Q4_1), Precision::Auto),
+        (TinySpec::qwen2(), Some(DType::Q5_0), Precision::Auto),
+        (k_spec, Some(DType::Q4_K), Precision::Auto),
+        (k_spec, Some(DType::Q5_K), Precision::Auto),
+        (k_spec, Some(DType::Q6_K), Precision::Auto),
+        (TinySpec::llama(), None, Precision::Auto), // safetensors, BF16
+    ];
+    let read_bytes = 1024;
+    for (spec, dtype, precision) in cases {
+        let what = format!("{dtype:?} {precision:?} qwen2={}", spec.qwen2);
+        let mut r = rng(57);
+        let tiny = TinyModel::random(spec, &mut r);
+        let reads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+        let open = |reads: &std::sync::Arc<_>| -> Checkpoint {
+            let mut r = rng(58);
+            let recorded = |bytes| Box::new(Recorded { bytes, reads: std::sync::Arc::clone(reads) });
+            match dtype {
+                Some(dtype) => {
+                    Checkpoint::from_gguf_source(recorded(tiny.to_gguf(dtype, &mut r))).expect("gguf")
+                }
+                None => {
+                    let (config, st) = tiny.to_safetensors(DType::BF16);
+                    Checkpoint::from_safetensors_sources(&config, vec![recorded(st)]).expect("safetensors")
+                }
+            }
+        };
+        let tokens = [7u32, 299 % spec.vocab as u32, 0, 150, 64, 3];
+        let whole = forward(&mut load(&open(&reads), precision), &tokens, 0);
+        let ckpt = open(&reads);
+        reads.lock().expect("reads").clear();
+        let opts = LoadOptions { context: Some(64), precision, read_bytes, ..Default::default() };
+        let mut streamed = Model::load(gpu(), &ckpt, &opts, &mut |_| {}).expect("load streamed");
+        let got = forward(&mut streamed, &tokens, 0);
+        assert!(
+            got.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: streaming changed the logits"
+        );
+        // A batch is at most read_bytes or 4 rows; a q/k batch of the halves layout spans at
+        // most one head's rows of the file.
+        let c = &ckpt.config;
+        let widest =
+            dtype.unwrap_or(DType::BF16).bytes_for(c.ffn_dim.max(c.dim) as u64).expect("row") as usize;
+        let bound = (read_bytes as usize).max(4 * widest).max(c.head_dim * widest);
+        let reads = reads.lock().expect("reads");
+        let largest = reads.iter().map(|r| r.1).max().unwrap_or(0);
+        assert!(largest <= bound, "{what}: a read of {largest} bytes, bound {bound}");
+        let matrices = 2 + 4 * c.n_layers; // embedding, qkv, wo, gate|up, down, output (or tied)
+        assert!(reads.len() > 4 * matrices, "{what}: only {} reads: not streamed", reads.len());
+    }
+}
+
 #[test]
 fn matrices_split_across_buffers_give_identical_logits() {
     // A 4 KiB cap splits the 300-row tied embedding/output into 16-row chunks (f32) and every

@@ -78,6 +78,13 @@ impl DType {
         ((quants + halves.div_ceil(2)) as u64 * 4).next_multiple_of(16)
     }
 
+    /// u32 words of the quants section and f16 halves of the scale section in one row of `k`:
+    /// a buffer's sections hold its rows in order, so row r's quants start at word `r * words`
+    /// and its scales at half `r * halves`.
+    pub fn row_sections(self, k: usize) -> (usize, usize) {
+        self.section_sizes(self.blocks(1, k))
+    }
+
     /// GPU bytes one row adds (at most; the f16 scale section rounds up by one word per buffer).
     pub fn gpu_row_bytes(self, k: usize) -> u64 {
         let (quants, halves) = self.section_sizes(self.blocks(1, k));
@@ -240,6 +247,42 @@ impl WeightBuffer {
         });
         gpu.queue.write_buffer(&raw, 0, bytemuck::cast_slice(&p.words));
         WeightBuffer { dtype: p.dtype, rows: p.rows, k: p.k, scale_base: p.scale_base, raw }
+    }
+
+    /// A buffer for `rows` rows of `k` elements in the `dtype` format, filled later by
+    /// [`WeightBuffer::write_rows`].
+    pub fn empty(gpu: &Gpu, label: &str, dtype: DType, rows: usize, k: usize) -> WeightBuffer {
+        let raw = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size: dtype.gpu_bytes(rows, k).max(16),
+            usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        let scale_base = (dtype.row_sections(k).0 * rows) as u32;
+        WeightBuffer { dtype, rows, k, scale_base, raw }
+    }
+
+    /// Writes packed rows `first .. first + p.rows` of this buffer (`first` even, so that the
+    /// rows' f16 scales start on a word of the scale section).
+    pub fn write_rows(&self, gpu: &Gpu, first: usize, p: &PackedRows) -> Result<()> {
+        let (words, halves) = self.dtype.row_sections(self.k);
+        let fits =
+            p.dtype == self.dtype && p.k == self.k && first.is_multiple_of(2) && first + p.rows <= self.rows;
+        if !fits {
+            return Err(Error::InvalidArgument(format!(
+                "{} rows of {} x {} at row {first} of a buffer of {} rows of {} x {}",
+                p.rows, p.dtype, p.k, self.rows, self.dtype, self.k
+            )));
+        }
+        let quants = &p.words[..p.rows * words];
+        gpu.queue.write_buffer(&self.raw, (first * words * 4) as u64, bytemuck::cast_slice(quants));
+        if halves > 0 {
+            let base = p.scale_base as usize;
+            let scales = &p.words[base..base + (p.rows * halves).div_ceil(2)];
+            let at = (self.scale_base as usize + first * halves / 2) * 4;
+            gpu.queue.write_buffer(&self.raw, at as u64, bytemuck::cast_slice(scales));
+        }
+        Ok(())
     }
 
     /// `rows` rows of `k` f32 values, in the F32 format.

@@ -5,6 +5,7 @@
 //! - [`safetensors`]: safetensors headers (F32 / F16 / BF16), read with the `safetensors` crate,
 //!   and a writer for tests.
 //! - [`quant`]: the block formats ([`DType`]) and their dequantization to f32.
+//! - [`source`]: random access to a file's bytes (memory, disk, the browser's storage).
 //!
 //! Parsers take the first bytes of a file plus the file's full length, so that a caller can
 //! read only the header (a browser fetch, a partial read) and still have every tensor's
@@ -14,6 +15,7 @@ pub mod gguf;
 pub mod gguf_writer;
 pub mod quant;
 pub mod safetensors;
+pub mod source;
 
 /// Element type of a stored tensor.
 ///

@@ -1,13 +1,12 @@
 //! A checkpoint: the model's config plus access to its tensors by GGUF name, from a GGUF file or
 //! from Hugging Face safetensors + `config.json`. Converts tensors to the precision the GPU keeps.
 
-use std::borrow::Cow;
-
 use super::config::Config;
 use crate::error::{Error, Result};
-use crate::loader::gguf::Gguf;
+use crate::loader::gguf::{Gguf, TensorInfo};
 use crate::loader::quant;
 use crate::loader::safetensors::Safetensors;
+use crate::loader::source::{self, Source};
 use crate::loader::DType;
 
 /// How tensors are kept on the GPU.
@@ -54,22 +53,58 @@ impl HostTensor {
 
 enum Format {
     Gguf(Gguf),
-    /// One or more safetensors shards, each with the index of its bytes in `files`.
+    /// One or more safetensors shards, in the order of `files`.
     Safetensors(Vec<Safetensors>),
 }
 
-/// A parsed checkpoint that owns its file bytes.
+/// A parsed checkpoint: its headers, and its files to read tensors from (by ranges: a model
+/// need not be whole in memory; see [`Source`]).
 pub struct Checkpoint {
     pub config: Config,
     format: Format,
-    files: Vec<Vec<u8>>,
+    files: Vec<Box<dyn Source>>,
 }
 
-/// A tensor's raw stored form.
-struct Raw<'a> {
-    dtype: DType,
-    shape: Vec<usize>,
-    data: Cow<'a, [u8]>,
+/// Where a tensor is: its file, its stored type and shape, and its bytes there.
+struct Located<'a> {
+    file: &'a dyn Source,
+    info: &'a TensorInfo,
+}
+
+/// The largest GGUF header read (metadata and tensor table; a 256k-token vocabulary takes about
+/// 10 MB): a file claiming more is refused instead of read into memory.
+pub const MAX_GGUF_HEADER: u64 = 256 << 20;
+
+/// The first bytes of a GGUF file that hold its whole header, read in growing prefixes.
+fn gguf_header(file: &dyn Source) -> Result<Gguf> {
+    let mut want = (1u64 << 20).min(file.len());
+    loop {
+        let prefix = source::read(file, 0, want, "gguf header")?;
+        match Gguf::parse(&prefix, file.len()) {
+            Err(Error::Truncated { offset, needed, .. }) if want < file.len() => {
+                let end = offset.saturating_add(needed);
+                if end > MAX_GGUF_HEADER {
+                    return Err(Error::corrupt(
+                        "gguf",
+                        format!("the header runs past {MAX_GGUF_HEADER} bytes (needs {end})"),
+                    ));
+                }
+                want = end.max(want.saturating_mul(2)).min(file.len()).min(MAX_GGUF_HEADER);
+            }
+            parsed => return parsed,
+        }
+    }
+}
+
+/// A safetensors file's header (8 bytes of length, then the JSON).
+fn safetensors_header(file: &dyn Source) -> Result<Safetensors> {
+    let len_bytes = source::read(file, 0, 8.min(file.len()), "safetensors header length")?;
+    let header_len = len_bytes.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+    // Safetensors::parse checks the length against its limit and the file before it is used.
+    let want =
+        header_len.map_or(8, |n| 8u64.saturating_add(n.min(crate::loader::safetensors::MAX_HEADER_LEN)));
+    let prefix = source::read(file, 0, want.min(file.len()), "safetensors header")?;
+    Safetensors::parse(&prefix, file.len())
 }
 
 /// Hugging Face name of a GGUF tensor name (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`).
@@ -104,7 +139,12 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
 impl Checkpoint {
     /// A GGUF file's bytes.
     pub fn from_gguf(file: Vec<u8>) -> Result<Checkpoint> {
-        let header = Gguf::parse(&file, file.len() as u64)?;
+        Checkpoint::from_gguf_source(Box::new(file))
+    }
+
+    /// A GGUF file, of which only the header is read here.
+    pub fn from_gguf_source(file: Box<dyn Source>) -> Result<Checkpoint> {
+        let header = gguf_header(file.as_ref())?;
         let embd = header
             .tensor("token_embd.weight")
             .ok_or_else(|| Error::MissingTensor { name: "token_embd.weight".into() })?;
@@ -122,83 +162,104 @@ impl Checkpoint {
 
     /// A Hugging Face checkpoint: `config.json` bytes and the bytes of each `*.safetensors` shard.
     pub fn from_safetensors(config_json: &[u8], shards: Vec<Vec<u8>>) -> Result<Checkpoint> {
+        let shards = shards.into_iter().map(|s| Box::new(s) as Box<dyn Source>).collect();
+        Checkpoint::from_safetensors_sources(config_json, shards)
+    }
+
+    /// A Hugging Face checkpoint whose shards are read by ranges (only their headers here).
+    pub fn from_safetensors_sources(config_json: &[u8], shards: Vec<Box<dyn Source>>) -> Result<Checkpoint> {
         let mut config = Config::from_hf_json(config_json)?;
         let mut headers = Vec::with_capacity(shards.len());
         for file in &shards {
-            headers.push(Safetensors::parse(file, file.len() as u64)?);
+            headers.push(safetensors_header(file.as_ref())?);
         }
         let has_lm_head = headers.iter().any(|h| h.tensor("lm_head.weight").is_some());
         config.tied_embeddings = config.tied_embeddings || !has_lm_head;
         Ok(Checkpoint { config, format: Format::Safetensors(headers), files: shards })
     }
 
-    fn raw(&self, name: &str) -> Result<Option<Raw<'_>>> {
+    fn locate(&self, name: &str) -> Option<Located<'_>> {
         match &self.format {
             Format::Gguf(g) => {
-                let Some(info) = g.tensor(name) else { return Ok(None) };
-                let file = self.files.first().map(|f| f.as_slice()).unwrap_or(&[]);
-                let data = g.tensor_data(file, info)?;
-                Ok(Some(Raw { dtype: info.dtype, shape: info.shape.clone(), data: Cow::Borrowed(data) }))
+                let info = g.tensor(name)?;
+                Some(Located { file: self.files.first()?.as_ref(), info })
             }
             Format::Safetensors(headers) => {
-                let Some(hf) = hf_name(name) else { return Ok(None) };
-                for (h, file) in headers.iter().zip(&self.files) {
-                    if let Some(info) = h.tensor(&hf) {
-                        let data = h.tensor_data(file, info)?;
-                        return Ok(Some(Raw {
-                            dtype: info.dtype,
-                            shape: info.shape.clone(),
-                            data: Cow::Borrowed(data),
-                        }));
-                    }
-                }
-                Ok(None)
+                let hf = hf_name(name)?;
+                headers
+                    .iter()
+                    .zip(&self.files)
+                    .find_map(|(h, file)| Some(Located { file: file.as_ref(), info: h.tensor(&hf)? }))
             }
         }
+    }
+
+    /// The tensor `name`, checked against the `expected` shape.
+    fn located(&self, name: &str, expected: &[usize]) -> Result<Located<'_>> {
+        let at = self.locate(name).ok_or_else(|| Error::MissingTensor { name: name.to_string() })?;
+        if at.info.shape != expected {
+            return Err(Error::TensorShape {
+                name: name.into(),
+                expected: expected.to_vec(),
+                found: at.info.shape.clone(),
+            });
+        }
+        Ok(at)
+    }
+
+    /// The stored type of tensor `name` (checked against the `expected` shape).
+    pub fn dtype(&self, name: &str, expected: &[usize]) -> Result<DType> {
+        Ok(self.located(name, expected)?.info.dtype)
+    }
+
+    /// The stored bytes of rows `rows` of the tensor `name` (shape `expected`: `[rows, cols]`, or
+    /// `[len]` read as rows of one element), read from its file; a NaN or an infinity among them fails, naming the element.
+    pub fn read_rows(&self, name: &str, expected: &[usize], rows: std::ops::Range<usize>) -> Result<Vec<u8>> {
+        let at = self.located(name, expected)?;
+        let (dtype, cols) = (at.info.dtype, expected.get(1).copied().unwrap_or(1));
+        let bytes = |n: usize| dtype.bytes_for(n as u64);
+        let span = bytes(rows.start * cols).zip(bytes(rows.end * cols)).filter(|(a, b)| {
+            a <= b && *b <= at.info.n_bytes && rows.end <= expected.first().copied().unwrap_or(0)
+        });
+        let (start, end) = span.ok_or_else(|| {
+            Error::InvalidArgument(format!("{name}: rows {rows:?} of a {expected:?} {dtype} tensor"))
+        })?;
+        let data =
+            source::read(at.file, at.info.offset + start, end - start, &format!("data of tensor {name}"))?;
+        // A NaN or an infinity in a weight poisons every logit downstream: refuse the file.
+        if let Some(i) = quant::first_non_finite(dtype, &data) {
+            return Err(Error::corrupt(
+                "tensor",
+                format!("{name}: element {} is not finite (NaN or infinity)", rows.start * cols + i),
+            ));
+        }
+        Ok(data)
     }
 
     /// Bytes the tensor `name` takes in the file (as stored: blocks, f16, ...), if present.
     pub fn stored_bytes(&self, name: &str) -> Option<u64> {
-        self.raw(name).ok().flatten().map(|r| r.data.len() as u64)
+        self.locate(name).map(|at| at.info.n_bytes)
     }
 
     /// Whether the checkpoint has a tensor of this (GGUF) name.
     pub fn has(&self, name: &str) -> bool {
-        matches!(self.raw(name), Ok(Some(_)))
+        self.locate(name).is_some()
     }
 
-    /// The tensor `name` with the `expected` shape, converted per `precision`
-    /// (vectors — norms and biases — are always F32).
+    /// The whole tensor `name` with the `expected` shape, read from its file and converted per
+    /// `precision` (vectors — norms and biases — are always F32). Matrices are uploaded by row
+    /// ranges instead ([`Checkpoint::read_rows`]).
     pub fn tensor(&self, name: &str, expected: &[usize], precision: Precision) -> Result<HostTensor> {
-        let raw = self.raw(name)?.ok_or_else(|| Error::MissingTensor { name: name.to_string() })?;
-        if raw.shape != expected {
-            return Err(Error::TensorShape {
-                name: name.into(),
-                expected: expected.to_vec(),
-                found: raw.shape,
-            });
-        }
-        let n: usize = raw.shape.iter().product();
-        // A NaN or an infinity in a weight poisons every logit downstream: refuse the file.
-        if let Some(i) = quant::first_non_finite(raw.dtype, &raw.data) {
-            return Err(Error::corrupt(
-                "tensor",
-                format!("{name}: element {i} is not finite (NaN or infinity)"),
-            ));
-        }
-        let keep_stored = precision == Precision::Auto && expected.len() > 1 && raw.dtype != DType::F32;
+        let dtype = self.dtype(name, expected)?;
+        let n: usize = expected.iter().product();
+        let bytes = self.read_rows(name, expected, 0..expected.first().copied().unwrap_or(1))?;
+        let keep_stored = precision == Precision::Auto && expected.len() > 1 && dtype != DType::F32;
         let data = if keep_stored {
-            if raw.dtype.bytes_for(n as u64) != Some(raw.data.len() as u64) {
-                return Err(Error::corrupt(
-                    "tensor",
-                    format!("{name}: {} bytes for {n} {}", raw.data.len(), raw.dtype),
-                ));
-            }
-            HostData::Stored { dtype: raw.dtype, bytes: raw.data.into_owned() }
+            HostData::Stored { dtype, bytes }
         } else {
-            HostData::F32(quant::dequantize(raw.dtype, &raw.data, n)?)
+            HostData::F32(quant::dequantize(dtype, &bytes, n)?)
         };
-        Ok(HostTensor { name: name.to_string(), shape: raw.shape, data })
+        Ok(HostTensor { name: name.to_string(), shape: expected.to_vec(), data })
     }
 
     /// The GGUF header, when the checkpoint is a GGUF file (its vocabulary feeds the tokenizer).
@@ -211,6 +272,6 @@ impl Checkpoint {
 
     /// Total bytes of the checkpoint's files.
     pub fn file_bytes(&self) -> u64 {
-        self.files.iter().map(|f| f.len() as u64).sum()
+        self.files.iter().map(|f| f.len()).sum()
     }
 }

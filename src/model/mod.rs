@@ -9,5 +9,5 @@ pub mod weights;
 
 pub use checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 pub use config::{Arch, Config};
-pub use transformer::{LoadOptions, Model, OpProfile, MAX_BATCH, MAX_PASSES};
+pub use transformer::{LoadOptions, MemoryBill, Model, OpProfile, DEFAULT_READ_BYTES, MAX_BATCH, MAX_PASSES};
 pub use weights::{LayerTensors, LoadProgress, Matrix, TensorRole, TensorSpec, TensorTable, Weights};

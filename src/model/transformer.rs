@@ -33,12 +33,36 @@ pub struct LoadOptions {
     /// anything is allocated); `None` = only the adapter's limits. WebGPU does not tell how much
     /// memory a device has: a budget is how a front end keeps a model from exhausting it.
     pub max_memory: Option<u64>,
+    /// The most bytes of a model file read at once: weights stream from the file to the GPU in
+    /// batches of rows of about this size, so loading holds this much, not the model, in memory
+    /// (what keeps the browser's wasm memory bounded). At least one 4-row batch is read.
+    pub read_bytes: u64,
 }
+
+/// [`LoadOptions::read_bytes`] by default.
+pub const DEFAULT_READ_BYTES: u64 = 16 << 20;
 
 impl Default for LoadOptions {
     fn default() -> Self {
-        LoadOptions { context: None, precision: Precision::Auto, max_chunk_bytes: None, max_memory: None }
+        LoadOptions {
+            context: None,
+            precision: Precision::Auto,
+            max_chunk_bytes: None,
+            max_memory: None,
+            read_bytes: DEFAULT_READ_BYTES,
+        }
     }
+}
+
+/// What a model needs on the GPU ([`Model::plan`]).
+#[derive(Clone, Copy, Debug)]
+pub struct MemoryBill {
+    /// Bytes in all: weights, KV cache, scratch.
+    pub total: u64,
+    /// KV cache positions.
+    pub context: usize,
+    /// Bytes the weights take in the checkpoint's files.
+    pub file_weight_bytes: u64,
 }
 
 /// Activations and caches, each allocated once for [`MAX_BATCH`] rows.
@@ -132,14 +156,11 @@ fn rope_table(c: &Config, context: usize) -> Vec<f32> {
 }
 
 impl Model {
-    /// Uploads the checkpoint's weights and records the forward pass.
-    pub fn load(
-        gpu: Arc<Gpu>,
-        ckpt: &Checkpoint,
-        opts: &LoadOptions,
-        progress: &mut dyn FnMut(LoadProgress),
-    ) -> Result<Model> {
-        let c = ckpt.config.clone();
+    /// The GPU memory `ckpt` needs under `opts` (weights as they will be kept, KV cache, scratch),
+    /// checked against the adapter's limits and `opts.max_memory` from the headers alone: a
+    /// front end can refuse a model before downloading its weights.
+    pub fn plan(gpu: &Gpu, ckpt: &Checkpoint, opts: &LoadOptions) -> Result<MemoryBill> {
+        let c = &ckpt.config;
         let context = opts.context.unwrap_or(c.context_len.min(4096));
         if context == 0 || context > c.context_len.max(1) * 8 || context > 1 << 20 {
             return Err(Error::InvalidArgument(format!(
@@ -192,8 +213,20 @@ impl Model {
                 budget as f64 / 1e6
             )));
         }
+        Ok(MemoryBill { total, context, file_weight_bytes })
+    }
+
+    /// Uploads the checkpoint's weights and records the forward pass.
+    pub fn load(
+        gpu: Arc<Gpu>,
+        ckpt: &Checkpoint,
+        opts: &LoadOptions,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Model> {
+        let MemoryBill { total, context, file_weight_bytes } = Model::plan(&gpu, ckpt, opts)?;
+        let c = ckpt.config.clone();
         let max_chunk = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(gpu.max_binding_bytes());
-        let weights = Weights::load(&gpu, ckpt, opts.precision, max_chunk, progress)?;
+        let weights = Weights::load(&gpu, ckpt, opts.precision, (max_chunk, opts.read_bytes), progress)?;
         let g = &*gpu;
         let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
         let state = RunState {

@@ -2,10 +2,11 @@
 //! tensors larger than the adapter's max storage binding) behind one matmul entry point, so the
 //! forward pass never branches on dtype.
 
-use super::checkpoint::{Checkpoint, HostData, HostTensor, Precision};
+use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
 use crate::error::{Error, Result};
-use crate::gpu::{pack_f32_rows, pack_rows, Gpu, GpuBuffer, MatmulOut, Op, WeightBuffer};
+use crate::gpu::{pack_f32_rows, pack_rows, Gpu, GpuBuffer, MatmulOut, Op, PackedRows, WeightBuffer};
+use crate::loader::quant;
 use crate::loader::DType;
 
 /// Rows `[row_start, row_start + rows)` of a matrix in one buffer.
@@ -21,134 +22,193 @@ pub struct Matrix {
     chunks: Vec<Chunk>,
 }
 
-impl Matrix {
-    /// Uploads `t` (shape `[rows, cols]`) in the format it is held in (its stored blocks, or F32),
-    /// splitting it so that no chunk exceeds `max_bytes` (at most the adapter's max storage binding).
-    pub fn upload(gpu: &Gpu, max_bytes: u64, t: &HostTensor) -> Result<Matrix> {
-        let [rows, cols] = t.shape[..] else {
-            return Err(Error::InvalidArgument(format!("{} is not a matrix: {:?}", t.name, t.shape)));
-        };
-        let dtype = match &t.data {
-            HostData::F32(_) => DType::F32,
-            HostData::Stored { dtype, .. } => *dtype,
-        };
-        let row_bytes = dtype.gpu_row_bytes(cols);
-        let max_bytes = max_bytes.min(gpu.max_binding_bytes());
-        // 16 bytes of slack: a buffer rounds its scale section and its size up.
-        let by_bytes = (max_bytes.saturating_sub(16) / row_bytes.max(1)) as usize;
-        // Each matmul workgroup takes a few rows; the grid has at most 65535 column tiles along y.
-        let by_groups =
-            gpu.limits.max_compute_workgroups_per_dimension as usize * gpu.matmul_columns_per_group();
-        // Chunks start at multiples of 4 rows, the columns of one matmul invocation (so the
-        // (gate, up) pairs of an interleaved matrix stay together).
-        let rows_per_chunk = by_bytes.min(by_groups) / 4 * 4;
-        if rows_per_chunk == 0 {
-            return Err(Error::GpuLimit(format!(
-                "{}: four rows of {row_bytes} bytes exceed the largest weight buffer of {max_bytes} bytes",
-                t.name
-            )));
-        }
-        let elem_bytes = |n: usize| dtype.bytes_for(n as u64).unwrap_or(0) as usize;
-        let mut chunks = Vec::new();
-        let mut row_start = 0;
-        while row_start < rows {
-            let n = rows_per_chunk.min(rows - row_start);
-            let label = format!("{} rows {row_start}..{}", t.name, row_start + n);
-            let packed = match &t.data {
-                HostData::F32(v) => pack_f32_rows(&v[row_start * cols..(row_start + n) * cols], n, cols),
-                HostData::Stored { bytes, .. } => {
-                    let range = elem_bytes(row_start * cols)..elem_bytes((row_start + n) * cols);
-                    let part = bytes.get(range).ok_or_else(|| {
-                        Error::InvalidArgument(format!("{}: fewer bytes than its shape needs", t.name))
-                    })?;
-                    pack_rows(dtype, part, n, cols)
-                }
-            }
-            .map_err(|e| Error::InvalidArgument(format!("{}: {e}", t.name)))?;
-            chunks.push(Chunk { row_start, data: WeightBuffer::upload(gpu, &label, &packed) });
-            row_start += n;
-        }
-        Ok(Matrix { rows, cols, chunks })
+/// How a matrix is streamed from the checkpoint to the GPU.
+pub struct Upload<'a> {
+    pub gpu: &'a Gpu,
+    pub ckpt: &'a Checkpoint,
+    pub precision: Precision,
+    /// Largest buffer one chunk of a matrix may take (at most the adapter's max storage binding).
+    pub max_bytes: u64,
+    /// Largest read from a file at once (rows are read, packed and written in batches of about
+    /// this many bytes: the host memory a load needs, whatever the model's size).
+    pub read_bytes: u64,
+}
+
+/// One tensor feeding a matrix, and the format its rows are kept in on the GPU.
+struct Part<'a> {
+    spec: &'a TensorSpec,
+    dtype: DType,
+    format: DType,
+}
+
+impl Upload<'_> {
+    fn part<'s>(&self, spec: &'s TensorSpec) -> Result<Part<'s>> {
+        let dtype = self.ckpt.dtype(&spec.name, &spec.shape)?;
+        let keep = self.precision == Precision::Auto && dtype != DType::F32;
+        Ok(Part { spec, dtype, format: if keep { dtype } else { DType::F32 } })
     }
 
-    /// Uploads `gate` and `up` (both `[f, cols]`) as one `[2 f, cols]` matrix whose rows
-    /// interleave them (g0, u0, g1, u1, ...): its matmul with `glu` writes silu(gate) * up.
-    pub fn upload_gate_up(gpu: &Gpu, max_bytes: u64, gate: &HostTensor, up: &HostTensor) -> Result<Matrix> {
-        let (Some(&f), Some(&cols)) = (gate.shape.first(), gate.shape.get(1)) else {
-            return Err(Error::InvalidArgument(format!("{} is not a matrix: {:?}", gate.name, gate.shape)));
-        };
-        if up.shape != gate.shape {
-            return Err(Error::TensorShape {
-                name: up.name.clone(),
-                expected: gate.shape.clone(),
-                found: up.shape.clone(),
-            });
+    /// The matrix `spec` (`[rows, cols]`), as stored.
+    pub fn matrix(&self, spec: &TensorSpec) -> Result<Matrix> {
+        let rows = spec.shape.first().copied().unwrap_or(0);
+        self.stream(&spec.name, vec![self.part(spec)?], &(0..rows).map(|r| (0, r)).collect::<Vec<_>>())
+    }
+
+    /// `gate` and `up` (both `[f, cols]`) as one `[2 f, cols]` matrix whose rows interleave them
+    /// (g0, u0, g1, u1, ...): its matmul with `glu` writes silu(gate) * up. Two stored types
+    /// that differ are both kept as F32 (exact values, more memory).
+    pub fn gate_up(&self, gate: &TensorSpec, up: &TensorSpec) -> Result<Matrix> {
+        let (mut g, mut u) = (self.part(gate)?, self.part(up)?);
+        if g.format != u.format {
+            (g.format, u.format) = (DType::F32, DType::F32);
         }
-        let data = match (&gate.data, &up.data) {
-            (HostData::F32(g), HostData::F32(u)) => HostData::F32(interleave_rows(g, u, cols)),
-            (HostData::Stored { dtype, bytes: g }, HostData::Stored { dtype: du, bytes: u })
-                if dtype == du =>
-            {
-                let row = dtype.bytes_for(cols as u64).unwrap_or(0) as usize;
-                if row == 0 || g.len() != row * f || u.len() != row * f {
+        let f = gate.shape.first().copied().unwrap_or(0);
+        let rows: Vec<(usize, usize)> = (0..f).flat_map(|r| [(0, r), (1, r)]).collect();
+        self.stream(&format!("{} | {}", gate.name, up.name), vec![g, u], &rows)
+    }
+
+    /// `parts` (each `[rows_i, cols]`, with an optional row order: entry j names the part's row
+    /// that becomes its row j) stacked into one `[sum rows_i, cols]` matrix. Adjacent parts of
+    /// one stored type share buffers; a part of another type starts new ones (its matmul is then
+    /// one more dispatch, never a conversion).
+    pub fn stacked(&self, parts: &[(&TensorSpec, Option<&[usize]>)]) -> Result<Matrix> {
+        let mut rows = Vec::new();
+        let mut kept = Vec::with_capacity(parts.len());
+        for (p, (spec, order)) in parts.iter().enumerate() {
+            let n = spec.shape.first().copied().unwrap_or(0);
+            match order {
+                Some(order) if order.len() != n || order.iter().any(|&r| r >= n) => {
                     return Err(Error::InvalidArgument(format!(
-                        "{}: bytes do not match its shape",
-                        gate.name
-                    )));
+                        "{}: a row order of {} rows for {:?}",
+                        spec.name,
+                        order.len(),
+                        spec.shape
+                    )))
                 }
-                HostData::Stored { dtype: *dtype, bytes: interleave_rows(g, u, row) }
+                Some(order) => rows.extend(order.iter().map(|&r| (p, r))),
+                None => rows.extend((0..n).map(|r| (p, r))),
             }
-            // different stored types: both as f32 (exact values, more memory)
-            _ => HostData::F32(interleave_rows(&gate.to_f32()?, &up.to_f32()?, cols)),
-        };
-        let name = format!("{} | {}", gate.name, up.name);
-        Matrix::upload(gpu, max_bytes, &HostTensor { name, shape: vec![2 * f, cols], data })
+            kept.push(self.part(spec)?);
+        }
+        let name = parts.iter().map(|(s, _)| s.name.as_str()).collect::<Vec<_>>().join(" | ");
+        self.stream(&name, kept, &rows)
     }
 
-    /// Uploads `parts` (each `[rows_i, cols]`, with an optional row order: entry j names the
-    /// part's row that becomes its row j) stacked into one `[sum rows_i, cols]` matrix. Adjacent
-    /// parts of one stored type share buffers; a part of another type starts new ones (its
-    /// matmul is then one more dispatch, never a conversion).
-    pub fn upload_stacked(
-        gpu: &Gpu,
-        max_bytes: u64,
-        parts: Vec<(HostTensor, Option<Vec<usize>>)>,
-    ) -> Result<Matrix> {
-        let mut groups: Vec<(HostTensor, usize)> = Vec::new(); // (stacked parts, their first row)
+    /// Streams a matrix whose row j is row `rows[j].1` of `parts[rows[j].0]`: consecutive rows
+    /// of one format share buffers (each at most `max_bytes`), and each buffer is filled in
+    /// batches of about `read_bytes`: read from the file, packed, written.
+    fn stream(&self, name: &str, parts: Vec<Part>, rows: &[(usize, usize)]) -> Result<Matrix> {
+        let gpu = self.gpu;
         let mut cols = None;
-        let mut rows = 0;
-        for (mut t, order) in parts {
-            let [r, c] = t.shape[..] else {
-                return Err(Error::InvalidArgument(format!("{} is not a matrix: {:?}", t.name, t.shape)));
+        for p in &parts {
+            let [_, c] = p.spec.shape[..] else {
+                return Err(Error::InvalidArgument(format!(
+                    "{} is not a matrix: {:?}",
+                    p.spec.name, p.spec.shape
+                )));
             };
             if *cols.get_or_insert(c) != c {
-                return Err(Error::InvalidArgument(format!("{} has {c} columns, not {cols:?}", t.name)));
+                return Err(Error::InvalidArgument(format!("{} has {c} columns, not {cols:?}", p.spec.name)));
             }
-            if let Some(order) = order {
-                t.data = reorder(&t, &order)?;
-            }
-            match groups.last_mut() {
-                Some((g, _)) if same_storage(&g.data, &t.data) => {
-                    match (&mut g.data, t.data) {
-                        (HostData::F32(a), HostData::F32(b)) => a.extend(b),
-                        (HostData::Stored { bytes: a, .. }, HostData::Stored { bytes: b, .. }) => a.extend(b),
-                        _ => {}
-                    }
-                    g.shape[0] += r;
-                    g.name = format!("{} | {}", g.name, t.name);
-                }
-                _ => groups.push((t, rows)),
-            }
-            rows += r;
         }
+        let cols = cols.unwrap_or(0);
         let mut chunks = Vec::new();
-        for (t, first) in &groups {
-            let m = Matrix::upload(gpu, max_bytes, t)?;
-            chunks.extend(m.chunks.into_iter().map(|c| Chunk { row_start: first + c.row_start, ..c }));
+        let mut start = 0;
+        while start < rows.len() {
+            // A run of rows in one format.
+            let format = parts[rows[start].0].format;
+            let run = rows[start..].iter().take_while(|(p, _)| parts[*p].format == format).count();
+            let row_bytes = format.gpu_row_bytes(cols);
+            // 16 bytes of slack: a buffer rounds its scale section and its size up.
+            let by_bytes =
+                (self.max_bytes.min(gpu.max_binding_bytes()).saturating_sub(16) / row_bytes.max(1)) as usize;
+            // Each matmul workgroup takes a few rows; the grid has at most 65535 column tiles along y.
+            let by_groups =
+                gpu.limits.max_compute_workgroups_per_dimension as usize * gpu.matmul_columns_per_group();
+            // Chunks start at multiples of 4 rows, the columns of one matmul invocation (so the
+            // (gate, up) pairs of an interleaved matrix stay together).
+            let per_buffer = by_bytes.min(by_groups) / 4 * 4;
+            if per_buffer == 0 {
+                return Err(Error::GpuLimit(format!(
+                    "{name}: four rows of {row_bytes} bytes exceed the largest weight buffer of {} bytes",
+                    self.max_bytes
+                )));
+            }
+            // Rows per batch: what `read_bytes` holds of the file's rows and of their packed form.
+            let widest = parts.iter().map(|p| p.dtype.bytes_for(cols as u64).unwrap_or(0)).max().unwrap_or(0);
+            let per_batch = ((self.read_bytes / widest.max(row_bytes).max(1)) as usize / 4 * 4).max(4);
+            let mut first = start;
+            while first < start + run {
+                let n = per_buffer.min(start + run - first);
+                let label = format!("{name} rows {}..{}", first - start, first - start + n);
+                let buffer = WeightBuffer::empty(gpu, &label, format, n, cols);
+                let mut r = 0;
+                while r < n {
+                    let m = per_batch.min(n - r);
+                    let batch = &rows[first + r..first + r + m];
+                    let packed = self.batch(&parts, batch, format, cols)?;
+                    buffer
+                        .write_rows(gpu, r, &packed)
+                        .map_err(|e| Error::InvalidArgument(format!("{name}: {e}")))?;
+                    r += m;
+                }
+                chunks.push(Chunk { row_start: first, data: buffer });
+                first += n;
+            }
+            start += run;
         }
-        Ok(Matrix { rows, cols: cols.unwrap_or(0), chunks })
+        // Natively, written data waits in staging memory until a submission: flush it per matrix.
+        gpu.queue.submit(std::iter::empty());
+        Ok(Matrix { rows: rows.len(), cols, chunks })
     }
 
+    /// Reads `batch`'s rows from the file (one read per part: the span of its rows there) and
+    /// packs them in `format`.
+    fn batch(
+        &self,
+        parts: &[Part],
+        batch: &[(usize, usize)],
+        format: DType,
+        cols: usize,
+    ) -> Result<PackedRows> {
+        let mut spans = Vec::with_capacity(parts.len());
+        for (p, part) in parts.iter().enumerate() {
+            let mut of_part = batch.iter().filter(|(q, _)| *q == p).map(|(_, r)| *r);
+            let span = match of_part.next() {
+                Some(r0) => {
+                    let (lo, hi) = of_part.fold((r0, r0), |(lo, hi), r| (lo.min(r), hi.max(r)));
+                    let bytes = self.ckpt.read_rows(&part.spec.name, &part.spec.shape, lo..hi + 1)?;
+                    Some((lo, bytes))
+                }
+                None => None,
+            };
+            spans.push(span);
+        }
+        let row_of = |p: usize, r: usize| -> Result<&[u8]> {
+            let row = parts[p].dtype.bytes_for(cols as u64).unwrap_or(0) as usize;
+            let (lo, bytes) = spans[p].as_ref().ok_or_else(|| Error::InvalidArgument("no span".into()))?;
+            bytes.get((r - lo) * row..(r - lo + 1) * row).ok_or_else(|| {
+                Error::InvalidArgument(format!("{}: fewer bytes than its shape needs", parts[p].spec.name))
+            })
+        };
+        let packed = if format == DType::F32 {
+            let mut values = Vec::with_capacity(batch.len() * cols);
+            for &(p, r) in batch {
+                values.extend(quant::dequantize(parts[p].dtype, row_of(p, r)?, cols)?);
+            }
+            pack_f32_rows(&values, batch.len(), cols)
+        } else {
+            let mut bytes = Vec::new();
+            for &(p, r) in batch {
+                bytes.extend_from_slice(row_of(p, r)?);
+            }
+            pack_rows(format, &bytes, batch.len(), cols)
+        };
+        packed.map_err(|e| Error::InvalidArgument(format!("{}: {e}", parts[0].spec.name)))
+    }
+}
+
+impl Matrix {
     /// Ops computing `y[r, :rows] (+)= x[r, :cols] . self^T (+ bias)` for each row r of the pass
     /// (with `out.glu`, `y[r, :rows / 2]` = silu(gate) * up of an interleaved gate|up matrix);
     /// `bias: [rows]`; `out.col_offset` is ignored (each chunk writes its own columns).
@@ -194,15 +254,6 @@ impl Matrix {
     }
 }
 
-/// Whether two host tensors hold their values in the same form (F32, or the same stored type).
-fn same_storage(a: &HostData, b: &HostData) -> bool {
-    match (a, b) {
-        (HostData::F32(_), HostData::F32(_)) => true,
-        (HostData::Stored { dtype: x, .. }, HostData::Stored { dtype: y, .. }) => x == y,
-        _ => false,
-    }
-}
-
 /// The rows of `v` (`order.len()` rows of equal length) in `order`: entry j names the row that
 /// becomes row j. None when `v` does not split into those rows or an entry is out of range.
 fn reorder_rows<T: Copy>(v: &[T], order: &[usize]) -> Option<Vec<T>> {
@@ -210,25 +261,6 @@ fn reorder_rows<T: Copy>(v: &[T], order: &[usize]) -> Option<Vec<T>> {
     let row = v.len() / rows.max(1);
     let fits = v.len() == row * rows && order.iter().all(|&r| r < rows);
     fits.then(|| order.iter().flat_map(|&r| &v[r * row..(r + 1) * row]).copied().collect())
-}
-
-/// The rows of a matrix (or the values of a vector) in `order`, as [`reorder_rows`].
-fn reorder(t: &HostTensor, order: &[usize]) -> Result<HostData> {
-    let data = match &t.data {
-        _ if t.shape.first() != Some(&order.len()) => None,
-        HostData::F32(v) => reorder_rows(v, order).map(HostData::F32),
-        HostData::Stored { dtype, bytes } => {
-            reorder_rows(bytes, order).map(|bytes| HostData::Stored { dtype: *dtype, bytes })
-        }
-    };
-    data.ok_or_else(|| {
-        Error::InvalidArgument(format!("{}: a row order of {} rows for {:?}", t.name, order.len(), t.shape))
-    })
-}
-
-/// Rows of `a` and `b` (each `row` elements) alternated: a0, b0, a1, b1, ...
-fn interleave_rows<T: Copy>(a: &[T], b: &[T], row: usize) -> Vec<T> {
-    a.chunks_exact(row).zip(b.chunks_exact(row)).flat_map(|(x, y)| x.iter().chain(y)).copied().collect()
 }
 
 /// One transformer block's weights (GGUF names `blk.{i}.*`).
@@ -386,67 +418,59 @@ impl Weights {
             + self.output.as_ref().map_or(0, |m| m.gpu_bytes())
     }
 
-    /// Uploads every tensor of `ckpt`, one at a time (never the whole model twice in memory),
-    /// splitting matrices into buffers of at most `max_bytes`.
+    /// Streams every tensor of `ckpt` to the GPU, a batch of rows at a time (about `read_bytes`
+    /// of the file in host memory at once, never a whole tensor), splitting matrices into
+    /// buffers of at most `max_bytes`.
     pub fn load(
         gpu: &Gpu,
         ckpt: &Checkpoint,
         precision: Precision,
-        max_bytes: u64,
+        (max_bytes, read_bytes): (u64, u64),
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Weights> {
         let c = &ckpt.config;
         let table = TensorTable::new(c);
         let total = table.iter().count();
+        let up = Upload { gpu, ckpt, precision, max_bytes, read_bytes };
         let mut done = 0;
-        let mut fetch = |t: &TensorSpec| -> Result<HostTensor> {
-            let tensor = ckpt.tensor(&t.name, &t.shape, precision)?;
-            done += 1;
+        let mut tick = |n: usize| {
+            done += n;
             progress(LoadProgress { tensors_done: done, tensors_total: total });
-            Ok(tensor)
         };
-        let vector = |t: HostTensor| -> Result<GpuBuffer<f32>> {
-            Ok(GpuBuffer::<f32>::from_slice(gpu, &t.name, &t.to_f32()?))
-        };
-        let token_embd = Matrix::upload(gpu, max_bytes, &fetch(&table.token_embd)?)?;
+        let vector =
+            |t: &TensorSpec| -> Result<Vec<f32>> { ckpt.tensor(&t.name, &t.shape, precision)?.to_f32() };
+        let token_embd = up.matrix(&table.token_embd)?;
+        tick(1);
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, l) in table.layers.iter().enumerate() {
-            let attn_norm = vector(fetch(&l.attn_norm)?)?;
+            let attn_norm = GpuBuffer::<f32>::from_slice(gpu, &l.attn_norm.name, &vector(&l.attn_norm)?);
             // q and k rows reordered so that RoPE's pairs are adjacent (the matmul rotates them)
             let q_rows = c.rope_layout.pair_rows(c.n_heads, c.head_dim, c.rope_dim);
             let k_rows = c.rope_layout.pair_rows(c.n_kv_heads, c.head_dim, c.rope_dim);
-            let (q, k, v) = (fetch(&l.q)?, fetch(&l.k)?, fetch(&l.v)?);
             let qkv_bias = match &l.qkv_bias {
                 Some([bq, bk, bv]) => {
-                    let rows = |t: &HostTensor, order: &[usize]| -> Result<Vec<f32>> {
-                        reorder_rows(&t.to_f32()?, order).ok_or_else(|| {
+                    let rows = |t: &TensorSpec, order: &[usize]| -> Result<Vec<f32>> {
+                        reorder_rows(&vector(t)?, order).ok_or_else(|| {
                             Error::InvalidArgument(format!("{}: {:?} is not a q or k bias", t.name, t.shape))
                         })
                     };
-                    let (bq, bk, bv) = (fetch(bq)?, fetch(bk)?, fetch(bv)?);
-                    let b = [rows(&bq, &q_rows)?, rows(&bk, &k_rows)?, bv.to_f32()?].concat();
+                    let b = [rows(bq, &q_rows)?, rows(bk, &k_rows)?, vector(bv)?].concat();
                     Some(GpuBuffer::<f32>::from_slice(gpu, &format!("blk.{i}.attn_qkv.bias"), &b))
                 }
                 None => None,
             };
-            let qkv = Matrix::upload_stacked(
-                gpu,
-                max_bytes,
-                vec![(q, Some(q_rows)), (k, Some(k_rows)), (v, None)],
-            )?;
-            let wo = Matrix::upload(gpu, max_bytes, &fetch(&l.wo)?)?;
-            let ffn_norm = vector(fetch(&l.ffn_norm)?)?;
-            let (gate, up) = (fetch(&l.gate)?, fetch(&l.up)?);
-            let gate_up = Matrix::upload_gate_up(gpu, max_bytes, &gate, &up)?;
-            drop((gate, up));
-            let down = Matrix::upload(gpu, max_bytes, &fetch(&l.down)?)?;
+            let qkv = up.stacked(&[(&l.q, Some(&q_rows)), (&l.k, Some(&k_rows)), (&l.v, None)])?;
+            let wo = up.matrix(&l.wo)?;
+            let ffn_norm = GpuBuffer::<f32>::from_slice(gpu, &l.ffn_norm.name, &vector(&l.ffn_norm)?);
+            let gate_up = up.gate_up(&l.gate, &l.up)?;
+            let down = up.matrix(&l.down)?;
+            tick(9 + 3 * usize::from(l.qkv_bias.is_some()));
             layers.push(Layer { attn_norm, qkv, qkv_bias, wo, ffn_norm, gate_up, down });
         }
-        let output_norm = vector(fetch(&table.output_norm)?)?;
-        let output = match &table.output {
-            Some(t) => Some(Matrix::upload(gpu, max_bytes, &fetch(t)?)?),
-            None => None,
-        };
+        let output_norm =
+            GpuBuffer::<f32>::from_slice(gpu, &table.output_norm.name, &vector(&table.output_norm)?);
+        let output = table.output.as_ref().map(|t| up.matrix(t)).transpose()?;
+        tick(1 + usize::from(output.is_some()));
         Ok(Weights { token_embd, layers, output_norm, output })
     }
 }
