@@ -59,9 +59,16 @@ pub struct WebEngine {
 /// A weight file read through a synchronous JS function `(offset, length) => Uint8Array`
 /// (in the package's worker: `FileSystemSyncAccessHandle.read` on the origin-private file
 /// system, or a slice of bytes held by JS), so the file is never whole in wasm memory.
-struct JsSource {
+pub struct JsSource {
     len: u64,
     read: Function,
+}
+
+impl JsSource {
+    /// A file of `len` bytes read by `read(offset, length) => Uint8Array`.
+    pub fn new(len: u64, read: Function) -> JsSource {
+        JsSource { len, read }
+    }
 }
 
 impl Source for JsSource {

@@ -191,7 +191,7 @@ impl Model {
         // The whole bill before the first allocation: weights as they will be kept (stored
         // blocks, or f32), then the KV cache and the scratch buffers above.
         let (mut weight_bytes, mut file_weight_bytes) = (0u64, 0u64);
-        for t in TensorTable::new(&c).iter() {
+        for t in TensorTable::new(c).iter() {
             let n = t.shape.iter().product::<usize>() as u64;
             let stored = ckpt.stored_bytes(&t.name);
             file_weight_bytes += stored.unwrap_or(0);

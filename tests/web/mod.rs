@@ -22,8 +22,43 @@ mod reference;
 #[path = "../common/tiny.rs"]
 mod tiny;
 
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use tiny::{TinyModel, TinySpec};
+
+/// The test binary's allocator: the system one, counting the heap bytes live and their peak, so a
+/// test can tell how much wasm memory a load needs (linear memory itself never shrinks, and the
+/// allocator reuses what earlier tests freed).
+struct PeakAlloc;
+
+static LIVE: AtomicUsize = AtomicUsize::new(0);
+static PEAK: AtomicUsize = AtomicUsize::new(0);
+
+unsafe impl GlobalAlloc for PeakAlloc {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let p = unsafe { System.alloc(layout) };
+        if !p.is_null() {
+            let live = LIVE.fetch_add(layout.size(), Ordering::Relaxed) + layout.size();
+            PEAK.fetch_max(live, Ordering::Relaxed);
+        }
+        p
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        unsafe { System.dealloc(ptr, layout) };
+        LIVE.fetch_sub(layout.size(), Ordering::Relaxed);
+    }
+}
+
+#[global_allocator]
+static ALLOC: PeakAlloc = PeakAlloc;
+
+/// Starts a new peak at the bytes live now; returns them.
+fn reset_peak() -> usize {
+    let live = LIVE.load(Ordering::Relaxed);
+    PEAK.store(live, Ordering::Relaxed);
+    live
+}
 
 /// Logits tolerance (as in tests/model.rs): f32 GPU sums vs f64 reference sums, relative to the
 /// largest logit.
@@ -353,6 +388,60 @@ pub async fn facade_refuses_hostile_files() {
     assert_eq!(out["tokens"].as_array().map(Vec::len), Some(2));
 }
 
+/// A model file larger than the read budget, held by JS (outside wasm memory) and read by ranges:
+/// it loads with the heap's peak under the budget plus a fixed overhead, its logits equal those
+/// of the same file loaded from wasm memory bit for bit, and that whole-file path's peak (the
+/// file itself) shows the measure would catch a load that copies the file in.
+pub async fn weights_stream_with_bounded_wasm_memory() {
+    let gpu = gpu().await;
+    let mut r = rng(700);
+    let spec = TinySpec {
+        vocab: 2000,
+        dim: 512,
+        ffn: 1536,
+        heads: 8,
+        kv_heads: 4,
+        tied: false,
+        ..TinySpec::llama()
+    };
+    let file = TinyModel::random(spec, &mut r).to_gguf(DType::F16, &mut r);
+    let file_len = file.len();
+    let js_file = js_sys::Uint8Array::from(&file[..]);
+    drop(file);
+    let in_js = js_file.clone();
+    let read = wasm_bindgen::closure::Closure::<dyn Fn(f64, f64) -> js_sys::Uint8Array>::new(
+        move |offset: f64, len: f64| in_js.subarray(offset as u32, (offset + len) as u32),
+    );
+    let read_fn: js_sys::Function = read.as_ref().unchecked_ref::<js_sys::Function>().clone();
+    let budget = 256 << 10;
+    let opts = LoadOptions { context: Some(64), read_bytes: budget, ..Default::default() };
+    let tokens = [5u32, 1999, 0, 77];
+
+    let before = reset_peak();
+    let source = wgspec::web::JsSource::new(file_len as u64, read_fn);
+    let ckpt = Checkpoint::from_gguf_source(Box::new(source)).expect("header");
+    let mut streamed = Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {}).expect("streamed load");
+    let streamed_peak = PEAK.load(Ordering::Relaxed) - before;
+    let got = streamed.forward(&tokens, 0).await.expect("forward");
+    drop((streamed, ckpt));
+
+    let before = reset_peak();
+    let ckpt = Checkpoint::from_gguf(js_file.to_vec()).expect("whole file");
+    let mut whole = Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {}).expect("whole load");
+    let whole_peak = PEAK.load(Ordering::Relaxed) - before;
+    let want = whole.forward(&tokens, 0).await.expect("forward");
+    web_sys_log(&format!(
+        "a {file_len}-byte model: heap peak {streamed_peak} bytes streamed in reads of {budget}, \
+         {whole_peak} from wasm memory"
+    ));
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "streaming changed the logits");
+    // The fixed overhead: the GGUF header's first MiB, the vocabulary, pipelines and run state.
+    let bound = 4 * budget as usize + (3 << 20);
+    assert!(file_len > 3 * bound, "the model ({file_len} bytes) must dwarf the bound ({bound})");
+    assert!(streamed_peak < bound, "streamed load peaked at {streamed_peak} bytes of heap, bound {bound}");
+    assert!(whole_peak >= file_len, "the whole-file path's peak {whole_peak} must count the file");
+}
+
 /// Declares every check above as a wasm-bindgen test, once per harness (`tests/web_page.rs`,
 /// `tests/web_worker.rs`), which differ only in where the tests run.
 macro_rules! browser_tests {
@@ -373,6 +462,7 @@ macro_rules! all_browser_tests {
             facade_generates_like_the_engine,
             facade_loads_a_hugging_face_folder,
             facade_refuses_hostile_files,
+            weights_stream_with_bounded_wasm_memory,
         );
     };
 }
