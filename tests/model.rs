@@ -7,6 +7,7 @@ mod reference;
 use common::tiny::{TinyModel, TinySpec};
 use common::{assert_close, gpu, gpu_shaped, rng};
 use reference::RefModel;
+use wgspec::loader::source::Source;
 use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
 use wgspec::session::GenerateOptions;
@@ -260,7 +261,7 @@ struct Recorded {
     reads: std::sync::Arc<std::sync::Mutex<Vec<(u64, usize)>>>,
 }
 
-impl wgspec::loader::source::Source for Recorded {
+impl Source for Recorded {
     fn len(&self) -> u64 {
         self.bytes.len() as u64
     }
@@ -273,7 +274,7 @@ impl wgspec::loader::source::Source for Recorded {
 #[test]
 fn weights_streamed_in_small_reads_give_identical_logits() {
     // Every stored type (and the f32 expansion), GGUF and safetensors (whose llama q/k rows are
-    // reordered across each head): loaded in reads of a few rows, the logits must equal those of
+    // reordered across each head; streamed from three shards): loaded in reads of a few rows, the logits must equal those of
     // a load that reads each matrix at once, bit for bit, and no read may exceed its bound.
     let k_spec = TinySpec { dim: 256, ffn: 256, heads: 4, kv_heads: 2, ..TinySpec::qwen2() };
     let cases: Vec<(TinySpec, Option<DType>, Precision)> = vec![
@@ -294,22 +295,26 @@ fn weights_streamed_in_small_reads_give_identical_logits() {
         let mut r = rng(57);
         let tiny = TinyModel::random(spec, &mut r);
         let reads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
-        let open = |reads: &std::sync::Arc<_>| -> Checkpoint {
+        // safetensors: whole from one file, streamed from three shards
+        let open = |reads: &std::sync::Arc<_>, shards: usize| -> Checkpoint {
             let mut r = rng(58);
-            let recorded = |bytes| Box::new(Recorded { bytes, reads: std::sync::Arc::clone(reads) });
+            let recorded = |bytes| -> Box<dyn Source> {
+                Box::new(Recorded { bytes, reads: std::sync::Arc::clone(reads) })
+            };
             match dtype {
                 Some(dtype) => {
                     Checkpoint::from_gguf_source(recorded(tiny.to_gguf(dtype, &mut r))).expect("gguf")
                 }
                 None => {
-                    let (config, st) = tiny.to_safetensors(DType::BF16);
-                    Checkpoint::from_safetensors_sources(&config, vec![recorded(st)]).expect("safetensors")
+                    let (config, st) = tiny.to_safetensors_shards(DType::BF16, shards);
+                    let st = st.into_iter().map(recorded).collect();
+                    Checkpoint::from_safetensors_sources(&config, st).expect("safetensors")
                 }
             }
         };
         let tokens = [7u32, 299 % spec.vocab as u32, 0, 150, 64, 3];
-        let whole = forward(&mut load(&open(&reads), precision), &tokens, 0);
-        let ckpt = open(&reads);
+        let whole = forward(&mut load(&open(&reads, 1), precision), &tokens, 0);
+        let ckpt = open(&reads, 3);
         reads.lock().expect("reads").clear();
         let opts = LoadOptions { context: Some(64), precision, read_bytes, ..Default::default() };
         let mut streamed = Model::load(gpu(), &ckpt, &opts, &mut |_| {}).expect("load streamed");

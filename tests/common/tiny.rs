@@ -211,6 +211,13 @@ impl TinyModel {
 
     /// Hugging Face `config.json` and one `model.safetensors` (F32 or F16 or BF16 matrices).
     pub fn to_safetensors(&self, matrix_type: DType) -> (Vec<u8>, Vec<u8>) {
+        let (config, mut shards) = self.to_safetensors_shards(matrix_type, 1);
+        (config, shards.pop().expect("one shard"))
+    }
+
+    /// `config.json` and the tensors dealt round-robin over `n` safetensors shards (so a matrix
+    /// built from several tensors, q|k|v or gate|up, reads from several files).
+    pub fn to_safetensors_shards(&self, matrix_type: DType, n: usize) -> (Vec<u8>, Vec<Vec<u8>>) {
         let s = &self.spec;
         let config = serde_json::json!({
             "architectures": [if s.qwen2 { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
@@ -239,9 +246,18 @@ impl TinyModel {
             };
             owned.push((name, dtype, t.shape.clone(), bytes));
         }
-        let refs: Vec<(&str, DType, &[usize], &[u8])> =
-            owned.iter().map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), b.as_slice())).collect();
-        (serde_json::to_vec(&config).expect("json"), write_safetensors(&refs))
+        let shards = (0..n)
+            .map(|i| {
+                let refs: Vec<(&str, DType, &[usize], &[u8])> = owned
+                    .iter()
+                    .skip(i)
+                    .step_by(n)
+                    .map(|(n, d, s, b)| (n.as_str(), *d, s.as_slice(), b.as_slice()))
+                    .collect();
+                write_safetensors(&refs)
+            })
+            .collect();
+        (serde_json::to_vec(&config).expect("json"), shards)
     }
 }
 
