@@ -376,13 +376,14 @@ async function download(url, { model, stores, progress }, { optional = false } =
 
 /**
  * Fetches `url`: the response, or null for a 404 of an `optional` file; any other failure
- * throws naming the URL and the HTTP status.
+ * throws naming the URL and the HTTP status. `noStore`: keep it out of the HTTP cache (a file
+ * stored in OPFS needs no second copy there).
  * @returns {Promise<Response|null>}
  */
-async function request(url, { optional = false } = {}) {
+async function request(url, { optional = false, noStore = false } = {}) {
   let response;
   try {
-    response = await fetch(url);
+    response = await fetch(url, noStore ? { cache: "no-store" } : undefined);
   } catch (err) {
     throw new Error(`download failed: ${url}: ${errorMessage(err)}`);
   }
@@ -558,8 +559,10 @@ async function openComplete(store, url) {
     return null; // no entry
   }
   const marker = await readMarker(dir);
-  if (marker && marker.url === url) {
-    const handle = await (await dir.getFileHandle("data")).createSyncAccessHandle();
+  const data = marker?.url === url ? await dir.getFileHandle("data").catch(() => null) : null;
+  if (data) {
+    // Throws while another worker (another tab) holds the file open.
+    const handle = await data.createSyncAccessHandle();
     if (handle.getSize() === marker.size) return { handle, size: marker.size };
     handle.close();
   }
@@ -704,7 +707,7 @@ async function openWeights(eng, url, load, { checkGguf }) {
     );
   }
 
-  const response = await request(url);
+  const response = await request(url, { noStore: Boolean(store) });
   const total = contentLength(response);
   let entry = null;
   if (store) {
