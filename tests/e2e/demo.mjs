@@ -13,8 +13,9 @@
 // Weights stream into the origin-private file system (OPFS) and from there to the GPU; the cases
 // share one browser profile, so what one stores the next finds:
 // Case 0a: a model over `maxMemoryMb` is refused from the GGUF's first bytes, before the download.
-// Case 0b: a download cut short fails the load and leaves nothing usable behind.
-// Case 0c: a file larger than the site's storage quota is refused before it is written.
+// Case 0b: a file larger than the site's storage quota is refused before it is written.
+// Case 0c: a download cut short fails the load and leaves nothing usable behind; then a partial
+//          entry (what a tab closed mid-download leaves) is planted for case 1 to replace.
 // Case 1: load the model with n-gram drafts (downloaded again), generate 16 greedy tokens,
 //         compare with the CLI; wasm memory stays far below the file.
 // Case 1b: after a reload the model is read from OPFS with no request for it, same text; the
@@ -237,8 +238,39 @@ async function caseRefusedBeforeDownload(context, baseUrl, modelUrl, requests) {
   log("case 0a passed");
 }
 
+async function caseNoStorage(context, baseUrl, modelUrl) {
+  log("case 0b: a file larger than the storage quota is refused before it is written");
+  const pattern = `**/${MODEL_FILE}`;
+  // A 10 TB Content-Length: more than any profile's quota.
+  await context.route(pattern, (route) =>
+    route.fulfill({
+      status: 200,
+      headers: { "content-type": "application/octet-stream", "content-length": String(1e13) },
+      body: Buffer.alloc(1 << 20),
+    }),
+  );
+  const page = await newPage(context, baseUrl);
+  let outcome;
+  let stored;
+  try {
+    outcome = await loadInPage(page, { target: modelUrl });
+    stored = await storedEntries(page);
+  } finally {
+    await context.unroute(pattern);
+    await page.close();
+  }
+  log(`refused: ${outcome.error}`);
+  check(
+    outcome.error?.includes("needs 10000000 MB of storage, the browser allows"),
+    `expected a storage refusal, got ${outcome.error}`,
+  );
+  check(bytesSeen(outcome.events) === 0, "nothing may be downloaded");
+  check(stored.length === 0, `nothing may be stored: ${JSON.stringify(stored)}`);
+  log("case 0b passed");
+}
+
 async function caseCancelledDownload(context, baseUrl, modelUrl, requests) {
-  log("case 0b: a download cut short leaves nothing usable");
+  log("case 0c: a download cut short leaves nothing usable");
   const fileBytes = fs.statSync(MODEL).size;
   const partial = fs.readFileSync(MODEL).subarray(0, 8 << 20);
   const pattern = `**/${MODEL_FILE}`;
@@ -266,38 +298,24 @@ async function caseCancelledDownload(context, baseUrl, modelUrl, requests) {
   check(requests.count - before >= 1, "the model was not requested");
   check(!outcome.events.some((e) => e.phase === "upload"), "a truncated file must not reach the GPU");
   check(stored.length === 0, `the partial download must be deleted from OPFS: ${JSON.stringify(stored)}`);
-  log("case 0b passed");
-}
-
-async function caseNoStorage(context, baseUrl, modelUrl) {
-  log("case 0c: a file larger than the storage quota is refused before it is written");
-  const pattern = `**/${MODEL_FILE}`;
-  // A 10 TB Content-Length: more than any profile's quota.
-  await context.route(pattern, (route) =>
-    route.fulfill({
-      status: 200,
-      headers: { "content-type": "application/octet-stream", "content-length": String(1e13) },
-      body: Buffer.alloc(1 << 20),
-    }),
-  );
-  const page = await newPage(context, baseUrl);
-  let outcome;
-  let stored;
-  try {
-    outcome = await loadInPage(page, { target: modelUrl });
-    stored = await storedEntries(page);
-  } finally {
-    await context.unroute(pattern);
-    await page.close();
-  }
-  log(`refused: ${outcome.error}`);
-  check(
-    outcome.error?.includes("needs 10000000 MB of storage, the browser allows"),
-    `expected a storage refusal, got ${outcome.error}`,
-  );
-  check(bytesSeen(outcome.events) === 0, "nothing may be downloaded");
-  check(stored.length === 0, `nothing may be stored: ${JSON.stringify(stored)}`);
-  log("case 0c passed");
+  // What a tab closed mid-download leaves: the entry's data, without its complete.json. Case 1
+  // must download the file again and end with one complete entry.
+  const page2 = await newPage(context, baseUrl);
+  await page2.evaluate(async (modelUrl) => {
+    const url = new URL(modelUrl, location.href).href;
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(url)));
+    const name = Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+    const root = await navigator.storage.getDirectory();
+    const store = await root.getDirectoryHandle("wgspec-models-v1", { create: true });
+    const dir = await store.getDirectoryHandle(name, { create: true });
+    const writable = await (await dir.getFileHandle("data", { create: true })).createWritable();
+    await writable.write(new Uint8Array(1 << 20).fill(7));
+    await writable.close();
+  }, modelUrl);
+  const planted = await storedEntries(page2);
+  await page2.close();
+  check(planted.length === 1 && !planted[0].complete, `planting a partial entry: ${JSON.stringify(planted)}`);
+  log("case 0c passed (and a partial entry is left for case 1 to replace)");
 }
 
 /** Loads the model in the demo page with n-gram drafts and generates PROMPT greedily. */
@@ -338,7 +356,7 @@ async function caseGenerate(context, baseUrl, modelUrl, nativeText, requests) {
   const downloads = requests.count - before;
   const stored = await storedEntries(page);
   log(`requests for the model: ${downloads}; stored in OPFS: ${JSON.stringify(stored)}`);
-  check(downloads >= 1, "the model must be downloaded again after the failed downloads");
+  check(downloads >= 1, "the model must be downloaded again after the failed downloads and over the partial entry");
   check(stored.length === 1 && stored[0].complete, `one complete entry expected in OPFS: ${JSON.stringify(stored)}`);
   fs.mkdirSync(OUT, { recursive: true });
   await page.screenshot({ path: path.join(OUT, "demo.png") });
@@ -499,8 +517,8 @@ async function main() {
     const modelUrl = await findModelUrl(server.url);
     const requests = countModelRequests(context);
     await caseRefusedBeforeDownload(context, server.url, modelUrl, requests);
-    await caseCancelledDownload(context, server.url, modelUrl, requests);
     await caseNoStorage(context, server.url, modelUrl);
+    await caseCancelledDownload(context, server.url, modelUrl, requests);
     const figures = await caseGenerate(context, server.url, modelUrl, native.text, requests);
     const reload = await caseReload(context, server.url, modelUrl, native.text, requests);
     await caseMissingFile(context, server.url);
