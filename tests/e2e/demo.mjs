@@ -21,7 +21,7 @@
 // Case 1b: after a reload the model is read from OPFS with no request for it, same text; the
 //          file as target and draft with 1 MB read batches (readMb): wasm memory under 32 MB,
 //          still no request; a budget the draft does not fit refuses it from its stored header;
-//          `cache: false` downloads into JS memory.
+//          `cache: false` downloads into JS memory; WgSpec.clearCache() empties OPFS.
 // Case 2: loading a missing URL shows an error naming the 404 or the URL.
 
 import { spawn } from "node:child_process";
@@ -455,6 +455,12 @@ async function caseReload(context, baseUrl, modelUrl, firstText, requests) {
     `${requests.count - before} request(s) for the model`);
   check(requests.count === before + 1, "cache: false must download the model");
   check(uncached.wasmMemoryBytes < 32e6, `cache: false: wasm memory ${uncached.wasmMemoryBytes} bytes, expected under 32 MB`);
+  // WgSpec.clearCache() empties the OPFS folder too.
+  const page3 = await newPage(context, baseUrl);
+  const cleared = await page3.evaluate(async () => (await import("/pkg/wgspec.js")).WgSpec.clearCache());
+  const left = await storedEntries(page3);
+  await page3.close();
+  check(cleared === true && left.length === 0, `clearCache: ${cleared}, left ${JSON.stringify(left)}`);
   log("case 1b passed");
   return { loadSeconds, wasmMemoryBytes, downloads, smallWasmMemoryBytes: small.wasmMemoryBytes };
 }
