@@ -136,7 +136,8 @@ async function onLoad() {
     const { info } = llm;
     $("adapter").textContent =
       `${llm.model}: ${info.arch}, ${info.layers} layers, ${(info.params / 1e6).toFixed(0)}M params · ` +
-      `loaded in ${window.wgspecLoadSeconds.toFixed(1)} s · ${llm.adapter}`;
+      `loaded in ${window.wgspecLoadSeconds.toFixed(1)} s (wasm memory ${megabytes(llm.wasmMemoryBytes)} MB) · ` +
+      llm.adapter;
     $("chat").checked = Boolean(info.chat_template);
     $("chat").disabled = !info.chat_template;
     setStatus("ready");

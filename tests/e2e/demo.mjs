@@ -10,7 +10,18 @@
 //   E2E_OUT       folder for artifacts: demo.png, error.png, result.json (default target/e2e)
 //   CHROMIUM      the browser (default /usr/bin/chromium)
 //
-// Case 1: load the model with n-gram drafts, generate 16 greedy tokens, compare with the CLI.
+// Weights stream into the origin-private file system (OPFS) and from there to the GPU; the cases
+// share one browser profile, so what one stores the next finds:
+// Case 0a: a model over `maxMemoryMb` is refused from the GGUF's first bytes, before the download.
+// Case 0b: a file larger than the site's storage quota is refused before it is written.
+// Case 0c: a download cut short fails the load and leaves nothing usable behind; then a partial
+//          entry (what a tab closed mid-download leaves) is planted for case 1 to replace.
+// Case 1: load the model with n-gram drafts (downloaded again), generate 16 greedy tokens,
+//         compare with the CLI; wasm memory stays far below the file.
+// Case 1b: after a reload the model is read from OPFS with no request for it, same text; the
+//          file as target and draft with 1 MB read batches (readMb): wasm memory under 32 MB,
+//          still no request; a budget the draft does not fit refuses it from its stored header;
+//          `cache: false` downloads into JS memory; WgSpec.clearCache() empties OPFS.
 // Case 2: loading a missing URL shows an error naming the 404 or the URL.
 
 import { spawn } from "node:child_process";
@@ -132,9 +143,8 @@ async function newPage(context, baseUrl) {
   return page;
 }
 
-async function caseGenerate(context, baseUrl, nativeText) {
-  log("case 1: load with n-gram drafts, generate, compare with the CLI");
-  // The model's URL from the server's index (fall back to the usual path).
+/** The model's URL from the server's index (fall back to the usual path). */
+async function findModelUrl(baseUrl) {
   let modelUrl = `/models/${MODEL_FILE}`;
   try {
     const index = await (await fetch(new URL("models/index.json", baseUrl))).json();
@@ -144,15 +154,186 @@ async function caseGenerate(context, baseUrl, nativeText) {
   } catch (err) {
     log(`models/index.json unavailable (${err.message}); using ${modelUrl}`);
   }
+  return modelUrl;
+}
 
+/**
+ * Counts the browser's requests for the model file, the worker's included (a dedicated worker's
+ * requests reach the context's "request" event, not the page's).
+ */
+function countModelRequests(context) {
+  const counter = { count: 0 };
+  context.on("request", (r) => {
+    if (new URL(r.url()).pathname.endsWith(`/${MODEL_FILE}`)) counter.count += 1;
+  });
+  return counter;
+}
+
+/** In the page: WgSpec.load through the JS API; resolves to {error, events, wasmMemoryBytes}. */
+function loadInPage(page, options) {
+  return page.evaluate(async (options) => {
+    const { WgSpec } = await import("/pkg/wgspec.js");
+    const events = [];
+    try {
+      const llm = await WgSpec.load({ ...options, onProgress: (e) => events.push(e) });
+      const wasmMemoryBytes = llm.wasmMemoryBytes;
+      await llm.dispose();
+      return { error: null, events, wasmMemoryBytes };
+    } catch (e) {
+      return { error: String(e.message || e), events };
+    }
+  }, options);
+}
+
+/**
+ * In the page: the entries of the package's OPFS folder of weight files, as
+ * [{name, complete}] (complete: the entry has its complete.json marker).
+ */
+function storedEntries(page) {
+  return page.evaluate(async () => {
+    const root = await navigator.storage.getDirectory();
+    let dir;
+    try {
+      dir = await root.getDirectoryHandle("wgspec-models-v1");
+    } catch {
+      return [];
+    }
+    const entries = [];
+    for await (const [name, handle] of dir.entries()) {
+      let complete = false;
+      try {
+        await handle.getFileHandle("complete.json");
+        complete = true;
+      } catch {
+        // no marker
+      }
+      entries.push({ name, complete });
+    }
+    return entries;
+  });
+}
+
+/** The most bytes the progress events report for the model file. */
+function bytesSeen(events) {
+  return Math.max(0, ...events.filter((e) => e.file === MODEL_FILE && e.phase !== "upload").map((e) => e.loaded));
+}
+
+async function caseRefusedBeforeDownload(context, baseUrl, modelUrl, requests) {
+  log("case 0a: a model over maxMemoryMb is refused before its download");
   const page = await newPage(context, baseUrl);
+  const before = requests.count;
+  const { error, events } = await loadInPage(page, { target: modelUrl, maxMemoryMb: 1 });
+  const stored = await storedEntries(page);
+  await page.close();
+  const fileBytes = fs.statSync(MODEL).size;
+  const seen = bytesSeen(events);
+  log(`refused: ${error} (${(seen / 1e6).toFixed(1)} of ${(fileBytes / 1e6).toFixed(1)} MB received, ` +
+    `${requests.count - before} request(s) for the model)`);
+  check(error !== null, "a 1 MB budget must refuse SmolLM2");
+  check(error.includes("the target model") && error.includes("the budget is 1.0 MB"), `unexpected refusal: ${error}`);
+  check(requests.count - before === 1, `expected one request for the model, saw ${requests.count - before}`);
+  check(seen > 0 && seen < fileBytes / 4, `the download must stop at the header: ${seen} of ${fileBytes} bytes`);
+  check(!events.some((e) => e.phase === "upload"), "nothing may reach the GPU");
+  check(stored.length === 0, `the refused download must be deleted from OPFS: ${JSON.stringify(stored)}`);
+  log("case 0a passed");
+}
+
+async function caseNoStorage(context, baseUrl, modelUrl) {
+  log("case 0b: a file larger than the storage quota is refused before it is written");
+  const pattern = `**/${MODEL_FILE}`;
+  // A 10 TB Content-Length: more than any profile's quota.
+  await context.route(pattern, (route) =>
+    route.fulfill({
+      status: 200,
+      headers: { "content-type": "application/octet-stream", "content-length": String(1e13) },
+      body: Buffer.alloc(1 << 20),
+    }),
+  );
+  const page = await newPage(context, baseUrl);
+  let outcome;
+  let stored;
+  try {
+    outcome = await loadInPage(page, { target: modelUrl });
+    stored = await storedEntries(page);
+  } finally {
+    await context.unroute(pattern);
+    await page.close();
+  }
+  log(`refused: ${outcome.error}`);
+  check(
+    outcome.error?.includes("needs 10000000 MB of storage, the browser allows"),
+    `expected a storage refusal, got ${outcome.error}`,
+  );
+  check(bytesSeen(outcome.events) === 0, "nothing may be downloaded");
+  check(stored.length === 0, `nothing may be stored: ${JSON.stringify(stored)}`);
+  log("case 0b passed");
+}
+
+async function caseCancelledDownload(context, baseUrl, modelUrl, requests) {
+  log("case 0c: a download cut short leaves nothing usable");
+  const fileBytes = fs.statSync(MODEL).size;
+  const partial = fs.readFileSync(MODEL).subarray(0, 8 << 20);
+  const pattern = `**/${MODEL_FILE}`;
+  // The whole file's length, but the connection ends after 8 MiB.
+  await context.route(pattern, (route) =>
+    route.fulfill({
+      status: 200,
+      headers: { "content-type": "application/octet-stream", "content-length": String(fileBytes) },
+      body: partial,
+    }),
+  );
+  const page = await newPage(context, baseUrl);
+  const before = requests.count;
+  let outcome;
+  let stored;
+  try {
+    outcome = await loadInPage(page, { target: modelUrl, draft: "ngram" });
+    stored = await storedEntries(page);
+  } finally {
+    await context.unroute(pattern);
+    await page.close();
+  }
+  log(`cut short: ${outcome.error} (${requests.count - before} request(s) for the model)`);
+  check(outcome.error !== null, "a truncated download must fail the load");
+  check(requests.count - before >= 1, "the model was not requested");
+  check(!outcome.events.some((e) => e.phase === "upload"), "a truncated file must not reach the GPU");
+  check(stored.length === 0, `the partial download must be deleted from OPFS: ${JSON.stringify(stored)}`);
+  // What a tab closed mid-download leaves: the entry's data, without its complete.json. Case 1
+  // must download the file again and end with one complete entry.
+  const page2 = await newPage(context, baseUrl);
+  await page2.evaluate(async (modelUrl) => {
+    const url = new URL(modelUrl, location.href).href;
+    const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(url)));
+    const name = Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+    const root = await navigator.storage.getDirectory();
+    const store = await root.getDirectoryHandle("wgspec-models-v1", { create: true });
+    const dir = await store.getDirectoryHandle(name, { create: true });
+    const writable = await (await dir.getFileHandle("data", { create: true })).createWritable();
+    await writable.write(new Uint8Array(1 << 20).fill(7));
+    await writable.close();
+  }, modelUrl);
+  const planted = await storedEntries(page2);
+  await page2.close();
+  check(planted.length === 1 && !planted[0].complete, `planting a partial entry: ${JSON.stringify(planted)}`);
+  log("case 0c passed (and a partial entry is left for case 1 to replace)");
+}
+
+/** Loads the model in the demo page with n-gram drafts and generates PROMPT greedily. */
+async function loadAndGenerate(page, modelUrl) {
   await page.fill("#target-url", modelUrl);
   await page.selectOption("#draft-kind", "ngram");
   await page.click("#load");
   const loaded = await waitForStatus(page, ["ready"], "load");
   check(loaded === "ready", `load failed: ${await page.textContent("#error")}`);
   const loadSeconds = await page.evaluate(() => window.wgspecLoadSeconds);
+  const wasmMemoryBytes = await page.evaluate(() => window.wgspec.wasmMemoryBytes);
   log(`loaded in ${loadSeconds.toFixed(1)} s: ${await page.textContent("#adapter")}`);
+  const fileBytes = fs.statSync(MODEL).size;
+  log(`wasm memory after loading: ${(wasmMemoryBytes / 1e6).toFixed(1)} MB (file ${(fileBytes / 1e6).toFixed(1)} MB)`);
+  check(
+    wasmMemoryBytes > 0 && wasmMemoryBytes < fileBytes,
+    `wasm memory ${wasmMemoryBytes} bytes: the weights must stream, not sit in wasm memory`,
+  );
 
   if (await page.isEnabled("#chat")) await page.uncheck("#chat"); // raw prompt, like the CLI
   await page.fill("#prompt", PROMPT);
@@ -162,9 +343,21 @@ async function caseGenerate(context, baseUrl, nativeText) {
   await page.click("#generate");
   const finished = await waitForStatus(page, ["done"], "generate");
   check(finished === "done", `generation failed: ${await page.textContent("#error")}`);
-
   const result = await page.evaluate(() => window.wgspecLastResult);
   const output = await page.textContent("#output");
+  return { loadSeconds, wasmMemoryBytes, result, output };
+}
+
+async function caseGenerate(context, baseUrl, modelUrl, nativeText, requests) {
+  log("case 1: load with n-gram drafts, generate, compare with the CLI");
+  const page = await newPage(context, baseUrl);
+  const before = requests.count;
+  const { loadSeconds, wasmMemoryBytes, result, output } = await loadAndGenerate(page, modelUrl);
+  const downloads = requests.count - before;
+  const stored = await storedEntries(page);
+  log(`requests for the model: ${downloads}; stored in OPFS: ${JSON.stringify(stored)}`);
+  check(downloads >= 1, "the model must be downloaded again after the failed downloads and over the partial entry");
+  check(stored.length === 1 && stored[0].complete, `one complete entry expected in OPFS: ${JSON.stringify(stored)}`);
   fs.mkdirSync(OUT, { recursive: true });
   await page.screenshot({ path: path.join(OUT, "demo.png") });
   const stats = result.stats || {};
@@ -176,6 +369,7 @@ async function caseGenerate(context, baseUrl, nativeText) {
     generated_tokens: stats.generated_tokens,
     acceptance_rate: stats.acceptance_rate,
     tokens_per_target_forward: stats.tokens_per_target_forward,
+    wasm_memory_bytes: wasmMemoryBytes,
     adapter: await page.evaluate(() => window.wgspec?.adapter),
   };
   fs.writeFileSync(path.join(OUT, "result.json"), JSON.stringify({ figures, native_text: nativeText, result }, null, 2));
@@ -220,6 +414,55 @@ async function caseGenerate(context, baseUrl, nativeText) {
   log(`chat.completions: ${show(reply.message.content)} (whole and streamed), n: 2 refused`);
   await page.close();
   return figures;
+}
+
+async function caseReload(context, baseUrl, modelUrl, firstText, requests) {
+  log("case 1b: a reload reads the model from OPFS, with no request for it");
+  const page = await newPage(context, baseUrl);
+  const before = requests.count;
+  const { loadSeconds, wasmMemoryBytes, result } = await loadAndGenerate(page, modelUrl);
+  const downloads = requests.count - before;
+  log(`reload: load ${loadSeconds.toFixed(1)} s, wasm memory ${(wasmMemoryBytes / 1e6).toFixed(1)} MB, ` +
+    `${downloads} request(s) for the model`);
+  check(downloads === 0, `the stored copy must be used: ${downloads} request(s) for ${MODEL_FILE}`);
+  check(result.text === firstText, `the reloaded model's text differs: ${JSON.stringify(result.text)} vs ${JSON.stringify(firstText)}`);
+
+  // With 1 MB read batches (readMb), the 98 MB file loads in a small fraction of its size. The
+  // same file as the draft: the target's handle was closed after loading, the stored copy is
+  // opened again (no request).
+  await page.evaluate(() => window.wgspec.dispose());
+  const small = await loadInPage(page, { target: modelUrl, draft: modelUrl, readMb: 1 });
+  check(small.error === null, `load with readMb 1 failed: ${small.error}`);
+  log(`readMb 1, the file as target and draft: wasm memory ${(small.wasmMemoryBytes / 1e6).toFixed(1)} MB, ` +
+    `${requests.count - before} request(s) for the model`);
+  check(small.wasmMemoryBytes < 32e6, `readMb 1: wasm memory ${small.wasmMemoryBytes} bytes, expected under 32 MB`);
+  check(requests.count === before, "the stored copy must be used for the target and the draft");
+  // A budget the target fits but not target + draft: the stored draft is refused from its header.
+  const tight = await loadInPage(page, { target: modelUrl, draft: modelUrl, maxMemoryMb: 450 });
+  await page.close();
+  log(`maxMemoryMb 450 with a draft: ${tight.error}`);
+  check(
+    tight.error?.startsWith("the draft model") && tight.error.includes("the budget is 15"),
+    `the draft must be refused against what the target left of the budget: ${tight.error}`,
+  );
+  check(!tight.events.some((e) => e.model === "draft" && e.phase === "upload"), "the refused draft reached the GPU");
+  // Without storage the download is held in JS (outside wasm memory) and read from there.
+  const page2 = await newPage(context, baseUrl);
+  const uncached = await loadInPage(page2, { target: modelUrl, readMb: 1, cache: false });
+  await page2.close();
+  check(uncached.error === null, `load with cache: false failed: ${uncached.error}`);
+  log(`cache: false: wasm memory ${(uncached.wasmMemoryBytes / 1e6).toFixed(1)} MB, ` +
+    `${requests.count - before} request(s) for the model`);
+  check(requests.count === before + 1, "cache: false must download the model");
+  check(uncached.wasmMemoryBytes < 32e6, `cache: false: wasm memory ${uncached.wasmMemoryBytes} bytes, expected under 32 MB`);
+  // WgSpec.clearCache() empties the OPFS folder too.
+  const page3 = await newPage(context, baseUrl);
+  const cleared = await page3.evaluate(async () => (await import("/pkg/wgspec.js")).WgSpec.clearCache());
+  const left = await storedEntries(page3);
+  await page3.close();
+  check(cleared === true && left.length === 0, `clearCache: ${cleared}, left ${JSON.stringify(left)}`);
+  log("case 1b passed");
+  return { loadSeconds, wasmMemoryBytes, downloads, smallWasmMemoryBytes: small.wasmMemoryBytes };
 }
 
 async function caseMissingFile(context, baseUrl) {
@@ -277,9 +520,18 @@ async function main() {
       args: CHROMIUM_ARGS,
       viewport: { width: 1366, height: 768 },
     });
-    const figures = await caseGenerate(context, server.url, native.text);
+    const modelUrl = await findModelUrl(server.url);
+    const requests = countModelRequests(context);
+    await caseRefusedBeforeDownload(context, server.url, modelUrl, requests);
+    await caseNoStorage(context, server.url, modelUrl);
+    await caseCancelledDownload(context, server.url, modelUrl, requests);
+    const figures = await caseGenerate(context, server.url, modelUrl, native.text, requests);
+    const reload = await caseReload(context, server.url, modelUrl, native.text, requests);
     await caseMissingFile(context, server.url);
-    log(`PASS (load ${figures.load_seconds.toFixed(1)} s, ${figures.tokens_per_second?.toFixed(2)} tokens/s in the page, ` +
+    log(`PASS (load ${figures.load_seconds.toFixed(1)} s downloading, ${reload.loadSeconds.toFixed(1)} s from OPFS; ` +
+      `wasm memory ${(figures.wasm_memory_bytes / 1e6).toFixed(1)} MB, ` +
+      `${(reload.smallWasmMemoryBytes / 1e6).toFixed(1)} MB with readMb 1; ` +
+      `${figures.tokens_per_second?.toFixed(2)} tokens/s in the page, ` +
       `${native.stats?.tokens_per_second?.toFixed(2)} tokens/s native)`);
   } finally {
     await context?.close().catch(() => {});

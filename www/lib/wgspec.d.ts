@@ -9,7 +9,7 @@ export interface ChatMessage {
 /** A loading progress event. */
 export interface ProgressEvent {
   model: "target" | "draft";
-  /** download: bytes from the network; cache: bytes from the Cache API; upload: tensors to the GPU. */
+  /** download: bytes from the network; cache: a stored copy (no download); upload: tensors to the GPU. */
   phase: "download" | "cache" | "upload" | "ready";
   /** The file being read (download/cache), else null. */
   file: string | null;
@@ -25,12 +25,20 @@ export interface LoadOptions {
   draft?: string | URL;
   /** KV cache positions. */
   context?: number;
-  /** GPU memory budget in MB for target and draft together; a model over it is refused before any allocation. */
+  /**
+   * GPU memory budget in MB for target and draft together; a model over it is refused before any
+   * allocation (a GGUF model from its first bytes, before the rest is downloaded).
+   */
   maxMemoryMb?: number;
+  /** MB of a weight file read into wasm memory at once while loading (default 16 MiB). */
+  readMb?: number;
   onProgress?: (event: ProgressEvent) => void;
   /** A Worker to use, or the URL of worker.js (default: worker.js next to wgspec.js). */
   worker?: Worker | string | URL;
-  /** Keep downloaded files in the Cache API (default true). */
+  /**
+   * Keep downloaded files (weights in the origin-private file system, JSON files in the Cache
+   * API) and read them from there next time (default true).
+   */
   cache?: boolean;
 }
 
@@ -43,7 +51,14 @@ export interface ModelInfo {
   context: number;
   params: number;
   file_bytes: number;
+  /** Weight bytes on the GPU, and in the file (equal when blocks stay as stored). */
+  gpu_weight_bytes: number;
+  file_weight_bytes: number;
+  /** GPU memory in all: weights, KV cache and scratch. */
+  gpu_memory_bytes: number;
   chat_template: boolean;
+  /** The worker's wasm memory right after this model was loaded. */
+  wasm_memory_bytes: number;
 }
 
 export type DraftKind = "model" | "ngram" | "model+ngram" | "none";
@@ -169,7 +184,7 @@ export class WgSpec {
   private constructor();
   /** Starts a worker, loads the target (and draft) and resolves to a ready instance. */
   static load(options: LoadOptions): Promise<WgSpec>;
-  /** Deletes the model files kept in the Cache API. */
+  /** Deletes the model files kept in the browser's storage (OPFS and the Cache API). */
   static clearCache(): Promise<boolean>;
 
   /** The GPU adapter's description. */
@@ -180,6 +195,8 @@ export class WgSpec {
   readonly draftKind: "model" | "ngram" | null;
   /** The target's file or folder name. */
   readonly model: string;
+  /** The worker's wasm memory after loading, in bytes (its peak: wasm memory never shrinks). */
+  readonly wasmMemoryBytes: number;
   /** The last finished generation's stats. */
   readonly stats: GenerationStats | null;
   readonly lastResult: GenerationResult | null;

@@ -4,7 +4,9 @@
 // module Web Worker (`worker.js`, served next to this file), so downloads, weight uploads and
 // decoding never block the page.
 
+/** The Cache API cache of small model files (JSON) and the OPFS folder of weight files. */
 const CACHE_NAME = "wgspec-models-v1";
+const STORE_NAME = "wgspec-models-v1";
 
 /**
  * The page side of the worker protocol (see worker.js): numbered calls, each with a promise and
@@ -96,6 +98,22 @@ class WorkerClient {
   }
 }
 
+let persistenceRequested = false;
+
+/**
+ * Asks the browser once to keep this site's storage (the stored models) under storage pressure;
+ * only pages may ask (not workers). A refusal or a missing API changes nothing.
+ */
+function requestPersistence() {
+  if (persistenceRequested) return;
+  persistenceRequested = true;
+  try {
+    globalThis.navigator?.storage?.persist?.().catch(() => {});
+  } catch {
+    // not available here
+  }
+}
+
 /** Resolves a model URL against the page's address ("ngram" stays as it is). */
 function resolveUrl(url) {
   if (url === "ngram") return url;
@@ -166,6 +184,12 @@ export class WgSpec {
     this.draftKind = loaded.draftKind;
     /** The target's file or folder name (the `model` field of chat completions). */
     this.model = model;
+    /**
+     * The worker's WebAssembly memory after loading, in bytes: its peak (wasm memory never
+     * shrinks). Weights stream through it a batch at a time, so it stays far below the files.
+     * @type {number}
+     */
+    this.wasmMemoryBytes = loaded.wasmMemoryBytes;
     /** The stats of the last finished generation. @type {object|null} */
     this.stats = null;
     /** The last finished generation's whole result. @type {object|null} */
@@ -175,8 +199,11 @@ export class WgSpec {
   }
 
   /**
-   * Starts a worker, downloads (or reads from the browser cache) the target model and the draft,
-   * uploads them to the GPU and resolves to a ready instance.
+   * Starts a worker, downloads (or reads from the browser's storage) the target model and the
+   * draft, uploads them to the GPU and resolves to a ready instance. Weight files are stored in
+   * the origin-private file system and stream from there to the GPU in batches, never whole in
+   * memory; a GGUF model that cannot fit the adapter or `maxMemoryMb` is refused from its first
+   * bytes, before the rest is downloaded.
    *
    * @param {object} options
    * @param {string|URL} options.target URL of a .gguf file, or of a Hugging Face folder ending
@@ -188,16 +215,20 @@ export class WgSpec {
    * @param {number} [options.maxMemoryMb] GPU memory budget in MB for the target and draft
    *   together (weights, KV cache, scratch); a model over it is refused before any allocation
    *   with the bill in the message. No limit by default.
+   * @param {number} [options.readMb] MB of a weight file read into wasm memory at once while
+   *   loading (default 16 MiB, about 16.8 MB).
    * @param {(event: {model: "target"|"draft", phase: "download"|"cache"|"upload"|"ready",
    *   file: string|null, loaded: number, total: number|null}) => void} [options.onProgress]
    *   bytes for download/cache (total null when unknown), tensors for upload.
    * @param {Worker|string|URL} [options.worker] a Worker to use, or the URL of worker.js (default:
    *   worker.js next to this module).
-   * @param {boolean} [options.cache=true] keep downloaded files in the Cache API
-   *   ("wgspec-models-v1") and read them from there next time.
+   * @param {boolean} [options.cache=true] keep downloaded files (weights in the origin-private
+   *   file system, JSON files in the Cache API, both "wgspec-models-v1") and read them from there
+   *   next time; asks the browser once for persistent storage. With `false`, every load downloads
+   *   and holds the weights in a JS array outside wasm memory.
    * @returns {Promise<WgSpec>} rejects with the worker's message on any failure.
    */
-  static async load({ target, draft, context, maxMemoryMb, onProgress, worker, cache = true } = {}) {
+  static async load({ target, draft, context, maxMemoryMb, readMb, onProgress, worker, cache = true } = {}) {
     if (!target) throw new TypeError("WgSpec.load: `target` (a model URL) is required");
     const targetUrl = resolveUrl(target);
     const draftUrl = draft ? resolveUrl(draft) : undefined;
@@ -206,6 +237,7 @@ export class WgSpec {
       const url = w ? new URL(String(w), globalThis.location?.href) : new URL("./worker.js", import.meta.url);
       w = new Worker(url, { type: "module" });
     }
+    if (cache) requestPersistence();
     const client = new WorkerClient(w);
     const onEvent = (msg) => {
       if (msg.type === "progress" && onProgress) onProgress(msg.event);
@@ -213,7 +245,7 @@ export class WgSpec {
     try {
       const { promise } = client.call(
         "load",
-        { target: targetUrl, draft: draftUrl, context, maxMemoryMb, cache },
+        { target: targetUrl, draft: draftUrl, context, maxMemoryMb, readMb, cache },
         onEvent,
       );
       const loaded = await promise;
@@ -225,11 +257,20 @@ export class WgSpec {
   }
 
   /**
-   * Deletes the model files kept in the browser's Cache API.
-   * @returns {Promise<boolean>} whether there was a cache to delete.
+   * Deletes the model files kept in the browser's storage (the origin-private file system and
+   * the Cache API). A file a loading worker holds open stays.
+   * @returns {Promise<boolean>} whether there was anything to delete.
    */
   static async clearCache() {
-    return globalThis.caches ? caches.delete(CACHE_NAME) : false;
+    let deleted = globalThis.caches ? await caches.delete(CACHE_NAME).catch(() => false) : false;
+    try {
+      const root = await globalThis.navigator.storage.getDirectory();
+      await root.removeEntry(STORE_NAME, { recursive: true });
+      deleted = true;
+    } catch {
+      // no origin-private file system, nothing stored, or a file in use
+    }
+    return deleted;
   }
 
   /**

@@ -1,8 +1,9 @@
-// wgspec Web Worker: owns the WebAssembly engine and the GPU device, downloads and caches model
+// wgspec Web Worker: owns the WebAssembly engine and the GPU device, downloads and stores model
 // files, and runs generations. The page talks to it through `wgspec.js`; see the protocol below.
 //
 // Page -> worker (every message has a numeric `id`, except "abort"):
-//   { id, type: "load", target, draft, context, maxMemoryMb, cache }  target/draft: absolute URLs (or "ngram")
+//   { id, type: "load", target, draft, context, maxMemoryMb, readMb, cache }
+//                                                        target/draft: absolute URLs (or "ngram")
 //   { id, type: "generate", request, aborted }           request: the engine's request object
 //   { id, type: "generate", openai, aborted }            openai: {endpoint: "chat"|"completions", body}
 //   { id, type: "chatPrompt", messages }
@@ -11,12 +12,24 @@
 // Worker -> page:
 //   { id, type: "progress", event }                      event: see `WgSpec.load`'s onProgress
 //   { id, type: "token", token, text, fromDraft }
-//   { id, type: "result", value }
+//   { id, type: "result", value }                        load: {adapter, info, draftInfo, draftKind, wasmMemoryBytes}
 //   { id, type: "error", message }
 //   { type: "fatal", message }                           an uncaught failure: every call fails
 //
 // Calls run one at a time in arrival order (the engine is single-threaded and must never be
 // re-entered); "abort" is the exception and is processed while a generation awaits the GPU.
+//
+// Model files. Weight files (.gguf, .safetensors) are never whole in wasm memory: the engine reads
+// them by ranges, a batch of rows at a time (16 MiB by default, `readMb`), while it uploads them
+// to the GPU. They stream from the network chunk by chunk into the origin-private file system
+// (OPFS folder "wgspec-models-v1", one folder per file named by the SHA-256 of its URL: `data`,
+// then `complete.json` written last once the whole body is in) and are read back through a
+// FileSystemSyncAccessHandle; a complete copy is read with no request, a partial one is deleted
+// and downloaded again. Before a download the storage estimate must leave room for it. Without
+// OPFS sync access handles (or with `cache: false`) a download is held in a JS array outside wasm
+// memory. A GGUF model is checked from its first bytes (header, adapter limits, `maxMemoryMb`)
+// and refused before the rest is downloaded. Small JSON files (config, tokenizer) go through the
+// Cache API ("wgspec-models-v1") and are copied into wasm memory.
 
 const CACHE_NAME = "wgspec-models-v1";
 
@@ -97,10 +110,11 @@ function errorMessage(err) {
 // Loading
 
 /**
- * Creates the engine, downloads (or reads from the cache) and stages the target's files, loads
- * the target, then the draft model if one is given.
+ * Creates the engine, stages the target's files (weights from the origin-private file system,
+ * downloaded into it first when missing), loads the target, then the draft model if one is given.
+ * Weight files are read a batch at a time while loading and closed once their model is loaded.
  */
-async function load({ target, draft, context, maxMemoryMb, cache: useCache = true }, progress) {
+async function load({ target, draft, context, maxMemoryMb, readMb, cache: useCache = true }, progress) {
   if (engine) throw new Error("this worker already holds a model; create a new WgSpec instance");
   if (!self.navigator || !self.navigator.gpu) {
     throw new Error(
@@ -108,6 +122,9 @@ async function load({ target, draft, context, maxMemoryMb, cache: useCache = tru
         "WebGPU enabled (Chrome/Edge 113+, Safari 26+, or Firefox with WebGPU), served over " +
         "https:// or http://localhost; headless Chromium needs --enable-unsafe-webgpu.",
     );
+  }
+  if (readMb != null && !(readMb >= 0.001 && readMb <= 4000)) {
+    throw new Error(`readMb must be between 0.001 and 4000 (MB read at once while loading), not ${readMb}`);
   }
   let core;
   try {
@@ -120,13 +137,26 @@ async function load({ target, draft, context, maxMemoryMb, cache: useCache = tru
     );
   }
   const created = await core.WebEngine.create();
-  const cache = useCache ? await openCache() : null;
+  if (readMb != null) created.set_read_bytes(Math.round(readMb * 1e6));
+  const stores = {
+    cache: useCache ? await openCache() : null,
+    files: useCache ? await openStore() : null,
+  };
   try {
-    await stageModel(created, target, "target", cache, progress);
+    const targetName = `the target model ${fileName(target)}`;
+    const targetFiles = await stageModel(created, target, {
+      model: "target",
+      what: targetName,
+      stores,
+      progress,
+      gpu: { context, maxMemoryMb },
+    });
     const info = JSON.parse(
-      named(`the target model ${fileName(target)}`, () =>
-        created.load_target(context ?? undefined, maxMemoryMb ?? undefined, (done, total) =>
-          progress({ model: "target", phase: "upload", file: null, loaded: done, total }),
+      closingAfter(targetFiles, () =>
+        named(targetName, () =>
+          created.load_target(context ?? undefined, maxMemoryMb ?? undefined, (done, total) =>
+            progress({ model: "target", phase: "upload", file: null, loaded: done, total }),
+          ),
         ),
       ),
     );
@@ -137,11 +167,23 @@ async function load({ target, draft, context, maxMemoryMb, cache: useCache = tru
     if (draft === "ngram") {
       draftKind = "ngram";
     } else if (draft) {
-      await stageModel(created, draft, "draft", cache, progress);
+      const draftName = `the draft model ${fileName(draft)}`;
+      // The draft gets the target's context and what the target left of the budget (checked
+      // exactly, in bytes, by load_draft).
+      const left = maxMemoryMb == null ? undefined : Math.max(0, Math.ceil(maxMemoryMb - info.gpu_memory_bytes / 1e6));
+      const draftFiles = await stageModel(created, draft, {
+        model: "draft",
+        what: draftName,
+        stores,
+        progress,
+        gpu: { context: info.context, maxMemoryMb: left },
+      });
       draftInfo = JSON.parse(
-        named(`the draft model ${fileName(draft)}`, () =>
-          created.load_draft((done, total) =>
-            progress({ model: "draft", phase: "upload", file: null, loaded: done, total }),
+        closingAfter(draftFiles, () =>
+          named(draftName, () =>
+            created.load_draft((done, total) =>
+              progress({ model: "draft", phase: "upload", file: null, loaded: done, total }),
+            ),
           ),
         ),
       );
@@ -149,7 +191,13 @@ async function load({ target, draft, context, maxMemoryMb, cache: useCache = tru
     }
     if (draftKind) progress({ model: "draft", phase: "ready", file: null, loaded: 1, total: 1 });
     engine = created;
-    return { adapter: await describeAdapter(created.adapter()), info, draftInfo, draftKind };
+    return {
+      adapter: await describeAdapter(created.adapter()),
+      info,
+      draftInfo,
+      draftKind,
+      wasmMemoryBytes: created.wasm_memory_bytes(),
+    };
   } catch (err) {
     created.free();
     throw err;
@@ -183,6 +231,26 @@ function named(what, fn) {
   }
 }
 
+/** Runs `fn`, then closes the weight files it read (also when it throws). */
+function closingAfter(files, fn) {
+  try {
+    return fn();
+  } finally {
+    closeAll(files);
+  }
+}
+
+/** @param {Array<WeightFile>} files */
+function closeAll(files) {
+  for (const f of files) {
+    try {
+      f.close();
+    } catch (err) {
+      console.warn(`wgspec: closing a weight file: ${errorMessage(err)}`);
+    }
+  }
+}
+
 async function openCache() {
   try {
     return self.caches ? await self.caches.open(CACHE_NAME) : null;
@@ -198,68 +266,102 @@ function fileName(url) {
 }
 
 /**
+ * What loading one model needs.
+ * @typedef {object} ModelLoad
+ * @property {"target"|"draft"} model
+ * @property {string} what the model in messages ("the target model x.gguf")
+ * @property {{cache: Cache|null, files: FileSystemDirectoryHandle|null}} stores
+ * @property {(event: object) => void} progress
+ * @property {{context?: number, maxMemoryMb?: number}} gpu what a GGUF model is checked against
+ *   before its weights are downloaded
+ */
+
+/**
+ * A weight file staged as a read function; `close` releases its storage (an OPFS handle).
+ * @typedef {{size: number, read: (offset: number, length: number) => Uint8Array, close: () => void}} WeightFile
+ */
+
+/**
  * Stages the files of one model. `url` is a .gguf file, or a Hugging Face folder (ending with
  * "/") holding config.json, tokenizer.json, optional tokenizer_config.json and
  * model.safetensors or model.safetensors.index.json with its shards.
+ * @param {any} eng the WebEngine
+ * @param {string} url
+ * @param {ModelLoad} load
+ * @returns {Promise<Array<WeightFile>>} the staged weight files, to close after loading
  */
-async function stageModel(eng, url, model, cache, progress) {
-  const isFolder = new URL(url).pathname.endsWith("/");
-  if (!isFolder) {
-    await stageFile(eng, "model.gguf", url, model, cache, progress);
-    return;
-  }
-  const at = (name) => new URL(name, url).href;
-  await stageFile(eng, "config.json", at("config.json"), model, cache, progress);
-  await stageFile(eng, "tokenizer.json", at("tokenizer.json"), model, cache, progress);
-  await stageFile(eng, "tokenizer_config.json", at("tokenizer_config.json"), model, cache, progress, {
-    optional: true,
-  });
-  const index = await download(at("model.safetensors.index.json"), model, cache, progress, {
-    optional: true,
-  });
-  let shards = ["model.safetensors"];
-  if (index) {
-    const weightMap = JSON.parse(new TextDecoder().decode(index)).weight_map || {};
-    shards = [...new Set(Object.values(weightMap))];
-    if (shards.length === 0) throw new Error(`${at("model.safetensors.index.json")}: empty weight_map`);
-  }
-  for (const shard of shards) {
-    await stageFile(eng, shard, at(shard), model, cache, progress);
+async function stageModel(eng, url, load) {
+  const files = [];
+  try {
+    const isFolder = new URL(url).pathname.endsWith("/");
+    if (!isFolder) {
+      files.push(await stageWeights(eng, "model.gguf", url, load, { checkGguf: true }));
+      return files;
+    }
+    const at = (name) => new URL(name, url).href;
+    await stageFile(eng, "config.json", at("config.json"), load);
+    await stageFile(eng, "tokenizer.json", at("tokenizer.json"), load);
+    await stageFile(eng, "tokenizer_config.json", at("tokenizer_config.json"), load, { optional: true });
+    const index = await download(at("model.safetensors.index.json"), load, { optional: true });
+    let shards = ["model.safetensors"];
+    if (index) {
+      const weightMap = JSON.parse(new TextDecoder().decode(index)).weight_map || {};
+      shards = [...new Set(Object.values(weightMap))];
+      if (shards.length === 0) throw new Error(`${at("model.safetensors.index.json")}: empty weight_map`);
+    }
+    for (const shard of shards) {
+      files.push(await stageWeights(eng, shard, at(shard), load, { checkGguf: false }));
+    }
+    return files;
+  } catch (err) {
+    closeAll(files);
+    throw err;
   }
 }
 
-/** Downloads one file and copies it into wasm memory; the JS copy is dropped right after. */
-async function stageFile(eng, name, url, model, cache, progress, { optional = false } = {}) {
-  const bytes = await download(url, model, cache, progress, { optional });
+/** Downloads one small (JSON) file and copies it into wasm memory; the JS copy is dropped right after. */
+async function stageFile(eng, name, url, load, { optional = false } = {}) {
+  const bytes = await download(url, load, { optional });
   if (bytes) eng.stage_file(name, bytes);
   // `bytes` goes out of scope here: the wasm side holds the only copy.
 }
 
+/** Opens one weight file (see {@link openWeights}) and stages it as a read function. */
+async function stageWeights(eng, name, url, load, { checkGguf }) {
+  const file = await openWeights(eng, url, load, { checkGguf });
+  try {
+    eng.stage_source(name, file.size, file.read);
+  } catch (err) {
+    file.close();
+    throw err;
+  }
+  return file;
+}
+
 /**
- * Returns the bytes of `url`, from the Cache API when present there (phase "cache"), else
- * downloaded (phase "download") and then stored in the cache. With `optional`, a 404 gives null.
+ * Returns the bytes of a small file, from the Cache API when present there (phase "cache"),
+ * else downloaded (phase "download") and then stored in the cache. With `optional`, a 404
+ * gives null.
+ * @param {string} url
+ * @param {ModelLoad} load
  * @returns {Promise<Uint8Array|null>}
  */
-async function download(url, model, cache, progress, { optional = false } = {}) {
+async function download(url, { model, stores, progress }, { optional = false } = {}) {
   const file = fileName(url);
+  const cache = stores.cache;
   let response = cache ? await cache.match(url).catch(() => undefined) : undefined;
   const cached = Boolean(response);
   if (!response) {
-    try {
-      response = await fetch(url);
-    } catch (err) {
-      throw new Error(`download failed: ${url}: ${errorMessage(err)}`);
-    }
-    if (optional && response.status === 404) return null;
-    if (!response.ok) {
-      const status = `HTTP ${response.status}${response.statusText ? " " + response.statusText : ""}`;
-      throw new Error(`download failed: ${url}: ${status}`);
-    }
+    response = await request(url, { optional });
+    if (!response) return null;
   }
   const phase = cached ? "cache" : "download";
-  const bytes = await readBody(response, url, (loaded, total) =>
+  const total = contentLength(response);
+  const sink = memorySink(total);
+  const loaded = await readBody(response, url, sink, total, (loaded, total) =>
     progress({ model, phase, file, loaded, total }),
   );
+  const bytes = sink.bytes(loaded);
   if (cache && !cached && response.status === 200) {
     try {
       const headers = { "content-length": String(bytes.byteLength) };
@@ -273,48 +375,383 @@ async function download(url, model, cache, progress, { optional = false } = {}) 
 }
 
 /**
- * Reads a response body with progress. With a known Content-Length (and no content encoding,
- * which would make it the compressed size) the bytes go straight into one preallocated array.
+ * Fetches `url`: the response, or null for a 404 of an `optional` file; any other failure
+ * throws naming the URL and the HTTP status. `noStore`: keep it out of the HTTP cache (a file
+ * stored in OPFS needs no second copy there).
+ * @returns {Promise<Response|null>}
  */
-async function readBody(response, url, onProgress) {
+async function request(url, { optional = false, noStore = false } = {}) {
+  let response;
+  try {
+    response = await fetch(url, noStore ? { cache: "no-store" } : undefined);
+  } catch (err) {
+    throw new Error(`download failed: ${url}: ${errorMessage(err)}`);
+  }
+  if (optional && response.status === 404) return null;
+  if (!response.ok) {
+    const status = `HTTP ${response.status}${response.statusText ? " " + response.statusText : ""}`;
+    throw new Error(`download failed: ${url}: ${status}`);
+  }
+  return response;
+}
+
+/** The body's length in bytes, or null when unknown (or the compressed size of an encoded body). */
+function contentLength(response) {
   const length = Number(response.headers.get("content-length"));
   const encoded = response.headers.get("content-encoding");
-  const total = Number.isFinite(length) && length > 0 && !encoded ? length : null;
+  return Number.isFinite(length) && length > 0 && !encoded ? length : null;
+}
+
+/**
+ * Where a download's bytes go, chunk by chunk.
+ * @typedef {object} Sink
+ * @property {(chunk: Uint8Array, at: number) => void} write
+ * @property {(length: number) => Uint8Array} prefix the first `length` bytes written
+ */
+
+/**
+ * A JS array (outside wasm memory): preallocated when the length is known, else grown.
+ * @param {number|null} total
+ * @returns {Sink & {bytes: (length: number) => Uint8Array}}
+ */
+function memorySink(total) {
+  let buffer = new Uint8Array(total ?? 1 << 20);
+  return {
+    write(chunk, at) {
+      if (at + chunk.byteLength > buffer.byteLength) {
+        const grown = new Uint8Array(Math.max(buffer.byteLength * 2, at + chunk.byteLength));
+        grown.set(buffer.subarray(0, at));
+        buffer = grown;
+      }
+      buffer.set(chunk, at);
+    },
+    prefix: (length) => buffer.subarray(0, length),
+    bytes: (length) => (length === buffer.byteLength ? buffer : buffer.subarray(0, length)),
+  };
+}
+
+/**
+ * A file of the origin-private file system, written and read through its sync access handle.
+ * @param {FileSystemSyncAccessHandle} handle
+ * @param {string} file for messages
+ * @returns {Sink}
+ */
+function fileSink(handle, file) {
+  return {
+    write(chunk, at) {
+      let written;
+      try {
+        written = handle.write(chunk, { at });
+      } catch (err) {
+        throw new Error(`storing ${file} in the browser's storage failed: ${errorMessage(err)}`);
+      }
+      if (written !== chunk.byteLength) {
+        throw new Error(`storing ${file} in the browser's storage failed: wrote ${written} of ${chunk.byteLength} bytes`);
+      }
+    },
+    prefix: (length) => readHandle(handle, 0, length, file),
+  };
+}
+
+/** `length` bytes at `offset` of an OPFS file; throws when fewer are there. */
+function readHandle(handle, offset, length, file) {
+  const bytes = new Uint8Array(length);
+  const got = handle.read(bytes, { at: offset });
+  if (got !== length) throw new Error(`${file}: read ${got} of ${length} bytes at ${offset} from the browser's storage`);
+  return bytes;
+}
+
+/**
+ * Reads a response body into `sink` chunk by chunk, with progress (at most every 100 ms).
+ * `onChunk(loaded)` runs after each chunk; when it (or the download) fails, the download is
+ * cancelled, progress reports where it stopped and the error is thrown. A body shorter or
+ * longer than a known `total` is an error.
+ * @returns {Promise<number>} the bytes read
+ */
+async function readBody(response, url, sink, total, onProgress, onChunk = () => {}) {
   if (!response.body) {
     const bytes = new Uint8Array(await response.arrayBuffer());
+    sink.write(bytes, 0);
+    onChunk(bytes.byteLength);
     onProgress(bytes.byteLength, bytes.byteLength);
-    return bytes;
+    return bytes.byteLength;
   }
   const reader = response.body.getReader();
-  let buffer = new Uint8Array(total ?? 1 << 20);
   let loaded = 0;
   let lastReport = 0;
   onProgress(0, total);
   try {
     for (;;) {
-      const { done, value } = await reader.read();
-      if (done) break;
-      if (loaded + value.byteLength > buffer.byteLength) {
-        const grown = new Uint8Array(Math.max(buffer.byteLength * 2, loaded + value.byteLength));
-        grown.set(buffer.subarray(0, loaded));
-        buffer = grown;
+      let step;
+      try {
+        step = await reader.read();
+      } catch (err) {
+        throw new Error(`download failed: ${url}: ${errorMessage(err)}`);
       }
-      buffer.set(value, loaded);
-      loaded += value.byteLength;
+      if (step.done) break;
+      sink.write(step.value, loaded);
+      loaded += step.value.byteLength;
       const now = performance.now();
       if (now - lastReport > 100) {
         lastReport = now;
         onProgress(loaded, total);
       }
+      onChunk(loaded);
     }
   } catch (err) {
-    throw new Error(`download failed: ${url}: ${errorMessage(err)}`);
+    reader.cancel().catch(() => {});
+    onProgress(loaded, total); // where it stopped
+    throw err;
   }
   if (total !== null && loaded !== total) {
     throw new Error(`download failed: ${url}: got ${loaded} of ${total} bytes`);
   }
   onProgress(loaded, total ?? loaded);
-  return loaded === buffer.byteLength ? buffer : buffer.subarray(0, loaded);
+  return loaded;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Weight files: the origin-private file system, or JS memory
+
+/** The OPFS folder of weight files (one folder per file, named by the SHA-256 of its URL). */
+const STORE_NAME = "wgspec-models-v1";
+/** The most of a GGUF file's beginning its header may need (the engine's limit: 256 MiB). */
+const MAX_GGUF_HEADER = 256 * 1024 * 1024;
+/** Whether persistent storage has been asked for (once per worker). */
+let persistAsked = false;
+
+/**
+ * The OPFS folder of weight files, or null where the browser has no origin-private file system
+ * or no sync access handles (or storage is disabled).
+ * @returns {Promise<FileSystemDirectoryHandle|null>}
+ */
+async function openStore() {
+  try {
+    const storage = self.navigator.storage;
+    const syncHandles =
+      typeof FileSystemFileHandle !== "undefined" && "createSyncAccessHandle" in FileSystemFileHandle.prototype;
+    if (!storage?.getDirectory || !syncHandles || !self.crypto?.subtle) return null;
+    const root = await storage.getDirectory();
+    return await root.getDirectoryHandle(STORE_NAME, { create: true });
+  } catch {
+    return null;
+  }
+}
+
+/** The folder name of a URL's entry: the hex SHA-256 of the URL. */
+async function entryName(url) {
+  const digest = new Uint8Array(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(url)));
+  return Array.from(digest, (b) => b.toString(16).padStart(2, "0")).join("");
+}
+
+/**
+ * The complete stored copy of `url`, opened for reading, or null. An entry is complete when its
+ * `complete.json` (written last) names the URL and the data file's size; anything else (a
+ * download cut short, an older layout) is deleted here, never read.
+ * @returns {Promise<{handle: FileSystemSyncAccessHandle, size: number}|null>}
+ */
+async function openComplete(store, url) {
+  const name = await entryName(url);
+  let dir;
+  try {
+    dir = await store.getDirectoryHandle(name);
+  } catch {
+    return null; // no entry
+  }
+  const marker = await readMarker(dir);
+  const data = marker?.url === url ? await dir.getFileHandle("data").catch(() => null) : null;
+  if (data) {
+    // Throws while another worker (another tab) holds the file open.
+    const handle = await data.createSyncAccessHandle();
+    if (handle.getSize() === marker.size) return { handle, size: marker.size };
+    handle.close();
+  }
+  await store.removeEntry(name, { recursive: true });
+  return null;
+}
+
+/** The entry's `complete.json`, or null when it is missing or unreadable. */
+async function readMarker(dir) {
+  try {
+    const file = await (await dir.getFileHandle("complete.json")).getFile();
+    const marker = JSON.parse(await file.text());
+    return typeof marker?.url === "string" && Number.isSafeInteger(marker.size) ? marker : null;
+  } catch {
+    return null;
+  }
+}
+
+/**
+ * A new, empty entry for `url`: its data file open for writing. `finish(size)` marks it
+ * complete (the data flushed, then `complete.json` written); `discard()` deletes it.
+ */
+async function createEntry(store, url) {
+  const name = await entryName(url);
+  await store.removeEntry(name, { recursive: true }).catch(() => {});
+  const dir = await store.getDirectoryHandle(name, { create: true });
+  const handle = await (await dir.getFileHandle("data", { create: true })).createSyncAccessHandle();
+  handle.truncate(0);
+  return {
+    handle,
+    async finish(size) {
+      handle.flush();
+      const marker = await (await dir.getFileHandle("complete.json", { create: true })).createSyncAccessHandle();
+      try {
+        const bytes = new TextEncoder().encode(JSON.stringify({ url, size }));
+        marker.truncate(0);
+        marker.write(bytes, { at: 0 });
+        marker.flush();
+      } finally {
+        marker.close();
+      }
+    },
+    async discard() {
+      try {
+        handle.close();
+      } catch {
+        // already closed
+      }
+      await store.removeEntry(name, { recursive: true }).catch(() => {});
+    },
+  };
+}
+
+/**
+ * Refuses a download of `length` bytes (`what`: the file, in messages) that the site's storage
+ * quota cannot hold, and asks once for persistent storage (so the browser does not evict the
+ * models; where workers may not ask, wgspec.js asks from the page).
+ */
+async function checkQuota(what, length) {
+  const storage = self.navigator.storage;
+  if (!persistAsked) {
+    persistAsked = true;
+    storage.persist?.().catch(() => {});
+  }
+  let estimate;
+  try {
+    estimate = await storage.estimate();
+  } catch {
+    return; // no estimate: the writes will tell
+  }
+  const { quota, usage } = estimate;
+  if (typeof quota !== "number" || typeof usage !== "number" || quota - usage >= length) return;
+  const mb = (bytes) => (Math.max(0, bytes) / 1e6).toFixed(0);
+  throw new Error(
+    `${what} needs ${mb(length)} MB of storage, the browser allows ${mb(quota - usage)} MB more ` +
+      `for this site (free space, clear the stored models with WgSpec.clearCache(), or load with cache: false)`,
+  );
+}
+
+/**
+ * Checks a GGUF model from the first `have` bytes of its file of `size` bytes (read by
+ * `prefix(n)`) against the adapter's limits and the GPU memory budget. Returns the engine's
+ * answer: `{need}` when the header needs more bytes; a model that cannot load throws.
+ */
+function checkGgufPrefix(eng, prefix, have, size, { context, maxMemoryMb }) {
+  const n = Math.min(have, size, MAX_GGUF_HEADER);
+  return JSON.parse(eng.check_gguf(prefix(n), size, context ?? undefined, maxMemoryMb ?? undefined));
+}
+
+/**
+ * A complete stored copy as a weight file, after the GGUF check (`check`, unless null) from its
+ * first bytes; the handle is closed when the check throws.
+ */
+function openStored({ handle, size }, file, check, onProgress) {
+  try {
+    onProgress(0, size);
+    if (check) {
+      const prefix = (n) => readHandle(handle, 0, n, file);
+      let have = Math.min(size, 1 << 20);
+      for (;;) {
+        const answer = check(prefix, have, size);
+        if (answer.need === undefined || have >= size) break;
+        have = answer.need;
+      }
+    }
+    onProgress(size, size);
+  } catch (err) {
+    handle.close();
+    throw err;
+  }
+  return { size, read: (offset, length) => readHandle(handle, offset, length, file), close: () => handle.close() };
+}
+
+/**
+ * Opens a weight file: the complete copy in the origin-private file system when there is one
+ * (phase "cache", no request), else downloaded (phase "download") chunk by chunk into it, or,
+ * without OPFS sync access handles (or with `cache: false`), into a JS array outside wasm
+ * memory. With `checkGguf`, the model's header is checked from the file's first bytes (as they
+ * arrive) and a model that cannot load on this adapter or within the budget is refused before
+ * the rest is downloaded.
+ * @param {string} url
+ * @param {ModelLoad} load
+ * @returns {Promise<WeightFile>}
+ */
+async function openWeights(eng, url, load, { checkGguf }) {
+  const { model, what, stores, progress } = load;
+  const file = fileName(url);
+  const check = (prefix, have, size) => named(what, () => checkGgufPrefix(eng, prefix, have, size, load.gpu));
+  let store = stores.files;
+
+  if (store) {
+    let stored = null;
+    try {
+      stored = await openComplete(store, url);
+    } catch (err) {
+      // E.g. another tab holds the file open: this load keeps its own copy in memory.
+      console.warn(`wgspec: the stored copy of ${url} is unusable (${errorMessage(err)}); downloading it into memory`);
+      store = null;
+    }
+    if (stored) return openStored(stored, file, checkGguf ? check : null, (loaded, total) =>
+      progress({ model, phase: "cache", file, loaded, total }),
+    );
+  }
+
+  const response = await request(url, { noStore: Boolean(store) });
+  const total = contentLength(response);
+  let entry = null;
+  if (store) {
+    try {
+      if (total !== null) await checkQuota(what.endsWith(file) ? what : `${what}: ${file}`, total);
+    } catch (err) {
+      response.body?.cancel().catch(() => {});
+      throw err;
+    }
+    try {
+      entry = await createEntry(store, url);
+    } catch (err) {
+      console.warn(`wgspec: cannot store ${url} (${errorMessage(err)}); downloading it into memory`);
+    }
+  }
+  const sink = entry ? fileSink(entry.handle, file) : memorySink(total);
+  // The GGUF check as the first bytes arrive (the file's length must be known).
+  let need = checkGguf && total !== null ? 0 : Infinity;
+  const onChunk = (loaded) => {
+    if (loaded < need) return;
+    const answer = check(sink.prefix, loaded, total);
+    need = answer.need ?? Infinity;
+  };
+  let loaded;
+  try {
+    loaded = await readBody(
+      response,
+      url,
+      sink,
+      total,
+      (loaded, total) => progress({ model, phase: "download", file, loaded, total }),
+      onChunk,
+    );
+    await entry?.finish(loaded);
+  } catch (err) {
+    await entry?.discard();
+    throw err;
+  }
+  if (entry) {
+    const { handle } = entry;
+    return { size: loaded, read: (offset, length) => readHandle(handle, offset, length, file), close: () => handle.close() };
+  }
+  const bytes = sink.bytes(loaded);
+  return { size: loaded, read: (offset, length) => bytes.subarray(offset, offset + length), close: () => {} };
 }
 
 // ---------------------------------------------------------------------------------------------
