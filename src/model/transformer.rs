@@ -40,7 +40,7 @@ pub struct LoadOptions {
 }
 
 /// [`LoadOptions::read_bytes`] by default.
-pub const DEFAULT_READ_BYTES: u64 = 16 << 20;
+pub const DEFAULT_READ_BYTES: u64 = 8 << 20;
 
 impl Default for LoadOptions {
     fn default() -> Self {
@@ -183,7 +183,7 @@ impl Model {
         ] {
             if bytes > gpu.max_binding_bytes() {
                 return Err(Error::GpuLimit(format!(
-                    "{label} needs {bytes} bytes in one binding; the adapter allows {}",
+                    "{label} needs {bytes} bytes in one binding; the adapter allows {} (maxStorageBufferBindingSize, maxBufferSize)",
                     gpu.max_binding_bytes()
                 )));
             }

@@ -197,6 +197,9 @@ impl Upload<'_> {
                 values.extend(quant::dequantize(parts[p].dtype, row_of(p, r)?, cols)?);
             }
             pack_f32_rows(&values, batch.len(), cols)
+        } else if let Some(bytes) = in_order(batch, &spans) {
+            // rows of one part in file order (a plain matrix): packed straight from the read
+            pack_rows(format, bytes, batch.len(), cols)
         } else {
             let mut bytes = Vec::new();
             for &(p, r) in batch {
@@ -206,6 +209,15 @@ impl Upload<'_> {
         };
         packed.map_err(|e| Error::InvalidArgument(format!("{}: {e}", parts[0].spec.name)))
     }
+}
+
+/// The bytes read for `batch` when its rows are consecutive rows of one part, in order (then the
+/// read is the batch, with no copy to assemble it).
+fn in_order<'a>(batch: &[(usize, usize)], spans: &'a [Option<(usize, Vec<u8>)>]) -> Option<&'a [u8]> {
+    let &(p, r0) = batch.first()?;
+    let consecutive = batch.iter().enumerate().all(|(i, &(q, r))| q == p && r == r0 + i);
+    let (lo, bytes) = spans.get(p)?.as_ref()?;
+    (consecutive && *lo == r0).then_some(bytes.as_slice())
 }
 
 impl Matrix {

@@ -30,7 +30,7 @@ export interface LoadOptions {
    * allocation (a GGUF model from its first bytes, before the rest is downloaded).
    */
   maxMemoryMb?: number;
-  /** MB of a weight file read into wasm memory at once while loading (default 16 MiB). */
+  /** MB of a weight file read into wasm memory at once while loading (default 8 MiB). */
   readMb?: number;
   onProgress?: (event: ProgressEvent) => void;
   /** A Worker to use, or the URL of worker.js (default: worker.js next to wgspec.js). */

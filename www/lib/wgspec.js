@@ -216,7 +216,7 @@ export class WgSpec {
    *   together (weights, KV cache, scratch); a model over it is refused before any allocation
    *   with the bill in the message. No limit by default.
    * @param {number} [options.readMb] MB of a weight file read into wasm memory at once while
-   *   loading (default 16 MiB, about 16.8 MB).
+   *   loading (default 8 MiB, about 8.4 MB).
    * @param {(event: {model: "target"|"draft", phase: "download"|"cache"|"upload"|"ready",
    *   file: string|null, loaded: number, total: number|null}) => void} [options.onProgress]
    *   bytes for download/cache (total null when unknown), tensors for upload.

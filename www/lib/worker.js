@@ -20,7 +20,7 @@
 // re-entered); "abort" is the exception and is processed while a generation awaits the GPU.
 //
 // Model files. Weight files (.gguf, .safetensors) are never whole in wasm memory: the engine reads
-// them by ranges, a batch of rows at a time (16 MiB by default, `readMb`), while it uploads them
+// them by ranges, a batch of rows at a time (8 MiB by default, `readMb`), while it uploads them
 // to the GPU. They stream from the network chunk by chunk into the origin-private file system
 // (OPFS folder "wgspec-models-v1", one folder per file named by the SHA-256 of its URL: `data`,
 // then `complete.json` written last once the whole body is in) and are read back through a
