@@ -77,25 +77,61 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
+/// Most likely first; equal logits by ascending index (a strict total order, so the top k are
+/// one set whatever the algorithm that finds them).
+fn likelier(logits: &[f32]) -> impl Fn(&u32, &u32) -> std::cmp::Ordering + '_ {
+    |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b))
+}
+
 /// The distribution that sampling with `params` draws from: softmax(logits / T) restricted to
-/// top-k and top-p, renormalised. Returned as (token, probability) pairs, most likely first.
-/// Greedy params give the one-hot distribution of the argmax.
+/// top-k and top-p, renormalised, as (token, probability) pairs. With a top-k or a top-p the
+/// pairs kept come most likely first; with neither, every token in id order (no sort: a
+/// 151,936-token row costs one pass). Greedy params give the one-hot distribution of the argmax.
+///
+/// Cost: O(n) to select the top k (then O(k log k)); for a top-p without a top-k, the most likely
+/// tokens are selected in growing prefixes (64, 256, ...) until they hold the mass, so a peaked
+/// row costs O(n) and only a flat one approaches a full sort.
 pub fn distribution(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> {
     if params.is_greedy() || logits.is_empty() {
         return vec![(argmax(logits), 1.0)];
     }
     let t = params.temperature as f64;
+    let order = likelier(logits);
     let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
-    // Most likely first; equal logits by ascending index (deterministic).
-    idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
-    if params.top_k > 0 {
+    if params.top_k > 0 && params.top_k < idx.len() {
+        idx.select_nth_unstable_by(params.top_k - 1, &order);
         idx.truncate(params.top_k);
+        idx.sort_unstable_by(&order);
+    } else if params.top_k > 0 {
+        idx.sort_unstable_by(&order);
     }
-    let max = logits[idx[0] as usize] as f64;
+    let max = idx.iter().map(|&i| logits[i as usize]).fold(f32::NEG_INFINITY, f32::max) as f64;
     let mut probs: Vec<f64> = idx.iter().map(|&i| ((logits[i as usize] as f64 - max) / t).exp()).collect();
     let sum: f64 = probs.iter().sum();
     probs.iter_mut().for_each(|p| *p /= sum);
     if params.top_p < 1.0 {
+        if params.top_k == 0 {
+            // The most likely first, in growing prefixes until one holds top_p of the mass.
+            let mut pairs: Vec<(u32, f64)> = idx.into_iter().zip(probs).collect();
+            let by_logit = |a: &(u32, f64), b: &(u32, f64)| order(&a.0, &b.0);
+            let mut sorted = 0;
+            let mut m = 64;
+            loop {
+                let m_now = m.min(pairs.len());
+                if m_now < pairs.len() {
+                    pairs[sorted..].select_nth_unstable_by(m_now - 1 - sorted, by_logit);
+                }
+                pairs[sorted..m_now].sort_unstable_by(by_logit);
+                sorted = m_now;
+                let mass: f64 = pairs[..sorted].iter().map(|p| p.1).sum();
+                if mass >= params.top_p as f64 || sorted == pairs.len() {
+                    break;
+                }
+                m *= 4;
+            }
+            pairs.truncate(sorted);
+            (idx, probs) = pairs.into_iter().unzip();
+        }
         let mut acc = 0.0;
         let mut keep = probs.len();
         for (i, p) in probs.iter().enumerate() {

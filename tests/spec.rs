@@ -833,3 +833,78 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
         }
     }
 }
+
+/// The distribution sampling draws from, computed the plain way: every token sorted, most likely
+/// first (ties by id), top-k, softmax, top-p, renormalised.
+fn distribution_by_full_sort(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> {
+    let mut idx: Vec<u32> = (0..logits.len() as u32).collect();
+    idx.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+    if params.top_k > 0 {
+        idx.truncate(params.top_k);
+    }
+    let max = logits[idx[0] as usize] as f64;
+    let t = params.temperature as f64;
+    let mut probs: Vec<f64> = idx.iter().map(|&i| ((logits[i as usize] as f64 - max) / t).exp()).collect();
+    let sum: f64 = probs.iter().sum();
+    probs.iter_mut().for_each(|p| *p /= sum);
+    let mut acc = 0.0;
+    let keep = probs.iter().position(|p| {
+        acc += p;
+        acc >= params.top_p as f64
+    });
+    let keep = keep.filter(|_| params.top_p < 1.0).map_or(probs.len(), |i| i + 1);
+    idx.truncate(keep);
+    probs.truncate(keep);
+    let sum: f64 = probs.iter().sum();
+    idx.into_iter().zip(probs.into_iter().map(|p| p / sum)).collect()
+}
+
+#[test]
+fn sampling_distribution_selects_what_a_full_sort_does() {
+    // Flat, peaked and tied rows, small and vocabulary-sized: the selection (top-k by a partial
+    // select, top-p in growing prefixes, no sort without either) must keep exactly the tokens a
+    // full sort keeps, in its order wherever a top-k or top-p asks for one, with the same
+    // probabilities (summed in another order: 1e-12).
+    let mut r = rng(900);
+    let mut rows: Vec<Vec<f32>> = Vec::new();
+    for n in [7usize, 300, 151_936] {
+        rows.push((0..n).map(|_| r.gen_range(-10.0f32..10.0)).collect()); // flat
+        let mut peaked: Vec<f32> = (0..n).map(|_| r.gen_range(-10.0f32..0.0)).collect();
+        for _ in 0..5 {
+            let i = r.gen_range(0..n);
+            peaked[i] = r.gen_range(5.0f32..15.0);
+        }
+        rows.push(peaked);
+        rows.push((0..n).map(|i| (i % 5) as f32).collect()); // ties everywhere
+    }
+    for row in &rows {
+        for (top_k, top_p) in [
+            (0, 1.0f32),
+            (0, 0.9),
+            (0, 0.5),
+            (0, 0.01),
+            (1, 1.0),
+            (5, 0.8),
+            (40, 1.0),
+            (100_000, 0.95),
+            (200_000, 1.0),
+        ] {
+            let params = SamplingParams { temperature: 0.7, top_k, top_p, seed: 0 };
+            let what = format!("{} tokens, top_k {top_k}, top_p {top_p}", row.len());
+            let got = sampling::distribution(row, &params);
+            let want = distribution_by_full_sort(row, &params);
+            let in_id_order = top_k == 0 && top_p == 1.0;
+            let mut got_sorted = got.clone();
+            if in_id_order {
+                assert!(got.windows(2).all(|w| w[0].0 < w[1].0), "{what}: not in id order");
+                got_sorted
+                    .sort_by(|a, b| row[b.0 as usize].total_cmp(&row[a.0 as usize]).then(a.0.cmp(&b.0)));
+            }
+            assert_eq!(got_sorted.len(), want.len(), "{what}: tokens kept");
+            for (g, w) in got_sorted.iter().zip(&want) {
+                assert_eq!(g.0, w.0, "{what}: token order");
+                assert!((g.1 - w.1).abs() <= 1e-12, "{what}: p({}) {} vs {}", g.0, g.1, w.1);
+            }
+        }
+    }
+}
