@@ -14,6 +14,7 @@ use serde::{Deserialize, Serialize};
 use crate::error::{Error, Result};
 use crate::files::OpenedModel;
 use crate::gpu::Gpu;
+use crate::loader::source;
 use crate::model::{LoadOptions, LoadProgress, Model, TensorTable};
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
@@ -315,7 +316,19 @@ impl Engine {
         opts: &LoadOptions,
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<Engine> {
-        let model = Model::load(gpu, &target.checkpoint, opts, &mut |p| progress(Role::Target, p))?;
+        source::now("loading the target", Engine::load_async(gpu, target, opts, progress))
+    }
+
+    /// [`Engine::load`], waiting for the weights where a file is still arriving (the browser
+    /// overlaps a model's download with its upload).
+    pub async fn load_async(
+        gpu: Arc<Gpu>,
+        target: OpenedModel,
+        opts: &LoadOptions,
+        progress: &mut dyn FnMut(Role, LoadProgress),
+    ) -> Result<Engine> {
+        let model =
+            Model::load_async(gpu, &target.checkpoint, opts, &mut |p| progress(Role::Target, p)).await?;
         let info = ModelInfo::of(&model, target.checkpoint.file_bytes(), target.chat_template.as_ref());
         let mut engine = Engine::new(model, target.tokenizer, target.chat_template);
         engine.target_info = info;
@@ -343,6 +356,15 @@ impl Engine {
         draft: OpenedModel,
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&ModelInfo> {
+        source::now("loading the draft", self.load_draft_async(draft, progress))
+    }
+
+    /// [`Engine::load_draft`], waiting for the weights where a file is still arriving.
+    pub async fn load_draft_async(
+        &mut self,
+        draft: OpenedModel,
+        progress: &mut dyn FnMut(Role, LoadProgress),
+    ) -> Result<&ModelInfo> {
         self.draft = None; // the old draft's GPU memory goes first
         speculative::check_draft(
             (&self.target.config, &self.prompter.tokenizer),
@@ -353,7 +375,8 @@ impl Engine {
         let opts =
             LoadOptions { context: Some(self.target.context()), max_memory, ..self.load_options.clone() };
         let gpu = self.target.gpu().clone();
-        let model = Model::load(gpu, &draft.checkpoint, &opts, &mut |p| progress(Role::Draft, p))?;
+        let model =
+            Model::load_async(gpu, &draft.checkpoint, &opts, &mut |p| progress(Role::Draft, p)).await?;
         let info = ModelInfo::of(&model, draft.checkpoint.file_bytes(), draft.chat_template.as_ref());
         self.attach_draft(model, info)
     }

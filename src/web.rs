@@ -9,7 +9,7 @@
 //! const engine = await WebEngine.create();            // WebGPU adapter + device, pipelines
 //! engine.stage_file("config.json", bytes);            // small files: copied into wasm memory
 //! engine.stage_source("model.gguf", size, (offset, length) => bytes);  // weights: read by ranges
-//! const info = JSON.parse(engine.load_target(2048, undefined, (done, total) => {}));
+//! const info = JSON.parse(await engine.load_target(2048, undefined, (done, total) => {}));
 //! info.wasm_memory_bytes;                              // wasm memory after the load
 //! const out = JSON.parse(await engine.generate(JSON.stringify({ prompt: "Hi", draft: "ngram" }),
 //!     (id, text, fromDraft) => true));                // return false to stop
@@ -62,12 +62,16 @@ pub struct WebEngine {
 pub struct JsSource {
     len: u64,
     read: Function,
+    /// `ready(end)`: undefined when the bytes before `end` can be read, else a promise that
+    /// resolves when they can (a download in progress) or rejects (the download failed).
+    ready: Option<Function>,
 }
 
 impl JsSource {
-    /// A file of `len` bytes read by `read(offset, length) => Uint8Array`.
-    pub fn new(len: u64, read: Function) -> JsSource {
-        JsSource { len, read }
+    /// A file of `len` bytes read by `read(offset, length) => Uint8Array`, whose bytes before
+    /// `end` can be read once `ready(end)` (if given) has resolved.
+    pub fn new(len: u64, read: Function, ready: Option<Function>) -> JsSource {
+        JsSource { len, read, ready }
     }
 }
 
@@ -90,6 +94,30 @@ impl Source for JsSource {
         }
         bytes.copy_to(buf);
         Ok(())
+    }
+
+    fn ready(&self, end: u64) -> Option<crate::loader::source::Wait<'_>> {
+        let waiting = self.ready.as_ref()?.call1(&JsValue::NULL, &JsValue::from(end as f64));
+        let promise = match waiting {
+            Ok(v) if v.is_undefined() || v.is_null() => return None,
+            Ok(v) => v
+                .dyn_into::<js_sys::Promise>()
+                .map_err(|_| "ready() returned neither undefined nor a promise".to_string()),
+            Err(e) => Err(format!("{e:?}")),
+        };
+        Some(Box::pin(async move {
+            let failed =
+                |why: String| Error::io("model file", format!("waiting for its first {end} bytes: {why}"));
+            let promise = promise.map_err(failed)?;
+            wasm_bindgen_futures::JsFuture::from(promise).await.map_err(|e| {
+                failed(
+                    e.as_string()
+                        .or_else(|| e.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message())))
+                        .unwrap_or_else(|| format!("{e:?}")),
+                )
+            })?;
+            Ok(())
+        }))
     }
 }
 
@@ -149,12 +177,20 @@ impl WebEngine {
 
     /// Stages a weight file (`model.gguf` or `*.safetensors`) of `length` bytes, read by
     /// `read(offset, length)`, which must return a `Uint8Array` of exactly `length` bytes
-    /// synchronously. Loading reads the header, then the weights a batch of rows at a time.
-    pub fn stage_source(&mut self, name: &str, length: f64, read: Function) -> Result<(), JsError> {
+    /// synchronously. Loading reads the header, then the weights a batch of rows at a time. For a
+    /// file still downloading, `ready(end)` returns undefined when its bytes before `end` are in,
+    /// else a promise of them: the load waits for each batch (the header must be in at staging).
+    pub fn stage_source(
+        &mut self,
+        name: &str,
+        length: f64,
+        read: Function,
+        ready: Option<Function>,
+    ) -> Result<(), JsError> {
         if !(length >= 0.0 && length <= 2f64.powi(53)) {
             return Err(js_err(Error::InvalidArgument(format!("{name}: a length of {length} bytes"))));
         }
-        self.staged.add_source(name, Box::new(JsSource { len: length as u64, read })).map_err(js_err)
+        self.staged.add_source(name, Box::new(JsSource::new(length as u64, read, ready))).map_err(js_err)
     }
 
     /// The most bytes of a weight file read into wasm memory at once while loading (default
@@ -200,18 +236,22 @@ impl WebEngine {
     /// Loads the staged files as the target (replacing any target and draft), with `context`
     /// KV positions (default: min(model context, 4096)) and at most `max_memory_mb` MB of GPU
     /// memory for the target and its draft together (weights, KV cache, scratch; no limit by
-    /// default): a model over it is refused before anything is allocated. Returns a JSON summary.
+    /// default): a model over it is refused before anything is allocated. Resolves to a JSON
+    /// summary once the weights are on the GPU (waiting for files still arriving: see
+    /// [`WebEngine::stage_source`]); the engine is busy meanwhile.
     pub fn load_target(
         &mut self,
         context: Option<u32>,
         max_memory_mb: Option<u32>,
-        on_progress: &Function,
-    ) -> Result<String, JsError> {
-        let mut slot = self.slot.borrow_mut();
-        if slot.busy {
-            return Err(js_err(Error::Busy("a generation is running".into())));
+        on_progress: Function,
+    ) -> Result<js_sys::Promise, JsError> {
+        {
+            let mut slot = self.slot.borrow_mut();
+            if slot.busy {
+                return Err(js_err(Error::Busy("the engine is busy (a generation or a load)".into())));
+            }
+            slot.engine = None; // frees the previous models' GPU memory first
         }
-        slot.engine = None; // frees the previous models' GPU memory first
         let opened = std::mem::take(&mut self.staged).open().map_err(js_err)?;
         let opts = LoadOptions {
             context: context.map(|c| c as usize),
@@ -219,19 +259,44 @@ impl WebEngine {
             read_bytes: self.read_bytes,
             ..Default::default()
         };
-        let engine =
-            Engine::load(self.gpu.clone(), opened, &opts, &mut progress_to(on_progress)).map_err(js_err)?;
-        let info = to_json(engine.target_info())?;
-        slot.engine = Some(engine);
-        Ok(info)
+        let (gpu, slot) = (self.gpu.clone(), self.slot.clone());
+        slot.borrow_mut().busy = true;
+        Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let loaded = Engine::load_async(gpu, opened, &opts, &mut progress_to(&on_progress)).await;
+            let mut s = slot.borrow_mut();
+            s.busy = false;
+            let engine = loaded.map_err(|e| JsValue::from(js_err(e)))?;
+            let info = to_json(engine.target_info()).map_err(JsValue::from)?;
+            s.engine = Some(engine);
+            Ok(JsValue::from_str(&info))
+        }))
     }
 
-    /// Loads the staged files as the draft model (same tokenizer as the target, else an error).
-    pub fn load_draft(&mut self, on_progress: &Function) -> Result<String, JsError> {
-        let mut slot = self.slot.borrow_mut();
-        let engine = self.ready(&mut slot)?;
-        let opened = std::mem::take(&mut self.staged).open().map_err(js_err)?;
-        to_json(engine.load_draft(opened, &mut progress_to(on_progress)).map_err(js_err)?)
+    /// Loads the staged files as the draft model (same tokenizer as the target, else an error);
+    /// resolves to its JSON summary, as [`WebEngine::load_target`] does.
+    pub fn load_draft(&mut self, on_progress: Function) -> Result<js_sys::Promise, JsError> {
+        let mut engine = {
+            let mut slot = self.slot.borrow_mut();
+            self.ready(&mut slot)?;
+            slot.engine.take().ok_or_else(|| js_err(Error::Busy("no engine".into())))?
+        };
+        let opened = match std::mem::take(&mut self.staged).open() {
+            Ok(opened) => opened,
+            Err(e) => {
+                self.slot.borrow_mut().engine = Some(engine);
+                return Err(js_err(e));
+            }
+        };
+        let slot = self.slot.clone();
+        slot.borrow_mut().busy = true;
+        Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let loaded = engine.load_draft_async(opened, &mut progress_to(&on_progress)).await.map(to_json);
+            let mut s = slot.borrow_mut();
+            s.engine = Some(engine);
+            s.busy = false;
+            let info = loaded.map_err(|e| JsValue::from(js_err(e)))?.map_err(JsValue::from)?;
+            Ok(JsValue::from_str(&info))
+        }))
     }
 
     /// Drops the draft model (its GPU memory is freed).

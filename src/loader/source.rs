@@ -3,7 +3,14 @@
 //! loader reads a file's header and then each tensor's rows through this trait, a bounded chunk
 //! at a time, so a model never has to be whole in memory to be loaded.
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
+
 use crate::error::{Error, Result};
+
+/// A wait for bytes still arriving (in the browser, a download in progress).
+pub type Wait<'a> = Pin<Box<dyn Future<Output = Result<()>> + 'a>>;
 
 /// `Send + Sync` natively, where a model may be opened on one thread and loaded on another;
 /// nothing in the browser, whose JS objects stay on their thread.
@@ -29,8 +36,28 @@ pub trait Source: MaybeSend {
     }
 
     /// Fills `buf` with the bytes at `offset .. offset + buf.len()`; callers stay inside
-    /// [`Source::len`] (see [`read`]).
+    /// [`Source::len`] (see [`read`]) and, for a file still arriving, wait for them first
+    /// ([`Source::ready`]).
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+
+    /// A wait until the bytes before `end` can be read, for a file still arriving (a download
+    /// that the load overlaps); `None` when they can be read now (the default: a whole file).
+    fn ready(&self, _end: u64) -> Option<Wait<'_>> {
+        None
+    }
+}
+
+/// The result of a future that does not wait (a load whose files are whole: on disk, in memory,
+/// or stored in the browser), got by polling it once; one that would wait is an error, as the
+/// caller has no executor to wait with (the browser facade awaits the async loaders instead).
+pub fn now<T>(what: &str, future: impl Future<Output = Result<T>>) -> Result<T> {
+    let mut future = std::pin::pin!(future);
+    match future.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(result) => result,
+        Poll::Pending => Err(Error::InvalidArgument(format!(
+            "{what}: a model file is still arriving; use the async loader to wait for it"
+        ))),
+    }
 }
 
 /// The bytes at `offset .. offset + len` of `source`, or [`Error::Truncated`] when the range

@@ -212,6 +212,24 @@ impl Checkpoint {
         Ok(self.located(name, expected)?.info.dtype)
     }
 
+    /// Waits until rows `rows` of the tensor `name` (shape `expected`) can be read from its file
+    /// (at once unless the file is still arriving: see [`Source::ready`]).
+    pub async fn rows_ready(
+        &self,
+        name: &str,
+        expected: &[usize],
+        rows: std::ops::Range<usize>,
+    ) -> Result<()> {
+        let at = self.located(name, expected)?;
+        let cols = expected.get(1).copied().unwrap_or(1);
+        let end =
+            at.info.dtype.bytes_for((rows.end * cols) as u64).unwrap_or(at.info.n_bytes).min(at.info.n_bytes);
+        match at.file.ready(at.info.offset + end) {
+            Some(wait) => wait.await,
+            None => Ok(()),
+        }
+    }
+
     /// The stored bytes of rows `rows` of the tensor `name` (shape `expected`: `[rows, cols]`, or
     /// `[len]` read as rows of one element), read from its file; a NaN or an infinity among them fails, naming the element.
     pub fn read_rows(&self, name: &str, expected: &[usize], rows: std::ops::Range<usize>) -> Result<Vec<u8>> {

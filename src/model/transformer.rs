@@ -7,6 +7,7 @@ use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
 use super::weights::{LoadProgress, TensorTable, Weights};
 use crate::error::{Error, Result};
+use crate::loader::source;
 use bytemuck::Zeroable;
 
 use crate::gpu::{
@@ -216,8 +217,20 @@ impl Model {
         Ok(MemoryBill { total, context, file_weight_bytes })
     }
 
-    /// Uploads the checkpoint's weights and records the forward pass.
+    /// Uploads the checkpoint's weights and records the forward pass (files that are whole: see
+    /// [`Model::load_async`] for files still arriving).
     pub fn load(
+        gpu: Arc<Gpu>,
+        ckpt: &Checkpoint,
+        opts: &LoadOptions,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<Model> {
+        source::now("loading a model", Model::load_async(gpu, ckpt, opts, progress))
+    }
+
+    /// [`Model::load`], waiting for each batch of weights where a file is still arriving (a
+    /// download the load overlaps).
+    pub async fn load_async(
         gpu: Arc<Gpu>,
         ckpt: &Checkpoint,
         opts: &LoadOptions,
@@ -226,7 +239,8 @@ impl Model {
         let MemoryBill { total, context, file_weight_bytes } = Model::plan(&gpu, ckpt, opts)?;
         let c = ckpt.config.clone();
         let max_chunk = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(gpu.max_binding_bytes());
-        let weights = Weights::load(&gpu, ckpt, opts.precision, (max_chunk, opts.read_bytes), progress)?;
+        let weights =
+            Weights::load(&gpu, ckpt, opts.precision, (max_chunk, opts.read_bytes), progress).await?;
         let g = &*gpu;
         let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
         let state = RunState {

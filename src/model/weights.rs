@@ -49,29 +49,29 @@ impl Upload<'_> {
     }
 
     /// The matrix `spec` (`[rows, cols]`), as stored.
-    pub fn matrix(&self, spec: &TensorSpec) -> Result<Matrix> {
+    pub async fn matrix(&self, spec: &TensorSpec) -> Result<Matrix> {
         let rows = spec.shape.first().copied().unwrap_or(0);
-        self.stream(&spec.name, vec![self.part(spec)?], &(0..rows).map(|r| (0, r)).collect::<Vec<_>>())
+        self.stream(&spec.name, vec![self.part(spec)?], &(0..rows).map(|r| (0, r)).collect::<Vec<_>>()).await
     }
 
     /// `gate` and `up` (both `[f, cols]`) as one `[2 f, cols]` matrix whose rows interleave them
     /// (g0, u0, g1, u1, ...): its matmul with `glu` writes silu(gate) * up. Two stored types
     /// that differ are both kept as F32 (exact values, more memory).
-    pub fn gate_up(&self, gate: &TensorSpec, up: &TensorSpec) -> Result<Matrix> {
+    pub async fn gate_up(&self, gate: &TensorSpec, up: &TensorSpec) -> Result<Matrix> {
         let (mut g, mut u) = (self.part(gate)?, self.part(up)?);
         if g.format != u.format {
             (g.format, u.format) = (DType::F32, DType::F32);
         }
         let f = gate.shape.first().copied().unwrap_or(0);
         let rows: Vec<(usize, usize)> = (0..f).flat_map(|r| [(0, r), (1, r)]).collect();
-        self.stream(&format!("{} | {}", gate.name, up.name), vec![g, u], &rows)
+        self.stream(&format!("{} | {}", gate.name, up.name), vec![g, u], &rows).await
     }
 
     /// `parts` (each `[rows_i, cols]`, with an optional row order: entry j names the part's row
     /// that becomes its row j) stacked into one `[sum rows_i, cols]` matrix. Adjacent parts of
     /// one stored type share buffers; a part of another type starts new ones (its matmul is then
     /// one more dispatch, never a conversion).
-    pub fn stacked(&self, parts: &[(&TensorSpec, Option<&[usize]>)]) -> Result<Matrix> {
+    pub async fn stacked(&self, parts: &[(&TensorSpec, Option<&[usize]>)]) -> Result<Matrix> {
         let mut rows = Vec::new();
         let mut kept = Vec::with_capacity(parts.len());
         for (p, (spec, order)) in parts.iter().enumerate() {
@@ -91,13 +91,13 @@ impl Upload<'_> {
             kept.push(self.part(spec)?);
         }
         let name = parts.iter().map(|(s, _)| s.name.as_str()).collect::<Vec<_>>().join(" | ");
-        self.stream(&name, kept, &rows)
+        self.stream(&name, kept, &rows).await
     }
 
     /// Streams a matrix whose row j is row `rows[j].1` of `parts[rows[j].0]`: consecutive rows
     /// of one format share buffers (each at most `max_bytes`), and each buffer is filled in
     /// batches of about `read_bytes`: read from the file, packed, written.
-    fn stream(&self, name: &str, parts: Vec<Part>, rows: &[(usize, usize)]) -> Result<Matrix> {
+    async fn stream(&self, name: &str, parts: Vec<Part<'_>>, rows: &[(usize, usize)]) -> Result<Matrix> {
         let gpu = self.gpu;
         let mut cols = None;
         for p in &parts {
@@ -146,7 +146,7 @@ impl Upload<'_> {
                 while r < n {
                     let m = per_batch.min(n - r);
                     let batch = &rows[first + r..first + r + m];
-                    let packed = self.batch(&parts, batch, format, cols)?;
+                    let packed = self.batch(&parts, batch, format, cols).await?;
                     buffer
                         .write_rows(gpu, r, &packed)
                         .map_err(|e| Error::InvalidArgument(format!("{name}: {e}")))?;
@@ -164,9 +164,9 @@ impl Upload<'_> {
 
     /// Reads `batch`'s rows from the file (one read per part: the span of its rows there) and
     /// packs them in `format`.
-    fn batch(
+    async fn batch(
         &self,
-        parts: &[Part],
+        parts: &[Part<'_>],
         batch: &[(usize, usize)],
         format: DType,
         cols: usize,
@@ -177,7 +177,9 @@ impl Upload<'_> {
             let span = match of_part.next() {
                 Some(r0) => {
                     let (lo, hi) = of_part.fold((r0, r0), |(lo, hi), r| (lo.min(r), hi.max(r)));
-                    let bytes = self.ckpt.read_rows(&part.spec.name, &part.spec.shape, lo..hi + 1)?;
+                    let (name, shape) = (&part.spec.name, &part.spec.shape);
+                    self.ckpt.rows_ready(name, shape, lo..hi + 1).await?;
+                    let bytes = self.ckpt.read_rows(name, shape, lo..hi + 1)?;
                     Some((lo, bytes))
                 }
                 None => None,
@@ -264,6 +266,12 @@ impl Matrix {
     pub fn gpu_bytes(&self) -> u64 {
         self.chunks.iter().map(|c| c.data.bytes()).sum()
     }
+}
+
+/// A vector (norm, bias) of the checkpoint, as f32, once its bytes can be read.
+async fn vector(ckpt: &Checkpoint, t: &TensorSpec) -> Result<Vec<f32>> {
+    ckpt.rows_ready(&t.name, &t.shape, 0..t.shape.first().copied().unwrap_or(0)).await?;
+    ckpt.tensor(&t.name, &t.shape, Precision::Auto)?.to_f32()
 }
 
 /// The rows of `v` (`order.len()` rows of equal length) in `order`: entry j names the row that
@@ -432,8 +440,8 @@ impl Weights {
 
     /// Streams every tensor of `ckpt` to the GPU, a batch of rows at a time (about `read_bytes`
     /// of the file in host memory at once, never a whole tensor), splitting matrices into
-    /// buffers of at most `max_bytes`.
-    pub fn load(
+    /// buffers of at most `max_bytes`; waits for each batch's bytes where a file is still arriving.
+    pub async fn load(
         gpu: &Gpu,
         ckpt: &Checkpoint,
         precision: Precision,
@@ -449,39 +457,44 @@ impl Weights {
             done += n;
             progress(LoadProgress { tensors_done: done, tensors_total: total });
         };
-        let vector =
-            |t: &TensorSpec| -> Result<Vec<f32>> { ckpt.tensor(&t.name, &t.shape, precision)?.to_f32() };
-        let token_embd = up.matrix(&table.token_embd)?;
+        let vector = |t| vector(ckpt, t);
+        let token_embd = up.matrix(&table.token_embd).await?;
         tick(1);
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, l) in table.layers.iter().enumerate() {
-            let attn_norm = GpuBuffer::<f32>::from_slice(gpu, &l.attn_norm.name, &vector(&l.attn_norm)?);
+            let attn_norm =
+                GpuBuffer::<f32>::from_slice(gpu, &l.attn_norm.name, &vector(&l.attn_norm).await?);
             // q and k rows reordered so that RoPE's pairs are adjacent (the matmul rotates them)
             let q_rows = c.rope_layout.pair_rows(c.n_heads, c.head_dim, c.rope_dim);
             let k_rows = c.rope_layout.pair_rows(c.n_kv_heads, c.head_dim, c.rope_dim);
             let qkv_bias = match &l.qkv_bias {
                 Some([bq, bk, bv]) => {
-                    let rows = |t: &TensorSpec, order: &[usize]| -> Result<Vec<f32>> {
-                        reorder_rows(&vector(t)?, order).ok_or_else(|| {
+                    let rows = |t: &TensorSpec, v: Vec<f32>, order: &[usize]| -> Result<Vec<f32>> {
+                        reorder_rows(&v, order).ok_or_else(|| {
                             Error::InvalidArgument(format!("{}: {:?} is not a q or k bias", t.name, t.shape))
                         })
                     };
-                    let b = [rows(bq, &q_rows)?, rows(bk, &k_rows)?, vector(bv)?].concat();
+                    let (q, k) =
+                        (rows(bq, vector(bq).await?, &q_rows)?, rows(bk, vector(bk).await?, &k_rows)?);
+                    let b = [q, k, vector(bv).await?].concat();
                     Some(GpuBuffer::<f32>::from_slice(gpu, &format!("blk.{i}.attn_qkv.bias"), &b))
                 }
                 None => None,
             };
-            let qkv = up.stacked(&[(&l.q, Some(&q_rows)), (&l.k, Some(&k_rows)), (&l.v, None)])?;
-            let wo = up.matrix(&l.wo)?;
-            let ffn_norm = GpuBuffer::<f32>::from_slice(gpu, &l.ffn_norm.name, &vector(&l.ffn_norm)?);
-            let gate_up = up.gate_up(&l.gate, &l.up)?;
-            let down = up.matrix(&l.down)?;
+            let qkv = up.stacked(&[(&l.q, Some(&q_rows)), (&l.k, Some(&k_rows)), (&l.v, None)]).await?;
+            let wo = up.matrix(&l.wo).await?;
+            let ffn_norm = GpuBuffer::<f32>::from_slice(gpu, &l.ffn_norm.name, &vector(&l.ffn_norm).await?);
+            let gate_up = up.gate_up(&l.gate, &l.up).await?;
+            let down = up.matrix(&l.down).await?;
             tick(9 + 3 * usize::from(l.qkv_bias.is_some()));
             layers.push(Layer { attn_norm, qkv, qkv_bias, wo, ffn_norm, gate_up, down });
         }
         let output_norm =
-            GpuBuffer::<f32>::from_slice(gpu, &table.output_norm.name, &vector(&table.output_norm)?);
-        let output = table.output.as_ref().map(|t| up.matrix(t)).transpose()?;
+            GpuBuffer::<f32>::from_slice(gpu, &table.output_norm.name, &vector(&table.output_norm).await?);
+        let output = match &table.output {
+            Some(t) => Some(up.matrix(t).await?),
+            None => None,
+        };
         tick(1 + usize::from(output.is_some()));
         Ok(Weights { token_embd, layers, output_norm, output })
     }

@@ -242,6 +242,28 @@ pub async fn greedy_speculation_equals_greedy() {
     assert!(trees > 0, "token trees (n-gram, model+ngram) were verified in the browser too");
 }
 
+/// A thrown or rejected error's message.
+fn js_message(e: wasm_bindgen::JsValue) -> String {
+    e.dyn_into::<js_sys::Error>().map(|e| String::from(e.message())).unwrap_or_default()
+}
+
+/// `web.load_target(context, max_memory_mb)`, awaited: its JSON summary, or the message of the
+/// error it threw or the promise rejected with.
+async fn load_target(web: &mut WebEngine, context: Option<u32>, mb: Option<u32>) -> Result<String, String> {
+    let noop = js_sys::Function::new_no_args("");
+    let promise = web.load_target(context, mb, noop).map_err(|e| js_message(e.into()))?;
+    let info = JsFuture::from(promise).await.map_err(js_message)?;
+    Ok(info.as_string().unwrap_or_default())
+}
+
+/// `web.load_draft()`, awaited, as [`load_target`].
+async fn load_draft(web: &mut WebEngine) -> Result<String, String> {
+    let noop = js_sys::Function::new_no_args("");
+    let promise = web.load_draft(noop).map_err(|e| js_message(e.into()))?;
+    let info = JsFuture::from(promise).await.map_err(js_message)?;
+    Ok(info.as_string().unwrap_or_default())
+}
+
 /// The JS facade end to end: stage files, load target and draft, generate through the promise,
 /// stop from the callback, errors as rejected promises / thrown errors.
 pub async fn facade_generates_like_the_engine() {
@@ -252,11 +274,11 @@ pub async fn facade_generates_like_the_engine() {
     // No target yet: a clear error, not a panic.
     assert!(web.generate(r#"{"prompt":"x"}"#, noop.clone()).is_err());
     web.stage_file("model.gguf", target_file.clone()).unwrap_or_else(|_| panic!("stage"));
-    let info = web.load_target(Some(64), None, &noop).unwrap_or_else(|_| panic!("load_target"));
+    let info = load_target(&mut web, Some(64), None).await.unwrap_or_else(|e| panic!("load_target: {e}"));
     let info: serde_json::Value = serde_json::from_str(&info).expect("info json");
     assert_eq!(info["arch"], "llama");
     web.stage_file("model.gguf", draft_file).unwrap_or_else(|_| panic!("stage draft"));
-    web.load_draft(&noop).unwrap_or_else(|_| panic!("load_draft"));
+    load_draft(&mut web).await.unwrap_or_else(|e| panic!("load_draft: {e}"));
 
     let run = |json: &str, cb: js_sys::Function| {
         let promise = web.generate(json, cb).unwrap_or_else(|_| panic!("generate"));
@@ -293,7 +315,7 @@ pub async fn facade_generates_like_the_engine() {
     assert!(String::from(msg).contains("weights.bin"));
     // A truncated GGUF file: a thrown error, the engine still usable afterwards.
     web.stage_file("model.gguf", target_file[..target_file.len() / 2].to_vec()).expect("stage");
-    assert!(web.load_target(Some(64), None, &noop).is_err(), "a truncated file must be refused");
+    assert!(load_target(&mut web, Some(64), None).await.is_err(), "a truncated file must be refused");
     drop(web); // frees GPU memory (JS: engine.free())
 }
 
@@ -323,7 +345,9 @@ pub async fn facade_loads_a_hugging_face_folder() {
         } else {
             stage(&mut web, "model.gguf", gguf.clone());
         }
-        let info = web.load_target(Some(64), None, &noop).unwrap_or_else(|_| panic!("load_target hf={hf}"));
+        let info = load_target(&mut web, Some(64), None)
+            .await
+            .unwrap_or_else(|e| panic!("load_target hf={hf}: {e}"));
         let info: serde_json::Value = serde_json::from_str(&info).expect("info json");
         assert_eq!(info["arch"], "qwen2");
         assert_eq!(info["chat_template"], hf, "only the folder brings a template here");
@@ -354,14 +378,13 @@ pub async fn facade_refuses_hostile_files() {
     let wide =
         [("llama.attention.head_count", Value::U32(4096)), ("llama.attention.key_length", Value::U32(4096))];
     web.stage_file("model.gguf", tiny.to_gguf_with(DType::F32, &mut r, &wide)).expect("stage");
-    let err = web.load_target(Some(64), None, &noop).expect_err("an oversized model must be refused");
-    let msg = message(err.into());
+    let msg = load_target(&mut web, Some(64), None).await.expect_err("an oversized model must be refused");
     assert!(msg.contains("q width"), "{msg}");
 
     // A model over the page's GPU memory budget: refused with its bill, before any allocation.
     web.stage_file("model.gguf", tiny.to_gguf(DType::F32, &mut r)).expect("stage");
-    let err = web.load_target(Some(64), Some(0), &noop).expect_err("a model over the budget must be refused");
-    let msg = message(err.into());
+    let msg =
+        load_target(&mut web, Some(64), Some(0)).await.expect_err("a model over the budget must be refused");
     assert!(msg.contains("the budget is 0.0 MB"), "{msg}");
 
     // A template that would run for hours, one that doubles a string forty times (terabytes): the
@@ -373,7 +396,9 @@ pub async fn facade_refuses_hostile_files() {
     for (hostile, budget) in [(hours, "fuel"), (doubling, "the template makes")] {
         let with_template = [("tokenizer.chat_template", Value::String(hostile.into()))];
         web.stage_file("model.gguf", tiny.to_gguf_with(DType::F32, &mut r, &with_template)).expect("stage");
-        web.load_target(Some(64), None, &noop).unwrap_or_else(|_| panic!("the model itself is fine"));
+        load_target(&mut web, Some(64), None)
+            .await
+            .unwrap_or_else(|e| panic!("the model itself is fine: {e}"));
         let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
         let promise = web.generate(chat, noop.clone()).unwrap_or_else(|_| panic!("generate"));
         let err = JsFuture::from(promise).await.expect_err("the template's budget must end it");
@@ -418,7 +443,7 @@ pub async fn weights_stream_with_bounded_wasm_memory() {
     let tokens = [5u32, 1999, 0, 77];
 
     let before = reset_peak();
-    let source = wgspec::web::JsSource::new(file_len as u64, read_fn);
+    let source = wgspec::web::JsSource::new(file_len as u64, read_fn, None);
     let ckpt = Checkpoint::from_gguf_source(Box::new(source)).expect("header");
     let mut streamed = Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {}).expect("streamed load");
     let streamed_peak = PEAK.load(Ordering::Relaxed) - before;
@@ -435,6 +460,47 @@ pub async fn weights_stream_with_bounded_wasm_memory() {
          {whole_peak} from wasm memory"
     ));
     assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "streaming changed the logits");
+    drop((whole, ckpt));
+
+    // The same file arriving 1 MiB per timer tick (a download the load overlaps): reading past
+    // what has arrived throws, so the load must wait for each batch (`ready`); the blocking
+    // loader refuses such a file instead of reading it.
+    let make = js_sys::Function::new_with_args(
+        "bytes",
+        "const st = { arrived: 2 << 20, waits: 0 };
+         st.read = (offset, length) => {
+           if (offset + length > st.arrived) throw new Error(`read past the ${st.arrived} bytes arrived`);
+           return bytes.subarray(offset, offset + length);
+         };
+         st.ready = (end) => {
+           if (end <= st.arrived) return undefined;
+           st.waits++;
+           return new Promise((resolve) => {
+             const tick = () => {
+               st.arrived = Math.min(bytes.length, st.arrived + (1 << 20));
+               if (end <= st.arrived) resolve(); else setTimeout(tick, 0);
+             };
+             setTimeout(tick, 0);
+           });
+         };
+         return st;",
+    );
+    let st = make.call1(&wasm_bindgen::JsValue::NULL, &js_file).expect("arriving file");
+    let field = |name: &str| js_sys::Reflect::get(&st, &name.into()).expect(name);
+    let arriving = || {
+        let (read, ready) = (field("read").unchecked_into(), field("ready").unchecked_into());
+        Checkpoint::from_gguf_source(Box::new(wgspec::web::JsSource::new(file_len as u64, read, Some(ready))))
+            .expect("header")
+    };
+    let err = Model::load(gpu.clone(), &arriving(), &opts, &mut |_| {}).err().expect("must not block");
+    assert!(err.to_string().contains("still arriving"), "{err}");
+    let ckpt = arriving();
+    let mut overlapped =
+        Model::load_async(gpu.clone(), &ckpt, &opts, &mut |_| {}).await.expect("overlapped load");
+    let waits = field("waits").as_f64().unwrap_or(0.0);
+    assert!(waits >= 10.0, "the load waited {waits} times for a 16.7 MB file arriving by the MiB");
+    let got = overlapped.forward(&tokens, 0).await.expect("forward");
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "waiting changed the logits");
     // The fixed overhead: the GGUF header's first MiB, the vocabulary, pipelines and run state.
     let bound = 4 * budget as usize + (3 << 20);
     assert!(file_len > 3 * bound, "the model ({file_len} bytes) must dwarf the bound ({bound})");

@@ -152,8 +152,8 @@ async function load({ target, draft, context, maxMemoryMb, readMb, cache: useCac
       gpu: { context, maxMemoryMb },
     });
     const info = JSON.parse(
-      closingAfter(targetFiles, () =>
-        named(targetName, () =>
+      await closingAfter(targetFiles, () =>
+        namedAsync(targetName, () =>
           created.load_target(context ?? undefined, maxMemoryMb ?? undefined, (done, total) =>
             progress({ model: "target", phase: "upload", file: null, loaded: done, total }),
           ),
@@ -179,8 +179,8 @@ async function load({ target, draft, context, maxMemoryMb, readMb, cache: useCac
         gpu: { context: info.context, maxMemoryMb: left },
       });
       draftInfo = JSON.parse(
-        closingAfter(draftFiles, () =>
-          named(draftName, () =>
+        await closingAfter(draftFiles, () =>
+          namedAsync(draftName, () =>
             created.load_draft((done, total) =>
               progress({ model: "draft", phase: "upload", file: null, loaded: done, total }),
             ),
@@ -231,10 +231,19 @@ function named(what, fn) {
   }
 }
 
-/** Runs `fn`, then closes the weight files it read (also when it throws). */
-function closingAfter(files, fn) {
+/** Awaits `fn()`, prefixing any error's message with what was being loaded. */
+async function namedAsync(what, fn) {
   try {
-    return fn();
+    return await fn();
+  } catch (err) {
+    throw new Error(`${what}: ${errorMessage(err)}`);
+  }
+}
+
+/** Awaits `fn()`, then closes the weight files it read (also when it throws). */
+async function closingAfter(files, fn) {
+  try {
+    return await fn();
   } finally {
     closeAll(files);
   }
