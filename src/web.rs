@@ -85,7 +85,7 @@ impl Source for JsSource {
         let got = self
             .read
             .call2(&JsValue::NULL, &JsValue::from(offset as f64), &JsValue::from(buf.len() as f64))
-            .map_err(|e| failed(format!("reading {} bytes at {offset}: {e:?}", buf.len())))?;
+            .map_err(|e| failed(format!("reading {} bytes at {offset}: {}", buf.len(), js_text(&e))))?;
         let bytes: js_sys::Uint8Array = got
             .dyn_into()
             .map_err(|_| failed(format!("reading {} bytes at {offset}: not a Uint8Array", buf.len())))?;
@@ -103,22 +103,24 @@ impl Source for JsSource {
             Ok(v) => v
                 .dyn_into::<js_sys::Promise>()
                 .map_err(|_| "ready() returned neither undefined nor a promise".to_string()),
-            Err(e) => Err(format!("{e:?}")),
+            Err(e) => Err(js_text(&e)),
         };
         Some(Box::pin(async move {
             let failed =
                 |why: String| Error::io("model file", format!("waiting for its first {end} bytes: {why}"));
             let promise = promise.map_err(failed)?;
-            wasm_bindgen_futures::JsFuture::from(promise).await.map_err(|e| {
-                failed(
-                    e.as_string()
-                        .or_else(|| e.dyn_ref::<js_sys::Error>().map(|e| String::from(e.message())))
-                        .unwrap_or_else(|| format!("{e:?}")),
-                )
-            })?;
+            wasm_bindgen_futures::JsFuture::from(promise).await.map_err(|e| failed(js_text(&e)))?;
             Ok(())
         }))
     }
+}
+
+/// A thrown JS value as text: an `Error`'s message, a string, or its debug form.
+fn js_text(e: &JsValue) -> String {
+    e.dyn_ref::<js_sys::Error>()
+        .map(|e| String::from(e.message()))
+        .or_else(|| e.as_string())
+        .unwrap_or_else(|| format!("{e:?}"))
 }
 
 /// Bytes of wasm linear memory: it grows and never shrinks, so this is the peak so far.

@@ -21,11 +21,13 @@
 // Case 1b: after a reload the model is read from OPFS with no request for it, same text; the
 //          file as target and draft with 1 MB read batches (readMb): wasm memory under 32 MB,
 //          still no request; a budget the draft does not fit refuses it from its stored header;
-//          `cache: false` downloads into JS memory; WgSpec.clearCache() empties OPFS.
+//          `cache: false` downloads into JS memory from a slow server, the upload starting while
+//          the download runs; WgSpec.clearCache() empties OPFS.
 // Case 2: loading a missing URL shows an error naming the 404 or the URL.
 
 import { spawn } from "node:child_process";
 import fs from "node:fs";
+import http from "node:http";
 import os from "node:os";
 import path from "node:path";
 import readline from "node:readline";
@@ -295,8 +297,9 @@ async function caseCancelledDownload(context, baseUrl, modelUrl, requests) {
   }
   log(`cut short: ${outcome.error} (${requests.count - before} request(s) for the model)`);
   check(outcome.error !== null, "a truncated download must fail the load");
+  check(outcome.error.includes("download failed"), `the error must name the failed download: ${outcome.error}`);
   check(requests.count - before >= 1, "the model was not requested");
-  check(!outcome.events.some((e) => e.phase === "upload"), "a truncated file must not reach the GPU");
+  check(!outcome.events.some((e) => e.phase === "ready"), "a truncated file must not load");
   check(stored.length === 0, `the partial download must be deleted from OPFS: ${JSON.stringify(stored)}`);
   // What a tab closed mid-download leaves: the entry's data, without its complete.json. Case 1
   // must download the file again and end with one complete entry.
@@ -446,14 +449,21 @@ async function caseReload(context, baseUrl, modelUrl, firstText, requests) {
     `the draft must be refused against what the target left of the budget: ${tight.error}`,
   );
   check(!tight.events.some((e) => e.model === "draft" && e.phase === "upload"), "the refused draft reached the GPU");
-  // Without storage the download is held in JS (outside wasm memory) and read from there.
+  // Without storage the download is held in JS (outside wasm memory) and read from there; from
+  // a server that sends 1 MiB per 40 ms, the upload must start while the model still downloads.
+  const slow = await startSlowServer(MODEL);
   const page2 = await newPage(context, baseUrl);
-  const uncached = await loadInPage(page2, { target: modelUrl, readMb: 1, cache: false });
+  const uncached = await loadInPage(page2, { target: slow.url, readMb: 1, cache: false });
   await page2.close();
+  slow.close();
   check(uncached.error === null, `load with cache: false failed: ${uncached.error}`);
+  const target = uncached.events.filter((e) => e.model === "target");
+  const firstUpload = target.findIndex((e) => e.phase === "upload");
+  const downloaded = target.findIndex((e) => e.phase === "download" && e.total > 0 && e.loaded === e.total);
   log(`cache: false: wasm memory ${(uncached.wasmMemoryBytes / 1e6).toFixed(1)} MB, ` +
-    `${requests.count - before} request(s) for the model`);
-  check(requests.count === before + 1, "cache: false must download the model");
+    `${slow.requests()} request(s) for the model; first upload event ${firstUpload}, download done at ${downloaded}`);
+  check(slow.requests() === 1, "cache: false must download the model");
+  check(firstUpload >= 0 && downloaded > firstUpload, "the upload must start while the model downloads");
   check(uncached.wasmMemoryBytes < 32e6, `cache: false: wasm memory ${uncached.wasmMemoryBytes} bytes, expected under 32 MB`);
   // WgSpec.clearCache() empties the OPFS folder too.
   const page3 = await newPage(context, baseUrl);
@@ -463,6 +473,44 @@ async function caseReload(context, baseUrl, modelUrl, firstText, requests) {
   check(cleared === true && left.length === 0, `clearCache: ${cleared}, left ${JSON.stringify(left)}`);
   log("case 1b passed");
   return { loadSeconds, wasmMemoryBytes, downloads, smallWasmMemoryBytes: small.wasmMemoryBytes };
+}
+
+/**
+ * Serves `file` at `url` slowly (1 MiB every 40 ms, about 4 s for the model), with CORS so the
+ * demo's worker may fetch it from another port.
+ */
+function startSlowServer(file) {
+  let requests = 0;
+  const server = http.createServer((req, res) => {
+    requests++;
+    const size = fs.statSync(file).size;
+    res.writeHead(200, {
+      "content-type": "application/octet-stream",
+      "content-length": String(size),
+      "access-control-allow-origin": "*",
+    });
+    const fd = fs.openSync(file, "r");
+    let at = 0;
+    const send = () => {
+      if (at >= size || res.destroyed) {
+        fs.closeSync(fd);
+        res.end();
+        return;
+      }
+      const chunk = Buffer.alloc(Math.min(1 << 20, size - at));
+      fs.readSync(fd, chunk, 0, chunk.length, at);
+      at += chunk.length;
+      res.write(chunk);
+      setTimeout(send, 40);
+    };
+    send();
+  });
+  return new Promise((resolve) => {
+    server.listen(0, "127.0.0.1", () => {
+      const url = `http://127.0.0.1:${server.address().port}/${path.basename(file)}`;
+      resolve({ url, requests: () => requests, close: () => server.close() });
+    });
+  });
 }
 
 async function caseMissingFile(context, baseUrl) {

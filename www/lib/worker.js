@@ -21,7 +21,8 @@
 //
 // Model files. Weight files (.gguf, .safetensors) are never whole in wasm memory: the engine reads
 // them by ranges, a batch of rows at a time (8 MiB by default, `readMb`), while it uploads them
-// to the GPU. They stream from the network chunk by chunk into the origin-private file system
+// to the GPU, starting as soon as the header is in and waiting for each batch's bytes while the
+// rest downloads. They stream from the network chunk by chunk into the origin-private file system
 // (OPFS folder "wgspec-models-v1", one folder per file named by the SHA-256 of its URL: `data`,
 // then `complete.json` written last once the whole body is in) and are read back through a
 // FileSystemSyncAccessHandle; a complete copy is read with no request, a partial one is deleted
@@ -240,10 +241,15 @@ async function namedAsync(what, fn) {
   }
 }
 
-/** Awaits `fn()`, then closes the weight files it read (also when it throws). */
+/**
+ * Awaits `fn()` (a load reading `files`, which may still be downloading), then their downloads
+ * (stored complete), then closes them; when it throws, unfinished downloads are stopped.
+ */
 async function closingAfter(files, fn) {
   try {
-    return await fn();
+    const result = await fn();
+    await Promise.all(files.map((f) => f.done));
+    return result;
   } finally {
     closeAll(files);
   }
@@ -287,7 +293,11 @@ function fileName(url) {
 
 /**
  * A weight file staged as a read function; `close` releases its storage (an OPFS handle).
- * @typedef {{size: number, read: (offset: number, length: number) => Uint8Array, close: () => void}} WeightFile
+ * A weight file to stage: `read` its bytes, `ready(end)` undefined once the first `end` bytes can
+ * be read, else a promise of them (a download in progress; absent for a stored copy), `done`
+ * settled when its download has finished and been stored, `close` (which stops a download).
+ * @typedef {{size: number, read: (offset: number, length: number) => Uint8Array,
+ *   ready?: (end: number) => Promise<void>|undefined, done?: Promise<number>, close: () => void}} WeightFile
  */
 
 /**
@@ -339,7 +349,7 @@ async function stageFile(eng, name, url, load, { optional = false } = {}) {
 async function stageWeights(eng, name, url, load, { checkGguf }) {
   const file = await openWeights(eng, url, load, { checkGguf });
   try {
-    eng.stage_source(name, file.size, file.read);
+    eng.stage_source(name, file.size, file.read, file.ready);
   } catch (err) {
     file.close();
     throw err;
@@ -386,13 +396,13 @@ async function download(url, { model, stores, progress }, { optional = false } =
 /**
  * Fetches `url`: the response, or null for a 404 of an `optional` file; any other failure
  * throws naming the URL and the HTTP status. `noStore`: keep it out of the HTTP cache (a file
- * stored in OPFS needs no second copy there).
+ * stored in OPFS needs no second copy there). `signal`: aborts the request and its body.
  * @returns {Promise<Response|null>}
  */
-async function request(url, { optional = false, noStore = false } = {}) {
+async function request(url, { optional = false, noStore = false, signal = undefined } = {}) {
   let response;
   try {
-    response = await fetch(url, noStore ? { cache: "no-store" } : undefined);
+    response = await fetch(url, { ...(noStore ? { cache: "no-store" } : {}), signal });
   } catch (err) {
     throw new Error(`download failed: ${url}: ${errorMessage(err)}`);
   }
@@ -691,7 +701,8 @@ function openStored({ handle, size }, file, check, onProgress) {
  * without OPFS sync access handles (or with `cache: false`), into a JS array outside wasm
  * memory. With `checkGguf`, the model's header is checked from the file's first bytes (as they
  * arrive) and a model that cannot load on this adapter or within the budget is refused before
- * the rest is downloaded.
+ * the rest is downloaded. A download returns once the header is in (when the length is known):
+ * the load then reads each batch as it arrives (`ready`), overlapping download and upload.
  * @param {string} url
  * @param {ModelLoad} load
  * @returns {Promise<WeightFile>}
@@ -716,7 +727,8 @@ async function openWeights(eng, url, load, { checkGguf }) {
     );
   }
 
-  const response = await request(url, { noStore: Boolean(store) });
+  const abort = new AbortController();
+  const response = await request(url, { noStore: Boolean(store), signal: abort.signal });
   const total = contentLength(response);
   let entry = null;
   if (store) {
@@ -733,34 +745,113 @@ async function openWeights(eng, url, load, { checkGguf }) {
     }
   }
   const sink = entry ? fileSink(entry.handle, file) : memorySink(total);
-  // The GGUF check as the first bytes arrive (the file's length must be known).
-  let need = checkGguf && total !== null ? 0 : Infinity;
+  const arrival = arrivals();
+  // The header as the first bytes arrive (the file's length must be known): a GGUF is checked
+  // (and refused before the rest is downloaded), a safetensors header is complete at 8 + its
+  // length. Once it is in, the load starts while the rest arrives.
+  let need = total === null ? Infinity : checkGguf ? 0 : 8;
   const onChunk = (loaded) => {
-    if (loaded < need) return;
-    const answer = check(sink.prefix, loaded, total);
-    need = answer.need ?? Infinity;
+    if (loaded >= need) {
+      if (checkGguf) {
+        need = check(sink.prefix, loaded, total).need ?? Infinity;
+      } else if (need === 8) {
+        need = Math.min(total, 8 + Number(new DataView(sink.prefix(8).slice().buffer).getBigUint64(0, true)));
+        if (loaded >= need) need = Infinity;
+      } else {
+        need = Infinity;
+      }
+      if (need === Infinity) arrival.headerIn();
+    }
+    arrival.arrived(loaded);
   };
-  let loaded;
-  try {
-    loaded = await readBody(
-      response,
-      url,
-      sink,
-      total,
-      (loaded, total) => progress({ model, phase: "download", file, loaded, total }),
-      onChunk,
-    );
-    await entry?.finish(loaded);
-  } catch (err) {
-    await entry?.discard();
-    throw err;
-  }
-  if (entry) {
-    const { handle } = entry;
-    return { size: loaded, read: (offset, length) => readHandle(handle, offset, length, file), close: () => handle.close() };
-  }
-  const bytes = sink.bytes(loaded);
-  return { size: loaded, read: (offset, length) => bytes.subarray(offset, offset + length), close: () => {} };
+  const downloading = readBody(
+    response,
+    url,
+    sink,
+    total,
+    (loaded, total) => progress({ model, phase: "download", file, loaded, total }),
+    onChunk,
+  ).then(
+    async (loaded) => {
+      arrival.arrived(loaded);
+      arrival.complete();
+      await entry?.finish(loaded);
+      return loaded;
+    },
+    async (err) => {
+      arrival.failed(err);
+      await entry?.discard();
+      throw err;
+    },
+  );
+  // Whoever loads awaits `done`; a failure before then is also reported through `ready`.
+  downloading.catch(() => {});
+  await Promise.race([arrival.header, downloading]);
+  const size = total ?? (await downloading);
+  const readBytes = entry
+    ? (offset, length) => readHandle(entry.handle, offset, length, file)
+    : (offset, length) => sink.prefix(offset + length).subarray(offset);
+  // A download that failed after the header was in: its error, not a closed file's.
+  const read = (offset, length) => {
+    arrival.throwIfFailed();
+    return readBytes(offset, length);
+  };
+  return {
+    size,
+    read,
+    ready: (end) => arrival.ready(end),
+    done: downloading,
+    close: () => {
+      if (!arrival.finished()) abort.abort(); // a load that failed midway: the download stops
+      try {
+        entry?.handle.close();
+      } catch {
+        // already closed
+      }
+    },
+  };
+}
+
+/**
+ * A download's progress as the load waits on it: `arrived(n)` as bytes come in, `ready(end)`
+ * undefined once the first `end` bytes are in, else a promise of them (rejected when the
+ * download fails), `header` resolved by `headerIn()`, `throwIfFailed()` the download's error.
+ */
+function arrivals() {
+  let arrived = 0;
+  let failure = null;
+  let done = false;
+  let headerIn;
+  const header = new Promise((resolve) => (headerIn = resolve));
+  /** @type {Array<{end: number, resolve: () => void, reject: (e: any) => void}>} */
+  let waiting = [];
+  return {
+    header,
+    headerIn: () => headerIn(),
+    finished: () => done || failure !== null,
+    arrived(n) {
+      arrived = n;
+      const now = waiting.filter((w) => w.end <= n);
+      waiting = waiting.filter((w) => w.end > n);
+      now.forEach((w) => w.resolve());
+    },
+    failed(err) {
+      failure = err;
+      waiting.forEach((w) => w.reject(err));
+      waiting = [];
+    },
+    throwIfFailed() {
+      if (failure) throw failure;
+    },
+    ready(end) {
+      if (end <= arrived) return undefined;
+      if (failure) return Promise.reject(failure);
+      return new Promise((resolve, reject) => waiting.push({ end, resolve, reject }));
+    },
+    complete() {
+      done = true;
+    },
+  };
 }
 
 // ---------------------------------------------------------------------------------------------
