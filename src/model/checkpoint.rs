@@ -98,6 +98,14 @@ fn gguf_header(file: &dyn Source) -> Result<Gguf> {
 
 /// A safetensors file's header (8 bytes of length, then the JSON).
 fn safetensors_header(file: &dyn Source) -> Result<Safetensors> {
+    // The safetensors crate keeps offsets in usize: 32 bits in the browser.
+    if usize::BITS < 64 && file.len() > u64::from(u32::MAX) {
+        return Err(Error::InvalidArgument(format!(
+            "a safetensors shard of {} bytes: shards of 4 GiB or more cannot be read in 32-bit \
+             WebAssembly (save the model in smaller shards, or use a GGUF file)",
+            file.len()
+        )));
+    }
     let len_bytes = source::read(file, 0, 8.min(file.len()), "safetensors header length")?;
     let header_len = len_bytes.get(..8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
     // Safetensors::parse checks the length against its limit and the file before it is used.
@@ -222,8 +230,12 @@ impl Checkpoint {
     ) -> Result<()> {
         let at = self.located(name, expected)?;
         let cols = expected.get(1).copied().unwrap_or(1);
-        let end =
-            at.info.dtype.bytes_for((rows.end * cols) as u64).unwrap_or(at.info.n_bytes).min(at.info.n_bytes);
+        let end = at
+            .info
+            .dtype
+            .bytes_for(rows.end as u64 * cols as u64)
+            .unwrap_or(at.info.n_bytes)
+            .min(at.info.n_bytes);
         match at.file.ready(at.info.offset + end) {
             Some(wait) => wait.await,
             None => Ok(()),
@@ -235,8 +247,9 @@ impl Checkpoint {
     pub fn read_rows(&self, name: &str, expected: &[usize], rows: std::ops::Range<usize>) -> Result<Vec<u8>> {
         let at = self.located(name, expected)?;
         let (dtype, cols) = (at.info.dtype, expected.get(1).copied().unwrap_or(1));
-        let bytes = |n: usize| dtype.bytes_for(n as u64);
-        let span = bytes(rows.start * cols).zip(bytes(rows.end * cols)).filter(|(a, b)| {
+        // u64: on wasm32 a row's offset in a tensor of 2^32 elements must not wrap
+        let bytes = |row: usize| dtype.bytes_for(row as u64 * cols as u64);
+        let span = bytes(rows.start).zip(bytes(rows.end)).filter(|(a, b)| {
             a <= b && *b <= at.info.n_bytes && rows.end <= expected.first().copied().unwrap_or(0)
         });
         let (start, end) = span.ok_or_else(|| {
@@ -248,7 +261,10 @@ impl Checkpoint {
         if let Some(i) = quant::first_non_finite(dtype, &data) {
             return Err(Error::corrupt(
                 "tensor",
-                format!("{name}: element {} is not finite (NaN or infinity)", rows.start * cols + i),
+                format!(
+                    "{name}: element {} is not finite (NaN or infinity)",
+                    rows.start as u64 * cols as u64 + i as u64
+                ),
             ));
         }
         Ok(data)

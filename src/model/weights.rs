@@ -150,6 +150,9 @@ impl Upload<'_> {
                     buffer
                         .write_rows(gpu, r, &packed)
                         .map_err(|e| Error::InvalidArgument(format!("{name}: {e}")))?;
+                    // Natively, written data waits in staging memory until a submission: flush
+                    // each batch, so the host holds one batch, not a matrix.
+                    gpu.queue.submit(std::iter::empty());
                     r += m;
                 }
                 chunks.push(Chunk { row_start: first, data: buffer });
@@ -157,8 +160,6 @@ impl Upload<'_> {
             }
             start += run;
         }
-        // Natively, written data waits in staging memory until a submission: flush it per matrix.
-        gpu.queue.submit(std::iter::empty());
         Ok(Matrix { rows: rows.len(), cols, chunks })
     }
 

@@ -744,7 +744,15 @@ async function openWeights(eng, url, load, { checkGguf }) {
       console.warn(`wgspec: cannot store ${url} (${errorMessage(err)}); downloading it into memory`);
     }
   }
-  const sink = entry ? fileSink(entry.handle, file) : memorySink(total);
+  let sink;
+  try {
+    sink = entry ? fileSink(entry.handle, file) : memorySink(total);
+  } catch (err) {
+    // E.g. a file larger than a JS array may be: stop the request.
+    abort.abort();
+    await entry?.discard();
+    throw new Error(`${what}: cannot hold ${file} (${total} bytes) in memory: ${errorMessage(err)}`);
+  }
   const arrival = arrivals();
   // The header as the first bytes arrive (the file's length must be known): a GGUF is checked
   // (and refused before the rest is downloaded), a safetensors header is complete at 8 + its
@@ -775,7 +783,13 @@ async function openWeights(eng, url, load, { checkGguf }) {
     async (loaded) => {
       arrival.arrived(loaded);
       arrival.complete();
-      await entry?.finish(loaded);
+      try {
+        await entry?.finish(loaded);
+      } catch (err) {
+        // Not storing the file only costs a download next time: the load goes on (still
+        // reading the file), and the unmarked entry is deleted by the next load.
+        console.warn(`wgspec: not stored: ${url}: ${errorMessage(err)}`);
+      }
       return loaded;
     },
     async (err) => {
