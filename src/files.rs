@@ -96,13 +96,16 @@ impl ModelFiles {
                     ));
                 }
                 let file = self.take(name).ok_or_else(|| Error::io(name, "missing"))?;
-                let checkpoint = Checkpoint::from_gguf_source(file)?;
+                let mut checkpoint = Checkpoint::from_gguf_source(file)?;
                 let gguf = checkpoint.gguf().ok_or_else(|| Error::corrupt("gguf", "no header"))?;
                 let tokenizer = Tokenizer::from_gguf(gguf)?;
                 let chat_template = gguf
                     .get("tokenizer.chat_template")
                     .and_then(|v| v.as_str())
                     .map(|src| ChatTemplate::for_tokenizer(src, &tokenizer));
+                // The tokenizer holds the vocabulary now: the header's copy (tens of MB for a
+                // 151k-token vocabulary) need not stay in memory while the weights load.
+                checkpoint.forget_vocabulary();
                 Ok(OpenedModel { checkpoint, tokenizer, chat_template })
             }
             [] => self.open_hf(),

@@ -197,6 +197,9 @@ fn engine_of(gguf: Vec<u8>, template: Option<ChatTemplate>) -> Engine {
     let mut files = ModelFiles::new();
     files.add("model.gguf", gguf).expect("add");
     let opened = files.open().expect("open");
+    // The header's vocabulary is dropped once the tokenizer holds it (not kept through the load).
+    let header = opened.checkpoint.gguf().expect("gguf");
+    assert!(header.get("tokenizer.ggml.tokens").is_none() && header.get("general.architecture").is_some());
     let opts = LoadOptions { context: Some(128), ..Default::default() };
     let model = Model::load(gpu(), &opened.checkpoint, &opts, &mut |_| {}).expect("load");
     Engine::new(model, opened.tokenizer, template.or(opened.chat_template))

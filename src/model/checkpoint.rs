@@ -304,6 +304,15 @@ impl Checkpoint {
         }
     }
 
+    /// Drops a GGUF header's vocabulary arrays (`tokenizer.ggml.*`) once a tokenizer has been
+    /// built from them.
+    pub fn forget_vocabulary(&mut self) {
+        if let Format::Gguf(g) = &mut self.format {
+            g.metadata.retain(|(key, _)| !key.starts_with("tokenizer.ggml."));
+            g.metadata.shrink_to_fit();
+        }
+    }
+
     /// Total bytes of the checkpoint's files.
     pub fn file_bytes(&self) -> u64 {
         self.files.iter().map(|f| f.len()).sum()
