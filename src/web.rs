@@ -128,13 +128,13 @@ fn wasm_memory_bytes() -> u64 {
     core::arch::wasm32::memory_size(0) as u64 * 65536
 }
 
-/// Calls the JS progress callback with (tensors done, tensors total).
+/// Calls the JS progress callback with (bytes of the weights uploaded, their total).
 fn progress_to(callback: &Function) -> impl FnMut(Role, LoadProgress) + '_ {
     move |_, p| {
         let _ = callback.call2(
             &JsValue::NULL,
-            &JsValue::from(p.tensors_done as u32),
-            &JsValue::from(p.tensors_total as u32),
+            &JsValue::from(p.bytes_done as f64),
+            &JsValue::from(p.bytes_total as f64),
         );
     }
 }

@@ -9,7 +9,7 @@ use common::{assert_close, gpu, gpu_shaped, rng};
 use reference::RefModel;
 use wgspec::loader::source::Source;
 use wgspec::loader::DType;
-use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
+use wgspec::model::{Checkpoint, LoadOptions, Model, Precision, TensorTable};
 use wgspec::session::GenerateOptions;
 use wgspec::speculative::{KPolicy, TokenTree};
 use wgspec::Error;
@@ -317,7 +317,25 @@ fn weights_streamed_in_small_reads_give_identical_logits() {
         let ckpt = open(&reads, 3);
         reads.lock().expect("reads").clear();
         let opts = LoadOptions { context: Some(64), precision, read_bytes, ..Default::default() };
-        let mut streamed = Model::load(gpu(), &ckpt, &opts, &mut |_| {}).expect("load streamed");
+        let mut events = Vec::new();
+        let mut streamed = Model::load(gpu(), &ckpt, &opts, &mut |p| events.push(p)).expect("load streamed");
+        // Progress per batch: bytes grow to the weights' total, tensors to theirs, never back.
+        let last = *events.last().expect("progress");
+        let stored: u64 =
+            TensorTable::new(&ckpt.config).iter().filter_map(|t| ckpt.stored_bytes(&t.name)).sum();
+        assert!(
+            last.bytes_done == stored && last.bytes_total == stored,
+            "{what}: {last:?}, weights {stored}"
+        );
+        assert_eq!(last.tensors_done, last.tensors_total, "{what}");
+        assert!(events
+            .windows(2)
+            .all(|w| w[1].bytes_done >= w[0].bytes_done && w[1].tensors_done >= w[0].tensors_done));
+        assert!(
+            events.len() > 4 * (2 + 4 * ckpt.config.n_layers),
+            "{what}: {} progress events",
+            events.len()
+        );
         let got = forward(&mut streamed, &tokens, 0);
         assert!(
             got.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()),

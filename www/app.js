@@ -51,7 +51,7 @@ function showProgress({ model, phase, file, loaded, total }) {
     const size = total ? `${megabytes(loaded)} / ${megabytes(total)} MB` : `${megabytes(loaded)} MB`;
     text = `${model}: ${verb} ${file} · ${size}`;
   } else if (phase === "upload") {
-    text = `${model}: uploading to the GPU · ${loaded} / ${total} tensors`;
+    text = `${model}: uploading to the GPU · ${megabytes(loaded)} / ${megabytes(total)} MB`;
   } else {
     text = `${model}: ready`;
   }

@@ -32,6 +32,8 @@ pub struct Upload<'a> {
     /// Largest read from a file at once (rows are read, packed and written in batches of about
     /// this many bytes: the host memory a load needs, whatever the model's size).
     pub read_bytes: u64,
+    /// Progress, counted per batch (bytes) and per matrix (tensors).
+    pub tally: std::cell::RefCell<Tally<'a>>,
 }
 
 /// One tensor feeding a matrix, and the format its rows are kept in on the GPU.
@@ -46,6 +48,15 @@ impl Upload<'_> {
         let dtype = self.ckpt.dtype(&spec.name, &spec.shape)?;
         let keep = self.precision == Precision::Auto && dtype != DType::F32;
         Ok(Part { spec, dtype, format: if keep { dtype } else { DType::F32 } })
+    }
+
+    /// A vector (norm, bias) of the checkpoint, as f32, once its bytes can be read.
+    async fn vector(&self, t: &TensorSpec) -> Result<Vec<f32>> {
+        let ckpt = self.ckpt;
+        ckpt.rows_ready(&t.name, &t.shape, 0..t.shape.first().copied().unwrap_or(0)).await?;
+        let values = ckpt.tensor(&t.name, &t.shape, Precision::Auto)?.to_f32()?;
+        self.tally.borrow_mut().add(1, ckpt.stored_bytes(&t.name).unwrap_or(0));
+        Ok(values)
     }
 
     /// The matrix `spec` (`[rows, cols]`), as stored.
@@ -147,12 +158,15 @@ impl Upload<'_> {
                     let m = per_batch.min(n - r);
                     let batch = &rows[first + r..first + r + m];
                     let packed = self.batch(&parts, batch, format, cols).await?;
+                    let read: u64 =
+                        batch.iter().map(|&(p, _)| parts[p].dtype.bytes_for(cols as u64).unwrap_or(0)).sum();
                     buffer
                         .write_rows(gpu, r, &packed)
                         .map_err(|e| Error::InvalidArgument(format!("{name}: {e}")))?;
                     // Natively, written data waits in staging memory until a submission: flush
                     // each batch, so the host holds one batch, not a matrix.
                     gpu.queue.submit(std::iter::empty());
+                    self.tally.borrow_mut().add(0, read);
                     r += m;
                 }
                 chunks.push(Chunk { row_start: first, data: buffer });
@@ -160,6 +174,7 @@ impl Upload<'_> {
             }
             start += run;
         }
+        self.tally.borrow_mut().add(parts.len(), 0);
         Ok(Matrix { rows: rows.len(), cols, chunks })
     }
 
@@ -269,12 +284,6 @@ impl Matrix {
     }
 }
 
-/// A vector (norm, bias) of the checkpoint, as f32, once its bytes can be read.
-async fn vector(ckpt: &Checkpoint, t: &TensorSpec) -> Result<Vec<f32>> {
-    ckpt.rows_ready(&t.name, &t.shape, 0..t.shape.first().copied().unwrap_or(0)).await?;
-    ckpt.tensor(&t.name, &t.shape, Precision::Auto)?.to_f32()
-}
-
 /// The rows of `v` (`order.len()` rows of equal length) in `order`: entry j names the row that
 /// becomes row j. None when `v` does not split into those rows or an entry is out of range.
 fn reorder_rows<T: Copy>(v: &[T], order: &[usize]) -> Option<Vec<T>> {
@@ -306,11 +315,33 @@ pub struct Weights {
     pub output: Option<Matrix>,
 }
 
-/// Loading progress: tensors uploaded so far out of the total.
+/// Loading progress: tensors uploaded so far out of the total, and the bytes of the files'
+/// weights uploaded so far (counted a batch of rows at a time) out of theirs.
 #[derive(Clone, Copy, Debug)]
 pub struct LoadProgress {
     pub tensors_done: usize,
     pub tensors_total: usize,
+    pub bytes_done: u64,
+    pub bytes_total: u64,
+}
+
+/// What a load has uploaded so far, reported as it grows.
+pub struct Tally<'a> {
+    now: LoadProgress,
+    report: &'a mut dyn FnMut(LoadProgress),
+}
+
+impl<'a> Tally<'a> {
+    pub fn new(tensors_total: usize, bytes_total: u64, report: &'a mut dyn FnMut(LoadProgress)) -> Tally<'a> {
+        Tally { now: LoadProgress { tensors_done: 0, tensors_total, bytes_done: 0, bytes_total }, report }
+    }
+
+    /// Counts `tensors` more tensors done and `bytes` more of their file bytes uploaded.
+    fn add(&mut self, tensors: usize, bytes: u64) {
+        self.now.tensors_done += tensors;
+        self.now.bytes_done += bytes;
+        (self.report)(self.now);
+    }
 }
 
 /// What a tensor is to the model (writers of random-weight models pick its values by this).
@@ -451,16 +482,11 @@ impl Weights {
     ) -> Result<Weights> {
         let c = &ckpt.config;
         let table = TensorTable::new(c);
-        let total = table.iter().count();
-        let up = Upload { gpu, ckpt, precision, max_bytes, read_bytes };
-        let mut done = 0;
-        let mut tick = |n: usize| {
-            done += n;
-            progress(LoadProgress { tensors_done: done, tensors_total: total });
-        };
-        let vector = |t| vector(ckpt, t);
+        let bytes = table.iter().filter_map(|t| ckpt.stored_bytes(&t.name)).sum();
+        let tally = std::cell::RefCell::new(Tally::new(table.iter().count(), bytes, progress));
+        let up = Upload { gpu, ckpt, precision, max_bytes, read_bytes, tally };
+        let vector = |t| up.vector(t);
         let token_embd = up.matrix(&table.token_embd).await?;
-        tick(1);
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, l) in table.layers.iter().enumerate() {
             let attn_norm =
@@ -487,7 +513,6 @@ impl Weights {
             let ffn_norm = GpuBuffer::<f32>::from_slice(gpu, &l.ffn_norm.name, &vector(&l.ffn_norm).await?);
             let gate_up = up.gate_up(&l.gate, &l.up).await?;
             let down = up.matrix(&l.down).await?;
-            tick(9 + 3 * usize::from(l.qkv_bias.is_some()));
             layers.push(Layer { attn_norm, qkv, qkv_bias, wo, ffn_norm, gate_up, down });
         }
         let output_norm =
@@ -496,7 +521,6 @@ impl Weights {
             Some(t) => Some(up.matrix(t).await?),
             None => None,
         };
-        tick(1 + usize::from(output.is_some()));
         Ok(Weights { token_embd, layers, output_norm, output })
     }
 }

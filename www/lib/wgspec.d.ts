@@ -9,7 +9,7 @@ export interface ChatMessage {
 /** A loading progress event. */
 export interface ProgressEvent {
   model: "target" | "draft";
-  /** download: bytes from the network; cache: a stored copy (no download); upload: tensors to the GPU. */
+  /** download: bytes from the network; cache: a stored copy (no download); upload: weight bytes to the GPU. */
   phase: "download" | "cache" | "upload" | "ready";
   /** The file being read (download/cache), else null. */
   file: string | null;

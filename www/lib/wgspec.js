@@ -219,7 +219,8 @@ export class WgSpec {
    *   loading (default 8 MiB, about 8.4 MB).
    * @param {(event: {model: "target"|"draft", phase: "download"|"cache"|"upload"|"ready",
    *   file: string|null, loaded: number, total: number|null}) => void} [options.onProgress]
-   *   bytes for download/cache (total null when unknown), tensors for upload.
+   *   bytes for download/cache (total null when unknown), bytes of the weights for upload (a
+   *   batch of rows at a time; with a download in progress the upload follows it).
    * @param {Worker|string|URL} [options.worker] a Worker to use, or the URL of worker.js (default:
    *   worker.js next to this module).
    * @param {boolean} [options.cache=true] keep downloaded files (weights in the origin-private
