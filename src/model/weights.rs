@@ -1,6 +1,7 @@
 //! Weights on the GPU. A [`Matrix`] hides its storage type and its split into row chunks (for
 //! tensors larger than the adapter's max storage binding) behind one matmul entry point, so the
-//! forward pass never branches on dtype.
+//! forward pass never branches on dtype. [`Upload`] streams matrices from the checkpoint's files
+//! a batch of rows at a time, so a load holds a batch in memory, never a tensor or a file.
 
 use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
