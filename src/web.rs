@@ -226,12 +226,7 @@ impl WebEngine {
             }
             other => other.map_err(js_err)?,
         };
-        let opts = LoadOptions {
-            context: context.map(|c| c as usize),
-            max_memory: max_memory_mb.map(|mb| u64::from(mb) * 1_000_000),
-            ..Default::default()
-        };
-        let bill = Model::plan(&self.gpu, &ckpt, &opts).map_err(js_err)?;
+        let bill = Model::plan(&self.gpu, &ckpt, &self.options(context, max_memory_mb)).map_err(js_err)?;
         Ok(format!("{{\"gpu_memory_bytes\":{},\"context\":{}}}", bill.total, bill.context))
     }
 
@@ -255,12 +250,7 @@ impl WebEngine {
             slot.engine = None; // frees the previous models' GPU memory first
         }
         let opened = std::mem::take(&mut self.staged).open().map_err(js_err)?;
-        let opts = LoadOptions {
-            context: context.map(|c| c as usize),
-            max_memory: max_memory_mb.map(|mb| u64::from(mb) * 1_000_000),
-            read_bytes: self.read_bytes,
-            ..Default::default()
-        };
+        let opts = self.options(context, max_memory_mb);
         let (gpu, slot) = (self.gpu.clone(), self.slot.clone());
         slot.borrow_mut().busy = true;
         Ok(wasm_bindgen_futures::future_to_promise(async move {
@@ -277,20 +267,10 @@ impl WebEngine {
     /// Loads the staged files as the draft model (same tokenizer as the target, else an error);
     /// resolves to its JSON summary, as [`WebEngine::load_target`] does.
     pub fn load_draft(&mut self, on_progress: Function) -> Result<js_sys::Promise, JsError> {
-        let mut engine = {
-            let mut slot = self.slot.borrow_mut();
-            self.ready(&mut slot)?;
-            slot.engine.take().ok_or_else(|| js_err(Error::Busy("no engine".into())))?
-        };
-        let opened = match std::mem::take(&mut self.staged).open() {
-            Ok(opened) => opened,
-            Err(e) => {
-                self.slot.borrow_mut().engine = Some(engine);
-                return Err(js_err(e));
-            }
-        };
+        self.ready(&mut self.slot.borrow_mut())?;
+        let opened = std::mem::take(&mut self.staged).open().map_err(js_err)?;
+        let mut engine = self.take_engine()?;
         let slot = self.slot.clone();
-        slot.borrow_mut().busy = true;
         Ok(wasm_bindgen_futures::future_to_promise(async move {
             let loaded = engine.load_draft_async(opened, &mut progress_to(&on_progress)).await.map(to_json);
             let mut s = slot.borrow_mut();
@@ -365,12 +345,7 @@ impl WebEngine {
         prompt: Option<Vec<u32>>,
         on_token: Function,
     ) -> Result<js_sys::Promise, JsError> {
-        let mut engine = {
-            let mut slot = self.slot.borrow_mut();
-            self.ready(&mut slot)?;
-            slot.busy = true;
-            slot.engine.take().ok_or_else(|| js_err(Error::Busy("no engine".into())))?
-        };
+        let mut engine = self.take_engine()?;
         let slot = self.slot.clone();
         Ok(wasm_bindgen_futures::future_to_promise(async move {
             let mut emit = |ev: &crate::engine::TokenEvent| {
@@ -400,6 +375,25 @@ impl WebEngine {
 }
 
 impl WebEngine {
+    /// Takes the engine out of its slot for a generation or a draft load: the slot is busy until
+    /// the promise settles and puts it back.
+    fn take_engine(&self) -> Result<Engine, JsError> {
+        let mut slot = self.slot.borrow_mut();
+        self.ready(&mut slot)?;
+        slot.busy = true;
+        slot.engine.take().ok_or_else(|| js_err(Error::Busy("no engine".into())))
+    }
+
+    /// Load options from the JS arguments: `context` KV positions, at most `max_memory_mb` MB.
+    fn options(&self, context: Option<u32>, max_memory_mb: Option<u32>) -> LoadOptions {
+        LoadOptions {
+            context: context.map(|c| c as usize),
+            max_memory: max_memory_mb.map(|mb| u64::from(mb) * 1_000_000),
+            read_bytes: self.read_bytes,
+            ..Default::default()
+        }
+    }
+
     /// The engine, or why there is none.
     fn ready<'a>(&self, slot: &'a mut Slot) -> Result<&'a mut Engine, JsError> {
         if slot.busy {

@@ -369,9 +369,6 @@ pub async fn facade_refuses_hostile_files() {
     let mut r = rng(302);
     let tiny = TinyModel::random(TinySpec::llama(), &mut r);
     let noop = js_sys::Function::new_no_args("");
-    let message = |e: wasm_bindgen::JsValue| -> String {
-        e.dyn_into::<js_sys::Error>().map(|e| String::from(e.message())).unwrap_or_default()
-    };
     let mut web = WebEngine::create().await.unwrap_or_else(|_| panic!("WebEngine::create"));
 
     // 4096 heads of 4096: refused from the metadata, before any allocation.
@@ -402,7 +399,7 @@ pub async fn facade_refuses_hostile_files() {
         let chat = r#"{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}"#;
         let promise = web.generate(chat, noop.clone()).unwrap_or_else(|_| panic!("generate"));
         let err = JsFuture::from(promise).await.expect_err("the template's budget must end it");
-        let msg = message(err);
+        let msg = js_message(err);
         assert!(msg.contains("chat template") && msg.contains(budget), "{msg}");
     }
     let promise = web
