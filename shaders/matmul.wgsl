@@ -16,8 +16,8 @@
 // weight, x_raw the residual stream itself; the workgroup sums the squares of each x_raw row (a
 // fixed tree) and scales the row's sums by 1 / sqrt(mean + eps), so y = rmsnorm(x_raw) . w^T.
 //
-// Epilogues (per pipeline call, from the params): the bias; a residual add (`accumulate`); SwiGLU
-// over interleaved gate|up rows (`glu`); for a fused q|k|v matrix, RoPE on the columns before
+// Epilogues (per pipeline call, from the params): the bias; SiLU (`silu`); a residual add
+// (`accumulate`); SwiGLU over interleaved gate|up rows (`glu`); for a fused q|k|v matrix, RoPE on the columns before
 // `rope_cols` (pairs of adjacent columns: rows of a Halves layout were reordered at load, so the
 // store puts each value back at its column; a row's position is start_pos + r, or start_pos + its
 // depth in a token-tree pass) and the columns from `split` on routed to the KV cache row
@@ -57,7 +57,7 @@ struct Params {
     norm: u32,        // 1: scale each row's sums by 1 / sqrt(mean(x_raw[r]^2) + eps)
     eps: f32,
     scaled_copy: u32, // 1: second[r, c] = y[r, c] * gamma[c] as well (row stride ldy)
-    _pad0: u32,
+    silu: u32,        // 1: y = silu(x . w + bias) (a Medusa head's residual block); 0: no activation
 }
 
 // Invocations per column quad, splitting k: 16 on GPUs. An adapter that runs invocations on a CPU
@@ -226,6 +226,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 v += vec4<f32>(bias[c], bias[c + min(1u, last - c0)], bias[c + min(2u, last - c0)],
                                bias[c + min(3u, last - c0)]);
             }
+            if (p.silu == 1u) { v = v / (1.0 + exp(-v)); }
             if (c < p.rope_cols) {
                 let i = c % p.head_dim;
                 let pos = step.start_pos + depth(row);

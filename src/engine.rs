@@ -12,14 +12,14 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
-use crate::files::OpenedModel;
+use crate::files::{ModelFiles, OpenedModel};
 use crate::gpu::Gpu;
 use crate::loader::source;
-use crate::model::{LoadOptions, LoadProgress, Model, TensorTable};
+use crate::model::{LoadOptions, LoadProgress, MedusaConfig, MedusaHeads, Model, TensorTable};
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
 use crate::speculative::{
-    self, DraftModel, Ensemble, KPolicy, NGram, SpecStats, DEFAULT_MAX_DRAFT_K, TREE_BRANCHES,
+    self, DraftModel, Ensemble, KPolicy, Medusa, NGram, SpecStats, DEFAULT_MAX_DRAFT_K, TREE_BRANCHES,
 };
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
@@ -35,6 +35,8 @@ pub enum DraftKind {
     /// (SpecInfer's ensemble; greedy decoding, else the model's chain).
     #[serde(rename = "model+ngram")]
     ModelNgram,
+    /// The loaded Medusa heads: a token tree from their top guesses.
+    Medusa,
     /// No speculation: plain target decoding.
     None,
 }
@@ -297,6 +299,14 @@ impl Prompter {
     }
 }
 
+/// What [`Engine::into_parts`] gives.
+pub struct Parts {
+    pub target: Model,
+    pub tokenizer: Tokenizer,
+    pub draft: Option<DraftModel>,
+    pub medusa: Option<Medusa>,
+}
+
 /// A loaded target (and optional draft) ready to generate.
 pub struct Engine {
     target: Model,
@@ -305,6 +315,7 @@ pub struct Engine {
     load_options: LoadOptions,
     prompter: Prompter,
     draft: Option<(DraftModel, ModelInfo)>,
+    medusa: Option<Medusa>,
 }
 
 impl Engine {
@@ -346,7 +357,56 @@ impl Engine {
             load_options,
             prompter: Prompter { tokenizer, chat_template },
             draft: None,
+            medusa: None,
         }
+    }
+
+    /// Replaces the Medusa heads with those in `files` (a `medusa_lm_head.safetensors`, or
+    /// several shards, and optionally the heads' `config.json`), uploaded for the target with its
+    /// precision, ranking [`speculative::medusa::ranks_needed`] ids per head for the default
+    /// tree ([`speculative::MEDUSA_CHOICES`], cut to the heads' depth). Their weights count
+    /// against the memory budget left by the target and the draft model.
+    pub fn load_medusa(
+        &mut self,
+        files: ModelFiles,
+        progress: &mut dyn FnMut(Role, LoadProgress),
+    ) -> Result<&MedusaHeads> {
+        source::now("loading Medusa heads", self.load_medusa_async(files, progress))
+    }
+
+    /// [`Engine::load_medusa`], waiting for the weights where a file is still arriving.
+    pub async fn load_medusa_async(
+        &mut self,
+        files: ModelFiles,
+        progress: &mut dyn FnMut(Role, LoadProgress),
+    ) -> Result<&MedusaHeads> {
+        self.medusa = None;
+        let (ckpt, config_json) = files.open_named(self.target.config.clone())?;
+        let (config, prefix) = MedusaConfig::of_checkpoint(&ckpt, config_json.as_deref())?;
+        let choices: Vec<Vec<usize>> = speculative::medusa::default_choices()
+            .into_iter()
+            .filter(|p| p.len() <= config.heads)
+            .collect();
+        let top_k = speculative::medusa::ranks_needed(&choices);
+        let opts = &self.load_options;
+        let bytes = MedusaHeads::plan(&self.target, &ckpt, (config, &prefix), opts.precision, top_k)?;
+        let used = self.target.memory_bytes() + self.draft_model().map_or(0, |d| d.memory_bytes());
+        if let Some(budget) = self.load_options.max_memory.filter(|&b| used + bytes > b) {
+            return Err(Error::GpuLimit(format!(
+                "the Medusa heads need {:.1} MB of GPU memory; {:.1} MB of the {:.1} MB budget are left",
+                bytes as f64 / 1e6,
+                budget.saturating_sub(used) as f64 / 1e6,
+                budget as f64 / 1e6
+            )));
+        }
+        let heads = &mut |p| progress(Role::Draft, p);
+        let heads = MedusaHeads::load(&self.target, &ckpt, (config, &prefix), opts, top_k, heads).await?;
+        Ok(self.medusa.insert(Medusa::new(heads, choices)?).heads())
+    }
+
+    /// The loaded Medusa heads.
+    pub fn medusa(&self) -> Option<&MedusaHeads> {
+        self.medusa.as_ref().map(Medusa::heads)
     }
 
     /// Replaces the draft with `draft`: its vocabulary is checked against the target's before
@@ -401,8 +461,13 @@ impl Engine {
     }
 
     /// The loaded parts, for harnesses that drive the decode loop on token ids (the bench).
-    pub fn into_parts(self) -> (Model, Tokenizer, Option<DraftModel>) {
-        (self.target, self.prompter.tokenizer, self.draft.map(|d| d.0))
+    pub fn into_parts(self) -> Parts {
+        Parts {
+            target: self.target,
+            tokenizer: self.prompter.tokenizer,
+            draft: self.draft.map(|d| d.0),
+            medusa: self.medusa,
+        }
     }
 
     pub fn target(&self) -> &Model {
@@ -500,6 +565,12 @@ impl Engine {
             (DraftKind::Model | DraftKind::ModelNgram, None) => {
                 return Err(Error::InvalidArgument("a draft model was asked for, but none is loaded".into()))
             }
+            (DraftKind::Medusa, _) => match self.medusa.as_mut() {
+                Some(m) => Some(m),
+                None => {
+                    return Err(Error::InvalidArgument("Medusa heads were asked for, but none are loaded".into()))
+                }
+            },
         };
         let g =
             speculative::generate(&mut self.target, draft, &prompt, &opts, req.k_policy(), &mut on_commit)

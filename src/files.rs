@@ -113,6 +113,24 @@ impl ModelFiles {
         }
     }
 
+    /// Opens files whose tensors go by their own names, for a model of `config`: heads that
+    /// draft for it (Medusa's `medusa_lm_head.safetensors`, or several `*.safetensors` shards,
+    /// with an optional `config.json`, returned as bytes). Only headers are read.
+    pub fn open_named(mut self, config: crate::model::Config) -> Result<(Checkpoint, Option<Vec<u8>>)> {
+        let config_json = self.take_bytes("config.json")?;
+        if let Some((name, _)) = self.files.iter().find(|(n, _)| !n.ends_with(".safetensors")) {
+            return Err(Error::InvalidArgument(format!(
+                "{name}: heads come as *.safetensors files and an optional config.json"
+            )));
+        }
+        self.files.sort_by(|a, b| a.0.cmp(&b.0));
+        if self.files.is_empty() {
+            return Err(Error::io("*.safetensors", "missing from the heads' files"));
+        }
+        let shards = self.files.into_iter().map(|(_, b)| b).collect();
+        Ok((Checkpoint::from_named_safetensors(config, shards)?, config_json))
+    }
+
     fn open_hf(mut self) -> Result<OpenedModel> {
         let missing = |name: &str| Error::io(name, "missing from the model's files");
         let config = self.take_bytes("config.json")?.ok_or_else(|| missing("config.json"))?;

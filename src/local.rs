@@ -11,6 +11,18 @@ use crate::loader::source::LocalFile;
 /// Opens the model at `path` (a `.gguf` file or a Hugging Face folder): reads its JSON files and
 /// its weight files' headers; the weights are read when it is loaded.
 pub fn open(path: &Path) -> Result<OpenedModel> {
+    files(path, "model.gguf")?.open()
+}
+
+/// The files of heads that draft for a model (Medusa): a `.safetensors` file, or a folder with
+/// `*.safetensors` and the heads' `config.json` (see [`ModelFiles::open_named`]).
+pub fn heads_files(path: &Path) -> Result<ModelFiles> {
+    files(path, "heads.safetensors")
+}
+
+/// A folder's model files, or the file at `path` under the name `single` (a GGUF file need not
+/// end in .gguf: the name only tells the format).
+fn files(path: &Path, single: &str) -> Result<ModelFiles> {
     let mut files = ModelFiles::new();
     if path.is_dir() {
         let entries = fs::read_dir(path).map_err(|e| Error::io(path.display(), e))?;
@@ -24,8 +36,7 @@ pub fn open(path: &Path) -> Result<OpenedModel> {
             }
         }
     } else {
-        // The name only tells the format; a GGUF file need not end in .gguf.
-        files.add_source("model.gguf", Box::new(LocalFile::open(path)?))?;
+        files.add_source(single, Box::new(LocalFile::open(path)?))?;
     }
-    files.open()
+    Ok(files)
 }

@@ -281,6 +281,30 @@ impl WebEngine {
         }))
     }
 
+    /// Loads the staged files (`medusa_lm_head.safetensors` or other `*.safetensors` shards, and
+    /// optionally the heads' `config.json`) as Medusa heads for the target (within what the
+    /// target and the draft left of the memory budget); resolves to `{heads, layers,
+    /// gpu_weight_bytes}` once they are on the GPU. Requests then speculate with them when they
+    /// ask for `draft: "medusa"`.
+    pub fn load_medusa(&mut self, on_progress: Function) -> Result<js_sys::Promise, JsError> {
+        self.ready(&mut self.slot.borrow_mut())?;
+        let files = std::mem::take(&mut self.staged);
+        let mut engine = self.take_engine()?;
+        let slot = self.slot.clone();
+        Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let loaded = engine.load_medusa_async(files, &mut progress_to(&on_progress)).await.map(|h| {
+                let c = h.config;
+                serde_json::json!({"heads": c.heads, "layers": c.layers, "gpu_weight_bytes": h.weight_bytes()})
+                    .to_string()
+            });
+            let mut s = slot.borrow_mut();
+            s.engine = Some(engine);
+            s.busy = false;
+            let info = loaded.map_err(|e| JsValue::from(js_err(e)))?;
+            Ok(JsValue::from_str(&info))
+        }))
+    }
+
     /// Drops the draft model (its GPU memory is freed).
     pub fn unload_draft(&mut self) -> Result<(), JsError> {
         let mut slot = self.slot.borrow_mut();

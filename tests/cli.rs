@@ -63,6 +63,30 @@ fn generate_json_prints_one_object_with_tokens_text_and_stats() {
 }
 
 #[test]
+fn generate_speculates_with_medusa_heads_from_their_folder() {
+    let model = tiny_model_file("tiny-medusa.gguf");
+    let m = model.to_str().expect("utf8 path");
+    let dir = model.with_file_name("medusa-heads");
+    std::fs::create_dir_all(&dir).expect("heads dir");
+    let mut r = rng(91);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let (heads, config) = common::tiny::medusa_heads(&tiny, 2, 1, DType::BF16, false, &mut r);
+    std::fs::write(dir.join("medusa_lm_head.safetensors"), heads).expect("write heads");
+    std::fs::write(dir.join("config.json"), config).expect("write config");
+    let args = ["generate", "--model", m, "--prompt", "abab abab", "--max-tokens", "12", "--json"];
+    let plain = json_of(&wgspec(&args));
+    let draft = format!("medusa:{}", dir.display());
+    let spec = json_of(&wgspec(&[&args[..], &["--draft", &draft]].concat()));
+    assert_eq!(spec["tokens"], plain["tokens"], "Medusa speculation changes no token");
+    assert_eq!(spec["stats"]["draft"], "medusa");
+    assert!(spec["stats"]["tree_cycles"].as_u64().is_some_and(|n| n > 0), "{}", spec["stats"]);
+    // a heads file that does not exist is a clear error
+    let out = wgspec(&[&args[..], &["--draft", "medusa:/no/such/heads"]].concat());
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/heads"), "{}", String::from_utf8_lossy(&out.stderr));
+}
+
+#[test]
 fn generate_runs_a_hugging_face_folder() {
     // config.json + model.safetensors + tokenizer.json (serialised from the GGUF vocabulary's
     // tokenizer), as `--model FOLDER`.

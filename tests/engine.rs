@@ -256,6 +256,16 @@ fn speculation_through_the_engine_equals_plain_decoding() {
     let opts = LoadOptions { context: Some(128), ..Default::default() };
     let draft = Model::load(gpu(), &d.checkpoint, &opts, &mut |_| {}).expect("load");
     engine.set_draft(Some((draft, &d.tokenizer))).expect("same tokenizer");
+    // Medusa heads in the public layout beside it (the target's own output as each head's
+    // projection: they guess repeated tokens)
+    let mut r = rng(41);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let (heads, config) = common::tiny::medusa_heads(&tiny, 3, 1, DType::F16, true, &mut r);
+    let mut files = ModelFiles::new();
+    files.add("medusa_lm_head.safetensors", heads).expect("add");
+    files.add("config.json", config).expect("add");
+    let loaded = engine.load_medusa(files, &mut |_, _| {}).expect("medusa heads");
+    assert_eq!((loaded.config.heads, loaded.config.layers), (3, 1));
     let mut req = Request::text("a b a b a b", 30);
     req.draft = Some(DraftKind::None);
     let (plain, _) = run(&mut engine, &req);
@@ -264,6 +274,8 @@ fn speculation_through_the_engine_equals_plain_decoding() {
         (DraftKind::Model, None),
         (DraftKind::Ngram, Some(3)),
         (DraftKind::ModelNgram, Some(3)),
+        (DraftKind::Medusa, Some(3)),
+        (DraftKind::Medusa, None),
     ] {
         req.draft = Some(draft);
         req.draft_k = k;
@@ -281,6 +293,10 @@ fn speculation_through_the_engine_equals_plain_decoding() {
         }
         if draft == DraftKind::ModelNgram {
             assert_eq!(out.stats.draft, "model+ngram");
+        }
+        if draft == DraftKind::Medusa {
+            assert_eq!(out.stats.draft, "medusa");
+            assert!(out.stats.tree_cycles > 0, "Medusa trees were verified: {:?}", out.stats);
         }
     }
     // The default draft is the loaded model.

@@ -570,3 +570,74 @@ fn argmax_picks_the_lowest_index_of_the_maximum() {
         assert_eq!(got, want, "argmax n={n} vocab={vocab}");
     }
 }
+
+#[test]
+fn top_k_ranks_ids_as_the_argmax_breaks_ties() {
+    let gpu = gpu();
+    let step = gpu.step_buffer();
+    let mut rng = rng(10);
+    for &(n, vocab, k) in &[(1, 7, 7), (3, 63, 5), (2, 1000, 16), (2, 49157, 10)] {
+        // values on a coarse grid, so that many tie; row 0 also gets a tie at its maximum
+        let mut logits: Vec<f32> = rand_vec(&mut rng, n * vocab, 8.0).iter().map(|v| v.round()).collect();
+        logits[vocab - 1] = 50.0;
+        logits[vocab / 2] = 50.0;
+        let lb = GpuBuffer::<f32>::from_slice(&gpu, "logits", &logits);
+        let ob = GpuBuffer::<u32>::zeros(&gpu, "out", n * k);
+        run(&gpu, &step, &[gpu.top_k(&step, &lb, &ob, vocab, k)], n, 0);
+        let got = read_u32(&gpu, &ob.raw, n * k);
+        for (r, row) in logits.chunks(vocab).enumerate() {
+            let mut ids: Vec<u32> = (0..vocab as u32).collect();
+            // larger first, then lower id: a stable sort by value keeps ids ascending among ties
+            ids.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]));
+            assert_eq!(&got[r * k..(r + 1) * k], &ids[..k], "top-{k} of row {r} of {vocab}");
+        }
+    }
+}
+
+#[test]
+fn hidden_row_applies_the_output_norm_to_the_row_it_is_given() {
+    let gpu = gpu();
+    let step = gpu.step_buffer();
+    let mut rng = rng(11);
+    for &(n, dim, row) in &[(1, 8, 0), (5, 64, 3), (9, 200, 8)] {
+        let raw = rand_vec(&mut rng, n * dim, 2.0);
+        let gamma = rand_vec(&mut rng, dim, 1.0);
+        let scaled: Vec<f32> = raw.iter().enumerate().map(|(i, v)| v * gamma[i % dim]).collect();
+        let (rb, sb) = (GpuBuffer::<f32>::from_slice(&gpu, "raw", &raw), GpuBuffer::<f32>::from_slice(&gpu, "s", &scaled));
+        let ib = GpuBuffer::<u32>::from_slice(&gpu, "row", &[row as u32]);
+        let ob = GpuBuffer::<f32>::zeros(&gpu, "out", dim);
+        run(&gpu, &step, &[gpu.hidden_row(&step, &rb, &sb, &ib, &ob, 1e-5)], 1, 0);
+        let got = read_f32(&gpu, &ob.raw, dim);
+        let want = reference::rmsnorm(&raw[row * dim..(row + 1) * dim], &gamma, 1e-5);
+        assert_close(&format!("hidden row {row} of {n}x{dim}"), &got, &want, ELEMENTWISE_ABS, ELEMENTWISE_REL);
+    }
+}
+
+#[test]
+fn matmul_with_silu_epilogue_adds_a_residual_block() {
+    // y += silu(x w^T + b): a Medusa head's residual block, over y holding x itself
+    let gpu = gpu();
+    let step = gpu.step_buffer();
+    let mut rng = rng(12);
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
+        for &(n, k) in &[(1, 64), (3, 96)] {
+            let x = rand_vec(&mut rng, n * k, 1.0);
+            let (bytes, w) = random_weights(&mut rng, dtype, k, k);
+            let bias = rand_vec(&mut rng, k, 0.5);
+            let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+            let yb = GpuBuffer::<f32>::from_slice(&gpu, "y", &x);
+            let bb = GpuBuffer::<f32>::from_slice(&gpu, "b", &bias);
+            let out = MatmulOut { ldy: k as u32, accumulate: true, silu: true, ..Default::default() };
+            let op = gpu.matmul(&step, &xb, &upload(&gpu, dtype, &bytes, k, k), Some(&bb), &yb, out);
+            run(&gpu, &step, &[op], n, 0);
+            let got = read_f32(&gpu, &yb.raw, n * k);
+            let (lin, bound) = ref_matmul(&x, &w, Some(&bias), n, k, k);
+            for i in 0..n * k {
+                let v = lin[i] as f64;
+                let want = x[i] as f64 + v / (1.0 + (-v).exp());
+                let tol = bound[i] as f64 * 1.1 + 1e-5 * want.abs() + 1e-6;
+                assert!((got[i] as f64 - want).abs() <= tol, "silu block {dtype} n={n} [{i}]: {} vs {want}", got[i]);
+            }
+        }
+    }
+}

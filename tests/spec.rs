@@ -4,6 +4,7 @@
 //! random models with several drafts.
 
 mod common;
+mod reference;
 
 use common::tiny::{TinyModel, TinySpec};
 use common::{gpu, rng};
@@ -13,12 +14,12 @@ use rand::rngs::SmallRng;
 use rand::Rng as _;
 use wgspec::gpu::Gpu;
 use wgspec::loader::DType;
-use wgspec::model::{Checkpoint, LoadOptions, Model};
+use wgspec::model::{Checkpoint, LoadOptions, MedusaConfig, MedusaHeads, Model, Precision};
 use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
-    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftModel, Ensemble, KPolicy, NGram,
-    NextKind, TokenTree, TreeVerdict, Verdict,
+    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftModel, Ensemble, KPolicy, Medusa,
+    NGram, NextKind, TokenTree, TreeVerdict, Verdict,
 };
 use wgspec::Error;
 
@@ -906,5 +907,177 @@ fn sampling_distribution_selects_what_a_full_sort_does() {
                 assert!((g.1 - w.1).abs() <= 1e-12, "{what}: p({}) {} vs {}", g.0, g.1, w.1);
             }
         }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Medusa heads
+// ---------------------------------------------------------------------------------------------
+
+/// Medusa heads from the bytes of their file and config (see `tiny::medusa_heads`) for `target`.
+fn load_heads(target: &Model, file: Vec<u8>, config: &[u8], top_k: usize) -> MedusaHeads {
+    let ckpt = Checkpoint::from_named_safetensors(target.config.clone(), vec![Box::new(file)]).expect("heads");
+    let (c, prefix) = MedusaConfig::of_checkpoint(&ckpt, Some(config)).expect("medusa config");
+    let opts = LoadOptions::default();
+    pollster::block_on(MedusaHeads::load(target, &ckpt, (c, &prefix), &opts, top_k, &mut |_| {}))
+        .expect("load heads")
+}
+
+#[test]
+fn medusa_heads_rank_what_the_reference_heads_rank() {
+    // The heads read the right row of the target's pass (its final hidden state after the output
+    // norm), run their residual blocks and projections, and rank ids as a CPU reference does.
+    for (spec, dtype, heads, layers) in [(TinySpec::llama(), DType::F16, 3, 1), (TinySpec::qwen2(), DType::F32, 2, 2)] {
+        let mut r = rng(340 + spec.qwen2 as u64);
+        let tiny = TinyModel::random(spec, &mut r);
+        let ckpt = ckpt_of(&tiny, &mut r);
+        let mut target = load(&ckpt, 64);
+        let (file, config) = common::tiny::medusa_heads(&tiny, heads, layers, dtype, false, &mut r);
+        let values = Checkpoint::from_named_safetensors(ckpt.config.clone(), vec![Box::new(file.clone())])
+            .expect("heads");
+        let medusa = load_heads(&target, file, &config, 8);
+        assert_eq!(medusa.config, MedusaConfig { heads, layers });
+        let mut reference = reference::RefModel::new(&ckpt, Precision::Auto);
+        let prompt: Vec<u32> = (0..9).map(|_| r.gen_range(0..spec.vocab as u32)).collect();
+        pollster::block_on(target.forward(&prompt, 0)).expect("forward");
+        reference.forward(&prompt, 0);
+        let get = |name: String, shape: Vec<usize>| {
+            values.tensor(&name, &shape, Precision::F32).expect("tensor").to_f32().expect("f32")
+        };
+        for row in [0, 4, 8] {
+            let top = pollster::block_on(medusa.top(row)).expect("top");
+            for (h, ids) in top.iter().enumerate() {
+                let mut x = reference.hidden[row].clone();
+                for l in 0..layers {
+                    let w = get(format!("{h}.{l}.linear.weight"), vec![spec.dim, spec.dim]);
+                    let b = get(format!("{h}.{l}.linear.bias"), vec![spec.dim]);
+                    let y = reference::matvec(&w, &x, spec.dim, spec.dim);
+                    for i in 0..spec.dim {
+                        let v = (y[i] + b[i]) as f64;
+                        x[i] = (x[i] as f64 + v / (1.0 + (-v).exp())) as f32;
+                    }
+                }
+                let logits = reference::matvec(&get(format!("{h}.{layers}.weight"), vec![spec.vocab, spec.dim]), &x, spec.vocab, spec.dim);
+                let mut sorted = logits.clone();
+                sorted.sort_by(|a, b| b.total_cmp(a));
+                for (rank, &id) in ids.iter().enumerate() {
+                    let (got, want) = (logits[id as usize], sorted[rank]);
+                    assert!(
+                        (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+                        "qwen2={} row {row} head {h} rank {rank}: id {id} has {got}, the reference's has {want}",
+                        spec.qwen2
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// A Medusa draft that records, per proposal, the context's last token and head 0's first guess.
+struct Recording<'a> {
+    medusa: &'a mut Medusa,
+    guesses: Vec<(u32, u32)>,
+}
+
+impl Draft for Recording<'_> {
+    fn name(&self) -> &str {
+        "medusa"
+    }
+    fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> speculative::draft::LocalFuture<'a, wgspec::Result<usize>> {
+        self.medusa.prefill(prompt)
+    }
+    fn target_row(&mut self, row: Option<usize>) {
+        self.medusa.target_row(row)
+    }
+    fn propose<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        budget: DraftBudget,
+        sampling: &'a SamplingParams,
+        rng: &'a mut Rng,
+    ) -> speculative::draft::LocalFuture<'a, wgspec::Result<speculative::Proposal>> {
+        Box::pin(async move {
+            let p = self.medusa.propose(context, budget, sampling, rng).await?;
+            if let (Some(&last), Some(&first)) = (context.last(), p.tokens.first()) {
+                self.guesses.push((last, first));
+            }
+            Ok(p)
+        })
+    }
+}
+
+#[test]
+fn medusa_speculation_equals_greedy_output() {
+    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+        let mut r = rng(350 + spec.qwen2 as u64);
+        let tiny = TinyModel::random(spec, &mut r);
+        let mut target = load(&ckpt_of(&tiny, &mut r), 64);
+        let choices = speculative::medusa::default_choices();
+        let (file, config) = common::tiny::medusa_heads(&tiny, 3, 1, DType::F16, false, &mut r);
+        let mut random = Medusa::new(load_heads(&target, file, &config, 10), choices.clone()).expect("medusa");
+        // heads that rank what the target's output ranks at the row they read: head 0's first
+        // guess is then the context's last token itself (which the target produced from that row)
+        let (file, config) = common::tiny::medusa_heads(&tiny, 4, 1, DType::F32, true, &mut r);
+        let mut echo = Medusa::new(load_heads(&target, file, &config, 10), choices).expect("medusa");
+        let v = spec.vocab as u32;
+        let prompts: Vec<Vec<u32>> =
+            vec![vec![7], vec![3, 3, 3, 3, 3, 3], (0..30).map(|_| r.gen_range(0..v)).collect()];
+        let (mut trees, mut accepted) = (0, 0);
+        for prompt in &prompts {
+            let want = plain(&mut target, prompt, &greedy_opts(24));
+            for k in [KPolicy::Fixed(1), KPolicy::Fixed(3), KPolicy::default()] {
+                for (name, draft) in [("random", &mut random), ("echo", &mut echo)] {
+                    let mut rec = Recording { medusa: draft, guesses: Vec::new() };
+                    let got = speculative(&mut target, &mut rec, prompt, &greedy_opts(24), k);
+                    let what = format!("qwen2={} {name} heads {k:?} prompt {prompt:?}", spec.qwen2);
+                    assert_eq!(got.tokens, want.tokens, "{what}");
+                    let s = &got.stats;
+                    assert_eq!(s.verify_forwards + s.accepted, 24, "{what}: every cycle adds accepted + 1");
+                    assert_eq!(got.from_draft.iter().filter(|&&d| d).count(), s.accepted, "{what}");
+                    if name == "echo" {
+                        // the heads read the row that produced the last token: its own argmax
+                        // (but the prompt's last token was not the target's choice: skipped)
+                        let guesses = &rec.guesses[1.min(rec.guesses.len())..];
+                        let right = guesses.iter().filter(|(last, first)| last == first).count();
+                        assert!(
+                            right * 10 >= guesses.len() * 9 && !guesses.is_empty(),
+                            "{what}: head 0 guessed the last token in {right} of {guesses:?}",
+                        );
+                        trees += s.tree_cycles;
+                        accepted += s.accepted;
+                    }
+                }
+            }
+        }
+        assert!(trees > 0 && accepted > 0, "qwen2={}: Medusa trees verified ({trees}) and accepted ({accepted})", spec.qwen2);
+    }
+}
+
+#[test]
+fn medusa_heads_and_paths_are_checked() {
+    let spec = TinySpec::llama();
+    let mut r = rng(360);
+    let tiny = TinyModel::random(spec, &mut r);
+    let target = load(&ckpt_of(&tiny, &mut r), 64);
+    let (file, config) = common::tiny::medusa_heads(&tiny, 2, 1, DType::F32, false, &mut r);
+    // a config that disagrees with the weights, a projection of another vocabulary
+    let ckpt = Checkpoint::from_named_safetensors(target.config.clone(), vec![Box::new(file.clone())]).expect("heads");
+    let err = MedusaConfig::of_checkpoint(&ckpt, Some(br#"{"medusa_num_heads": 5}"#)).expect_err("5 heads declared");
+    assert!(err.to_string().contains("medusa_num_heads = 5"), "{err}");
+    let mut other = target.config.clone();
+    other.vocab_size += 1;
+    let ckpt = Checkpoint::from_named_safetensors(other, vec![Box::new(file.clone())]).expect("heads");
+    let (c, prefix) = MedusaConfig::of_checkpoint(&ckpt, None).expect("config");
+    assert_eq!(c, MedusaConfig { heads: 2, layers: 1 });
+    let _ = prefix;
+    // paths deeper than the heads, ranks past what they rank, a child before its parent
+    let heads = || load_heads(&target, file.clone(), &config, 4);
+    for (paths, why) in [
+        (vec![vec![0], vec![0, 0], vec![0, 0, 0]], "1..=2 ranks"),
+        (vec![vec![4]], "rank 4"),
+        (vec![vec![0, 1], vec![0]], "before its parent"),
+    ] {
+        let err = Medusa::new(heads(), paths).err().expect("refused");
+        assert!(err.to_string().contains(why), "{err}");
     }
 }

@@ -15,6 +15,8 @@ pub enum Kernel {
     Argmax,
     AcceptGreedy,
     KvKeep,
+    TopK,
+    HiddenRow,
     /// Benchmarks only: the adapter's bandwidth ceiling.
     BenchCopy,
     /// Benchmarks only: the adapter's arithmetic ceiling.
@@ -22,11 +24,13 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
-const PLAIN: [Kernel; 6] = [
+const PLAIN: [Kernel; 8] = [
     Kernel::Attention,
     Kernel::Argmax,
     Kernel::AcceptGreedy,
     Kernel::KvKeep,
+    Kernel::TopK,
+    Kernel::HiddenRow,
     Kernel::BenchCopy,
     Kernel::BenchFma,
 ];
@@ -54,8 +58,10 @@ impl Kernel {
             Kernel::Argmax => plain(1),
             Kernel::AcceptGreedy => plain(2),
             Kernel::KvKeep => plain(3),
-            Kernel::BenchCopy => plain(4),
-            Kernel::BenchFma => plain(5),
+            Kernel::TopK => plain(4),
+            Kernel::HiddenRow => plain(5),
+            Kernel::BenchCopy => plain(6),
+            Kernel::BenchFma => plain(7),
         }
     }
 
@@ -69,6 +75,8 @@ impl Kernel {
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
             Kernel::KvKeep => Cow::Borrowed(include_str!("../../shaders/kv_keep.wgsl")),
+            Kernel::TopK => Cow::Borrowed(include_str!("../../shaders/top_k.wgsl")),
+            Kernel::HiddenRow => Cow::Borrowed(include_str!("../../shaders/hidden_row.wgsl")),
             Kernel::BenchCopy => Cow::Borrowed(include_str!("../../shaders/bench_copy.wgsl")),
             Kernel::BenchFma => Cow::Borrowed(include_str!("../../shaders/bench_fma.wgsl")),
         }

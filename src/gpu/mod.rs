@@ -15,7 +15,7 @@ pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT
 pub use kernel::{Kernel, Pipelines};
 pub use ops::{
     AttentionShape, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, Second, Step, MATMUL_ROWS,
-    MAX_TREE,
+    MAX_TOP_K, MAX_TREE,
 };
 pub use roofline::Ceilings;
 

@@ -67,6 +67,9 @@ pub struct MatmulOut<'a> {
     pub second: Option<Second<'a>>,
     /// RoPE on the first columns (the q and k parts of a fused q|k|v matrix).
     pub rope: Option<RopeOut<'a>>,
+    /// SiLU after the bias, before the residual add (a Medusa head's residual block:
+    /// `y += silu(x . w^T + b)`). Not with `glu` or `rope`.
+    pub silu: bool,
 }
 
 /// The raw rows whose RMS a normed matmul divides by: `[n, k]`, and the norm's epsilon.
@@ -131,7 +134,7 @@ struct MatmulParams {
     norm: u32,
     eps: f32,
     scaled_copy: u32,
-    _pad: u32,
+    silu: u32,
 }
 
 #[repr(C)]
@@ -163,6 +166,25 @@ struct WidthParams {
     width: u32,
     _pad: [u32; 3],
 }
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct HiddenRowParams {
+    dim: u32,
+    eps: f32,
+    _pad: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct TopKParams {
+    vocab: u32,
+    k: u32,
+    _pad: [u32; 2],
+}
+
+/// The most ids per row [`Gpu::top_k`] ranks (its kernel makes one pass over the row per id).
+pub const MAX_TOP_K: usize = 16;
 
 /// Rotary layouts: which pairs of a head's dimensions rotate together.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -243,7 +265,7 @@ impl Gpu {
             norm: out.norm.is_some() as u32,
             eps: out.norm.map_or(0.0, |n| n.eps),
             scaled_copy: scaled as u32,
-            _pad: 0,
+            silu: out.silu as u32,
         };
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
@@ -347,6 +369,43 @@ impl Gpu {
         let params = self.uniform("argmax params", bytemuck::bytes_of(&p));
         let cost = Cost { row_bytes: 4 * vocab as u64, row_flops: vocab as u64, ..Cost::default() };
         self.op(Kernel::Argmax, step, &params, &[&logits.raw, &out.raw], Grid::Rows).with_cost(cost)
+    }
+
+    /// `out[r, j]` = the id of row r's j-th largest logit, j < k (equal values: lower id first, as
+    /// [`Gpu::argmax`] breaks ties); `logits: [n, vocab]`, `out: [n, k]`, k <= [`MAX_TOP_K`].
+    pub fn top_k(
+        &self,
+        step: &wgpu::Buffer,
+        logits: &GpuBuffer<f32>,
+        out: &GpuBuffer<u32>,
+        vocab: usize,
+        k: usize,
+    ) -> Op {
+        let k = k.clamp(1, MAX_TOP_K);
+        let p = TopKParams { vocab: vocab as u32, k: k as u32, _pad: [0; 2] };
+        let params = self.uniform("top-k params", bytemuck::bytes_of(&p));
+        let cost = Cost { row_bytes: 4 * (k * vocab) as u64, row_flops: (k * vocab) as u64, ..Cost::default() };
+        self.op(Kernel::TopK, step, &params, &[&logits.raw, &out.raw], Grid::Rows).with_cost(cost)
+    }
+
+    /// `out = scaled[row] / rms(raw[row])` with `row = row_index[0]`: one row of a pass's final
+    /// hidden state (the output norm of the residual stream `raw: [n, dim]`, given `scaled: [n,
+    /// dim]` = raw times the norm's weight, as the forward pass leaves them); `out: [dim]`.
+    pub fn hidden_row(
+        &self,
+        step: &wgpu::Buffer,
+        raw: &GpuBuffer<f32>,
+        scaled: &GpuBuffer<f32>,
+        row_index: &GpuBuffer<u32>,
+        out: &GpuBuffer<f32>,
+        eps: f32,
+    ) -> Op {
+        let dim = out.len;
+        let p = HiddenRowParams { dim: dim as u32, eps, _pad: [0; 2] };
+        let params = self.uniform("hidden row params", bytemuck::bytes_of(&p));
+        let cost = Cost { fixed_bytes: 12 * dim as u64, ..Cost::default() };
+        let storage = [&raw.raw, &scaled.raw, &row_index.raw, &out.raw];
+        self.op(Kernel::HiddenRow, step, &params, &storage, Grid::Fixed([1, 1, 1])).with_cost(cost)
     }
 
     /// Greedy acceptance of a verify pass over `n = K + 1` rows (`step` is that pass's uniform):

@@ -55,6 +55,8 @@ enum Format {
     Gguf(Gguf),
     /// One or more safetensors shards, in the order of `files`.
     Safetensors(Vec<Safetensors>),
+    /// Safetensors shards whose tensors go by their own names (a draft head's file).
+    Named(Vec<Safetensors>),
 }
 
 /// A parsed checkpoint: its headers, and its files to read tensors from (by ranges: a model
@@ -186,8 +188,33 @@ impl Checkpoint {
         Ok(Checkpoint { config, format: Format::Safetensors(headers), files: shards })
     }
 
+    /// Safetensors shards whose tensors are looked up by the names they have there (not mapped
+    /// from GGUF names): the file of heads that draft for a model (Medusa's
+    /// `medusa_lm_head.safetensors`), with `config` the model they serve. Only headers are read.
+    pub fn from_named_safetensors(config: Config, shards: Vec<Box<dyn Source>>) -> Result<Checkpoint> {
+        let mut headers = Vec::with_capacity(shards.len());
+        for file in &shards {
+            headers.push(safetensors_header(file.as_ref())?);
+        }
+        Ok(Checkpoint { config, format: Format::Named(headers), files: shards })
+    }
+
+    /// Every tensor's name and shape, in file order (a GGUF's names; a Hugging Face checkpoint's
+    /// own names).
+    pub fn tensor_shapes(&self) -> Vec<(&str, &[usize])> {
+        let infos: Vec<&TensorInfo> = match &self.format {
+            Format::Gguf(g) => g.tensors.iter().collect(),
+            Format::Safetensors(h) | Format::Named(h) => h.iter().flat_map(|h| &h.tensors).collect(),
+        };
+        infos.into_iter().map(|t| (t.name.as_str(), t.shape.as_slice())).collect()
+    }
+
     fn locate(&self, name: &str) -> Option<Located<'_>> {
         match &self.format {
+            Format::Named(headers) => headers
+                .iter()
+                .zip(&self.files)
+                .find_map(|(h, file)| Some(Located { file: file.as_ref(), info: h.tensor(name)? })),
             Format::Gguf(g) => {
                 let info = g.tensor(name)?;
                 Some(Located { file: self.files.first()?.as_ref(), info })
@@ -300,7 +327,7 @@ impl Checkpoint {
     pub fn gguf(&self) -> Option<&Gguf> {
         match &self.format {
             Format::Gguf(g) => Some(g),
-            Format::Safetensors(_) => None,
+            Format::Safetensors(_) | Format::Named(_) => None,
         }
     }
 

@@ -3,11 +3,13 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod medusa;
 pub mod synthetic;
 pub mod transformer;
 pub mod weights;
 
 pub use checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 pub use config::{Arch, Config};
+pub use medusa::{MedusaConfig, MedusaHeads, MAX_MEDUSA_HEADS};
 pub use transformer::{LoadOptions, MemoryBill, Model, OpProfile, DEFAULT_READ_BYTES, MAX_BATCH, MAX_PASSES};
 pub use weights::{LayerTensors, LoadProgress, Matrix, TensorRole, TensorSpec, TensorTable, Weights};

@@ -436,6 +436,14 @@ impl Model {
         &self.state.argmax
     }
 
+    /// The residual stream after the last pass, `[MAX_BATCH, dim]`, and the same rows times the
+    /// output norm's weight (what the output projection reads): the final hidden state of row r
+    /// is `scaled[r] / rms(raw[r])` ([`Gpu::hidden_row`](crate::gpu::Gpu::hidden_row)), what
+    /// Medusa and EAGLE heads draft from.
+    pub fn hidden_buffers(&self) -> (&GpuBuffer<f32>, &GpuBuffer<f32>) {
+        (&self.state.x, &self.state.xb)
+    }
+
     /// The pass uniform `[n, start_pos]` (ops that follow a pass may bind it).
     pub fn step_buffer(&self) -> &wgpu::Buffer {
         &self.state.step

@@ -52,7 +52,7 @@ impl Upload<'_> {
     }
 
     /// A vector (norm, bias) of the checkpoint, as f32, once its bytes can be read.
-    async fn vector(&self, t: &TensorSpec) -> Result<Vec<f32>> {
+    pub async fn vector(&self, t: &TensorSpec) -> Result<Vec<f32>> {
         let ckpt = self.ckpt;
         ckpt.rows_ready(&t.name, &t.shape, 0..t.shape.first().copied().unwrap_or(0)).await?;
         let values = ckpt.tensor(&t.name, &t.shape, Precision::Auto)?.to_f32()?;

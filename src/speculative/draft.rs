@@ -4,9 +4,10 @@
 //! - [`NGram`]: prompt lookup — match the last n tokens against the prompt and the generated
 //!   text and propose what followed the latest match (no second model).
 //!
-//! The trait takes the whole token context and returns tokens plus (for sampling) the draft
-//! distributions `q`, so Medusa heads, an EAGLE head (which would also read the target's hidden
-//! states) or a token tree can be added behind it later.
+//! - [`Medusa`](super::medusa::Medusa): heads on the target's hidden state ([`super::medusa`]).
+//!
+//! The trait takes the whole token context (and, for heads, the target's row to read) and returns
+//! tokens, or a token tree, plus (for sampling) the draft distributions `q`.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -72,6 +73,12 @@ pub trait Draft {
         sampling: &'a SamplingParams,
         rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>>;
+
+    /// Where the target's hidden state for the context's last token is: the row of the target's
+    /// last pass whose logits produced that token (None before the target has run a pass). Drafts
+    /// that read the target's hidden states (Medusa heads) keep it; the loop tells it before
+    /// every proposal, and the target's buffers hold that pass until the proposal has run.
+    fn target_row(&mut self, _row: Option<usize>) {}
 
     /// A draft model that can run greedy cycles on the GPU (its K steps and the target's verify
     /// pass in one submission, see [`super::cycle`]); `None` for drafts proposed on the CPU.

@@ -116,10 +116,13 @@ pub async fn generate(
     let t0 = Instant::now();
     let mut tokens = prompt.to_vec();
     let mut n_past = 0;
+    // the row of the target's last pass whose logits gave tokens[n_past] (heads draft from it)
+    let mut target_row = None;
     for chunk in prompt[..prompt.len() - 1].chunks(MAX_BATCH) {
         target.forward_argmax(chunk, n_past).await?;
         n_past += chunk.len();
         stats.base.target_forwards += 1;
+        target_row = Some(chunk.len() - 1);
     }
     target.truncate(n_past);
     if let Some(d) = draft.as_deref_mut() {
@@ -159,7 +162,7 @@ pub async fn generate(
         k_sum += k;
         let calibrate = cycles < 2 || cycles.is_multiple_of(16);
         cycles += 1;
-        let Checked { xs, verdict, drafted, depth } =
+        let Checked { xs, verdict, drafted, depth, row } =
             match (&gpu_cycle, draft.as_deref_mut().and_then(|d| d.gpu_draft())) {
                 (Some(cycle), Some(dm)) if k > 0 && !calibrate => {
                     let tc = Instant::now();
@@ -174,12 +177,13 @@ pub async fn generate(
                     stats.gpu_cycles += 1;
                     let kind = if out.accepted == k { NextKind::Bonus } else { NextKind::Recovered };
                     let verdict = Verdict { accepted: out.accepted, next: out.next, kind };
-                    Checked { xs: out.drafts, verdict, drafted: k, depth: k }
+                    Checked { xs: out.drafts, verdict, drafted: k, depth: k, row: out.accepted }
                 }
                 _ => {
                     let td = Instant::now();
                     let proposal = match draft.as_deref_mut() {
                         Some(d) if k > 0 => {
+                            d.target_row(target_row);
                             let nodes = schedule.tree_nodes(k).min(context - n_past - 1);
                             d.propose(&tokens, DraftBudget { depth: k, nodes }, &params, &mut rng).await?
                         }
@@ -224,6 +228,7 @@ pub async fn generate(
             };
         stats.verify_forwards += 1;
         stats.base.target_forwards += 1;
+        target_row = Some(row);
         schedule.observe_acceptance(depth, verdict.accepted);
         stats.drafted += drafted;
         stats.accepted += verdict.accepted;
@@ -306,6 +311,8 @@ struct Checked {
     drafted: usize,
     /// The longest run of drafts it could have accepted.
     depth: usize,
+    /// The row of the pass whose logits gave `verdict.next`.
+    row: usize,
 }
 
 /// One target pass over `[id_last, xs..]` at `n_past` and the chain's rule: greedy, or
@@ -335,7 +342,8 @@ async fn check_chain(
         verify_sampled(&xs, &q, &p, rng)?
     };
     let k = xs.len();
-    Ok(Checked { xs, verdict, drafted: k, depth: k })
+    let row = verdict.accepted;
+    Ok(Checked { xs, verdict, drafted: k, depth: k, row })
 }
 
 /// One tree pass over `tree` at `n_past`, the greedy or multi-candidate rule down the tree, and
@@ -361,5 +369,6 @@ async fn check_tree(
     let leaf = v.path.last().is_some_and(|&l| tree.children(l).next().is_none());
     let kind = if leaf { NextKind::Bonus } else { NextKind::Recovered };
     let verdict = Verdict { accepted: xs.len(), next: v.next, kind };
-    Ok(Checked { xs, verdict, drafted: tree.len() - 1, depth: tree.max_depth() })
+    let row = v.path.last().copied().unwrap_or(0);
+    Ok(Checked { xs, verdict, drafted: tree.len() - 1, depth: tree.max_depth(), row })
 }

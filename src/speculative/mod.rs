@@ -3,6 +3,7 @@
 //! roll back to the accepted length.
 //!
 //! - [`draft`]: the [`Draft`] trait, [`DraftModel`] (a smaller model) and [`NGram`] (prompt lookup)
+//! - [`medusa`]: [`Medusa`] heads on the target's hidden state, drafting token trees
 //! - [`verify`]: the greedy and speculative-sampling acceptance rules (pure functions)
 //! - [`tree`]: token trees (several continuations verified in one pass) and their greedy rule
 //! - [`schedule`]: the choice of K (fixed, or adaptive from measured acceptance and costs)
@@ -11,6 +12,7 @@
 pub mod cycle;
 pub mod draft;
 pub mod generate;
+pub mod medusa;
 pub mod schedule;
 pub mod tree;
 pub mod verify;
@@ -21,6 +23,7 @@ pub use draft::{
     TREE_BRANCHES,
 };
 pub use generate::{generate, SpecGeneration, SpecStats};
+pub use medusa::{Medusa, MEDUSA_CHOICES};
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};
 pub use tree::{TokenTree, TreeVerdict};
 pub use verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};

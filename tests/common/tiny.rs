@@ -321,3 +321,46 @@ pub fn gpt2_byte_symbols() -> Vec<String> {
         })
         .collect()
 }
+
+/// Medusa heads for a tiny model in the public Medusa-1 layout (`{h}.{l}.linear.weight` /
+/// `.bias`, `{h}.{L}.weight`): the `medusa_lm_head.safetensors` bytes (matrices as `dtype`: F32,
+/// F16 or BF16) and its `config.json`. Random heads, or with `copy_output` heads whose blocks are
+/// zero and whose projection is the model's own output matrix: every head then ranks what the
+/// model's output ranks at the row it reads (its own next token), a guess that is right wherever
+/// the text repeats a token.
+pub fn medusa_heads(
+    model: &TinyModel,
+    heads: usize,
+    layers: usize,
+    dtype: DType,
+    copy_output: bool,
+    rng: &mut SmallRng,
+) -> (Vec<u8>, Vec<u8>) {
+    let s = &model.spec;
+    let output_name = if s.tied { "token_embd.weight" } else { "output.weight" };
+    let output = model.tensors.iter().find(|t| t.name == output_name).expect("output matrix");
+    let mut random = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n).map(|_| if copy_output { 0.0 } else { rng.gen_range(-scale..scale) }).collect()
+    };
+    let matrix = |v: &[f32]| match dtype {
+        DType::F16 => f16_bytes(v),
+        DType::BF16 => bf16_bytes(v),
+        _ => f32_bytes(v),
+    };
+    let mut owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
+    let stored = if matches!(dtype, DType::F16 | DType::BF16) { dtype } else { DType::F32 };
+    for h in 0..heads {
+        for l in 0..layers {
+            let w = random(s.dim * s.dim, 0.3);
+            owned.push((format!("{h}.{l}.linear.weight"), stored, vec![s.dim, s.dim], matrix(&w)));
+            let b = random(s.dim, 0.3);
+            owned.push((format!("{h}.{l}.linear.bias"), DType::F32, vec![s.dim], f32_bytes(&b)));
+        }
+        let out = if copy_output { output.values.clone() } else { random(s.vocab * s.dim, 0.5) };
+        owned.push((format!("{h}.{layers}.weight"), stored, vec![s.vocab, s.dim], matrix(&out)));
+    }
+    let refs: Vec<(&str, DType, &[usize], &[u8])> =
+        owned.iter().map(|(n, d, sh, b)| (n.as_str(), *d, sh.as_slice(), b.as_slice())).collect();
+    let config = serde_json::json!({ "medusa_num_heads": heads, "medusa_num_layers": layers });
+    (write_safetensors(&refs), serde_json::to_vec(&config).expect("json"))
+}

@@ -13,6 +13,8 @@ pub struct RefModel {
     w: HashMap<String, Vec<f32>>,
     k_cache: Vec<Vec<f32>>, // per layer [pos, kv_dim]
     v_cache: Vec<Vec<f32>>,
+    /// The final hidden state (after the output norm) of each row of the last forward, [n][dim].
+    pub hidden: Vec<Vec<f32>>,
 }
 
 /// `y[r] = x[r] . W^T` with `W: [rows, cols]`.
@@ -91,7 +93,7 @@ impl RefModel {
             w.insert(spec.name.clone(), t.to_f32().expect("values"));
         }
         let n = cfg.n_layers;
-        RefModel { cfg, w, k_cache: vec![Vec::new(); n], v_cache: vec![Vec::new(); n] }
+        RefModel { cfg, w, k_cache: vec![Vec::new(); n], v_cache: vec![Vec::new(); n], hidden: Vec::new() }
     }
 
     fn t(&self, name: &str) -> &[f32] {
@@ -114,6 +116,7 @@ impl RefModel {
     /// Logits `[tokens.len(), vocab]` for tokens at positions `start_pos..`.
     pub fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Vec<f32> {
         self.truncate(start_pos);
+        self.hidden.clear();
         let mut logits = Vec::new();
         for (r, &tok) in tokens.iter().enumerate() {
             logits.extend(self.step(tok, start_pos + r));
@@ -160,6 +163,8 @@ impl RefModel {
         }
         let xb = rmsnorm(&x, self.t("output_norm.weight"), c.rms_eps);
         let out_name = if c.tied_embeddings { "token_embd.weight" } else { "output.weight" };
-        matvec(self.t(out_name), &xb, c.vocab_size, dim)
+        let logits = matvec(self.t(out_name), &xb, c.vocab_size, dim);
+        self.hidden.push(xb);
+        logits
     }
 }

@@ -210,6 +210,14 @@ pub async fn greedy_speculation_equals_greedy() {
     let d = open(draft_file);
     let mut engine = Engine::new(load(&gpu, &t.checkpoint), t.tokenizer, None);
     engine.set_draft(Some((load(&gpu, &d.checkpoint), &d.tokenizer))).expect("draft");
+    // Medusa heads for the target in the public layout (its own output matrix as their projection)
+    let mut r = rng(300);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let (heads, config) = tiny::medusa_heads(&tiny, 3, 1, DType::F16, true, &mut r);
+    let mut files = ModelFiles::new();
+    files.add("medusa_lm_head.safetensors", heads).expect("heads");
+    files.add("config.json", config).expect("config");
+    engine.load_medusa_async(files, &mut |_, _| {}).await.expect("Medusa heads");
     let prompt = "the cat sat on the mat; the cat sat on the";
     let mut req = Request::text(prompt, 24);
     req.draft = Some(DraftKind::None);
@@ -222,6 +230,7 @@ pub async fn greedy_speculation_equals_greedy() {
         (DraftKind::Model, None),
         (DraftKind::Ngram, Some(4)),
         (DraftKind::ModelNgram, Some(4)),
+        (DraftKind::Medusa, Some(3)),
     ] {
         req.draft = Some(kind);
         req.draft_k = k;
@@ -239,7 +248,7 @@ pub async fn greedy_speculation_equals_greedy() {
         trees += got.stats.tree_cycles;
     }
     assert!(drafted_any, "no draft token was ever accepted: the test would not test speculation");
-    assert!(trees > 0, "token trees (n-gram, model+ngram) were verified in the browser too");
+    assert!(trees > 0, "token trees (n-gram, model+ngram, Medusa) were verified in the browser too");
 }
 
 /// A thrown or rejected error's message.

@@ -23,6 +23,12 @@ export interface LoadOptions {
   target: string | URL;
   /** A draft model URL (same tokenizer as the target), or "ngram" for prompt-lookup drafts. */
   draft?: string | URL;
+  /**
+   * Medusa heads for the target: a `.safetensors` file in the public Medusa-1 layout, or a folder
+   * URL ending with "/" holding `medusa_lm_head.safetensors` and optionally `config.json`.
+   * Requests then draft token trees from them by default (`draft: "medusa"`).
+   */
+  medusa?: string | URL;
   /** KV cache positions. */
   context?: number;
   /**
@@ -61,7 +67,7 @@ export interface ModelInfo {
   wasm_memory_bytes: number;
 }
 
-export type DraftKind = "model" | "ngram" | "model+ngram" | "none";
+export type DraftKind = "model" | "ngram" | "model+ngram" | "medusa" | "none";
 
 export interface GenerateOptions {
   /** Default 128. */
@@ -192,7 +198,9 @@ export class WgSpec {
   readonly info: ModelInfo;
   readonly draftInfo: ModelInfo | null;
   /** The draft loaded with the model: used when a call names none. */
-  readonly draftKind: "model" | "ngram" | null;
+  readonly draftKind: "model" | "ngram" | "medusa" | null;
+  /** The Medusa heads when loaded, else null. */
+  readonly medusaInfo: { heads: number; layers: number; gpu_weight_bytes: number } | null;
   /** The target's file or folder name. */
   readonly model: string;
   /** The worker's wasm memory after loading, in bytes (its peak: wasm memory never shrinks). */

@@ -180,7 +180,9 @@ export class WgSpec {
     this.info = loaded.info;
     /** The draft model's info when a draft model is loaded, else null. */
     this.draftInfo = loaded.draftInfo;
-    /** "model", "ngram" or null: the draft used when a call does not name one. */
+    /** Medusa heads' info ({heads, layers, gpu_weight_bytes}) when heads are loaded, else null. */
+    this.medusaInfo = loaded.medusaInfo;
+    /** "model", "ngram", "medusa" or null: the draft used when a call does not name one. */
     this.draftKind = loaded.draftKind;
     /** The target's file or folder name (the `model` field of chat completions). */
     this.model = model;
@@ -211,6 +213,10 @@ export class WgSpec {
    *   model.safetensors.index.json and its shards).
    * @param {string|URL} [options.draft] a draft model URL of the same kinds (same tokenizer as
    *   the target), or "ngram" for prompt-lookup drafts; none by default.
+   * @param {string|URL} [options.medusa] Medusa heads trained for the target: the URL of a
+   *   `.safetensors` file in the public Medusa-1 layout, or of a folder ending with "/" holding
+   *   `medusa_lm_head.safetensors` and optionally its `config.json`. Requests then draft token
+   *   trees from the heads by default (`draft: "medusa"`).
    * @param {number} [options.context] KV cache positions (default: the engine's choice).
    * @param {number} [options.maxMemoryMb] GPU memory budget in MB for the target and draft
    *   together (weights, KV cache, scratch); a model over it is refused before any allocation
@@ -229,10 +235,11 @@ export class WgSpec {
    *   and holds the weights in a JS array outside wasm memory.
    * @returns {Promise<WgSpec>} rejects with the worker's message on any failure.
    */
-  static async load({ target, draft, context, maxMemoryMb, readMb, onProgress, worker, cache = true } = {}) {
+  static async load({ target, draft, medusa, context, maxMemoryMb, readMb, onProgress, worker, cache = true } = {}) {
     if (!target) throw new TypeError("WgSpec.load: `target` (a model URL) is required");
     const targetUrl = resolveUrl(target);
     const draftUrl = draft ? resolveUrl(draft) : undefined;
+    const medusaUrl = medusa ? resolveUrl(medusa) : undefined;
     let w = worker;
     if (!(typeof Worker !== "undefined" && w instanceof Worker)) {
       const url = w ? new URL(String(w), globalThis.location?.href) : new URL("./worker.js", import.meta.url);
@@ -246,7 +253,7 @@ export class WgSpec {
     try {
       const { promise } = client.call(
         "load",
-        { target: targetUrl, draft: draftUrl, context, maxMemoryMb, readMb, cache },
+        { target: targetUrl, draft: draftUrl, medusa: medusaUrl, context, maxMemoryMb, readMb, cache },
         onEvent,
       );
       const loaded = await promise;
@@ -299,7 +306,7 @@ export class WgSpec {
    * @property {AbortSignal} [signal] aborts this generation (finish_reason "cancelled")
    */
   async *generate(prompt, opts = {}) {
-    const request = buildRequest(prompt, opts, this.draftKind === "ngram" ? "ngram" : undefined);
+    const request = buildRequest(prompt, opts, this._namedDefault());
     return yield* this._generate({ request }, opts.signal);
   }
 
@@ -398,6 +405,11 @@ export class WgSpec {
   }
 
   /** @private */
+  /** The default draft when the engine's own default (the draft model, else none) is not it. */
+  _namedDefault() {
+    return this.draftKind === "ngram" || this.draftKind === "medusa" ? this.draftKind : undefined;
+  }
+
   _abortIds(ids) {
     if (ids.length > 0) this._client.post({ type: "abort", ids });
   }
@@ -410,7 +422,7 @@ export class WgSpec {
   async _chatCompletion(params = {}) {
     const { signal, ...body } = params;
     if (!Array.isArray(body.messages)) throw new TypeError("chat.completions.create: `messages` must be an array");
-    if (body.draft === undefined && this.draftKind === "ngram") body.draft = "ngram";
+    if (body.draft === undefined && this._namedDefault()) body.draft = this._namedDefault();
     const stream = Boolean(body.stream);
     const id = `chatcmpl-${Math.random().toString(36).slice(2, 14)}`;
     const created = Math.floor(Date.now() / 1000);

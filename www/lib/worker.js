@@ -115,7 +115,7 @@ function errorMessage(err) {
  * downloaded into it first when missing), loads the target, then the draft model if one is given.
  * Weight files are read a batch at a time while loading and closed once their model is loaded.
  */
-async function load({ target, draft, context, maxMemoryMb, readMb, cache: useCache = true }, progress) {
+async function load({ target, draft, medusa, context, maxMemoryMb, readMb, cache: useCache = true }, progress) {
   if (engine) throw new Error("this worker already holds a model; create a new WgSpec instance");
   if (!self.navigator || !self.navigator.gpu) {
     throw new Error(
@@ -190,12 +190,28 @@ async function load({ target, draft, context, maxMemoryMb, readMb, cache: useCac
       );
       draftKind = "model";
     }
+    let medusaInfo = null;
+    if (medusa) {
+      const medusaName = `the Medusa heads ${fileName(medusa)}`;
+      const headFiles = await stageHeads(created, medusa, { model: "draft", what: medusaName, stores, progress });
+      medusaInfo = JSON.parse(
+        await closingAfter(headFiles, () =>
+          namedAsync(medusaName, () =>
+            created.load_medusa((done, total) =>
+              progress({ model: "draft", phase: "upload", file: null, loaded: done, total }),
+            ),
+          ),
+        ),
+      );
+      draftKind = "medusa";
+    }
     if (draftKind) progress({ model: "draft", phase: "ready", file: null, loaded: 1, total: 1 });
     engine = created;
     return {
       adapter: await describeAdapter(created.adapter()),
       info,
       draftInfo,
+      medusaInfo,
       draftKind,
       wasmMemoryBytes: created.wasm_memory_bytes(),
     };
@@ -331,6 +347,27 @@ async function stageModel(eng, url, load) {
     for (const shard of shards) {
       files.push(await stageWeights(eng, shard, at(shard), load, { checkGguf: false }));
     }
+    return files;
+  } catch (err) {
+    closeAll(files);
+    throw err;
+  }
+}
+
+/**
+ * Stages Medusa heads: a `.safetensors` file, or a folder URL ending with "/" holding an optional
+ * `config.json` and `medusa_lm_head.safetensors`. Returns the opened weight files.
+ */
+async function stageHeads(eng, url, load) {
+  const files = [];
+  try {
+    if (!new URL(url).pathname.endsWith("/")) {
+      files.push(await stageWeights(eng, "heads.safetensors", url, load, { checkGguf: false }));
+      return files;
+    }
+    const at = (name) => new URL(name, url).href;
+    await stageFile(eng, "config.json", at("config.json"), load, { optional: true });
+    files.push(await stageWeights(eng, "medusa_lm_head.safetensors", at("medusa_lm_head.safetensors"), load, { checkGguf: false }));
     return files;
   } catch (err) {
     closeAll(files);

@@ -85,8 +85,9 @@ struct GenerateArgs {
     #[arg(long)]
     json: bool,
     /// Speculate with a draft: a smaller model with the same tokenizer (file or known NAME),
-    /// `ngram` (prompt lookup: the continuations of up to 4 earlier matches as a token tree), or
-    /// `MODEL+ngram` (the model's chain and the n-gram continuations merged into one token tree).
+    /// `ngram` (prompt lookup: the latest match's continuation), `MODEL+ngram` (the model's chain
+    /// and the n-gram continuations merged into one token tree), or `medusa:PATH` (Medusa heads:
+    /// a `medusa_lm_head.safetensors` file or its folder with `config.json`; a token tree).
     #[arg(long)]
     draft: Option<String>,
     #[command(flatten)]
@@ -147,8 +148,8 @@ struct ServeArgs {
     /// A .gguf file, a Hugging Face folder or a known model NAME.
     #[arg(long)]
     model: String,
-    /// The default draft of requests: `ngram`, a smaller model with the same tokenizer, or
-    /// `MODEL+ngram` (a request's `draft` field may pick another).
+    /// The default draft of requests: `ngram`, a smaller model with the same tokenizer,
+    /// `MODEL+ngram`, or `medusa:PATH` (Medusa heads; a request's `draft` field may pick another).
     #[arg(long)]
     draft: Option<String>,
     /// KV cache positions: prompt and reply of one request together (default: min(model context, 4096)).
@@ -197,7 +198,8 @@ struct BenchArgs {
     /// llama-1b, smollm2-135m); prompts are then byte-mapped token ids.
     #[arg(long)]
     synthetic: Option<String>,
-    /// `ngram`, a draft model (file or known NAME), or with --synthetic a shape name.
+    /// `ngram`, a draft model (file or known NAME), `MODEL+ngram`, `medusa:PATH` (Medusa heads),
+    /// or with --synthetic a shape name.
     #[arg(long, required_unless_present = "roofline")]
     draft: Option<String>,
     /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
@@ -344,19 +346,40 @@ pub fn load_engine(
 ) -> Result<(Engine, DraftKind)> {
     let mut progress = progress_bar(quiet);
     let mut engine = Engine::load(gpu.clone(), open(model)?, opts, &mut progress)?;
-    let kind = match draft {
+    let kind = draft_kind(draft);
+    match (kind, draft) {
+        (DraftKind::Medusa, Some(d)) => {
+            let path = d.strip_prefix("medusa:").unwrap_or(d);
+            let files = wgspec::local::heads_files(std::path::Path::new(path))?;
+            let heads = engine.load_medusa(files, &mut progress)?;
+            if !quiet {
+                let c = heads.config;
+                eprintln!(
+                    "Medusa: {} heads of {} blocks, {:.1} MB",
+                    c.heads,
+                    c.layers,
+                    heads.weight_bytes() as f64 / 1e6
+                );
+            }
+        }
+        (DraftKind::Model | DraftKind::ModelNgram, Some(d)) => {
+            engine.load_draft(open(d.trim_end_matches("+ngram"))?, &mut progress)?;
+        }
+        _ => {}
+    }
+    Ok((engine, kind))
+}
+
+/// The draft a `--draft` argument names: none, `ngram`, `medusa:PATH` (Medusa heads),
+/// `MODEL+ngram` (the ensemble) or a draft model.
+pub fn draft_kind(draft: Option<&str>) -> DraftKind {
+    match draft {
         None => DraftKind::None,
         Some("ngram") => DraftKind::Ngram,
-        Some(d) => {
-            let (model, kind) = match d.strip_suffix("+ngram") {
-                Some(model) => (model, DraftKind::ModelNgram),
-                None => (d, DraftKind::Model),
-            };
-            engine.load_draft(open(model)?, &mut progress)?;
-            kind
-        }
-    };
-    Ok((engine, kind))
+        Some(d) if d.starts_with("medusa:") => DraftKind::Medusa,
+        Some(d) if d.ends_with("+ngram") => DraftKind::ModelNgram,
+        Some(_) => DraftKind::Model,
+    }
 }
 
 async fn generate(args: GenerateArgs) -> Result<()> {
@@ -473,6 +496,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {})
     };
     let draft_arg = args.draft.clone().unwrap_or_default();
+    let mut medusa = None;
     let (mut target, tokenizer, loaded_draft, target_name) = match &args.synthetic {
         Some(shape_name) => (
             synth(&synthetic::synthetic_shape(shape_name)?, 1)?,
@@ -484,8 +508,9 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             let name = args.model.clone().unwrap_or_default();
             let draft = args.draft.as_deref().filter(|_| !args.roofline);
             let (engine, _) = load_engine(&gpu, &name, draft, &opts, false)?;
-            let (target, tokenizer, draft) = engine.into_parts();
-            (target, Some(tokenizer), draft, name)
+            let parts = engine.into_parts();
+            medusa = parts.medusa;
+            (parts.target, Some(parts.tokenizer), parts.draft, name)
         }
     };
     if args.roofline {
@@ -494,7 +519,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     }
     let ngram = NGram { branches: args.tree.unwrap_or(1).max(1), ..NGram::default() };
     let mut model_draft = match loaded_draft {
-        _ if draft_arg == "ngram" => None,
+        _ if draft_arg == "ngram" || medusa.is_some() => None,
         Some(d) => Some(d),
         None => {
             let shape = synthetic::synthetic_shape(draft_arg.trim_end_matches("+ngram"))?;
@@ -503,14 +528,15 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     };
     let mut ngram_alone = ngram.clone();
     let mut ensemble;
-    let draft: &mut dyn Draft = match model_draft.as_mut() {
-        None => &mut ngram_alone,
-        Some(model) if draft_arg.ends_with("+ngram") => {
+    let draft: &mut dyn Draft = match (model_draft.as_mut(), medusa.as_mut()) {
+        (None, Some(heads)) => heads,
+        (None, None) => &mut ngram_alone,
+        (Some(model), _) if draft_arg.ends_with("+ngram") => {
             let branches = args.tree.unwrap_or(speculative::TREE_BRANCHES).max(1);
             ensemble = Ensemble { model, ngram: NGram { branches, ..ngram } };
             &mut ensemble
         }
-        Some(model) => {
+        (Some(model), _) => {
             model.set_tree(args.tree.unwrap_or(1).saturating_sub(1));
             model
         }

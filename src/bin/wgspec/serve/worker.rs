@@ -21,7 +21,7 @@ use super::metrics::Metrics;
 pub struct ModelConfig {
     /// A .gguf file, a Hugging Face folder or a known model name.
     pub model: String,
-    /// `ngram`, a draft model (file, folder or name), or none.
+    /// `ngram`, a draft model (file, folder or name), `MODEL+ngram`, `medusa:PATH`, or none.
     pub draft: Option<String>,
     /// KV cache positions (default: the engine's, min(model context, 4096)).
     pub context: Option<usize>,
@@ -32,12 +32,7 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// The draft a request without a `draft` field speculates with.
     pub fn default_draft(&self) -> DraftKind {
-        match self.draft.as_deref() {
-            None => DraftKind::None,
-            Some("ngram") => DraftKind::Ngram,
-            Some(d) if d.ends_with("+ngram") => DraftKind::ModelNgram,
-            Some(_) => DraftKind::Model,
-        }
+        crate::cli::draft_kind(self.draft.as_deref())
     }
 }
 
@@ -119,6 +114,7 @@ pub fn draft_name(d: DraftKind) -> &'static str {
         DraftKind::Model => "model",
         DraftKind::Ngram => "ngram",
         DraftKind::ModelNgram => "model+ngram",
+        DraftKind::Medusa => "medusa",
         DraftKind::None => "none",
     }
 }

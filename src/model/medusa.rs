@@ -1,0 +1,292 @@
+//! Medusa heads on the GPU (Cai et al., "Medusa", arXiv 2401.10774): extra decoding heads on the
+//! target's final hidden state, head i guessing the token i + 2 places after the position it
+//! reads (the target's own output guesses the next one).
+//!
+//! The public Medusa-1 layout (`medusa_lm_head.safetensors`, with `medusa_num_heads` and
+//! `medusa_num_layers` in its `config.json`): head h is `medusa_num_layers` residual blocks and a
+//! vocabulary projection,
+//!
+//! ```text
+//!   h_0     = the target's final hidden state (after its output norm)    [dim]
+//!   h_{l+1} = h_l + silu(W_{h,l} h_l + b_{h,l})    `{h}.{l}.linear.weight` [dim, dim], `.bias` [dim]
+//!   logits  = W_{h,L} h_L                          `{h}.{L}.weight` [vocab, dim]
+//! ```
+//!
+//! Everything runs in one submission with one small read-back: the target's hidden row (picked by
+//! a row index written before the submission), each head's blocks and projection, and each
+//! head's top-k ids ([`Gpu::top_k`]): `[heads, k]` ids come back, never logits.
+
+use std::sync::Arc;
+
+use super::checkpoint::{Checkpoint, Precision};
+use super::config::Config;
+use super::transformer::{LoadOptions, Model};
+use super::weights::{LoadProgress, Matrix, Tally, TensorRole, TensorSpec, Upload};
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, GpuBuffer, MatmulOut, Op, MAX_TOP_K};
+
+/// The shape of a set of Medusa heads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MedusaConfig {
+    /// Heads (`medusa_num_heads`): head i guesses the token i + 2 places ahead.
+    pub heads: usize,
+    /// Residual blocks per head (`medusa_num_layers`).
+    pub layers: usize,
+}
+
+/// The most heads a set may have (a tree is at most this deep).
+pub const MAX_MEDUSA_HEADS: usize = 16;
+
+/// The tensors of one head, in the public layout.
+#[derive(Clone, Debug)]
+struct HeadTensors {
+    /// Per residual block: `{h}.{l}.linear.weight` `[dim, dim]` and `.bias` `[dim]`.
+    blocks: Vec<(TensorSpec, TensorSpec)>,
+    /// `{h}.{L}.weight` `[vocab, dim]`.
+    out: TensorSpec,
+}
+
+/// Every tensor of a set of heads, named as in the file (a common prefix such as
+/// `medusa_head.` kept).
+fn head_tensors(prefix: &str, c: MedusaConfig, dim: usize, vocab: usize) -> Vec<HeadTensors> {
+    let spec = |name: String, shape: Vec<usize>, role| TensorSpec { name, shape, role };
+    (0..c.heads)
+        .map(|h| HeadTensors {
+            blocks: (0..c.layers)
+                .map(|l| {
+                    (
+                        spec(format!("{prefix}{h}.{l}.linear.weight"), vec![dim, dim], TensorRole::Weight),
+                        spec(format!("{prefix}{h}.{l}.linear.bias"), vec![dim], TensorRole::QkvBias),
+                    )
+                })
+                .collect(),
+            out: spec(format!("{prefix}{h}.{}.weight", c.layers), vec![vocab, dim], TensorRole::Output),
+        })
+        .collect()
+}
+
+impl MedusaConfig {
+    /// The heads a file holds, from its tensor names (`[prefix]{h}.{l}.linear.weight`,
+    /// `[prefix]{h}.{L}.weight`), checked against `config_json`'s `medusa_num_heads` and
+    /// `medusa_num_layers` where given. Returns the config and the names' common prefix.
+    pub fn of_checkpoint(ckpt: &Checkpoint, config_json: Option<&[u8]>) -> Result<(MedusaConfig, String)> {
+        let bad = |why: String| Error::InvalidArgument(format!("Medusa heads: {why}"));
+        let names: Vec<&str> = ckpt.tensor_shapes().into_iter().map(|(n, _)| n).collect();
+        let prefix = names
+            .first()
+            .and_then(|n| n.find(|c: char| c.is_ascii_digit()))
+            .and_then(|i| names.first().map(|n| &n[..i]))
+            .unwrap_or("")
+            .to_string();
+        let (mut heads, mut layers) = (0usize, 0usize);
+        for name in &names {
+            let rest = name
+                .strip_prefix(prefix.as_str())
+                .ok_or_else(|| bad(format!("tensor {name:?} does not start with {prefix:?} as the others do")))?;
+            let mut parts = rest.split('.');
+            let index = |p: Option<&str>| p.and_then(|s| s.parse::<usize>().ok());
+            let (Some(h), Some(l)) = (index(parts.next()), index(parts.next())) else {
+                return Err(bad(format!("tensor {name:?} is not named {{head}}.{{layer}}.*")));
+            };
+            if h >= MAX_MEDUSA_HEADS || l > 64 {
+                return Err(bad(format!("tensor {name:?}: at most {MAX_MEDUSA_HEADS} heads of 64 blocks")));
+            }
+            heads = heads.max(h + 1);
+            if parts.next() == Some("linear") {
+                layers = layers.max(l + 1);
+            }
+        }
+        if heads == 0 {
+            return Err(bad("the file holds no tensors".into()));
+        }
+        let json: Option<serde_json::Value> = match config_json {
+            Some(bytes) => Some(serde_json::from_slice(bytes).map_err(|e| Error::corrupt("config.json", e))?),
+            None => None,
+        };
+        let declared = |key: &str| json.as_ref().and_then(|j| j.get(key)).and_then(|v| v.as_u64());
+        for (key, found) in [("medusa_num_heads", heads), ("medusa_num_layers", layers)] {
+            if let Some(d) = declared(key).filter(|&d| d != found as u64) {
+                return Err(bad(format!("config.json declares {key} = {d}, the weights hold {found}")));
+            }
+        }
+        Ok((MedusaConfig { heads, layers }, prefix))
+    }
+}
+
+/// One head's weights and its scratch (kept alive for the bind groups that reference them).
+#[allow(dead_code)]
+struct Head {
+    blocks: Vec<(Matrix, GpuBuffer<f32>)>, // per block: W [dim, dim], b [dim]
+    out: Matrix,                           // [vocab, dim]
+    state: [GpuBuffer<f32>; 2],            // [dim] each: h_l, then h_{l+1} (ping-pong)
+    logits: GpuBuffer<f32>,                // [vocab]
+    top: GpuBuffer<u32>,                   // [k] the head's most likely ids
+}
+
+/// One step of the heads' submission: a compute pass of ops, or a buffer copy between them.
+enum Action {
+    Ops(Vec<Op>),
+    Copy { from: wgpu::Buffer, to: wgpu::Buffer, to_offset: u64, bytes: u64 },
+}
+
+/// Medusa heads on the GPU, reading one target's hidden states (see the module's doc).
+pub struct MedusaHeads {
+    pub config: MedusaConfig,
+    gpu: Arc<Gpu>,
+    /// Kept alive for the bind groups that reference them.
+    _heads: Vec<Head>,
+    _step: wgpu::Buffer,    // uniform Step: one row
+    row: GpuBuffer<u32>,    // [1] the target's row the heads read
+    _hidden: GpuBuffer<f32>, // [dim] the target's final hidden state at that row
+    top: GpuBuffer<u32>,    // [heads, k] every head's top ids
+    top_k: usize,
+    program: Vec<Action>,
+    gpu_bytes: u64,
+}
+
+impl MedusaHeads {
+    /// The GPU memory the heads of `ckpt` take when loaded by [`MedusaHeads::load`] with the same
+    /// arguments (weights as they will be kept, and scratch), from the headers alone.
+    pub fn plan(
+        target: &Model,
+        ckpt: &Checkpoint,
+        (config, prefix): (MedusaConfig, &str),
+        precision: Precision,
+        top_k: usize,
+    ) -> Result<u64> {
+        let (dim, vocab) = (target.config.dim as u64, target.config.vocab_size as u64);
+        let mut bytes = 0;
+        for t in head_tensors(prefix, config, dim as usize, vocab as usize) {
+            for spec in t.blocks.iter().flat_map(|(w, b)| [w, b]).chain([&t.out]) {
+                let n = spec.shape.iter().product::<usize>() as u64;
+                let stored = ckpt.dtype(&spec.name, &spec.shape)?;
+                let kept = precision == Precision::Auto && spec.shape.len() > 1;
+                bytes += if kept { stored.bytes_for(n).unwrap_or(4 * n) } else { 4 * n };
+            }
+        }
+        let heads = config.heads as u64;
+        Ok(bytes + 4 * (dim + 1 + heads * (2 * dim + vocab + 2 * top_k as u64)))
+    }
+
+    /// Uploads the heads of `ckpt` (a [`Checkpoint::from_named_safetensors`] of the heads' file,
+    /// `config` from [`MedusaConfig::of_checkpoint`], names under `prefix`) for `target`, whose
+    /// hidden states they read, ranking `top_k` ids per head (at most [`MAX_TOP_K`]). `opts`
+    /// gives the precision, the largest weight buffer and the bytes read at once (its context
+    /// and budget are the caller's: see [`MedusaHeads::plan`]).
+    pub async fn load(
+        target: &Model,
+        ckpt: &Checkpoint,
+        (config, prefix): (MedusaConfig, &str),
+        opts: &LoadOptions,
+        top_k: usize,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<MedusaHeads> {
+        let c: &Config = &target.config;
+        let (dim, vocab) = (c.dim, c.vocab_size);
+        if top_k == 0 || top_k > MAX_TOP_K {
+            return Err(Error::InvalidArgument(format!("Medusa heads rank 1..={MAX_TOP_K} ids, not {top_k}")));
+        }
+        let gpu = target.gpu().clone();
+        let g = &*gpu;
+        let table = head_tensors(prefix, config, dim, vocab);
+        let all: Vec<&TensorSpec> =
+            table.iter().flat_map(|h| h.blocks.iter().flat_map(|(w, b)| [w, b]).chain([&h.out])).collect();
+        let bytes = all.iter().filter_map(|t| ckpt.stored_bytes(&t.name)).sum();
+        let tally = std::cell::RefCell::new(Tally::new(all.len(), bytes, progress));
+        let max_bytes = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(g.max_binding_bytes());
+        let precision = opts.precision;
+        let up = Upload { gpu: g, ckpt, precision, max_bytes, read_bytes: opts.read_bytes, tally };
+        let step = g.step_buffer();
+        g.write_step(&step, 1, 0);
+        let row = GpuBuffer::<u32>::zeros(g, "medusa row", 1);
+        let hidden = GpuBuffer::<f32>::zeros(g, "medusa hidden", dim);
+        let top = GpuBuffer::<u32>::zeros(g, "medusa top", config.heads * top_k);
+        let (raw, scaled) = target.hidden_buffers();
+        let mut program = vec![Action::Ops(vec![g.hidden_row(&step, raw, scaled, &row, &hidden, c.rms_eps)])];
+        let mut heads = Vec::with_capacity(config.heads);
+        let mut gpu_bytes = 0;
+        let copy = |from: &GpuBuffer<f32>, to: &GpuBuffer<f32>| Action::Copy {
+            from: from.raw.clone(),
+            to: to.raw.clone(),
+            to_offset: 0,
+            bytes: 4 * dim as u64,
+        };
+        for (h, t) in table.iter().enumerate() {
+            let mut blocks = Vec::with_capacity(t.blocks.len());
+            for (w, b) in &t.blocks {
+                let bias = GpuBuffer::<f32>::from_slice(g, &b.name, &up.vector(b).await?);
+                blocks.push((up.matrix(w).await?, bias));
+            }
+            let out = up.matrix(&t.out).await?;
+            let state = [0, 1].map(|i| GpuBuffer::<f32>::zeros(g, &format!("medusa {h} state {i}"), dim));
+            let logits = GpuBuffer::<f32>::zeros(g, &format!("medusa {h} logits"), vocab);
+            let head_top = GpuBuffer::<u32>::zeros(g, &format!("medusa {h} top"), top_k);
+            // h_{l+1} = h_l + silu(W h_l + b): the input copied to the output, then the block
+            // added by the matmul's epilogue
+            let mut input = &hidden;
+            for (l, (w, bias)) in blocks.iter().enumerate() {
+                let output = &state[l % 2];
+                program.push(copy(input, output));
+                let block = MatmulOut { ldy: dim as u32, accumulate: true, silu: true, ..Default::default() };
+                program.push(Action::Ops(w.matmul(g, &step, input, Some(bias), output, block)));
+                input = output;
+            }
+            // logits = W_out h_L, and their top_k ids into row h of `top`
+            let mut ops = out.matmul(g, &step, input, None, &logits, MatmulOut { ldy: vocab as u32, ..Default::default() });
+            ops.push(g.top_k(&step, &logits, &head_top, vocab, top_k));
+            program.push(Action::Ops(ops));
+            program.push(Action::Copy {
+                from: head_top.raw.clone(),
+                to: top.raw.clone(),
+                to_offset: (4 * h * top_k) as u64,
+                bytes: 4 * top_k as u64,
+            });
+            gpu_bytes += out.gpu_bytes()
+                + blocks.iter().map(|(w, b)| w.gpu_bytes() + b.raw.size()).sum::<u64>();
+            heads.push(Head { blocks, out, state, logits, top: head_top });
+        }
+        g.take_error()?;
+        Ok(MedusaHeads {
+            config,
+            gpu,
+            _heads: heads,
+            _step: step,
+            row,
+            _hidden: hidden,
+            top,
+            top_k,
+            program,
+            gpu_bytes,
+        })
+    }
+
+    /// Ids ranked per head.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// Bytes of GPU memory the heads' weights take.
+    pub fn weight_bytes(&self) -> u64 {
+        self.gpu_bytes
+    }
+
+    /// Runs every head on row `row` of the target's last pass and returns each head's `top_k`
+    /// most likely ids, most likely first: `[heads][top_k]`. One submission, one read-back.
+    pub async fn top(&self, row: usize) -> Result<Vec<Vec<u32>>> {
+        let g = &*self.gpu;
+        g.queue.write_buffer(&self.row.raw, 0, bytemuck::bytes_of(&(row as u32)));
+        let mut enc = g.encoder();
+        for action in &self.program {
+            match action {
+                Action::Ops(ops) => g.encode(&mut enc, ops, 1),
+                Action::Copy { from, to, to_offset, bytes } => {
+                    enc.copy_buffer_to_buffer(from, 0, to, *to_offset, *bytes)
+                }
+            }
+        }
+        let bytes = self.top.raw.size();
+        let raw = g.submit_and_read(enc, &self.top.raw, 0, bytes).await?;
+        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())
+    }
+}
