@@ -15,11 +15,12 @@ use crate::error::{Error, Result};
 use crate::files::{ModelFiles, OpenedModel};
 use crate::gpu::Gpu;
 use crate::loader::source;
-use crate::model::{LoadOptions, LoadProgress, MedusaConfig, MedusaHeads, Model, TensorTable};
+use crate::model::{Checkpoint, EagleHead, LoadOptions, LoadProgress, MedusaConfig, MedusaHeads, Model, TensorTable};
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
 use crate::speculative::{
-    self, DraftModel, Ensemble, KPolicy, Medusa, NGram, SpecStats, DEFAULT_MAX_DRAFT_K, TREE_BRANCHES,
+    self, DraftModel, Eagle, Ensemble, KPolicy, Medusa, NGram, SpecStats, DEFAULT_MAX_DRAFT_K, EAGLE_SIBLINGS,
+    TREE_BRANCHES,
 };
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
@@ -37,6 +38,8 @@ pub enum DraftKind {
     ModelNgram,
     /// The loaded Medusa heads: a token tree from their top guesses.
     Medusa,
+    /// The loaded EAGLE head: its chain with each depth's next guesses beside it.
+    Eagle,
     /// No speculation: plain target decoding.
     None,
 }
@@ -305,6 +308,7 @@ pub struct Parts {
     pub tokenizer: Tokenizer,
     pub draft: Option<DraftModel>,
     pub medusa: Option<Medusa>,
+    pub eagle: Option<Eagle>,
 }
 
 /// A loaded target (and optional draft) ready to generate.
@@ -316,6 +320,7 @@ pub struct Engine {
     prompter: Prompter,
     draft: Option<(DraftModel, ModelInfo)>,
     medusa: Option<Medusa>,
+    eagle: Option<Eagle>,
 }
 
 impl Engine {
@@ -358,6 +363,7 @@ impl Engine {
             prompter: Prompter { tokenizer, chat_template },
             draft: None,
             medusa: None,
+            eagle: None,
         }
     }
 
@@ -381,8 +387,9 @@ impl Engine {
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&MedusaHeads> {
         self.medusa = None;
-        let (ckpt, config_json) = files.open_named(self.target.config.clone())?;
-        let (config, prefix) = MedusaConfig::of_checkpoint(&ckpt, config_json.as_deref())?;
+        let named = files.open_named()?;
+        let ckpt = Checkpoint::from_named_safetensors(self.target.config.clone(), named.shards)?;
+        let (config, prefix) = MedusaConfig::of_checkpoint(&ckpt, named.config_json.as_deref())?;
         let choices: Vec<Vec<usize>> = speculative::medusa::default_choices()
             .into_iter()
             .filter(|p| p.len() <= config.heads)
@@ -390,15 +397,7 @@ impl Engine {
         let top_k = speculative::medusa::ranks_needed(&choices);
         let opts = &self.load_options;
         let bytes = MedusaHeads::plan(&self.target, &ckpt, (config, &prefix), opts.precision, top_k)?;
-        let used = self.target.memory_bytes() + self.draft_model().map_or(0, |d| d.memory_bytes());
-        if let Some(budget) = self.load_options.max_memory.filter(|&b| used + bytes > b) {
-            return Err(Error::GpuLimit(format!(
-                "the Medusa heads need {:.1} MB of GPU memory; {:.1} MB of the {:.1} MB budget are left",
-                bytes as f64 / 1e6,
-                budget.saturating_sub(used) as f64 / 1e6,
-                budget as f64 / 1e6
-            )));
-        }
+        self.check_budget("the Medusa heads", bytes)?;
         let heads = &mut |p| progress(Role::Draft, p);
         let heads = MedusaHeads::load(&self.target, &ckpt, (config, &prefix), opts, top_k, heads).await?;
         Ok(self.medusa.insert(Medusa::new(heads, choices)?).heads())
@@ -407,6 +406,60 @@ impl Engine {
     /// The loaded Medusa heads.
     pub fn medusa(&self) -> Option<&MedusaHeads> {
         self.medusa.as_ref().map(Medusa::heads)
+    }
+
+    /// Replaces the EAGLE head with the one in `files` (its `config.json` and
+    /// `model.safetensors`, the public EAGLE-1/2 layout), uploaded for the target with its
+    /// precision; proposals are its chain with [`EAGLE_SIBLINGS`] of each depth's next most
+    /// likely tokens beside it. Its weights, cache and scratch count against the memory budget
+    /// left by the target, the draft model and Medusa heads.
+    pub fn load_eagle(
+        &mut self,
+        files: ModelFiles,
+        progress: &mut dyn FnMut(Role, LoadProgress),
+    ) -> Result<&EagleHead> {
+        source::now("loading the EAGLE head", self.load_eagle_async(files, progress))
+    }
+
+    /// [`Engine::load_eagle`], waiting for the weights where a file is still arriving.
+    pub async fn load_eagle_async(
+        &mut self,
+        files: ModelFiles,
+        progress: &mut dyn FnMut(Role, LoadProgress),
+    ) -> Result<&EagleHead> {
+        self.eagle = None;
+        let named = files.open_named()?;
+        let json = named.config_json.ok_or_else(|| Error::io("config.json", "missing from the EAGLE head's files"))?;
+        let config = EagleHead::config_for(&self.target.config, &json)?;
+        let ckpt = Checkpoint::from_named_safetensors(config, named.shards)?;
+        let opts = &self.load_options;
+        let top_k = EAGLE_SIBLINGS + 1;
+        self.check_budget("the EAGLE head", EagleHead::plan(&self.target, &ckpt, opts.precision, top_k)?)?;
+        let head = EagleHead::load(&self.target, &ckpt, opts, top_k, &mut |p| progress(Role::Draft, p)).await?;
+        Ok(self.eagle.insert(Eagle::new(head, EAGLE_SIBLINGS)).head())
+    }
+
+    /// The loaded EAGLE head.
+    pub fn eagle(&self) -> Option<&EagleHead> {
+        self.eagle.as_ref().map(Eagle::head)
+    }
+
+    /// Refuses `bytes` more GPU memory for `what` when the budget cannot hold them beside the
+    /// models and heads already loaded.
+    fn check_budget(&self, what: &str, bytes: u64) -> Result<()> {
+        let used = self.target.memory_bytes()
+            + self.draft_model().map_or(0, |d| d.memory_bytes())
+            + self.medusa().map_or(0, |m| m.weight_bytes())
+            + self.eagle().map_or(0, |e| e.memory_bytes());
+        match self.load_options.max_memory.filter(|&b| used + bytes > b) {
+            Some(budget) => Err(Error::GpuLimit(format!(
+                "{what} needs {:.1} MB of GPU memory; {:.1} MB of the {:.1} MB budget are left",
+                bytes as f64 / 1e6,
+                budget.saturating_sub(used) as f64 / 1e6,
+                budget as f64 / 1e6
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Replaces the draft with `draft`: its vocabulary is checked against the target's before
@@ -467,6 +520,7 @@ impl Engine {
             tokenizer: self.prompter.tokenizer,
             draft: self.draft.map(|d| d.0),
             medusa: self.medusa,
+            eagle: self.eagle,
         }
     }
 
@@ -571,10 +625,19 @@ impl Engine {
                     return Err(Error::InvalidArgument("Medusa heads were asked for, but none are loaded".into()))
                 }
             },
+            (DraftKind::Eagle, _) => match self.eagle.as_mut() {
+                Some(e) => Some(e),
+                None => {
+                    return Err(Error::InvalidArgument("an EAGLE head was asked for, but none is loaded".into()))
+                }
+            },
         };
-        let g =
+        let mut g =
             speculative::generate(&mut self.target, draft, &prompt, &opts, req.k_policy(), &mut on_commit)
                 .await?;
+        if let Some(trace) = g.stats.last_cycle.as_mut() {
+            trace.texts = trace.tokens.iter().map(|&t| tokenizer.decode(&[t]).unwrap_or_default()).collect();
+        }
         if let Some(e) = stream_err {
             return Err(e);
         }

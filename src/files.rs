@@ -23,6 +23,13 @@ pub struct ModelFiles {
 /// The largest JSON file of a model read (config.json, tokenizer.json): real ones are a few MB.
 pub const MAX_JSON_BYTES: u64 = 256 << 20;
 
+/// What [`ModelFiles::open_named`] gives.
+pub struct NamedFiles {
+    pub config_json: Option<Vec<u8>>,
+    /// The weight files, sorted by name.
+    pub shards: Vec<Box<dyn Source>>,
+}
+
 /// What [`ModelFiles::open`] gives.
 pub struct OpenedModel {
     pub checkpoint: Checkpoint,
@@ -113,10 +120,11 @@ impl ModelFiles {
         }
     }
 
-    /// Opens files whose tensors go by their own names, for a model of `config`: heads that
-    /// draft for it (Medusa's `medusa_lm_head.safetensors`, or several `*.safetensors` shards,
-    /// with an optional `config.json`, returned as bytes). Only headers are read.
-    pub fn open_named(mut self, config: crate::model::Config) -> Result<(Checkpoint, Option<Vec<u8>>)> {
+    /// Sorts out the files of heads that draft for a model, whose tensors go by their own
+    /// names: `*.safetensors` shards (Medusa's `medusa_lm_head.safetensors`, EAGLE's
+    /// `model.safetensors`) and an optional `config.json`, read as bytes; see
+    /// [`Checkpoint::from_named_safetensors`].
+    pub fn open_named(mut self) -> Result<NamedFiles> {
         let config_json = self.take_bytes("config.json")?;
         if let Some((name, _)) = self.files.iter().find(|(n, _)| !n.ends_with(".safetensors")) {
             return Err(Error::InvalidArgument(format!(
@@ -128,7 +136,7 @@ impl ModelFiles {
             return Err(Error::io("*.safetensors", "missing from the heads' files"));
         }
         let shards = self.files.into_iter().map(|(_, b)| b).collect();
-        Ok((Checkpoint::from_named_safetensors(config, shards)?, config_json))
+        Ok(NamedFiles { config_json, shards })
     }
 
     fn open_hf(mut self) -> Result<OpenedModel> {

@@ -513,7 +513,7 @@ mod tests {
             (br#"{"prompt": "a", "bogus": 1}"#, "bogus"),
             (br#"{"prompt": [1, 2]}"#, "prompt"),
             (br#"{"prompt": "a", "stop": [1]}"#, "stop"),
-            (br#"{"prompt": "a", "draft": "eagle"}"#, "draft"),
+            (br#"{"prompt": "a", "draft": "hydra"}"#, "draft"),
             (br#"{"prompt": "a", "draft_k": 0}"#, "draft_k"),
             (br#"{}"#, "prompt"),
         ];

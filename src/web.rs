@@ -305,6 +305,28 @@ impl WebEngine {
         }))
     }
 
+    /// Loads the staged files (`config.json` and `model.safetensors`, the public EAGLE-1/2
+    /// layout) as an EAGLE head for the target (within what the models and heads loaded before
+    /// left of the memory budget); resolves to `{gpu_weight_bytes, gpu_memory_bytes}` once it is on
+    /// the GPU. Requests then speculate with it when they ask for `draft: "eagle"`.
+    pub fn load_eagle(&mut self, on_progress: Function) -> Result<js_sys::Promise, JsError> {
+        self.ready(&mut self.slot.borrow_mut())?;
+        let files = std::mem::take(&mut self.staged);
+        let mut engine = self.take_engine()?;
+        let slot = self.slot.clone();
+        Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let loaded = engine.load_eagle_async(files, &mut progress_to(&on_progress)).await.map(|h| {
+                serde_json::json!({"gpu_weight_bytes": h.weight_bytes(), "gpu_memory_bytes": h.memory_bytes()})
+                    .to_string()
+            });
+            let mut s = slot.borrow_mut();
+            s.engine = Some(engine);
+            s.busy = false;
+            let info = loaded.map_err(|e| JsValue::from(js_err(e)))?;
+            Ok(JsValue::from_str(&info))
+        }))
+    }
+
     /// Drops the draft model (its GPU memory is freed).
     pub fn unload_draft(&mut self) -> Result<(), JsError> {
         let mut slot = self.slot.borrow_mut();

@@ -63,7 +63,7 @@ fn generate_json_prints_one_object_with_tokens_text_and_stats() {
 }
 
 #[test]
-fn generate_speculates_with_medusa_heads_from_their_folder() {
+fn generate_speculates_with_medusa_and_eagle_heads_from_their_folders() {
     let model = tiny_model_file("tiny-medusa.gguf");
     let m = model.to_str().expect("utf8 path");
     let dir = model.with_file_name("medusa-heads");
@@ -80,6 +80,17 @@ fn generate_speculates_with_medusa_heads_from_their_folder() {
     assert_eq!(spec["tokens"], plain["tokens"], "Medusa speculation changes no token");
     assert_eq!(spec["stats"]["draft"], "medusa");
     assert!(spec["stats"]["tree_cycles"].as_u64().is_some_and(|n| n > 0), "{}", spec["stats"]);
+    // an EAGLE head's folder
+    let dir = model.with_file_name("eagle-head");
+    std::fs::create_dir_all(&dir).expect("head dir");
+    let (head, config) = common::tiny::eagle_head(&tiny, DType::F16, true, false, &mut r);
+    std::fs::write(dir.join("model.safetensors"), head).expect("write head");
+    std::fs::write(dir.join("config.json"), config).expect("write config");
+    let draft = format!("eagle:{}", dir.display());
+    let spec = json_of(&wgspec(&[&args[..], &["--draft", &draft]].concat()));
+    assert_eq!(spec["tokens"], plain["tokens"], "EAGLE speculation changes no token");
+    assert_eq!(spec["stats"]["draft"], "eagle");
+    assert!(spec["stats"]["drafted"].as_u64().is_some_and(|n| n > 0), "{}", spec["stats"]);
     // a heads file that does not exist is a clear error
     let out = wgspec(&[&args[..], &["--draft", "medusa:/no/such/heads"]].concat());
     assert!(!out.status.success());

@@ -266,6 +266,18 @@ fn speculation_through_the_engine_equals_plain_decoding() {
     files.add("config.json", config).expect("add");
     let loaded = engine.load_medusa(files, &mut |_, _| {}).expect("medusa heads");
     assert_eq!((loaded.config.heads, loaded.config.layers), (3, 1));
+    // and an EAGLE head (one that passes the target's feature through: it guesses repeats)
+    let (head, config) = common::tiny::eagle_head(&tiny, DType::F16, false, true, &mut r);
+    let mut files = ModelFiles::new();
+    files.add("model.safetensors", head).expect("add");
+    let missing = engine.load_eagle(files, &mut |_, _| {}).err().expect("no config.json");
+    assert!(missing.to_string().contains("config.json"), "{missing}");
+    let (head, _) = common::tiny::eagle_head(&tiny, DType::F16, false, true, &mut r);
+    let mut files = ModelFiles::new();
+    files.add("model.safetensors", head).expect("add");
+    files.add("config.json", config).expect("add");
+    let loaded = engine.load_eagle(files, &mut |_, _| {}).expect("EAGLE head");
+    assert!(loaded.weight_bytes() > 0 && loaded.memory_bytes() > loaded.weight_bytes());
     let mut req = Request::text("a b a b a b", 30);
     req.draft = Some(DraftKind::None);
     let (plain, _) = run(&mut engine, &req);
@@ -276,6 +288,8 @@ fn speculation_through_the_engine_equals_plain_decoding() {
         (DraftKind::ModelNgram, Some(3)),
         (DraftKind::Medusa, Some(3)),
         (DraftKind::Medusa, None),
+        (DraftKind::Eagle, Some(3)),
+        (DraftKind::Eagle, None),
     ] {
         req.draft = Some(draft);
         req.draft_k = k;
@@ -298,6 +312,10 @@ fn speculation_through_the_engine_equals_plain_decoding() {
             assert_eq!(out.stats.draft, "medusa");
             assert!(out.stats.tree_cycles > 0, "Medusa trees were verified: {:?}", out.stats);
         }
+        if draft == DraftKind::Eagle {
+            assert_eq!(out.stats.draft, "eagle");
+            assert!(out.stats.drafted > 0 && out.stats.draft_steps > 0, "EAGLE drafted: {:?}", out.stats);
+        }
     }
     // The default draft is the loaded model.
     req.draft = None;
@@ -311,7 +329,7 @@ fn requests_are_checked_with_clear_errors() {
     for (json, needle) in [
         (r#"{"prompt":"x","max_tokenz":3}"#, "max_tokenz"),
         (r#"{"prompt":"x","temperature":"hot"}"#, "temperature"),
-        (r#"{"prompt":"x","draft":"eagle"}"#, "eagle"),
+        (r#"{"prompt":"x","draft":"hydra"}"#, "hydra"),
         (r#"[1,2]"#, "request"),
     ] {
         match Request::from_json(json) {

@@ -595,21 +595,45 @@ fn top_k_ranks_ids_as_the_argmax_breaks_ties() {
 }
 
 #[test]
-fn hidden_row_applies_the_output_norm_to_the_row_it_is_given() {
+fn hidden_rows_apply_the_output_norm_to_the_rows_they_are_given() {
     let gpu = gpu();
     let step = gpu.step_buffer();
     let mut rng = rng(11);
-    for &(n, dim, row) in &[(1, 8, 0), (5, 64, 3), (9, 200, 8)] {
+    for (n, dim, rows) in [(1, 8, vec![0u32]), (5, 64, vec![3, 0, 4]), (9, 200, vec![8, 8, 1, 2, 7, 5])] {
         let raw = rand_vec(&mut rng, n * dim, 2.0);
         let gamma = rand_vec(&mut rng, dim, 1.0);
         let scaled: Vec<f32> = raw.iter().enumerate().map(|(i, v)| v * gamma[i % dim]).collect();
-        let (rb, sb) = (GpuBuffer::<f32>::from_slice(&gpu, "raw", &raw), GpuBuffer::<f32>::from_slice(&gpu, "s", &scaled));
-        let ib = GpuBuffer::<u32>::from_slice(&gpu, "row", &[row as u32]);
-        let ob = GpuBuffer::<f32>::zeros(&gpu, "out", dim);
-        run(&gpu, &step, &[gpu.hidden_row(&step, &rb, &sb, &ib, &ob, 1e-5)], 1, 0);
-        let got = read_f32(&gpu, &ob.raw, dim);
-        let want = reference::rmsnorm(&raw[row * dim..(row + 1) * dim], &gamma, 1e-5);
-        assert_close(&format!("hidden row {row} of {n}x{dim}"), &got, &want, ELEMENTWISE_ABS, ELEMENTWISE_REL);
+        let rb = GpuBuffer::<f32>::from_slice(&gpu, "raw", &raw);
+        let sb = GpuBuffer::<f32>::from_slice(&gpu, "scaled", &scaled);
+        let ib = GpuBuffer::<u32>::from_slice(&gpu, "rows", &rows);
+        let ob = GpuBuffer::<f32>::zeros(&gpu, "out", rows.len() * dim);
+        run(&gpu, &step, &[gpu.hidden_rows(&step, &rb, &sb, &ib, &ob, dim, 1e-5)], rows.len(), 0);
+        let got = read_f32(&gpu, &ob.raw, rows.len() * dim);
+        for (i, &r) in rows.iter().enumerate() {
+            let r = r as usize;
+            let want = reference::rmsnorm(&raw[r * dim..(r + 1) * dim], &gamma, 1e-5);
+            let what = format!("hidden row {r} of {n}x{dim} into row {i}");
+            assert_close(&what, &got[i * dim..(i + 1) * dim], &want, ELEMENTWISE_ABS, ELEMENTWISE_REL);
+        }
+    }
+}
+
+#[test]
+fn concat_puts_two_inputs_side_by_side() {
+    let gpu = gpu();
+    let step = gpu.step_buffer();
+    let mut rng = rng(13);
+    for &(n, a, b) in &[(1, 3, 5), (4, 64, 64), (7, 100, 37)] {
+        let (left, right) = (rand_vec(&mut rng, n * a, 1.0), rand_vec(&mut rng, n * b, 1.0));
+        let lb = GpuBuffer::<f32>::from_slice(&gpu, "left", &left);
+        let rb = GpuBuffer::<f32>::from_slice(&gpu, "right", &right);
+        let ob = GpuBuffer::<f32>::from_slice(&gpu, "out", &vec![7.0; (n + 1) * (a + b)]);
+        run(&gpu, &step, &[gpu.concat(&step, (&lb, a), (&rb, b), &ob)], n, 0);
+        let got = read_f32(&gpu, &ob.raw, (n + 1) * (a + b));
+        let mut want: Vec<f32> =
+            (0..n).flat_map(|r| left[r * a..(r + 1) * a].iter().chain(&right[r * b..(r + 1) * b]).copied()).collect();
+        want.extend(vec![7.0; a + b]); // rows past n untouched
+        assert_eq!(got, want, "concat n={n} {a}+{b}");
     }
 }
 

@@ -14,12 +14,12 @@ use rand::rngs::SmallRng;
 use rand::Rng as _;
 use wgspec::gpu::Gpu;
 use wgspec::loader::DType;
-use wgspec::model::{Checkpoint, LoadOptions, MedusaConfig, MedusaHeads, Model, Precision};
+use wgspec::model::{Checkpoint, EagleHead, LoadOptions, MedusaConfig, MedusaHeads, Model, Precision};
 use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
-    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftModel, Ensemble, KPolicy, Medusa,
-    NGram, NextKind, TokenTree, TreeVerdict, Verdict,
+    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftModel, Eagle, Ensemble, KPolicy,
+    Medusa, NGram, NextKind, TokenTree, TreeVerdict, Verdict,
 };
 use wgspec::Error;
 
@@ -973,21 +973,26 @@ fn medusa_heads_rank_what_the_reference_heads_rank() {
     }
 }
 
-/// A Medusa draft that records, per proposal, the context's last token and head 0's first guess.
+/// A draft that records, per proposal, the context's last token and its first draft token.
 struct Recording<'a> {
-    medusa: &'a mut Medusa,
+    draft: &'a mut dyn Draft,
     guesses: Vec<(u32, u32)>,
 }
 
 impl Draft for Recording<'_> {
     fn name(&self) -> &str {
-        "medusa"
+        "recording"
     }
     fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> speculative::draft::LocalFuture<'a, wgspec::Result<usize>> {
-        self.medusa.prefill(prompt)
+        self.draft.prefill(prompt)
     }
-    fn target_row(&mut self, row: Option<usize>) {
-        self.medusa.target_row(row)
+    fn target_pass<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        first: usize,
+        rows: &'a [usize],
+    ) -> speculative::draft::LocalFuture<'a, wgspec::Result<usize>> {
+        self.draft.target_pass(context, first, rows)
     }
     fn propose<'a>(
         &'a mut self,
@@ -997,13 +1002,53 @@ impl Draft for Recording<'_> {
         rng: &'a mut Rng,
     ) -> speculative::draft::LocalFuture<'a, wgspec::Result<speculative::Proposal>> {
         Box::pin(async move {
-            let p = self.medusa.propose(context, budget, sampling, rng).await?;
+            let p = self.draft.propose(context, budget, sampling, rng).await?;
             if let (Some(&last), Some(&first)) = (context.last(), p.tokens.first()) {
                 self.guesses.push((last, first));
             }
             Ok(p)
         })
     }
+}
+
+/// Greedy speculation with `drafts` (name, draft, whether it guesses the last token: heads that
+/// copy the target's output or feature) equals plain greedy decoding on several prompts and Ks;
+/// the guessing drafts' first guesses show they read the right row, and their trees are accepted.
+fn heads_speculate_exactly(what: &str, target: &mut Model, drafts: &mut [(&str, &mut dyn Draft, bool)], r: &mut SmallRng) {
+    let v = target.config.vocab_size as u32;
+    let prompts: Vec<Vec<u32>> = vec![vec![7], vec![3, 3, 3, 3, 3, 3], (0..40).map(|_| r.gen_range(0..v)).collect()];
+    let (mut trees, mut accepted) = (0, 0);
+    for prompt in &prompts {
+        let want = plain(target, prompt, &greedy_opts(24));
+        for k in [KPolicy::Fixed(1), KPolicy::Fixed(3), KPolicy::default()] {
+            for (name, draft, guesses_last) in drafts.iter_mut() {
+                let mut rec = Recording { draft: &mut **draft, guesses: Vec::new() };
+                let got = speculative(target, &mut rec, prompt, &greedy_opts(24), k);
+                let what = format!("{what} {name} {k:?} prompt {prompt:?}");
+                assert_eq!(got.tokens, want.tokens, "{what}");
+                let s = &got.stats;
+                assert_eq!(s.verify_forwards + s.accepted, 24, "{what}: every cycle adds accepted + 1");
+                assert_eq!(got.from_draft.iter().filter(|&&d| d).count(), s.accepted, "{what}");
+                // the last cycle that drafted, as a tree with its accepted path
+                let t = s.last_cycle.as_ref().expect("a cycle drafted");
+                let path_ok = t.accepted.first() == Some(&0) && t.accepted.windows(2).all(|w| t.parents[w[1]] == w[0]);
+                assert!(t.tokens.len() >= 2 && t.parents.len() == t.tokens.len() && path_ok, "{what}: {t:?}");
+                if *guesses_last {
+                    // the heads read the row that produced the last token: its own argmax
+                    // (but the prompt's last token was not the target's choice: skipped)
+                    let guesses = &rec.guesses[1.min(rec.guesses.len())..];
+                    let right = guesses.iter().filter(|(last, first)| last == first).count();
+                    assert!(
+                        right * 10 >= guesses.len() * 9 && !guesses.is_empty(),
+                        "{what}: the first guess was the last token in {right} of {guesses:?}",
+                    );
+                    trees += s.tree_cycles;
+                    accepted += s.accepted;
+                }
+            }
+        }
+    }
+    assert!(trees > 0 && accepted > 0, "{what}: trees verified ({trees}) and accepted ({accepted})");
 }
 
 #[test]
@@ -1019,37 +1064,8 @@ fn medusa_speculation_equals_greedy_output() {
         // guess is then the context's last token itself (which the target produced from that row)
         let (file, config) = common::tiny::medusa_heads(&tiny, 4, 1, DType::F32, true, &mut r);
         let mut echo = Medusa::new(load_heads(&target, file, &config, 10), choices).expect("medusa");
-        let v = spec.vocab as u32;
-        let prompts: Vec<Vec<u32>> =
-            vec![vec![7], vec![3, 3, 3, 3, 3, 3], (0..30).map(|_| r.gen_range(0..v)).collect()];
-        let (mut trees, mut accepted) = (0, 0);
-        for prompt in &prompts {
-            let want = plain(&mut target, prompt, &greedy_opts(24));
-            for k in [KPolicy::Fixed(1), KPolicy::Fixed(3), KPolicy::default()] {
-                for (name, draft) in [("random", &mut random), ("echo", &mut echo)] {
-                    let mut rec = Recording { medusa: draft, guesses: Vec::new() };
-                    let got = speculative(&mut target, &mut rec, prompt, &greedy_opts(24), k);
-                    let what = format!("qwen2={} {name} heads {k:?} prompt {prompt:?}", spec.qwen2);
-                    assert_eq!(got.tokens, want.tokens, "{what}");
-                    let s = &got.stats;
-                    assert_eq!(s.verify_forwards + s.accepted, 24, "{what}: every cycle adds accepted + 1");
-                    assert_eq!(got.from_draft.iter().filter(|&&d| d).count(), s.accepted, "{what}");
-                    if name == "echo" {
-                        // the heads read the row that produced the last token: its own argmax
-                        // (but the prompt's last token was not the target's choice: skipped)
-                        let guesses = &rec.guesses[1.min(rec.guesses.len())..];
-                        let right = guesses.iter().filter(|(last, first)| last == first).count();
-                        assert!(
-                            right * 10 >= guesses.len() * 9 && !guesses.is_empty(),
-                            "{what}: head 0 guessed the last token in {right} of {guesses:?}",
-                        );
-                        trees += s.tree_cycles;
-                        accepted += s.accepted;
-                    }
-                }
-            }
-        }
-        assert!(trees > 0 && accepted > 0, "qwen2={}: Medusa trees verified ({trees}) and accepted ({accepted})", spec.qwen2);
+        let mut drafts: [(&str, &mut dyn Draft, bool); 2] = [("random", &mut random, false), ("echo", &mut echo, true)];
+        heads_speculate_exactly(&format!("qwen2={} medusa", spec.qwen2), &mut target, &mut drafts, &mut r);
     }
 }
 
@@ -1079,5 +1095,119 @@ fn medusa_heads_and_paths_are_checked() {
     ] {
         let err = Medusa::new(heads(), paths).err().expect("refused");
         assert!(err.to_string().contains(why), "{err}");
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// EAGLE heads
+// ---------------------------------------------------------------------------------------------
+
+/// An EAGLE head from the bytes of its file and config (see `tiny::eagle_head`) for `target`.
+fn load_eagle(target: &Model, file: Vec<u8>, config: &[u8], top_k: usize) -> (EagleHead, Checkpoint) {
+    let cfg = EagleHead::config_for(&target.config, config).expect("head config");
+    let ckpt = Checkpoint::from_named_safetensors(cfg.clone(), vec![Box::new(file.clone())]).expect("head");
+    let head = pollster::block_on(EagleHead::load(target, &ckpt, &LoadOptions::default(), top_k, &mut |_| {}))
+        .expect("load head");
+    (head, Checkpoint::from_named_safetensors(cfg, vec![Box::new(file)]).expect("head"))
+}
+
+/// The reference's most likely id of a logits row (the lowest among equal maxima).
+fn reference_argmax(logits: &[f32]) -> u32 {
+    sampling::argmax(logits)
+}
+
+/// Checks the GPU's ranked ids of a row against the reference's logits of it.
+fn check_ranks(what: &str, ids: &[u32], logits: &[f32]) {
+    let mut sorted = logits.to_vec();
+    sorted.sort_by(|a, b| b.total_cmp(a));
+    for (rank, &id) in ids.iter().enumerate() {
+        let (got, want) = (logits[id as usize], sorted[rank]);
+        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{what} rank {rank}: id {id} has {got}, not {want}");
+    }
+}
+
+#[test]
+fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
+    for (spec, dtype, input_norm) in [(TinySpec::llama(), DType::F16, false), (TinySpec::qwen2(), DType::BF16, true)] {
+        let mut r = rng(370 + spec.qwen2 as u64);
+        let tiny = TinyModel::random(spec, &mut r);
+        let ckpt = ckpt_of(&tiny, &mut r);
+        let mut target = load(&ckpt, 64);
+        let (file, config) = common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r);
+        let (head, head_ckpt) = load_eagle(&target, file, &config, 4);
+        let mut eagle = Eagle::new(head, 0);
+        let mut reference = reference::RefModel::new(&ckpt, Precision::Auto);
+        let mut ref_head = reference::RefEagle::new(&head_ckpt, &reference);
+        let prompt: Vec<u32> = (0..10).map(|_| r.gen_range(0..spec.vocab as u32)).collect();
+        let what = format!("qwen2={} input norm {input_norm}", spec.qwen2);
+        // the target's pass over 9 tokens; the head over its rows 0..8 in an odd order of passes:
+        // rows 0..5 first, then rows 5..9 (a verify pass's kept rows)
+        pollster::block_on(target.forward(&prompt[..9], 0)).expect("forward");
+        reference.forward(&prompt[..9], 0);
+        let mut want_feat = Vec::new();
+        let mut want_logits = Vec::new();
+        for p in 0..9 {
+            let (f, l) = ref_head.step(prompt[p + 1], &reference.hidden[p]);
+            want_feat.push(f);
+            want_logits.push(l);
+        }
+        for (rows, first) in [(vec![0, 1, 2, 3, 4], 0), (vec![5, 6, 7, 8], 5)] {
+            let passes = pollster::block_on(eagle.target_pass(&prompt, first, &rows)).expect("head pass");
+            assert_eq!(passes, 1);
+            let n = rows.len();
+            let feat = pollster::block_on(eagle.head().features(n)).expect("features");
+            let top = pollster::block_on(eagle.head().top_ids(n)).expect("top");
+            for (i, &row) in rows.iter().enumerate() {
+                let got = &feat[i * spec.dim..(i + 1) * spec.dim];
+                common::assert_close(&format!("{what}: f^ of position {row}"), got, &want_feat[row], 1e-4, 1e-3);
+                check_ranks(&format!("{what}: position {row}"), &top[i], &want_logits[row]);
+            }
+        }
+        // a proposal of depth 4: the last row's most likely id, then 3 draft steps, each fed its
+        // feature and its most likely id
+        let (params, mut g) = (SamplingParams::greedy(), Rng::new(1));
+        let budget = DraftBudget { depth: 4, nodes: 4 };
+        let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
+        assert_eq!((p.tokens.len(), p.steps, p.tree.is_none()), (4, 3, true), "a chain of 4 in 3 steps");
+        assert_eq!(p.tokens[0], reference_argmax(&want_logits[8]), "{what}: first draft");
+        let (mut feature, mut token) = (want_feat[8].clone(), p.tokens[0]);
+        for (step, &id) in p.tokens.iter().enumerate().skip(1) {
+            let (f, l) = ref_head.step(token, &feature);
+            assert_eq!(id, reference_argmax(&l), "{what}: draft step {step}");
+            (feature, token) = (f, id);
+        }
+        assert_eq!(eagle.head().len(), 12, "9 positions and 3 draft steps");
+        // drafting again needs the target's next pass first
+        let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
+        assert!(p.tokens.is_empty(), "no features, no proposal");
+        // siblings: a tree of the chain and each depth's next most likely ids
+        let mut eagle = Eagle::new(load_eagle(&target, common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r).0, &config, 4).0, 2);
+        pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
+        let budget = DraftBudget { depth: 3, nodes: 9 };
+        let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
+        let tree = p.tree.expect("a tree");
+        assert_eq!((tree.len(), tree.max_depth()), (10, 3), "3 chain nodes, 2 siblings at each depth");
+        // a pass the head cannot follow (a gap: positions 0..3 never ran) leaves it without proposals
+        let mut eagle = Eagle::new(load_eagle(&target, common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r).0, &config, 4).0, 2);
+        let passes = pollster::block_on(eagle.target_pass(&prompt, 3, &[0])).expect("gap");
+        assert_eq!(passes, 0);
+        let p = pollster::block_on(eagle.propose(&prompt[..5], budget, &params, &mut g)).expect("propose");
+        assert!(p.tokens.is_empty() && p.tree.is_none());
+    }
+}
+
+#[test]
+fn eagle_speculation_equals_greedy_output() {
+    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+        let mut r = rng(380 + spec.qwen2 as u64);
+        let tiny = TinyModel::random(spec, &mut r);
+        let mut target = load(&ckpt_of(&tiny, &mut r), 64);
+        let (file, config) = common::tiny::eagle_head(&tiny, DType::F16, false, false, &mut r);
+        let mut random = Eagle::new(load_eagle(&target, file, &config, 4).0, 2);
+        // a head that predicts the feature it is given: its first guess is the last token
+        let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, true, &mut r);
+        let mut echo = Eagle::new(load_eagle(&target, file, &config, 4).0, 3);
+        let mut drafts: [(&str, &mut dyn Draft, bool); 2] = [("random", &mut random, false), ("echo", &mut echo, true)];
+        heads_speculate_exactly(&format!("qwen2={} eagle", spec.qwen2), &mut target, &mut drafts, &mut r);
     }
 }

@@ -165,6 +165,7 @@ function resetView() {
   steps = [];
   pendingDraft = 0;
   drawChart();
+  showCycleTree(null);
 }
 
 function percent(x) {
@@ -199,6 +200,48 @@ function showFinalStats(result) {
   if (typeof s.mean_k === "number") $("stat-k").textContent = fixed(s.mean_k);
   const share = result.from_draft?.length ? result.from_draft.filter(Boolean).length / result.from_draft.length : 0;
   if (s.drafted !== undefined) $("stat-share").textContent = percent(share);
+  showCycleTree(s.last_cycle);
+}
+
+/**
+ * Draws the last verify pass's tokens as a tree (nested lists below the root, the last committed
+ * token), the path the target accepted highlighted.
+ * @param {{tokens: number[], parents: number[], accepted: number[], texts: string[]}|null|undefined} trace
+ */
+function showCycleTree(trace) {
+  const root = $("cycle-tree");
+  root.replaceChildren();
+  if (!trace || !trace.tokens?.length) {
+    const none = document.createElement("li");
+    none.textContent = "–";
+    root.append(none);
+    return;
+  }
+  const accepted = new Set(trace.accepted);
+  const items = trace.tokens.map((id, i) => {
+    const li = document.createElement("li");
+    const node = document.createElement("span");
+    node.className = accepted.has(i) ? "node accepted" : "node";
+    // quoted, so that spaces and newlines show
+    node.textContent = JSON.stringify(trace.texts?.[i] ?? String(id));
+    node.title = `token ${id}` + (i === 0 ? " (the last committed token)" : accepted.has(i) ? " (accepted)" : "");
+    li.append(node);
+    return li;
+  });
+  const children = new Map();
+  items.forEach((li, i) => {
+    if (i === 0) {
+      root.append(li);
+      return;
+    }
+    const parent = trace.parents[i];
+    if (!children.has(parent)) {
+      const ul = document.createElement("ul");
+      children.set(parent, ul);
+      items[parent].append(ul);
+    }
+    children.get(parent).append(li);
+  });
 }
 
 /** Makes the coloured output equal the final text (a stop string may have cut the stream). */

@@ -16,7 +16,8 @@ pub enum Kernel {
     AcceptGreedy,
     KvKeep,
     TopK,
-    HiddenRow,
+    HiddenRows,
+    Concat,
     /// Benchmarks only: the adapter's bandwidth ceiling.
     BenchCopy,
     /// Benchmarks only: the adapter's arithmetic ceiling.
@@ -24,13 +25,14 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
-const PLAIN: [Kernel; 8] = [
+const PLAIN: [Kernel; 9] = [
     Kernel::Attention,
     Kernel::Argmax,
     Kernel::AcceptGreedy,
     Kernel::KvKeep,
     Kernel::TopK,
-    Kernel::HiddenRow,
+    Kernel::HiddenRows,
+    Kernel::Concat,
     Kernel::BenchCopy,
     Kernel::BenchFma,
 ];
@@ -59,9 +61,10 @@ impl Kernel {
             Kernel::AcceptGreedy => plain(2),
             Kernel::KvKeep => plain(3),
             Kernel::TopK => plain(4),
-            Kernel::HiddenRow => plain(5),
-            Kernel::BenchCopy => plain(6),
-            Kernel::BenchFma => plain(7),
+            Kernel::HiddenRows => plain(5),
+            Kernel::Concat => plain(6),
+            Kernel::BenchCopy => plain(7),
+            Kernel::BenchFma => plain(8),
         }
     }
 
@@ -76,7 +79,8 @@ impl Kernel {
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
             Kernel::KvKeep => Cow::Borrowed(include_str!("../../shaders/kv_keep.wgsl")),
             Kernel::TopK => Cow::Borrowed(include_str!("../../shaders/top_k.wgsl")),
-            Kernel::HiddenRow => Cow::Borrowed(include_str!("../../shaders/hidden_row.wgsl")),
+            Kernel::HiddenRows => Cow::Borrowed(include_str!("../../shaders/hidden_rows.wgsl")),
+            Kernel::Concat => Cow::Borrowed(include_str!("../../shaders/concat.wgsl")),
             Kernel::BenchCopy => Cow::Borrowed(include_str!("../../shaders/bench_copy.wgsl")),
             Kernel::BenchFma => Cow::Borrowed(include_str!("../../shaders/bench_fma.wgsl")),
         }

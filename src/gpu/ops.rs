@@ -177,6 +177,14 @@ struct HiddenRowParams {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
+struct ConcatParams {
+    left: u32,
+    right: u32,
+    _pad: [u32; 2],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
 struct TopKParams {
     vocab: u32,
     k: u32,
@@ -388,24 +396,43 @@ impl Gpu {
         self.op(Kernel::TopK, step, &params, &[&logits.raw, &out.raw], Grid::Rows).with_cost(cost)
     }
 
-    /// `out = scaled[row] / rms(raw[row])` with `row = row_index[0]`: one row of a pass's final
-    /// hidden state (the output norm of the residual stream `raw: [n, dim]`, given `scaled: [n,
-    /// dim]` = raw times the norm's weight, as the forward pass leaves them); `out: [dim]`.
-    pub fn hidden_row(
+    /// `out[i] = scaled[rows[i]] / rms(raw[rows[i]])` for i < the pass's n: rows of a pass's
+    /// final hidden state (the output norm of the residual stream `raw: [n', dim]`, given
+    /// `scaled: [n', dim]` = raw times the norm's weight, as the forward pass leaves them);
+    /// `rows: [n]`, `out: [n, dim]`.
+    pub fn hidden_rows(
         &self,
         step: &wgpu::Buffer,
         raw: &GpuBuffer<f32>,
         scaled: &GpuBuffer<f32>,
-        row_index: &GpuBuffer<u32>,
+        rows: &GpuBuffer<u32>,
         out: &GpuBuffer<f32>,
+        dim: usize,
         eps: f32,
     ) -> Op {
-        let dim = out.len;
         let p = HiddenRowParams { dim: dim as u32, eps, _pad: [0; 2] };
-        let params = self.uniform("hidden row params", bytemuck::bytes_of(&p));
-        let cost = Cost { fixed_bytes: 12 * dim as u64, ..Cost::default() };
-        let storage = [&raw.raw, &scaled.raw, &row_index.raw, &out.raw];
-        self.op(Kernel::HiddenRow, step, &params, &storage, Grid::Fixed([1, 1, 1])).with_cost(cost)
+        let params = self.uniform("hidden rows params", bytemuck::bytes_of(&p));
+        let cost = Cost { row_bytes: 12 * dim as u64, row_flops: 3 * dim as u64, ..Cost::default() };
+        let storage = [&raw.raw, &scaled.raw, &rows.raw, &out.raw];
+        self.op(Kernel::HiddenRows, step, &params, &storage, Grid::Rows).with_cost(cost)
+    }
+
+    /// `out[r] = [left[r] | right[r]]` for the pass's rows; `left: [n, a]`, `right: [n, b]`,
+    /// `out: [n, a + b]`.
+    pub fn concat(
+        &self,
+        step: &wgpu::Buffer,
+        left: (&GpuBuffer<f32>, usize),
+        right: (&GpuBuffer<f32>, usize),
+        out: &GpuBuffer<f32>,
+    ) -> Op {
+        let p = ConcatParams { left: left.1 as u32, right: right.1 as u32, _pad: [0; 2] };
+        let params = self.uniform("concat params", bytemuck::bytes_of(&p));
+        let width = (left.1 + right.1) as u64;
+        let cost = Cost { row_bytes: 8 * width, ..Cost::default() };
+        let storage = [&left.0.raw, &right.0.raw, &out.raw];
+        let grid = Grid::PerRow(groups(left.1 + right.1));
+        self.op(Kernel::Concat, step, &params, &storage, grid).with_cost(cost)
     }
 
     /// Greedy acceptance of a verify pass over `n = K + 1` rows (`step` is that pass's uniform):

@@ -202,7 +202,8 @@ impl MedusaHeads {
         let hidden = GpuBuffer::<f32>::zeros(g, "medusa hidden", dim);
         let top = GpuBuffer::<u32>::zeros(g, "medusa top", config.heads * top_k);
         let (raw, scaled) = target.hidden_buffers();
-        let mut program = vec![Action::Ops(vec![g.hidden_row(&step, raw, scaled, &row, &hidden, c.rms_eps)])];
+        let gather = g.hidden_rows(&step, raw, scaled, &row, &hidden, dim, c.rms_eps);
+        let mut program = vec![Action::Ops(vec![gather])];
         let mut heads = Vec::with_capacity(config.heads);
         let mut gpu_bytes = 0;
         let copy = |from: &GpuBuffer<f32>, to: &GpuBuffer<f32>| Action::Copy {

@@ -3,6 +3,7 @@
 
 pub mod checkpoint;
 pub mod config;
+pub mod eagle;
 pub mod medusa;
 pub mod synthetic;
 pub mod transformer;
@@ -10,6 +11,7 @@ pub mod weights;
 
 pub use checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 pub use config::{Arch, Config};
+pub use eagle::EagleHead;
 pub use medusa::{MedusaConfig, MedusaHeads, MAX_MEDUSA_HEADS};
 pub use transformer::{LoadOptions, MemoryBill, Model, OpProfile, DEFAULT_READ_BYTES, MAX_BATCH, MAX_PASSES};
 pub use weights::{LayerTensors, LoadProgress, Matrix, TensorRole, TensorSpec, TensorTable, Weights};

@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
-use super::weights::{LoadProgress, TensorTable, Weights};
+use super::weights::{Layer, LoadProgress, TensorTable, Weights};
 use crate::error::{Error, Result};
 use crate::loader::source;
 use bytemuck::Zeroable;
@@ -142,7 +142,7 @@ fn check_tree(ancestors: &[u32], n: usize) -> Result<()> {
 }
 
 /// RoPE angles for every position: `[context, rope_dim / 2]` pairs (cos, sin), computed in f64.
-fn rope_table(c: &Config, context: usize) -> Vec<f32> {
+pub(crate) fn rope_table(c: &Config, context: usize) -> Vec<f32> {
     let half = c.rope_dim / 2;
     let mut t = Vec::with_capacity(context * half * 2);
     for pos in 0..context {
@@ -438,10 +438,29 @@ impl Model {
 
     /// The residual stream after the last pass, `[MAX_BATCH, dim]`, and the same rows times the
     /// output norm's weight (what the output projection reads): the final hidden state of row r
-    /// is `scaled[r] / rms(raw[r])` ([`Gpu::hidden_row`](crate::gpu::Gpu::hidden_row)), what
+    /// is `scaled[r] / rms(raw[r])` ([`Gpu::hidden_rows`](crate::gpu::Gpu::hidden_rows)), what
     /// Medusa and EAGLE heads draft from.
     pub fn hidden_buffers(&self) -> (&GpuBuffer<f32>, &GpuBuffer<f32>) {
         (&self.state.x, &self.state.xb)
+    }
+
+    /// Ops gathering this model's embedding rows of `tokens` into `out` (`[n, dim]`) in a pass
+    /// of another model, under its `step` (an EAGLE head embeds with its target's table).
+    pub fn embed_ops(&self, step: &wgpu::Buffer, tokens: &GpuBuffer<u32>, out: &GpuBuffer<f32>) -> Vec<Op> {
+        self.weights.token_embd.embed(&self.gpu, step, tokens, out, None)
+    }
+
+    /// Ops of this model's output projection `y = x . output^T` (`[n, vocab]`, no norm) in a pass
+    /// of another model, under its `step` (an EAGLE head's logits).
+    pub fn output_ops(
+        &self,
+        step: &wgpu::Buffer,
+        x: &GpuBuffer<f32>,
+        y: &GpuBuffer<f32>,
+        out: MatmulOut,
+    ) -> Vec<Op> {
+        let output = self.weights.output.as_ref().unwrap_or(&self.weights.token_embd);
+        output.matmul(&self.gpu, step, x, None, y, out)
     }
 
     /// The pass uniform `[n, start_pos]` (ops that follow a pass may bind it).
@@ -568,61 +587,113 @@ impl Model {
     }
 }
 
+/// The buffers one transformer block reads and writes in a pass (shapes as in [`RunState`]).
+pub(crate) struct BlockIo<'a> {
+    pub step: &'a wgpu::Buffer,
+    pub x: &'a GpuBuffer<f32>,       // [MAX_BATCH, dim] residual stream
+    pub xb: &'a GpuBuffer<f32>,      // [MAX_BATCH, dim] x times the next norm's weight
+    pub q: &'a GpuBuffer<f32>,       // [MAX_BATCH, q_dim]
+    pub att: &'a GpuBuffer<f32>,     // [MAX_BATCH, q_dim]
+    pub scores: &'a GpuBuffer<f32>,  // [MAX_BATCH, n_heads, context]
+    pub hb: &'a GpuBuffer<f32>,      // [MAX_BATCH, ffn_dim]
+    pub cos_sin: &'a GpuBuffer<f32>, // [context, rope_dim / 2, 2]
+    pub context: usize,
+}
+
+/// One transformer block as ops (5 dispatches), reading x (and xb = x * its input norm's weight,
+/// which the op before it wrote, when the block has an input norm) and leaving x += the block,
+/// and xb = x * `next_norm` when a normed op follows.
+pub(crate) fn record_block(
+    g: &Gpu,
+    c: &Config,
+    layer: &Layer,
+    kv: &GpuBuffer<f32>,
+    io: &BlockIo,
+    next_norm: Option<&GpuBuffer<f32>>,
+) -> Vec<Op> {
+    let st = io.step;
+    let shape = AttentionShape {
+        heads: c.n_heads as u32,
+        kv_heads: c.n_kv_heads as u32,
+        head_dim: c.head_dim as u32,
+        ctx: io.context as u32,
+    };
+    let mut ops = Vec::new();
+    let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
+    let normed = |ldy: usize| MatmulOut { norm: Some(NormIn { raw: io.x, eps: c.rms_eps }), ..to(ldy) };
+    // x += y, and xb = x * gamma for the next norm
+    fn add_then_scale<'a>(io: &BlockIo<'a>, dim: usize, gamma: Option<&'a GpuBuffer<f32>>) -> MatmulOut<'a> {
+        MatmulOut {
+            ldy: dim as u32,
+            accumulate: true,
+            second: gamma.map(|gamma| Second::Scaled { out: io.xb, gamma }),
+            ..Default::default()
+        }
+    }
+    // [q | k | v] = rmsnorm(x) Wqkv^T + bqkv (x itself without an input norm), one matmul: q and
+    // k rotated by their positions in its epilogue, q to its scratch [n, q_dim], k | v to the
+    // cache row start_pos + r [context, 2 kv_dim]
+    let (input, out) = match layer.attn_norm {
+        Some(_) => (io.xb, normed(c.q_dim())),
+        None => (io.x, to(c.q_dim())),
+    };
+    let qkv = MatmulOut {
+        second: Some(Second::Kv(KvOut { cache: kv, ld: 2 * c.kv_dim() as u32, split: c.q_dim() as u32 })),
+        rope: Some(RopeOut {
+            cos_sin: io.cos_sin,
+            cols: (c.q_dim() + c.kv_dim()) as u32,
+            head_dim: c.head_dim as u32,
+            rope_dim: c.rope_dim as u32,
+            layout: c.rope_layout,
+        }),
+        ..out
+    };
+    ops.extend(layer.qkv.matmul(g, st, input, layer.qkv_bias.as_ref(), io.q, qkv));
+    // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
+    ops.push(g.attention(st, io.q, kv, io.scores, io.att, shape));
+    // x += att Wo^T; xb = x * ffn_norm                            [n, dim]
+    ops.extend(layer.wo.matmul(g, st, io.att, None, io.x, add_then_scale(io, c.dim, Some(&layer.ffn_norm))));
+    // hb = silu(rmsnorm(x) Wgate^T) * (rmsnorm(x) Wup^T): one matmul over the interleaved
+    // rows, SwiGLU in its epilogue                                [n, ffn_dim]
+    let glu = MatmulOut { glu: true, ..normed(c.ffn_dim) };
+    ops.extend(layer.gate_up.matmul(g, st, io.xb, None, io.hb, glu));
+    // x += hb Wdown^T; xb = x * the next norm's weight            [n, dim]
+    ops.extend(layer.down.matmul(g, st, io.hb, None, io.x, add_then_scale(io, c.dim, next_norm)));
+    ops
+}
+
 /// The forward pass as one flat op list, in the order the GPU runs it (5 dispatches per layer).
 /// Every RMSNorm is folded into the matmul that reads its output: the op before it writes the
 /// residual stream x and also x * the norm's weight into xb; the matmul reads xb and divides each
 /// row's sums by the RMS of x's row.
 fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize) -> Vec<Op> {
     let st = &s.step;
-    let shape = AttentionShape {
-        heads: c.n_heads as u32,
-        kv_heads: c.n_kv_heads as u32,
-        head_dim: c.head_dim as u32,
-        ctx: context as u32,
-    };
     let mut ops = Vec::new();
-    let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
-    let normed = |ldy: usize| MatmulOut { norm: Some(NormIn { raw: &s.x, eps: c.rms_eps }), ..to(ldy) };
-    // x += y, and xb = x * gamma for the next norm
-    let add_then_scale = |gamma| MatmulOut {
-        accumulate: true,
-        second: Some(Second::Scaled { out: &s.xb, gamma }),
-        ..to(c.dim)
-    };
-    let first_norm = w.layers.first().map_or(&w.output_norm, |l| &l.attn_norm);
+    let input_norm = |l: usize| w.layers.get(l).map_or(Some(&w.output_norm), |n| n.attn_norm.as_ref());
     // x = token_embd[tokens]; xb = x * attn_norm                   [n, dim]
-    ops.extend(w.token_embd.embed(g, st, &s.tokens, &s.x, Some((first_norm, &s.xb))));
+    ops.extend(w.token_embd.embed(g, st, &s.tokens, &s.x, input_norm(0).map(|n| (n, &s.xb))));
+    let io = BlockIo {
+        step: st,
+        x: &s.x,
+        xb: &s.xb,
+        q: &s.q,
+        att: &s.att,
+        scores: &s.scores,
+        hb: &s.hb,
+        cos_sin: &s.cos_sin,
+        context,
+    };
     for (l, layer) in w.layers.iter().enumerate() {
-        let kv = &s.kv_cache[l];
-        // [q | k | v] = rmsnorm(x) Wqkv^T + bqkv, one matmul: q and k rotated by their positions
-        // in its epilogue, q to its scratch [n, q_dim], k | v to the cache row start_pos + r
-        // [context, 2 kv_dim]
-        let qkv = MatmulOut {
-            second: Some(Second::Kv(KvOut { cache: kv, ld: 2 * c.kv_dim() as u32, split: c.q_dim() as u32 })),
-            rope: Some(RopeOut {
-                cos_sin: &s.cos_sin,
-                cols: (c.q_dim() + c.kv_dim()) as u32,
-                head_dim: c.head_dim as u32,
-                rope_dim: c.rope_dim as u32,
-                layout: c.rope_layout,
-            }),
-            ..normed(c.q_dim())
-        };
-        ops.extend(layer.qkv.matmul(g, st, &s.xb, layer.qkv_bias.as_ref(), &s.q, qkv));
-        // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
-        ops.push(g.attention(st, &s.q, kv, &s.scores, &s.att, shape));
-        // x += att Wo^T; xb = x * ffn_norm                            [n, dim]
-        ops.extend(layer.wo.matmul(g, st, &s.att, None, &s.x, add_then_scale(&layer.ffn_norm)));
-        // hb = silu(rmsnorm(x) Wgate^T) * (rmsnorm(x) Wup^T): one matmul over the interleaved
-        // rows, SwiGLU in its epilogue                                [n, ffn_dim]
-        let glu = MatmulOut { glu: true, ..normed(c.ffn_dim) };
-        ops.extend(layer.gate_up.matmul(g, st, &s.xb, None, &s.hb, glu));
-        // x += hb Wdown^T; xb = x * (the next layer's attn_norm, or output_norm)   [n, dim]
-        let next_norm = w.layers.get(l + 1).map_or(&w.output_norm, |n| &n.attn_norm);
-        ops.extend(layer.down.matmul(g, st, &s.hb, None, &s.x, add_then_scale(next_norm)));
+        // (the next layer's attn_norm, or output_norm)
+        ops.extend(record_block(g, c, layer, &s.kv_cache[l], &io, input_norm(l + 1)));
     }
     // logits = rmsnorm(x) * output_norm . output^T                   [n, vocab]
     let output = w.output.as_ref().unwrap_or(&w.token_embd);
-    ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, normed(c.vocab_size)));
+    let normed = MatmulOut {
+        ldy: c.vocab_size as u32,
+        norm: Some(NormIn { raw: &s.x, eps: c.rms_eps }),
+        ..Default::default()
+    };
+    ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, normed));
     ops
 }

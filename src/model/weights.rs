@@ -296,7 +296,8 @@ fn reorder_rows<T: Copy>(v: &[T], order: &[usize]) -> Option<Vec<T>> {
 
 /// One transformer block's weights (GGUF names `blk.{i}.*`).
 pub struct Layer {
-    pub attn_norm: GpuBuffer<f32>, // [dim]
+    /// `[dim]`; None: the block's input is not normed (an EAGLE head's first layer).
+    pub attn_norm: Option<GpuBuffer<f32>>,
     /// `[q_dim + 2 kv_dim, dim]`: the rows of Wq, Wk, Wv stacked, the q and k rows in the order
     /// [`crate::gpu::RopeLayout::pair_rows`] gives (the pairs RoPE rotates together adjacent).
     pub qkv: Matrix,
@@ -305,6 +306,48 @@ pub struct Layer {
     pub ffn_norm: GpuBuffer<f32>,         // [dim]
     pub gate_up: Matrix,                  // [2 ffn_dim, dim]: rows of gate and up interleaved
     pub down: Matrix,                     // [dim, ffn_dim]
+}
+
+impl Layer {
+    /// Streams block `i`'s tensors `l` of a model of config `c`. With `norm_optional`, a missing
+    /// input norm (`l.attn_norm`) leaves the block without one (an EAGLE head's first layer);
+    /// otherwise it is an error like any missing tensor.
+    pub async fn load(
+        up: &Upload<'_>,
+        c: &Config,
+        l: &LayerTensors,
+        i: usize,
+        norm_optional: bool,
+    ) -> Result<Layer> {
+        let gpu = up.gpu;
+        let attn_norm = match norm_optional && !up.ckpt.has(&l.attn_norm.name) {
+            true => None,
+            false => Some(GpuBuffer::<f32>::from_slice(gpu, &l.attn_norm.name, &up.vector(&l.attn_norm).await?)),
+        };
+        // q and k rows reordered so that RoPE's pairs are adjacent (the matmul rotates them)
+        let q_rows = c.rope_layout.pair_rows(c.n_heads, c.head_dim, c.rope_dim);
+        let k_rows = c.rope_layout.pair_rows(c.n_kv_heads, c.head_dim, c.rope_dim);
+        let qkv_bias = match &l.qkv_bias {
+            Some([bq, bk, bv]) => {
+                let rows = |t: &TensorSpec, v: Vec<f32>, order: &[usize]| -> Result<Vec<f32>> {
+                    reorder_rows(&v, order).ok_or_else(|| {
+                        Error::InvalidArgument(format!("{}: {:?} is not a q or k bias", t.name, t.shape))
+                    })
+                };
+                let (q, k) =
+                    (rows(bq, up.vector(bq).await?, &q_rows)?, rows(bk, up.vector(bk).await?, &k_rows)?);
+                let b = [q, k, up.vector(bv).await?].concat();
+                Some(GpuBuffer::<f32>::from_slice(gpu, &format!("blk.{i}.attn_qkv.bias"), &b))
+            }
+            None => None,
+        };
+        let qkv = up.stacked(&[(&l.q, Some(&q_rows)), (&l.k, Some(&k_rows)), (&l.v, None)]).await?;
+        let wo = up.matrix(&l.wo).await?;
+        let ffn_norm = GpuBuffer::<f32>::from_slice(gpu, &l.ffn_norm.name, &up.vector(&l.ffn_norm).await?);
+        let gate_up = up.gate_up(&l.gate, &l.up).await?;
+        let down = up.matrix(&l.down).await?;
+        Ok(Layer { attn_norm, qkv, qkv_bias, wo, ffn_norm, gate_up, down })
+    }
 }
 
 /// All weights of a model on the GPU.
@@ -460,7 +503,7 @@ impl Weights {
             .iter()
             .map(|l| {
                 [&l.qkv, &l.wo, &l.gate_up, &l.down].iter().map(|m| m.gpu_bytes()).sum::<u64>()
-                    + v(&l.attn_norm)
+                    + ov(&l.attn_norm)
                     + v(&l.ffn_norm)
                     + ov(&l.qkv_bias)
             })
@@ -490,31 +533,7 @@ impl Weights {
         let token_embd = up.matrix(&table.token_embd).await?;
         let mut layers = Vec::with_capacity(c.n_layers);
         for (i, l) in table.layers.iter().enumerate() {
-            let attn_norm =
-                GpuBuffer::<f32>::from_slice(gpu, &l.attn_norm.name, &vector(&l.attn_norm).await?);
-            // q and k rows reordered so that RoPE's pairs are adjacent (the matmul rotates them)
-            let q_rows = c.rope_layout.pair_rows(c.n_heads, c.head_dim, c.rope_dim);
-            let k_rows = c.rope_layout.pair_rows(c.n_kv_heads, c.head_dim, c.rope_dim);
-            let qkv_bias = match &l.qkv_bias {
-                Some([bq, bk, bv]) => {
-                    let rows = |t: &TensorSpec, v: Vec<f32>, order: &[usize]| -> Result<Vec<f32>> {
-                        reorder_rows(&v, order).ok_or_else(|| {
-                            Error::InvalidArgument(format!("{}: {:?} is not a q or k bias", t.name, t.shape))
-                        })
-                    };
-                    let (q, k) =
-                        (rows(bq, vector(bq).await?, &q_rows)?, rows(bk, vector(bk).await?, &k_rows)?);
-                    let b = [q, k, vector(bv).await?].concat();
-                    Some(GpuBuffer::<f32>::from_slice(gpu, &format!("blk.{i}.attn_qkv.bias"), &b))
-                }
-                None => None,
-            };
-            let qkv = up.stacked(&[(&l.q, Some(&q_rows)), (&l.k, Some(&k_rows)), (&l.v, None)]).await?;
-            let wo = up.matrix(&l.wo).await?;
-            let ffn_norm = GpuBuffer::<f32>::from_slice(gpu, &l.ffn_norm.name, &vector(&l.ffn_norm).await?);
-            let gate_up = up.gate_up(&l.gate, &l.up).await?;
-            let down = up.matrix(&l.down).await?;
-            layers.push(Layer { attn_norm, qkv, qkv_bias, wo, ffn_norm, gate_up, down });
+            layers.push(Layer::load(&up, c, l, i, false).await?);
         }
         let output_norm =
             GpuBuffer::<f32>::from_slice(gpu, &table.output_norm.name, &vector(&table.output_norm).await?);

@@ -74,11 +74,19 @@ pub trait Draft {
         rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>>;
 
-    /// Where the target's hidden state for the context's last token is: the row of the target's
-    /// last pass whose logits produced that token (None before the target has run a pass). Drafts
-    /// that read the target's hidden states (Medusa heads) keep it; the loop tells it before
-    /// every proposal, and the target's buffers hold that pass until the proposal has run.
-    fn target_row(&mut self, _row: Option<usize>) {}
+    /// After every target pass whose tokens the loop keeps (prefill chunks, verify passes, before
+    /// the next target pass): rows `rows` of that pass hold the target's hidden states of
+    /// positions `first..first + rows.len()`, whose next tokens are `context[first + 1..]` (all
+    /// known by then). Drafts that read hidden states (Medusa and EAGLE heads) take them now:
+    /// the next target pass overwrites them. Returns the draft passes run.
+    fn target_pass<'a>(
+        &'a mut self,
+        _context: &'a [u32],
+        _first: usize,
+        _rows: &'a [usize],
+    ) -> LocalFuture<'a, Result<usize>> {
+        Box::pin(async { Ok(0) })
+    }
 
     /// A draft model that can run greedy cycles on the GPU (its K steps and the target's verify
     /// pass in one submission, see [`super::cycle`]); `None` for drafts proposed on the CPU.
@@ -284,14 +292,8 @@ impl DraftModel {
             input = vec![x];
         }
         if siblings.iter().any(|s| !s.is_empty()) {
-            let chain = &proposal.tokens;
-            let mut tree = TokenTree::chain(context.last().copied().unwrap_or(0), chain);
-            for (depth, alts) in siblings.iter().enumerate() {
-                for &alt in alts {
-                    let path: Vec<u32> = chain[..depth].iter().copied().chain([alt]).collect();
-                    tree.insert(&path, budget.nodes + 1);
-                }
-            }
+            let root = context.last().copied().unwrap_or(0);
+            let tree = TokenTree::chain_with_siblings(root, &proposal.tokens, &siblings, budget.nodes + 1);
             proposal.tree = Some(tree).filter(|t| !t.is_chain());
         }
         Ok(proposal)

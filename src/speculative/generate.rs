@@ -69,6 +69,34 @@ pub struct SpecStats {
     pub readbacks: u64,
     /// Submissions per generated token.
     pub submits_per_token: f64,
+    /// The last cycle that drafted: the tokens its verify pass checked, as a tree (a chain is a
+    /// tree too), and the path it accepted (what the demo page draws).
+    pub last_cycle: Option<CycleTrace>,
+}
+
+/// One verify pass's tokens as a tree: node 0 is the last committed token (the root), every other
+/// node a drafted token below its parent.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CycleTrace {
+    pub tokens: Vec<u32>,
+    /// `parents[i]` for every node (the root's is 0).
+    pub parents: Vec<usize>,
+    /// The accepted root-to-node path, as node indices (`[0]`: no draft token accepted).
+    pub accepted: Vec<usize>,
+    /// Each node's text, when a front end with a tokenizer filled it in (else empty).
+    pub texts: Vec<String>,
+}
+
+impl CycleTrace {
+    /// A chain `[root, drafts..]` of which `accepted` drafts were kept.
+    fn chain(root: u32, drafts: &[u32], accepted: usize) -> CycleTrace {
+        CycleTrace {
+            tokens: std::iter::once(root).chain(drafts.iter().copied()).collect(),
+            parents: (0..=drafts.len()).map(|i| i.saturating_sub(1)).collect(),
+            accepted: (0..=accepted).collect(),
+            texts: Vec::new(),
+        }
+    }
 }
 
 /// The result of [`generate`].
@@ -116,18 +144,23 @@ pub async fn generate(
     let t0 = Instant::now();
     let mut tokens = prompt.to_vec();
     let mut n_past = 0;
-    // the row of the target's last pass whose logits gave tokens[n_past] (heads draft from it)
-    let mut target_row = None;
     for chunk in prompt[..prompt.len() - 1].chunks(MAX_BATCH) {
         target.forward_argmax(chunk, n_past).await?;
+        if let Some(d) = draft.as_deref_mut() {
+            // heads take the chunk's hidden states before the next pass overwrites them
+            let rows: Vec<usize> = (0..chunk.len()).collect();
+            stats.draft_steps += d.target_pass(prompt, n_past, &rows).await?;
+        }
         n_past += chunk.len();
         stats.base.target_forwards += 1;
-        target_row = Some(chunk.len() - 1);
     }
     target.truncate(n_past);
     if let Some(d) = draft.as_deref_mut() {
         stats.draft_steps += d.prefill(prompt).await?;
     }
+    // The rows of the last verify pass that hold the kept positions' hidden states, and the
+    // first of those positions: drafts that read hidden states get them before the next pass.
+    let mut kept_rows: Option<(usize, Vec<usize>)> = None;
     stats.base.prefill_seconds = t0.elapsed().as_secs_f64();
 
     // Greedy cycles with a draft model on the target's GPU run GPU-resident, except the first
@@ -156,13 +189,19 @@ pub async fn generate(
         }
         let id_last = tokens[n_past];
 
+        if let (Some(d), Some((first, rows))) = (draft.as_deref_mut(), kept_rows.take()) {
+            let td = Instant::now();
+            stats.draft_steps += d.target_pass(&tokens, first, &rows).await?;
+            stats.draft_seconds += td.elapsed().as_secs_f64();
+        }
+
         // Draft: K from the schedule, capped by the context and the tokens still wanted.
         let cap = (context - n_past - 1).min(remaining - 1);
         let k = if draft.is_some() { schedule.pick(cap) } else { 0 };
         k_sum += k;
         let calibrate = cycles < 2 || cycles.is_multiple_of(16);
         cycles += 1;
-        let Checked { xs, verdict, drafted, depth, row } =
+        let Checked { xs, verdict, drafted, depth, rows, trace } =
             match (&gpu_cycle, draft.as_deref_mut().and_then(|d| d.gpu_draft())) {
                 (Some(cycle), Some(dm)) if k > 0 && !calibrate => {
                     let tc = Instant::now();
@@ -177,13 +216,14 @@ pub async fn generate(
                     stats.gpu_cycles += 1;
                     let kind = if out.accepted == k { NextKind::Bonus } else { NextKind::Recovered };
                     let verdict = Verdict { accepted: out.accepted, next: out.next, kind };
-                    Checked { xs: out.drafts, verdict, drafted: k, depth: k, row: out.accepted }
+                    let rows = (0..=out.accepted).collect();
+                    let trace = CycleTrace::chain(id_last, &out.drafts, out.accepted);
+                    Checked { xs: out.drafts, verdict, drafted: k, depth: k, rows, trace }
                 }
                 _ => {
                     let td = Instant::now();
                     let proposal = match draft.as_deref_mut() {
                         Some(d) if k > 0 => {
-                            d.target_row(target_row);
                             let nodes = schedule.tree_nodes(k).min(context - n_past - 1);
                             d.propose(&tokens, DraftBudget { depth: k, nodes }, &params, &mut rng).await?
                         }
@@ -228,7 +268,10 @@ pub async fn generate(
             };
         stats.verify_forwards += 1;
         stats.base.target_forwards += 1;
-        target_row = Some(row);
+        kept_rows = Some((n_past, rows));
+        if drafted > 0 {
+            stats.last_cycle = Some(trace);
+        }
         schedule.observe_acceptance(depth, verdict.accepted);
         stats.drafted += drafted;
         stats.accepted += verdict.accepted;
@@ -311,8 +354,11 @@ struct Checked {
     drafted: usize,
     /// The longest run of drafts it could have accepted.
     depth: usize,
-    /// The row of the pass whose logits gave `verdict.next`.
-    row: usize,
+    /// The rows of the pass that hold the kept positions (id_last and the accepted drafts): the
+    /// last one's logits gave `verdict.next`.
+    rows: Vec<usize>,
+    /// The pass's tokens as a tree and its accepted path.
+    trace: CycleTrace,
 }
 
 /// One target pass over `[id_last, xs..]` at `n_past` and the chain's rule: greedy, or
@@ -342,8 +388,9 @@ async fn check_chain(
         verify_sampled(&xs, &q, &p, rng)?
     };
     let k = xs.len();
-    let row = verdict.accepted;
-    Ok(Checked { xs, verdict, drafted: k, depth: k, row })
+    let rows = (0..=verdict.accepted).collect();
+    let trace = CycleTrace::chain(id_last, &xs, verdict.accepted);
+    Ok(Checked { xs, verdict, drafted: k, depth: k, rows, trace })
 }
 
 /// One tree pass over `tree` at `n_past`, the greedy or multi-candidate rule down the tree, and
@@ -369,6 +416,11 @@ async fn check_tree(
     let leaf = v.path.last().is_some_and(|&l| tree.children(l).next().is_none());
     let kind = if leaf { NextKind::Bonus } else { NextKind::Recovered };
     let verdict = Verdict { accepted: xs.len(), next: v.next, kind };
-    let row = v.path.last().copied().unwrap_or(0);
-    Ok(Checked { xs, verdict, drafted: tree.len() - 1, depth: tree.max_depth(), row })
+    let trace = CycleTrace {
+        tokens: tree.tokens().to_vec(),
+        parents: tree.parents().to_vec(),
+        accepted: v.path.clone(),
+        texts: Vec::new(),
+    };
+    Ok(Checked { xs, verdict, drafted: tree.len() - 1, depth: tree.max_depth(), rows: v.path, trace })
 }

@@ -121,8 +121,15 @@ impl Draft for Medusa {
         Box::pin(async { Ok(0) })
     }
 
-    fn target_row(&mut self, row: Option<usize>) {
-        self.row = row;
+    fn target_pass<'a>(
+        &'a mut self,
+        _context: &'a [u32],
+        _first: usize,
+        rows: &'a [usize],
+    ) -> LocalFuture<'a, Result<usize>> {
+        // the heads read the row that produced the last token when they propose
+        self.row = rows.last().copied();
+        Box::pin(async { Ok(0) })
     }
 
     fn propose<'a>(

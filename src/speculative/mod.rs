@@ -4,6 +4,7 @@
 //!
 //! - [`draft`]: the [`Draft`] trait, [`DraftModel`] (a smaller model) and [`NGram`] (prompt lookup)
 //! - [`medusa`]: [`Medusa`] heads on the target's hidden state, drafting token trees
+//! - [`eagle`]: an [`Eagle`] head, a decoder layer drafting from the target's features
 //! - [`verify`]: the greedy and speculative-sampling acceptance rules (pure functions)
 //! - [`tree`]: token trees (several continuations verified in one pass) and their greedy rule
 //! - [`schedule`]: the choice of K (fixed, or adaptive from measured acceptance and costs)
@@ -11,6 +12,7 @@
 
 pub mod cycle;
 pub mod draft;
+pub mod eagle;
 pub mod generate;
 pub mod medusa;
 pub mod schedule;
@@ -22,7 +24,8 @@ pub use draft::{
     check_draft, check_tokenizers, check_vocab, Draft, DraftBudget, DraftModel, Ensemble, NGram, Proposal,
     TREE_BRANCHES,
 };
-pub use generate::{generate, SpecGeneration, SpecStats};
+pub use eagle::{Eagle, EAGLE_SIBLINGS};
+pub use generate::{generate, CycleTrace, SpecGeneration, SpecStats};
 pub use medusa::{Medusa, MEDUSA_CHOICES};
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};
 pub use tree::{TokenTree, TreeVerdict};

@@ -56,6 +56,20 @@ impl TokenTree {
         tree
     }
 
+    /// The root followed by `chain`, and below the chain's node at depth d (the root for d = 0)
+    /// the tokens `siblings[d]` as leaves (a draft's next most likely tokens at each depth),
+    /// shallow first, up to `budget` nodes in all.
+    pub fn chain_with_siblings(root: u32, chain: &[u32], siblings: &[Vec<u32>], budget: usize) -> TokenTree {
+        let mut tree = TokenTree::chain(root, chain);
+        for (depth, alts) in siblings.iter().enumerate().take(chain.len()) {
+            for &alt in alts {
+                let path: Vec<u32> = chain[..depth].iter().copied().chain([alt]).collect();
+                tree.insert(&path, budget);
+            }
+        }
+        tree
+    }
+
     /// The child of `parent` holding `token`: the existing one, else a new node; `None` when the
     /// tree is full ([`MAX_TREE`] nodes) or `parent` is not a node.
     pub fn child(&mut self, parent: usize, token: u32) -> Option<usize> {
@@ -102,6 +116,11 @@ impl TokenTree {
     /// Every node's token, the root first: the rows of the tree pass.
     pub fn tokens(&self) -> &[u32] {
         &self.tokens
+    }
+
+    /// Every node's parent (the root's is 0, itself).
+    pub fn parents(&self) -> &[usize] {
+        &self.parent
     }
 
     /// The children of `node`, in the order they were added.

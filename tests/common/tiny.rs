@@ -3,7 +3,7 @@
 
 use half::f16;
 use rand::rngs::SmallRng;
-use rand::Rng;
+use rand::{Rng, SeedableRng};
 use wgspec::loader::gguf::Value;
 use wgspec::loader::gguf_writer::GgufWriter;
 use wgspec::loader::safetensors::write_safetensors;
@@ -362,5 +362,80 @@ pub fn medusa_heads(
     let refs: Vec<(&str, DType, &[usize], &[u8])> =
         owned.iter().map(|(n, d, sh, b)| (n.as_str(), *d, sh.as_slice(), b.as_slice())).collect();
     let config = serde_json::json!({ "medusa_num_heads": heads, "medusa_num_layers": layers });
+    (write_safetensors(&refs), serde_json::to_vec(&config).expect("json"))
+}
+
+/// An EAGLE-1 head for a tiny model in the public layout (`fc.weight`, `fc.bias`,
+/// `layers.0.self_attn.*`, `layers.0.post_attention_layernorm.weight`, `layers.0.mlp.*`, and an
+/// `layers.0.input_layernorm.weight` only with `input_norm`): its `model.safetensors` bytes
+/// (matrices as `dtype`: F32, F16 or BF16) and `config.json`. Random weights, or with
+/// `copy_feature` a head whose fc passes the target's feature through and whose layer adds
+/// nothing: it predicts the next feature to be the current one, so it guesses the token the
+/// target has just produced (right wherever the text repeats a token).
+pub fn eagle_head(
+    model: &TinyModel,
+    dtype: DType,
+    input_norm: bool,
+    copy_feature: bool,
+    rng: &mut SmallRng,
+) -> (Vec<u8>, Vec<u8>) {
+    let s = &model.spec;
+    let (dim, hd) = (s.dim, s.head_dim());
+    let mut r2 = SmallRng::seed_from_u64(rng.gen());
+    let mut random = |n: usize, scale: f32| -> Vec<f32> {
+        (0..n).map(|_| if copy_feature { 0.0 } else { rng.gen_range(-scale..scale) }).collect()
+    };
+    let matrix = |v: &[f32]| match dtype {
+        DType::F16 => f16_bytes(v),
+        DType::BF16 => bf16_bytes(v),
+        _ => f32_bytes(v),
+    };
+    let stored = if matches!(dtype, DType::F16 | DType::BF16) { dtype } else { DType::F32 };
+    let mut fc = random(dim * 2 * dim, 0.2);
+    if copy_feature {
+        for i in 0..dim {
+            fc[i * 2 * dim + dim + i] = 1.0;
+        }
+    }
+    let mut owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = vec![
+        ("fc.weight".into(), stored, vec![dim, 2 * dim], matrix(&fc)),
+        ("fc.bias".into(), DType::F32, vec![dim], f32_bytes(&random(dim, 0.2))),
+    ];
+    let norm = |name: &str, owned: &mut Vec<(String, DType, Vec<usize>, Vec<u8>)>, rng: &mut SmallRng| {
+        let v: Vec<f32> = (0..dim).map(|_| if copy_feature { 1.0 } else { 1.0 + rng.gen_range(-0.2..0.2) }).collect();
+        owned.push((format!("layers.0.{name}.weight"), DType::F32, vec![dim], f32_bytes(&v)));
+    };
+    if input_norm {
+        norm("input_layernorm", &mut owned, &mut r2);
+    }
+    norm("post_attention_layernorm", &mut owned, &mut r2);
+    let (q, kv, ffn) = (s.heads * hd, s.kv_heads * hd, s.ffn);
+    for (name, rows, cols, scale) in [
+        ("self_attn.q_proj", q, dim, 0.3),
+        ("self_attn.k_proj", kv, dim, 0.3),
+        ("self_attn.v_proj", kv, dim, 0.3),
+        ("self_attn.o_proj", dim, q, 0.2),
+        ("mlp.gate_proj", ffn, dim, 0.2),
+        ("mlp.up_proj", ffn, dim, 0.2),
+        ("mlp.down_proj", dim, ffn, 0.2),
+    ] {
+        let w = random(rows * cols, scale);
+        owned.push((format!("layers.0.{name}.weight"), stored, vec![rows, cols], matrix(&w)));
+    }
+    let refs: Vec<(&str, DType, &[usize], &[u8])> =
+        owned.iter().map(|(n, d, sh, b)| (n.as_str(), *d, sh.as_slice(), b.as_slice())).collect();
+    let config = serde_json::json!({
+        "architectures": ["LlamaForCausalLM"],
+        "hidden_size": dim,
+        "intermediate_size": ffn,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "vocab_size": s.vocab,
+        "max_position_embeddings": s.context,
+        "tie_word_embeddings": true,
+    });
     (write_safetensors(&refs), serde_json::to_vec(&config).expect("json"))
 }

@@ -348,6 +348,16 @@ async function loadAndGenerate(page, modelUrl) {
   check(finished === "done", `generation failed: ${await page.textContent("#error")}`);
   const result = await page.evaluate(() => window.wgspecLastResult);
   const output = await page.textContent("#output");
+  // the last verify pass drawn as a tree: its nodes as the stats list them, the accepted path marked
+  const trace = result.stats?.last_cycle;
+  const drawn = await page.evaluate(() => ({
+    nodes: document.querySelectorAll("#cycle-tree .node").length,
+    accepted: document.querySelectorAll("#cycle-tree .node.accepted").length,
+  }));
+  check(
+    trace && trace.tokens.length >= 2 && drawn.nodes === trace.tokens.length && drawn.accepted === trace.accepted.length,
+    `the last verify pass's tree: ${JSON.stringify(trace)} drawn as ${JSON.stringify(drawn)}`,
+  );
   return { loadSeconds, wasmMemoryBytes, result, output };
 }
 

@@ -100,6 +100,11 @@ impl RefModel {
         &self.w[name]
     }
 
+    /// A weight by its GGUF name, as f32.
+    pub fn tensor(&self, name: &str) -> &[f32] {
+        &self.w[name]
+    }
+
     /// Cached positions.
     pub fn len(&self) -> usize {
         self.k_cache[0].len() / self.cfg.kv_dim()
@@ -166,5 +171,85 @@ impl RefModel {
         let logits = matvec(self.t(out_name), &xb, c.vocab_size, dim);
         self.hidden.push(xb);
         logits
+    }
+}
+
+/// An EAGLE-1 head on the CPU (the layout of `src/model/eagle.rs`): position p takes the target's
+/// feature f_p and the token t_{p+1}, and gives the predicted feature f^_{p+1} and its logits.
+pub struct RefEagle {
+    cfg: Config,
+    w: HashMap<String, Vec<f32>>,
+    embed: Vec<f32>,  // the target's [vocab, dim]
+    output: Vec<f32>, // the target's [vocab, dim]
+    k_cache: Vec<f32>,
+    v_cache: Vec<f32>,
+}
+
+impl RefEagle {
+    /// The head of `ckpt` (its tensors by their own names) for the target `target`.
+    pub fn new(ckpt: &Checkpoint, target: &RefModel) -> RefEagle {
+        let cfg = ckpt.config.clone();
+        let mut w = HashMap::new();
+        for (name, shape) in ckpt.tensor_shapes() {
+            let t = ckpt.tensor(name, shape, Precision::F32).expect("tensor");
+            w.insert(name.to_string(), t.to_f32().expect("values"));
+        }
+        let out_name = if target.cfg.tied_embeddings { "token_embd.weight" } else { "output.weight" };
+        RefEagle {
+            cfg,
+            w,
+            embed: target.tensor("token_embd.weight").to_vec(),
+            output: target.tensor(out_name).to_vec(),
+            k_cache: Vec::new(),
+            v_cache: Vec::new(),
+        }
+    }
+
+    /// Positions in the cache.
+    pub fn len(&self) -> usize {
+        self.k_cache.len() / self.cfg.kv_dim()
+    }
+
+    pub fn truncate(&mut self, len: usize) {
+        let kv = self.cfg.kv_dim();
+        self.k_cache.truncate(len * kv);
+        self.v_cache.truncate(len * kv);
+    }
+
+    /// (f^_{p+1}, logits) of position p = the cache's length, from f_p and t_{p+1}.
+    pub fn step(&mut self, token: u32, feature: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let c = self.cfg.clone();
+        let (dim, qd, kvd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let pos = self.len();
+        let t = |name: &str| &self.w[name];
+        let cat: Vec<f32> =
+            self.embed[token as usize * dim..(token as usize + 1) * dim].iter().chain(feature).copied().collect();
+        let mut x = matvec(t("fc.weight"), &cat, dim, 2 * dim);
+        if let Some(b) = self.w.get("fc.bias") {
+            x.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+        }
+        let xb = match self.w.get("layers.0.input_layernorm.weight") {
+            Some(g) => rmsnorm(&x, g, c.rms_eps),
+            None => x.clone(),
+        };
+        let mut q = matvec(t("layers.0.self_attn.q_proj.weight"), &xb, qd, dim);
+        let mut k = matvec(t("layers.0.self_attn.k_proj.weight"), &xb, kvd, dim);
+        let v = matvec(t("layers.0.self_attn.v_proj.weight"), &xb, kvd, dim);
+        rope(&mut q, c.head_dim, c.rope_dim, c.rope_theta, RopeLayout::Halves, pos);
+        rope(&mut k, c.head_dim, c.rope_dim, c.rope_theta, RopeLayout::Halves, pos);
+        self.k_cache.extend(&k);
+        self.v_cache.extend(&v);
+        let att = attention(&q, &self.k_cache, &self.v_cache, pos, c.n_heads, c.n_kv_heads, c.head_dim);
+        let o = matvec(t("layers.0.self_attn.o_proj.weight"), &att, dim, qd);
+        x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
+        let xn = rmsnorm(&x, t("layers.0.post_attention_layernorm.weight"), c.rms_eps);
+        let g = matvec(t("layers.0.mlp.gate_proj.weight"), &xn, ffn, dim);
+        let u = matvec(t("layers.0.mlp.up_proj.weight"), &xn, ffn, dim);
+        let h: Vec<f32> =
+            g.iter().zip(&u).map(|(g, u)| ((*g as f64 / (1.0 + (-*g as f64).exp())) * *u as f64) as f32).collect();
+        let d = matvec(t("layers.0.mlp.down_proj.weight"), &h, dim, ffn);
+        x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+        let logits = matvec(&self.output, &x, c.vocab_size, dim);
+        (x, logits)
     }
 }

@@ -218,6 +218,11 @@ pub async fn greedy_speculation_equals_greedy() {
     files.add("medusa_lm_head.safetensors", heads).expect("heads");
     files.add("config.json", config).expect("config");
     engine.load_medusa_async(files, &mut |_, _| {}).await.expect("Medusa heads");
+    let (head, config) = tiny::eagle_head(&tiny, DType::F16, false, true, &mut r);
+    let mut files = ModelFiles::new();
+    files.add("model.safetensors", head).expect("head");
+    files.add("config.json", config).expect("config");
+    engine.load_eagle_async(files, &mut |_, _| {}).await.expect("EAGLE head");
     let prompt = "the cat sat on the mat; the cat sat on the";
     let mut req = Request::text(prompt, 24);
     req.draft = Some(DraftKind::None);
@@ -231,6 +236,7 @@ pub async fn greedy_speculation_equals_greedy() {
         (DraftKind::Ngram, Some(4)),
         (DraftKind::ModelNgram, Some(4)),
         (DraftKind::Medusa, Some(3)),
+        (DraftKind::Eagle, Some(3)),
     ] {
         req.draft = Some(kind);
         req.draft_k = k;
@@ -248,7 +254,7 @@ pub async fn greedy_speculation_equals_greedy() {
         trees += got.stats.tree_cycles;
     }
     assert!(drafted_any, "no draft token was ever accepted: the test would not test speculation");
-    assert!(trees > 0, "token trees (n-gram, model+ngram, Medusa) were verified in the browser too");
+    assert!(trees > 0, "token trees (n-gram, model+ngram, Medusa, EAGLE) were verified in the browser too");
 }
 
 /// A thrown or rejected error's message.

@@ -29,6 +29,11 @@ export interface LoadOptions {
    * Requests then draft token trees from them by default (`draft: "medusa"`).
    */
   medusa?: string | URL;
+  /**
+   * An EAGLE-1/2 head for the target: a folder URL ending with "/" holding `config.json` and
+   * `model.safetensors`. Requests then draft from it by default (`draft: "eagle"`).
+   */
+  eagle?: string | URL;
   /** KV cache positions. */
   context?: number;
   /**
@@ -67,7 +72,7 @@ export interface ModelInfo {
   wasm_memory_bytes: number;
 }
 
-export type DraftKind = "model" | "ngram" | "model+ngram" | "medusa" | "none";
+export type DraftKind = "model" | "ngram" | "model+ngram" | "medusa" | "eagle" | "none";
 
 export interface GenerateOptions {
   /** Default 128. */
@@ -198,9 +203,11 @@ export class WgSpec {
   readonly info: ModelInfo;
   readonly draftInfo: ModelInfo | null;
   /** The draft loaded with the model: used when a call names none. */
-  readonly draftKind: "model" | "ngram" | "medusa" | null;
+  readonly draftKind: "model" | "ngram" | "medusa" | "eagle" | null;
   /** The Medusa heads when loaded, else null. */
   readonly medusaInfo: { heads: number; layers: number; gpu_weight_bytes: number } | null;
+  /** The EAGLE head when loaded, else null. */
+  readonly eagleInfo: { gpu_weight_bytes: number; gpu_memory_bytes: number } | null;
   /** The target's file or folder name. */
   readonly model: string;
   /** The worker's wasm memory after loading, in bytes (its peak: wasm memory never shrinks). */

@@ -182,7 +182,9 @@ export class WgSpec {
     this.draftInfo = loaded.draftInfo;
     /** Medusa heads' info ({heads, layers, gpu_weight_bytes}) when heads are loaded, else null. */
     this.medusaInfo = loaded.medusaInfo;
-    /** "model", "ngram", "medusa" or null: the draft used when a call does not name one. */
+    /** The EAGLE head's info ({gpu_weight_bytes, gpu_memory_bytes}) when loaded, else null. */
+    this.eagleInfo = loaded.eagleInfo;
+    /** "model", "ngram", "medusa", "eagle" or null: the draft used when a call does not name one. */
     this.draftKind = loaded.draftKind;
     /** The target's file or folder name (the `model` field of chat completions). */
     this.model = model;
@@ -217,6 +219,9 @@ export class WgSpec {
    *   `.safetensors` file in the public Medusa-1 layout, or of a folder ending with "/" holding
    *   `medusa_lm_head.safetensors` and optionally its `config.json`. Requests then draft token
    *   trees from the heads by default (`draft: "medusa"`).
+   * @param {string|URL} [options.eagle] an EAGLE-1/2 head trained for the target: a folder URL
+   *   ending with "/" holding `config.json` and `model.safetensors`. Requests then draft from it
+   *   by default (`draft: "eagle"`).
    * @param {number} [options.context] KV cache positions (default: the engine's choice).
    * @param {number} [options.maxMemoryMb] GPU memory budget in MB for the target and draft
    *   together (weights, KV cache, scratch); a model over it is refused before any allocation
@@ -235,11 +240,12 @@ export class WgSpec {
    *   and holds the weights in a JS array outside wasm memory.
    * @returns {Promise<WgSpec>} rejects with the worker's message on any failure.
    */
-  static async load({ target, draft, medusa, context, maxMemoryMb, readMb, onProgress, worker, cache = true } = {}) {
+  static async load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb, onProgress, worker, cache = true } = {}) {
     if (!target) throw new TypeError("WgSpec.load: `target` (a model URL) is required");
     const targetUrl = resolveUrl(target);
     const draftUrl = draft ? resolveUrl(draft) : undefined;
     const medusaUrl = medusa ? resolveUrl(medusa) : undefined;
+    const eagleUrl = eagle ? resolveUrl(eagle) : undefined;
     let w = worker;
     if (!(typeof Worker !== "undefined" && w instanceof Worker)) {
       const url = w ? new URL(String(w), globalThis.location?.href) : new URL("./worker.js", import.meta.url);
@@ -253,7 +259,7 @@ export class WgSpec {
     try {
       const { promise } = client.call(
         "load",
-        { target: targetUrl, draft: draftUrl, medusa: medusaUrl, context, maxMemoryMb, readMb, cache },
+        { target: targetUrl, draft: draftUrl, medusa: medusaUrl, eagle: eagleUrl, context, maxMemoryMb, readMb, cache },
         onEvent,
       );
       const loaded = await promise;
@@ -407,7 +413,7 @@ export class WgSpec {
   /** @private */
   /** The default draft when the engine's own default (the draft model, else none) is not it. */
   _namedDefault() {
-    return this.draftKind === "ngram" || this.draftKind === "medusa" ? this.draftKind : undefined;
+    return ["ngram", "medusa", "eagle"].includes(this.draftKind) ? this.draftKind : undefined;
   }
 
   _abortIds(ids) {

@@ -115,7 +115,7 @@ function errorMessage(err) {
  * downloaded into it first when missing), loads the target, then the draft model if one is given.
  * Weight files are read a batch at a time while loading and closed once their model is loaded.
  */
-async function load({ target, draft, medusa, context, maxMemoryMb, readMb, cache: useCache = true }, progress) {
+async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb, cache: useCache = true }, progress) {
   if (engine) throw new Error("this worker already holds a model; create a new WgSpec instance");
   if (!self.navigator || !self.navigator.gpu) {
     throw new Error(
@@ -205,6 +205,21 @@ async function load({ target, draft, medusa, context, maxMemoryMb, readMb, cache
       );
       draftKind = "medusa";
     }
+    let eagleInfo = null;
+    if (eagle) {
+      const eagleName = `the EAGLE head ${fileName(eagle)}`;
+      const headFiles = await stageHeads(created, eagle, { model: "draft", what: eagleName, stores, progress }, "eagle");
+      eagleInfo = JSON.parse(
+        await closingAfter(headFiles, () =>
+          namedAsync(eagleName, () =>
+            created.load_eagle((done, total) =>
+              progress({ model: "draft", phase: "upload", file: null, loaded: done, total }),
+            ),
+          ),
+        ),
+      );
+      draftKind = "eagle";
+    }
     if (draftKind) progress({ model: "draft", phase: "ready", file: null, loaded: 1, total: 1 });
     engine = created;
     return {
@@ -212,6 +227,7 @@ async function load({ target, draft, medusa, context, maxMemoryMb, readMb, cache
       info,
       draftInfo,
       medusaInfo,
+      eagleInfo,
       draftKind,
       wasmMemoryBytes: created.wasm_memory_bytes(),
     };
@@ -355,19 +371,23 @@ async function stageModel(eng, url, load) {
 }
 
 /**
- * Stages Medusa heads: a `.safetensors` file, or a folder URL ending with "/" holding an optional
- * `config.json` and `medusa_lm_head.safetensors`. Returns the opened weight files.
+ * Stages draft heads. Medusa: a `.safetensors` file, or a folder URL ending with "/" holding an
+ * optional `config.json` and `medusa_lm_head.safetensors`. EAGLE: a folder URL ending with "/"
+ * holding `config.json` and `model.safetensors`. Returns the opened weight files.
  */
-async function stageHeads(eng, url, load) {
+async function stageHeads(eng, url, load, kind = "medusa") {
   const files = [];
   try {
-    if (!new URL(url).pathname.endsWith("/")) {
+    const folder = new URL(url).pathname.endsWith("/");
+    if (!folder && kind === "eagle") throw new Error(`${url}: an EAGLE head is a folder URL ending with "/"`);
+    if (!folder) {
       files.push(await stageWeights(eng, "heads.safetensors", url, load, { checkGguf: false }));
       return files;
     }
     const at = (name) => new URL(name, url).href;
-    await stageFile(eng, "config.json", at("config.json"), load, { optional: true });
-    files.push(await stageWeights(eng, "medusa_lm_head.safetensors", at("medusa_lm_head.safetensors"), load, { checkGguf: false }));
+    await stageFile(eng, "config.json", at("config.json"), load, { optional: kind === "medusa" });
+    const weights = kind === "eagle" ? "model.safetensors" : "medusa_lm_head.safetensors";
+    files.push(await stageWeights(eng, weights, at(weights), load, { checkGguf: false }));
     return files;
   } catch (err) {
     closeAll(files);

@@ -86,8 +86,9 @@ struct GenerateArgs {
     json: bool,
     /// Speculate with a draft: a smaller model with the same tokenizer (file or known NAME),
     /// `ngram` (prompt lookup: the latest match's continuation), `MODEL+ngram` (the model's chain
-    /// and the n-gram continuations merged into one token tree), or `medusa:PATH` (Medusa heads:
-    /// a `medusa_lm_head.safetensors` file or its folder with `config.json`; a token tree).
+    /// and the n-gram continuations merged into one token tree), `medusa:PATH` (Medusa heads:
+    /// a `medusa_lm_head.safetensors` file or its folder with `config.json`; a token tree), or
+    /// `eagle:PATH` (an EAGLE-1/2 head: a folder with `config.json` and `model.safetensors`).
     #[arg(long)]
     draft: Option<String>,
     #[command(flatten)]
@@ -149,7 +150,8 @@ struct ServeArgs {
     #[arg(long)]
     model: String,
     /// The default draft of requests: `ngram`, a smaller model with the same tokenizer,
-    /// `MODEL+ngram`, or `medusa:PATH` (Medusa heads; a request's `draft` field may pick another).
+    /// `MODEL+ngram`, `medusa:PATH` (Medusa heads) or `eagle:PATH` (an EAGLE head); a request's
+    /// `draft` field may pick another.
     #[arg(long)]
     draft: Option<String>,
     /// KV cache positions: prompt and reply of one request together (default: min(model context, 4096)).
@@ -199,7 +201,7 @@ struct BenchArgs {
     #[arg(long)]
     synthetic: Option<String>,
     /// `ngram`, a draft model (file or known NAME), `MODEL+ngram`, `medusa:PATH` (Medusa heads),
-    /// or with --synthetic a shape name.
+    /// `eagle:PATH` (an EAGLE head), or with --synthetic a shape name.
     #[arg(long, required_unless_present = "roofline")]
     draft: Option<String>,
     /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
@@ -362,6 +364,14 @@ pub fn load_engine(
                 );
             }
         }
+        (DraftKind::Eagle, Some(d)) => {
+            let path = d.strip_prefix("eagle:").unwrap_or(d);
+            let files = wgspec::local::heads_files(std::path::Path::new(path))?;
+            let head = engine.load_eagle(files, &mut progress)?;
+            if !quiet {
+                eprintln!("EAGLE head: {:.1} MB", head.weight_bytes() as f64 / 1e6);
+            }
+        }
         (DraftKind::Model | DraftKind::ModelNgram, Some(d)) => {
             engine.load_draft(open(d.trim_end_matches("+ngram"))?, &mut progress)?;
         }
@@ -371,12 +381,13 @@ pub fn load_engine(
 }
 
 /// The draft a `--draft` argument names: none, `ngram`, `medusa:PATH` (Medusa heads),
-/// `MODEL+ngram` (the ensemble) or a draft model.
+/// `eagle:PATH` (an EAGLE head), `MODEL+ngram` (the ensemble) or a draft model.
 pub fn draft_kind(draft: Option<&str>) -> DraftKind {
     match draft {
         None => DraftKind::None,
         Some("ngram") => DraftKind::Ngram,
         Some(d) if d.starts_with("medusa:") => DraftKind::Medusa,
+        Some(d) if d.starts_with("eagle:") => DraftKind::Eagle,
         Some(d) if d.ends_with("+ngram") => DraftKind::ModelNgram,
         Some(_) => DraftKind::Model,
     }
@@ -496,7 +507,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {})
     };
     let draft_arg = args.draft.clone().unwrap_or_default();
-    let mut medusa = None;
+    let mut heads: Option<Box<dyn Draft>> = None;
     let (mut target, tokenizer, loaded_draft, target_name) = match &args.synthetic {
         Some(shape_name) => (
             synth(&synthetic::synthetic_shape(shape_name)?, 1)?,
@@ -509,7 +520,11 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             let draft = args.draft.as_deref().filter(|_| !args.roofline);
             let (engine, _) = load_engine(&gpu, &name, draft, &opts, false)?;
             let parts = engine.into_parts();
-            medusa = parts.medusa;
+            heads = match (parts.medusa, parts.eagle) {
+                (Some(m), _) => Some(Box::new(m) as Box<dyn Draft>),
+                (None, Some(e)) => Some(Box::new(e) as Box<dyn Draft>),
+                (None, None) => None,
+            };
             (parts.target, Some(parts.tokenizer), parts.draft, name)
         }
     };
@@ -519,7 +534,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     }
     let ngram = NGram { branches: args.tree.unwrap_or(1).max(1), ..NGram::default() };
     let mut model_draft = match loaded_draft {
-        _ if draft_arg == "ngram" || medusa.is_some() => None,
+        _ if draft_arg == "ngram" || heads.is_some() => None,
         Some(d) => Some(d),
         None => {
             let shape = synthetic::synthetic_shape(draft_arg.trim_end_matches("+ngram"))?;
@@ -528,8 +543,8 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     };
     let mut ngram_alone = ngram.clone();
     let mut ensemble;
-    let draft: &mut dyn Draft = match (model_draft.as_mut(), medusa.as_mut()) {
-        (None, Some(heads)) => heads,
+    let draft: &mut dyn Draft = match (model_draft.as_mut(), heads.as_mut()) {
+        (None, Some(heads)) => heads.as_mut(),
         (None, None) => &mut ngram_alone,
         (Some(model), _) if draft_arg.ends_with("+ngram") => {
             let branches = args.tree.unwrap_or(speculative::TREE_BRANCHES).max(1);

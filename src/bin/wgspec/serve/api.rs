@@ -203,11 +203,13 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Resp
             "`draft` \"model\" or \"model+ngram\": this server runs no draft model (start it with --draft)",
         ));
     }
-    if request.draft == Some(DraftKind::Medusa) && model.default_draft != DraftKind::Medusa {
-        return Err(ApiError::field(
-            "draft",
-            "`draft` \"medusa\": this server runs no Medusa heads (start it with --draft medusa:PATH)",
-        ));
+    for (heads, name) in [(DraftKind::Medusa, "medusa"), (DraftKind::Eagle, "eagle")] {
+        if request.draft == Some(heads) && model.default_draft != heads {
+            return Err(ApiError::field(
+                "draft",
+                &format!("`draft` \"{name}\": this server runs no {name} heads (start it with --draft {name}:PATH)"),
+            ));
+        }
     }
     request.draft = Some(request.draft.unwrap_or(model.default_draft));
     // Tokenized here, off the async threads: a prompt over the context is answered at once, not

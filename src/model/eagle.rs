@@ -1,0 +1,372 @@
+//! An EAGLE draft head on the GPU (Li et al., "EAGLE", arXiv 2401.15077; EAGLE-2, 2406.16858):
+//! one decoder layer that predicts the target's next feature from its current one.
+//!
+//! The public EAGLE-1/2 layout (a `config.json` of one llama layer and `model.safetensors`):
+//!
+//! ```text
+//!   f_p   the target's final hidden state at position p (after its output norm)   [dim]
+//!   e     the target's embedding of token t_{p+1}                               [dim]
+//!   x     = fc([e | f_p]) (+ fc.bias)           `fc.weight` [dim, 2 dim], `fc.bias` [dim] (optional)
+//!   h     = x + attention(x) at position p      `layers.0.self_attn.{q,k,v,o}_proj.weight`, no input
+//!                                               norm (EAGLE-1's first layer has none; an
+//!                                               `input_layernorm` is used when present)
+//!   f^    = h + mlp(rmsnorm(h))                 `layers.0.post_attention_layernorm.weight`,
+//!                                               `layers.0.mlp.{gate,up,down}_proj.weight`
+//!   logits = the target's output projection of f^ (no norm): t^_{p+2}
+//! ```
+//!
+//! The head keeps its own KV cache over the positions it has run. A pass of n rows runs in one
+//! submission: the features gathered from the target's pass ([`Gpu::hidden_rows`]) or copied from
+//! the head's own previous output, the embedding, the concatenation, fc, the layer, the
+//! projection and a top-k of every row (the ids a draft tree is built from).
+
+use std::sync::Arc;
+
+use super::checkpoint::{hf_name, Checkpoint, Precision};
+use super::config::Config;
+use super::transformer::{record_block, BlockIo, LoadOptions, Model, MAX_BATCH};
+use super::weights::{Layer, LoadProgress, Matrix, Tally, TensorRole, TensorSpec, TensorTable, Upload};
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, GpuBuffer, MatmulOut, Op, Second, MAX_TOP_K};
+
+/// The head's tensors, named as in the public layout.
+struct EagleTensors {
+    fc: TensorSpec,
+    fc_bias: TensorSpec,
+    layer: super::weights::LayerTensors,
+}
+
+impl EagleTensors {
+    fn new(c: &Config) -> EagleTensors {
+        let mut layer = TensorTable::new(c).layers.swap_remove(0);
+        // `model.layers.0.*` of a Hugging Face model is `layers.0.*` in a head's file
+        let rename = |t: &mut TensorSpec| {
+            if let Some(hf) = hf_name(&t.name) {
+                t.name = hf.trim_start_matches("model.").to_string();
+            }
+        };
+        for t in [
+            &mut layer.attn_norm,
+            &mut layer.q,
+            &mut layer.k,
+            &mut layer.v,
+            &mut layer.wo,
+            &mut layer.ffn_norm,
+            &mut layer.gate,
+            &mut layer.up,
+            &mut layer.down,
+        ] {
+            rename(t);
+        }
+        for b in layer.qkv_bias.iter_mut().flatten() {
+            rename(b);
+        }
+        let spec = |name: &str, shape: Vec<usize>, role| TensorSpec { name: name.into(), shape, role };
+        EagleTensors {
+            fc: spec("fc.weight", vec![c.dim, 2 * c.dim], TensorRole::Weight),
+            fc_bias: spec("fc.bias", vec![c.dim], TensorRole::QkvBias),
+            layer,
+        }
+    }
+}
+
+/// Buffers of the head, each allocated once for [`MAX_BATCH`] rows.
+#[allow(dead_code)] // kept alive for the bind groups that reference them
+struct HeadState {
+    step: wgpu::Buffer,        // uniform Step of the head's passes
+    step_table: wgpu::Buffer,  // [MAX_BATCH, 4] u32: (1, position, 0, 0) of each draft step
+    drafts: GpuBuffer<u32>,    // [MAX_BATCH, top_k] the top ids of each draft step
+    rows: GpuBuffer<u32>,      // [MAX_BATCH] the target's rows a pass gathers
+    tokens: GpuBuffer<u32>,    // [MAX_BATCH] t_{p+1} of each row
+    feat: GpuBuffer<f32>,      // [MAX_BATCH, dim] f_p of each row
+    embd: GpuBuffer<f32>,      // [MAX_BATCH, dim] the tokens' embeddings
+    cat: GpuBuffer<f32>,       // [MAX_BATCH, 2 dim] [embd | feat]
+    x: GpuBuffer<f32>,         // [MAX_BATCH, dim] residual stream: f^ at the end of a pass
+    xb: GpuBuffer<f32>,        // [MAX_BATCH, dim]
+    q: GpuBuffer<f32>,         // [MAX_BATCH, q_dim]
+    att: GpuBuffer<f32>,       // [MAX_BATCH, q_dim]
+    scores: GpuBuffer<f32>,    // [MAX_BATCH, n_heads, context]
+    hb: GpuBuffer<f32>,        // [MAX_BATCH, ffn_dim]
+    logits: GpuBuffer<f32>,    // [MAX_BATCH, vocab]
+    top: GpuBuffer<u32>,       // [MAX_BATCH, top_k] each row's most likely ids
+    kv: GpuBuffer<f32>,        // [context, 2 kv_dim]
+    cos_sin: GpuBuffer<f32>,   // [context, rope_dim / 2, 2]
+    fc: Matrix,                // [dim, 2 dim]
+    fc_bias: Option<GpuBuffer<f32>>, // [dim]
+    layer: Layer,
+}
+
+/// An EAGLE head on the GPU for one target (see the module's doc).
+pub struct EagleHead {
+    /// The head's config (one layer; the target's vocabulary).
+    pub config: Config,
+    gpu: Arc<Gpu>,
+    state: HeadState,
+    /// Gathers the target's hidden states of `rows` into `feat`.
+    gather: Op,
+    /// A pass: embedding, concatenation, fc, the layer, the projection, top-k.
+    pass: Vec<Op>,
+    top_k: usize,
+    context: usize,
+    /// Positions in the head's KV cache.
+    len: usize,
+    gpu_bytes: u64,
+    memory_bytes: u64,
+}
+
+impl EagleHead {
+    /// The head's config from its `config.json`, checked against the target's: the same
+    /// width and vocabulary (the head reads the target's features, embeddings and projection).
+    pub fn config_for(target: &Config, config_json: &[u8]) -> Result<Config> {
+        let c = Config::from_hf_json(config_json)?;
+        if c.dim != target.dim || c.vocab_size != target.vocab_size {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE head of width {} and vocabulary {} for a target of {} and {}",
+                c.dim, c.vocab_size, target.dim, target.vocab_size
+            )));
+        }
+        Ok(c)
+    }
+
+    /// GPU memory the head takes when loaded with these arguments (weights as kept, cache,
+    /// scratch), from the headers alone.
+    pub fn plan(target: &Model, ckpt: &Checkpoint, precision: Precision, top_k: usize) -> Result<u64> {
+        let c = &ckpt.config;
+        let t = EagleTensors::new(c);
+        let mut bytes = 0;
+        let l = &t.layer;
+        let specs = [&t.fc, &t.fc_bias, &l.attn_norm, &l.q, &l.k, &l.v, &l.wo, &l.ffn_norm, &l.gate, &l.up, &l.down];
+        for spec in specs.into_iter().chain(l.qkv_bias.iter().flatten()).filter(|s| ckpt.has(&s.name)) {
+            let n = spec.shape.iter().product::<usize>() as u64;
+            let kept = precision == Precision::Auto && spec.shape.len() > 1;
+            let stored = ckpt.dtype(&spec.name, &spec.shape)?.bytes_for(n).unwrap_or(4 * n);
+            bytes += if kept { stored } else { 4 * n };
+        }
+        let (ctx, batch) = (target.context() as u64, MAX_BATCH as u64);
+        let widths = (6 * c.dim + 2 * c.q_dim() + c.ffn_dim + c.vocab_size + top_k + 2) as u64;
+        Ok(bytes + 4 * batch * (widths + c.n_heads as u64 * ctx) + 4 * ctx * (2 * c.kv_dim() + c.rope_dim) as u64)
+    }
+
+    /// Uploads the head of `ckpt` (a [`Checkpoint::from_named_safetensors`] of its file with the
+    /// config from [`EagleHead::config_for`]) for `target`, whose hidden states, embedding table
+    /// and output projection it reads, ranking `top_k` ids per row (at most [`MAX_TOP_K`]).
+    /// `opts` gives the precision, the largest weight buffer and the bytes read at once.
+    pub async fn load(
+        target: &Model,
+        ckpt: &Checkpoint,
+        opts: &LoadOptions,
+        top_k: usize,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<EagleHead> {
+        let c = ckpt.config.clone();
+        if top_k == 0 || top_k > MAX_TOP_K {
+            return Err(Error::InvalidArgument(format!("an EAGLE head ranks 1..={MAX_TOP_K} ids, not {top_k}")));
+        }
+        if c.n_layers != 1 {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE head is one decoder layer; its config.json declares {}",
+                c.n_layers
+            )));
+        }
+        let gpu = target.gpu().clone();
+        let g = &*gpu;
+        let t = EagleTensors::new(&c);
+        let context = target.context();
+        let bytes = ckpt.tensor_shapes().len();
+        let tally = std::cell::RefCell::new(Tally::new(bytes, ckpt.file_bytes(), progress));
+        let max_bytes = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(g.max_binding_bytes());
+        let precision = opts.precision;
+        let up = Upload { gpu: g, ckpt, precision, max_bytes, read_bytes: opts.read_bytes, tally };
+        let fc = up.matrix(&t.fc).await?;
+        let fc_bias = match ckpt.has(&t.fc_bias.name) {
+            true => Some(GpuBuffer::<f32>::from_slice(g, "fc.bias", &up.vector(&t.fc_bias).await?)),
+            false => None,
+        };
+        let layer = Layer::load(&up, &c, &t.layer, 0, true).await?;
+        let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
+        let rope = super::transformer::rope_table(&c, context);
+        let state = HeadState {
+            step: g.step_buffer(),
+            step_table: g.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("eagle step table"),
+                size: (MAX_BATCH * 16) as u64,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            drafts: GpuBuffer::<u32>::zeros(g, "eagle drafts", MAX_BATCH * top_k),
+            rows: GpuBuffer::<u32>::zeros(g, "eagle rows", MAX_BATCH),
+            tokens: GpuBuffer::<u32>::zeros(g, "eagle tokens", MAX_BATCH),
+            feat: f32s("eagle feat", MAX_BATCH * c.dim),
+            embd: f32s("eagle embd", MAX_BATCH * c.dim),
+            cat: f32s("eagle cat", MAX_BATCH * 2 * c.dim),
+            x: f32s("eagle x", MAX_BATCH * c.dim),
+            xb: f32s("eagle xb", MAX_BATCH * c.dim),
+            q: f32s("eagle q", MAX_BATCH * c.q_dim()),
+            att: f32s("eagle att", MAX_BATCH * c.q_dim()),
+            scores: f32s("eagle scores", MAX_BATCH * c.n_heads * context),
+            hb: f32s("eagle hb", MAX_BATCH * c.ffn_dim),
+            logits: f32s("eagle logits", MAX_BATCH * c.vocab_size),
+            top: GpuBuffer::<u32>::zeros(g, "eagle top", MAX_BATCH * top_k),
+            kv: f32s("eagle kv", context * 2 * c.kv_dim()),
+            cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", &rope),
+            fc,
+            fc_bias,
+            layer,
+        };
+        g.take_error()?;
+        let s = &state;
+        let st = &s.step;
+        let (raw, scaled) = target.hidden_buffers();
+        let gather = g.hidden_rows(st, raw, scaled, &s.rows, &s.feat, c.dim, target.config.rms_eps);
+        // e = the target's embedding of the tokens; cat = [e | f]                   [n, 2 dim]
+        let mut pass = target.embed_ops(st, &s.tokens, &s.embd);
+        pass.push(g.concat(st, (&s.embd, c.dim), (&s.feat, c.dim), &s.cat));
+        // x = cat fc^T + b (and xb = x * the layer's input norm, when it has one)   [n, dim]
+        let second = s.layer.attn_norm.as_ref().map(|gamma| Second::Scaled { out: &s.xb, gamma });
+        let fc_out = MatmulOut { ldy: c.dim as u32, second, ..Default::default() };
+        pass.extend(s.fc.matmul(g, st, &s.cat, s.fc_bias.as_ref(), &s.x, fc_out));
+        // x += attention, mlp: the predicted feature f^                             [n, dim]
+        let io = BlockIo {
+            step: st,
+            x: &s.x,
+            xb: &s.xb,
+            q: &s.q,
+            att: &s.att,
+            scores: &s.scores,
+            hb: &s.hb,
+            cos_sin: &s.cos_sin,
+            context,
+        };
+        pass.extend(record_block(g, &c, &s.layer, &s.kv, &io, None));
+        // logits = f^ . the target's output^T (no norm); their top-k ids            [n, vocab]
+        let out = MatmulOut { ldy: c.vocab_size as u32, ..Default::default() };
+        pass.extend(target.output_ops(st, &s.x, &s.logits, out));
+        pass.push(g.top_k(st, &s.logits, &s.top, c.vocab_size, top_k));
+        let gpu_bytes = s.fc.gpu_bytes()
+            + s.fc_bias.as_ref().map_or(0, |b| b.raw.size())
+            + [&s.layer.qkv, &s.layer.wo, &s.layer.gate_up, &s.layer.down].iter().map(|m| m.gpu_bytes()).sum::<u64>()
+            + s.layer.attn_norm.as_ref().map_or(0, |b| b.raw.size())
+            + s.layer.ffn_norm.raw.size()
+            + s.layer.qkv_bias.as_ref().map_or(0, |b| b.raw.size());
+        let memory_bytes = EagleHead::plan(target, ckpt, precision, top_k)?;
+        Ok(EagleHead { config: c, gpu, state, gather, pass, top_k, context, len: 0, gpu_bytes, memory_bytes })
+    }
+
+    /// Ids ranked per row.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// Bytes of GPU memory the head's weights take.
+    pub fn weight_bytes(&self) -> u64 {
+        self.gpu_bytes
+    }
+
+    /// GPU memory the head takes in all: weights, KV cache and scratch.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
+    }
+
+    /// Positions in the head's KV cache.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the head's cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// KV cache positions allocated (the target's context).
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// Rolls the head's cache back to its first `len` positions.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Records a head pass over the target's rows `rows` of its last pass (positions
+    /// `start_pos..`, each row's next token in `next`): the target's features of those rows, each
+    /// with its next token, through the head. Rows and tokens are written by the host, so this
+    /// must be the first head pass of a submission. Submitted without a read-back; the last row's
+    /// output (the feature f^ and the top ids) is where drafting continues ([`EagleHead::record_step`]).
+    pub fn run_target_rows(&mut self, rows: &[usize], next: &[u32], start_pos: usize) -> Result<()> {
+        let n = rows.len();
+        if n == 0 || n > MAX_BATCH || next.len() != n || start_pos > self.len || start_pos + n > self.context {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE pass of {n} rows ({} tokens) at {start_pos} of a cache of {} positions",
+                next.len(),
+                self.len
+            )));
+        }
+        if let Some(&id) = next.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
+        }
+        let g = &*self.gpu;
+        let rows: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        g.queue.write_buffer(&self.state.rows.raw, 0, bytemuck::cast_slice(&rows));
+        g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(next));
+        g.write_step(&self.state.step, n, start_pos);
+        let mut enc = g.encoder();
+        g.encode(&mut enc, std::slice::from_ref(&self.gather), n as u32);
+        g.encode(&mut enc, &self.pass, n as u32);
+        g.submit(enc);
+        self.len = start_pos + n;
+        Ok(())
+    }
+
+    /// The ids ranked at row `last` of the latest pass, then `steps` draft steps, each a one-row
+    /// pass at the next position whose input is the previous pass's last feature f^ and most
+    /// likely id: `[1 + steps][top_k]` ids. One submission (each step's position copied into the
+    /// step uniform by the GPU, from a table written before), one read-back.
+    pub async fn draft(&mut self, last: usize, steps: usize) -> Result<Vec<Vec<u32>>> {
+        if last >= MAX_BATCH || steps >= MAX_BATCH || self.len + steps > self.context {
+            return Err(Error::InvalidArgument(format!(
+                "{steps} EAGLE draft steps after row {last} at {} of {} positions",
+                self.len, self.context
+            )));
+        }
+        let g = self.gpu.clone();
+        let s = &self.state;
+        let (dim, k, word) = (self.config.dim as u64, self.top_k as u64, 4u64);
+        let table: Vec<u32> = (0..steps).flat_map(|i| [1, (self.len + i) as u32, 0, 0]).collect();
+        if !table.is_empty() {
+            g.queue.write_buffer(&s.step_table, 0, bytemuck::cast_slice(&table));
+        }
+        let mut enc = g.encoder();
+        enc.copy_buffer_to_buffer(&s.top.raw, last as u64 * k * word, &s.drafts.raw, 0, k * word);
+        let mut prev = last as u64;
+        for i in 0..steps as u64 {
+            // the input: the previous pass's last feature and most likely id
+            enc.copy_buffer_to_buffer(&s.x.raw, prev * dim * word, &s.feat.raw, 0, dim * word);
+            enc.copy_buffer_to_buffer(&s.top.raw, prev * k * word, &s.tokens.raw, 0, word);
+            enc.copy_buffer_to_buffer(&s.step_table, i * 16, &s.step, 0, 16);
+            g.encode(&mut enc, &self.pass, 1);
+            enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, (1 + i) * k * word, k * word);
+            prev = 0;
+        }
+        self.len += steps;
+        let bytes = (1 + steps as u64) * k * word;
+        let raw = g.submit_and_read(enc, &s.drafts.raw, 0, bytes).await?;
+        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())
+    }
+
+    /// The head's output features of the latest pass's first `n` rows, `[n, dim]` (tests compare
+    /// them with a reference).
+    pub async fn features(&self, n: usize) -> Result<Vec<f32>> {
+        let bytes = (n.min(MAX_BATCH) * self.config.dim * 4) as u64;
+        let raw = self.gpu.submit_and_read(self.gpu.encoder(), &self.state.x.raw, 0, bytes).await?;
+        Ok(bytemuck::pod_collect_to_vec(&raw))
+    }
+
+    /// The top ids of the latest pass's first `n` rows, `[n][top_k]`.
+    pub async fn top_ids(&self, n: usize) -> Result<Vec<Vec<u32>>> {
+        let bytes = (n.min(MAX_BATCH) * self.top_k * 4) as u64;
+        let raw = self.gpu.submit_and_read(self.gpu.encoder(), &self.state.top.raw, 0, bytes).await?;
+        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())
+    }
+}
