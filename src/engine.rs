@@ -15,12 +15,14 @@ use crate::error::{Error, Result};
 use crate::files::{ModelFiles, OpenedModel};
 use crate::gpu::Gpu;
 use crate::loader::source;
-use crate::model::{Checkpoint, EagleHead, LoadOptions, LoadProgress, MedusaConfig, MedusaHeads, Model, TensorTable};
+use crate::model::{
+    Checkpoint, EagleHead, LoadOptions, LoadProgress, MedusaConfig, MedusaHeads, Model, TensorTable,
+};
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
 use crate::speculative::{
-    self, DraftModel, Eagle, Ensemble, KPolicy, Medusa, NGram, SpecStats, DEFAULT_MAX_DRAFT_K, EAGLE_SIBLINGS,
-    TREE_BRANCHES,
+    self, DraftModel, Eagle, Ensemble, KPolicy, Medusa, NGram, SpecStats, DEFAULT_MAX_DRAFT_K,
+    EAGLE_SIBLINGS, TREE_BRANCHES,
 };
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
@@ -390,10 +392,8 @@ impl Engine {
         let named = files.open_named()?;
         let ckpt = Checkpoint::from_named_safetensors(self.target.config.clone(), named.shards)?;
         let (config, prefix) = MedusaConfig::of_checkpoint(&ckpt, named.config_json.as_deref())?;
-        let choices: Vec<Vec<usize>> = speculative::medusa::default_choices()
-            .into_iter()
-            .filter(|p| p.len() <= config.heads)
-            .collect();
+        let choices: Vec<Vec<usize>> =
+            speculative::medusa::default_choices().into_iter().filter(|p| p.len() <= config.heads).collect();
         let top_k = speculative::medusa::ranks_needed(&choices);
         let opts = &self.load_options;
         let bytes = MedusaHeads::plan(&self.target, &ckpt, (config, &prefix), opts.precision, top_k)?;
@@ -429,13 +429,16 @@ impl Engine {
     ) -> Result<&EagleHead> {
         self.eagle = None;
         let named = files.open_named()?;
-        let json = named.config_json.ok_or_else(|| Error::io("config.json", "missing from the EAGLE head's files"))?;
+        let json = named
+            .config_json
+            .ok_or_else(|| Error::io("config.json", "missing from the EAGLE head's files"))?;
         let config = EagleHead::config_for(&self.target.config, &json)?;
         let ckpt = Checkpoint::from_named_safetensors(config, named.shards)?;
         let opts = &self.load_options;
         let top_k = EAGLE_SIBLINGS + 1;
         self.check_budget("the EAGLE head", EagleHead::plan(&self.target, &ckpt, opts.precision, top_k)?)?;
-        let head = EagleHead::load(&self.target, &ckpt, opts, top_k, &mut |p| progress(Role::Draft, p)).await?;
+        let head =
+            EagleHead::load(&self.target, &ckpt, opts, top_k, &mut |p| progress(Role::Draft, p)).await?;
         Ok(self.eagle.insert(Eagle::new(head, EAGLE_SIBLINGS)).head())
     }
 
@@ -622,13 +625,17 @@ impl Engine {
             (DraftKind::Medusa, _) => match self.medusa.as_mut() {
                 Some(m) => Some(m),
                 None => {
-                    return Err(Error::InvalidArgument("Medusa heads were asked for, but none are loaded".into()))
+                    return Err(Error::InvalidArgument(
+                        "Medusa heads were asked for, but none are loaded".into(),
+                    ))
                 }
             },
             (DraftKind::Eagle, _) => match self.eagle.as_mut() {
                 Some(e) => Some(e),
                 None => {
-                    return Err(Error::InvalidArgument("an EAGLE head was asked for, but none is loaded".into()))
+                    return Err(Error::InvalidArgument(
+                        "an EAGLE head was asked for, but none is loaded".into(),
+                    ))
                 }
             },
         };

@@ -94,7 +94,11 @@ fn generate_speculates_with_medusa_and_eagle_heads_from_their_folders() {
     // a heads file that does not exist is a clear error
     let out = wgspec(&[&args[..], &["--draft", "medusa:/no/such/heads"]].concat());
     assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/heads"), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("/no/such/heads"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 #[test]

@@ -607,7 +607,7 @@ fn hidden_rows_apply_the_output_norm_to_the_rows_they_are_given() {
         let sb = GpuBuffer::<f32>::from_slice(&gpu, "scaled", &scaled);
         let ib = GpuBuffer::<u32>::from_slice(&gpu, "rows", &rows);
         let ob = GpuBuffer::<f32>::zeros(&gpu, "out", rows.len() * dim);
-        run(&gpu, &step, &[gpu.hidden_rows(&step, &rb, &sb, &ib, &ob, dim, 1e-5)], rows.len(), 0);
+        run(&gpu, &step, &[gpu.hidden_rows(&step, (&rb, &sb), &ib, &ob, dim, 1e-5)], rows.len(), 0);
         let got = read_f32(&gpu, &ob.raw, rows.len() * dim);
         for (i, &r) in rows.iter().enumerate() {
             let r = r as usize;
@@ -630,8 +630,9 @@ fn concat_puts_two_inputs_side_by_side() {
         let ob = GpuBuffer::<f32>::from_slice(&gpu, "out", &vec![7.0; (n + 1) * (a + b)]);
         run(&gpu, &step, &[gpu.concat(&step, (&lb, a), (&rb, b), &ob)], n, 0);
         let got = read_f32(&gpu, &ob.raw, (n + 1) * (a + b));
-        let mut want: Vec<f32> =
-            (0..n).flat_map(|r| left[r * a..(r + 1) * a].iter().chain(&right[r * b..(r + 1) * b]).copied()).collect();
+        let mut want: Vec<f32> = (0..n)
+            .flat_map(|r| left[r * a..(r + 1) * a].iter().chain(&right[r * b..(r + 1) * b]).copied())
+            .collect();
         want.extend(vec![7.0; a + b]); // rows past n untouched
         assert_eq!(got, want, "concat n={n} {a}+{b}");
     }
@@ -660,7 +661,11 @@ fn matmul_with_silu_epilogue_adds_a_residual_block() {
                 let v = lin[i] as f64;
                 let want = x[i] as f64 + v / (1.0 + (-v).exp());
                 let tol = bound[i] as f64 * 1.1 + 1e-5 * want.abs() + 1e-6;
-                assert!((got[i] as f64 - want).abs() <= tol, "silu block {dtype} n={n} [{i}]: {} vs {want}", got[i]);
+                assert!(
+                    (got[i] as f64 - want).abs() <= tol,
+                    "silu block {dtype} n={n} [{i}]: {} vs {want}",
+                    got[i]
+                );
             }
         }
     }

@@ -916,7 +916,8 @@ fn sampling_distribution_selects_what_a_full_sort_does() {
 
 /// Medusa heads from the bytes of their file and config (see `tiny::medusa_heads`) for `target`.
 fn load_heads(target: &Model, file: Vec<u8>, config: &[u8], top_k: usize) -> MedusaHeads {
-    let ckpt = Checkpoint::from_named_safetensors(target.config.clone(), vec![Box::new(file)]).expect("heads");
+    let ckpt =
+        Checkpoint::from_named_safetensors(target.config.clone(), vec![Box::new(file)]).expect("heads");
     let (c, prefix) = MedusaConfig::of_checkpoint(&ckpt, Some(config)).expect("medusa config");
     let opts = LoadOptions::default();
     pollster::block_on(MedusaHeads::load(target, &ckpt, (c, &prefix), &opts, top_k, &mut |_| {}))
@@ -927,7 +928,9 @@ fn load_heads(target: &Model, file: Vec<u8>, config: &[u8], top_k: usize) -> Med
 fn medusa_heads_rank_what_the_reference_heads_rank() {
     // The heads read the right row of the target's pass (its final hidden state after the output
     // norm), run their residual blocks and projections, and rank ids as a CPU reference does.
-    for (spec, dtype, heads, layers) in [(TinySpec::llama(), DType::F16, 3, 1), (TinySpec::qwen2(), DType::F32, 2, 2)] {
+    for (spec, dtype, heads, layers) in
+        [(TinySpec::llama(), DType::F16, 3, 1), (TinySpec::qwen2(), DType::F32, 2, 2)]
+    {
         let mut r = rng(340 + spec.qwen2 as u64);
         let tiny = TinyModel::random(spec, &mut r);
         let ckpt = ckpt_of(&tiny, &mut r);
@@ -957,7 +960,12 @@ fn medusa_heads_rank_what_the_reference_heads_rank() {
                         x[i] = (x[i] as f64 + v / (1.0 + (-v).exp())) as f32;
                     }
                 }
-                let logits = reference::matvec(&get(format!("{h}.{layers}.weight"), vec![spec.vocab, spec.dim]), &x, spec.vocab, spec.dim);
+                let logits = reference::matvec(
+                    &get(format!("{h}.{layers}.weight"), vec![spec.vocab, spec.dim]),
+                    &x,
+                    spec.vocab,
+                    spec.dim,
+                );
                 let mut sorted = logits.clone();
                 sorted.sort_by(|a, b| b.total_cmp(a));
                 for (rank, &id) in ids.iter().enumerate() {
@@ -983,7 +991,10 @@ impl Draft for Recording<'_> {
     fn name(&self) -> &str {
         "recording"
     }
-    fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> speculative::draft::LocalFuture<'a, wgspec::Result<usize>> {
+    fn prefill<'a>(
+        &'a mut self,
+        prompt: &'a [u32],
+    ) -> speculative::draft::LocalFuture<'a, wgspec::Result<usize>> {
         self.draft.prefill(prompt)
     }
     fn target_pass<'a>(
@@ -1014,9 +1025,15 @@ impl Draft for Recording<'_> {
 /// Greedy speculation with `drafts` (name, draft, whether it guesses the last token: heads that
 /// copy the target's output or feature) equals plain greedy decoding on several prompts and Ks;
 /// the guessing drafts' first guesses show they read the right row, and their trees are accepted.
-fn heads_speculate_exactly(what: &str, target: &mut Model, drafts: &mut [(&str, &mut dyn Draft, bool)], r: &mut SmallRng) {
+fn heads_speculate_exactly(
+    what: &str,
+    target: &mut Model,
+    drafts: &mut [(&str, &mut dyn Draft, bool)],
+    r: &mut SmallRng,
+) {
     let v = target.config.vocab_size as u32;
-    let prompts: Vec<Vec<u32>> = vec![vec![7], vec![3, 3, 3, 3, 3, 3], (0..40).map(|_| r.gen_range(0..v)).collect()];
+    let prompts: Vec<Vec<u32>> =
+        vec![vec![7], vec![3, 3, 3, 3, 3, 3], (0..40).map(|_| r.gen_range(0..v)).collect()];
     let (mut trees, mut accepted) = (0, 0);
     for prompt in &prompts {
         let want = plain(target, prompt, &greedy_opts(24));
@@ -1031,7 +1048,8 @@ fn heads_speculate_exactly(what: &str, target: &mut Model, drafts: &mut [(&str, 
                 assert_eq!(got.from_draft.iter().filter(|&&d| d).count(), s.accepted, "{what}");
                 // the last cycle that drafted, as a tree with its accepted path
                 let t = s.last_cycle.as_ref().expect("a cycle drafted");
-                let path_ok = t.accepted.first() == Some(&0) && t.accepted.windows(2).all(|w| t.parents[w[1]] == w[0]);
+                let path_ok =
+                    t.accepted.first() == Some(&0) && t.accepted.windows(2).all(|w| t.parents[w[1]] == w[0]);
                 assert!(t.tokens.len() >= 2 && t.parents.len() == t.tokens.len() && path_ok, "{what}: {t:?}");
                 if *guesses_last {
                     // the heads read the row that produced the last token: its own argmax
@@ -1059,12 +1077,14 @@ fn medusa_speculation_equals_greedy_output() {
         let mut target = load(&ckpt_of(&tiny, &mut r), 64);
         let choices = speculative::medusa::default_choices();
         let (file, config) = common::tiny::medusa_heads(&tiny, 3, 1, DType::F16, false, &mut r);
-        let mut random = Medusa::new(load_heads(&target, file, &config, 10), choices.clone()).expect("medusa");
+        let mut random =
+            Medusa::new(load_heads(&target, file, &config, 10), choices.clone()).expect("medusa");
         // heads that rank what the target's output ranks at the row they read: head 0's first
         // guess is then the context's last token itself (which the target produced from that row)
         let (file, config) = common::tiny::medusa_heads(&tiny, 4, 1, DType::F32, true, &mut r);
         let mut echo = Medusa::new(load_heads(&target, file, &config, 10), choices).expect("medusa");
-        let mut drafts: [(&str, &mut dyn Draft, bool); 2] = [("random", &mut random, false), ("echo", &mut echo, true)];
+        let mut drafts: [(&str, &mut dyn Draft, bool); 2] =
+            [("random", &mut random, false), ("echo", &mut echo, true)];
         heads_speculate_exactly(&format!("qwen2={} medusa", spec.qwen2), &mut target, &mut drafts, &mut r);
     }
 }
@@ -1077,8 +1097,10 @@ fn medusa_heads_and_paths_are_checked() {
     let target = load(&ckpt_of(&tiny, &mut r), 64);
     let (file, config) = common::tiny::medusa_heads(&tiny, 2, 1, DType::F32, false, &mut r);
     // a config that disagrees with the weights, a projection of another vocabulary
-    let ckpt = Checkpoint::from_named_safetensors(target.config.clone(), vec![Box::new(file.clone())]).expect("heads");
-    let err = MedusaConfig::of_checkpoint(&ckpt, Some(br#"{"medusa_num_heads": 5}"#)).expect_err("5 heads declared");
+    let ckpt = Checkpoint::from_named_safetensors(target.config.clone(), vec![Box::new(file.clone())])
+        .expect("heads");
+    let err = MedusaConfig::of_checkpoint(&ckpt, Some(br#"{"medusa_num_heads": 5}"#))
+        .expect_err("5 heads declared");
     assert!(err.to_string().contains("medusa_num_heads = 5"), "{err}");
     let mut other = target.config.clone();
     other.vocab_size += 1;
@@ -1106,8 +1128,9 @@ fn medusa_heads_and_paths_are_checked() {
 fn load_eagle(target: &Model, file: Vec<u8>, config: &[u8], top_k: usize) -> (EagleHead, Checkpoint) {
     let cfg = EagleHead::config_for(&target.config, config).expect("head config");
     let ckpt = Checkpoint::from_named_safetensors(cfg.clone(), vec![Box::new(file.clone())]).expect("head");
-    let head = pollster::block_on(EagleHead::load(target, &ckpt, &LoadOptions::default(), top_k, &mut |_| {}))
-        .expect("load head");
+    let head =
+        pollster::block_on(EagleHead::load(target, &ckpt, &LoadOptions::default(), top_k, &mut |_| {}))
+            .expect("load head");
     (head, Checkpoint::from_named_safetensors(cfg, vec![Box::new(file)]).expect("head"))
 }
 
@@ -1122,13 +1145,18 @@ fn check_ranks(what: &str, ids: &[u32], logits: &[f32]) {
     sorted.sort_by(|a, b| b.total_cmp(a));
     for (rank, &id) in ids.iter().enumerate() {
         let (got, want) = (logits[id as usize], sorted[rank]);
-        assert!((got - want).abs() <= 1e-4 * (1.0 + want.abs()), "{what} rank {rank}: id {id} has {got}, not {want}");
+        assert!(
+            (got - want).abs() <= 1e-4 * (1.0 + want.abs()),
+            "{what} rank {rank}: id {id} has {got}, not {want}"
+        );
     }
 }
 
 #[test]
 fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
-    for (spec, dtype, input_norm) in [(TinySpec::llama(), DType::F16, false), (TinySpec::qwen2(), DType::BF16, true)] {
+    for (spec, dtype, input_norm) in
+        [(TinySpec::llama(), DType::F16, false), (TinySpec::qwen2(), DType::BF16, true)]
+    {
         let mut r = rng(370 + spec.qwen2 as u64);
         let tiny = TinyModel::random(spec, &mut r);
         let ckpt = ckpt_of(&tiny, &mut r);
@@ -1156,12 +1184,20 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
             assert_eq!(passes, 1);
             let n = rows.len();
             let feat = pollster::block_on(eagle.head().features(n)).expect("features");
-            let top = pollster::block_on(eagle.head().top_ids(n)).expect("top");
             for (i, &row) in rows.iter().enumerate() {
                 let got = &feat[i * spec.dim..(i + 1) * spec.dim];
-                common::assert_close(&format!("{what}: f^ of position {row}"), got, &want_feat[row], 1e-4, 1e-3);
-                check_ranks(&format!("{what}: position {row}"), &top[i], &want_logits[row]);
+                common::assert_close(
+                    &format!("{what}: f^ of position {row}"),
+                    got,
+                    &want_feat[row],
+                    1e-4,
+                    1e-3,
+                );
             }
+            // the last row alone is projected and ranked: drafting continues from it
+            let top = pollster::block_on(eagle.head().top_ids()).expect("top");
+            let last = rows[n - 1];
+            check_ranks(&format!("{what}: position {last}"), &top, &want_logits[last]);
         }
         // a proposal of depth 4: the last row's most likely id, then 3 draft steps, each fed its
         // feature and its most likely id
@@ -1181,14 +1217,32 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
         assert!(p.tokens.is_empty(), "no features, no proposal");
         // siblings: a tree of the chain and each depth's next most likely ids
-        let mut eagle = Eagle::new(load_eagle(&target, common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r).0, &config, 4).0, 2);
+        let mut eagle = Eagle::new(
+            load_eagle(
+                &target,
+                common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r).0,
+                &config,
+                4,
+            )
+            .0,
+            2,
+        );
         pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
         let budget = DraftBudget { depth: 3, nodes: 9 };
         let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
         let tree = p.tree.expect("a tree");
         assert_eq!((tree.len(), tree.max_depth()), (10, 3), "3 chain nodes, 2 siblings at each depth");
         // a pass the head cannot follow (a gap: positions 0..3 never ran) leaves it without proposals
-        let mut eagle = Eagle::new(load_eagle(&target, common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r).0, &config, 4).0, 2);
+        let mut eagle = Eagle::new(
+            load_eagle(
+                &target,
+                common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r).0,
+                &config,
+                4,
+            )
+            .0,
+            2,
+        );
         let passes = pollster::block_on(eagle.target_pass(&prompt, 3, &[0])).expect("gap");
         assert_eq!(passes, 0);
         let p = pollster::block_on(eagle.propose(&prompt[..5], budget, &params, &mut g)).expect("propose");
@@ -1207,7 +1261,8 @@ fn eagle_speculation_equals_greedy_output() {
         // a head that predicts the feature it is given: its first guess is the last token
         let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, true, &mut r);
         let mut echo = Eagle::new(load_eagle(&target, file, &config, 4).0, 3);
-        let mut drafts: [(&str, &mut dyn Draft, bool); 2] = [("random", &mut random, false), ("echo", &mut echo, true)];
+        let mut drafts: [(&str, &mut dyn Draft, bool); 2] =
+            [("random", &mut random, false), ("echo", &mut echo, true)];
         heads_speculate_exactly(&format!("qwen2={} eagle", spec.qwen2), &mut target, &mut drafts, &mut r);
     }
 }

@@ -392,7 +392,8 @@ impl Gpu {
         let k = k.clamp(1, MAX_TOP_K);
         let p = TopKParams { vocab: vocab as u32, k: k as u32, _pad: [0; 2] };
         let params = self.uniform("top-k params", bytemuck::bytes_of(&p));
-        let cost = Cost { row_bytes: 4 * (k * vocab) as u64, row_flops: (k * vocab) as u64, ..Cost::default() };
+        let cost =
+            Cost { row_bytes: 4 * (k * vocab) as u64, row_flops: (k * vocab) as u64, ..Cost::default() };
         self.op(Kernel::TopK, step, &params, &[&logits.raw, &out.raw], Grid::Rows).with_cost(cost)
     }
 
@@ -403,8 +404,7 @@ impl Gpu {
     pub fn hidden_rows(
         &self,
         step: &wgpu::Buffer,
-        raw: &GpuBuffer<f32>,
-        scaled: &GpuBuffer<f32>,
+        (raw, scaled): (&GpuBuffer<f32>, &GpuBuffer<f32>),
         rows: &GpuBuffer<u32>,
         out: &GpuBuffer<f32>,
         dim: usize,

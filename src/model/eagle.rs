@@ -15,10 +15,11 @@
 //!   logits = the target's output projection of f^ (no norm): t^_{p+2}
 //! ```
 //!
-//! The head keeps its own KV cache over the positions it has run. A pass of n rows runs in one
-//! submission: the features gathered from the target's pass ([`Gpu::hidden_rows`]) or copied from
-//! the head's own previous output, the embedding, the concatenation, fc, the layer, the
-//! projection and a top-k of every row (the ids a draft tree is built from).
+//! The head keeps its own KV cache over the positions it has run. A pass of n rows: the features
+//! gathered from the target's pass ([`Gpu::hidden_rows`]) or copied from the head's own previous
+//! output, the embedding, the concatenation, fc and the layer over every row; then the
+//! projection (a `[vocab, dim]` matmul, most of a pass's bytes) and a top-k of the LAST row only,
+//! the one drafting continues from.
 
 use std::sync::Arc;
 
@@ -73,25 +74,27 @@ impl EagleTensors {
 /// Buffers of the head, each allocated once for [`MAX_BATCH`] rows.
 #[allow(dead_code)] // kept alive for the bind groups that reference them
 struct HeadState {
-    step: wgpu::Buffer,        // uniform Step of the head's passes
-    step_table: wgpu::Buffer,  // [MAX_BATCH, 4] u32: (1, position, 0, 0) of each draft step
-    drafts: GpuBuffer<u32>,    // [MAX_BATCH, top_k] the top ids of each draft step
-    rows: GpuBuffer<u32>,      // [MAX_BATCH] the target's rows a pass gathers
-    tokens: GpuBuffer<u32>,    // [MAX_BATCH] t_{p+1} of each row
-    feat: GpuBuffer<f32>,      // [MAX_BATCH, dim] f_p of each row
-    embd: GpuBuffer<f32>,      // [MAX_BATCH, dim] the tokens' embeddings
-    cat: GpuBuffer<f32>,       // [MAX_BATCH, 2 dim] [embd | feat]
-    x: GpuBuffer<f32>,         // [MAX_BATCH, dim] residual stream: f^ at the end of a pass
-    xb: GpuBuffer<f32>,        // [MAX_BATCH, dim]
-    q: GpuBuffer<f32>,         // [MAX_BATCH, q_dim]
-    att: GpuBuffer<f32>,       // [MAX_BATCH, q_dim]
-    scores: GpuBuffer<f32>,    // [MAX_BATCH, n_heads, context]
-    hb: GpuBuffer<f32>,        // [MAX_BATCH, ffn_dim]
-    logits: GpuBuffer<f32>,    // [MAX_BATCH, vocab]
-    top: GpuBuffer<u32>,       // [MAX_BATCH, top_k] each row's most likely ids
-    kv: GpuBuffer<f32>,        // [context, 2 kv_dim]
-    cos_sin: GpuBuffer<f32>,   // [context, rope_dim / 2, 2]
-    fc: Matrix,                // [dim, 2 dim]
+    step: wgpu::Buffer,              // uniform Step of the head's passes
+    step_table: wgpu::Buffer,        // [MAX_BATCH, 4] u32: (1, position, 0, 0) of each draft step
+    one: wgpu::Buffer,               // uniform Step of one row: the last row's projection
+    drafts: GpuBuffer<u32>,          // [MAX_BATCH, top_k] the top ids of each draft step
+    rows: GpuBuffer<u32>,            // [MAX_BATCH] the target's rows a pass gathers
+    tokens: GpuBuffer<u32>,          // [MAX_BATCH] t_{p+1} of each row
+    feat: GpuBuffer<f32>,            // [MAX_BATCH, dim] f_p of each row
+    embd: GpuBuffer<f32>,            // [MAX_BATCH, dim] the tokens' embeddings
+    cat: GpuBuffer<f32>,             // [MAX_BATCH, 2 dim] [embd | feat]
+    x: GpuBuffer<f32>,               // [MAX_BATCH, dim] residual stream: f^ at the end of a pass
+    xb: GpuBuffer<f32>,              // [MAX_BATCH, dim]
+    q: GpuBuffer<f32>,               // [MAX_BATCH, q_dim]
+    att: GpuBuffer<f32>,             // [MAX_BATCH, q_dim]
+    scores: GpuBuffer<f32>,          // [MAX_BATCH, n_heads, context]
+    hb: GpuBuffer<f32>,              // [MAX_BATCH, ffn_dim]
+    logits: GpuBuffer<f32>,          // [vocab] the last row's
+    last: GpuBuffer<f32>,            // [dim] the last row's f^ (where drafting continues)
+    top: GpuBuffer<u32>,             // [top_k] the last row's most likely ids
+    kv: GpuBuffer<f32>,              // [context, 2 kv_dim]
+    cos_sin: GpuBuffer<f32>,         // [context, rope_dim / 2, 2]
+    fc: Matrix,                      // [dim, 2 dim]
     fc_bias: Option<GpuBuffer<f32>>, // [dim]
     layer: Layer,
 }
@@ -104,8 +107,10 @@ pub struct EagleHead {
     state: HeadState,
     /// Gathers the target's hidden states of `rows` into `feat`.
     gather: Op,
-    /// A pass: embedding, concatenation, fc, the layer, the projection, top-k.
+    /// A pass over its rows: embedding, concatenation, fc, the layer.
     pass: Vec<Op>,
+    /// The last row's projection and top-k (one row, from `last`).
+    project: Vec<Op>,
     top_k: usize,
     context: usize,
     /// Positions in the head's KV cache.
@@ -135,7 +140,8 @@ impl EagleHead {
         let t = EagleTensors::new(c);
         let mut bytes = 0;
         let l = &t.layer;
-        let specs = [&t.fc, &t.fc_bias, &l.attn_norm, &l.q, &l.k, &l.v, &l.wo, &l.ffn_norm, &l.gate, &l.up, &l.down];
+        let specs =
+            [&t.fc, &t.fc_bias, &l.attn_norm, &l.q, &l.k, &l.v, &l.wo, &l.ffn_norm, &l.gate, &l.up, &l.down];
         for spec in specs.into_iter().chain(l.qkv_bias.iter().flatten()).filter(|s| ckpt.has(&s.name)) {
             let n = spec.shape.iter().product::<usize>() as u64;
             let kept = precision == Precision::Auto && spec.shape.len() > 1;
@@ -143,8 +149,12 @@ impl EagleHead {
             bytes += if kept { stored } else { 4 * n };
         }
         let (ctx, batch) = (target.context() as u64, MAX_BATCH as u64);
-        let widths = (6 * c.dim + 2 * c.q_dim() + c.ffn_dim + c.vocab_size + top_k + 2) as u64;
-        Ok(bytes + 4 * batch * (widths + c.n_heads as u64 * ctx) + 4 * ctx * (2 * c.kv_dim() + c.rope_dim) as u64)
+        // per row: rows, tokens, feat, embd, cat (2), x, xb, q, att, hb, drafts; then one row's
+        // last, logits and top
+        let widths = (6 * c.dim + 2 * c.q_dim() + c.ffn_dim + top_k + 2) as u64;
+        let one_row = (c.dim + c.vocab_size + top_k) as u64;
+        let cache = ctx * (2 * c.kv_dim() + c.rope_dim) as u64;
+        Ok(bytes + 4 * (batch * (widths + c.n_heads as u64 * ctx) + one_row + cache))
     }
 
     /// Uploads the head of `ckpt` (a [`Checkpoint::from_named_safetensors`] of its file with the
@@ -160,7 +170,9 @@ impl EagleHead {
     ) -> Result<EagleHead> {
         let c = ckpt.config.clone();
         if top_k == 0 || top_k > MAX_TOP_K {
-            return Err(Error::InvalidArgument(format!("an EAGLE head ranks 1..={MAX_TOP_K} ids, not {top_k}")));
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE head ranks 1..={MAX_TOP_K} ids, not {top_k}"
+            )));
         }
         if c.n_layers != 1 {
             return Err(Error::InvalidArgument(format!(
@@ -187,6 +199,11 @@ impl EagleHead {
         let rope = super::transformer::rope_table(&c, context);
         let state = HeadState {
             step: g.step_buffer(),
+            one: {
+                let one = g.step_buffer();
+                g.write_step(&one, 1, 0);
+                one
+            },
             step_table: g.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("eagle step table"),
                 size: (MAX_BATCH * 16) as u64,
@@ -205,8 +222,9 @@ impl EagleHead {
             att: f32s("eagle att", MAX_BATCH * c.q_dim()),
             scores: f32s("eagle scores", MAX_BATCH * c.n_heads * context),
             hb: f32s("eagle hb", MAX_BATCH * c.ffn_dim),
-            logits: f32s("eagle logits", MAX_BATCH * c.vocab_size),
-            top: GpuBuffer::<u32>::zeros(g, "eagle top", MAX_BATCH * top_k),
+            logits: f32s("eagle logits", c.vocab_size),
+            last: f32s("eagle last", c.dim),
+            top: GpuBuffer::<u32>::zeros(g, "eagle top", top_k),
             kv: f32s("eagle kv", context * 2 * c.kv_dim()),
             cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", &rope),
             fc,
@@ -217,7 +235,7 @@ impl EagleHead {
         let s = &state;
         let st = &s.step;
         let (raw, scaled) = target.hidden_buffers();
-        let gather = g.hidden_rows(st, raw, scaled, &s.rows, &s.feat, c.dim, target.config.rms_eps);
+        let gather = g.hidden_rows(st, (raw, scaled), &s.rows, &s.feat, c.dim, target.config.rms_eps);
         // e = the target's embedding of the tokens; cat = [e | f]                   [n, 2 dim]
         let mut pass = target.embed_ops(st, &s.tokens, &s.embd);
         pass.push(g.concat(st, (&s.embd, c.dim), (&s.feat, c.dim), &s.cat));
@@ -238,18 +256,34 @@ impl EagleHead {
             context,
         };
         pass.extend(record_block(g, &c, &s.layer, &s.kv, &io, None));
-        // logits = f^ . the target's output^T (no norm); their top-k ids            [n, vocab]
+        // (the last row's f^ copied to `last`) logits = last . the target's output^T (no norm);
+        // their top-k ids                                                            [1, vocab]
         let out = MatmulOut { ldy: c.vocab_size as u32, ..Default::default() };
-        pass.extend(target.output_ops(st, &s.x, &s.logits, out));
-        pass.push(g.top_k(st, &s.logits, &s.top, c.vocab_size, top_k));
+        let mut project = target.output_ops(&s.one, &s.last, &s.logits, out);
+        project.push(g.top_k(&s.one, &s.logits, &s.top, c.vocab_size, top_k));
         let gpu_bytes = s.fc.gpu_bytes()
             + s.fc_bias.as_ref().map_or(0, |b| b.raw.size())
-            + [&s.layer.qkv, &s.layer.wo, &s.layer.gate_up, &s.layer.down].iter().map(|m| m.gpu_bytes()).sum::<u64>()
+            + [&s.layer.qkv, &s.layer.wo, &s.layer.gate_up, &s.layer.down]
+                .iter()
+                .map(|m| m.gpu_bytes())
+                .sum::<u64>()
             + s.layer.attn_norm.as_ref().map_or(0, |b| b.raw.size())
             + s.layer.ffn_norm.raw.size()
             + s.layer.qkv_bias.as_ref().map_or(0, |b| b.raw.size());
         let memory_bytes = EagleHead::plan(target, ckpt, precision, top_k)?;
-        Ok(EagleHead { config: c, gpu, state, gather, pass, top_k, context, len: 0, gpu_bytes, memory_bytes })
+        Ok(EagleHead {
+            config: c,
+            gpu,
+            state,
+            gather,
+            pass,
+            project,
+            top_k,
+            context,
+            len: 0,
+            gpu_bytes,
+            memory_bytes,
+        })
     }
 
     /// Ids ranked per row.
@@ -291,10 +325,11 @@ impl EagleHead {
     /// `start_pos..`, each row's next token in `next`): the target's features of those rows, each
     /// with its next token, through the head. Rows and tokens are written by the host, so this
     /// must be the first head pass of a submission. Submitted without a read-back; the last row's
-    /// output (the feature f^ and the top ids) is where drafting continues ([`EagleHead::record_step`]).
+    /// output (the feature f^ and the top ids) is where drafting continues ([`EagleHead::draft`]).
     pub fn run_target_rows(&mut self, rows: &[usize], next: &[u32], start_pos: usize) -> Result<()> {
         let n = rows.len();
-        if n == 0 || n > MAX_BATCH || next.len() != n || start_pos > self.len || start_pos + n > self.context {
+        if n == 0 || n > MAX_BATCH || next.len() != n || start_pos > self.len || start_pos + n > self.context
+        {
             return Err(Error::InvalidArgument(format!(
                 "an EAGLE pass of {n} rows ({} tokens) at {start_pos} of a cache of {} positions",
                 next.len(),
@@ -311,20 +346,30 @@ impl EagleHead {
         g.write_step(&self.state.step, n, start_pos);
         let mut enc = g.encoder();
         g.encode(&mut enc, std::slice::from_ref(&self.gather), n as u32);
-        g.encode(&mut enc, &self.pass, n as u32);
+        self.encode_pass(&mut enc, n);
         g.submit(enc);
         self.len = start_pos + n;
         Ok(())
     }
 
-    /// The ids ranked at row `last` of the latest pass, then `steps` draft steps, each a one-row
-    /// pass at the next position whose input is the previous pass's last feature f^ and most
-    /// likely id: `[1 + steps][top_k]` ids. One submission (each step's position copied into the
-    /// step uniform by the GPU, from a table written before), one read-back.
-    pub async fn draft(&mut self, last: usize, steps: usize) -> Result<Vec<Vec<u32>>> {
-        if last >= MAX_BATCH || steps >= MAX_BATCH || self.len + steps > self.context {
+    /// A pass of `n` rows (its step uniform set), then the last row's f^ copied to `last` and
+    /// projected.
+    fn encode_pass(&self, enc: &mut wgpu::CommandEncoder, n: usize) {
+        let (g, s) = (&*self.gpu, &self.state);
+        let row = 4 * self.config.dim as u64;
+        g.encode(enc, &self.pass, n as u32);
+        enc.copy_buffer_to_buffer(&s.x.raw, (n as u64 - 1) * row, &s.last.raw, 0, row);
+        g.encode(enc, &self.project, 1);
+    }
+
+    /// The ids ranked at the last row of the latest pass, then `steps` draft steps, each a
+    /// one-row pass at the next position whose input is the previous pass's last feature f^ and
+    /// most likely id: `[1 + steps][top_k]` ids. One submission (each step's position copied into
+    /// the step uniform by the GPU, from a table written before), one read-back.
+    pub async fn draft(&mut self, steps: usize) -> Result<Vec<Vec<u32>>> {
+        if steps >= MAX_BATCH || self.len + steps > self.context {
             return Err(Error::InvalidArgument(format!(
-                "{steps} EAGLE draft steps after row {last} at {} of {} positions",
+                "{steps} EAGLE draft steps at {} of {} positions",
                 self.len, self.context
             )));
         }
@@ -336,16 +381,14 @@ impl EagleHead {
             g.queue.write_buffer(&s.step_table, 0, bytemuck::cast_slice(&table));
         }
         let mut enc = g.encoder();
-        enc.copy_buffer_to_buffer(&s.top.raw, last as u64 * k * word, &s.drafts.raw, 0, k * word);
-        let mut prev = last as u64;
+        enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, 0, k * word);
         for i in 0..steps as u64 {
             // the input: the previous pass's last feature and most likely id
-            enc.copy_buffer_to_buffer(&s.x.raw, prev * dim * word, &s.feat.raw, 0, dim * word);
-            enc.copy_buffer_to_buffer(&s.top.raw, prev * k * word, &s.tokens.raw, 0, word);
+            enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.feat.raw, 0, dim * word);
+            enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.tokens.raw, 0, word);
             enc.copy_buffer_to_buffer(&s.step_table, i * 16, &s.step, 0, 16);
-            g.encode(&mut enc, &self.pass, 1);
+            self.encode_pass(&mut enc, 1);
             enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, (1 + i) * k * word, k * word);
-            prev = 0;
         }
         self.len += steps;
         let bytes = (1 + steps as u64) * k * word;
@@ -362,11 +405,10 @@ impl EagleHead {
         Ok(bytemuck::pod_collect_to_vec(&raw))
     }
 
-    /// The top ids of the latest pass's first `n` rows, `[n][top_k]`.
-    pub async fn top_ids(&self, n: usize) -> Result<Vec<Vec<u32>>> {
-        let bytes = (n.min(MAX_BATCH) * self.top_k * 4) as u64;
+    /// The top ids of the latest pass's last row, `[top_k]`.
+    pub async fn top_ids(&self) -> Result<Vec<u32>> {
+        let bytes = (self.top_k * 4) as u64;
         let raw = self.gpu.submit_and_read(self.gpu.encoder(), &self.state.top.raw, 0, bytes).await?;
-        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
-        Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())
+        Ok(bytemuck::pod_collect_to_vec(&raw))
     }
 }

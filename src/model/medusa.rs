@@ -80,9 +80,9 @@ impl MedusaConfig {
             .to_string();
         let (mut heads, mut layers) = (0usize, 0usize);
         for name in &names {
-            let rest = name
-                .strip_prefix(prefix.as_str())
-                .ok_or_else(|| bad(format!("tensor {name:?} does not start with {prefix:?} as the others do")))?;
+            let rest = name.strip_prefix(prefix.as_str()).ok_or_else(|| {
+                bad(format!("tensor {name:?} does not start with {prefix:?} as the others do"))
+            })?;
             let mut parts = rest.split('.');
             let index = |p: Option<&str>| p.and_then(|s| s.parse::<usize>().ok());
             let (Some(h), Some(l)) = (index(parts.next()), index(parts.next())) else {
@@ -135,10 +135,10 @@ pub struct MedusaHeads {
     gpu: Arc<Gpu>,
     /// Kept alive for the bind groups that reference them.
     _heads: Vec<Head>,
-    _step: wgpu::Buffer,    // uniform Step: one row
-    row: GpuBuffer<u32>,    // [1] the target's row the heads read
+    _step: wgpu::Buffer,     // uniform Step: one row
+    row: GpuBuffer<u32>,     // [1] the target's row the heads read
     _hidden: GpuBuffer<f32>, // [dim] the target's final hidden state at that row
-    top: GpuBuffer<u32>,    // [heads, k] every head's top ids
+    top: GpuBuffer<u32>,     // [heads, k] every head's top ids
     top_k: usize,
     program: Vec<Action>,
     gpu_bytes: u64,
@@ -184,7 +184,9 @@ impl MedusaHeads {
         let c: &Config = &target.config;
         let (dim, vocab) = (c.dim, c.vocab_size);
         if top_k == 0 || top_k > MAX_TOP_K {
-            return Err(Error::InvalidArgument(format!("Medusa heads rank 1..={MAX_TOP_K} ids, not {top_k}")));
+            return Err(Error::InvalidArgument(format!(
+                "Medusa heads rank 1..={MAX_TOP_K} ids, not {top_k}"
+            )));
         }
         let gpu = target.gpu().clone();
         let g = &*gpu;
@@ -202,7 +204,7 @@ impl MedusaHeads {
         let hidden = GpuBuffer::<f32>::zeros(g, "medusa hidden", dim);
         let top = GpuBuffer::<u32>::zeros(g, "medusa top", config.heads * top_k);
         let (raw, scaled) = target.hidden_buffers();
-        let gather = g.hidden_rows(&step, raw, scaled, &row, &hidden, dim, c.rms_eps);
+        let gather = g.hidden_rows(&step, (raw, scaled), &row, &hidden, dim, c.rms_eps);
         let mut program = vec![Action::Ops(vec![gather])];
         let mut heads = Vec::with_capacity(config.heads);
         let mut gpu_bytes = 0;
@@ -233,7 +235,14 @@ impl MedusaHeads {
                 input = output;
             }
             // logits = W_out h_L, and their top_k ids into row h of `top`
-            let mut ops = out.matmul(g, &step, input, None, &logits, MatmulOut { ldy: vocab as u32, ..Default::default() });
+            let mut ops = out.matmul(
+                g,
+                &step,
+                input,
+                None,
+                &logits,
+                MatmulOut { ldy: vocab as u32, ..Default::default() },
+            );
             ops.push(g.top_k(&step, &logits, &head_top, vocab, top_k));
             program.push(Action::Ops(ops));
             program.push(Action::Copy {
@@ -242,8 +251,8 @@ impl MedusaHeads {
                 to_offset: (4 * h * top_k) as u64,
                 bytes: 4 * top_k as u64,
             });
-            gpu_bytes += out.gpu_bytes()
-                + blocks.iter().map(|(w, b)| w.gpu_bytes() + b.raw.size()).sum::<u64>();
+            gpu_bytes +=
+                out.gpu_bytes() + blocks.iter().map(|(w, b)| w.gpu_bytes() + b.raw.size()).sum::<u64>();
             heads.push(Head { blocks, out, state, logits, top: head_top });
         }
         g.take_error()?;

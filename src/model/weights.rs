@@ -322,7 +322,9 @@ impl Layer {
         let gpu = up.gpu;
         let attn_norm = match norm_optional && !up.ckpt.has(&l.attn_norm.name) {
             true => None,
-            false => Some(GpuBuffer::<f32>::from_slice(gpu, &l.attn_norm.name, &up.vector(&l.attn_norm).await?)),
+            false => {
+                Some(GpuBuffer::<f32>::from_slice(gpu, &l.attn_norm.name, &up.vector(&l.attn_norm).await?))
+            }
         };
         // q and k rows reordered so that RoPE's pairs are adjacent (the matmul rotates them)
         let q_rows = c.rope_layout.pair_rows(c.n_heads, c.head_dim, c.rope_dim);

@@ -21,9 +21,9 @@ pub struct Eagle {
     head: EagleHead,
     /// Target positions whose features the head has run (its cache holds them first).
     synced: usize,
-    /// The row of the head's last pass over target features where drafting starts (None once a
-    /// proposal has run past it, or when the head missed a pass).
-    last_row: Option<usize>,
+    /// Whether the head's last pass ran over target features (drafting continues from its last
+    /// row; false once a proposal has run past it, or when the head missed a pass).
+    ready: bool,
     /// Tokens beside the chain at each depth (the head's next most likely ones).
     siblings: usize,
 }
@@ -33,7 +33,7 @@ impl Eagle {
     /// likely tokens beside the chain.
     pub fn new(head: EagleHead, siblings: usize) -> Eagle {
         let siblings = siblings.min(head.top_k().saturating_sub(1));
-        Eagle { head, synced: 0, last_row: None, siblings }
+        Eagle { head, synced: 0, ready: false, siblings }
     }
 
     /// The head.
@@ -68,12 +68,12 @@ impl Draft for Eagle {
                     self.head.truncate(first);
                     self.head.run_target_rows(rows, next, first)?;
                     self.synced = first + n;
-                    self.last_row = Some(n - 1);
+                    self.ready = true;
                     Ok(1)
                 }
                 _ => {
                     // a pass the head cannot follow: it drafts nothing until the next generation
-                    self.last_row = None;
+                    self.ready = false;
                     Ok(0)
                 }
             }
@@ -89,7 +89,7 @@ impl Draft for Eagle {
     ) -> LocalFuture<'a, Result<Proposal>> {
         Box::pin(async move {
             let n_past = context.len().saturating_sub(1);
-            let (Some(last), Some(&root)) = (self.last_row.take(), context.last()) else {
+            let (true, Some(&root)) = (std::mem::take(&mut self.ready), context.last()) else {
                 return Ok(Proposal::default());
             };
             // depth d's token comes from the pass at position n_past + d - 1 (the first from the
@@ -99,12 +99,17 @@ impl Draft for Eagle {
             if self.synced != n_past || depth == 0 {
                 return Ok(Proposal::default());
             }
-            let ranked = self.head.draft(last, depth - 1).await?;
+            let ranked = self.head.draft(depth - 1).await?;
             let chain: Vec<u32> = ranked.iter().map(|ids| ids[0]).collect();
             let siblings: Vec<Vec<u32>> =
                 ranked.iter().map(|ids| ids[1..=self.siblings.min(ids.len() - 1)].to_vec()).collect();
             let tree = TokenTree::chain_with_siblings(root, &chain, &siblings, budget.nodes + 1);
-            Ok(Proposal { tokens: chain, steps: depth - 1, tree: Some(tree).filter(|t| !t.is_chain()), q: None })
+            Ok(Proposal {
+                tokens: chain,
+                steps: depth - 1,
+                tree: Some(tree).filter(|t| !t.is_chain()),
+                q: None,
+            })
         })
     }
 }

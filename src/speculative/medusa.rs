@@ -79,7 +79,10 @@ impl Medusa {
         let bad = |why: String| Err(Error::InvalidArgument(format!("Medusa tree paths: {why}")));
         for (i, path) in choices.iter().enumerate() {
             if path.is_empty() || path.len() > heads.config.heads {
-                return bad(format!("path {path:?} must hold 1..={} ranks (one per head)", heads.config.heads));
+                return bad(format!(
+                    "path {path:?} must hold 1..={} ranks (one per head)",
+                    heads.config.heads
+                ));
             }
             if let Some(&r) = path.iter().find(|&&r| r >= heads.top_k()) {
                 return bad(format!("path {path:?} asks for rank {r}; the heads rank {}", heads.top_k()));

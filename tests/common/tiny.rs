@@ -402,7 +402,8 @@ pub fn eagle_head(
         ("fc.bias".into(), DType::F32, vec![dim], f32_bytes(&random(dim, 0.2))),
     ];
     let norm = |name: &str, owned: &mut Vec<(String, DType, Vec<usize>, Vec<u8>)>, rng: &mut SmallRng| {
-        let v: Vec<f32> = (0..dim).map(|_| if copy_feature { 1.0 } else { 1.0 + rng.gen_range(-0.2..0.2) }).collect();
+        let v: Vec<f32> =
+            (0..dim).map(|_| if copy_feature { 1.0 } else { 1.0 + rng.gen_range(-0.2..0.2) }).collect();
         owned.push((format!("layers.0.{name}.weight"), DType::F32, vec![dim], f32_bytes(&v)));
     };
     if input_norm {

@@ -222,8 +222,11 @@ impl RefEagle {
         let (dim, qd, kvd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         let pos = self.len();
         let t = |name: &str| &self.w[name];
-        let cat: Vec<f32> =
-            self.embed[token as usize * dim..(token as usize + 1) * dim].iter().chain(feature).copied().collect();
+        let cat: Vec<f32> = self.embed[token as usize * dim..(token as usize + 1) * dim]
+            .iter()
+            .chain(feature)
+            .copied()
+            .collect();
         let mut x = matvec(t("fc.weight"), &cat, dim, 2 * dim);
         if let Some(b) = self.w.get("fc.bias") {
             x.iter_mut().zip(b).for_each(|(a, b)| *a += b);
@@ -245,8 +248,11 @@ impl RefEagle {
         let xn = rmsnorm(&x, t("layers.0.post_attention_layernorm.weight"), c.rms_eps);
         let g = matvec(t("layers.0.mlp.gate_proj.weight"), &xn, ffn, dim);
         let u = matvec(t("layers.0.mlp.up_proj.weight"), &xn, ffn, dim);
-        let h: Vec<f32> =
-            g.iter().zip(&u).map(|(g, u)| ((*g as f64 / (1.0 + (-*g as f64).exp())) * *u as f64) as f32).collect();
+        let h: Vec<f32> = g
+            .iter()
+            .zip(&u)
+            .map(|(g, u)| ((*g as f64 / (1.0 + (-*g as f64).exp())) * *u as f64) as f32)
+            .collect();
         let d = matvec(t("layers.0.mlp.down_proj.weight"), &h, dim, ffn);
         x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
         let logits = matvec(&self.output, &x, c.vocab_size, dim);

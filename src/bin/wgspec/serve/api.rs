@@ -207,7 +207,7 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Resp
         if request.draft == Some(heads) && model.default_draft != heads {
             return Err(ApiError::field(
                 "draft",
-                &format!("`draft` \"{name}\": this server runs no {name} heads (start it with --draft {name}:PATH)"),
+                format!("`draft` \"{name}\": this server runs no {name} heads (start it with --draft {name}:PATH)"),
             ));
         }
     }
