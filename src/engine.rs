@@ -308,6 +308,7 @@ impl Prompter {
 pub struct Parts {
     pub target: Model,
     pub tokenizer: Tokenizer,
+    pub chat_template: Option<ChatTemplate>,
     pub draft: Option<DraftModel>,
     pub medusa: Option<Medusa>,
     pub eagle: Option<Eagle>,
@@ -520,6 +521,7 @@ impl Engine {
     pub fn into_parts(self) -> Parts {
         Parts {
             target: self.target,
+            chat_template: self.prompter.chat_template,
             tokenizer: self.prompter.tokenizer,
             draft: self.draft.map(|d| d.0),
             medusa: self.medusa,

@@ -762,7 +762,7 @@ fn sampled_speculation_is_seeded_and_deterministic() {
 
 /// First- and second-token frequencies under speculative sampling on the GPU converge to the
 /// target's own distribution, for a good draft (the target perturbed), a bad one (an unrelated
-/// model) and n-gram lookup.
+/// model), n-gram lookup and trees (n-gram continuations, an EAGLE head's guesses).
 #[test]
 fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
     const V: usize = 12;
@@ -785,6 +785,9 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
         // "3" was followed by "7 3" and "5 3 7": a two-branch tree, the multi-candidate rule
         ("ngram tree", Box::new(NGram { max_n: 1, min_n: 1, branches: 3 })),
     ];
+    // an EAGLE head: its chain with the next 3 ids beside it (deterministic trees)
+    let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, false, &mut r);
+    drafts.push(("eagle tree", Box::new(Eagle::new(load_eagle(&target, file, &config, 4).0, 3))));
     let prompt = [3u32, 5, 3, 7, 3];
     for params in [
         SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
@@ -804,7 +807,7 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
         eprintln!("{params:?}: first-token distribution {p1:.3?}, second {p2:.3?}");
         assert!(p1.iter().filter(|&&p| p > 0.03).count() >= 3, "a flat enough target distribution");
         for (name, draft) in drafts.iter_mut() {
-            if *name == "ngram tree" && params.top_p < 1.0 {
+            if name.ends_with("tree") && params.top_p < 1.0 {
                 continue; // (lean: the tree rule once; it does not depend on top-p)
             }
             let mut trees = 0;
@@ -815,7 +818,7 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
                     // (the tree draft: 3 tokens, so that the first cycle may draft K = 2, a
                     // two-branch tree; the other drafts need not run the third)
                     let opts = GenerateOptions {
-                        max_tokens: if *name == "ngram tree" { 3 } else { 2 },
+                        max_tokens: if name.ends_with("tree") { 3 } else { 2 },
                         sampling: SamplingParams { seed: 77_000 + n as u64, ..params },
                         stop_tokens: vec![],
                     };
@@ -830,7 +833,7 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
                 eprintln!("{params:?} {name}: N={n} TV first {t1:.3}, second {t2:.3}, bound {bound:.3}");
                 assert!(t1 < bound && t2 < bound, "{name} draft N={n}: TV {t1:.3} / {t2:.3} >= {bound:.3}");
             }
-            assert_eq!(trees > 0, *name == "ngram tree", "{name}: {trees} tree cycles");
+            assert_eq!(trees > 0, name.ends_with("tree"), "{name}: {trees} tree cycles");
         }
     }
 }

@@ -101,6 +101,7 @@ async function fillModelPickers() {
 
 function updateDraftRow() {
   $("draft-model-row").hidden = !$("draft-kind").value.startsWith("model");
+  $("eagle-row").hidden = $("draft-kind").value !== "eagle";
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -129,8 +130,13 @@ async function onLoad() {
     } else if (kind === "ngram") {
       draft = "ngram";
     }
+    let eagle;
+    if (kind === "eagle") {
+      eagle = $("eagle-url").value.trim();
+      if (!eagle) throw new Error("enter the URL of the EAGLE head's folder (or pick another draft)");
+    }
     const started = performance.now();
-    llm = await WgSpec.load({ target, draft, onProgress: showProgress });
+    llm = await WgSpec.load({ target, draft, eagle, onProgress: showProgress });
     window.wgspecLoadSeconds = (performance.now() - started) / 1000;
     window.wgspec = llm;
     const { info } = llm;
@@ -323,6 +329,10 @@ async function onGenerate() {
   const kind = $("draft-kind").value;
   if (kind.startsWith("model") && llm.draftKind !== "model") {
     showError("no draft model is loaded: press Load with the draft model chosen, or pick n-gram / none");
+    return;
+  }
+  if (kind === "eagle" && llm.draftKind !== "eagle") {
+    showError("no EAGLE head is loaded: press Load with the EAGLE head chosen, or pick another draft");
     return;
   }
   const text = $("prompt").value;

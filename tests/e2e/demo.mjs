@@ -321,10 +321,10 @@ async function caseCancelledDownload(context, baseUrl, modelUrl, requests) {
   log("case 0c passed (and a partial entry is left for case 1 to replace)");
 }
 
-/** Loads the model in the demo page with n-gram drafts and generates PROMPT greedily. */
-async function loadAndGenerate(page, modelUrl) {
+/** Loads the model in the demo page with `kind` drafts (n-gram by default) and generates PROMPT greedily. */
+async function loadAndGenerate(page, modelUrl, kind = "ngram") {
   await page.fill("#target-url", modelUrl);
-  await page.selectOption("#draft-kind", "ngram");
+  await page.selectOption("#draft-kind", kind);
   await page.click("#load");
   const loaded = await waitForStatus(page, ["ready"], "load");
   check(loaded === "ready", `load failed: ${await page.textContent("#error")}`);
@@ -427,6 +427,20 @@ async function caseGenerate(context, baseUrl, modelUrl, nativeText, requests) {
   log(`chat.completions: ${show(reply.message.content)} (whole and streamed), n: 2 refused`);
   await page.close();
   return figures;
+}
+
+async function caseEagle(context, baseUrl, modelUrl, nativeText) {
+  log("case 1c: the EAGLE head trained for SmolLM2 (served from the model cache) drafts in the page");
+  const page = await newPage(context, baseUrl);
+  const { result } = await loadAndGenerate(page, modelUrl, "eagle");
+  await page.close();
+  const s = result.stats || {};
+  log(`EAGLE in the page: ${s.tokens_per_second?.toFixed(2)} tokens/s, τ ${s.tokens_per_target_forward?.toFixed(2)}, ` +
+    `acceptance ${s.acceptance_rate?.toFixed(3)} (${s.accepted}/${s.drafted}), ${s.tree_cycles} tree cycles`);
+  check(s.draft === "eagle" && s.drafted > 0, `the EAGLE head did not draft: ${JSON.stringify(s)}`);
+  check(result.text === nativeText, `EAGLE changed the text: ${JSON.stringify(result.text)} vs ${JSON.stringify(nativeText)}`);
+  log("case 1c passed");
+  return s;
 }
 
 async function caseReload(context, baseUrl, modelUrl, firstText, requests) {
@@ -585,12 +599,14 @@ async function main() {
     await caseCancelledDownload(context, server.url, modelUrl, requests);
     const figures = await caseGenerate(context, server.url, modelUrl, native.text, requests);
     const reload = await caseReload(context, server.url, modelUrl, native.text, requests);
+    const eagle = await caseEagle(context, server.url, modelUrl, native.text);
     await caseMissingFile(context, server.url);
     log(`PASS (load ${figures.load_seconds.toFixed(1)} s downloading, ${reload.loadSeconds.toFixed(1)} s from OPFS; ` +
       `wasm memory ${(figures.wasm_memory_bytes / 1e6).toFixed(1)} MB, ` +
       `${(reload.smallWasmMemoryBytes / 1e6).toFixed(1)} MB with readMb 1; ` +
       `${figures.tokens_per_second?.toFixed(2)} tokens/s in the page, ` +
-      `${native.stats?.tokens_per_second?.toFixed(2)} tokens/s native)`);
+      `${native.stats?.tokens_per_second?.toFixed(2)} tokens/s native; ` +
+      `EAGLE τ ${eagle.tokens_per_target_forward?.toFixed(2)}, ${eagle.tokens_per_second?.toFixed(2)} tokens/s)`);
   } finally {
     await context?.close().catch(() => {});
     cleanup();

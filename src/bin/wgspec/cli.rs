@@ -42,7 +42,8 @@ enum Command {
     Web(WebArgs),
     /// Download a known model into the cache and print its path.
     Fetch {
-        /// smollm2-135m, qwen2.5-coder-0.5b or qwen2.5-coder-1.5b
+        /// smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, or the EAGLE head
+        /// smollm2-135m-eagle (shipped in the binary: written into the cache's heads/ folder)
         name: String,
     },
 }
@@ -222,6 +223,9 @@ struct BenchArgs {
     k: KArgs,
     #[arg(long, default_value_t = 64)]
     max_tokens: usize,
+    /// Each prompt as the user's message under the model's chat template (as `generate --chat`).
+    #[arg(long)]
+    chat: bool,
     /// A JSON array of {name, kind, prompt} (default: the set in benches/prompts.json).
     #[arg(long)]
     prompts: Option<PathBuf>,
@@ -290,6 +294,12 @@ fn web_cmd(args: WebArgs) -> Result<()> {
     if !pkg.join("wgspec_core_bg.wasm").is_file() {
         eprintln!("warning: {} has no wgspec_core_bg.wasm; build it with ./build.sh wasm", pkg.display());
     }
+    // the heads that ship in the binary, into the model cache the page reads (/models/NAME/)
+    for head in fetch::KNOWN_HEADS {
+        if let Some(Err(e)) = fetch::fetch_head(head.name) {
+            eprintln!("warning: the head {}: {e}", head.name);
+        }
+    }
     serve::run(args.listen.config(None, None, 1))
 }
 
@@ -304,8 +314,13 @@ fn serve_cmd(args: ServeArgs) -> Result<()> {
 }
 
 fn fetch_cmd(name: &str) -> Result<()> {
+    if let Some(dir) = fetch::fetch_head(name) {
+        println!("{}", dir?.display());
+        return Ok(());
+    }
     let m = fetch::known(name).ok_or_else(|| {
-        let names: Vec<&str> = fetch::KNOWN_MODELS.iter().map(|m| m.name).collect();
+        let models = fetch::KNOWN_MODELS.iter().map(|m| m.name);
+        let names: Vec<&str> = models.chain(fetch::KNOWN_HEADS.iter().map(|h| h.name)).collect();
         wgspec::Error::InvalidArgument(format!("unknown model {name:?}; known: {}", names.join(", ")))
     })?;
     let path = fetch::fetch(m)?;
@@ -365,8 +380,8 @@ pub fn load_engine(
             }
         }
         (DraftKind::Eagle, Some(d)) => {
-            let path = d.strip_prefix("eagle:").unwrap_or(d);
-            let files = wgspec::local::heads_files(std::path::Path::new(path))?;
+            let path = fetch::resolve_head(d.strip_prefix("eagle:").unwrap_or(d))?;
+            let files = wgspec::local::heads_files(&path)?;
             let head = engine.load_eagle(files, &mut progress)?;
             if !quiet {
                 eprintln!("EAGLE head: {:.1} MB", head.weight_bytes() as f64 / 1e6);
@@ -508,6 +523,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     };
     let draft_arg = args.draft.clone().unwrap_or_default();
     let mut heads: Option<Box<dyn Draft>> = None;
+    let mut template = None;
     let (mut target, tokenizer, loaded_draft, target_name) = match &args.synthetic {
         Some(shape_name) => (
             synth(&synthetic::synthetic_shape(shape_name)?, 1)?,
@@ -520,6 +536,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             let draft = args.draft.as_deref().filter(|_| !args.roofline);
             let (engine, _) = load_engine(&gpu, &name, draft, &opts, false)?;
             let parts = engine.into_parts();
+            template = parts.chat_template;
             heads = match (parts.medusa, parts.eagle) {
                 (Some(m), _) => Some(Box::new(m) as Box<dyn Draft>),
                 (None, Some(e)) => Some(Box::new(e) as Box<dyn Draft>),
@@ -563,9 +580,18 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
 
     let mut results = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
-        let tokens = match &tokenizer {
-            Some(t) => t.encode(&p.prompt, true)?,
-            None => bench::byte_tokens(&p.prompt, target.config.vocab_size),
+        let tokens = match (&tokenizer, &template) {
+            (Some(t), Some(chat)) if args.chat => {
+                let turn = [wgspec::tokenizer::Message { role: "user".into(), content: p.prompt.clone() }];
+                chat.prompt_tokens(&turn, t)?
+            }
+            _ if args.chat => {
+                return Err(wgspec::Error::InvalidArgument(
+                    "--chat: the model declares no chat template".into(),
+                ))
+            }
+            (Some(t), _) => t.encode(&p.prompt, true)?,
+            (None, _) => bench::byte_tokens(&p.prompt, target.config.vocab_size),
         };
         let r =
             bench::run_prompt(&mut target, &mut *draft, p, &tokens, &gen_opts, policy, i % 2 == 1).await?;

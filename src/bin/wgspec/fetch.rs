@@ -82,6 +82,63 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
     },
 ];
 
+/// A draft head that ships inside the binary (a few MB; no hub is reachable): `wgspec fetch NAME`,
+/// `--draft eagle:NAME` and `wgspec web` write its files into the cache's `models/NAME/` folder
+/// (where the demo page finds it too), checked.
+pub struct KnownHead {
+    pub name: &'static str,
+    /// File name and bytes, `model.safetensors` last.
+    pub files: &'static [(&'static str, &'static [u8])],
+    /// sha256 of `model.safetensors`.
+    pub sha256: &'static str,
+}
+
+/// The heads `wgspec fetch` knows: trained here by `scripts/train/train_eagle.sh` (see
+/// `heads/README.md`).
+pub const KNOWN_HEADS: &[KnownHead] = &[KnownHead {
+    name: "smollm2-135m-eagle",
+    files: &[
+        ("config.json", include_bytes!("../../../heads/smollm2-135m-eagle/config.json")),
+        ("model.safetensors", include_bytes!("../../../heads/smollm2-135m-eagle/model.safetensors")),
+    ],
+    sha256: HEAD_SHA256,
+}];
+
+/// sha256 of the shipped SmolLM2-135M EAGLE head's `model.safetensors`.
+const HEAD_SHA256: &str = "7146e5c8bb6bc25dae207e069fd888738f129f97d3187745af64f47052692935";
+
+/// The cached folder of the known head `name`, written (and checked) first if needed; None for a
+/// name that is no known head.
+pub fn fetch_head(name: &str) -> Option<Result<PathBuf>> {
+    let h = KNOWN_HEADS.iter().find(|h| h.name == name)?;
+    Some((|| {
+        let dir = cache_dir().join("models").join(h.name);
+        fs::create_dir_all(&dir).map_err(|e| Error::io(dir.display(), e))?;
+        for (file, bytes) in h.files {
+            let path = dir.join(file);
+            if fs::read(&path).map(|b| b == *bytes).unwrap_or(false) {
+                continue;
+            }
+            let tmp = dir.join(format!(".{file}.part"));
+            fs::write(&tmp, bytes).map_err(|e| Error::io(tmp.display(), e))?;
+            fs::rename(&tmp, &path).map_err(|e| Error::io(path.display(), e))?;
+        }
+        let model = fs::read(dir.join("model.safetensors")).map_err(|e| Error::io(dir.display(), e))?;
+        let got: String = Sha256::digest(&model).iter().map(|b| format!("{b:02x}")).collect();
+        if got != h.sha256 {
+            let message = format!("model.safetensors has sha256 {got}, expected {}", h.sha256);
+            return Err(Error::Fetch { name: h.name.to_string(), message });
+        }
+        Ok(dir)
+    })())
+}
+
+/// Turns a `--draft eagle:HEAD` argument into a folder: a known head NAME (written into the cache
+/// when absent) or a path.
+pub fn resolve_head(arg: &str) -> Result<PathBuf> {
+    fetch_head(arg).unwrap_or_else(|| Ok(PathBuf::from(arg)))
+}
+
 /// The cache root: `$WGSPEC_CACHE`, else `$HOME/.cache/wgspec`.
 pub fn cache_dir() -> PathBuf {
     if let Some(dir) = std::env::var_os("WGSPEC_CACHE") {
