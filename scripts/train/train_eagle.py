@@ -43,7 +43,7 @@ PRESETS = {
         train_prompts=559, samples="greedy,0.7", max_new=320, gen_batch=64,
         heldout_prompts=32, heldout_max_new=160,
         text_train=600, text_heldout=16, seq_len=512,
-        epochs=3, batch_tokens=2048, lr=1e-3,
+        epochs=2, batch_tokens=2048, lr=1e-3,
     ),
     # a 3-5 minute end-to-end check of every phase
     "smoke": dict(
