@@ -3,11 +3,13 @@
 //! - [`DraftModel`]: a smaller model with the same tokenizer and its own KV cache.
 //! - [`NGram`]: prompt lookup — match the last n tokens against the prompt and the generated
 //!   text and propose what followed the latest match (no second model).
+//! - [`Ensemble`]: the draft model's chain and the n-gram continuations in one token tree.
+//! - [`Medusa`](super::medusa::Medusa) and [`Eagle`](super::eagle::Eagle): heads that read the
+//!   target's hidden states, which the loop hands them after every target pass
+//!   ([`Draft::target_pass`]).
 //!
-//! - [`Medusa`](super::medusa::Medusa): heads on the target's hidden state ([`super::medusa`]).
-//!
-//! The trait takes the whole token context (and, for heads, the target's row to read) and returns
-//! tokens, or a token tree, plus (for sampling) the draft distributions `q`.
+//! The trait takes the whole token context and returns tokens, or a token tree, plus (for
+//! sampling) the draft distributions `q`.
 
 use std::future::Future;
 use std::pin::Pin;
