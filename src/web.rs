@@ -139,6 +139,16 @@ fn progress_to(callback: &Function) -> impl FnMut(Role, LoadProgress) + '_ {
     }
 }
 
+/// Puts `engine` back into `slot` after a head load and turns its JSON summary (or error) into
+/// the promise's value.
+fn put_back(slot: &RefCell<Slot>, engine: Engine, loaded: crate::Result<String>) -> Result<JsValue, JsValue> {
+    let mut s = slot.borrow_mut();
+    s.engine = Some(engine);
+    s.busy = false;
+    let info = loaded.map_err(|e| JsValue::from(js_err(e)))?;
+    Ok(JsValue::from_str(&info))
+}
+
 /// The model's summary, with the wasm memory after loading it (`wasm_memory_bytes`).
 fn to_json(info: &ModelInfo) -> Result<String, JsError> {
     let bad = |e: serde_json::Error| js_err(Error::InvalidArgument(format!("model info: {e}")));
@@ -297,11 +307,7 @@ impl WebEngine {
                 serde_json::json!({"heads": c.heads, "layers": c.layers, "gpu_weight_bytes": h.weight_bytes()})
                     .to_string()
             });
-            let mut s = slot.borrow_mut();
-            s.engine = Some(engine);
-            s.busy = false;
-            let info = loaded.map_err(|e| JsValue::from(js_err(e)))?;
-            Ok(JsValue::from_str(&info))
+            put_back(&slot, engine, loaded)
         }))
     }
 
@@ -319,11 +325,7 @@ impl WebEngine {
                 serde_json::json!({"gpu_weight_bytes": h.weight_bytes(), "gpu_memory_bytes": h.memory_bytes()})
                     .to_string()
             });
-            let mut s = slot.borrow_mut();
-            s.engine = Some(engine);
-            s.busy = false;
-            let info = loaded.map_err(|e| JsValue::from(js_err(e)))?;
-            Ok(JsValue::from_str(&info))
+            put_back(&slot, engine, loaded)
         }))
     }
 
