@@ -3,13 +3,16 @@
 // the best entry strictly after round j - 1's in that order (k passes over the row: drafting
 // trees asks for a few, k <= 32). NaN never wins; a row with fewer than k finite values repeats
 // its last id.
+// With p.log_probs = 1, logp[r, j] = the log-softmax of that id's logit:
+//   logits[r, id] - (m + log(sum_i exp(logits[r, i] - m))),  m = the row's maximum,
+// the sum reduced in a fixed order (a strided sum per invocation, then a tree).
 
 struct Step { n: u32, start_pos: u32 }
 struct Params {
     vocab: u32,
     k: u32,
-    _pad0: u32,
-    _pad1: u32,
+    log_probs: u32,  // 1: also write logp
+    _pad: u32,
 }
 
 const WG: u32 = 64u;
@@ -18,6 +21,7 @@ const WG: u32 = 64u;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> logits: array<f32>;          // [n, vocab]
 @group(0) @binding(3) var<storage, read_write> out: array<u32>;       // [n, k]
+@group(0) @binding(4) var<storage, read_write> logp: array<f32>;      // [n, k] (log_probs = 1)
 
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
@@ -37,6 +41,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var prev_v = 0x1.fffffep+127f;
     var prev_i = 0xffffffffu;
     var first = true;
+    var top = 0.0; // round 0's pick: the row's maximum
     for (var j = 0u; j < p.k; j++) {
         var bv = -0x1.fffffep+127f; // the lowest finite f32, written exactly
         var bi = 0xffffffffu;
@@ -59,10 +64,30 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let pick_i = best_i[0];
         workgroupBarrier(); // every invocation has read the pick before the next round writes
         if (pick_i != 0xffffffffu) {
+            if (first) { top = pick_v; }
             prev_v = pick_v;
             prev_i = pick_i;
             first = false;
         }
-        if (t == 0u) { out[r * p.k + j] = min(prev_i, p.vocab - 1u); }
+        if (t == 0u) {
+            out[r * p.k + j] = min(prev_i, p.vocab - 1u);
+            if (p.log_probs != 0u) { logp[r * p.k + j] = prev_v; }
+        }
+    }
+    if (p.log_probs == 0u) { return; }
+    // the row's log-sum-exp around its maximum
+    var s = 0.0;
+    for (var i = t; i < p.vocab; i += WG) {
+        s += exp(logits[base + i] - top);
+    }
+    best_v[t] = s;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (t < stride) { best_v[t] += best_v[t + stride]; }
+        workgroupBarrier();
+    }
+    if (t == 0u) {
+        let lse = top + log(best_v[0]);
+        for (var j = 0u; j < p.k; j++) { logp[r * p.k + j] -= lse; }
     }
 }

@@ -21,8 +21,8 @@ use crate::model::{
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
 use crate::speculative::{
-    self, DraftModel, Eagle, Ensemble, KPolicy, Medusa, NGram, SpecStats, DEFAULT_MAX_DRAFT_K,
-    EAGLE_SIBLINGS, TREE_BRANCHES,
+    self, DraftModel, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, SpecStats, DEFAULT_MAX_DRAFT_K,
+    EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
 };
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
@@ -40,7 +40,7 @@ pub enum DraftKind {
     ModelNgram,
     /// The loaded Medusa heads: a token tree from their top guesses.
     Medusa,
-    /// The loaded EAGLE head: its chain with each depth's next guesses beside it.
+    /// The loaded EAGLE head: EAGLE-2's dynamic tree of its best-scoring guesses.
     Eagle,
     /// No speculation: plain target decoding.
     None,
@@ -411,8 +411,8 @@ impl Engine {
 
     /// Replaces the EAGLE head with the one in `files` (its `config.json` and
     /// `model.safetensors`, the public EAGLE-1/2 layout), uploaded for the target with its
-    /// precision; proposals are its chain with [`EAGLE_SIBLINGS`] of each depth's next most
-    /// likely tokens beside it. Its weights, cache and scratch count against the memory budget
+    /// precision; proposals are EAGLE-2's dynamic trees expanding [`EAGLE_WIDTH`] nodes per depth
+    /// (each ranking [`EAGLE_SIBLINGS`] + 1 children). Its weights, cache and scratch count against the memory budget
     /// left by the target, the draft model and Medusa heads.
     pub fn load_eagle(
         &mut self,
@@ -440,7 +440,8 @@ impl Engine {
         self.check_budget("the EAGLE head", EagleHead::plan(&self.target, &ckpt, opts.precision, top_k)?)?;
         let head =
             EagleHead::load(&self.target, &ckpt, opts, top_k, &mut |p| progress(Role::Draft, p)).await?;
-        Ok(self.eagle.insert(Eagle::new(head, EAGLE_SIBLINGS)).head())
+        let shape = EagleTree::Dynamic { width: EAGLE_WIDTH };
+        Ok(self.eagle.insert(Eagle::with_tree(head, shape)).head())
     }
 
     /// The loaded EAGLE head.

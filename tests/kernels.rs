@@ -583,13 +583,32 @@ fn top_k_ranks_ids_as_the_argmax_breaks_ties() {
         logits[vocab / 2] = 50.0;
         let lb = GpuBuffer::<f32>::from_slice(&gpu, "logits", &logits);
         let ob = GpuBuffer::<u32>::zeros(&gpu, "out", n * k);
-        run(&gpu, &step, &[gpu.top_k(&step, &lb, &ob, vocab, k)], n, 0);
-        let got = read_u32(&gpu, &ob.raw, n * k);
+        let pb = GpuBuffer::<f32>::zeros(&gpu, "logp", n * k);
+        let (ob2, with_logp) = (GpuBuffer::<u32>::zeros(&gpu, "out", n * k), Some(&pb));
+        let ops = [
+            gpu.top_k(&step, &lb, (&ob, None), vocab, k),
+            gpu.top_k(&step, &lb, (&ob2, with_logp), vocab, k),
+        ];
+        run(&gpu, &step, &ops, n, 0);
+        let (got, got2) = (read_u32(&gpu, &ob.raw, n * k), read_u32(&gpu, &ob2.raw, n * k));
+        let logp = read_f32(&gpu, &pb.raw, n * k);
+        assert_eq!(got, got2, "the same ids with log-probabilities");
         for (r, row) in logits.chunks(vocab).enumerate() {
             let mut ids: Vec<u32> = (0..vocab as u32).collect();
             // larger first, then lower id: a stable sort by value keeps ids ascending among ties
             ids.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]));
             assert_eq!(&got[r * k..(r + 1) * k], &ids[..k], "top-{k} of row {r} of {vocab}");
+            // log-softmax in f64
+            let m = row.iter().fold(f64::MIN, |m, &v| m.max(v as f64));
+            let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+            let want: Vec<f32> = ids[..k].iter().map(|&i| (row[i as usize] as f64 - lse) as f32).collect();
+            assert_close(
+                &format!("log-probs of row {r} of {vocab}"),
+                &logp[r * k..(r + 1) * k],
+                &want,
+                1e-5,
+                1e-5,
+            );
         }
     }
 }

@@ -18,8 +18,8 @@ use wgspec::model::{Checkpoint, EagleHead, LoadOptions, MedusaConfig, MedusaHead
 use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
-    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftModel, Eagle, Ensemble, KPolicy,
-    Medusa, NGram, NextKind, TokenTree, TreeVerdict, Verdict,
+    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftModel, Eagle, EagleTree, Ensemble,
+    KPolicy, Medusa, NGram, NextKind, TokenTree, TreeVerdict, Verdict,
 };
 use wgspec::Error;
 
@@ -785,9 +785,10 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
         // "3" was followed by "7 3" and "5 3 7": a two-branch tree, the multi-candidate rule
         ("ngram tree", Box::new(NGram { max_n: 1, min_n: 1, branches: 3 })),
     ];
-    // an EAGLE head: its chain with the next 3 ids beside it (deterministic trees)
+    // an EAGLE head: EAGLE-2's dynamic trees (deterministic)
     let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, false, &mut r);
-    drafts.push(("eagle tree", Box::new(Eagle::new(load_eagle(&target, file, &config, 4).0, 3))));
+    let dynamic = EagleTree::Dynamic { width: 3 };
+    drafts.push(("eagle tree", Box::new(Eagle::with_tree(load_eagle(&target, file, &config, 4).0, dynamic))));
     let prompt = [3u32, 5, 3, 7, 3];
     for params in [
         SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
@@ -1155,6 +1156,80 @@ fn check_ranks(what: &str, ids: &[u32], logits: &[f32]) {
     }
 }
 
+/// EAGLE-2's dynamic tree computed with the reference head (whose cache holds the context's 9
+/// positions): scores are sums of log-softmax values; each depth expands the best `width`
+/// unexpanded nodes of the newest depth among the best `budget.nodes`; every node's ranks come
+/// from running its root-to-node path alone.
+fn reference_dynamic_tree(
+    head: &mut reference::RefEagle,
+    root_feature: &[f32],
+    root_logits: &[f32],
+    root: u32,
+    budget: DraftBudget,
+    width: usize,
+    top_k: usize,
+) -> TokenTree {
+    let past = head.len();
+    // (token, parent, depth, score, expanded)
+    let mut nodes: Vec<(u32, usize, usize, f64, bool)> = vec![(root, 0, 0, 0.0, true)];
+    let top = |logits: &[f32]| -> Vec<(u32, f64)> {
+        let m = logits.iter().fold(f64::MIN, |m, &v| m.max(v as f64));
+        let lse = m + logits.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
+        let mut ids: Vec<u32> = (0..logits.len() as u32).collect();
+        ids.sort_by(|a, b| logits[*b as usize].total_cmp(&logits[*a as usize]));
+        ids[..top_k].iter().map(|&i| (i, logits[i as usize] as f64 - lse)).collect()
+    };
+    let add = |nodes: &mut Vec<(u32, usize, usize, f64, bool)>, parent: usize, ranked: Vec<(u32, f64)>| {
+        for (t, lp) in ranked {
+            let (d, s) = (nodes[parent].2 + 1, nodes[parent].3 + lp);
+            nodes.push((t, parent, d, s, false));
+        }
+    };
+    let ranking = |nodes: &[(u32, usize, usize, f64, bool)]| -> Vec<usize> {
+        let mut order: Vec<usize> = (1..nodes.len()).collect();
+        order.sort_by(|&a, &b| {
+            nodes[b].3.total_cmp(&nodes[a].3).then(nodes[a].2.cmp(&nodes[b].2)).then(a.cmp(&b))
+        });
+        order
+    };
+    add(&mut nodes, 0, top(root_logits));
+    for d in 1..budget.depth {
+        let front: Vec<usize> = ranking(&nodes)
+            .into_iter()
+            .take(budget.nodes)
+            .filter(|&v| nodes[v].2 == d && !nodes[v].4)
+            .take(width)
+            .collect();
+        for v in front {
+            // the path from the root's child to v, each step fed its parent's output
+            let mut path = vec![v];
+            while nodes[path[0]].1 != 0 {
+                path.insert(0, nodes[path[0]].1);
+            }
+            head.truncate(past);
+            let mut feature = root_feature.to_vec();
+            let mut logits = Vec::new();
+            for &u in &path {
+                (feature, logits) = head.step(nodes[u].0, &feature);
+            }
+            nodes[v].4 = true;
+            add(&mut nodes, v, top(&logits));
+        }
+    }
+    head.truncate(past);
+    let mut chosen: Vec<usize> = ranking(&nodes).into_iter().take(budget.nodes).collect();
+    chosen.sort_by_key(|&v| nodes[v].2);
+    let mut tree = TokenTree::new(root);
+    let mut at = vec![None; nodes.len()];
+    at[0] = Some(0);
+    for v in chosen {
+        if let Some(p) = at[nodes[v].1] {
+            at[v] = tree.child(p, nodes[v].0);
+        }
+    }
+    tree
+}
+
 #[test]
 fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
     for (spec, dtype, input_norm) in
@@ -1235,6 +1310,30 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
         let tree = p.tree.expect("a tree");
         assert_eq!((tree.len(), tree.max_depth()), (10, 3), "3 chain nodes, 2 siblings at each depth");
+        // EAGLE-2's dynamic tree against the reference's: each node's ranks from its path alone
+        let (file, _) = common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r);
+        let (head, head_ckpt) = load_eagle(&target, file, &config, 4);
+        let mut eagle = Eagle::with_tree(head, EagleTree::Dynamic { width: 3 });
+        let mut ref_head = reference::RefEagle::new(&head_ckpt, &reference);
+        let mut root = (Vec::new(), Vec::new()); // position 8's f^ and logits
+        for p in 0..9 {
+            root = ref_head.step(prompt[p + 1], &reference.hidden[p]);
+        }
+        pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
+        for (depth, nodes) in [(4, 10), (1, 3), (3, 31)] {
+            if depth != 4 {
+                pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
+            }
+            let budget = DraftBudget { depth, nodes };
+            let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
+            let tree = p.tree.expect("a tree");
+            let want = reference_dynamic_tree(&mut ref_head, &root.0, &root.1, prompt[9], budget, 3, 4);
+            let what = format!("{what}: dynamic tree, depth {depth}, {nodes} nodes");
+            assert_eq!((tree.tokens(), tree.parents()), (want.tokens(), want.parents()), "{what}");
+            assert!(tree.max_depth() <= depth && tree.len() <= nodes + 1, "{what}");
+            assert_eq!(p.tokens[0], reference_argmax(&root.1), "{what}: the first branch");
+            assert!(p.steps < depth && (depth == 1 || p.steps >= 1), "{what}: {} passes", p.steps);
+        }
         // a pass the head cannot follow (a gap: positions 0..3 never ran) leaves it without proposals
         let mut eagle = Eagle::new(
             load_eagle(
@@ -1260,12 +1359,20 @@ fn eagle_speculation_equals_greedy_output() {
         let tiny = TinyModel::random(spec, &mut r);
         let mut target = load(&ckpt_of(&tiny, &mut r), 64);
         let (file, config) = common::tiny::eagle_head(&tiny, DType::F16, false, false, &mut r);
-        let mut random = Eagle::new(load_eagle(&target, file, &config, 4).0, 2);
+        let mut random =
+            Eagle::with_tree(load_eagle(&target, file, &config, 4).0, EagleTree::Dynamic { width: 3 });
         // a head that predicts the feature it is given: its first guess is the last token
         let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, true, &mut r);
-        let mut echo = Eagle::new(load_eagle(&target, file, &config, 4).0, 3);
-        let mut drafts: [(&str, &mut dyn Draft, bool); 2] =
-            [("random", &mut random, false), ("echo", &mut echo, true)];
+        let mut echo = Eagle::with_tree(
+            load_eagle(&target, file.clone(), &config, 4).0,
+            EagleTree::Dynamic { width: 4 },
+        );
+        let mut echo_chain = Eagle::new(load_eagle(&target, file, &config, 4).0, 3);
+        let mut drafts: [(&str, &mut dyn Draft, bool); 3] = [
+            ("random dynamic", &mut random, false),
+            ("echo dynamic", &mut echo, true),
+            ("echo chain", &mut echo_chain, true),
+        ];
         heads_speculate_exactly(&format!("qwen2={} eagle", spec.qwen2), &mut target, &mut drafts, &mut r);
     }
 }

@@ -188,7 +188,8 @@ struct ConcatParams {
 struct TopKParams {
     vocab: u32,
     k: u32,
-    _pad: [u32; 2],
+    log_probs: u32,
+    _pad: u32,
 }
 
 /// The most ids per row [`Gpu::top_k`] ranks (its kernel makes one pass over the row per id).
@@ -380,21 +381,35 @@ impl Gpu {
     }
 
     /// `out[r, j]` = the id of row r's j-th largest logit, j < k (equal values: lower id first, as
-    /// [`Gpu::argmax`] breaks ties); `logits: [n, vocab]`, `out: [n, k]`, k <= [`MAX_TOP_K`].
+    /// [`Gpu::argmax`] breaks ties); `logits: [n, vocab]`, `out: [n, k]`, k <= [`MAX_TOP_K`]. With
+    /// `logp: [n, k]`, also each of those ids' log-probability (the log-softmax of its logit).
     pub fn top_k(
         &self,
         step: &wgpu::Buffer,
         logits: &GpuBuffer<f32>,
-        out: &GpuBuffer<u32>,
+        (out, logp): (&GpuBuffer<u32>, Option<&GpuBuffer<f32>>),
         vocab: usize,
         k: usize,
     ) -> Op {
         let k = k.clamp(1, MAX_TOP_K);
-        let p = TopKParams { vocab: vocab as u32, k: k as u32, _pad: [0; 2] };
+        let passes = (k + logp.is_some() as usize) as u64;
+        let p = TopKParams { vocab: vocab as u32, k: k as u32, log_probs: logp.is_some() as u32, _pad: 0 };
         let params = self.uniform("top-k params", bytemuck::bytes_of(&p));
-        let cost =
-            Cost { row_bytes: 4 * (k * vocab) as u64, row_flops: (k * vocab) as u64, ..Cost::default() };
-        self.op(Kernel::TopK, step, &params, &[&logits.raw, &out.raw], Grid::Rows).with_cost(cost)
+        // (without log-probabilities the kernel writes none: a one-word placeholder is bound)
+        let unused;
+        let logp = match logp {
+            Some(b) => &b.raw,
+            None => {
+                unused = GpuBuffer::<f32>::zeros(self, "top-k no log-probs", 1);
+                &unused.raw
+            }
+        };
+        let cost = Cost {
+            row_bytes: 4 * passes * vocab as u64,
+            row_flops: passes * vocab as u64,
+            ..Cost::default()
+        };
+        self.op(Kernel::TopK, step, &params, &[&logits.raw, &out.raw, logp], Grid::Rows).with_cost(cost)
     }
 
     /// `out[i] = scaled[rows[i]] / rms(raw[rows[i]])` for i < the pass's n: rows of a pass's

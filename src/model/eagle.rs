@@ -20,6 +20,15 @@
 //! output, the embedding, the concatenation, fc and the layer over every row; then the
 //! projection (a `[vocab, dim]` matmul, most of a pass's bytes) and a top-k of the LAST row only,
 //! the one drafting continues from.
+//!
+//! Drafting continues in one of two ways:
+//! - a chain ([`EagleHead::draft`]): one-row passes, each fed the previous one's f^ and most
+//!   likely id, in one submission;
+//! - a tree (EAGLE-2's expansion, [`EagleHead::expand_root`] and [`EagleHead::expand`]): a tree
+//!   pass over chosen draft nodes and their ancestors (each row attends to the cache and its
+//!   ancestors' rows, as the target's tree pass does), each node fed its parent's f^ from a store
+//!   of the expanded nodes' features; the newest nodes are projected and ranked with the
+//!   log-probabilities of their ids, which the caller ranks the tree's nodes by.
 
 use std::sync::Arc;
 
@@ -28,7 +37,32 @@ use super::config::Config;
 use super::transformer::{record_block, BlockIo, LoadOptions, Model, MAX_BATCH};
 use super::weights::{Layer, LoadProgress, Matrix, Tally, TensorRole, TensorSpec, TensorTable, Upload};
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuffer, MatmulOut, Op, Second, MAX_TOP_K};
+use crate::gpu::{Gpu, GpuBuffer, MatmulOut, Op, Second, MAX_TOP_K, MAX_TREE};
+
+/// The most nodes one tree pass expands (its newest rows, projected together).
+pub const MAX_EAGLE_WIDTH: usize = 8;
+
+/// Slots of the store of expanded nodes' features: the root's, then every expanded node's.
+pub const EAGLE_STORE_SLOTS: usize = 1 + MAX_TREE;
+
+/// A row of a draft-tree pass ([`EagleHead::expand`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TreeRow {
+    /// The node's token.
+    pub token: u32,
+    /// The store slot of its parent's predicted feature (0: the root's).
+    pub input: usize,
+    /// Bit j: row j of the pass is this row or its ancestor (ancestors come first, by depth).
+    pub ancestors: u32,
+}
+
+/// What a pass ranked, per projected row: the `top_k` most likely ids and their
+/// log-probabilities (the log-softmax of the head's logits).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Ranked {
+    pub ids: Vec<Vec<u32>>,
+    pub logp: Vec<Vec<f32>>,
+}
 
 /// The head's tensors, named as in the public layout.
 struct EagleTensors {
@@ -77,6 +111,7 @@ struct HeadState {
     step: wgpu::Buffer,              // uniform Step of the head's passes
     step_table: wgpu::Buffer,        // [MAX_BATCH, 4] u32: (1, position, 0, 0) of each draft step
     one: wgpu::Buffer,               // uniform Step of one row: the last row's projection
+    many: wgpu::Buffer,              // uniform Step of a tree pass's projected rows
     drafts: GpuBuffer<u32>,          // [MAX_BATCH, top_k] the top ids of each draft step
     rows: GpuBuffer<u32>,            // [MAX_BATCH] the target's rows a pass gathers
     tokens: GpuBuffer<u32>,          // [MAX_BATCH] t_{p+1} of each row
@@ -89,9 +124,12 @@ struct HeadState {
     att: GpuBuffer<f32>,             // [MAX_BATCH, q_dim]
     scores: GpuBuffer<f32>,          // [MAX_BATCH, n_heads, context]
     hb: GpuBuffer<f32>,              // [MAX_BATCH, ffn_dim]
-    logits: GpuBuffer<f32>,          // [vocab] the last row's
-    last: GpuBuffer<f32>,            // [dim] the last row's f^ (where drafting continues)
-    top: GpuBuffer<u32>,             // [top_k] the last row's most likely ids
+    logits: GpuBuffer<f32>,          // [W, vocab] the projected rows' (W = MAX_EAGLE_WIDTH)
+    last: GpuBuffer<f32>,            // [W, dim] the projected rows' f^ (row 0: where a chain goes on)
+    top: GpuBuffer<u32>,             // [W, top_k] the projected rows' most likely ids
+    logp: GpuBuffer<f32>,            // [W, top_k] their log-probabilities
+    store: GpuBuffer<f32>,           // [EAGLE_STORE_SLOTS, dim] f^ of a draft tree's expanded nodes
+    ranked: GpuBuffer<u32>,          // [2, 1 + W, top_k] what a tree pass read back: ids, logp bits
     kv: GpuBuffer<f32>,              // [context, 2 kv_dim]
     cos_sin: GpuBuffer<f32>,         // [context, rope_dim / 2, 2]
     fc: Matrix,                      // [dim, 2 dim]
@@ -111,6 +149,8 @@ pub struct EagleHead {
     pass: Vec<Op>,
     /// The last row's projection and top-k (one row, from `last`).
     project: Vec<Op>,
+    /// A tree pass's projection and top-k (its `many` rows, from `last`).
+    project_many: Vec<Op>,
     top_k: usize,
     context: usize,
     /// Positions in the head's KV cache.
@@ -149,12 +189,13 @@ impl EagleHead {
             bytes += if kept { stored } else { 4 * n };
         }
         let (ctx, batch) = (target.context() as u64, MAX_BATCH as u64);
-        // per row: rows, tokens, feat, embd, cat (2), x, xb, q, att, hb, drafts; then one row's
-        // last, logits and top
+        // per row: rows, tokens, feat, embd, cat (2), x, xb, q, att, hb, drafts; then the
+        // projected rows' last, logits, top and logp, the store and the read-back
         let widths = (6 * c.dim + 2 * c.q_dim() + c.ffn_dim + top_k + 2) as u64;
-        let one_row = (c.dim + c.vocab_size + top_k) as u64;
+        let projected = (MAX_EAGLE_WIDTH * (c.dim + c.vocab_size + 2 * top_k)) as u64;
+        let store = (EAGLE_STORE_SLOTS * c.dim + 2 * (1 + MAX_EAGLE_WIDTH) * top_k) as u64;
         let cache = ctx * (2 * c.kv_dim() + c.rope_dim) as u64;
-        Ok(bytes + 4 * (batch * (widths + c.n_heads as u64 * ctx) + one_row + cache))
+        Ok(bytes + 4 * (batch * (widths + c.n_heads as u64 * ctx) + projected + store + cache))
     }
 
     /// Uploads the head of `ckpt` (a [`Checkpoint::from_named_safetensors`] of its file with the
@@ -204,6 +245,7 @@ impl EagleHead {
                 g.write_step(&one, 1, 0);
                 one
             },
+            many: g.step_buffer(),
             step_table: g.device.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("eagle step table"),
                 size: (MAX_BATCH * 16) as u64,
@@ -222,9 +264,12 @@ impl EagleHead {
             att: f32s("eagle att", MAX_BATCH * c.q_dim()),
             scores: f32s("eagle scores", MAX_BATCH * c.n_heads * context),
             hb: f32s("eagle hb", MAX_BATCH * c.ffn_dim),
-            logits: f32s("eagle logits", c.vocab_size),
-            last: f32s("eagle last", c.dim),
-            top: GpuBuffer::<u32>::zeros(g, "eagle top", top_k),
+            logits: f32s("eagle logits", MAX_EAGLE_WIDTH * c.vocab_size),
+            last: f32s("eagle last", MAX_EAGLE_WIDTH * c.dim),
+            top: GpuBuffer::<u32>::zeros(g, "eagle top", MAX_EAGLE_WIDTH * top_k),
+            logp: f32s("eagle logp", MAX_EAGLE_WIDTH * top_k),
+            store: f32s("eagle store", EAGLE_STORE_SLOTS * c.dim),
+            ranked: GpuBuffer::<u32>::zeros(g, "eagle ranked", 2 * (1 + MAX_EAGLE_WIDTH) * top_k),
             kv: f32s("eagle kv", context * 2 * c.kv_dim()),
             cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", &rope),
             fc,
@@ -256,11 +301,15 @@ impl EagleHead {
             context,
         };
         pass.extend(record_block(g, &c, &s.layer, &s.kv, &io, None));
-        // (the last row's f^ copied to `last`) logits = last . the target's output^T (no norm);
-        // their top-k ids                                                            [1, vocab]
+        // (the projected rows' f^ copied to `last`) logits = last . the target's output^T (no
+        // norm); their top-k ids and log-probabilities                          [1 or m, vocab]
         let out = MatmulOut { ldy: c.vocab_size as u32, ..Default::default() };
-        let mut project = target.output_ops(&s.one, &s.last, &s.logits, out);
-        project.push(g.top_k(&s.one, &s.logits, &s.top, c.vocab_size, top_k));
+        let projection = |step: &wgpu::Buffer| {
+            let mut ops = target.output_ops(step, &s.last, &s.logits, out);
+            ops.push(g.top_k(step, &s.logits, (&s.top, Some(&s.logp)), c.vocab_size, top_k));
+            ops
+        };
+        let (project, project_many) = (projection(&s.one), projection(&s.many));
         let gpu_bytes = s.fc.gpu_bytes()
             + s.fc_bias.as_ref().map_or(0, |b| b.raw.size())
             + [&s.layer.qkv, &s.layer.wo, &s.layer.gate_up, &s.layer.down]
@@ -278,6 +327,7 @@ impl EagleHead {
             gather,
             pass,
             project,
+            project_many,
             top_k,
             context,
             len: 0,
@@ -395,6 +445,119 @@ impl EagleHead {
         let raw = g.submit_and_read(enc, &s.drafts.raw, 0, bytes).await?;
         let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())
+    }
+
+    /// The first step of a draft tree: the ids ranked at the latest pass's last row (the root's
+    /// children), then a tree pass expanding the `width` most likely of them (each fed the
+    /// root's f^, at the next position): `1 + width` rows of ranks, the root's first. The root's
+    /// f^ goes to store slot 0 and the expanded nodes' to slots `1..=width`. The expanded ids
+    /// are copied on the GPU, so the whole step is one submission and one read-back.
+    pub async fn expand_root(&mut self, width: usize) -> Result<Ranked> {
+        if width > MAX_EAGLE_WIDTH.min(self.top_k) || self.len + width > self.context {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE tree pass expanding {width} of {} ids at {} of {} positions",
+                self.top_k, self.len, self.context
+            )));
+        }
+        let g = self.gpu.clone();
+        let s = &self.state;
+        let (dim, k, word) = (self.config.dim as u64 * 4, self.top_k as u64, 4u64);
+        let mut enc = g.encoder();
+        enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.store.raw, 0, dim);
+        enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.ranked.raw, 0, k * word);
+        enc.copy_buffer_to_buffer(&s.logp.raw, 0, &s.ranked.raw, self.logp_offset(), k * word);
+        if width > 0 {
+            let forest: Vec<u32> = (0..width).map(|i| 1 << i).collect();
+            g.write_tree_step(&s.step, self.len, &forest);
+            enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.tokens.raw, 0, width as u64 * word);
+            for i in 0..width as u64 {
+                enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.feat.raw, i * dim, dim);
+            }
+            self.encode_tree_pass(&mut enc, width, width, 1, 1);
+        }
+        self.read_ranked(enc, 1 + width).await
+    }
+
+    /// A further step of a draft tree: a tree pass over `rows` at the positions after the
+    /// head's cache (each row at its depth in the pass), whose last `newest` rows are projected
+    /// and ranked, their f^ saved to store slots `save_at..` (where later rows find their
+    /// parents' features). One submission, one read-back of `[newest]` rows of ranks.
+    pub async fn expand(&mut self, rows: &[TreeRow], newest: usize, save_at: usize) -> Result<Ranked> {
+        let n = rows.len();
+        let bad_row = rows.iter().enumerate().any(|(i, r)| {
+            r.input >= EAGLE_STORE_SLOTS
+                || r.ancestors >> i != 1
+                || r.token as usize >= self.config.vocab_size
+        });
+        if n == 0
+            || n > MAX_TREE
+            || newest == 0
+            || newest > n.min(MAX_EAGLE_WIDTH)
+            || save_at + newest > EAGLE_STORE_SLOTS
+            || self.len + n > self.context
+            || bad_row
+        {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE tree pass of {n} rows ({newest} newest, saved at {save_at}) at {} of {} \
+                 positions: rows must be at most {MAX_TREE}, each its own last ancestor, with known \
+                 tokens and store slots",
+                self.len, self.context
+            )));
+        }
+        let g = self.gpu.clone();
+        let s = &self.state;
+        let dim = self.config.dim as u64 * 4;
+        let ancestors: Vec<u32> = rows.iter().map(|r| r.ancestors).collect();
+        let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
+        g.write_tree_step(&s.step, self.len, &ancestors);
+        g.queue.write_buffer(&s.tokens.raw, 0, bytemuck::cast_slice(&tokens));
+        let mut enc = g.encoder();
+        for (i, r) in rows.iter().enumerate() {
+            enc.copy_buffer_to_buffer(&s.store.raw, r.input as u64 * dim, &s.feat.raw, i as u64 * dim, dim);
+        }
+        self.encode_tree_pass(&mut enc, n, newest, save_at, 0);
+        self.read_ranked(enc, newest).await
+    }
+
+    /// Byte offset of the log-probabilities in `ranked`.
+    fn logp_offset(&self) -> u64 {
+        (4 * (1 + MAX_EAGLE_WIDTH) * self.top_k) as u64
+    }
+
+    /// A tree pass of `n` rows (its step written), its last `m` rows' f^ saved to store slots
+    /// `save_at..` and projected, their ranks copied to `ranked` from row `ranked_row`.
+    fn encode_tree_pass(
+        &self,
+        enc: &mut wgpu::CommandEncoder,
+        n: usize,
+        m: usize,
+        save_at: usize,
+        ranked_row: usize,
+    ) {
+        let (g, s) = (&*self.gpu, &self.state);
+        let (dim, k) = (self.config.dim as u64 * 4, self.top_k as u64 * 4);
+        let (n, m) = (n as u64, m as u64);
+        g.write_step(&s.many, m as usize, 0);
+        g.encode(enc, &self.pass, n as u32);
+        enc.copy_buffer_to_buffer(&s.x.raw, (n - m) * dim, &s.last.raw, 0, m * dim);
+        enc.copy_buffer_to_buffer(&s.x.raw, (n - m) * dim, &s.store.raw, save_at as u64 * dim, m * dim);
+        g.encode(enc, &self.project_many, m as u32);
+        let at = ranked_row as u64 * k;
+        enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.ranked.raw, at, m * k);
+        enc.copy_buffer_to_buffer(&s.logp.raw, 0, &s.ranked.raw, self.logp_offset() + at, m * k);
+    }
+
+    /// Submits `enc` and reads back the first `rows` rows of `ranked`.
+    async fn read_ranked(&self, enc: wgpu::CommandEncoder, rows: usize) -> Result<Ranked> {
+        let s = &self.state;
+        let raw = self.gpu.submit_and_read(enc, &s.ranked.raw, 0, s.ranked.raw.size()).await?;
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let (ids, logp) = words.split_at(words.len() / 2);
+        let k = self.top_k;
+        Ok(Ranked {
+            ids: ids.chunks(k).take(rows).map(<[u32]>::to_vec).collect(),
+            logp: logp.chunks(k).take(rows).map(|c| c.iter().map(|&b| f32::from_bits(b)).collect()).collect(),
+        })
     }
 
     /// The head's output features of the latest pass's first `n` rows, `[n, dim]` (tests compare

@@ -243,7 +243,7 @@ impl MedusaHeads {
                 &logits,
                 MatmulOut { ldy: vocab as u32, ..Default::default() },
             );
-            ops.push(g.top_k(&step, &logits, &head_top, vocab, top_k));
+            ops.push(g.top_k(&step, &logits, (&head_top, None), vocab, top_k));
             program.push(Action::Ops(ops));
             program.push(Action::Copy {
                 from: head_top.raw.clone(),

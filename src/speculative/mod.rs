@@ -24,7 +24,7 @@ pub use draft::{
     check_draft, check_tokenizers, check_vocab, Draft, DraftBudget, DraftModel, Ensemble, NGram, Proposal,
     TREE_BRANCHES,
 };
-pub use eagle::{Eagle, EAGLE_SIBLINGS};
+pub use eagle::{Eagle, EagleTree, EAGLE_SIBLINGS, EAGLE_WIDTH};
 pub use generate::{generate, CycleTrace, SpecGeneration, SpecStats};
 pub use medusa::{Medusa, MEDUSA_CHOICES};
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};

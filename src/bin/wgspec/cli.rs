@@ -208,7 +208,9 @@ struct BenchArgs {
     /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
     /// earlier matches (default 1, the latest match's chain); `MODEL+ngram`, up to N n-gram
     /// continuations beside the model's chain (default 4); a draft model, its N most likely
-    /// tokens at each depth (default 1, a chain; trees run CPU-driven cycles).
+    /// tokens at each depth (default 1, a chain; trees run CPU-driven cycles); `eagle:PATH`, the
+    /// nodes its dynamic tree expands per depth (default 4; 0: the head's chain with 3 next
+    /// guesses beside each depth).
     #[arg(long)]
     tree: Option<usize>,
     /// Instead of speculation: the adapter's bandwidth and arithmetic ceilings, then every kernel
@@ -539,7 +541,13 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             template = parts.chat_template;
             heads = match (parts.medusa, parts.eagle) {
                 (Some(m), _) => Some(Box::new(m) as Box<dyn Draft>),
-                (None, Some(e)) => Some(Box::new(e) as Box<dyn Draft>),
+                (None, Some(mut e)) => {
+                    e.set_tree(match args.tree {
+                        Some(0) => speculative::EagleTree::Chain { siblings: speculative::EAGLE_SIBLINGS },
+                        w => speculative::EagleTree::Dynamic { width: w.unwrap_or(speculative::EAGLE_WIDTH) },
+                    });
+                    Some(Box::new(e) as Box<dyn Draft>)
+                }
                 (None, None) => None,
             };
             (parts.target, Some(parts.tokenizer), parts.draft, name)
