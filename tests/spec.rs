@@ -19,7 +19,7 @@ use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
     self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftModel, Eagle, EagleTree, Ensemble,
-    KPolicy, Medusa, NGram, NextKind, TokenTree, TreeVerdict, Verdict,
+    KPolicy, Medusa, NGram, NextKind, TokenTree, TreeCosts, TreeVerdict, Verdict,
 };
 use wgspec::Error;
 
@@ -1280,7 +1280,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         // a proposal of depth 4: the last row's most likely id, then 3 draft steps, each fed its
         // feature and its most likely id
         let (params, mut g) = (SamplingParams::greedy(), Rng::new(1));
-        let budget = DraftBudget { depth: 4, nodes: 4 };
+        let budget = DraftBudget::tree(4, 4);
         let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
         assert_eq!((p.tokens.len(), p.steps, p.tree.is_none()), (4, 3, true), "a chain of 4 in 3 steps");
         assert_eq!(p.tokens[0], reference_argmax(&want_logits[8]), "{what}: first draft");
@@ -1306,7 +1306,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
             2,
         );
         pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
-        let budget = DraftBudget { depth: 3, nodes: 9 };
+        let budget = DraftBudget::tree(3, 9);
         let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
         let tree = p.tree.expect("a tree");
         assert_eq!((tree.len(), tree.max_depth()), (10, 3), "3 chain nodes, 2 siblings at each depth");
@@ -1324,7 +1324,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
             if depth != 4 {
                 pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
             }
-            let budget = DraftBudget { depth, nodes };
+            let budget = DraftBudget::tree(depth, nodes);
             let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
             let tree = p.tree.expect("a tree");
             let want = reference_dynamic_tree(&mut ref_head, &root.0, &root.1, prompt[9], budget, 3, 4);
@@ -1334,6 +1334,31 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
             assert_eq!(p.tokens[0], reference_argmax(&root.1), "{what}: the first branch");
             assert!(p.steps < depth && (depth == 1 || p.steps >= 1), "{what}: {} passes", p.steps);
         }
+        // sized by costs: a verify pass that grows by a step per row keeps one node (this head's
+        // chances are low); one that costs the same for any rows, with free draft passes, takes
+        // every candidate worth a pass, as a budget of 31 nodes does
+        let verify = std::array::from_fn(|i| (i + 1) as f32);
+        let steep = TreeCosts { verify, draft_pass: 0.0, max_nodes: 31 };
+        let flat = TreeCosts { verify: [1.0; 32], ..steep };
+        pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
+        let budget = DraftBudget { costs: Some(steep), ..DraftBudget::tree(4, 10) };
+        let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
+        assert_eq!((p.tokens.len(), p.tree), (1, None), "{what}: steep costs, one node");
+        pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
+        let budget = DraftBudget { costs: Some(flat), ..DraftBudget::tree(4, 10) };
+        let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
+        let tree = p.tree.expect("a tree");
+        let want = reference_dynamic_tree(
+            &mut ref_head,
+            &root.0,
+            &root.1,
+            prompt[9],
+            DraftBudget::tree(4, 31),
+            3,
+            4,
+        );
+        assert_eq!((tree.tokens(), tree.parents()), (want.tokens(), want.parents()), "{what}: flat costs");
+        assert!(tree.len() > 11, "{what}: flat costs, {} nodes", tree.len());
         // a pass the head cannot follow (a gap: positions 0..3 never ran) leaves it without proposals
         let mut eagle = Eagle::new(
             load_eagle(
@@ -1374,5 +1399,9 @@ fn eagle_speculation_equals_greedy_output() {
             ("echo chain", &mut echo_chain, true),
         ];
         heads_speculate_exactly(&format!("qwen2={} eagle", spec.qwen2), &mut target, &mut drafts, &mut r);
+        // the adaptive runs sized the dynamic trees by costs and calibrated their chances
+        for (name, eagle) in [("random", &random), ("echo", &echo)] {
+            assert_ne!(eagle.calibration(), 1.0, "{name}: the chances were never calibrated");
+        }
     }
 }

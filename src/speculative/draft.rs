@@ -17,6 +17,7 @@ use std::pin::Pin;
 use super::tree::TokenTree;
 use super::verify::Dist;
 use crate::error::{Error, Result};
+use crate::gpu::MAX_TREE;
 use crate::model::{Config, Model, MAX_BATCH};
 use crate::sampling::{Rng, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -42,16 +43,56 @@ pub struct Proposal {
 
 /// How much one proposal may draft: at most `depth` tokens along any path (a chain's K) and
 /// `nodes` tokens in all (a tree; `nodes >= depth`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DraftBudget {
     pub depth: usize,
     pub nodes: usize,
+    /// Measured costs, under an adaptive K: a draft that can estimate each node's chance of
+    /// acceptance (EAGLE's scores) sizes its tree with them, up to `costs.max_nodes` nodes,
+    /// instead of filling `nodes`.
+    pub costs: Option<TreeCosts>,
 }
 
 impl DraftBudget {
     /// A chain of `k` tokens (a tree of `k` nodes).
     pub fn chain(k: usize) -> DraftBudget {
-        DraftBudget { depth: k, nodes: k }
+        DraftBudget::tree(k, k)
+    }
+
+    /// Up to `depth` deep and `nodes` nodes, without costs.
+    pub fn tree(depth: usize, nodes: usize) -> DraftBudget {
+        DraftBudget { depth, nodes, costs: None }
+    }
+}
+
+/// What a cycle costs, as the schedule measures it ([`super::Schedule::tree_costs`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TreeCosts {
+    /// `verify[n - 1]`: seconds of a verify pass over n rows (the root and n - 1 drafted nodes).
+    pub verify: [f32; MAX_TREE],
+    /// Seconds of one draft pass.
+    pub draft_pass: f32,
+    /// The most drafted nodes the context has room for (at most [`MAX_TREE`] - 1).
+    pub max_nodes: usize,
+}
+
+impl TreeCosts {
+    /// The number of nodes N that maximises expected tokens per second,
+    /// `(1 + sum of p[..N]) / (passes * draft_pass + verify[N])`, given `p`, the estimated
+    /// acceptance chance of each candidate node, best first (each node's parent before it);
+    /// the smallest such N, at least 1 when there is a candidate.
+    pub fn best_nodes(&self, p: &[f64], passes: usize) -> usize {
+        let draft = passes as f64 * self.draft_pass as f64;
+        let (mut best, mut best_rate, mut expected) = (p.len().min(1), f64::MIN, 1.0);
+        for (i, &pi) in p.iter().take(self.max_nodes.min(MAX_TREE - 1)).enumerate() {
+            expected += pi;
+            let t = draft + self.verify[i + 1] as f64;
+            let rate = if t > 0.0 { expected / t } else { expected };
+            if rate > best_rate {
+                (best, best_rate) = (i + 1, rate);
+            }
+        }
+        best
     }
 }
 
@@ -547,10 +588,28 @@ mod tests {
         assert_eq!(t.tokens(), &[1, 8, 6, 5, 9]);
         assert_eq!(t.ancestors(), vec![0b1, 0b11, 0b101, 0b1001, 0b10011]);
         // more nodes than depth: the branches grow, no path deeper than 4
-        let t = g.lookup_tree(&[1, 5, 7, 1, 6, 1, 8, 9, 1], DraftBudget { depth: 4, nodes: 7 });
+        let t = g.lookup_tree(&[1, 5, 7, 1, 6, 1, 8, 9, 1], DraftBudget::tree(4, 7));
         assert_eq!(t.tokens(), &[1, 8, 6, 5, 9, 1, 7, 1]);
         assert_eq!(t.max_depth(), 3);
         // one match: a chain (proposed as the chain alone)
         assert!(g.lookup_tree(&[1, 2, 3, 1, 2], DraftBudget::chain(3)).is_chain());
+    }
+
+    #[test]
+    fn trees_are_sized_by_expected_tokens_per_second() {
+        let p = [0.5, 0.3, 0.1, 0.01];
+        // a verify pass that costs the same for any rows: every node with a chance pays
+        let flat = TreeCosts { verify: [1.0; MAX_TREE], draft_pass: 0.1, max_nodes: 31 };
+        assert_eq!(flat.best_nodes(&p, 3), 4);
+        assert_eq!(TreeCosts { max_nodes: 2, ..flat }.best_nodes(&p, 3), 2);
+        assert_eq!(flat.best_nodes(&[], 3), 0);
+        // one that grows by a step per row: (1 + 0.5) / 2 beats (1 + 0.8) / 3
+        let steep = TreeCosts { verify: std::array::from_fn(|i| (i + 1) as f32), ..flat };
+        assert_eq!(steep.best_nodes(&p, 0), 1);
+        // rows that cost a tenth each: 1.5 / 1.1 < 1.8 / 1.2 > 1.9 / 1.3
+        let mild = TreeCosts { verify: std::array::from_fn(|i| 1.0 + 0.1 * i as f32), ..flat };
+        assert_eq!(mild.best_nodes(&p, 0), 2);
+        // draft passes count in the cycle's time: 1.8 / 6.2 < 1.9 / 6.3 > 1.91 / 6.4
+        assert_eq!(mild.best_nodes(&p, 50), 3);
     }
 }

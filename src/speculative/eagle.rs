@@ -11,6 +11,13 @@
 //!   their ancestors; each expanded node's `top_k` children join the candidates. The proposal is
 //!   the best `budget.nodes` candidates, a subtree of the root. One submission and one read-back
 //!   per depth (the choice of the next depth's nodes is made here, on the CPU).
+//!
+//!   Under an adaptive K the budget carries measured costs ([`super::TreeCosts`]), and the number of
+//!   nodes is chosen rather than filled: each candidate's chance of acceptance is estimated as
+//!   `c * exp(score)` (its path's draft probability, times a calibration `c` = accepted over
+//!   predicted nodes in recent verify passes), and N maximises expected tokens per second,
+//!   `(1 + sum of the best N chances) / (draft passes + verify pass of N + 1 rows)`, recomputed
+//!   before each depth (only nodes within that N are expanded) and for the final tree.
 //! - **Chain**: the chain of most likely tokens in one submission, with each depth's next most
 //!   likely ones beside it as leaves, in the budget's nodes.
 //!
@@ -51,7 +58,17 @@ pub struct Eagle {
     ready: bool,
     /// How proposals are shaped.
     shape: EagleTree,
+    /// Decayed sums of accepted nodes and of their predicted number (the chosen nodes' path
+    /// probabilities) over recent dynamic trees sized by costs: the calibration of the chances.
+    calibration: (f64, f64),
+    /// The predicted accepted nodes of the last proposal, until its verify pass is seen.
+    predicted: Option<f64>,
 }
+
+/// Decay of the calibration sums per verify pass, and their prior (as if `PRIOR` nodes were
+/// predicted and accepted).
+const CALIBRATION_DECAY: f64 = 0.95;
+const CALIBRATION_PRIOR: f64 = 2.0;
 
 impl Eagle {
     /// A draft from `head` proposing chains with up to `siblings` (< the head's top-k) of each
@@ -63,7 +80,8 @@ impl Eagle {
     /// A draft from `head` proposing trees of `shape` (a chain's siblings are capped below the
     /// head's top-k; a dynamic tree's width at the head's top-k and [`MAX_EAGLE_WIDTH`]).
     pub fn with_tree(head: EagleHead, shape: EagleTree) -> Eagle {
-        let mut eagle = Eagle { head, synced: 0, ready: false, shape };
+        let mut eagle =
+            Eagle { head, synced: 0, ready: false, shape, calibration: (0.0, 0.0), predicted: None };
         eagle.set_tree(shape);
         eagle
     }
@@ -84,6 +102,13 @@ impl Eagle {
         self.shape
     }
 
+    /// The factor on a node's path probability that estimates its chance of acceptance: accepted
+    /// over predicted nodes in recent verify passes (1 before any), within 0.05..=2.
+    pub fn calibration(&self) -> f64 {
+        let (accepted, predicted) = self.calibration;
+        ((accepted + CALIBRATION_PRIOR) / (predicted + CALIBRATION_PRIOR)).clamp(0.05, 2.0)
+    }
+
     /// The head.
     pub fn head(&self) -> &EagleHead {
         &self.head
@@ -97,6 +122,7 @@ impl Draft for Eagle {
 
     fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
         // the prompt's features arrive through target_pass, one prefill chunk at a time
+        self.predicted = None;
         Box::pin(async { Ok(0) })
     }
 
@@ -108,6 +134,13 @@ impl Draft for Eagle {
     ) -> LocalFuture<'a, Result<usize>> {
         Box::pin(async move {
             let n = rows.len();
+            if let Some(predicted) = self.predicted.take() {
+                // the verify pass of the last proposal: its kept rows are the root and the
+                // accepted nodes
+                let (a, p) = self.calibration;
+                let accepted = n.saturating_sub(1) as f64;
+                self.calibration = (a * CALIBRATION_DECAY + accepted, p * CALIBRATION_DECAY + predicted);
+            }
             // position p's input is (f_p, t_{p+1}): every next token must be known
             let next = context.get(first + 1..first + 1 + n);
             match next {
@@ -148,10 +181,7 @@ impl Draft for Eagle {
                 return Ok(Proposal::default());
             }
             let siblings = match self.shape {
-                EagleTree::Dynamic { width } => {
-                    let nodes = budget.nodes.clamp(depth, MAX_TREE - 1);
-                    return self.dynamic(root, depth, nodes, width).await;
-                }
+                EagleTree::Dynamic { width } => return self.dynamic(root, depth, budget, width).await,
                 EagleTree::Chain { siblings } => siblings,
             };
             let ranked = self.head.draft(depth - 1).await?;
@@ -170,9 +200,27 @@ impl Draft for Eagle {
 }
 
 impl Eagle {
-    /// EAGLE-2's dynamic tree below `root`: at most `depth` deep, `nodes` drafted nodes,
-    /// expanding up to `width` nodes per depth (see the module's doc).
-    async fn dynamic(&mut self, root: u32, depth: usize, nodes: usize, width: usize) -> Result<Proposal> {
+    /// EAGLE-2's dynamic tree below `root`: at most `depth` deep, `budget.nodes` drafted nodes
+    /// (or as many as its costs make worth it), expanding up to `width` nodes per depth (see the
+    /// module's doc).
+    async fn dynamic(
+        &mut self,
+        root: u32,
+        depth: usize,
+        budget: DraftBudget,
+        width: usize,
+    ) -> Result<Proposal> {
+        let nodes = match budget.costs {
+            Some(c) => c.max_nodes,
+            None => budget.nodes.max(depth),
+        }
+        .clamp(1, MAX_TREE - 1);
+        let calibration = self.calibration();
+        // the nodes worth verifying after `passes` draft passes
+        let size = |tree: &DraftTree, passes: usize| match &budget.costs {
+            Some(c) => c.best_nodes(&tree.chances(calibration, nodes), passes),
+            None => nodes,
+        };
         let width = width.min(nodes);
         let mut tree = DraftTree::new(root);
         // the root's children, and (when deeper nodes are wanted) the expansion of the best
@@ -189,7 +237,7 @@ impl Eagle {
         );
         let mut next_slot = 1 + first;
         for d in 2..depth {
-            let front = tree.frontier(d, width, nodes);
+            let front = tree.frontier(d, width, size(&tree, steps + 1));
             let rows = tree.pass_rows(&front);
             let room = self.head.context().saturating_sub(self.head.len());
             if front.is_empty()
@@ -203,7 +251,11 @@ impl Eagle {
             tree.take_ranks(&front, &ranked, next_slot);
             next_slot += front.len();
         }
-        let (tree, tokens) = tree.select(nodes);
+        let chosen = size(&tree, steps);
+        if budget.costs.is_some() {
+            self.predicted = Some(tree.chances(1.0, chosen).iter().sum());
+        }
+        let (tree, tokens) = tree.select(chosen);
         Ok(Proposal { tokens, steps, tree: Some(tree).filter(|t| !t.is_chain()), q: None })
     }
 }
@@ -263,6 +315,13 @@ impl DraftTree {
             y.score.total_cmp(&x.score).then(x.depth.cmp(&y.depth)).then(a.cmp(&b))
         });
         order
+    }
+
+    /// The best `n` candidates' chances of acceptance, best first: `calibration * exp(score)`,
+    /// at most 1.
+    fn chances(&self, calibration: f64, n: usize) -> Vec<f64> {
+        let ranked = self.ranking().into_iter().take(n);
+        ranked.map(|v| (calibration * self.nodes[v].score.exp()).min(1.0)).collect()
     }
 
     /// The nodes to expand at `depth`: unexpanded candidates there that rank among the best

@@ -224,8 +224,13 @@ pub async fn generate(
                     let td = Instant::now();
                     let proposal = match draft.as_deref_mut() {
                         Some(d) if k > 0 => {
-                            let nodes = schedule.tree_nodes(k).min(context - n_past - 1);
-                            d.propose(&tokens, DraftBudget { depth: k, nodes }, &params, &mut rng).await?
+                            let room = context - n_past - 1;
+                            let budget = DraftBudget {
+                                depth: k,
+                                nodes: schedule.tree_nodes(k).min(room),
+                                costs: schedule.tree_costs(room),
+                            };
+                            d.propose(&tokens, budget, &params, &mut rng).await?
                         }
                         _ => Default::default(),
                     };

@@ -22,7 +22,7 @@ pub mod verify;
 pub use cycle::{CycleOutcome, GreedyCycle};
 pub use draft::{
     check_draft, check_tokenizers, check_vocab, Draft, DraftBudget, DraftModel, Ensemble, NGram, Proposal,
-    TREE_BRANCHES,
+    TreeCosts, TREE_BRANCHES,
 };
 pub use eagle::{Eagle, EagleTree, EAGLE_SIBLINGS, EAGLE_WIDTH};
 pub use generate::{generate, CycleTrace, SpecGeneration, SpecStats};

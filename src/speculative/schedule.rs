@@ -16,6 +16,7 @@
 //! verify pass growing 10% per row), which the first cycles replace. K >= 1 always, so
 //! acceptance keeps being measured.
 
+use super::draft::TreeCosts;
 use crate::gpu::{MATMUL_ROWS, MAX_TREE};
 use crate::model::MAX_BATCH;
 
@@ -103,6 +104,24 @@ impl Schedule {
     pub fn tree_nodes(&self, k: usize) -> usize {
         let rows = (k + 1).next_multiple_of(MATMUL_ROWS as usize).min(MAX_TREE);
         rows - 1
+    }
+
+    /// Under an adaptive K, the measured costs a draft that scores its nodes sizes its tree with
+    /// ([`TreeCosts::best_nodes`]), for up to `max_nodes` drafted nodes; `None` under a fixed K
+    /// (whose trees fill the node budget, the same on every run).
+    pub fn tree_costs(&self, max_nodes: usize) -> Option<TreeCosts> {
+        let KPolicy::Adaptive { .. } = self.policy else {
+            return None;
+        };
+        let mut verify = [0f32; MAX_TREE];
+        for (n, v) in verify.iter_mut().enumerate() {
+            *v = self.verify_seconds(n + 1) as f32;
+        }
+        Some(TreeCosts {
+            verify,
+            draft_pass: self.draft_seconds() as f32,
+            max_nodes: max_nodes.min(MAX_TREE - 1),
+        })
     }
 
     /// The K to draft next, at most `cap` (room left in the context, tokens still wanted).
