@@ -165,9 +165,9 @@ fn qwen_coder_pair_speculation_equals_greedy() {
 /// The EAGLE head trained here for SmolLM2-135M (`heads/smollm2-135m-eagle`, made by
 /// `scripts/train/train_eagle.sh`), on chat prompts it never saw (`benches/chat_prompts.json`,
 /// held out of its training): greedy output identical to plain greedy output, and τ (tokens per
-/// target pass) above 1.4 at K = 3 (1.48 measured over these 8 prompts x 24 tokens; 1.53 to 1.55
-/// at 64 tokens in `wgspec bench --chat`, BENCHMARKS.md; a head that read misaligned features
-/// would give about 1.0).
+/// target pass) above 1.6 at K = 7 with EAGLE-2's dynamic tree of 7 nodes (1.76 measured over
+/// these 8 prompts x 24 tokens; 1.81 at 64 tokens in `wgspec bench --chat`, BENCHMARKS.md; the
+/// EAGLE-1 shape gave 1.54 there; a head that read misaligned features would give about 1.0).
 #[test]
 fn smollm2_trained_eagle_head_is_exact_and_pays_in_tokens_per_pass() {
     let g = goldens();
@@ -187,7 +187,7 @@ fn smollm2_trained_eagle_head_is_exact_and_pays_in_tokens_per_pass() {
         // K fixed (the adaptive K follows timings): the same trees on every run
         let request = |draft: &str| {
             let json =
-                serde_json::json!({"messages": messages, "max_tokens": n, "draft": draft, "draft_k": 3});
+                serde_json::json!({"messages": messages, "max_tokens": n, "draft": draft, "draft_k": 7});
             Request::from_json(&json.to_string()).expect("request")
         };
         let plain = pollster::block_on(engine.generate(&request("none"), &mut |_| true)).expect("plain");
@@ -209,7 +209,7 @@ fn smollm2_trained_eagle_head_is_exact_and_pays_in_tokens_per_pass() {
     }
     let tau = tokens as f64 / verifies.max(1) as f64;
     eprintln!("SmolLM2 + trained EAGLE head overall: tau {tau:.2}");
-    assert!(tau > 1.4, "the trained head gives tau {tau:.2}, not above 1.4");
+    assert!(tau > 1.6, "the trained head gives tau {tau:.2}, not above 1.6");
 }
 
 /// The shipped head on the GPU against PyTorch: `check.json` (written by the training script from
