@@ -614,27 +614,59 @@ fn top_k_ranks_ids_as_the_argmax_breaks_ties() {
 }
 
 #[test]
-fn hidden_rows_apply_the_output_norm_to_the_rows_they_are_given() {
+fn gather_rows_take_rows_whole_or_normalised_into_columns_of_another_buffer() {
     let gpu = gpu();
     let step = gpu.step_buffer();
     let mut rng = rng(11);
     for (n, dim, rows) in [(1, 8, vec![0u32]), (5, 64, vec![3, 0, 4]), (9, 200, vec![8, 8, 1, 2, 7, 5])] {
-        let raw = rand_vec(&mut rng, n * dim, 2.0);
+        let src = rand_vec(&mut rng, n * dim, 2.0);
         let gamma = rand_vec(&mut rng, dim, 1.0);
-        let scaled: Vec<f32> = raw.iter().enumerate().map(|(i, v)| v * gamma[i % dim]).collect();
-        let rb = GpuBuffer::<f32>::from_slice(&gpu, "raw", &raw);
-        let sb = GpuBuffer::<f32>::from_slice(&gpu, "scaled", &scaled);
+        let sb = GpuBuffer::<f32>::from_slice(&gpu, "src", &src);
+        let gb = GpuBuffer::<f32>::from_slice(&gpu, "gamma", &gamma);
         let ib = GpuBuffer::<u32>::from_slice(&gpu, "rows", &rows);
-        let ob = GpuBuffer::<f32>::zeros(&gpu, "out", rows.len() * dim);
-        run(&gpu, &step, &[gpu.hidden_rows(&step, (&rb, &sb), &ib, &ob, dim, 1e-5)], rows.len(), 0);
-        let got = read_f32(&gpu, &ob.raw, rows.len() * dim);
+        let m = rows.len();
+        // rows normalised into columns [dim, 2 dim) of a [m, 3 dim] buffer; the rest untouched
+        let ld = 3 * dim;
+        let ob = GpuBuffer::<f32>::from_slice(&gpu, "out", &vec![7.0; m * ld]);
+        let norm = Some((&gb, 1e-5));
+        run(&gpu, &step, &[gpu.gather_rows(&step, &sb, Some(&ib), norm, (&ob, ld, dim), dim)], m, 0);
+        let got = read_f32(&gpu, &ob.raw, m * ld);
         for (i, &r) in rows.iter().enumerate() {
             let r = r as usize;
-            let want = reference::rmsnorm(&raw[r * dim..(r + 1) * dim], &gamma, 1e-5);
-            let what = format!("hidden row {r} of {n}x{dim} into row {i}");
-            assert_close(&what, &got[i * dim..(i + 1) * dim], &want, ELEMENTWISE_ABS, ELEMENTWISE_REL);
+            let want = reference::rmsnorm(&src[r * dim..(r + 1) * dim], &gamma, 1e-5);
+            let what = format!("row {r} of {n}x{dim} normalised into row {i}");
+            let row = &got[i * ld..(i + 1) * ld];
+            assert_close(&what, &row[dim..2 * dim], &want, ELEMENTWISE_ABS, ELEMENTWISE_REL);
+            assert!(row[..dim].iter().chain(&row[2 * dim..]).all(|&v| v == 7.0), "{what}: other columns");
+        }
+        // the pass's own rows, whole, at column 0 of rows of stride dim + 1
+        let ob = GpuBuffer::<f32>::zeros(&gpu, "out", n * (dim + 1));
+        run(&gpu, &step, &[gpu.gather_rows(&step, &sb, None, None, (&ob, dim + 1, 0), dim)], n, 0);
+        let got = read_f32(&gpu, &ob.raw, n * (dim + 1));
+        for r in 0..n {
+            assert_eq!(
+                &got[r * (dim + 1)..r * (dim + 1) + dim],
+                &src[r * dim..(r + 1) * dim],
+                "row {r} copied"
+            );
         }
     }
+}
+
+#[test]
+fn map_ids_rename_ranked_ids_through_a_table() {
+    let gpu = gpu();
+    let step = gpu.step_buffer();
+    let table: Vec<u32> = (0..50u32).map(|d| d * 3 + 1).collect();
+    let ids: Vec<u32> = vec![0, 49, 7, 3, 3, 60, 1, 2, 9, 9, 9, 9];
+    let tb = GpuBuffer::<u32>::from_slice(&gpu, "table", &table);
+    let ib = GpuBuffer::<u32>::from_slice(&gpu, "ids", &ids);
+    // 2 rows of 4 ids: the third row is outside the pass and stays as it was
+    run(&gpu, &step, &[gpu.map_ids(&step, &tb, &ib, 4)], 2, 0);
+    let got = read_u32(&gpu, &ib.raw, ids.len());
+    let want: Vec<u32> =
+        ids.iter().enumerate().map(|(i, &d)| if i < 8 { table[(d as usize).min(49)] } else { d }).collect();
+    assert_eq!(got, want);
 }
 
 #[test]

@@ -16,7 +16,8 @@ pub enum Kernel {
     AcceptGreedy,
     KvKeep,
     TopK,
-    HiddenRows,
+    GatherRows,
+    MapIds,
     Concat,
     /// Benchmarks only: the adapter's bandwidth ceiling.
     BenchCopy,
@@ -25,16 +26,17 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
-const PLAIN: [Kernel; 9] = [
+const PLAIN: [Kernel; 10] = [
     Kernel::Attention,
     Kernel::Argmax,
     Kernel::AcceptGreedy,
     Kernel::KvKeep,
     Kernel::TopK,
-    Kernel::HiddenRows,
+    Kernel::GatherRows,
     Kernel::Concat,
     Kernel::BenchCopy,
     Kernel::BenchFma,
+    Kernel::MapIds,
 ];
 
 impl Kernel {
@@ -61,10 +63,11 @@ impl Kernel {
             Kernel::AcceptGreedy => plain(2),
             Kernel::KvKeep => plain(3),
             Kernel::TopK => plain(4),
-            Kernel::HiddenRows => plain(5),
+            Kernel::GatherRows => plain(5),
             Kernel::Concat => plain(6),
             Kernel::BenchCopy => plain(7),
             Kernel::BenchFma => plain(8),
+            Kernel::MapIds => plain(9),
         }
     }
 
@@ -79,7 +82,8 @@ impl Kernel {
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
             Kernel::KvKeep => Cow::Borrowed(include_str!("../../shaders/kv_keep.wgsl")),
             Kernel::TopK => Cow::Borrowed(include_str!("../../shaders/top_k.wgsl")),
-            Kernel::HiddenRows => Cow::Borrowed(include_str!("../../shaders/hidden_rows.wgsl")),
+            Kernel::GatherRows => Cow::Borrowed(include_str!("../../shaders/gather_rows.wgsl")),
+            Kernel::MapIds => Cow::Borrowed(include_str!("../../shaders/map_ids.wgsl")),
             Kernel::Concat => Cow::Borrowed(include_str!("../../shaders/concat.wgsl")),
             Kernel::BenchCopy => Cow::Borrowed(include_str!("../../shaders/bench_copy.wgsl")),
             Kernel::BenchFma => Cow::Borrowed(include_str!("../../shaders/bench_fma.wgsl")),

@@ -169,9 +169,20 @@ struct WidthParams {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
-struct HiddenRowParams {
+struct GatherParams {
     dim: u32,
     eps: f32,
+    ld: u32,
+    offset: u32,
+    flags: u32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct MapIdsParams {
+    k: u32,
+    size: u32,
     _pad: [u32; 2],
 }
 
@@ -412,24 +423,39 @@ impl Gpu {
         self.op(Kernel::TopK, step, &params, &[&logits.raw, &out.raw, logp], Grid::Rows).with_cost(cost)
     }
 
-    /// `out[i] = scaled[rows[i]] / rms(raw[rows[i]])` for i < the pass's n: rows of a pass's
-    /// final hidden state (the output norm of the residual stream `raw: [n', dim]`, given
-    /// `scaled: [n', dim]` = raw times the norm's weight, as the forward pass leaves them);
-    /// `rows: [n]`, `out: [n, dim]`.
-    pub fn hidden_rows(
+    /// `out[i * ld + offset + j] = src[s][j]`, times `gamma[j] / rms(src[s])` with `norm = (gamma,
+    /// eps)`, for i < the pass's n and j < dim, where s = `rows[i]` (a gather) or i: heads take
+    /// the target's final hidden states of a pass's rows this way (the output norm), an EAGLE-3
+    /// head its feature taps and the normalised halves of its attention input. `src: [n', dim]`,
+    /// `gamma: [dim]`, `rows: [n]`, `out: [n, ld]`.
+    pub fn gather_rows(
         &self,
         step: &wgpu::Buffer,
-        (raw, scaled): (&GpuBuffer<f32>, &GpuBuffer<f32>),
-        rows: &GpuBuffer<u32>,
-        out: &GpuBuffer<f32>,
+        src: &GpuBuffer<f32>,
+        rows: Option<&GpuBuffer<u32>>,
+        norm: Option<(&GpuBuffer<f32>, f32)>,
+        (out, ld, offset): (&GpuBuffer<f32>, usize, usize),
         dim: usize,
-        eps: f32,
     ) -> Op {
-        let p = HiddenRowParams { dim: dim as u32, eps, _pad: [0; 2] };
-        let params = self.uniform("hidden rows params", bytemuck::bytes_of(&p));
-        let cost = Cost { row_bytes: 12 * dim as u64, row_flops: 3 * dim as u64, ..Cost::default() };
-        let storage = [&raw.raw, &scaled.raw, &rows.raw, &out.raw];
-        self.op(Kernel::HiddenRows, step, &params, &storage, Grid::Rows).with_cost(cost)
+        let flags = norm.is_some() as u32 | (rows.is_some() as u32) << 1;
+        let eps = norm.map_or(0.0, |n| n.1);
+        let p =
+            GatherParams { dim: dim as u32, eps, ld: ld as u32, offset: offset as u32, flags, _pad: [0; 3] };
+        let params = self.uniform("gather rows params", bytemuck::bytes_of(&p));
+        let cost = Cost { row_bytes: 8 * dim as u64, row_flops: 3 * dim as u64, ..Cost::default() };
+        // (unused inputs are bound to src, read-only like them)
+        let gamma = norm.map_or(&src.raw, |n| &n.0.raw);
+        let rows = rows.map_or(&src.raw, |r| &r.raw);
+        let storage = [&src.raw, gamma, rows, &out.raw];
+        self.op(Kernel::GatherRows, step, &params, &storage, Grid::Rows).with_cost(cost)
+    }
+
+    /// `ids[r, j] = table[ids[r, j]]` for the pass's rows and j < k (k <= 64): a draft
+    /// vocabulary's ids renamed to the target's. `table: [size]`, `ids: [n, k]`.
+    pub fn map_ids(&self, step: &wgpu::Buffer, table: &GpuBuffer<u32>, ids: &GpuBuffer<u32>, k: usize) -> Op {
+        let p = MapIdsParams { k: k as u32, size: table.len as u32, _pad: [0; 2] };
+        let params = self.uniform("map ids params", bytemuck::bytes_of(&p));
+        self.op(Kernel::MapIds, step, &params, &[&table.raw, &ids.raw], Grid::Rows)
     }
 
     /// `out[r] = [left[r] | right[r]]` for the pass's rows; `left: [n, a]`, `right: [n, b]`,

@@ -16,7 +16,7 @@
 //! ```
 //!
 //! The head keeps its own KV cache over the positions it has run. A pass of n rows: the features
-//! gathered from the target's pass ([`Gpu::hidden_rows`]) or copied from the head's own previous
+//! gathered from the target's pass ([`Gpu::gather_rows`]) or copied from the head's own previous
 //! output, the embedding, the concatenation, fc and the layer over every row; then the
 //! projection (a `[vocab, dim]` matmul, most of a pass's bytes) and a top-k of the LAST row only,
 //! the one drafting continues from.
@@ -279,8 +279,9 @@ impl EagleHead {
         g.take_error()?;
         let s = &state;
         let st = &s.step;
-        let (raw, scaled) = target.hidden_buffers();
-        let gather = g.hidden_rows(st, (raw, scaled), &s.rows, &s.feat, c.dim, target.config.rms_eps);
+        let (raw, norm) = target.hidden_buffers();
+        let eps = target.config.rms_eps;
+        let gather = g.gather_rows(st, raw, Some(&s.rows), Some((norm, eps)), (&s.feat, c.dim, 0), c.dim);
         // e = the target's embedding of the tokens; cat = [e | f]                   [n, 2 dim]
         let mut pass = target.embed_ops(st, &s.tokens, &s.embd);
         pass.push(g.concat(st, (&s.embd, c.dim), (&s.feat, c.dim), &s.cat));

@@ -203,8 +203,8 @@ impl MedusaHeads {
         let row = GpuBuffer::<u32>::zeros(g, "medusa row", 1);
         let hidden = GpuBuffer::<f32>::zeros(g, "medusa hidden", dim);
         let top = GpuBuffer::<u32>::zeros(g, "medusa top", config.heads * top_k);
-        let (raw, scaled) = target.hidden_buffers();
-        let gather = g.hidden_rows(&step, (raw, scaled), &row, &hidden, dim, c.rms_eps);
+        let (raw, norm) = target.hidden_buffers();
+        let gather = g.gather_rows(&step, raw, Some(&row), Some((norm, c.rms_eps)), (&hidden, dim, 0), dim);
         let mut program = vec![Action::Ops(vec![gather])];
         let mut heads = Vec::with_capacity(config.heads);
         let mut gpu_bytes = 0;

@@ -436,12 +436,11 @@ impl Model {
         &self.state.argmax
     }
 
-    /// The residual stream after the last pass, `[MAX_BATCH, dim]`, and the same rows times the
-    /// output norm's weight (what the output projection reads): the final hidden state of row r
-    /// is `scaled[r] / rms(raw[r])` ([`Gpu::hidden_rows`](crate::gpu::Gpu::hidden_rows)), what
-    /// Medusa and EAGLE heads draft from.
+    /// The residual stream after the last pass, `[MAX_BATCH, dim]`, and the output norm's weight
+    /// `[dim]`: the final hidden state of row r is `raw[r] * norm / rms(raw[r])`
+    /// ([`Gpu::gather_rows`](crate::gpu::Gpu::gather_rows)), what Medusa and EAGLE heads draft from.
     pub fn hidden_buffers(&self) -> (&GpuBuffer<f32>, &GpuBuffer<f32>) {
-        (&self.state.x, &self.state.xb)
+        (&self.state.x, &self.weights.output_norm)
     }
 
     /// Ops gathering this model's embedding rows of `tokens` into `out` (`[n, dim]`) in a pass
