@@ -16,7 +16,8 @@ use crate::files::{ModelFiles, OpenedModel};
 use crate::gpu::Gpu;
 use crate::loader::source;
 use crate::model::{
-    Checkpoint, EagleHead, LoadOptions, LoadProgress, MedusaConfig, MedusaHeads, Model, TensorTable,
+    Checkpoint, EagleHead, EagleLayout, LoadOptions, LoadProgress, MedusaConfig, MedusaHeads, Model,
+    TensorTable,
 };
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
@@ -435,11 +436,19 @@ impl Engine {
             .ok_or_else(|| Error::io("config.json", "missing from the EAGLE head's files"))?;
         let config = EagleHead::config_for(&self.target.config, &json)?;
         let ckpt = Checkpoint::from_named_safetensors(config, named.shards)?;
+        let layout = EagleHead::layout_of(&self.target.config, &json, &ckpt)?;
         let opts = &self.load_options;
         let top_k = EAGLE_SIBLINGS + 1;
-        self.check_budget("the EAGLE head", EagleHead::plan(&self.target, &ckpt, opts.precision, top_k)?)?;
-        let head =
-            EagleHead::load(&self.target, &ckpt, opts, top_k, &mut |p| progress(Role::Draft, p)).await?;
+        let bytes = EagleHead::plan(&self.target, &ckpt, layout, opts.precision, top_k)?;
+        self.check_budget("the EAGLE head", bytes)?;
+        // an EAGLE-3 head reads three taps of the target's residual stream
+        let taps = match layout {
+            EagleLayout::Eagle3 { taps, .. } => taps.to_vec(),
+            EagleLayout::Eagle1 => Vec::new(),
+        };
+        self.target.set_feature_taps(&taps)?;
+        let progress = &mut |p| progress(Role::Draft, p);
+        let head = EagleHead::load(&self.target, &ckpt, layout, &self.load_options, top_k, progress).await?;
         let shape = EagleTree::Dynamic { width: EAGLE_WIDTH };
         Ok(self.eagle.insert(Eagle::with_tree(head, shape)).head())
     }

@@ -10,7 +10,7 @@ use common::{gpu, rng};
 use wgspec::engine::{Completion, DraftKind, Engine, Request, TokenEvent};
 use wgspec::files::ModelFiles;
 use wgspec::loader::DType;
-use wgspec::model::{LoadOptions, Model};
+use wgspec::model::{EagleLayout, LoadOptions, Model};
 use wgspec::session::FinishReason;
 use wgspec::tokenizer::{ChatTemplate, Message};
 use wgspec::Error;
@@ -315,6 +315,27 @@ fn speculation_through_the_engine_equals_plain_decoding() {
         if draft == DraftKind::Eagle {
             assert_eq!(out.stats.draft, "eagle");
             assert!(out.stats.drafted > 0 && out.stats.draft_steps > 0, "EAGLE drafted: {:?}", out.stats);
+        }
+    }
+    // An EAGLE-3 head in its public layout replaces it (the target's taps follow), then the
+    // EAGLE-1 head again (the taps go): the output stays the target's
+    let (head3, config3) = common::tiny::eagle3_head(&tiny, DType::F32, 200, None, false, &mut r);
+    let (copy3, copy_config3) = common::tiny::eagle3_head(&tiny, DType::F32, 300, None, true, &mut r);
+    let (head1, config1) = common::tiny::eagle_head(&tiny, DType::F16, false, true, &mut r);
+    for (head, config, eagle3) in
+        [(head3, config3, true), (copy3, copy_config3, true), (head1, config1, false)]
+    {
+        let mut files = ModelFiles::new();
+        files.add("model.safetensors", head).expect("add");
+        files.add("config.json", config).expect("add");
+        let loaded = engine.load_eagle(files, &mut |_, _| {}).expect("EAGLE head");
+        assert_eq!(matches!(loaded.layout(), EagleLayout::Eagle3 { .. }), eagle3);
+        for k in [Some(3), None] {
+            req.draft = Some(DraftKind::Eagle);
+            req.draft_k = k;
+            let (out, _) = run(&mut engine, &req);
+            assert_eq!(out.tokens, plain.tokens, "EAGLE-3 {eagle3} K={k:?}");
+            assert!(out.stats.drafted > 0, "{:?}", out.stats);
         }
     }
     // The default draft is the loaded model.

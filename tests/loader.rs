@@ -846,7 +846,7 @@ fn safetensors_bad_headers() {
         assert!(msg.contains(needle), "{what}: {msg}");
     }
     // A valid safetensors dtype the loader does not read.
-    for (dt, shape) in [("I64", "[1]"), ("F64", "[1]"), ("I32", "[2]"), ("U8", "[8]"), ("F8_E4M3", "[8]")] {
+    for (dt, shape) in [("F64", "[1]"), ("U8", "[8]"), ("I8", "[8]"), ("F8_E4M3", "[8]")] {
         let f = st_file(&w(dt, shape, "[0,8]"), 8);
         match Safetensors::parse(&f, f.len() as u64) {
             Err(Error::UnsupportedTensorType { tensor, type_name }) => {
@@ -855,6 +855,25 @@ fn safetensors_bad_headers() {
             other => panic!("{dt}: {other:?}"),
         }
     }
+    // Integer and boolean tensors are index tensors, read whole by the host (never weights)
+    for (dt, shape, want) in [
+        ("I64", "[1]", vec![-2i64]),
+        ("I32", "[2]", vec![-2, -1]),
+        ("BOOL", "[8]", vec![0, 1, 1, 1, 1, 1, 1, 1]),
+    ] {
+        let mut f = st_file(&w(dt, shape, "[0,8]"), 8);
+        let data_at = f.len() - 8;
+        f[data_at..].copy_from_slice(&[0xfe, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff]);
+        f[data_at + 1..].iter_mut().filter(|_| dt == "BOOL").for_each(|b| *b = 1);
+        f[data_at] = if dt == "BOOL" { 0 } else { 0xfe };
+        let st = Safetensors::parse(&f, f.len() as u64).expect(dt);
+        assert!(st.tensors.is_empty() && st.index.len() == 1, "{dt}");
+        let t = st.index_tensor("w").expect("index tensor");
+        assert_eq!(t.dtype.decode(&f[t.offset as usize..(t.offset + t.n_bytes) as usize]), want, "{dt}");
+    }
+    // an index tensor whose bytes do not match its shape
+    let f = st_file(&w("I64", "[2]", "[0,8]"), 8);
+    assert!(Safetensors::parse(&f, f.len() as u64).is_err());
     // Header over the 100 MB limit even though the file claims to be that long.
     let mut f = st_file("{}", 0);
     f[..8].copy_from_slice(&(100_000_001u64).to_le_bytes());

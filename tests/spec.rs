@@ -14,7 +14,9 @@ use rand::rngs::SmallRng;
 use rand::Rng as _;
 use wgspec::gpu::Gpu;
 use wgspec::loader::DType;
-use wgspec::model::{Checkpoint, EagleHead, LoadOptions, MedusaConfig, MedusaHeads, Model, Precision};
+use wgspec::model::{
+    Checkpoint, EagleHead, EagleLayout, LoadOptions, MedusaConfig, MedusaHeads, Model, Precision,
+};
 use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
@@ -788,7 +790,10 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
     // an EAGLE head: EAGLE-2's dynamic trees (deterministic)
     let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, false, &mut r);
     let dynamic = EagleTree::Dynamic { width: 3 };
-    drafts.push(("eagle tree", Box::new(Eagle::with_tree(load_eagle(&target, file, &config, 4).0, dynamic))));
+    drafts.push((
+        "eagle tree",
+        Box::new(Eagle::with_tree(load_eagle(&mut target, file, &config, 4).0, dynamic)),
+    ));
     let prompt = [3u32, 5, 3, 7, 3];
     for params in [
         SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
@@ -1129,12 +1134,19 @@ fn medusa_heads_and_paths_are_checked() {
 // ---------------------------------------------------------------------------------------------
 
 /// An EAGLE head from the bytes of its file and config (see `tiny::eagle_head`) for `target`.
-fn load_eagle(target: &Model, file: Vec<u8>, config: &[u8], top_k: usize) -> (EagleHead, Checkpoint) {
+/// An EAGLE-3 head's feature taps are set on `target` first.
+fn load_eagle(target: &mut Model, file: Vec<u8>, config: &[u8], top_k: usize) -> (EagleHead, Checkpoint) {
     let cfg = EagleHead::config_for(&target.config, config).expect("head config");
     let ckpt = Checkpoint::from_named_safetensors(cfg.clone(), vec![Box::new(file.clone())]).expect("head");
-    let head =
-        pollster::block_on(EagleHead::load(target, &ckpt, &LoadOptions::default(), top_k, &mut |_| {}))
-            .expect("load head");
+    let layout = EagleHead::layout_of(&target.config, config, &ckpt).expect("layout");
+    let taps = match layout {
+        EagleLayout::Eagle3 { taps, .. } => taps.to_vec(),
+        EagleLayout::Eagle1 => Vec::new(),
+    };
+    target.set_feature_taps(&taps).expect("taps");
+    let opts = LoadOptions::default();
+    let head = pollster::block_on(EagleHead::load(target, &ckpt, layout, &opts, top_k, &mut |_| {}))
+        .expect("load head");
     (head, Checkpoint::from_named_safetensors(cfg, vec![Box::new(file)]).expect("head"))
 }
 
@@ -1240,7 +1252,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let ckpt = ckpt_of(&tiny, &mut r);
         let mut target = load(&ckpt, 64);
         let (file, config) = common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r);
-        let (head, head_ckpt) = load_eagle(&target, file, &config, 4);
+        let (head, head_ckpt) = load_eagle(&mut target, file, &config, 4);
         let mut eagle = Eagle::new(head, 0);
         let mut reference = reference::RefModel::new(&ckpt, Precision::Auto);
         let mut ref_head = reference::RefEagle::new(&head_ckpt, &reference);
@@ -1297,7 +1309,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         // siblings: a tree of the chain and each depth's next most likely ids
         let mut eagle = Eagle::new(
             load_eagle(
-                &target,
+                &mut target,
                 common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r).0,
                 &config,
                 4,
@@ -1312,7 +1324,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         assert_eq!((tree.len(), tree.max_depth()), (10, 3), "3 chain nodes, 2 siblings at each depth");
         // EAGLE-2's dynamic tree against the reference's: each node's ranks from its path alone
         let (file, _) = common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r);
-        let (head, head_ckpt) = load_eagle(&target, file, &config, 4);
+        let (head, head_ckpt) = load_eagle(&mut target, file, &config, 4);
         let mut eagle = Eagle::with_tree(head, EagleTree::Dynamic { width: 3 });
         let mut ref_head = reference::RefEagle::new(&head_ckpt, &reference);
         let mut root = (Vec::new(), Vec::new()); // position 8's f^ and logits
@@ -1362,7 +1374,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         // a pass the head cannot follow (a gap: positions 0..3 never ran) leaves it without proposals
         let mut eagle = Eagle::new(
             load_eagle(
-                &target,
+                &mut target,
                 common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r).0,
                 &config,
                 4,
@@ -1385,14 +1397,14 @@ fn eagle_speculation_equals_greedy_output() {
         let mut target = load(&ckpt_of(&tiny, &mut r), 64);
         let (file, config) = common::tiny::eagle_head(&tiny, DType::F16, false, false, &mut r);
         let mut random =
-            Eagle::with_tree(load_eagle(&target, file, &config, 4).0, EagleTree::Dynamic { width: 3 });
+            Eagle::with_tree(load_eagle(&mut target, file, &config, 4).0, EagleTree::Dynamic { width: 3 });
         // a head that predicts the feature it is given: its first guess is the last token
         let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, true, &mut r);
         let mut echo = Eagle::with_tree(
-            load_eagle(&target, file.clone(), &config, 4).0,
+            load_eagle(&mut target, file.clone(), &config, 4).0,
             EagleTree::Dynamic { width: 4 },
         );
-        let mut echo_chain = Eagle::new(load_eagle(&target, file, &config, 4).0, 3);
+        let mut echo_chain = Eagle::new(load_eagle(&mut target, file, &config, 4).0, 3);
         let mut drafts: [(&str, &mut dyn Draft, bool); 3] = [
             ("random dynamic", &mut random, false),
             ("echo dynamic", &mut echo, true),
@@ -1404,4 +1416,133 @@ fn eagle_speculation_equals_greedy_output() {
             assert_ne!(eagle.calibration(), 1.0, "{name}: the chances were never calibrated");
         }
     }
+}
+
+#[test]
+fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
+    for (spec, dtype, draft_vocab, taps) in [
+        (TinySpec::llama(), DType::F16, 37, None),
+        (TinySpec::qwen2(), DType::F32, TinySpec::qwen2().vocab, Some([0, 2, 1])),
+    ] {
+        let mut r = rng(390 + spec.qwen2 as u64);
+        let tiny = TinyModel::random(spec, &mut r);
+        let ckpt = ckpt_of(&tiny, &mut r);
+        let mut target = load(&ckpt, 64);
+        let (file, config) = common::tiny::eagle3_head(&tiny, dtype, draft_vocab, taps, false, &mut r);
+        let (head, head_ckpt) = load_eagle(&mut target, file, &config, 4);
+        // the default taps of a 2-layer target: after 2, 1 and 0 layers
+        let want_taps = taps.unwrap_or([2, 1, 0]);
+        assert_eq!(head.layout(), EagleLayout::Eagle3 { draft_vocab, taps: want_taps });
+        let mut eagle = Eagle::with_tree(head, EagleTree::Dynamic { width: 3 });
+        let mut reference = reference::RefModel::new(&ckpt, Precision::Auto);
+        let mut ref_head = reference::RefEagle::new(&head_ckpt, &reference);
+        let prompt: Vec<u32> = (0..10).map(|_| r.gen_range(0..spec.vocab as u32)).collect();
+        let what = format!("qwen2={} draft vocabulary {draft_vocab}", spec.qwen2);
+        pollster::block_on(target.forward(&prompt[..9], 0)).expect("forward");
+        reference.forward(&prompt[..9], 0);
+        let mut want = Vec::new();
+        for p in 0..9 {
+            let feature: Vec<f32> =
+                want_taps.iter().flat_map(|&t| reference.residual[p][t].clone()).collect();
+            want.push(ref_head.step(prompt[p + 1], &feature));
+        }
+        for (rows, first) in [(vec![0, 1, 2, 3, 4], 0), (vec![5, 6, 7, 8], 5)] {
+            assert_eq!(pollster::block_on(eagle.target_pass(&prompt, first, &rows)).expect("pass"), 1);
+            let feat = pollster::block_on(eagle.head().features(rows.len())).expect("features");
+            for (i, &row) in rows.iter().enumerate() {
+                let got = &feat[i * spec.dim..(i + 1) * spec.dim];
+                common::assert_close(&format!("{what}: h of position {row}"), got, &want[row].0, 1e-4, 1e-3);
+            }
+            // ranked in the draft vocabulary, named by the target's ids
+            let top = pollster::block_on(eagle.head().top_ids()).expect("top");
+            let last = rows[rows.len() - 1];
+            check_ranks(&format!("{what}: position {last}"), &top, &want[last].1);
+        }
+        // EAGLE-2's tree from the draft vocabulary, against the reference's
+        let (params, mut g) = (SamplingParams::greedy(), Rng::new(1));
+        let p = pollster::block_on(eagle.propose(&prompt, DraftBudget::tree(4, 10), &params, &mut g))
+            .expect("propose");
+        let tree = p.tree.expect("a tree");
+        let root = &want[8];
+        let want_tree = reference_dynamic_tree(
+            &mut ref_head,
+            &root.0,
+            &root.1,
+            prompt[9],
+            DraftBudget::tree(4, 10),
+            3,
+            4,
+        );
+        assert_eq!((tree.tokens(), tree.parents()), (want_tree.tokens(), want_tree.parents()), "{what}");
+        // the chain: each step fed the head's own output and most likely id
+        let mut eagle = Eagle::new(eagle.into_head(), 0);
+        pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
+        let p = pollster::block_on(eagle.propose(&prompt, DraftBudget::chain(4), &params, &mut g))
+            .expect("propose");
+        assert_eq!(p.tokens[0], reference_argmax(&root.1), "{what}: first draft");
+        ref_head.truncate(9);
+        let (mut feature, mut token) = (root.0.clone(), p.tokens[0]);
+        for (step, &id) in p.tokens.iter().enumerate().skip(1) {
+            let (f, l) = ref_head.step(token, &feature);
+            assert_eq!(id, reference_argmax(&l), "{what}: draft step {step}");
+            (feature, token) = (f, id);
+        }
+        // every draft id is one the draft vocabulary has
+        let d2t_ids: Vec<usize> = (0..spec.vocab).filter(|&t| want[0].1[t].is_finite()).collect();
+        assert_eq!(d2t_ids.len(), draft_vocab);
+        assert!(
+            tree.tokens()[1..].iter().chain(&p.tokens).all(|&t| d2t_ids.contains(&(t as usize))),
+            "{what}"
+        );
+    }
+}
+
+#[test]
+fn eagle3_speculation_equals_greedy_output_and_bad_heads_are_refused() {
+    let spec = TinySpec::llama();
+    let mut r = rng(395);
+    let tiny = TinyModel::random(spec, &mut r);
+    let mut target = load(&ckpt_of(&tiny, &mut r), 64);
+    let (file, config) = common::tiny::eagle3_head(&tiny, DType::F16, 40, Some([2, 1, 0]), false, &mut r);
+    // a head that projects the target's last residual as the target does: its first guess is
+    // the last token
+    let (copy_file, copy_config) =
+        common::tiny::eagle3_head(&tiny, DType::F32, spec.vocab, Some([2, 1, 0]), true, &mut r);
+    let copy_head = load_eagle(&mut target, copy_file, &copy_config, 4).0;
+    let mut copy = Eagle::with_tree(copy_head, EagleTree::Dynamic { width: 2 });
+    let mut dynamic = Eagle::with_tree(
+        load_eagle(&mut target, file.clone(), &config, 4).0,
+        EagleTree::Dynamic { width: 4 },
+    );
+    let mut chain = Eagle::new(load_eagle(&mut target, file.clone(), &config, 4).0, 2);
+    let mut drafts: [(&str, &mut dyn Draft, bool); 3] = [
+        ("eagle3 dynamic", &mut dynamic, false),
+        ("eagle3 chain", &mut chain, false),
+        ("eagle3 copy", &mut copy, true),
+    ];
+    heads_speculate_exactly("eagle3", &mut target, &mut drafts, &mut r);
+    // (every head above reads the same taps: setting others would leave them reading the old
+    // buffer) the target's taps must be the head's
+    let cfg = EagleHead::config_for(&target.config, &config).expect("config");
+    let ckpt = Checkpoint::from_named_safetensors(cfg.clone(), vec![Box::new(file.clone())]).expect("head");
+    let layout = EagleHead::layout_of(&target.config, &config, &ckpt).expect("layout");
+    target.set_feature_taps(&[]).expect("no taps");
+    let opts = LoadOptions::default();
+    let err = pollster::block_on(EagleHead::load(&target, &ckpt, layout, &opts, 4, &mut |_| {}))
+        .err()
+        .expect("no taps");
+    assert!(err.to_string().contains("feature taps"), "{err}");
+    // taps past the target's layers; a d2t that leaves the target's vocabulary
+    let (_, bad) = common::tiny::eagle3_head(&tiny, DType::F16, 40, Some([1, 3, 0]), false, &mut r);
+    let err = EagleHead::layout_of(&target.config, &bad, &ckpt).expect_err("tap after 3 of 2 layers");
+    assert!(err.to_string().contains("eagle_aux_hidden_state_layer_ids"), "{err}");
+    target.set_feature_taps(&[2, 1, 0]).expect("taps");
+    let mut d2t_past = file.clone();
+    let d2t_at = d2t_past.len() - 8 * 40;
+    d2t_past[d2t_at..d2t_at + 8].copy_from_slice(&(spec.vocab as i64).to_le_bytes());
+    let ckpt = Checkpoint::from_named_safetensors(cfg, vec![Box::new(d2t_past)]).expect("head");
+    let err = pollster::block_on(EagleHead::load(&target, &ckpt, layout, &opts, 4, &mut |_| {}))
+        .err()
+        .expect("d2t");
+    assert!(err.to_string().contains("d2t maps draft id 0"), "{err}");
 }

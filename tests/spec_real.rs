@@ -18,7 +18,7 @@ use common::goldens::{goldens, model_file, Case};
 use common::gpu;
 use web_time::Instant;
 use wgspec::engine::{Engine, Request};
-use wgspec::model::{Checkpoint, EagleHead, LoadOptions, Model, MAX_BATCH};
+use wgspec::model::{Checkpoint, EagleHead, EagleLayout, LoadOptions, Model, MAX_BATCH};
 use wgspec::session::GenerateOptions;
 use wgspec::speculative::{self, Draft, DraftModel, KPolicy, NGram, SpecGeneration};
 use wgspec::tokenizer::Tokenizer;
@@ -230,9 +230,15 @@ fn the_shipped_eagle_head_computes_what_pytorch_computed() {
     let cfg = EagleHead::config_for(&target.config, &config).expect("head config");
     let file = wgspec::loader::source::LocalFile::open(&dir.join("model.safetensors")).expect("head file");
     let ckpt = Checkpoint::from_named_safetensors(cfg, vec![Box::new(file)]).expect("head");
-    let mut head =
-        pollster::block_on(EagleHead::load(&target, &ckpt, &LoadOptions::default(), 5, &mut |_| {}))
-            .expect("load head");
+    let mut head = pollster::block_on(EagleHead::load(
+        &target,
+        &ckpt,
+        EagleLayout::Eagle1,
+        &LoadOptions::default(),
+        5,
+        &mut |_| {},
+    ))
+    .expect("load head");
     // the target's pass over every position but the last, in chunks; the head over each chunk's rows
     let positions = ids.len() - 1;
     let mut first = 0;

@@ -302,6 +302,30 @@ impl Checkpoint {
         self.locate(name).map(|at| at.info.n_bytes)
     }
 
+    /// The integer (or boolean) tensor `name` of a safetensors file by its own name, flattened:
+    /// `[expected_len]` values. Such tensors are maps, never weights (an EAGLE-3 head's `d2t`).
+    pub fn index_tensor(&self, name: &str, expected_len: usize) -> Result<Vec<i64>> {
+        let headers = match &self.format {
+            Format::Named(h) | Format::Safetensors(h) => h,
+            Format::Gguf(_) => return Err(Error::MissingTensor { name: name.to_string() }),
+        };
+        let (file, t) = headers
+            .iter()
+            .zip(&self.files)
+            .find_map(|(h, file)| Some((file.as_ref(), h.index_tensor(name)?)))
+            .ok_or_else(|| Error::MissingTensor { name: name.to_string() })?;
+        let len: usize = t.shape.iter().product();
+        if len != expected_len {
+            return Err(Error::TensorShape {
+                name: name.into(),
+                expected: vec![expected_len],
+                found: t.shape.clone(),
+            });
+        }
+        let data = source::read(file, t.offset, t.n_bytes, &format!("data of tensor {name}"))?;
+        Ok(t.dtype.decode(&data))
+    }
+
     /// Whether the checkpoint has a tensor of this (GGUF) name.
     pub fn has(&self, name: &str) -> bool {
         self.locate(name).is_some()

@@ -64,20 +64,40 @@ pub struct Ranked {
     pub logp: Vec<Vec<f32>>,
 }
 
+/// Which public layout a head's file has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EagleLayout {
+    /// EAGLE-1/2: `fc` over [embedding | the target's final hidden state], `layers.0.*`, the
+    /// target's output projection.
+    Eagle1,
+    /// EAGLE-3: `fc` over three taps of the target's residual stream (after `taps[i]` layers),
+    /// `midlayer.*` attending over [input_layernorm(embedding) | hidden_norm(feature)], its own
+    /// `norm` and `lm_head` over `draft_vocab` ids, the target's id of draft id d being
+    /// `d + d2t[d]`.
+    Eagle3 { draft_vocab: usize, taps: [usize; 3] },
+}
+
 /// The head's tensors, named as in the public layout.
 struct EagleTensors {
     fc: TensorSpec,
     fc_bias: TensorSpec,
     layer: super::weights::LayerTensors,
+    /// EAGLE-3: `midlayer.hidden_norm`, `norm`, `lm_head`.
+    eagle3: Option<[TensorSpec; 3]>,
 }
 
 impl EagleTensors {
-    fn new(c: &Config) -> EagleTensors {
+    fn new(c: &Config, layout: EagleLayout) -> EagleTensors {
         let mut layer = TensorTable::new(c).layers.swap_remove(0);
-        // `model.layers.0.*` of a Hugging Face model is `layers.0.*` in a head's file
+        // `model.layers.0.*` of a Hugging Face model is `layers.0.*` in an EAGLE-1 head's file,
+        // `midlayer.*` in an EAGLE-3 head's
+        let prefix = match layout {
+            EagleLayout::Eagle1 => "layers.0.",
+            EagleLayout::Eagle3 { .. } => "midlayer.",
+        };
         let rename = |t: &mut TensorSpec| {
             if let Some(hf) = hf_name(&t.name) {
-                t.name = hf.trim_start_matches("model.").to_string();
+                t.name = format!("{prefix}{}", hf.trim_start_matches("model.layers.0."));
             }
         };
         for t in [
@@ -97,12 +117,58 @@ impl EagleTensors {
             rename(b);
         }
         let spec = |name: &str, shape: Vec<usize>, role| TensorSpec { name: name.into(), shape, role };
+        let (fc_in, eagle3) = match layout {
+            EagleLayout::Eagle1 => (2 * c.dim, None),
+            EagleLayout::Eagle3 { draft_vocab, .. } => {
+                // q, k and v read [embedding | feature], both normalised: 2 dim wide
+                for t in [&mut layer.q, &mut layer.k, &mut layer.v] {
+                    t.shape[1] = 2 * c.dim;
+                }
+                let extra = [
+                    spec("midlayer.hidden_norm.weight", vec![c.dim], TensorRole::Norm),
+                    spec("norm.weight", vec![c.dim], TensorRole::Norm),
+                    spec("lm_head.weight", vec![draft_vocab, c.dim], TensorRole::Weight),
+                ];
+                (3 * c.dim, Some(extra))
+            }
+        };
         EagleTensors {
-            fc: spec("fc.weight", vec![c.dim, 2 * c.dim], TensorRole::Weight),
+            fc: spec("fc.weight", vec![c.dim, fc_in], TensorRole::Weight),
             fc_bias: spec("fc.bias", vec![c.dim], TensorRole::QkvBias),
             layer,
+            eagle3,
         }
     }
+
+    fn all(&self) -> Vec<&TensorSpec> {
+        let l = &self.layer;
+        let mut all = vec![
+            &self.fc,
+            &self.fc_bias,
+            &l.attn_norm,
+            &l.q,
+            &l.k,
+            &l.v,
+            &l.wo,
+            &l.ffn_norm,
+            &l.gate,
+            &l.up,
+            &l.down,
+        ];
+        all.extend(l.qkv_bias.iter().flatten());
+        all.extend(self.eagle3.iter().flatten());
+        all
+    }
+}
+
+/// An EAGLE-3 head's own tensors on the GPU.
+struct Eagle3Weights {
+    embed_norm: GpuBuffer<f32>,  // [dim] midlayer.input_layernorm
+    hidden_norm: GpuBuffer<f32>, // [dim] midlayer.hidden_norm
+    norm: GpuBuffer<f32>,        // [dim] norm (before lm_head)
+    lm_head: Matrix,             // [draft_vocab, dim]
+    d2t: GpuBuffer<u32>,         // [draft_vocab] the target's id of each draft id
+    lastn: GpuBuffer<f32>,       // [W, dim] norm(last)
 }
 
 /// Buffers of the head, each allocated once for [`MAX_BATCH`] rows.
@@ -115,9 +181,9 @@ struct HeadState {
     drafts: GpuBuffer<u32>,          // [MAX_BATCH, top_k] the top ids of each draft step
     rows: GpuBuffer<u32>,            // [MAX_BATCH] the target's rows a pass gathers
     tokens: GpuBuffer<u32>,          // [MAX_BATCH] t_{p+1} of each row
-    feat: GpuBuffer<f32>,            // [MAX_BATCH, dim] f_p of each row
+    feat: GpuBuffer<f32>,            // [MAX_BATCH, dim] f_p of each row (EAGLE-1)
     embd: GpuBuffer<f32>,            // [MAX_BATCH, dim] the tokens' embeddings
-    cat: GpuBuffer<f32>,             // [MAX_BATCH, 2 dim] [embd | feat]
+    cat: GpuBuffer<f32>,             // [MAX_BATCH, 2 dim] [embd | feat]; EAGLE-3: [MAX_BATCH, 3 dim]
     x: GpuBuffer<f32>,               // [MAX_BATCH, dim] residual stream: f^ at the end of a pass
     xb: GpuBuffer<f32>,              // [MAX_BATCH, dim]
     q: GpuBuffer<f32>,               // [MAX_BATCH, q_dim]
@@ -132,20 +198,22 @@ struct HeadState {
     ranked: GpuBuffer<u32>,          // [2, 1 + W, top_k] what a tree pass read back: ids, logp bits
     kv: GpuBuffer<f32>,              // [context, 2 kv_dim]
     cos_sin: GpuBuffer<f32>,         // [context, rope_dim / 2, 2]
-    fc: Matrix,                      // [dim, 2 dim]
+    fc: Matrix,                      // [dim, 2 dim] (EAGLE-3: [dim, 3 dim])
     fc_bias: Option<GpuBuffer<f32>>, // [dim]
     layer: Layer,
+    eagle3: Option<Eagle3Weights>,
 }
 
 /// An EAGLE head on the GPU for one target (see the module's doc).
 pub struct EagleHead {
     /// The head's config (one layer; the target's vocabulary).
     pub config: Config,
+    layout: EagleLayout,
     gpu: Arc<Gpu>,
     state: HeadState,
-    /// Gathers the target's hidden states of `rows` into `feat`.
-    gather: Op,
-    /// A pass over its rows: embedding, concatenation, fc, the layer.
+    /// Takes the target's features of `rows` (EAGLE-1: into `feat`; EAGLE-3: through fc into x).
+    gather: Vec<Op>,
+    /// A pass over its rows: embedding, the layer's input, the layer.
     pass: Vec<Op>,
     /// The last row's projection and top-k (one row, from `last`).
     project: Vec<Op>,
@@ -161,9 +229,17 @@ pub struct EagleHead {
 
 impl EagleHead {
     /// The head's config from its `config.json`, checked against the target's: the same
-    /// width and vocabulary (the head reads the target's features, embeddings and projection).
+    /// width and vocabulary (the head reads the target's features and embeddings; an EAGLE-1
+    /// head also its projection). An EAGLE-3 config (`LlamaForCausalLMEagle3`) reads as llama.
     pub fn config_for(target: &Config, config_json: &[u8]) -> Result<Config> {
-        let c = Config::from_hf_json(config_json)?;
+        let mut json: serde_json::Value = serde_json::from_slice(config_json)
+            .map_err(|e| Error::Metadata { key: "config.json".into(), message: e.to_string() })?;
+        if let Some(arch) = json.pointer_mut("/architectures/0") {
+            if arch.as_str().is_some_and(|a| a.ends_with("Eagle3")) {
+                *arch = "LlamaForCausalLM".into();
+            }
+        }
+        let c = Config::from_hf_json(json.to_string().as_bytes())?;
         if c.dim != target.dim || c.vocab_size != target.vocab_size {
             return Err(Error::InvalidArgument(format!(
                 "an EAGLE head of width {} and vocabulary {} for a target of {} and {}",
@@ -173,38 +249,96 @@ impl EagleHead {
         Ok(c)
     }
 
+    /// The layout of the head in `ckpt` (EAGLE-3 when it has `midlayer.*` tensors), with an
+    /// EAGLE-3 head's draft vocabulary (its `lm_head` rows) and feature taps: `config.json`'s
+    /// `eagle_aux_hidden_state_layer_ids` (top level or in `eagle_config`; vLLM's meaning: the
+    /// residual stream after that many target layers), else the default after 2, N / 2 and
+    /// N - 3 of the target's N layers.
+    pub fn layout_of(target: &Config, config_json: &[u8], ckpt: &Checkpoint) -> Result<EagleLayout> {
+        let shapes = ckpt.tensor_shapes();
+        if !shapes.iter().any(|(name, _)| name.starts_with("midlayer.")) {
+            return Ok(EagleLayout::Eagle1);
+        }
+        let lm_head = shapes.iter().find(|(name, _)| *name == "lm_head.weight");
+        let draft_vocab = match lm_head.map(|(_, shape)| *shape) {
+            Some(&[rows, _]) if rows > 0 && rows <= target.vocab_size => rows,
+            Some(shape) => {
+                return Err(Error::InvalidArgument(format!(
+                    "an EAGLE-3 head's lm_head.weight of shape {shape:?} for a vocabulary of {}",
+                    target.vocab_size
+                )))
+            }
+            None => return Err(Error::MissingTensor { name: "lm_head.weight".into() }),
+        };
+        let json: serde_json::Value = serde_json::from_slice(config_json)
+            .map_err(|e| Error::Metadata { key: "config.json".into(), message: e.to_string() })?;
+        let ids = json
+            .pointer("/eagle_config/eagle_aux_hidden_state_layer_ids")
+            .or_else(|| json.get("eagle_aux_hidden_state_layer_ids"));
+        let n = target.n_layers;
+        let taps = match ids {
+            None => [2.min(n), n / 2, n.saturating_sub(3)],
+            Some(v) => {
+                let ids: Vec<usize> = serde_json::from_value(v.clone()).unwrap_or_default();
+                match ids.as_slice() {
+                    &[a, b, c] if [a, b, c].iter().all(|&l| l <= n) => [a, b, c],
+                    _ => {
+                        return Err(Error::Metadata {
+                            key: "config.json eagle_aux_hidden_state_layer_ids".into(),
+                            message: format!("{v} is not three layer counts up to {n}"),
+                        })
+                    }
+                }
+            }
+        };
+        Ok(EagleLayout::Eagle3 { draft_vocab, taps })
+    }
+
     /// GPU memory the head takes when loaded with these arguments (weights as kept, cache,
     /// scratch), from the headers alone.
-    pub fn plan(target: &Model, ckpt: &Checkpoint, precision: Precision, top_k: usize) -> Result<u64> {
+    pub fn plan(
+        target: &Model,
+        ckpt: &Checkpoint,
+        layout: EagleLayout,
+        precision: Precision,
+        top_k: usize,
+    ) -> Result<u64> {
         let c = &ckpt.config;
-        let t = EagleTensors::new(c);
+        let t = EagleTensors::new(c, layout);
         let mut bytes = 0;
-        let l = &t.layer;
-        let specs =
-            [&t.fc, &t.fc_bias, &l.attn_norm, &l.q, &l.k, &l.v, &l.wo, &l.ffn_norm, &l.gate, &l.up, &l.down];
-        for spec in specs.into_iter().chain(l.qkv_bias.iter().flatten()).filter(|s| ckpt.has(&s.name)) {
+        for spec in t.all().into_iter().filter(|s| ckpt.has(&s.name)) {
             let n = spec.shape.iter().product::<usize>() as u64;
             let kept = precision == Precision::Auto && spec.shape.len() > 1;
             let stored = ckpt.dtype(&spec.name, &spec.shape)?.bytes_for(n).unwrap_or(4 * n);
             bytes += if kept { stored } else { 4 * n };
         }
         let (ctx, batch) = (target.context() as u64, MAX_BATCH as u64);
-        // per row: rows, tokens, feat, embd, cat (2), x, xb, q, att, hb, drafts; then the
+        let (cat, out_vocab, extra) = match layout {
+            EagleLayout::Eagle1 => (2 * c.dim, c.vocab_size, 0),
+            // lastn, d2t
+            EagleLayout::Eagle3 { draft_vocab, .. } => {
+                (3 * c.dim, draft_vocab, MAX_EAGLE_WIDTH * c.dim + draft_vocab)
+            }
+        };
+        // per row: rows, tokens, feat, embd, cat, x, xb, q, att, hb, drafts; then the
         // projected rows' last, logits, top and logp, the store and the read-back
-        let widths = (6 * c.dim + 2 * c.q_dim() + c.ffn_dim + top_k + 2) as u64;
-        let projected = (MAX_EAGLE_WIDTH * (c.dim + c.vocab_size + 2 * top_k)) as u64;
+        let widths = (4 * c.dim + cat + 2 * c.q_dim() + c.ffn_dim + top_k + 2) as u64;
+        let projected = (MAX_EAGLE_WIDTH * (c.dim + out_vocab + 2 * top_k) + extra) as u64;
         let store = (EAGLE_STORE_SLOTS * c.dim + 2 * (1 + MAX_EAGLE_WIDTH) * top_k) as u64;
         let cache = ctx * (2 * c.kv_dim() + c.rope_dim) as u64;
         Ok(bytes + 4 * (batch * (widths + c.n_heads as u64 * ctx) + projected + store + cache))
     }
 
     /// Uploads the head of `ckpt` (a [`Checkpoint::from_named_safetensors`] of its file with the
-    /// config from [`EagleHead::config_for`]) for `target`, whose hidden states, embedding table
-    /// and output projection it reads, ranking `top_k` ids per row (at most [`MAX_TOP_K`]).
-    /// `opts` gives the precision, the largest weight buffer and the bytes read at once.
+    /// config from [`EagleHead::config_for`]), of `layout` ([`EagleHead::layout_of`]), for
+    /// `target`, whose hidden states (an EAGLE-3 head: its feature taps, which
+    /// [`Model::set_feature_taps`] must have set to the layout's), embedding table and (EAGLE-1)
+    /// output projection it reads, ranking `top_k` ids per row (at most [`MAX_TOP_K`]). `opts`
+    /// gives the precision, the largest weight buffer and the bytes read at once.
     pub async fn load(
         target: &Model,
         ckpt: &Checkpoint,
+        layout: EagleLayout,
         opts: &LoadOptions,
         top_k: usize,
         progress: &mut dyn FnMut(LoadProgress),
@@ -221,9 +355,21 @@ impl EagleHead {
                 c.n_layers
             )));
         }
+        let taps = match layout {
+            EagleLayout::Eagle1 => None,
+            EagleLayout::Eagle3 { taps, .. } => match target.feature_taps() {
+                Some((layers, buf)) if layers == taps => Some(buf),
+                _ => {
+                    return Err(Error::InvalidArgument(format!(
+                        "an EAGLE-3 head reads the target's residual stream after {taps:?} layers: \
+                         set those feature taps on the target first (Model::set_feature_taps)"
+                    )))
+                }
+            },
+        };
         let gpu = target.gpu().clone();
         let g = &*gpu;
-        let t = EagleTensors::new(&c);
+        let t = EagleTensors::new(&c, layout);
         let context = target.context();
         let bytes = ckpt.tensor_shapes().len();
         let tally = std::cell::RefCell::new(Tally::new(bytes, ckpt.file_bytes(), progress));
@@ -235,8 +381,55 @@ impl EagleHead {
             true => Some(GpuBuffer::<f32>::from_slice(g, "fc.bias", &up.vector(&t.fc_bias).await?)),
             false => None,
         };
-        let layer = Layer::load(&up, &c, &t.layer, 0, true).await?;
+        let mut layer = Layer::load(&up, &c, &t.layer, 0, true).await?;
         let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
+        let eagle3 = match (&t.eagle3, layout) {
+            (Some([hidden_norm, norm, lm_head]), EagleLayout::Eagle3 { draft_vocab, .. }) => {
+                // input_layernorm normalises the embedding alone, not the layer's input
+                let embed_norm = layer
+                    .attn_norm
+                    .take()
+                    .ok_or_else(|| Error::MissingTensor { name: t.layer.attn_norm.name.clone() })?;
+                let d2t = match ckpt.index_tensor("d2t", draft_vocab) {
+                    Ok(d2t) => d2t,
+                    Err(Error::MissingTensor { .. }) if draft_vocab == c.vocab_size => vec![0; draft_vocab],
+                    Err(e) => return Err(e),
+                };
+                let table: Vec<u32> = d2t
+                    .iter()
+                    .enumerate()
+                    .map(|(d, &off)| {
+                        u32::try_from(d as i64 + off)
+                            .ok()
+                            .filter(|&t| (t as usize) < c.vocab_size)
+                            .ok_or_else(|| {
+                                Error::InvalidArgument(format!(
+                                    "d2t maps draft id {d} to {} outside the target's {} ids",
+                                    d as i64 + off,
+                                    c.vocab_size
+                                ))
+                            })
+                    })
+                    .collect::<Result<_>>()?;
+                Some(Eagle3Weights {
+                    embed_norm,
+                    hidden_norm: GpuBuffer::<f32>::from_slice(
+                        g,
+                        "hidden_norm",
+                        &up.vector(hidden_norm).await?,
+                    ),
+                    norm: GpuBuffer::<f32>::from_slice(g, "norm", &up.vector(norm).await?),
+                    lm_head: up.matrix(lm_head).await?,
+                    d2t: GpuBuffer::<u32>::from_slice(g, "d2t", &table),
+                    lastn: f32s("eagle lastn", MAX_EAGLE_WIDTH * c.dim),
+                })
+            }
+            _ => None,
+        };
+        let (cat_width, out_vocab) = match layout {
+            EagleLayout::Eagle1 => (2 * c.dim, c.vocab_size),
+            EagleLayout::Eagle3 { draft_vocab, .. } => (3 * c.dim, draft_vocab),
+        };
         let rope = super::transformer::rope_table(&c, context);
         let state = HeadState {
             step: g.step_buffer(),
@@ -257,14 +450,14 @@ impl EagleHead {
             tokens: GpuBuffer::<u32>::zeros(g, "eagle tokens", MAX_BATCH),
             feat: f32s("eagle feat", MAX_BATCH * c.dim),
             embd: f32s("eagle embd", MAX_BATCH * c.dim),
-            cat: f32s("eagle cat", MAX_BATCH * 2 * c.dim),
+            cat: f32s("eagle cat", MAX_BATCH * cat_width),
             x: f32s("eagle x", MAX_BATCH * c.dim),
             xb: f32s("eagle xb", MAX_BATCH * c.dim),
             q: f32s("eagle q", MAX_BATCH * c.q_dim()),
             att: f32s("eagle att", MAX_BATCH * c.q_dim()),
             scores: f32s("eagle scores", MAX_BATCH * c.n_heads * context),
             hb: f32s("eagle hb", MAX_BATCH * c.ffn_dim),
-            logits: f32s("eagle logits", MAX_EAGLE_WIDTH * c.vocab_size),
+            logits: f32s("eagle logits", MAX_EAGLE_WIDTH * out_vocab),
             last: f32s("eagle last", MAX_EAGLE_WIDTH * c.dim),
             top: GpuBuffer::<u32>::zeros(g, "eagle top", MAX_EAGLE_WIDTH * top_k),
             logp: f32s("eagle logp", MAX_EAGLE_WIDTH * top_k),
@@ -275,21 +468,14 @@ impl EagleHead {
             fc,
             fc_bias,
             layer,
+            eagle3,
         };
         g.take_error()?;
         let s = &state;
         let st = &s.step;
-        let (raw, norm) = target.hidden_buffers();
-        let eps = target.config.rms_eps;
-        let gather = g.gather_rows(st, raw, Some(&s.rows), Some((norm, eps)), (&s.feat, c.dim, 0), c.dim);
-        // e = the target's embedding of the tokens; cat = [e | f]                   [n, 2 dim]
+        let eps = c.rms_eps;
+        let mut gather = Vec::new();
         let mut pass = target.embed_ops(st, &s.tokens, &s.embd);
-        pass.push(g.concat(st, (&s.embd, c.dim), (&s.feat, c.dim), &s.cat));
-        // x = cat fc^T + b (and xb = x * the layer's input norm, when it has one)   [n, dim]
-        let second = s.layer.attn_norm.as_ref().map(|gamma| Second::Scaled { out: &s.xb, gamma });
-        let fc_out = MatmulOut { ldy: c.dim as u32, second, ..Default::default() };
-        pass.extend(s.fc.matmul(g, st, &s.cat, s.fc_bias.as_ref(), &s.x, fc_out));
-        // x += attention, mlp: the predicted feature f^                             [n, dim]
         let io = BlockIo {
             step: st,
             x: &s.x,
@@ -300,14 +486,79 @@ impl EagleHead {
             hb: &s.hb,
             cos_sin: &s.cos_sin,
             context,
+            qkv_input: s.eagle3.as_ref().map(|_| &s.cat),
         };
+        match (&s.eagle3, taps) {
+            (Some(e3), Some(taps)) => {
+                // the target's taps of the gathered rows, fc: x = g                   [n, dim]
+                let width = 3 * c.dim;
+                gather.push(g.gather_rows(st, taps, Some(&s.rows), None, (&s.cat, width, 0), width));
+                let out = MatmulOut { ldy: c.dim as u32, ..Default::default() };
+                gather.extend(s.fc.matmul(g, st, &s.cat, s.fc_bias.as_ref(), &s.x, out));
+                // cat = [input_layernorm(e) | hidden_norm(g)]                         [n, 2 dim]
+                let ld = 2 * c.dim;
+                pass.push(g.gather_rows(
+                    st,
+                    &s.embd,
+                    None,
+                    Some((&e3.embed_norm, eps)),
+                    (&s.cat, ld, 0),
+                    c.dim,
+                ));
+                pass.push(g.gather_rows(
+                    st,
+                    &s.x,
+                    None,
+                    Some((&e3.hidden_norm, eps)),
+                    (&s.cat, ld, c.dim),
+                    c.dim,
+                ));
+            }
+            _ => {
+                // the target's final hidden states of the gathered rows                [n, dim]
+                let (raw, norm) = target.hidden_buffers();
+                let target_eps = target.config.rms_eps;
+                gather.push(g.gather_rows(
+                    st,
+                    raw,
+                    Some(&s.rows),
+                    Some((norm, target_eps)),
+                    (&s.feat, c.dim, 0),
+                    c.dim,
+                ));
+                // cat = [e | f]; x = cat fc^T + b (and xb = x * the layer's input norm)  [n, dim]
+                pass.push(g.concat(st, (&s.embd, c.dim), (&s.feat, c.dim), &s.cat));
+                let second = s.layer.attn_norm.as_ref().map(|gamma| Second::Scaled { out: &s.xb, gamma });
+                let fc_out = MatmulOut { ldy: c.dim as u32, second, ..Default::default() };
+                pass.extend(s.fc.matmul(g, st, &s.cat, s.fc_bias.as_ref(), &s.x, fc_out));
+            }
+        }
+        // x += attention, mlp: the predicted feature f^                             [n, dim]
         pass.extend(record_block(g, &c, &s.layer, &s.kv, &io, None));
-        // (the projected rows' f^ copied to `last`) logits = last . the target's output^T (no
-        // norm); their top-k ids and log-probabilities                          [1 or m, vocab]
-        let out = MatmulOut { ldy: c.vocab_size as u32, ..Default::default() };
+        // (the projected rows' f^ copied to `last`) their logits, top-k ids and log-probabilities
+        // EAGLE-1: last . the target's output^T (no norm)                        [1 or m, vocab]
+        // EAGLE-3: norm(last) . lm_head^T, ids renamed by d2t              [1 or m, draft vocab]
+        let out = MatmulOut { ldy: out_vocab as u32, ..Default::default() };
         let projection = |step: &wgpu::Buffer| {
-            let mut ops = target.output_ops(step, &s.last, &s.logits, out);
-            ops.push(g.top_k(step, &s.logits, (&s.top, Some(&s.logp)), c.vocab_size, top_k));
+            let mut ops = match &s.eagle3 {
+                Some(e3) => {
+                    let mut ops = vec![g.gather_rows(
+                        step,
+                        &s.last,
+                        None,
+                        Some((&e3.norm, eps)),
+                        (&e3.lastn, c.dim, 0),
+                        c.dim,
+                    )];
+                    ops.extend(e3.lm_head.matmul(g, step, &e3.lastn, None, &s.logits, out));
+                    ops
+                }
+                None => target.output_ops(step, &s.last, &s.logits, out),
+            };
+            ops.push(g.top_k(step, &s.logits, (&s.top, Some(&s.logp)), out_vocab, top_k));
+            if let Some(e3) = &s.eagle3 {
+                ops.push(g.map_ids(step, &e3.d2t, &s.top, top_k));
+            }
             ops
         };
         let (project, project_many) = (projection(&s.one), projection(&s.many));
@@ -319,10 +570,14 @@ impl EagleHead {
                 .sum::<u64>()
             + s.layer.attn_norm.as_ref().map_or(0, |b| b.raw.size())
             + s.layer.ffn_norm.raw.size()
-            + s.layer.qkv_bias.as_ref().map_or(0, |b| b.raw.size());
-        let memory_bytes = EagleHead::plan(target, ckpt, precision, top_k)?;
+            + s.layer.qkv_bias.as_ref().map_or(0, |b| b.raw.size())
+            + s.eagle3.as_ref().map_or(0, |e| {
+                e.lm_head.gpu_bytes() + e.embed_norm.raw.size() + e.hidden_norm.raw.size() + e.norm.raw.size()
+            });
+        let memory_bytes = EagleHead::plan(target, ckpt, layout, precision, top_k)?;
         Ok(EagleHead {
             config: c,
+            layout,
             gpu,
             state,
             gather,
@@ -335,6 +590,20 @@ impl EagleHead {
             gpu_bytes,
             memory_bytes,
         })
+    }
+
+    /// The head's layout.
+    pub fn layout(&self) -> EagleLayout {
+        self.layout
+    }
+
+    /// Where a pass's rows take their feature from: EAGLE-1's `feat` (fc follows), EAGLE-3's x
+    /// (the residual stream, fc already applied to the target's taps).
+    fn feature_in(&self) -> &GpuBuffer<f32> {
+        match self.state.eagle3 {
+            Some(_) => &self.state.x,
+            None => &self.state.feat,
+        }
     }
 
     /// Ids ranked per row.
@@ -396,7 +665,7 @@ impl EagleHead {
         g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(next));
         g.write_step(&self.state.step, n, start_pos);
         let mut enc = g.encoder();
-        g.encode(&mut enc, std::slice::from_ref(&self.gather), n as u32);
+        g.encode(&mut enc, &self.gather, n as u32);
         self.encode_pass(&mut enc, n);
         g.submit(enc);
         self.len = start_pos + n;
@@ -435,7 +704,7 @@ impl EagleHead {
         enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, 0, k * word);
         for i in 0..steps as u64 {
             // the input: the previous pass's last feature and most likely id
-            enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.feat.raw, 0, dim * word);
+            enc.copy_buffer_to_buffer(&s.last.raw, 0, &self.feature_in().raw, 0, dim * word);
             enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.tokens.raw, 0, word);
             enc.copy_buffer_to_buffer(&s.step_table, i * 16, &s.step, 0, 16);
             self.encode_pass(&mut enc, 1);
@@ -472,7 +741,7 @@ impl EagleHead {
             g.write_tree_step(&s.step, self.len, &forest);
             enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.tokens.raw, 0, width as u64 * word);
             for i in 0..width as u64 {
-                enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.feat.raw, i * dim, dim);
+                enc.copy_buffer_to_buffer(&s.last.raw, 0, &self.feature_in().raw, i * dim, dim);
             }
             self.encode_tree_pass(&mut enc, width, width, 1, 1);
         }
@@ -514,7 +783,13 @@ impl EagleHead {
         g.queue.write_buffer(&s.tokens.raw, 0, bytemuck::cast_slice(&tokens));
         let mut enc = g.encoder();
         for (i, r) in rows.iter().enumerate() {
-            enc.copy_buffer_to_buffer(&s.store.raw, r.input as u64 * dim, &s.feat.raw, i as u64 * dim, dim);
+            enc.copy_buffer_to_buffer(
+                &s.store.raw,
+                r.input as u64 * dim,
+                &self.feature_in().raw,
+                i as u64 * dim,
+                dim,
+            );
         }
         self.encode_tree_pass(&mut enc, n, newest, save_at, 0);
         self.read_ranked(enc, newest).await

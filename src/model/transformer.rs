@@ -82,6 +82,9 @@ struct RunState {
     argmax: GpuBuffer<u32>,        // [MAX_BATCH]
     kv_cache: Vec<GpuBuffer<f32>>, // per layer [context, 2 kv_dim]: each position's k, then v
     cos_sin: GpuBuffer<f32>,       // [context, rope_dim / 2, 2]
+    /// (after how many layers, [MAX_BATCH, taps * dim]) the residual stream's feature taps
+    /// ([`Model::set_feature_taps`]): row r holds each tap's copy of row r side by side.
+    taps: Option<(Vec<usize>, GpuBuffer<f32>)>,
 }
 
 /// One op of a forward pass, timed alone (see [`Model::profile`]).
@@ -265,6 +268,7 @@ impl Model {
                 .map(|i| f32s(&format!("kv_cache {i}"), context * 2 * c.kv_dim()))
                 .collect(),
             cos_sin: GpuBuffer::<f32>::from_slice(g, "rope cos/sin", &rope_table(&c, context)),
+            taps: None,
         };
         // An allocation the device could not make (out of memory) fails the load, not the process.
         g.take_error()?;
@@ -286,6 +290,41 @@ impl Model {
             memory_bytes: total,
             len: 0,
         })
+    }
+
+    /// Makes every pass copy its residual stream after each of `after_layers` layers (0: the
+    /// embeddings) into the rows of [`Model::feature_taps`], the taps side by side in that order:
+    /// an EAGLE-3 head's features. An empty list removes the taps. Other taps than the current
+    /// ones get a new buffer: a head loaded before keeps reading the old one, so load heads after
+    /// setting their taps.
+    pub fn set_feature_taps(&mut self, after_layers: &[usize]) -> Result<()> {
+        if let Some(&l) = after_layers.iter().find(|&&l| l > self.config.n_layers) {
+            return Err(Error::InvalidArgument(format!(
+                "a feature tap after {l} layers of a model of {}",
+                self.config.n_layers
+            )));
+        }
+        let current = self.state.taps.as_ref().map_or(&[][..], |(l, _)| l.as_slice());
+        if current == after_layers {
+            return Ok(());
+        }
+        let g = &*self.gpu;
+        self.state.taps = match after_layers {
+            [] => None,
+            _ => {
+                let width = after_layers.len() * self.config.dim;
+                Some((after_layers.to_vec(), GpuBuffer::<f32>::zeros(g, "feature taps", MAX_BATCH * width)))
+            }
+        };
+        g.take_error()?;
+        self.forward_ops = record_forward(g, &self.config, &self.weights, &self.state, self.context);
+        Ok(())
+    }
+
+    /// The feature taps of the last pass (`[MAX_BATCH, taps * dim]`) and the layer counts they
+    /// follow, when [`Model::set_feature_taps`] set some.
+    pub fn feature_taps(&self) -> Option<(&[usize], &GpuBuffer<f32>)> {
+        self.state.taps.as_ref().map(|(l, b)| (l.as_slice(), b))
     }
 
     /// Bytes of GPU memory the weights take (quantized blocks as stored, plus F32 norms and biases).
@@ -597,6 +636,9 @@ pub(crate) struct BlockIo<'a> {
     pub hb: &'a GpuBuffer<f32>,      // [MAX_BATCH, ffn_dim]
     pub cos_sin: &'a GpuBuffer<f32>, // [context, rope_dim / 2, 2]
     pub context: usize,
+    /// What q/k/v are projected from instead of (the norm of) x: `[MAX_BATCH, qkv in]`, as it
+    /// is (an EAGLE-3 head's normalised [embedding | feature]).
+    pub qkv_input: Option<&'a GpuBuffer<f32>>,
 }
 
 /// One transformer block as ops (5 dispatches), reading x (and xb = x * its input norm's weight,
@@ -632,9 +674,10 @@ pub(crate) fn record_block(
     // [q | k | v] = rmsnorm(x) Wqkv^T + bqkv (x itself without an input norm), one matmul: q and
     // k rotated by their positions in its epilogue, q to its scratch [n, q_dim], k | v to the
     // cache row start_pos + r [context, 2 kv_dim]
-    let (input, out) = match layer.attn_norm {
-        Some(_) => (io.xb, normed(c.q_dim())),
-        None => (io.x, to(c.q_dim())),
+    let (input, out) = match (io.qkv_input, &layer.attn_norm) {
+        (Some(input), _) => (input, to(c.q_dim())),
+        (None, Some(_)) => (io.xb, normed(c.q_dim())),
+        (None, None) => (io.x, to(c.q_dim())),
     };
     let qkv = MatmulOut {
         second: Some(Second::Kv(KvOut { cache: kv, ld: 2 * c.kv_dim() as u32, split: c.q_dim() as u32 })),
@@ -671,6 +714,16 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
     let input_norm = |l: usize| w.layers.get(l).map_or(Some(&w.output_norm), |n| n.attn_norm.as_ref());
     // x = token_embd[tokens]; xb = x * attn_norm                   [n, dim]
     ops.extend(w.token_embd.embed(g, st, &s.tokens, &s.x, input_norm(0).map(|n| (n, &s.xb))));
+    // (feature taps) taps[:, j dim..] = x after `after` layers     [n, taps * dim]
+    let taps = |after: usize, ops: &mut Vec<Op>| {
+        if let Some((layers, buf)) = &s.taps {
+            let ld = layers.len() * c.dim;
+            for (j, _) in layers.iter().enumerate().filter(|(_, &l)| l == after) {
+                ops.push(g.gather_rows(st, &s.x, None, None, (buf, ld, j * c.dim), c.dim));
+            }
+        }
+    };
+    taps(0, &mut ops);
     let io = BlockIo {
         step: st,
         x: &s.x,
@@ -681,10 +734,12 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
         hb: &s.hb,
         cos_sin: &s.cos_sin,
         context,
+        qkv_input: None,
     };
     for (l, layer) in w.layers.iter().enumerate() {
         // (the next layer's attn_norm, or output_norm)
         ops.extend(record_block(g, c, layer, &s.kv_cache[l], &io, input_norm(l + 1)));
+        taps(l + 1, &mut ops);
     }
     // logits = rmsnorm(x) * output_norm . output^T                   [n, vocab]
     let output = w.output.as_ref().unwrap_or(&w.token_embd);

@@ -113,6 +113,11 @@ impl Eagle {
     pub fn head(&self) -> &EagleHead {
         &self.head
     }
+
+    /// The head, to draft with it in another way.
+    pub fn into_head(self) -> EagleHead {
+        self.head
+    }
 }
 
 impl Draft for Eagle {

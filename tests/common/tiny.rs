@@ -440,3 +440,101 @@ pub fn eagle_head(
     });
     (write_safetensors(&refs), serde_json::to_vec(&config).expect("json"))
 }
+
+/// An EAGLE-3 head for `model` in the public layout (random weights): `fc` over its residual
+/// stream's 3 taps `[dim, 3 dim]`, `midlayer.*` whose q/k/v read `2 dim`, `midlayer.hidden_norm`,
+/// `norm`, and `lm_head` over `draft_vocab` ids: target ids chosen at random (ascending), each
+/// draft id d standing for `d + d2t[d]` (an I64 `d2t`). With `taps`, config.json names them
+/// (`eagle_config.eagle_aux_hidden_state_layer_ids`). With `copy` (a full draft vocabulary, the
+/// first tap after the target's last layer), the head passes its first tap through (fc picks it,
+/// the layer adds nothing) and projects it as the target does (its output norm and projection):
+/// its first guess at a row is the target's own next token there. Returns (file bytes,
+/// config.json bytes).
+pub fn eagle3_head(
+    model: &TinyModel,
+    dtype: DType,
+    draft_vocab: usize,
+    taps: Option<[usize; 3]>,
+    copy: bool,
+    rng: &mut SmallRng,
+) -> (Vec<u8>, Vec<u8>) {
+    let s = &model.spec;
+    let (dim, hd) = (s.dim, s.head_dim());
+    let matrix = |v: &[f32]| match dtype {
+        DType::F16 => f16_bytes(v),
+        DType::BF16 => bf16_bytes(v),
+        _ => f32_bytes(v),
+    };
+    let stored = if matches!(dtype, DType::F16 | DType::BF16) { dtype } else { DType::F32 };
+    let mut owned: Vec<(String, DType, Vec<usize>, Vec<u8>)> = Vec::new();
+    let weight = |name: &str, rows: usize, cols: usize, scale: f32, rng: &mut SmallRng| {
+        let w: Vec<f32> = (0..rows * cols).map(|_| rng.gen_range(-scale..scale)).collect();
+        (name.to_string(), stored, vec![rows, cols], matrix(&w))
+    };
+    let (q, kv, ffn) = (s.heads * hd, s.kv_heads * hd, s.ffn);
+    owned.push(weight("fc.weight", dim, 3 * dim, 0.2, rng));
+    for (name, rows, cols, scale) in [
+        ("midlayer.self_attn.q_proj.weight", q, 2 * dim, 0.3),
+        ("midlayer.self_attn.k_proj.weight", kv, 2 * dim, 0.3),
+        ("midlayer.self_attn.v_proj.weight", kv, 2 * dim, 0.3),
+        ("midlayer.self_attn.o_proj.weight", dim, q, 0.2),
+        ("midlayer.mlp.gate_proj.weight", ffn, dim, 0.2),
+        ("midlayer.mlp.up_proj.weight", ffn, dim, 0.2),
+        ("midlayer.mlp.down_proj.weight", dim, ffn, 0.2),
+        ("lm_head.weight", draft_vocab, dim, 0.5),
+    ] {
+        owned.push(weight(name, rows, cols, scale, rng));
+    }
+    for name in
+        ["midlayer.input_layernorm", "midlayer.hidden_norm", "midlayer.post_attention_layernorm", "norm"]
+    {
+        let v: Vec<f32> = (0..dim).map(|_| 1.0 + rng.gen_range(-0.2..0.2)).collect();
+        owned.push((format!("{name}.weight"), DType::F32, vec![dim], f32_bytes(&v)));
+    }
+    if copy {
+        let tensor = |name: &str| model.tensors.iter().find(|t| t.name == name).map(|t| t.values.clone());
+        let output = tensor("output.weight").or_else(|| tensor("token_embd.weight")).expect("output");
+        let mut fc = vec![0.0; dim * 3 * dim];
+        for i in 0..dim {
+            fc[i * 3 * dim + i] = 1.0;
+        }
+        let zeros = |n: usize| vec![0.0; n];
+        for (name, v) in [
+            ("fc.weight", fc),
+            ("midlayer.self_attn.o_proj.weight", zeros(dim * q)),
+            ("midlayer.mlp.down_proj.weight", zeros(dim * ffn)),
+            ("lm_head.weight", output),
+        ] {
+            let at = owned.iter().position(|o| o.0 == name).expect("tensor");
+            owned[at].3 = matrix(&v);
+        }
+        let at = owned.iter().position(|o| o.0 == "norm.weight").expect("norm");
+        owned[at].3 = f32_bytes(&tensor("output_norm.weight").expect("output norm"));
+    }
+    // the draft vocabulary: draft_vocab of the target's ids, ascending
+    let mut ids: Vec<usize> = (0..s.vocab).collect();
+    while ids.len() > draft_vocab {
+        ids.remove(rng.gen_range(0..ids.len()));
+    }
+    let d2t: Vec<i64> = ids.iter().enumerate().map(|(d, &t)| t as i64 - d as i64).collect();
+    let refs: Vec<(&str, DType, &[usize], &[u8])> =
+        owned.iter().map(|(n, d, sh, b)| (n.as_str(), *d, sh.as_slice(), b.as_slice())).collect();
+    let shape = [draft_vocab];
+    let file = wgspec::loader::safetensors::write_safetensors_with_index(&refs, &[("d2t", &shape, &d2t)]);
+    let mut config = serde_json::json!({
+        "architectures": ["LlamaForCausalLMEagle3"],
+        "hidden_size": dim,
+        "intermediate_size": ffn,
+        "num_attention_heads": s.heads,
+        "num_key_value_heads": s.kv_heads,
+        "num_hidden_layers": 1,
+        "rms_norm_eps": 1e-5,
+        "vocab_size": s.vocab,
+        "draft_vocab_size": draft_vocab,
+        "max_position_embeddings": s.context,
+    });
+    if let Some(taps) = taps {
+        config["eagle_config"] = serde_json::json!({ "eagle_aux_hidden_state_layer_ids": taps });
+    }
+    (file, serde_json::to_vec(&config).expect("json"))
+}

@@ -15,6 +15,9 @@ pub struct RefModel {
     v_cache: Vec<Vec<f32>>,
     /// The final hidden state (after the output norm) of each row of the last forward, [n][dim].
     pub hidden: Vec<Vec<f32>>,
+    /// The residual stream of each row of the last forward after k layers, k = 0..=n_layers
+    /// (0: the embedding), [n][n_layers + 1][dim].
+    pub residual: Vec<Vec<Vec<f32>>>,
 }
 
 /// `y[r] = x[r] . W^T` with `W: [rows, cols]`.
@@ -93,7 +96,8 @@ impl RefModel {
             w.insert(spec.name.clone(), t.to_f32().expect("values"));
         }
         let n = cfg.n_layers;
-        RefModel { cfg, w, k_cache: vec![Vec::new(); n], v_cache: vec![Vec::new(); n], hidden: Vec::new() }
+        let (k_cache, v_cache) = (vec![Vec::new(); n], vec![Vec::new(); n]);
+        RefModel { cfg, w, k_cache, v_cache, hidden: Vec::new(), residual: Vec::new() }
     }
 
     fn t(&self, name: &str) -> &[f32] {
@@ -122,6 +126,7 @@ impl RefModel {
     pub fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Vec<f32> {
         self.truncate(start_pos);
         self.hidden.clear();
+        self.residual.clear();
         let mut logits = Vec::new();
         for (r, &tok) in tokens.iter().enumerate() {
             logits.extend(self.step(tok, start_pos + r));
@@ -134,6 +139,7 @@ impl RefModel {
         let (dim, qd, kvd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         let emb = self.t("token_embd.weight");
         let mut x = emb[tok as usize * dim..(tok as usize + 1) * dim].to_vec();
+        let mut residual = vec![x.clone()];
         for l in 0..c.n_layers {
             let b = |s: &str| format!("blk.{l}.{s}");
             let xb = rmsnorm(&x, self.t(&b("attn_norm.weight")), c.rms_eps);
@@ -165,7 +171,9 @@ impl RefModel {
                 .collect();
             let d = matvec(self.t(&b("ffn_down.weight")), &h, dim, ffn);
             x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
+            residual.push(x.clone());
         }
+        self.residual.push(residual);
         let xb = rmsnorm(&x, self.t("output_norm.weight"), c.rms_eps);
         let out_name = if c.tied_embeddings { "token_embd.weight" } else { "output.weight" };
         let logits = matvec(self.t(out_name), &xb, c.vocab_size, dim);
@@ -174,13 +182,20 @@ impl RefModel {
     }
 }
 
-/// An EAGLE-1 head on the CPU (the layout of `src/model/eagle.rs`): position p takes the target's
-/// feature f_p and the token t_{p+1}, and gives the predicted feature f^_{p+1} and its logits.
+/// An EAGLE head on the CPU (the layouts of `src/model/eagle.rs`). EAGLE-1: position p takes the
+/// target's feature f_p (its final hidden state) and the token t_{p+1}, and gives the predicted
+/// feature f^_{p+1} and its logits through the target's output projection. EAGLE-3: the feature
+/// is the target's three taps side by side (through `fc`) or the head's own previous output; the
+/// layer attends over [input_layernorm(embedding) | hidden_norm(feature)], and the logits are
+/// `lm_head . norm(output)` over the draft vocabulary, placed at the target's ids (`d + d2t[d]`;
+/// every other id -inf).
 pub struct RefEagle {
     cfg: Config,
     w: HashMap<String, Vec<f32>>,
     embed: Vec<f32>,  // the target's [vocab, dim]
     output: Vec<f32>, // the target's [vocab, dim]
+    /// EAGLE-3: the target's id of each draft id.
+    d2t: Option<Vec<usize>>,
     k_cache: Vec<f32>,
     v_cache: Vec<f32>,
 }
@@ -194,12 +209,18 @@ impl RefEagle {
             let t = ckpt.tensor(name, shape, Precision::F32).expect("tensor");
             w.insert(name.to_string(), t.to_f32().expect("values"));
         }
+        let d2t = w.get("lm_head.weight").map(|lm| {
+            let draft_vocab = lm.len() / cfg.dim;
+            let d2t = ckpt.index_tensor("d2t", draft_vocab).unwrap_or_else(|_| vec![0; draft_vocab]);
+            d2t.iter().enumerate().map(|(d, &o)| (d as i64 + o) as usize).collect()
+        });
         let out_name = if target.cfg.tied_embeddings { "token_embd.weight" } else { "output.weight" };
         RefEagle {
             cfg,
             w,
             embed: target.tensor("token_embd.weight").to_vec(),
             output: target.tensor(out_name).to_vec(),
+            d2t,
             k_cache: Vec::new(),
             v_cache: Vec::new(),
         }
@@ -216,46 +237,71 @@ impl RefEagle {
         self.v_cache.truncate(len * kv);
     }
 
-    /// (f^_{p+1}, logits) of position p = the cache's length, from f_p and t_{p+1}.
+    /// (f^_{p+1}, logits) of position p = the cache's length, from f_p (EAGLE-3: the target's
+    /// taps `[3 dim]` or the head's own output `[dim]`) and t_{p+1}.
     pub fn step(&mut self, token: u32, feature: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let c = self.cfg.clone();
         let (dim, qd, kvd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         let pos = self.len();
         let t = |name: &str| &self.w[name];
-        let cat: Vec<f32> = self.embed[token as usize * dim..(token as usize + 1) * dim]
-            .iter()
-            .chain(feature)
-            .copied()
-            .collect();
-        let mut x = matvec(t("fc.weight"), &cat, dim, 2 * dim);
-        if let Some(b) = self.w.get("fc.bias") {
-            x.iter_mut().zip(b).for_each(|(a, b)| *a += b);
-        }
-        let xb = match self.w.get("layers.0.input_layernorm.weight") {
-            Some(g) => rmsnorm(&x, g, c.rms_eps),
-            None => x.clone(),
+        let emb = &self.embed[token as usize * dim..(token as usize + 1) * dim];
+        let fc = |input: &[f32]| {
+            let mut x = matvec(t("fc.weight"), input, dim, input.len());
+            if let Some(b) = self.w.get("fc.bias") {
+                x.iter_mut().zip(b).for_each(|(a, b)| *a += b);
+            }
+            x
         };
-        let mut q = matvec(t("layers.0.self_attn.q_proj.weight"), &xb, qd, dim);
-        let mut k = matvec(t("layers.0.self_attn.k_proj.weight"), &xb, kvd, dim);
-        let v = matvec(t("layers.0.self_attn.v_proj.weight"), &xb, kvd, dim);
+        let eagle3 = self.d2t.is_some();
+        let p = if eagle3 { "midlayer." } else { "layers.0." };
+        // x: the residual stream; xin: what q, k and v read
+        let (mut x, xin) = if eagle3 {
+            let g = if feature.len() == dim { feature.to_vec() } else { fc(feature) };
+            let e = rmsnorm(emb, t("midlayer.input_layernorm.weight"), c.rms_eps);
+            let h = rmsnorm(&g, t("midlayer.hidden_norm.weight"), c.rms_eps);
+            (g, [e, h].concat())
+        } else {
+            let x = fc(&[emb, feature].concat());
+            let xb = match self.w.get("layers.0.input_layernorm.weight") {
+                Some(g) => rmsnorm(&x, g, c.rms_eps),
+                None => x.clone(),
+            };
+            (x, xb)
+        };
+        let w = |name: &str| &self.w[&format!("{p}{name}")];
+        let n_in = xin.len();
+        let mut q = matvec(w("self_attn.q_proj.weight"), &xin, qd, n_in);
+        let mut k = matvec(w("self_attn.k_proj.weight"), &xin, kvd, n_in);
+        let v = matvec(w("self_attn.v_proj.weight"), &xin, kvd, n_in);
         rope(&mut q, c.head_dim, c.rope_dim, c.rope_theta, RopeLayout::Halves, pos);
         rope(&mut k, c.head_dim, c.rope_dim, c.rope_theta, RopeLayout::Halves, pos);
         self.k_cache.extend(&k);
         self.v_cache.extend(&v);
         let att = attention(&q, &self.k_cache, &self.v_cache, pos, c.n_heads, c.n_kv_heads, c.head_dim);
-        let o = matvec(t("layers.0.self_attn.o_proj.weight"), &att, dim, qd);
+        let o = matvec(w("self_attn.o_proj.weight"), &att, dim, qd);
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
-        let xn = rmsnorm(&x, t("layers.0.post_attention_layernorm.weight"), c.rms_eps);
-        let g = matvec(t("layers.0.mlp.gate_proj.weight"), &xn, ffn, dim);
-        let u = matvec(t("layers.0.mlp.up_proj.weight"), &xn, ffn, dim);
+        let xn = rmsnorm(&x, w("post_attention_layernorm.weight"), c.rms_eps);
+        let g = matvec(w("mlp.gate_proj.weight"), &xn, ffn, dim);
+        let u = matvec(w("mlp.up_proj.weight"), &xn, ffn, dim);
         let h: Vec<f32> = g
             .iter()
             .zip(&u)
             .map(|(g, u)| ((*g as f64 / (1.0 + (-*g as f64).exp())) * *u as f64) as f32)
             .collect();
-        let d = matvec(t("layers.0.mlp.down_proj.weight"), &h, dim, ffn);
+        let d = matvec(w("mlp.down_proj.weight"), &h, dim, ffn);
         x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
-        let logits = matvec(&self.output, &x, c.vocab_size, dim);
+        let logits = match &self.d2t {
+            Some(d2t) => {
+                let xn = rmsnorm(&x, t("norm.weight"), c.rms_eps);
+                let draft = matvec(t("lm_head.weight"), &xn, d2t.len(), dim);
+                let mut logits = vec![f32::NEG_INFINITY; c.vocab_size];
+                for (d, &id) in d2t.iter().enumerate() {
+                    logits[id] = draft[d];
+                }
+                logits
+            }
+            None => matvec(&self.output, &x, c.vocab_size, dim),
+        };
         (x, logits)
     }
 }
