@@ -15,11 +15,31 @@
 //!   logits = the target's output projection of f^ (no norm): t^_{p+2}
 //! ```
 //!
+//! The public EAGLE-3 layout (Li et al., arXiv 2503.01840; `LlamaForCausalLMEagle3`, as
+//! SafeAILab's EAGLE, vLLM and SGLang read it):
+//!
+//! ```text
+//!   a_p   the target's residual stream at position p after l1, l2, l3 layers, side by side
+//!         (default 2, N/2, N-3 of its N layers; config.json's eagle_aux_hidden_state_layer_ids,
+//!         vLLM's meaning)                                                       [3 dim]
+//!   g     = fc(a_p) (+ fc.bias)                 `fc.weight` [dim, 3 dim]; a draft step's g is
+//!                                               the head's own previous output h (no fc)
+//!   u     = [rmsnorm(e) | rmsnorm(g)]           `midlayer.input_layernorm.weight`,
+//!                                               `midlayer.hidden_norm.weight`       [2 dim]
+//!   h     = g + attention(u) at position p      `midlayer.self_attn.{q,k,v}_proj.weight`
+//!                                               [*, 2 dim], `o_proj` [dim, q_dim]
+//!   h     = h + mlp(rmsnorm(h))                 `midlayer.post_attention_layernorm.weight`,
+//!                                               `midlayer.mlp.*`
+//!   logits = lm_head(rmsnorm(h))                `norm.weight`, `lm_head.weight` [draft_vocab, dim];
+//!         draft id d is the target's d + d2t[d] (`d2t` [draft_vocab] I64; `t2d` is for training)
+//! ```
+//!
 //! The head keeps its own KV cache over the positions it has run. A pass of n rows: the features
 //! gathered from the target's pass ([`Gpu::gather_rows`]) or copied from the head's own previous
 //! output, the embedding, the concatenation, fc and the layer over every row; then the
-//! projection (a `[vocab, dim]` matmul, most of a pass's bytes) and a top-k of the LAST row only,
-//! the one drafting continues from.
+//! projection (a `[vocab, dim]` matmul, most of a pass's bytes; EAGLE-3's `[draft_vocab, dim]`)
+//! and a top-k of the LAST row only (EAGLE-3: its ids renamed by d2t on the GPU), the one
+//! drafting continues from.
 //!
 //! Drafting continues in one of two ways:
 //! - a chain ([`EagleHead::draft`]): one-row passes, each fed the previous one's f^ and most
