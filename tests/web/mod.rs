@@ -255,6 +255,19 @@ pub async fn greedy_speculation_equals_greedy() {
     }
     assert!(drafted_any, "no draft token was ever accepted: the test would not test speculation");
     assert!(trees > 0, "token trees (n-gram, model+ngram, Medusa, EAGLE) were verified in the browser too");
+    // an EAGLE-3 head (reduced vocabulary, the target's feature taps) replaces the EAGLE-1 one
+    let (head, config) = tiny::eagle3_head(&tiny, DType::F16, 200, None, false, &mut r);
+    let mut files = ModelFiles::new();
+    files.add("model.safetensors", head).expect("head");
+    files.add("config.json", config).expect("config");
+    engine.load_eagle_async(files, &mut |_, _| {}).await.expect("EAGLE-3 head");
+    for k in [Some(3), None] {
+        req.draft = Some(DraftKind::Eagle);
+        req.draft_k = k;
+        let got = engine.generate(&req, &mut |_| true).await.expect("EAGLE-3");
+        assert_eq!(got.tokens, plain.tokens, "EAGLE-3 K={k:?}: speculative output differs from greedy");
+        assert!(got.stats.drafted > 0, "EAGLE-3 drafted: {:?}", got.stats);
+    }
 }
 
 /// A thrown or rejected error's message.
