@@ -120,7 +120,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let lane = t % LANES;
     let c0 = 4u * (wid.y * (WG / LANES) + t / LANES); // first of this invocation's four columns
     let r0 = wid.x * ROWS;
-    let nr = min(ROWS, step.n - r0); // rows of this group (the grid covers only rows < n)
+    // (a grid sized for more rows than the pass has: a draft tree's passes, whose rows the GPU
+    // chooses)
+    if (r0 >= step.n) { return; }
+    let nr = min(ROWS, step.n - r0); // rows of this group
     let k4 = p.k / 4u;
     // columns past the chunk read the last one (their sums are never stored)
     let last = p.cols - 1u;

@@ -18,6 +18,7 @@ pub enum Kernel {
     TopK,
     GatherRows,
     MapIds,
+    EagleTree,
     Concat,
     /// Benchmarks only: the adapter's bandwidth ceiling.
     BenchCopy,
@@ -26,7 +27,7 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
-const PLAIN: [Kernel; 10] = [
+const PLAIN: [Kernel; 11] = [
     Kernel::Attention,
     Kernel::Argmax,
     Kernel::AcceptGreedy,
@@ -37,6 +38,7 @@ const PLAIN: [Kernel; 10] = [
     Kernel::BenchCopy,
     Kernel::BenchFma,
     Kernel::MapIds,
+    Kernel::EagleTree,
 ];
 
 impl Kernel {
@@ -68,6 +70,7 @@ impl Kernel {
             Kernel::BenchCopy => plain(7),
             Kernel::BenchFma => plain(8),
             Kernel::MapIds => plain(9),
+            Kernel::EagleTree => plain(10),
         }
     }
 
@@ -84,6 +87,7 @@ impl Kernel {
             Kernel::TopK => Cow::Borrowed(include_str!("../../shaders/top_k.wgsl")),
             Kernel::GatherRows => Cow::Borrowed(include_str!("../../shaders/gather_rows.wgsl")),
             Kernel::MapIds => Cow::Borrowed(include_str!("../../shaders/map_ids.wgsl")),
+            Kernel::EagleTree => Cow::Borrowed(include_str!("../../shaders/eagle_tree.wgsl")),
             Kernel::Concat => Cow::Borrowed(include_str!("../../shaders/concat.wgsl")),
             Kernel::BenchCopy => Cow::Borrowed(include_str!("../../shaders/bench_copy.wgsl")),
             Kernel::BenchFma => Cow::Borrowed(include_str!("../../shaders/bench_fma.wgsl")),

@@ -14,8 +14,9 @@ pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
 pub use kernel::{Kernel, Pipelines};
 pub use ops::{
-    AttentionShape, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, Second, Step, MATMUL_ROWS,
-    MAX_TOP_K, MAX_TREE,
+    AttentionShape, EagleTreeParams, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, Second, Step,
+    EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT, EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS,
+    EAGLE_TREE_STATE, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, MATMUL_ROWS, MAX_TOP_K, MAX_TREE,
 };
 pub use roofline::Ceilings;
 

@@ -178,6 +178,38 @@ struct GatherParams {
     _pad: [u32; 3],
 }
 
+/// Words of `shaders/eagle_tree.wgsl`'s state and output buffers, and where its output holds
+/// the next pass (`STEP`: its Step, `MANY`: the projected rows' Step, `SLOTS`: each row's store
+/// slot, `NEWEST`: the projected rows, `TOKENS`: each row's token) and the chosen tree (`RESULT`:
+/// N, the predicted accepted nodes as f32 bits, the passes run, then 32 tokens and 32 parents).
+pub const EAGLE_TREE_STATE: usize = 16 + 5 * 256 + 32 + 8 + 32 + 32 + 8 + 32;
+pub const EAGLE_TREE_OUT: usize = 179;
+pub const EAGLE_TREE_STEP: u64 = 0;
+pub const EAGLE_TREE_MANY: u64 = 36;
+pub const EAGLE_TREE_SLOTS: u64 = 40;
+pub const EAGLE_TREE_NEWEST: u64 = 72;
+pub const EAGLE_TREE_TOKENS: u64 = 80;
+pub const EAGLE_TREE_RESULT: u64 = 112;
+
+/// The parameters of one `shaders/eagle_tree.wgsl` call (see its header).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct EagleTreeParams {
+    pub mode: u32,
+    pub root: u32,
+    pub start_pos: u32,
+    pub k: u32,
+    pub width: u32,
+    pub depth: u32,
+    pub slot0: u32,
+    pub max_nodes: u32,
+    pub room: u32,
+    pub use_costs: u32,
+    pub calibration: f32,
+    pub draft_pass: f32,
+    pub verify: [f32; MAX_TREE],
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct MapIdsParams {
@@ -448,6 +480,22 @@ impl Gpu {
         let rows = rows.map_or(&src.raw, |r| &r.raw);
         let storage = [&src.raw, gamma, rows, &out.raw];
         self.op(Kernel::GatherRows, step, &params, &storage, Grid::Rows).with_cost(cost)
+    }
+
+    /// One call of `shaders/eagle_tree.wgsl` (EAGLE-2's draft tree grown on the GPU), its
+    /// [`EagleTreeParams`] in `params` (written before each use): reads the ranks `ids`/`logp`
+    /// (`[m, k]`), keeps the candidates in `state` (`[EAGLE_TREE_STATE]`), writes the next pass or
+    /// the chosen tree into `out` (`[EAGLE_TREE_OUT]`).
+    pub fn eagle_tree(
+        &self,
+        step: &wgpu::Buffer,
+        params: &wgpu::Buffer,
+        (ids, logp): (&GpuBuffer<u32>, &GpuBuffer<f32>),
+        state: &GpuBuffer<u32>,
+        out: &GpuBuffer<u32>,
+    ) -> Op {
+        let storage = [&ids.raw, &logp.raw, &state.raw, &out.raw];
+        self.op(Kernel::EagleTree, step, params, &storage, Grid::Fixed([1, 1, 1]))
     }
 
     /// `ids[r, j] = table[ids[r, j]]` for the pass's rows and j < k (k <= 64): a draft

@@ -57,31 +57,49 @@ use super::config::Config;
 use super::transformer::{record_block, BlockIo, LoadOptions, Model, MAX_BATCH};
 use super::weights::{Layer, LoadProgress, Matrix, Tally, TensorRole, TensorSpec, TensorTable, Upload};
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuffer, MatmulOut, Op, Second, MAX_TOP_K, MAX_TREE};
+use crate::gpu::{
+    EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, Second, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST,
+    EAGLE_TREE_OUT, EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STATE, EAGLE_TREE_STEP,
+    EAGLE_TREE_TOKENS, MAX_TOP_K, MAX_TREE,
+};
+use bytemuck::Zeroable;
 
 /// The most nodes one tree pass expands (its newest rows, projected together).
 pub const MAX_EAGLE_WIDTH: usize = 8;
 
-/// Slots of the store of expanded nodes' features: the root's, then every expanded node's.
-pub const EAGLE_STORE_SLOTS: usize = 1 + MAX_TREE;
+/// The deepest draft tree (depth 1 comes from the target's pass, each further depth is one
+/// head pass).
+pub const MAX_EAGLE_DEPTH: usize = 16;
 
-/// A row of a draft-tree pass ([`EagleHead::expand`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct TreeRow {
-    /// The node's token.
-    pub token: u32,
-    /// The store slot of its parent's predicted feature (0: the root's).
-    pub input: usize,
-    /// Bit j: row j of the pass is this row or its ancestor (ancestors come first, by depth).
-    pub ancestors: u32,
+/// Slots of the store of expanded nodes' features: the root's, then each pass's expanded nodes.
+pub const EAGLE_STORE_SLOTS: usize = 1 + (MAX_EAGLE_DEPTH - 1) * MAX_EAGLE_WIDTH;
+
+/// How a draft tree is grown ([`EagleHead::draft_tree`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TreeShape {
+    /// At most this deep (<= [`MAX_EAGLE_DEPTH`]).
+    pub depth: usize,
+    /// Nodes expanded per depth (<= [`MAX_EAGLE_WIDTH`] and the head's top-k).
+    pub width: usize,
+    /// Drafted nodes the tree may hold (<= [`MAX_TREE`] - 1).
+    pub max_nodes: usize,
+    /// With measured costs (`verify[n - 1]`: seconds of a verify pass of n rows; seconds per
+    /// draft pass), the number of nodes maximises expected tokens per second instead of
+    /// filling `max_nodes`, each node's chance of acceptance being `calibration * exp(score)`.
+    pub costs: Option<([f32; MAX_TREE], f32)>,
+    pub calibration: f32,
 }
 
-/// What a pass ranked, per projected row: the `top_k` most likely ids and their
-/// log-probabilities (the log-softmax of the head's logits).
+/// A draft tree as the GPU chose it: its nodes by depth (best first within a depth).
 #[derive(Clone, Debug, Default, PartialEq)]
-pub struct Ranked {
-    pub ids: Vec<Vec<u32>>,
-    pub logp: Vec<Vec<f32>>,
+pub struct DraftedTree {
+    pub tokens: Vec<u32>,
+    /// Each node's parent among the nodes before it; `None`: a child of the root.
+    pub parents: Vec<Option<usize>>,
+    /// The sum of the nodes' path probabilities (uncalibrated): their predicted accepted number.
+    pub predicted: f32,
+    /// Head passes run.
+    pub passes: usize,
 }
 
 /// Which public layout a head's file has.
@@ -215,7 +233,11 @@ struct HeadState {
     top: GpuBuffer<u32>,             // [W, top_k] the projected rows' most likely ids
     logp: GpuBuffer<f32>,            // [W, top_k] their log-probabilities
     store: GpuBuffer<f32>,           // [EAGLE_STORE_SLOTS, dim] f^ of a draft tree's expanded nodes
-    ranked: GpuBuffer<u32>,          // [2, 1 + W, top_k] what a tree pass read back: ids, logp bits
+    tree_state: GpuBuffer<u32>,      // [EAGLE_TREE_STATE] the draft tree's candidates
+    tree_out: GpuBuffer<u32>,        // [EAGLE_TREE_OUT] the next tree pass, the chosen tree
+    tree_rows: GpuBuffer<u32>,       // [MAX_TREE] the store slot each tree-pass row reads
+    tree_newest: GpuBuffer<u32>,     // [W] the tree pass's rows to project
+    tree_params: Vec<wgpu::Buffer>,  // [MAX_EAGLE_DEPTH] uniform EagleTreeParams per call
     kv: GpuBuffer<f32>,              // [context, 2 kv_dim]
     cos_sin: GpuBuffer<f32>,         // [context, rope_dim / 2, 2]
     fc: Matrix,                      // [dim, 2 dim] (EAGLE-3: [dim, 3 dim])
@@ -239,6 +261,15 @@ pub struct EagleHead {
     project: Vec<Op>,
     /// A tree pass's projection and top-k (its `many` rows, from `last`).
     project_many: Vec<Op>,
+    /// The draft tree's calls of `eagle_tree.wgsl`: the start, then one per expansion (the last
+    /// one also finishes).
+    tree_calls: Vec<Op>,
+    /// A tree pass's features: each row's parent's, from the store.
+    tree_features: Op,
+    /// A tree pass's newest rows to `last` (to project them).
+    tree_last: Op,
+    /// Per expansion: its newest rows to their store slots.
+    tree_store: Vec<Op>,
     top_k: usize,
     context: usize,
     /// Positions in the head's KV cache.
@@ -344,7 +375,9 @@ impl EagleHead {
         // projected rows' last, logits, top and logp, the store and the read-back
         let widths = (4 * c.dim + cat + 2 * c.q_dim() + c.ffn_dim + top_k + 2) as u64;
         let projected = (MAX_EAGLE_WIDTH * (c.dim + out_vocab + 2 * top_k) + extra) as u64;
-        let store = (EAGLE_STORE_SLOTS * c.dim + 2 * (1 + MAX_EAGLE_WIDTH) * top_k) as u64;
+        let store =
+            (EAGLE_STORE_SLOTS * c.dim + EAGLE_TREE_STATE + EAGLE_TREE_OUT + MAX_TREE + MAX_EAGLE_WIDTH)
+                as u64;
         let cache = ctx * (2 * c.kv_dim() + c.rope_dim) as u64;
         Ok(bytes + 4 * (batch * (widths + c.n_heads as u64 * ctx) + projected + store + cache))
     }
@@ -482,7 +515,13 @@ impl EagleHead {
             top: GpuBuffer::<u32>::zeros(g, "eagle top", MAX_EAGLE_WIDTH * top_k),
             logp: f32s("eagle logp", MAX_EAGLE_WIDTH * top_k),
             store: f32s("eagle store", EAGLE_STORE_SLOTS * c.dim),
-            ranked: GpuBuffer::<u32>::zeros(g, "eagle ranked", 2 * (1 + MAX_EAGLE_WIDTH) * top_k),
+            tree_state: GpuBuffer::<u32>::zeros(g, "eagle tree state", EAGLE_TREE_STATE),
+            tree_out: GpuBuffer::<u32>::zeros(g, "eagle tree out", EAGLE_TREE_OUT),
+            tree_rows: GpuBuffer::<u32>::zeros(g, "eagle tree rows", MAX_TREE),
+            tree_newest: GpuBuffer::<u32>::zeros(g, "eagle tree newest", MAX_EAGLE_WIDTH),
+            tree_params: (0..MAX_EAGLE_DEPTH)
+                .map(|_| g.uniform("eagle tree params", bytemuck::bytes_of(&EagleTreeParams::zeroed())))
+                .collect(),
             kv: f32s("eagle kv", context * 2 * c.kv_dim()),
             cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", &rope),
             fc,
@@ -582,6 +621,27 @@ impl EagleHead {
             ops
         };
         let (project, project_many) = (projection(&s.one), projection(&s.many));
+        // the draft tree on the GPU: its calls, each pass's features from the store, its newest
+        // rows to `last` and to their store slots (expansion e's at 1 + (e - 1) width.. with the
+        // largest width: fixed places, so every copy is recorded before the GPU chooses rows)
+        let ranks = (&s.top, &s.logp);
+        let tree_calls = (s.tree_params.iter())
+            .map(|params| g.eagle_tree(st, params, ranks, &s.tree_state, &s.tree_out))
+            .collect();
+        let feature_in = match &s.eagle3 {
+            Some(_) => &s.x,
+            None => &s.feat,
+        };
+        let tree_features =
+            g.gather_rows(st, &s.store, Some(&s.tree_rows), None, (feature_in, c.dim, 0), c.dim);
+        let newest = Some(&s.tree_newest);
+        let tree_last = g.gather_rows(&s.many, &s.x, newest, None, (&s.last, c.dim, 0), c.dim);
+        let tree_store = (1..MAX_EAGLE_DEPTH)
+            .map(|e| {
+                let at = (1 + (e - 1) * MAX_EAGLE_WIDTH) * c.dim;
+                g.gather_rows(&s.many, &s.x, newest, None, (&s.store, c.dim, at), c.dim)
+            })
+            .collect();
         let gpu_bytes = s.fc.gpu_bytes()
             + s.fc_bias.as_ref().map_or(0, |b| b.raw.size())
             + [&s.layer.qkv, &s.layer.wo, &s.layer.gate_up, &s.layer.down]
@@ -604,6 +664,10 @@ impl EagleHead {
             pass,
             project,
             project_many,
+            tree_calls,
+            tree_features,
+            tree_last,
+            tree_store,
             top_k,
             context,
             len: 0,
@@ -737,123 +801,91 @@ impl EagleHead {
         Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())
     }
 
-    /// The first step of a draft tree: the ids ranked at the latest pass's last row (the root's
-    /// children), then a tree pass expanding the `width` most likely of them (each fed the
-    /// root's f^, at the next position): `1 + width` rows of ranks, the root's first. The root's
-    /// f^ goes to store slot 0 and the expanded nodes' to slots `1..=width`. The expanded ids
-    /// are copied on the GPU, so the whole step is one submission and one read-back.
-    pub async fn expand_root(&mut self, width: usize) -> Result<Ranked> {
-        if width > MAX_EAGLE_WIDTH.min(self.top_k) || self.len + width > self.context {
-            return Err(Error::InvalidArgument(format!(
-                "an EAGLE tree pass expanding {width} of {} ids at {} of {} positions",
-                self.top_k, self.len, self.context
-            )));
-        }
-        let g = self.gpu.clone();
-        let s = &self.state;
-        let (dim, k, word) = (self.config.dim as u64 * 4, self.top_k as u64, 4u64);
-        let mut enc = g.encoder();
-        enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.store.raw, 0, dim);
-        enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.ranked.raw, 0, k * word);
-        enc.copy_buffer_to_buffer(&s.logp.raw, 0, &s.ranked.raw, self.logp_offset(), k * word);
-        if width > 0 {
-            let forest: Vec<u32> = (0..width).map(|i| 1 << i).collect();
-            g.write_tree_step(&s.step, self.len, &forest);
-            enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.tokens.raw, 0, width as u64 * word);
-            for i in 0..width as u64 {
-                enc.copy_buffer_to_buffer(&s.last.raw, 0, &self.feature_in().raw, i * dim, dim);
-            }
-            self.encode_tree_pass(&mut enc, width, width, 1, 1);
-        }
-        self.read_ranked(enc, 1 + width).await
-    }
-
-    /// A further step of a draft tree: a tree pass over `rows` at the positions after the
-    /// head's cache (each row at its depth in the pass), whose last `newest` rows are projected
-    /// and ranked, their f^ saved to store slots `save_at..` (where later rows find their
-    /// parents' features). One submission, one read-back of `[newest]` rows of ranks.
-    pub async fn expand(&mut self, rows: &[TreeRow], newest: usize, save_at: usize) -> Result<Ranked> {
-        let n = rows.len();
-        let bad_row = rows.iter().enumerate().any(|(i, r)| {
-            r.input >= EAGLE_STORE_SLOTS
-                || r.ancestors >> i != 1
-                || r.token as usize >= self.config.vocab_size
-        });
-        if n == 0
-            || n > MAX_TREE
-            || newest == 0
-            || newest > n.min(MAX_EAGLE_WIDTH)
-            || save_at + newest > EAGLE_STORE_SLOTS
-            || self.len + n > self.context
-            || bad_row
+    /// EAGLE-2's draft tree below `root` (the context's last token), grown on the GPU from the
+    /// latest pass's last row (which ranks the root's children): depth by depth, a tree pass
+    /// over the best-scoring unexpanded nodes of the newest depth and their ancestors, each fed
+    /// its parent's f^ from a store, the newest rows projected and ranked with log-probabilities
+    /// (see `shaders/eagle_tree.wgsl`); then the best nodes. One submission, one read-back.
+    pub async fn draft_tree(&mut self, root: u32, shape: TreeShape) -> Result<DraftedTree> {
+        let (depth, width, max_nodes) = (shape.depth, shape.width, shape.max_nodes);
+        if depth == 0
+            || depth > MAX_EAGLE_DEPTH
+            || width == 0
+            || width > MAX_EAGLE_WIDTH.min(self.top_k)
+            || max_nodes == 0
+            || max_nodes >= MAX_TREE
+            || root as usize >= self.config.vocab_size
         {
             return Err(Error::InvalidArgument(format!(
-                "an EAGLE tree pass of {n} rows ({newest} newest, saved at {save_at}) at {} of {} \
-                 positions: rows must be at most {MAX_TREE}, each its own last ancestor, with known \
-                 tokens and store slots",
-                self.len, self.context
+                "an EAGLE draft tree {depth} deep, {width} wide, of {max_nodes} nodes (at most \
+                 {MAX_EAGLE_DEPTH}, {} and {}) below token {root}",
+                MAX_EAGLE_WIDTH.min(self.top_k),
+                MAX_TREE - 1
             )));
         }
         let g = self.gpu.clone();
         let s = &self.state;
-        let dim = self.config.dim as u64 * 4;
-        let ancestors: Vec<u32> = rows.iter().map(|r| r.ancestors).collect();
-        let tokens: Vec<u32> = rows.iter().map(|r| r.token).collect();
-        g.write_tree_step(&s.step, self.len, &ancestors);
-        g.queue.write_buffer(&s.tokens.raw, 0, bytemuck::cast_slice(&tokens));
-        let mut enc = g.encoder();
-        for (i, r) in rows.iter().enumerate() {
-            enc.copy_buffer_to_buffer(
-                &s.store.raw,
-                r.input as u64 * dim,
-                &self.feature_in().raw,
-                i as u64 * dim,
-                dim,
-            );
+        let room = self.context.saturating_sub(self.len).min(MAX_TREE);
+        let (verify, draft_pass) = shape.costs.unwrap_or(([0.0; MAX_TREE], 0.0));
+        let params = |mode: u32, depth: usize, slot0: usize| EagleTreeParams {
+            mode,
+            root,
+            start_pos: self.len as u32,
+            k: self.top_k as u32,
+            width: width as u32,
+            depth: depth as u32,
+            slot0: slot0 as u32,
+            max_nodes: max_nodes as u32,
+            room: room as u32,
+            use_costs: shape.costs.is_some() as u32,
+            calibration: shape.calibration,
+            draft_pass,
+            verify,
+        };
+        // call 0 starts (and picks depth 1's nodes to expand when deeper ones are wanted); call e
+        // takes expansion e's ranks (its nodes in slots 1 + (e - 1) W..) and picks depth e + 1's;
+        // the last call also finishes (mode + 4)
+        let expansions = depth - 1;
+        let next_depth = |e: usize| if e < expansions { e + 1 } else { 0 };
+        let finish = |e: usize| if e == expansions { 4 } else { 0 };
+        let write =
+            |i: usize, p: EagleTreeParams| g.queue.write_buffer(&s.tree_params[i], 0, bytemuck::bytes_of(&p));
+        write(0, params(finish(0), next_depth(0), 0));
+        for e in 1..=expansions {
+            write(e, params(1 + finish(e), next_depth(e), 1 + (e - 1) * MAX_EAGLE_WIDTH));
         }
-        self.encode_tree_pass(&mut enc, n, newest, save_at, 0);
-        self.read_ranked(enc, newest).await
-    }
-
-    /// Byte offset of the log-probabilities in `ranked`.
-    fn logp_offset(&self) -> u64 {
-        (4 * (1 + MAX_EAGLE_WIDTH) * self.top_k) as u64
-    }
-
-    /// A tree pass of `n` rows (its step written), its last `m` rows' f^ saved to store slots
-    /// `save_at..` and projected, their ranks copied to `ranked` from row `ranked_row`.
-    fn encode_tree_pass(
-        &self,
-        enc: &mut wgpu::CommandEncoder,
-        n: usize,
-        m: usize,
-        save_at: usize,
-        ranked_row: usize,
-    ) {
-        let (g, s) = (&*self.gpu, &self.state);
-        let (dim, k) = (self.config.dim as u64 * 4, self.top_k as u64 * 4);
-        let (n, m) = (n as u64, m as u64);
-        g.write_step(&s.many, m as usize, 0);
-        g.encode(enc, &self.pass, n as u32);
-        enc.copy_buffer_to_buffer(&s.x.raw, (n - m) * dim, &s.last.raw, 0, m * dim);
-        enc.copy_buffer_to_buffer(&s.x.raw, (n - m) * dim, &s.store.raw, save_at as u64 * dim, m * dim);
-        g.encode(enc, &self.project_many, m as u32);
-        let at = ranked_row as u64 * k;
-        enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.ranked.raw, at, m * k);
-        enc.copy_buffer_to_buffer(&s.logp.raw, 0, &s.ranked.raw, self.logp_offset() + at, m * k);
-    }
-
-    /// Submits `enc` and reads back the first `rows` rows of `ranked`.
-    async fn read_ranked(&self, enc: wgpu::CommandEncoder, rows: usize) -> Result<Ranked> {
-        let s = &self.state;
-        let raw = self.gpu.submit_and_read(enc, &s.ranked.raw, 0, s.ranked.raw.size()).await?;
-        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
-        let (ids, logp) = words.split_at(words.len() / 2);
-        let k = self.top_k;
-        Ok(Ranked {
-            ids: ids.chunks(k).take(rows).map(<[u32]>::to_vec).collect(),
-            logp: logp.chunks(k).take(rows).map(|c| c.iter().map(|&b| f32::from_bits(b)).collect()).collect(),
-        })
+        let (dim, word) = (self.config.dim as u64 * 4, 4u64);
+        let mut enc = g.encoder();
+        enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.store.raw, 0, dim);
+        g.encode(&mut enc, &self.tree_calls[..1], 1);
+        for e in 1..=expansions {
+            let out = |at: u64, to: &wgpu::Buffer, words: u64, enc: &mut wgpu::CommandEncoder| {
+                enc.copy_buffer_to_buffer(&s.tree_out.raw, at * word, to, 0, words * word);
+            };
+            out(EAGLE_TREE_STEP, &s.step, 4 + MAX_TREE as u64, &mut enc);
+            out(EAGLE_TREE_MANY, &s.many, 4, &mut enc);
+            out(EAGLE_TREE_SLOTS, &s.tree_rows.raw, MAX_TREE as u64, &mut enc);
+            out(EAGLE_TREE_NEWEST, &s.tree_newest.raw, MAX_EAGLE_WIDTH as u64, &mut enc);
+            out(EAGLE_TREE_TOKENS, &s.tokens.raw, MAX_TREE as u64, &mut enc);
+            // grids for the most rows this pass can have; the kernels stop at the pass's own
+            let rows = (width * e).min(room) as u32;
+            g.encode(&mut enc, std::slice::from_ref(&self.tree_features), rows);
+            g.encode(&mut enc, &self.pass, rows);
+            g.encode(&mut enc, std::slice::from_ref(&self.tree_last), width as u32);
+            g.encode(&mut enc, std::slice::from_ref(&self.tree_store[e - 1]), width as u32);
+            g.encode(&mut enc, &self.project_many, width as u32);
+            g.encode(&mut enc, &self.tree_calls[e..e + 1], 1);
+        }
+        let at = EAGLE_TREE_RESULT * word;
+        let bytes = (EAGLE_TREE_OUT as u64 - EAGLE_TREE_RESULT) * word;
+        let raw = g.submit_and_read(enc, &s.tree_out.raw, at, bytes).await?;
+        let r: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let n = (r[0] as usize).min(MAX_TREE - 1);
+        // (32 token words, then 32 parent words)
+        let tokens = r[3..3 + n].to_vec();
+        let parents =
+            r[3 + MAX_TREE..3 + MAX_TREE + n].iter().map(|&p| Some(p as usize).filter(|&p| p < n)).collect();
+        Ok(DraftedTree { tokens, parents, predicted: f32::from_bits(r[1]), passes: r[2] as usize })
     }
 
     /// The head's output features of the latest pass's first `n` rows, `[n, dim]` (tests compare

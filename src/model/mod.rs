@@ -11,7 +11,9 @@ pub mod weights;
 
 pub use checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 pub use config::{Arch, Config};
-pub use eagle::{EagleHead, EagleLayout, Ranked, TreeRow, EAGLE_STORE_SLOTS, MAX_EAGLE_WIDTH};
+pub use eagle::{
+    DraftedTree, EagleHead, EagleLayout, TreeShape, EAGLE_STORE_SLOTS, MAX_EAGLE_DEPTH, MAX_EAGLE_WIDTH,
+};
 pub use medusa::{MedusaConfig, MedusaHeads, MAX_MEDUSA_HEADS};
 pub use transformer::{LoadOptions, MemoryBill, Model, OpProfile, DEFAULT_READ_BYTES, MAX_BATCH, MAX_PASSES};
 pub use weights::{LayerTensors, LoadProgress, Matrix, TensorRole, TensorSpec, TensorTable, Weights};

@@ -65,7 +65,10 @@ impl DraftBudget {
     }
 }
 
-/// What a cycle costs, as the schedule measures it ([`super::Schedule::tree_costs`]).
+/// What a cycle costs, as the schedule measures it ([`super::Schedule::tree_costs`]): a draft
+/// that scores its nodes verifies the N that maximise expected tokens per second,
+/// `(1 + sum of the best N chances of acceptance) / (draft passes * draft_pass + verify[N])`
+/// (EAGLE's dynamic tree does it on the GPU: `shaders/eagle_tree.wgsl`).
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct TreeCosts {
     /// `verify[n - 1]`: seconds of a verify pass over n rows (the root and n - 1 drafted nodes).
@@ -74,26 +77,6 @@ pub struct TreeCosts {
     pub draft_pass: f32,
     /// The most drafted nodes the context has room for (at most [`MAX_TREE`] - 1).
     pub max_nodes: usize,
-}
-
-impl TreeCosts {
-    /// The number of nodes N that maximises expected tokens per second,
-    /// `(1 + sum of p[..N]) / (passes * draft_pass + verify[N])`, given `p`, the estimated
-    /// acceptance chance of each candidate node, best first (each node's parent before it);
-    /// the smallest such N, at least 1 when there is a candidate.
-    pub fn best_nodes(&self, p: &[f64], passes: usize) -> usize {
-        let draft = passes as f64 * self.draft_pass as f64;
-        let (mut best, mut best_rate, mut expected) = (p.len().min(1), f64::MIN, 1.0);
-        for (i, &pi) in p.iter().take(self.max_nodes.min(MAX_TREE - 1)).enumerate() {
-            expected += pi;
-            let t = draft + self.verify[i + 1] as f64;
-            let rate = if t > 0.0 { expected / t } else { expected };
-            if rate > best_rate {
-                (best, best_rate) = (i + 1, rate);
-            }
-        }
-        best
-    }
 }
 
 /// A proposer of draft tokens.
@@ -593,23 +576,5 @@ mod tests {
         assert_eq!(t.max_depth(), 3);
         // one match: a chain (proposed as the chain alone)
         assert!(g.lookup_tree(&[1, 2, 3, 1, 2], DraftBudget::chain(3)).is_chain());
-    }
-
-    #[test]
-    fn trees_are_sized_by_expected_tokens_per_second() {
-        let p = [0.5, 0.3, 0.1, 0.01];
-        // a verify pass that costs the same for any rows: every node with a chance pays
-        let flat = TreeCosts { verify: [1.0; MAX_TREE], draft_pass: 0.1, max_nodes: 31 };
-        assert_eq!(flat.best_nodes(&p, 3), 4);
-        assert_eq!(TreeCosts { max_nodes: 2, ..flat }.best_nodes(&p, 3), 2);
-        assert_eq!(flat.best_nodes(&[], 3), 0);
-        // one that grows by a step per row: (1 + 0.5) / 2 beats (1 + 0.8) / 3
-        let steep = TreeCosts { verify: std::array::from_fn(|i| (i + 1) as f32), ..flat };
-        assert_eq!(steep.best_nodes(&p, 0), 1);
-        // rows that cost a tenth each: 1.5 / 1.1 < 1.8 / 1.2 > 1.9 / 1.3
-        let mild = TreeCosts { verify: std::array::from_fn(|i| 1.0 + 0.1 * i as f32), ..flat };
-        assert_eq!(mild.best_nodes(&p, 0), 2);
-        // draft passes count in the cycle's time: 1.8 / 6.2 < 1.9 / 6.3 > 1.91 / 6.4
-        assert_eq!(mild.best_nodes(&p, 50), 3);
     }
 }

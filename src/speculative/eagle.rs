@@ -9,8 +9,9 @@
 //!   nodes of the newest depth (at most `width`, and only those still among the best
 //!   `budget.nodes`, since a child never scores above its parent), in one tree pass over them and
 //!   their ancestors; each expanded node's `top_k` children join the candidates. The proposal is
-//!   the best `budget.nodes` candidates, a subtree of the root. One submission and one read-back
-//!   per depth (the choice of the next depth's nodes is made here, on the CPU).
+//!   the best `budget.nodes` candidates, a subtree of the root. The tree grows on the GPU
+//!   ([`EagleHead::draft_tree`], `shaders/eagle_tree.wgsl` choosing each pass's rows between the
+//!   head's passes): one submission and one read-back per proposal, as for a chain.
 //!
 //!   Under an adaptive K the budget carries measured costs ([`super::TreeCosts`]), and the number of
 //!   nodes is chosen rather than filled: each candidate's chance of acceptance is estimated as
@@ -28,7 +29,7 @@ use super::draft::{Draft, DraftBudget, LocalFuture, Proposal};
 use super::tree::TokenTree;
 use crate::error::Result;
 use crate::gpu::MAX_TREE;
-use crate::model::{EagleHead, Ranked, TreeRow, EAGLE_STORE_SLOTS, MAX_EAGLE_WIDTH};
+use crate::model::{EagleHead, TreeShape, MAX_EAGLE_DEPTH, MAX_EAGLE_WIDTH};
 use crate::sampling::{Rng, SamplingParams};
 
 /// The next most likely tokens an EAGLE proposal puts beside its chain at each depth by default
@@ -207,7 +208,7 @@ impl Draft for Eagle {
 impl Eagle {
     /// EAGLE-2's dynamic tree below `root`: at most `depth` deep, `budget.nodes` drafted nodes
     /// (or as many as its costs make worth it), expanding up to `width` nodes per depth (see the
-    /// module's doc).
+    /// module's doc), grown on the GPU in one submission.
     async fn dynamic(
         &mut self,
         root: u32,
@@ -215,231 +216,39 @@ impl Eagle {
         budget: DraftBudget,
         width: usize,
     ) -> Result<Proposal> {
-        let nodes = match budget.costs {
+        let max_nodes = match budget.costs {
             Some(c) => c.max_nodes,
             None => budget.nodes.max(depth),
         }
         .clamp(1, MAX_TREE - 1);
-        let calibration = self.calibration();
-        // the nodes worth verifying after `passes` draft passes
-        let size = |tree: &DraftTree, passes: usize| match &budget.costs {
-            Some(c) => c.best_nodes(&tree.chances(calibration, nodes), passes),
-            None => nodes,
+        let shape = TreeShape {
+            depth: depth.min(MAX_EAGLE_DEPTH),
+            width: width.min(max_nodes),
+            max_nodes,
+            costs: budget.costs.map(|c| (c.verify, c.draft_pass)),
+            calibration: self.calibration() as f32,
         };
-        let width = width.min(nodes);
-        let mut tree = DraftTree::new(root);
-        // the root's children, and (when deeper nodes are wanted) the expansion of the best
-        // `width` of them: the root's first ids, expanded into store slots 1..=width
-        let first = if depth >= 2 { width } else { 0 };
-        let ranked = self.head.expand_root(first).await?;
-        let mut steps = usize::from(first > 0);
-        tree.add_children(0, &ranked.ids[0], &ranked.logp[0]);
-        let expanded: Vec<usize> = ranked.ids[0][..first].iter().filter_map(|&t| tree.child(0, t)).collect();
-        tree.take_ranks(
-            &expanded,
-            &Ranked { ids: ranked.ids[1..].to_vec(), logp: ranked.logp[1..].to_vec() },
-            1,
-        );
-        let mut next_slot = 1 + first;
-        for d in 2..depth {
-            let front = tree.frontier(d, width, size(&tree, steps + 1));
-            let rows = tree.pass_rows(&front);
-            let room = self.head.context().saturating_sub(self.head.len());
-            if front.is_empty()
-                || rows.len() > room.min(MAX_TREE)
-                || next_slot + front.len() > EAGLE_STORE_SLOTS
-            {
-                break;
-            }
-            let ranked = self.head.expand(&rows, front.len(), next_slot).await?;
-            steps += 1;
-            tree.take_ranks(&front, &ranked, next_slot);
-            next_slot += front.len();
-        }
-        let chosen = size(&tree, steps);
+        let drafted = self.head.draft_tree(root, shape).await?;
         if budget.costs.is_some() {
-            self.predicted = Some(tree.chances(1.0, chosen).iter().sum());
+            self.predicted = Some(drafted.predicted as f64);
         }
-        let (tree, tokens) = tree.select(chosen);
-        Ok(Proposal { tokens, steps, tree: Some(tree).filter(|t| !t.is_chain()), q: None })
-    }
-}
-
-/// A dynamic tree's candidates (node 0: the root) with their scores, as the head ranks them.
-#[derive(Clone, Debug)]
-struct DraftTree {
-    nodes: Vec<Node>,
-}
-
-#[derive(Clone, Debug)]
-struct Node {
-    token: u32,
-    parent: usize,
-    depth: usize,
-    /// The sum of the path's draft log-probabilities (0 at the root).
-    score: f64,
-    /// The store slot of its predicted feature, once expanded (the root's: 0).
-    slot: Option<usize>,
-}
-
-impl DraftTree {
-    fn new(root: u32) -> DraftTree {
-        DraftTree { nodes: vec![Node { token: root, parent: 0, depth: 0, score: 0.0, slot: Some(0) }] }
-    }
-
-    /// The child of `parent` holding `token`, if it is a candidate.
-    fn child(&self, parent: usize, token: u32) -> Option<usize> {
-        (1..self.nodes.len()).find(|&i| self.nodes[i].parent == parent && self.nodes[i].token == token)
-    }
-
-    /// Adds `ids` (with their log-probabilities) as candidates below `parent`, once each.
-    fn add_children(&mut self, parent: usize, ids: &[u32], logp: &[f32]) {
-        for (&token, &lp) in ids.iter().zip(logp) {
-            if self.child(parent, token).is_none() {
-                let (depth, score) = (self.nodes[parent].depth + 1, self.nodes[parent].score + lp as f64);
-                self.nodes.push(Node { token, parent, depth, score, slot: None });
-            }
+        // the nodes come by depth, each after its parent
+        let mut tree = TokenTree::new(root);
+        let mut at = Vec::with_capacity(drafted.tokens.len());
+        for (&token, parent) in drafted.tokens.iter().zip(&drafted.parents) {
+            let p = match parent {
+                Some(i) => at.get(*i).copied().flatten(),
+                None => Some(0),
+            };
+            at.push(p.and_then(|p| tree.child(p, token)));
         }
-    }
-
-    /// Records that `expanded[i]` was expanded into store slot `first_slot + i` and ranked its
-    /// children as `ranked`'s row i.
-    fn take_ranks(&mut self, expanded: &[usize], ranked: &Ranked, first_slot: usize) {
-        for (i, &v) in expanded.iter().enumerate() {
-            self.nodes[v].slot = Some(first_slot + i);
-            self.add_children(v, &ranked.ids[i], &ranked.logp[i]);
-        }
-    }
-
-    /// The candidates, best first: a higher score, then a shallower node, then an older one (so a
-    /// node always comes after its parent, whose score is at least its own).
-    fn ranking(&self) -> Vec<usize> {
-        let mut order: Vec<usize> = (1..self.nodes.len()).collect();
-        order.sort_by(|&a, &b| {
-            let (x, y) = (&self.nodes[a], &self.nodes[b]);
-            y.score.total_cmp(&x.score).then(x.depth.cmp(&y.depth)).then(a.cmp(&b))
-        });
-        order
-    }
-
-    /// The best `n` candidates' chances of acceptance, best first: `calibration * exp(score)`,
-    /// at most 1.
-    fn chances(&self, calibration: f64, n: usize) -> Vec<f64> {
-        let ranked = self.ranking().into_iter().take(n);
-        ranked.map(|v| (calibration * self.nodes[v].score.exp()).min(1.0)).collect()
-    }
-
-    /// The nodes to expand at `depth`: unexpanded candidates there that rank among the best
-    /// `nodes` (a node ranked lower cannot be chosen, nor can its children), best first, at most
-    /// `width`.
-    fn frontier(&self, depth: usize, width: usize, nodes: usize) -> Vec<usize> {
-        self.ranking()
-            .into_iter()
-            .take(nodes)
-            .filter(|&v| self.nodes[v].depth == depth && self.nodes[v].slot.is_none())
-            .take(width)
-            .collect()
-    }
-
-    /// The rows of the pass expanding `front`: their ancestors below the root (by depth, then
-    /// age), then `front` itself, last, where its rows are projected.
-    fn pass_rows(&self, front: &[usize]) -> Vec<TreeRow> {
-        let mut order: Vec<usize> = Vec::new();
-        for &v in front {
-            let mut a = self.nodes[v].parent;
-            while a != 0 {
-                if !order.contains(&a) {
-                    order.push(a);
-                }
-                a = self.nodes[a].parent;
-            }
-        }
-        order.sort_by_key(|&a| (self.nodes[a].depth, a));
-        order.extend_from_slice(front);
-        let mut bits: Vec<u32> = Vec::with_capacity(order.len());
-        for (i, &v) in order.iter().enumerate() {
-            let parent = self.nodes[v].parent;
-            let above = order[..i].iter().position(|&a| a == parent).map_or(0, |j| bits[j]);
-            bits.push(above | 1u32.checked_shl(i as u32).unwrap_or(0));
-        }
-        order
-            .iter()
-            .zip(bits)
-            .map(|(&v, ancestors)| TreeRow {
-                token: self.nodes[v].token,
-                input: self.nodes[self.nodes[v].parent].slot.unwrap_or(0),
-                ancestors,
-            })
-            .collect()
-    }
-
-    /// The best `nodes` candidates as a token tree (children best first), and its first branch
-    /// (from the root, each node's best child).
-    fn select(&self, nodes: usize) -> (TokenTree, Vec<u32>) {
-        let mut chosen: Vec<usize> = self.ranking().into_iter().take(nodes).collect();
-        chosen.sort_by_key(|&v| self.nodes[v].depth); // stable: best first within a depth
-        let mut tree = TokenTree::new(self.nodes[0].token);
-        let mut at = vec![None; self.nodes.len()];
-        at[0] = Some(0);
-        for v in chosen {
-            if let Some(p) = at[self.nodes[v].parent] {
-                at[v] = tree.child(p, self.nodes[v].token);
-            }
-        }
-        let mut branch = Vec::new();
+        // the first branch: from the root, each node's best child
+        let mut tokens = Vec::new();
         let mut node = 0;
         while let Some(c) = tree.children(node).next() {
-            branch.push(tree.tokens()[c]);
+            tokens.push(tree.tokens()[c]);
             node = c;
         }
-        (tree, branch)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn ranked(rows: &[&[(u32, f32)]]) -> Ranked {
-        Ranked {
-            ids: rows.iter().map(|r| r.iter().map(|x| x.0).collect()).collect(),
-            logp: rows.iter().map(|r| r.iter().map(|x| x.1).collect()).collect(),
-        }
-    }
-
-    #[test]
-    fn the_dynamic_tree_keeps_the_best_scoring_paths() {
-        let ln = |p: f64| p.ln() as f32;
-        let mut t = DraftTree::new(100);
-        // the root's children: 1 (0.5), 2 (0.3), 3 (0.1)
-        t.add_children(0, &[1, 2, 3], &[ln(0.5), ln(0.3), ln(0.1)]);
-        // expanding 1 and 2 (slots 1, 2): 1 -> 11 (0.9), 12 (0.05); 2 -> 21 (0.5), 22 (0.4)
-        let (n1, n2) = (1, 2);
-        let r = ranked(&[&[(11, ln(0.9)), (12, ln(0.05))], &[(21, ln(0.5)), (22, ln(0.4))]]);
-        t.take_ranks(&[n1, n2], &r, 1);
-        // scores: 11 0.45, 21 0.15, 22 0.12, 3 0.1, 12 0.025
-        let names: Vec<u32> = t.ranking().iter().map(|&v| t.nodes[v].token).collect();
-        assert_eq!(names, [1, 11, 2, 21, 22, 3, 12]);
-        // with 4 nodes to fill, 22 (5th) is out: the frontier at depth 2 is 11 and 21
-        let front = t.frontier(2, 4, 4);
-        let tokens: Vec<u32> = front.iter().map(|&v| t.nodes[v].token).collect();
-        assert_eq!(tokens, [11, 21]);
-        assert_eq!(t.frontier(2, 1, 4).len(), 1, "the width caps it");
-        // their pass: ancestors 1 and 2 first, then 11 (child of row 0) and 21 (child of row 1);
-        // each reads its parent's feature
-        let rows = t.pass_rows(&front);
-        let got: Vec<(u32, usize, u32)> = rows.iter().map(|r| (r.token, r.input, r.ancestors)).collect();
-        assert_eq!(got, [(1, 0, 0b1), (2, 0, 0b10), (11, 1, 0b101), (21, 2, 0b1010)]);
-        // the best 5: 1, 11, 2, 21, 22 -> the tree 100 -> {1 -> 11, 2 -> {21, 22}}
-        let (tree, branch) = t.select(5);
-        assert_eq!(tree.tokens(), &[100, 1, 2, 11, 21, 22]);
-        assert_eq!(tree.parents(), &[0, 0, 0, 1, 2, 2]);
-        assert_eq!(branch, [1, 11]);
-        // among equal scores the shallower node goes first
-        let mut t = DraftTree::new(0);
-        t.add_children(0, &[5, 6], &[0.0, 0.0]);
-        t.take_ranks(&[1], &ranked(&[&[(7, 0.0)]]), 1);
-        let (tree, branch) = t.select(2);
-        assert_eq!((tree.tokens(), branch.as_slice()), (&[0, 5, 6][..], &[5][..]));
+        Ok(Proposal { tokens, steps: drafted.passes, tree: Some(tree).filter(|t| !t.is_chain()), q: None })
     }
 }

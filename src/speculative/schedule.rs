@@ -107,7 +107,7 @@ impl Schedule {
     }
 
     /// Under an adaptive K, the measured costs a draft that scores its nodes sizes its tree with
-    /// ([`TreeCosts::best_nodes`]), for up to `max_nodes` drafted nodes; `None` under a fixed K
+    /// ([`TreeCosts`]), for up to `max_nodes` drafted nodes; `None` under a fixed K
     /// (whose trees fill the node budget, the same on every run).
     pub fn tree_costs(&self, max_nodes: usize) -> Option<TreeCosts> {
         let KPolicy::Adaptive { .. } = self.policy else {
