@@ -411,10 +411,11 @@ impl Engine {
     }
 
     /// Replaces the EAGLE head with the one in `files` (its `config.json` and
-    /// `model.safetensors`, the public EAGLE-1/2 layout), uploaded for the target with its
-    /// precision; proposals are EAGLE-2's dynamic trees expanding [`EAGLE_WIDTH`] nodes per depth
-    /// (each ranking [`EAGLE_SIBLINGS`] + 1 children). Its weights, cache and scratch count against the memory budget
-    /// left by the target, the draft model and Medusa heads.
+    /// `model.safetensors`, in the public EAGLE-1/2 or EAGLE-3 layout; an EAGLE-3 head sets the
+    /// target's feature taps), uploaded for the target with its precision; proposals are
+    /// EAGLE-2's dynamic trees expanding [`EAGLE_WIDTH`] nodes per depth (each ranking
+    /// [`EAGLE_SIBLINGS`] + 1 children). Its weights, cache and scratch count against the memory
+    /// budget left by the target, the draft model and Medusa heads.
     pub fn load_eagle(
         &mut self,
         files: ModelFiles,

@@ -311,8 +311,8 @@ impl WebEngine {
         }))
     }
 
-    /// Loads the staged files (`config.json` and `model.safetensors`, the public EAGLE-1/2
-    /// layout) as an EAGLE head for the target (within what the models and heads loaded before
+    /// Loads the staged files (`config.json` and `model.safetensors`, the public EAGLE-1/2 or
+    /// EAGLE-3 layout) as an EAGLE head for the target (within what the models and heads loaded before
     /// left of the memory budget); resolves to `{gpu_weight_bytes, gpu_memory_bytes}` once it is on
     /// the GPU. Requests then speculate with it when they ask for `draft: "eagle"`.
     pub fn load_eagle(&mut self, on_progress: Function) -> Result<js_sys::Promise, JsError> {

@@ -89,7 +89,8 @@ struct GenerateArgs {
     /// `ngram` (prompt lookup: the latest match's continuation), `MODEL+ngram` (the model's chain
     /// and the n-gram continuations merged into one token tree), `medusa:PATH` (Medusa heads:
     /// a `medusa_lm_head.safetensors` file or its folder with `config.json`; a token tree), or
-    /// `eagle:PATH` (an EAGLE-1/2 head: a folder with `config.json` and `model.safetensors`).
+    /// `eagle:PATH` (an EAGLE-1/2 or EAGLE-3 head: a folder with `config.json` and
+    /// `model.safetensors`).
     #[arg(long)]
     draft: Option<String>,
     #[command(flatten)]
