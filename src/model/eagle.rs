@@ -115,6 +115,17 @@ pub enum EagleLayout {
     Eagle3 { draft_vocab: usize, taps: [usize; 3] },
 }
 
+impl EagleLayout {
+    /// Columns of fc's input (`cat`) and ids the head ranks, for a head of width `dim` drafting
+    /// for a vocabulary of `vocab` ids.
+    fn widths(self, dim: usize, vocab: usize) -> (usize, usize) {
+        match self {
+            EagleLayout::Eagle1 => (2 * dim, vocab),
+            EagleLayout::Eagle3 { draft_vocab, .. } => (3 * dim, draft_vocab),
+        }
+    }
+}
+
 /// The head's tensors, named as in the public layout.
 struct EagleTensors {
     fc: TensorSpec,
@@ -246,6 +257,17 @@ struct HeadState {
     eagle3: Option<Eagle3Weights>,
 }
 
+impl HeadState {
+    /// Where a pass's rows take their feature from: EAGLE-1's `feat` (fc follows), EAGLE-3's x
+    /// (the residual stream, fc already applied to the target's taps).
+    fn feature_in(&self) -> &GpuBuffer<f32> {
+        match self.eagle3 {
+            Some(_) => &self.x,
+            None => &self.feat,
+        }
+    }
+}
+
 /// An EAGLE head on the GPU for one target (see the module's doc).
 pub struct EagleHead {
     /// The head's config (one layer; the target's vocabulary).
@@ -364,12 +386,11 @@ impl EagleHead {
             bytes += if kept { stored } else { 4 * n };
         }
         let (ctx, batch) = (target.context() as u64, MAX_BATCH as u64);
-        let (cat, out_vocab, extra) = match layout {
-            EagleLayout::Eagle1 => (2 * c.dim, c.vocab_size, 0),
+        let (cat, out_vocab) = layout.widths(c.dim, c.vocab_size);
+        let extra = match layout {
+            EagleLayout::Eagle1 => 0,
             // lastn, d2t
-            EagleLayout::Eagle3 { draft_vocab, .. } => {
-                (3 * c.dim, draft_vocab, MAX_EAGLE_WIDTH * c.dim + draft_vocab)
-            }
+            EagleLayout::Eagle3 { draft_vocab, .. } => MAX_EAGLE_WIDTH * c.dim + draft_vocab,
         };
         // per row: rows, tokens, feat, embd, cat, x, xb, q, att, hb, drafts; then the
         // projected rows' last, logits, top and logp, the store and the read-back
@@ -479,10 +500,7 @@ impl EagleHead {
             }
             _ => None,
         };
-        let (cat_width, out_vocab) = match layout {
-            EagleLayout::Eagle1 => (2 * c.dim, c.vocab_size),
-            EagleLayout::Eagle3 { draft_vocab, .. } => (3 * c.dim, draft_vocab),
-        };
+        let (cat_width, out_vocab) = layout.widths(c.dim, c.vocab_size);
         let rope = super::transformer::rope_table(&c, context);
         let state = HeadState {
             step: g.step_buffer(),
@@ -628,10 +646,7 @@ impl EagleHead {
         let tree_calls = (s.tree_params.iter())
             .map(|params| g.eagle_tree(st, params, ranks, &s.tree_state, &s.tree_out))
             .collect();
-        let feature_in = match &s.eagle3 {
-            Some(_) => &s.x,
-            None => &s.feat,
-        };
+        let feature_in = s.feature_in();
         let tree_features =
             g.gather_rows(st, &s.store, Some(&s.tree_rows), None, (feature_in, c.dim, 0), c.dim);
         let newest = Some(&s.tree_newest);
@@ -679,15 +694,6 @@ impl EagleHead {
     /// The head's layout.
     pub fn layout(&self) -> EagleLayout {
         self.layout
-    }
-
-    /// Where a pass's rows take their feature from: EAGLE-1's `feat` (fc follows), EAGLE-3's x
-    /// (the residual stream, fc already applied to the target's taps).
-    fn feature_in(&self) -> &GpuBuffer<f32> {
-        match self.state.eagle3 {
-            Some(_) => &self.state.x,
-            None => &self.state.feat,
-        }
     }
 
     /// Ids ranked per row.
@@ -788,7 +794,7 @@ impl EagleHead {
         enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, 0, k * word);
         for i in 0..steps as u64 {
             // the input: the previous pass's last feature and most likely id
-            enc.copy_buffer_to_buffer(&s.last.raw, 0, &self.feature_in().raw, 0, dim * word);
+            enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.feature_in().raw, 0, dim * word);
             enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.tokens.raw, 0, word);
             enc.copy_buffer_to_buffer(&s.step_table, i * 16, &s.step, 0, 16);
             self.encode_pass(&mut enc, 1);

@@ -425,20 +425,25 @@ pub fn eagle_head(
     }
     let refs: Vec<(&str, DType, &[usize], &[u8])> =
         owned.iter().map(|(n, d, sh, b)| (n.as_str(), *d, sh.as_slice(), b.as_slice())).collect();
-    let config = serde_json::json!({
-        "architectures": ["LlamaForCausalLM"],
-        "hidden_size": dim,
-        "intermediate_size": ffn,
+    let mut config = head_config(s, "LlamaForCausalLM");
+    config["rope_theta"] = 10000.0.into();
+    config["tie_word_embeddings"] = true.into();
+    (write_safetensors(&refs), serde_json::to_vec(&config).expect("json"))
+}
+
+/// The `config.json` of a one-layer EAGLE head of `spec`'s shape, with this architecture name.
+fn head_config(s: &TinySpec, arch: &str) -> serde_json::Value {
+    serde_json::json!({
+        "architectures": [arch],
+        "hidden_size": s.dim,
+        "intermediate_size": s.ffn,
         "num_attention_heads": s.heads,
         "num_key_value_heads": s.kv_heads,
         "num_hidden_layers": 1,
         "rms_norm_eps": 1e-5,
-        "rope_theta": 10000.0,
         "vocab_size": s.vocab,
         "max_position_embeddings": s.context,
-        "tie_word_embeddings": true,
-    });
-    (write_safetensors(&refs), serde_json::to_vec(&config).expect("json"))
+    })
 }
 
 /// An EAGLE-3 head for `model` in the public layout (random weights): `fc` over its residual
@@ -521,18 +526,8 @@ pub fn eagle3_head(
         owned.iter().map(|(n, d, sh, b)| (n.as_str(), *d, sh.as_slice(), b.as_slice())).collect();
     let shape = [draft_vocab];
     let file = wgspec::loader::safetensors::write_safetensors_with_index(&refs, &[("d2t", &shape, &d2t)]);
-    let mut config = serde_json::json!({
-        "architectures": ["LlamaForCausalLMEagle3"],
-        "hidden_size": dim,
-        "intermediate_size": ffn,
-        "num_attention_heads": s.heads,
-        "num_key_value_heads": s.kv_heads,
-        "num_hidden_layers": 1,
-        "rms_norm_eps": 1e-5,
-        "vocab_size": s.vocab,
-        "draft_vocab_size": draft_vocab,
-        "max_position_embeddings": s.context,
-    });
+    let mut config = head_config(s, "LlamaForCausalLMEagle3");
+    config["draft_vocab_size"] = draft_vocab.into();
     if let Some(taps) = taps {
         config["eagle_config"] = serde_json::json!({ "eagle_aux_hidden_state_layer_ids": taps });
     }
