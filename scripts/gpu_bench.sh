@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# The real-GPU figures, in one run that fits a short lease of a GPU machine (about 8 minutes):
+# The real-GPU figures, in one run that fits a short lease of a GPU machine (at most 12.5 minutes):
 # the adapter's ceilings and every kernel of a decode step against them (`bench --roofline`),
 # then target-only against speculative decoding, on random weights of real shapes (no model
-# files needed). Run from the repository root with a release binary built beforehand:
+# files needed), and kernel shapes compared (matmul lanes; split or one-pass attention). Run from
+# the repository root with a release binary built beforehand:
 #
 #   cargo build --release && scripts/gpu_bench.sh [OUT_DIR]
 #
@@ -29,10 +30,17 @@ step() { # step SECONDS NAME ARGS...: one bench, its JSON in OUT/NAME.json
 
 [ -x "$BIN" ] || { echo "no $BIN: build it first (cargo build --release)" >&2; exit 1; }
 { date -u; command -v nvidia-smi >/dev/null && nvidia-smi -L; } >>"$LOG" 2>&1
-# ceilings and kernels: Qwen2.5-1.5B's shapes, a 1-row step and a 5-row verify pass
+# most telling first, so that a lease cut short still has them:
+# ceilings and kernels: Qwen2.5-1.5B's shapes, a 1-row step and a 5-row verify pass (the adapter's
+# default kernel shapes: 16 matmul lanes, attention split over the cache)
 step 120 roofline-qwen2-1.5b --roofline --synthetic qwen2-1.5b --past 512
-step 90 roofline-llama-1b --roofline --synthetic llama-1b --past 512
-# the Qwen pair's shapes: target-only and speculative alternating, K = 4 and adaptive
+# the Qwen pair's shapes: target-only and speculative alternating, K = 4
 step 150 pair-qwen2-1.5b-k4 --synthetic qwen2-1.5b --draft qwen2-0.5b --draft-k 4 --limit 4 --max-tokens 64
+# kernel shapes against each other: 64 matmul lanes (4x the workgroups of a skinny matmul); the
+# one-pass attention against the split one over a long cache
+step 90 roofline-qwen2-1.5b-lanes64 --roofline --synthetic qwen2-1.5b --past 512 --matmul-lanes 64
+step 90 roofline-qwen2-1.5b-past4000 --roofline --synthetic qwen2-1.5b --past 4000 --context 4608
+step 90 roofline-qwen2-1.5b-past4000-one-pass --roofline --synthetic qwen2-1.5b --past 4000 --context 4608 --attention one-pass
+step 90 roofline-llama-1b --roofline --synthetic llama-1b --past 512
 step 120 pair-qwen2-1.5b-adaptive --synthetic qwen2-1.5b --draft qwen2-0.5b --limit 4 --max-tokens 64
 grep -E "tok/s|verify_cost|roofline|ceiling|all:" "$LOG" | tail -40

@@ -476,65 +476,74 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
 
 #[test]
 fn attention_matches_reference() {
-    let gpu = gpu();
-    let step = gpu.step_buffer();
-    let mut rng = rng(7);
-    let ctx = 160;
-    // GQA groups of 1, 2, 3 and 18 query heads, passes that start past 64 and 128 positions, head
-    // dims that are no multiple of 64
-    for &(n, heads, kv_heads, hd, start) in &[
-        (1, 1, 1, 4, 0),
-        (3, 4, 2, 8, 5),
-        (8, 3, 1, 64, 70),
-        (2, 2, 2, 16, 150),
-        (5, 6, 3, 12, 0),
-        (4, 18, 1, 20, 120),
-        (1, 18, 1, 132, 159),
-    ] {
-        let q = rand_vec(&mut rng, n * heads * hd, 1.0);
-        let k = rand_vec(&mut rng, ctx * kv_heads * hd, 1.0);
-        let v = rand_vec(&mut rng, ctx * kv_heads * hd, 1.0);
-        let qb = GpuBuffer::<f32>::from_slice(&gpu, "q", &q);
-        // the cache holds each position's k row, then its v row
-        let kv: Vec<f32> =
-            k.chunks(kv_heads * hd).zip(v.chunks(kv_heads * hd)).flat_map(|(a, b)| [a, b].concat()).collect();
-        let kvb = GpuBuffer::<f32>::from_slice(&gpu, "kv", &kv);
-        let scratch = GpuBuffer::<f32>::zeros(&gpu, "scores", n * heads * ctx);
-        let ob = GpuBuffer::<f32>::zeros(&gpu, "out", n * heads * hd);
-        let shape = AttentionShape {
-            heads: heads as u32,
-            kv_heads: kv_heads as u32,
-            head_dim: hd as u32,
-            ctx: ctx as u32,
-        };
-        run(&gpu, &step, &[gpu.attention(&step, &qb, &kvb, &scratch, &ob, shape)], n, start);
-        let got = read_f32(&gpu, &ob.raw, n * heads * hd);
-        let want: Vec<f32> = (0..n)
-            .flat_map(|r| {
-                reference::attention(
-                    &q[r * heads * hd..(r + 1) * heads * hd],
-                    &k,
-                    &v,
-                    start + r,
-                    heads,
-                    kv_heads,
-                    hd,
-                )
-            })
-            .collect();
-        let what = format!("attention n={n} h={heads}/{kv_heads} hd={hd} start={start}");
-        assert_close(&what, &got, &want, 1e-5, 1e-4);
-        // each row alone (its q moved to row 0) gives the same bits as inside the pass
-        let width = heads * hd;
-        for r in 0..n {
-            let q1 = GpuBuffer::<f32>::from_slice(&gpu, "q row", &q[r * width..(r + 1) * width]);
-            let o1 = GpuBuffer::<f32>::zeros(&gpu, "out row", width);
-            run(&gpu, &step, &[gpu.attention(&step, &q1, &kvb, &scratch, &o1, shape)], 1, start + r);
-            let alone = read_f32(&gpu, &o1.raw, width);
-            assert!(
-                alone.iter().zip(&got[r * width..]).all(|(a, b)| a.to_bits() == b.to_bits()),
-                "{what}: row {r} alone differs from the pass"
-            );
+    // Both shapes: the one-pass kernel (CPU adapters) and the split one (GPUs), which cuts the
+    // keys into chunks of 64 (128 past 4096 cached positions, where each chunk takes two blocks
+    // of keys with a running maximum) and serves up to 8 query heads of a KV group per workgroup.
+    for gpu in gpus() {
+        let step = gpu.step_buffer();
+        let mut rng = rng(7);
+        // GQA groups of 1, 2, 3, 4 and 18 query heads, passes that start past 64 and 128
+        // positions, head dims that are no multiple of 64 (and one past 128), a long cache
+        for &(n, heads, kv_heads, hd, start, ctx) in &[
+            (1, 1, 1, 4, 0, 160),
+            (3, 4, 2, 8, 5, 160),
+            (8, 3, 1, 64, 70, 160),
+            (2, 2, 2, 16, 150, 160),
+            (5, 6, 3, 12, 0, 160),
+            (4, 18, 1, 20, 120, 160),
+            (1, 18, 1, 132, 159, 160),
+            (3, 8, 2, 8, 4490, 4600),
+        ] {
+            let q = rand_vec(&mut rng, n * heads * hd, 1.0);
+            // keys large enough that the running maximum changes from block to block
+            let k = rand_vec(&mut rng, ctx * kv_heads * hd, 2.0);
+            let v = rand_vec(&mut rng, ctx * kv_heads * hd, 1.0);
+            let qb = GpuBuffer::<f32>::from_slice(&gpu, "q", &q);
+            // the cache holds each position's k row, then its v row
+            let kv: Vec<f32> = k
+                .chunks(kv_heads * hd)
+                .zip(v.chunks(kv_heads * hd))
+                .flat_map(|(a, b)| [a, b].concat())
+                .collect();
+            let kvb = GpuBuffer::<f32>::from_slice(&gpu, "kv", &kv);
+            let shape = AttentionShape {
+                heads: heads as u32,
+                kv_heads: kv_heads as u32,
+                head_dim: hd as u32,
+                ctx: ctx as u32,
+            };
+            let scratch = GpuBuffer::<f32>::zeros(&gpu, "scratch", gpu.attention_scratch_len(shape, n));
+            let ob = GpuBuffer::<f32>::zeros(&gpu, "out", n * heads * hd);
+            run(&gpu, &step, &gpu.attention(&step, &qb, &kvb, &scratch, &ob, shape), n, start);
+            let got = read_f32(&gpu, &ob.raw, n * heads * hd);
+            let want: Vec<f32> = (0..n)
+                .flat_map(|r| {
+                    reference::attention(
+                        &q[r * heads * hd..(r + 1) * heads * hd],
+                        &k,
+                        &v,
+                        start + r,
+                        heads,
+                        kv_heads,
+                        hd,
+                    )
+                })
+                .collect();
+            let what =
+                format!("attention ({}) n={n} h={heads}/{kv_heads} hd={hd} start={start}", gpu.describe());
+            assert_close(&what, &got, &want, 1e-5, 1e-4);
+            // each row alone (its q moved to row 0) gives the same bits as inside the pass
+            let width = heads * hd;
+            for r in 0..n {
+                let q1 = GpuBuffer::<f32>::from_slice(&gpu, "q row", &q[r * width..(r + 1) * width]);
+                let o1 = GpuBuffer::<f32>::zeros(&gpu, "out row", width);
+                run(&gpu, &step, &gpu.attention(&step, &q1, &kvb, &scratch, &o1, shape), 1, start + r);
+                let alone = read_f32(&gpu, &o1.raw, width);
+                assert!(
+                    alone.iter().zip(&got[r * width..]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "{what}: row {r} alone differs from the pass"
+                );
+            }
         }
     }
 }

@@ -25,8 +25,12 @@ fn assert_logits(what: &str, got: &[f32], want: &[f32]) {
 }
 
 fn load(ckpt: &Checkpoint, precision: Precision) -> Model {
+    load_on(gpu(), ckpt, precision)
+}
+
+fn load_on(gpu: std::sync::Arc<wgspec::gpu::Gpu>, ckpt: &Checkpoint, precision: Precision) -> Model {
     let opts = LoadOptions { context: Some(64), precision, ..Default::default() };
-    Model::load(gpu(), ckpt, &opts, &mut |_| {}).expect("load")
+    Model::load(gpu, ckpt, &opts, &mut |_| {}).expect("load")
 }
 
 fn forward(m: &mut Model, tokens: &[u32], pos: usize) -> Vec<f32> {
@@ -35,7 +39,17 @@ fn forward(m: &mut Model, tokens: &[u32], pos: usize) -> Vec<f32> {
 
 /// Runs a sequence in passes of several sizes, rolls back and re-runs, comparing every row.
 fn check_against_reference(what: &str, ckpt: &Checkpoint, precision: Precision, seed: u64) {
-    let mut gpu_model = load(ckpt, precision);
+    check_on(gpu(), what, ckpt, precision, seed)
+}
+
+fn check_on(
+    gpu: std::sync::Arc<wgspec::gpu::Gpu>,
+    what: &str,
+    ckpt: &Checkpoint,
+    precision: Precision,
+    seed: u64,
+) {
+    let mut gpu_model = load_on(gpu, ckpt, precision);
     let mut cpu = RefModel::new(ckpt, precision);
     let vocab = ckpt.config.vocab_size as u32;
     let mut r = rng(seed);
@@ -71,6 +85,11 @@ fn gguf_float_models_match_reference() {
                 Precision::Auto,
                 11,
             );
+            // the GPU shape too (16-lane matmul, attention split over the cache)
+            if dtype == DType::F16 {
+                let what = format!("gguf {dtype:?} qwen2={} (GPU shape)", spec.qwen2);
+                check_on(gpu_shaped(), &what, &ckpt, Precision::Auto, 11);
+            }
         }
     }
 }

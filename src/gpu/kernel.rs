@@ -11,7 +11,12 @@ use crate::loader::DType;
 pub enum Kernel {
     Embed(DType),
     Matmul(DType),
+    /// The one-pass attention: one workgroup per query head and row (CPU adapters).
     Attention,
+    /// Attention split over the cache (GPUs): one chunk of keys per workgroup ...
+    AttentionChunks,
+    /// ... and the chunks of each head and row combined.
+    AttentionMerge,
     Argmax,
     AcceptGreedy,
     KvKeep,
@@ -27,7 +32,7 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
-const PLAIN: [Kernel; 11] = [
+const PLAIN: [Kernel; 13] = [
     Kernel::Attention,
     Kernel::Argmax,
     Kernel::AcceptGreedy,
@@ -39,6 +44,8 @@ const PLAIN: [Kernel; 11] = [
     Kernel::BenchFma,
     Kernel::MapIds,
     Kernel::EagleTree,
+    Kernel::AttentionChunks,
+    Kernel::AttentionMerge,
 ];
 
 impl Kernel {
@@ -71,6 +78,8 @@ impl Kernel {
             Kernel::BenchFma => plain(8),
             Kernel::MapIds => plain(9),
             Kernel::EagleTree => plain(10),
+            Kernel::AttentionChunks => plain(11),
+            Kernel::AttentionMerge => plain(12),
         }
     }
 
@@ -81,6 +90,8 @@ impl Kernel {
             Kernel::Embed(w) => with_format(w, include_str!("../../shaders/embed.wgsl")),
             Kernel::Matmul(w) => with_format(w, include_str!("../../shaders/matmul.wgsl")),
             Kernel::Attention => Cow::Borrowed(include_str!("../../shaders/attention.wgsl")),
+            Kernel::AttentionChunks => Cow::Borrowed(include_str!("../../shaders/attention_chunks.wgsl")),
+            Kernel::AttentionMerge => Cow::Borrowed(include_str!("../../shaders/attention_merge.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
             Kernel::KvKeep => Cow::Borrowed(include_str!("../../shaders/kv_keep.wgsl")),

@@ -35,6 +35,8 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Matmul invocations per output column: 16 on GPUs, 1 where invocations run on a CPU.
     matmul_lanes: u32,
+    /// Attention split over the cache in chunks (GPUs), or one pass per head and row (CPU adapters).
+    split_attention: bool,
     pipelines: Pipelines,
     /// Bound where an op leaves a writable binding unused (a matmul without a KV split).
     unused_output: wgpu::Buffer,
@@ -141,6 +143,20 @@ pub fn groups(items: usize) -> u32 {
     items.div_ceil(Kernel::WORKGROUP as usize) as u32
 }
 
+/// How the kernels are shaped for an adapter ([`Gpu::with_shape`]); `None` takes the adapter's
+/// default. Every shape gives each row the same bits whatever the rows of its pass (each is
+/// batch-invariant on its own), but two shapes may differ from each other in the last bits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct KernelShape {
+    /// Matmul invocations per column quad splitting k, a power of two from 1 to 64: 16 on GPUs,
+    /// 1 where invocations run on a CPU.
+    pub matmul_lanes: Option<u32>,
+    /// Attention split over the cache in chunks of keys, the query heads of a KV group sharing
+    /// each load (`attention_chunks.wgsl` + `attention_merge.wgsl`): on by default on GPUs. Off:
+    /// one workgroup per query head and row walks every key (`attention.wgsl`), CPU adapters' default.
+    pub split_attention: Option<bool>,
+}
+
 /// Whether the adapter runs invocations on CPU cores (lavapipe / llvmpipe, SwiftShader, WARP):
 /// there a workgroup barrier is a context switch, so the matmul gives each column one invocation.
 fn runs_on_cpu(info: &wgpu::AdapterInfo) -> bool {
@@ -152,12 +168,12 @@ fn runs_on_cpu(info: &wgpu::AdapterInfo) -> bool {
 impl Gpu {
     /// Picks the highest-performance adapter and creates a device with the adapter's full limits.
     pub async fn new() -> Result<Gpu> {
-        Self::with_matmul_lanes(None).await
+        Self::with_shape(KernelShape::default()).await
     }
 
-    /// As [`Gpu::new`], with the matmul's invocations per column quad forced to `lanes` (a power
-    /// of two from 1 to 64) instead of the adapter's default: tests run the GPU shape on a CPU adapter.
-    pub async fn with_matmul_lanes(lanes: Option<u32>) -> Result<Gpu> {
+    /// As [`Gpu::new`], with the kernels' shape forced where `shape` says so instead of the
+    /// adapter's default: tests run the GPU shape on a CPU adapter, benchmarks compare shapes.
+    pub async fn with_shape(shape: KernelShape) -> Result<Gpu> {
         let instance = wgpu::Instance::new(wgpu::InstanceDescriptor::new_without_display_handle_from_env());
         let adapter = instance
             .request_adapter(&wgpu::RequestAdapterOptions {
@@ -191,7 +207,8 @@ impl Gpu {
             })
             .await
             .map_err(|e| Error::NoGpu(format!("adapter {} refused a device: {e}", info.name)))?;
-        let matmul_lanes = match lanes {
+        let split_attention = shape.split_attention.unwrap_or(!runs_on_cpu(&info));
+        let matmul_lanes = match shape.matmul_lanes {
             Some(l) if l.is_power_of_two() && l <= Kernel::WORKGROUP => l,
             Some(l) => {
                 return Err(Error::InvalidArgument(format!("matmul lanes {l}: a power of two up to 64")))
@@ -224,6 +241,7 @@ impl Gpu {
             info,
             limits,
             matmul_lanes,
+            split_attention,
             pipelines,
             unused_output,
             submits: AtomicU64::new(0),
@@ -240,8 +258,12 @@ impl Gpu {
     /// A one-line description of the adapter, for logs and benchmark records.
     pub fn describe(&self) -> String {
         format!(
-            "{} ({:?}, {}; matmul lanes {})",
-            self.info.name, self.info.backend, self.info.driver_info, self.matmul_lanes
+            "{} ({:?}, {}; matmul lanes {}, attention {})",
+            self.info.name,
+            self.info.backend,
+            self.info.driver_info,
+            self.matmul_lanes,
+            if self.split_attention { "split" } else { "one pass" }
         )
     }
 

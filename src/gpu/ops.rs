@@ -162,6 +162,48 @@ struct AttentionParams {
 
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
+struct ChunksParams {
+    heads: u32,
+    kv_heads: u32,
+    head_dim: u32,
+    ctx: u32,
+    scale: f32,
+    span: u32,
+    chunks: u32,
+    blocks: u32,
+    ml_base: u32,
+    _pad: [u32; 3],
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct MergeParams {
+    heads: u32,
+    head_dim: u32,
+    span: u32,
+    chunks: u32,
+    ml_base: u32,
+    _pad: [u32; 3],
+}
+
+/// Keys one workgroup of the split attention walks in a block (`WG` in `attention_chunks.wgsl`).
+const ATTENTION_BLOCK: u32 = 64;
+/// Most chunks of keys a row is split into (a chunk spans a whole number of blocks).
+const ATTENTION_MAX_CHUNKS: u32 = 64;
+/// Query heads one workgroup of the split attention serves (`HB` in `attention_chunks.wgsl`).
+const ATTENTION_HEAD_BLOCK: u32 = 8;
+/// Largest head dimension of the split attention (`DPT * WG` in `attention_chunks.wgsl`).
+pub const MAX_SPLIT_HEAD_DIM: u32 = 256;
+
+/// How the split attention cuts the keys of a cache of `ctx` positions: (keys per chunk, chunks).
+/// Fixed by the cache, never by a pass's rows, so each row's sums keep their order.
+fn attention_chunks(ctx: u32) -> (u32, u32) {
+    let span = ctx.div_ceil(ATTENTION_BLOCK * ATTENTION_MAX_CHUNKS).max(1) * ATTENTION_BLOCK;
+    (span, ctx.div_ceil(span).max(1))
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
 struct WidthParams {
     width: u32,
     _pad: [u32; 3],
@@ -370,43 +412,110 @@ impl Gpu {
         self.op(Kernel::Embed(table.dtype), step, &params, &storage, grid).with_cost(cost)
     }
 
+    /// f32 values of the scratch [`Gpu::attention`] needs for passes of up to `rows` rows: the
+    /// scores `[rows, heads, ctx]` of the one-pass kernel, or the split kernel's partial results
+    /// `[rows, heads, chunks, head_dim + 2]`.
+    pub fn attention_scratch_len(&self, shape: AttentionShape, rows: usize) -> usize {
+        let (heads, ctx) = (shape.heads as usize, shape.ctx as usize);
+        if self.split_attention(shape) {
+            let (_, chunks) = attention_chunks(shape.ctx);
+            rows * heads * chunks as usize * (shape.head_dim as usize + 2)
+        } else {
+            rows * heads * ctx
+        }
+    }
+
+    /// Whether [`Gpu::attention`] splits this layer's attention over the cache: the adapter's
+    /// shape, for head dimensions the split kernel holds.
+    fn split_attention(&self, shape: AttentionShape) -> bool {
+        self.split_attention && shape.head_dim <= MAX_SPLIT_HEAD_DIM
+    }
+
     /// Causal attention of `q: [n, heads * head_dim]` over the cache `kv: [ctx, 2 kv_heads head_dim]`
-    /// (each position's k row, then its v row) into `out: [n, heads * head_dim]`, using
-    /// `scores: [n_max, heads, ctx]` as scratch.
+    /// (each position's k row, then its v row) into `out: [n, heads * head_dim]`, using `scratch`
+    /// ([`Gpu::attention_scratch_len`] values for the most rows a pass holds). One dispatch on
+    /// CPU adapters; on GPUs two: chunks of keys, then their merge.
     pub fn attention(
         &self,
         step: &wgpu::Buffer,
         q: &GpuBuffer<f32>,
         kv: &GpuBuffer<f32>,
-        scores: &GpuBuffer<f32>,
+        scratch: &GpuBuffer<f32>,
         out: &GpuBuffer<f32>,
         shape: AttentionShape,
-    ) -> Op {
-        let p = AttentionParams {
+    ) -> Vec<Op> {
+        let (h, kvh, hd) = (shape.heads as u64, shape.kv_heads as u64, shape.head_dim as u64);
+        let scale = 1.0 / (shape.head_dim as f32).sqrt();
+        if !self.split_attention(shape) {
+            let p = AttentionParams {
+                heads: shape.heads,
+                kv_heads: shape.kv_heads,
+                head_dim: shape.head_dim,
+                ctx: shape.ctx,
+                scale,
+                _pad: [0; 3],
+            };
+            let params = self.uniform("attention params", bytemuck::bytes_of(&p));
+            let cost = Cost {
+                row_bytes: 8 * h * hd,
+                // each position's K and V rows (read once per query head in this kernel), its scores
+                pos_row_bytes: 4 * (2 * h * hd + 3 * h),
+                pos_row_flops: 4 * h * hd + 4 * h,
+                ..Cost::default()
+            };
+            let op = self.op(
+                Kernel::Attention,
+                step,
+                &params,
+                &[&q.raw, &kv.raw, &kv.raw, &scratch.raw, &out.raw],
+                Grid::PerRow(shape.heads),
+            );
+            return vec![op.with_cost(cost)];
+        }
+        let (span, chunks) = attention_chunks(shape.ctx);
+        let blocks = (shape.heads / shape.kv_heads).div_ceil(ATTENTION_HEAD_BLOCK);
+        // the (m, l) section follows the o section of the most rows the scratch holds
+        let rows = scratch.len / (shape.heads * chunks * (shape.head_dim + 2)) as usize;
+        let ml_base = (rows * (shape.heads * chunks * shape.head_dim) as usize) as u32;
+        let p = ChunksParams {
             heads: shape.heads,
             kv_heads: shape.kv_heads,
             head_dim: shape.head_dim,
             ctx: shape.ctx,
-            scale: 1.0 / (shape.head_dim as f32).sqrt(),
+            scale,
+            span,
+            chunks,
+            blocks,
+            ml_base,
             _pad: [0; 3],
         };
-        let params = self.uniform("attention params", bytemuck::bytes_of(&p));
-        let (h, hd) = (shape.heads as u64, shape.head_dim as u64);
+        let params = self.uniform("attention chunks params", bytemuck::bytes_of(&p));
+        // a chunk's partial results (all heads), spread over its keys
+        let part_bytes = 4 * h * (hd + 2) / span as u64;
         let cost = Cost {
-            row_bytes: 8 * h * hd,
-            // each position's K and V rows (read once per query head in this kernel), its scores
-            pos_row_bytes: 4 * (2 * h * hd + 3 * h),
+            row_bytes: 4 * h * hd,
+            // each position's K and V rows, read once per KV head (its query heads share them)
+            pos_row_bytes: 8 * kvh * hd + part_bytes,
             pos_row_flops: 4 * h * hd + 4 * h,
             ..Cost::default()
         };
-        self.op(
-            Kernel::Attention,
-            step,
-            &params,
-            &[&q.raw, &kv.raw, &kv.raw, &scores.raw, &out.raw],
-            Grid::PerRow(shape.heads),
-        )
-        .with_cost(cost)
+        let chunk_op = self
+            .op(
+                Kernel::AttentionChunks,
+                step,
+                &params,
+                &[&q.raw, &kv.raw, &kv.raw, &scratch.raw],
+                Grid::PerRow(shape.kv_heads * blocks * chunks),
+            )
+            .with_cost(cost);
+        let p =
+            MergeParams { heads: shape.heads, head_dim: shape.head_dim, span, chunks, ml_base, _pad: [0; 3] };
+        let params = self.uniform("attention merge params", bytemuck::bytes_of(&p));
+        let cost = Cost { row_bytes: 4 * h * hd, pos_row_bytes: part_bytes, ..Cost::default() };
+        let merge_op = self
+            .op(Kernel::AttentionMerge, step, &params, &[&scratch.raw, &out.raw], Grid::PerRow(shape.heads))
+            .with_cost(cost);
+        vec![chunk_op, merge_op]
     }
 
     /// `out[r] = argmax logits[r, :]` (lowest index on ties); `logits: [n, vocab]`, `out: [n]`.

@@ -237,7 +237,7 @@ struct HeadState {
     xb: GpuBuffer<f32>,              // [MAX_BATCH, dim]
     q: GpuBuffer<f32>,               // [MAX_BATCH, q_dim]
     att: GpuBuffer<f32>,             // [MAX_BATCH, q_dim]
-    scores: GpuBuffer<f32>,          // [MAX_BATCH, n_heads, context]
+    scores: GpuBuffer<f32>,          // attention scratch (Gpu::attention_scratch_len for MAX_BATCH rows)
     hb: GpuBuffer<f32>,              // [MAX_BATCH, ffn_dim]
     logits: GpuBuffer<f32>,          // [W, vocab] the projected rows' (W = MAX_EAGLE_WIDTH)
     last: GpuBuffer<f32>,            // [W, dim] the projected rows' f^ (row 0: where a chain goes on)
@@ -400,7 +400,8 @@ impl EagleHead {
             (EAGLE_STORE_SLOTS * c.dim + EAGLE_TREE_STATE + EAGLE_TREE_OUT + MAX_TREE + MAX_EAGLE_WIDTH)
                 as u64;
         let cache = ctx * (2 * c.kv_dim() + c.rope_dim) as u64;
-        Ok(bytes + 4 * (batch * (widths + c.n_heads as u64 * ctx) + projected + store + cache))
+        let attention = target.gpu().attention_scratch_len(c.attention_shape(ctx as usize), MAX_BATCH) as u64;
+        Ok(bytes + 4 * (batch * widths + attention + projected + store + cache))
     }
 
     /// Uploads the head of `ckpt` (a [`Checkpoint::from_named_safetensors`] of its file with the
@@ -526,7 +527,7 @@ impl EagleHead {
             xb: f32s("eagle xb", MAX_BATCH * c.dim),
             q: f32s("eagle q", MAX_BATCH * c.q_dim()),
             att: f32s("eagle att", MAX_BATCH * c.q_dim()),
-            scores: f32s("eagle scores", MAX_BATCH * c.n_heads * context),
+            scores: f32s("eagle scores", g.attention_scratch_len(c.attention_shape(context), MAX_BATCH)),
             hb: f32s("eagle hb", MAX_BATCH * c.ffn_dim),
             logits: f32s("eagle logits", MAX_EAGLE_WIDTH * out_vocab),
             last: f32s("eagle last", MAX_EAGLE_WIDTH * c.dim),

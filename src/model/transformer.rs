@@ -10,9 +10,7 @@ use crate::error::{Error, Result};
 use crate::loader::source;
 use bytemuck::Zeroable;
 
-use crate::gpu::{
-    AttentionShape, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut, Second, MAX_TREE,
-};
+use crate::gpu::{Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut, Second, MAX_TREE};
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
 pub const MAX_BATCH: usize = 32;
@@ -68,15 +66,16 @@ pub struct MemoryBill {
 
 /// Activations and caches, each allocated once for [`MAX_BATCH`] rows.
 struct RunState {
-    step: wgpu::Buffer,            // uniform Step: [n, start_pos, tree, 0, ancestors[MAX_TREE]]
-    step_table: wgpu::Buffer,      // [MAX_PASSES, 4] u32: (n, start_pos, 0, 0) of each recorded pass
-    keep: wgpu::Buffer,            // uniform KeepParams: the rows of a tree pass to keep
-    tokens: GpuBuffer<u32>,        // [MAX_BATCH]
-    x: GpuBuffer<f32>,             // [MAX_BATCH, dim] residual stream
-    xb: GpuBuffer<f32>,            // [MAX_BATCH, dim] normed input of a sub-block
-    q: GpuBuffer<f32>,             // [MAX_BATCH, q_dim]
-    att: GpuBuffer<f32>,           // [MAX_BATCH, q_dim] attention output
-    scores: GpuBuffer<f32>,        // [MAX_BATCH, n_heads, context] attention scratch
+    step: wgpu::Buffer,       // uniform Step: [n, start_pos, tree, 0, ancestors[MAX_TREE]]
+    step_table: wgpu::Buffer, // [MAX_PASSES, 4] u32: (n, start_pos, 0, 0) of each recorded pass
+    keep: wgpu::Buffer,       // uniform KeepParams: the rows of a tree pass to keep
+    tokens: GpuBuffer<u32>,   // [MAX_BATCH]
+    x: GpuBuffer<f32>,        // [MAX_BATCH, dim] residual stream
+    xb: GpuBuffer<f32>,       // [MAX_BATCH, dim] normed input of a sub-block
+    q: GpuBuffer<f32>,        // [MAX_BATCH, q_dim]
+    att: GpuBuffer<f32>,      // [MAX_BATCH, q_dim] attention output
+    scores: GpuBuffer<f32>,   // attention scratch: [MAX_BATCH, n_heads, context] scores, or
+    // [MAX_BATCH, n_heads, chunks, head_dim + 2] (split attention)
     hb: GpuBuffer<f32>,            // [MAX_BATCH, ffn_dim] silu(gate) * up
     logits: GpuBuffer<f32>,        // [MAX_BATCH, vocab]
     argmax: GpuBuffer<u32>,        // [MAX_BATCH]
@@ -176,11 +175,12 @@ impl Model {
         // (u64: a 32-bit usize in the browser must not wrap)
         let batch = MAX_BATCH as u64;
         let ctx = context as u64;
+        let attention_scratch = gpu.attention_scratch_len(c.attention_shape(context), MAX_BATCH) as u64;
         for (label, bytes) in [
             ("x", batch * c.dim as u64 * 4),
             ("q", batch * c.q_dim() as u64 * 4),
             ("hb", batch * c.ffn_dim as u64 * 4),
-            ("scores", batch * c.n_heads as u64 * ctx * 4),
+            ("attention scratch", attention_scratch * 4),
             ("logits", batch * c.vocab_size as u64 * 4),
             ("kv_cache", ctx * 2 * c.kv_dim() as u64 * 4),
             ("rope cos/sin", ctx * c.rope_dim as u64 * 4),
@@ -203,8 +203,8 @@ impl Model {
             weight_bytes += if kept { stored.unwrap_or(4 * n) } else { 4 * n };
         }
         let kv_bytes = c.n_layers as u64 * ctx * 2 * c.kv_dim() as u64 * 4;
-        let widths = (2 * c.dim + 2 * c.q_dim() + c.ffn_dim + c.vocab_size) as u64 + c.n_heads as u64 * ctx;
-        let scratch_bytes = 4 * batch * widths + ctx * c.rope_dim as u64 * 4;
+        let widths = (2 * c.dim + 2 * c.q_dim() + c.ffn_dim + c.vocab_size) as u64;
+        let scratch_bytes = 4 * (batch * widths + attention_scratch) + ctx * c.rope_dim as u64 * 4;
         let total = weight_bytes + kv_bytes + scratch_bytes;
         if let Some(budget) = opts.max_memory.filter(|&b| total > b) {
             return Err(Error::GpuLimit(format!(
@@ -260,7 +260,7 @@ impl Model {
             xb: f32s("xb", MAX_BATCH * c.dim),
             q: f32s("q", MAX_BATCH * c.q_dim()),
             att: f32s("att", MAX_BATCH * c.q_dim()),
-            scores: f32s("scores", MAX_BATCH * c.n_heads * context),
+            scores: f32s("attention scratch", g.attention_scratch_len(c.attention_shape(context), MAX_BATCH)),
             hb: f32s("hb", MAX_BATCH * c.ffn_dim),
             logits: f32s("logits", MAX_BATCH * c.vocab_size),
             argmax: GpuBuffer::<u32>::zeros(g, "argmax", MAX_BATCH),
@@ -632,7 +632,7 @@ pub(crate) struct BlockIo<'a> {
     pub xb: &'a GpuBuffer<f32>,      // [MAX_BATCH, dim] x times the next norm's weight
     pub q: &'a GpuBuffer<f32>,       // [MAX_BATCH, q_dim]
     pub att: &'a GpuBuffer<f32>,     // [MAX_BATCH, q_dim]
-    pub scores: &'a GpuBuffer<f32>,  // [MAX_BATCH, n_heads, context]
+    pub scores: &'a GpuBuffer<f32>,  // attention scratch (Gpu::attention_scratch_len for MAX_BATCH rows)
     pub hb: &'a GpuBuffer<f32>,      // [MAX_BATCH, ffn_dim]
     pub cos_sin: &'a GpuBuffer<f32>, // [context, rope_dim / 2, 2]
     pub context: usize,
@@ -653,12 +653,7 @@ pub(crate) fn record_block(
     next_norm: Option<&GpuBuffer<f32>>,
 ) -> Vec<Op> {
     let st = io.step;
-    let shape = AttentionShape {
-        heads: c.n_heads as u32,
-        kv_heads: c.n_kv_heads as u32,
-        head_dim: c.head_dim as u32,
-        ctx: io.context as u32,
-    };
+    let shape = c.attention_shape(io.context);
     let mut ops = Vec::new();
     let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
     let normed = |ldy: usize| MatmulOut { norm: Some(NormIn { raw: io.x, eps: c.rms_eps }), ..to(ldy) };
@@ -692,7 +687,7 @@ pub(crate) fn record_block(
     };
     ops.extend(layer.qkv.matmul(g, st, input, layer.qkv_bias.as_ref(), io.q, qkv));
     // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
-    ops.push(g.attention(st, io.q, kv, io.scores, io.att, shape));
+    ops.extend(g.attention(st, io.q, kv, io.scores, io.att, shape));
     // x += att Wo^T; xb = x * ffn_norm                            [n, dim]
     ops.extend(layer.wo.matmul(g, st, io.att, None, io.x, add_then_scale(io, c.dim, Some(&layer.ffn_norm))));
     // hb = silu(rmsnorm(x) Wgate^T) * (rmsnorm(x) Wup^T): one matmul over the interleaved

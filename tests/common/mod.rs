@@ -5,7 +5,7 @@ use std::sync::{Arc, OnceLock};
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
-use wgspec::gpu::Gpu;
+use wgspec::gpu::{Gpu, KernelShape};
 
 /// The test GPU (lavapipe in CI). Fails loudly when there is none: a silent skip hides a broken install.
 pub fn gpu() -> Arc<Gpu> {
@@ -20,18 +20,21 @@ pub fn gpu() -> Arc<Gpu> {
     .clone()
 }
 
-/// The test adapter with the matmul in its GPU shape (16 lanes per column quad, fixed-tree
-/// reductions in workgroup memory), whatever its default: CPU adapters default to 1 lane.
+/// The test adapter with its kernels in their GPU shape, whatever its default (CPU adapters
+/// default to 1 lane and one-pass attention): the matmul with 16 lanes per column quad and
+/// fixed-tree reductions in workgroup memory, the attention split over the cache in chunks.
 pub fn gpu_shaped() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
     GPU.get_or_init(|| {
-        let g = pollster::block_on(Gpu::with_matmul_lanes(Some(16))).expect("GPU with 16 matmul lanes");
+        let shape = KernelShape { matmul_lanes: Some(16), split_attention: Some(true) };
+        let g = pollster::block_on(Gpu::with_shape(shape)).expect("GPU in the GPU shape");
+        eprintln!("adapter (GPU shape): {}", g.describe());
         Arc::new(g)
     })
     .clone()
 }
 
-/// Both matmul shapes on the test adapter: its default, and the GPU shape.
+/// Both kernel shapes on the test adapter: its default, and the GPU shape.
 pub fn gpus() -> [Arc<Gpu>; 2] {
     [gpu(), gpu_shaped()]
 }

@@ -11,7 +11,7 @@ use std::sync::Arc;
 use clap::{Parser, Subcommand};
 use wgspec::engine::{DraftKind, Engine, Request, Role};
 use wgspec::files::OpenedModel;
-use wgspec::gpu::Gpu;
+use wgspec::gpu::{Gpu, KernelShape};
 use wgspec::model::synthetic;
 use wgspec::model::{LoadOptions, LoadProgress, Model, Precision};
 use wgspec::sampling::SamplingParams;
@@ -222,6 +222,14 @@ struct BenchArgs {
     /// With --roofline: cache positions before the timed passes (attention reads them).
     #[arg(long, default_value_t = 64)]
     past: usize,
+    /// The matmul's invocations per column quad splitting k (1, 2, 4, ..., 64) instead of the
+    /// adapter's default (16 on GPUs, 1 on CPU adapters): to compare kernel shapes on one adapter.
+    #[arg(long)]
+    matmul_lanes: Option<u32>,
+    /// `split` (chunks of keys, then a merge: GPUs' default) or `one-pass` (a workgroup per query
+    /// head and row walks every key: CPU adapters' default) instead of the adapter's default.
+    #[arg(long, value_parser = ["split", "one-pass"])]
+    attention: Option<String>,
     #[command(flatten)]
     k: KArgs,
     #[arg(long, default_value_t = 64)]
@@ -504,7 +512,11 @@ async fn generate(args: GenerateArgs) -> Result<()> {
 }
 
 async fn bench_cmd(args: BenchArgs) -> Result<()> {
-    let gpu = Arc::new(Gpu::new().await?);
+    let shape = KernelShape {
+        matmul_lanes: args.matmul_lanes,
+        split_attention: args.attention.as_deref().map(|a| a == "split"),
+    };
+    let gpu = Arc::new(Gpu::with_shape(shape).await?);
     eprintln!("adapter: {}", gpu.describe());
     let opts = LoadOptions {
         context: Some(args.context),

@@ -1,0 +1,162 @@
+// Causal attention split over the cache ("flash-decoding"), first half: each workgroup attends one
+// row's queries of up to HB heads of one KV group to one chunk of its keys, and writes the chunk's
+// partial result; attention_merge.wgsl combines a row's chunks. The GPU shape of attention.wgsl:
+// a decode step runs kv_heads x head blocks x chunks workgroups instead of one per query head,
+// and the query heads of a GQA group share each k/v load.
+//
+// Keys are those of attention.wgsl (row r at pos = start_pos + r, or start_pos + its depth in a
+// token-tree pass, attends to keys 0..=pos; a tree pass's keys from start_pos on are its
+// ancestors' rows in depth order). Chunk c holds keys c * span .. (c + 1) * span, a fixed
+// partition of the key order, and is walked in blocks of 64 keys with a running maximum:
+//   block scores s_j = (q . k_j) * scale;  m' = max(m, max_j s_j);  w_j = exp(s_j - m')
+//   l = l * exp(m - m') + sum_j w_j;  o = o * exp(m - m') + sum_j w_j v_j   (sums in key order)
+// The chunk writes (m, l) and the unnormalised o of each head. Every sum runs in an order fixed
+// by pos and the key order only (the maximum is exact in any order), so a row's result does not
+// depend on the other rows of the pass: batch-invariant, as the one-pass kernel.
+
+struct Step {
+    n: u32,
+    start_pos: u32,
+    tree: u32,                          // 1: a token-tree pass
+    _pad: u32,
+    ancestors: array<vec4<u32>, 8>,     // [32] (tree) bit j of ancestors[r]: row j is r or its ancestor
+}
+struct Params {
+    heads: u32,      // query heads
+    kv_heads: u32,   // key/value heads (heads % kv_heads == 0)
+    head_dim: u32,   // multiple of 4, at most 4 * WG
+    ctx: u32,        // cache positions
+    scale: f32,      // 1 / sqrt(head_dim)
+    span: u32,       // keys per chunk (a multiple of WG)
+    chunks: u32,     // chunks per row and head in the scratch: ceil(ctx / span)
+    blocks: u32,     // head blocks per KV head: ceil(heads / kv_heads / HB)
+    ml_base: u32,    // f32 offset of the (m, l) section of the scratch
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+const WG: u32 = 64u;
+const HB: u32 = 8u;    // query heads per workgroup, all of one KV group
+const DPT: u32 = 4u;   // output dimensions per invocation (head_dim <= DPT * WG)
+const LOWEST: f32 = -0x1.fffffep+127f; // the lowest finite f32, written exactly
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;         // [n, heads * head_dim / 4]
+@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;   // [ctx, 2 * kv_heads * head_dim / 4] (k | v)
+@group(0) @binding(4) var<storage, read> v_cache: array<f32>;         // the same buffer: [ctx, 2 * kv_heads * head_dim]
+@group(0) @binding(5) var<storage, read_write> part: array<f32>;      // [n, heads, chunks, head_dim] o, then
+                                                                      //   from ml_base [n, heads, chunks, 2] (m, l)
+
+var<workgroup> sc: array<array<f32, WG>, HB>;   // [HB, WG] the block's scores, then its weights
+var<workgroup> mx: array<array<f32, WG>, HB>;   // [HB, WG] the block maximum's tree
+
+// The cache row of key j of row r: j, except a tree pass's keys from start_pos on (attention.wgsl).
+fn key_row(r: u32, j: u32) -> u32 {
+    if (step.tree == 0u || j < step.start_pos) { return j; }
+    var m = step.ancestors[r / 4u][r % 4u];
+    for (var i = step.start_pos; i < j; i++) { m &= m - 1u; }
+    return step.start_pos + firstTrailingBit(m);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let r = wid.y;
+    if (r >= step.n) { return; }
+    let t = lid.x;
+    let c = wid.x % p.chunks;
+    let hb = (wid.x / p.chunks) % p.blocks;
+    let kvh = wid.x / (p.chunks * p.blocks);
+    let group = p.heads / p.kv_heads;
+    let h0 = kvh * group + hb * HB;           // this block's first query head
+    let nh = min(HB, group - hb * HB);        // and its heads
+    let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
+    let len = step.start_pos + depth + 1u;
+    let j0 = c * p.span;
+    if (j0 >= len) { return; }                // a chunk past the row's keys (uniform per workgroup)
+    let j1 = min(j0 + p.span, len);
+    let hd4 = p.head_dim / 4u;
+    let kv_row4 = 2u * p.kv_heads * hd4;
+    let kv_row = 2u * p.kv_heads * p.head_dim;
+    let v_base = p.kv_heads * p.head_dim + kvh * p.head_dim;
+
+    var m: array<f32, HB>;
+    var l: array<f32, HB>;
+    var acc: array<f32, 32>;                  // [HB, DPT] dims t + i * WG of each head
+    for (var g = 0u; g < HB; g++) { m[g] = LOWEST; l[g] = 0.0; }
+    for (var i = 0u; i < HB * DPT; i++) { acc[i] = 0.0; }
+
+    for (var b = j0; b < j1; b += WG) {
+        // 1. the scores of key b + t, each k load serving every head of the block
+        let j = b + t;
+        var s: array<f32, HB>;
+        for (var g = 0u; g < HB; g++) { s[g] = 0.0; }
+        if (j < j1) {
+            let k_base = key_row(r, j) * kv_row4 + kvh * hd4;
+            for (var d = 0u; d < hd4; d++) {
+                let kd = k_cache[k_base + d];
+                for (var g = 0u; g < HB; g++) {
+                    if (g < nh) { s[g] += dot(q[(r * p.heads + h0 + g) * hd4 + d], kd); }
+                }
+            }
+        }
+        for (var g = 0u; g < HB; g++) {
+            let v = select(LOWEST, s[g] * p.scale, j < j1 && g < nh);
+            sc[g][t] = v;
+            mx[g][t] = v;
+        }
+        workgroupBarrier();
+        // 2. the block's maximum per head (a tree; a maximum is exact in any order)
+        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+            if (t < stride) {
+                for (var g = 0u; g < HB; g++) { mx[g][t] = max(mx[g][t], mx[g][t + stride]); }
+            }
+            workgroupBarrier();
+        }
+        // 3. the running maximum, the rescaled sums, this key's weights
+        var alpha: array<f32, HB>;
+        for (var g = 0u; g < HB; g++) {
+            let m_new = max(m[g], mx[g][0]);
+            alpha[g] = exp(m[g] - m_new);
+            m[g] = m_new;
+            sc[g][t] = exp(sc[g][t] - m_new);
+        }
+        workgroupBarrier();
+        // 4. every invocation sums the block's weights in key order (the same l in each) and its
+        //    dimensions of the weighted values, each v load serving every head
+        for (var g = 0u; g < HB; g++) {
+            l[g] *= alpha[g];
+            for (var i = 0u; i < DPT; i++) { acc[g * DPT + i] *= alpha[g]; }
+        }
+        let keys = min(WG, j1 - b);
+        for (var jj = 0u; jj < keys; jj++) {
+            let v_row = key_row(r, b + jj) * kv_row + v_base;
+            var v: array<f32, DPT>;
+            for (var i = 0u; i < DPT; i++) {
+                let d = t + i * WG;
+                v[i] = select(0.0, v_cache[v_row + min(d, p.head_dim - 1u)], d < p.head_dim);
+            }
+            for (var g = 0u; g < HB; g++) {
+                let w = sc[g][jj];
+                l[g] += w;
+                for (var i = 0u; i < DPT; i++) { acc[g * DPT + i] += w * v[i]; }
+            }
+        }
+        workgroupBarrier();                   // the next block rewrites sc and mx
+    }
+
+    for (var g = 0u; g < HB; g++) {
+        if (g < nh) {
+            let slot = (r * p.heads + h0 + g) * p.chunks + c;
+            for (var i = 0u; i < DPT; i++) {
+                let d = t + i * WG;
+                if (d < p.head_dim) { part[slot * p.head_dim + d] = acc[g * DPT + i]; }
+            }
+            if (t == 0u) {
+                part[p.ml_base + 2u * slot] = m[g];
+                part[p.ml_base + 2u * slot + 1u] = l[g];
+            }
+        }
+    }
+}

@@ -1,0 +1,58 @@
+// Causal attention split over the cache, second half: out = the chunks' partial results of
+// attention_chunks.wgsl combined, one workgroup per (query head, row):
+//   M = max_c m_c;  L = sum_c l_c exp(m_c - M);  out = (sum_c o_c exp(m_c - M)) / L
+// over the row's chunks 0 .. ceil(len / span) in order (a fixed order that depends on the row's
+// position only: batch-invariant).
+
+struct Step {
+    n: u32,
+    start_pos: u32,
+    tree: u32,                          // 1: a token-tree pass
+    _pad: u32,
+    ancestors: array<vec4<u32>, 8>,     // [32] (tree) bit j of ancestors[r]: row j is r or its ancestor
+}
+struct Params {
+    heads: u32,      // query heads
+    head_dim: u32,
+    span: u32,       // keys per chunk
+    chunks: u32,     // chunks per row and head in the scratch
+    ml_base: u32,    // f32 offset of the (m, l) section of the scratch
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+const WG: u32 = 64u;
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<storage, read> part: array<f32>;        // attention_chunks.wgsl's scratch
+@group(0) @binding(3) var<storage, read_write> out: array<f32>;   // [n, heads * head_dim]
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let r = wid.y;
+    if (r >= step.n) { return; }
+    let t = lid.x;
+    let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
+    let len = step.start_pos + depth + 1u;
+    let nc = (len + p.span - 1u) / p.span;
+    let first = (r * p.heads + h) * p.chunks;
+
+    var m_all = part[p.ml_base + 2u * first];
+    for (var c = 1u; c < nc; c++) { m_all = max(m_all, part[p.ml_base + 2u * (first + c)]); }
+    var l_all = 0.0;
+    for (var c = 0u; c < nc; c++) {
+        let ml = 2u * (first + c) + p.ml_base;
+        l_all += part[ml + 1u] * exp(part[ml] - m_all);
+    }
+    let inv_l = 1.0 / l_all;
+    for (var d = t; d < p.head_dim; d += WG) {
+        var o = 0.0;
+        for (var c = 0u; c < nc; c++) {
+            o += part[(first + c) * p.head_dim + d] * exp(part[p.ml_base + 2u * (first + c)] - m_all);
+        }
+        out[(r * p.heads + h) * p.head_dim + d] = o * inv_l;
+    }
+}
