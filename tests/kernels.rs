@@ -4,7 +4,7 @@
 mod common;
 mod reference;
 
-use common::{assert_close, gpu, gpus, rand_vec, read_f32, read_u32, rng, tiny};
+use common::{assert_close, assert_fits, gpu, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
 use wgspec::gpu::{
     AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut, Second, WeightBuffer,
@@ -728,5 +728,139 @@ fn matmul_with_silu_epilogue_adds_a_residual_block() {
                 );
             }
         }
+    }
+}
+
+#[test]
+fn gpu_draws_follow_the_sampling_distribution() {
+    use wgspec::gpu::{SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
+    use wgspec::sampling::{distribution, Rng, SamplingParams};
+    use wgspec::speculative::Dist;
+    let gpu = gpu();
+    let step = gpu.step_buffer();
+    let mut rng = rng(31);
+    // 150 tokens: six likely ones spread over the invocations' strides, the others unlikely
+    let v = 150;
+    let rows = 32;
+    let likely = [70usize, 131, 5, 64, 127, 149];
+    let logits_of = |rng: &mut SmallRng| {
+        let mut l = rand_vec(rng, v, 1.0);
+        for (i, &t) in likely.iter().enumerate() {
+            l[t] = 4.0 + 0.4 * i as f32 + rand::Rng::gen_range(rng, 0.0..0.3);
+        }
+        l
+    };
+    let p_row = logits_of(&mut rng);
+    let q_row = logits_of(&mut rng);
+    let p_all: Vec<f32> = (0..rows).flat_map(|_| p_row.clone()).collect();
+    let q_all: Vec<f32> = (0..rows).flat_map(|_| q_row.clone()).collect();
+    let p_buf = GpuBuffer::<f32>::from_slice(&gpu, "p", &p_all);
+    let q_buf = GpuBuffer::<f32>::from_slice(&gpu, "q", &q_all);
+    let p_top = GpuBuffer::<u32>::zeros(&gpu, "p top", rows * MAX_TOP_K);
+    let q_top = GpuBuffer::<u32>::zeros(&gpu, "q top", rows * MAX_TOP_K);
+    let x = likely[4] as u32; // the draft's token in every row: p's second likeliest
+    let drafts = GpuBuffer::<u32>::from_slice(&gpu, "drafts", &vec![x; rows]);
+    let out = GpuBuffer::<u32>::zeros(&gpu, "out", rows * 4);
+    let status = GpuBuffer::<u32>::zeros(&gpu, "status", 1);
+    let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
+    let dense = |d: &Dist| (0..v as u32).map(|t| d.prob(t)).collect::<Vec<f64>>();
+    let mut seeds = Rng::new(5);
+    for (temperature, top_k, with_q) in
+        [(0.7f32, 0usize, false), (1.3, 5, false), (1.0, 0, true), (0.8, 4, true)]
+    {
+        let params = SamplingParams { temperature, top_k, top_p: 1.0, seed: 0 };
+        let what = format!("T={temperature} top-k={top_k} q={with_q}");
+        let p = Dist::from_logits(&p_row, &params);
+        let q = if with_q { Dist::from_logits(&q_row, &params) } else { Dist::one_hot(x) };
+        let residual = p.residual(&q);
+        assert_eq!(Dist::from_pairs(distribution(&p_row, &params)), p);
+        let mut ops = Vec::new();
+        if top_k > 0 {
+            ops.push(gpu.top_k(&step, &p_buf, (&p_top, None), v, top_k));
+            ops.push(gpu.top_k(&step, &q_buf, (&q_top, None), v, top_k));
+        }
+        let cfg = SampleConfig { vocab: v, temperature, top_k, drafts: rows, last_only: None, stream: 3 };
+        let p_rows = SampleRows { logits: &p_buf, top: (top_k > 0).then_some(&p_top) };
+        let q_rows = with_q.then_some(SampleRows { logits: &q_buf, top: (top_k > 0).then_some(&q_top) });
+        ops.push(gpu.sample(&step, &seed, p_rows, q_rows, &drafts, &out, &status, cfg));
+        let (mut draws, mut residuals) = (vec![0usize; v], vec![0usize; v]);
+        for s in 0..150 {
+            gpu.queue.write_buffer(&seed, 0, bytemuck::bytes_of(&SampleSeed::new(seeds.next_u64())));
+            run(&gpu, &step, &ops, rows, s * rows);
+            let got = read_u32(&gpu, &out.raw, rows * 4);
+            for r in 0..rows {
+                draws[got[4 * r] as usize] += 1;
+                if r + 1 < rows {
+                    residuals[got[4 * r + 1] as usize] += 1;
+                    let (px, qx) = (f32::from_bits(got[4 * r + 2]), f32::from_bits(got[4 * r + 3]));
+                    let close = |a: f32, b: f64| (a as f64 - b).abs() <= 1e-5 * b.max(1e-3);
+                    assert!(close(px, p.prob(x)), "{what}: p(x) {px} vs {}", p.prob(x));
+                    assert!(close(qx, q.prob(x)), "{what}: q(x) {qx} vs {}", q.prob(x));
+                } else {
+                    assert_eq!(got[4 * r + 2], 0f32.to_bits(), "{what}: the last row checks no draft");
+                }
+            }
+        }
+        assert!(
+            draws.iter().enumerate().all(|(t, &c)| c == 0 || p.prob(t as u32) > 0.0),
+            "{what}: a draw outside p"
+        );
+        assert_fits(&format!("{what}: draws from p"), &draws, &dense(&p));
+        assert!(
+            residuals.iter().enumerate().all(|(t, &c)| c == 0 || residual.prob(t as u32) > 0.0),
+            "{what}: a residual draw outside max(0, p - q)"
+        );
+        assert_fits(&format!("{what}: residual draws"), &residuals, &dense(&residual));
+    }
+    assert_eq!(read_u32(&gpu, &status.raw, 1), [0], "finite logits");
+    // a NaN logit flags the status
+    let mut bad = p_all.clone();
+    bad[3 * v + 17] = f32::NAN;
+    let bad = GpuBuffer::<f32>::from_slice(&gpu, "bad", &bad);
+    let cfg = SampleConfig { vocab: v, temperature: 1.0, top_k: 0, drafts: 0, last_only: None, stream: 3 };
+    let op =
+        gpu.sample(&step, &seed, SampleRows { logits: &bad, top: None }, None, &drafts, &out, &status, cfg);
+    run(&gpu, &step, &[op], rows, 0);
+    assert_eq!(read_u32(&gpu, &status.raw, 1), [1], "a NaN logit");
+}
+
+#[test]
+fn gpu_acceptance_keeps_each_draft_with_probability_p_over_q() {
+    use wgspec::gpu::SampleSeed;
+    use wgspec::sampling::Rng;
+    let gpu = gpu();
+    let step = gpu.step_buffer();
+    // 3 drafts: row 0 kept with 0.5, row 1 always (p > q), row 2 with 0.25; each row's draw is
+    // 100 + r, its residual draw 200 + r
+    let rows: [(f32, f32); 4] = [(0.2, 0.4), (0.9, 0.5), (0.1, 0.4), (0.0, 1.0)];
+    let samples: Vec<u32> = rows
+        .iter()
+        .enumerate()
+        .flat_map(|(r, &(p, q))| [100 + r as u32, 200 + r as u32, p.to_bits(), q.to_bits()])
+        .collect();
+    let samples = GpuBuffer::<u32>::from_slice(&gpu, "samples", &samples);
+    let drafts = GpuBuffer::<u32>::from_slice(&gpu, "drafts", &[7, 8, 9, 0]);
+    let status = GpuBuffer::<u32>::zeros(&gpu, "status", 1);
+    let out = GpuBuffer::<u32>::zeros(&gpu, "out", 2 + 4 + 1);
+    let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
+    let op = gpu.accept_sampled(&step, &seed, &drafts, &samples, &status, &out, 6);
+    let mut seeds = Rng::new(8);
+    let n = 1200;
+    let mut counts = [0usize; 4];
+    for _ in 0..n {
+        gpu.queue.write_buffer(&seed, 0, bytemuck::bytes_of(&SampleSeed::new(seeds.next_u64())));
+        run(&gpu, &step, std::slice::from_ref(&op), 4, 10);
+        let got = read_u32(&gpu, &out.raw, 7);
+        let a = got[0] as usize;
+        counts[a] += 1;
+        let next = if a == 3 { 103 } else { 200 + a as u32 };
+        assert_eq!((got[1], &got[2..5], got[6]), (next, &[7u32, 8, 9][..], 0), "a = {a}");
+    }
+    // P(a = 0) = 0.5, P(a = 1) = 0 (row 1 is always kept), P(a = 2) = 0.5 * 0.75, P(a = 3) = 0.5 * 0.25
+    let want = [0.5, 0.0, 0.375, 0.125];
+    for (a, (&c, &p)) in counts.iter().zip(&want).enumerate() {
+        let sd = (p * (1.0 - p) / n as f64).sqrt();
+        let f = c as f64 / n as f64;
+        assert!((f - p).abs() <= 4.5 * sd + 1e-9, "a = {a}: frequency {f:.3}, want {p} (sd {sd:.3})");
     }
 }

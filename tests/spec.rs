@@ -7,7 +7,7 @@ mod common;
 mod reference;
 
 use common::tiny::{TinyModel, TinySpec};
-use common::{gpu, rng};
+use common::{assert_fits, gpu, rng};
 use std::sync::Arc;
 
 use rand::rngs::SmallRng;
@@ -21,7 +21,7 @@ use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
     self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftModel, Eagle, EagleTree, Ensemble,
-    KPolicy, Medusa, NGram, NextKind, TokenTree, TreeCosts, TreeVerdict, Verdict,
+    KPolicy, Medusa, NGram, NextKind, SampledCycle, TokenTree, TreeCosts, TreeVerdict, Verdict,
 };
 use wgspec::Error;
 
@@ -830,6 +830,13 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
                     };
                     let g = speculative(&mut target, draft.as_mut(), &prompt, &opts, KPolicy::Fixed(2));
                     trees += g.stats.tree_cycles;
+                    // n-gram chains verify on the GPU under sampling it draws from (no top-p)
+                    let gpu_sampled = g.stats.gpu_sampled;
+                    if params.top_p < 1.0 {
+                        assert_eq!(gpu_sampled, 0, "{name}: top-p is drawn on the CPU");
+                    } else if *name == "ngram" {
+                        assert!(gpu_sampled > 0, "{name}: {gpu_sampled} GPU-sampled passes");
+                    }
                     c1[g.tokens[0] as usize] += 1;
                     c2[g.tokens[1] as usize] += 1;
                     n += 1;
@@ -840,6 +847,79 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
                 assert!(t1 < bound && t2 < bound, "{name} draft N={n}: TV {t1:.3} / {t2:.3} >= {bound:.3}");
             }
             assert_eq!(trees > 0, name.ends_with("tree"), "{name}: {trees} tree cycles");
+        }
+    }
+}
+
+/// The GPU-resident sampled cycle (a draft model's draws, the verify pass's draws and the
+/// acceptance on the GPU, one read-back) keeps the target's distribution: the first token's
+/// frequencies against its exact marginal, for a good and a bad draft, with and without a top-k.
+#[test]
+fn gpu_sampled_cycles_have_the_target_distribution() {
+    const V: usize = 12;
+    let spec = TinySpec { vocab: V, ..TinySpec::llama() };
+    let mut r = rng(620);
+    let mut tiny = TinyModel::random(spec, &mut r);
+    for t in tiny.tensors.iter_mut().filter(|t| t.name == "token_embd.weight") {
+        t.values.iter_mut().for_each(|v| *v *= 0.08);
+    }
+    // a GPU of its own: the round-trip counters are per device, and other tests run beside this one
+    let own = Arc::new(pollster::block_on(Gpu::new()).expect("gpu"));
+    let load = |ckpt: &Checkpoint| {
+        let opts = LoadOptions { context: Some(32), ..Default::default() };
+        Model::load(own.clone(), ckpt, &opts, &mut |_| {}).expect("load")
+    };
+    let ckpt = ckpt_of(&tiny, &mut r);
+    let mut target = load(&ckpt);
+    let good = load(&ckpt_of(&perturbed(&tiny, 0.1, &mut r), &mut r));
+    let bad = load(&ckpt_of(&TinyModel::random(spec, &mut r), &mut r));
+    let prompt = [3u32, 5, 3, 7, 3];
+    let n_past = prompt.len() - 1;
+    // plain sampled decoding: one GPU draw per token, one read-back each
+    let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 };
+    let logits = pollster::block_on(target.forward_last(&prompt, 0)).expect("forward");
+    let p1: Vec<f64> = (0..V).map(|t| Dist::from_logits(&logits, &params).prob(t as u32)).collect();
+    let mut counts = vec![0usize; V];
+    for seed in 0..400 {
+        let opts = GenerateOptions {
+            max_tokens: 1,
+            sampling: SamplingParams { seed, ..params },
+            stop_tokens: vec![],
+        };
+        let g = plain(&mut target, &prompt, &opts);
+        assert_eq!((g.stats.gpu_sampled, g.stats.readbacks), (1, 1), "a plain sampled step: {:?}", g.stats);
+        counts[g.tokens[0] as usize] += 1;
+    }
+    assert_fits("plain sampled decoding: first tokens", &counts, &p1);
+    for (name, dm) in [("good", good), ("bad", bad)] {
+        let mut draft = DraftModel::new(dm, &ckpt.config).expect("draft");
+        for params in [
+            SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
+            SamplingParams { temperature: 0.7, top_k: 5, top_p: 1.0, seed: 0 },
+        ] {
+            let logits = pollster::block_on(target.forward_last(&prompt, 0)).expect("forward");
+            let p1 = Dist::from_logits(&logits, &params);
+            let p1: Vec<f64> = (0..V).map(|t| p1.prob(t as u32)).collect();
+            let cycle = SampledCycle::new(&target, Some(draft.model()), &params).expect("cycle");
+            let mut seeds = Rng::new(91);
+            let mut counts = vec![0usize; V];
+            let (mut accepted, n) = (0, 400);
+            let trips = target.gpu().round_trips();
+            for _ in 0..n {
+                target.truncate(n_past);
+                let out =
+                    pollster::block_on(cycle.run(&mut target, &mut draft, &prompt, n_past, 2, &mut seeds))
+                        .expect("cycle");
+                assert_eq!(out.drafts.len(), 2);
+                accepted += out.accepted;
+                counts[if out.accepted > 0 { out.drafts[0] } else { out.next } as usize] += 1;
+            }
+            let spent = target.gpu().round_trips() - trips;
+            eprintln!("{name} {params:?}: {accepted} drafts kept, {spent:?}");
+            assert_fits(&format!("{name} {params:?}: first tokens"), &counts, &p1);
+            assert!(accepted > 0 && accepted < 2 * n, "{name}: {accepted} of {} drafts kept", 2 * n);
+            // one submission and one read-back per cycle (the draft catches up inside it)
+            assert_eq!((spent.submits, spent.readbacks), (n as u64, n as u64), "{name}: round trips");
         }
     }
 }

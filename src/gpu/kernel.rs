@@ -19,6 +19,10 @@ pub enum Kernel {
     AttentionMerge,
     Argmax,
     AcceptGreedy,
+    /// Draws from each row's sampling distribution (Gumbel-max) and scores drafted tokens.
+    Sample,
+    /// Speculative sampling's acceptance over [`Kernel::Sample`]'s rows.
+    AcceptSampled,
     KvKeep,
     TopK,
     GatherRows,
@@ -32,7 +36,7 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
-const PLAIN: [Kernel; 13] = [
+const PLAIN: [Kernel; 15] = [
     Kernel::Attention,
     Kernel::Argmax,
     Kernel::AcceptGreedy,
@@ -46,6 +50,8 @@ const PLAIN: [Kernel; 13] = [
     Kernel::EagleTree,
     Kernel::AttentionChunks,
     Kernel::AttentionMerge,
+    Kernel::Sample,
+    Kernel::AcceptSampled,
 ];
 
 impl Kernel {
@@ -80,6 +86,8 @@ impl Kernel {
             Kernel::EagleTree => plain(10),
             Kernel::AttentionChunks => plain(11),
             Kernel::AttentionMerge => plain(12),
+            Kernel::Sample => plain(13),
+            Kernel::AcceptSampled => plain(14),
         }
     }
 
@@ -94,6 +102,8 @@ impl Kernel {
             Kernel::AttentionMerge => Cow::Borrowed(include_str!("../../shaders/attention_merge.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
+            Kernel::Sample => Cow::Borrowed(include_str!("../../shaders/sample.wgsl")),
+            Kernel::AcceptSampled => Cow::Borrowed(include_str!("../../shaders/accept_sampled.wgsl")),
             Kernel::KvKeep => Cow::Borrowed(include_str!("../../shaders/kv_keep.wgsl")),
             Kernel::TopK => Cow::Borrowed(include_str!("../../shaders/top_k.wgsl")),
             Kernel::GatherRows => Cow::Borrowed(include_str!("../../shaders/gather_rows.wgsl")),

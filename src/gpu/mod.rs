@@ -14,9 +14,10 @@ pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
 pub use kernel::{Kernel, Pipelines};
 pub use ops::{
-    AttentionShape, EagleTreeParams, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, Second, Step,
-    EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT, EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS,
-    EAGLE_TREE_STATE, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, MATMUL_ROWS, MAX_TOP_K, MAX_TREE,
+    AttentionShape, EagleTreeParams, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, SampleConfig,
+    SampleRows, SampleSeed, Second, Step, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT,
+    EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STATE, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, MATMUL_ROWS,
+    MAX_TOP_K, MAX_TREE,
 };
 pub use roofline::Ceilings;
 
@@ -308,6 +309,20 @@ impl Gpu {
             entries: &entries,
         });
         Op { kernel, bind_group, grid, cost: Cost::default() }
+    }
+
+    /// As [`Gpu::op`], with a second uniform (binding 2) before the storage buffers.
+    pub fn op_with_uniform(
+        &self,
+        kernel: Kernel,
+        step: &wgpu::Buffer,
+        params: &wgpu::Buffer,
+        uniform: &wgpu::Buffer,
+        storage: &[&wgpu::Buffer],
+        grid: Grid,
+    ) -> Op {
+        let all: Vec<&wgpu::Buffer> = std::iter::once(uniform).chain(storage.iter().copied()).collect();
+        self.op(kernel, step, params, &all, grid)
     }
 
     /// Records `ops` for a pass of `n` rows into one compute pass of `encoder`.

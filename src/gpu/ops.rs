@@ -186,6 +186,57 @@ struct MergeParams {
     _pad: [u32; 3],
 }
 
+/// A row source of [`Gpu::sample`]: logits `[n, vocab]` and, under a top-k, each row's ranked
+/// ids `[n, top_k]` ([`Gpu::top_k`]).
+#[derive(Clone, Copy)]
+pub struct SampleRows<'a> {
+    pub logits: &'a GpuBuffer<f32>,
+    pub top: Option<&'a GpuBuffer<u32>>,
+}
+
+/// What [`Gpu::sample`] draws from and where it writes.
+#[derive(Clone, Copy, Debug)]
+pub struct SampleConfig {
+    pub vocab: usize,
+    pub temperature: f32,
+    /// 0: every token; else at most [`MAX_TOP_K`], with the ranked ids bound.
+    pub top_k: usize,
+    /// Rows that check a drafted token (`drafts[r]`).
+    pub drafts: usize,
+    /// Only the pass's last row, written to this row of `out` (a draft step's draw).
+    pub last_only: Option<usize>,
+    /// The op's noise stream: ops of one cycle that draw at the same positions need distinct ones.
+    pub stream: u32,
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct SampleParams {
+    vocab: u32,
+    top_k: u32,
+    temperature: f32,
+    has_q: u32,
+    drafts: u32,
+    last_only: u32,
+    out_row: u32,
+    stream: u32,
+}
+
+/// The per-cycle seed of the GPU's draws (`Seed` in `shaders/sample.wgsl`), written by the host.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct SampleSeed {
+    pub lo: u32,
+    pub hi: u32,
+    pub _pad: [u32; 2],
+}
+
+impl SampleSeed {
+    pub fn new(seed: u64) -> SampleSeed {
+        SampleSeed { lo: seed as u32, hi: (seed >> 32) as u32, _pad: [0; 2] }
+    }
+}
+
 /// Keys one workgroup of the split attention walks in a block (`WG` in `attention_chunks.wgsl`).
 const ATTENTION_BLOCK: u32 = 64;
 /// Most chunks of keys a row is split into (a chunk spans a whole number of blocks).
@@ -647,6 +698,66 @@ impl Gpu {
         let params = self.uniform("accept params", bytemuck::bytes_of(&p));
         let storage = [&drafts.raw, &target_argmax.raw, &out.raw];
         self.op(Kernel::AcceptGreedy, step, &params, &storage, Grid::Fixed([1, 1, 1]))
+    }
+
+    /// Draws from the sampling distribution of rows of `p.logits` (`[n, vocab]`, the pass of
+    /// `step`) on the GPU and scores drafted tokens, as `shaders/sample.wgsl` says: `out` gets
+    /// per row `[draw, residual draw, p(x) bits, q(x) bits]` (`[rows, 4]`). `q`: the draft's
+    /// rows, one per drafted token (else a one-hot q on each drafted token); `drafts`: x_r for
+    /// the first `cfg.drafts` rows; `seed`: the cycle's [`SampleSeed`] uniform; `status: [1]`
+    /// becomes 1 where a logit is not finite.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample(
+        &self,
+        step: &wgpu::Buffer,
+        seed: &wgpu::Buffer,
+        p: SampleRows,
+        q: Option<SampleRows>,
+        drafts: &GpuBuffer<u32>,
+        out: &GpuBuffer<u32>,
+        status: &GpuBuffer<u32>,
+        cfg: SampleConfig,
+    ) -> Op {
+        let params = SampleParams {
+            vocab: cfg.vocab as u32,
+            top_k: cfg.top_k as u32,
+            temperature: cfg.temperature,
+            has_q: q.is_some() as u32,
+            drafts: cfg.drafts as u32,
+            last_only: cfg.last_only.is_some() as u32,
+            out_row: cfg.last_only.unwrap_or(0) as u32,
+            stream: cfg.stream,
+        };
+        let params = self.uniform("sample params", bytemuck::bytes_of(&params));
+        let top = p.top.unwrap_or(drafts);
+        let (q_logits, q_top) = q.map_or((p.logits, top), |q| (q.logits, q.top.unwrap_or(drafts)));
+        let reads = 1 + 2 * q.is_some() as u64; // p's row three times (q's twice more)
+        let cost = Cost { row_bytes: 4 * 3 * reads * cfg.vocab as u64, ..Cost::default() };
+        let storage =
+            [&p.logits.raw, &top.raw, &q_logits.raw, &q_top.raw, &drafts.raw, &out.raw, &status.raw];
+        let grid = if cfg.last_only.is_some() { Grid::Fixed([1, 1, 1]) } else { Grid::Rows };
+        self.op_with_uniform(Kernel::Sample, step, &params, seed, &storage, grid).with_cost(cost)
+    }
+
+    /// Speculative sampling's acceptance of a verify pass (`step`: K + 1 rows) from the rows
+    /// [`Gpu::sample`] wrote into `samples`: `out` (`[2 + capacity + 1]`) gets the accepted
+    /// count, the next token, the drafts, and the status word.
+    #[allow(clippy::too_many_arguments)]
+    pub fn accept_sampled(
+        &self,
+        step: &wgpu::Buffer,
+        seed: &wgpu::Buffer,
+        drafts: &GpuBuffer<u32>,
+        samples: &GpuBuffer<u32>,
+        status: &GpuBuffer<u32>,
+        out: &GpuBuffer<u32>,
+        stream: u32,
+    ) -> Op {
+        let capacity = drafts.len.min(out.len.saturating_sub(3)) as u32;
+        let p = [capacity, stream, 0, 0];
+        let params = self.uniform("accept sampled params", bytemuck::cast_slice(&p));
+        let storage = [&drafts.raw, &samples.raw, &status.raw, &out.raw];
+        self.op_with_uniform(Kernel::AcceptSampled, step, &params, seed, &storage, Grid::Fixed([1, 1, 1]))
     }
 
     /// The step uniform buffer (write it with [`Gpu::write_step`] before each pass).

@@ -470,6 +470,11 @@ impl Model {
         &self.state.tokens
     }
 
+    /// The logits of every row of the last pass, `[MAX_BATCH, vocab]`.
+    pub fn logits_buffer(&self) -> &GpuBuffer<f32> {
+        &self.state.logits
+    }
+
     /// The argmax of every row of the last pass, `[MAX_BATCH]`.
     pub fn argmax_buffer(&self) -> &GpuBuffer<u32> {
         &self.state.argmax

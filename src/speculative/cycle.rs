@@ -113,7 +113,7 @@ impl GreedyCycle {
             return Err(Error::Gpu(format!("the GPU accepted {accepted} of {k} drafts")));
         }
         if k > 0 {
-            draft.commit_greedy(&first, &drafts);
+            draft.commit_drafts(&first, &drafts);
         }
         Ok(CycleOutcome { drafts, accepted, next, draft_steps })
     }

@@ -114,8 +114,9 @@ pub trait Draft {
         Box::pin(async { Ok(0) })
     }
 
-    /// A draft model that can run greedy cycles on the GPU (its K steps and the target's verify
-    /// pass in one submission, see [`super::cycle`]); `None` for drafts proposed on the CPU.
+    /// A draft model that can run cycles on the GPU (its K steps and the target's verify pass in
+    /// one submission: [`super::cycle`] when greedy, [`super::sampled`] when the GPU draws from
+    /// the sampling parameters); `None` for drafts proposed on the CPU.
     fn gpu_draft(&mut self) -> Option<&mut DraftModel> {
         None
     }
@@ -190,8 +191,9 @@ impl DraftModel {
         Ok(DraftModel { model, fed: Vec::new(), gpu_cycle: true, alternatives: 0 })
     }
 
-    /// Turns the GPU-resident greedy cycle on (the default) or off (every draft step its own
-    /// submission and read-back, as sampling does): the two give the same tokens.
+    /// Turns the GPU-resident cycles on (the default) or off (every draft step its own submission
+    /// and read-back): greedy, the two give the same tokens; sampling, the same distribution
+    /// (the GPU draws with noise of its own).
     pub fn set_gpu_cycle(&mut self, on: bool) {
         self.gpu_cycle = on;
     }
@@ -230,7 +232,7 @@ impl DraftModel {
     }
 
     /// After a GPU cycle: the draft's cache now holds `first` and the drafts x1..x_{K-1}.
-    pub(crate) fn commit_greedy(&mut self, first: &[u32], drafts: &[u32]) {
+    pub(crate) fn commit_drafts(&mut self, first: &[u32], drafts: &[u32]) {
         self.fed.extend_from_slice(first);
         self.fed.extend_from_slice(&drafts[..drafts.len().saturating_sub(1)]);
         debug_assert_eq!(self.fed.len(), self.model.len());

@@ -22,6 +22,7 @@ use web_time::Instant;
 
 use super::cycle::GreedyCycle;
 use super::draft::{Draft, DraftBudget};
+use super::sampled::{gpu_samples, SampledCycle, SampledOutcome};
 use super::schedule::{KPolicy, Schedule};
 use super::tree::TokenTree;
 use super::verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};
@@ -62,6 +63,9 @@ pub struct SpecStats {
     pub verify_seconds: f64,
     /// Cycles run GPU-resident (greedy with a draft model: one submission, one read-back each).
     pub gpu_cycles: usize,
+    /// Verify passes (sampling) whose draws and acceptance ran on the GPU, reading back a few
+    /// words instead of logits rows (plain sampled decoding steps included).
+    pub gpu_sampled: usize,
     /// Cycles that verified a token tree (several continuations in one pass).
     pub tree_cycles: usize,
     /// Command submissions and read-backs during decoding (the round trips).
@@ -172,6 +176,17 @@ pub async fn generate(
         }
         _ => None,
     };
+    // Sampling that the GPU draws from (no top-p, a small top-k): the verify pass's draws and the
+    // acceptance run on the GPU (and a draft model's draws, past the same calibrating cycles).
+    let sampled = if gpu_samples(&params) {
+        let dm = draft
+            .as_deref_mut()
+            .and_then(|d| d.gpu_draft())
+            .filter(|d| std::sync::Arc::ptr_eq(d.model().gpu(), target.gpu()));
+        Some(SampledCycle::new(target, dm.map(|d| d.model()), &params)?)
+    } else {
+        None
+    };
     let mut cycles = 0usize;
     let trips0 = target.gpu().round_trips();
 
@@ -201,76 +216,79 @@ pub async fn generate(
         k_sum += k;
         let calibrate = cycles < 2 || cycles.is_multiple_of(16);
         cycles += 1;
-        let Checked { xs, verdict, drafted, depth, rows, trace } =
-            match (&gpu_cycle, draft.as_deref_mut().and_then(|d| d.gpu_draft())) {
-                (Some(cycle), Some(dm)) if k > 0 && !calibrate => {
-                    let tc = Instant::now();
-                    let out = cycle.run(target, dm, &tokens, n_past, k).await?;
-                    let seconds = tc.elapsed().as_secs_f64();
-                    let k = out.drafts.len();
-                    let (d, v) = (k as f64 * schedule.draft_seconds(), schedule.verify_seconds(k + 1));
-                    let draft_share = if d + v > 0.0 { d / (d + v) } else { 0.0 };
-                    stats.draft_steps += out.draft_steps;
-                    stats.draft_seconds += seconds * draft_share;
-                    stats.verify_seconds += seconds * (1.0 - draft_share);
-                    stats.gpu_cycles += 1;
-                    let kind = if out.accepted == k { NextKind::Bonus } else { NextKind::Recovered };
-                    let verdict = Verdict { accepted: out.accepted, next: out.next, kind };
-                    let rows = (0..=out.accepted).collect();
-                    let trace = CycleTrace::chain(id_last, &out.drafts, out.accepted);
-                    Checked { xs: out.drafts, verdict, drafted: k, depth: k, rows, trace }
-                }
-                _ => {
-                    let td = Instant::now();
-                    let proposal = match draft.as_deref_mut() {
-                        Some(d) if k > 0 => {
-                            let room = context - n_past - 1;
-                            let budget = DraftBudget {
-                                depth: k,
-                                nodes: schedule.tree_nodes(k).min(room),
-                                costs: schedule.tree_costs(room),
-                            };
-                            d.propose(&tokens, budget, &params, &mut rng).await?
-                        }
-                        _ => Default::default(),
-                    };
-                    let draft_time = td.elapsed().as_secs_f64();
-                    let mut xs = proposal.tokens;
-                    xs.truncate(k);
-                    stats.draft_steps += proposal.steps;
-                    stats.draft_seconds += draft_time;
-                    schedule.observe_draft(xs.len(), draft_time);
+        let gpu_draft = draft.as_deref_mut().and_then(|d| d.gpu_draft());
+        let Checked { xs, verdict, drafted, depth, rows, trace } = match (&gpu_cycle, &sampled, gpu_draft) {
+            (Some(cycle), _, Some(dm)) if k > 0 && !calibrate => {
+                let tc = Instant::now();
+                let out = cycle.run(target, dm, &tokens, n_past, k).await?;
+                let out = SampledOutcome {
+                    drafts: out.drafts,
+                    accepted: out.accepted,
+                    next: out.next,
+                    draft_steps: out.draft_steps,
+                };
+                gpu_cycle_checked(&mut stats, &schedule, out, id_last, tc.elapsed().as_secs_f64())
+            }
+            (_, Some(sc), Some(dm)) if k > 0 && !calibrate && sc.has_draft() => {
+                let tc = Instant::now();
+                let out = sc.run(target, dm, &tokens, n_past, k, &mut rng).await?;
+                stats.gpu_sampled += 1;
+                gpu_cycle_checked(&mut stats, &schedule, out, id_last, tc.elapsed().as_secs_f64())
+            }
+            _ => {
+                let td = Instant::now();
+                let proposal = match draft.as_deref_mut() {
+                    Some(d) if k > 0 => {
+                        let room = context - n_past - 1;
+                        let budget = DraftBudget {
+                            depth: k,
+                            nodes: schedule.tree_nodes(k).min(room),
+                            costs: schedule.tree_costs(room),
+                        };
+                        d.propose(&tokens, budget, &params, &mut rng).await?
+                    }
+                    _ => Default::default(),
+                };
+                let draft_time = td.elapsed().as_secs_f64();
+                let mut xs = proposal.tokens;
+                xs.truncate(k);
+                stats.draft_steps += proposal.steps;
+                stats.draft_seconds += draft_time;
+                schedule.observe_draft(xs.len(), draft_time);
 
-                    // A tree (sampling: deterministic drafts only) whose rows fit the context and
-                    // whose longest path fits the tokens still wanted; else the chain.
-                    let deterministic = greedy || proposal.q.is_none();
-                    let tree = proposal.tree.filter(|t| {
-                        deterministic
-                            && t.tokens().first() == Some(&id_last)
-                            && n_past + t.len() <= context
-                            && t.max_depth() <= cap
-                    });
-                    let tv = Instant::now();
-                    let (checked, rows) = match tree {
-                        Some(tree) => {
-                            stats.tree_cycles += 1;
-                            (check_tree(target, &tree, n_past, &params, &mut rng).await?, tree.len())
-                        }
-                        None => {
-                            let rows = xs.len() + 1;
-                            (
-                                check_chain(target, id_last, xs, proposal.q, n_past, &params, &mut rng)
-                                    .await?,
-                                rows,
-                            )
-                        }
-                    };
-                    let verify_time = tv.elapsed().as_secs_f64();
-                    stats.verify_seconds += verify_time;
-                    schedule.observe_verify(rows, verify_time);
-                    checked
-                }
-            };
+                // A tree (sampling: deterministic drafts only) whose rows fit the context and
+                // whose longest path fits the tokens still wanted; else the chain.
+                let deterministic = greedy || proposal.q.is_none();
+                let tree = proposal.tree.filter(|t| {
+                    deterministic
+                        && t.tokens().first() == Some(&id_last)
+                        && n_past + t.len() <= context
+                        && t.max_depth() <= cap
+                });
+                let tv = Instant::now();
+                let (checked, rows) = match (tree, &sampled) {
+                    (Some(tree), _) => {
+                        stats.tree_cycles += 1;
+                        (check_tree(target, &tree, n_past, &params, &mut rng).await?, tree.len())
+                    }
+                    // deterministic drafts (or none) under sampling the GPU draws from
+                    (None, Some(sc)) if proposal.q.is_none() => {
+                        let rows = xs.len() + 1;
+                        let out = sc.check(target, id_last, &xs, n_past, &mut rng).await?;
+                        stats.gpu_sampled += 1;
+                        (checked_chain(id_last, out), rows)
+                    }
+                    (None, _) => {
+                        let rows = xs.len() + 1;
+                        (check_chain(target, id_last, xs, proposal.q, n_past, &params, &mut rng).await?, rows)
+                    }
+                };
+                let verify_time = tv.elapsed().as_secs_f64();
+                stats.verify_seconds += verify_time;
+                schedule.observe_verify(rows, verify_time);
+                checked
+            }
+        };
         stats.verify_forwards += 1;
         stats.base.target_forwards += 1;
         kept_rows = Some((n_past, rows));
@@ -348,6 +366,35 @@ fn distributions(logits: &[f32], vocab: usize, params: &SamplingParams, n_past: 
         )));
     }
     Ok(logits.chunks_exact(vocab).map(|row| Dist::from_logits(row, params)).collect())
+}
+
+/// A GPU-resident cycle's outcome as a verify pass's decision; its time (one submission) split
+/// between the draft and the verify pass by the schedule's measured costs.
+fn gpu_cycle_checked(
+    stats: &mut SpecStats,
+    schedule: &Schedule,
+    out: SampledOutcome,
+    id_last: u32,
+    seconds: f64,
+) -> Checked {
+    let k = out.drafts.len();
+    let (d, v) = (k as f64 * schedule.draft_seconds(), schedule.verify_seconds(k + 1));
+    let draft_share = if d + v > 0.0 { d / (d + v) } else { 0.0 };
+    stats.draft_steps += out.draft_steps;
+    stats.draft_seconds += seconds * draft_share;
+    stats.verify_seconds += seconds * (1.0 - draft_share);
+    stats.gpu_cycles += 1;
+    checked_chain(id_last, out)
+}
+
+/// A chain's decision from a GPU verdict.
+fn checked_chain(id_last: u32, out: SampledOutcome) -> Checked {
+    let k = out.drafts.len();
+    let kind = if out.accepted == k { NextKind::Bonus } else { NextKind::Recovered };
+    let verdict = Verdict { accepted: out.accepted, next: out.next, kind };
+    let rows = (0..=out.accepted).collect();
+    let trace = CycleTrace::chain(id_last, &out.drafts, out.accepted);
+    Checked { xs: out.drafts, verdict, drafted: k, depth: k, rows, trace }
 }
 
 /// What one verify pass decided.

@@ -6,6 +6,7 @@
 //! - [`medusa`]: [`Medusa`] heads on the target's hidden state, drafting token trees
 //! - [`eagle`]: an [`Eagle`] head, a decoder layer drafting from the target's features
 //! - [`verify`]: the greedy and speculative-sampling acceptance rules (pure functions)
+//! - [`sampled`]: sampling on the GPU (draws and the acceptance rule; a few words read back)
 //! - [`tree`]: token trees (several continuations verified in one pass) and their greedy rule
 //! - [`schedule`]: the choice of K (fixed, or adaptive from measured acceptance and costs)
 //! - [`generate`](mod@generate): the loop, with per-generation [`SpecStats`]
@@ -15,6 +16,7 @@ pub mod draft;
 pub mod eagle;
 pub mod generate;
 pub mod medusa;
+pub mod sampled;
 pub mod schedule;
 pub mod tree;
 pub mod verify;
@@ -27,6 +29,7 @@ pub use draft::{
 pub use eagle::{Eagle, EagleTree, EAGLE_SIBLINGS, EAGLE_WIDTH};
 pub use generate::{generate, CycleTrace, SpecGeneration, SpecStats};
 pub use medusa::{Medusa, MEDUSA_CHOICES};
+pub use sampled::{gpu_samples, SampledCycle, SampledOutcome};
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};
 pub use tree::{TokenTree, TreeVerdict};
 pub use verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};

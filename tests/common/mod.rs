@@ -83,3 +83,39 @@ pub fn plain(
     let k = wgspec::speculative::KPolicy::default();
     pollster::block_on(wgspec::speculative::generate(model, None, prompt, opts, k, &mut |_, _| true))
 }
+
+/// Pearson's statistic of `counts` against probabilities `want` (bins expecting fewer than 5
+/// draws pooled), and its degrees of freedom.
+pub fn chi_square(counts: &[usize], want: &[f64]) -> (f64, usize) {
+    let n: usize = counts.iter().sum();
+    let (mut stat, mut bins) = (0.0, 0usize);
+    let (mut pooled_n, mut pooled_e) = (0usize, 0.0);
+    for (&c, &p) in counts.iter().zip(want) {
+        let e = p * n as f64;
+        if e >= 5.0 {
+            stat += (c as f64 - e).powi(2) / e;
+            bins += 1;
+        } else {
+            pooled_n += c;
+            pooled_e += e;
+        }
+    }
+    if pooled_e > 0.0 || pooled_n > 0 {
+        stat += (pooled_n as f64 - pooled_e).powi(2) / pooled_e.max(1e-9);
+        bins += 1;
+    }
+    (stat, bins.saturating_sub(1))
+}
+
+/// Asserts draws fit a distribution: the statistic below df + 6 sqrt(2 df) (p < 1e-5 for these
+/// degrees of freedom; the seeds are fixed, so the test is deterministic).
+pub fn assert_fits(what: &str, counts: &[usize], want: &[f64]) {
+    let (stat, df) = chi_square(counts, want);
+    let bound = df as f64 + 6.0 * (2.0 * df as f64).sqrt();
+    eprintln!("{what}: chi-square {stat:.1} on {df} degrees of freedom (bound {bound:.1})");
+    assert!(df >= 1, "{what}: {df} degrees of freedom (too peaked to test)");
+    assert!(
+        stat < bound,
+        "{what}: chi-square {stat:.1} >= {bound:.1}: the draws do not follow the distribution"
+    );
+}

@@ -270,6 +270,42 @@ pub async fn greedy_speculation_equals_greedy() {
     }
 }
 
+/// Sampled decoding in the browser draws on the GPU (SwiftShader has no shader-f16 and no
+/// subgroups: the draws still compile and run): plain, n-gram and draft-model cycles read back a
+/// few words each, and a seed fixes the output.
+pub async fn sampled_decoding_draws_on_the_gpu() {
+    let gpu = gpu().await;
+    let (target_file, draft_file) = tiny_pair();
+    let t = open(target_file);
+    let d = open(draft_file);
+    let mut engine = Engine::new(load(&gpu, &t.checkpoint), t.tokenizer, None);
+    engine.set_draft(Some((load(&gpu, &d.checkpoint), &d.tokenizer))).expect("draft");
+    let mut req = Request::text("the cat sat on the mat; the cat sat on the", 24);
+    req.temperature = 1.0;
+    req.top_k = 8;
+    for (kind, k) in [(DraftKind::None, None), (DraftKind::Ngram, Some(3)), (DraftKind::Model, Some(3))] {
+        req.draft = Some(kind);
+        req.draft_k = k;
+        req.seed = 7;
+        let a = engine.generate(&req, &mut |_| true).await.expect("sampled");
+        let b = engine.generate(&req, &mut |_| true).await.expect("sampled");
+        req.seed = 8;
+        let c = engine.generate(&req, &mut |_| true).await.expect("sampled");
+        assert_eq!(a.tokens.len(), 24, "{kind:?}");
+        assert_eq!(a.tokens, b.tokens, "{kind:?}: a seed fixes the output");
+        assert_ne!(a.tokens, c.tokens, "{kind:?}: another seed, other tokens");
+        let s = &a.stats;
+        if kind == DraftKind::Model {
+            // past its calibrating cycles, a draft model's K steps and the verify pass are one
+            // submission and one read-back
+            assert!(s.gpu_cycles > 0 && s.gpu_sampled >= s.gpu_cycles, "{kind:?}: {s:?}");
+            assert!((s.readbacks as usize) < s.verify_forwards + s.draft_steps, "{kind:?}: {s:?}");
+        } else {
+            assert_eq!(s.gpu_sampled, s.verify_forwards, "{kind:?}: every pass drawn on the GPU: {s:?}");
+        }
+    }
+}
+
 /// A thrown or rejected error's message.
 fn js_message(e: wasm_bindgen::JsValue) -> String {
     e.dyn_into::<js_sys::Error>().map(|e| String::from(e.message())).unwrap_or_default()
@@ -550,6 +586,7 @@ macro_rules! all_browser_tests {
             matmul_matches_reference,
             tiny_models_match_reference,
             greedy_speculation_equals_greedy,
+            sampled_decoding_draws_on_the_gpu,
             facade_generates_like_the_engine,
             facade_loads_a_hugging_face_folder,
             facade_refuses_hostile_files,

@@ -1,0 +1,51 @@
+// Speculative sampling's acceptance, on the GPU (Leviathan et al. 2023; Chen et al. 2023; the
+// rule of src/speculative/verify.rs): draft x_i (i < K) is kept while u_i < p_i(x_i) / q_i(x_i),
+// u_i uniform; the next token is row a's residual draw at the first rejection a, or row K's draw
+// from p when all K are kept (sample.wgsl wrote both, and the probabilities, per verify row).
+//   out[0] = accepted count a, out[1] = the next token, out[2 + i] = drafts[i] for i < K,
+//   out[2 + capacity] = status (1: a non-finite logit in the cycle)
+// One invocation; the verify pass's uniform gives K + 1 rows at positions start_pos + i, which
+// with the cycle's seed pick the u_i.
+
+struct Step { n: u32, start_pos: u32 }
+struct Params {
+    capacity: u32,   // drafts the buffers hold (K is clamped to it)
+    stream: u32,     // the uniforms' noise stream
+    _pad0: u32,
+    _pad1: u32,
+}
+struct Seed { lo: u32, hi: u32, _pad0: u32, _pad1: u32 }
+
+@group(0) @binding(0) var<uniform> step: Step;                      // the verify pass: n = K + 1
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<uniform> seed: Seed;
+@group(0) @binding(3) var<storage, read> drafts: array<u32>;          // [capacity] x1..xK
+@group(0) @binding(4) var<storage, read> samples: array<u32>;         // [K + 1, 4] sample.wgsl's rows
+@group(0) @binding(5) var<storage, read> status: array<u32>;          // [1]
+@group(0) @binding(6) var<storage, read_write> out: array<u32>;       // [2 + capacity + 1]
+
+fn mix(x: u32) -> u32 { // the PCG hash, as sample.wgsl
+    let s = x * 747796405u + 2891336453u;
+    let w = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
+    return (w >> 22u) ^ w;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
+    if (lid.x != 0u) { return; }
+    let k = min(step.n - 1u, p.capacity);
+    var a = 0u;
+    for (; a < k; a++) {
+        let h = mix(seed.lo ^ mix(seed.hi ^ mix(p.stream ^ mix(step.start_pos + a))));
+        let u = (f32(h >> 8u) + 0.5) * 0x1p-24f;
+        let px = bitcast<f32>(samples[4u * a + 2u]);
+        let qx = bitcast<f32>(samples[4u * a + 3u]);
+        if (!(u * qx < px)) { break; }
+    }
+    out[0] = a;
+    out[1] = select(samples[4u * a + 1u], samples[4u * k], a == k);
+    for (var i = 0u; i < k; i++) {
+        out[2u + i] = drafts[i];
+    }
+    out[2u + p.capacity] = status[0];
+}

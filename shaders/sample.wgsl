@@ -1,0 +1,233 @@
+// Sampling on the GPU: each row of logits drawn from by the Gumbel-max trick, and what speculative
+// sampling's acceptance needs from the row, so that only a few words go back to the host.
+//
+// A row's sampling distribution is p_j = exp((l_j - m) / T) / Z over the kept tokens j (all of
+// them, or with top_k > 0 those ranked at most top_k: larger logits first, equal ones by lower id,
+// as top_k.wgsl ranks; `top` holds each row's ranked ids), m their largest logit, Z the sum
+// (reduced in a fixed order). Per row r of the pass (or only its last row, `last_only`):
+//   out[4 o + 0] = a draw from p: argmax_j (l_j - m) / T + G_j over the kept j
+//   out[4 o + 1] = a draw from norm(max(0, p - q)), the recovered-token rule of speculative
+//                  sampling, against the draft's distribution q of the same row: argmax_j
+//                  log(p_j - q_j) + G'_j over the j with p_j > q_j; q is the one-hot of x_r when
+//                  no q rows are bound (a deterministic draft), else the q row's own softmax at T
+//                  over its own kept tokens; with no such j (p = q), the draw from p. (Rows from
+//                  p.drafts on check no draft: their q rows are not read.)
+//   out[4 o + 2] = bits of p(x_r)   (rows r < p.drafts but the pass's last; x_r = drafts[r], the
+//                                    token row r checks)
+//   out[4 o + 3] = bits of q(x_r)   (1.0 for a one-hot q)
+// with o = r (or p.out_row for `last_only`). G_j, G'_j are independent standard Gumbel variables
+// hashed from (the cycle's seed, the op's stream, the row's position, j): argmax of log-weight +
+// Gumbel is an exact draw from the normalised weights. A non-finite logit sets status[0] to 1.
+
+struct Step { n: u32, start_pos: u32 }
+struct Params {
+    vocab: u32,
+    top_k: u32,        // 0: every token kept; else the ranked ids in `top` / `q_top`: [rows, top_k]
+    temperature: f32,  // > 0
+    has_q: u32,        // 1: q rows bound (the draft's logits, row r for pass row r)
+    drafts: u32,       // rows with a drafted token x_r to score
+    last_only: u32,    // 1: only the pass's last row, written to out row out_row
+    out_row: u32,
+    stream: u32,       // the op's own noise stream (a draft step's draw, the verify rows', ...)
+}
+struct Seed { lo: u32, hi: u32, _pad0: u32, _pad1: u32 }
+
+const WG: u32 = 64u;
+const LOWEST: f32 = -0x1.fffffep+127f; // the lowest finite f32, written exactly
+const NONE: u32 = 0xffffffffu;
+
+@group(0) @binding(0) var<uniform> step: Step;
+@group(0) @binding(1) var<uniform> p: Params;
+@group(0) @binding(2) var<uniform> seed: Seed;                      // written by the host each cycle
+@group(0) @binding(3) var<storage, read> logits: array<f32>;        // [n, vocab] the target's p rows
+@group(0) @binding(4) var<storage, read> top: array<u32>;           // [n, top_k] (top_k > 0)
+@group(0) @binding(5) var<storage, read> q_logits: array<f32>;      // [n, vocab] (has_q)
+@group(0) @binding(6) var<storage, read> q_top: array<u32>;         // [n, top_k] (has_q, top_k > 0)
+@group(0) @binding(7) var<storage, read> drafts: array<u32>;        // [drafts] x_r
+@group(0) @binding(8) var<storage, read_write> out: array<u32>;     // [rows, 4]
+@group(0) @binding(9) var<storage, read_write> status: array<atomic<u32>>; // [1] 1: a non-finite logit
+
+var<workgroup> red_v: array<f32, WG>;
+var<workgroup> red_i: array<u32, WG>;
+
+fn mix(x: u32) -> u32 { // the PCG hash (O'Neill; Jarzynski & Olano, "Hash Functions for GPU Rendering")
+    let s = x * 747796405u + 2891336453u;
+    let w = ((s >> ((s >> 28u) + 4u)) ^ s) * 277803737u;
+    return (w >> 22u) ^ w;
+}
+
+fn hash(stream: u32, pos: u32, j: u32) -> u32 {
+    return mix(seed.lo ^ mix(seed.hi ^ mix(stream ^ mix(pos ^ mix(j)))));
+}
+
+// A standard Gumbel variable -log(E), E = -log(1 - w) exponential, w uniform in (0, 1) from 32
+// hashed bits; for small w the series of -log(1 - w) keeps E's relative precision (E >= 2^-33).
+fn gumbel(h: u32) -> f32 {
+    let w = (f32(h) + 0.5) * 0x1p-32f;
+    var e = -log(1.0 - w);
+    if (w < 0x1p-8f) { e = w * (1.0 + w * (0.5 + w * (0x1.555556p-2f + w * 0.25))); }
+    return -log(e);
+}
+
+// (v, j) ranks at least as high as (tv, ti): a larger logit, or an equal one with a lower id
+fn at_least(v: f32, j: u32, tv: f32, ti: u32) -> bool {
+    return v > tv || (v == tv && j <= ti);
+}
+
+fn finite(v: f32) -> bool {
+    return abs(v) <= 0x1.fffffep+127f; // false for NaN and infinities
+}
+
+// Reductions over the workgroup in a fixed tree (the host of each value is fixed by its index)
+fn reduce_max(t: u32, v: f32) -> f32 {
+    red_v[t] = v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (t < stride) { red_v[t] = max(red_v[t], red_v[t + stride]); }
+        workgroupBarrier();
+    }
+    let m = red_v[0];
+    workgroupBarrier();
+    return m;
+}
+
+fn reduce_sum(t: u32, v: f32) -> f32 {
+    red_v[t] = v;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (t < stride) { red_v[t] += red_v[t + stride]; }
+        workgroupBarrier();
+    }
+    let s = red_v[0];
+    workgroupBarrier();
+    return s;
+}
+
+// the best (value, id): the larger value, on ties the lower id (NONE loses to every id)
+fn reduce_best(t: u32, v: f32, i: u32) -> u32 {
+    red_v[t] = v;
+    red_i[t] = i;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (t < stride) {
+            let ov = red_v[t + stride];
+            let oi = red_i[t + stride];
+            if (oi != NONE && (red_i[t] == NONE || ov > red_v[t] || (ov == red_v[t] && oi < red_i[t]))) {
+                red_v[t] = ov;
+                red_i[t] = oi;
+            }
+        }
+        workgroupBarrier();
+    }
+    let best = red_i[0];
+    workgroupBarrier();
+    return best;
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let t = lid.x;
+    var r = wid.x;
+    var o = wid.x;
+    if (p.last_only == 1u) {
+        r = step.n - 1u;
+        o = p.out_row;
+    } else if (r >= step.n) {
+        return;
+    }
+    let base = r * p.vocab;
+    let pos = step.start_pos + r;
+    let inv_t = 1.0 / p.temperature;
+    let has_x = r < p.drafts && r + 1u < step.n;  // (the pass's last row checks no draft)
+    let x = select(NONE, drafts[min(r, max(p.drafts, 1u) - 1u)], has_x);
+    let use_q = p.has_q == 1u && has_x;          // (the q rows past the drafts are not read)
+    // the kept tokens' thresholds: the top_k-th ranked id of each row
+    var tv = LOWEST;
+    var ti = NONE;
+    var qtv = LOWEST;
+    var qti = NONE;
+    if (p.top_k > 0u) {
+        ti = top[r * p.top_k + p.top_k - 1u];
+        tv = logits[base + ti];
+        if (use_q) {
+            qti = q_top[r * p.top_k + p.top_k - 1u];
+            qtv = q_logits[base + qti];
+        }
+    }
+
+    // 1. the largest kept logit of p (and of q); a non-finite logit flags the row
+    var mp = LOWEST;
+    var mq = LOWEST;
+    var bad = false;
+    for (var j = t; j < p.vocab; j += WG) {
+        let v = logits[base + j];
+        bad = bad || !finite(v);
+        if (at_least(v, j, tv, ti)) { mp = max(mp, v); }
+        if (use_q) {
+            let u = q_logits[base + j];
+            bad = bad || !finite(u);
+            if (at_least(u, j, qtv, qti)) { mq = max(mq, u); }
+        }
+    }
+    if (bad) { atomicOr(&status[0], 1u); }
+    mp = reduce_max(t, mp);
+    mq = reduce_max(t, mq);
+
+    // 2. the normalisers
+    var zp = 0.0;
+    var zq = 0.0;
+    for (var j = t; j < p.vocab; j += WG) {
+        let v = logits[base + j];
+        if (at_least(v, j, tv, ti)) { zp += exp((v - mp) * inv_t); }
+        if (use_q) {
+            let u = q_logits[base + j];
+            if (at_least(u, j, qtv, qti)) { zq += exp((u - mq) * inv_t); }
+        }
+    }
+    zp = reduce_sum(t, zp);
+    zq = reduce_sum(t, zq);
+
+    // 3. the draws: from p, and from the residual max(0, p - q)
+    var bv = LOWEST;
+    var bi = NONE;
+    var rv = LOWEST;
+    var ri = NONE;
+    for (var j = t; j < p.vocab; j += WG) {
+        let v = logits[base + j];
+        if (!at_least(v, j, tv, ti)) { continue; }
+        let lw = (v - mp) * inv_t;              // log of p_j * Z
+        let g = lw + gumbel(hash(2u * p.stream, pos, j));
+        if (bi == NONE || g > bv) { bv = g; bi = j; }
+        var lr = lw;                            // log of the residual's weight (times Z): one-hot q
+        if (use_q) {
+            let pj = exp(lw) / zp;
+            let u = q_logits[base + j];
+            let qj = select(0.0, exp((u - mq) * inv_t) / zq, at_least(u, j, qtv, qti));
+            if (pj <= qj) { continue; }
+            lr = log(pj - qj);
+        } else if (j == x) {
+            continue;                           // max(0, p_x - 1) = 0
+        }
+        let gr = lr + gumbel(hash(2u * p.stream + 1u, pos, j));
+        if (ri == NONE || gr > rv) { rv = gr; ri = j; }
+    }
+    let sample = reduce_best(t, bv, bi);
+    let residual = reduce_best(t, rv, ri);
+
+    if (t == 0u) {
+        var px = 0.0;
+        var qx = 1.0;
+        if (has_x) {
+            let v = logits[base + x];
+            px = select(0.0, exp((v - mp) * inv_t) / zp, at_least(v, x, tv, ti));
+            if (use_q) {
+                let u = q_logits[base + x];
+                qx = select(0.0, exp((u - mq) * inv_t) / zq, at_least(u, x, qtv, qti));
+            }
+        }
+        out[4u * o] = min(sample, p.vocab - 1u);
+        out[4u * o + 1u] = select(residual, sample, residual == NONE);
+        out[4u * o + 2u] = bitcast<u32>(px);
+        out[4u * o + 3u] = bitcast<u32>(qx);
+    }
+}

@@ -1,0 +1,301 @@
+//! Sampling on the GPU: a verify pass (or a plain decoding step) whose draws and speculative
+//! sampling's acceptance run on the GPU, so that a cycle reads back a few words, not logits rows.
+//!
+//! ```text
+//!   draft step i : (a draft model) its pass, then sample.wgsl draws x_i from its last row q_i;
+//!                  x_i is copied into the next step's input, q_i into the verify's q rows
+//!   verify       : [id_last (host), x1..xK] -> sample.wgsl per row: a draw from p_i, a draw
+//!                  from norm(max(0, p_i - q_i)), p_i(x_i), q_i(x_i)
+//!   accept       : accept_sampled.wgsl -> [a, next, x1..xK, status]   (read back)
+//! ```
+//!
+//! Draws use the Gumbel-max trick with noise hashed from a seed the host draws from the
+//! generation's RNG each cycle, so a seed still fixes the tokens; the rule is the one of
+//! [`verify_sampled`](super::verify_sampled), so the output has the target's sampling
+//! distribution (tested by frequencies against exact marginals). The CPU-driven path (whole
+//! logits rows read back) stays for what the GPU does not draw from: a top-p below 1, a top-k
+//! above [`MAX_TOP_K`], and token trees.
+
+use super::draft::DraftModel;
+use crate::error::{Error, Result};
+use crate::gpu::{Gpu, GpuBuffer, Op, SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
+use crate::model::{Model, MAX_BATCH};
+use crate::sampling::{Rng, SamplingParams};
+
+/// Noise streams of the cycle's draws (each op's two Gumbel streams are 2s and 2s + 1).
+const STREAM_DRAFT: u32 = 1;
+const STREAM_VERIFY: u32 = 2;
+const STREAM_ACCEPT: u32 = 6;
+
+/// Whether the GPU draws from `params`' distribution: sampling with no top-p and a top-k of at
+/// most [`MAX_TOP_K`] (the top-k ranks on the GPU).
+pub fn gpu_samples(params: &SamplingParams) -> bool {
+    !params.is_greedy() && params.top_p >= 1.0 && params.top_k <= MAX_TOP_K
+}
+
+/// What one sampled GPU cycle (or step) produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SampledOutcome {
+    /// The drafted tokens x1..xK.
+    pub drafts: Vec<u32>,
+    /// How many of them the rule kept.
+    pub accepted: usize,
+    /// The target's token after them (recovered or bonus).
+    pub next: u32,
+    /// Draft forward passes run (catch-up passes included).
+    pub draft_steps: usize,
+}
+
+/// The draft model's side: its ranked ids, the op drawing from its last row, the draw.
+struct DraftSide {
+    top: Option<(Op, GpuBuffer<u32>)>, // ranks of its pass's rows, [MAX_BATCH, top_k]
+    sample: Op,
+    draw: GpuBuffer<u32>, // [4] the draw of the step's last row
+}
+
+/// Buffers and ops of sampled verification on the GPU for one target (and at most one draft model).
+pub struct SampledCycle {
+    params: SamplingParams,
+    vocab: usize,
+    seed: wgpu::Buffer,       // uniform SampleSeed, written each cycle
+    drafts: GpuBuffer<u32>,   // [MAX_BATCH] x1..xK
+    q_logits: GpuBuffer<f32>, // [MAX_BATCH, vocab] the draft model's rows q_1..q_K (or [1])
+    q_top: GpuBuffer<u32>,    // [MAX_BATCH, top_k] their ranked ids (or [1])
+    status: GpuBuffer<u32>,   // [1] 1: a non-finite logit
+    result: GpuBuffer<u32>,   // [2 + MAX_BATCH + 1] a, next, x1..xK, status
+    target_top: Option<Op>,   // ranks the verify rows into p_top
+    one_hot: Op,              // the verify rows' draws against one-hot drafts
+    against_q: Option<Op>,    // ... against the draft model's rows
+    accept: Op,
+    draft: Option<DraftSide>,
+    // kept alive for the ops' bind groups
+    _p_top: GpuBuffer<u32>,
+    _samples: GpuBuffer<u32>,
+}
+
+impl SampledCycle {
+    /// The cycle's buffers for `target`, and for drawing from `draft`'s steps when given (on the
+    /// same GPU). `params` must pass [`gpu_samples`].
+    pub fn new(target: &Model, draft: Option<&Model>, params: &SamplingParams) -> Result<SampledCycle> {
+        if !gpu_samples(params) {
+            return Err(Error::InvalidArgument(format!("the GPU does not draw from {params:?}")));
+        }
+        let g: &Gpu = target.gpu();
+        let vocab = target.config.vocab_size;
+        let top_k = params.top_k;
+        let seed = g.uniform("sample seed", bytemuck::bytes_of(&SampleSeed::new(0)));
+        let words = |label: &str, len: usize| GpuBuffer::<u32>::zeros(g, label, len.max(1));
+        let drafts = words("sampled drafts", MAX_BATCH);
+        let q_rows = if draft.is_some() { MAX_BATCH } else { 0 };
+        let q_logits = GpuBuffer::<f32>::zeros(g, "draft rows", (q_rows * vocab).max(1));
+        let q_top = words("draft ranks", q_rows * top_k);
+        let p_top = words("verify ranks", MAX_BATCH * top_k);
+        let samples = words("verify draws", MAX_BATCH * 4);
+        let status = words("sample status", 1);
+        let result = words("sampled result", 2 + MAX_BATCH + 1);
+        let step = target.step_buffer();
+        let target_top =
+            (top_k > 0).then(|| g.top_k(step, target.logits_buffer(), (&p_top, None), vocab, top_k));
+        let p_rows = SampleRows { logits: target.logits_buffer(), top: (top_k > 0).then_some(&p_top) };
+        let cfg = SampleConfig {
+            vocab,
+            temperature: params.temperature,
+            top_k,
+            drafts: MAX_BATCH - 1,
+            last_only: None,
+            stream: STREAM_VERIFY,
+        };
+        let one_hot = g.sample(step, &seed, p_rows, None, &drafts, &samples, &status, cfg);
+        let q = SampleRows { logits: &q_logits, top: (top_k > 0).then_some(&q_top) };
+        let against_q =
+            draft.is_some().then(|| g.sample(step, &seed, p_rows, Some(q), &drafts, &samples, &status, cfg));
+        let accept = g.accept_sampled(step, &seed, &drafts, &samples, &status, &result, STREAM_ACCEPT);
+        let draft = draft.map(|dm| {
+            let top = (top_k > 0).then(|| {
+                let ranks = words("draft step ranks", MAX_BATCH * top_k);
+                (g.top_k(dm.step_buffer(), dm.logits_buffer(), (&ranks, None), vocab, top_k), ranks)
+            });
+            let draw = words("draft draw", 4);
+            let rows = SampleRows { logits: dm.logits_buffer(), top: top.as_ref().map(|t| &t.1) };
+            let cfg = SampleConfig { drafts: 0, last_only: Some(0), stream: STREAM_DRAFT, ..cfg };
+            let sample = g.sample(dm.step_buffer(), &seed, rows, None, &drafts, &draw, &status, cfg);
+            DraftSide { top, sample, draw }
+        });
+        Ok(SampledCycle {
+            params: *params,
+            vocab,
+            seed,
+            drafts,
+            q_logits,
+            q_top,
+            status,
+            result,
+            target_top,
+            one_hot,
+            against_q,
+            accept,
+            draft,
+            _p_top: p_top,
+            _samples: samples,
+        })
+    }
+
+    /// Whether the cycle draws a draft model's steps too ([`SampledCycle::run`]).
+    pub fn has_draft(&self) -> bool {
+        self.draft.is_some()
+    }
+
+    /// The sampling parameters the cycle draws with.
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Verifies host-given drafts `xs` (a deterministic draft: one-hot q; none for a plain
+    /// decoding step) after `id_last` at `n_past`, drawing on the GPU: one submission, one
+    /// read-back of `2 + K + 1` words. Leaves the target's cache at `n_past + 1 + K` positions.
+    pub async fn check(
+        &self,
+        target: &mut Model,
+        id_last: u32,
+        xs: &[u32],
+        n_past: usize,
+        rng: &mut Rng,
+    ) -> Result<SampledOutcome> {
+        let k = xs.len();
+        if k >= MAX_BATCH {
+            return Err(Error::InvalidArgument(format!(
+                "{k} drafts in one verify pass (at most {})",
+                MAX_BATCH - 1
+            )));
+        }
+        let gpu = target.gpu().clone();
+        self.begin(&gpu, rng);
+        gpu.queue.write_buffer(&self.drafts.raw, 0, bytemuck::cast_slice(xs));
+        let mut batch = Vec::with_capacity(k + 1);
+        batch.push(id_last);
+        batch.extend_from_slice(xs);
+        let mut enc = gpu.encoder();
+        target.record(&mut enc, 0, &batch, k + 1, n_past)?;
+        self.encode_verify(&gpu, &mut enc, k, false);
+        self.finish(&gpu, enc, k, 0).await
+    }
+
+    /// Drafts up to `k` tokens after `context` with `draft`, each drawn on the GPU from its
+    /// sampling distribution, and verifies them with `target` (whose cache holds
+    /// `context[..n_past]`): one submission, one read-back. Leaves the target's cache at
+    /// `n_past + 1 + K` positions.
+    pub async fn run(
+        &self,
+        target: &mut Model,
+        draft: &mut DraftModel,
+        context: &[u32],
+        n_past: usize,
+        k: usize,
+        rng: &mut Rng,
+    ) -> Result<SampledOutcome> {
+        let side = self
+            .draft
+            .as_ref()
+            .ok_or_else(|| Error::InvalidArgument("a sampled cycle built without a draft model".into()))?;
+        let id_last = *context
+            .get(n_past)
+            .ok_or_else(|| Error::InvalidArgument(format!("no token at position {n_past} to verify from")))?;
+        let (first, k, mut draft_steps) = draft.catch_up(context, k).await?;
+        let k = k.min(MAX_BATCH - 1);
+        let gpu = target.gpu().clone();
+        self.begin(&gpu, rng);
+        let mut enc = gpu.encoder();
+        let (word, row) = (4u64, (self.vocab * 4) as u64);
+        let top_k = self.params.top_k as u64;
+        let dm = draft.model_mut();
+        let mut pos = dm.len();
+        for i in 0..k {
+            let rows = if i == 0 { first.len() } else { 1 };
+            if i > 0 {
+                // this step's input is the previous step's draw
+                enc.copy_buffer_to_buffer(
+                    &self.drafts.raw,
+                    (i as u64 - 1) * word,
+                    &dm.tokens_buffer().raw,
+                    0,
+                    word,
+                );
+            }
+            dm.record(&mut enc, i, if i == 0 { &first } else { &[] }, rows, pos)?;
+            let last = rows as u64 - 1;
+            if let Some((op, ranks)) = &side.top {
+                gpu.encode(&mut enc, std::slice::from_ref(op), rows as u32);
+                let bytes = top_k * word;
+                enc.copy_buffer_to_buffer(&ranks.raw, last * bytes, &self.q_top.raw, i as u64 * bytes, bytes);
+            }
+            gpu.encode(&mut enc, std::slice::from_ref(&side.sample), rows as u32);
+            enc.copy_buffer_to_buffer(&side.draw.raw, 0, &self.drafts.raw, i as u64 * word, word);
+            enc.copy_buffer_to_buffer(
+                &dm.logits_buffer().raw,
+                last * row,
+                &self.q_logits.raw,
+                i as u64 * row,
+                row,
+            );
+            pos += rows;
+            draft_steps += 1;
+        }
+        if k > 0 {
+            // the verify pass reads x1..xK after id_last
+            enc.copy_buffer_to_buffer(
+                &self.drafts.raw,
+                0,
+                &target.tokens_buffer().raw,
+                word,
+                k as u64 * word,
+            );
+        }
+        target.record(&mut enc, 0, &[id_last], k + 1, n_past)?;
+        self.encode_verify(&gpu, &mut enc, k, true);
+        let out = self.finish(&gpu, enc, k, draft_steps).await?;
+        if k > 0 {
+            draft.commit_drafts(&first, &out.drafts);
+        }
+        Ok(out)
+    }
+
+    /// A new cycle: a fresh seed from the generation's RNG, the status cleared.
+    fn begin(&self, gpu: &Gpu, rng: &mut Rng) {
+        gpu.queue.write_buffer(&self.seed, 0, bytemuck::bytes_of(&SampleSeed::new(rng.next_u64())));
+        gpu.queue.write_buffer(&self.status.raw, 0, bytemuck::bytes_of(&0u32));
+    }
+
+    /// The verify pass's ranks, draws and the acceptance (a pass of K + 1 rows).
+    fn encode_verify(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, k: usize, against_q: bool) {
+        let n = (k + 1) as u32;
+        if let Some(op) = &self.target_top {
+            gpu.encode(enc, std::slice::from_ref(op), n);
+        }
+        let sample = match (&self.against_q, against_q && k > 0) {
+            (Some(op), true) => op,
+            _ => &self.one_hot,
+        };
+        gpu.encode(enc, std::slice::from_ref(sample), n);
+        gpu.encode(enc, std::slice::from_ref(&self.accept), n);
+    }
+
+    /// Submits, reads back `[a, next, x1..xK]` and the status word.
+    async fn finish(
+        &self,
+        gpu: &Gpu,
+        enc: wgpu::CommandEncoder,
+        k: usize,
+        draft_steps: usize,
+    ) -> Result<SampledOutcome> {
+        let raw = gpu.submit_and_read(enc, &self.result.raw, 0, self.result.len as u64 * 4).await?;
+        let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        if out[2 + MAX_BATCH] != 0 {
+            return Err(Error::NonFinite("a logit of the sampled cycle's rows is not finite".into()));
+        }
+        let (accepted, next) = (out[0] as usize, out[1]);
+        if accepted > k || next as usize >= self.vocab {
+            return Err(Error::Gpu(format!("the GPU accepted {accepted} of {k} drafts, next token {next}")));
+        }
+        Ok(SampledOutcome { drafts: out[2..2 + k].to_vec(), accepted, next, draft_steps })
+    }
+}
