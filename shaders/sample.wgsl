@@ -3,8 +3,9 @@
 //
 // A row's sampling distribution is p_j = exp((l_j - m) / T) / Z over the kept tokens j (all of
 // them, or with top_k > 0 those ranked at most top_k: larger logits first, equal ones by lower id,
-// as top_k.wgsl ranks; `top` holds each row's ranked ids), m their largest logit, Z the sum
-// (reduced in a fixed order). Per row r of the pass (or only its last row, `last_only`):
+// as top_k.wgsl ranks; `top` holds each row's ranked ids; then with top_p < 1 the nucleus, see
+// cut_of), m their largest logit, Z the sum (reduced in a fixed order) -- the distribution of
+// src/sampling.rs, computed in f32. Per row r of the pass (or only its last row, `last_only`):
 //   out[4 o + 0] = a draw from p: argmax_j (l_j - m) / T + G_j over the kept j
 //   out[4 o + 1] = a draw from norm(max(0, p - q)), the recovered-token rule of speculative
 //                  sampling, against the draft's distribution q of the same row: argmax_j
@@ -24,11 +25,15 @@ struct Params {
     vocab: u32,
     top_k: u32,        // 0: every token kept; else the ranked ids in `top` / `q_top`: [rows, top_k]
     temperature: f32,  // > 0
+    top_p: f32,        // 1: no nucleus cut
     has_q: u32,        // 1: q rows bound (the draft's logits, row r for pass row r)
     drafts: u32,       // rows with a drafted token x_r to score
     last_only: u32,    // 1: only the pass's last row, written to out row out_row
     out_row: u32,
     stream: u32,       // the op's own noise stream (a draft step's draw, the verify rows', ...)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 struct Seed { lo: u32, hi: u32, _pad0: u32, _pad1: u32 }
 
@@ -124,6 +129,112 @@ fn reduce_best(t: u32, v: f32, i: u32) -> u32 {
     return best;
 }
 
+// The order-preserving key of a finite f32 (larger value, larger key) and back.
+fn key(v: f32) -> u32 {
+    let b = bitcast<u32>(v);
+    return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
+}
+
+fn value(k: u32) -> f32 {
+    return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
+}
+
+// logit idx of the p rows, or of the q rows
+fn logit(q_row: bool, idx: u32) -> f32 {
+    if (q_row) { return q_logits[idx]; }
+    return logits[idx];
+}
+
+// A row's kept tokens, those ranking at least (v, i) (a larger logit, or v with an id <= i), its
+// largest logit m and the normaliser z = sum of exp((l - m) / T) over them.
+struct Cut { v: f32, i: u32, m: f32, z: f32 }
+
+var<private> bad: bool; // a non-finite logit was read
+
+// The kept tokens of row r (base: its first logit) of the p or q rows: its top_k ranked (all
+// without a top-k), then with top_p < 1 the smallest prefix of them in rank order whose mass
+// reaches top_p. The nucleus' last value v* (the largest value whose tokens at or above it hold
+// the mass) is found by bisection over the order-preserving keys, each step a pass over the row;
+// of the tokens tied at v*, the lowest ids are kept until the mass is reached, as the ranking
+// orders them. Every invocation of the workgroup calls it (its reductions have barriers).
+fn cut_of(t: u32, q_row: bool, r: u32, base: u32) -> Cut {
+    let inv_t = 1.0 / p.temperature;
+    var c = Cut(LOWEST, NONE, LOWEST, 0.0);
+    if (p.top_k > 0u) {
+        let at = r * p.top_k + p.top_k - 1u;
+        c.i = select(top[at], q_top[at], q_row);
+        c.v = logit(q_row, base + c.i);
+    }
+    var m = LOWEST;
+    for (var j = t; j < p.vocab; j += WG) {
+        let v = logit(q_row, base + j);
+        bad = bad || !finite(v);
+        if (at_least(v, j, c.v, c.i)) { m = max(m, v); }
+    }
+    c.m = reduce_max(t, m);
+    var z = 0.0;
+    for (var j = t; j < p.vocab; j += WG) {
+        let v = logit(q_row, base + j);
+        if (at_least(v, j, c.v, c.i)) { z += exp((v - c.m) * inv_t); }
+    }
+    c.z = reduce_sum(t, z);
+    if (p.top_p >= 1.0) { return c; }
+
+    let need = p.top_p * c.z;
+    var lo = key(LOWEST);
+    var hi = key(c.m);
+    while (lo < hi) {
+        let mid = lo + (hi - lo + 1u) / 2u;
+        let v_mid = value(mid);
+        var s = 0.0;
+        for (var j = t; j < p.vocab; j += WG) {
+            let v = logit(q_row, base + j);
+            if (v >= v_mid && at_least(v, j, c.v, c.i)) { s += exp((v - c.m) * inv_t); }
+        }
+        if (reduce_sum(t, s) >= need) { lo = mid; } else { hi = mid - 1u; }
+    }
+    let vs = value(lo);
+    var gt = 0.0;
+    var tied = 0.0;
+    for (var j = t; j < p.vocab; j += WG) {
+        let v = logit(q_row, base + j);
+        if (at_least(v, j, c.v, c.i)) {
+            if (v > vs) { gt += exp((v - c.m) * inv_t); }
+            if (v == vs) { tied += 1.0; }
+        }
+    }
+    gt = reduce_sum(t, gt);
+    tied = reduce_sum(t, tied);
+    // tied tokens needed: the fewest c >= 1 with gt + c w* >= need
+    let ws = exp((vs - c.m) * inv_t);
+    let want = u32(clamp(ceil((need - gt) / ws), 1.0, tied));
+    var ti = select(NONE, c.i, vs == c.v); // all of them (those the top-k kept)
+    if (want < u32(tied)) {
+        // the smallest id with `want` tied tokens at or below it
+        var a = 0u;
+        var b = p.vocab - 1u;
+        while (a < b) {
+            let mid = (a + b) / 2u;
+            var n = 0.0;
+            for (var j = t; j <= mid; j += WG) {
+                let v = logit(q_row, base + j);
+                if (v == vs && at_least(v, j, c.v, c.i)) { n += 1.0; }
+            }
+            if (reduce_sum(t, n) >= f32(want)) { b = mid; } else { a = mid + 1u; }
+        }
+        ti = a;
+    }
+    c.v = vs;
+    c.i = ti;
+    z = 0.0;
+    for (var j = t; j < p.vocab; j += WG) {
+        let v = logit(q_row, base + j);
+        if (at_least(v, j, c.v, c.i)) { z += exp((v - c.m) * inv_t); }
+    }
+    c.z = reduce_sum(t, z);
+    return c;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = lid.x;
@@ -141,68 +252,30 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let has_x = r < p.drafts && r + 1u < step.n;  // (the pass's last row checks no draft)
     let x = select(NONE, drafts[min(r, max(p.drafts, 1u) - 1u)], has_x);
     let use_q = p.has_q == 1u && has_x;          // (the q rows past the drafts are not read)
-    // the kept tokens' thresholds: the top_k-th ranked id of each row
-    var tv = LOWEST;
-    var ti = NONE;
-    var qtv = LOWEST;
-    var qti = NONE;
-    if (p.top_k > 0u) {
-        ti = top[r * p.top_k + p.top_k - 1u];
-        tv = logits[base + ti];
-        if (use_q) {
-            qti = q_top[r * p.top_k + p.top_k - 1u];
-            qtv = q_logits[base + qti];
-        }
-    }
 
-    // 1. the largest kept logit of p (and of q); a non-finite logit flags the row
-    var mp = LOWEST;
-    var mq = LOWEST;
-    var bad = false;
-    for (var j = t; j < p.vocab; j += WG) {
-        let v = logits[base + j];
-        bad = bad || !finite(v);
-        if (at_least(v, j, tv, ti)) { mp = max(mp, v); }
-        if (use_q) {
-            let u = q_logits[base + j];
-            bad = bad || !finite(u);
-            if (at_least(u, j, qtv, qti)) { mq = max(mq, u); }
-        }
-    }
+    // 1. the kept tokens of p (and of q), their largest logits and normalisers
+    bad = false;
+    let cp = cut_of(t, false, r, base);
+    var cq = Cut(LOWEST, NONE, LOWEST, 1.0);
+    if (use_q) { cq = cut_of(t, true, r, base); }
     if (bad) { atomicOr(&status[0], 1u); }
-    mp = reduce_max(t, mp);
-    mq = reduce_max(t, mq);
 
-    // 2. the normalisers
-    var zp = 0.0;
-    var zq = 0.0;
-    for (var j = t; j < p.vocab; j += WG) {
-        let v = logits[base + j];
-        if (at_least(v, j, tv, ti)) { zp += exp((v - mp) * inv_t); }
-        if (use_q) {
-            let u = q_logits[base + j];
-            if (at_least(u, j, qtv, qti)) { zq += exp((u - mq) * inv_t); }
-        }
-    }
-    zp = reduce_sum(t, zp);
-    zq = reduce_sum(t, zq);
-
-    // 3. the draws: from p, and from the residual max(0, p - q)
+    // 2. the draws: from p, and from the residual max(0, p - q)
     var bv = LOWEST;
     var bi = NONE;
     var rv = LOWEST;
     var ri = NONE;
     for (var j = t; j < p.vocab; j += WG) {
         let v = logits[base + j];
-        if (!at_least(v, j, tv, ti)) { continue; }
-        let lw = (v - mp) * inv_t;              // log of p_j * Z
+        if (!at_least(v, j, cp.v, cp.i)) { continue; }
+        let lw = (v - cp.m) * inv_t;            // log of p_j * Z
         let g = lw + gumbel(hash(2u * p.stream, pos, j));
         if (bi == NONE || g > bv) { bv = g; bi = j; }
         var lr = lw;                            // log of the residual's weight (times Z): one-hot q
         if (use_q) {
-            let pj = exp(lw) / zp;
+            let pj = exp(lw) / cp.z;
             let u = q_logits[base + j];
-            let qj = select(0.0, exp((u - mq) * inv_t) / zq, at_least(u, j, qtv, qti));
+            let qj = select(0.0, exp((u - cq.m) * inv_t) / cq.z, at_least(u, j, cq.v, cq.i));
             if (pj <= qj) { continue; }
             lr = log(pj - qj);
         } else if (j == x) {
@@ -219,10 +292,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         var qx = 1.0;
         if (has_x) {
             let v = logits[base + x];
-            px = select(0.0, exp((v - mp) * inv_t) / zp, at_least(v, x, tv, ti));
+            px = select(0.0, exp((v - cp.m) * inv_t) / cp.z, at_least(v, x, cp.v, cp.i));
             if (use_q) {
                 let u = q_logits[base + x];
-                qx = select(0.0, exp((u - mq) * inv_t) / zq, at_least(u, x, qtv, qti));
+                qx = select(0.0, exp((u - cq.m) * inv_t) / cq.z, at_least(u, x, cq.v, cq.i));
             }
         }
         out[4u * o] = min(sample, p.vocab - 1u);

@@ -752,10 +752,19 @@ fn gpu_draws_follow_the_sampling_distribution() {
     };
     let p_row = logits_of(&mut rng);
     let q_row = logits_of(&mut rng);
+    // a row whose nucleus ends inside a group of tied logits (ids 3, 40, 64, 99, 140 at 4.0):
+    // the lowest ids of the group are kept
+    let mut tie_row: Vec<f32> = rand_vec(&mut rng, v, 1.0).iter().map(|l| l - 3.0).collect();
+    tie_row[70] = 5.0;
+    for t in [140, 3, 99, 64, 40] {
+        tie_row[t] = 4.0;
+    }
     let p_all: Vec<f32> = (0..rows).flat_map(|_| p_row.clone()).collect();
     let q_all: Vec<f32> = (0..rows).flat_map(|_| q_row.clone()).collect();
+    let tie_all: Vec<f32> = (0..rows).flat_map(|_| tie_row.clone()).collect();
     let p_buf = GpuBuffer::<f32>::from_slice(&gpu, "p", &p_all);
     let q_buf = GpuBuffer::<f32>::from_slice(&gpu, "q", &q_all);
+    let tie_buf = GpuBuffer::<f32>::from_slice(&gpu, "tied p", &tie_all);
     let p_top = GpuBuffer::<u32>::zeros(&gpu, "p top", rows * MAX_TOP_K);
     let q_top = GpuBuffer::<u32>::zeros(&gpu, "q top", rows * MAX_TOP_K);
     let x = likely[4] as u32; // the draft's token in every row: p's second likeliest
@@ -765,22 +774,35 @@ fn gpu_draws_follow_the_sampling_distribution() {
     let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
     let dense = |d: &Dist| (0..v as u32).map(|t| d.prob(t)).collect::<Vec<f64>>();
     let mut seeds = Rng::new(5);
-    for (temperature, top_k, with_q) in
-        [(0.7f32, 0usize, false), (1.3, 5, false), (1.0, 0, true), (0.8, 4, true)]
-    {
-        let params = SamplingParams { temperature, top_k, top_p: 1.0, seed: 0 };
-        let what = format!("T={temperature} top-k={top_k} q={with_q}");
-        let p = Dist::from_logits(&p_row, &params);
+    for (temperature, top_k, top_p, with_q, tied) in [
+        (0.7f32, 0usize, 1.0f32, false, false),
+        (1.3, 5, 1.0, false, false),
+        (1.0, 0, 1.0, true, false),
+        (0.8, 4, 1.0, true, false),
+        (1.1, 0, 0.8, true, false),
+        (1.2, 5, 0.6, false, false),
+        (1.0, 0, 0.55, false, true),
+        (1.0, 6, 0.55, true, true),
+    ] {
+        let params = SamplingParams { temperature, top_k, top_p, seed: 0 };
+        let what = format!("T={temperature} top-k={top_k} top-p={top_p} q={with_q} tied={tied}");
+        let (p_row, p_buf) = if tied { (&tie_row, &tie_buf) } else { (&p_row, &p_buf) };
+        let p = Dist::from_logits(p_row, &params);
         let q = if with_q { Dist::from_logits(&q_row, &params) } else { Dist::one_hot(x) };
         let residual = p.residual(&q);
-        assert_eq!(Dist::from_pairs(distribution(&p_row, &params)), p);
+        assert_eq!(Dist::from_pairs(distribution(p_row, &params)), p);
+        if tied {
+            let kept: Vec<u32> = p.pairs().iter().map(|&(t, _)| t).collect();
+            assert_eq!(kept, [3, 40, 70], "{what}: the nucleus ends inside the tied group");
+        }
         let mut ops = Vec::new();
         if top_k > 0 {
-            ops.push(gpu.top_k(&step, &p_buf, (&p_top, None), v, top_k));
+            ops.push(gpu.top_k(&step, p_buf, (&p_top, None), v, top_k));
             ops.push(gpu.top_k(&step, &q_buf, (&q_top, None), v, top_k));
         }
-        let cfg = SampleConfig { vocab: v, temperature, top_k, drafts: rows, last_only: None, stream: 3 };
-        let p_rows = SampleRows { logits: &p_buf, top: (top_k > 0).then_some(&p_top) };
+        let cfg =
+            SampleConfig { vocab: v, temperature, top_k, top_p, drafts: rows, last_only: None, stream: 3 };
+        let p_rows = SampleRows { logits: p_buf, top: (top_k > 0).then_some(&p_top) };
         let q_rows = with_q.then_some(SampleRows { logits: &q_buf, top: (top_k > 0).then_some(&q_top) });
         ops.push(gpu.sample(&step, &seed, p_rows, q_rows, &drafts, &out, &status, cfg));
         let (mut draws, mut residuals) = (vec![0usize; v], vec![0usize; v]);
@@ -817,7 +839,15 @@ fn gpu_draws_follow_the_sampling_distribution() {
     let mut bad = p_all.clone();
     bad[3 * v + 17] = f32::NAN;
     let bad = GpuBuffer::<f32>::from_slice(&gpu, "bad", &bad);
-    let cfg = SampleConfig { vocab: v, temperature: 1.0, top_k: 0, drafts: 0, last_only: None, stream: 3 };
+    let cfg = SampleConfig {
+        vocab: v,
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        drafts: 0,
+        last_only: None,
+        stream: 3,
+    };
     let op =
         gpu.sample(&step, &seed, SampleRows { logits: &bad, top: None }, None, &drafts, &out, &status, cfg);
     run(&gpu, &step, &[op], rows, 0);

@@ -830,12 +830,9 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
                     };
                     let g = speculative(&mut target, draft.as_mut(), &prompt, &opts, KPolicy::Fixed(2));
                     trees += g.stats.tree_cycles;
-                    // n-gram chains verify on the GPU under sampling it draws from (no top-p)
-                    let gpu_sampled = g.stats.gpu_sampled;
-                    if params.top_p < 1.0 {
-                        assert_eq!(gpu_sampled, 0, "{name}: top-p is drawn on the CPU");
-                    } else if *name == "ngram" {
-                        assert!(gpu_sampled > 0, "{name}: {gpu_sampled} GPU-sampled passes");
+                    // n-gram chains verify on the GPU (a top-k of at most 16, any top-p)
+                    if *name == "ngram" {
+                        assert!(g.stats.gpu_sampled > 0, "{name}: {:?}", g.stats);
                     }
                     c1[g.tokens[0] as usize] += 1;
                     c2[g.tokens[1] as usize] += 1;
@@ -853,7 +850,8 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
 
 /// The GPU-resident sampled cycle (a draft model's draws, the verify pass's draws and the
 /// acceptance on the GPU, one read-back) keeps the target's distribution: the first token's
-/// frequencies against its exact marginal, for a good and a bad draft, with and without a top-k.
+/// frequencies against its exact marginal, for a good and a bad draft, with a top-k, a top-p or
+/// neither; plain sampled decoding too.
 #[test]
 fn gpu_sampled_cycles_have_the_target_distribution() {
     const V: usize = 12;
@@ -896,6 +894,7 @@ fn gpu_sampled_cycles_have_the_target_distribution() {
         for params in [
             SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
             SamplingParams { temperature: 0.7, top_k: 5, top_p: 1.0, seed: 0 },
+            SamplingParams { temperature: 1.2, top_k: 0, top_p: 0.7, seed: 0 },
         ] {
             let logits = pollster::block_on(target.forward_last(&prompt, 0)).expect("forward");
             let p1 = Dist::from_logits(&logits, &params);

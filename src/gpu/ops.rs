@@ -201,6 +201,8 @@ pub struct SampleConfig {
     pub temperature: f32,
     /// 0: every token; else at most [`MAX_TOP_K`], with the ranked ids bound.
     pub top_k: usize,
+    /// 1: no nucleus; else the smallest most likely set (after the top-k) holding this mass.
+    pub top_p: f32,
     /// Rows that check a drafted token (`drafts[r]`).
     pub drafts: usize,
     /// Only the pass's last row, written to this row of `out` (a draft step's draw).
@@ -215,11 +217,13 @@ struct SampleParams {
     vocab: u32,
     top_k: u32,
     temperature: f32,
+    top_p: f32,
     has_q: u32,
     drafts: u32,
     last_only: u32,
     out_row: u32,
     stream: u32,
+    _pad: [u32; 3],
 }
 
 /// The per-cycle seed of the GPU's draws (`Seed` in `shaders/sample.wgsl`), written by the host.
@@ -722,17 +726,21 @@ impl Gpu {
             vocab: cfg.vocab as u32,
             top_k: cfg.top_k as u32,
             temperature: cfg.temperature,
+            top_p: cfg.top_p,
             has_q: q.is_some() as u32,
             drafts: cfg.drafts as u32,
             last_only: cfg.last_only.is_some() as u32,
             out_row: cfg.last_only.unwrap_or(0) as u32,
             stream: cfg.stream,
+            _pad: [0; 3],
         };
         let params = self.uniform("sample params", bytemuck::bytes_of(&params));
         let top = p.top.unwrap_or(drafts);
         let (q_logits, q_top) = q.map_or((p.logits, top), |q| (q.logits, q.top.unwrap_or(drafts)));
-        let reads = 1 + 2 * q.is_some() as u64; // p's row three times (q's twice more)
-        let cost = Cost { row_bytes: 4 * 3 * reads * cfg.vocab as u64, ..Cost::default() };
+        // p's row read three times (q's three more); a nucleus' bisection about 34 more each
+        let passes = 3 + if cfg.top_p < 1.0 { 34 } else { 0 };
+        let rows = 1 + q.is_some() as u64;
+        let cost = Cost { row_bytes: 4 * passes * rows * cfg.vocab as u64, ..Cost::default() };
         let storage =
             [&p.logits.raw, &top.raw, &q_logits.raw, &q_top.raw, &drafts.raw, &out.raw, &status.raw];
         let grid = if cfg.last_only.is_some() { Grid::Fixed([1, 1, 1]) } else { Grid::Rows };

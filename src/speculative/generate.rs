@@ -176,7 +176,7 @@ pub async fn generate(
         }
         _ => None,
     };
-    // Sampling that the GPU draws from (no top-p, a small top-k): the verify pass's draws and the
+    // Sampling that the GPU draws from (a top-k of at most 16): the verify pass's draws and the
     // acceptance run on the GPU (and a draft model's draws, past the same calibrating cycles).
     let sampled = if gpu_samples(&params) {
         let dm = draft

@@ -13,8 +13,8 @@
 //! generation's RNG each cycle, so a seed still fixes the tokens; the rule is the one of
 //! [`verify_sampled`](super::verify_sampled), so the output has the target's sampling
 //! distribution (tested by frequencies against exact marginals). The CPU-driven path (whole
-//! logits rows read back) stays for what the GPU does not draw from: a top-p below 1, a top-k
-//! above [`MAX_TOP_K`], and token trees.
+//! logits rows read back) stays for what the GPU does not draw from: a top-k above
+//! [`MAX_TOP_K`], and token trees.
 
 use super::draft::DraftModel;
 use crate::error::{Error, Result};
@@ -27,10 +27,10 @@ const STREAM_DRAFT: u32 = 1;
 const STREAM_VERIFY: u32 = 2;
 const STREAM_ACCEPT: u32 = 6;
 
-/// Whether the GPU draws from `params`' distribution: sampling with no top-p and a top-k of at
-/// most [`MAX_TOP_K`] (the top-k ranks on the GPU).
+/// Whether the GPU draws from `params`' distribution: sampling with a top-k of at most
+/// [`MAX_TOP_K`] (the top-k ranks on the GPU), any top-p.
 pub fn gpu_samples(params: &SamplingParams) -> bool {
-    !params.is_greedy() && params.top_p >= 1.0 && params.top_k <= MAX_TOP_K
+    !params.is_greedy() && params.top_k <= MAX_TOP_K
 }
 
 /// What one sampled GPU cycle (or step) produced.
@@ -101,6 +101,7 @@ impl SampledCycle {
             vocab,
             temperature: params.temperature,
             top_k,
+            top_p: params.top_p,
             drafts: MAX_BATCH - 1,
             last_only: None,
             stream: STREAM_VERIFY,

@@ -250,8 +250,8 @@ struct BenchArgs {
     #[arg(long)]
     f32: bool,
     /// Sampling instead of greedy decoding (0 = greedy): speculative and target-only outputs then
-    /// differ token for token but share the target's distribution. The GPU draws when there is
-    /// no top-p and a top-k of at most 16; otherwise logits rows go to the CPU.
+    /// differ token for token but share the target's distribution. The GPU draws under a top-k
+    /// of at most 16 (any top-p); a larger top-k reads logits rows back to the CPU.
     #[arg(long, default_value_t = 0.0)]
     temperature: f32,
     /// 0 = no top-k cut.
