@@ -1,5 +1,6 @@
 // Causal multi-head attention with grouped KV heads over the KV cache (one workgroup per head and row).
-// The cache holds each position's k row then its v row: [ctx, 2 * kv_heads * head_dim].
+// The cache holds each position's k row then its v row: [ctx, 2 * kv_heads * head_dim], in the
+// format of the file placed ahead of this one (shaders/kv/: f32 or f16), read by kv_vec4/kv_value.
 // Row r of the pass sits at position pos = start_pos + r and attends to cache positions 0..=pos:
 //   s_j = (q . k_j) * scale;  p_j = exp(s_j - max s) / sum exp;  out = sum_j p_j v_j
 // Every reduction runs in a fixed order that depends only on pos, never on n, so a verify pass
@@ -32,10 +33,9 @@ const WG: u32 = 64u;
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;         // [n, heads * head_dim / 4]
-@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;   // [ctx, 2 * kv_heads * head_dim / 4] (k | v)
-@group(0) @binding(4) var<storage, read> v_cache: array<f32>;         // the same buffer: [ctx, 2 * kv_heads * head_dim]
-@group(0) @binding(5) var<storage, read_write> scores: array<f32>;    // [n, heads, ctx] scratch
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;       // [n, heads * head_dim]
+// binding 3: kv, the cache (see the format file)
+@group(0) @binding(4) var<storage, read_write> scores: array<f32>;    // [n, heads, ctx] scratch
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;       // [n, heads * head_dim]
 
 var<workgroup> partial: array<f32, WG>;
 
@@ -69,7 +69,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let k_base = key_row(r, j) * kv_row4 + kvh * hd4;
         var s = 0.0;
         for (var d = 0u; d < hd4; d++) {
-            s += dot(q[q_base + d], k_cache[k_base + d]);
+            s += dot(q[q_base + d], kv_vec4(k_base + d));
         }
         s *= p.scale;
         scores[s_base + j] = s;
@@ -109,10 +109,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var d = t; d < p.head_dim; d += WG) {
         var acc = 0.0;
         for (var j = 0u; j < direct; j++) {
-            acc += scores[s_base + j] * v_cache[j * kv_row + v_base + d];
+            acc += scores[s_base + j] * kv_value(j * kv_row + v_base + d);
         }
         for (var j = direct; j < len; j++) {
-            acc += scores[s_base + j] * v_cache[key_row(r, j) * kv_row + v_base + d];
+            acc += scores[s_base + j] * kv_value(key_row(r, j) * kv_row + v_base + d);
         }
         out[o_base + d] = acc * inv_l;
     }

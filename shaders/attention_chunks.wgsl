@@ -1,4 +1,5 @@
-// Causal attention split over the cache ("flash-decoding"), first half: each workgroup attends one
+// Causal attention split over the cache ("flash-decoding"), first half (the cache's format file,
+// shaders/kv/, is placed ahead of this one): each workgroup attends one
 // row's queries of up to HB heads of one KV group to one chunk of its keys, and writes the chunk's
 // partial result; attention_merge.wgsl combines a row's chunks. The GPU shape of attention.wgsl:
 // a decode step runs kv_heads x head blocks x chunks workgroups instead of one per query head,
@@ -44,9 +45,8 @@ const LOWEST: f32 = -0x1.fffffep+127f; // the lowest finite f32, written exactly
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;         // [n, heads * head_dim / 4]
-@group(0) @binding(3) var<storage, read> k_cache: array<vec4<f32>>;   // [ctx, 2 * kv_heads * head_dim / 4] (k | v)
-@group(0) @binding(4) var<storage, read> v_cache: array<f32>;         // the same buffer: [ctx, 2 * kv_heads * head_dim]
-@group(0) @binding(5) var<storage, read_write> part: array<f32>;      // [n, heads, chunks, head_dim] o, then
+// binding 3: kv, the cache [ctx, 2 * kv_heads * head_dim] (k | v) in the format file's format
+@group(0) @binding(4) var<storage, read_write> part: array<f32>;      // [n, heads, chunks, head_dim] o, then
                                                                       //   from ml_base [n, heads, chunks, 2] (m, l)
 
 var<workgroup> sc: array<array<f32, WG>, HB>;   // [HB, WG] the block's scores, then its weights
@@ -95,7 +95,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         if (j < j1) {
             let k_base = key_row(r, j) * kv_row4 + kvh * hd4;
             for (var d = 0u; d < hd4; d++) {
-                let kd = k_cache[k_base + d];
+                let kd = kv_vec4(k_base + d);
                 for (var g = 0u; g < HB; g++) {
                     if (g < nh) { s[g] += dot(q[(r * p.heads + h0 + g) * hd4 + d], kd); }
                 }
@@ -135,7 +135,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             var v: array<f32, DPT>;
             for (var i = 0u; i < DPT; i++) {
                 let d = t + i * WG;
-                v[i] = select(0.0, v_cache[v_row + min(d, p.head_dim - 1u)], d < p.head_dim);
+                v[i] = select(0.0, kv_value(v_row + min(d, p.head_dim - 1u)), d < p.head_dim);
             }
             for (var g = 0u; g < HB; g++) {
                 let w = sc[g][jj];

@@ -6,14 +6,14 @@ struct Step { n: u32, start_pos: u32 }
 struct Keep {
     start_pos: u32,
     count: u32,                     // rows kept (the path's length)
-    width: u32,                     // f32 per cache row (2 * kv_heads * head_dim)
+    width: u32,                     // 32-bit words per cache row (2 kv_dim f32, or kv_dim f16 pairs)
     _pad: u32,
     slots: array<vec4<u32>, 8>,     // [32] the path's rows in the pass, by depth
 }
 
 @group(0) @binding(0) var<uniform> step: Step;   // bound like every op's; not read (see main)
 @group(0) @binding(1) var<uniform> keep: Keep;
-@group(0) @binding(2) var<storage, read_write> cache: array<f32>;  // [ctx, width]
+@group(0) @binding(2) var<storage, read_write> cache: array<u32>;  // [ctx, width] (any format)
 
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {

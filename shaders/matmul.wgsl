@@ -21,7 +21,7 @@
 // `rope_cols` (pairs of adjacent columns: rows of a Halves layout were reordered at load, so the
 // store puts each value back at its column; a row's position is start_pos + r, or start_pos + its
 // depth in a token-tree pass) and the columns from `split` on routed to the KV cache row
-// start_pos + r; and (`scaled_copy`) each stored value times gamma[c] written to `second` too:
+// start_pos + r (as f32, or as f16 pairs: `kv_f16`); and (`scaled_copy`) each stored value times gamma[c] written to `second` too:
 // the input of the next normed matmul.
 //
 // Batch-invariant: the order of every sum depends on k and LANES only (fixed per pipeline): a row
@@ -58,6 +58,10 @@ struct Params {
     eps: f32,
     scaled_copy: u32, // 1: second[r, c] = y[r, c] * gamma[c] as well (row stride ldy)
     silu: u32,        // 1: y = silu(x . w + bias) (a Medusa head's residual block); 0: no activation
+    kv_f16: u32,      // 1: the KV cache holds f16 pairs (ldkv and split count halves; see store_kv)
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 // Invocations per column quad, splitting k: 16 on GPUs. An adapter that runs invocations on a CPU
@@ -73,8 +77,10 @@ const ROWS: u32 = 4u;   // rows per workgroup
 @group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;        // [cols, units] blocks of the weight format
 @group(0) @binding(4) var<storage, read> bias: array<f32>;           // [whole matrix's columns] or unused
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;        // [n, ldy]
-@group(0) @binding(6) var<storage, read_write> second: array<f32>;   // K|V cache [context, ldkv], or
-                                                                     // [n, ldy] the scaled copy, or unused
+@group(0) @binding(6) var<storage, read_write> second: array<u32>;   // K|V cache [context, ldkv] (f32 bits,
+                                                                     // or f16 pairs: [context, ldkv / 2]),
+                                                                     // or [n, ldy] the scaled copy (f32
+                                                                     // bits), or unused
 @group(0) @binding(7) var<storage, read> cos_sin: array<vec2<f32>>;  // [context, rope_dim / 2] or unused
 @group(0) @binding(8) var<storage, read> x_raw: array<vec4<f32>>;    // [n, k / 4] (norm) or unused
 @group(0) @binding(9) var<storage, read> gamma: array<f32>;          // [columns of y] (scaled_copy) or unused
@@ -82,22 +88,45 @@ const ROWS: u32 = 4u;   // rows per workgroup
 var<workgroup> partial: array<array<vec4<f32>, 4>, WG>;             // [WG, ROWS, 4 columns]
 var<workgroup> squares: array<vec4<f32>, WG>;                      // [WG, ROWS]
 
-// output column c of pass row `row` (=|+=) v, at its place: y, or the KV cache past `split`
-fn store(c: u32, row: u32, v: f32) {
-    var col = c;
+// The checkpoint column of output column c: a Halves layout's q/k rows were reordered at load
+// into adjacent RoPE pairs, and go back to their columns here.
+fn column(c: u32) -> u32 {
     if (p.halves == 1u && c < p.rope_cols) {
         let i = c % p.head_dim;
-        if (i < p.rope_dim) { col = c - i + i / 2u + (i % 2u) * (p.rope_dim / 2u); }
+        if (i < p.rope_dim) { return c - i + i / 2u + (i % 2u) * (p.rope_dim / 2u); }
     }
+    return c;
+}
+
+// output column c of pass row `row` (=|+=) v, at its place: y, or (f32) the KV cache past `split`
+fn store(c: u32, row: u32, v: f32) {
+    let col = column(c);
     if (col >= p.split) {
-        second[(step.start_pos + row) * p.ldkv + col - p.split] = v;
+        second[(step.start_pos + row) * p.ldkv + col - p.split] = bitcast<u32>(v);
         return;
     }
     let i = row * p.ldy + col;
     var out = v;
     if (p.accumulate == 1u) { out = y[i] + v; }
     y[i] = out;
-    if (p.scaled_copy == 1u) { second[i] = out * gamma[col]; }
+    if (p.scaled_copy == 1u) { second[i] = bitcast<u32>(out * gamma[col]); }
+}
+
+// (f16 KV cache) output columns c .. c + 3 of pass row `row`, all past `split`, into the cache as
+// f16 pairs: each even checkpoint column with its odd neighbour, both among the four (adjacent
+// columns, or with a Halves layout columns (i, i + 1) and (i + h, i + h + 1), h = rope_dim / 2
+// even: the loader keeps f32 caches otherwise)
+fn store_kv(c: u32, row: u32, v: vec4<f32>) {
+    let cols = vec4<u32>(column(c), column(c + 1u), column(c + 2u), column(c + 3u));
+    let base = (step.start_pos + row) * p.ldkv;
+    for (var j = 0u; j < 4u; j++) {
+        if (cols[j] % 2u != 0u) { continue; }
+        for (var k = 0u; k < 4u; k++) {
+            if (cols[k] == cols[j] + 1u) {
+                second[(base + cols[j] - p.split) / 2u] = pack2x16float(vec2<f32>(v[j], v[k]));
+            }
+        }
+    }
 }
 
 // RoPE of the pair (a, b) at within-head columns (i, i + 1) of a row at position `pos`, with the
@@ -234,6 +263,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 let i = c % p.head_dim;
                 let pos = step.start_pos + depth(row);
                 v = vec4<f32>(rotate(v.x, v.y, i, pos), rotate(v.z, v.w, i + 2u, pos));
+            }
+            if (p.kv_f16 == 1u && column(c) >= p.split) {
+                store_kv(c, row, v);
+                continue;
             }
             for (var j = 0u; j < 4u; j++) {
                 if (c0 + j <= last) { store(c + j, row, v[j]); }

@@ -174,8 +174,8 @@ fn matmul_splits_columns_between_output_and_kv_cache_and_accumulates() {
         let halves =
             [0, 4].map(|r0| WeightBuffer::from_f32(&gpu, "w", &w[r0 * k..(r0 + 4) * k], 4, k).expect("w"));
         let y = GpuBuffer::<f32>::zeros(&gpu, "y", n * split);
-        let cache = GpuBuffer::<f32>::zeros(&gpu, "cache", ctx * (cols - split));
-        let kv = KvOut { cache: &cache, ld: (cols - split) as u32, split: split as u32 };
+        let cache = GpuBuffer::<u32>::zeros(&gpu, "cache", ctx * (cols - split));
+        let kv = KvOut { cache: &cache, ld: (cols - split) as u32, split: split as u32, f16: false };
         let ops = [0u32, 4].map(|c0| {
             let out = MatmulOut {
                 ldy: split as u32,
@@ -187,8 +187,9 @@ fn matmul_splits_columns_between_output_and_kv_cache_and_accumulates() {
         });
         run(&gpu, &step, &ops, n, start);
         let (want, _) = ref_matmul(&x, &w, Some(&bias), n, k, cols);
-        let (got_y, got_kv) =
-            (read_f32(&gpu, &y.raw, n * split), read_f32(&gpu, &cache.raw, ctx * (cols - split)));
+        let got_y = read_f32(&gpu, &y.raw, n * split);
+        let got_kv: Vec<f32> =
+            read_u32(&gpu, &cache.raw, ctx * (cols - split)).into_iter().map(f32::from_bits).collect();
         let ld = cols - split;
         assert!(got_kv[..start * ld].iter().all(|v| *v == 0.0), "rows before start_pos untouched");
         assert!(got_kv[(start + n) * ld..].iter().all(|v| *v == 0.0), "rows after the pass untouched");
@@ -418,7 +419,12 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
         for &(n, heads, kv_heads, head_dim, rope_dim, start) in
             &[(1, 1, 1, 4, 4, 0), (3, 4, 2, 16, 16, 100), (4, 2, 1, 16, 8, 7), (5, 3, 3, 32, 32, 290)]
         {
-            for layout in [RopeLayout::Interleaved, RopeLayout::Halves] {
+            for (layout, kv_f16) in [
+                (RopeLayout::Interleaved, false),
+                (RopeLayout::Halves, false),
+                (RopeLayout::Interleaved, true),
+                (RopeLayout::Halves, true),
+            ] {
                 let k = 64;
                 let (qd, kvd) = (heads * head_dim, kv_heads * head_dim);
                 let cols = qd + 2 * kvd;
@@ -439,10 +445,11 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
                 let bb = GpuBuffer::<f32>::from_slice(&gpu, "bias", &b_up);
                 let tb = GpuBuffer::<f32>::from_slice(&gpu, "cos_sin", &rope_table(context, rope_dim, theta));
                 let q = GpuBuffer::<f32>::zeros(&gpu, "q", n * qd);
-                let cache = GpuBuffer::<f32>::zeros(&gpu, "kv", context * 2 * kvd);
+                let cache = GpuBuffer::<u32>::zeros(&gpu, "kv", context * 2 * kvd);
+                let kv = KvOut { cache: &cache, ld: 2 * kvd as u32, split: qd as u32, f16: kv_f16 };
                 let out = MatmulOut {
                     ldy: qd as u32,
-                    second: Some(Second::Kv(KvOut { cache: &cache, ld: 2 * kvd as u32, split: qd as u32 })),
+                    second: Some(Second::Kv(kv)),
                     rope: Some(RopeOut {
                         cos_sin: &tb,
                         cols: (qd + kvd) as u32,
@@ -454,10 +461,21 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
                 };
                 run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, Some(&bb), &q, out)], n, start);
                 let got_q = read_f32(&gpu, &q.raw, n * qd);
-                let got_kv = read_f32(&gpu, &cache.raw, context * 2 * kvd);
+                // the cache as values: f32 bits, or f16 pairs (low half first)
+                let words = read_u32(&gpu, &cache.raw, context * 2 * kvd);
+                let got_kv: Vec<f32> = if kv_f16 {
+                    let halves = words.iter().flat_map(|&w| [w as u16, (w >> 16) as u16]);
+                    halves.map(|h| half::f16::from_bits(h).to_f32()).collect()
+                } else {
+                    words.iter().map(|&w| f32::from_bits(w)).collect()
+                };
+                // f16 values: the f32 result within half an f16 ulp (2^-11 relative), or one ulp
+                // where a rounding direction is the implementation's (WGSL allows either)
+                let (kv_abs, kv_rel) = if kv_f16 { (1e-5, 1.0 / 1024.0) } else { (1e-5, 1e-5) };
                 let (mut want, _) = ref_matmul(&x, &w, Some(&bias), n, k, cols);
-                let what =
-                    format!("qkv {layout:?} n={n} heads={heads}/{kv_heads} hd={head_dim} rd={rope_dim}");
+                let what = format!(
+                    "qkv {layout:?} kv_f16={kv_f16} n={n} heads={heads}/{kv_heads} hd={head_dim} rd={rope_dim}"
+                );
                 for r in 0..n {
                     let row = &mut want[r * cols..(r + 1) * cols];
                     let pos = start + r;
@@ -465,7 +483,7 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
                     reference::rope(&mut row[qd..qd + kvd], head_dim, rope_dim, theta as f32, layout, pos);
                     assert_close(&what, &got_q[r * qd..(r + 1) * qd], &row[..qd], 1e-5, 1e-5);
                     let cached = &got_kv[pos * 2 * kvd..(pos + 1) * 2 * kvd];
-                    assert_close(&what, cached, &row[qd..], 1e-5, 1e-5);
+                    assert_close(&what, cached, &row[qd..], kv_abs, kv_rel);
                 }
                 let untouched = got_kv[..start * 2 * kvd].iter().chain(&got_kv[(start + n) * 2 * kvd..]);
                 assert!(untouched.into_iter().all(|v| *v == 0.0), "{what}: other cache rows untouched");
@@ -499,50 +517,66 @@ fn attention_matches_reference() {
             let k = rand_vec(&mut rng, ctx * kv_heads * hd, 2.0);
             let v = rand_vec(&mut rng, ctx * kv_heads * hd, 1.0);
             let qb = GpuBuffer::<f32>::from_slice(&gpu, "q", &q);
-            // the cache holds each position's k row, then its v row
-            let kv: Vec<f32> = k
-                .chunks(kv_heads * hd)
-                .zip(v.chunks(kv_heads * hd))
-                .flat_map(|(a, b)| [a, b].concat())
-                .collect();
-            let kvb = GpuBuffer::<f32>::from_slice(&gpu, "kv", &kv);
-            let shape = AttentionShape {
-                heads: heads as u32,
-                kv_heads: kv_heads as u32,
-                head_dim: hd as u32,
-                ctx: ctx as u32,
-            };
-            let scratch = GpuBuffer::<f32>::zeros(&gpu, "scratch", gpu.attention_scratch_len(shape, n));
-            let ob = GpuBuffer::<f32>::zeros(&gpu, "out", n * heads * hd);
-            run(&gpu, &step, &gpu.attention(&step, &qb, &kvb, &scratch, &ob, shape), n, start);
-            let got = read_f32(&gpu, &ob.raw, n * heads * hd);
-            let want: Vec<f32> = (0..n)
-                .flat_map(|r| {
-                    reference::attention(
-                        &q[r * heads * hd..(r + 1) * heads * hd],
-                        &k,
-                        &v,
-                        start + r,
-                        heads,
-                        kv_heads,
-                        hd,
-                    )
-                })
-                .collect();
-            let what =
-                format!("attention ({}) n={n} h={heads}/{kv_heads} hd={hd} start={start}", gpu.describe());
-            assert_close(&what, &got, &want, 1e-5, 1e-4);
-            // each row alone (its q moved to row 0) gives the same bits as inside the pass
-            let width = heads * hd;
-            for r in 0..n {
-                let q1 = GpuBuffer::<f32>::from_slice(&gpu, "q row", &q[r * width..(r + 1) * width]);
-                let o1 = GpuBuffer::<f32>::zeros(&gpu, "out row", width);
-                run(&gpu, &step, &gpu.attention(&step, &q1, &kvb, &scratch, &o1, shape), 1, start + r);
-                let alone = read_f32(&gpu, &o1.raw, width);
-                assert!(
-                    alone.iter().zip(&got[r * width..]).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "{what}: row {r} alone differs from the pass"
+            for kv_f16 in [false, true] {
+                // an f16 cache holds the values rounded to f16: the reference reads those
+                let round = |v: &[f32]| -> Vec<f32> {
+                    v.iter().map(|&x| if kv_f16 { half::f16::from_f32(x).to_f32() } else { x }).collect()
+                };
+                let (k, v) = (round(&k), round(&v));
+                // the cache holds each position's k row, then its v row: f32 bits or f16 pairs
+                let kv: Vec<f32> = k
+                    .chunks(kv_heads * hd)
+                    .zip(v.chunks(kv_heads * hd))
+                    .flat_map(|(a, b)| [a, b].concat())
+                    .collect();
+                let bits = |x: f32| half::f16::from_f32(x).to_bits() as u32;
+                let words: Vec<u32> = if kv_f16 {
+                    kv.chunks(2).map(|p| bits(p[0]) | bits(p[1]) << 16).collect()
+                } else {
+                    kv.iter().map(|x| x.to_bits()).collect()
+                };
+                let kvb = GpuBuffer::<u32>::from_slice(&gpu, "kv", &words);
+                let shape = AttentionShape {
+                    heads: heads as u32,
+                    kv_heads: kv_heads as u32,
+                    head_dim: hd as u32,
+                    ctx: ctx as u32,
+                    kv_f16,
+                };
+                let scratch = GpuBuffer::<f32>::zeros(&gpu, "scratch", gpu.attention_scratch_len(shape, n));
+                let ob = GpuBuffer::<f32>::zeros(&gpu, "out", n * heads * hd);
+                run(&gpu, &step, &gpu.attention(&step, &qb, &kvb, &scratch, &ob, shape), n, start);
+                let got = read_f32(&gpu, &ob.raw, n * heads * hd);
+                let want: Vec<f32> = (0..n)
+                    .flat_map(|r| {
+                        reference::attention(
+                            &q[r * heads * hd..(r + 1) * heads * hd],
+                            &k,
+                            &v,
+                            start + r,
+                            heads,
+                            kv_heads,
+                            hd,
+                        )
+                    })
+                    .collect();
+                let what = format!(
+                    "attention ({}) kv_f16={kv_f16} n={n} h={heads}/{kv_heads} hd={hd} start={start}",
+                    gpu.describe()
                 );
+                assert_close(&what, &got, &want, 1e-5, 1e-4);
+                // each row alone (its q moved to row 0) gives the same bits as inside the pass
+                let width = heads * hd;
+                for r in 0..n {
+                    let q1 = GpuBuffer::<f32>::from_slice(&gpu, "q row", &q[r * width..(r + 1) * width]);
+                    let o1 = GpuBuffer::<f32>::zeros(&gpu, "out row", width);
+                    run(&gpu, &step, &gpu.attention(&step, &q1, &kvb, &scratch, &o1, shape), 1, start + r);
+                    let alone = read_f32(&gpu, &o1.raw, width);
+                    assert!(
+                        alone.iter().zip(&got[r * width..]).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: row {r} alone differs from the pass"
+                    );
+                }
             }
         }
     }

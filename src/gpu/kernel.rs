@@ -6,15 +6,17 @@ use crate::error::{Error, Result};
 use crate::loader::DType;
 
 /// Every compute kernel the crate runs. Each maps to one file in `shaders/`; the ops that read
-/// weight matrices exist once per stored type (its `shaders/formats/` file is placed ahead of the op's).
+/// weight matrices exist once per stored type (its `shaders/formats/` file is placed ahead of the
+/// op's), the attention ops once per KV cache type (`shaders/kv/`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Kernel {
     Embed(DType),
     Matmul(DType),
-    /// The one-pass attention: one workgroup per query head and row (CPU adapters).
-    Attention,
+    /// The one-pass attention over a KV cache of this type (F32 or F16): one workgroup per query
+    /// head and row (CPU adapters).
+    Attention(DType),
     /// Attention split over the cache (GPUs): one chunk of keys per workgroup ...
-    AttentionChunks,
+    AttentionChunks(DType),
     /// ... and the chunks of each head and row combined.
     AttentionMerge,
     Argmax,
@@ -36,8 +38,8 @@ pub enum Kernel {
 }
 
 /// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
-const PLAIN: [Kernel; 15] = [
-    Kernel::Attention,
+const PLAIN: [Kernel; 17] = [
+    Kernel::Attention(DType::F32),
     Kernel::Argmax,
     Kernel::AcceptGreedy,
     Kernel::KvKeep,
@@ -48,10 +50,12 @@ const PLAIN: [Kernel; 15] = [
     Kernel::BenchFma,
     Kernel::MapIds,
     Kernel::EagleTree,
-    Kernel::AttentionChunks,
+    Kernel::AttentionChunks(DType::F32),
     Kernel::AttentionMerge,
     Kernel::Sample,
     Kernel::AcceptSampled,
+    Kernel::Attention(DType::F16),
+    Kernel::AttentionChunks(DType::F16),
 ];
 
 impl Kernel {
@@ -73,7 +77,8 @@ impl Kernel {
         match self {
             Kernel::Embed(w) => f(w),
             Kernel::Matmul(w) => formats + f(w),
-            Kernel::Attention => plain(0),
+            Kernel::Attention(DType::F16) => plain(15),
+            Kernel::Attention(_) => plain(0),
             Kernel::Argmax => plain(1),
             Kernel::AcceptGreedy => plain(2),
             Kernel::KvKeep => plain(3),
@@ -84,7 +89,8 @@ impl Kernel {
             Kernel::BenchFma => plain(8),
             Kernel::MapIds => plain(9),
             Kernel::EagleTree => plain(10),
-            Kernel::AttentionChunks => plain(11),
+            Kernel::AttentionChunks(DType::F16) => plain(16),
+            Kernel::AttentionChunks(_) => plain(11),
             Kernel::AttentionMerge => plain(12),
             Kernel::Sample => plain(13),
             Kernel::AcceptSampled => plain(14),
@@ -94,11 +100,19 @@ impl Kernel {
     /// The kernel's WGSL source: the op's file, preceded by its weight format's file if it has one.
     pub fn source(self) -> Cow<'static, str> {
         let with_format = |w: DType, op: &str| Cow::Owned(format!("{}\n{op}", w.format_source()));
+        // the KV cache's format file (shaders/kv/) ahead of an attention op
+        let with_kv = |kv: DType, op: &str| {
+            let format = match kv {
+                DType::F16 => include_str!("../../shaders/kv/f16.wgsl"),
+                _ => include_str!("../../shaders/kv/f32.wgsl"),
+            };
+            Cow::Owned(format!("{format}\n{op}"))
+        };
         match self {
             Kernel::Embed(w) => with_format(w, include_str!("../../shaders/embed.wgsl")),
             Kernel::Matmul(w) => with_format(w, include_str!("../../shaders/matmul.wgsl")),
-            Kernel::Attention => Cow::Borrowed(include_str!("../../shaders/attention.wgsl")),
-            Kernel::AttentionChunks => Cow::Borrowed(include_str!("../../shaders/attention_chunks.wgsl")),
+            Kernel::Attention(kv) => with_kv(kv, include_str!("../../shaders/attention.wgsl")),
+            Kernel::AttentionChunks(kv) => with_kv(kv, include_str!("../../shaders/attention_chunks.wgsl")),
             Kernel::AttentionMerge => Cow::Borrowed(include_str!("../../shaders/attention_merge.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),

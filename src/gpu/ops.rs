@@ -6,6 +6,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
+use crate::loader::DType;
 
 /// Rows of a pass one matmul workgroup computes (`ROWS` in `shaders/matmul.wgsl`).
 pub const MATMUL_ROWS: u32 = 4;
@@ -93,10 +94,12 @@ pub enum Second<'a> {
 /// `cache[start_pos + r, c - split]`.
 #[derive(Clone, Copy)]
 pub struct KvOut<'a> {
-    /// `[context, ld]`: each position's k then v row.
-    pub cache: &'a GpuBuffer<f32>,
+    /// `[context, ld]`: each position's k then v row, as f32 bits, or (`f16`) as f16 pairs
+    /// (`[context, ld / 2]` words).
+    pub cache: &'a GpuBuffer<u32>,
     pub ld: u32,
     pub split: u32,
+    pub f16: bool,
 }
 
 /// RoPE in a matmul's epilogue: output columns `< cols` (whole heads of `head_dim`) rotate their
@@ -135,6 +138,8 @@ struct MatmulParams {
     eps: f32,
     scaled_copy: u32,
     silu: u32,
+    kv_f16: u32,
+    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -370,6 +375,28 @@ pub struct AttentionShape {
     pub head_dim: u32,
     /// Positions the KV cache holds.
     pub ctx: u32,
+    /// The cache holds f16 pairs (`shaders/kv/f16.wgsl`), else f32.
+    pub kv_f16: bool,
+}
+
+impl AttentionShape {
+    /// The cache's format, as the attention kernels are built for it.
+    fn kv_dtype(&self) -> DType {
+        if self.kv_f16 {
+            DType::F16
+        } else {
+            DType::F32
+        }
+    }
+
+    /// Bytes of one cached value.
+    pub fn kv_value_bytes(&self) -> u64 {
+        if self.kv_f16 {
+            2
+        } else {
+            4
+        }
+    }
 }
 
 impl Gpu {
@@ -415,6 +442,8 @@ impl Gpu {
             eps: out.norm.map_or(0.0, |n| n.eps),
             scaled_copy: scaled as u32,
             silu: out.silu as u32,
+            kv_f16: kv.is_some_and(|kv| kv.f16) as u32,
+            _pad: [0; 3],
         };
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
@@ -487,14 +516,15 @@ impl Gpu {
     }
 
     /// Causal attention of `q: [n, heads * head_dim]` over the cache `kv: [ctx, 2 kv_heads head_dim]`
-    /// (each position's k row, then its v row) into `out: [n, heads * head_dim]`, using `scratch`
+    /// (each position's k row, then its v row, as f32 bits or f16 pairs: `shape.kv_f16`) into
+    /// `out: [n, heads * head_dim]`, using `scratch`
     /// ([`Gpu::attention_scratch_len`] values for the most rows a pass holds). One dispatch on
     /// CPU adapters; on GPUs two: chunks of keys, then their merge.
     pub fn attention(
         &self,
         step: &wgpu::Buffer,
         q: &GpuBuffer<f32>,
-        kv: &GpuBuffer<f32>,
+        kv: &GpuBuffer<u32>,
         scratch: &GpuBuffer<f32>,
         out: &GpuBuffer<f32>,
         shape: AttentionShape,
@@ -514,15 +544,15 @@ impl Gpu {
             let cost = Cost {
                 row_bytes: 8 * h * hd,
                 // each position's K and V rows (read once per query head in this kernel), its scores
-                pos_row_bytes: 4 * (2 * h * hd + 3 * h),
+                pos_row_bytes: 2 * h * hd * shape.kv_value_bytes() + 12 * h,
                 pos_row_flops: 4 * h * hd + 4 * h,
                 ..Cost::default()
             };
             let op = self.op(
-                Kernel::Attention,
+                Kernel::Attention(shape.kv_dtype()),
                 step,
                 &params,
-                &[&q.raw, &kv.raw, &kv.raw, &scratch.raw, &out.raw],
+                &[&q.raw, &kv.raw, &scratch.raw, &out.raw],
                 Grid::PerRow(shape.heads),
             );
             return vec![op.with_cost(cost)];
@@ -550,16 +580,16 @@ impl Gpu {
         let cost = Cost {
             row_bytes: 4 * h * hd,
             // each position's K and V rows, read once per KV head (its query heads share them)
-            pos_row_bytes: 8 * kvh * hd + part_bytes,
+            pos_row_bytes: 2 * kvh * hd * shape.kv_value_bytes() + part_bytes,
             pos_row_flops: 4 * h * hd + 4 * h,
             ..Cost::default()
         };
         let chunk_op = self
             .op(
-                Kernel::AttentionChunks,
+                Kernel::AttentionChunks(shape.kv_dtype()),
                 step,
                 &params,
-                &[&q.raw, &kv.raw, &kv.raw, &scratch.raw],
+                &[&q.raw, &kv.raw, &scratch.raw],
                 Grid::PerRow(shape.kv_heads * blocks * chunks),
             )
             .with_cost(cost);
@@ -790,7 +820,7 @@ impl Gpu {
 
     /// Copies rows `start_pos + keep.slots[i]` of `kv: [ctx, width]` to rows `start_pos + i`
     /// (`keep`: a [`KeepParams`] uniform written before the op runs).
-    pub fn kv_keep(&self, step: &wgpu::Buffer, keep: &wgpu::Buffer, kv: &GpuBuffer<f32>, width: u32) -> Op {
+    pub fn kv_keep(&self, step: &wgpu::Buffer, keep: &wgpu::Buffer, kv: &GpuBuffer<u32>, width: u32) -> Op {
         let grid = Grid::Fixed([width.div_ceil(Kernel::WORKGROUP), 1, 1]);
         self.op(Kernel::KvKeep, step, keep, &[&kv.raw], grid)
     }

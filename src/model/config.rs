@@ -81,13 +81,14 @@ const MAX_VOCAB: usize = 1 << 22;
 const MAX_CONTEXT: usize = 1 << 24;
 
 impl Config {
-    /// The attention's shapes over a KV cache of `context` positions.
-    pub fn attention_shape(&self, context: usize) -> crate::gpu::AttentionShape {
+    /// The attention's shapes over a KV cache of `context` positions (f16 pairs or f32).
+    pub fn attention_shape(&self, context: usize, kv_f16: bool) -> crate::gpu::AttentionShape {
         crate::gpu::AttentionShape {
             heads: self.n_heads as u32,
             kv_heads: self.n_kv_heads as u32,
             head_dim: self.head_dim as u32,
             ctx: context as u32,
+            kv_f16,
         }
     }
 

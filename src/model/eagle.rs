@@ -249,7 +249,7 @@ struct HeadState {
     tree_rows: GpuBuffer<u32>,       // [MAX_TREE] the store slot each tree-pass row reads
     tree_newest: GpuBuffer<u32>,     // [W] the tree pass's rows to project
     tree_params: Vec<wgpu::Buffer>,  // [MAX_EAGLE_DEPTH] uniform EagleTreeParams per call
-    kv: GpuBuffer<f32>,              // [context, 2 kv_dim]
+    kv: GpuBuffer<u32>,              // [context, 2 kv_dim] f32 bits (a head's cache stays f32)
     cos_sin: GpuBuffer<f32>,         // [context, rope_dim / 2, 2]
     fc: Matrix,                      // [dim, 2 dim] (EAGLE-3: [dim, 3 dim])
     fc_bias: Option<GpuBuffer<f32>>, // [dim]
@@ -400,7 +400,8 @@ impl EagleHead {
             (EAGLE_STORE_SLOTS * c.dim + EAGLE_TREE_STATE + EAGLE_TREE_OUT + MAX_TREE + MAX_EAGLE_WIDTH)
                 as u64;
         let cache = ctx * (2 * c.kv_dim() + c.rope_dim) as u64;
-        let attention = target.gpu().attention_scratch_len(c.attention_shape(ctx as usize), MAX_BATCH) as u64;
+        let attention =
+            target.gpu().attention_scratch_len(c.attention_shape(ctx as usize, false), MAX_BATCH) as u64;
         Ok(bytes + 4 * (batch * widths + attention + projected + store + cache))
     }
 
@@ -527,7 +528,10 @@ impl EagleHead {
             xb: f32s("eagle xb", MAX_BATCH * c.dim),
             q: f32s("eagle q", MAX_BATCH * c.q_dim()),
             att: f32s("eagle att", MAX_BATCH * c.q_dim()),
-            scores: f32s("eagle scores", g.attention_scratch_len(c.attention_shape(context), MAX_BATCH)),
+            scores: f32s(
+                "eagle scores",
+                g.attention_scratch_len(c.attention_shape(context, false), MAX_BATCH),
+            ),
             hb: f32s("eagle hb", MAX_BATCH * c.ffn_dim),
             logits: f32s("eagle logits", MAX_EAGLE_WIDTH * out_vocab),
             last: f32s("eagle last", MAX_EAGLE_WIDTH * c.dim),
@@ -541,7 +545,7 @@ impl EagleHead {
             tree_params: (0..MAX_EAGLE_DEPTH)
                 .map(|_| g.uniform("eagle tree params", bytemuck::bytes_of(&EagleTreeParams::zeroed())))
                 .collect(),
-            kv: f32s("eagle kv", context * 2 * c.kv_dim()),
+            kv: GpuBuffer::<u32>::zeros(g, "eagle kv", context * 2 * c.kv_dim()),
             cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", &rope),
             fc,
             fc_bias,
@@ -564,6 +568,7 @@ impl EagleHead {
             hb: &s.hb,
             cos_sin: &s.cos_sin,
             context,
+            kv_f16: false,
             qkv_input: s.eagle3.as_ref().map(|_| &s.cat),
         };
         match (&s.eagle3, taps) {

@@ -79,8 +79,10 @@ struct RunState {
     hb: GpuBuffer<f32>,            // [MAX_BATCH, ffn_dim] silu(gate) * up
     logits: GpuBuffer<f32>,        // [MAX_BATCH, vocab]
     argmax: GpuBuffer<u32>,        // [MAX_BATCH]
-    kv_cache: Vec<GpuBuffer<f32>>, // per layer [context, 2 kv_dim]: each position's k, then v
-    cos_sin: GpuBuffer<f32>,       // [context, rope_dim / 2, 2]
+    kv_cache: Vec<GpuBuffer<u32>>, // per layer [context, 2 kv_dim]: each position's k, then v, as
+    // f16 pairs ([context, kv_dim] words) or f32 bits
+    kv_f16: bool,
+    cos_sin: GpuBuffer<f32>, // [context, rope_dim / 2, 2]
     /// (after how many layers, [MAX_BATCH, taps * dim]) the residual stream's feature taps
     /// ([`Model::set_feature_taps`]): row r holds each tap's copy of row r side by side.
     taps: Option<(Vec<usize>, GpuBuffer<f32>)>,
@@ -175,14 +177,17 @@ impl Model {
         // (u64: a 32-bit usize in the browser must not wrap)
         let batch = MAX_BATCH as u64;
         let ctx = context as u64;
-        let attention_scratch = gpu.attention_scratch_len(c.attention_shape(context), MAX_BATCH) as u64;
+        let kv_f16 = kv_in_f16(c, opts.precision);
+        let attention_scratch =
+            gpu.attention_scratch_len(c.attention_shape(context, kv_f16), MAX_BATCH) as u64;
+        let kv_row_bytes = 2 * c.kv_dim() as u64 * if kv_f16 { 2 } else { 4 };
         for (label, bytes) in [
             ("x", batch * c.dim as u64 * 4),
             ("q", batch * c.q_dim() as u64 * 4),
             ("hb", batch * c.ffn_dim as u64 * 4),
             ("attention scratch", attention_scratch * 4),
             ("logits", batch * c.vocab_size as u64 * 4),
-            ("kv_cache", ctx * 2 * c.kv_dim() as u64 * 4),
+            ("kv_cache", ctx * kv_row_bytes),
             ("rope cos/sin", ctx * c.rope_dim as u64 * 4),
         ] {
             if bytes > gpu.max_binding_bytes() {
@@ -202,7 +207,7 @@ impl Model {
             let kept = opts.precision == Precision::Auto && t.shape.len() > 1;
             weight_bytes += if kept { stored.unwrap_or(4 * n) } else { 4 * n };
         }
-        let kv_bytes = c.n_layers as u64 * ctx * 2 * c.kv_dim() as u64 * 4;
+        let kv_bytes = c.n_layers as u64 * ctx * kv_row_bytes;
         let widths = (2 * c.dim + 2 * c.q_dim() + c.ffn_dim + c.vocab_size) as u64;
         let scratch_bytes = 4 * (batch * widths + attention_scratch) + ctx * c.rope_dim as u64 * 4;
         let total = weight_bytes + kv_bytes + scratch_bytes;
@@ -241,6 +246,7 @@ impl Model {
     ) -> Result<Model> {
         let MemoryBill { total, context, file_weight_bytes } = Model::plan(&gpu, ckpt, opts)?;
         let c = ckpt.config.clone();
+        let kv_f16 = kv_in_f16(&c, opts.precision);
         let max_chunk = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(gpu.max_binding_bytes());
         let weights =
             Weights::load(&gpu, ckpt, opts.precision, (max_chunk, opts.read_bytes), progress).await?;
@@ -260,13 +266,17 @@ impl Model {
             xb: f32s("xb", MAX_BATCH * c.dim),
             q: f32s("q", MAX_BATCH * c.q_dim()),
             att: f32s("att", MAX_BATCH * c.q_dim()),
-            scores: f32s("attention scratch", g.attention_scratch_len(c.attention_shape(context), MAX_BATCH)),
+            scores: f32s(
+                "attention scratch",
+                g.attention_scratch_len(c.attention_shape(context, kv_f16), MAX_BATCH),
+            ),
             hb: f32s("hb", MAX_BATCH * c.ffn_dim),
             logits: f32s("logits", MAX_BATCH * c.vocab_size),
             argmax: GpuBuffer::<u32>::zeros(g, "argmax", MAX_BATCH),
             kv_cache: (0..c.n_layers)
-                .map(|i| f32s(&format!("kv_cache {i}"), context * 2 * c.kv_dim()))
+                .map(|i| GpuBuffer::<u32>::zeros(g, &format!("kv_cache {i}"), context * kv_words(&c, kv_f16)))
                 .collect(),
+            kv_f16,
             cos_sin: GpuBuffer::<f32>::from_slice(g, "rope cos/sin", &rope_table(&c, context)),
             taps: None,
         };
@@ -274,7 +284,7 @@ impl Model {
         g.take_error()?;
         let forward_ops = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
-        let width = 2 * c.kv_dim() as u32;
+        let width = kv_words(&c, kv_f16) as u32;
         let keep_ops =
             state.kv_cache.iter().map(|kv| g.kv_keep(&state.step, &state.keep, kv, width)).collect();
         Ok(Model {
@@ -615,7 +625,7 @@ impl Model {
             let mut keep = KeepParams::zeroed();
             keep.start_pos = start_pos as u32;
             keep.count = path.len() as u32;
-            keep.width = 2 * self.config.kv_dim() as u32;
+            keep.width = kv_words(&self.config, self.state.kv_f16) as u32;
             for (slot, &s) in keep.slots.iter_mut().zip(path) {
                 *slot = s as u32;
             }
@@ -641,9 +651,27 @@ pub(crate) struct BlockIo<'a> {
     pub hb: &'a GpuBuffer<f32>,      // [MAX_BATCH, ffn_dim]
     pub cos_sin: &'a GpuBuffer<f32>, // [context, rope_dim / 2, 2]
     pub context: usize,
+    /// The KV cache holds f16 pairs (else f32).
+    pub kv_f16: bool,
     /// What q/k/v are projected from instead of (the norm of) x: `[MAX_BATCH, qkv in]`, as it
     /// is (an EAGLE-3 head's normalised [embedding | feature]).
     pub qkv_input: Option<&'a GpuBuffer<f32>>,
+}
+
+/// Whether a model keeps its KV cache in f16 (as llama.cpp does): under [`Precision::Auto`]
+/// when the q|k|v epilogue can pack each value with its neighbour (head and rotary dimensions
+/// multiples of 4); [`Precision::F32`] keeps the exact f32 reference path.
+pub(crate) fn kv_in_f16(c: &Config, precision: Precision) -> bool {
+    precision == Precision::Auto && c.head_dim % 4 == 0 && c.rope_dim % 4 == 0
+}
+
+/// 32-bit words of one KV cache position: k and v, as f16 pairs or f32.
+fn kv_words(c: &Config, kv_f16: bool) -> usize {
+    if kv_f16 {
+        c.kv_dim()
+    } else {
+        2 * c.kv_dim()
+    }
 }
 
 /// One transformer block as ops (5 dispatches), reading x (and xb = x * its input norm's weight,
@@ -653,12 +681,12 @@ pub(crate) fn record_block(
     g: &Gpu,
     c: &Config,
     layer: &Layer,
-    kv: &GpuBuffer<f32>,
+    kv: &GpuBuffer<u32>,
     io: &BlockIo,
     next_norm: Option<&GpuBuffer<f32>>,
 ) -> Vec<Op> {
     let st = io.step;
-    let shape = c.attention_shape(io.context);
+    let shape = c.attention_shape(io.context, io.kv_f16);
     let mut ops = Vec::new();
     let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
     let normed = |ldy: usize| MatmulOut { norm: Some(NormIn { raw: io.x, eps: c.rms_eps }), ..to(ldy) };
@@ -680,7 +708,12 @@ pub(crate) fn record_block(
         (None, None) => (io.x, to(c.q_dim())),
     };
     let qkv = MatmulOut {
-        second: Some(Second::Kv(KvOut { cache: kv, ld: 2 * c.kv_dim() as u32, split: c.q_dim() as u32 })),
+        second: Some(Second::Kv(KvOut {
+            cache: kv,
+            ld: 2 * c.kv_dim() as u32,
+            split: c.q_dim() as u32,
+            f16: io.kv_f16,
+        })),
         rope: Some(RopeOut {
             cos_sin: io.cos_sin,
             cols: (c.q_dim() + c.kv_dim()) as u32,
@@ -734,6 +767,7 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
         hb: &s.hb,
         cos_sin: &s.cos_sin,
         context,
+        kv_f16: s.kv_f16,
         qkv_input: None,
     };
     for (l, layer) in w.layers.iter().enumerate() {

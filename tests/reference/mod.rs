@@ -13,6 +13,8 @@ pub struct RefModel {
     w: HashMap<String, Vec<f32>>,
     k_cache: Vec<Vec<f32>>, // per layer [pos, kv_dim]
     v_cache: Vec<Vec<f32>>,
+    /// The cache holds values rounded to f16, as the GPU's does.
+    kv_f16: bool,
     /// The final hidden state (after the output norm) of each row of the last forward, [n][dim].
     pub hidden: Vec<Vec<f32>>,
     /// The residual stream of each row of the last forward after k layers, k = 0..=n_layers
@@ -97,7 +99,9 @@ impl RefModel {
         }
         let n = cfg.n_layers;
         let (k_cache, v_cache) = (vec![Vec::new(); n], vec![Vec::new(); n]);
-        RefModel { cfg, w, k_cache, v_cache, hidden: Vec::new(), residual: Vec::new() }
+        // the GPU keeps the cache in f16 under Precision::Auto (head and rotary dims multiples of 4)
+        let kv_f16 = precision == Precision::Auto && cfg.head_dim % 4 == 0 && cfg.rope_dim % 4 == 0;
+        RefModel { cfg, w, k_cache, v_cache, kv_f16, hidden: Vec::new(), residual: Vec::new() }
     }
 
     fn t(&self, name: &str) -> &[f32] {
@@ -155,6 +159,11 @@ impl RefModel {
             }
             rope(&mut q, c.head_dim, c.rope_dim, c.rope_theta, c.rope_layout, pos);
             rope(&mut k, c.head_dim, c.rope_dim, c.rope_theta, c.rope_layout, pos);
+            if self.kv_f16 {
+                for a in k.iter_mut().chain(v.iter_mut()) {
+                    *a = half::f16::from_f32(*a).to_f32();
+                }
+            }
             self.k_cache[l].extend(&k);
             self.v_cache[l].extend(&v);
             let att =
