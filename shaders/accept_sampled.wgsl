@@ -3,7 +3,7 @@
 // u_i uniform; the next token is row a's residual draw at the first rejection a, or row K's draw
 // from p when all K are kept (sample.wgsl wrote both, and the probabilities, per verify row).
 //   out[0] = accepted count a, out[1] = the next token, out[2 + i] = drafts[i] for i < K,
-//   out[2 + capacity] = status (1: a non-finite logit in the cycle)
+//   out[2 + capacity] = status (r + 1: a non-finite logit in row r of a pass of the cycle)
 // One invocation; the verify pass's uniform gives K + 1 rows at positions start_pos + i, which
 // with the cycle's seed pick the u_i.
 

@@ -18,7 +18,8 @@
 //   out[4 o + 3] = bits of q(x_r)   (1.0 for a one-hot q)
 // with o = r (or p.out_row for `last_only`). G_j, G'_j are independent standard Gumbel variables
 // hashed from (the cycle's seed, the op's stream, the row's position, j): argmax of log-weight +
-// Gumbel is an exact draw from the normalised weights. A non-finite logit sets status[0] to 1.
+// Gumbel is an exact draw from the normalised weights. A non-finite logit in row r sets status[0]
+// to at least r + 1.
 
 struct Step { n: u32, start_pos: u32 }
 struct Params {
@@ -50,7 +51,8 @@ const NONE: u32 = 0xffffffffu;
 @group(0) @binding(6) var<storage, read> q_top: array<u32>;         // [n, top_k] (has_q, top_k > 0)
 @group(0) @binding(7) var<storage, read> drafts: array<u32>;        // [drafts] x_r
 @group(0) @binding(8) var<storage, read_write> out: array<u32>;     // [rows, 4]
-@group(0) @binding(9) var<storage, read_write> status: array<atomic<u32>>; // [1] 1: a non-finite logit
+@group(0) @binding(9) var<storage, read_write> status: array<atomic<u32>>; // [1] 1 + the last row with a
+                                                                          // non-finite logit, or 0
 
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
@@ -258,7 +260,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let cp = cut_of(t, false, r, base);
     var cq = Cut(LOWEST, NONE, LOWEST, 1.0);
     if (use_q) { cq = cut_of(t, true, r, base); }
-    if (bad) { atomicOr(&status[0], 1u); }
+    if (bad) { atomicMax(&status[0], r + 1u); }
 
     // 2. the draws: from p, and from the residual max(0, p - q)
     var bv = LOWEST;

@@ -9,14 +9,16 @@ use crate::loader::safetensors::Safetensors;
 use crate::loader::source::{self, Source};
 use crate::loader::DType;
 
-/// How tensors are kept on the GPU.
+/// How tensors (and the KV cache) are kept on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Precision {
     /// Matrices stay as the file stores them (F32, F16, BF16, quantized blocks) and are
-    /// dequantised inside the kernels; vectors (norms, biases) are F32.
+    /// dequantised inside the kernels; vectors (norms, biases) are F32; the KV cache holds f16
+    /// (as llama.cpp's), when the head and rotary dimensions are multiples of 4.
     #[default]
     Auto,
-    /// Everything expanded to F32 on the CPU (the same values as `Auto`, several times the memory).
+    /// Everything expanded to F32 on the CPU (the same values as `Auto`, several times the
+    /// memory), and an f32 KV cache: the exact reference path.
     F32,
 }
 

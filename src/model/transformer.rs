@@ -354,6 +354,12 @@ impl Model {
         self.file_weight_bytes
     }
 
+    /// Whether the KV cache holds f16 values (as llama.cpp's does; under [`Precision::Auto`]),
+    /// else f32 ([`Precision::F32`], the exact reference path).
+    pub fn kv_f16(&self) -> bool {
+        self.state.kv_f16
+    }
+
     /// The GPU this model runs on.
     pub fn gpu(&self) -> &Arc<Gpu> {
         &self.gpu

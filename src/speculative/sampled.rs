@@ -178,7 +178,7 @@ impl SampledCycle {
         let mut enc = gpu.encoder();
         target.record(&mut enc, 0, &batch, k + 1, n_past)?;
         self.encode_verify(&gpu, &mut enc, k, false);
-        self.finish(&gpu, enc, k, 0).await
+        self.finish(&gpu, enc, k, 0, n_past).await
     }
 
     /// Drafts up to `k` tokens after `context` with `draft`, each drawn on the GPU from its
@@ -253,7 +253,7 @@ impl SampledCycle {
         }
         target.record(&mut enc, 0, &[id_last], k + 1, n_past)?;
         self.encode_verify(&gpu, &mut enc, k, true);
-        let out = self.finish(&gpu, enc, k, draft_steps).await?;
+        let out = self.finish(&gpu, enc, k, draft_steps, n_past).await?;
         if k > 0 {
             draft.commit_drafts(&first, &out.drafts);
         }
@@ -287,11 +287,14 @@ impl SampledCycle {
         enc: wgpu::CommandEncoder,
         k: usize,
         draft_steps: usize,
+        n_past: usize,
     ) -> Result<SampledOutcome> {
         let raw = gpu.submit_and_read(enc, &self.result.raw, 0, self.result.len as u64 * 4).await?;
         let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
-        if out[2 + MAX_BATCH] != 0 {
-            return Err(Error::NonFinite("a logit of the sampled cycle's rows is not finite".into()));
+        if let Some(row) = out[2 + MAX_BATCH].checked_sub(1) {
+            return Err(Error::NonFinite(format!(
+                "a logit of row {row} of a pass of the sampled cycle (at position {n_past}) is not finite"
+            )));
         }
         let (accepted, next) = (out[0] as usize, out[1]);
         if accepted > k || next as usize >= self.vocab {
