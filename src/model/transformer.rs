@@ -668,7 +668,7 @@ pub(crate) struct BlockIo<'a> {
 /// when the q|k|v epilogue can pack each value with its neighbour (head and rotary dimensions
 /// multiples of 4); [`Precision::F32`] keeps the exact f32 reference path.
 pub(crate) fn kv_in_f16(c: &Config, precision: Precision) -> bool {
-    precision == Precision::Auto && c.head_dim % 4 == 0 && c.rope_dim % 4 == 0
+    precision == Precision::Auto && c.head_dim.is_multiple_of(4) && c.rope_dim.is_multiple_of(4)
 }
 
 /// 32-bit words of one KV cache position: k and v, as f16 pairs or f32.
