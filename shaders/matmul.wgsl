@@ -43,7 +43,7 @@ struct Params {
     ldy: u32,         // row stride of y, in f32
     split: u32,       // output columns from here on go to second (KV cache row start_pos + r,
                       //    column c - split)
-    ldkv: u32,        // row stride of that KV cache, in f32
+    ldkv: u32,        // row stride of that KV cache, in values (f32, or f16 halves)
     has_bias: u32,    // 1: add bias[c] (c: the whole matrix's output column)
     accumulate: u32,  // 1: y += result (a residual add); 0: y = result
     glu: u32,         // 1: weight rows interleave gate and up (g0, u0, g1, u1, ...); output column
@@ -59,9 +59,6 @@ struct Params {
     scaled_copy: u32, // 1: second[r, c] = y[r, c] * gamma[c] as well (row stride ldy)
     silu: u32,        // 1: y = silu(x . w + bias) (a Medusa head's residual block); 0: no activation
     kv_f16: u32,      // 1: the KV cache holds f16 pairs (ldkv and split count halves; see store_kv)
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
 }
 
 // Invocations per column quad, splitting k: 16 on GPUs. An adapter that runs invocations on a CPU
@@ -123,7 +120,9 @@ fn store_kv(c: u32, row: u32, v: vec4<f32>) {
         if (cols[j] % 2u != 0u) { continue; }
         for (var k = 0u; k < 4u; k++) {
             if (cols[k] == cols[j] + 1u) {
-                second[(base + cols[j] - p.split) / 2u] = pack2x16float(vec2<f32>(v[j], v[k]));
+                // (clamped to f16's finite range: pack2x16float leaves larger values undefined)
+                let pair = clamp(vec2<f32>(v[j], v[k]), vec2<f32>(-65504.0), vec2<f32>(65504.0));
+                second[(base + cols[j] - p.split) / 2u] = pack2x16float(pair);
             }
         }
     }

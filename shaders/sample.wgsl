@@ -85,7 +85,9 @@ fn finite(v: f32) -> bool {
     return abs(v) <= 0x1.fffffep+127f; // false for NaN and infinities
 }
 
-// Reductions over the workgroup in a fixed tree (the host of each value is fixed by its index)
+// Reductions over the workgroup in a fixed tree (the host of each value is fixed by its index);
+// the result is read with workgroupUniformLoad, so that loops over it (the nucleus' bisection)
+// stay in uniform control flow for their barriers
 fn reduce_max(t: u32, v: f32) -> f32 {
     red_v[t] = v;
     workgroupBarrier();
@@ -93,7 +95,7 @@ fn reduce_max(t: u32, v: f32) -> f32 {
         if (t < stride) { red_v[t] = max(red_v[t], red_v[t + stride]); }
         workgroupBarrier();
     }
-    let m = red_v[0];
+    let m = workgroupUniformLoad(&red_v[0]);
     workgroupBarrier();
     return m;
 }
@@ -105,7 +107,7 @@ fn reduce_sum(t: u32, v: f32) -> f32 {
         if (t < stride) { red_v[t] += red_v[t + stride]; }
         workgroupBarrier();
     }
-    let s = red_v[0];
+    let s = workgroupUniformLoad(&red_v[0]);
     workgroupBarrier();
     return s;
 }
@@ -126,7 +128,7 @@ fn reduce_best(t: u32, v: f32, i: u32) -> u32 {
         }
         workgroupBarrier();
     }
-    let best = red_i[0];
+    let best = workgroupUniformLoad(&red_i[0]);
     workgroupBarrier();
     return best;
 }

@@ -501,7 +501,8 @@ fn attention_matches_reference() {
         let step = gpu.step_buffer();
         let mut rng = rng(7);
         // GQA groups of 1, 2, 3, 4 and 18 query heads, passes that start past 64 and 128
-        // positions, head dims that are no multiple of 64 (and one past 128), a long cache
+        // positions, head dims that are no multiple of 64 (and 132 and 256: the split kernel's
+        // third and fourth dimensions per invocation), a long cache
         for &(n, heads, kv_heads, hd, start, ctx) in &[
             (1, 1, 1, 4, 0, 160),
             (3, 4, 2, 8, 5, 160),
@@ -510,6 +511,7 @@ fn attention_matches_reference() {
             (5, 6, 3, 12, 0, 160),
             (4, 18, 1, 20, 120, 160),
             (1, 18, 1, 132, 159, 160),
+            (2, 2, 1, 256, 70, 160),
             (3, 8, 2, 8, 4490, 4600),
         ] {
             let q = rand_vec(&mut rng, n * heads * hd, 1.0);

@@ -139,7 +139,6 @@ struct MatmulParams {
     scaled_copy: u32,
     silu: u32,
     kv_f16: u32,
-    _pad: [u32; 3],
 }
 
 #[repr(C)]
@@ -443,7 +442,6 @@ impl Gpu {
             scaled_copy: scaled as u32,
             silu: out.silu as u32,
             kv_f16: kv.is_some_and(|kv| kv.f16) as u32,
-            _pad: [0; 3],
         };
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
@@ -739,7 +737,8 @@ impl Gpu {
     /// per row `[draw, residual draw, p(x) bits, q(x) bits]` (`[rows, 4]`). `q`: the draft's
     /// rows, one per drafted token (else a one-hot q on each drafted token); `drafts`: x_r for
     /// the first `cfg.drafts` rows; `seed`: the cycle's [`SampleSeed`] uniform; `status: [1]`
-    /// becomes 1 where a logit is not finite.
+    /// becomes at least r + 1 where row r holds a logit that is not finite. Under a top-k
+    /// (`cfg.top_k > 0`) both row sources must bind their ranked ids.
     #[allow(clippy::too_many_arguments)]
     pub fn sample(
         &self,
@@ -764,6 +763,10 @@ impl Gpu {
             stream: cfg.stream,
             _pad: [0; 3],
         };
+        debug_assert!(
+            cfg.top_k == 0 || (p.top.is_some() && q.is_none_or(|q| q.top.is_some())),
+            "a top-k needs each row source's ranked ids"
+        );
         let params = self.uniform("sample params", bytemuck::bytes_of(&params));
         let top = p.top.unwrap_or(drafts);
         let (q_logits, q_top) = q.map_or((p.logits, top), |q| (q.logits, q.top.unwrap_or(drafts)));

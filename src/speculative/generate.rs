@@ -61,7 +61,8 @@ pub struct SpecStats {
     /// submission: its time is split between the two by the schedule's measured costs.
     pub draft_seconds: f64,
     pub verify_seconds: f64,
-    /// Cycles run GPU-resident (greedy with a draft model: one submission, one read-back each).
+    /// Cycles run GPU-resident with a draft model (its K steps, the verify pass and the
+    /// acceptance: one submission, one read-back each), greedy or sampled.
     pub gpu_cycles: usize,
     /// Verify passes (sampling) whose draws and acceptance ran on the GPU, reading back a few
     /// words instead of logits rows (plain sampled decoding steps included).

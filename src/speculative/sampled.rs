@@ -291,7 +291,8 @@ impl SampledCycle {
     ) -> Result<SampledOutcome> {
         let raw = gpu.submit_and_read(enc, &self.result.raw, 0, self.result.len as u64 * 4).await?;
         let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
-        if let Some(row) = out[2 + MAX_BATCH].checked_sub(1) {
+        let status = *out.get(2 + MAX_BATCH).ok_or_else(|| Error::Gpu("a short sampled read-back".into()))?;
+        if let Some(row) = status.checked_sub(1) {
             return Err(Error::NonFinite(format!(
                 "a logit of row {row} of a pass of the sampled cycle (at position {n_past}) is not finite"
             )));
@@ -300,6 +301,7 @@ impl SampledCycle {
         if accepted > k || next as usize >= self.vocab {
             return Err(Error::Gpu(format!("the GPU accepted {accepted} of {k} drafts, next token {next}")));
         }
-        Ok(SampledOutcome { drafts: out[2..2 + k].to_vec(), accepted, next, draft_steps })
+        let drafts = out.get(2..2 + k).ok_or_else(|| Error::Gpu("a short sampled read-back".into()))?;
+        Ok(SampledOutcome { drafts: drafts.to_vec(), accepted, next, draft_steps })
     }
 }

@@ -100,7 +100,8 @@ impl RefModel {
         let n = cfg.n_layers;
         let (k_cache, v_cache) = (vec![Vec::new(); n], vec![Vec::new(); n]);
         // the GPU keeps the cache in f16 under Precision::Auto (head and rotary dims multiples of 4)
-        let kv_f16 = precision == Precision::Auto && cfg.head_dim.is_multiple_of(4) && cfg.rope_dim.is_multiple_of(4);
+        let kv_f16 =
+            precision == Precision::Auto && cfg.head_dim.is_multiple_of(4) && cfg.rope_dim.is_multiple_of(4);
         RefModel { cfg, w, k_cache, v_cache, kv_f16, hidden: Vec::new(), residual: Vec::new() }
     }
 

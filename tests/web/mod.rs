@@ -283,6 +283,7 @@ pub async fn sampled_decoding_draws_on_the_gpu() {
     let mut req = Request::text("the cat sat on the mat; the cat sat on the", 24);
     req.temperature = 1.0;
     req.top_k = 8;
+    req.top_p = 0.9; // the nucleus' bisection, in Tint's uniformity rules too
     for (kind, k) in [(DraftKind::None, None), (DraftKind::Ngram, Some(3)), (DraftKind::Model, Some(3))] {
         req.draft = Some(kind);
         req.draft_k = k;
