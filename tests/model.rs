@@ -199,18 +199,26 @@ fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
 
 #[test]
 fn every_node_of_a_token_tree_equals_its_path_run_alone_bit_for_bit() {
-    // Both architectures (qwen2: biases, GQA), both matmul shapes; trees of several shapes at a
-    // position past 0, so that nodes see the cache before the pass and their ancestors.
-    for (spec, dtype, gpu) in
-        [(TinySpec::llama(), DType::Q4_1, gpu()), (TinySpec::qwen2(), DType::F16, gpu_shaped())]
+    // Both architectures (qwen2: biases, GQA), both kernel shapes; trees of several shapes at a
+    // position past 0, so that nodes see the cache before the pass and their ancestors. The GPU
+    // shape's trees start at 62, so that their nodes' keys straddle the split attention's first
+    // chunk boundary (64).
+    for (spec, dtype, gpu, past) in
+        [(TinySpec::llama(), DType::Q4_1, gpu(), 7u32), (TinySpec::qwen2(), DType::F16, gpu_shaped(), 62)]
     {
         let mut r = rng(52);
         let tiny = TinyModel::random(spec, &mut r);
         let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
-        let opts = LoadOptions { context: Some(64), ..Default::default() };
+        let opts = LoadOptions { context: Some(128), ..Default::default() };
         let mut m = Model::load(gpu, &ckpt, &opts, &mut |_| {}).expect("load");
         let (v, vocab) = (spec.vocab, spec.vocab as u32);
-        let prompt: Vec<u32> = (0..7).map(|i| (i * 41 + 3) % vocab).collect();
+        let prompt: Vec<u32> = (0..past).map(|i| (i * 41 + 3) % vocab).collect();
+        // (a pass holds at most 32 rows)
+        let run_prompt = |m: &mut Model| {
+            for (i, chunk) in prompt.chunks(32).enumerate() {
+                forward(m, chunk, 32 * i);
+            }
+        };
         let start = prompt.len();
         let mut trees = vec![TokenTree::chain(9, &[4, 8, 15])];
         let mut wide = TokenTree::new(9);
@@ -228,7 +236,7 @@ fn every_node_of_a_token_tree_equals_its_path_run_alone_bit_for_bit() {
         assert_eq!(full.len(), 32);
         trees.push(full);
         for tree in &trees {
-            forward(&mut m, &prompt, 0);
+            run_prompt(&mut m);
             let nodes =
                 pollster::block_on(m.forward_tree(tree.tokens(), &tree.ancestors(), start)).expect("tree");
             let anc = tree.ancestors();
@@ -263,15 +271,15 @@ fn every_node_of_a_token_tree_equals_its_path_run_alone_bit_for_bit() {
             );
         }
         // A chain pass after a tree pass is a chain again (the tree flag is per pass).
-        let batch = forward(&mut m, &prompt, 0);
-        let single = forward(&mut m, &prompt[6..], 6);
+        let batch = forward(&mut m, &prompt[..7], 0);
+        let single = forward(&mut m, &prompt[6..7], 6);
         assert!(single.iter().zip(&batch[6 * v..]).all(|(a, b)| a.to_bits() == b.to_bits()));
         // Malformed trees and paths are refused.
         for bad in [vec![1u32, 0b11, 0b101, 0b1000], vec![0b11, 0b11], vec![1, 0b10]] {
             let err = pollster::block_on(m.forward_tree(&[1, 2, 3, 4][..bad.len()], &bad, 0)).err();
             assert!(matches!(err, Some(Error::InvalidArgument(_))), "{bad:?}: {err:?}");
         }
-        forward(&mut m, &prompt, 0);
+        run_prompt(&mut m);
         pollster::block_on(m.forward_tree(&[1, 2, 3], &[1, 0b11, 0b101], start)).expect("tree");
         assert!(m.keep_path(start, &[0, 2, 1]).is_err() && m.keep_path(start, &[1, 2]).is_err());
         assert!(m.keep_path(start, &[0, 5]).is_err(), "past the pass");
