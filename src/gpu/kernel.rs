@@ -129,8 +129,11 @@ impl Kernel {
         }
     }
 
-    /// Threads per workgroup along x (every kernel uses 64).
+    /// Threads per workgroup along x (every kernel uses 64 but [`Kernel::Sample`]).
     pub const WORKGROUP: u32 = 64;
+
+    /// The largest workgroup of any kernel ([`Kernel::Sample`]'s 256, WebGPU's default limit).
+    pub const LARGEST_WORKGROUP: u32 = 256;
 }
 
 /// Compiled pipelines for every [`Kernel`], built once when the device is created.

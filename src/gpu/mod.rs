@@ -185,16 +185,16 @@ impl Gpu {
             .map_err(|e| Error::NoGpu(format!("no adapter found: {e}")))?;
         let info = adapter.get_info();
         let limits = adapter.limits();
-        if limits.max_compute_invocations_per_workgroup < Kernel::WORKGROUP
-            || limits.max_storage_buffers_per_shader_stage < 8
-        {
+        let invocations =
+            limits.max_compute_invocations_per_workgroup.min(limits.max_compute_workgroup_size_x);
+        if invocations < Kernel::LARGEST_WORKGROUP || limits.max_storage_buffers_per_shader_stage < 8 {
             return Err(Error::GpuLimit(format!(
                 "adapter {} allows {} invocations per workgroup and {} storage buffers per stage; \
-                 wgspec needs {} and 8",
+                 wgspec needs {} (WebGPU's default) and 8",
                 info.name,
-                limits.max_compute_invocations_per_workgroup,
+                invocations,
                 limits.max_storage_buffers_per_shader_stage,
-                Kernel::WORKGROUP
+                Kernel::LARGEST_WORKGROUP
             )));
         }
         let (device, queue) = adapter
