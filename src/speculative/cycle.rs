@@ -9,7 +9,8 @@
 //! ```
 //!
 //! The tokens equal the CPU-driven cycle's (the same passes, the same kernels, the same rule):
-//! only the round trips go. Sampling keeps the CPU-driven cycle (its rule reads distributions).
+//! only the round trips go. Sampling has its own GPU cycle, which draws on the GPU
+//! ([`super::sampled`]).
 
 use super::draft::DraftModel;
 use crate::error::{Error, Result};

@@ -177,7 +177,7 @@ pub struct DraftModel {
     model: Model,
     /// The tokens in the model's KV cache, in order (`fed.len() == model.len()`).
     fed: Vec<u32>,
-    /// Whether greedy cycles may run on the GPU.
+    /// Whether cycles (greedy, or sampled where the GPU draws) may run on the GPU.
     gpu_cycle: bool,
     /// Greedy drafts as a token tree: besides its argmax, each step's next `alternatives` most
     /// likely tokens become siblings of the chain's node at that depth (0: a chain).
