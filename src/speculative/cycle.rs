@@ -66,43 +66,26 @@ impl GreedyCycle {
         let k = k.min(MAX_BATCH - 1);
         let gpu = target.gpu().clone();
         let mut enc = gpu.encoder();
-        if k > 0 {
-            let dm = draft.model_mut();
-            let word = 4u64;
-            let mut pos = dm.len();
-            for i in 0..k {
-                let rows = if i == 0 { first.len() } else { 1 };
-                if i > 0 {
-                    // this step's input is the previous step's argmax
-                    enc.copy_buffer_to_buffer(
-                        &self.drafts.raw,
-                        (i as u64 - 1) * word,
-                        &dm.tokens_buffer().raw,
-                        0,
-                        word,
-                    );
-                }
-                dm.record(&mut enc, i, if i == 0 { &first } else { &[] }, rows, pos)?;
-                let last_row = (rows as u64 - 1) * word;
+        let drafts = &self.drafts;
+        draft_steps += record_draft_steps(
+            &mut enc,
+            draft.model_mut(),
+            &first,
+            k,
+            drafts,
+            target,
+            |enc, dm, i, rows| {
+                // x_{i+1}: the argmax of the step's last row
+                let word = 4u64;
                 enc.copy_buffer_to_buffer(
                     &dm.argmax_buffer().raw,
-                    last_row,
-                    &self.drafts.raw,
+                    (rows as u64 - 1) * word,
+                    &drafts.raw,
                     i as u64 * word,
                     word,
                 );
-                pos += rows;
-                draft_steps += 1;
-            }
-            // the verify pass reads x1..xK after id_last
-            enc.copy_buffer_to_buffer(
-                &self.drafts.raw,
-                0,
-                &target.tokens_buffer().raw,
-                word,
-                k as u64 * word,
-            );
-        }
+            },
+        )?;
         target.record(&mut enc, 0, &[id_last], k + 1, n_past)?;
         gpu.encode(&mut enc, std::slice::from_ref(&self.accept), 1);
         let bytes = ((2 + k) * 4) as u64;
@@ -118,4 +101,38 @@ impl GreedyCycle {
         }
         Ok(CycleOutcome { drafts, accepted, next, draft_steps })
     }
+}
+
+/// Records a draft model's `k` steps into `enc`, then copies the drafts x1..xK into `target`'s
+/// token buffer after its first row (id_last: the verify pass takes it from the host). Step 0
+/// runs `first` (the draft's unseen context, see [`DraftModel`]'s catch-up); step i > 0 reads
+/// x_i from `drafts[i - 1]`; after each step of `rows` rows, `draw(enc, draft, i, rows)` records
+/// what puts x_{i+1} into `drafts[i]` (an argmax, or a draw on the GPU). Returns the passes
+/// recorded.
+pub(crate) fn record_draft_steps(
+    enc: &mut wgpu::CommandEncoder,
+    dm: &mut Model,
+    first: &[u32],
+    k: usize,
+    drafts: &GpuBuffer<u32>,
+    target: &Model,
+    mut draw: impl FnMut(&mut wgpu::CommandEncoder, &Model, usize, usize),
+) -> Result<usize> {
+    let word = 4u64;
+    let mut pos = dm.len();
+    for i in 0..k {
+        let rows = if i == 0 { first.len() } else { 1 };
+        if i > 0 {
+            // this step's input is the previous step's draft
+            enc.copy_buffer_to_buffer(&drafts.raw, (i as u64 - 1) * word, &dm.tokens_buffer().raw, 0, word);
+        }
+        dm.record(enc, i, if i == 0 { first } else { &[] }, rows, pos)?;
+        draw(enc, dm, i, rows);
+        pos += rows;
+    }
+    if k > 0 {
+        // the verify pass reads x1..xK after id_last
+        enc.copy_buffer_to_buffer(&drafts.raw, 0, &target.tokens_buffer().raw, word, k as u64 * word);
+    }
+    Ok(k)
 }

@@ -16,6 +16,7 @@
 //! logits rows read back) stays for what the GPU does not draw from: a top-k above
 //! [`MAX_TOP_K`], and token trees.
 
+use super::cycle::record_draft_steps;
 use super::draft::DraftModel;
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, GpuBuffer, Op, SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
@@ -208,49 +209,34 @@ impl SampledCycle {
         let mut enc = gpu.encoder();
         let (word, row) = (4u64, (self.vocab * 4) as u64);
         let top_k = self.params.top_k as u64;
-        let dm = draft.model_mut();
-        let mut pos = dm.len();
-        for i in 0..k {
-            let rows = if i == 0 { first.len() } else { 1 };
-            if i > 0 {
-                // this step's input is the previous step's draw
+        let (drafts, q_logits, q_top) = (&self.drafts, &self.q_logits, &self.q_top);
+        draft_steps += record_draft_steps(
+            &mut enc,
+            draft.model_mut(),
+            &first,
+            k,
+            drafts,
+            target,
+            |enc, dm, i, rows| {
+                // x_{i+1}: a draw from the step's last row q_{i+1}, which (with its ranks) the
+                // verify pass's residual draws read
+                let last = rows as u64 - 1;
+                if let Some((op, ranks)) = &side.top {
+                    gpu.encode(enc, std::slice::from_ref(op), rows as u32);
+                    let bytes = top_k * word;
+                    enc.copy_buffer_to_buffer(&ranks.raw, last * bytes, &q_top.raw, i as u64 * bytes, bytes);
+                }
+                gpu.encode(enc, std::slice::from_ref(&side.sample), rows as u32);
+                enc.copy_buffer_to_buffer(&side.draw.raw, 0, &drafts.raw, i as u64 * word, word);
                 enc.copy_buffer_to_buffer(
-                    &self.drafts.raw,
-                    (i as u64 - 1) * word,
-                    &dm.tokens_buffer().raw,
-                    0,
-                    word,
+                    &dm.logits_buffer().raw,
+                    last * row,
+                    &q_logits.raw,
+                    i as u64 * row,
+                    row,
                 );
-            }
-            dm.record(&mut enc, i, if i == 0 { &first } else { &[] }, rows, pos)?;
-            let last = rows as u64 - 1;
-            if let Some((op, ranks)) = &side.top {
-                gpu.encode(&mut enc, std::slice::from_ref(op), rows as u32);
-                let bytes = top_k * word;
-                enc.copy_buffer_to_buffer(&ranks.raw, last * bytes, &self.q_top.raw, i as u64 * bytes, bytes);
-            }
-            gpu.encode(&mut enc, std::slice::from_ref(&side.sample), rows as u32);
-            enc.copy_buffer_to_buffer(&side.draw.raw, 0, &self.drafts.raw, i as u64 * word, word);
-            enc.copy_buffer_to_buffer(
-                &dm.logits_buffer().raw,
-                last * row,
-                &self.q_logits.raw,
-                i as u64 * row,
-                row,
-            );
-            pos += rows;
-            draft_steps += 1;
-        }
-        if k > 0 {
-            // the verify pass reads x1..xK after id_last
-            enc.copy_buffer_to_buffer(
-                &self.drafts.raw,
-                0,
-                &target.tokens_buffer().raw,
-                word,
-                k as u64 * word,
-            );
-        }
+            },
+        )?;
         target.record(&mut enc, 0, &[id_last], k + 1, n_past)?;
         self.encode_verify(&gpu, &mut enc, k, true);
         let out = self.finish(&gpu, enc, k, draft_steps, n_past).await?;

@@ -201,15 +201,21 @@ fn tiny_pair() -> (Vec<u8>, Vec<u8>) {
     (target.to_gguf(DType::F32, &mut r), draft.to_gguf(DType::F32, &mut r))
 }
 
-/// Greedy speculation (draft model at K = 1, 3 and adaptive; n-gram) equals greedy decoding
-/// token for token, through the engine the facade uses.
-pub async fn greedy_speculation_equals_greedy() {
+/// An engine over [`tiny_pair`]'s target, with its draft.
+async fn tiny_engine_with_draft() -> Engine {
     let gpu = gpu().await;
     let (target_file, draft_file) = tiny_pair();
     let t = open(target_file);
     let d = open(draft_file);
     let mut engine = Engine::new(load(&gpu, &t.checkpoint), t.tokenizer, None);
     engine.set_draft(Some((load(&gpu, &d.checkpoint), &d.tokenizer))).expect("draft");
+    engine
+}
+
+/// Greedy speculation (draft model at K = 1, 3 and adaptive; n-gram) equals greedy decoding
+/// token for token, through the engine the facade uses.
+pub async fn greedy_speculation_equals_greedy() {
+    let mut engine = tiny_engine_with_draft().await;
     // Medusa heads for the target in the public layout (its own output matrix as their projection)
     let mut r = rng(300);
     let tiny = TinyModel::random(TinySpec::llama(), &mut r);
@@ -274,12 +280,7 @@ pub async fn greedy_speculation_equals_greedy() {
 /// subgroups: the draws still compile and run): plain, n-gram and draft-model cycles read back a
 /// few words each, and a seed fixes the output.
 pub async fn sampled_decoding_draws_on_the_gpu() {
-    let gpu = gpu().await;
-    let (target_file, draft_file) = tiny_pair();
-    let t = open(target_file);
-    let d = open(draft_file);
-    let mut engine = Engine::new(load(&gpu, &t.checkpoint), t.tokenizer, None);
-    engine.set_draft(Some((load(&gpu, &d.checkpoint), &d.tokenizer))).expect("draft");
+    let mut engine = tiny_engine_with_draft().await;
     let mut req = Request::text("the cat sat on the mat; the cat sat on the", 24);
     req.temperature = 1.0;
     req.top_k = 8;

@@ -48,6 +48,33 @@ enum Command {
     },
 }
 
+/// How generate and bench pick tokens.
+#[derive(clap::Args)]
+struct SamplingArgs {
+    /// 0 = greedy; above 0, sampling. The GPU draws under a top-k of at most 16 (any top-p); a
+    /// larger top-k reads logits rows back to the CPU.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// 0 = no top-k cut.
+    #[arg(long, default_value_t = 0)]
+    top_k: usize,
+    #[arg(long, default_value_t = 1.0)]
+    top_p: f32,
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl SamplingArgs {
+    fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        }
+    }
+}
+
 #[derive(Parser)]
 // "-1" is read as a value (and refused by its type with a clear message), not as an unknown flag
 #[command(allow_negative_numbers = true)]
@@ -62,16 +89,8 @@ struct GenerateArgs {
     prompt_file: Option<PathBuf>,
     #[arg(long, default_value_t = 128)]
     max_tokens: usize,
-    /// 0 = greedy.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// 0 = no top-k cut.
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// KV cache positions (default: min(model context, 4096)).
     #[arg(long)]
     context: Option<usize>,
@@ -249,18 +268,10 @@ struct BenchArgs {
     /// Keep every weight in f32.
     #[arg(long)]
     f32: bool,
-    /// Sampling instead of greedy decoding (0 = greedy): speculative and target-only outputs then
-    /// differ token for token but share the target's distribution. The GPU draws under a top-k
-    /// of at most 16 (any top-p); a larger top-k reads logits rows back to the CPU.
-    #[arg(long, default_value_t = 0.0)]
-    temperature: f32,
-    /// 0 = no top-k cut.
-    #[arg(long, default_value_t = 0)]
-    top_k: usize,
-    #[arg(long, default_value_t = 1.0)]
-    top_p: f32,
-    #[arg(long, default_value_t = 0)]
-    seed: u64,
+    /// (bench: speculative and target-only outputs then differ token for token but share the
+    /// target's distribution)
+    #[command(flatten)]
+    sampling: SamplingArgs,
     /// K values at which to measure verify_cost (besides the mean K of the runs).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
     verify_ks: Vec<usize>,
@@ -462,10 +473,8 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         req.prompt = None;
         req.messages = Some(vec![Message { role: "user".into(), content: prompt }]);
     }
-    req.temperature = args.temperature;
-    req.top_k = args.top_k;
-    req.top_p = args.top_p;
-    req.seed = args.seed;
+    let SamplingParams { temperature, top_k, top_p, seed } = args.sampling.params();
+    (req.temperature, req.top_k, req.top_p, req.seed) = (temperature, top_k, top_p, seed);
     req.stop = args.stop.clone();
     req.draft = Some(draft);
     req.draft_k = args.k.draft_k;
@@ -607,12 +616,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         }
     };
     let stop_tokens = tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        seed: args.seed,
-    };
+    let sampling = args.sampling.params();
     sampling.validate()?;
     let gen_opts = GenerateOptions { max_tokens: args.max_tokens, sampling, stop_tokens };
     let policy = args.k.policy();
