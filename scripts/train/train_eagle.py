@@ -659,38 +659,11 @@ def selftest(eps, theta):
 # ------------------------------------------------------------------------------------------------
 
 
-def main():
-    a = parse_args()
-    cfg = a.cfg
-    torch.set_num_threads(a.threads)
-    torch.set_num_interop_threads(1)
-    seed_all(a.seed)
-    os.makedirs(a.work, exist_ok=True)
+def build_corpus(a, cfg, tok, model, eos_id, pad_id, summary, times):
+    """Phases 1 and 2 (cached in a.work): the self-distilled and plain-text sequences, each
+    {"tokens", "feats" (the target's final features, after its output norm), "resp_start", ...}.
+    Returns (gen_train, gen_heldout, text_train, text_heldout); fills summary and times."""
     reuse = not a.no_reuse
-    times = {}
-    summary = dict(preset=a.preset, cfg=cfg, seed=a.seed, versions=dict(torch=torch.__version__))
-    import transformers
-
-    summary["versions"]["transformers"] = transformers.__version__
-    log(f"preset {a.preset}: {json.dumps(cfg)}")
-    T0 = time.time()
-
-    arch, eps, theta = gguf_hparams(a.gguf)
-    log(f"GGUF {a.gguf}: arch {arch}, rms_norm_eps {eps!r}, rope_theta {theta!r}")
-    selftest(eps, theta)
-
-    t = time.time()
-    tok, model = load_target(a.gguf)
-    mc = model.config
-    assert (mc.hidden_size, mc.num_hidden_layers, mc.num_attention_heads, mc.num_key_value_heads, mc.vocab_size) == (576, 30, 9, 3, 49152)
-    assert abs(mc.rms_norm_eps - eps) < 1e-12 and abs(mc.rope_theta - theta) < 1e-6, (mc.rms_norm_eps, mc.rope_theta)
-    eos_id = mc.eos_token_id if isinstance(mc.eos_token_id, int) else mc.eos_token_id[0]
-    pad_id = mc.pad_token_id if mc.pad_token_id is not None else eos_id
-    W = model.lm_head.weight
-    assert W.data_ptr() == model.model.embed_tokens.weight.data_ptr(), "expected tied embeddings"
-    times["load"] = round(time.time() - t, 1)
-    log(f"target loaded in {times['load']}s; eos {eos_id} = {tok.convert_ids_to_tokens([eos_id])}, pad {pad_id}")
-
     # -- phase 1: self-distillation
     t = time.time()
     temps_list = [0.0 if s == "greedy" else float(s) for s in cfg["samples"].split(",")]
@@ -740,6 +713,44 @@ def main():
     fr = torch.cat([s["feats"] for s in train_seqs[:64]])
     summary["feature_rms"] = float(fr.pow(2).mean().sqrt())
     log(f"train data: {summary['train_data']}; feature rms {summary['feature_rms']:.3f}, max |f| {float(fr.abs().max()):.2f}")
+
+    return gen_train, gen_held, text_train, text_held
+
+
+def main():
+    a = parse_args()
+    cfg = a.cfg
+    torch.set_num_threads(a.threads)
+    torch.set_num_interop_threads(1)
+    seed_all(a.seed)
+    os.makedirs(a.work, exist_ok=True)
+    reuse = not a.no_reuse
+    times = {}
+    summary = dict(preset=a.preset, cfg=cfg, seed=a.seed, versions=dict(torch=torch.__version__))
+    import transformers
+
+    summary["versions"]["transformers"] = transformers.__version__
+    log(f"preset {a.preset}: {json.dumps(cfg)}")
+    T0 = time.time()
+
+    arch, eps, theta = gguf_hparams(a.gguf)
+    log(f"GGUF {a.gguf}: arch {arch}, rms_norm_eps {eps!r}, rope_theta {theta!r}")
+    selftest(eps, theta)
+
+    t = time.time()
+    tok, model = load_target(a.gguf)
+    mc = model.config
+    assert (mc.hidden_size, mc.num_hidden_layers, mc.num_attention_heads, mc.num_key_value_heads, mc.vocab_size) == (576, 30, 9, 3, 49152)
+    assert abs(mc.rms_norm_eps - eps) < 1e-12 and abs(mc.rope_theta - theta) < 1e-6, (mc.rms_norm_eps, mc.rope_theta)
+    eos_id = mc.eos_token_id if isinstance(mc.eos_token_id, int) else mc.eos_token_id[0]
+    pad_id = mc.pad_token_id if mc.pad_token_id is not None else eos_id
+    W = model.lm_head.weight
+    assert W.data_ptr() == model.model.embed_tokens.weight.data_ptr(), "expected tied embeddings"
+    times["load"] = round(time.time() - t, 1)
+    log(f"target loaded in {times['load']}s; eos {eos_id} = {tok.convert_ids_to_tokens([eos_id])}, pad {pad_id}")
+
+    gen_train, gen_held, text_train, text_held = build_corpus(a, cfg, tok, model, eos_id, pad_id, summary, times)
+    train_seqs = gen_train + text_train
 
     # -- phase 3: train
     t = time.time()
