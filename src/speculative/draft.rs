@@ -39,17 +39,22 @@ pub struct Proposal {
     /// tree pass (with sampling only when `q` is `None`: deterministic drafts); `tokens` is then
     /// its first branch.
     pub tree: Option<TokenTree>,
+    /// Whether the draft chose the tree's nodes from [`DraftBudget::costs`] itself (EAGLE's
+    /// scores); else, under an adaptive K, the loop keeps the part of it the measured costs and
+    /// acceptance make worth verifying ([`super::Schedule::size_tree`]).
+    pub sized: bool,
 }
 
 /// How much one proposal may draft: at most `depth` tokens along any path (a chain's K) and
-/// `nodes` tokens in all (a tree; `nodes >= depth`).
+/// `nodes` tokens in all (a tree; `nodes >= depth`). Under an adaptive K, `nodes` is all the
+/// context has room for (at most [`MAX_TREE`] - 1) and the loop sizes the tree after.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct DraftBudget {
     pub depth: usize,
     pub nodes: usize,
     /// Measured costs, under an adaptive K: a draft that can estimate each node's chance of
-    /// acceptance (EAGLE's scores) sizes its tree with them, up to `costs.max_nodes` nodes,
-    /// instead of filling `nodes`.
+    /// acceptance (EAGLE's scores) may size its tree with them, up to `costs.max_nodes` nodes
+    /// (and say so: [`Proposal::sized`]).
     pub costs: Option<TreeCosts>,
 }
 

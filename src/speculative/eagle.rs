@@ -199,7 +199,7 @@ impl Draft for Eagle {
                 tokens: chain,
                 steps: depth - 1,
                 tree: Some(tree).filter(|t| !t.is_chain()),
-                q: None,
+                ..Proposal::default()
             })
         })
     }
@@ -249,6 +249,7 @@ impl Eagle {
             tokens.push(tree.tokens()[c]);
             node = c;
         }
-        Ok(Proposal { tokens, steps: drafted.passes, tree: Some(tree).filter(|t| !t.is_chain()), q: None })
+        let tree = Some(tree).filter(|t| !t.is_chain());
+        Ok(Proposal { tokens, steps: drafted.passes, tree, q: None, sized: budget.costs.is_some() })
     }
 }

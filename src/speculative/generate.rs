@@ -241,11 +241,10 @@ pub async fn generate(
                 let proposal = match draft.as_deref_mut() {
                     Some(d) if k > 0 => {
                         let room = context - n_past - 1;
-                        let budget = DraftBudget {
-                            depth: k,
-                            nodes: schedule.tree_nodes(k).min(room),
-                            costs: schedule.tree_costs(room),
-                        };
+                        let costs = schedule.tree_costs(room);
+                        // under an adaptive K, the whole tree (sized below)
+                        let nodes = costs.map_or(schedule.tree_nodes(k), |c| c.max_nodes).min(room);
+                        let budget = DraftBudget { depth: k, nodes, costs };
                         d.propose(&tokens, budget, &params, &mut rng).await?
                     }
                     _ => Default::default(),
@@ -258,14 +257,32 @@ pub async fn generate(
                 schedule.observe_draft(xs.len(), draft_time);
 
                 // A tree (sampling: deterministic drafts only) whose rows fit the context and
-                // whose longest path fits the tokens still wanted; else the chain.
+                // whose longest path fits the tokens still wanted, cut to what the measured costs
+                // make worth verifying (a chain when that is all); else the chain.
                 let deterministic = greedy || proposal.q.is_none();
-                let tree = proposal.tree.filter(|t| {
-                    deterministic
-                        && t.tokens().first() == Some(&id_last)
-                        && n_past + t.len() <= context
-                        && t.max_depth() <= cap
-                });
+                let tree = proposal
+                    .tree
+                    .filter(|t| {
+                        deterministic
+                            && t.tokens().first() == Some(&id_last)
+                            && n_past + t.len() <= context
+                            && t.max_depth() <= cap
+                    })
+                    .map(|t| match proposal.sized {
+                        true => {
+                            let slots = t.rank_paths();
+                            (t, slots)
+                        }
+                        false => schedule.size_tree(&t, draft_time),
+                    });
+                let (tree, slots) = match tree {
+                    Some((t, slots)) if t.is_chain() => {
+                        xs = t.tokens()[1..].to_vec();
+                        (None, Some(slots))
+                    }
+                    Some((t, slots)) => (Some(t), Some(slots)),
+                    None => (None, None),
+                };
                 let tv = Instant::now();
                 let (checked, rows) = match (tree, &sampled) {
                     (Some(tree), _) => {
@@ -287,6 +304,10 @@ pub async fn generate(
                 let verify_time = tv.elapsed().as_secs_f64();
                 stats.verify_seconds += verify_time;
                 schedule.observe_verify(rows, verify_time);
+                if let Some(slots) = slots {
+                    // (a chain's nodes are its positions)
+                    schedule.observe_tree(&slots, &checked.trace.accepted);
+                }
                 checked
             }
         };

@@ -153,7 +153,12 @@ impl Draft for Medusa {
             let tree = self.tree(root, &top, budget);
             // the chain of every head's first choice, as deep as the tree goes
             let tokens = top.iter().take(budget.depth.min(tree.max_depth())).map(|ids| ids[0]).collect();
-            Ok(Proposal { tokens, steps: 1, tree: Some(tree).filter(|t| !t.is_chain()), q: None })
+            Ok(Proposal {
+                tokens,
+                steps: 1,
+                tree: Some(tree).filter(|t| !t.is_chain()),
+                ..Proposal::default()
+            })
         })
     }
 }

@@ -15,8 +15,27 @@
 //! from a fixed table. Before a quantity is measured a mild prior stands in (acceptance 0.7, a
 //! verify pass growing 10% per row), which the first cycles replace. K >= 1 always, so
 //! acceptance keeps being measured.
+//!
+//! Token trees are sized the same way ([`Schedule::size_tree`]). A draft proposes its whole
+//! tree (up to [`MAX_TREE`] rows); each node has a rank path ([`TokenTree::rank_paths`]: which
+//! of its parent's candidates it is, down from the root), and the schedule measures how often a
+//! node of each rank path was accepted when verified. The tree keeps the N nodes of highest
+//! estimated chance `c` that maximise
+//!
+//! ```text
+//!   (1 + sum of the N chances) / (t_draft + t_verify(N + 1))
+//! ```
+//!
+//! (the expected accepted length is the sum of the nodes' chances of lying on the accepted path).
+//! A rank path not yet measured starts from a prior: the product over its depths of
+//! `a_d (1 - a_d)^rank`, the chance that the rank-th candidate is the first right one when each
+//! is right with the depth's measured acceptance `a_d`. EAGLE's dynamic trees size themselves
+//! from the head's scores ([`super::Eagle`]).
+
+use std::collections::BTreeMap;
 
 use super::draft::TreeCosts;
+use super::tree::TokenTree;
 use crate::gpu::{MATMUL_ROWS, MAX_TREE};
 use crate::model::MAX_BATCH;
 
@@ -58,6 +77,8 @@ const PRIOR_ACCEPT: f64 = 0.7;
 const PRIOR_WEIGHT: f64 = 2.0;
 /// Prior growth of a verify pass per extra row, relative to one row.
 const PRIOR_ROW_COST: f64 = 0.1;
+/// A rank path whose decayed count falls below this is forgotten (back to its prior).
+const FORGET: f64 = 0.01;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Avg {
@@ -82,6 +103,8 @@ pub struct Schedule {
     draft_token: Avg,
     /// Seconds per verify pass, by rows (index = rows - 1).
     verify: Vec<Avg>,
+    /// Per tree node rank path: decayed (verified, accepted) counts.
+    slots: BTreeMap<Vec<u8>, (f64, f64)>,
 }
 
 impl Schedule {
@@ -94,6 +117,7 @@ impl Schedule {
             accept: vec![(0.0, 0.0); max.max(1)],
             draft_token: Avg::default(),
             verify: vec![Avg::default(); MAX_BATCH],
+            slots: BTreeMap::new(),
         }
     }
 
@@ -122,6 +146,76 @@ impl Schedule {
             draft_pass: self.draft_seconds() as f32,
             max_nodes: max_nodes.min(MAX_TREE - 1),
         })
+    }
+
+    /// Under an adaptive K, the part of `tree` worth verifying after a proposal that took
+    /// `draft_seconds` (see the module's doc): the nodes of highest estimated chance, at least
+    /// one, as many as maximise expected tokens per second (a chance never rises down a path,
+    /// so they form a subtree). Returns it with each of its nodes' rank paths in `tree`, the
+    /// slots [`Schedule::observe_tree`] records the verdict under (a node keeps its slot when an
+    /// earlier candidate beside it is cut). Under a fixed K the tree is kept whole (the same on
+    /// every run).
+    pub fn size_tree(&self, tree: &TokenTree, draft_seconds: f64) -> (TokenTree, Vec<Vec<u8>>) {
+        let slots = tree.rank_paths();
+        let KPolicy::Adaptive { .. } = self.policy else {
+            return (tree.clone(), slots);
+        };
+        let parents = tree.parents();
+        let mut chance = vec![1.0f64; tree.len()];
+        for i in 1..tree.len() {
+            chance[i] = self.rank_path_chance(&slots[i]).min(chance[parents[i]]);
+        }
+        // parents come before their children in this order (never less likely, lower index)
+        let mut order: Vec<usize> = (1..tree.len()).collect();
+        order.sort_by(|&a, &b| chance[b].total_cmp(&chance[a]).then(a.cmp(&b)));
+        let (mut best, mut best_rate, mut expected) = (1, f64::MIN, 1.0);
+        for (n, &i) in order.iter().enumerate() {
+            expected += chance[i];
+            let t = draft_seconds + self.verify_seconds(n + 2);
+            let rate = if t > 0.0 { expected / t } else { expected };
+            if rate > best_rate {
+                (best, best_rate) = (n + 1, rate);
+            }
+        }
+        let mut keep = vec![false; tree.len()];
+        keep[0] = true;
+        for &i in order.iter().take(best) {
+            keep[i] = true;
+        }
+        let kept = slots.into_iter().zip(&keep).filter(|(_, &k)| k).map(|(s, _)| s).collect();
+        (tree.subtree(&keep), kept)
+    }
+
+    /// Estimated chance that a tree node of rank path `slot` ([`TokenTree::rank_paths`]) lies
+    /// on the accepted path: measured, blended with the prior of the module's doc.
+    pub fn rank_path_chance(&self, slot: &[u8]) -> f64 {
+        let prior: f64 = slot
+            .iter()
+            .enumerate()
+            .map(|(d, &rank)| {
+                let a = self.acceptance(d);
+                a * (1.0 - a).powi(i32::from(rank))
+            })
+            .product();
+        let (seen, accepted) = self.slots.get(slot).copied().unwrap_or((0.0, 0.0));
+        (accepted + prior * PRIOR_WEIGHT) / (seen + PRIOR_WEIGHT)
+    }
+
+    /// Records a verified tree: `slots[i]` is node i's rank path (from [`Schedule::size_tree`])
+    /// and `path` the node indices of the accepted path.
+    pub fn observe_tree(&mut self, slots: &[Vec<u8>], path: &[usize]) {
+        for (seen, accepted) in self.slots.values_mut() {
+            *seen *= DECAY;
+            *accepted *= DECAY;
+        }
+        self.slots.retain(|_, (seen, _)| *seen >= FORGET);
+        for (i, slot) in slots.iter().enumerate().skip(1) {
+            let counts = self.slots.entry(slot.clone()).or_default();
+            counts.0 += 1.0;
+            if path.contains(&i) {
+                counts.1 += 1.0;
+            }
+        }
     }
 
     /// The K to draft next, at most `cap` (room left in the context, tokens still wanted).
@@ -235,6 +329,76 @@ mod tests {
         let s = Schedule::new(KPolicy::default());
         // K + 1 rows rounded up to a multiple of 4, less the root
         assert_eq!([1, 2, 3, 4, 7, 8, 31].map(|k| s.tree_nodes(k)), [3, 3, 3, 7, 7, 11, 31]);
+    }
+
+    /// The root 9, the chain 1 2 3 (nodes 1-3), and two next candidates at each depth: 4 5 below
+    /// the root (nodes 4, 5), 6 7 below 1 (6, 7), 8 10 below 2 (8, 9).
+    fn tree_with_siblings() -> TokenTree {
+        TokenTree::chain_with_siblings(9, &[1, 2, 3], &[vec![4, 5], vec![6, 7], vec![8, 10]], 32)
+    }
+
+    #[test]
+    fn trees_keep_the_nodes_worth_their_rows() {
+        let tree = tree_with_siblings();
+        let slots = tree.rank_paths();
+        assert_eq!(tree.len(), 10);
+        // Under a fixed K the whole tree.
+        assert_eq!(Schedule::new(KPolicy::Fixed(3)).size_tree(&tree, 0.0).0, tree);
+        // Rows cost: the chain always accepted, its siblings never: the chain alone.
+        let mut s = Schedule::new(KPolicy::default());
+        for rows in 1..=17 {
+            s.observe_verify(rows, 1.0 + 0.5 * rows as f64);
+        }
+        for _ in 0..100 {
+            s.observe_tree(&slots, &[0, 1, 2, 3]);
+        }
+        assert_eq!(s.size_tree(&tree, 0.1).0, TokenTree::chain(9, &[1, 2, 3]));
+        assert!(s.rank_path_chance(&[0, 0]) > 0.95 && s.rank_path_chance(&[1]) < 0.05);
+        // Rows free: every node that may be accepted.
+        let mut s = Schedule::new(KPolicy::default());
+        for rows in 1..=17 {
+            s.observe_verify(rows, 1.0);
+        }
+        for _ in 0..100 {
+            s.observe_tree(&slots, &[0, 1, 2, 3]);
+        }
+        assert_eq!(s.size_tree(&tree, 0.1).0, tree);
+        // A costly draft makes a node worth less than when drafting is free: fewer nodes kept
+        // where each row costs a tenth of a pass and a sibling is right one time in eight.
+        let mut s = Schedule::new(KPolicy::default());
+        for rows in 1..=17 {
+            s.observe_verify(rows, 1.0 + 0.1 * rows as f64);
+        }
+        for i in 0..160 {
+            s.observe_tree(&slots, if i % 8 == 0 { &[0, 4] } else { &[0, 1, 2] });
+        }
+        let (free, costly) = (s.size_tree(&tree, 0.0).0, s.size_tree(&tree, 100.0).0);
+        assert!(costly.len() > free.len(), "{} vs {}", costly.len(), free.len());
+        assert!(free.tokens().contains(&2) && !free.tokens().contains(&10), "{free:?}");
+    }
+
+    #[test]
+    fn a_node_keeps_its_rank_path_when_an_earlier_candidate_is_cut() {
+        // The root's third candidate (token 5) is accepted two times in three, its second (4)
+        // never: 5 is kept without 4, and its verdicts still count for rank path [2].
+        let tree = tree_with_siblings();
+        let slots = tree.rank_paths();
+        let mut s = Schedule::new(KPolicy::default());
+        for rows in 1..=17 {
+            s.observe_verify(rows, 1.0 + 0.3 * rows as f64);
+        }
+        for i in 0..100 {
+            s.observe_tree(&slots, if i % 3 == 0 { &[0, 1, 7] } else { &[0, 5] });
+        }
+        let (kept, kept_slots) = s.size_tree(&tree, 0.0);
+        assert!(kept.tokens().contains(&5) && !kept.tokens().contains(&4), "{kept:?}");
+        assert_eq!(kept_slots.len(), kept.len());
+        let at = kept.tokens().iter().position(|&t| t == 5).expect("kept");
+        assert_eq!(kept_slots[at], vec![2]);
+        assert_eq!(kept.rank_paths()[at], vec![1], "the second of the root's children in the cut tree");
+        let before = s.rank_path_chance(&[2]);
+        s.observe_tree(&kept_slots, &[0, at]);
+        assert!(s.rank_path_chance(&[2]) > before && s.rank_path_chance(&[1]) < 0.05);
     }
 
     #[test]

@@ -138,6 +138,38 @@ impl TokenTree {
         (1..self.len()).all(|c| self.parent[c] == c - 1)
     }
 
+    /// Per node, its rank path: the position of each node on its root-to-node path among its
+    /// parent's children, in the order they were added (a draft adds them most likely first).
+    /// The root's is empty; `[0, 1]` is the second child of the first child. Nodes of one rank
+    /// path play the same part in every tree a draft proposes, so the schedule measures their
+    /// acceptance by it ([`super::Schedule::size_tree`]).
+    pub fn rank_paths(&self) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = Vec::with_capacity(self.len());
+        out.push(Vec::new());
+        for i in 1..self.len() {
+            let p = self.parent[i];
+            let rank = (1..i).filter(|&c| self.parent[c] == p).count();
+            let mut path = out[p].clone();
+            path.push(u8::try_from(rank).unwrap_or(u8::MAX));
+            out.push(path);
+        }
+        out
+    }
+
+    /// The nodes with `keep[i]` (the root always), in their order: a tree when every kept node's
+    /// parent is kept (a node whose parent is not is dropped with it).
+    pub fn subtree(&self, keep: &[bool]) -> TokenTree {
+        let mut tree = TokenTree::new(self.tokens[0]);
+        let mut at: Vec<Option<usize>> = vec![Some(0); self.len()];
+        for i in 1..self.len() {
+            at[i] = match (keep.get(i), at[self.parent[i]]) {
+                (Some(true), Some(p)) => tree.child(p, self.tokens[i]),
+                _ => None,
+            };
+        }
+        tree
+    }
+
     /// Per node, its ancestors as bits (bit j: node j is it or an ancestor): the tree pass's mask.
     pub fn ancestors(&self) -> Vec<u32> {
         let mut out: Vec<u32> = Vec::with_capacity(self.len());
@@ -212,6 +244,24 @@ mod tests {
         // the budget counts nodes, the root included
         assert_eq!(t.insert(&[5, 6], 7), 1);
         assert_eq!(t.len(), 7);
+    }
+
+    #[test]
+    fn rank_paths_and_subtrees_follow_the_order_children_came_in() {
+        let mut t = TokenTree::chain(7, &[1, 2]);
+        t.insert(&[4], 16); // node 3: the root's second child
+        t.insert(&[1, 5], 16); // node 4: node 1's second child
+        t.insert(&[4, 6], 16); // node 5: below node 3
+        let ranks: Vec<Vec<u8>> = vec![vec![], vec![0], vec![0, 0], vec![1], vec![0, 1], vec![1, 0]];
+        assert_eq!(t.rank_paths(), ranks);
+        let kept = t.subtree(&[true, true, false, true, true, true]);
+        assert_eq!(kept.tokens(), &[7, 1, 4, 5, 6]);
+        assert_eq!(kept.parents(), &[0, 0, 0, 1, 2]);
+        assert_eq!(kept.rank_paths()[3], vec![0, 0], "node 1's only child now");
+        // a node whose parent goes, goes too
+        let kept = t.subtree(&[true, false, true, true, false, true]);
+        assert_eq!(kept.tokens(), &[7, 4, 6]);
+        assert_eq!(t.subtree(&[true; 6]), t);
     }
 
     #[test]

@@ -105,6 +105,9 @@ pub struct Summary {
     /// τ: generated tokens per verify pass.
     pub tokens_per_target_forward: f64,
     pub acceptance_rate: f64,
+    /// Drafted tokens (tree nodes) per verify pass, and the passes that verified a tree.
+    pub nodes_per_verify: f64,
+    pub tree_cycles: usize,
     pub all_identical: bool,
 }
 
@@ -127,6 +130,8 @@ impl Summary {
             speedup: ratio(spec_tps, plain_tps),
             tokens_per_target_forward: ratio(tokens as f64, verifies as f64),
             acceptance_rate: ratio(accepted as f64, drafted as f64),
+            nodes_per_verify: ratio(drafted as f64, verifies as f64),
+            tree_cycles: rs.iter().map(|r| r.stats.tree_cycles).sum(),
             all_identical: rs.iter().all(|r| r.identical),
         }
     }
