@@ -70,7 +70,8 @@ fn generate_speculates_with_medusa_and_eagle_heads_from_their_folders() {
     std::fs::create_dir_all(&dir).expect("heads dir");
     let mut r = rng(91);
     let tiny = TinyModel::random(TinySpec::llama(), &mut r);
-    let (heads, config) = common::tiny::medusa_heads(&tiny, 2, 1, DType::BF16, false, &mut r);
+    let (heads, config) =
+        common::tiny::medusa_heads(&tiny, 2, 1, DType::BF16, common::tiny::MedusaKind::Random, &mut r);
     std::fs::write(dir.join("medusa_lm_head.safetensors"), heads).expect("write heads");
     std::fs::write(dir.join("config.json"), config).expect("write config");
     let args = ["generate", "--model", m, "--prompt", "abab abab", "--max-tokens", "12", "--json"];

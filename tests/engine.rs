@@ -260,7 +260,8 @@ fn speculation_through_the_engine_equals_plain_decoding() {
     // projection: they guess repeated tokens)
     let mut r = rng(41);
     let tiny = TinyModel::random(TinySpec::llama(), &mut r);
-    let (heads, config) = common::tiny::medusa_heads(&tiny, 3, 1, DType::F16, true, &mut r);
+    let (heads, config) =
+        common::tiny::medusa_heads(&tiny, 3, 1, DType::F16, common::tiny::MedusaKind::Echo, &mut r);
     let mut files = ModelFiles::new();
     files.add("medusa_lm_head.safetensors", heads).expect("add");
     files.add("config.json", config).expect("add");

@@ -6,13 +6,14 @@
 mod common;
 mod reference;
 
-use common::tiny::{TinyModel, TinySpec};
+use common::tiny::{f32_bytes, MedusaKind, TinyModel, TinySpec};
 use common::{assert_fits, gpu, rng};
 use std::sync::Arc;
 
 use rand::rngs::SmallRng;
 use rand::Rng as _;
 use wgspec::gpu::Gpu;
+use wgspec::loader::safetensors::write_safetensors;
 use wgspec::loader::DType;
 use wgspec::model::{
     Checkpoint, EagleHead, EagleLayout, LoadOptions, MedusaConfig, MedusaHeads, Model, Precision,
@@ -1016,18 +1017,22 @@ fn load_heads(target: &Model, file: Vec<u8>, config: &[u8], top_k: usize) -> Med
 fn medusa_heads_rank_what_the_reference_heads_rank() {
     // The heads read the right row of the target's pass (its final hidden state after the output
     // norm), run their residual blocks and projections, and rank ids as a CPU reference does.
-    for (spec, dtype, heads, layers) in
-        [(TinySpec::llama(), DType::F16, 3, 1), (TinySpec::qwen2(), DType::F32, 2, 2)]
-    {
+    // Heads with their own projections, and heads that share the target's output matrix.
+    for (spec, dtype, heads, layers, kind) in [
+        (TinySpec::llama(), DType::F16, 3, 1, MedusaKind::Random),
+        (TinySpec::qwen2(), DType::F32, 2, 2, MedusaKind::Random),
+        (TinySpec::qwen2(), DType::F16, 4, 1, MedusaKind::Shared),
+    ] {
         let mut r = rng(340 + spec.qwen2 as u64);
         let tiny = TinyModel::random(spec, &mut r);
         let ckpt = ckpt_of(&tiny, &mut r);
         let mut target = load(&ckpt, 64);
-        let (file, config) = common::tiny::medusa_heads(&tiny, heads, layers, dtype, false, &mut r);
+        let (file, config) = common::tiny::medusa_heads(&tiny, heads, layers, dtype, kind, &mut r);
         let values = Checkpoint::from_named_safetensors(ckpt.config.clone(), vec![Box::new(file.clone())])
             .expect("heads");
         let medusa = load_heads(&target, file, &config, 8);
-        assert_eq!(medusa.config, MedusaConfig { heads, layers });
+        let shared_output = kind == MedusaKind::Shared;
+        assert_eq!(medusa.config, MedusaConfig { heads, layers, shared_output });
         let mut reference = reference::RefModel::new(&ckpt, Precision::Auto);
         let prompt: Vec<u32> = (0..9).map(|_| r.gen_range(0..spec.vocab as u32)).collect();
         pollster::block_on(target.forward(&prompt, 0)).expect("forward");
@@ -1048,12 +1053,15 @@ fn medusa_heads_rank_what_the_reference_heads_rank() {
                         x[i] = (x[i] as f64 + v / (1.0 + (-v).exp())) as f32;
                     }
                 }
-                let logits = reference::matvec(
-                    &get(format!("{h}.{layers}.weight"), vec![spec.vocab, spec.dim]),
-                    &x,
-                    spec.vocab,
-                    spec.dim,
-                );
+                let out = match shared_output {
+                    true => {
+                        let name = if spec.tied { "token_embd.weight" } else { "output.weight" };
+                        let t = ckpt.tensor(name, &[spec.vocab, spec.dim], Precision::F32).expect("output");
+                        t.to_f32().expect("f32")
+                    }
+                    false => get(format!("{h}.{layers}.weight"), vec![spec.vocab, spec.dim]),
+                };
+                let logits = reference::matvec(&out, &x, spec.vocab, spec.dim);
                 let mut sorted = logits.clone();
                 sorted.sort_by(|a, b| b.total_cmp(a));
                 for (rank, &id) in ids.iter().enumerate() {
@@ -1164,15 +1172,18 @@ fn medusa_speculation_equals_greedy_output() {
         let tiny = TinyModel::random(spec, &mut r);
         let mut target = load(&ckpt_of(&tiny, &mut r), 64);
         let choices = speculative::medusa::default_choices();
-        let (file, config) = common::tiny::medusa_heads(&tiny, 3, 1, DType::F16, false, &mut r);
+        let (file, config) = common::tiny::medusa_heads(&tiny, 3, 1, DType::F16, MedusaKind::Random, &mut r);
         let mut random =
+            Medusa::new(load_heads(&target, file, &config, 10), choices.clone()).expect("medusa");
+        let (file, config) = common::tiny::medusa_heads(&tiny, 3, 1, DType::F16, MedusaKind::Shared, &mut r);
+        let mut shared =
             Medusa::new(load_heads(&target, file, &config, 10), choices.clone()).expect("medusa");
         // heads that rank what the target's output ranks at the row they read: head 0's first
         // guess is then the context's last token itself (which the target produced from that row)
-        let (file, config) = common::tiny::medusa_heads(&tiny, 4, 1, DType::F32, true, &mut r);
+        let (file, config) = common::tiny::medusa_heads(&tiny, 4, 1, DType::F32, MedusaKind::Echo, &mut r);
         let mut echo = Medusa::new(load_heads(&target, file, &config, 10), choices).expect("medusa");
-        let mut drafts: [(&str, &mut dyn Draft, bool); 2] =
-            [("random", &mut random, false), ("echo", &mut echo, true)];
+        let mut drafts: [(&str, &mut dyn Draft, bool); 3] =
+            [("random", &mut random, false), ("shared", &mut shared, false), ("echo", &mut echo, true)];
         heads_speculate_exactly(&format!("qwen2={} medusa", spec.qwen2), &mut target, &mut drafts, &mut r);
     }
 }
@@ -1183,7 +1194,7 @@ fn medusa_heads_and_paths_are_checked() {
     let mut r = rng(360);
     let tiny = TinyModel::random(spec, &mut r);
     let target = load(&ckpt_of(&tiny, &mut r), 64);
-    let (file, config) = common::tiny::medusa_heads(&tiny, 2, 1, DType::F32, false, &mut r);
+    let (file, config) = common::tiny::medusa_heads(&tiny, 2, 1, DType::F32, MedusaKind::Random, &mut r);
     // a config that disagrees with the weights, a projection of another vocabulary
     let ckpt = Checkpoint::from_named_safetensors(target.config.clone(), vec![Box::new(file.clone())])
         .expect("heads");
@@ -1194,8 +1205,23 @@ fn medusa_heads_and_paths_are_checked() {
     other.vocab_size += 1;
     let ckpt = Checkpoint::from_named_safetensors(other, vec![Box::new(file.clone())]).expect("heads");
     let (c, prefix) = MedusaConfig::of_checkpoint(&ckpt, None).expect("config");
-    assert_eq!(c, MedusaConfig { heads: 2, layers: 1 });
+    assert_eq!(c, MedusaConfig { heads: 2, layers: 1, shared_output: false });
     let _ = prefix;
+    // some heads with a projection and others without
+    let (w, b) = (f32_bytes(&vec![0.0; spec.dim * spec.dim]), f32_bytes(&vec![0.0; spec.dim]));
+    let out = f32_bytes(&vec![0.0; spec.vocab * spec.dim]);
+    let (wide, square, one) = (vec![spec.vocab, spec.dim], vec![spec.dim, spec.dim], vec![spec.dim]);
+    let mixed = write_safetensors(&[
+        ("0.0.linear.weight", DType::F32, &square, &w),
+        ("0.0.linear.bias", DType::F32, &one, &b),
+        ("0.1.weight", DType::F32, &wide, &out),
+        ("1.0.linear.weight", DType::F32, &square, &w),
+        ("1.0.linear.bias", DType::F32, &one, &b),
+    ]);
+    let ckpt =
+        Checkpoint::from_named_safetensors(target.config.clone(), vec![Box::new(mixed)]).expect("heads");
+    let err = MedusaConfig::of_checkpoint(&ckpt, None).expect_err("mixed projections");
+    assert!(err.to_string().contains("heads [1] have no"), "{err}");
     // paths deeper than the heads, ranks past what they rank, a child before its parent
     let heads = || load_heads(&target, file.clone(), &config, 4);
     for (paths, why) in [

@@ -12,6 +12,11 @@
 //!   logits  = W_{h,L} h_L                          `{h}.{L}.weight` [vocab, dim]
 //! ```
 //!
+//! A file may leave out every head's `{h}.{L}.weight`: the heads then project with the target's
+//! own output matrix (heads trained with the projection frozen at the target's `lm_head`, as
+//! `scripts/train/train_medusa.py` trains them), a file of the blocks alone, and one matmul over
+//! `[heads, dim]` reads that matrix once for every head.
+//!
 //! Everything runs in one submission with one small read-back: the target's hidden row (picked by
 //! a row index written before the submission), each head's blocks and projection, and each
 //! head's top-k ids ([`Gpu::top_k`]): `[heads, k]` ids come back, never logits.
@@ -32,6 +37,9 @@ pub struct MedusaConfig {
     pub heads: usize,
     /// Residual blocks per head (`medusa_num_layers`).
     pub layers: usize,
+    /// Whether the heads project with the target's output matrix (the file has no
+    /// `{h}.{L}.weight`), rather than each with its own.
+    pub shared_output: bool,
 }
 
 /// The most heads a set may have (a tree is at most this deep).
@@ -42,8 +50,8 @@ pub const MAX_MEDUSA_HEADS: usize = 16;
 struct HeadTensors {
     /// Per residual block: `{h}.{l}.linear.weight` `[dim, dim]` and `.bias` `[dim]`.
     blocks: Vec<(TensorSpec, TensorSpec)>,
-    /// `{h}.{L}.weight` `[vocab, dim]`.
-    out: TensorSpec,
+    /// `{h}.{L}.weight` `[vocab, dim]`; `None`: the target's output matrix.
+    out: Option<TensorSpec>,
 }
 
 /// Every tensor of a set of heads, named as in the file (a common prefix such as
@@ -60,7 +68,9 @@ fn head_tensors(prefix: &str, c: MedusaConfig, dim: usize, vocab: usize) -> Vec<
                     )
                 })
                 .collect(),
-            out: spec(format!("{prefix}{h}.{}.weight", c.layers), vec![vocab, dim], TensorRole::Output),
+            out: (!c.shared_output).then(|| {
+                spec(format!("{prefix}{h}.{}.weight", c.layers), vec![vocab, dim], TensorRole::Output)
+            }),
         })
         .collect()
 }
@@ -78,7 +88,7 @@ impl MedusaConfig {
             .and_then(|i| names.first().map(|n| &n[..i]))
             .unwrap_or("")
             .to_string();
-        let (mut heads, mut layers) = (0usize, 0usize);
+        let (mut heads, mut layers, mut projections) = (0usize, 0usize, Vec::new());
         for name in &names {
             let rest = name.strip_prefix(prefix.as_str()).ok_or_else(|| {
                 bad(format!("tensor {name:?} does not start with {prefix:?} as the others do"))
@@ -92,8 +102,10 @@ impl MedusaConfig {
                 return Err(bad(format!("tensor {name:?}: at most {MAX_MEDUSA_HEADS} heads of 64 blocks")));
             }
             heads = heads.max(h + 1);
-            if parts.next() == Some("linear") {
-                layers = layers.max(l + 1);
+            match parts.next() {
+                Some("linear") => layers = layers.max(l + 1),
+                Some("weight") => projections.push(h),
+                _ => {}
             }
         }
         if heads == 0 {
@@ -109,7 +121,16 @@ impl MedusaConfig {
                 return Err(bad(format!("config.json declares {key} = {d}, the weights hold {found}")));
             }
         }
-        Ok((MedusaConfig { heads, layers }, prefix))
+        projections.sort_unstable();
+        projections.dedup();
+        if !projections.is_empty() && projections.len() != heads {
+            let lacking: Vec<usize> = (0..heads).filter(|h| !projections.contains(h)).collect();
+            return Err(bad(format!(
+                "heads {lacking:?} have no {{head}}.{layers}.weight projection and the others do: \
+                 every head has its own, or none has (the target's output is shared)"
+            )));
+        }
+        Ok((MedusaConfig { heads, layers, shared_output: projections.is_empty() }, prefix))
     }
 }
 
@@ -117,16 +138,22 @@ impl MedusaConfig {
 #[allow(dead_code)]
 struct Head {
     blocks: Vec<(Matrix, GpuBuffer<f32>)>, // per block: W [dim, dim], b [dim]
-    out: Matrix,                           // [vocab, dim]
+    out: Option<Matrix>,                   // [vocab, dim] (None: the target's output)
     state: [GpuBuffer<f32>; 2],            // [dim] each: h_l, then h_{l+1} (ping-pong)
-    logits: GpuBuffer<f32>,                // [vocab]
-    top: GpuBuffer<u32>,                   // [k] the head's most likely ids
+    logits: Option<GpuBuffer<f32>>,        // [vocab] (own projection)
+    top: Option<GpuBuffer<u32>>,           // [k] the head's most likely ids (own projection)
 }
 
 /// One step of the heads' submission: a compute pass of ops, or a buffer copy between them.
 enum Action {
-    Ops(Vec<Op>),
-    Copy { from: wgpu::Buffer, to: wgpu::Buffer, to_offset: u64, bytes: u64 },
+    /// Ops of a pass of `n` rows.
+    Ops(Vec<Op>, u32),
+    Copy {
+        from: wgpu::Buffer,
+        to: wgpu::Buffer,
+        to_offset: u64,
+        bytes: u64,
+    },
 }
 
 /// Medusa heads on the GPU, reading one target's hidden states (see the module's doc).
@@ -136,6 +163,9 @@ pub struct MedusaHeads {
     /// Kept alive for the bind groups that reference them.
     _heads: Vec<Head>,
     _step: wgpu::Buffer,     // uniform Step: one row
+    _steps: wgpu::Buffer,    // uniform Step: one row per head (the shared projection)
+    _last: GpuBuffer<f32>,   // [heads, dim] every head's h_L (the shared projection)
+    _logits: GpuBuffer<f32>, // [heads, vocab] their logits (the shared projection)
     row: GpuBuffer<u32>,     // [1] the target's row the heads read
     _hidden: GpuBuffer<f32>, // [dim] the target's final hidden state at that row
     top: GpuBuffer<u32>,     // [heads, k] every head's top ids
@@ -157,7 +187,7 @@ impl MedusaHeads {
         let (dim, vocab) = (target.config.dim as u64, target.config.vocab_size as u64);
         let mut bytes = 0;
         for t in head_tensors(prefix, config, dim as usize, vocab as usize) {
-            for spec in t.blocks.iter().flat_map(|(w, b)| [w, b]).chain([&t.out]) {
+            for spec in t.blocks.iter().flat_map(|(w, b)| [w, b]).chain(&t.out) {
                 let n = spec.shape.iter().product::<usize>() as u64;
                 let stored = ckpt.dtype(&spec.name, &spec.shape)?;
                 let kept = precision == Precision::Auto && spec.shape.len() > 1;
@@ -165,7 +195,9 @@ impl MedusaHeads {
             }
         }
         let heads = config.heads as u64;
-        Ok(bytes + 4 * (dim + 1 + heads * (2 * dim + vocab + 2 * top_k as u64)))
+        // hidden, row, top; per head its state, and its logits and top (own projection) or
+        // its rows of `last` and of the shared logits
+        Ok(bytes + 4 * (dim + 1 + heads * (3 * dim + vocab + 2 * top_k as u64)))
     }
 
     /// Uploads the heads of `ckpt` (a [`Checkpoint::from_named_safetensors`] of the heads' file,
@@ -192,7 +224,7 @@ impl MedusaHeads {
         let g = &*gpu;
         let table = head_tensors(prefix, config, dim, vocab);
         let all: Vec<&TensorSpec> =
-            table.iter().flat_map(|h| h.blocks.iter().flat_map(|(w, b)| [w, b]).chain([&h.out])).collect();
+            table.iter().flat_map(|h| h.blocks.iter().flat_map(|(w, b)| [w, b]).chain(&h.out)).collect();
         let bytes = all.iter().filter_map(|t| ckpt.stored_bytes(&t.name)).sum();
         let tally = std::cell::RefCell::new(Tally::new(all.len(), bytes, progress));
         let max_bytes = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(g.max_binding_bytes());
@@ -203,9 +235,14 @@ impl MedusaHeads {
         let row = GpuBuffer::<u32>::zeros(g, "medusa row", 1);
         let hidden = GpuBuffer::<f32>::zeros(g, "medusa hidden", dim);
         let top = GpuBuffer::<u32>::zeros(g, "medusa top", config.heads * top_k);
+        let steps = g.step_buffer();
+        g.write_step(&steps, config.heads, 0);
+        let rows = if config.shared_output { config.heads } else { 0 };
+        let last = GpuBuffer::<f32>::zeros(g, "medusa last", (rows * dim).max(1));
+        let all_logits = GpuBuffer::<f32>::zeros(g, "medusa logits", (rows * vocab).max(1));
         let (raw, norm) = target.hidden_buffers();
         let gather = g.gather_rows(&step, raw, Some(&row), Some((norm, c.rms_eps)), (&hidden, dim, 0), dim);
-        let mut program = vec![Action::Ops(vec![gather])];
+        let mut program = vec![Action::Ops(vec![gather], 1)];
         let mut heads = Vec::with_capacity(config.heads);
         let mut gpu_bytes = 0;
         let copy = |from: &GpuBuffer<f32>, to: &GpuBuffer<f32>| Action::Copy {
@@ -220,10 +257,11 @@ impl MedusaHeads {
                 let bias = GpuBuffer::<f32>::from_slice(g, &b.name, &up.vector(b).await?);
                 blocks.push((up.matrix(w).await?, bias));
             }
-            let out = up.matrix(&t.out).await?;
+            let out = match &t.out {
+                Some(spec) => Some(up.matrix(spec).await?),
+                None => None,
+            };
             let state = [0, 1].map(|i| GpuBuffer::<f32>::zeros(g, &format!("medusa {h} state {i}"), dim));
-            let logits = GpuBuffer::<f32>::zeros(g, &format!("medusa {h} logits"), vocab);
-            let head_top = GpuBuffer::<u32>::zeros(g, &format!("medusa {h} top"), top_k);
             // h_{l+1} = h_l + silu(W h_l + b): the input copied to the output, then the block
             // added by the matmul's epilogue
             let mut input = &hidden;
@@ -231,10 +269,24 @@ impl MedusaHeads {
                 let output = &state[l % 2];
                 program.push(copy(input, output));
                 let block = MatmulOut { ldy: dim as u32, accumulate: true, silu: true, ..Default::default() };
-                program.push(Action::Ops(w.matmul(g, &step, input, Some(bias), output, block)));
+                program.push(Action::Ops(w.matmul(g, &step, input, Some(bias), output, block), 1));
                 input = output;
             }
+            gpu_bytes += blocks.iter().map(|(w, b)| w.gpu_bytes() + b.raw.size()).sum::<u64>();
+            let Some(out) = out else {
+                // h_L into row h of `last`, projected with the others' below
+                program.push(Action::Copy {
+                    from: input.raw.clone(),
+                    to: last.raw.clone(),
+                    to_offset: (4 * h * dim) as u64,
+                    bytes: 4 * dim as u64,
+                });
+                heads.push(Head { blocks, out: None, state, logits: None, top: None });
+                continue;
+            };
             // logits = W_out h_L, and their top_k ids into row h of `top`
+            let logits = GpuBuffer::<f32>::zeros(g, &format!("medusa {h} logits"), vocab);
+            let head_top = GpuBuffer::<u32>::zeros(g, &format!("medusa {h} top"), top_k);
             let mut ops = out.matmul(
                 g,
                 &step,
@@ -244,16 +296,23 @@ impl MedusaHeads {
                 MatmulOut { ldy: vocab as u32, ..Default::default() },
             );
             ops.push(g.top_k(&step, &logits, (&head_top, None), vocab, top_k));
-            program.push(Action::Ops(ops));
+            program.push(Action::Ops(ops, 1));
             program.push(Action::Copy {
                 from: head_top.raw.clone(),
                 to: top.raw.clone(),
                 to_offset: (4 * h * top_k) as u64,
                 bytes: 4 * top_k as u64,
             });
-            gpu_bytes +=
-                out.gpu_bytes() + blocks.iter().map(|(w, b)| w.gpu_bytes() + b.raw.size()).sum::<u64>();
-            heads.push(Head { blocks, out, state, logits, top: head_top });
+            gpu_bytes += out.gpu_bytes();
+            heads.push(Head { blocks, out: Some(out), state, logits: Some(logits), top: Some(head_top) });
+        }
+        if config.shared_output {
+            // every head's logits in one pass over the target's output matrix, `[heads, vocab]`,
+            // and their top_k ids: `top` row by row
+            let out = MatmulOut { ldy: vocab as u32, ..Default::default() };
+            let mut ops = target.output_ops(&steps, &last, &all_logits, out);
+            ops.push(g.top_k(&steps, &all_logits, (&top, None), vocab, top_k));
+            program.push(Action::Ops(ops, config.heads as u32));
         }
         g.take_error()?;
         Ok(MedusaHeads {
@@ -261,6 +320,9 @@ impl MedusaHeads {
             gpu,
             _heads: heads,
             _step: step,
+            _steps: steps,
+            _last: last,
+            _logits: all_logits,
             row,
             _hidden: hidden,
             top,
@@ -288,7 +350,7 @@ impl MedusaHeads {
         let mut enc = g.encoder();
         for action in &self.program {
             match action {
-                Action::Ops(ops) => g.encode(&mut enc, ops, 1),
+                Action::Ops(ops, n) => g.encode(&mut enc, ops, *n),
                 Action::Copy { from, to, to_offset, bytes } => {
                     enc.copy_buffer_to_buffer(from, 0, to, *to_offset, *bytes)
                 }

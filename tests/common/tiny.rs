@@ -322,23 +322,34 @@ pub fn gpt2_byte_symbols() -> Vec<String> {
         .collect()
 }
 
+/// What [`medusa_heads`] writes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum MedusaKind {
+    /// Random blocks and projections.
+    Random,
+    /// Zero blocks and the model's own output matrix as every projection: every head then ranks
+    /// what the model's output ranks at the row it reads (its own next token), a guess that is
+    /// right wherever the text repeats a token.
+    Echo,
+    /// Random blocks and no projections: the heads project with the target's output matrix.
+    Shared,
+}
+
 /// Medusa heads for a tiny model in the public Medusa-1 layout (`{h}.{l}.linear.weight` /
-/// `.bias`, `{h}.{L}.weight`): the `medusa_lm_head.safetensors` bytes (matrices as `dtype`: F32,
-/// F16 or BF16) and its `config.json`. Random heads, or with `copy_output` heads whose blocks are
-/// zero and whose projection is the model's own output matrix: every head then ranks what the
-/// model's output ranks at the row it reads (its own next token), a guess that is right wherever
-/// the text repeats a token.
+/// `.bias`, `{h}.{L}.weight` but with [`MedusaKind::Shared`]): the `medusa_lm_head.safetensors`
+/// bytes (matrices as `dtype`: F32, F16 or BF16) and its `config.json`.
 pub fn medusa_heads(
     model: &TinyModel,
     heads: usize,
     layers: usize,
     dtype: DType,
-    copy_output: bool,
+    kind: MedusaKind,
     rng: &mut SmallRng,
 ) -> (Vec<u8>, Vec<u8>) {
     let s = &model.spec;
     let output_name = if s.tied { "token_embd.weight" } else { "output.weight" };
     let output = model.tensors.iter().find(|t| t.name == output_name).expect("output matrix");
+    let copy_output = kind == MedusaKind::Echo;
     let mut random = |n: usize, scale: f32| -> Vec<f32> {
         (0..n).map(|_| if copy_output { 0.0 } else { rng.gen_range(-scale..scale) }).collect()
     };
@@ -355,6 +366,9 @@ pub fn medusa_heads(
             owned.push((format!("{h}.{l}.linear.weight"), stored, vec![s.dim, s.dim], matrix(&w)));
             let b = random(s.dim, 0.3);
             owned.push((format!("{h}.{l}.linear.bias"), DType::F32, vec![s.dim], f32_bytes(&b)));
+        }
+        if kind == MedusaKind::Shared {
+            continue;
         }
         let out = if copy_output { output.values.clone() } else { random(s.vocab * s.dim, 0.5) };
         owned.push((format!("{h}.{layers}.weight"), stored, vec![s.vocab, s.dim], matrix(&out)));

@@ -219,7 +219,7 @@ pub async fn greedy_speculation_equals_greedy() {
     // Medusa heads for the target in the public layout (its own output matrix as their projection)
     let mut r = rng(300);
     let tiny = TinyModel::random(TinySpec::llama(), &mut r);
-    let (heads, config) = tiny::medusa_heads(&tiny, 3, 1, DType::F16, true, &mut r);
+    let (heads, config) = tiny::medusa_heads(&tiny, 3, 1, DType::F16, tiny::MedusaKind::Echo, &mut r);
     let mut files = ModelFiles::new();
     files.add("medusa_lm_head.safetensors", heads).expect("heads");
     files.add("config.json", config).expect("config");
