@@ -566,6 +566,28 @@ fn draft_model_rolls_back_and_catches_up() {
 }
 
 #[test]
+fn the_last_rows_most_likely_ids_are_ranked_on_the_gpu_as_its_logits_rank_them() {
+    // forward_top_k (what a draft model's top-k tree reads back) against a CPU ranking of the
+    // same pass's last row (ties: lower id first, as the argmax), for 1..=16 ids and passes of
+    // 1 and 5 rows; a tree draft's chain token is its first id.
+    let mut r = rng(235);
+    let tiny = TinyModel::random(TinySpec::qwen2(), &mut r);
+    let ckpt = ckpt_of(&tiny, &mut r);
+    let mut model = load(&ckpt, 64);
+    let v = tiny.spec.vocab as u32;
+    pollster::block_on(model.forward_argmax(&[1, 2, 3], 0)).expect("prefix");
+    for (rows, k) in [(1, 1), (1, 3), (5, 16), (5, 2)] {
+        let tokens: Vec<u32> = (0..rows).map(|_| r.gen_range(0..v)).collect();
+        let logits = pollster::block_on(model.forward_last(&tokens, 3)).expect("forward");
+        let ids = pollster::block_on(model.forward_top_k(&tokens, 3, k)).expect("top-k");
+        let mut want: Vec<u32> = (0..v).collect();
+        want.sort_by(|&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b)));
+        assert_eq!(ids, want[..k], "{rows} rows, k {k}");
+    }
+    assert!(pollster::block_on(model.forward_top_k(&[1], 3, 17)).is_err());
+}
+
+#[test]
 fn a_draft_with_another_vocabulary_is_refused() {
     let mut r = rng(230);
     let target = ckpt_of(&TinyModel::random(TinySpec::llama(), &mut r), &mut r);

@@ -10,7 +10,9 @@ use crate::error::{Error, Result};
 use crate::loader::source;
 use bytemuck::Zeroable;
 
-use crate::gpu::{Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut, Second, MAX_TREE};
+use crate::gpu::{
+    Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut, Second, MAX_TOP_K, MAX_TREE,
+};
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
 pub const MAX_BATCH: usize = 32;
@@ -109,6 +111,9 @@ pub struct Model {
     forward_ops: Vec<Op>,
     /// Argmax of every logits row.
     argmax_ops: Vec<Op>,
+    /// ([`Model::forward_top_k`]) k, the k most likely ids of every row `[MAX_BATCH, k]`, and
+    /// the op ranking them; made on first use.
+    top_k: Option<(usize, GpuBuffer<u32>, Op)>,
     /// Per layer: keeps a tree pass's accepted path in the KV cache ([`Model::keep_path`]).
     keep_ops: Vec<Op>,
     /// KV cache positions allocated.
@@ -294,6 +299,7 @@ impl Model {
             state,
             forward_ops,
             argmax_ops,
+            top_k: None,
             keep_ops,
             context,
             file_weight_bytes,
@@ -588,6 +594,29 @@ impl Model {
     pub async fn forward_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<u32>> {
         let enc = self.encode(tokens, start_pos, None, true)?;
         self.read_argmax(enc, tokens.len()).await
+    }
+
+    /// As [`Model::forward_last`], but returns the last row's `k` most likely ids (1..=
+    /// [`MAX_TOP_K`]), most likely first (equal logits: lower id first, as the argmax breaks
+    /// ties), ranked on the GPU: `k` ids come back instead of a row of logits.
+    pub async fn forward_top_k(&mut self, tokens: &[u32], start_pos: usize, k: usize) -> Result<Vec<u32>> {
+        if k == 0 || k > MAX_TOP_K {
+            return Err(Error::InvalidArgument(format!("ranking 1..={MAX_TOP_K} ids, not {k}")));
+        }
+        let mut enc = self.encode(tokens, start_pos, None, false)?;
+        let g = &*self.gpu;
+        if self.top_k.as_ref().is_none_or(|(have, _, _)| *have != k) {
+            let ids = GpuBuffer::<u32>::zeros(g, "top-k ids", MAX_BATCH * k);
+            let op = g.top_k(&self.state.step, &self.state.logits, (&ids, None), self.config.vocab_size, k);
+            self.top_k = Some((k, ids, op));
+        }
+        let Some((_, ids, op)) = self.top_k.as_ref() else {
+            return Err(Error::Gpu("the top-k op was not made".into()));
+        };
+        g.encode(&mut enc, std::slice::from_ref(op), tokens.len() as u32);
+        let offset = ((tokens.len() - 1) * k * 4) as u64;
+        let raw = g.submit_and_read(enc, &ids.raw, offset, (k * 4) as u64).await?;
+        Ok(bytemuck::pod_collect_to_vec(&raw))
     }
 
     /// Runs a token tree at `start_pos` in one pass: row r holds node r, `ancestors[r]` its

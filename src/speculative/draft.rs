@@ -17,7 +17,7 @@ use std::pin::Pin;
 use super::tree::TokenTree;
 use super::verify::Dist;
 use crate::error::{Error, Result};
-use crate::gpu::MAX_TREE;
+use crate::gpu::{MAX_TOP_K, MAX_TREE};
 use crate::model::{Config, Model, MAX_BATCH};
 use crate::sampling::{Rng, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -205,7 +205,8 @@ impl DraftModel {
 
     /// Greedy proposals as top-k trees: the chain of argmaxes, and at each depth the step's next
     /// `alternatives` most likely tokens as siblings (in the budget's nodes, shallow first). Each
-    /// step then reads back its logits row; the cycle is CPU-driven. 0 (the default): chains.
+    /// step then reads back its `1 + alternatives` best ids (ranked on the GPU, at most
+    /// [`MAX_TOP_K`]); the cycle is CPU-driven. 0 (the default): chains.
     pub fn set_tree(&mut self, alternatives: usize) {
         self.alternatives = alternatives;
     }
@@ -260,9 +261,11 @@ impl DraftModel {
         let pos = self.fed.len();
         alternatives.clear();
         let out = if sampling.is_greedy() && self.alternatives > 0 {
-            let logits = self.model.forward_last(tokens, pos).await?;
-            let mut top = most_likely(&logits, 1 + self.alternatives);
-            let id = top.remove(0);
+            // ranked on the GPU: 1 + alternatives ids come back
+            let k = (1 + self.alternatives).min(MAX_TOP_K);
+            let mut top = self.model.forward_top_k(tokens, pos, k).await?;
+            let id = top.first().copied().ok_or_else(|| Error::Gpu("empty top-k read-back".into()))?;
+            top.remove(0);
             *alternatives = top;
             (id, None)
         } else if sampling.is_greedy() {
@@ -450,20 +453,6 @@ impl NGram {
     }
 }
 
-/// The `n` most likely tokens of a logits row, most likely first (equal logits: lower id first,
-/// as the argmax kernel breaks ties).
-fn most_likely(logits: &[f32], n: usize) -> Vec<u32> {
-    let mut top: Vec<u32> = Vec::with_capacity(n + 1);
-    for (id, &v) in logits.iter().enumerate() {
-        let at = top.partition_point(|&t| logits[t as usize] >= v);
-        if at < n {
-            top.insert(at, id as u32);
-            top.truncate(n);
-        }
-    }
-    top
-}
-
 /// The n-gram continuations a tree draft merges by default (the ensemble, `bench --tree`). On
 /// lavapipe with SmolLM2 the older matches' continuations rarely beat the latest one's (τ 1.34
 /// vs 1.33, BENCHMARKS.md), so plain n-gram drafts stay chains.
@@ -559,14 +548,6 @@ mod tests {
         assert_eq!(g.lookup(&[1, 2, 3, 4], 4), Vec::<u32>::new());
         // The shorter n-gram is used when the longer has no match; the latest match wins.
         assert_eq!(g.lookup(&[7, 1, 6, 1, 8, 9, 1], 2), vec![8, 9]);
-    }
-
-    #[test]
-    fn the_most_likely_tokens_rank_ties_by_id_as_the_argmax_does() {
-        let logits = [0.5, 2.0, -1.0, 2.0, 1.5, 2.0];
-        assert_eq!(most_likely(&logits, 1), vec![crate::sampling::argmax(&logits)]);
-        assert_eq!(most_likely(&logits, 4), vec![1, 3, 5, 4]);
-        assert_eq!(most_likely(&logits, 9).len(), 6);
     }
 
     #[test]
