@@ -41,10 +41,43 @@ pub enum DraftKind {
     ModelNgram,
     /// The loaded Medusa heads: a token tree from their top guesses.
     Medusa,
+    /// The Medusa heads' tree and the n-gram continuations merged (the ensemble).
+    #[serde(rename = "medusa+ngram")]
+    MedusaNgram,
     /// The loaded EAGLE head: EAGLE-2's dynamic tree of its best-scoring guesses.
     Eagle,
+    /// The EAGLE head's tree and the n-gram continuations merged (the ensemble).
+    #[serde(rename = "eagle+ngram")]
+    EagleNgram,
     /// No speculation: plain target decoding.
     None,
+}
+
+impl DraftKind {
+    /// The loaded draft an ensemble kind merges the n-gram with (`EagleNgram` -> `Eagle`), or
+    /// the kind itself.
+    pub fn base(self) -> DraftKind {
+        match self {
+            DraftKind::ModelNgram => DraftKind::Model,
+            DraftKind::MedusaNgram => DraftKind::Medusa,
+            DraftKind::EagleNgram => DraftKind::Eagle,
+            d => d,
+        }
+    }
+
+    /// The name requests use (`"eagle+ngram"`).
+    pub fn name(self) -> &'static str {
+        match self {
+            DraftKind::Model => "model",
+            DraftKind::Ngram => "ngram",
+            DraftKind::ModelNgram => "model+ngram",
+            DraftKind::Medusa => "medusa",
+            DraftKind::MedusaNgram => "medusa+ngram",
+            DraftKind::Eagle => "eagle",
+            DraftKind::EagleNgram => "eagle+ngram",
+            DraftKind::None => "none",
+        }
+    }
 }
 
 fn default_max_tokens() -> usize {
@@ -623,34 +656,31 @@ impl Engine {
         };
         let mut ngram = NGram::default();
         let mut ensemble;
-        let draft: Option<&mut dyn speculative::Draft> = match (kind, self.draft.as_mut()) {
-            (DraftKind::None, _) => None,
-            (DraftKind::Ngram, _) => Some(&mut ngram),
-            (DraftKind::Model, Some((d, _))) => Some(d),
-            (DraftKind::ModelNgram, Some((d, _))) => {
-                ensemble =
-                    Ensemble { model: d, ngram: NGram { branches: TREE_BRANCHES, ..NGram::default() } };
-                Some(&mut ensemble)
-            }
-            (DraftKind::Model | DraftKind::ModelNgram, None) => {
-                return Err(Error::InvalidArgument("a draft model was asked for, but none is loaded".into()))
-            }
-            (DraftKind::Medusa, _) => match self.medusa.as_mut() {
+        let missing =
+            |what: &str| Err(Error::InvalidArgument(format!("{what} asked for, but none is loaded")));
+        let alone: Option<&mut dyn speculative::Draft> = match kind {
+            DraftKind::None => None,
+            DraftKind::Ngram => Some(&mut ngram),
+            DraftKind::Model | DraftKind::ModelNgram => match self.draft.as_mut() {
+                Some((d, _)) => Some(d),
+                None => return missing("a draft model was"),
+            },
+            DraftKind::Medusa | DraftKind::MedusaNgram => match self.medusa.as_mut() {
                 Some(m) => Some(m),
-                None => {
-                    return Err(Error::InvalidArgument(
-                        "Medusa heads were asked for, but none are loaded".into(),
-                    ))
-                }
+                None => return missing("Medusa heads were"),
             },
-            (DraftKind::Eagle, _) => match self.eagle.as_mut() {
+            DraftKind::Eagle | DraftKind::EagleNgram => match self.eagle.as_mut() {
                 Some(e) => Some(e),
-                None => {
-                    return Err(Error::InvalidArgument(
-                        "an EAGLE head was asked for, but none is loaded".into(),
-                    ))
-                }
+                None => return missing("an EAGLE head was"),
             },
+        };
+        let draft = match (kind, alone) {
+            (DraftKind::ModelNgram | DraftKind::MedusaNgram | DraftKind::EagleNgram, Some(d)) => {
+                let ngram = NGram { branches: TREE_BRANCHES, ..NGram::default() };
+                ensemble = Ensemble { draft: d, ngram };
+                Some(&mut ensemble as &mut dyn speculative::Draft)
+            }
+            (_, d) => d,
         };
         let mut g =
             speculative::generate(&mut self.target, draft, &prompt, &opts, req.k_policy(), &mut on_commit)

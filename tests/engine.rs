@@ -289,8 +289,10 @@ fn speculation_through_the_engine_equals_plain_decoding() {
         (DraftKind::ModelNgram, Some(3)),
         (DraftKind::Medusa, Some(3)),
         (DraftKind::Medusa, None),
+        (DraftKind::MedusaNgram, Some(3)),
         (DraftKind::Eagle, Some(3)),
         (DraftKind::Eagle, None),
+        (DraftKind::EagleNgram, None),
     ] {
         req.draft = Some(draft);
         req.draft_k = k;
@@ -306,8 +308,10 @@ fn speculation_through_the_engine_equals_plain_decoding() {
             // A draft equal to the target is always right: every cycle but the last is full.
             assert!(out.stats.acceptance_rate == 1.0, "{:?}", out.stats);
         }
-        if draft == DraftKind::ModelNgram {
-            assert_eq!(out.stats.draft, "model+ngram");
+        if matches!(draft, DraftKind::ModelNgram | DraftKind::MedusaNgram | DraftKind::EagleNgram) {
+            // the ensembles name themselves as requests do, and verify merged trees
+            assert_eq!(out.stats.draft, draft.name());
+            assert!(out.stats.tree_cycles > 0, "{draft:?}: trees were verified: {:?}", out.stats);
         }
         if draft == DraftKind::Medusa {
             assert_eq!(out.stats.draft, "medusa");

@@ -619,7 +619,7 @@ fn greedy_speculative_output_equals_greedy_output() {
             ("random", Box::new(DraftModel::new(random, &cfg).expect("draft"))),
             ("ngram", Box::new(NGram::default())),
             ("ngram tree", Box::new(ngram.clone())),
-            ("model+ngram", Box::new(Ensemble { model: &mut ensemble_model, ngram })),
+            ("model+ngram", Box::new(Ensemble { draft: &mut ensemble_model, ngram })),
             ("model top-3 tree", Box::new(top3)),
         ];
         let v = spec.vocab as u32;
@@ -1199,13 +1199,22 @@ fn medusa_speculation_equals_greedy_output() {
             Medusa::new(load_heads(&target, file, &config, 10), choices.clone()).expect("medusa");
         let (file, config) = common::tiny::medusa_heads(&tiny, 3, 1, DType::F16, MedusaKind::Shared, &mut r);
         let mut shared =
+            Medusa::new(load_heads(&target, file.clone(), &config, 10), choices.clone()).expect("medusa");
+        // the same heads' trees merged with the n-gram's continuations (the ensemble)
+        let mut merged_heads =
             Medusa::new(load_heads(&target, file, &config, 10), choices.clone()).expect("medusa");
+        let ngram = NGram { branches: 4, ..NGram::default() };
+        let mut merged = Ensemble { draft: &mut merged_heads, ngram };
         // heads that rank what the target's output ranks at the row they read: head 0's first
         // guess is then the context's last token itself (which the target produced from that row)
         let (file, config) = common::tiny::medusa_heads(&tiny, 4, 1, DType::F32, MedusaKind::Echo, &mut r);
         let mut echo = Medusa::new(load_heads(&target, file, &config, 10), choices).expect("medusa");
-        let mut drafts: [(&str, &mut dyn Draft, bool); 3] =
-            [("random", &mut random, false), ("shared", &mut shared, false), ("echo", &mut echo, true)];
+        let mut drafts: [(&str, &mut dyn Draft, bool); 4] = [
+            ("random", &mut random, false),
+            ("shared", &mut shared, false),
+            ("echo", &mut echo, true),
+            ("shared+ngram", &mut merged, false),
+        ];
         heads_speculate_exactly(&format!("qwen2={} medusa", spec.qwen2), &mut target, &mut drafts, &mut r);
     }
 }
@@ -1523,8 +1532,12 @@ fn eagle_speculation_equals_greedy_output() {
         let tiny = TinyModel::random(spec, &mut r);
         let mut target = load(&ckpt_of(&tiny, &mut r), 64);
         let (file, config) = common::tiny::eagle_head(&tiny, DType::F16, false, false, &mut r);
-        let mut random =
-            Eagle::with_tree(load_eagle(&mut target, file, &config, 4).0, EagleTree::Dynamic { width: 3 });
+        let dynamic = EagleTree::Dynamic { width: 3 };
+        let mut random = Eagle::with_tree(load_eagle(&mut target, file.clone(), &config, 4).0, dynamic);
+        // the same head's trees merged with the n-gram's continuations (the ensemble)
+        let mut merged_head = Eagle::with_tree(load_eagle(&mut target, file, &config, 4).0, dynamic);
+        let ngram = NGram { branches: 4, ..NGram::default() };
+        let mut merged = Ensemble { draft: &mut merged_head, ngram };
         // a head that predicts the feature it is given: its first guess is the last token
         let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, true, &mut r);
         let mut echo = Eagle::with_tree(
@@ -1532,10 +1545,11 @@ fn eagle_speculation_equals_greedy_output() {
             EagleTree::Dynamic { width: 4 },
         );
         let mut echo_chain = Eagle::new(load_eagle(&mut target, file, &config, 4).0, 3);
-        let mut drafts: [(&str, &mut dyn Draft, bool); 3] = [
+        let mut drafts: [(&str, &mut dyn Draft, bool); 4] = [
             ("random dynamic", &mut random, false),
             ("echo dynamic", &mut echo, true),
             ("echo chain", &mut echo_chain, true),
+            ("random dynamic+ngram", &mut merged, false),
         ];
         heads_speculate_exactly(&format!("qwen2={} eagle", spec.qwen2), &mut target, &mut drafts, &mut r);
         // the adaptive runs sized the dynamic trees by costs and calibrated their chances

@@ -99,9 +99,18 @@ async function fillModelPickers() {
   }
 }
 
+/** The heads trained here for SmolLM2-135M, which `wgspec web` serves from the model cache. */
+const DEFAULT_HEADS = { eagle: "/models/smollm2-135m-eagle/", medusa: "/models/smollm2-135m-medusa/" };
+
 function updateDraftRow() {
-  $("draft-model-row").hidden = !$("draft-kind").value.startsWith("model");
-  $("eagle-row").hidden = $("draft-kind").value !== "eagle";
+  const kind = $("draft-kind").value;
+  $("draft-model-row").hidden = !kind.startsWith("model");
+  $("heads-row").hidden = !(kind in DEFAULT_HEADS);
+  // switching between EAGLE and Medusa swaps a default folder for the other one
+  const url = $("heads-url");
+  if (kind in DEFAULT_HEADS && Object.values(DEFAULT_HEADS).includes(url.value.trim())) {
+    url.value = DEFAULT_HEADS[kind];
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -130,13 +139,13 @@ async function onLoad() {
     } else if (kind === "ngram") {
       draft = "ngram";
     }
-    let eagle;
-    if (kind === "eagle") {
-      eagle = $("eagle-url").value.trim();
-      if (!eagle) throw new Error("enter the URL of the EAGLE head's folder (or pick another draft)");
+    const heads = {};
+    if (kind in DEFAULT_HEADS) {
+      heads[kind] = $("heads-url").value.trim();
+      if (!heads[kind]) throw new Error(`enter the URL of the ${kind === "eagle" ? "EAGLE head's" : "Medusa heads'"} folder (or pick another draft)`);
     }
     const started = performance.now();
-    llm = await WgSpec.load({ target, draft, eagle, onProgress: showProgress });
+    llm = await WgSpec.load({ target, draft, ...heads, onProgress: showProgress });
     window.wgspecLoadSeconds = (performance.now() - started) / 1000;
     window.wgspec = llm;
     const { info } = llm;
@@ -331,8 +340,9 @@ async function onGenerate() {
     showError("no draft model is loaded: press Load with the draft model chosen, or pick n-gram / none");
     return;
   }
-  if (kind === "eagle" && llm.draftKind !== "eagle") {
-    showError("no EAGLE head is loaded: press Load with the EAGLE head chosen, or pick another draft");
+  if (kind in DEFAULT_HEADS && llm.draftKind !== kind) {
+    const what = kind === "eagle" ? "EAGLE head" : "Medusa heads";
+    showError(`no ${what} loaded: press Load with the ${what} chosen, or pick another draft`);
     return;
   }
   const text = $("prompt").value;

@@ -469,23 +469,39 @@ fn add_breadth_first(tree: &mut TokenTree, paths: &[Vec<u32>], budget: usize) {
     }
 }
 
-/// SpecInfer's ensemble of drafts: the draft model's chain and the n-gram continuations merged
-/// into one token tree (shared prefixes once; the n-gram fills the budget's other nodes, at least
-/// K of them, where it differs),
-/// verified in one tree pass. With sampling, the draft model's chain alone (its tokens are drawn
-/// from its q, which a merged tree would not keep).
+/// SpecInfer's ensemble of drafts: another draft's proposal (a draft model's chain, an EAGLE or
+/// Medusa tree) and the n-gram continuations merged into one token tree (shared prefixes once),
+/// verified in one tree pass. The n-gram takes up to K nodes more than the draft's proposal
+/// holds (or the budget's other nodes, if more). A draft that sized its tree from the measured
+/// costs (EAGLE's) keeps it as sized, with the n-gram's nodes beside it; other merged trees are
+/// sized by the loop. With a draft that samples (its proposal carries q), its proposal alone
+/// (its tokens are drawn from its q, which a merged tree would not keep).
 pub struct Ensemble<'a> {
-    pub model: &'a mut DraftModel,
+    pub draft: &'a mut dyn Draft,
     pub ngram: NGram,
 }
 
 impl Draft for Ensemble<'_> {
     fn name(&self) -> &str {
-        "model+ngram"
+        match self.draft.name() {
+            "model" => "model+ngram",
+            "eagle" => "eagle+ngram",
+            "medusa" => "medusa+ngram",
+            _ => "ensemble",
+        }
     }
 
     fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
-        self.model.prefill(prompt)
+        self.draft.prefill(prompt)
+    }
+
+    fn target_pass<'a>(
+        &'a mut self,
+        context: &'a [u32],
+        first: usize,
+        rows: &'a [usize],
+    ) -> LocalFuture<'a, Result<usize>> {
+        self.draft.target_pass(context, first, rows)
     }
 
     fn propose<'a>(
@@ -496,14 +512,19 @@ impl Draft for Ensemble<'_> {
         rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>> {
         Box::pin(async move {
-            let chain = DraftBudget::chain(budget.depth);
-            let mut proposal = self.model.propose_impl(context, chain, sampling, rng).await?;
-            if !sampling.is_greedy() {
+            let mut proposal = self.draft.propose(context, budget, sampling, rng).await?;
+            if proposal.q.is_some() {
                 return Ok(proposal);
             }
-            let mut tree = TokenTree::chain(context.last().copied().unwrap_or(0), &proposal.tokens);
-            // the n-gram's branches in the nodes the chain leaves, at least `depth` of them
-            let nodes = budget.nodes.max(2 * budget.depth) + 1;
+            let root = context.last().copied().unwrap_or(0);
+            let mut tree = match proposal.tree.take() {
+                Some(t) => t,
+                None => TokenTree::chain(root, &proposal.tokens),
+            };
+            let nodes = match proposal.sized {
+                true => tree.len() + budget.depth,
+                false => (tree.len() + budget.depth).max(budget.nodes + 1),
+            };
             add_breadth_first(&mut tree, &self.ngram.continuations(context, budget.depth), nodes);
             proposal.tree = Some(tree).filter(|t| !t.is_chain());
             Ok(proposal)
@@ -548,6 +569,57 @@ mod tests {
         assert_eq!(g.lookup(&[1, 2, 3, 4], 4), Vec::<u32>::new());
         // The shorter n-gram is used when the longer has no match; the latest match wins.
         assert_eq!(g.lookup(&[7, 1, 6, 1, 8, 9, 1], 2), vec![8, 9]);
+    }
+
+    /// A draft proposing a fixed chain, or a fixed tree it says it sized.
+    struct Fixed(Vec<u32>, Option<TokenTree>);
+
+    impl Draft for Fixed {
+        fn name(&self) -> &str {
+            "eagle"
+        }
+
+        fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
+            Box::pin(async { Ok(0) })
+        }
+
+        fn propose<'a>(
+            &'a mut self,
+            _context: &'a [u32],
+            _budget: DraftBudget,
+            _sampling: &'a SamplingParams,
+            _rng: &'a mut Rng,
+        ) -> LocalFuture<'a, Result<Proposal>> {
+            let (tokens, tree) = (self.0.clone(), self.1.clone());
+            Box::pin(
+                async move { Ok(Proposal { tokens, sized: tree.is_some(), tree, ..Proposal::default() }) },
+            )
+        }
+    }
+
+    #[test]
+    fn an_ensemble_merges_the_drafts_proposal_with_the_ngram_continuations() {
+        // "1" was followed by "8 9 1" and "6 1 8": K = 3 of their nodes (breadth first) beside
+        // the draft's chain 4 5 6
+        let context = [1, 6, 1, 8, 9, 1];
+        let propose = |draft: &mut dyn Draft, budget| {
+            let mut ensemble = Ensemble { draft, ngram: NGram { branches: 4, ..NGram::default() } };
+            assert_eq!(ensemble.name(), "eagle+ngram");
+            let (params, mut rng) = (SamplingParams::greedy(), Rng::new(0));
+            pollster::block_on(ensemble.propose(&context, budget, &params, &mut rng)).expect("propose")
+        };
+        let p = propose(&mut Fixed(vec![4, 5, 6], None), DraftBudget::chain(3));
+        assert_eq!(p.tokens, [4, 5, 6], "the draft's chain is the first branch");
+        let tree = p.tree.expect("a tree");
+        assert_eq!(tree.tokens(), &[1, 4, 5, 6, 8, 6, 9]);
+        assert_eq!(tree.parents(), &[0, 0, 1, 2, 0, 0, 4]);
+        assert!(!p.sized, "the loop sizes a merged tree");
+        // a tree the draft sized keeps its nodes and gets at most K n-gram nodes beside them
+        let sized = TokenTree::chain_with_siblings(1, &[4, 5], &[vec![7]], 32);
+        let p = propose(&mut Fixed(vec![4, 5], Some(sized.clone())), DraftBudget::tree(2, 31));
+        let tree = p.tree.expect("a tree");
+        assert!(p.sized && tree.len() == sized.len() + 2, "{tree:?}");
+        assert_eq!(&tree.tokens()[..sized.len()], sized.tokens());
     }
 
     #[test]

@@ -72,7 +72,15 @@ export interface ModelInfo {
   wasm_memory_bytes: number;
 }
 
-export type DraftKind = "model" | "ngram" | "model+ngram" | "medusa" | "eagle" | "none";
+export type DraftKind =
+  | "model"
+  | "ngram"
+  | "model+ngram"
+  | "medusa"
+  | "medusa+ngram"
+  | "eagle"
+  | "eagle+ngram"
+  | "none";
 
 export interface GenerateOptions {
   /** Default 128. */

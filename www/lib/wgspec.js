@@ -305,8 +305,9 @@ export class WgSpec {
    * @property {number} [topP]
    * @property {number} [seed]
    * @property {string|string[]} [stop]
-   * @property {"model"|"ngram"|"model+ngram"|"none"} [draft] default: the draft given to load, else
-   *   "none" ("model+ngram": the draft model's chain and n-gram continuations in one token tree)
+   * @property {"model"|"ngram"|"model+ngram"|"medusa"|"medusa+ngram"|"eagle"|"eagle+ngram"|"none"} [draft]
+   *   default: the draft given to load, else "none" ("X+ngram": the draft's proposal and n-gram
+   *   continuations merged into one token tree)
    * @property {number|null} [draftK] fixed K, or null/undefined for adaptive K
    * @property {number} [maxDraftK=16]
    * @property {AbortSignal} [signal] aborts this generation (finish_reason "cancelled")

@@ -42,8 +42,9 @@ enum Command {
     Web(WebArgs),
     /// Download a known model into the cache and print its path.
     Fetch {
-        /// smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, or the EAGLE head
-        /// smollm2-135m-eagle (shipped in the binary: written into the cache's heads/ folder)
+        /// smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b, or the heads trained here
+        /// smollm2-135m-eagle and smollm2-135m-medusa (shipped in the binary: written into the
+        /// cache's models/ folder)
         name: String,
     },
 }
@@ -107,9 +108,9 @@ struct GenerateArgs {
     /// Speculate with a draft: a smaller model with the same tokenizer (file or known NAME),
     /// `ngram` (prompt lookup: the latest match's continuation), `MODEL+ngram` (the model's chain
     /// and the n-gram continuations merged into one token tree), `medusa:PATH` (Medusa heads:
-    /// a `medusa_lm_head.safetensors` file or its folder with `config.json`; a token tree), or
-    /// `eagle:PATH` (an EAGLE-1/2 or EAGLE-3 head: a folder with `config.json` and
-    /// `model.safetensors`).
+    /// a `medusa_lm_head.safetensors` file or its folder with `config.json`, or the known
+    /// `smollm2-135m-medusa`; a token tree), or `eagle:PATH` (an EAGLE-1/2 or EAGLE-3 head: a
+    /// folder with `config.json` and `model.safetensors`, or the known `smollm2-135m-eagle`).
     #[arg(long)]
     draft: Option<String>,
     #[command(flatten)]
@@ -398,10 +399,10 @@ pub fn load_engine(
     let mut progress = progress_bar(quiet);
     let mut engine = Engine::load(gpu.clone(), open(model)?, opts, &mut progress)?;
     let kind = draft_kind(draft);
-    match (kind, draft) {
+    match (kind.base(), draft) {
         (DraftKind::Medusa, Some(d)) => {
-            let path = d.strip_prefix("medusa:").unwrap_or(d);
-            let files = wgspec::local::heads_files(std::path::Path::new(path))?;
+            let path = fetch::resolve_head(draft_path(d))?;
+            let files = wgspec::local::heads_files(&path)?;
             let heads = engine.load_medusa(files, &mut progress)?;
             if !quiet {
                 let c = heads.config;
@@ -414,15 +415,15 @@ pub fn load_engine(
             }
         }
         (DraftKind::Eagle, Some(d)) => {
-            let path = fetch::resolve_head(d.strip_prefix("eagle:").unwrap_or(d))?;
+            let path = fetch::resolve_head(draft_path(d))?;
             let files = wgspec::local::heads_files(&path)?;
             let head = engine.load_eagle(files, &mut progress)?;
             if !quiet {
                 eprintln!("EAGLE head: {:.1} MB", head.weight_bytes() as f64 / 1e6);
             }
         }
-        (DraftKind::Model | DraftKind::ModelNgram, Some(d)) => {
-            engine.load_draft(open(d.trim_end_matches("+ngram"))?, &mut progress)?;
+        (DraftKind::Model, Some(d)) => {
+            engine.load_draft(open(draft_path(d))?, &mut progress)?;
         }
         _ => {}
     }
@@ -430,16 +431,28 @@ pub fn load_engine(
 }
 
 /// The draft a `--draft` argument names: none, `ngram`, `medusa:PATH` (Medusa heads),
-/// `eagle:PATH` (an EAGLE head), `MODEL+ngram` (the ensemble) or a draft model.
+/// `eagle:PATH` (an EAGLE head), a draft model, or one of those three followed by `+ngram` (the
+/// ensemble).
 pub fn draft_kind(draft: Option<&str>) -> DraftKind {
-    match draft {
-        None => DraftKind::None,
-        Some("ngram") => DraftKind::Ngram,
-        Some(d) if d.starts_with("medusa:") => DraftKind::Medusa,
-        Some(d) if d.starts_with("eagle:") => DraftKind::Eagle,
-        Some(d) if d.ends_with("+ngram") => DraftKind::ModelNgram,
-        Some(_) => DraftKind::Model,
+    let Some(d) = draft else {
+        return DraftKind::None;
+    };
+    let ensemble = d.ends_with("+ngram");
+    match (d, ensemble) {
+        ("ngram", _) => DraftKind::Ngram,
+        (d, false) if d.starts_with("medusa:") => DraftKind::Medusa,
+        (d, true) if d.starts_with("medusa:") => DraftKind::MedusaNgram,
+        (d, false) if d.starts_with("eagle:") => DraftKind::Eagle,
+        (d, true) if d.starts_with("eagle:") => DraftKind::EagleNgram,
+        (_, true) => DraftKind::ModelNgram,
+        (_, false) => DraftKind::Model,
     }
+}
+
+/// A `--draft` argument's path or name: without its `medusa:` / `eagle:` prefix and `+ngram`.
+fn draft_path(d: &str) -> &str {
+    let d = d.strip_suffix("+ngram").unwrap_or(d);
+    d.strip_prefix("medusa:").or_else(|| d.strip_prefix("eagle:")).unwrap_or(d)
 }
 
 async fn generate(args: GenerateArgs) -> Result<()> {
@@ -602,18 +615,26 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     };
     let mut ngram_alone = ngram.clone();
     let mut ensemble;
-    let draft: &mut dyn Draft = match (model_draft.as_mut(), heads.as_mut()) {
+    let alone: &mut dyn Draft = match (model_draft.as_mut(), heads.as_mut()) {
         (None, Some(heads)) => heads.as_mut(),
         (None, None) => &mut ngram_alone,
-        (Some(model), _) if draft_arg.ends_with("+ngram") => {
-            let branches = args.tree.unwrap_or(speculative::TREE_BRANCHES).max(1);
-            ensemble = Ensemble { model, ngram: NGram { branches, ..ngram } };
-            &mut ensemble
-        }
+        (Some(model), _) if draft_arg.ends_with("+ngram") => model,
         (Some(model), _) => {
             model.set_tree(args.tree.unwrap_or(1).saturating_sub(1));
             model
         }
+    };
+    let draft: &mut dyn Draft = match draft_arg.ends_with("+ngram") {
+        true => {
+            // (with a draft model `--tree N` sets the n-gram's continuations)
+            let branches = match draft_kind(Some(&draft_arg)) == DraftKind::ModelNgram {
+                true => args.tree.unwrap_or(speculative::TREE_BRANCHES).max(1),
+                false => speculative::TREE_BRANCHES,
+            };
+            ensemble = Ensemble { draft: alone, ngram: NGram { branches, ..ngram } };
+            &mut ensemble
+        }
+        false => alone,
     };
     let stop_tokens = tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
     let sampling = args.sampling.params();

@@ -196,18 +196,18 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Resp
     let parsed = openai::parse(endpoint, body, &model.ids)?;
     let (_, loaded) = loaded(&app)?;
     let mut request = parsed.request;
-    let with_model = |d: DraftKind| matches!(d, DraftKind::Model | DraftKind::ModelNgram);
-    if request.draft.is_some_and(with_model) && !with_model(model.default_draft) {
-        return Err(ApiError::field(
-            "draft",
-            "`draft` \"model\" or \"model+ngram\": this server runs no draft model (start it with --draft)",
-        ));
-    }
-    for (heads, name) in [(DraftKind::Medusa, "medusa"), (DraftKind::Eagle, "eagle")] {
-        if request.draft == Some(heads) && model.default_draft != heads {
+    // a draft model or heads (alone or merged with the n-gram) only where the server loaded them
+    if let Some(asked) = request.draft.filter(|d| d.base() != model.default_draft.base()) {
+        let loaded = match asked.base() {
+            DraftKind::Model => Some("no draft model (start it with --draft MODEL)"),
+            DraftKind::Medusa => Some("no Medusa heads (start it with --draft medusa:PATH)"),
+            DraftKind::Eagle => Some("no EAGLE head (start it with --draft eagle:PATH)"),
+            _ => None,
+        };
+        if let Some(why) = loaded {
             return Err(ApiError::field(
                 "draft",
-                format!("`draft` \"{name}\": this server runs no {name} heads (start it with --draft {name}:PATH)"),
+                format!("`draft` \"{}\": this server runs {why}", asked.name()),
             ));
         }
     }

@@ -111,14 +111,7 @@ pub fn wgspec_stats(c: &Completion, draft: DraftKind) -> WgspecStats {
 }
 
 pub fn draft_name(d: DraftKind) -> &'static str {
-    match d {
-        DraftKind::Model => "model",
-        DraftKind::Ngram => "ngram",
-        DraftKind::ModelNgram => "model+ngram",
-        DraftKind::Medusa => "medusa",
-        DraftKind::Eagle => "eagle",
-        DraftKind::None => "none",
-    }
+    d.name()
 }
 
 /// Loads the target (and the draft model, if any) with progress on stderr.
