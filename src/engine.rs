@@ -656,8 +656,7 @@ impl Engine {
         };
         let mut ngram = NGram::default();
         let mut ensemble;
-        let missing =
-            |what: &str| Err(Error::InvalidArgument(format!("{what} asked for, but none is loaded")));
+        let missing = |what: &str| Err(Error::InvalidArgument(format!("{what} asked for, but not loaded")));
         let alone: Option<&mut dyn speculative::Draft> = match kind {
             DraftKind::None => None,
             DraftKind::Ngram => Some(&mut ngram),

@@ -103,27 +103,35 @@ fn generate_speculates_with_medusa_and_eagle_heads_from_their_folders() {
 }
 
 #[test]
-fn the_trained_head_ships_in_the_binary_and_is_fetched_checked() {
+fn the_trained_heads_ship_in_the_binary_and_are_fetched_checked() {
     let cache = std::env::temp_dir().join(format!("wgspec-cli-heads-{}", std::process::id()));
-    let fetch = |cache: &std::path::Path| {
-        Command::new(env!("CARGO_BIN_EXE_wgspec"))
-            .args(["fetch", "smollm2-135m-eagle"])
-            .env("WGSPEC_CACHE", cache)
-            .output()
-            .expect("run wgspec")
-    };
-    let out = fetch(&cache);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    let dir = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-    assert_eq!(dir, cache.join("models").join("smollm2-135m-eagle"));
-    let shipped = concat!(env!("CARGO_MANIFEST_DIR"), "/heads/smollm2-135m-eagle/model.safetensors");
-    let bytes = std::fs::read(dir.join("model.safetensors")).expect("written");
-    assert_eq!(bytes, std::fs::read(shipped).expect("shipped"), "the shipped file, byte for byte");
-    // a damaged copy in the cache is replaced, and checked again
-    std::fs::write(dir.join("model.safetensors"), b"damaged").expect("damage");
-    let out = fetch(&cache);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert_eq!(std::fs::read(dir.join("model.safetensors")).expect("rewritten"), bytes);
+    for (name, weights) in
+        [("smollm2-135m-eagle", "model.safetensors"), ("smollm2-135m-medusa", "medusa_lm_head.safetensors")]
+    {
+        let fetch = |cache: &std::path::Path| {
+            Command::new(env!("CARGO_BIN_EXE_wgspec"))
+                .args(["fetch", name])
+                .env("WGSPEC_CACHE", cache)
+                .output()
+                .expect("run wgspec")
+        };
+        let out = fetch(&cache);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let dir = std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        assert_eq!(dir, cache.join("models").join(name));
+        let shipped = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("heads").join(name).join(weights);
+        let bytes = std::fs::read(dir.join(weights)).expect("written");
+        assert_eq!(
+            bytes,
+            std::fs::read(shipped).expect("shipped"),
+            "{name}: the shipped file, byte for byte"
+        );
+        // a damaged copy in the cache is replaced, and checked again
+        std::fs::write(dir.join(weights), b"damaged").expect("damage");
+        let out = fetch(&cache);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert_eq!(std::fs::read(dir.join(weights)).expect("rewritten"), bytes, "{name}");
+    }
     let _ = std::fs::remove_dir_all(&cache);
 }
 

@@ -162,40 +162,27 @@ fn qwen_coder_pair_speculation_equals_greedy() {
     );
 }
 
-/// The EAGLE head trained here for SmolLM2-135M (`heads/smollm2-135m-eagle`, made by
-/// `scripts/train/train_eagle.sh`), on chat prompts it never saw (`benches/chat_prompts.json`,
-/// held out of its training): greedy output identical to plain greedy output, and τ (tokens per
-/// target pass) above 1.6 at K = 7 with EAGLE-2's dynamic tree of 7 nodes (1.76 measured over
-/// these 8 prompts x 24 tokens; 1.81 at 64 tokens in `wgspec bench --chat`, BENCHMARKS.md; the
-/// EAGLE-1 shape gave 1.54 there; a head that read misaligned features would give about 1.0).
-#[test]
-fn smollm2_trained_eagle_head_is_exact_and_pays_in_tokens_per_pass() {
-    let g = goldens();
-    let path = model_file(&g.model.file, "smollm2-135m");
-    let opts = LoadOptions { context: Some(512), ..Default::default() };
-    let mut engine =
-        Engine::load(gpu(), wgspec::local::open(&path).expect("open"), &opts, &mut |_, _| {}).expect("load");
-    let head = concat!(env!("CARGO_MANIFEST_DIR"), "/heads/smollm2-135m-eagle");
-    let files = wgspec::local::heads_files(std::path::Path::new(head)).expect("head files");
-    engine.load_eagle(files, &mut |_, _| {}).expect("the trained head");
-    let prompts: serde_json::Value =
+/// Greedy generations of `n` tokens with `draft` (`"eagle"` or `"medusa"`, loaded in `engine`) at
+/// a fixed K (the adaptive K follows timings: the same trees on every run) on the first `prompts`
+/// chat prompts the heads never saw (`benches/chat_prompts.json`, held out of their training: 4
+/// code, then 4 prose), each asserted equal to the plain greedy generation; returns τ over them.
+fn trained_heads_tau(engine: &mut Engine, draft: &str, k: usize, n: usize, prompts: usize) -> f64 {
+    let all: serde_json::Value =
         serde_json::from_str(include_str!("../benches/chat_prompts.json")).expect("json");
-    let n = token_count(24);
     let (mut tokens, mut verifies) = (0, 0);
-    for p in prompts.as_array().expect("prompts") {
+    for p in all.as_array().expect("prompts").iter().take(prompts) {
         let messages = serde_json::json!([{"role": "user", "content": p["prompt"]}]);
-        // K fixed (the adaptive K follows timings): the same trees on every run
         let request = |draft: &str| {
             let json =
-                serde_json::json!({"messages": messages, "max_tokens": n, "draft": draft, "draft_k": 7});
+                serde_json::json!({"messages": messages, "max_tokens": n, "draft": draft, "draft_k": k});
             Request::from_json(&json.to_string()).expect("request")
         };
         let plain = pollster::block_on(engine.generate(&request("none"), &mut |_| true)).expect("plain");
         let t = Instant::now();
-        let got = pollster::block_on(engine.generate(&request("eagle"), &mut |_| true)).expect("eagle");
+        let got = pollster::block_on(engine.generate(&request(draft), &mut |_| true)).expect(draft);
         let s = &got.stats;
         eprintln!(
-            "SmolLM2 + trained EAGLE head {}: {} tokens, {} verify passes, tau {:.2}, acceptance by depth {:.2?}, {:.1} s",
+            "SmolLM2 + trained {draft} {}: {} tokens, {} verify passes, tau {:.2}, acceptance by depth {:.2?}, {:.1} s",
             p["name"],
             s.base.generated_tokens,
             s.verify_forwards,
@@ -203,13 +190,54 @@ fn smollm2_trained_eagle_head_is_exact_and_pays_in_tokens_per_pass() {
             s.acceptance_by_position,
             t.elapsed().as_secs_f64()
         );
-        assert_eq!(got.tokens, plain.tokens, "{}: EAGLE speculation changed the output", p["name"]);
+        assert_eq!(got.tokens, plain.tokens, "{}: {draft} speculation changed the output", p["name"]);
         tokens += s.base.generated_tokens;
         verifies += s.verify_forwards;
     }
     let tau = tokens as f64 / verifies.max(1) as f64;
-    eprintln!("SmolLM2 + trained EAGLE head overall: tau {tau:.2}");
+    eprintln!("SmolLM2 + trained {draft} overall: tau {tau:.2}");
+    tau
+}
+
+/// SmolLM2-135M with a context of 512.
+fn smollm2_engine() -> Engine {
+    let g = goldens();
+    let path = model_file(&g.model.file, "smollm2-135m");
+    let opts = LoadOptions { context: Some(512), ..Default::default() };
+    Engine::load(gpu(), wgspec::local::open(&path).expect("open"), &opts, &mut |_, _| {}).expect("load")
+}
+
+/// The EAGLE head trained here for SmolLM2-135M (`heads/smollm2-135m-eagle`, made by
+/// `scripts/train/train_eagle.sh`): greedy output identical to plain greedy output, and τ (tokens
+/// per target pass) above 1.6 at K = 7 with EAGLE-2's dynamic tree of 7 nodes (1.76 measured over
+/// the 8 chat prompts x 24 tokens; 1.81 at 64 tokens in `wgspec bench --chat`, BENCHMARKS.md; the
+/// EAGLE-1 shape gave 1.54 there; a head that read misaligned features would give about 1.0).
+#[test]
+fn smollm2_trained_eagle_head_is_exact_and_pays_in_tokens_per_pass() {
+    let mut engine = smollm2_engine();
+    let head = concat!(env!("CARGO_MANIFEST_DIR"), "/heads/smollm2-135m-eagle");
+    let files = wgspec::local::heads_files(std::path::Path::new(head)).expect("head files");
+    engine.load_eagle(files, &mut |_, _| {}).expect("the trained head");
+    let tau = trained_heads_tau(&mut engine, "eagle", 7, token_count(24), 8);
     assert!(tau > 1.6, "the trained head gives tau {tau:.2}, not above 1.6");
+}
+
+/// The Medusa heads trained here for SmolLM2-135M (`heads/smollm2-135m-medusa`, made by
+/// `scripts/train/train_medusa.sh`: three one-block heads projecting with the target's output
+/// matrix): greedy output identical to plain, and τ above 1.35 at K = 7 (the first 7 nodes
+/// of Medusa's tree paths, 3 deep: a verify pass of 8 rows; 1.63 measured over the four code
+/// prompts x 24 tokens, 1.52 over all eight at 64 in `wgspec bench --chat`). Heads reading the
+/// wrong row would give about 1.0.
+#[test]
+fn smollm2_trained_medusa_heads_are_exact_and_pay_in_tokens_per_pass() {
+    let mut engine = smollm2_engine();
+    let heads = concat!(env!("CARGO_MANIFEST_DIR"), "/heads/smollm2-135m-medusa");
+    let files = wgspec::local::heads_files(std::path::Path::new(heads)).expect("heads files");
+    let loaded = engine.load_medusa(files, &mut |_, _| {}).expect("the trained heads");
+    assert!(loaded.config.shared_output && loaded.config.heads == 3, "{:?}", loaded.config);
+    // (the four code prompts: lean)
+    let tau = trained_heads_tau(&mut engine, "medusa", 7, token_count(24), 4);
+    assert!(tau > 1.35, "the trained heads give tau {tau:.2}, not above 1.35");
 }
 
 /// The shipped head on the GPU against PyTorch: `check.json` (written by the training script from

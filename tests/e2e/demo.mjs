@@ -429,17 +429,22 @@ async function caseGenerate(context, baseUrl, modelUrl, nativeText, requests) {
   return figures;
 }
 
-async function caseEagle(context, baseUrl, modelUrl, nativeText) {
-  log("case 1c: the EAGLE head trained for SmolLM2 (served from the model cache) drafts in the page");
+/** Case 1c (EAGLE) and 1d (Medusa): the heads trained for SmolLM2, served from the model cache, draft in the page. */
+async function caseHeads(context, baseUrl, modelUrl, nativeText, kind) {
+  const [name, label] = kind === "eagle" ? ["1c", "EAGLE head"] : ["1d", "Medusa heads"];
+  log(`case ${name}: the ${label} trained for SmolLM2 (served from the model cache) draft in the page`);
   const page = await newPage(context, baseUrl);
-  const { result } = await loadAndGenerate(page, modelUrl, "eagle");
+  await page.selectOption("#draft-kind", kind);
+  const url = await page.inputValue("#heads-url");
+  check(url === `/models/smollm2-135m-${kind}/`, `the page's default ${label} folder is ${url}`);
+  const { result } = await loadAndGenerate(page, modelUrl, kind);
   await page.close();
   const s = result.stats || {};
-  log(`EAGLE in the page: ${s.tokens_per_second?.toFixed(2)} tokens/s, τ ${s.tokens_per_target_forward?.toFixed(2)}, ` +
+  log(`${label} in the page: ${s.tokens_per_second?.toFixed(2)} tokens/s, τ ${s.tokens_per_target_forward?.toFixed(2)}, ` +
     `acceptance ${s.acceptance_rate?.toFixed(3)} (${s.accepted}/${s.drafted}), ${s.tree_cycles} tree cycles`);
-  check(s.draft === "eagle" && s.drafted > 0, `the EAGLE head did not draft: ${JSON.stringify(s)}`);
-  check(result.text === nativeText, `EAGLE changed the text: ${JSON.stringify(result.text)} vs ${JSON.stringify(nativeText)}`);
-  log("case 1c passed");
+  check(s.draft === kind && s.drafted > 0, `the ${label} did not draft: ${JSON.stringify(s)}`);
+  check(result.text === nativeText, `the ${label} changed the text: ${JSON.stringify(result.text)} vs ${JSON.stringify(nativeText)}`);
+  log(`case ${name} passed`);
   return s;
 }
 
@@ -601,14 +606,16 @@ async function main() {
     await caseCancelledDownload(context, server.url, modelUrl, requests);
     const figures = await caseGenerate(context, server.url, modelUrl, native.text, requests);
     const reload = await caseReload(context, server.url, modelUrl, native.text, requests);
-    const eagle = await caseEagle(context, server.url, modelUrl, native.text);
+    const eagle = await caseHeads(context, server.url, modelUrl, native.text, "eagle");
+    const medusa = await caseHeads(context, server.url, modelUrl, native.text, "medusa");
     await caseMissingFile(context, server.url);
     log(`PASS (load ${figures.load_seconds.toFixed(1)} s downloading, ${reload.loadSeconds.toFixed(1)} s from OPFS; ` +
       `wasm memory ${(figures.wasm_memory_bytes / 1e6).toFixed(1)} MB, ` +
       `${(reload.smallWasmMemoryBytes / 1e6).toFixed(1)} MB with readMb 1; ` +
       `${figures.tokens_per_second?.toFixed(2)} tokens/s in the page, ` +
       `${native.stats?.tokens_per_second?.toFixed(2)} tokens/s native; ` +
-      `EAGLE τ ${eagle.tokens_per_target_forward?.toFixed(2)}, ${eagle.tokens_per_second?.toFixed(2)} tokens/s)`);
+      `EAGLE τ ${eagle.tokens_per_target_forward?.toFixed(2)}, ${eagle.tokens_per_second?.toFixed(2)} tokens/s; ` +
+      `Medusa τ ${medusa.tokens_per_target_forward?.toFixed(2)}, ${medusa.tokens_per_second?.toFixed(2)} tokens/s)`);
   } finally {
     await context?.close().catch(() => {});
     cleanup();

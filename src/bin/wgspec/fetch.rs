@@ -82,30 +82,40 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
     },
 ];
 
-/// A draft head that ships inside the binary (a few MB; no hub is reachable): `wgspec fetch NAME`,
-/// `--draft eagle:NAME` and `wgspec web` write its files into the cache's `models/NAME/` folder
-/// (where the demo page finds it too), checked.
+/// Draft heads that ship inside the binary (a few MB; no hub is reachable): `wgspec fetch NAME`,
+/// `--draft eagle:NAME` / `medusa:NAME` and `wgspec web` write their files into the cache's
+/// `models/NAME/` folder (where the demo page finds them too), checked.
 pub struct KnownHead {
     pub name: &'static str,
-    /// File name and bytes, `model.safetensors` last.
+    /// File name and bytes, the weights (`model.safetensors`, `medusa_lm_head.safetensors`) last.
     pub files: &'static [(&'static str, &'static [u8])],
-    /// sha256 of `model.safetensors`.
+    /// sha256 of the weights.
     pub sha256: &'static str,
 }
 
-/// The heads `wgspec fetch` knows: trained here by `scripts/train/train_eagle.sh` (see
-/// `heads/README.md`).
-pub const KNOWN_HEADS: &[KnownHead] = &[KnownHead {
-    name: "smollm2-135m-eagle",
-    files: &[
-        ("config.json", include_bytes!("../../../heads/smollm2-135m-eagle/config.json")),
-        ("model.safetensors", include_bytes!("../../../heads/smollm2-135m-eagle/model.safetensors")),
-    ],
-    sha256: HEAD_SHA256,
-}];
-
-/// sha256 of the shipped SmolLM2-135M EAGLE head's `model.safetensors`.
-const HEAD_SHA256: &str = "7146e5c8bb6bc25dae207e069fd888738f129f97d3187745af64f47052692935";
+/// The heads `wgspec fetch` knows: trained here by `scripts/train/train_eagle.sh` and
+/// `train_medusa.sh` (see `heads/README.md`).
+pub const KNOWN_HEADS: &[KnownHead] = &[
+    KnownHead {
+        name: "smollm2-135m-eagle",
+        files: &[
+            ("config.json", include_bytes!("../../../heads/smollm2-135m-eagle/config.json")),
+            ("model.safetensors", include_bytes!("../../../heads/smollm2-135m-eagle/model.safetensors")),
+        ],
+        sha256: "7146e5c8bb6bc25dae207e069fd888738f129f97d3187745af64f47052692935",
+    },
+    KnownHead {
+        name: "smollm2-135m-medusa",
+        files: &[
+            ("config.json", include_bytes!("../../../heads/smollm2-135m-medusa/config.json")),
+            (
+                "medusa_lm_head.safetensors",
+                include_bytes!("../../../heads/smollm2-135m-medusa/medusa_lm_head.safetensors"),
+            ),
+        ],
+        sha256: "80de8c0bd665d92b57a683de33f7e0dac187805ece16d3639e688325d07405eb",
+    },
+];
 
 /// The cached folder of the known head `name`, written (and checked) first if needed; None for a
 /// name that is no known head.
@@ -123,17 +133,18 @@ pub fn fetch_head(name: &str) -> Option<Result<PathBuf>> {
             fs::write(&tmp, bytes).map_err(|e| Error::io(tmp.display(), e))?;
             fs::rename(&tmp, &path).map_err(|e| Error::io(path.display(), e))?;
         }
-        let model = fs::read(dir.join("model.safetensors")).map_err(|e| Error::io(dir.display(), e))?;
-        let got: String = Sha256::digest(&model).iter().map(|b| format!("{b:02x}")).collect();
+        let weights = h.files.last().map_or("", |(file, _)| *file);
+        let bytes = fs::read(dir.join(weights)).map_err(|e| Error::io(dir.display(), e))?;
+        let got: String = Sha256::digest(&bytes).iter().map(|b| format!("{b:02x}")).collect();
         if got != h.sha256 {
-            let message = format!("model.safetensors has sha256 {got}, expected {}", h.sha256);
+            let message = format!("{weights} has sha256 {got}, expected {}", h.sha256);
             return Err(Error::Fetch { name: h.name.to_string(), message });
         }
         Ok(dir)
     })())
 }
 
-/// Turns a `--draft eagle:HEAD` argument into a folder: a known head NAME (written into the cache
+/// Turns a `--draft eagle:HEAD` or `medusa:HEADS` argument into a folder: a known head NAME (written into the cache
 /// when absent) or a path.
 pub fn resolve_head(arg: &str) -> Result<PathBuf> {
     fetch_head(arg).unwrap_or_else(|| Ok(PathBuf::from(arg)))
