@@ -105,10 +105,10 @@ const DEFAULT_HEADS = { eagle: "/models/smollm2-135m-eagle/", medusa: "/models/s
 function updateDraftRow() {
   const kind = $("draft-kind").value;
   $("draft-model-row").hidden = !kind.startsWith("model");
-  $("heads-row").hidden = !(kind in DEFAULT_HEADS);
+  $("heads-row").hidden = !Object.hasOwn(DEFAULT_HEADS, kind);
   // switching between EAGLE and Medusa swaps a default folder for the other one
   const url = $("heads-url");
-  if (kind in DEFAULT_HEADS && Object.values(DEFAULT_HEADS).includes(url.value.trim())) {
+  if (Object.hasOwn(DEFAULT_HEADS, kind) && Object.values(DEFAULT_HEADS).includes(url.value.trim())) {
     url.value = DEFAULT_HEADS[kind];
   }
 }
@@ -140,7 +140,7 @@ async function onLoad() {
       draft = "ngram";
     }
     const heads = {};
-    if (kind in DEFAULT_HEADS) {
+    if (Object.hasOwn(DEFAULT_HEADS, kind)) {
       heads[kind] = $("heads-url").value.trim();
       if (!heads[kind]) throw new Error(`enter the URL of the ${kind === "eagle" ? "EAGLE head's" : "Medusa heads'"} folder (or pick another draft)`);
     }
@@ -340,7 +340,7 @@ async function onGenerate() {
     showError("no draft model is loaded: press Load with the draft model chosen, or pick n-gram / none");
     return;
   }
-  if (kind in DEFAULT_HEADS && llm.draftKind !== kind) {
+  if (Object.hasOwn(DEFAULT_HEADS, kind) && llm.draftKind !== kind) {
     const what = kind === "eagle" ? "EAGLE head" : "Medusa heads";
     showError(`no ${what} loaded: press Load with the ${what} chosen, or pick another draft`);
     return;

@@ -724,7 +724,6 @@ def main():
     torch.set_num_interop_threads(1)
     seed_all(a.seed)
     os.makedirs(a.work, exist_ok=True)
-    reuse = not a.no_reuse
     times = {}
     summary = dict(preset=a.preset, cfg=cfg, seed=a.seed, versions=dict(torch=torch.__version__))
     import transformers

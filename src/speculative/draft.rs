@@ -526,6 +526,8 @@ impl Draft for Ensemble<'_> {
                 false => (tree.len() + budget.depth).max(budget.nodes + 1),
             };
             add_breadth_first(&mut tree, &self.ngram.continuations(context, budget.depth), nodes);
+            // the draft's chain (or, where it has none, the n-gram's first continuation)
+            proposal.tokens = tree.first_branch();
             proposal.tree = Some(tree).filter(|t| !t.is_chain());
             Ok(proposal)
         })
@@ -620,6 +622,10 @@ mod tests {
         let tree = p.tree.expect("a tree");
         assert!(p.sized && tree.len() == sized.len() + 2, "{tree:?}");
         assert_eq!(&tree.tokens()[..sized.len()], sized.tokens());
+        // a draft with nothing to propose: the n-gram's continuations, the first as the chain
+        let p = propose(&mut Fixed(vec![], None), DraftBudget::chain(3));
+        assert_eq!(p.tokens, [8, 9]);
+        assert_eq!(p.tree.expect("a tree").tokens(), &[1, 8, 6, 9]);
     }
 
     #[test]

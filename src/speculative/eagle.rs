@@ -62,8 +62,9 @@ pub struct Eagle {
     /// Decayed sums of accepted nodes and of their predicted number (the chosen nodes' path
     /// probabilities) over recent dynamic trees sized by costs: the calibration of the chances.
     calibration: (f64, f64),
-    /// The predicted accepted nodes of the last proposal, until its verify pass is seen.
-    predicted: Option<f64>,
+    /// The predicted accepted nodes of the last proposal and its tree, until its verify pass is
+    /// seen (the tree says which accepted nodes were the head's: an ensemble adds others).
+    predicted: Option<(f64, TokenTree)>,
 }
 
 /// Decay of the calibration sums per verify pass, and their prior (as if `PRIOR` nodes were
@@ -140,11 +141,12 @@ impl Draft for Eagle {
     ) -> LocalFuture<'a, Result<usize>> {
         Box::pin(async move {
             let n = rows.len();
-            if let Some(predicted) = self.predicted.take() {
+            if let Some((predicted, tree)) = self.predicted.take() {
                 // the verify pass of the last proposal: its kept rows are the root and the
-                // accepted nodes
+                // accepted nodes, of which the head's are those down its own tree
                 let (a, p) = self.calibration;
-                let accepted = n.saturating_sub(1) as f64;
+                let kept = context.get(first + 1..first + n).unwrap_or_default();
+                let accepted = tree.follow(kept) as f64;
                 self.calibration = (a * CALIBRATION_DECAY + accepted, p * CALIBRATION_DECAY + predicted);
             }
             // position p's input is (f_p, t_{p+1}): every next token must be known
@@ -229,9 +231,6 @@ impl Eagle {
             calibration: self.calibration() as f32,
         };
         let drafted = self.head.draft_tree(root, shape).await?;
-        if budget.costs.is_some() {
-            self.predicted = Some(drafted.predicted as f64);
-        }
         // the nodes come by depth, each after its parent
         let mut tree = TokenTree::new(root);
         let mut at = Vec::with_capacity(drafted.tokens.len());
@@ -243,11 +242,9 @@ impl Eagle {
             at.push(p.and_then(|p| tree.child(p, token)));
         }
         // the first branch: from the root, each node's best child
-        let mut tokens = Vec::new();
-        let mut node = 0;
-        while let Some(c) = tree.children(node).next() {
-            tokens.push(tree.tokens()[c]);
-            node = c;
+        let tokens = tree.first_branch();
+        if budget.costs.is_some() {
+            self.predicted = Some((drafted.predicted as f64, tree.clone()));
         }
         let tree = Some(tree).filter(|t| !t.is_chain());
         Ok(Proposal { tokens, steps: drafted.passes, tree, q: None, sized: budget.costs.is_some() })

@@ -260,14 +260,15 @@ pub async fn generate(
                 // whose longest path fits the tokens still wanted, cut to what the measured costs
                 // make worth verifying (a chain when that is all); else the chain.
                 let deterministic = greedy || proposal.q.is_none();
+                let fits = |t: TokenTree| match n_past + t.len() <= context {
+                    true => t,
+                    // its first nodes (each parent before its children) in the rows left
+                    false => t.subtree(&(0..t.len()).map(|i| n_past + i < context).collect::<Vec<_>>()),
+                };
                 let tree = proposal
                     .tree
-                    .filter(|t| {
-                        deterministic
-                            && t.tokens().first() == Some(&id_last)
-                            && n_past + t.len() <= context
-                            && t.max_depth() <= cap
-                    })
+                    .map(fits)
+                    .filter(|t| deterministic && t.tokens().first() == Some(&id_last) && t.max_depth() <= cap)
                     .map(|t| match proposal.sized {
                         true => {
                             let slots = t.rank_paths();

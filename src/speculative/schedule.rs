@@ -363,8 +363,9 @@ mod tests {
             s.observe_tree(&slots, &[0, 1, 2, 3]);
         }
         assert_eq!(s.size_tree(&tree, 0.1).0, tree);
-        // A costly draft makes a node worth less than when drafting is free: fewer nodes kept
-        // where each row costs a tenth of a pass and a sibling is right one time in eight.
+        // A costly draft makes the rows worth more than when drafting is free (each adds its
+        // chance to a cycle whose fixed cost is larger): more nodes kept where each row costs a
+        // tenth of a pass and a sibling is right one time in eight.
         let mut s = Schedule::new(KPolicy::default());
         for rows in 1..=17 {
             s.observe_verify(rows, 1.0 + 0.1 * rows as f64);

@@ -138,6 +138,30 @@ impl TokenTree {
         (1..self.len()).all(|c| self.parent[c] == c - 1)
     }
 
+    /// The first branch: from the root, each node's first child (a draft's most likely chain).
+    pub fn first_branch(&self) -> Vec<u32> {
+        let mut out = Vec::new();
+        let mut node = 0;
+        while let Some(c) = self.children(node).next() {
+            out.push(self.tokens[c]);
+            node = c;
+        }
+        out
+    }
+
+    /// How many of `tokens` follow a path down the tree from the root (each the token of a child
+    /// of the node before).
+    pub fn follow(&self, tokens: &[u32]) -> usize {
+        let mut at = 0;
+        for (i, &t) in tokens.iter().enumerate() {
+            match self.children(at).find(|&c| self.tokens[c] == t) {
+                Some(c) => at = c,
+                None => return i,
+            }
+        }
+        tokens.len()
+    }
+
     /// Per node, its rank path: the position of each node on its root-to-node path among its
     /// parent's children, in the order they were added (a draft adds them most likely first).
     /// The root's is empty; `[0, 1]` is the second child of the first child. Nodes of one rank
@@ -262,6 +286,9 @@ mod tests {
         let kept = t.subtree(&[true, false, true, true, false, true]);
         assert_eq!(kept.tokens(), &[7, 4, 6]);
         assert_eq!(t.subtree(&[true; 6]), t);
+        // the tokens a path follows down from the root
+        assert_eq!((t.follow(&[4, 6, 9]), t.follow(&[1, 5]), t.follow(&[2]), t.follow(&[])), (2, 2, 0, 0));
+        assert_eq!(t.first_branch(), [1, 2]);
     }
 
     #[test]

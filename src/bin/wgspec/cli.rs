@@ -107,7 +107,8 @@ struct GenerateArgs {
     json: bool,
     /// Speculate with a draft: a smaller model with the same tokenizer (file or known NAME),
     /// `ngram` (prompt lookup: the latest match's continuation), `MODEL+ngram` (the model's chain
-    /// and the n-gram continuations merged into one token tree), `medusa:PATH` (Medusa heads:
+    /// and the n-gram continuations merged into one token tree; `medusa:PATH+ngram` and
+    /// `eagle:PATH+ngram` merge the heads' trees likewise), `medusa:PATH` (Medusa heads:
     /// a `medusa_lm_head.safetensors` file or its folder with `config.json`, or the known
     /// `smollm2-135m-medusa`; a token tree), or `eagle:PATH` (an EAGLE-1/2 or EAGLE-3 head: a
     /// folder with `config.json` and `model.safetensors`, or the known `smollm2-135m-eagle`).
@@ -172,8 +173,9 @@ struct ServeArgs {
     #[arg(long)]
     model: String,
     /// The default draft of requests: `ngram`, a smaller model with the same tokenizer,
-    /// `MODEL+ngram`, `medusa:PATH` (Medusa heads) or `eagle:PATH` (an EAGLE head); a request's
-    /// `draft` field may pick another.
+    /// `medusa:PATH` (Medusa heads) or `eagle:PATH` (an EAGLE head), each but `ngram` alone or
+    /// followed by `+ngram` (merged with the n-gram's continuations); a request's `draft` field
+    /// may pick another.
     #[arg(long)]
     draft: Option<String>,
     /// KV cache positions: prompt and reply of one request together (default: min(model context, 4096)).
@@ -222,13 +224,14 @@ struct BenchArgs {
     /// llama-1b, smollm2-135m); prompts are then byte-mapped token ids.
     #[arg(long)]
     synthetic: Option<String>,
-    /// `ngram`, a draft model (file or known NAME), `MODEL+ngram`, `medusa:PATH` (Medusa heads),
-    /// `eagle:PATH` (an EAGLE head), or with --synthetic a shape name.
+    /// `ngram`, a draft model (file or known NAME), `medusa:PATH` (Medusa heads), `eagle:PATH` (an
+    /// EAGLE head), each but `ngram` alone or followed by `+ngram` (merged with the n-gram's
+    /// continuations), or with --synthetic a shape name.
     #[arg(long, required_unless_present = "roofline")]
     draft: Option<String>,
     /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
     /// earlier matches (default 1, the latest match's chain); `MODEL+ngram`, up to N n-gram
-    /// continuations beside the model's chain (default 4); a draft model, its N most likely
+    /// continuations beside the model's chain (default 4; with heads+ngram always 4); a draft model, its N most likely
     /// tokens at each depth (default 1, a chain; trees run CPU-driven cycles); `eagle:PATH`, the
     /// nodes its dynamic tree expands per depth (default 4; 0: the head's chain with 3 next
     /// guesses beside each depth).

@@ -21,8 +21,8 @@ use super::metrics::Metrics;
 pub struct ModelConfig {
     /// A .gguf file, a Hugging Face folder or a known model name.
     pub model: String,
-    /// `ngram`, a draft model (file, folder or name), `MODEL+ngram`, `medusa:PATH`, `eagle:PATH`,
-    /// or none.
+    /// `ngram`, a draft model (file, folder or name), `medusa:PATH`, `eagle:PATH` (each but
+    /// `ngram` alone or with `+ngram`), or none.
     pub draft: Option<String>,
     /// KV cache positions (default: the engine's, min(model context, 4096)).
     pub context: Option<usize>,
