@@ -59,26 +59,25 @@ def log(*a):
     print(f"[{time.strftime('%H:%M:%S')}]", *a, flush=True)
 
 
-def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="full")
+def parse_args(doc, presets, out, overrides, defaults):
+    """The options both training scripts take: --preset (one of `presets`), --gguf, --out (default
+    `out` in $WGSPEC_CACHE/heads), --work, --seed, --threads, --no-reuse, and `--name VALUE` for
+    each (name, type) in `overrides`, which replaces the preset's value; `a.cfg` is `defaults`
+    updated by the preset, then by the overrides given."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--preset", choices=sorted(presets), default="full")
     ap.add_argument("--gguf", default=os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--out", default=os.path.join(CACHE, "heads", "smollm2-135m-eagle"))
+    ap.add_argument("--out", default=os.path.join(CACHE, "heads", out))
     ap.add_argument("--work", default=None, help="phase outputs (default $WGSPEC_CACHE/train-work/<preset>)")
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--no-reuse", action="store_true", help="recompute phases even when cached outputs match")
-    # overrides of the preset
-    for k, t in [("train_prompts", int), ("samples", str), ("max_new", int), ("gen_batch", int),
-                 ("heldout_prompts", int), ("heldout_max_new", int), ("text_train", int),
-                 ("text_heldout", int), ("seq_len", int), ("epochs", int), ("steps", int),
-                 ("batch_tokens", int), ("lr", float), ("noise", float), ("ce_weight", float),
-                 ("warmup_frac", float), ("clip", float), ("weight_decay", float)]:
+    for k, t in overrides:
         ap.add_argument("--" + k.replace("_", "-"), dest=k, type=t, default=None)
     a = ap.parse_args()
-    cfg = dict(steps=0, noise=0.1, ce_weight=0.1, warmup_frac=0.05, clip=0.5, weight_decay=0.0)
-    cfg.update(PRESETS[a.preset])
-    for k in list(cfg) + ["steps"]:
+    cfg = dict(defaults)
+    cfg.update(presets[a.preset])
+    for k, _ in overrides:
         v = getattr(a, k, None)
         if v is not None:
             cfg[k] = v
@@ -718,7 +717,13 @@ def build_corpus(a, cfg, tok, model, eos_id, pad_id, summary, times):
 
 
 def main():
-    a = parse_args()
+    a = parse_args(__doc__, PRESETS, "smollm2-135m-eagle", [
+        ("train_prompts", int), ("samples", str), ("max_new", int), ("gen_batch", int),
+        ("heldout_prompts", int), ("heldout_max_new", int), ("text_train", int),
+        ("text_heldout", int), ("seq_len", int), ("epochs", int), ("steps", int),
+        ("batch_tokens", int), ("lr", float), ("noise", float), ("ce_weight", float),
+        ("warmup_frac", float), ("clip", float), ("weight_decay", float)],
+        dict(steps=0, noise=0.1, ce_weight=0.1, warmup_frac=0.05, clip=0.5, weight_decay=0.0))
     cfg = a.cfg
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)

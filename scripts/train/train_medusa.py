@@ -21,7 +21,6 @@ projection per head would triple the step's cost on this CPU for what a 576-wide
 Run with the venv from setup.sh; train_medusa.sh does both.
 """
 
-import argparse
 import json
 import math
 import os
@@ -57,31 +56,6 @@ class MedusaHeads(torch.nn.Module):
 
     def block(self, k, f):
         return f + F.silu(self.blocks[k](f))
-
-
-def parse_args():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--preset", choices=sorted(PRESETS), default="full")
-    ap.add_argument("--gguf", default=os.path.join(CACHE, "models", "SmolLM2-135M-Instruct.Q4_1.gguf"))
-    ap.add_argument("--out", default=os.path.join(CACHE, "heads", "smollm2-135m-medusa"))
-    ap.add_argument("--work", default=None, help="phase outputs (default $WGSPEC_CACHE/train-work/<preset>, shared with train_eagle.py)")
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--no-reuse", action="store_true", help="recompute the corpus even when cached outputs match")
-    for k, t in [("heads", int), ("epochs", int), ("steps", int), ("batch_tokens", int), ("lr", float),
-                 ("text_frac", float), ("warmup_frac", float), ("clip", float)]:
-        ap.add_argument("--" + k.replace("_", "-"), dest=k, type=t, default=None)
-    a = ap.parse_args()
-    cfg = dict(steps=0, warmup_frac=0.05, clip=0.5)
-    cfg.update(PRESETS[a.preset])
-    for k in list(cfg):
-        v = getattr(a, k, None)
-        if v is not None:
-            cfg[k] = v
-    a.cfg = cfg
-    if a.work is None:
-        a.work = os.path.join(CACHE, "train-work", a.preset)
-    return a
 
 
 def collate(seqs, idx):
@@ -225,7 +199,10 @@ def load_exported(path, heads_n, dim):
 
 
 def main():
-    a = parse_args()
+    a = te.parse_args(__doc__, PRESETS, "smollm2-135m-medusa", [
+        ("heads", int), ("epochs", int), ("steps", int), ("batch_tokens", int), ("lr", float),
+        ("text_frac", float), ("warmup_frac", float), ("clip", float)],
+        dict(steps=0, warmup_frac=0.05, clip=0.5))
     cfg = a.cfg
     torch.set_num_threads(a.threads)
     torch.set_num_interop_threads(1)

@@ -618,19 +618,20 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     };
     let mut ngram_alone = ngram.clone();
     let mut ensemble;
+    let kind = draft_kind(Some(&draft_arg));
     let alone: &mut dyn Draft = match (model_draft.as_mut(), heads.as_mut()) {
         (None, Some(heads)) => heads.as_mut(),
         (None, None) => &mut ngram_alone,
-        (Some(model), _) if draft_arg.ends_with("+ngram") => model,
+        (Some(model), _) if kind == DraftKind::ModelNgram => model,
         (Some(model), _) => {
             model.set_tree(args.tree.unwrap_or(1).saturating_sub(1));
             model
         }
     };
-    let draft: &mut dyn Draft = match draft_arg.ends_with("+ngram") {
+    let draft: &mut dyn Draft = match kind != kind.base() {
         true => {
             // (with a draft model `--tree N` sets the n-gram's continuations)
-            let branches = match draft_kind(Some(&draft_arg)) == DraftKind::ModelNgram {
+            let branches = match kind == DraftKind::ModelNgram {
                 true => args.tree.unwrap_or(speculative::TREE_BRANCHES).max(1),
                 false => speculative::TREE_BRANCHES,
             };

@@ -124,7 +124,7 @@ pub async fn models(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError
             "object": "model",
             "created": created,
             "owned_by": "wgspec",
-            "wgspec": {"context": context, "draft": super::worker::draft_name(model.default_draft)},
+            "wgspec": {"context": context, "draft": model.default_draft.name()},
         }],
     })))
 }

@@ -98,7 +98,7 @@ pub struct WgspecStats {
 pub fn wgspec_stats(c: &Completion, draft: DraftKind) -> WgspecStats {
     let s = &c.stats;
     WgspecStats {
-        draft: draft_name(draft),
+        draft: draft.name(),
         drafted: s.drafted,
         accepted: s.accepted,
         acceptance_rate: s.acceptance_rate,
@@ -108,10 +108,6 @@ pub fn wgspec_stats(c: &Completion, draft: DraftKind) -> WgspecStats {
         decode_seconds: s.base.decode_seconds,
         tokens_per_second: s.base.tokens_per_second,
     }
-}
-
-pub fn draft_name(d: DraftKind) -> &'static str {
-    d.name()
 }
 
 /// Loads the target (and the draft model, if any) with progress on stderr.
