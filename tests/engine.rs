@@ -304,6 +304,13 @@ fn speculation_through_the_engine_equals_plain_decoding() {
         assert_eq!(tokens, out.tokens, "one event per committed token");
         let flags: Vec<bool> = events.iter().filter(|e| e.id.is_some()).map(|e| e.from_draft).collect();
         assert_eq!(flags, out.from_draft, "events carry the provenance");
+        if k.is_none() {
+            // an adaptive K times a plain step once after the first drafting cycle: drafting
+            // resumes after a plain cycle (the draft catches up, the heads read the rows)
+            assert!(out.stats.plain_cycles >= 1, "{draft:?}: {:?}", out.stats);
+        } else {
+            assert_eq!(out.stats.plain_cycles, 0, "{draft:?}: a fixed K always drafts");
+        }
         if draft == DraftKind::Model {
             // A draft equal to the target is always right: every cycle but the last is full.
             assert!(out.stats.acceptance_rate == 1.0, "{:?}", out.stats);

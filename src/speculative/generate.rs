@@ -69,6 +69,9 @@ pub struct SpecStats {
     pub gpu_sampled: usize,
     /// Cycles that verified a token tree (several continuations in one pass).
     pub tree_cycles: usize,
+    /// Cycles with a draft at hand that drafted nothing because the adaptive K judged a plain
+    /// step faster (see [`Schedule`](super::Schedule)).
+    pub plain_cycles: usize,
     /// Command submissions and read-backs during decoding (the round trips).
     pub submits: u64,
     pub readbacks: u64,
@@ -140,6 +143,7 @@ pub async fn generate(
     let params = opts.sampling;
     let greedy = params.is_greedy();
     let mut rng = Rng::new(params.seed);
+    let adaptive = matches!(k, KPolicy::Adaptive { .. });
     let mut schedule = Schedule::new(k);
     let name = draft.as_ref().map_or("none", |d| d.name()).to_string();
     let mut stats = SpecStats { draft: name, ..SpecStats::default() };
@@ -214,6 +218,9 @@ pub async fn generate(
         // Draft: K from the schedule, capped by the context and the tokens still wanted.
         let cap = (context - n_past - 1).min(remaining - 1);
         let k = if draft.is_some() { schedule.pick(cap) } else { 0 };
+        if draft.is_some() && k == 0 && cap > 0 && adaptive {
+            stats.plain_cycles += 1;
+        }
         k_sum += k;
         let calibrate = cycles < 2 || cycles.is_multiple_of(16);
         cycles += 1;

@@ -13,8 +13,16 @@
 //! reached), `t_draft` the measured time of one draft token and `t_verify(n)` the measured time
 //! of a verify pass over n rows. All three are running averages that follow drift; nothing comes
 //! from a fixed table. Before a quantity is measured a mild prior stands in (acceptance 0.7, a
-//! verify pass growing 10% per row), which the first cycles replace. K >= 1 always, so
-//! acceptance keeps being measured.
+//! verify pass growing 10% per row), which the first cycles replace.
+//!
+//! K = 0 is a plain step (one row, no draft): the choice when even the best K's expected rate
+//! is below a plain step's `1 / t_verify(1)`. A draft that is rarely right, or an adapter where
+//! a second row costs nearly a whole step (a CPU adapter), then costs the run little instead of
+//! slowing every cycle. Acceptance is only measured by drafting, so a plain run still drafts
+//! the best K every few cycles (a probe): first after [`PROBE_FIRST`] plain cycles, then after
+//! twice as many each time drafting still does not pay, up to [`PROBE_MAX`]; a cycle that
+//! drafts because it pays starts over. The plain step's own cost is measured once, by one
+//! plain cycle, as soon as some verify pass has been timed.
 //!
 //! Token trees are sized the same way ([`Schedule::size_tree`]). A draft proposes its whole
 //! tree (up to [`MAX_TREE`] rows); each node has a rank path ([`TokenTree::rank_paths`]: which
@@ -79,6 +87,9 @@ const PRIOR_WEIGHT: f64 = 2.0;
 const PRIOR_ROW_COST: f64 = 0.1;
 /// A rank path whose decayed count falls below this is forgotten (back to its prior).
 const FORGET: f64 = 0.01;
+/// Plain cycles before the first probe of a plain run, and the most between two probes.
+pub const PROBE_FIRST: usize = 4;
+pub const PROBE_MAX: usize = 64;
 
 #[derive(Clone, Copy, Debug, Default)]
 struct Avg {
@@ -105,6 +116,10 @@ pub struct Schedule {
     verify: Vec<Avg>,
     /// Per tree node rank path: decayed (verified, accepted) counts.
     slots: BTreeMap<Vec<u8>, (f64, f64)>,
+    /// Plain cycles since the last cycle that drafted, and the plain cycles the next probe waits
+    /// for (see the module's doc).
+    plain_run: usize,
+    probe_after: usize,
 }
 
 impl Schedule {
@@ -118,6 +133,8 @@ impl Schedule {
             draft_token: Avg::default(),
             verify: vec![Avg::default(); MAX_BATCH],
             slots: BTreeMap::new(),
+            plain_run: 0,
+            probe_after: PROBE_FIRST,
         }
     }
 
@@ -218,28 +235,53 @@ impl Schedule {
         }
     }
 
-    /// The K to draft next, at most `cap` (room left in the context, tokens still wanted).
-    pub fn pick(&self, cap: usize) -> usize {
+    /// The K to draft next, at most `cap` (room left in the context, tokens still wanted); under
+    /// an adaptive K, 0 (a plain step) when drafting is not expected to pay (see the module's doc).
+    pub fn pick(&mut self, cap: usize) -> usize {
         let cap = cap.min(MAX_BATCH - 1);
-        match self.policy {
-            KPolicy::Fixed(k) => k.min(cap),
-            KPolicy::Adaptive { max } => {
-                let max = max.min(cap);
-                let mut best = (max.min(1), 0.0);
-                let mut expected = 1.0;
-                let mut reach = 1.0;
-                for k in 1..=max {
-                    reach *= self.acceptance(k - 1);
-                    expected += reach;
-                    let t = k as f64 * self.draft_seconds() + self.verify_seconds(k + 1);
-                    let rate = if t > 0.0 { expected / t } else { expected };
-                    if rate > best.1 {
-                        best = (k, rate);
-                    }
-                }
-                best.0
+        let max = match self.policy {
+            KPolicy::Fixed(k) => return k.min(cap),
+            KPolicy::Adaptive { max } => max,
+        };
+        let (k, rate) = self.best_k(max.min(cap));
+        if k == 0 {
+            return 0;
+        }
+        // the plain step's cost, measured once as soon as some pass has been timed
+        let timed = self.verify.iter().any(|v| v.seen);
+        if timed && !self.verify[0].seen {
+            return 0;
+        }
+        let plain = 1.0 / self.verify_seconds(1).max(f64::MIN_POSITIVE);
+        if rate >= plain {
+            self.plain_run = 0;
+            self.probe_after = PROBE_FIRST;
+            return k;
+        }
+        if self.plain_run >= self.probe_after {
+            self.plain_run = 0;
+            self.probe_after = (2 * self.probe_after).min(PROBE_MAX);
+            return k;
+        }
+        self.plain_run += 1;
+        0
+    }
+
+    /// The K in 1..=max of highest expected tokens per second, and that rate ((0, 0) when max is 0).
+    fn best_k(&self, max: usize) -> (usize, f64) {
+        let mut best = (0, 0.0);
+        let mut expected = 1.0;
+        let mut reach = 1.0;
+        for k in 1..=max {
+            reach *= self.acceptance(k - 1);
+            expected += reach;
+            let t = k as f64 * self.draft_seconds() + self.verify_seconds(k + 1);
+            let rate = if t > 0.0 { expected / t } else { expected };
+            if best.0 == 0 || rate > best.1 {
+                best = (k, rate);
             }
         }
+        best
     }
 
     /// Estimated acceptance rate at draft position `i` (0-based), given it was reached.
@@ -318,7 +360,7 @@ mod tests {
 
     #[test]
     fn fixed_k_is_capped() {
-        let s = Schedule::new(KPolicy::Fixed(5));
+        let mut s = Schedule::new(KPolicy::Fixed(5));
         assert_eq!(s.pick(100), 5);
         assert_eq!(s.pick(2), 2);
         assert_eq!(s.pick(0), 0);
@@ -414,22 +456,86 @@ mod tests {
             s.observe_acceptance(16, 16);
         }
         assert!(s.pick(100) >= 12, "{}", s.pick(100));
-        // Nothing accepted and a draft token costs a tenth of a verify pass: draft one (the minimum).
+        // Nothing accepted and a draft token costs a tenth of a verify pass: plain steps, but
+        // the probes draft one (the best K) now and then.
         for _ in 0..50 {
             s.observe_draft(1, 0.1);
         }
         for _ in 0..300 {
             s.observe_acceptance(4, 0);
         }
-        assert_eq!(s.pick(100), 1);
-        // Verify cost proportional to rows (compute-bound adapter), good acceptance: small K.
+        let picks: Vec<usize> = (0..=PROBE_FIRST).map(|_| s.pick(100)).collect();
+        assert_eq!(picks[..PROBE_FIRST], [0; PROBE_FIRST]);
+        assert_eq!(picks[PROBE_FIRST], 1);
+        // Each row costs half a step (a compute-bound adapter), six drafts always right and the
+        // seventh never: K = 6
         let mut s = Schedule::new(KPolicy::Adaptive { max: 16 });
         for rows in 1..=17 {
-            s.observe_verify(rows, rows as f64);
+            s.observe_verify(rows, 1.0 + 0.5 * (rows - 1) as f64);
         }
         for _ in 0..50 {
             s.observe_acceptance(8, 6);
         }
-        assert!(s.pick(100) <= 2, "{}", s.pick(100));
+        assert_eq!(s.pick(100), 6);
+        // ... and when each row costs a whole step, drafting cannot pay: plain steps
+        for rows in 1..=17 {
+            for _ in 0..50 {
+                s.observe_verify(rows, rows as f64);
+            }
+        }
+        assert_eq!(s.pick(100), 0);
+        // A fixed K is what was asked for, whatever the costs
+        let mut s = Schedule::new(KPolicy::Fixed(3));
+        for rows in 1..=17 {
+            s.observe_verify(rows, rows as f64);
+        }
+        for _ in 0..50 {
+            s.observe_acceptance(3, 0);
+        }
+        assert!((0..10).all(|_| s.pick(100) == 3));
+        assert_eq!(s.pick(2), 2);
+    }
+
+    #[test]
+    fn plain_steps_when_drafting_does_not_pay_with_probes_that_back_off() {
+        let mut s = Schedule::new(KPolicy::Adaptive { max: 8 });
+        // The first pass timed drafted (3 rows): the next cycle times a plain step once
+        assert!(s.pick(100) >= 1, "untimed: the priors draft");
+        s.observe_verify(3, 2.0);
+        assert_eq!(s.pick(100), 0, "the plain step is timed first");
+        // A CPU adapter (a second row costs most of a step) and a draft that is never right
+        for rows in 1..=9 {
+            s.observe_verify(rows, 1.0 + 0.9 * (rows - 1) as f64);
+        }
+        s.observe_draft(1, 0.01);
+        for _ in 0..100 {
+            s.observe_acceptance(2, 0);
+        }
+        let probes = |s: &mut Schedule, n: usize| -> Vec<usize> {
+            (0..n).filter(|_| s.pick(100) > 0).collect::<Vec<_>>()
+        };
+        // probes after 4, 8, 16, 32, 64, 64 plain cycles
+        let got = probes(&mut s, 200);
+        let mut want = Vec::new();
+        let (mut at, mut gap) = (0, PROBE_FIRST);
+        while at + gap < 200 {
+            at += gap;
+            want.push(at);
+            at += 1;
+            gap = (2 * gap).min(PROBE_MAX);
+        }
+        assert_eq!(got, want);
+        assert_eq!(got.len(), 6, "{got:?}");
+        // The draft turns good: every cycle drafts again, and the probes start over when it fails
+        for _ in 0..100 {
+            s.observe_acceptance(2, 2);
+        }
+        assert!((0..20).all(|_| s.pick(100) >= 2));
+        for _ in 0..100 {
+            s.observe_acceptance(2, 0);
+        }
+        assert_eq!(probes(&mut s, PROBE_FIRST + 1), [PROBE_FIRST]);
+        // No room to draft: no probe either
+        assert!((0..200).all(|_| s.pick(0) == 0));
     }
 }

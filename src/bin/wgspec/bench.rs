@@ -108,6 +108,9 @@ pub struct Summary {
     /// Drafted tokens (tree nodes) per verify pass, and the passes that verified a tree.
     pub nodes_per_verify: f64,
     pub tree_cycles: usize,
+    /// Cycles the adaptive K ran as plain steps (drafting judged not to pay), and all cycles.
+    pub plain_cycles: usize,
+    pub cycles: usize,
     pub all_identical: bool,
 }
 
@@ -132,6 +135,8 @@ impl Summary {
             acceptance_rate: ratio(accepted as f64, drafted as f64),
             nodes_per_verify: ratio(drafted as f64, verifies as f64),
             tree_cycles: rs.iter().map(|r| r.stats.tree_cycles).sum(),
+            plain_cycles: rs.iter().map(|r| r.stats.plain_cycles).sum(),
+            cycles: verifies,
             all_identical: rs.iter().all(|r| r.identical),
         }
     }

@@ -729,7 +729,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     let s = &out.summary;
     eprintln!(
         "all: target-only {:.2} tok/s, speculative {:.2} tok/s, speedup x{:.2}, tau {:.2}, acceptance {:.1}%, \
-         {:.1} nodes per verify pass ({} trees), verify_cost(K={}) {:.2}",
+         {:.1} nodes per verify pass ({} trees), {} of {} cycles plain, verify_cost(K={}) {:.2}",
         s.target_only_tokens_per_second,
         s.speculative_tokens_per_second,
         s.speedup,
@@ -737,6 +737,8 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         100.0 * s.acceptance_rate,
         s.nodes_per_verify,
         s.tree_cycles,
+        s.plain_cycles,
+        s.cycles,
         k_runs,
         verify_cost
     );
