@@ -180,12 +180,17 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
 
     // 1. this lane's share of k: units lane, lane + LANES, ... Each group of 4 weights of the four
     //    columns is dequantised once and applied to every row, each vec4 of x is loaded once and
-    //    applied to the four columns. acc[r] holds row r0 + r for the four columns; every output
+    //    applied to the four columns. a0 .. a3 hold rows r0 .. r0 + 3 for the four columns; every output
     //    is one accumulator summed in k order within the lane, by the same instructions whatever
     //    nr is. A group of one row (a decode step) has its own loop; a group of more computes all
     //    four rows without a branch per row (CPU adapters would run masked rows anyway): rows past
     //    n read finite values of the x buffer and are never stored.
-    var acc: array<vec4<f32>, 4>;
+    // (four named accumulators, not an array: an array indexed by a loop variable below would
+    // live in memory on CPU adapters, every += of the loop a load and a store)
+    var a0 = vec4<f32>(0.0);
+    var a1 = vec4<f32>(0.0);
+    var a2 = vec4<f32>(0.0);
+    var a3 = vec4<f32>(0.0);
     if (c0 <= last) {
         for (var u = lane; u < p.units; u += LANES) {
             let h0 = unit_head(cs.x, u);
@@ -199,7 +204,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             if (nr == 1u) {
                 for (var g = 0u; g < valid; g++) {
                     let xv = x[xi + g];
-                    acc[0] += vec4<f32>(
+                    a0 += vec4<f32>(
                         dot(unit_group(h0, g), xv),
                         dot(unit_group(h1, g), xv),
                         dot(unit_group(h2, g), xv),
@@ -216,14 +221,16 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                     let x1 = x[xi + k4 + g];
                     let x2 = x[xi + 2u * k4 + g];
                     let x3 = x[xi + 3u * k4 + g];
-                    acc[0] += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
-                    acc[1] += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
-                    acc[2] += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
-                    acc[3] += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
+                    a0 += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
+                    a1 += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
+                    a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
+                    a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
                 }
             }
         }
     }
+
+    var acc = array<vec4<f32>, 4>(a0, a1, a2, a3);
 
     // 2. the LANES partial sums of each output, added by a fixed tree in workgroup memory
     if (LANES > 1u) {
