@@ -22,8 +22,8 @@ use crate::model::{
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
 use crate::speculative::{
-    self, DraftModel, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, SpecStats, DEFAULT_MAX_DRAFT_K,
-    EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
+    self, DraftModel, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, Schedule, SpecStats,
+    DEFAULT_MAX_DRAFT_K, EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
 };
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
@@ -358,6 +358,9 @@ pub struct Engine {
     draft: Option<(DraftModel, ModelInfo)>,
     medusa: Option<Medusa>,
     eagle: Option<Eagle>,
+    /// Per draft kind, the K schedule its requests share: a request starts from the costs and
+    /// acceptance the earlier ones measured (cleared when a draft is loaded).
+    schedules: Vec<(DraftKind, Schedule)>,
 }
 
 impl Engine {
@@ -401,6 +404,7 @@ impl Engine {
             draft: None,
             medusa: None,
             eagle: None,
+            schedules: Vec::new(),
         }
     }
 
@@ -424,6 +428,7 @@ impl Engine {
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&MedusaHeads> {
         self.medusa = None;
+        self.schedules.clear();
         let named = files.open_named()?;
         let ckpt = Checkpoint::from_named_safetensors(self.target.config.clone(), named.shards)?;
         let (config, prefix) = MedusaConfig::of_checkpoint(&ckpt, named.config_json.as_deref())?;
@@ -464,6 +469,7 @@ impl Engine {
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&EagleHead> {
         self.eagle = None;
+        self.schedules.clear();
         let named = files.open_named()?;
         let json = named
             .config_json
@@ -485,6 +491,12 @@ impl Engine {
         let head = EagleHead::load(&self.target, &ckpt, layout, &self.load_options, top_k, progress).await?;
         let shape = EagleTree::Dynamic { width: EAGLE_WIDTH };
         Ok(self.eagle.insert(Eagle::with_tree(head, shape)).head())
+    }
+
+    /// The K schedule that requests drafting with `kind` share (after the first such request;
+    /// gone when a draft is loaded).
+    pub fn schedule(&self, kind: DraftKind) -> Option<&Schedule> {
+        self.schedules.iter().find(|(k, _)| *k == kind).map(|(_, s)| s)
     }
 
     /// The loaded EAGLE head.
@@ -527,6 +539,7 @@ impl Engine {
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&ModelInfo> {
         self.draft = None; // the old draft's GPU memory goes first
+        self.schedules.clear();
         speculative::check_draft(
             (&self.target.config, &self.prompter.tokenizer),
             (&draft.checkpoint.config, &draft.tokenizer),
@@ -545,6 +558,7 @@ impl Engine {
     /// Sets an already uploaded draft model (it must share the target's tokenizer) or removes it.
     pub fn set_draft(&mut self, draft: Option<(Model, &Tokenizer)>) -> Result<()> {
         self.draft = None;
+        self.schedules.clear();
         if let Some((model, tokenizer)) = draft {
             speculative::check_draft(
                 (&self.target.config, &self.prompter.tokenizer),
@@ -681,8 +695,17 @@ impl Engine {
             }
             (_, d) => d,
         };
+        let at = match self.schedules.iter().position(|(k, _)| *k == kind) {
+            Some(i) => i,
+            None => {
+                self.schedules.push((kind, Schedule::new(req.k_policy())));
+                self.schedules.len() - 1
+            }
+        };
+        let schedule = &mut self.schedules[at].1;
+        schedule.set_policy(req.k_policy());
         let mut g =
-            speculative::generate(&mut self.target, draft, &prompt, &opts, req.k_policy(), &mut on_commit)
+            speculative::generate_with(&mut self.target, draft, &prompt, &opts, schedule, &mut on_commit)
                 .await?;
         if let Some(trace) = g.stats.last_cycle.as_mut() {
             trace.texts = trace.tokens.iter().map(|&t| tokenizer.decode(&[t]).unwrap_or_default()).collect();

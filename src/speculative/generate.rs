@@ -126,10 +126,25 @@ pub struct SpecGeneration {
 /// accepted draft token (return false to stop).
 pub async fn generate(
     target: &mut Model,
-    mut draft: Option<&mut dyn Draft>,
+    draft: Option<&mut dyn Draft>,
     prompt: &[u32],
     opts: &GenerateOptions,
     k: KPolicy,
+    on_token: &mut dyn FnMut(u32, bool) -> bool,
+) -> Result<SpecGeneration> {
+    generate_with(target, draft, prompt, opts, &mut Schedule::new(k), on_token).await
+}
+
+/// [`generate`] with a schedule that outlives the generation: it starts from the costs and
+/// acceptance `schedule` measured before (in earlier requests with the same target and draft)
+/// and leaves this run's measurements in it. K is chosen by its policy
+/// ([`Schedule::set_policy`]).
+pub async fn generate_with(
+    target: &mut Model,
+    mut draft: Option<&mut dyn Draft>,
+    prompt: &[u32],
+    opts: &GenerateOptions,
+    schedule: &mut Schedule,
     on_token: &mut dyn FnMut(u32, bool) -> bool,
 ) -> Result<SpecGeneration> {
     opts.sampling.validate()?;
@@ -143,8 +158,7 @@ pub async fn generate(
     let params = opts.sampling;
     let greedy = params.is_greedy();
     let mut rng = Rng::new(params.seed);
-    let adaptive = matches!(k, KPolicy::Adaptive { .. });
-    let mut schedule = Schedule::new(k);
+    let adaptive = matches!(schedule.policy(), KPolicy::Adaptive { .. });
     let name = draft.as_ref().map_or("none", |d| d.name()).to_string();
     let mut stats = SpecStats { draft: name, ..SpecStats::default() };
     stats.base.prompt_tokens = prompt.len();
@@ -235,13 +249,13 @@ pub async fn generate(
                     next: out.next,
                     draft_steps: out.draft_steps,
                 };
-                gpu_cycle_checked(&mut stats, &schedule, out, id_last, tc.elapsed().as_secs_f64())
+                gpu_cycle_checked(&mut stats, schedule, out, id_last, tc.elapsed().as_secs_f64())
             }
             (_, Some(sc), Some(dm)) if k > 0 && !calibrate && sc.has_draft() => {
                 let tc = Instant::now();
                 let out = sc.run(target, dm, &tokens, n_past, k, &mut rng).await?;
                 stats.gpu_sampled += 1;
-                gpu_cycle_checked(&mut stats, &schedule, out, id_last, tc.elapsed().as_secs_f64())
+                gpu_cycle_checked(&mut stats, schedule, out, id_last, tc.elapsed().as_secs_f64())
             }
             _ => {
                 let td = Instant::now();

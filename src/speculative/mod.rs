@@ -27,7 +27,7 @@ pub use draft::{
     TreeCosts, TREE_BRANCHES,
 };
 pub use eagle::{Eagle, EagleTree, EAGLE_SIBLINGS, EAGLE_WIDTH};
-pub use generate::{generate, CycleTrace, SpecGeneration, SpecStats};
+pub use generate::{generate, generate_with, CycleTrace, SpecGeneration, SpecStats};
 pub use medusa::{Medusa, MEDUSA_CHOICES};
 pub use sampled::{gpu_samples, SampledCycle, SampledOutcome};
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};

@@ -138,6 +138,23 @@ impl Schedule {
         }
     }
 
+    /// The policy of the next generation; the measurements stay (a front end keeps one schedule
+    /// per draft across requests, so a request starts from what the earlier ones measured).
+    pub fn set_policy(&mut self, policy: KPolicy) {
+        let max = match policy {
+            KPolicy::Fixed(k) | KPolicy::Adaptive { max: k } => k.min(MAX_BATCH - 1),
+        };
+        if self.accept.len() < max {
+            self.accept.resize(max, (0.0, 0.0));
+        }
+        self.policy = policy;
+    }
+
+    /// The policy K is chosen by.
+    pub fn policy(&self) -> KPolicy {
+        self.policy
+    }
+
     /// The drafted nodes a token tree may hold when the schedule picked `k`: the rows of the
     /// verify pass's last matmul row tile ([`MATMUL_ROWS`] rows share each weight load, and a
     /// partial tile costs what a full one does), so K + 1 rows round up to a multiple of it.
@@ -537,5 +554,15 @@ mod tests {
         assert_eq!(probes(&mut s, PROBE_FIRST + 1), [PROBE_FIRST]);
         // No room to draft: no probe either
         assert!((0..200).all(|_| s.pick(0) == 0));
+        // The next request (another policy) keeps what was measured
+        s.set_policy(KPolicy::Fixed(12));
+        assert_eq!(s.pick(100), 12);
+        s.set_policy(KPolicy::Adaptive { max: 16 });
+        assert_eq!(s.pick(100), 0, "still a draft that is never right");
+        assert_eq!(
+            (s.verify_seconds(1), s.acceptance(15)),
+            (1.0, PRIOR_ACCEPT),
+            "positions past 8 start at the prior"
+        );
     }
 }

@@ -6,7 +6,7 @@ use serde::{Deserialize, Serialize};
 use web_time::Instant;
 use wgspec::model::{Model, MAX_BATCH};
 use wgspec::session::GenerateOptions;
-use wgspec::speculative::{self, Draft, KPolicy, SpecStats};
+use wgspec::speculative::{self, Draft, Schedule, SpecStats};
 use wgspec::{Error, Result};
 
 /// The prompt set kept in the repository (`benches/prompts.json`): code and prose.
@@ -46,22 +46,28 @@ pub struct PromptResult {
     pub stats: SpecStats,
 }
 
-/// Runs `bench` (tokenized: `prompt`) with the target alone and with speculation (in the order `spec_first` says).
+/// Runs `bench` (tokenized: `prompt`) with the target alone and with speculation (in the order
+/// `spec_first` says); the speculative run continues `schedule` (the prompts of a bench share one,
+/// as a server's requests do).
 pub async fn run_prompt(
     target: &mut Model,
     draft: &mut dyn Draft,
     bench: &BenchPrompt,
     prompt: &[u32],
     opts: &GenerateOptions,
-    k: KPolicy,
+    schedule: &mut Schedule,
     spec_first: bool,
 ) -> Result<PromptResult> {
+    let k = schedule.policy();
     let mut plain = None;
     let mut spec = None;
     for spec_turn in [spec_first, !spec_first] {
         if spec_turn {
             spec = Some(
-                speculative::generate(target, Some(&mut *draft), prompt, opts, k, &mut |_, _| true).await?,
+                speculative::generate_with(target, Some(&mut *draft), prompt, opts, schedule, &mut |_, _| {
+                    true
+                })
+                .await?,
             );
         } else {
             plain = Some(speculative::generate(target, None, prompt, opts, k, &mut |_, _| true).await?);

@@ -645,6 +645,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     sampling.validate()?;
     let gen_opts = GenerateOptions { max_tokens: args.max_tokens, sampling, stop_tokens };
     let policy = args.k.policy();
+    let mut schedule = wgspec::speculative::Schedule::new(policy);
 
     let mut results = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
@@ -661,8 +662,8 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             (Some(t), _) => t.encode(&p.prompt, true)?,
             (None, _) => bench::byte_tokens(&p.prompt, target.config.vocab_size),
         };
-        let r =
-            bench::run_prompt(&mut target, &mut *draft, p, &tokens, &gen_opts, policy, i % 2 == 1).await?;
+        let r = bench::run_prompt(&mut target, &mut *draft, p, &tokens, &gen_opts, &mut schedule, i % 2 == 1)
+            .await?;
         eprintln!(
             "{:<20} {:<5} target-only {:>7.2} tok/s  speculative {:>7.2} tok/s  x{:.2}  tau {:.2}  accept {:>5.1}%  K {:.1}{}",
             r.name,
