@@ -1421,7 +1421,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
                 );
             }
             // the last row alone is projected and ranked: drafting continues from it
-            let top = pollster::block_on(eagle.head().top_ids()).expect("top");
+            let top = pollster::block_on(eagle.head_mut().top_ids()).expect("top");
             let last = rows[n - 1];
             check_ranks(&format!("{what}: position {last}"), &top, &want_logits[last]);
         }
@@ -1595,7 +1595,7 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
                 common::assert_close(&format!("{what}: h of position {row}"), got, &want[row].0, 1e-4, 1e-3);
             }
             // ranked in the draft vocabulary, named by the target's ids
-            let top = pollster::block_on(eagle.head().top_ids()).expect("top");
+            let top = pollster::block_on(eagle.head_mut().top_ids()).expect("top");
             let last = rows[rows.len() - 1];
             check_ranks(&format!("{what}: position {last}"), &top, &want[last].1);
         }

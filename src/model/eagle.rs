@@ -296,6 +296,9 @@ pub struct EagleHead {
     context: usize,
     /// Positions in the head's KV cache.
     len: usize,
+    /// The last pass's row is in `last` but not yet projected: the next draft projects it first
+    /// (a plain cycle, which drafts nothing, then never reads the output matrix).
+    unprojected: bool,
     gpu_bytes: u64,
     memory_bytes: u64,
 }
@@ -692,6 +695,7 @@ impl EagleHead {
             top_k,
             context,
             len: 0,
+            unprojected: false,
             gpu_bytes,
             memory_bytes,
         })
@@ -741,7 +745,8 @@ impl EagleHead {
     /// `start_pos..`, each row's next token in `next`): the target's features of those rows, each
     /// with its next token, through the head. Rows and tokens are written by the host, so this
     /// must be the first head pass of a submission. Submitted without a read-back; the last row's
-    /// output (the feature f^ and the top ids) is where drafting continues ([`EagleHead::draft`]).
+    /// feature f^ is where drafting continues ([`EagleHead::draft`], which first projects and
+    /// ranks it: a generation's plain cycles never pay for the projection).
     pub fn run_target_rows(&mut self, rows: &[usize], next: &[u32], start_pos: usize) -> Result<()> {
         let n = rows.len();
         if n == 0 || n > MAX_BATCH || next.len() != n || start_pos > self.len || start_pos + n > self.context
@@ -762,20 +767,33 @@ impl EagleHead {
         g.write_step(&self.state.step, n, start_pos);
         let mut enc = g.encoder();
         g.encode(&mut enc, &self.gather, n as u32);
-        self.encode_pass(&mut enc, n);
+        self.encode_features(&mut enc, n);
         g.submit(enc);
         self.len = start_pos + n;
+        self.unprojected = true;
         Ok(())
     }
 
-    /// A pass of `n` rows (its step uniform set), then the last row's f^ copied to `last` and
-    /// projected.
-    fn encode_pass(&self, enc: &mut wgpu::CommandEncoder, n: usize) {
+    /// A pass of `n` rows (its step uniform set), then the last row's f^ copied to `last`.
+    fn encode_features(&self, enc: &mut wgpu::CommandEncoder, n: usize) {
         let (g, s) = (&*self.gpu, &self.state);
         let row = 4 * self.config.dim as u64;
         g.encode(enc, &self.pass, n as u32);
         enc.copy_buffer_to_buffer(&s.x.raw, (n as u64 - 1) * row, &s.last.raw, 0, row);
-        g.encode(enc, &self.project, 1);
+    }
+
+    /// [`EagleHead::encode_features`], then that row projected and ranked.
+    fn encode_pass(&self, enc: &mut wgpu::CommandEncoder, n: usize) {
+        self.encode_features(enc, n);
+        self.gpu.encode(enc, &self.project, 1);
+    }
+
+    /// The last pass's row projected and ranked, if [`EagleHead::run_target_rows`] left it
+    /// unprojected.
+    fn encode_pending_projection(&mut self, enc: &mut wgpu::CommandEncoder) {
+        if std::mem::take(&mut self.unprojected) {
+            self.gpu.encode(enc, &self.project, 1);
+        }
     }
 
     /// The ids ranked at the last row of the latest pass, then `steps` draft steps, each a
@@ -790,13 +808,14 @@ impl EagleHead {
             )));
         }
         let g = self.gpu.clone();
+        let mut enc = g.encoder();
+        self.encode_pending_projection(&mut enc);
         let s = &self.state;
         let (dim, k, word) = (self.config.dim as u64, self.top_k as u64, 4u64);
         let table: Vec<u32> = (0..steps).flat_map(|i| [1, (self.len + i) as u32, 0, 0]).collect();
         if !table.is_empty() {
             g.queue.write_buffer(&s.step_table, 0, bytemuck::cast_slice(&table));
         }
-        let mut enc = g.encoder();
         enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, 0, k * word);
         for i in 0..steps as u64 {
             // the input: the previous pass's last feature and most likely id
@@ -836,6 +855,8 @@ impl EagleHead {
             )));
         }
         let g = self.gpu.clone();
+        let mut enc = g.encoder();
+        self.encode_pending_projection(&mut enc);
         let s = &self.state;
         let room = self.context.saturating_sub(self.len).min(MAX_TREE);
         let (verify, draft_pass) = shape.costs.unwrap_or(([0.0; MAX_TREE], 0.0));
@@ -867,7 +888,6 @@ impl EagleHead {
             write(e, params(1 + finish(e), next_depth(e), 1 + (e - 1) * MAX_EAGLE_WIDTH));
         }
         let (dim, word) = (self.config.dim as u64 * 4, 4u64);
-        let mut enc = g.encoder();
         enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.store.raw, 0, dim);
         g.encode(&mut enc, &self.tree_calls[..1], 1);
         for e in 1..=expansions {
@@ -908,10 +928,12 @@ impl EagleHead {
         Ok(bytemuck::pod_collect_to_vec(&raw))
     }
 
-    /// The top ids of the latest pass's last row, `[top_k]`.
-    pub async fn top_ids(&self) -> Result<Vec<u32>> {
+    /// The top ids of the latest pass's last row, `[top_k]` (projected now if still pending).
+    pub async fn top_ids(&mut self) -> Result<Vec<u32>> {
         let bytes = (self.top_k * 4) as u64;
-        let raw = self.gpu.submit_and_read(self.gpu.encoder(), &self.state.top.raw, 0, bytes).await?;
+        let mut enc = self.gpu.encoder();
+        self.encode_pending_projection(&mut enc);
+        let raw = self.gpu.submit_and_read(enc, &self.state.top.raw, 0, bytes).await?;
         Ok(bytemuck::pod_collect_to_vec(&raw))
     }
 }

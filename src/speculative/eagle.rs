@@ -116,6 +116,11 @@ impl Eagle {
         &self.head
     }
 
+    /// The head, mutably (reading its last row's ranks projects the row first).
+    pub fn head_mut(&mut self) -> &mut EagleHead {
+        &mut self.head
+    }
+
     /// The head, to draft with it in another way.
     pub fn into_head(self) -> EagleHead {
         self.head
