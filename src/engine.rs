@@ -358,9 +358,10 @@ pub struct Engine {
     draft: Option<(DraftModel, ModelInfo)>,
     medusa: Option<Medusa>,
     eagle: Option<Eagle>,
-    /// Per draft kind, the K schedule its requests share: a request starts from the costs and
-    /// acceptance the earlier ones measured (cleared when a draft is loaded).
-    schedules: Vec<(DraftKind, Schedule)>,
+    /// Per draft kind and decoding (greedy or sampled), the K schedule its requests share: a
+    /// request starts from the costs and acceptance the earlier ones measured (cleared when a
+    /// draft is loaded).
+    schedules: Vec<((DraftKind, bool), Schedule)>,
 }
 
 impl Engine {
@@ -493,10 +494,10 @@ impl Engine {
         Ok(self.eagle.insert(Eagle::with_tree(head, shape)).head())
     }
 
-    /// The K schedule that requests drafting with `kind` share (after the first such request;
-    /// gone when a draft is loaded).
-    pub fn schedule(&self, kind: DraftKind) -> Option<&Schedule> {
-        self.schedules.iter().find(|(k, _)| *k == kind).map(|(_, s)| s)
+    /// The K schedule that requests drafting with `kind`, greedy or not, share (after the first
+    /// such request; gone when a draft is loaded).
+    pub fn schedule(&self, kind: DraftKind, greedy: bool) -> Option<&Schedule> {
+        self.schedules.iter().find(|(k, _)| *k == (kind, greedy)).map(|(_, s)| s)
     }
 
     /// The loaded EAGLE head.
@@ -695,14 +696,20 @@ impl Engine {
             }
             (_, d) => d,
         };
-        let at = match self.schedules.iter().position(|(k, _)| *k == kind) {
-            Some(i) => i,
+        let key = (kind, opts.sampling.is_greedy());
+        let mut plain = Schedule::new(req.k_policy());
+        let at = match self.schedules.iter().position(|(k, _)| *k == key) {
+            _ if kind == DraftKind::None => None,
+            Some(i) => Some(i),
             None => {
-                self.schedules.push((kind, Schedule::new(req.k_policy())));
-                self.schedules.len() - 1
+                self.schedules.push((key, Schedule::new(req.k_policy())));
+                Some(self.schedules.len() - 1)
             }
         };
-        let schedule = &mut self.schedules[at].1;
+        let schedule = match at {
+            Some(i) => &mut self.schedules[i].1,
+            None => &mut plain,
+        };
         schedule.set_policy(req.k_policy());
         let mut g =
             speculative::generate_with(&mut self.target, draft, &prompt, &opts, schedule, &mut on_commit)

@@ -296,9 +296,9 @@ fn speculation_through_the_engine_equals_plain_decoding() {
     ] {
         req.draft = Some(draft);
         req.draft_k = k;
-        let fresh = engine.schedule(draft).is_none();
+        let fresh = engine.schedule(draft, true).is_none();
         let (out, events) = run(&mut engine, &req);
-        assert!(engine.schedule(draft).is_some(), "the requests of a draft kind share a schedule");
+        assert!(engine.schedule(draft, true).is_some(), "the requests of a draft kind share a schedule");
         assert_eq!(out.tokens, plain.tokens, "{draft:?} K={k:?}");
         assert_eq!(out.text, plain.text);
         assert_eq!(streamed(&events), out.text);
@@ -345,7 +345,7 @@ fn speculation_through_the_engine_equals_plain_decoding() {
         files.add("config.json", config).expect("add");
         let loaded = engine.load_eagle(files, &mut |_, _| {}).expect("EAGLE head");
         assert_eq!(matches!(loaded.layout(), EagleLayout::Eagle3 { .. }), eagle3);
-        assert!(engine.schedule(DraftKind::Eagle).is_none(), "a new head starts a new schedule");
+        assert!(engine.schedule(DraftKind::Eagle, true).is_none(), "a new head starts a new schedule");
         for k in [Some(3), None] {
             req.draft = Some(DraftKind::Eagle);
             req.draft_k = k;

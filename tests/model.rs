@@ -198,6 +198,44 @@ fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
 }
 
 #[test]
+fn a_prefill_leaves_the_cache_a_forward_pass_leaves() {
+    // A prefill runs the layers without the output projection; what follows it must see the
+    // very cache (and hidden states) a full pass leaves: bit for bit.
+    let mut r = rng(51);
+    let spec = TinySpec::qwen2();
+    let tiny = TinyModel::random(spec, &mut r);
+    let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::Q4_1, &mut r)).expect("gguf");
+    let mut m = load(&ckpt, Precision::Auto);
+    let vocab = spec.vocab as u32;
+    let tokens: Vec<u32> = (0..40).map(|i| (i * 53 + 11) % vocab).collect();
+    forward(&mut m, &tokens[..32], 0);
+    let want = forward(&mut m, &tokens[32..37], 32)[4 * spec.vocab..].to_vec();
+    let want_next = forward(&mut m, &tokens[37..40], 37);
+    // the hidden states a pass leaves (what heads draft from), of a 4-row pass at 32
+    let hidden = |m: &Model| -> Vec<u8> {
+        let g = m.gpu();
+        let raw = &m.hidden_buffers().0.raw;
+        pollster::block_on(g.submit_and_read(g.encoder(), raw, 0, (4 * spec.dim * 4) as u64)).expect("read")
+    };
+    m.truncate(32);
+    forward(&mut m, &tokens[32..36], 32);
+    let want_hidden = hidden(&m);
+    m.truncate(0);
+    // the last pass's logits would equal these if the prefill left them alone: make them stale
+    forward(&mut m, &tokens[20..21], 0);
+    m.prefill(&tokens[..32], 0).expect("prefill");
+    m.prefill(&tokens[32..36], 32).expect("prefill");
+    pollster::block_on(m.sync()).expect("sync");
+    assert_eq!(hidden(&m), want_hidden, "a prefill leaves the hidden states a pass leaves");
+    let got = forward(&mut m, &tokens[36..37], 36);
+    assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "the row after a prefill");
+    let next = forward(&mut m, &tokens[37..40], 37);
+    assert!(next.iter().zip(&want_next).all(|(a, b)| a.to_bits() == b.to_bits()), "the rows after");
+    // a prefill past the context is refused as a forward pass is
+    assert!(m.prefill(&tokens[..5], 60).is_err());
+}
+
+#[test]
 fn every_node_of_a_token_tree_equals_its_path_run_alone_bit_for_bit() {
     // Both architectures (qwen2: biases, GQA), both kernel shapes; trees of several shapes at a
     // position past 0, so that nodes see the cache before the pass and their ancestors. The GPU

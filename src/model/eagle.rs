@@ -39,7 +39,8 @@
 //! output, the embedding, the concatenation, fc and the layer over every row; then the
 //! projection (a `[vocab, dim]` matmul, most of a pass's bytes; EAGLE-3's `[draft_vocab, dim]`)
 //! and a top-k of the LAST row only (EAGLE-3: its ids renamed by d2t on the GPU), the one
-//! drafting continues from.
+//! drafting continues from. A pass over the target's kept rows leaves that projection to the next
+//! draft: a cycle that drafts nothing (a plain step) never reads the output matrix.
 //!
 //! Drafting continues in one of two ways:
 //! - a chain ([`EagleHead::draft`]): one-row passes, each fed the previous one's f^ and most
@@ -789,9 +790,9 @@ impl EagleHead {
     }
 
     /// The last pass's row projected and ranked, if [`EagleHead::run_target_rows`] left it
-    /// unprojected.
-    fn encode_pending_projection(&mut self, enc: &mut wgpu::CommandEncoder) {
-        if std::mem::take(&mut self.unprojected) {
+    /// unprojected (the caller clears `unprojected` once the submission succeeded).
+    fn encode_pending_projection(&self, enc: &mut wgpu::CommandEncoder) {
+        if self.unprojected {
             self.gpu.encode(enc, &self.project, 1);
         }
     }
@@ -828,6 +829,7 @@ impl EagleHead {
         self.len += steps;
         let bytes = (1 + steps as u64) * k * word;
         let raw = g.submit_and_read(enc, &s.drafts.raw, 0, bytes).await?;
+        self.unprojected = false;
         let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())
     }
@@ -911,6 +913,7 @@ impl EagleHead {
         let at = EAGLE_TREE_RESULT * word;
         let bytes = (EAGLE_TREE_OUT as u64 - EAGLE_TREE_RESULT) * word;
         let raw = g.submit_and_read(enc, &s.tree_out.raw, at, bytes).await?;
+        self.unprojected = false;
         let r: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         let n = (r[0] as usize).min(MAX_TREE - 1);
         // (32 token words, then 32 parent words)
@@ -934,6 +937,7 @@ impl EagleHead {
         let mut enc = self.gpu.encoder();
         self.encode_pending_projection(&mut enc);
         let raw = self.gpu.submit_and_read(enc, &self.state.top.raw, 0, bytes).await?;
+        self.unprojected = false;
         Ok(bytemuck::pod_collect_to_vec(&raw))
     }
 }

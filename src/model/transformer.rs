@@ -109,6 +109,8 @@ pub struct Model {
     state: RunState,
     /// The whole forward pass up to the logits.
     forward_ops: Vec<Op>,
+    /// How many of `forward_ops` come before the output projection (a prefill runs those).
+    body_ops: usize,
     /// Argmax of every logits row.
     argmax_ops: Vec<Op>,
     /// ([`Model::forward_top_k`]) k, the k most likely ids of every row `[MAX_BATCH, k]`, and
@@ -287,7 +289,7 @@ impl Model {
         };
         // An allocation the device could not make (out of memory) fails the load, not the process.
         g.take_error()?;
-        let forward_ops = record_forward(g, &c, &weights, &state, context);
+        let (forward_ops, body_ops) = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
         let width = kv_words(&c, kv_f16) as u32;
         let keep_ops =
@@ -298,6 +300,7 @@ impl Model {
             weights,
             state,
             forward_ops,
+            body_ops,
             argmax_ops,
             top_k: None,
             keep_ops,
@@ -333,7 +336,8 @@ impl Model {
             }
         };
         g.take_error()?;
-        self.forward_ops = record_forward(g, &self.config, &self.weights, &self.state, self.context);
+        (self.forward_ops, self.body_ops) =
+            record_forward(g, &self.config, &self.weights, &self.state, self.context);
         Ok(())
     }
 
@@ -540,7 +544,7 @@ impl Model {
         tokens: &[u32],
         start_pos: usize,
         ancestors: Option<&[u32]>,
-        argmax: bool,
+        until: Until,
     ) -> Result<wgpu::CommandEncoder> {
         self.check(tokens, start_pos)?;
         let g = &*self.gpu;
@@ -553,12 +557,33 @@ impl Model {
         }
         g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(tokens));
         let mut enc = g.encoder();
-        g.encode(&mut enc, &self.forward_ops, tokens.len() as u32);
-        if argmax {
+        let ops = match until {
+            Until::Hidden => &self.forward_ops[..self.body_ops],
+            Until::Logits | Until::Argmax => &self.forward_ops[..],
+        };
+        g.encode(&mut enc, ops, tokens.len() as u32);
+        if until == Until::Argmax {
             g.encode(&mut enc, &self.argmax_ops, tokens.len() as u32);
         }
         self.len = start_pos + tokens.len();
         Ok(enc)
+    }
+
+    /// Runs `tokens` at positions `start_pos..` for what they leave behind (their keys and values
+    /// in the cache, the hidden states and feature taps of the pass) without the output
+    /// projection: a prompt's prefill, a draft catching up, whose logits nobody reads (the
+    /// output matrix, up to a fifth of a small model's bytes, is not read). Submitted without a
+    /// read-back; a GPU error shows at the next one (or here, if already reported).
+    pub fn prefill(&mut self, tokens: &[u32], start_pos: usize) -> Result<()> {
+        let enc = self.encode(tokens, start_pos, None, Until::Hidden)?;
+        self.gpu.submit(enc);
+        self.gpu.take_error()
+    }
+
+    /// Waits until the GPU has run everything submitted so far (a 4-byte read-back), surfacing
+    /// any error: after [`Model::prefill`]s, so that their time is theirs.
+    pub async fn sync(&self) -> Result<()> {
+        self.gpu.submit_and_read(self.gpu.encoder(), &self.state.argmax.raw, 0, 4).await.map(|_| ())
     }
 
     /// Submits `enc` and reads back the logits of its first `rows` rows, `[rows, vocab]`.
@@ -577,13 +602,13 @@ impl Model {
     /// Runs `tokens` at positions `start_pos..` (at most the cached length: earlier positions are
     /// overwritten) and returns the logits of every row, `[tokens.len(), vocab]` row-major.
     pub async fn forward(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>> {
-        let enc = self.encode(tokens, start_pos, None, false)?;
+        let enc = self.encode(tokens, start_pos, None, Until::Logits)?;
         self.read_logits(enc, tokens.len()).await
     }
 
     /// As [`Model::forward`], but reads back only the last row's logits, `[vocab]`.
     pub async fn forward_last(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<f32>> {
-        let enc = self.encode(tokens, start_pos, None, false)?;
+        let enc = self.encode(tokens, start_pos, None, Until::Logits)?;
         let row = (self.config.vocab_size * 4) as u64;
         let offset = (tokens.len() as u64 - 1) * row;
         let raw = self.gpu.submit_and_read(enc, &self.state.logits.raw, offset, row).await?;
@@ -592,7 +617,7 @@ impl Model {
 
     /// As [`Model::forward`], but returns only the argmax of every row (computed on the GPU).
     pub async fn forward_argmax(&mut self, tokens: &[u32], start_pos: usize) -> Result<Vec<u32>> {
-        let enc = self.encode(tokens, start_pos, None, true)?;
+        let enc = self.encode(tokens, start_pos, None, Until::Argmax)?;
         self.read_argmax(enc, tokens.len()).await
     }
 
@@ -603,7 +628,7 @@ impl Model {
         if k == 0 || k > MAX_TOP_K {
             return Err(Error::InvalidArgument(format!("ranking 1..={MAX_TOP_K} ids, not {k}")));
         }
-        let mut enc = self.encode(tokens, start_pos, None, false)?;
+        let mut enc = self.encode(tokens, start_pos, None, Until::Logits)?;
         let g = &*self.gpu;
         if self.top_k.as_ref().is_none_or(|(have, _, _)| *have != k) {
             let ids = GpuBuffer::<u32>::zeros(g, "top-k ids", MAX_BATCH * k);
@@ -631,7 +656,7 @@ impl Model {
         ancestors: &[u32],
         start_pos: usize,
     ) -> Result<Vec<f32>> {
-        let enc = self.encode(tokens, start_pos, Some(ancestors), false)?;
+        let enc = self.encode(tokens, start_pos, Some(ancestors), Until::Logits)?;
         self.read_logits(enc, tokens.len()).await
     }
 
@@ -642,7 +667,7 @@ impl Model {
         ancestors: &[u32],
         start_pos: usize,
     ) -> Result<Vec<u32>> {
-        let enc = self.encode(tokens, start_pos, Some(ancestors), true)?;
+        let enc = self.encode(tokens, start_pos, Some(ancestors), Until::Argmax)?;
         self.read_argmax(enc, tokens.len()).await
     }
 
@@ -776,7 +801,16 @@ pub(crate) fn record_block(
 /// Every RMSNorm is folded into the matmul that reads its output: the op before it writes the
 /// residual stream x and also x * the norm's weight into xb; the matmul reads xb and divides each
 /// row's sums by the RMS of x's row.
-fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize) -> Vec<Op> {
+/// How far a pass goes: the hidden states (cache, taps), the logits, or their argmax too.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Until {
+    Hidden,
+    Logits,
+    Argmax,
+}
+
+/// The ops of a forward pass, and how many of them come before the output projection.
+fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize) -> (Vec<Op>, usize) {
     let st = &s.step;
     let mut ops = Vec::new();
     let input_norm = |l: usize| w.layers.get(l).map_or(Some(&w.output_norm), |n| n.attn_norm.as_ref());
@@ -810,6 +844,7 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
         ops.extend(record_block(g, c, layer, &s.kv_cache[l], &io, input_norm(l + 1)));
         taps(l + 1, &mut ops);
     }
+    let body = ops.len();
     // logits = rmsnorm(x) * output_norm . output^T                   [n, vocab]
     let output = w.output.as_ref().unwrap_or(&w.token_embd);
     let normed = MatmulOut {
@@ -818,5 +853,5 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
         ..Default::default()
     };
     ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, normed));
-    ops
+    (ops, body)
 }

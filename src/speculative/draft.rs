@@ -281,11 +281,12 @@ impl DraftModel {
         Ok(out)
     }
 
-    /// Feeds `tokens` without using their outputs, in passes of at most [`MAX_BATCH`].
+    /// Feeds `tokens` without using their outputs (no output projection, no read-back), in
+    /// passes of at most [`MAX_BATCH`].
     async fn feed(&mut self, tokens: &[u32]) -> Result<usize> {
         let mut passes = 0;
         for chunk in tokens.chunks(MAX_BATCH) {
-            self.model.forward_argmax(chunk, self.fed.len()).await?;
+            self.model.prefill(chunk, self.fed.len())?;
             self.fed.extend_from_slice(chunk);
             passes += 1;
         }

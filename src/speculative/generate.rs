@@ -70,7 +70,7 @@ pub struct SpecStats {
     /// Cycles that verified a token tree (several continuations in one pass).
     pub tree_cycles: usize,
     /// Cycles with a draft at hand that drafted nothing because the adaptive K judged a plain
-    /// step faster (see [`Schedule`](super::Schedule)).
+    /// step faster, or timed one (see [`Schedule`](super::Schedule)).
     pub plain_cycles: usize,
     /// Command submissions and read-backs during decoding (the round trips).
     pub submits: u64,
@@ -168,7 +168,7 @@ pub async fn generate_with(
     let mut tokens = prompt.to_vec();
     let mut n_past = 0;
     for chunk in prompt[..prompt.len() - 1].chunks(MAX_BATCH) {
-        target.forward_argmax(chunk, n_past).await?;
+        target.prefill(chunk, n_past)?;
         if let Some(d) = draft.as_deref_mut() {
             // heads take the chunk's hidden states before the next pass overwrites them
             let rows: Vec<usize> = (0..chunk.len()).collect();
@@ -181,6 +181,8 @@ pub async fn generate_with(
     if let Some(d) = draft.as_deref_mut() {
         stats.draft_steps += d.prefill(prompt).await?;
     }
+    // (prefill passes are submitted without read-backs: their time ends when the GPU is done)
+    target.sync().await?;
     // The rows of the last verify pass that hold the kept positions' hidden states, and the
     // first of those positions: drafts that read hidden states get them before the next pass.
     let mut kept_rows: Option<(usize, Vec<usize>)> = None;
@@ -206,7 +208,9 @@ pub async fn generate_with(
     } else {
         None
     };
-    let mut cycles = 0usize;
+    // drafting cycles so far (the calibrating ones are counted among them), and whether the
+    // last cycle was a plain step (the next draft then catches up on it)
+    let (mut drafting, mut after_plain) = (0usize, false);
     let trips0 = target.gpu().round_trips();
 
     let t1 = Instant::now();
@@ -236,8 +240,11 @@ pub async fn generate_with(
             stats.plain_cycles += 1;
         }
         k_sum += k;
-        let calibrate = cycles < 2 || cycles.is_multiple_of(16);
-        cycles += 1;
+        let calibrate = drafting < 2 || drafting.is_multiple_of(16);
+        let catching_up = std::mem::replace(&mut after_plain, k == 0);
+        if k > 0 {
+            drafting += 1;
+        }
         let gpu_draft = draft.as_deref_mut().and_then(|d| d.gpu_draft());
         let Checked { xs, verdict, drafted, depth, rows, trace } = match (&gpu_cycle, &sampled, gpu_draft) {
             (Some(cycle), _, Some(dm)) if k > 0 && !calibrate => {
@@ -275,7 +282,10 @@ pub async fn generate_with(
                 xs.truncate(k);
                 stats.draft_steps += proposal.steps;
                 stats.draft_seconds += draft_time;
-                schedule.observe_draft(xs.len(), draft_time);
+                // (not after a plain step: a draft model's catch-up on it is no draft token's cost)
+                if !catching_up {
+                    schedule.observe_draft(xs.len(), draft_time);
+                }
 
                 // A tree (sampling: deterministic drafts only) whose rows fit the context and
                 // whose longest path fits the tokens still wanted, cut to what the measured costs

@@ -6,7 +6,7 @@
 //! ```text
 //!   E(K) = 1 + sum_{i=1..K} prod_{j<=i} a_j        expected tokens per cycle
 //!   T(K) = K * t_draft + t_verify(K + 1)            seconds per cycle
-//!   K*   = argmax_{1 <= K <= max} E(K) / T(K)
+//!   K*   = argmax_{1 <= K <= max} E(K) / T(K),  or 0 (a plain step) when 1 / t_verify(1) is more
 //! ```
 //!
 //! where `a_j` is the measured acceptance rate at draft position j (given position j was
@@ -52,7 +52,8 @@ use crate::model::MAX_BATCH;
 pub enum KPolicy {
     /// Always K (capped by the context and the tokens still wanted).
     Fixed(usize),
-    /// From measured acceptance and costs, between 1 and `max`.
+    /// From measured acceptance and costs, between 1 and `max`, or 0 (a plain step) where
+    /// drafting is not expected to pay.
     Adaptive { max: usize },
 }
 
@@ -87,6 +88,8 @@ const PRIOR_WEIGHT: f64 = 2.0;
 const PRIOR_ROW_COST: f64 = 0.1;
 /// A rank path whose decayed count falls below this is forgotten (back to its prior).
 const FORGET: f64 = 0.01;
+/// The weight acceptance counts keep from one generation to the next.
+const CARRY: f64 = 0.5;
 /// Plain cycles before the first probe of a plain run, and the most between two probes.
 pub const PROBE_FIRST: usize = 4;
 pub const PROBE_MAX: usize = 64;
@@ -138,8 +141,10 @@ impl Schedule {
         }
     }
 
-    /// The policy of the next generation; the measurements stay (a front end keeps one schedule
-    /// per draft across requests, so a request starts from what the earlier ones measured).
+    /// Starts the next generation under `policy`. The costs stay (a front end keeps one schedule
+    /// per draft across requests, so a request starts from what the earlier ones measured); the
+    /// acceptance counts weigh half as much (a new prompt may suit the draft better or worse),
+    /// and a plain run probes again after [`PROBE_FIRST`] cycles.
     pub fn set_policy(&mut self, policy: KPolicy) {
         let max = match policy {
             KPolicy::Fixed(k) | KPolicy::Adaptive { max: k } => k.min(MAX_BATCH - 1),
@@ -147,6 +152,12 @@ impl Schedule {
         if self.accept.len() < max {
             self.accept.resize(max, (0.0, 0.0));
         }
+        for (reached, accepted) in self.accept.iter_mut().chain(self.slots.values_mut()) {
+            *reached *= CARRY;
+            *accepted *= CARRY;
+        }
+        self.plain_run = 0;
+        self.probe_after = PROBE_FIRST;
         self.policy = policy;
     }
 
@@ -554,11 +565,17 @@ mod tests {
         assert_eq!(probes(&mut s, PROBE_FIRST + 1), [PROBE_FIRST]);
         // No room to draft: no probe either
         assert!((0..200).all(|_| s.pick(0) == 0));
-        // The next request (another policy) keeps what was measured
+        // The next request (another policy) keeps the costs and, at half weight, the acceptance;
+        // a plain run probes again after PROBE_FIRST cycles
+        for _ in 0..3 {
+            assert_eq!(s.pick(100), 0);
+        }
         s.set_policy(KPolicy::Fixed(12));
         assert_eq!(s.pick(100), 12);
+        let before = s.accept[0];
         s.set_policy(KPolicy::Adaptive { max: 16 });
-        assert_eq!(s.pick(100), 0, "still a draft that is never right");
+        assert_eq!(s.accept[0], (before.0 * CARRY, before.1 * CARRY));
+        assert_eq!(probes(&mut s, PROBE_FIRST + 1), [PROBE_FIRST], "still a draft that is never right");
         assert_eq!(
             (s.verify_seconds(1), s.acceptance(15)),
             (1.0, PRIOR_ACCEPT),

@@ -690,7 +690,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     let pos = 64.min(target.context().saturating_sub(wgspec::model::MAX_BATCH));
     let fill: Vec<u32> = (0..pos as u32).map(|i| (i * 31 + 7) % target.config.vocab_size as u32).collect();
     for (c, chunk) in fill.chunks(wgspec::model::MAX_BATCH).enumerate() {
-        target.forward_argmax(chunk, c * wgspec::model::MAX_BATCH).await?;
+        target.prefill(chunk, c * wgspec::model::MAX_BATCH)?;
     }
     let mut ks: Vec<usize> =
         args.verify_ks.iter().copied().chain([k_runs]).filter(|k| (1..32).contains(k)).collect();

@@ -109,7 +109,7 @@ pub async fn run(
     let filler: Vec<u32> = (0..past as u32).map(|i| i % target.config.vocab_size as u32).collect();
     target.truncate(0);
     for (i, chunk) in filler.chunks(wgspec::model::MAX_BATCH).enumerate() {
-        target.forward_argmax(chunk, i * wgspec::model::MAX_BATCH).await?;
+        target.prefill(chunk, i * wgspec::model::MAX_BATCH)?;
     }
     let mut passes = Vec::new();
     for rows in [1, verify_rows] {
