@@ -826,9 +826,9 @@ impl EagleHead {
             self.encode_pass(&mut enc, 1);
             enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, (1 + i) * k * word, k * word);
         }
-        self.len += steps;
         let bytes = (1 + steps as u64) * k * word;
         let raw = g.submit_and_read(enc, &s.drafts.raw, 0, bytes).await?;
+        self.len += steps;
         self.unprojected = false;
         let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())

@@ -496,12 +496,13 @@ impl Model {
         &self.state.tokens
     }
 
-    /// The logits of every row of the last pass, `[MAX_BATCH, vocab]`.
+    /// The logits of every row of the last pass that computed them (not a prefill),
+    /// `[MAX_BATCH, vocab]`.
     pub fn logits_buffer(&self) -> &GpuBuffer<f32> {
         &self.state.logits
     }
 
-    /// The argmax of every row of the last pass, `[MAX_BATCH]`.
+    /// The argmax of every row of the last pass that computed it, `[MAX_BATCH]`.
     pub fn argmax_buffer(&self) -> &GpuBuffer<u32> {
         &self.state.argmax
     }
@@ -538,7 +539,8 @@ impl Model {
     }
 
     /// Records a pass over `tokens` at `start_pos` (a token tree when `ancestors` is given, see
-    /// [`Model::forward_tree`]), with the argmax of every row when `argmax`.
+    /// [`Model::forward_tree`]), as far as `until` says (the hidden states only, the logits, or
+    /// the argmax of every row too).
     fn encode(
         &mut self,
         tokens: &[u32],
@@ -797,10 +799,6 @@ pub(crate) fn record_block(
     ops
 }
 
-/// The forward pass as one flat op list, in the order the GPU runs it (5 dispatches per layer).
-/// Every RMSNorm is folded into the matmul that reads its output: the op before it writes the
-/// residual stream x and also x * the norm's weight into xb; the matmul reads xb and divides each
-/// row's sums by the RMS of x's row.
 /// How far a pass goes: the hidden states (cache, taps), the logits, or their argmax too.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Until {
@@ -809,7 +807,11 @@ enum Until {
     Argmax,
 }
 
-/// The ops of a forward pass, and how many of them come before the output projection.
+/// The forward pass as one flat op list, in the order the GPU runs it (5 dispatches per layer),
+/// and how many of its ops come before the output projection.
+/// Every RMSNorm is folded into the matmul that reads its output: the op before it writes the
+/// residual stream x and also x * the norm's weight into xb; the matmul reads xb and divides each
+/// row's sums by the RMS of x's row.
 fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize) -> (Vec<Op>, usize) {
     let st = &s.step;
     let mut ops = Vec::new();

@@ -208,9 +208,10 @@ pub async fn generate_with(
     } else {
         None
     };
-    // drafting cycles so far (the calibrating ones are counted among them), and whether the
-    // last cycle was a plain step (the next draft then catches up on it)
-    let (mut drafting, mut after_plain) = (0usize, false);
+    // drafting cycles so far, the draft timings recorded, and whether the last cycle was a plain
+    // step (a draft model's next proposal then catches up on it: no draft token's cost)
+    let (mut drafting, mut timed, mut after_plain) = (0usize, 0usize, false);
+    let has_model = draft.as_deref_mut().and_then(|d| d.gpu_draft()).is_some();
     let trips0 = target.gpu().round_trips();
 
     let t1 = Instant::now();
@@ -240,8 +241,8 @@ pub async fn generate_with(
             stats.plain_cycles += 1;
         }
         k_sum += k;
-        let calibrate = drafting < 2 || drafting.is_multiple_of(16);
-        let catching_up = std::mem::replace(&mut after_plain, k == 0);
+        let calibrate = timed < 2 || drafting.is_multiple_of(16);
+        let catching_up = std::mem::replace(&mut after_plain, k == 0) && has_model;
         if k > 0 {
             drafting += 1;
         }
@@ -283,8 +284,9 @@ pub async fn generate_with(
                 stats.draft_steps += proposal.steps;
                 stats.draft_seconds += draft_time;
                 // (not after a plain step: a draft model's catch-up on it is no draft token's cost)
-                if !catching_up {
+                if !catching_up && !xs.is_empty() {
                     schedule.observe_draft(xs.len(), draft_time);
+                    timed += 1;
                 }
 
                 // A tree (sampling: deterministic drafts only) whose rows fit the context and

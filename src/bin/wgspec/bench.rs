@@ -58,6 +58,8 @@ pub async fn run_prompt(
     schedule: &mut Schedule,
     spec_first: bool,
 ) -> Result<PromptResult> {
+    // (a new request, as the engine starts one)
+    schedule.set_policy(schedule.policy());
     let k = schedule.policy();
     let mut plain = None;
     let mut spec = None;
