@@ -696,23 +696,15 @@ impl Engine {
             }
             (_, d) => d,
         };
-        let key = (kind, opts.sampling.is_greedy());
-        let mut plain = Schedule::new(req.k_policy());
-        let at = match self.schedules.iter().position(|(k, _)| *k == key) {
-            _ if kind == DraftKind::None => None,
-            Some(i) => Some(i),
-            None => {
-                self.schedules.push((key, Schedule::new(req.k_policy())));
-                Some(self.schedules.len() - 1)
-            }
+        // (plain decoding keeps no schedule)
+        let mut unshared = Schedule::new(req.k_policy());
+        let schedule = match kind {
+            DraftKind::None => &mut unshared,
+            _ => shared_schedule(&mut self.schedules, (kind, opts.sampling.is_greedy()), req.k_policy()),
         };
-        let schedule = match at {
-            Some(i) => &mut self.schedules[i].1,
-            None => &mut plain,
-        };
-        schedule.set_policy(req.k_policy());
+        let k = req.k_policy();
         let mut g =
-            speculative::generate_with(&mut self.target, draft, &prompt, &opts, schedule, &mut on_commit)
+            speculative::generate_with(&mut self.target, draft, &prompt, &opts, k, schedule, &mut on_commit)
                 .await?;
         if let Some(trace) = g.stats.last_cycle.as_mut() {
             trace.texts = trace.tokens.iter().map(|&t| tokenizer.decode(&[t]).unwrap_or_default()).collect();
@@ -737,6 +729,22 @@ impl Engine {
             stats: g.stats,
         })
     }
+}
+
+/// The schedule of `key` in `schedules`, made under `policy` on first use.
+fn shared_schedule(
+    schedules: &mut Vec<((DraftKind, bool), Schedule)>,
+    key: (DraftKind, bool),
+    policy: KPolicy,
+) -> &mut Schedule {
+    let i = match schedules.iter().position(|(k, _)| *k == key) {
+        Some(i) => i,
+        None => {
+            schedules.push((key, Schedule::new(policy)));
+            schedules.len() - 1
+        }
+    };
+    &mut schedules[i].1
 }
 
 #[cfg(test)]

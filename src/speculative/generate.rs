@@ -132,18 +132,18 @@ pub async fn generate(
     k: KPolicy,
     on_token: &mut dyn FnMut(u32, bool) -> bool,
 ) -> Result<SpecGeneration> {
-    generate_with(target, draft, prompt, opts, &mut Schedule::new(k), on_token).await
+    generate_with(target, draft, prompt, opts, k, &mut Schedule::new(k), on_token).await
 }
 
 /// [`generate`] with a schedule that outlives the generation: it starts from the costs and
 /// acceptance `schedule` measured before (in earlier requests with the same target and draft)
-/// and leaves this run's measurements in it. K is chosen by its policy
-/// ([`Schedule::set_policy`]).
+/// and leaves this run's measurements in it; K is chosen by `k` ([`Schedule::start`]).
 pub async fn generate_with(
     target: &mut Model,
     mut draft: Option<&mut dyn Draft>,
     prompt: &[u32],
     opts: &GenerateOptions,
+    k: KPolicy,
     schedule: &mut Schedule,
     on_token: &mut dyn FnMut(u32, bool) -> bool,
 ) -> Result<SpecGeneration> {
@@ -158,7 +158,8 @@ pub async fn generate_with(
     let params = opts.sampling;
     let greedy = params.is_greedy();
     let mut rng = Rng::new(params.seed);
-    let adaptive = matches!(schedule.policy(), KPolicy::Adaptive { .. });
+    schedule.start(k);
+    let adaptive = matches!(k, KPolicy::Adaptive { .. });
     let name = draft.as_ref().map_or("none", |d| d.name()).to_string();
     let mut stats = SpecStats { draft: name, ..SpecStats::default() };
     stats.base.prompt_tokens = prompt.len();

@@ -145,7 +145,7 @@ impl Schedule {
     /// per draft across requests, so a request starts from what the earlier ones measured); the
     /// acceptance counts weigh half as much (a new prompt may suit the draft better or worse),
     /// and a plain run probes again after [`PROBE_FIRST`] cycles.
-    pub fn set_policy(&mut self, policy: KPolicy) {
+    pub fn start(&mut self, policy: KPolicy) {
         let max = match policy {
             KPolicy::Fixed(k) | KPolicy::Adaptive { max: k } => k.min(MAX_BATCH - 1),
         };
@@ -570,10 +570,10 @@ mod tests {
         for _ in 0..3 {
             assert_eq!(s.pick(100), 0);
         }
-        s.set_policy(KPolicy::Fixed(12));
+        s.start(KPolicy::Fixed(12));
         assert_eq!(s.pick(100), 12);
         let before = s.accept[0];
-        s.set_policy(KPolicy::Adaptive { max: 16 });
+        s.start(KPolicy::Adaptive { max: 16 });
         assert_eq!(s.accept[0], (before.0 * CARRY, before.1 * CARRY));
         assert_eq!(probes(&mut s, PROBE_FIRST + 1), [PROBE_FIRST], "still a draft that is never right");
         assert_eq!(

@@ -58,17 +58,21 @@ pub async fn run_prompt(
     schedule: &mut Schedule,
     spec_first: bool,
 ) -> Result<PromptResult> {
-    // (a new request, as the engine starts one)
-    schedule.set_policy(schedule.policy());
     let k = schedule.policy();
     let mut plain = None;
     let mut spec = None;
     for spec_turn in [spec_first, !spec_first] {
         if spec_turn {
             spec = Some(
-                speculative::generate_with(target, Some(&mut *draft), prompt, opts, schedule, &mut |_, _| {
-                    true
-                })
+                speculative::generate_with(
+                    target,
+                    Some(&mut *draft),
+                    prompt,
+                    opts,
+                    k,
+                    schedule,
+                    &mut |_, _| true,
+                )
                 .await?,
             );
         } else {
