@@ -3,11 +3,13 @@
 //
 // Preceded by one weight format file (shaders/formats/*.wgsl) that defines `unit_head(c, u)` and
 // `unit_group(h, g)`: the weights w[c, 32u + 4g .. 32u + 4g + 4] dequantised to f32, straight from
-// the stored blocks.
+// the stored blocks; and by one x-access file (shaders/matmul_x/*.wgsl) that defines the entry
+// point's `Invocation` and `x_unit` / `x_at`: each invocation loading its vectors of x, or (CPU
+// adapters with subgroups) a subgroup sharing one load per vector by shuffles.
 //
-// Shape: each invocation owns 4 adjacent columns x a group of 4 rows; it decodes each group of 4
-// weights once and applies it to every row, and loads each vec4 of x once for the 4 columns
-// (weights are read once per 4 rows, not once per row). On a GPU a workgroup of 64 invocations is
+// Shape: each invocation owns 4 adjacent columns x a group of up to 8 rows; it decodes each group
+// of 4 weights once and applies it to every row, and loads each vec4 of x once for the 4 columns
+// (weights are read once per 8 rows, not once per row). On a GPU a workgroup of 64 invocations is
 // 4 column quads x 16 lanes: the lanes of a quad stride over k, 32 weights (one unit) at a time,
 // and their partial sums are added by a fixed tree in workgroup memory (16 columns per workgroup).
 // On a CPU adapter LANES = 1: each invocation walks all of k (256 columns per workgroup).
@@ -66,7 +68,7 @@ struct Params {
 // invocation then walks all of k for its four columns (with the same per-output code).
 override LANES: u32 = 16u;
 const WG: u32 = 64u;    // invocations per workgroup; 4 * 64 / LANES columns per workgroup
-const ROWS: u32 = 4u;   // rows per workgroup
+const ROWS: u32 = 8u;   // rows per workgroup (a group of up to 4 computes 4, of 1 one)
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -82,8 +84,8 @@ const ROWS: u32 = 4u;   // rows per workgroup
 @group(0) @binding(8) var<storage, read> x_raw: array<vec4<f32>>;    // [n, k / 4] (norm) or unused
 @group(0) @binding(9) var<storage, read> gamma: array<f32>;          // [columns of y] (scaled_copy) or unused
 
-var<workgroup> partial: array<array<vec4<f32>, 4>, WG>;             // [WG, ROWS, 4 columns]
-var<workgroup> squares: array<vec4<f32>, WG>;                      // [WG, ROWS]
+var<workgroup> partial: array<array<vec4<f32>, 8>, WG>;             // [WG, ROWS, 4 columns]
+var<workgroup> squares: array<array<vec4<f32>, 2>, WG>;            // [WG, ROWS]
 
 // The checkpoint column of output column c: a Halves layout's q/k rows were reordered at load
 // into adjacent RoPE pairs, and go back to their columns here.
@@ -143,8 +145,9 @@ fn rotate(a: f32, b: f32, i: u32, pos: u32) -> vec2<f32> {
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let t = lid.x;
+fn main(inv: Invocation) {
+    let t = inv.lid.x;
+    let wid = inv.wid;
     let lane = t % LANES;
     let c0 = 4u * (wid.y * (WG / LANES) + t / LANES); // first of this invocation's four columns
     let r0 = wid.x * ROWS;
@@ -159,78 +162,126 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
 
     // 0. (norm) 1 / rms of each row of the group: the workgroup's invocations take strided vec4s
     //    of x_raw, then a fixed tree adds their sums (the same order for every pass size)
-    var inv_rms = vec4<f32>(1.0);
+    //    (rows r0 .. r0 + 3, and r0 + 4 .. r0 + 7 when the group has more than 4)
+    var inv_rms = array<vec4<f32>, 2>(vec4<f32>(1.0), vec4<f32>(1.0));
     if (p.norm == 1u) {
-        var sq = vec4<f32>(0.0);
-        for (var i = t; i < k4; i += WG) {
-            let a = x_raw[r0 * k4 + i];
-            let b = x_raw[(r0 + 1u) * k4 + i];
-            let c = x_raw[(r0 + 2u) * k4 + i];
-            let d = x_raw[(r0 + 3u) * k4 + i];
-            sq += vec4<f32>(dot(a, a), dot(b, b), dot(c, c), dot(d, d));
+        var sq = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
+        for (var h = 0u; h < select(1u, 2u, nr > 4u); h++) {
+            let r = r0 + 4u * h;
+            for (var i = t; i < k4; i += WG) {
+                let a = x_raw[r * k4 + i];
+                let b = x_raw[(r + 1u) * k4 + i];
+                let c = x_raw[(r + 2u) * k4 + i];
+                let d = x_raw[(r + 3u) * k4 + i];
+                sq[h] += vec4<f32>(dot(a, a), dot(b, b), dot(c, c), dot(d, d));
+            }
         }
         squares[t] = sq;
         workgroupBarrier();
         for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-            if (t < stride) { squares[t] += squares[t + stride]; }
+            if (t < stride) {
+                squares[t][0] += squares[t + stride][0];
+                squares[t][1] += squares[t + stride][1];
+            }
             workgroupBarrier();
         }
-        inv_rms = 1.0 / sqrt(squares[0] / f32(p.k) + p.eps);
+        inv_rms[0] = 1.0 / sqrt(squares[0][0] / f32(p.k) + p.eps);
+        inv_rms[1] = 1.0 / sqrt(squares[0][1] / f32(p.k) + p.eps);
     }
 
     // 1. this lane's share of k: units lane, lane + LANES, ... Each group of 4 weights of the four
     //    columns is dequantised once and applied to every row, each vec4 of x is loaded once and
-    //    applied to the four columns. a0 .. a3 hold rows r0 .. r0 + 3 for the four columns; every output
-    //    is one accumulator summed in k order within the lane, by the same instructions whatever
-    //    nr is. A group of one row (a decode step) has its own loop; a group of more computes all
-    //    four rows without a branch per row (CPU adapters would run masked rows anyway): rows past
-    //    n read finite values of the x buffer and are never stored.
-    // (four named accumulators, not an array: an array indexed by a loop variable below would
+    //    applied to the four columns. a0 .. a7 hold rows r0 .. r0 + 7 for the four columns; every
+    //    output is one accumulator summed in k order within the lane, by the same instructions
+    //    whatever nr is. A group of one row (a decode step) has its own loop; a group of 2 to 4
+    //    computes four rows, of 5 to 8 all eight, without a branch per row (CPU adapters would run
+    //    masked rows anyway): rows past n read finite values of the x buffer and are never stored. Every invocation runs the loop,
+    //    those whose columns are past the chunk too (they read the last column and store nothing):
+    //    a shuffle of x (matmul_x/shuffle.wgsl) needs the whole subgroup.
+    // (named accumulators, not an array: an array indexed by a loop variable below would
     // live in memory on CPU adapters, every += of the loop a load and a store)
     var a0 = vec4<f32>(0.0);
     var a1 = vec4<f32>(0.0);
     var a2 = vec4<f32>(0.0);
     var a3 = vec4<f32>(0.0);
-    if (c0 <= last) {
-        for (var u = lane; u < p.units; u += LANES) {
-            let h0 = unit_head(cs.x, u);
-            let h1 = unit_head(cs.y, u);
-            let h2 = unit_head(cs.z, u);
-            let h3 = unit_head(cs.w, u);
-            // vec4s of x that exist in this unit: fewer than 8 only in the last unit of a k that
-            // is no multiple of 32, whose remaining weights are zero padding
-            let valid = min(8u, k4 - 8u * u);
-            let xi = r0 * k4 + 8u * u;
-            if (nr == 1u) {
-                for (var g = 0u; g < valid; g++) {
-                    let xv = x[xi + g];
-                    a0 += vec4<f32>(
-                        dot(unit_group(h0, g), xv),
-                        dot(unit_group(h1, g), xv),
-                        dot(unit_group(h2, g), xv),
-                        dot(unit_group(h3, g), xv),
-                    );
-                }
-            } else {
-                for (var g = 0u; g < valid; g++) {
-                    let w0 = unit_group(h0, g);
-                    let w1 = unit_group(h1, g);
-                    let w2 = unit_group(h2, g);
-                    let w3 = unit_group(h3, g);
-                    let x0 = x[xi + g];
-                    let x1 = x[xi + k4 + g];
-                    let x2 = x[xi + 2u * k4 + g];
-                    let x3 = x[xi + 3u * k4 + g];
-                    a0 += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
-                    a1 += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
-                    a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
-                    a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
-                }
+    var a4 = vec4<f32>(0.0);
+    var a5 = vec4<f32>(0.0);
+    var a6 = vec4<f32>(0.0);
+    var a7 = vec4<f32>(0.0);
+    for (var u = lane; u < p.units; u += LANES) {
+        let h0 = unit_head(cs.x, u);
+        let h1 = unit_head(cs.y, u);
+        let h2 = unit_head(cs.z, u);
+        let h3 = unit_head(cs.w, u);
+        // vec4s of x that exist in this unit: fewer than 8 only in the last unit of a k that
+        // is no multiple of 32, whose remaining weights are zero padding
+        let valid = min(8u, k4 - 8u * u);
+        let xi = r0 * k4 + 8u * u;
+        if (nr == 1u) {
+            let own = x_unit(inv, xi);
+            for (var g = 0u; g < valid; g++) {
+                let xv = x_at(xi, g, own);
+                a0 += vec4<f32>(
+                    dot(unit_group(h0, g), xv),
+                    dot(unit_group(h1, g), xv),
+                    dot(unit_group(h2, g), xv),
+                    dot(unit_group(h3, g), xv),
+                );
+            }
+        } else if (nr <= 4u) {
+            let own0 = x_unit(inv, xi);
+            let own1 = x_unit(inv, xi + k4);
+            let own2 = x_unit(inv, xi + 2u * k4);
+            let own3 = x_unit(inv, xi + 3u * k4);
+            for (var g = 0u; g < valid; g++) {
+                let w0 = unit_group(h0, g);
+                let w1 = unit_group(h1, g);
+                let w2 = unit_group(h2, g);
+                let w3 = unit_group(h3, g);
+                let x0 = x_at(xi, g, own0);
+                let x1 = x_at(xi + k4, g, own1);
+                let x2 = x_at(xi + 2u * k4, g, own2);
+                let x3 = x_at(xi + 3u * k4, g, own3);
+                a0 += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
+                a1 += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
+                a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
+                a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
+            }
+        } else {
+            let own0 = x_unit(inv, xi);
+            let own1 = x_unit(inv, xi + k4);
+            let own2 = x_unit(inv, xi + 2u * k4);
+            let own3 = x_unit(inv, xi + 3u * k4);
+            let own4 = x_unit(inv, xi + 4u * k4);
+            let own5 = x_unit(inv, xi + 5u * k4);
+            let own6 = x_unit(inv, xi + 6u * k4);
+            let own7 = x_unit(inv, xi + 7u * k4);
+            for (var g = 0u; g < valid; g++) {
+                let w0 = unit_group(h0, g);
+                let w1 = unit_group(h1, g);
+                let w2 = unit_group(h2, g);
+                let w3 = unit_group(h3, g);
+                let x0 = x_at(xi, g, own0);
+                let x1 = x_at(xi + k4, g, own1);
+                let x2 = x_at(xi + 2u * k4, g, own2);
+                let x3 = x_at(xi + 3u * k4, g, own3);
+                let x4 = x_at(xi + 4u * k4, g, own4);
+                let x5 = x_at(xi + 5u * k4, g, own5);
+                let x6 = x_at(xi + 6u * k4, g, own6);
+                let x7 = x_at(xi + 7u * k4, g, own7);
+                a0 += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
+                a1 += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
+                a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
+                a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
+                a4 += vec4<f32>(dot(w0, x4), dot(w1, x4), dot(w2, x4), dot(w3, x4));
+                a5 += vec4<f32>(dot(w0, x5), dot(w1, x5), dot(w2, x5), dot(w3, x5));
+                a6 += vec4<f32>(dot(w0, x6), dot(w1, x6), dot(w2, x6), dot(w3, x6));
+                a7 += vec4<f32>(dot(w0, x7), dot(w1, x7), dot(w2, x7), dot(w3, x7));
             }
         }
     }
 
-    var acc = array<vec4<f32>, 4>(a0, a1, a2, a3);
+    var acc = array<vec4<f32>, 8>(a0, a1, a2, a3, a4, a5, a6, a7);
 
     // 2. the LANES partial sums of each output, added by a fixed tree in workgroup memory
     if (LANES > 1u) {
@@ -238,7 +289,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         workgroupBarrier();
         for (var stride = LANES / 2u; stride > 0u; stride /= 2u) {
             if (lane < stride) {
-                for (var r = 0u; r < ROWS; r++) {
+                for (var r = 0u; r < nr; r++) {
                     partial[t][r] += partial[t + stride][r];
                 }
             }
@@ -252,7 +303,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let c = p.col_offset + c0;
         for (var r = 0u; r < nr; r++) {
             let row = r0 + r;
-            var v = acc[r] * inv_rms[r];
+            var v = acc[r] * inv_rms[r / 4u][r % 4u];
             if (p.glu == 1u) {
                 // (gate, up) pairs: columns c0, c0 + 1 and c0 + 2, c0 + 3 (cols is even); output
                 // column c / 2 of the pair

@@ -4,7 +4,7 @@
 mod common;
 mod reference;
 
-use common::{assert_close, assert_fits, gpu, gpus, rand_vec, read_f32, read_u32, rng, tiny};
+use common::{assert_close, assert_fits, gpu, gpu_loading_x, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
 use wgspec::gpu::{
     AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut, Second, WeightBuffer,
@@ -288,6 +288,44 @@ fn matmul_rows_are_batch_invariant() {
                     assert!(same, "{dtype}: row {r} of a {n}-row pass differs from the single-row pass");
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn matmul_x_shared_by_subgroup_shuffles_keeps_every_bit() {
+    // lavapipe's default shape passes each vector of x between the matmul's invocations of a
+    // subgroup instead of each loading it: the same values, so every output keeps its bits. Rows
+    // of each kind of row group (1, 4, 8 and 8 + 5), a k whose last unit is partial (f16), and
+    // columns that leave invocations past the matrix in the last subgroup.
+    let (shuffled, loading) = (gpu(), gpu_loading_x());
+    if shuffled.info.name.contains("llvmpipe") {
+        assert!(shuffled.matmul_shuffles(), "lavapipe's default shape shuffles x: {}", shuffled.describe());
+    }
+    assert!(!loading.matmul_shuffles(), "{}", loading.describe());
+    let mut rng = rng(4);
+    for (dtype, k) in [(DType::F16, 808), (DType::Q4_1, 768), (DType::Q4_K, 768), (DType::Q8_0, 768)] {
+        let cols = 97;
+        let x = rand_vec(&mut rng, 13 * k, 1.0);
+        let (bytes, _) = random_weights(&mut rng, dtype, cols, k);
+        for n in [1usize, 3, 8, 13] {
+            let ys = [&shuffled, &loading].map(|gpu| {
+                let step = gpu.step_buffer();
+                let wb = upload(gpu, dtype, &bytes, cols, k);
+                let xb = GpuBuffer::<f32>::from_slice(gpu, "x", &x);
+                let yb = GpuBuffer::<f32>::zeros(gpu, "y", 13 * cols);
+                let out = MatmulOut { ldy: cols as u32, ..Default::default() };
+                run(gpu, &step, &[gpu.matmul(&step, &xb, &wb, None, &yb, out)], n, 0);
+                read_f32(gpu, &yb.raw, n * cols)
+            });
+            for (i, (a, b)) in ys[0].iter().zip(&ys[1]).enumerate() {
+                assert_eq!(
+                    a.to_bits(),
+                    b.to_bits(),
+                    "{dtype} k={k} n={n}: output {i}: shuffled {a}, loaded {b}"
+                );
+            }
+            assert!(ys[0].iter().any(|v| *v != 0.0), "{dtype} n={n}: all zeros");
         }
     }
 }

@@ -17,7 +17,7 @@ pub use ops::{
     AttentionShape, EagleTreeParams, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, SampleConfig,
     SampleRows, SampleSeed, Second, Step, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT,
     EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STATE, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, MATMUL_ROWS,
-    MAX_TOP_K, MAX_TREE,
+    MATMUL_ROW_STEP, MAX_TOP_K, MAX_TREE,
 };
 pub use roofline::Ceilings;
 
@@ -36,6 +36,9 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Matmul invocations per output column: 16 on GPUs, 1 where invocations run on a CPU.
     matmul_lanes: u32,
+    /// The matmul's invocations of a subgroup share their loads of x by shuffles (CPU adapters
+    /// with subgroups of at least 8: `shaders/matmul_x/shuffle.wgsl`).
+    matmul_shuffle: bool,
     /// Attention split over the cache in chunks (GPUs), or one pass per head and row (CPU adapters).
     split_attention: bool,
     pipelines: Pipelines,
@@ -156,6 +159,11 @@ pub struct KernelShape {
     /// each load (`attention_chunks.wgsl` + `attention_merge.wgsl`): on by default on GPUs. Off:
     /// one workgroup per query head and row walks every key (`attention.wgsl`), CPU adapters' default.
     pub split_attention: Option<bool>,
+    /// The matmul's invocations of a subgroup load each vector of x once and pass it on by a
+    /// subgroup shuffle (`shaders/matmul_x/shuffle.wgsl`) instead of each loading it: on by default
+    /// where the matmul has 1 lane and the adapter has subgroups of at least 8 invocations
+    /// (lavapipe); the same bits either way. Needs both.
+    pub matmul_shuffle: Option<bool>,
 }
 
 /// Whether the adapter runs invocations on CPU cores (lavapipe / llvmpipe, SwiftShader, WARP):
@@ -197,17 +205,6 @@ impl Gpu {
                 Kernel::LARGEST_WORKGROUP
             )));
         }
-        let (device, queue) = adapter
-            .request_device(&wgpu::DeviceDescriptor {
-                label: Some("wgspec"),
-                required_features: wgpu::Features::empty(),
-                required_limits: limits.clone(),
-                experimental_features: wgpu::ExperimentalFeatures::disabled(),
-                memory_hints: wgpu::MemoryHints::Performance,
-                trace: wgpu::Trace::Off,
-            })
-            .await
-            .map_err(|e| Error::NoGpu(format!("adapter {} refused a device: {e}", info.name)))?;
         let split_attention = shape.split_attention.unwrap_or(!runs_on_cpu(&info));
         let matmul_lanes = match shape.matmul_lanes {
             Some(l) if l.is_power_of_two() && l <= Kernel::WORKGROUP => l,
@@ -217,6 +214,42 @@ impl Gpu {
             None if runs_on_cpu(&info) => 1,
             None => 16,
         };
+        // a subgroup of 8 or more whose invocations all read x at the same offsets (1 lane)
+        let can_shuffle = matmul_lanes == 1
+            && adapter.features().contains(wgpu::Features::SUBGROUP)
+            && info.subgroup_min_size >= 8;
+        let matmul_shuffle =
+            match shape.matmul_shuffle {
+                Some(true) if !can_shuffle => return Err(Error::InvalidArgument(format!(
+                    "matmul shuffle: needs 1 matmul lane (not {matmul_lanes}) and subgroups of at least 8 \
+                     invocations (adapter {}: {}, {}..{})",
+                    info.name,
+                    if adapter.features().contains(wgpu::Features::SUBGROUP) {
+                        "subgroups"
+                    } else {
+                        "no subgroups"
+                    },
+                    info.subgroup_min_size,
+                    info.subgroup_max_size
+                ))),
+                Some(on) => on,
+                None => can_shuffle,
+            };
+        let (device, queue) = adapter
+            .request_device(&wgpu::DeviceDescriptor {
+                label: Some("wgspec"),
+                required_features: if matmul_shuffle {
+                    wgpu::Features::SUBGROUP
+                } else {
+                    wgpu::Features::empty()
+                },
+                required_limits: limits.clone(),
+                experimental_features: wgpu::ExperimentalFeatures::disabled(),
+                memory_hints: wgpu::MemoryHints::Performance,
+                trace: wgpu::Trace::Off,
+            })
+            .await
+            .map_err(|e| Error::NoGpu(format!("adapter {} refused a device: {e}", info.name)))?;
         let uncaptured = Arc::new(Mutex::new(None));
         let sink = uncaptured.clone();
         device.on_uncaptured_error(Arc::new(move |e: wgpu::Error| {
@@ -229,7 +262,7 @@ impl Gpu {
                 first.get_or_insert(msg);
             }
         }));
-        let pipelines = Pipelines::build(&device, matmul_lanes).await?;
+        let pipelines = Pipelines::build(&device, matmul_lanes, matmul_shuffle).await?;
         let unused_output = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused output"),
             size: 16,
@@ -242,6 +275,7 @@ impl Gpu {
             info,
             limits,
             matmul_lanes,
+            matmul_shuffle,
             split_attention,
             pipelines,
             unused_output,
@@ -256,14 +290,21 @@ impl Gpu {
         (4 * Kernel::WORKGROUP / self.matmul_lanes) as usize
     }
 
+    /// Whether the matmul's invocations of a subgroup share their loads of x by shuffles
+    /// ([`KernelShape::matmul_shuffle`]).
+    pub fn matmul_shuffles(&self) -> bool {
+        self.matmul_shuffle
+    }
+
     /// A one-line description of the adapter, for logs and benchmark records.
     pub fn describe(&self) -> String {
         format!(
-            "{} ({:?}, {}; matmul lanes {}, attention {})",
+            "{} ({:?}, {}; matmul lanes {}{}, attention {})",
             self.info.name,
             self.info.backend,
             self.info.driver_info,
             self.matmul_lanes,
+            if self.matmul_shuffle { " with x shuffled" } else { "" },
             if self.split_attention { "split" } else { "one pass" }
         )
     }

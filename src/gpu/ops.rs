@@ -9,7 +9,11 @@ use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
 use crate::loader::DType;
 
 /// Rows of a pass one matmul workgroup computes (`ROWS` in `shaders/matmul.wgsl`).
-pub const MATMUL_ROWS: u32 = 4;
+pub const MATMUL_ROWS: u32 = 8;
+
+/// The steps in which a matmul's work grows with the rows of a pass: a workgroup's group of 1 row
+/// computes one, of 2 to 4 rows four, of 5 to 8 all eight (`shaders/matmul.wgsl`).
+pub const MATMUL_ROW_STEP: u32 = 4;
 
 /// Most nodes of a token tree in one pass (a row's ancestors are one `u32` of bits).
 pub const MAX_TREE: usize = 32;

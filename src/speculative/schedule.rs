@@ -44,7 +44,7 @@ use std::collections::BTreeMap;
 
 use super::draft::TreeCosts;
 use super::tree::TokenTree;
-use crate::gpu::{MATMUL_ROWS, MAX_TREE};
+use crate::gpu::{MATMUL_ROW_STEP, MAX_TREE};
 use crate::model::MAX_BATCH;
 
 /// How K is chosen.
@@ -166,12 +166,13 @@ impl Schedule {
         self.policy
     }
 
-    /// The drafted nodes a token tree may hold when the schedule picked `k`: the rows of the
-    /// verify pass's last matmul row tile ([`MATMUL_ROWS`] rows share each weight load, and a
-    /// partial tile costs what a full one does), so K + 1 rows round up to a multiple of it.
+    /// The drafted nodes a token tree may hold when the schedule picked `k`: the rows the verify
+    /// pass's matmuls compute anyway (their work grows in steps of [`MATMUL_ROW_STEP`] rows that
+    /// share each weight load, and a partial step costs what a full one does), so K + 1 rows
+    /// round up to a multiple of it.
     /// A chain uses K of them; a tree fills the rest at about no cost.
     pub fn tree_nodes(&self, k: usize) -> usize {
-        let rows = (k + 1).next_multiple_of(MATMUL_ROWS as usize).min(MAX_TREE);
+        let rows = (k + 1).next_multiple_of(MATMUL_ROW_STEP as usize).min(MAX_TREE);
         rows - 1
     }
 
