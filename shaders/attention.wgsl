@@ -3,6 +3,9 @@
 // format of the file placed ahead of this one (shaders/kv/: f32 or f16), read by kv_vec4/kv_value.
 // Row r of the pass sits at position pos = start_pos + r and attends to cache positions 0..=pos:
 //   s_j = (q . k_j) * scale;  p_j = exp(s_j - max s) / sum exp;  out = sum_j p_j v_j
+// Preceded by one file of shaders/share/ (after the cache's format file): the entry point's
+// `Invocation`, and whether (`SHARE`, CPU adapters with subgroups) the invocations of a subgroup
+// share their loads of q and of the scores by shuffles (a workgroup's invocations all need them).
 // Every reduction runs in a fixed order that depends only on pos, never on n, so a verify pass
 // over K+1 rows reproduces single-row steps bit for bit.
 // A token-tree pass (step.tree = 1): row r is a node at depth d = popcount(ancestors[r]) - 1,
@@ -48,12 +51,25 @@ fn key_row(r: u32, j: u32) -> u32 {
     return step.start_pos + firstTrailingBit(m);
 }
 
+// q[i + g] (g < 8): loaded, or (SHARE) the subgroup's invocation g's load of it (`own`: this
+// invocation's load of q[i - g + slot8])
+fn q_at(i: u32, g: u32, own: vec4<f32>) -> vec4<f32> {
+    if (SHARE) { return share_vec4(own, g); }
+    return q[i];
+}
+
+// scores[i] as q_at
+fn score_at(i: u32, g: u32, own: f32) -> f32 {
+    if (SHARE) { return share_f32(own, g); }
+    return scores[i];
+}
+
 @compute @workgroup_size(64)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let h = wid.x;
-    let r = wid.y;
+fn main(inv: Invocation) {
+    let h = inv.wid.x;
+    let r = inv.wid.y;
     if (r >= step.n) { return; }
-    let t = lid.x;
+    let t = inv.lid.x;
     let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
     let pos = step.start_pos + depth;
     let len = pos + 1u;
@@ -63,17 +79,27 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let kv_row4 = 2u * p.kv_heads * hd4; // a cache row: k then v
     let s_base = (r * p.heads + h) * p.ctx;
 
-    // 1. scores and the running max of this thread's keys
+    // 1. scores and the running max of this thread's keys j = t, t + WG, ... Every invocation
+    //    runs each round (sharing loads by shuffles needs the whole subgroup): past the last key
+    //    it scores the last one again and keeps nothing. q is read in runs of 8 vectors, each
+    //    invocation loading one with SHARE (past the head's end when hd4 is no multiple of 8:
+    //    never used); the sum over d runs in d order either way.
     var m = -0x1.fffffep+127f; // the lowest finite f32, written exactly (Tint refuses an inexact literal)
-    for (var j = t; j < len; j += WG) {
-        let k_base = key_row(r, j) * kv_row4 + kvh * hd4;
+    for (var j0 = 0u; j0 < len; j0 += WG) {
+        let j = j0 + t;
+        let k_base = key_row(r, min(j, len - 1u)) * kv_row4 + kvh * hd4;
         var s = 0.0;
-        for (var d = 0u; d < hd4; d++) {
-            s += dot(q[q_base + d], kv_vec4(k_base + d));
+        for (var d0 = 0u; d0 < hd4; d0 += 8u) {
+            let own = q[q_base + d0 + slot8(inv)];
+            for (var d = d0; d < min(d0 + 8u, hd4); d++) {
+                s += dot(q_at(q_base + d, d - d0, own), kv_vec4(k_base + d));
+            }
         }
         s *= p.scale;
-        scores[s_base + j] = s;
-        m = max(m, s);
+        if (j < len) {
+            scores[s_base + j] = s;
+            m = max(m, s);
+        }
     }
     partial[t] = m;
     workgroupBarrier();
@@ -104,16 +130,23 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let kv_row = 2u * p.kv_heads * p.head_dim;
     let v_base = p.kv_heads * p.head_dim + kvh * p.head_dim;
     let o_base = (r * p.heads + h) * p.head_dim;
-    // keys that are their own rows, then (a tree pass) the ancestors': one sum in key order
+    // keys that are their own rows, then (a tree pass) the ancestors': one sum in key order.
+    // Every invocation runs each round (as in 1: past head_dim it sums the last dimension again
+    // and stores nothing); the scores of the direct keys are read in runs of 8, each invocation
+    // loading one with SHARE (past the last key: never used).
     let direct = select(len, min(len, step.start_pos), step.tree != 0u);
-    for (var d = t; d < p.head_dim; d += WG) {
+    for (var d0 = 0u; d0 < p.head_dim; d0 += WG) {
+        let d = min(d0 + t, p.head_dim - 1u);
         var acc = 0.0;
-        for (var j = 0u; j < direct; j++) {
-            acc += scores[s_base + j] * kv_value(j * kv_row + v_base + d);
+        for (var j0 = 0u; j0 < direct; j0 += 8u) {
+            let own = scores[s_base + j0 + slot8(inv)];
+            for (var j = j0; j < min(j0 + 8u, direct); j++) {
+                acc += score_at(s_base + j, j - j0, own) * kv_value(j * kv_row + v_base + d);
+            }
         }
         for (var j = direct; j < len; j++) {
             acc += scores[s_base + j] * kv_value(key_row(r, j) * kv_row + v_base + d);
         }
-        out[o_base + d] = acc * inv_l;
+        if (d0 + t < p.head_dim) { out[o_base + d] = acc * inv_l; }
     }
 }

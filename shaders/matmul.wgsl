@@ -3,9 +3,9 @@
 //
 // Preceded by one weight format file (shaders/formats/*.wgsl) that defines `unit_head(c, u)` and
 // `unit_group(h, g)`: the weights w[c, 32u + 4g .. 32u + 4g + 4] dequantised to f32, straight from
-// the stored blocks; and by one x-access file (shaders/matmul_x/*.wgsl) that defines the entry
-// point's `Invocation` and `x_unit` / `x_at`: each invocation loading its vectors of x, or (CPU
-// adapters with subgroups) a subgroup sharing one load per vector by shuffles.
+// the stored blocks; and by one file of shaders/share/ that defines the entry point's
+// `Invocation` and whether (`SHARE`, CPU adapters with subgroups) the invocations of a subgroup
+// share their loads of x by shuffles (they all need the same x with LANES = 1).
 //
 // Shape: each invocation owns 4 adjacent columns x a group of up to 8 rows; it decodes each group
 // of 4 weights once and applies it to every row, and loads each vec4 of x once for the 4 columns
@@ -130,6 +130,13 @@ fn store_kv(c: u32, row: u32, v: vec4<f32>) {
     }
 }
 
+// x[i + g] (g < 8) of the unit whose x vectors start at x[i]: loaded, or (SHARE) the subgroup's
+// invocation g's load of it (`own`: this invocation's load of x[i + slot8])
+fn x_at(i: u32, g: u32, own: vec4<f32>) -> vec4<f32> {
+    if (SHARE) { return share_vec4(own, g); }
+    return x[i + g];
+}
+
 // RoPE of the pair (a, b) at within-head columns (i, i + 1) of a row at position `pos`, with the
 // angles of a table computed once on the CPU in f64 (every GPU rotates by the same angles)
 // A row's offset from start_pos: its index, or in a token-tree pass its depth in the tree.
@@ -197,7 +204,9 @@ fn main(inv: Invocation) {
     //    computes four rows, of 5 to 8 all eight, without a branch per row (CPU adapters would run
     //    masked rows anyway): rows past n read finite values of the x buffer and are never stored. Every invocation runs the loop,
     //    those whose columns are past the chunk too (they read the last column and store nothing):
-    //    a shuffle of x (matmul_x/shuffle.wgsl) needs the whole subgroup.
+    //    sharing x by shuffles (SHARE) needs the whole subgroup. With SHARE an invocation loads
+    //    one vector of x per unit and row (`own`: past a row's end in the last unit of a k that is
+    //    no multiple of 32, never used); otherwise x_at loads each.
     // (named accumulators, not an array: an array indexed by a loop variable below would
     // live in memory on CPU adapters, every += of the loop a load and a store)
     var a0 = vec4<f32>(0.0);
@@ -218,7 +227,7 @@ fn main(inv: Invocation) {
         let valid = min(8u, k4 - 8u * u);
         let xi = r0 * k4 + 8u * u;
         if (nr == 1u) {
-            let own = x_unit(inv, xi);
+            let own = x[xi + slot8(inv)];
             for (var g = 0u; g < valid; g++) {
                 let xv = x_at(xi, g, own);
                 a0 += vec4<f32>(
@@ -229,10 +238,10 @@ fn main(inv: Invocation) {
                 );
             }
         } else if (nr <= 4u) {
-            let own0 = x_unit(inv, xi);
-            let own1 = x_unit(inv, xi + k4);
-            let own2 = x_unit(inv, xi + 2u * k4);
-            let own3 = x_unit(inv, xi + 3u * k4);
+            let own0 = x[xi + slot8(inv)];
+            let own1 = x[xi + k4 + slot8(inv)];
+            let own2 = x[xi + 2u * k4 + slot8(inv)];
+            let own3 = x[xi + 3u * k4 + slot8(inv)];
             for (var g = 0u; g < valid; g++) {
                 let w0 = unit_group(h0, g);
                 let w1 = unit_group(h1, g);
@@ -248,14 +257,14 @@ fn main(inv: Invocation) {
                 a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
             }
         } else {
-            let own0 = x_unit(inv, xi);
-            let own1 = x_unit(inv, xi + k4);
-            let own2 = x_unit(inv, xi + 2u * k4);
-            let own3 = x_unit(inv, xi + 3u * k4);
-            let own4 = x_unit(inv, xi + 4u * k4);
-            let own5 = x_unit(inv, xi + 5u * k4);
-            let own6 = x_unit(inv, xi + 6u * k4);
-            let own7 = x_unit(inv, xi + 7u * k4);
+            let own0 = x[xi + slot8(inv)];
+            let own1 = x[xi + k4 + slot8(inv)];
+            let own2 = x[xi + 2u * k4 + slot8(inv)];
+            let own3 = x[xi + 3u * k4 + slot8(inv)];
+            let own4 = x[xi + 4u * k4 + slot8(inv)];
+            let own5 = x[xi + 5u * k4 + slot8(inv)];
+            let own6 = x[xi + 6u * k4 + slot8(inv)];
+            let own7 = x[xi + 7u * k4 + slot8(inv)];
             for (var g = 0u; g < valid; g++) {
                 let w0 = unit_group(h0, g);
                 let w1 = unit_group(h1, g);
@@ -284,8 +293,9 @@ fn main(inv: Invocation) {
     var acc = array<vec4<f32>, 8>(a0, a1, a2, a3, a4, a5, a6, a7);
 
     // 2. the LANES partial sums of each output, added by a fixed tree in workgroup memory
+    //    (the group's nr rows only)
     if (LANES > 1u) {
-        partial[t] = acc;
+        for (var r = 0u; r < nr; r++) { partial[t][r] = acc[r]; }
         workgroupBarrier();
         for (var stride = LANES / 2u; stride > 0u; stride /= 2u) {
             if (lane < stride) {
@@ -295,7 +305,7 @@ fn main(inv: Invocation) {
             }
             workgroupBarrier();
         }
-        acc = partial[t];
+        for (var r = 0u; r < nr; r++) { acc[r] = partial[t][r]; }
     }
 
     // 3. lane 0 writes the outputs of its columns (c = col_offset + c0 + j of the whole matrix)

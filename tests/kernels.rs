@@ -4,7 +4,7 @@
 mod common;
 mod reference;
 
-use common::{assert_close, assert_fits, gpu, gpu_loading_x, gpus, rand_vec, read_f32, read_u32, rng, tiny};
+use common::{assert_close, assert_fits, gpu, gpu_unshared, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
 use wgspec::gpu::{
     AttentionShape, Gpu, GpuBuffer, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut, Second, WeightBuffer,
@@ -298,11 +298,15 @@ fn matmul_x_shared_by_subgroup_shuffles_keeps_every_bit() {
     // subgroup instead of each loading it: the same values, so every output keeps its bits. Rows
     // of each kind of row group (1, 4, 8 and 8 + 5), a k whose last unit is partial (f16), and
     // columns that leave invocations past the matrix in the last subgroup.
-    let (shuffled, loading) = (gpu(), gpu_loading_x());
+    let (shuffled, loading) = (gpu(), gpu_unshared());
     if shuffled.info.name.contains("llvmpipe") {
-        assert!(shuffled.matmul_shuffles(), "lavapipe's default shape shuffles x: {}", shuffled.describe());
+        assert!(
+            shuffled.shuffles_loads(),
+            "lavapipe's default shape shares loads by shuffles: {}",
+            shuffled.describe()
+        );
     }
-    assert!(!loading.matmul_shuffles(), "{}", loading.describe());
+    assert!(!loading.shuffles_loads(), "{}", loading.describe());
     let mut rng = rng(4);
     for (dtype, k) in [(DType::F16, 808), (DType::Q4_1, 768), (DType::Q4_K, 768), (DType::Q8_0, 768)] {
         let cols = 97;
@@ -327,6 +331,51 @@ fn matmul_x_shared_by_subgroup_shuffles_keeps_every_bit() {
             }
             assert!(ys[0].iter().any(|v| *v != 0.0), "{dtype} n={n}: all zeros");
         }
+    }
+}
+
+#[test]
+fn attention_q_and_scores_shared_by_subgroup_shuffles_keep_every_bit() {
+    // lavapipe's one-pass attention passes q and the scores between the invocations of a subgroup
+    // instead of each loading them: every output keeps its bits. Head dims whose q is no multiple
+    // of 8 vectors and that leave invocations past head_dim, a cache longer than a workgroup.
+    let (shuffled, loading) = (gpu(), gpu_unshared());
+    let mut rng = rng(8);
+    for &(n, heads, kv_heads, hd, start) in &[(3, 4, 2, 20, 5), (5, 6, 2, 64, 150), (2, 2, 1, 132, 70)] {
+        let ctx = 160;
+        let q = rand_vec(&mut rng, n * heads * hd, 1.0);
+        let kv = rand_vec(&mut rng, ctx * 2 * kv_heads * hd, 2.0);
+        let words: Vec<u32> = kv
+            .chunks(2)
+            .map(|p| {
+                half::f16::from_f32(p[0]).to_bits() as u32
+                    | (half::f16::from_f32(p[1]).to_bits() as u32) << 16
+            })
+            .collect();
+        let shape = AttentionShape {
+            heads: heads as u32,
+            kv_heads: kv_heads as u32,
+            head_dim: hd as u32,
+            ctx: ctx as u32,
+            kv_f16: true,
+        };
+        let outs = [&shuffled, &loading].map(|gpu| {
+            let step = gpu.step_buffer();
+            let qb = GpuBuffer::<f32>::from_slice(gpu, "q", &q);
+            let kvb = GpuBuffer::<u32>::from_slice(gpu, "kv", &words);
+            let scratch = GpuBuffer::<f32>::zeros(gpu, "scratch", gpu.attention_scratch_len(shape, n));
+            let ob = GpuBuffer::<f32>::zeros(gpu, "out", n * heads * hd);
+            run(gpu, &step, &gpu.attention(&step, &qb, &kvb, &scratch, &ob, shape), n, start);
+            read_f32(gpu, &ob.raw, n * heads * hd)
+        });
+        for (i, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
+            assert_eq!(
+                a.to_bits(),
+                b.to_bits(),
+                "n={n} hd={hd} start={start}: output {i}: shuffled {a}, loaded {b}"
+            );
+        }
+        assert!(outs[0].iter().any(|v| *v != 0.0), "hd={hd}: all zeros");
     }
 }
 

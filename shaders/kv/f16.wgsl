@@ -12,6 +12,6 @@ fn kv_vec4(i: u32) -> vec4<f32> {
 }
 
 fn kv_value(i: u32) -> f32 {
-    let w = kv[i / 4u];
-    return unpack2x16float(select(w.x, w.y, (i % 4u) >= 2u))[i % 2u];
+    // (one word: llvmpipe loads each component of a vector apart)
+    return unpack2x16float(kv[i / 4u][(i % 4u) / 2u])[i % 2u];
 }

@@ -97,9 +97,10 @@ impl Kernel {
         }
     }
 
-    /// The kernel's WGSL source: the op's file, preceded by its weight format's file if it has one
-    /// (and a matmul by its x-access file: `shuffle_x`, a subgroup shares its loads of x).
-    pub fn source(self, shuffle_x: bool) -> Cow<'static, str> {
+    /// The kernel's WGSL source: the op's file, preceded by its weight format's or KV cache's file
+    /// if it has one (and the matmul and the one-pass attention by a file of `shaders/share/`:
+    /// with `shuffle`, a subgroup shares the loads its invocations all need by shuffles).
+    pub fn source(self, shuffle: bool) -> Cow<'static, str> {
         let with_format = |w: DType, op: &str| Cow::Owned(format!("{}\n{op}", w.format_source()));
         // the KV cache's format file (shaders/kv/) ahead of an attention op
         let with_kv = |kv: DType, op: &str| {
@@ -109,21 +110,20 @@ impl Kernel {
             };
             Cow::Owned(format!("{format}\n{op}"))
         };
+        // shaders/share/: whether a subgroup shares the loads its invocations all need
+        let share = if shuffle {
+            include_str!("../../shaders/share/shuffle.wgsl")
+        } else {
+            include_str!("../../shaders/share/load.wgsl")
+        };
         match self {
             Kernel::Embed(w) => with_format(w, include_str!("../../shaders/embed.wgsl")),
             Kernel::Matmul(w) => {
-                let x = if shuffle_x {
-                    include_str!("../../shaders/matmul_x/shuffle.wgsl")
-                } else {
-                    include_str!("../../shaders/matmul_x/load.wgsl")
-                };
-                Cow::Owned(format!(
-                    "{}\n{x}\n{}",
-                    w.format_source(),
-                    include_str!("../../shaders/matmul.wgsl")
-                ))
+                with_format(w, &format!("{share}\n{}", include_str!("../../shaders/matmul.wgsl")))
             }
-            Kernel::Attention(kv) => with_kv(kv, include_str!("../../shaders/attention.wgsl")),
+            Kernel::Attention(kv) => {
+                with_kv(kv, &format!("{share}\n{}", include_str!("../../shaders/attention.wgsl")))
+            }
             Kernel::AttentionChunks(kv) => with_kv(kv, include_str!("../../shaders/attention_chunks.wgsl")),
             Kernel::AttentionMerge => Cow::Borrowed(include_str!("../../shaders/attention_merge.wgsl")),
             Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
@@ -156,8 +156,9 @@ pub struct Pipelines {
 impl Pipelines {
     /// Compiles every kernel. Shader errors surface as [`Error::Gpu`] naming the kernel.
     /// `matmul_lanes` sets the matmul's invocations per column (its `LANES` override),
-    /// `shuffle_x` its x-access file (the device must have [`wgpu::Features::SUBGROUP`]).
-    pub async fn build(device: &wgpu::Device, matmul_lanes: u32, shuffle_x: bool) -> Result<Pipelines> {
+    /// `shuffle` the sharing of loads by subgroup shuffles in the matmul and the one-pass
+    /// attention (the device must have [`wgpu::Features::SUBGROUP`]).
+    pub async fn build(device: &wgpu::Device, matmul_lanes: u32, shuffle: bool) -> Result<Pipelines> {
         let kernels = Kernel::all();
         let lanes = [("LANES", matmul_lanes as f64)];
         let mut table = Vec::with_capacity(kernels.len());
@@ -165,7 +166,7 @@ impl Pipelines {
             let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
             let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
                 label: Some(&format!("{kernel:?}")),
-                source: wgpu::ShaderSource::Wgsl(kernel.source(shuffle_x)),
+                source: wgpu::ShaderSource::Wgsl(kernel.source(shuffle)),
             });
             let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
                 label: Some(&format!("{kernel:?}")),

@@ -36,9 +36,10 @@ pub struct Gpu {
     pub limits: wgpu::Limits,
     /// Matmul invocations per output column: 16 on GPUs, 1 where invocations run on a CPU.
     matmul_lanes: u32,
-    /// The matmul's invocations of a subgroup share their loads of x by shuffles (CPU adapters
-    /// with subgroups of at least 8: `shaders/matmul_x/shuffle.wgsl`).
-    matmul_shuffle: bool,
+    /// The invocations of a subgroup share the loads they all need by shuffles: the matmul's of
+    /// x, the one-pass attention's of q and the scores (CPU adapters with subgroups of at least 8:
+    /// `shaders/share/shuffle.wgsl`).
+    shuffle_loads: bool,
     /// Attention split over the cache in chunks (GPUs), or one pass per head and row (CPU adapters).
     split_attention: bool,
     pipelines: Pipelines,
@@ -159,11 +160,12 @@ pub struct KernelShape {
     /// each load (`attention_chunks.wgsl` + `attention_merge.wgsl`): on by default on GPUs. Off:
     /// one workgroup per query head and row walks every key (`attention.wgsl`), CPU adapters' default.
     pub split_attention: Option<bool>,
-    /// The matmul's invocations of a subgroup load each vector of x once and pass it on by a
-    /// subgroup shuffle (`shaders/matmul_x/shuffle.wgsl`) instead of each loading it: on by default
-    /// where the matmul has 1 lane and the adapter has subgroups of at least 8 invocations
-    /// (lavapipe); the same bits either way. Needs both.
-    pub matmul_shuffle: Option<bool>,
+    /// The invocations of a subgroup load each value they all need once and pass it on by a
+    /// subgroup shuffle (`shaders/share/shuffle.wgsl`: the matmul's x, the one-pass attention's
+    /// q and scores) instead of each loading it: on by default where the matmul has 1 lane and
+    /// the adapter has subgroups of at least 8 invocations (lavapipe); the same bits either way.
+    /// Needs both.
+    pub shuffle_loads: Option<bool>,
 }
 
 /// Whether the adapter runs invocations on CPU cores (lavapipe / llvmpipe, SwiftShader, WARP):
@@ -218,10 +220,10 @@ impl Gpu {
         let can_shuffle = matmul_lanes == 1
             && adapter.features().contains(wgpu::Features::SUBGROUP)
             && info.subgroup_min_size >= 8;
-        let matmul_shuffle =
-            match shape.matmul_shuffle {
-                Some(true) if !can_shuffle => return Err(Error::InvalidArgument(format!(
-                    "matmul shuffle: needs 1 matmul lane (not {matmul_lanes}) and subgroups of at least 8 \
+        let shuffle_loads = match shape.shuffle_loads {
+            Some(true) if !can_shuffle => {
+                return Err(Error::InvalidArgument(format!(
+                    "shuffled loads: need 1 matmul lane (not {matmul_lanes}) and subgroups of at least 8 \
                      invocations (adapter {}: {}, {}..{})",
                     info.name,
                     if adapter.features().contains(wgpu::Features::SUBGROUP) {
@@ -231,14 +233,15 @@ impl Gpu {
                     },
                     info.subgroup_min_size,
                     info.subgroup_max_size
-                ))),
-                Some(on) => on,
-                None => can_shuffle,
-            };
+                )))
+            }
+            Some(on) => on,
+            None => can_shuffle,
+        };
         let (device, queue) = adapter
             .request_device(&wgpu::DeviceDescriptor {
                 label: Some("wgspec"),
-                required_features: if matmul_shuffle {
+                required_features: if shuffle_loads {
                     wgpu::Features::SUBGROUP
                 } else {
                     wgpu::Features::empty()
@@ -262,7 +265,7 @@ impl Gpu {
                 first.get_or_insert(msg);
             }
         }));
-        let pipelines = Pipelines::build(&device, matmul_lanes, matmul_shuffle).await?;
+        let pipelines = Pipelines::build(&device, matmul_lanes, shuffle_loads).await?;
         let unused_output = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused output"),
             size: 16,
@@ -275,7 +278,7 @@ impl Gpu {
             info,
             limits,
             matmul_lanes,
-            matmul_shuffle,
+            shuffle_loads,
             split_attention,
             pipelines,
             unused_output,
@@ -290,10 +293,10 @@ impl Gpu {
         (4 * Kernel::WORKGROUP / self.matmul_lanes) as usize
     }
 
-    /// Whether the matmul's invocations of a subgroup share their loads of x by shuffles
-    /// ([`KernelShape::matmul_shuffle`]).
-    pub fn matmul_shuffles(&self) -> bool {
-        self.matmul_shuffle
+    /// Whether the invocations of a subgroup share the loads they all need by shuffles
+    /// ([`KernelShape::shuffle_loads`]).
+    pub fn shuffles_loads(&self) -> bool {
+        self.shuffle_loads
     }
 
     /// A one-line description of the adapter, for logs and benchmark records.
@@ -304,7 +307,7 @@ impl Gpu {
             self.info.backend,
             self.info.driver_info,
             self.matmul_lanes,
-            if self.matmul_shuffle { " with x shuffled" } else { "" },
+            if self.shuffle_loads { ", loads shared by subgroup shuffles" } else { "" },
             if self.split_attention { "split" } else { "one pass" }
         )
     }

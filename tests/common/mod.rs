@@ -26,7 +26,7 @@ pub fn gpu() -> Arc<Gpu> {
 pub fn gpu_shaped() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
     GPU.get_or_init(|| {
-        let shape = KernelShape { matmul_lanes: Some(16), split_attention: Some(true), matmul_shuffle: None };
+        let shape = KernelShape { matmul_lanes: Some(16), split_attention: Some(true), shuffle_loads: None };
         let g = pollster::block_on(Gpu::with_shape(shape)).expect("GPU in the GPU shape");
         eprintln!("adapter (GPU shape): {}", g.describe());
         Arc::new(g)
@@ -34,23 +34,23 @@ pub fn gpu_shaped() -> Arc<Gpu> {
     .clone()
 }
 
-/// The test adapter's default shape with each matmul invocation loading its own x, as where
+/// The test adapter's default shape with each invocation loading what it reads, as where
 /// there are no subgroups (browsers): lavapipe's default shares the loads by subgroup shuffles.
-pub fn gpu_loading_x() -> Arc<Gpu> {
+pub fn gpu_unshared() -> Arc<Gpu> {
     static GPU: OnceLock<Arc<Gpu>> = OnceLock::new();
     GPU.get_or_init(|| {
-        let shape = KernelShape { matmul_shuffle: Some(false), ..Default::default() };
-        let g = pollster::block_on(Gpu::with_shape(shape)).expect("GPU without matmul shuffles");
-        eprintln!("adapter (x loaded per invocation): {}", g.describe());
+        let shape = KernelShape { shuffle_loads: Some(false), ..Default::default() };
+        let g = pollster::block_on(Gpu::with_shape(shape)).expect("GPU without shuffled loads");
+        eprintln!("adapter (loads unshared): {}", g.describe());
         Arc::new(g)
     })
     .clone()
 }
 
-/// The kernel shapes on the test adapter: its default, its default with x loaded per invocation,
+/// The kernel shapes on the test adapter: its default, its default with every load its own,
 /// and the GPU shape.
 pub fn gpus() -> [Arc<Gpu>; 3] {
-    [gpu(), gpu_loading_x(), gpu_shaped()]
+    [gpu(), gpu_unshared(), gpu_shaped()]
 }
 
 pub fn rng(seed: u64) -> SmallRng {

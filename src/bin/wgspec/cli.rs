@@ -249,11 +249,12 @@ struct BenchArgs {
     /// adapter's default (16 on GPUs, 1 on CPU adapters): to compare kernel shapes on one adapter.
     #[arg(long)]
     matmul_lanes: Option<u32>,
-    /// `on`: the matmul's invocations of a subgroup share their loads of x by shuffles (the
-    /// default with 1 lane on adapters with subgroups of 8 or more: lavapipe); `off`: each loads
-    /// its own (as in browsers, which have no subgroups): to compare the two on one adapter.
+    /// `on`: the invocations of a subgroup share the loads they all need by shuffles (the
+    /// matmul's x, the one-pass attention's q and scores: the default with 1 matmul lane on
+    /// adapters with subgroups of 8 or more, lavapipe); `off`: each loads its own (as in browsers,
+    /// which have no subgroups): to compare the two on one adapter.
     #[arg(long, value_parser = ["on", "off"])]
-    matmul_shuffle: Option<String>,
+    shuffle_loads: Option<String>,
     /// `split` (chunks of keys, then a merge: GPUs' default) or `one-pass` (a workgroup per query
     /// head and row walks every key: CPU adapters' default) instead of the adapter's default.
     #[arg(long, value_parser = ["split", "one-pass"])]
@@ -557,7 +558,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     let shape = KernelShape {
         matmul_lanes: args.matmul_lanes,
         split_attention: args.attention.as_deref().map(|a| a == "split"),
-        matmul_shuffle: args.matmul_shuffle.as_deref().map(|s| s == "on"),
+        shuffle_loads: args.shuffle_loads.as_deref().map(|s| s == "on"),
     };
     let gpu = Arc::new(Gpu::with_shape(shape).await?);
     eprintln!("adapter: {}", gpu.describe());

@@ -1,0 +1,31 @@
+// How the invocations of a subgroup get a value they all need, on CPU adapters with subgroups of
+// at least 8 invocations (lavapipe): of 8 consecutive values that every invocation of the subgroup
+// needs, invocation s loads value s % 8 (`slot8`), and the others come from it by a subgroup
+// shuffle (`share_vec4`, `share_f32`). llvmpipe turns each invocation's load into one scalar load
+// per component and lane, so this loads such values an eighth as often. The values are moved,
+// not recomputed: every sum and every bit is the same as with shaders/share/load.wgsl.
+// Valid only where every invocation of the subgroup needs the same values and runs the shuffle
+// (the ops keep all of them active there).
+
+const SHARE: bool = true;
+
+// The invocation's ids (the entry point's argument).
+struct Invocation {
+    @builtin(local_invocation_id) lid: vec3<u32>,
+    @builtin(workgroup_id) wid: vec3<u32>,
+    @builtin(subgroup_invocation_id) sid: u32,
+}
+
+// The invocation's slot among 8: which of 8 consecutive values it loads.
+fn slot8(inv: Invocation) -> u32 {
+    return inv.sid % 8u;
+}
+
+// The value slot g loaded (g < 8).
+fn share_vec4(own: vec4<f32>, g: u32) -> vec4<f32> {
+    return subgroupShuffle(own, g);
+}
+
+fn share_f32(own: f32, g: u32) -> f32 {
+    return subgroupShuffle(own, g);
+}
