@@ -80,13 +80,14 @@ fn main(inv: Invocation) {
     let s_base = (r * p.heads + h) * p.ctx;
 
     // 1. scores and the running max of this thread's keys j = t, t + WG, ... Every invocation
-    //    runs each round (sharing loads by shuffles needs the whole subgroup): past the last key
-    //    it scores the last one again and keeps nothing. q is read in runs of 8 vectors, each
-    //    invocation loading one with SHARE (past the head's end when hd4 is no multiple of 8:
-    //    never used); the sum over d runs in d order either way.
+    //    of a subgroup with keys left runs the round (sharing loads by shuffles needs the whole
+    //    subgroup): past the last key it scores the last one again and keeps nothing. q is read
+    //    in runs of 8 vectors, each invocation loading one with SHARE (past the head's end when
+    //    hd4 is no multiple of 8: never used); the sum over d runs in d order either way.
     var m = -0x1.fffffep+127f; // the lowest finite f32, written exactly (Tint refuses an inexact literal)
     for (var j0 = 0u; j0 < len; j0 += WG) {
         let j = j0 + t;
+        if (!share_any(j < len)) { break; }
         let k_base = key_row(r, min(j, len - 1u)) * kv_row4 + kvh * hd4;
         var s = 0.0;
         for (var d0 = 0u; d0 < hd4; d0 += 8u) {
@@ -131,11 +132,12 @@ fn main(inv: Invocation) {
     let v_base = p.kv_heads * p.head_dim + kvh * p.head_dim;
     let o_base = (r * p.heads + h) * p.head_dim;
     // keys that are their own rows, then (a tree pass) the ancestors': one sum in key order.
-    // Every invocation runs each round (as in 1: past head_dim it sums the last dimension again
-    // and stores nothing); the scores of the direct keys are read in runs of 8, each invocation
+    // Every invocation of a subgroup with dimensions left runs each round (as in 1: past
+    // head_dim it sums the last dimension again and stores nothing); the scores of the direct keys are read in runs of 8, each invocation
     // loading one with SHARE (past the last key: never used).
     let direct = select(len, min(len, step.start_pos), step.tree != 0u);
     for (var d0 = 0u; d0 < p.head_dim; d0 += WG) {
+        if (!share_any(d0 + t < p.head_dim)) { break; }
         let d = min(d0 + t, p.head_dim - 1u);
         var acc = 0.0;
         for (var j0 = 0u; j0 < direct; j0 += 8u) {

@@ -68,7 +68,10 @@ struct Params {
 // invocation then walks all of k for its four columns (with the same per-output code).
 override LANES: u32 = 16u;
 const WG: u32 = 64u;    // invocations per workgroup; 4 * 64 / LANES columns per workgroup
-const ROWS: u32 = 8u;   // rows per workgroup (a group of up to 4 computes 4, of 1 one)
+// Rows per workgroup: 8 on CPU adapters (a group of 1 row computes one, of 2 to 4 four, of 5 to 8
+// eight), 4 on GPUs (LANES > 1), where the 8-row branch would hold registers that a decode step's
+// occupancy needs. At most 8 (the size of `partial`).
+override ROWS: u32 = 8u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -202,11 +205,12 @@ fn main(inv: Invocation) {
     //    output is one accumulator summed in k order within the lane, by the same instructions
     //    whatever nr is. A group of one row (a decode step) has its own loop; a group of 2 to 4
     //    computes four rows, of 5 to 8 all eight, without a branch per row (CPU adapters would run
-    //    masked rows anyway): rows past n read finite values of the x buffer and are never stored. Every invocation runs the loop,
-    //    those whose columns are past the chunk too (they read the last column and store nothing):
-    //    sharing x by shuffles (SHARE) needs the whole subgroup. With SHARE an invocation loads
-    //    one vector of x per unit and row (`own`: past a row's end in the last unit of a k that is
-    //    no multiple of 32, never used); otherwise x_at loads each.
+    //    masked rows anyway): rows past n read finite values of the x buffer and are never stored.
+    //    An invocation whose columns are past the chunk skips the loop, unless another of its
+    //    subgroup runs it with SHARE (sharing x by shuffles needs the whole subgroup; it then
+    //    reads the last column and stores nothing). With SHARE an invocation loads one vector of
+    //    x per unit and row (`own`: past a row's end in the last unit of a k that is no multiple
+    //    of 32, never used); otherwise x_at loads each.
     // (named accumulators, not an array: an array indexed by a loop variable below would
     // live in memory on CPU adapters, every += of the loop a load and a store)
     var a0 = vec4<f32>(0.0);
@@ -217,7 +221,7 @@ fn main(inv: Invocation) {
     var a5 = vec4<f32>(0.0);
     var a6 = vec4<f32>(0.0);
     var a7 = vec4<f32>(0.0);
-    for (var u = lane; u < p.units; u += LANES) {
+    for (var u = select(p.units, lane, share_any(c0 <= last)); u < p.units; u += LANES) {
         let h0 = unit_head(cs.x, u);
         let h1 = unit_head(cs.y, u);
         let h2 = unit_head(cs.z, u);

@@ -299,7 +299,7 @@ fn matmul_x_shared_by_subgroup_shuffles_keeps_every_bit() {
     // of each kind of row group (1, 4, 8 and 8 + 5), a k whose last unit is partial (f16), and
     // columns that leave invocations past the matrix in the last subgroup.
     let (shuffled, loading) = (gpu(), gpu_unshared());
-    if shuffled.info.name.contains("llvmpipe") {
+    if shuffled.info.name.contains("llvmpipe") && shuffled.info.subgroup_min_size >= 8 {
         assert!(
             shuffled.shuffles_loads(),
             "lavapipe's default shape shares loads by shuffles: {}",

@@ -5,7 +5,9 @@
 // per component and lane, so this loads such values an eighth as often. The values are moved,
 // not recomputed: every sum and every bit is the same as with shaders/share/load.wgsl.
 // Valid only where every invocation of the subgroup needs the same values and runs the shuffle
-// (the ops keep all of them active there).
+// (the ops keep all of them active there: `share_any`). Native only (naga, SPIR-V): WGSL's
+// uniformity analysis would refuse the shuffles in the matmul's loop, whose start depends on the
+// invocation's lane (0 whenever this file is used), and browsers expose no subgroups to wgpu.
 
 const SHARE: bool = true;
 
@@ -28,4 +30,9 @@ fn share_vec4(own: vec4<f32>, g: u32) -> vec4<f32> {
 
 fn share_f32(own: f32, g: u32) -> f32 {
     return subgroupShuffle(own, g);
+}
+
+// Whether any invocation of the subgroup has work: the whole subgroup runs the shuffles, or none.
+fn share_any(work: bool) -> bool {
+    return subgroupAny(work);
 }

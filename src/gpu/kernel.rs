@@ -148,6 +148,17 @@ impl Kernel {
     pub const LARGEST_WORKGROUP: u32 = 256;
 }
 
+/// Rows of a pass one matmul workgroup takes (`ROWS` in `shaders/matmul.wgsl`) with `lanes`
+/// invocations per column quad: 8 with one (CPU adapters), 4 on GPUs, where the 8-row branch
+/// would hold registers that a decode step's occupancy needs.
+pub fn matmul_rows(lanes: u32) -> u32 {
+    if lanes == 1 {
+        8
+    } else {
+        4
+    }
+}
+
 /// Compiled pipelines for every [`Kernel`], built once when the device is created.
 pub struct Pipelines {
     table: Vec<wgpu::ComputePipeline>,
@@ -160,7 +171,7 @@ impl Pipelines {
     /// attention (the device must have [`wgpu::Features::SUBGROUP`]).
     pub async fn build(device: &wgpu::Device, matmul_lanes: u32, shuffle: bool) -> Result<Pipelines> {
         let kernels = Kernel::all();
-        let lanes = [("LANES", matmul_lanes as f64)];
+        let lanes = [("LANES", matmul_lanes as f64), ("ROWS", matmul_rows(matmul_lanes) as f64)];
         let mut table = Vec::with_capacity(kernels.len());
         for kernel in kernels {
             let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);

@@ -16,7 +16,7 @@ pub use kernel::{Kernel, Pipelines};
 pub use ops::{
     AttentionShape, EagleTreeParams, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, SampleConfig,
     SampleRows, SampleSeed, Second, Step, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT,
-    EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STATE, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, MATMUL_ROWS,
+    EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STATE, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS,
     MATMUL_ROW_STEP, MAX_TOP_K, MAX_TREE,
 };
 pub use roofline::Ceilings;
@@ -286,6 +286,11 @@ impl Gpu {
             readbacks: AtomicU64::new(0),
             uncaptured,
         })
+    }
+
+    /// Rows of a pass one matmul workgroup takes ([`kernel::matmul_rows`]).
+    pub fn matmul_rows(&self) -> u32 {
+        kernel::matmul_rows(self.matmul_lanes)
     }
 
     /// Output columns one matmul workgroup computes (4 per invocation, 64 / lanes invocations).

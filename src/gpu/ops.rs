@@ -8,11 +8,9 @@ use bytemuck::{Pod, Zeroable};
 use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
 use crate::loader::DType;
 
-/// Rows of a pass one matmul workgroup computes (`ROWS` in `shaders/matmul.wgsl`).
-pub const MATMUL_ROWS: u32 = 8;
-
 /// The steps in which a matmul's work grows with the rows of a pass: a workgroup's group of 1 row
-/// computes one, of 2 to 4 rows four, of 5 to 8 all eight (`shaders/matmul.wgsl`).
+/// computes one, of 2 to 4 rows four, of 5 to 8 (CPU adapters' groups of 8) all eight
+/// (`shaders/matmul.wgsl`).
 pub const MATMUL_ROW_STEP: u32 = 4;
 
 /// Most nodes of a token tree in one pass (a row's ancestors are one `u32` of bits).
@@ -451,8 +449,10 @@ impl Gpu {
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
         let cos_sin_raw = out.rope.map(|r| &r.cos_sin.raw).unwrap_or(&x.raw);
         let x_raw = out.norm.map(|n| &n.raw.raw).unwrap_or(&x.raw);
-        let grid =
-            Grid::RowGroups { y: w.rows.div_ceil(self.matmul_columns_per_group()) as u32, rows: MATMUL_ROWS };
+        let grid = Grid::RowGroups {
+            y: w.rows.div_ceil(self.matmul_columns_per_group()) as u32,
+            rows: self.matmul_rows(),
+        };
         let (k, cols) = (w.k as u64, w.rows as u64);
         // per row: x (and x_raw), each output column read (accumulate) and written (twice with
         // a scaled copy)
