@@ -190,8 +190,10 @@ pub async fn generate_with(
     stats.base.prefill_seconds = t0.elapsed().as_secs_f64();
 
     // Greedy cycles with a draft model on the target's GPU run GPU-resident, except the first
-    // two and every 16th: those run CPU-driven, timing the draft and the verify pass apart for
-    // the schedule's cost model (the GPU cycle times both as one submission).
+    // two and every 16th: those run CPU-driven, timing the verify pass apart for the schedule's
+    // cost model (the GPU cycle times both as one submission; what the pass leaves of it is the
+    // draft's cost, and once GPU cycles run, the CPU-driven drafts, a read-back per step, are
+    // not timed).
     let gpu_cycle = match draft.as_deref_mut().and_then(|d| d.gpu_draft()) {
         Some(d) if greedy && std::sync::Arc::ptr_eq(d.model().gpu(), target.gpu()) => {
             Some(GreedyCycle::new(target))
@@ -213,6 +215,7 @@ pub async fn generate_with(
     // step (a draft model's next proposal then catches up on it: no draft token's cost)
     let (mut drafting, mut timed, mut after_plain) = (0usize, 0usize, false);
     let has_model = draft.as_deref_mut().and_then(|d| d.gpu_draft()).is_some();
+    let resident = has_model && (gpu_cycle.is_some() || sampled.as_ref().is_some_and(|s| s.has_draft()));
     let trips0 = target.gpu().round_trips();
 
     let t1 = Instant::now();
@@ -258,13 +261,21 @@ pub async fn generate_with(
                     next: out.next,
                     draft_steps: out.draft_steps,
                 };
-                gpu_cycle_checked(&mut stats, schedule, out, id_last, tc.elapsed().as_secs_f64())
+                let seconds = tc.elapsed().as_secs_f64();
+                if !catching_up {
+                    schedule.observe_cycle(out.drafts.len(), seconds);
+                }
+                gpu_cycle_checked(&mut stats, schedule, out, id_last, seconds)
             }
             (_, Some(sc), Some(dm)) if k > 0 && !calibrate && sc.has_draft() => {
                 let tc = Instant::now();
                 let out = sc.run(target, dm, &tokens, n_past, k, &mut rng).await?;
                 stats.gpu_sampled += 1;
-                gpu_cycle_checked(&mut stats, schedule, out, id_last, tc.elapsed().as_secs_f64())
+                let seconds = tc.elapsed().as_secs_f64();
+                if !catching_up {
+                    schedule.observe_cycle(out.drafts.len(), seconds);
+                }
+                gpu_cycle_checked(&mut stats, schedule, out, id_last, seconds)
             }
             _ => {
                 let td = Instant::now();
@@ -284,8 +295,9 @@ pub async fn generate_with(
                 xs.truncate(k);
                 stats.draft_steps += proposal.steps;
                 stats.draft_seconds += draft_time;
-                // (not after a plain step: a draft model's catch-up on it is no draft token's cost)
-                if !catching_up && !xs.is_empty() {
+                // (not after a plain step: a draft model's catch-up on it is no draft token's cost;
+                // nor once GPU-resident cycles time the draft)
+                if !catching_up && !xs.is_empty() && (timed < 2 || !resident) {
                     schedule.observe_draft(xs.len(), draft_time);
                     timed += 1;
                 }

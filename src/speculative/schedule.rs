@@ -168,8 +168,8 @@ impl Schedule {
 
     /// The drafted nodes a token tree may hold when the schedule picked `k`: the rows the verify
     /// pass's matmuls compute anyway (their work grows in steps of [`MATMUL_ROW_STEP`] rows that
-    /// share each weight load, and a partial step costs what a full one does), so K + 1 rows
-    /// round up to a multiple of it.
+    /// share each weight load: 2 or 3 rows of a step cost what 4 do, though a step's lone row
+    /// costs a row), so K + 1 rows round up to a multiple of it.
     /// A chain uses K of them; a tree fills the rest at about no cost.
     pub fn tree_nodes(&self, k: usize) -> usize {
         let rows = (k + 1).next_multiple_of(MATMUL_ROW_STEP as usize).min(MAX_TREE);
@@ -365,6 +365,23 @@ impl Schedule {
         }
     }
 
+    /// Records a GPU-resident cycle (the draft's `tokens` steps and the verify pass of
+    /// `tokens + 1` rows in one submission) that took `seconds`: its draft share is what is left
+    /// after the verify pass's estimated cost ([`Schedule::verify_seconds`], from CPU-driven
+    /// passes, each one submission and one read-back as the cycle is), per token. So the draft's
+    /// cost is the GPU-resident one, not that of CPU-driven steps with a read-back each. Nothing
+    /// is recorded before some verify pass was timed, nor when the pass alone is estimated to take
+    /// the whole cycle.
+    pub fn observe_cycle(&mut self, tokens: usize, seconds: f64) {
+        if tokens == 0 || !self.verify.iter().any(|v| v.seen) {
+            return;
+        }
+        let draft = seconds - self.verify_seconds(tokens + 1);
+        if draft > 0.0 {
+            self.observe_draft(tokens, draft);
+        }
+    }
+
     /// Records that `accepted` of `drafted` tokens were accepted.
     pub fn observe_acceptance(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
@@ -471,6 +488,33 @@ mod tests {
         let before = s.rank_path_chance(&[2]);
         s.observe_tree(&kept_slots, &[0, at]);
         assert!(s.rank_path_chance(&[2]) > before && s.rank_path_chance(&[1]) < 0.05);
+    }
+
+    #[test]
+    fn a_gpu_resident_cycle_times_the_draft_as_what_the_verify_pass_leaves() {
+        let mut s = Schedule::new(KPolicy::Adaptive { max: 16 });
+        // no verify pass timed yet: nothing to subtract, nothing recorded
+        s.observe_cycle(4, 3.0);
+        assert_eq!(s.draft_seconds(), 0.0);
+        // CPU-driven calibration: a step 0.5 s (a read-back each), verify passes 1 s + 0.1 s a row
+        s.observe_draft(2, 1.0);
+        for rows in [1, 2, 5] {
+            s.observe_verify(rows, 1.0 + 0.1 * (rows - 1) as f64);
+        }
+        // GPU-resident cycles of K = 4 taking 1.8 s: 0.4 s left for 4 steps, 0.1 s each
+        for _ in 0..100 {
+            s.observe_cycle(4, 1.8);
+        }
+        assert!((s.draft_seconds() - 0.1).abs() < 1e-6, "{}", s.draft_seconds());
+        // K = 2 (3 rows, estimated between the 2- and 5-row passes: 1.2 s) taking 1.3 s
+        for _ in 0..100 {
+            s.observe_cycle(2, 1.3);
+        }
+        assert!((s.draft_seconds() - 0.05).abs() < 1e-6, "{}", s.draft_seconds());
+        // a cycle faster than its verify pass's estimate leaves the draft's cost as it was
+        s.observe_cycle(4, 1.0);
+        s.observe_cycle(0, 5.0);
+        assert!((s.draft_seconds() - 0.05).abs() < 1e-6, "{}", s.draft_seconds());
     }
 
     #[test]
