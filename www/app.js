@@ -174,7 +174,7 @@ let pendingDraft = 0;
 
 function resetView() {
   $("output").replaceChildren();
-  for (const id of ["acceptance", "share", "tau", "tps", "tokens", "prefill", "k", "finish"]) {
+  for (const id of ["acceptance", "share", "tau", "tps", "tokens", "prefill", "k", "plain", "finish"]) {
     $(`stat-${id}`).textContent = "–";
   }
   steps = [];
@@ -213,6 +213,7 @@ function showFinalStats(result) {
   }
   if (typeof s.tokens_per_target_forward === "number") $("stat-tau").textContent = fixed(s.tokens_per_target_forward);
   if (typeof s.mean_k === "number") $("stat-k").textContent = fixed(s.mean_k);
+  if (typeof s.plain_cycles === "number") $("stat-plain").textContent = String(s.plain_cycles);
   const share = result.from_draft?.length ? result.from_draft.filter(Boolean).length / result.from_draft.length : 0;
   if (s.drafted !== undefined) $("stat-share").textContent = percent(share);
   showCycleTree(s.last_cycle);

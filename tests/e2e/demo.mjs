@@ -358,6 +358,9 @@ async function loadAndGenerate(page, modelUrl, kind = "ngram") {
     trace && trace.tokens.length >= 2 && drawn.nodes === trace.tokens.length && drawn.accepted === trace.accepted.length,
     `the last verify pass's tree: ${JSON.stringify(trace)} drawn as ${JSON.stringify(drawn)}`,
   );
+  // the plain steps the schedule chose, as the stats count them
+  const plain = (await page.textContent("#stat-plain")).trim();
+  check(plain === String(result.stats?.plain_cycles), `plain steps shown: "${plain}", stats: ${result.stats?.plain_cycles}`);
   return { loadSeconds, wasmMemoryBytes, result, output };
 }
 
@@ -388,7 +391,8 @@ async function caseGenerate(context, baseUrl, modelUrl, nativeText, requests) {
   fs.writeFileSync(path.join(OUT, "result.json"), JSON.stringify({ figures, native_text: nativeText, result }, null, 2));
   log(`page: load ${loadSeconds.toFixed(1)} s, ${stats.tokens_per_second?.toFixed(2)} tokens/s ` +
     `(prefill ${stats.prefill_seconds?.toFixed(2)} s, ${stats.generated_tokens} tokens, ` +
-    `acceptance ${stats.acceptance_rate}, τ ${stats.tokens_per_target_forward}, finish ${result.finish_reason})`);
+    `acceptance ${stats.acceptance_rate}, τ ${stats.tokens_per_target_forward}, ${stats.plain_cycles} plain steps, ` +
+    `finish ${result.finish_reason})`);
 
   const show = (s) => JSON.stringify(s);
   check(
