@@ -65,9 +65,9 @@ fn score_at(i: u32, g: u32, own: f32) -> f32 {
 }
 
 @compute @workgroup_size(64)
-fn main(inv: Invocation) {
-    let h = inv.wid.x;
-    let r = inv.wid.y;
+fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
+    let h = wid.x;
+    let r = wid.y;
     if (r >= step.n) { return; }
     let t = inv.lid.x;
     let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
@@ -87,19 +87,20 @@ fn main(inv: Invocation) {
     var m = -0x1.fffffep+127f; // the lowest finite f32, written exactly (Tint refuses an inexact literal)
     for (var j0 = 0u; j0 < len; j0 += WG) {
         let j = j0 + t;
-        if (!share_any(j < len)) { break; }
-        let k_base = key_row(r, min(j, len - 1u)) * kv_row4 + kvh * hd4;
-        var s = 0.0;
-        for (var d0 = 0u; d0 < hd4; d0 += 8u) {
-            let own = q[q_base + d0 + slot8(inv)];
-            for (var d = d0; d < min(d0 + 8u, hd4); d++) {
-                s += dot(q_at(q_base + d, d - d0, own), kv_vec4(k_base + d));
+        if (share_any(j < len)) {
+            let k_base = key_row(r, min(j, len - 1u)) * kv_row4 + kvh * hd4;
+            var s = 0.0;
+            for (var d0 = 0u; d0 < hd4; d0 += 8u) {
+                let own = q[q_base + d0 + slot8(inv)];
+                for (var d = d0; d < min(d0 + 8u, hd4); d++) {
+                    s += dot(q_at(q_base + d, d - d0, own), kv_vec4(k_base + d));
+                }
             }
-        }
-        s *= p.scale;
-        if (j < len) {
-            scores[s_base + j] = s;
-            m = max(m, s);
+            s *= p.scale;
+            if (j < len) {
+                scores[s_base + j] = s;
+                m = max(m, s);
+            }
         }
     }
     partial[t] = m;
@@ -137,18 +138,19 @@ fn main(inv: Invocation) {
     // loading one with SHARE (past the last key: never used).
     let direct = select(len, min(len, step.start_pos), step.tree != 0u);
     for (var d0 = 0u; d0 < p.head_dim; d0 += WG) {
-        if (!share_any(d0 + t < p.head_dim)) { break; }
-        let d = min(d0 + t, p.head_dim - 1u);
-        var acc = 0.0;
-        for (var j0 = 0u; j0 < direct; j0 += 8u) {
-            let own = scores[s_base + j0 + slot8(inv)];
-            for (var j = j0; j < min(j0 + 8u, direct); j++) {
-                acc += score_at(s_base + j, j - j0, own) * kv_value(j * kv_row + v_base + d);
+        if (share_any(d0 + t < p.head_dim)) {
+            let d = min(d0 + t, p.head_dim - 1u);
+            var acc = 0.0;
+            for (var j0 = 0u; j0 < direct; j0 += 8u) {
+                let own = scores[s_base + j0 + slot8(inv)];
+                for (var j = j0; j < min(j0 + 8u, direct); j++) {
+                    acc += score_at(s_base + j, j - j0, own) * kv_value(j * kv_row + v_base + d);
+                }
             }
+            for (var j = direct; j < len; j++) {
+                acc += scores[s_base + j] * kv_value(key_row(r, j) * kv_row + v_base + d);
+            }
+            if (d0 + t < p.head_dim) { out[o_base + d] = acc * inv_l; }
         }
-        for (var j = direct; j < len; j++) {
-            acc += scores[s_base + j] * kv_value(key_row(r, j) * kv_row + v_base + d);
-        }
-        if (d0 + t < p.head_dim) { out[o_base + d] = acc * inv_l; }
     }
 }

@@ -155,9 +155,8 @@ fn rotate(a: f32, b: f32, i: u32, pos: u32) -> vec2<f32> {
 }
 
 @compute @workgroup_size(WG)
-fn main(inv: Invocation) {
+fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = inv.lid.x;
-    let wid = inv.wid;
     let lane = t % LANES;
     let c0 = 4u * (wid.y * (WG / LANES) + t / LANES); // first of this invocation's four columns
     let r0 = wid.x * ROWS;

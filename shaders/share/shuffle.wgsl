@@ -11,10 +11,10 @@
 
 const SHARE: bool = true;
 
-// The invocation's ids (the entry point's argument).
+// The invocation's own ids (an argument of the entry point, which takes the workgroup's id apart:
+// WGSL's uniformity analysis counts a whole struct as varying per invocation).
 struct Invocation {
     @builtin(local_invocation_id) lid: vec3<u32>,
-    @builtin(workgroup_id) wid: vec3<u32>,
     @builtin(subgroup_invocation_id) sid: u32,
 }
 
