@@ -51,8 +51,20 @@ fn key_row(r: u32, j: u32) -> u32 {
     return step.start_pos + firstTrailingBit(m);
 }
 
-// q[i + g] (g < 8): loaded, or (SHARE) the subgroup's invocation g's load of it (`own`: this
-// invocation's load of q[i - g + slot8])
+// (SHARE) this invocation's load of a run of 8 values that start at q[i] (or scores[i]): its
+// slot's (nothing otherwise: the load stays out of the shader)
+fn q_own(inv: Invocation, i: u32) -> vec4<f32> {
+    if (SHARE) { return q[i + slot8(inv)]; }
+    return vec4<f32>(0.0);
+}
+
+fn score_own(inv: Invocation, i: u32) -> f32 {
+    if (SHARE) { return scores[i + slot8(inv)]; }
+    return 0.0;
+}
+
+// q[i] (the run's value g < 8): loaded, or (SHARE) the subgroup's invocation g's load of it
+// (`own`: q_own's for the run)
 fn q_at(i: u32, g: u32, own: vec4<f32>) -> vec4<f32> {
     if (SHARE) { return share_vec4(own, g); }
     return q[i];
@@ -91,7 +103,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
             let k_base = key_row(r, min(j, len - 1u)) * kv_row4 + kvh * hd4;
             var s = 0.0;
             for (var d0 = 0u; d0 < hd4; d0 += 8u) {
-                let own = q[q_base + d0 + slot8(inv)];
+                let own = q_own(inv, q_base + d0);
                 for (var d = d0; d < min(d0 + 8u, hd4); d++) {
                     s += dot(q_at(q_base + d, d - d0, own), kv_vec4(k_base + d));
                 }
@@ -142,7 +154,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
             let d = min(d0 + t, p.head_dim - 1u);
             var acc = 0.0;
             for (var j0 = 0u; j0 < direct; j0 += 8u) {
-                let own = scores[s_base + j0 + slot8(inv)];
+                let own = score_own(inv, s_base + j0);
                 for (var j = j0; j < min(j0 + 8u, direct); j++) {
                     acc += score_at(s_base + j, j - j0, own) * kv_value(j * kv_row + v_base + d);
                 }

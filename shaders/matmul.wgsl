@@ -133,8 +133,15 @@ fn store_kv(c: u32, row: u32, v: vec4<f32>) {
     }
 }
 
+// (SHARE) this invocation's load for the unit whose x vectors start at x[i]: x[i + slot8]
+// (nothing otherwise: the load stays out of the shader)
+fn x_own(inv: Invocation, i: u32) -> vec4<f32> {
+    if (SHARE) { return x[i + slot8(inv)]; }
+    return vec4<f32>(0.0);
+}
+
 // x[i + g] (g < 8) of the unit whose x vectors start at x[i]: loaded, or (SHARE) the subgroup's
-// invocation g's load of it (`own`: this invocation's load of x[i + slot8])
+// invocation g's load of it (`own`: x_own's)
 fn x_at(i: u32, g: u32, own: vec4<f32>) -> vec4<f32> {
     if (SHARE) { return share_vec4(own, g); }
     return x[i + g];
@@ -220,17 +227,21 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     var a5 = vec4<f32>(0.0);
     var a6 = vec4<f32>(0.0);
     var a7 = vec4<f32>(0.0);
-    for (var u = select(p.units, lane, share_any(c0 <= last)); u < p.units; u += LANES) {
-        let h0 = unit_head(cs.x, u);
-        let h1 = unit_head(cs.y, u);
-        let h2 = unit_head(cs.z, u);
-        let h3 = unit_head(cs.w, u);
-        // vec4s of x that exist in this unit: fewer than 8 only in the last unit of a k that
-        // is no multiple of 32, whose remaining weights are zero padding
-        let valid = min(8u, k4 - 8u * u);
-        let xi = r0 * k4 + 8u * u;
-        if (nr == 1u) {
-            let own = x[xi + slot8(inv)];
+    // (one loop over k per kind of row group: the accumulators a group does not use stay out of
+    // its loop, where they would hold registers)
+    // units of this lane: none where no invocation of the subgroup has columns in the chunk;
+    // valid: vec4s of x that exist in a unit, fewer than 8 only in the last unit of a k that is
+    // no multiple of 32, whose remaining weights are zero padding
+    let u0 = select(p.units, lane, share_any(c0 <= last));
+    if (nr == 1u) {
+        for (var u = u0; u < p.units; u += LANES) {
+            let h0 = unit_head(cs.x, u);
+            let h1 = unit_head(cs.y, u);
+            let h2 = unit_head(cs.z, u);
+            let h3 = unit_head(cs.w, u);
+            let valid = min(8u, k4 - 8u * u);
+            let xi = r0 * k4 + 8u * u;
+            let own = x_own(inv, xi);
             for (var g = 0u; g < valid; g++) {
                 let xv = x_at(xi, g, own);
                 a0 += vec4<f32>(
@@ -240,11 +251,19 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
                     dot(unit_group(h3, g), xv),
                 );
             }
-        } else if (nr <= 4u) {
-            let own0 = x[xi + slot8(inv)];
-            let own1 = x[xi + k4 + slot8(inv)];
-            let own2 = x[xi + 2u * k4 + slot8(inv)];
-            let own3 = x[xi + 3u * k4 + slot8(inv)];
+        }
+    } else if (nr <= 4u) {
+        for (var u = u0; u < p.units; u += LANES) {
+            let h0 = unit_head(cs.x, u);
+            let h1 = unit_head(cs.y, u);
+            let h2 = unit_head(cs.z, u);
+            let h3 = unit_head(cs.w, u);
+            let valid = min(8u, k4 - 8u * u);
+            let xi = r0 * k4 + 8u * u;
+            let own0 = x_own(inv, xi);
+            let own1 = x_own(inv, xi + k4);
+            let own2 = x_own(inv, xi + 2u * k4);
+            let own3 = x_own(inv, xi + 3u * k4);
             for (var g = 0u; g < valid; g++) {
                 let w0 = unit_group(h0, g);
                 let w1 = unit_group(h1, g);
@@ -259,15 +278,23 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
                 a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
                 a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
             }
-        } else {
-            let own0 = x[xi + slot8(inv)];
-            let own1 = x[xi + k4 + slot8(inv)];
-            let own2 = x[xi + 2u * k4 + slot8(inv)];
-            let own3 = x[xi + 3u * k4 + slot8(inv)];
-            let own4 = x[xi + 4u * k4 + slot8(inv)];
-            let own5 = x[xi + 5u * k4 + slot8(inv)];
-            let own6 = x[xi + 6u * k4 + slot8(inv)];
-            let own7 = x[xi + 7u * k4 + slot8(inv)];
+        }
+    } else {
+        for (var u = u0; u < p.units; u += LANES) {
+            let h0 = unit_head(cs.x, u);
+            let h1 = unit_head(cs.y, u);
+            let h2 = unit_head(cs.z, u);
+            let h3 = unit_head(cs.w, u);
+            let valid = min(8u, k4 - 8u * u);
+            let xi = r0 * k4 + 8u * u;
+            let own0 = x_own(inv, xi);
+            let own1 = x_own(inv, xi + k4);
+            let own2 = x_own(inv, xi + 2u * k4);
+            let own3 = x_own(inv, xi + 3u * k4);
+            let own4 = x_own(inv, xi + 4u * k4);
+            let own5 = x_own(inv, xi + 5u * k4);
+            let own6 = x_own(inv, xi + 6u * k4);
+            let own7 = x_own(inv, xi + 7u * k4);
             for (var g = 0u; g < valid; g++) {
                 let w0 = unit_group(h0, g);
                 let w1 = unit_group(h1, g);
