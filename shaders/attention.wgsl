@@ -146,8 +146,9 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     let o_base = (r * p.heads + h) * p.head_dim;
     // keys that are their own rows, then (a tree pass) the ancestors': one sum in key order.
     // Every invocation of a subgroup with dimensions left runs each round (as in 1: past
-    // head_dim it sums the last dimension again and stores nothing); the scores of the direct keys are read in runs of 8, each invocation
-    // loading one with SHARE (past the last key: never used).
+    // head_dim it sums the last dimension again and stores nothing); the scores of the direct
+    // keys are read in runs of 8, each invocation loading one with SHARE (past the direct keys:
+    // never used).
     let direct = select(len, min(len, step.start_pos), step.tree != 0u);
     for (var d0 = 0u; d0 < p.head_dim; d0 += WG) {
         if (share_any(d0 + t < p.head_dim)) {

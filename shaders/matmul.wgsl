@@ -7,9 +7,10 @@
 // `Invocation` and whether (`SHARE`, CPU adapters with subgroups) the invocations of a subgroup
 // share their loads of x by shuffles (they all need the same x with LANES = 1).
 //
-// Shape: each invocation owns 4 adjacent columns x a group of up to 8 rows; it decodes each group
-// of 4 weights once and applies it to every row, and loads each vec4 of x once for the 4 columns
-// (weights are read once per 8 rows, not once per row). On a GPU a workgroup of 64 invocations is
+// Shape: each invocation owns 4 adjacent columns x a group of rows (up to 8 on CPU adapters, 4 on
+// GPUs: ROWS); it decodes each group of 4 weights once and applies it to every row, and loads each
+// vec4 of x once for the 4 columns (weights are read once per group of rows, not once per row).
+// On a GPU a workgroup of 64 invocations is
 // 4 column quads x 16 lanes: the lanes of a quad stride over k, 32 weights (one unit) at a time,
 // and their partial sums are added by a fixed tree in workgroup memory (16 columns per workgroup).
 // On a CPU adapter LANES = 1: each invocation walks all of k (256 columns per workgroup).
@@ -70,8 +71,10 @@ override LANES: u32 = 16u;
 const WG: u32 = 64u;    // invocations per workgroup; 4 * 64 / LANES columns per workgroup
 // Rows per workgroup: 8 on CPU adapters (a group of 1 row computes one, of 2 to 4 four, of 5 to 8
 // eight), 4 on GPUs (LANES > 1), where the 8-row branch would hold registers that a decode step's
-// occupancy needs. At most 8 (the size of `partial`).
+// occupancy needs. 4 or 8 (the accumulators a0 .. a7).
 override ROWS: u32 = 8u;
+// WG * ROWS: the workgroup memory of the lanes' partial sums, sized for the pipeline's rows
+override PARTIAL: u32 = 512u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -87,7 +90,7 @@ override ROWS: u32 = 8u;
 @group(0) @binding(8) var<storage, read> x_raw: array<vec4<f32>>;    // [n, k / 4] (norm) or unused
 @group(0) @binding(9) var<storage, read> gamma: array<f32>;          // [columns of y] (scaled_copy) or unused
 
-var<workgroup> partial: array<array<vec4<f32>, 8>, WG>;             // [WG, ROWS, 4 columns]
+var<workgroup> partial: array<vec4<f32>, PARTIAL>;                 // [WG, ROWS] (4 columns each)
 var<workgroup> squares: array<array<vec4<f32>, 2>, WG>;            // [WG, ROWS]
 
 // The checkpoint column of output column c: a Halves layout's q/k rows were reordered at load
@@ -229,7 +232,8 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     var a7 = vec4<f32>(0.0);
     // (one loop over k per kind of row group: the accumulators a group does not use stay out of
     // its loop, where they would hold registers)
-    // units of this lane: none where no invocation of the subgroup has columns in the chunk;
+    // units of this lane: none where this invocation has no columns in the chunk (with SHARE:
+    // where no invocation of its subgroup has);
     // valid: vec4s of x that exist in a unit, fewer than 8 only in the last unit of a k that is
     // no multiple of 32, whose remaining weights are zero padding
     let u0 = select(p.units, lane, share_any(c0 <= last));
@@ -252,7 +256,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
                 );
             }
         }
-    } else if (nr <= 4u) {
+    } else if (ROWS <= 4u || nr <= 4u) {
         for (var u = u0; u < p.units; u += LANES) {
             let h0 = unit_head(cs.x, u);
             let h1 = unit_head(cs.y, u);
@@ -325,17 +329,17 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     // 2. the LANES partial sums of each output, added by a fixed tree in workgroup memory
     //    (the group's nr rows only)
     if (LANES > 1u) {
-        for (var r = 0u; r < nr; r++) { partial[t][r] = acc[r]; }
+        for (var r = 0u; r < nr; r++) { partial[t * ROWS + r] = acc[r]; }
         workgroupBarrier();
         for (var stride = LANES / 2u; stride > 0u; stride /= 2u) {
             if (lane < stride) {
                 for (var r = 0u; r < nr; r++) {
-                    partial[t][r] += partial[t + stride][r];
+                    partial[t * ROWS + r] += partial[(t + stride) * ROWS + r];
                 }
             }
             workgroupBarrier();
         }
-        for (var r = 0u; r < nr; r++) { acc[r] = partial[t][r]; }
+        for (var r = 0u; r < nr; r++) { acc[r] = partial[t * ROWS + r]; }
     }
 
     // 3. lane 0 writes the outputs of its columns (c = col_offset + c0 + j of the whole matrix)

@@ -296,7 +296,7 @@ fn matmul_rows_are_batch_invariant() {
 fn matmul_x_shared_by_subgroup_shuffles_keeps_every_bit() {
     // lavapipe's default shape passes each vector of x between the matmul's invocations of a
     // subgroup instead of each loading it: the same values, so every output keeps its bits. Rows
-    // of each kind of row group (1, 4, 8 and 8 + 5), a k whose last unit is partial (f16), and
+    // of each kind of row group (1, 3, 8 and 8 + 5), a k whose last unit is partial (f16), and
     // columns that leave invocations past the matrix in the last subgroup.
     let (shuffled, loading) = (gpu(), gpu_unshared());
     if shuffled.info.name.contains("llvmpipe") && shuffled.info.subgroup_min_size >= 8 {

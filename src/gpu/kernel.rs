@@ -171,7 +171,12 @@ impl Pipelines {
     /// attention (the device must have [`wgpu::Features::SUBGROUP`]).
     pub async fn build(device: &wgpu::Device, matmul_lanes: u32, shuffle: bool) -> Result<Pipelines> {
         let kernels = Kernel::all();
-        let lanes = [("LANES", matmul_lanes as f64), ("ROWS", matmul_rows(matmul_lanes) as f64)];
+        let rows = matmul_rows(matmul_lanes);
+        let lanes = [
+            ("LANES", matmul_lanes as f64),
+            ("ROWS", rows as f64),
+            ("PARTIAL", (Kernel::WORKGROUP * rows) as f64),
+        ];
         let mut table = Vec::with_capacity(kernels.len());
         for kernel in kernels {
             let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);

@@ -191,9 +191,9 @@ pub async fn generate_with(
 
     // Greedy cycles with a draft model on the target's GPU run GPU-resident, except the first
     // two and every 16th: those run CPU-driven, timing the verify pass apart for the schedule's
-    // cost model (the GPU cycle times both as one submission; what the pass leaves of it is the
-    // draft's cost, and once GPU cycles run, the CPU-driven drafts, a read-back per step, are
-    // not timed).
+    // cost model. A GPU-resident cycle (greedy, or sampled on the GPU) times both as one
+    // submission: what the pass leaves of it is the draft's cost. Where such cycles run, the
+    // CPU-driven drafts (a read-back per step) are timed only until two timings exist.
     let gpu_cycle = match draft.as_deref_mut().and_then(|d| d.gpu_draft()) {
         Some(d) if greedy && std::sync::Arc::ptr_eq(d.model().gpu(), target.gpu()) => {
             Some(GreedyCycle::new(target))
@@ -261,10 +261,11 @@ pub async fn generate_with(
                     next: out.next,
                     draft_steps: out.draft_steps,
                 };
+                // (after plain steps too: the catch-up on them rides in the first draft step's pass
+                // as extra rows, about free on a GPU, past MAX_BATCH of them in passes of its own;
+                // and a probe is then the only timing there is)
                 let seconds = tc.elapsed().as_secs_f64();
-                if !catching_up {
-                    schedule.observe_cycle(out.drafts.len(), seconds);
-                }
+                schedule.observe_cycle(out.drafts.len(), seconds);
                 gpu_cycle_checked(&mut stats, schedule, out, id_last, seconds)
             }
             (_, Some(sc), Some(dm)) if k > 0 && !calibrate && sc.has_draft() => {
@@ -272,9 +273,7 @@ pub async fn generate_with(
                 let out = sc.run(target, dm, &tokens, n_past, k, &mut rng).await?;
                 stats.gpu_sampled += 1;
                 let seconds = tc.elapsed().as_secs_f64();
-                if !catching_up {
-                    schedule.observe_cycle(out.drafts.len(), seconds);
-                }
+                schedule.observe_cycle(out.drafts.len(), seconds);
                 gpu_cycle_checked(&mut stats, schedule, out, id_last, seconds)
             }
             _ => {

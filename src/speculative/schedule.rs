@@ -167,9 +167,9 @@ impl Schedule {
     }
 
     /// The drafted nodes a token tree may hold when the schedule picked `k`: the rows the verify
-    /// pass's matmuls compute anyway (their work grows in steps of [`MATMUL_ROW_STEP`] rows that
-    /// share each weight load: 2 or 3 rows of a step cost what 4 do, though a step's lone row
-    /// costs a row), so K + 1 rows round up to a multiple of it.
+    /// pass's matmuls compute anyway (a workgroup's group of 2 to 4 rows computes 4, and on CPU
+    /// adapters one of 5 to 8 computes 8; only a group's lone first row is cheaper), so K + 1
+    /// rows round up to a multiple of [`MATMUL_ROW_STEP`].
     /// A chain uses K of them; a tree fills the rest at about no cost.
     pub fn tree_nodes(&self, k: usize) -> usize {
         let rows = (k + 1).next_multiple_of(MATMUL_ROW_STEP as usize).min(MAX_TREE);

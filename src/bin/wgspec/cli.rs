@@ -252,7 +252,7 @@ struct BenchArgs {
     /// `on`: the invocations of a subgroup share the loads they all need by shuffles (the
     /// matmul's x, the one-pass attention's q and scores: the default with 1 matmul lane on
     /// adapters with subgroups of 8 or more, lavapipe); `off`: each loads its own (as in browsers,
-    /// which have no subgroups): to compare the two on one adapter.
+    /// whose subgroups wgpu's WebGPU backend does not expose): to compare the two on one adapter.
     #[arg(long, value_parser = ["on", "off"])]
     shuffle_loads: Option<String>,
     /// `split` (chunks of keys, then a merge: GPUs' default) or `one-pass` (a workgroup per query
