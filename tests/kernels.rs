@@ -292,6 +292,16 @@ fn matmul_rows_are_batch_invariant() {
     }
 }
 
+/// The outputs of the shape that shares loads by shuffles and of the one that does not: the same
+/// bits, and not all zeros.
+fn assert_same_bits(what: &str, shuffled: &[f32], loaded: &[f32]) {
+    assert_eq!(shuffled.len(), loaded.len(), "{what}: length");
+    for (i, (a, b)) in shuffled.iter().zip(loaded).enumerate() {
+        assert_eq!(a.to_bits(), b.to_bits(), "{what}: output {i}: shuffled {a}, loaded {b}");
+    }
+    assert!(shuffled.iter().any(|v| *v != 0.0), "{what}: all zeros");
+}
+
 #[test]
 fn matmul_x_shared_by_subgroup_shuffles_keeps_every_bit() {
     // lavapipe's default shape passes each vector of x between the matmul's invocations of a
@@ -322,14 +332,7 @@ fn matmul_x_shared_by_subgroup_shuffles_keeps_every_bit() {
                 run(gpu, &step, &[gpu.matmul(&step, &xb, &wb, None, &yb, out)], n, 0);
                 read_f32(gpu, &yb.raw, n * cols)
             });
-            for (i, (a, b)) in ys[0].iter().zip(&ys[1]).enumerate() {
-                assert_eq!(
-                    a.to_bits(),
-                    b.to_bits(),
-                    "{dtype} k={k} n={n}: output {i}: shuffled {a}, loaded {b}"
-                );
-            }
-            assert!(ys[0].iter().any(|v| *v != 0.0), "{dtype} n={n}: all zeros");
+            assert_same_bits(&format!("{dtype} k={k} n={n}"), &ys[0], &ys[1]);
         }
     }
 }
@@ -368,14 +371,7 @@ fn attention_q_and_scores_shared_by_subgroup_shuffles_keep_every_bit() {
             run(gpu, &step, &gpu.attention(&step, &qb, &kvb, &scratch, &ob, shape), n, start);
             read_f32(gpu, &ob.raw, n * heads * hd)
         });
-        for (i, (a, b)) in outs[0].iter().zip(&outs[1]).enumerate() {
-            assert_eq!(
-                a.to_bits(),
-                b.to_bits(),
-                "n={n} hd={hd} start={start}: output {i}: shuffled {a}, loaded {b}"
-            );
-        }
-        assert!(outs[0].iter().any(|v| *v != 0.0), "hd={hd}: all zeros");
+        assert_same_bits(&format!("n={n} hd={hd} start={start}"), &outs[0], &outs[1]);
     }
 }
 
