@@ -3,7 +3,8 @@
 //
 // Preceded by one weight format file (shaders/formats/*.wgsl) that defines `unit_head(c, u)` and
 // `unit_group(h, g)`: the weights w[c, 32u + 4g .. 32u + 4g + 4] dequantised to f32, straight from
-// the stored blocks; and by one file of shaders/share/ that defines the entry point's
+// the stored blocks (and `span_load(c, s)`, `span_unit(sp, j)`: unit SPAN * s + j, from the words
+// its span of SPAN units shares, loaded once); and by one file of shaders/share/ that defines the entry point's
 // `Invocation` and whether (`SHARE`, CPU adapters with subgroups) the invocations of a subgroup
 // share their loads of x by shuffles (they all need the same x with LANES = 1).
 //
@@ -164,6 +165,116 @@ fn rotate(a: f32, b: f32, i: u32, pos: u32) -> vec2<f32> {
     return vec2<f32>(a * cs.x - b * cs.y, a * cs.y + b * cs.x);
 }
 
+// The unit of each of an invocation's four columns (cs: their weight rows)
+struct Quad { h0: Unit, h1: Unit, h2: Unit, h3: Unit }
+
+// (GPUs) unit u of the four columns, loaded
+fn heads(cs: vec4<u32>, u: u32) -> Quad {
+    return Quad(unit_head(cs.x, u), unit_head(cs.y, u), unit_head(cs.z, u), unit_head(cs.w, u));
+}
+
+// (CPU adapters) span s of the four columns, loaded once for its SPAN units
+struct Spans { s0: Span, s1: Span, s2: Span, s3: Span }
+
+fn spans(cs: vec4<u32>, s: u32) -> Spans {
+    return Spans(span_load(cs.x, s), span_load(cs.y, s), span_load(cs.z, s), span_load(cs.w, s));
+}
+
+// unit j of a span of the four columns (no loads)
+fn quad(sp: Spans, j: u32) -> Quad {
+    return Quad(span_unit(sp.s0, j), span_unit(sp.s1, j), span_unit(sp.s2, j), span_unit(sp.s3, j));
+}
+
+// vec4s of x in unit u (groups of 4 weights): 8, fewer only in the last unit of a k that is no multiple of 32, whose
+// remaining weights are zero padding
+fn valid(u: u32) -> u32 {
+    return min(8u, p.k / 4u - 8u * u);
+}
+
+// Unit u of the four columns (q) applied to row r0 (a group of one row): a0 += the four sums.
+// With SHARE an invocation loads one vector of x per unit and row (`own`: past a row's end in the
+// last unit of a k that is no multiple of 32, never used); otherwise x_at loads each.
+fn apply1(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>) {
+    let xi = r0 * (p.k / 4u) + 8u * u;
+    let own = x_own(inv, xi);
+    let n = valid(u);
+    for (var g = 0u; g < n; g++) {
+        let xv = x_at(xi, g, own);
+        *a0 += vec4<f32>(
+            dot(unit_group(q.h0, g), xv),
+            dot(unit_group(q.h1, g), xv),
+            dot(unit_group(q.h2, g), xv),
+            dot(unit_group(q.h3, g), xv),
+        );
+    }
+}
+
+// unit u of the four columns applied to rows r0 .. r0 + 3 (a group of 2 to 4 rows)
+fn apply4(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>,
+          a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>, a3: ptr<function, vec4<f32>>) {
+    let k4 = p.k / 4u;
+    let xi = r0 * k4 + 8u * u;
+    let own0 = x_own(inv, xi);
+    let own1 = x_own(inv, xi + k4);
+    let own2 = x_own(inv, xi + 2u * k4);
+    let own3 = x_own(inv, xi + 3u * k4);
+    let n = valid(u);
+    for (var g = 0u; g < n; g++) {
+        let w0 = unit_group(q.h0, g);
+        let w1 = unit_group(q.h1, g);
+        let w2 = unit_group(q.h2, g);
+        let w3 = unit_group(q.h3, g);
+        let x0 = x_at(xi, g, own0);
+        let x1 = x_at(xi + k4, g, own1);
+        let x2 = x_at(xi + 2u * k4, g, own2);
+        let x3 = x_at(xi + 3u * k4, g, own3);
+        *a0 += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
+        *a1 += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
+        *a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
+        *a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
+    }
+}
+
+// unit u of the four columns applied to rows r0 .. r0 + 7 (a group of 5 to 8 rows; CPU adapters)
+fn apply8(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>,
+          a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>, a3: ptr<function, vec4<f32>>,
+          a4: ptr<function, vec4<f32>>, a5: ptr<function, vec4<f32>>, a6: ptr<function, vec4<f32>>,
+          a7: ptr<function, vec4<f32>>) {
+    let k4 = p.k / 4u;
+    let xi = r0 * k4 + 8u * u;
+    let own0 = x_own(inv, xi);
+    let own1 = x_own(inv, xi + k4);
+    let own2 = x_own(inv, xi + 2u * k4);
+    let own3 = x_own(inv, xi + 3u * k4);
+    let own4 = x_own(inv, xi + 4u * k4);
+    let own5 = x_own(inv, xi + 5u * k4);
+    let own6 = x_own(inv, xi + 6u * k4);
+    let own7 = x_own(inv, xi + 7u * k4);
+    let n = valid(u);
+    for (var g = 0u; g < n; g++) {
+        let w0 = unit_group(q.h0, g);
+        let w1 = unit_group(q.h1, g);
+        let w2 = unit_group(q.h2, g);
+        let w3 = unit_group(q.h3, g);
+        let x0 = x_at(xi, g, own0);
+        let x1 = x_at(xi + k4, g, own1);
+        let x2 = x_at(xi + 2u * k4, g, own2);
+        let x3 = x_at(xi + 3u * k4, g, own3);
+        let x4 = x_at(xi + 4u * k4, g, own4);
+        let x5 = x_at(xi + 5u * k4, g, own5);
+        let x6 = x_at(xi + 6u * k4, g, own6);
+        let x7 = x_at(xi + 7u * k4, g, own7);
+        *a0 += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
+        *a1 += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
+        *a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
+        *a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
+        *a4 += vec4<f32>(dot(w0, x4), dot(w1, x4), dot(w2, x4), dot(w3, x4));
+        *a5 += vec4<f32>(dot(w0, x5), dot(w1, x5), dot(w2, x5), dot(w3, x5));
+        *a6 += vec4<f32>(dot(w0, x6), dot(w1, x6), dot(w2, x6), dot(w3, x6));
+        *a7 += vec4<f32>(dot(w0, x7), dot(w1, x7), dot(w2, x7), dot(w3, x7));
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = inv.lid.x;
@@ -210,16 +321,18 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
 
     // 1. this lane's share of k: units lane, lane + LANES, ... Each group of 4 weights of the four
     //    columns is dequantised once and applied to every row, each vec4 of x is loaded once and
-    //    applied to the four columns. a0 .. a7 hold rows r0 .. r0 + 7 for the four columns; every
-    //    output is one accumulator summed in k order within the lane, by the same instructions
-    //    whatever nr is. A group of one row (a decode step) has its own loop; a group of 2 to 4
-    //    computes four rows, of 5 to 8 all eight, without a branch per row (CPU adapters would run
-    //    masked rows anyway): rows past n read finite values of the x buffer and are never stored.
-    //    An invocation whose columns are past the chunk skips the loop, unless another of its
-    //    subgroup runs it with SHARE (sharing x by shuffles needs the whole subgroup; it then
-    //    reads the last column and stores nothing). With SHARE an invocation loads one vector of
-    //    x per unit and row (`own`: past a row's end in the last unit of a k that is no multiple
-    //    of 32, never used); otherwise x_at loads each.
+    //    applied to the four columns (apply1, apply4, apply8). a0 .. a7 hold rows r0 .. r0 + 7 for
+    //    the four columns; every output is one accumulator summed in k order within the lane, by
+    //    the same instructions whatever nr is. A group of one row (a decode step) has its own loop;
+    //    a group of 2 to 4 computes four rows, of 5 to 8 all eight, without a branch per row (CPU
+    //    adapters would run masked rows anyway): rows past n read finite values of the x buffer
+    //    and are never stored. An invocation whose columns are past the chunk skips the loop,
+    //    unless another of its subgroup runs it with SHARE (sharing x by shuffles needs the whole
+    //    subgroup; it then reads the last column and stores nothing).
+    //    On CPU adapters (LANES = 1, every unit in order) the units come a span at a time: the
+    //    format's units that read the same words (the K-quants' scale words and shared quant
+    //    bytes) load them once (span_load), and each unit is taken from them (span_unit). Loads are
+    //    what a CPU adapter's invocation pays for most; the sums and their order are unchanged.
     // (named accumulators, not an array: an array indexed by a loop variable below would
     // live in memory on CPU adapters, every += of the loop a load and a store)
     var a0 = vec4<f32>(0.0);
@@ -230,96 +343,42 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     var a5 = vec4<f32>(0.0);
     var a6 = vec4<f32>(0.0);
     var a7 = vec4<f32>(0.0);
-    // (one loop over k per kind of row group: the accumulators a group does not use stay out of
-    // its loop, where they would hold registers)
-    // units of this lane: none where this invocation has no columns in the chunk (with SHARE:
-    // where no invocation of its subgroup has);
-    // valid: vec4s of x that exist in a unit, fewer than 8 only in the last unit of a k that is
-    // no multiple of 32, whose remaining weights are zero padding
-    let u0 = select(p.units, lane, share_any(c0 <= last));
+    // units of the row: none where this invocation has no columns in the chunk (with SHARE: where
+    // no invocation of its subgroup has)
+    let units = select(0u, p.units, share_any(c0 <= last));
+    // (one loop nest per kind of row group: the accumulators a group does not use stay out of its
+    // loop, where they would hold registers; each nest loops over spans on CPU adapters, over
+    // units on GPUs)
     if (nr == 1u) {
-        for (var u = u0; u < p.units; u += LANES) {
-            let h0 = unit_head(cs.x, u);
-            let h1 = unit_head(cs.y, u);
-            let h2 = unit_head(cs.z, u);
-            let h3 = unit_head(cs.w, u);
-            let valid = min(8u, k4 - 8u * u);
-            let xi = r0 * k4 + 8u * u;
-            let own = x_own(inv, xi);
-            for (var g = 0u; g < valid; g++) {
-                let xv = x_at(xi, g, own);
-                a0 += vec4<f32>(
-                    dot(unit_group(h0, g), xv),
-                    dot(unit_group(h1, g), xv),
-                    dot(unit_group(h2, g), xv),
-                    dot(unit_group(h3, g), xv),
-                );
+        if (LANES == 1u) {
+            for (var s = 0u; s * SPAN < units; s++) {
+                let sp = spans(cs, s);
+                for (var j = 0u; j < min(SPAN, units - s * SPAN); j++) {
+                    apply1(quad(sp, j), s * SPAN + j, r0, inv, &a0);
+                }
             }
+        } else {
+            for (var u = lane; u < units; u += LANES) { apply1(heads(cs, u), u, r0, inv, &a0); }
         }
     } else if (ROWS <= 4u || nr <= 4u) {
-        for (var u = u0; u < p.units; u += LANES) {
-            let h0 = unit_head(cs.x, u);
-            let h1 = unit_head(cs.y, u);
-            let h2 = unit_head(cs.z, u);
-            let h3 = unit_head(cs.w, u);
-            let valid = min(8u, k4 - 8u * u);
-            let xi = r0 * k4 + 8u * u;
-            let own0 = x_own(inv, xi);
-            let own1 = x_own(inv, xi + k4);
-            let own2 = x_own(inv, xi + 2u * k4);
-            let own3 = x_own(inv, xi + 3u * k4);
-            for (var g = 0u; g < valid; g++) {
-                let w0 = unit_group(h0, g);
-                let w1 = unit_group(h1, g);
-                let w2 = unit_group(h2, g);
-                let w3 = unit_group(h3, g);
-                let x0 = x_at(xi, g, own0);
-                let x1 = x_at(xi + k4, g, own1);
-                let x2 = x_at(xi + 2u * k4, g, own2);
-                let x3 = x_at(xi + 3u * k4, g, own3);
-                a0 += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
-                a1 += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
-                a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
-                a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
+        if (LANES == 1u) {
+            for (var s = 0u; s * SPAN < units; s++) {
+                let sp = spans(cs, s);
+                for (var j = 0u; j < min(SPAN, units - s * SPAN); j++) {
+                    apply4(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1, &a2, &a3);
+                }
+            }
+        } else {
+            for (var u = lane; u < units; u += LANES) {
+                apply4(heads(cs, u), u, r0, inv, &a0, &a1, &a2, &a3);
             }
         }
     } else {
-        for (var u = u0; u < p.units; u += LANES) {
-            let h0 = unit_head(cs.x, u);
-            let h1 = unit_head(cs.y, u);
-            let h2 = unit_head(cs.z, u);
-            let h3 = unit_head(cs.w, u);
-            let valid = min(8u, k4 - 8u * u);
-            let xi = r0 * k4 + 8u * u;
-            let own0 = x_own(inv, xi);
-            let own1 = x_own(inv, xi + k4);
-            let own2 = x_own(inv, xi + 2u * k4);
-            let own3 = x_own(inv, xi + 3u * k4);
-            let own4 = x_own(inv, xi + 4u * k4);
-            let own5 = x_own(inv, xi + 5u * k4);
-            let own6 = x_own(inv, xi + 6u * k4);
-            let own7 = x_own(inv, xi + 7u * k4);
-            for (var g = 0u; g < valid; g++) {
-                let w0 = unit_group(h0, g);
-                let w1 = unit_group(h1, g);
-                let w2 = unit_group(h2, g);
-                let w3 = unit_group(h3, g);
-                let x0 = x_at(xi, g, own0);
-                let x1 = x_at(xi + k4, g, own1);
-                let x2 = x_at(xi + 2u * k4, g, own2);
-                let x3 = x_at(xi + 3u * k4, g, own3);
-                let x4 = x_at(xi + 4u * k4, g, own4);
-                let x5 = x_at(xi + 5u * k4, g, own5);
-                let x6 = x_at(xi + 6u * k4, g, own6);
-                let x7 = x_at(xi + 7u * k4, g, own7);
-                a0 += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
-                a1 += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
-                a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
-                a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
-                a4 += vec4<f32>(dot(w0, x4), dot(w1, x4), dot(w2, x4), dot(w3, x4));
-                a5 += vec4<f32>(dot(w0, x5), dot(w1, x5), dot(w2, x5), dot(w3, x5));
-                a6 += vec4<f32>(dot(w0, x6), dot(w1, x6), dot(w2, x6), dot(w3, x6));
-                a7 += vec4<f32>(dot(w0, x7), dot(w1, x7), dot(w2, x7), dot(w3, x7));
+        // (LANES = 1: GPUs have ROWS = 4)
+        for (var s = 0u; s * SPAN < units; s++) {
+            let sp = spans(cs, s);
+            for (var j = 0u; j < min(SPAN, units - s * SPAN); j++) {
+                apply8(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7);
             }
         }
     }

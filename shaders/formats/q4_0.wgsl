@@ -3,8 +3,9 @@
 //   quants: block b (= row * units + u) is one vec4<u32> at vec4 index b
 //   scales: d of block b is f16 number b of the section starting at u32 word p.scale_base
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_0. Included ahead of an op (matmul, embed)
-// that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`; the op calls `unit_head` once
-// per unit and `unit_group(h, g)` for its eight groups of 4 weights.
+// that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`; the op reads a unit with
+// `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load` and `span_unit`,
+// and calls `unit_group(h, g)` for its eight groups of 4 weights.
 
 struct Unit { q: vec4<u32>, d: f32 }
 

@@ -4,10 +4,13 @@
 //   scales: d of block b is f16 number b of the section starting at u32 word p.scale_base
 // Element e = 128h + r of a block: low 4 bits from ql[64h + r % 64] (nibble r / 64), high 2 bits
 // from qh[32h + r % 32] (bits 2 (r / 32)); x = (d * scales[e / 16]) * (q - 32).
-// A unit is 32 elements: unit u of row `row` lives in block (row * units + u) / 8.
+// A unit is 32 elements: unit u of row `row` lives in block (row * units + u) / 8. A span is a half
+// block (units 4h .. 4h + 3: 128 elements, which read the same 64 bytes of ql, two units each, and
+// the same 32 bytes of qh): loaded once for its four units, with its d and scale bytes.
 // Dequantised in f32 exactly as ggml's dequantize_row_q6_K. Included ahead of an op (matmul, embed)
-// that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`; the op calls `unit_head` once
-// per unit and `unit_group(h, g)` for its eight groups of 4 weights.
+// that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`; the op reads a unit with
+// `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load` and `span_unit`,
+// and calls `unit_group(h, g)` for its eight groups of 4 weights.
 
 struct Unit {
     l0: vec4<u32>, l1: vec4<u32>, // the 32 bytes of ql this unit reads
@@ -18,21 +21,41 @@ struct Unit {
     sc1: f32,                     // d * scale of elements 16..31
 }
 
-fn unit_head(row: u32, u: u32) -> Unit {
-    let b = (row * p.units + u) / 8u;
+const SPAN: u32 = 4u;
+struct Span {
+    l: array<vec4<u32>, 4>,       // the half's 64 bytes of ql
+    h0: vec4<u32>, h1: vec4<u32>, // its 32 bytes of qh
+    sc: vec2<u32>,                // its 8 scale bytes (two per unit)
+    d: f32,
+}
+
+fn span_load(row: u32, s: u32) -> Span {
+    let b = (row * p.units + SPAN * s) / 8u;
+    let half = s % 2u;
     let base = 13u * b;
-    let j = u % 8u;
-    let half = j / 4u;
-    let jj = j % 4u;
-    let s = p.scale_base + b / 2u;
-    let d = unpack2x16float(w[s / 4u][s % 4u])[b % 2u];
-    let l = base + 4u * half + 2u * (jj % 2u);
+    let sd = p.scale_base + b / 2u;
+    let d = unpack2x16float(w[sd / 4u][sd % 4u])[b % 2u];
+    let l = base + 4u * half;
     let hq = base + 8u + 2u * half;
-    let scales = w[base + 12u];
-    let si = 8u * half + 2u * jj; // scale index of the unit's first 16 elements
-    let sc0 = extractBits(bitcast<i32>(scales[si / 4u]), 8u * (si % 4u), 8u);
-    let sc1 = extractBits(bitcast<i32>(scales[(si + 1u) / 4u]), 8u * ((si + 1u) % 4u), 8u);
-    return Unit(w[l], w[l + 1u], w[hq], w[hq + 1u], 4u * (jj / 2u), 2u * jj, d * f32(sc0), d * f32(sc1));
+    let scales = base + 12u;
+    return Span(array<vec4<u32>, 4>(w[l], w[l + 1u], w[l + 2u], w[l + 3u]), w[hq], w[hq + 1u],
+                vec2<u32>(w[scales][2u * half], w[scales][2u * half + 1u]), d);
+}
+
+// unit jj of the span: ql bytes 32 (jj % 2) .. + 32 of the half (nibble jj / 2), all its qh (bits
+// 2 jj), scale bytes 2 jj and 2 jj + 1 (constant indices only: an array indexed by jj would live
+// in memory on CPU adapters)
+fn span_unit(sp: Span, jj: u32) -> Unit {
+    let odd = jj % 2u == 1u;
+    let word = select(sp.sc.x, sp.sc.y, jj >= 2u);
+    let sc0 = extractBits(bitcast<i32>(word), 16u * (jj % 2u), 8u);
+    let sc1 = extractBits(bitcast<i32>(word), 16u * (jj % 2u) + 8u, 8u);
+    return Unit(select(sp.l[0], sp.l[2], odd), select(sp.l[1], sp.l[3], odd), sp.h0, sp.h1,
+                4u * (jj / 2u), 2u * jj, sp.d * f32(sc0), sp.d * f32(sc1));
+}
+
+fn unit_head(row: u32, u: u32) -> Unit {
+    return span_unit(span_load(row, u / SPAN), u % SPAN);
 }
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {

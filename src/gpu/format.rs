@@ -22,16 +22,23 @@ pub fn units(k: usize) -> usize {
 /// Every stored type is a weight format of the kernels: its `shaders/formats/*.wgsl` file, and the
 /// layout [`pack_rows`] writes.
 impl DType {
-    /// The format's WGSL (`unit_head`, `unit_group`), placed ahead of the op that reads it.
+    /// The format's WGSL (`unit_head`, `unit_group`, and the spans `span_load`, `span_unit`: units
+    /// that read the same words, loaded once for all of them), placed ahead of the op that reads
+    /// it. Formats whose units share nothing get spans of one unit (`span_one.wgsl`).
     pub fn format_source(self) -> &'static str {
+        macro_rules! unit_spans {
+            ($file:literal) => {
+                concat!(include_str!($file), include_str!("../../shaders/formats/span_one.wgsl"))
+            };
+        }
         match self {
-            DType::F32 => include_str!("../../shaders/formats/f32.wgsl"),
-            DType::F16 => include_str!("../../shaders/formats/f16.wgsl"),
-            DType::BF16 => include_str!("../../shaders/formats/bf16.wgsl"),
-            DType::Q4_0 => include_str!("../../shaders/formats/q4_0.wgsl"),
-            DType::Q4_1 => include_str!("../../shaders/formats/q4_1.wgsl"),
-            DType::Q5_0 => include_str!("../../shaders/formats/q5_0.wgsl"),
-            DType::Q8_0 => include_str!("../../shaders/formats/q8_0.wgsl"),
+            DType::F32 => unit_spans!("../../shaders/formats/f32.wgsl"),
+            DType::F16 => unit_spans!("../../shaders/formats/f16.wgsl"),
+            DType::BF16 => unit_spans!("../../shaders/formats/bf16.wgsl"),
+            DType::Q4_0 => unit_spans!("../../shaders/formats/q4_0.wgsl"),
+            DType::Q4_1 => unit_spans!("../../shaders/formats/q4_1.wgsl"),
+            DType::Q5_0 => unit_spans!("../../shaders/formats/q5_0.wgsl"),
+            DType::Q8_0 => unit_spans!("../../shaders/formats/q8_0.wgsl"),
             DType::Q4_K => {
                 concat!(
                     include_str!("../../shaders/formats/k_scales.wgsl"),
