@@ -3,8 +3,9 @@
 //
 // Preceded by one weight format file (shaders/formats/*.wgsl) that defines `unit_head(c, u)` and
 // `unit_group(h, g)`: the weights w[c, 32u + 4g .. 32u + 4g + 4] dequantised to f32, straight from
-// the stored blocks (and `span_load(c, s)`, `span_unit(sp, j)`: unit SPAN * s + j, from the words
-// its span of SPAN units shares, loaded once); and by one file of shaders/share/ that defines the entry point's
+// the stored blocks, and `span_load(c, s)`, `span_unit(sp, j)`: unit SPAN * s + j, from the words
+// its span of SPAN units shares, loaded once (shaders/formats/span_one.wgsl: spans of one unit,
+// for formats whose units share nothing); and by one file of shaders/share/ that defines the entry point's
 // `Invocation` and whether (`SHARE`, CPU adapters with subgroups) the invocations of a subgroup
 // share their loads of x by shuffles (they all need the same x with LANES = 1).
 //
@@ -72,10 +73,11 @@ override LANES: u32 = 16u;
 const WG: u32 = 64u;    // invocations per workgroup; 4 * 64 / LANES columns per workgroup
 // Rows per workgroup: 8 on CPU adapters (a group of 1 row computes one, of 2 to 4 four, of 5 to 8
 // eight), 4 on GPUs (LANES > 1), where the 8-row branch would hold registers that a decode step's
-// occupancy needs. 4 or 8 (the accumulators a0 .. a7).
-override ROWS: u32 = 8u;
+// occupancy needs. 4 or 8 (the accumulators a0 .. a7); 8 only with LANES = 1 (the 8-row branch
+// walks every unit: it has no loop for lanes that split k).
+override ROWS: u32 = 4u;
 // WG * ROWS: the workgroup memory of the lanes' partial sums, sized for the pipeline's rows
-override PARTIAL: u32 = 512u;
+override PARTIAL: u32 = 256u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -374,7 +376,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
             }
         }
     } else {
-        // (LANES = 1: GPUs have ROWS = 4)
+        // (LANES = 1 only: GPUs have ROWS = 4)
         for (var s = 0u; s * SPAN < units; s++) {
             let sp = spans(cs, s);
             for (var j = 0u; j < min(SPAN, units - s * SPAN); j++) {

@@ -29,33 +29,51 @@ struct Span {
     d: f32,
 }
 
+// unit jj (0..4) of a half block from its words: the 32 bytes of ql it reads (l0, l1), the half's
+// qh and 8 scale bytes (bytes 2 jj and 2 jj + 1 are the unit's) and the block's d
+fn half_unit(l0: vec4<u32>, l1: vec4<u32>, h0: vec4<u32>, h1: vec4<u32>, sc: vec2<u32>, jj: u32,
+             d: f32) -> Unit {
+    let word = select(sc.x, sc.y, jj >= 2u);
+    let sc0 = extractBits(bitcast<i32>(word), 16u * (jj % 2u), 8u);
+    let sc1 = extractBits(bitcast<i32>(word), 16u * (jj % 2u) + 8u, 8u);
+    return Unit(l0, l1, h0, h1, 4u * (jj / 2u), 2u * jj, d * f32(sc0), d * f32(sc1));
+}
+
+// d of block b
+fn block_d(b: u32) -> f32 {
+    let s = p.scale_base + b / 2u;
+    return unpack2x16float(w[s / 4u][s % 4u])[b % 2u];
+}
+
+// (one unit: GPUs, embed) only the words the unit reads
+fn unit_head(row: u32, u: u32) -> Unit {
+    let b = (row * p.units + u) / 8u;
+    let base = 13u * b;
+    let half = u % 8u / 4u;
+    let jj = u % 4u;
+    let l = base + 4u * half + 2u * (jj % 2u);
+    let hq = base + 8u + 2u * half;
+    let sc = vec2<u32>(w[base + 12u][2u * half], w[base + 12u][2u * half + 1u]);
+    return half_unit(w[l], w[l + 1u], w[hq], w[hq + 1u], sc, jj, block_d(b));
+}
+
 fn span_load(row: u32, s: u32) -> Span {
     let b = (row * p.units + SPAN * s) / 8u;
     let half = s % 2u;
     let base = 13u * b;
-    let sd = p.scale_base + b / 2u;
-    let d = unpack2x16float(w[sd / 4u][sd % 4u])[b % 2u];
     let l = base + 4u * half;
     let hq = base + 8u + 2u * half;
-    let scales = base + 12u;
-    return Span(array<vec4<u32>, 4>(w[l], w[l + 1u], w[l + 2u], w[l + 3u]), w[hq], w[hq + 1u],
-                vec2<u32>(w[scales][2u * half], w[scales][2u * half + 1u]), d);
+    let sc = vec2<u32>(w[base + 12u][2u * half], w[base + 12u][2u * half + 1u]);
+    return Span(array<vec4<u32>, 4>(w[l], w[l + 1u], w[l + 2u], w[l + 3u]), w[hq], w[hq + 1u], sc,
+                block_d(b));
 }
 
-// unit jj of the span: ql bytes 32 (jj % 2) .. + 32 of the half (nibble jj / 2), all its qh (bits
-// 2 jj), scale bytes 2 jj and 2 jj + 1 (constant indices only: an array indexed by jj would live
-// in memory on CPU adapters)
+// unit jj of the span: ql bytes 32 (jj % 2) .. + 32 of the half (nibble jj / 2); picked by
+// selects (an array indexed by jj would live in memory on CPU adapters)
 fn span_unit(sp: Span, jj: u32) -> Unit {
     let odd = jj % 2u == 1u;
-    let word = select(sp.sc.x, sp.sc.y, jj >= 2u);
-    let sc0 = extractBits(bitcast<i32>(word), 16u * (jj % 2u), 8u);
-    let sc1 = extractBits(bitcast<i32>(word), 16u * (jj % 2u) + 8u, 8u);
-    return Unit(select(sp.l[0], sp.l[2], odd), select(sp.l[1], sp.l[3], odd), sp.h0, sp.h1,
-                4u * (jj / 2u), 2u * jj, sp.d * f32(sc0), sp.d * f32(sc1));
-}
-
-fn unit_head(row: u32, u: u32) -> Unit {
-    return span_unit(span_load(row, u / SPAN), u % SPAN);
+    return half_unit(select(sp.l[0], sp.l[2], odd), select(sp.l[1], sp.l[3], odd), sp.h0, sp.h1,
+                     sp.sc, jj, sp.d);
 }
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {

@@ -1,10 +1,13 @@
 //! Weight formats on the GPU: how the rows of a weight matrix are laid out in a buffer, one
-//! variant per shader in `shaders/formats/`. Quantized GGUF blocks stay quantized: they are only
+//! variant per format file in `shaders/formats/` (`k_scales.wgsl` and `span_one.wgsl` are parts
+//! shared by several). Quantized GGUF blocks stay quantized: they are only
 //! repacked so that every load in a kernel is aligned, and dequantised inside the kernel in f32,
 //! exactly as `loader::quant::dequantize` does on the CPU.
 //!
 //! Every format reads a matrix row (an output column of a matmul) in units of 32 weights; rows of
-//! the float formats are padded with zeros to a multiple of 32. Each file of `shaders/formats/`
+//! the float formats are padded with zeros to a multiple of 32; a span is the run of units that
+//! read the same words (the K-quants' scale words and shared quant bytes), which the matmul loads
+//! once on CPU adapters. Each file of `shaders/formats/`
 //! documents its layout; [`pack_rows`] writes it.
 
 use super::Gpu;
