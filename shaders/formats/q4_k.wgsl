@@ -6,8 +6,8 @@
 // is two (sub-blocks 2i and 2i + 1 read the same 32 bytes, low and high nibbles): loaded once for
 // both, with the block's scale words.
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_K ((d * sc) * q is exact, so a fused
-// multiply-add rounds the same). Included ahead of an op (matmul, embed) that declares `w:
-// array<vec4<u32>>` and `p.units`; the op reads a unit with `unit_head`, or (matmul on CPU
+// multiply-add rounds the same). Included ahead of an op (matmul, embed) that declares
+// `w: array<vec4<u32>>` and `p.units`; the op reads a unit with `unit_head`, or (matmul on CPU
 // adapters) SPAN units at a time with `span_load` and `span_unit`, and calls `unit_group(h, g)` for
 // its eight groups of 4 weights.
 
