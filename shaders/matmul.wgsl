@@ -71,10 +71,11 @@ struct Params {
 // invocation then walks all of k for its four columns (with the same per-output code).
 override LANES: u32 = 16u;
 const WG: u32 = 64u;    // invocations per workgroup; 4 * 64 / LANES columns per workgroup
-// Rows per workgroup: 8 on CPU adapters (a group of 1 row computes one, of 2 to 4 four, of 5 to 8
-// eight), 4 on GPUs (LANES > 1), where the 8-row branch would hold registers that a decode step's
-// occupancy needs. 4 or 8 (the accumulators a0 .. a7); 8 only with LANES = 1 (the 8-row branch
-// walks every unit: it has no loop for lanes that split k).
+// Rows per workgroup: 8 on CPU adapters (a group of 1 to 4 rows computes just those, of 5 or 6
+// six, of 7 or 8 eight: each row computed costs a CPU adapter its dot products and x loads), 4 on
+// GPUs (LANES > 1), where the 6- and 8-row branches would hold registers that a decode step's
+// occupancy needs. 4 or 8 (the accumulators a0 .. a7); 8 only with LANES = 1 (the 6- and 8-row
+// branches walk every unit: they have no loop for lanes that split k).
 override ROWS: u32 = 4u;
 // WG * ROWS: the workgroup memory of the lanes' partial sums, sized for the pipeline's rows
 override PARTIAL: u32 = 256u;
@@ -187,10 +188,27 @@ fn quad(sp: Spans, j: u32) -> Quad {
     return Quad(span_unit(sp.s0, j), span_unit(sp.s1, j), span_unit(sp.s2, j), span_unit(sp.s3, j));
 }
 
+// units of span s (SPAN, fewer only in the row's last span)
+fn in_span(s: u32, units: u32) -> u32 {
+    return min(SPAN, units - s * SPAN);
+}
+
 // vec4s of x in unit u (groups of 4 weights): 8, fewer only in the last unit of a k that is no multiple of 32, whose
 // remaining weights are zero padding
 fn valid(u: u32) -> u32 {
     return min(8u, p.k / 4u - 8u * u);
+}
+
+// The four columns' weights of group g (4 weights) of a unit, dequantised once for every row
+struct Group { w0: vec4<f32>, w1: vec4<f32>, w2: vec4<f32>, w3: vec4<f32> }
+
+fn group(q: Quad, g: u32) -> Group {
+    return Group(unit_group(q.h0, g), unit_group(q.h1, g), unit_group(q.h2, g), unit_group(q.h3, g));
+}
+
+// a += the group's four dot products with one row's vector of x (column j in component j)
+fn add_dots(a: ptr<function, vec4<f32>>, w: Group, xv: vec4<f32>) {
+    *a += vec4<f32>(dot(w.w0, xv), dot(w.w1, xv), dot(w.w2, xv), dot(w.w3, xv));
 }
 
 // Unit u of the four columns (q) applied to row r0 (a group of one row): a0 += the four sums.
@@ -199,19 +217,42 @@ fn valid(u: u32) -> u32 {
 fn apply1(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>) {
     let xi = r0 * (p.k / 4u) + 8u * u;
     let own = x_own(inv, xi);
-    let n = valid(u);
-    for (var g = 0u; g < n; g++) {
-        let xv = x_at(xi, g, own);
-        *a0 += vec4<f32>(
-            dot(unit_group(q.h0, g), xv),
-            dot(unit_group(q.h1, g), xv),
-            dot(unit_group(q.h2, g), xv),
-            dot(unit_group(q.h3, g), xv),
-        );
+    for (var g = 0u; g < valid(u); g++) {
+        add_dots(a0, group(q, g), x_at(xi, g, own));
     }
 }
 
-// unit u of the four columns applied to rows r0 .. r0 + 3 (a group of 2 to 4 rows)
+// unit u of the four columns applied to rows r0, r0 + 1 (a group of 2 rows)
+fn apply2(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>,
+          a1: ptr<function, vec4<f32>>) {
+    let k4 = p.k / 4u;
+    let xi = r0 * k4 + 8u * u;
+    let own0 = x_own(inv, xi);
+    let own1 = x_own(inv, xi + k4);
+    for (var g = 0u; g < valid(u); g++) {
+        let w = group(q, g);
+        add_dots(a0, w, x_at(xi, g, own0));
+        add_dots(a1, w, x_at(xi + k4, g, own1));
+    }
+}
+
+// unit u of the four columns applied to rows r0 .. r0 + 2 (a group of 3 rows)
+fn apply3(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>,
+          a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>) {
+    let k4 = p.k / 4u;
+    let xi = r0 * k4 + 8u * u;
+    let own0 = x_own(inv, xi);
+    let own1 = x_own(inv, xi + k4);
+    let own2 = x_own(inv, xi + 2u * k4);
+    for (var g = 0u; g < valid(u); g++) {
+        let w = group(q, g);
+        add_dots(a0, w, x_at(xi, g, own0));
+        add_dots(a1, w, x_at(xi + k4, g, own1));
+        add_dots(a2, w, x_at(xi + 2u * k4, g, own2));
+    }
+}
+
+// unit u of the four columns applied to rows r0 .. r0 + 3 (a group of 4 rows)
 fn apply4(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>,
           a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>, a3: ptr<function, vec4<f32>>) {
     let k4 = p.k / 4u;
@@ -220,24 +261,39 @@ fn apply4(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>
     let own1 = x_own(inv, xi + k4);
     let own2 = x_own(inv, xi + 2u * k4);
     let own3 = x_own(inv, xi + 3u * k4);
-    let n = valid(u);
-    for (var g = 0u; g < n; g++) {
-        let w0 = unit_group(q.h0, g);
-        let w1 = unit_group(q.h1, g);
-        let w2 = unit_group(q.h2, g);
-        let w3 = unit_group(q.h3, g);
-        let x0 = x_at(xi, g, own0);
-        let x1 = x_at(xi + k4, g, own1);
-        let x2 = x_at(xi + 2u * k4, g, own2);
-        let x3 = x_at(xi + 3u * k4, g, own3);
-        *a0 += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
-        *a1 += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
-        *a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
-        *a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
+    for (var g = 0u; g < valid(u); g++) {
+        let w = group(q, g);
+        add_dots(a0, w, x_at(xi, g, own0));
+        add_dots(a1, w, x_at(xi + k4, g, own1));
+        add_dots(a2, w, x_at(xi + 2u * k4, g, own2));
+        add_dots(a3, w, x_at(xi + 3u * k4, g, own3));
     }
 }
 
-// unit u of the four columns applied to rows r0 .. r0 + 7 (a group of 5 to 8 rows; CPU adapters)
+// unit u of the four columns applied to rows r0 .. r0 + 5 (a group of 5 or 6 rows; CPU adapters)
+fn apply6(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>,
+          a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>, a3: ptr<function, vec4<f32>>,
+          a4: ptr<function, vec4<f32>>, a5: ptr<function, vec4<f32>>) {
+    let k4 = p.k / 4u;
+    let xi = r0 * k4 + 8u * u;
+    let own0 = x_own(inv, xi);
+    let own1 = x_own(inv, xi + k4);
+    let own2 = x_own(inv, xi + 2u * k4);
+    let own3 = x_own(inv, xi + 3u * k4);
+    let own4 = x_own(inv, xi + 4u * k4);
+    let own5 = x_own(inv, xi + 5u * k4);
+    for (var g = 0u; g < valid(u); g++) {
+        let w = group(q, g);
+        add_dots(a0, w, x_at(xi, g, own0));
+        add_dots(a1, w, x_at(xi + k4, g, own1));
+        add_dots(a2, w, x_at(xi + 2u * k4, g, own2));
+        add_dots(a3, w, x_at(xi + 3u * k4, g, own3));
+        add_dots(a4, w, x_at(xi + 4u * k4, g, own4));
+        add_dots(a5, w, x_at(xi + 5u * k4, g, own5));
+    }
+}
+
+// unit u of the four columns applied to rows r0 .. r0 + 7 (a group of 7 or 8 rows; CPU adapters)
 fn apply8(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>,
           a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>, a3: ptr<function, vec4<f32>>,
           a4: ptr<function, vec4<f32>>, a5: ptr<function, vec4<f32>>, a6: ptr<function, vec4<f32>>,
@@ -252,28 +308,16 @@ fn apply8(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>
     let own5 = x_own(inv, xi + 5u * k4);
     let own6 = x_own(inv, xi + 6u * k4);
     let own7 = x_own(inv, xi + 7u * k4);
-    let n = valid(u);
-    for (var g = 0u; g < n; g++) {
-        let w0 = unit_group(q.h0, g);
-        let w1 = unit_group(q.h1, g);
-        let w2 = unit_group(q.h2, g);
-        let w3 = unit_group(q.h3, g);
-        let x0 = x_at(xi, g, own0);
-        let x1 = x_at(xi + k4, g, own1);
-        let x2 = x_at(xi + 2u * k4, g, own2);
-        let x3 = x_at(xi + 3u * k4, g, own3);
-        let x4 = x_at(xi + 4u * k4, g, own4);
-        let x5 = x_at(xi + 5u * k4, g, own5);
-        let x6 = x_at(xi + 6u * k4, g, own6);
-        let x7 = x_at(xi + 7u * k4, g, own7);
-        *a0 += vec4<f32>(dot(w0, x0), dot(w1, x0), dot(w2, x0), dot(w3, x0));
-        *a1 += vec4<f32>(dot(w0, x1), dot(w1, x1), dot(w2, x1), dot(w3, x1));
-        *a2 += vec4<f32>(dot(w0, x2), dot(w1, x2), dot(w2, x2), dot(w3, x2));
-        *a3 += vec4<f32>(dot(w0, x3), dot(w1, x3), dot(w2, x3), dot(w3, x3));
-        *a4 += vec4<f32>(dot(w0, x4), dot(w1, x4), dot(w2, x4), dot(w3, x4));
-        *a5 += vec4<f32>(dot(w0, x5), dot(w1, x5), dot(w2, x5), dot(w3, x5));
-        *a6 += vec4<f32>(dot(w0, x6), dot(w1, x6), dot(w2, x6), dot(w3, x6));
-        *a7 += vec4<f32>(dot(w0, x7), dot(w1, x7), dot(w2, x7), dot(w3, x7));
+    for (var g = 0u; g < valid(u); g++) {
+        let w = group(q, g);
+        add_dots(a0, w, x_at(xi, g, own0));
+        add_dots(a1, w, x_at(xi + k4, g, own1));
+        add_dots(a2, w, x_at(xi + 2u * k4, g, own2));
+        add_dots(a3, w, x_at(xi + 3u * k4, g, own3));
+        add_dots(a4, w, x_at(xi + 4u * k4, g, own4));
+        add_dots(a5, w, x_at(xi + 5u * k4, g, own5));
+        add_dots(a6, w, x_at(xi + 6u * k4, g, own6));
+        add_dots(a7, w, x_at(xi + 7u * k4, g, own7));
     }
 }
 
@@ -323,10 +367,11 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
 
     // 1. this lane's share of k: units lane, lane + LANES, ... Each group of 4 weights of the four
     //    columns is dequantised once and applied to every row, each vec4 of x is loaded once and
-    //    applied to the four columns (apply1, apply4, apply8). a0 .. a7 hold rows r0 .. r0 + 7 for
-    //    the four columns; every output is one accumulator summed in k order within the lane, by
-    //    the same instructions whatever nr is. A group of one row (a decode step) has its own loop;
-    //    a group of 2 to 4 computes four rows, of 5 to 8 all eight, without a branch per row (CPU
+    //    applied to the four columns (apply1 .. apply8). a0 .. a7 hold rows r0 .. r0 + 7 for the
+    //    four columns; every output is one accumulator summed in k order within the lane, by the
+    //    same instructions whatever nr is. Groups of 1 to 4 rows (a decode step, verify passes of
+    //    K = 1 to 3) have a loop each; a group of 5 or 6 computes six rows, of 7 or 8 all eight,
+    //    without a branch per row (CPU
     //    adapters would run masked rows anyway): rows past n read finite values of the x buffer
     //    and are never stored. An invocation whose columns are past the chunk skips the loop,
     //    unless another of its subgroup runs it with SHARE (sharing x by shuffles needs the whole
@@ -355,18 +400,46 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
         if (LANES == 1u) {
             for (var s = 0u; s * SPAN < units; s++) {
                 let sp = spans(cs, s);
-                for (var j = 0u; j < min(SPAN, units - s * SPAN); j++) {
+                for (var j = 0u; j < in_span(s, units); j++) {
                     apply1(quad(sp, j), s * SPAN + j, r0, inv, &a0);
                 }
             }
         } else {
-            for (var u = lane; u < units; u += LANES) { apply1(heads(cs, u), u, r0, inv, &a0); }
+            for (var u = lane; u < units; u += LANES) {
+                apply1(heads(cs, u), u, r0, inv, &a0);
+            }
         }
-    } else if (ROWS <= 4u || nr <= 4u) {
+    } else if (nr == 2u) {
         if (LANES == 1u) {
             for (var s = 0u; s * SPAN < units; s++) {
                 let sp = spans(cs, s);
-                for (var j = 0u; j < min(SPAN, units - s * SPAN); j++) {
+                for (var j = 0u; j < in_span(s, units); j++) {
+                    apply2(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1);
+                }
+            }
+        } else {
+            for (var u = lane; u < units; u += LANES) {
+                apply2(heads(cs, u), u, r0, inv, &a0, &a1);
+            }
+        }
+    } else if (nr == 3u) {
+        if (LANES == 1u) {
+            for (var s = 0u; s * SPAN < units; s++) {
+                let sp = spans(cs, s);
+                for (var j = 0u; j < in_span(s, units); j++) {
+                    apply3(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1, &a2);
+                }
+            }
+        } else {
+            for (var u = lane; u < units; u += LANES) {
+                apply3(heads(cs, u), u, r0, inv, &a0, &a1, &a2);
+            }
+        }
+    } else if (ROWS <= 4u || nr == 4u) {
+        if (LANES == 1u) {
+            for (var s = 0u; s * SPAN < units; s++) {
+                let sp = spans(cs, s);
+                for (var j = 0u; j < in_span(s, units); j++) {
                     apply4(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1, &a2, &a3);
                 }
             }
@@ -375,11 +448,18 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
                 apply4(heads(cs, u), u, r0, inv, &a0, &a1, &a2, &a3);
             }
         }
-    } else {
+    } else if (nr <= 6u) {
         // (LANES = 1 only: GPUs have ROWS = 4)
         for (var s = 0u; s * SPAN < units; s++) {
             let sp = spans(cs, s);
-            for (var j = 0u; j < min(SPAN, units - s * SPAN); j++) {
+            for (var j = 0u; j < in_span(s, units); j++) {
+                apply6(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5);
+            }
+        }
+    } else {
+        for (var s = 0u; s * SPAN < units; s++) {
+            let sp = spans(cs, s);
+            for (var j = 0u; j < in_span(s, units); j++) {
                 apply8(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7);
             }
         }

@@ -149,9 +149,9 @@ impl Kernel {
 }
 
 /// Rows of a pass one matmul workgroup takes (`ROWS` in `shaders/matmul.wgsl`) with `lanes`
-/// invocations per column quad: 8 with one (CPU adapters), 4 on GPUs, where the 8-row branch
-/// would hold registers that a decode step's occupancy needs (and could not run: it walks every
-/// unit of k, with no loop for lanes that split it).
+/// invocations per column quad: 8 with one (CPU adapters), 4 on GPUs, where the 6- and 8-row
+/// branches would hold registers that a decode step's occupancy needs (and could not run: they
+/// walk every unit of k, with no loop for lanes that split it).
 pub fn matmul_rows(lanes: u32) -> u32 {
     if lanes == 1 {
         8

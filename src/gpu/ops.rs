@@ -8,9 +8,11 @@ use bytemuck::{Pod, Zeroable};
 use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
 use crate::loader::DType;
 
-/// The steps in which a matmul's work grows with the rows of a pass: a workgroup's group of 1 row
-/// computes one, of 2 to 4 rows four, of 5 to 8 (CPU adapters' groups of 8) all eight
-/// (`shaders/matmul.wgsl`).
+/// Rows one matmul workgroup takes on a GPU (`ROWS` in `shaders/matmul.wgsl`): a group of up to
+/// 4 rows reads each weight once, so on a GPU, whose passes are bound by the weights' bytes, a pass
+/// of up to 4 rows costs about what 1 row does (fixed-K token trees fill their rows up to a
+/// multiple of it). Each row computed costs its arithmetic: a group of 1 to 4 rows computes just
+/// those, and on CPU adapters (groups of 8) one of 5 or 6 computes six, of 7 or 8 eight.
 pub const MATMUL_ROW_STEP: u32 = 4;
 
 /// Most nodes of a token tree in one pass (a row's ancestors are one `u32` of bits).

@@ -166,11 +166,11 @@ impl Schedule {
         self.policy
     }
 
-    /// The drafted nodes a token tree may hold when the schedule picked `k`: the rows the verify
-    /// pass's matmuls compute anyway (a workgroup's group of 2 to 4 rows computes 4, and on CPU
-    /// adapters one of 5 to 8 computes 8; only a group's lone first row is cheaper), so K + 1
-    /// rows round up to a multiple of [`MATMUL_ROW_STEP`].
-    /// A chain uses K of them; a tree fills the rest at about no cost.
+    /// The drafted nodes a token tree may hold when the schedule picked `k`: K + 1 rows rounded up
+    /// to a multiple of [`MATMUL_ROW_STEP`], the rows a GPU's verify pass reads each weight once
+    /// for. A chain uses K of them; a tree fills the rest, at about no cost where the pass is
+    /// bound by the weights' bytes (on CPU adapters each row costs its arithmetic; under an
+    /// adaptive K trees are sized by the measured costs instead, [`Schedule::tree_costs`]).
     pub fn tree_nodes(&self, k: usize) -> usize {
         let rows = (k + 1).next_multiple_of(MATMUL_ROW_STEP as usize).min(MAX_TREE);
         rows - 1
