@@ -207,8 +207,8 @@ fn group(q: Quad, g: u32) -> Group {
 }
 
 // a += the group's four dot products with one row's vector of x (column j in component j)
-fn add_dots(a: ptr<function, vec4<f32>>, w: Group, xv: vec4<f32>) {
-    *a += vec4<f32>(dot(w.w0, xv), dot(w.w1, xv), dot(w.w2, xv), dot(w.w3, xv));
+fn add_dots(a: ptr<function, vec4<f32>>, ws: Group, xv: vec4<f32>) {
+    *a += vec4<f32>(dot(ws.w0, xv), dot(ws.w1, xv), dot(ws.w2, xv), dot(ws.w3, xv));
 }
 
 // Unit u of the four columns (q) applied to row r0 (a group of one row): a0 += the four sums.
@@ -230,9 +230,9 @@ fn apply2(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>
     let own0 = x_own(inv, xi);
     let own1 = x_own(inv, xi + k4);
     for (var g = 0u; g < valid(u); g++) {
-        let w = group(q, g);
-        add_dots(a0, w, x_at(xi, g, own0));
-        add_dots(a1, w, x_at(xi + k4, g, own1));
+        let ws = group(q, g);
+        add_dots(a0, ws, x_at(xi, g, own0));
+        add_dots(a1, ws, x_at(xi + k4, g, own1));
     }
 }
 
@@ -245,10 +245,10 @@ fn apply3(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>
     let own1 = x_own(inv, xi + k4);
     let own2 = x_own(inv, xi + 2u * k4);
     for (var g = 0u; g < valid(u); g++) {
-        let w = group(q, g);
-        add_dots(a0, w, x_at(xi, g, own0));
-        add_dots(a1, w, x_at(xi + k4, g, own1));
-        add_dots(a2, w, x_at(xi + 2u * k4, g, own2));
+        let ws = group(q, g);
+        add_dots(a0, ws, x_at(xi, g, own0));
+        add_dots(a1, ws, x_at(xi + k4, g, own1));
+        add_dots(a2, ws, x_at(xi + 2u * k4, g, own2));
     }
 }
 
@@ -262,11 +262,11 @@ fn apply4(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>
     let own2 = x_own(inv, xi + 2u * k4);
     let own3 = x_own(inv, xi + 3u * k4);
     for (var g = 0u; g < valid(u); g++) {
-        let w = group(q, g);
-        add_dots(a0, w, x_at(xi, g, own0));
-        add_dots(a1, w, x_at(xi + k4, g, own1));
-        add_dots(a2, w, x_at(xi + 2u * k4, g, own2));
-        add_dots(a3, w, x_at(xi + 3u * k4, g, own3));
+        let ws = group(q, g);
+        add_dots(a0, ws, x_at(xi, g, own0));
+        add_dots(a1, ws, x_at(xi + k4, g, own1));
+        add_dots(a2, ws, x_at(xi + 2u * k4, g, own2));
+        add_dots(a3, ws, x_at(xi + 3u * k4, g, own3));
     }
 }
 
@@ -283,13 +283,13 @@ fn apply6(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>
     let own4 = x_own(inv, xi + 4u * k4);
     let own5 = x_own(inv, xi + 5u * k4);
     for (var g = 0u; g < valid(u); g++) {
-        let w = group(q, g);
-        add_dots(a0, w, x_at(xi, g, own0));
-        add_dots(a1, w, x_at(xi + k4, g, own1));
-        add_dots(a2, w, x_at(xi + 2u * k4, g, own2));
-        add_dots(a3, w, x_at(xi + 3u * k4, g, own3));
-        add_dots(a4, w, x_at(xi + 4u * k4, g, own4));
-        add_dots(a5, w, x_at(xi + 5u * k4, g, own5));
+        let ws = group(q, g);
+        add_dots(a0, ws, x_at(xi, g, own0));
+        add_dots(a1, ws, x_at(xi + k4, g, own1));
+        add_dots(a2, ws, x_at(xi + 2u * k4, g, own2));
+        add_dots(a3, ws, x_at(xi + 3u * k4, g, own3));
+        add_dots(a4, ws, x_at(xi + 4u * k4, g, own4));
+        add_dots(a5, ws, x_at(xi + 5u * k4, g, own5));
     }
 }
 
@@ -309,15 +309,15 @@ fn apply8(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>
     let own6 = x_own(inv, xi + 6u * k4);
     let own7 = x_own(inv, xi + 7u * k4);
     for (var g = 0u; g < valid(u); g++) {
-        let w = group(q, g);
-        add_dots(a0, w, x_at(xi, g, own0));
-        add_dots(a1, w, x_at(xi + k4, g, own1));
-        add_dots(a2, w, x_at(xi + 2u * k4, g, own2));
-        add_dots(a3, w, x_at(xi + 3u * k4, g, own3));
-        add_dots(a4, w, x_at(xi + 4u * k4, g, own4));
-        add_dots(a5, w, x_at(xi + 5u * k4, g, own5));
-        add_dots(a6, w, x_at(xi + 6u * k4, g, own6));
-        add_dots(a7, w, x_at(xi + 7u * k4, g, own7));
+        let ws = group(q, g);
+        add_dots(a0, ws, x_at(xi, g, own0));
+        add_dots(a1, ws, x_at(xi + k4, g, own1));
+        add_dots(a2, ws, x_at(xi + 2u * k4, g, own2));
+        add_dots(a3, ws, x_at(xi + 3u * k4, g, own3));
+        add_dots(a4, ws, x_at(xi + 4u * k4, g, own4));
+        add_dots(a5, ws, x_at(xi + 5u * k4, g, own5));
+        add_dots(a6, ws, x_at(xi + 6u * k4, g, own6));
+        add_dots(a7, ws, x_at(xi + 7u * k4, g, own7));
     }
 }
 
@@ -369,11 +369,10 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     //    columns is dequantised once and applied to every row, each vec4 of x is loaded once and
     //    applied to the four columns (apply1 .. apply8). a0 .. a7 hold rows r0 .. r0 + 7 for the
     //    four columns; every output is one accumulator summed in k order within the lane, by the
-    //    same instructions whatever nr is. Groups of 1 to 4 rows (a decode step, verify passes of
-    //    K = 1 to 3) have a loop each; a group of 5 or 6 computes six rows, of 7 or 8 all eight,
-    //    without a branch per row (CPU
-    //    adapters would run masked rows anyway): rows past n read finite values of the x buffer
-    //    and are never stored. An invocation whose columns are past the chunk skips the loop,
+    //    same operations whatever kind of group computes it (group, add_dots). Groups of 1 to 4
+    //    rows (a decode step, verify passes of K = 1 to 3) have a loop each; a group of 5 or 6
+    //    computes six rows, of 7 or 8 all eight, without a branch per row (CPU adapters would run
+    //    masked rows anyway): rows past n read finite values of the x buffer and are never stored. An invocation whose columns are past the chunk skips the loop,
     //    unless another of its subgroup runs it with SHARE (sharing x by shuffles needs the whole
     //    subgroup; it then reads the last column and stores nothing).
     //    On CPU adapters (LANES = 1, every unit in order) the units come a span at a time: the

@@ -259,7 +259,8 @@ fn matmul_rows_are_batch_invariant() {
     for gpu in gpus() {
         // Row r of a pass over n rows must equal, bit for bit, the same row computed alone, for the
         // float and the block formats, in every kind of row group (CPU adapters: 8 x 4, 8 + 5 in
-        // a group of six, 7 in a group of eight, 4, 3, 2; the GPU shape: groups of 4 and the rest).
+        // a group of six, 7 in a group of eight, 6, 4, 3, 2; the GPU shape: groups of 4 and the
+        // rest).
         let step = gpu.step_buffer();
         let mut rng = rng(3);
         for dtype in [DType::F32, DType::Q4_K, DType::Q5_K, DType::Q6_K, DType::Q8_0] {
@@ -278,7 +279,7 @@ fn matmul_rows_are_batch_invariant() {
                 run(&gpu, &step, &[gpu.matmul(&step, &xr, &wb, None, &yr, out)], 1, 0);
                 singles.push(read_f32(&gpu, &yr.raw, cols));
             }
-            for n in [32usize, 13, 7, 4, 3, 2] {
+            for n in [32usize, 13, 7, 6, 4, 3, 2] {
                 run(&gpu, &step, std::slice::from_ref(&op), n, 0);
                 let batch = read_f32(&gpu, &full_y.raw, n * cols);
                 for (r, single) in singles.iter().enumerate().take(n) {
@@ -307,8 +308,9 @@ fn assert_same_bits(what: &str, shuffled: &[f32], loaded: &[f32]) {
 fn matmul_x_shared_by_subgroup_shuffles_keeps_every_bit() {
     // lavapipe's default shape passes each vector of x between the matmul's invocations of a
     // subgroup instead of each loading it: the same values, so every output keeps its bits. Rows
-    // of each kind of row group (1, 2, 3, 4, 8, and 8 + 5 in a group of six), a k whose last unit
-    // is partial (f16), and columns that leave invocations past the matrix in the last subgroup.
+    // of each kind of row group (1, 2, 3, 4, 6, 8, and 8 + 5 in a group of six), a k whose last
+    // unit is partial (f16), and columns that leave invocations past the matrix in the last
+    // subgroup.
     let (shuffled, loading) = (gpu(), gpu_unshared());
     if shuffled.info.name.contains("llvmpipe") && shuffled.info.subgroup_min_size >= 8 {
         assert!(
@@ -323,7 +325,7 @@ fn matmul_x_shared_by_subgroup_shuffles_keeps_every_bit() {
         let cols = 97;
         let x = rand_vec(&mut rng, 13 * k, 1.0);
         let (bytes, _) = random_weights(&mut rng, dtype, cols, k);
-        for n in [1usize, 2, 3, 4, 8, 13] {
+        for n in [1usize, 2, 3, 4, 6, 8, 13] {
             let ys = [&shuffled, &loading].map(|gpu| {
                 let step = gpu.step_buffer();
                 let wb = upload(gpu, dtype, &bytes, cols, k);
