@@ -3,11 +3,15 @@
 //
 // Preceded by one weight format file (shaders/formats/*.wgsl) that defines `unit_head(c, u)` and
 // `unit_group(h, g)`: the weights w[c, 32u + 4g .. 32u + 4g + 4] dequantised to f32, straight from
-// the stored blocks, and `span_load(c, s)`, `span_unit(sp, j)`: unit SPAN * s + j, from the words
-// its span of SPAN units shares, loaded once (shaders/formats/span_one.wgsl: spans of one unit,
-// for formats whose units share nothing); and by one file of shaders/share/ that defines the entry point's
-// `Invocation` and whether (`SHARE`, CPU adapters with subgroups) the invocations of a subgroup
-// share their loads of x by shuffles (they all need the same x with LANES = 1).
+// the stored blocks; and the same units a span and a part at a time, each loaded once: a span
+// (`span_load(c, s)`) holds the words its SPAN units share (the K-quants' scale words), a part
+// (`part_load(sp, h)`, part h of the span) the words its PART units share (quant bytes whose low
+// and high bits are different units), and `part_unit(pt, j)` is unit SPAN * s + PART * h + j
+// (shaders/formats/span_one.wgsl: spans and parts of one unit, for formats whose units share
+// nothing). A row is a whole number of spans (the K-quants' rows are whole blocks). Then by one
+// file of shaders/share/ that defines the entry point's `Invocation` and whether (`SHARE`, CPU
+// adapters with subgroups) the invocations of a subgroup share their loads of x by shuffles (they
+// all need the same x with LANES = 1).
 //
 // Shape: each invocation owns 4 adjacent columns x a group of rows (up to 8 on CPU adapters, 4 on
 // GPUs: ROWS); it decodes each group of 4 weights once and applies it to every row, and loads each
@@ -183,14 +187,16 @@ fn spans(cs: vec4<u32>, s: u32) -> Spans {
     return Spans(span_load(cs.x, s), span_load(cs.y, s), span_load(cs.z, s), span_load(cs.w, s));
 }
 
-// unit j of a span of the four columns (no loads)
-fn quad(sp: Spans, j: u32) -> Quad {
-    return Quad(span_unit(sp.s0, j), span_unit(sp.s1, j), span_unit(sp.s2, j), span_unit(sp.s3, j));
+// part h of a span of the four columns, loaded once for its PART units
+struct Parts { p0: Part, p1: Part, p2: Part, p3: Part }
+
+fn parts(sp: Spans, h: u32) -> Parts {
+    return Parts(part_load(sp.s0, h), part_load(sp.s1, h), part_load(sp.s2, h), part_load(sp.s3, h));
 }
 
-// units of span s (SPAN, fewer only in the row's last span)
-fn in_span(s: u32, units: u32) -> u32 {
-    return min(SPAN, units - s * SPAN);
+// unit j of a part of the four columns (no loads)
+fn quad(pt: Parts, j: u32) -> Quad {
+    return Quad(part_unit(pt.p0, j), part_unit(pt.p1, j), part_unit(pt.p2, j), part_unit(pt.p3, j));
 }
 
 // vec4s of x in unit u (groups of 4 weights): 8, fewer only in the last unit of a k that is no multiple of 32, whose
@@ -375,10 +381,11 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     //    masked rows anyway): rows past n read finite values of the x buffer and are never stored. An invocation whose columns are past the chunk skips the loop,
     //    unless another of its subgroup runs it with SHARE (sharing x by shuffles needs the whole
     //    subgroup; it then reads the last column and stores nothing).
-    //    On CPU adapters (LANES = 1, every unit in order) the units come a span at a time: the
-    //    format's units that read the same words (the K-quants' scale words and shared quant
-    //    bytes) load them once (span_load), and each unit is taken from them (span_unit). Loads are
-    //    what a CPU adapter's invocation pays for most; the sums and their order are unchanged.
+    //    On CPU adapters (LANES = 1, every unit in order) the units come a span at a time, and
+    //    within it a part at a time: the words the format's units share (a K-quant block's scale
+    //    words, the quant bytes of two sub-blocks) are loaded once (span_load, part_load), and
+    //    each unit is taken from them (part_unit). Loads are what a CPU adapter's invocation pays
+    //    for most; the sums and their order are unchanged.
     // (named accumulators, not an array: an array indexed by a loop variable below would
     // live in memory on CPU adapters, every += of the loop a load and a store)
     var a0 = vec4<f32>(0.0);
@@ -393,14 +400,17 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     // no invocation of its subgroup has)
     let units = select(0u, p.units, share_any(c0 <= last));
     // (one loop nest per kind of row group: the accumulators a group does not use stay out of its
-    // loop, where they would hold registers; each nest loops over spans on CPU adapters, over
-    // units on GPUs)
+    // loop, where they would hold registers; each nest loops over spans, parts and units on CPU
+    // adapters, over units on GPUs)
     if (nr == 1u) {
         if (LANES == 1u) {
             for (var s = 0u; s * SPAN < units; s++) {
                 let sp = spans(cs, s);
-                for (var j = 0u; j < in_span(s, units); j++) {
-                    apply1(quad(sp, j), s * SPAN + j, r0, inv, &a0);
+                for (var h = 0u; h < SPAN / PART; h++) {
+                    let pt = parts(sp, h);
+                    for (var j = 0u; j < PART; j++) {
+                        apply1(quad(pt, j), s * SPAN + h * PART + j, r0, inv, &a0);
+                    }
                 }
             }
         } else {
@@ -412,8 +422,11 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
         if (LANES == 1u) {
             for (var s = 0u; s * SPAN < units; s++) {
                 let sp = spans(cs, s);
-                for (var j = 0u; j < in_span(s, units); j++) {
-                    apply2(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1);
+                for (var h = 0u; h < SPAN / PART; h++) {
+                    let pt = parts(sp, h);
+                    for (var j = 0u; j < PART; j++) {
+                        apply2(quad(pt, j), s * SPAN + h * PART + j, r0, inv, &a0, &a1);
+                    }
                 }
             }
         } else {
@@ -425,8 +438,11 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
         if (LANES == 1u) {
             for (var s = 0u; s * SPAN < units; s++) {
                 let sp = spans(cs, s);
-                for (var j = 0u; j < in_span(s, units); j++) {
-                    apply3(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1, &a2);
+                for (var h = 0u; h < SPAN / PART; h++) {
+                    let pt = parts(sp, h);
+                    for (var j = 0u; j < PART; j++) {
+                        apply3(quad(pt, j), s * SPAN + h * PART + j, r0, inv, &a0, &a1, &a2);
+                    }
                 }
             }
         } else {
@@ -438,8 +454,11 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
         if (LANES == 1u) {
             for (var s = 0u; s * SPAN < units; s++) {
                 let sp = spans(cs, s);
-                for (var j = 0u; j < in_span(s, units); j++) {
-                    apply4(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1, &a2, &a3);
+                for (var h = 0u; h < SPAN / PART; h++) {
+                    let pt = parts(sp, h);
+                    for (var j = 0u; j < PART; j++) {
+                        apply4(quad(pt, j), s * SPAN + h * PART + j, r0, inv, &a0, &a1, &a2, &a3);
+                    }
                 }
             }
         } else {
@@ -451,15 +470,21 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
         // (LANES = 1 only: GPUs have ROWS = 4)
         for (var s = 0u; s * SPAN < units; s++) {
             let sp = spans(cs, s);
-            for (var j = 0u; j < in_span(s, units); j++) {
-                apply6(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5);
+            for (var h = 0u; h < SPAN / PART; h++) {
+                let pt = parts(sp, h);
+                for (var j = 0u; j < PART; j++) {
+                    apply6(quad(pt, j), s * SPAN + h * PART + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5);
+                }
             }
         }
     } else {
         for (var s = 0u; s * SPAN < units; s++) {
             let sp = spans(cs, s);
-            for (var j = 0u; j < in_span(s, units); j++) {
-                apply8(quad(sp, j), s * SPAN + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7);
+            for (var h = 0u; h < SPAN / PART; h++) {
+                let pt = parts(sp, h);
+                for (var j = 0u; j < PART; j++) {
+                    apply8(quad(pt, j), s * SPAN + h * PART + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7);
+                }
             }
         }
     }

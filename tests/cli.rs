@@ -286,6 +286,30 @@ fn bench_roofline_reports_every_kernel_against_the_ceilings() {
             .is_some_and(|f| f > 0.0 && f <= p["seconds"].as_f64().unwrap_or(0.0) * 1.5));
     }
     assert!(v["verify_cost"].as_f64().is_some_and(|c| c > 0.0));
+    assert_eq!((v["clock"].as_str(), v["reps"].as_u64()), (Some("wall"), Some(3)));
+
+    // The same timed as the process's CPU time (this Linux's /proc/self/stat), one run each: the
+    // 256 MB copy of the ceilings takes CPU ticks (10 ms each), the tiny passes maybe none.
+    let out = wgspec(&[
+        "bench",
+        "--roofline",
+        "--cpu-time",
+        "--reps",
+        "1",
+        "--model",
+        model.to_str().expect("utf8"),
+        "--context",
+        "128",
+        "--out",
+        out_file.to_str().expect("utf8"),
+    ]);
+    assert!(out.status.success(), "roofline --cpu-time failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_file).expect("roofline json")).expect("json");
+    assert_eq!((v["clock"].as_str(), v["reps"].as_u64()), (Some("process_cpu"), Some(1)));
+    let copy = v["ceilings"]["bytes_per_second"].as_f64().expect("copy ceiling");
+    assert!(copy.is_finite() && copy > 1e6, "{}", v["ceilings"]);
+    assert!(String::from_utf8_lossy(&out.stderr).contains("(in process CPU seconds; timed runs: 1)"));
 }
 
 #[test]

@@ -2,8 +2,9 @@
 // packed in pairs (low half first). Unit u of row `row` is four vec4<u32> at (row * units + u) * 4.
 // Widened with unpack2x16float, so no adapter needs the shader-f16 feature.
 // Included ahead of an op (matmul, embed) that declares `w: array<vec4<u32>>` and `p.units`; the op
-// reads a unit with `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load`
-// and `span_unit`, and calls `unit_group(h, g)` for its eight groups of 4 weights.
+// reads a unit with `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load`,
+// `part_load` and `part_unit` (shaders/formats/span_one.wgsl), and calls `unit_group(h, g)` for its
+// eight groups of 4 weights.
 
 struct Unit { base: u32 }
 

@@ -4,8 +4,9 @@
 //   scales: d of block b is f16 number b of the section starting at u32 word p.scale_base
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_0. Included ahead of an op (matmul, embed)
 // that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`; the op reads a unit with
-// `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load` and `span_unit`,
-// and calls `unit_group(h, g)` for its eight groups of 4 weights.
+// `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load`, `part_load` and
+// `part_unit` (shaders/formats/span_one.wgsl), and calls `unit_group(h, g)` for its eight groups of
+// 4 weights.
 
 struct Unit { q: vec4<u32>, d: f32 }
 

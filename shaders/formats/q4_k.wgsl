@@ -3,34 +3,40 @@
 //   words 4..35: 128 bytes of nibbles; sub-block s (elements 32s .. 32s + 32) reads nibble s % 2
 //   of bytes 32 (s / 2) .. 32 (s / 2) + 32; x = (d * sc) * q - dmin * m.
 // A unit is one sub-block: unit u of row `row` lives in super-block (row * units + u) / 8. A span
-// is two (sub-blocks 2i and 2i + 1 read the same 32 bytes, low and high nibbles): loaded once for
-// both, with the block's scale words.
+// is a super-block: its scale words, loaded once for its eight units; a part is two sub-blocks
+// (2h and 2h + 1 read the same 32 bytes, low and high nibbles), loaded once for both.
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_K ((d * sc) * q is exact, so a fused
 // multiply-add rounds the same). Included ahead of an op (matmul, embed) that declares
 // `w: array<vec4<u32>>` and `p.units`; the op reads a unit with `unit_head`, or (matmul on CPU
-// adapters) SPAN units at a time with `span_load` and `span_unit`, and calls `unit_group(h, g)` for
-// its eight groups of 4 weights.
+// adapters) a span and its parts at a time with `span_load`, `part_load` and `part_unit`, and calls
+// `unit_group(h, g)` for its eight groups of 4 weights.
 
 struct Unit { q0: vec4<u32>, q1: vec4<u32>, sh: u32, scale: f32, mn: f32 }
 
-const SPAN: u32 = 2u;
-struct Span { head: vec4<u32>, q0: vec4<u32>, q1: vec4<u32>, first: u32 }
+const SPAN: u32 = 8u;
+const PART: u32 = 2u;
+struct Span { head: vec4<u32>, base: u32 } // base: the block's first vec4
+struct Part { head: vec4<u32>, q0: vec4<u32>, q1: vec4<u32>, first: u32 }
 
 fn span_load(row: u32, s: u32) -> Span {
     let base = (row * p.units + SPAN * s) / 8u * 9u;
-    let first = SPAN * s % 8u; // sub-block of the span's first unit
-    let q = base + 1u + 2u * (first / 2u);
-    return Span(w[base], w[q], w[q + 1u], first);
+    return Span(w[base], base);
 }
 
-fn span_unit(sp: Span, j: u32) -> Unit {
-    let dd = unpack2x16float(sp.head.x);
-    let sm = k_scale_min(sp.head.yzw, sp.first + j); // shaders/formats/k_scales.wgsl
-    return Unit(sp.q0, sp.q1, 4u * j, dd.x * f32(sm.x), dd.y * f32(sm.y));
+// sub-blocks 2h and 2h + 1: bytes 32h .. 32h + 32 of the nibbles
+fn part_load(sp: Span, h: u32) -> Part {
+    let q = sp.base + 1u + 2u * h;
+    return Part(sp.head, w[q], w[q + 1u], 2u * h);
+}
+
+fn part_unit(pt: Part, j: u32) -> Unit {
+    let dd = unpack2x16float(pt.head.x);
+    let sm = k_scale_min(pt.head.yzw, pt.first + j); // shaders/formats/k_scales.wgsl
+    return Unit(pt.q0, pt.q1, 4u * j, dd.x * f32(sm.x), dd.y * f32(sm.y));
 }
 
 fn unit_head(row: u32, u: u32) -> Unit {
-    return span_unit(span_load(row, u / SPAN), u % SPAN);
+    return part_unit(part_load(span_load(row, u / SPAN), u % SPAN / PART), u % PART);
 }
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {

@@ -6,11 +6,12 @@
 // from qh[32h + r % 32] (bits 2 (r / 32)); x = (d * scales[e / 16]) * (q - 32).
 // A unit is 32 elements: unit u of row `row` lives in block (row * units + u) / 8. A span is a half
 // block (units 4h .. 4h + 3: 128 elements, which read the same 64 bytes of ql, two units each, and
-// the same 32 bytes of qh): loaded once for its four units, with its d and scale bytes.
+// the same 32 bytes of qh): loaded once for its four units, with its d and scale bytes; its one part
+// is the span itself.
 // Dequantised in f32 exactly as ggml's dequantize_row_q6_K. Included ahead of an op (matmul, embed)
 // that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`; the op reads a unit with
-// `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load` and `span_unit`,
-// and calls `unit_group(h, g)` for its eight groups of 4 weights.
+// `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load`, `part_load` and
+// `part_unit`, and calls `unit_group(h, g)` for its eight groups of 4 weights.
 
 struct Unit {
     l0: vec4<u32>, l1: vec4<u32>, // the 32 bytes of ql this unit reads
@@ -22,6 +23,7 @@ struct Unit {
 }
 
 const SPAN: u32 = 4u;
+const PART: u32 = 4u;
 struct Span {
     l: array<vec4<u32>, 4>,       // the half's 64 bytes of ql
     h0: vec4<u32>, h1: vec4<u32>, // its 32 bytes of qh
@@ -68,9 +70,15 @@ fn span_load(row: u32, s: u32) -> Span {
                 block_d(b));
 }
 
+alias Part = Span;
+
+fn part_load(sp: Span, h: u32) -> Part {
+    return sp;
+}
+
 // unit jj of the span: ql bytes 32 (jj % 2) .. + 32 of the half (nibble jj / 2); picked by
 // selects (an array indexed by jj would live in memory on CPU adapters)
-fn span_unit(sp: Span, jj: u32) -> Unit {
+fn part_unit(sp: Part, jj: u32) -> Unit {
     let odd = jj % 2u == 1u;
     return half_unit(select(sp.l[0], sp.l[2], odd), select(sp.l[1], sp.l[3], odd), sp.h0, sp.h1,
                      sp.sc, jj, sp.d);

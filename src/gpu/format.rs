@@ -25,9 +25,10 @@ pub fn units(k: usize) -> usize {
 /// Every stored type is a weight format of the kernels: its `shaders/formats/*.wgsl` file, and the
 /// layout [`pack_rows`] writes.
 impl DType {
-    /// The format's WGSL (`unit_head`, `unit_group`, and the spans `span_load`, `span_unit`: units
-    /// that read the same words, loaded once for all of them), placed ahead of the op that reads
-    /// it. Formats whose units share nothing get spans of one unit (`span_one.wgsl`).
+    /// The format's WGSL (`unit_head`, `unit_group`, and the spans and parts `span_load`,
+    /// `part_load`, `part_unit`: units that read the same words, loaded once for all of them),
+    /// placed ahead of the op that reads it. Formats whose units share nothing get spans and parts
+    /// of one unit (`span_one.wgsl`).
     pub fn format_source(self) -> &'static str {
         macro_rules! unit_spans {
             ($file:literal) => {

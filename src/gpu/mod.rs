@@ -19,7 +19,7 @@ pub use ops::{
     EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STATE, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS,
     MATMUL_ROW_STEP, MAX_TOP_K, MAX_TREE,
 };
-pub use roofline::Ceilings;
+pub use roofline::{wall_clock, Ceilings, Clock};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -302,6 +302,12 @@ impl Gpu {
     /// ([`KernelShape::shuffle_loads`]).
     pub fn shuffles_loads(&self) -> bool {
         self.shuffle_loads
+    }
+
+    /// Whether the adapter runs invocations on the CPU (lavapipe, SwiftShader, WARP): its work is
+    /// then the process's own CPU time.
+    pub fn runs_on_cpu(&self) -> bool {
+        runs_on_cpu(&self.info)
     }
 
     /// A one-line description of the adapter, for logs and benchmark records.

@@ -11,7 +11,7 @@ use crate::loader::source;
 use bytemuck::Zeroable;
 
 use crate::gpu::{
-    Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut, Second, MAX_TOP_K, MAX_TREE,
+    Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut, Second, MAX_TOP_K, MAX_TREE,
 };
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
@@ -463,14 +463,14 @@ impl Model {
     }
 
     /// Times every op of a forward pass of `n` rows at the cache's current length, each alone,
-    /// `reps` times (the roofline report of `wgspec bench --roofline`). Leaves the cache's
-    /// contents undefined past its length (the timed ops write rows there).
-    pub async fn profile(&mut self, n: usize, reps: usize) -> Result<Vec<OpProfile>> {
+    /// `reps` times, on `clock` (the roofline report of `wgspec bench --roofline`). Leaves the
+    /// cache's contents undefined past its length (the timed ops write rows there).
+    pub async fn profile(&mut self, n: usize, reps: usize, clock: Clock) -> Result<Vec<OpProfile>> {
         let start_pos = self.len;
         let g = self.timing_pass(n)?;
         let mut out = Vec::with_capacity(self.forward_ops.len() + 1);
         for op in self.forward_ops.iter().chain(&self.argmax_ops) {
-            let seconds = g.time_ops(std::slice::from_ref(op), n as u32, reps).await?;
+            let seconds = g.time_ops(std::slice::from_ref(op), n as u32, reps, clock).await?;
             let (bytes, flops) = op.cost().at(n as u64, (start_pos + n - 1) as u64);
             out.push(OpProfile { kernel: op.kernel(), seconds, bytes, flops });
         }
@@ -478,10 +478,10 @@ impl Model {
     }
 
     /// Seconds of one whole forward pass of `n` rows at the cache's current length (up to the
-    /// logits: no argmax, no read-back), `reps` times in one submission.
-    pub async fn time_forward(&mut self, n: usize, reps: usize) -> Result<f64> {
+    /// logits: no argmax, no read-back), `reps` times in one submission, on `clock`.
+    pub async fn time_forward(&mut self, n: usize, reps: usize, clock: Clock) -> Result<f64> {
         let g = self.timing_pass(n)?;
-        g.time_ops(&self.forward_ops, n as u32, reps).await
+        g.time_ops(&self.forward_ops, n as u32, reps, clock).await
     }
 
     /// Sets the pass uniform for a timed pass of `n` rows at the cache's current length.

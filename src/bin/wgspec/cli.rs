@@ -245,6 +245,16 @@ struct BenchArgs {
     /// With --roofline: cache positions before the timed passes (attention reads them).
     #[arg(long, default_value_t = 64)]
     past: usize,
+    /// With --roofline: timed runs of each op and pass.
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    reps: u32,
+    /// With --roofline, on a CPU adapter (lavapipe): time as the process's CPU seconds (Linux; 10
+    /// ms ticks, so give --reps enough runs), not the wall clock. The shaders run on the process's
+    /// threads, so this counts their work alone, where a shared machine's wall clock drifts with
+    /// its other tenants: for comparing kernels across runs. Ceilings and kernels are then per CPU
+    /// second (all threads together).
+    #[arg(long)]
+    cpu_time: bool,
     /// The matmul's invocations per column quad splitting k (1, 2, 4, ..., 64) instead of the
     /// adapter's default (16 on GPUs, 1 on CPU adapters): to compare kernel shapes on one adapter.
     #[arg(long)]
@@ -612,7 +622,9 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     };
     if args.roofline {
         let rows = args.k.draft_k.unwrap_or(4) + 1;
-        return crate::roofline::run(&gpu, &mut target, &target_name, rows, args.past, &args.out).await;
+        let timing = crate::roofline::Timing { reps: args.reps as usize, cpu_time: args.cpu_time };
+        return crate::roofline::run(&gpu, &mut target, &target_name, rows, args.past, &timing, &args.out)
+            .await;
     }
     let ngram = NGram { branches: args.tree.unwrap_or(1).max(1), ..NGram::default() };
     let mut model_draft = match loaded_draft {

@@ -4,12 +4,53 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use wgspec::gpu::{Ceilings, Gpu};
+use wgspec::gpu::{wall_clock, Ceilings, Clock, Gpu};
 use wgspec::model::{Model, OpProfile};
 use wgspec::{Error, Result};
 
-/// Timed runs of each op.
-const REPS: usize = 3;
+/// The process's CPU seconds (user + system, every thread: on a CPU adapter the shaders run on
+/// the process's own threads), from Linux's /proc/self/stat (in USER_HZ ticks: 100 per second);
+/// `None` where that cannot be read.
+fn process_cpu_seconds() -> Option<f64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // the fields after the command name (which may hold spaces, in parentheses): state is the
+    // first, utime the 12th, stime the 13th
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    let ticks = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / 100.0)
+}
+
+fn cpu_clock() -> f64 {
+    process_cpu_seconds().unwrap_or(0.0)
+}
+
+/// How `wgspec bench --roofline` times: `reps` runs of each op and pass, on the wall clock or
+/// (`cpu_time`) as the process's CPU time.
+pub struct Timing {
+    pub reps: usize,
+    pub cpu_time: bool,
+}
+
+impl Timing {
+    fn clock(&self, gpu: &Gpu) -> Result<Clock> {
+        if !self.cpu_time {
+            return Ok(wall_clock);
+        }
+        if !gpu.runs_on_cpu() {
+            return Err(Error::InvalidArgument(format!(
+                "--cpu-time times adapters that run on the CPU (lavapipe); {} runs its work off the process",
+                gpu.info.name
+            )));
+        }
+        if process_cpu_seconds().is_none() {
+            return Err(Error::InvalidArgument(
+                "--cpu-time reads the process's CPU time from /proc/self/stat, which this system has not"
+                    .into(),
+            ));
+        }
+        Ok(cpu_clock)
+    }
+}
 
 #[derive(Default, serde::Serialize)]
 struct KernelRow {
@@ -97,13 +138,17 @@ pub async fn run(
     name: &str,
     verify_rows: usize,
     past: usize,
+    timing: &Timing,
     out: &Path,
 ) -> Result<()> {
-    let ceil = gpu.ceilings(256 << 20).await?;
+    let clock = timing.clock(gpu)?;
+    let ceil = gpu.ceilings(256 << 20, clock).await?;
+    let seconds_are = if timing.cpu_time { "process CPU seconds" } else { "wall-clock seconds" };
     eprintln!(
-        "ceilings: copy {:.2} GB/s, fma {:.2} GFLOP/s",
+        "ceilings: copy {:.2} GB/s, fma {:.2} GFLOP/s (in {seconds_are}; timed runs: {})",
         ceil.bytes_per_second / 1e9,
-        ceil.flops_per_second / 1e9
+        ceil.flops_per_second / 1e9,
+        timing.reps
     );
     let past = past.min(target.context().saturating_sub(verify_rows + 1));
     let filler: Vec<u32> = (0..past as u32).map(|i| i % target.config.vocab_size as u32).collect();
@@ -114,9 +159,9 @@ pub async fn run(
     let mut passes = Vec::new();
     for rows in [1, verify_rows] {
         target.truncate(past);
-        let ops = target.profile(rows, REPS).await?;
+        let ops = target.profile(rows, timing.reps, clock).await?;
         target.truncate(past);
-        let seconds = target.time_forward(rows, REPS).await?;
+        let seconds = target.time_forward(rows, timing.reps, clock).await?;
         let p = report(&ceil, rows, seconds, &ops);
         print(&p);
         passes.push(p);
@@ -129,6 +174,8 @@ pub async fn run(
         "gpu_weight_bytes": target.weight_bytes(),
         "file_weight_bytes": target.file_weight_bytes(),
         "cached_positions": past,
+        "clock": if timing.cpu_time { "process_cpu" } else { "wall" },
+        "reps": timing.reps,
         "ceilings": ceil,
         "passes": passes,
         "verify_cost": verify_cost,
