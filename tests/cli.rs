@@ -309,7 +309,17 @@ fn bench_roofline_reports_every_kernel_against_the_ceilings() {
     assert_eq!((v["clock"].as_str(), v["reps"].as_u64()), (Some("process_cpu"), Some(1)));
     let copy = v["ceilings"]["bytes_per_second"].as_f64().expect("copy ceiling");
     assert!(copy.is_finite() && copy > 1e6, "{}", v["ceilings"]);
-    assert!(String::from_utf8_lossy(&out.stderr).contains("(in process CPU seconds; timed runs: 1)"));
+    assert!(String::from_utf8_lossy(&out.stderr)
+        .contains("timed in process CPU seconds, runs of each op and pass: 1"));
+    // one run each on a clock of 10 ms ticks: every time is a whole number of ticks (a wall
+    // clock's would not be)
+    for p in v["passes"].as_array().expect("passes") {
+        let kernels = p["by_kernel"].as_object().expect("by_kernel").values().map(|k| &k["seconds"]);
+        for s in kernels.chain([&p["seconds"]]) {
+            let ticks = s.as_f64().expect("seconds") * 100.0;
+            assert!((ticks - ticks.round()).abs() < 1e-6, "{s} s is no whole number of CPU ticks: {p}");
+        }
+    }
 }
 
 #[test]

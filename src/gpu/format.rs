@@ -5,9 +5,9 @@
 //! exactly as `loader::quant::dequantize` does on the CPU.
 //!
 //! Every format reads a matrix row (an output column of a matmul) in units of 32 weights; rows of
-//! the float formats are padded with zeros to a multiple of 32; a span is the run of units that
-//! read the same words (the K-quants' scale words and shared quant bytes), which the matmul loads
-//! once on CPU adapters. Each file of `shaders/formats/`
+//! the float formats are padded with zeros to a multiple of 32. A span is the run of units that
+//! read the same words (a K-quant block's scale words), and a part the run within it that reads
+//! the same quant bytes; the matmul loads each once on CPU adapters. Each file of `shaders/formats/`
 //! documents its layout; [`pack_rows`] writes it.
 
 use super::Gpu;

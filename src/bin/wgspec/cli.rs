@@ -245,15 +245,15 @@ struct BenchArgs {
     /// With --roofline: cache positions before the timed passes (attention reads them).
     #[arg(long, default_value_t = 64)]
     past: usize,
-    /// With --roofline: timed runs of each op and pass.
-    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    /// With --roofline: timed runs of each op and pass (the ceilings have their own).
+    #[arg(long, default_value_t = 3, requires = "roofline", value_parser = clap::value_parser!(u32).range(1..=1000))]
     reps: u32,
     /// With --roofline, on a CPU adapter (lavapipe): time as the process's CPU seconds (Linux; 10
     /// ms ticks, so give --reps enough runs), not the wall clock. The shaders run on the process's
     /// threads, so this counts their work alone, where a shared machine's wall clock drifts with
     /// its other tenants: for comparing kernels across runs. Ceilings and kernels are then per CPU
     /// second (all threads together).
-    #[arg(long)]
+    #[arg(long, requires = "roofline")]
     cpu_time: bool,
     /// The matmul's invocations per column quad splitting k (1, 2, 4, ..., 64) instead of the
     /// adapter's default (16 on GPUs, 1 on CPU adapters): to compare kernel shapes on one adapter.
@@ -572,6 +572,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     };
     let gpu = Arc::new(Gpu::with_shape(shape).await?);
     eprintln!("adapter: {}", gpu.describe());
+    let timing = crate::roofline::Timing::new(args.reps as usize, args.cpu_time, &gpu)?;
     let opts = LoadOptions {
         context: Some(args.context),
         precision: if args.f32 { Precision::F32 } else { Precision::Auto },
@@ -622,7 +623,6 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     };
     if args.roofline {
         let rows = args.k.draft_k.unwrap_or(4) + 1;
-        let timing = crate::roofline::Timing { reps: args.reps as usize, cpu_time: args.cpu_time };
         return crate::roofline::run(&gpu, &mut target, &target_name, rows, args.past, &timing, &args.out)
             .await;
     }

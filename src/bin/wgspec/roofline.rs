@@ -27,28 +27,31 @@ fn cpu_clock() -> f64 {
 /// How `wgspec bench --roofline` times: `reps` runs of each op and pass, on the wall clock or
 /// (`cpu_time`) as the process's CPU time.
 pub struct Timing {
-    pub reps: usize,
-    pub cpu_time: bool,
+    reps: usize,
+    cpu_time: bool,
+    clock: Clock,
 }
 
 impl Timing {
-    fn clock(&self, gpu: &Gpu) -> Result<Clock> {
-        if !self.cpu_time {
-            return Ok(wall_clock);
+    /// Checked as soon as the adapter is known, before a model loads: the process's CPU time
+    /// counts an adapter's work only where it runs on the CPU, and needs /proc/self/stat.
+    pub fn new(reps: usize, cpu_time: bool, gpu: &Gpu) -> Result<Timing> {
+        if !cpu_time {
+            return Ok(Timing { reps, cpu_time, clock: wall_clock });
         }
         if !gpu.runs_on_cpu() {
             return Err(Error::InvalidArgument(format!(
-                "--cpu-time times adapters that run on the CPU (lavapipe); {} runs its work off the process",
+                "--cpu-time times adapters that run on the CPU (lavapipe); {} works off the process",
                 gpu.info.name
             )));
         }
         if process_cpu_seconds().is_none() {
             return Err(Error::InvalidArgument(
-                "--cpu-time reads the process's CPU time from /proc/self/stat, which this system has not"
+                "--cpu-time reads the process's CPU time from /proc/self/stat, which this system lacks"
                     .into(),
             ));
         }
-        Ok(cpu_clock)
+        Ok(Timing { reps, cpu_time, clock: cpu_clock })
     }
 }
 
@@ -58,7 +61,8 @@ struct KernelRow {
     seconds: f64,
     bytes: u64,
     flops: u64,
-    /// Fraction of the binding ceiling: floor(bytes, flops) / seconds.
+    /// Fraction of the binding ceiling: floor(bytes, flops) / seconds (0 when no time was
+    /// measured: a kernel under one tick of the --cpu-time clock).
     roofline_fraction: f64,
 }
 
@@ -85,7 +89,9 @@ fn report(ceil: &Ceilings, rows: usize, seconds: f64, ops: &[OpProfile]) -> Pass
         row.flops += op.flops;
     }
     for row in by_kernel.values_mut() {
-        row.roofline_fraction = ceil.floor(row.bytes, row.flops) / row.seconds.max(1e-12);
+        // (0 where the clock did not tick: --cpu-time's 10 ms resolution)
+        row.roofline_fraction =
+            if row.seconds > 0.0 { ceil.floor(row.bytes, row.flops) / row.seconds } else { 0.0 };
     }
     let bytes = ops.iter().map(|o| o.bytes).sum();
     let flops = ops.iter().map(|o| o.flops).sum();
@@ -116,6 +122,11 @@ fn print(p: &PassReport) {
         "kernel", "ops", "ms", "MB", "GB/s", "GFLOP/s", "roofline"
     );
     for (name, r) in &p.by_kernel {
+        if r.seconds <= 0.0 {
+            let mb = r.bytes as f64 / 1e6;
+            eprintln!("  {:<16} {:>5} {:>10} {:>10.2} (under one tick of the clock)", name, r.ops, "0", mb);
+            continue;
+        }
         eprintln!(
             "  {:<16} {:>5} {:>10.3} {:>10.2} {:>10.2} {:>10.2} {:>7.1}%",
             name,
@@ -141,14 +152,14 @@ pub async fn run(
     timing: &Timing,
     out: &Path,
 ) -> Result<()> {
-    let clock = timing.clock(gpu)?;
-    let ceil = gpu.ceilings(256 << 20, clock).await?;
+    let clock = timing.clock;
     let seconds_are = if timing.cpu_time { "process CPU seconds" } else { "wall-clock seconds" };
+    eprintln!("timed in {seconds_are}, runs of each op and pass: {}", timing.reps);
+    let ceil = gpu.ceilings(256 << 20, clock).await?;
     eprintln!(
-        "ceilings: copy {:.2} GB/s, fma {:.2} GFLOP/s (in {seconds_are}; timed runs: {})",
+        "ceilings: copy {:.2} GB/s, fma {:.2} GFLOP/s",
         ceil.bytes_per_second / 1e9,
-        ceil.flops_per_second / 1e9,
-        timing.reps
+        ceil.flops_per_second / 1e9
     );
     let past = past.min(target.context().saturating_sub(verify_rows + 1));
     let filler: Vec<u32> = (0..past as u32).map(|i| i % target.config.vocab_size as u32).collect();
@@ -164,6 +175,9 @@ pub async fn run(
         let seconds = target.time_forward(rows, timing.reps, clock).await?;
         let p = report(&ceil, rows, seconds, &ops);
         print(&p);
+        if timing.cpu_time && seconds * (timing.reps as f64) < 0.1 {
+            eprintln!("  (the pass took under 10 ticks of the CPU clock in all: raise --reps for figures)");
+        }
         passes.push(p);
     }
     let verify_cost = passes[1].seconds / passes[0].seconds.max(1e-12);
