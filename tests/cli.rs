@@ -251,19 +251,17 @@ fn bench_compares_speculation_with_plain_decoding_and_writes_its_report() {
 fn bench_roofline_reports_every_kernel_against_the_ceilings() {
     let model = tiny_model_file("tiny-roofline.gguf");
     let out_file = model.with_extension("roofline.json");
-    let out = wgspec(&[
-        "bench",
-        "--roofline",
-        "--model",
-        model.to_str().expect("utf8"),
-        "--context",
-        "128",
-        "--out",
-        out_file.to_str().expect("utf8"),
-    ]);
-    assert!(out.status.success(), "roofline failed: {}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out_file).expect("roofline json")).expect("json");
+    // `bench --roofline` with `extra` arguments: its stderr and its JSON
+    let roofline = |extra: &[&str]| {
+        let (m, o) = (model.to_str().expect("utf8"), out_file.to_str().expect("utf8"));
+        let base = ["bench", "--roofline", "--model", m, "--context", "128", "--out", o];
+        let out = wgspec(&[&base[..], extra].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "roofline {extra:?} failed: {stderr}");
+        let json = std::fs::read_to_string(&out_file).expect("roofline json");
+        (stderr, serde_json::from_str::<serde_json::Value>(&json).expect("json"))
+    };
+    let (_, v) = roofline(&[]);
     assert!(v["ceilings"]["bytes_per_second"].as_f64().is_some_and(|b| b > 1e6), "{}", v["ceilings"]);
     assert!(v["ceilings"]["flops_per_second"].as_f64().is_some_and(|f| f > 1e6), "{}", v["ceilings"]);
     let passes = v["passes"].as_array().expect("passes");
@@ -290,27 +288,11 @@ fn bench_roofline_reports_every_kernel_against_the_ceilings() {
 
     // The same timed as the process's CPU time (this Linux's /proc/self/stat), one run each: the
     // 256 MB copy of the ceilings takes CPU ticks (10 ms each), the tiny passes maybe none.
-    let out = wgspec(&[
-        "bench",
-        "--roofline",
-        "--cpu-time",
-        "--reps",
-        "1",
-        "--model",
-        model.to_str().expect("utf8"),
-        "--context",
-        "128",
-        "--out",
-        out_file.to_str().expect("utf8"),
-    ]);
-    assert!(out.status.success(), "roofline --cpu-time failed: {}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&out_file).expect("roofline json")).expect("json");
+    let (stderr, v) = roofline(&["--cpu-time", "--reps", "1"]);
     assert_eq!((v["clock"].as_str(), v["reps"].as_u64()), (Some("process_cpu"), Some(1)));
     let copy = v["ceilings"]["bytes_per_second"].as_f64().expect("copy ceiling");
     assert!(copy.is_finite() && copy > 1e6, "{}", v["ceilings"]);
-    assert!(String::from_utf8_lossy(&out.stderr)
-        .contains("timed in process CPU seconds, runs of each op and pass: 1"));
+    assert!(stderr.contains("timed in process CPU seconds, runs of each op and pass: 1"), "{stderr}");
     // one run each on a clock of 10 ms ticks: every time is a whole number of ticks (a wall
     // clock's would not be)
     for p in v["passes"].as_array().expect("passes") {
