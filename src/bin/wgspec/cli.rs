@@ -243,10 +243,11 @@ struct BenchArgs {
     #[arg(long)]
     roofline: bool,
     /// With --roofline: cache positions before the timed passes (attention reads them).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, requires = "roofline")]
     past: usize,
     /// With --roofline: timed runs of each op and pass (the ceilings have their own).
-    #[arg(long, default_value_t = 3, requires = "roofline", value_parser = clap::value_parser!(u32).range(1..=1000))]
+    #[arg(long, default_value_t = 3, requires = "roofline")]
+    #[arg(value_parser = clap::value_parser!(u32).range(1..=1000))]
     reps: u32,
     /// With --roofline, on a CPU adapter (lavapipe): time as the process's CPU seconds (Linux; 10
     /// ms ticks, so give --reps enough runs), not the wall clock. The shaders run on the process's
