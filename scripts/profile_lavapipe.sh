@@ -8,10 +8,11 @@
 #   scripts/profile_lavapipe.sh [OUT_DIR] -- wgspec generate --model qwen2.5-coder-1.5b \
 #       --prompt "def fib(n):" --max-tokens 300
 #
-# OUT_DIR (default target/profile) gets jit.asm (annotated disassembly), functions.txt (each
-# JIT function with a share of the samples above 2%: its address range, instructions and
-# samples) and hot.txt (the hottest 256-byte blocks). A function is a compiled shader; the
-# largest in a decode step are the matmuls of the model's main formats. Knobs (environment):
+# The script starts the command itself. OUT_DIR (default target/profile) gets jit.asm (annotated
+# disassembly), functions.txt (each stretch of JIT code between two `ret`s with over 2% of the
+# samples: its address range, instructions and samples; about one compiled shader each, the
+# largest in a decode step being the matmuls of the model's main formats) and hot.txt (the
+# hottest 256-byte blocks of all samples, JIT code or not). Shares are of all samples. Knobs (environment):
 # PROFILE_WAIT (seconds before sampling starts: loading and shader compilation; default 30),
 # PROFILE_SECONDS (how long to sample; default 6). Needs perf, objdump and python3, and the
 # right to read the child's memory (root, or ptrace_scope 0). Set WGSPEC_BIN to use another
@@ -21,12 +22,13 @@ OUT=target/profile
 if [ "${1:-}" != "--" ]; then OUT=${1:?usage: scripts/profile_lavapipe.sh [OUT_DIR] -- wgspec ARGS...}; shift; fi
 [ "${1:-}" = "--" ] || { echo "usage: scripts/profile_lavapipe.sh [OUT_DIR] -- wgspec ARGS..." >&2; exit 2; }
 shift
-[ "${1:-}" = "wgspec" ] && shift
+case "${1:-}" in wgspec|*/wgspec) shift ;; esac
 for tool in perf objdump python3; do
   command -v "$tool" >/dev/null || { echo "profile_lavapipe: $tool is not installed" >&2; exit 2; }
 done
 BIN=${WGSPEC_BIN:-target/release/wgspec}
 mkdir -p "$OUT"
+rm -f "$OUT"/jit_*.bin
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/wgspec-xdg-$(id -u)}
 mkdir -p "$XDG_RUNTIME_DIR"
 
@@ -35,10 +37,13 @@ PID=$!
 trap 'kill $PID 2>/dev/null || true' EXIT
 sleep "${PROFILE_WAIT:-30}"
 kill -0 $PID 2>/dev/null || { echo "profile_lavapipe: the command ended before sampling began (see $OUT/command.log); raise its work or lower PROFILE_WAIT" >&2; exit 1; }
-perf record -F 2000 -p $PID -o "$OUT/perf.data" -- sleep "${PROFILE_SECONDS:-6}" > /dev/null 2>&1
+perf record -F 2000 -p $PID -o "$OUT/perf.data" -- sleep "${PROFILE_SECONDS:-6}" > "$OUT/perf.log" 2>&1 ||
+  { echo "profile_lavapipe: perf record failed (see $OUT/perf.log)" >&2; exit 1; }
+kill -0 $PID 2>/dev/null || { echo "profile_lavapipe: the command ended while sampling, so its JIT code is gone (see $OUT/command.log); give it more work" >&2; exit 1; }
 perf script -i "$OUT/perf.data" -F ip 2>/dev/null | awk '{print $1}' > "$OUT/ips.txt"
 # llvmpipe's code: the anonymous r-x mappings (the first, largest, holds the shaders)
-grep -E " r-xp 00000000 00:00 0 *$" "/proc/$PID/maps" | awk '{print $1}' > "$OUT/jit_ranges.txt"
+grep -E " r-xp 00000000 00:00 0 *$" "/proc/$PID/maps" | awk '{print $1}' > "$OUT/jit_ranges.txt" || true
+[ -s "$OUT/jit_ranges.txt" ] || { echo "profile_lavapipe: the process has no anonymous executable mappings (is the adapter llvmpipe?)" >&2; exit 1; }
 python3 - "$PID" "$OUT" <<'PY'
 import sys
 pid, out = sys.argv[1], sys.argv[2]
@@ -52,6 +57,7 @@ kill $PID 2>/dev/null || true
 for bin in "$OUT"/jit_*.bin; do
   start=$(basename "$bin" .bin); start=0x${start#jit_}
   objdump -D -b binary -m i386:x86-64 --adjust-vma="$start" "$bin"
+  echo "end of mapping"
 done > "$OUT/jit.raw"
 python3 - "$OUT" <<'PY'
 import re, sys
@@ -59,14 +65,17 @@ from collections import Counter
 out = sys.argv[1]
 ips = Counter(int(l, 16) for l in open(f"{out}/ips.txt") if l.strip())
 total = sum(ips.values()) or 1
-rows = []  # (address, samples, instruction)
+rows = []  # (address, samples, instruction); instruction "ret" also ends each mapping
 for line in open(f"{out}/jit.raw"):
     m = re.match(r"\s*([0-9a-f]+):\t[^\t]*\t(.*)", line)
     if m:
         rows.append((int(m.group(1), 16), ips.get(int(m.group(1), 16), 0), m.group(2).strip()))
+    elif line.startswith("end of mapping") and rows:
+        rows.append((rows[-1][0], 0, "ret (end of mapping)"))
 with open(f"{out}/jit.asm", "w") as f:
     for a, n, ins in rows:
-        f.write(f"{n:6d} {a:x}: {ins}\n")
+        if ins != "ret (end of mapping)":
+            f.write(f"{n:6d} {a:x}: {ins}\n")
 jit = sum(n for _, n, _ in rows)
 with open(f"{out}/functions.txt", "w") as f:
     f.write(f"samples: {total}, in JIT code: {jit} ({100 * jit / total:.1f}%)\n")
@@ -75,7 +84,8 @@ with open(f"{out}/functions.txt", "w") as f:
         if ins.startswith("ret"):
             s = sum(r[1] for r in rows[start:i + 1])
             if s > 0.02 * total:
-                f.write(f"{rows[start][0]:x}-{a:x}: {i + 1 - start} instructions, {s} samples ({100 * s / total:.1f}%)\n")
+                count = sum(1 for r in rows[start:i + 1] if r[2] != "ret (end of mapping)")
+                f.write(f"{rows[start][0]:x}-{a:x}: {count} instructions, {s} samples ({100 * s / total:.1f}%)\n")
             start = i + 1
 blocks = Counter()
 for ip, n in ips.items():

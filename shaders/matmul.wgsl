@@ -220,12 +220,14 @@ fn add_dots(a: ptr<function, vec4<f32>>, ws: Group, xv: vec4<f32>) {
 // Unit u of the four columns (q) applied to row r0 (a group of one row): a0 += the four sums.
 // With SHARE an invocation loads one vector of x per unit and row (`own`: past a row's end in the
 // last unit of a k that is no multiple of 32, never used); otherwise x_at loads each.
-// A whole unit (every unit of a K-quant row, every one but a row's last otherwise) is written out
-// group by group: on a CPU adapter a loop over the groups picks each group's word by a run-time
-// index, shifts by run-time amounts and stores the sums back under the loop's mask every group;
-// written out, the picks and shifts are constants and the sums stay in registers until the
-// unit ends (5% less time for a decode step's Q4_K matmuls on lavapipe). The same operations in
-// the same order as the loop: the same bits.
+// A whole unit (every unit where k is a multiple of 32, as in every K-quant row; all but a row's
+// last otherwise) is written out group by group: on a CPU adapter a loop over the groups picks
+// each group's word by a run-time index, shifts by run-time amounts and stores the sums back
+// under the loop's mask every group; written out, the picks and shifts are constants and the sums
+// stay in registers until the unit ends (5% less time for a decode step's Q4_K matmuls on
+// lavapipe). The same operations in the same order as the loop: the same bits. Groups of more
+// rows keep the loop: written out, 2 and 4 rows measured no faster, and 6 rows 3% slower (likely
+// because their sums and the group's weights no longer fit in registers).
 fn apply1(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>) {
     let xi = r0 * (p.k / 4u) + 8u * u;
     let own = x_own(inv, xi);
