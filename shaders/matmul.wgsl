@@ -217,33 +217,38 @@ fn add_dots(a: ptr<function, vec4<f32>>, ws: Group, xv: vec4<f32>) {
     *a += vec4<f32>(dot(ws.w0, xv), dot(ws.w1, xv), dot(ws.w2, xv), dot(ws.w3, xv));
 }
 
-// Unit u of the four columns (q) applied to row r0 (a group of one row): a0 += the four sums.
-// With SHARE an invocation loads one vector of x per unit and row (`own`: past a row's end in the
-// last unit of a k that is no multiple of 32, never used); otherwise x_at loads each.
-// A whole unit (every unit where k is a multiple of 32, as in every K-quant row; all but a row's
-// last otherwise) is written out group by group: on a CPU adapter a loop over the groups picks
-// each group's word by a run-time index, shifts by run-time amounts and stores the sums back
-// under the loop's mask every group; written out, the picks and shifts are constants and the sums
-// stay in registers until the unit ends (5% less time for a decode step's Q4_K matmuls on
-// lavapipe). The same operations in the same order as the loop: the same bits. Groups of more
-// rows keep the loop: written out, 2 and 4 rows measured no faster, and 6 rows 3% slower (likely
+// Whole unit u of the four columns (q) applied to row r0 (a group of one row): a0 += the four
+// sums. With SHARE an invocation loads one vector of x per unit and row; otherwise x_at loads
+// each. The groups are written out: on a CPU adapter a loop over them picks each group's word by
+// a run-time index, shifts by run-time amounts and stores the sums back under the loop's mask
+// every group; written out, the picks and shifts are constants and the sums stay in registers
+// until the unit ends (5% less time for a decode step's Q4_K matmuls on lavapipe). The same
+// operations in the same order as a loop (apply1_partial's): the same bits. Groups of more rows
+// keep the loop: written out, 2 and 4 rows measured no faster, and 6 rows 3% slower (likely
 // because their sums and the group's weights no longer fit in registers).
 fn apply1(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>) {
     let xi = r0 * (p.k / 4u) + 8u * u;
     let own = x_own(inv, xi);
-    if (valid(u) == 8u) {
-        var a = *a0;
-        add_dots(&a, group(q, 0u), x_at(xi, 0u, own));
-        add_dots(&a, group(q, 1u), x_at(xi, 1u, own));
-        add_dots(&a, group(q, 2u), x_at(xi, 2u, own));
-        add_dots(&a, group(q, 3u), x_at(xi, 3u, own));
-        add_dots(&a, group(q, 4u), x_at(xi, 4u, own));
-        add_dots(&a, group(q, 5u), x_at(xi, 5u, own));
-        add_dots(&a, group(q, 6u), x_at(xi, 6u, own));
-        add_dots(&a, group(q, 7u), x_at(xi, 7u, own));
-        *a0 = a;
-        return;
-    }
+    var a = *a0;
+    add_dots(&a, group(q, 0u), x_at(xi, 0u, own));
+    add_dots(&a, group(q, 1u), x_at(xi, 1u, own));
+    add_dots(&a, group(q, 2u), x_at(xi, 2u, own));
+    add_dots(&a, group(q, 3u), x_at(xi, 3u, own));
+    add_dots(&a, group(q, 4u), x_at(xi, 4u, own));
+    add_dots(&a, group(q, 5u), x_at(xi, 5u, own));
+    add_dots(&a, group(q, 6u), x_at(xi, 6u, own));
+    add_dots(&a, group(q, 7u), x_at(xi, 7u, own));
+    *a0 = a;
+}
+
+// Any unit u (a row's last, partial where k is no multiple of 32, too) of the four columns
+// applied to row r0: a0 += the four sums, a group at a time (`own`: past a row's end in a partial
+// unit, never used). Kept apart from apply1: a CPU adapter runs a loop's body once more with every
+// lane masked off, so a loop beside apply1's written-out groups, even one that never runs, cost
+// each unit a group's work (a decode step's Q4_K matmuls took 11% longer on lavapipe).
+fn apply1_partial(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>) {
+    let xi = r0 * (p.k / 4u) + 8u * u;
+    let own = x_own(inv, xi);
     for (var g = 0u; g < valid(u); g++) {
         add_dots(a0, group(q, g), x_at(xi, g, own));
     }
@@ -425,7 +430,11 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     // adapters, over units on GPUs)
     if (nr == 1u) {
         if (LANES == 1u) {
-            for (var s = 0u; s * SPAN < units; s++) {
+            // whole units a span at a time (every unit of a K-quant row, whose spans are whole
+            // too), then a row's last unit where it is partial (span_one formats: spans and parts
+            // of one unit)
+            let whole = min(units, p.k / 32u);
+            for (var s = 0u; s * SPAN < whole; s++) {
                 let sp = spans(cs, s);
                 for (var h = 0u; h < SPAN / PART; h++) {
                     let pt = parts(sp, h);
@@ -434,9 +443,17 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
                     }
                 }
             }
+            if (whole < units) {
+                let pt = parts(spans(cs, whole / SPAN), whole % SPAN / PART);
+                apply1_partial(quad(pt, whole % PART), whole, r0, inv, &a0);
+            }
         } else {
             for (var u = lane; u < units; u += LANES) {
-                apply1(heads(cs, u), u, r0, inv, &a0);
+                if (valid(u) == 8u) {
+                    apply1(heads(cs, u), u, r0, inv, &a0);
+                } else {
+                    apply1_partial(heads(cs, u), u, r0, inv, &a0);
+                }
             }
         }
     } else if (nr == 2u) {
