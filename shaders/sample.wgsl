@@ -12,7 +12,8 @@
 //                  log(p_j - q_j) + G'_j over the j with p_j > q_j; q is the one-hot of x_r when
 //                  no q rows are bound (a deterministic draft), else the q row's own softmax at T
 //                  over its own kept tokens; with no such j (p = q), the draw from p. (Rows from
-//                  p.drafts on check no draft: their q rows are not read.)
+//                  p.drafts on, and the pass's last row, check no draft: their q rows are not
+//                  read, and this word repeats the draw from p.)
 //   out[4 o + 2] = bits of p(x_r)   (rows r < p.drafts but the pass's last; x_r = drafts[r], the
 //                                    token row r checks)
 //   out[4 o + 3] = bits of q(x_r)   (1.0 for a one-hot q)
@@ -275,6 +276,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let lw = (v - cp.m) * inv_t;            // log of p_j * Z
         let g = lw + gumbel(hash(2u * p.stream, pos, j));
         if (bi == NONE || g > bv) { bv = g; bi = j; }
+        if (!has_x) { continue; }               // (no draft checked: no residual drawn)
         var lr = lw;                            // log of the residual's weight (times Z): one-hot q
         if (use_q) {
             let pj = exp(lw) / cp.z;

@@ -787,7 +787,8 @@ fn sampled_speculation_is_seeded_and_deterministic() {
 
 /// First- and second-token frequencies under speculative sampling on the GPU converge to the
 /// target's own distribution, for a good draft (the target perturbed), a bad one (an unrelated
-/// model), n-gram lookup and trees (n-gram continuations, an EAGLE head's guesses).
+/// model), n-gram lookup and trees (n-gram continuations, an EAGLE head's guesses; a draw per
+/// node on the GPU).
 #[test]
 fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
     const V: usize = 12;
@@ -853,9 +854,12 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
                     };
                     let g = speculative(&mut target, draft.as_mut(), &prompt, &opts, KPolicy::Fixed(2));
                     trees += g.stats.tree_cycles;
-                    // n-gram chains verify on the GPU (a top-k of at most 16, any top-p)
+                    // n-gram chains and trees verify on the GPU (a top-k of at most 16, any top-p)
                     if *name == "ngram" {
                         assert!(g.stats.gpu_sampled > 0, "{name}: {:?}", g.stats);
+                    }
+                    if name.ends_with("tree") {
+                        assert!(g.stats.gpu_sampled >= g.stats.tree_cycles, "{name}: {:?}", g.stats);
                     }
                     c1[g.tokens[0] as usize] += 1;
                     c2[g.tokens[1] as usize] += 1;
@@ -944,6 +948,80 @@ fn gpu_sampled_cycles_have_the_target_distribution() {
             assert_eq!((spent.submits, spent.readbacks), (n as u64, n as u64), "{name}: round trips");
         }
     }
+}
+
+/// A token tree under sampling with its draws on the GPU (`SampledCycle::check_tree`: one draw
+/// from each node's distribution, the walk down the children holding them) emits the target's
+/// distribution: the first token, and the second after each child, against their exact joint
+/// distribution. One submission and one read-back per tree, with no logits row in it.
+#[test]
+fn gpu_tree_draws_have_the_target_distribution() {
+    const V: usize = 12;
+    let spec = TinySpec { vocab: V, ..TinySpec::llama() };
+    let mut r = rng(640);
+    let mut tiny = TinyModel::random(spec, &mut r);
+    for t in tiny.tensors.iter_mut().filter(|t| t.name == "token_embd.weight") {
+        t.values.iter_mut().for_each(|v| *v *= 0.08);
+    }
+    // a GPU of its own: the round-trip counters are per device
+    let own = Arc::new(pollster::block_on(Gpu::new()).expect("gpu"));
+    let ckpt = ckpt_of(&tiny, &mut r);
+    let opts = LoadOptions { context: Some(32), ..Default::default() };
+    let mut target = Model::load(own, &ckpt, &opts, &mut |_| {}).expect("load");
+    let prompt = [3u32, 5, 3, 7, 3];
+    let n_past = prompt.len() - 1;
+    let params = SamplingParams { temperature: 0.9, top_k: 9, top_p: 1.0, seed: 0 };
+    let mut dist = |tokens: &[u32], pos: usize| {
+        let logits = pollster::block_on(target.forward_last(tokens, pos)).expect("forward");
+        Dist::from_logits(&logits, &params)
+    };
+    let three = |d: &Dist| {
+        let mut pairs = d.pairs().to_vec();
+        pairs.sort_by(|a, b| b.1.total_cmp(&a.1));
+        pairs.iter().take(3).map(|&(t, _)| t).collect::<Vec<u32>>()
+    };
+    // the root's three likeliest tokens as its children, the first with its own three below it
+    let p_root = dist(&prompt, 0);
+    let kids = three(&p_root);
+    let p_kid: Vec<Dist> = kids.iter().map(|&c| dist(&[c], prompt.len())).collect();
+    let mut tree = TokenTree::new(prompt[n_past]);
+    let nodes: Vec<usize> = kids.iter().map(|&c| tree.child(0, c).expect("node")).collect();
+    for g in three(&p_kid[0]) {
+        tree.child(nodes[0], g).expect("node");
+    }
+    // outcomes: a first token t that no child holds (bin t), or child i then a second token t
+    // (bin V + V i + t): probability p_root(child i) p_child_i(t), whether a grandchild holds t
+    // or the draw at child i gives it
+    let mut want = vec![0.0; V + V * kids.len()];
+    for t in 0..V as u32 {
+        match kids.iter().position(|&c| c == t) {
+            None => want[t as usize] = p_root.prob(t),
+            Some(i) => {
+                for u in 0..V as u32 {
+                    want[V + V * i + u as usize] = p_root.prob(t) * p_kid[i].prob(u);
+                }
+            }
+        }
+    }
+    let cycle = SampledCycle::new(&target, None, &params).expect("cycle");
+    let mut seeds = Rng::new(93);
+    let (n, mut counts, mut deep) = (1500, vec![0usize; want.len()], 0);
+    let trips = target.gpu().round_trips();
+    for _ in 0..n {
+        target.truncate(n_past);
+        let v = pollster::block_on(cycle.check_tree(&mut target, &tree, n_past, &mut seeds)).expect("tree");
+        let emitted: Vec<u32> = v.path[1..].iter().map(|&i| tree.tokens()[i]).chain([v.next]).collect();
+        deep += (v.path.len() == 3) as usize;
+        counts[match kids.iter().position(|&c| c == emitted[0]) {
+            None => emitted[0] as usize,
+            Some(i) => V + V * i + emitted[1] as usize,
+        }] += 1;
+    }
+    let spent = target.gpu().round_trips() - trips;
+    eprintln!("{deep} of {n} trees accepted a grandchild; {spent:?}");
+    assert!(deep > 50, "the grandchildren were tried");
+    assert_fits("a sampled tree's first two tokens", &counts, &want);
+    assert_eq!((spent.submits, spent.readbacks), (n as u64, n as u64), "round trips");
 }
 
 /// The distribution sampling draws from, computed the plain way: every token sorted, most likely

@@ -662,6 +662,18 @@ impl Model {
         self.read_logits(enc, tokens.len()).await
     }
 
+    /// Records [`Model::forward_tree`]'s pass up to the logits of every node into a new encoder,
+    /// not submitted: ops reading [`Model::logits_buffer`] (a draw from each node's
+    /// distribution) follow it in the same submission.
+    pub fn tree_encoder(
+        &mut self,
+        tokens: &[u32],
+        ancestors: &[u32],
+        start_pos: usize,
+    ) -> Result<wgpu::CommandEncoder> {
+        self.encode(tokens, start_pos, Some(ancestors), Until::Logits)
+    }
+
     /// As [`Model::forward_tree`], but returns only the argmax of every node.
     pub async fn forward_tree_argmax(
         &mut self,

@@ -65,7 +65,7 @@ pub struct SpecStats {
     /// acceptance: one submission, one read-back each), greedy or sampled.
     pub gpu_cycles: usize,
     /// Verify passes (sampling) whose draws and acceptance ran on the GPU, reading back a few
-    /// words instead of logits rows (plain sampled decoding steps included).
+    /// words instead of logits rows (plain sampled decoding steps and token trees included).
     pub gpu_sampled: usize,
     /// Cycles that verified a token tree (several continuations in one pass).
     pub tree_cycles: usize,
@@ -331,9 +331,12 @@ pub async fn generate_with(
                 };
                 let tv = Instant::now();
                 let (checked, rows) = match (tree, &sampled) {
-                    (Some(tree), _) => {
+                    (Some(tree), sc) => {
                         stats.tree_cycles += 1;
-                        (check_tree(target, &tree, n_past, &params, &mut rng).await?, tree.len())
+                        // (sampling the GPU draws from: a draw per node, n words read back)
+                        let sc = sc.as_ref().filter(|_| !greedy);
+                        stats.gpu_sampled += sc.is_some() as usize;
+                        (check_tree(target, &tree, n_past, &params, sc, &mut rng).await?, tree.len())
                     }
                     // deterministic drafts (or none) under sampling the GPU draws from
                     (None, Some(sc)) if proposal.q.is_none() => {
@@ -513,19 +516,22 @@ async fn check_chain(
     Ok(Checked { xs, verdict, drafted: k, depth: k, rows, trace })
 }
 
-/// One tree pass over `tree` at `n_past`, the greedy or multi-candidate rule down the tree, and
-/// the accepted path kept in the target's cache.
+/// One tree pass over `tree` at `n_past`, the greedy or multi-candidate rule down the tree (its
+/// draws on the GPU with `sampled`), and the accepted path kept in the target's cache.
 async fn check_tree(
     target: &mut Model,
     tree: &TokenTree,
     n_past: usize,
     params: &SamplingParams,
+    sampled: Option<&SampledCycle>,
     rng: &mut Rng,
 ) -> Result<Checked> {
     let ancestors = tree.ancestors();
     let v = if params.is_greedy() {
         let ids = target.forward_tree_argmax(tree.tokens(), &ancestors, n_past).await?;
         tree.verify_greedy(&ids)?
+    } else if let Some(sc) = sampled {
+        sc.check_tree(target, tree, n_past, rng).await?
     } else {
         let logits = target.forward_tree(tree.tokens(), &ancestors, n_past).await?;
         let p = distributions(&logits, target.config.vocab_size, params, n_past)?;

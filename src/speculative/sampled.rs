@@ -14,10 +14,21 @@
 //! [`verify_sampled`](super::verify_sampled), so the output has the target's sampling
 //! distribution (tested by frequencies against exact marginals). The CPU-driven path (whole
 //! logits rows read back) stays for what the GPU does not draw from: a top-k above
-//! [`MAX_TOP_K`], and token trees.
+//! [`MAX_TOP_K`].
+//!
+//! ```text
+//!   token tree   : the tree pass -> sample.wgsl: a draw y_i from p_i at every node i
+//!                  (read back: n words and the status) -> follow the child holding y_i
+//! ```
+//!
+//! Following the child that holds a draw from p is the multi-candidate rule of
+//! [`TokenTree::verify_sampled`] in one step: that rule's "child c1? else c2? ..., else a draw
+//! from what is left of p" emits each child c with probability p(c) and any other token t with
+//! probability p(t), exactly as one draw from p does.
 
 use super::cycle::record_draft_steps;
 use super::draft::DraftModel;
+use super::tree::{TokenTree, TreeVerdict};
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, GpuBuffer, Op, SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
 use crate::model::{Model, MAX_BATCH};
@@ -26,6 +37,7 @@ use crate::sampling::{Rng, SamplingParams};
 /// Noise streams of the cycle's draws (each op's two Gumbel streams are 2s and 2s + 1).
 const STREAM_DRAFT: u32 = 1;
 const STREAM_VERIFY: u32 = 2;
+const STREAM_TREE: u32 = 3;
 const STREAM_ACCEPT: u32 = 6;
 
 /// Whether the GPU draws from `params`' distribution: sampling with a top-k of at most
@@ -66,12 +78,14 @@ pub struct SampledCycle {
     result: GpuBuffer<u32>,   // [2 + MAX_BATCH + 1] a, next, x1..xK, status
     target_top: Option<Op>,   // ranks the verify rows into p_top
     one_hot: Op,              // the verify rows' draws against one-hot drafts
+    tree_draws: Op,           // a draw from every row of a tree pass (no drafts checked)
+    tree_result: GpuBuffer<u32>, // [MAX_BATCH, 4] those rows' words, then [1] the status
     against_q: Option<Op>,    // ... against the draft model's rows
     accept: Op,
     draft: Option<DraftSide>,
     // kept alive for the ops' bind groups
     _p_top: GpuBuffer<u32>,
-    _samples: GpuBuffer<u32>,
+    samples: GpuBuffer<u32>, // [MAX_BATCH, 4] sample.wgsl's words per verify (or tree) row
 }
 
 impl SampledCycle {
@@ -108,6 +122,9 @@ impl SampledCycle {
             stream: STREAM_VERIFY,
         };
         let one_hot = g.sample(step, &seed, p_rows, None, &drafts, &samples, &status, cfg);
+        let tree_cfg = SampleConfig { drafts: 0, stream: STREAM_TREE, ..cfg };
+        let tree_draws = g.sample(step, &seed, p_rows, None, &drafts, &samples, &status, tree_cfg);
+        let tree_result = words("tree draws", MAX_BATCH * 4 + 1);
         let q = SampleRows { logits: &q_logits, top: (top_k > 0).then_some(&q_top) };
         let against_q =
             draft.is_some().then(|| g.sample(step, &seed, p_rows, Some(q), &drafts, &samples, &status, cfg));
@@ -134,11 +151,13 @@ impl SampledCycle {
             result,
             target_top,
             one_hot,
+            tree_draws,
+            tree_result,
             against_q,
             accept,
             draft,
             _p_top: p_top,
-            _samples: samples,
+            samples,
         })
     }
 
@@ -244,6 +263,44 @@ impl SampledCycle {
             draft.commit_drafts(&first, &out.drafts);
         }
         Ok(out)
+    }
+
+    /// Verifies a token tree of deterministic drafts (its root the last token, at `n_past`) with
+    /// the multi-candidate rule, drawing on the GPU (see the module's doc): one submission, one
+    /// read-back of `4 n + 1` words for `n` nodes. Leaves the target's cache holding every node
+    /// ([`Model::keep_path`] keeps the verdict's path).
+    pub async fn check_tree(
+        &self,
+        target: &mut Model,
+        tree: &TokenTree,
+        n_past: usize,
+        rng: &mut Rng,
+    ) -> Result<TreeVerdict> {
+        let n = tree.len();
+        let gpu = target.gpu().clone();
+        let mut enc = target.tree_encoder(tree.tokens(), &tree.ancestors(), n_past)?;
+        self.begin(&gpu, rng);
+        if let Some(op) = &self.target_top {
+            gpu.encode(&mut enc, std::slice::from_ref(op), n as u32);
+        }
+        gpu.encode(&mut enc, std::slice::from_ref(&self.tree_draws), n as u32);
+        let words = (n * 4 * 4) as u64;
+        enc.copy_buffer_to_buffer(&self.samples.raw, 0, &self.tree_result.raw, 0, words);
+        enc.copy_buffer_to_buffer(&self.status.raw, 0, &self.tree_result.raw, words, 4);
+        let raw = gpu.submit_and_read(enc, &self.tree_result.raw, 0, words + 4).await?;
+        let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let short = || Error::Gpu("a short tree read-back".into());
+        let status = *out.get(4 * n).ok_or_else(short)?;
+        if let Some(row) = status.checked_sub(1) {
+            return Err(Error::NonFinite(format!(
+                "a logit of node {row} of a token tree (at position {n_past}) is not finite"
+            )));
+        }
+        let draws: Vec<u32> = out.chunks_exact(4).take(n).map(|w| w[0]).collect();
+        if let Some(&bad) = draws.iter().find(|&&d| d as usize >= self.vocab) {
+            return Err(Error::Gpu(format!("the GPU drew token {bad} from a vocabulary of {}", self.vocab)));
+        }
+        tree.verify_greedy(&draws)
     }
 
     /// A new cycle: a fresh seed from the generation's RNG, the status cleared.

@@ -15,7 +15,9 @@
 //!   child is tried; when none is accepted, the next token is drawn from what is left of p. This
 //!   is sampling from p one question at a time ("x1? else x2? ..."), so every emitted token has
 //!   exactly the target's distribution; for a chain it is [`verify_sampled`](super::verify_sampled)
-//!   with one-hot q, using the same uniforms.
+//!   with one-hot q, using the same uniforms. Where the GPU draws (a top-k of at most 16),
+//!   [`SampledCycle::check_tree`](super::SampledCycle::check_tree) runs the same rule as one draw
+//!   from p per node, followed down the tree by the greedy rule's walk.
 
 use super::verify::Dist;
 use crate::error::{Error, Result};
@@ -205,7 +207,9 @@ impl TokenTree {
     }
 
     /// The greedy rule: from the root, follow the child holding the target's argmax at the
-    /// current node while there is one. `argmax[i]` is the target's argmax at node i.
+    /// current node while there is one. `argmax[i]` is the target's argmax at node i. Given
+    /// instead one independent draw from the target's distribution at each node, it is the
+    /// sampling rule ([`SampledCycle::check_tree`](super::SampledCycle::check_tree)'s way).
     pub fn verify_greedy(&self, argmax: &[u32]) -> Result<TreeVerdict> {
         if argmax.len() != self.len() {
             return Err(Error::InvalidArgument(format!(
