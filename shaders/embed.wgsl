@@ -26,6 +26,11 @@ struct Params {
 @group(0) @binding(5) var<storage, read> gamma: array<f32>;           // [dim] or unused
 @group(0) @binding(6) var<storage, read_write> x_scaled: array<f32>;  // [n, dim] or unused
 
+// The rows of this chunk's weight buffer (shaders/formats/interleave.wgsl)
+fn weight_rows() -> u32 {
+    return p.rows;
+}
+
 @compute @workgroup_size(64)
 fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
     let u = gid.x;

@@ -101,6 +101,11 @@ override PARTIAL: u32 = 256u;
 var<workgroup> partial: array<vec4<f32>, PARTIAL>;                 // [WG, ROWS] (4 columns each)
 var<workgroup> squares: array<array<vec4<f32>, 2>, WG>;            // [WG, ROWS]
 
+// The rows of this chunk's weight buffer (shaders/formats/interleave.wgsl)
+fn weight_rows() -> u32 {
+    return p.cols;
+}
+
 // The checkpoint column of output column c: a Halves layout's q/k rows were reordered at load
 // into adjacent RoPE pairs, and go back to their columns here.
 fn column(c: u32) -> u32 {

@@ -153,7 +153,7 @@ fn matmul_rejects_rows_the_kernels_cannot_read() {
     assert!(WeightBuffer::from_blocks(&gpu, "w", DType::Q4_K, &[0; 144], 1, 128).is_err(), "half a block");
     assert!(WeightBuffer::from_blocks(&gpu, "w", DType::Q8_0, &[0; 33], 1, 32).is_err(), "short bytes");
     for dtype in DType::ALL {
-        let packed = wgspec::gpu::pack_rows(dtype, &[], 0, 256).expect("zero rows pack to nothing");
+        let packed = wgspec::gpu::pack_rows(dtype, &[], 0, 256, 8).expect("zero rows pack to nothing");
         assert_eq!(packed.rows, 0, "{dtype}");
     }
 }
@@ -398,7 +398,9 @@ fn embed_gathers_rows_of_every_format_from_its_chunk() {
     let tokens: Vec<u32> = vec![0, 36, 5, 20, 20, 19];
     let tb = GpuBuffer::<u32>::from_slice(&gpu, "tokens", &tokens);
     for dtype in DType::ALL {
-        let (vocab, dim) = (37, if dtype.block_len() > 1 { dtype.block_len().max(64) } else { 68 });
+        // (two blocks a row: a CPU adapter's K-quant buffers interleave the blocks of 8 rows; 20
+        // and 17 rows end each chunk with a partial run)
+        let (vocab, dim) = (37, if dtype.block_len() > 1 { (2 * dtype.block_len()).max(64) } else { 68 });
         let (bytes, table) = random_weights(&mut rng, dtype, vocab, dim);
         // Two chunks: rows 0..20 and 20..37.
         let split = dtype.bytes_for((20 * dim) as u64).expect("whole blocks") as usize;

@@ -2,7 +2,8 @@
 //   word 0: f16 d | f16 dmin << 16; words 1..3: twelve bytes of packed 6-bit scales and mins;
 //   words 4..35: 128 bytes of nibbles; sub-block s (elements 32s .. 32s + 32) reads nibble s % 2
 //   of bytes 32 (s / 2) .. 32 (s / 2) + 32; x = (d * sc) * q - dmin * m.
-// A unit is one sub-block: unit u of row `row` lives in super-block (row * units + u) / 8. A span
+// A unit is one sub-block: unit u of row `row` lives in super-block u / 8 of the row (stored at
+// stored_block(row, u / 8), shaders/formats/interleave.wgsl). A span
 // is a super-block: its scale words, loaded once for its eight units; a part is two sub-blocks
 // (2h and 2h + 1 read the same 32 bytes, low and high nibbles), loaded once for both.
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_K ((d * sc) * q is exact, so a fused
@@ -19,7 +20,7 @@ struct Span { head: vec4<u32>, base: u32 } // base: the block's first vec4
 struct Part { head: vec4<u32>, q0: vec4<u32>, q1: vec4<u32>, first: u32 }
 
 fn span_load(row: u32, s: u32) -> Span {
-    let base = (row * p.units + SPAN * s) / 8u * 9u;
+    let base = stored_block(row, s, p.units / 8u) * 9u; // shaders/formats/interleave.wgsl
     return Span(w[base], base);
 }
 

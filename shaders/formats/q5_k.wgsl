@@ -3,7 +3,8 @@
 //   Q4_K); words 4..11: qh, 32 bytes of fifth bits; words 12..43: qs, 128 bytes of nibbles.
 //   Element l of sub-block s (elements 32s .. 32s + 32) takes its low four bits from nibble s % 2
 //   of qs[32 (s / 2) + l] and its fifth bit from bit s of qh[l]; x = (d * sc) * q - dmin * m.
-// A unit is one sub-block: unit u of row `row` lives in super-block (row * units + u) / 8. A span
+// A unit is one sub-block: unit u of row `row` lives in super-block u / 8 of the row (stored at
+// stored_block(row, u / 8), shaders/formats/interleave.wgsl). A span
 // is a super-block: its scale words and qh (every sub-block reads all of qh), loaded once for its
 // eight units; a part is two sub-blocks (2h and 2h + 1 read the same 32 bytes of qs, low and high
 // nibbles), loaded once for both.
@@ -28,7 +29,7 @@ struct Span { head: vec4<u32>, h0: vec4<u32>, h1: vec4<u32>, base: u32 } // base
 struct Part { head: vec4<u32>, h0: vec4<u32>, h1: vec4<u32>, q0: vec4<u32>, q1: vec4<u32>, first: u32 }
 
 fn span_load(row: u32, s: u32) -> Span {
-    let base = (row * p.units + SPAN * s) / 8u * 11u;
+    let base = stored_block(row, s, p.units / 8u) * 11u; // shaders/formats/interleave.wgsl
     return Span(w[base], w[base + 1u], w[base + 2u], base);
 }
 

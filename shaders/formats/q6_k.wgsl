@@ -1,10 +1,12 @@
 // Weight format Q6_K (ggml block_q6_K, 256 elements), in two sections:
-//   quants: block b is thirteen vec4<u32> at vec4 index 13b: ql (128 bytes), qh (64 bytes), the 16
-//           signed scale bytes, as the file stores them
-//   scales: d of block b is f16 number b of the section starting at u32 word p.scale_base
+//   quants: block j of row r is thirteen vec4<u32> at vec4 index 13 stored_block(r, j)
+//           (shaders/formats/interleave.wgsl): ql (128 bytes), qh (64 bytes), the 16 signed
+//           scale bytes, as the file stores them
+//   scales: d of block b = r * blocks per row + j is f16 number b of the section starting at u32
+//           word p.scale_base (rows in order)
 // Element e = 128h + r of a block: low 4 bits from ql[64h + r % 64] (nibble r / 64), high 2 bits
 // from qh[32h + r % 32] (bits 2 (r / 32)); x = (d * scales[e / 16]) * (q - 32).
-// A unit is 32 elements: unit u of row `row` lives in block (row * units + u) / 8. A span is a half
+// A unit is 32 elements: unit u of row `row` lives in block u / 8 of the row. A span is a half
 // block (units 4h .. 4h + 3: 128 elements, which read the same 64 bytes of ql, two units each, and
 // the same 32 bytes of qh): loaded once for its four units, with its d and scale bytes; its one part
 // is the span itself.
@@ -50,7 +52,7 @@ fn block_d(b: u32) -> f32 {
 // (one unit: GPUs, embed) only the words the unit reads
 fn unit_head(row: u32, u: u32) -> Unit {
     let b = (row * p.units + u) / 8u;
-    let base = 13u * b;
+    let base = 13u * stored_block(row, u / 8u, p.units / 8u); // shaders/formats/interleave.wgsl
     let half = u % 8u / 4u;
     let jj = u % 4u;
     let l = base + 4u * half + 2u * (jj % 2u);
@@ -62,7 +64,7 @@ fn unit_head(row: u32, u: u32) -> Unit {
 fn span_load(row: u32, s: u32) -> Span {
     let b = (row * p.units + SPAN * s) / 8u;
     let half = s % 2u;
-    let base = 13u * b;
+    let base = 13u * stored_block(row, s / 2u, p.units / 8u);
     let l = base + 4u * half;
     let hq = base + 8u + 2u * half;
     let sc = vec2<u32>(w[base + 12u][2u * half], w[base + 12u][2u * half + 1u]);

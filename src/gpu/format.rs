@@ -8,7 +8,8 @@
 //! the float formats are padded with zeros to a multiple of 32. A span is the run of units that
 //! read the same words (a K-quant block's scale words), and a part the run within it that reads
 //! the same quant bytes; the matmul loads each once on CPU adapters. Each file of `shaders/formats/`
-//! documents its layout; [`pack_rows`] writes it.
+//! documents its layout; [`pack_rows`] writes it. On CPU adapters the K-quants interleave the
+//! blocks of each run of [`row_group`](super::kernel::row_group) rows (`interleave.wgsl`).
 
 use super::Gpu;
 use crate::error::{Error, Result};
@@ -45,18 +46,32 @@ impl DType {
             DType::Q8_0 => unit_spans!("../../shaders/formats/q8_0.wgsl"),
             DType::Q4_K => {
                 concat!(
+                    include_str!("../../shaders/formats/interleave.wgsl"),
                     include_str!("../../shaders/formats/k_scales.wgsl"),
                     include_str!("../../shaders/formats/q4_k.wgsl")
                 )
             }
             DType::Q5_K => {
                 concat!(
+                    include_str!("../../shaders/formats/interleave.wgsl"),
                     include_str!("../../shaders/formats/k_scales.wgsl"),
                     include_str!("../../shaders/formats/q5_k.wgsl")
                 )
             }
-            DType::Q6_K => include_str!("../../shaders/formats/q6_k.wgsl"),
+            DType::Q6_K => {
+                concat!(
+                    include_str!("../../shaders/formats/interleave.wgsl"),
+                    include_str!("../../shaders/formats/q6_k.wgsl")
+                )
+            }
         }
+    }
+
+    /// Whether a buffer of this format interleaves the blocks of runs of rows on CPU adapters
+    /// (`shaders/formats/interleave.wgsl`): the K-quants, whose blocks of 144 to 210 bytes make
+    /// rows of a few hundred bytes that an invocation walks four at a time.
+    pub fn interleaves_rows(self) -> bool {
+        matches!(self, DType::Q4_K | DType::Q5_K | DType::Q6_K)
     }
 
     /// u32 words of the quants section per block, and f16 scales per block in the scale section
@@ -113,6 +128,8 @@ pub struct PackedRows {
     pub scale_base: u32,
     /// Both sections, padded to a multiple of 4 words.
     pub words: Vec<u32>,
+    /// The runs of rows whose blocks are interleaved (1: rows in order; see [`pack_rows`]).
+    pub group: usize,
 }
 
 fn le16(b: &[u8], i: usize) -> u32 {
@@ -134,7 +151,7 @@ pub fn pack_f32_rows(values: &[f32], rows: usize, k: usize) -> Result<PackedRows
             words[r * stride + i] = v.to_bits();
         }
     }
-    Ok(PackedRows { dtype: f, rows, k, scale_base: 0, words })
+    Ok(PackedRows { dtype: f, rows, k, scale_base: 0, words, group: 1 })
 }
 
 fn check_shape(dtype: DType, bytes: usize, rows: usize, k: usize) -> Result<()> {
@@ -159,8 +176,11 @@ fn check_shape(dtype: DType, bytes: usize, rows: usize, k: usize) -> Result<()> 
 }
 
 /// Lays out `rows` rows of `k` elements stored as `dtype` (row-major, the file's own bytes) in
-/// the format of that dtype. The values are not changed: only moved so that loads are aligned.
-pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<PackedRows> {
+/// the format of that dtype, for a buffer whose rows start at a multiple of `group` (the
+/// adapter's [`row_group`](super::kernel::row_group)): the K-quants interleave the blocks of each
+/// run of `group` rows. The values are not changed: only moved so that loads are aligned (and,
+/// on CPU adapters, in the order the matmul walks them).
+pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize, group: usize) -> Result<PackedRows> {
     let f = dtype;
     if dtype == DType::F32 {
         check_shape(f, bytes.len(), rows, k)?;
@@ -230,8 +250,30 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize) -> Result<Pa
         }
         DType::F32 => unreachable!("handled above"),
     }
+    let group = if f.interleaves_rows() { group.max(1) } else { 1 };
+    if group > 1 {
+        let block_words = f.section_sizes(1).0;
+        interleave_rows(&mut words[..quants], rows, k / f.block_len(), block_words, group);
+    }
     debug_assert!(halves.div_ceil(2) + quants <= words.len());
-    Ok(PackedRows { dtype: f, rows, k, scale_base: scale_base as u32, words })
+    Ok(PackedRows { dtype: f, rows, k, scale_base: scale_base as u32, words, group })
+}
+
+/// Reorders the quants section `words` of `rows` rows of `per_row` blocks of `block` words
+/// (row-major) so that each
+/// run of `group` rows holds its rows' block 0s, then their block 1s, ...: block j of row r goes
+/// to `stored_block(r, j)` of `shaders/formats/interleave.wgsl`.
+fn interleave_rows(words: &mut [u32], rows: usize, per_row: usize, block: usize, group: usize) {
+    let rows_first: Vec<u32> = words.to_vec();
+    for r in 0..rows {
+        let first = r / group * group;
+        let run = group.min(rows - first);
+        for j in 0..per_row {
+            let from = (r * per_row + j) * block;
+            let to = (first * per_row + j * run + r - first) * block;
+            words[to..to + block].copy_from_slice(&rows_first[from..from + block]);
+        }
+    }
 }
 
 /// Rows of a weight matrix in one GPU buffer, in a format the matmul and embedding kernels read.
@@ -248,8 +290,12 @@ pub struct WeightBuffer {
 }
 
 impl WeightBuffer {
-    /// Uploads packed rows.
-    pub fn upload(gpu: &Gpu, label: &str, p: &PackedRows) -> WeightBuffer {
+    /// Uploads packed rows (packed with the adapter's [`Gpu::row_group`]).
+    fn upload(gpu: &Gpu, label: &str, p: &PackedRows) -> WeightBuffer {
+        debug_assert!(
+            !p.dtype.interleaves_rows() || p.group == gpu.row_group(),
+            "rows packed for another adapter"
+        );
         let raw = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: (p.words.len() as u64 * 4).max(16),
@@ -274,11 +320,21 @@ impl WeightBuffer {
     }
 
     /// Writes packed rows `first .. first + p.rows` of this buffer (`first` even, so that the
-    /// rows' f16 scales start on a word of the scale section).
+    /// rows' f16 scales start on a word of the scale section; for interleaved rows, packed with
+    /// the adapter's group, starting a run, and whole runs but at the buffer's end).
     pub fn write_rows(&self, gpu: &Gpu, first: usize, p: &PackedRows) -> Result<()> {
         let (words, halves) = self.dtype.row_sections(self.k);
-        let fits =
-            p.dtype == self.dtype && p.k == self.k && first.is_multiple_of(2) && first + p.rows <= self.rows;
+        let g = p.group;
+        let runs = g == 1
+            || (g == gpu.row_group()
+                && first.is_multiple_of(g)
+                && (p.rows.is_multiple_of(g) || first + p.rows == self.rows));
+        let fits = p.dtype == self.dtype
+            && p.k == self.k
+            && first.is_multiple_of(2)
+            && first + p.rows <= self.rows
+            && runs
+            && (!self.dtype.interleaves_rows() || g == gpu.row_group());
         if !fits {
             return Err(Error::InvalidArgument(format!(
                 "{} rows of {} x {} at row {first} of a buffer of {} rows of {} x {}",
@@ -310,7 +366,7 @@ impl WeightBuffer {
         rows: usize,
         k: usize,
     ) -> Result<WeightBuffer> {
-        Ok(Self::upload(gpu, label, &pack_rows(dtype, bytes, rows, k)?))
+        Ok(Self::upload(gpu, label, &pack_rows(dtype, bytes, rows, k, gpu.row_group())?))
     }
 
     /// Bytes of GPU memory this buffer takes.

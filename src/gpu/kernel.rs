@@ -160,6 +160,20 @@ pub fn matmul_rows(lanes: u32) -> u32 {
     }
 }
 
+/// Rows whose blocks a K-quant weight buffer interleaves (`GROUP` in
+/// `shaders/formats/interleave.wgsl`) with `lanes` matmul invocations per column quad: 8 on CPU
+/// adapters (lanes 1), whose invocations walk the blocks of four rows in step (two of them one
+/// run); 1 on GPUs, rows in order. On lavapipe a decode step of Qwen2.5-Coder-1.5B took 8% less
+/// time (BENCHMARKS.md, session 18): the loads move forward through memory, which the CPU
+/// prefetches.
+pub fn row_group(lanes: u32) -> u32 {
+    if lanes == 1 {
+        8
+    } else {
+        1
+    }
+}
+
 /// Compiled pipelines for every [`Kernel`], built once when the device is created.
 pub struct Pipelines {
     table: Vec<wgpu::ComputePipeline>,
@@ -173,10 +187,12 @@ impl Pipelines {
     pub async fn build(device: &wgpu::Device, matmul_lanes: u32, shuffle: bool) -> Result<Pipelines> {
         let kernels = Kernel::all();
         let rows = matmul_rows(matmul_lanes);
+        let group = row_group(matmul_lanes) as f64;
         let lanes = [
             ("LANES", matmul_lanes as f64),
             ("ROWS", rows as f64),
             ("PARTIAL", (Kernel::WORKGROUP * rows) as f64),
+            ("GROUP", group),
         ];
         let mut table = Vec::with_capacity(kernels.len());
         for kernel in kernels {
@@ -192,7 +208,9 @@ impl Pipelines {
                 entry_point: Some("main"),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: match kernel {
-                        Kernel::Matmul(_) => &lanes,
+                        Kernel::Matmul(w) if w.interleaves_rows() => &lanes,
+                        Kernel::Matmul(_) => &lanes[..3],
+                        Kernel::Embed(w) if w.interleaves_rows() => &lanes[3..],
                         _ => &[],
                     },
                     // Every kernel writes its workgroup memory before reading it.

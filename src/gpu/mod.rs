@@ -288,6 +288,12 @@ impl Gpu {
         })
     }
 
+    /// Rows whose blocks a K-quant weight buffer interleaves ([`kernel::row_group`]): weight
+    /// buffers start at multiples of it, and rows are packed for it ([`pack_rows`]).
+    pub fn row_group(&self) -> usize {
+        kernel::row_group(self.matmul_lanes) as usize
+    }
+
     /// Rows of a pass one matmul workgroup takes ([`kernel::matmul_rows`]).
     pub fn matmul_rows(&self) -> u32 {
         kernel::matmul_rows(self.matmul_lanes)

@@ -10,6 +10,9 @@ use crate::gpu::{pack_f32_rows, pack_rows, Gpu, GpuBuffer, MatmulOut, Op, Packed
 use crate::loader::quant;
 use crate::loader::DType;
 
+/// Weight buffers and their write batches start at multiples of this many rows (see `stream`).
+const ROW_RUN: usize = 8;
+
 /// Rows `[row_start, row_start + rows)` of a matrix in one buffer.
 struct Chunk {
     row_start: usize,
@@ -137,18 +140,20 @@ impl Upload<'_> {
             // Each matmul workgroup takes a few rows; the grid has at most 65535 column tiles along y.
             let by_groups =
                 gpu.limits.max_compute_workgroups_per_dimension as usize * gpu.matmul_columns_per_group();
-            // Chunks start at multiples of 4 rows, the columns of one matmul invocation (so the
-            // (gate, up) pairs of an interleaved matrix stay together).
-            let per_buffer = by_bytes.min(by_groups) / 4 * 4;
+            // Chunks start at multiples of 8 rows: of 4, the columns of one matmul invocation (so
+            // the (gate, up) pairs of an interleaved matrix stay together), and of the runs of
+            // rows a CPU adapter's K-quant buffers interleave (Gpu::row_group, 1 or 8).
+            let per_buffer = by_bytes.min(by_groups) / ROW_RUN * ROW_RUN;
             if per_buffer == 0 {
                 return Err(Error::GpuLimit(format!(
-                    "{name}: four rows of {row_bytes} bytes exceed the largest weight buffer of {} bytes",
+                    "{name}: {ROW_RUN} rows of {row_bytes} bytes exceed the largest weight buffer of {} bytes",
                     self.max_bytes
                 )));
             }
             // Rows per batch: what `read_bytes` holds of the file's rows and of their packed form.
             let widest = parts.iter().map(|p| p.dtype.bytes_for(cols as u64).unwrap_or(0)).max().unwrap_or(0);
-            let per_batch = ((self.read_bytes / widest.max(row_bytes).max(1)) as usize / 4 * 4).max(4);
+            let per_batch =
+                ((self.read_bytes / widest.max(row_bytes).max(1)) as usize / ROW_RUN * ROW_RUN).max(ROW_RUN);
             let mut first = start;
             while first < start + run {
                 let n = per_buffer.min(start + run - first);
@@ -218,13 +223,13 @@ impl Upload<'_> {
             pack_f32_rows(&values, batch.len(), cols)
         } else if let Some(bytes) = in_order(batch, &spans) {
             // rows of one part in file order (a plain matrix): packed straight from the read
-            pack_rows(format, bytes, batch.len(), cols)
+            pack_rows(format, bytes, batch.len(), cols, self.gpu.row_group())
         } else {
             let mut bytes = Vec::new();
             for &(p, r) in batch {
                 bytes.extend_from_slice(row_of(p, r)?);
             }
-            pack_rows(format, &bytes, batch.len(), cols)
+            pack_rows(format, &bytes, batch.len(), cols, self.gpu.row_group())
         };
         packed.map_err(|e| Error::InvalidArgument(format!("{}: {e}", parts[0].spec.name)))
     }

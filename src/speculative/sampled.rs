@@ -70,17 +70,17 @@ struct DraftSide {
 pub struct SampledCycle {
     params: SamplingParams,
     vocab: usize,
-    seed: wgpu::Buffer,       // uniform SampleSeed, written each cycle
-    drafts: GpuBuffer<u32>,   // [MAX_BATCH] x1..xK
-    q_logits: GpuBuffer<f32>, // [MAX_BATCH, vocab] the draft model's rows q_1..q_K (or [1])
-    q_top: GpuBuffer<u32>,    // [MAX_BATCH, top_k] their ranked ids (or [1])
-    status: GpuBuffer<u32>,   // [1] 1: a non-finite logit
-    result: GpuBuffer<u32>,   // [2 + MAX_BATCH + 1] a, next, x1..xK, status
-    target_top: Option<Op>,   // ranks the verify rows into p_top
-    one_hot: Op,              // the verify rows' draws against one-hot drafts
-    tree_draws: Op,           // a draw from every row of a tree pass (no drafts checked)
+    seed: wgpu::Buffer,          // uniform SampleSeed, written each cycle
+    drafts: GpuBuffer<u32>,      // [MAX_BATCH] x1..xK
+    q_logits: GpuBuffer<f32>,    // [MAX_BATCH, vocab] the draft model's rows q_1..q_K (or [1])
+    q_top: GpuBuffer<u32>,       // [MAX_BATCH, top_k] their ranked ids (or [1])
+    status: GpuBuffer<u32>,      // [1] 1: a non-finite logit
+    result: GpuBuffer<u32>,      // [2 + MAX_BATCH + 1] a, next, x1..xK, status
+    target_top: Option<Op>,      // ranks the verify rows into p_top
+    one_hot: Op,                 // the verify rows' draws against one-hot drafts
+    tree_draws: Op,              // a draw from every row of a tree pass (no drafts checked)
     tree_result: GpuBuffer<u32>, // [MAX_BATCH, 4] those rows' words, then [1] the status
-    against_q: Option<Op>,    // ... against the draft model's rows
+    against_q: Option<Op>,       // ... against the draft model's rows
     accept: Op,
     draft: Option<DraftSide>,
     // kept alive for the ops' bind groups
