@@ -1,8 +1,9 @@
 // Weight format Q5_0 (ggml block_q5_0, 32 elements: f16 d, u32 qh of fifth bits, 16 bytes of low
 // nibbles; element j < 16 is the low nibble of byte j, element j + 16 its high nibble, bit j of qh
 // is element j's fifth bit; x = d * (q - 16)), in two sections:
-//   quants: block b (= row * units + u) is five u32 words at word 5b: the 16 nibble bytes, then qh
-//   scales: d of block b is f16 number b of the section starting at u32 word p.scale_base
+//   quants: block u of row `row` is five u32 words at word 5 stored_block(row, u)
+//           (shaders/formats/interleave.wgsl): the 16 nibble bytes, then qh
+//   scales: d of block b = row * units + u is f16 number b of the section starting at u32 word p.scale_base
 // Dequantised in f32 exactly as ggml's dequantize_row_q5_0. Included ahead of an op (matmul, embed)
 // that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`; the op reads a unit with
 // `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load`, `part_load` and
@@ -17,9 +18,10 @@ fn word_at(i: u32) -> u32 {
 
 fn unit_head(row: u32, u: u32) -> Unit {
     let b = row * p.units + u;
-    let q = vec4<u32>(word_at(5u * b), word_at(5u * b + 1u), word_at(5u * b + 2u), word_at(5u * b + 3u));
+    let i = 5u * stored_block(row, u, p.units);
+    let q = vec4<u32>(word_at(i), word_at(i + 1u), word_at(i + 2u), word_at(i + 3u));
     let d = unpack2x16float(word_at(p.scale_base + b / 2u))[b % 2u];
-    return Unit(q, word_at(5u * b + 4u), d);
+    return Unit(q, word_at(i + 4u), d);
 }
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {

@@ -1,7 +1,8 @@
 // Weight format Q8_0 (ggml block_q8_0, 32 elements: f16 d, 32 signed bytes q; x = q * d), split
 // into two sections so that every load is aligned:
-//   quants: block b (= row * units + u) is two vec4<u32> at vec4 index 2b, element j = byte j
-//   scales: d of block b is f16 number b of the section starting at u32 word p.scale_base
+//   quants: block u of row `row` is two vec4<u32> at vec4 index 2 stored_block(row, u)
+//           (shaders/formats/interleave.wgsl), element j = byte j
+//   scales: d of block b = row * units + u is f16 number b of the section starting at u32 word p.scale_base
 // Dequantised in f32 exactly as ggml's dequantize_row_q8_0. Included ahead of an op (matmul, embed)
 // that declares `w: array<vec4<u32>>`, `p.units` and `p.scale_base`; the op reads a unit with
 // `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load`, `part_load` and
@@ -14,7 +15,8 @@ fn unit_head(row: u32, u: u32) -> Unit {
     let b = row * p.units + u;
     let s = p.scale_base + b / 2u;
     let d = unpack2x16float(w[s / 4u][s % 4u])[b % 2u];
-    return Unit(w[2u * b], w[2u * b + 1u], d);
+    let q = 2u * stored_block(row, u, p.units);
+    return Unit(w[q], w[q + 1u], d);
 }
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {

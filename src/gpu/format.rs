@@ -8,7 +8,7 @@
 //! the float formats are padded with zeros to a multiple of 32. A span is the run of units that
 //! read the same words (a K-quant block's scale words), and a part the run within it that reads
 //! the same quant bytes; the matmul loads each once on CPU adapters. Each file of `shaders/formats/`
-//! documents its layout; [`pack_rows`] writes it. On CPU adapters the K-quants interleave the
+//! documents its layout; [`pack_rows`] writes it. On CPU adapters every format interleaves the
 //! blocks of each run of [`row_group`](super::kernel::row_group) rows (`interleave.wgsl`).
 
 use super::Gpu;
@@ -33,7 +33,11 @@ impl DType {
     pub fn format_source(self) -> &'static str {
         macro_rules! unit_spans {
             ($file:literal) => {
-                concat!(include_str!($file), include_str!("../../shaders/formats/span_one.wgsl"))
+                concat!(
+                    include_str!("../../shaders/formats/interleave.wgsl"),
+                    include_str!($file),
+                    include_str!("../../shaders/formats/span_one.wgsl")
+                )
             };
         }
         match self {
@@ -65,13 +69,6 @@ impl DType {
                 )
             }
         }
-    }
-
-    /// Whether a buffer of this format interleaves the blocks of runs of rows on CPU adapters
-    /// (`shaders/formats/interleave.wgsl`): the K-quants, whose blocks of 144 to 210 bytes make
-    /// rows of a few hundred bytes that an invocation walks four at a time.
-    pub fn interleaves_rows(self) -> bool {
-        matches!(self, DType::Q4_K | DType::Q5_K | DType::Q6_K)
     }
 
     /// u32 words of the quants section per block, and f16 scales per block in the scale section
@@ -140,8 +137,9 @@ fn le32(b: &[u8], i: usize) -> u32 {
     u32::from_le_bytes([b[i], b[i + 1], b[i + 2], b[i + 3]])
 }
 
-/// Lays out `rows` rows of `k` f32 values (row-major) in the F32 format.
-pub fn pack_f32_rows(values: &[f32], rows: usize, k: usize) -> Result<PackedRows> {
+/// Lays out `rows` rows of `k` f32 values (row-major) in the F32 format, for a buffer whose rows
+/// start at a multiple of `group` (as [`pack_rows`]).
+pub fn pack_f32_rows(values: &[f32], rows: usize, k: usize, group: usize) -> Result<PackedRows> {
     check_shape(DType::F32, values.len() * 4, rows, k)?;
     let f = DType::F32;
     let stride = units(k) * UNIT;
@@ -151,7 +149,11 @@ pub fn pack_f32_rows(values: &[f32], rows: usize, k: usize) -> Result<PackedRows
             words[r * stride + i] = v.to_bits();
         }
     }
-    Ok(PackedRows { dtype: f, rows, k, scale_base: 0, words, group: 1 })
+    let group = group.max(1);
+    if group > 1 {
+        interleave_rows(&mut words, rows, units(k), UNIT, group);
+    }
+    Ok(PackedRows { dtype: f, rows, k, scale_base: 0, words, group })
 }
 
 fn check_shape(dtype: DType, bytes: usize, rows: usize, k: usize) -> Result<()> {
@@ -177,8 +179,9 @@ fn check_shape(dtype: DType, bytes: usize, rows: usize, k: usize) -> Result<()> 
 
 /// Lays out `rows` rows of `k` elements stored as `dtype` (row-major, the file's own bytes) in
 /// the format of that dtype, for a buffer whose rows start at a multiple of `group` (the
-/// adapter's [`row_group`](super::kernel::row_group)): the K-quants interleave the blocks of each
-/// run of `group` rows. The values are not changed: only moved so that loads are aligned (and,
+/// adapter's [`row_group`](super::kernel::row_group)): the quants section interleaves the blocks
+/// (32-element units, the K-quants' 256-element blocks) of each run of `group` rows. The values
+/// are not changed: only moved so that loads are aligned (and,
 /// on CPU adapters, in the order the matmul walks them).
 pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize, group: usize) -> Result<PackedRows> {
     let f = dtype;
@@ -186,7 +189,7 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize, group: usize
         check_shape(f, bytes.len(), rows, k)?;
         let values: Vec<f32> =
             bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        return pack_f32_rows(&values, rows, k);
+        return pack_f32_rows(&values, rows, k, group);
     }
     check_shape(f, bytes.len(), rows, k)?;
     let blocks = f.blocks(rows, k);
@@ -250,19 +253,18 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize, group: usize
         }
         DType::F32 => unreachable!("handled above"),
     }
-    let group = if f.interleaves_rows() { group.max(1) } else { 1 };
+    let group = group.max(1);
     if group > 1 {
         let block_words = f.section_sizes(1).0;
-        interleave_rows(&mut words[..quants], rows, k / f.block_len(), block_words, group);
+        interleave_rows(&mut words[..quants], rows, f.blocks(1, k), block_words, group);
     }
     debug_assert!(halves.div_ceil(2) + quants <= words.len());
     Ok(PackedRows { dtype: f, rows, k, scale_base: scale_base as u32, words, group })
 }
 
 /// Reorders the quants section `words` of `rows` rows of `per_row` blocks of `block` words
-/// (row-major) so that each
-/// run of `group` rows holds its rows' block 0s, then their block 1s, ...: block j of row r goes
-/// to `stored_block(r, j)` of `shaders/formats/interleave.wgsl`.
+/// (row-major) so that each run of `group` rows holds its rows' block 0s, then their block 1s,
+/// ...: block j of row r goes to `stored_block(r, j)` of `shaders/formats/interleave.wgsl`.
 fn interleave_rows(words: &mut [u32], rows: usize, per_row: usize, block: usize, group: usize) {
     let rows_first: Vec<u32> = words.to_vec();
     for r in 0..rows {
@@ -292,10 +294,7 @@ pub struct WeightBuffer {
 impl WeightBuffer {
     /// Uploads packed rows (packed with the adapter's [`Gpu::row_group`]).
     fn upload(gpu: &Gpu, label: &str, p: &PackedRows) -> WeightBuffer {
-        debug_assert!(
-            !p.dtype.interleaves_rows() || p.group == gpu.row_group(),
-            "rows packed for another adapter"
-        );
+        debug_assert!(p.group == gpu.row_group(), "rows packed for another adapter");
         let raw = gpu.device.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: (p.words.len() as u64 * 4).max(16),
@@ -325,16 +324,14 @@ impl WeightBuffer {
     pub fn write_rows(&self, gpu: &Gpu, first: usize, p: &PackedRows) -> Result<()> {
         let (words, halves) = self.dtype.row_sections(self.k);
         let g = p.group;
-        let runs = g == 1
-            || (g == gpu.row_group()
-                && first.is_multiple_of(g)
-                && (p.rows.is_multiple_of(g) || first + p.rows == self.rows));
+        let runs = g == gpu.row_group()
+            && first.is_multiple_of(g)
+            && (p.rows.is_multiple_of(g) || first + p.rows == self.rows);
         let fits = p.dtype == self.dtype
             && p.k == self.k
             && first.is_multiple_of(2)
             && first + p.rows <= self.rows
-            && runs
-            && (!self.dtype.interleaves_rows() || g == gpu.row_group());
+            && runs;
         if !fits {
             return Err(Error::InvalidArgument(format!(
                 "{} rows of {} x {} at row {first} of a buffer of {} rows of {} x {}",
@@ -354,7 +351,7 @@ impl WeightBuffer {
 
     /// `rows` rows of `k` f32 values, in the F32 format.
     pub fn from_f32(gpu: &Gpu, label: &str, values: &[f32], rows: usize, k: usize) -> Result<WeightBuffer> {
-        Ok(Self::upload(gpu, label, &pack_f32_rows(values, rows, k)?))
+        Ok(Self::upload(gpu, label, &pack_f32_rows(values, rows, k, gpu.row_group())?))
     }
 
     /// `rows` rows of `k` elements stored as `dtype` (the file's bytes), kept in that format.

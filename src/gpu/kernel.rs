@@ -160,7 +160,7 @@ pub fn matmul_rows(lanes: u32) -> u32 {
     }
 }
 
-/// Rows whose blocks a K-quant weight buffer interleaves (`GROUP` in
+/// Rows whose blocks a weight buffer interleaves (`GROUP` in
 /// `shaders/formats/interleave.wgsl`) with `lanes` matmul invocations per column quad: 8 on CPU
 /// adapters (lanes 1), whose invocations walk the blocks of four rows in step (two of them one
 /// run); 1 on GPUs, rows in order. On lavapipe a decode step of Qwen2.5-Coder-1.5B took 8% less
@@ -208,9 +208,8 @@ impl Pipelines {
                 entry_point: Some("main"),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: match kernel {
-                        Kernel::Matmul(w) if w.interleaves_rows() => &lanes,
-                        Kernel::Matmul(_) => &lanes[..3],
-                        Kernel::Embed(w) if w.interleaves_rows() => &lanes[3..],
+                        Kernel::Matmul(_) => &lanes,
+                        Kernel::Embed(_) => &lanes[3..],
                         _ => &[],
                     },
                     // Every kernel writes its workgroup memory before reading it.

@@ -288,7 +288,7 @@ impl Gpu {
         })
     }
 
-    /// Rows whose blocks a K-quant weight buffer interleaves ([`kernel::row_group`]): weight
+    /// Rows whose blocks a weight buffer interleaves ([`kernel::row_group`]): weight
     /// buffers start at multiples of it, and rows are packed for it ([`pack_rows`]).
     pub fn row_group(&self) -> usize {
         kernel::row_group(self.matmul_lanes) as usize

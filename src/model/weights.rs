@@ -142,7 +142,7 @@ impl Upload<'_> {
                 gpu.limits.max_compute_workgroups_per_dimension as usize * gpu.matmul_columns_per_group();
             // Chunks start at multiples of 8 rows: of 4, the columns of one matmul invocation (so
             // the (gate, up) pairs of an interleaved matrix stay together), and of the runs of
-            // rows a CPU adapter's K-quant buffers interleave (Gpu::row_group, 1 or 8).
+            // rows a CPU adapter's weight buffers interleave (Gpu::row_group, 1 or 8).
             let per_buffer = by_bytes.min(by_groups) / ROW_RUN * ROW_RUN;
             if per_buffer == 0 {
                 return Err(Error::GpuLimit(format!(
@@ -220,7 +220,7 @@ impl Upload<'_> {
             for &(p, r) in batch {
                 values.extend(quant::dequantize(parts[p].dtype, row_of(p, r)?, cols)?);
             }
-            pack_f32_rows(&values, batch.len(), cols)
+            pack_f32_rows(&values, batch.len(), cols, self.gpu.row_group())
         } else if let Some(bytes) = in_order(batch, &spans) {
             // rows of one part in file order (a plain matrix): packed straight from the read
             pack_rows(format, bytes, batch.len(), cols, self.gpu.row_group())
