@@ -19,7 +19,8 @@
 // On a GPU a workgroup of 64 invocations is
 // 4 column quads x 16 lanes: the lanes of a quad stride over k, 32 weights (one unit) at a time,
 // and their partial sums are added by a fixed tree in workgroup memory (16 columns per workgroup).
-// On a CPU adapter LANES = 1: each invocation walks all of k (256 columns per workgroup).
+// On a CPU adapter LANES = 1: each invocation walks all of k (256 columns per workgroup), through
+// weight buffers that interleave the blocks of runs of 8 rows (shaders/formats/interleave.wgsl).
 //
 // RMSNorm folded in (`norm`): x holds the previous op's output already multiplied by the norm's
 // weight, x_raw the residual stream itself; the workgroup sums the squares of each x_raw row (a
