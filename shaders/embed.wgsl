@@ -21,7 +21,7 @@ struct Params {
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> tokens: array<u32>;          // [n]
-@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;         // [rows, units] blocks of the weight format
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;         // [rows, units] blocks of the weight format (runs of rows interleaved on CPU adapters)
 @group(0) @binding(4) var<storage, read_write> x: array<f32>;         // [n, dim]
 @group(0) @binding(5) var<storage, read> gamma: array<f32>;           // [dim] or unused
 @group(0) @binding(6) var<storage, read_write> x_scaled: array<f32>;  // [n, dim] or unused

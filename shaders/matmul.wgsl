@@ -88,7 +88,7 @@ override PARTIAL: u32 = 256u;
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> x: array<vec4<f32>>;        // [n, k / 4]
-@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;        // [cols, units] blocks of the weight format
+@group(0) @binding(3) var<storage, read> w: array<vec4<u32>>;        // [cols, units] blocks of the weight format (runs of rows interleaved on CPU adapters)
 @group(0) @binding(4) var<storage, read> bias: array<f32>;           // [whole matrix's columns] or unused
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;        // [n, ldy]
 @group(0) @binding(6) var<storage, read_write> second: array<u32>;   // K|V cache [context, ldkv] (f32 bits,

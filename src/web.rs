@@ -206,7 +206,7 @@ impl WebEngine {
     }
 
     /// The most bytes of a weight file read into wasm memory at once while loading (default
-    /// 8 MiB; at least 4 rows of a matrix are read).
+    /// 8 MiB; at least 8 rows of a matrix are read).
     pub fn set_read_bytes(&mut self, bytes: u32) {
         self.read_bytes = u64::from(bytes.max(1));
     }

@@ -398,7 +398,7 @@ fn embed_gathers_rows_of_every_format_from_its_chunk() {
     let tokens: Vec<u32> = vec![0, 36, 5, 20, 20, 19];
     let tb = GpuBuffer::<u32>::from_slice(&gpu, "tokens", &tokens);
     for dtype in DType::ALL {
-        // (two blocks a row: a CPU adapter's K-quant buffers interleave the blocks of 8 rows; 20
+        // (two blocks a row: a CPU adapter's weight buffers interleave the blocks of 8 rows; 20
         // and 17 rows end each chunk with a partial run)
         let (vocab, dim) = (37, if dtype.block_len() > 1 { (2 * dtype.block_len()).max(64) } else { 68 });
         let (bytes, table) = random_weights(&mut rng, dtype, vocab, dim);

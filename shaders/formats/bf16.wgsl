@@ -1,6 +1,6 @@
 // Weight format BF16: each matrix row is its k values as bfloat16 (the top half of an f32), padded
 // with zeros to a multiple of 32, packed in pairs (low half first). Unit u of row `row` is four
-// vec4<u32> at stored_block(row, u) * 4 (shaders/formats/interleave.wgsl). Widening is exact: the bits move to the top of an f32.
+// vec4<u32> at stored_block(row, u, per_row) * 4 (shaders/formats/interleave.wgsl). Widening is exact: the bits move to the top of an f32.
 // Included ahead of an op (matmul, embed) that declares `w: array<vec4<u32>>` and `p.units`; the op
 // reads a unit with `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load`,
 // `part_load` and `part_unit` (shaders/formats/span_one.wgsl), and calls `unit_group(h, g)` for its

@@ -1,6 +1,6 @@
 // Weight format F16: each matrix row is its k values as f16, padded with zeros to a multiple of 32,
 // packed in pairs (low half first). Unit u of row `row` is four vec4<u32> at
-// stored_block(row, u) * 4 (shaders/formats/interleave.wgsl).
+// stored_block(row, u, per_row) * 4 (shaders/formats/interleave.wgsl).
 // Widened with unpack2x16float, so no adapter needs the shader-f16 feature.
 // Included ahead of an op (matmul, embed) that declares `w: array<vec4<u32>>` and `p.units`; the op
 // reads a unit with `unit_head`, or (matmul on CPU adapters) SPAN units at a time with `span_load`,

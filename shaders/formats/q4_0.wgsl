@@ -1,6 +1,6 @@
 // Weight format Q4_0 (ggml block_q4_0, 32 elements: f16 d, 16 bytes of nibbles; element j < 16 is
 // the low nibble of byte j, element j + 16 its high nibble; x = d * (q - 8)), in two sections:
-//   quants: block u of row `row` is one vec4<u32> at vec4 index stored_block(row, u)
+//   quants: block u of row `row` is one vec4<u32> at vec4 index stored_block(row, u, per_row)
 //           (shaders/formats/interleave.wgsl)
 //   scales: d of block b = row * units + u is f16 number b of the section starting at u32 word p.scale_base
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_0. Included ahead of an op (matmul, embed)

@@ -1,6 +1,6 @@
 // Weight format Q4_1 (ggml block_q4_1, 32 elements: f16 d, f16 m, 16 bytes of nibbles; element
 // j < 16 is the low nibble of byte j, element j + 16 its high nibble; x = d * q + m), in two sections:
-//   quants: block u of row `row` is one vec4<u32> at vec4 index stored_block(row, u)
+//   quants: block u of row `row` is one vec4<u32> at vec4 index stored_block(row, u, per_row)
 //           (shaders/formats/interleave.wgsl)
 //   scales: (d, m) of block b = row * units + u is the f16 pair in u32 word p.scale_base + b
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_1 (d * q is exact, so a fused multiply-add

@@ -3,7 +3,7 @@
 //   words 4..35: 128 bytes of nibbles; sub-block s (elements 32s .. 32s + 32) reads nibble s % 2
 //   of bytes 32 (s / 2) .. 32 (s / 2) + 32; x = (d * sc) * q - dmin * m.
 // A unit is one sub-block: unit u of row `row` lives in super-block u / 8 of the row (stored at
-// stored_block(row, u / 8), shaders/formats/interleave.wgsl). A span
+// stored_block(row, u / 8, per_row), shaders/formats/interleave.wgsl). A span
 // is a super-block: its scale words, loaded once for its eight units; a part is two sub-blocks
 // (2h and 2h + 1 read the same 32 bytes, low and high nibbles), loaded once for both.
 // Dequantised in f32 exactly as ggml's dequantize_row_q4_K ((d * sc) * q is exact, so a fused

@@ -1,7 +1,7 @@
 // Weight format Q5_0 (ggml block_q5_0, 32 elements: f16 d, u32 qh of fifth bits, 16 bytes of low
 // nibbles; element j < 16 is the low nibble of byte j, element j + 16 its high nibble, bit j of qh
 // is element j's fifth bit; x = d * (q - 16)), in two sections:
-//   quants: block u of row `row` is five u32 words at word 5 stored_block(row, u)
+//   quants: block u of row `row` is five u32 words at word 5 stored_block(row, u, per_row)
 //           (shaders/formats/interleave.wgsl): the 16 nibble bytes, then qh
 //   scales: d of block b = row * units + u is f16 number b of the section starting at u32 word p.scale_base
 // Dequantised in f32 exactly as ggml's dequantize_row_q5_0. Included ahead of an op (matmul, embed)

@@ -4,7 +4,7 @@
 //   Element l of sub-block s (elements 32s .. 32s + 32) takes its low four bits from nibble s % 2
 //   of qs[32 (s / 2) + l] and its fifth bit from bit s of qh[l]; x = (d * sc) * q - dmin * m.
 // A unit is one sub-block: unit u of row `row` lives in super-block u / 8 of the row (stored at
-// stored_block(row, u / 8), shaders/formats/interleave.wgsl). A span
+// stored_block(row, u / 8, per_row), shaders/formats/interleave.wgsl). A span
 // is a super-block: its scale words and qh (every sub-block reads all of qh), loaded once for its
 // eight units; a part is two sub-blocks (2h and 2h + 1 read the same 32 bytes of qs, low and high
 // nibbles), loaded once for both.

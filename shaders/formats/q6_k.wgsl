@@ -1,5 +1,5 @@
 // Weight format Q6_K (ggml block_q6_K, 256 elements), in two sections:
-//   quants: block j of row r is thirteen vec4<u32> at vec4 index 13 stored_block(r, j)
+//   quants: block j of row r is thirteen vec4<u32> at vec4 index 13 stored_block(r, j, per_row)
 //           (shaders/formats/interleave.wgsl): ql (128 bytes), qh (64 bytes), the 16 signed
 //           scale bytes, as the file stores them
 //   scales: d of block b = r * blocks per row + j is f16 number b of the section starting at u32

@@ -1,6 +1,6 @@
 // Weight format Q8_0 (ggml block_q8_0, 32 elements: f16 d, 32 signed bytes q; x = q * d), split
 // into two sections so that every load is aligned:
-//   quants: block u of row `row` is two vec4<u32> at vec4 index 2 stored_block(row, u)
+//   quants: block u of row `row` is two vec4<u32> at vec4 index 2 stored_block(row, u, per_row)
 //           (shaders/formats/interleave.wgsl), element j = byte j
 //   scales: d of block b = row * units + u is f16 number b of the section starting at u32 word p.scale_base
 // Dequantised in f32 exactly as ggml's dequantize_row_q8_0. Included ahead of an op (matmul, embed)

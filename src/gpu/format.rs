@@ -102,8 +102,9 @@ impl DType {
     }
 
     /// u32 words of the quants section and f16 halves of the scale section in one row of `k`:
-    /// a buffer's sections hold its rows in order, so row r's quants start at word `r * words`
-    /// and its scales at half `r * halves`.
+    /// the scale section holds a buffer's rows in order (row r's scales start at half
+    /// `r * halves`); the quants section holds whole runs of rows in order, so a run starting at
+    /// row r starts at word `r * words` (its blocks interleaved, see [`pack_rows`]).
     pub fn row_sections(self, k: usize) -> (usize, usize) {
         self.section_sizes(self.blocks(1, k))
     }
@@ -266,14 +267,18 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize, group: usize
 /// (row-major) so that each run of `group` rows holds its rows' block 0s, then their block 1s,
 /// ...: block j of row r goes to `stored_block(r, j)` of `shaders/formats/interleave.wgsl`.
 fn interleave_rows(words: &mut [u32], rows: usize, per_row: usize, block: usize, group: usize) {
-    let rows_first: Vec<u32> = words.to_vec();
-    for r in 0..rows {
-        let first = r / group * group;
+    let mut run_words = Vec::new(); // one run's rows in row order (a copy of at most `group` rows)
+    for first in (0..rows).step_by(group.max(1)) {
         let run = group.min(rows - first);
-        for j in 0..per_row {
-            let from = (r * per_row + j) * block;
-            let to = (first * per_row + j * run + r - first) * block;
-            words[to..to + block].copy_from_slice(&rows_first[from..from + block]);
+        let section = &mut words[first * per_row * block..(first + run) * per_row * block];
+        run_words.clear();
+        run_words.extend_from_slice(section);
+        for r in 0..run {
+            for j in 0..per_row {
+                let from = (r * per_row + j) * block;
+                let to = (j * run + r) * block;
+                section[to..to + block].copy_from_slice(&run_words[from..from + block]);
+            }
         }
     }
 }
@@ -288,7 +293,7 @@ pub struct WeightBuffer {
     pub k: usize,
     /// u32 word where the scale section starts.
     pub scale_base: u32,
-    pub raw: wgpu::Buffer, // [rows, units] blocks of `format`, then its scale section
+    pub raw: wgpu::Buffer, // [rows, units] blocks of `format` (interleaved by runs of rows on CPU adapters), then its scale section
 }
 
 impl WeightBuffer {

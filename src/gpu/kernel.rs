@@ -166,7 +166,7 @@ pub fn matmul_rows(lanes: u32) -> u32 {
 /// run); 1 on GPUs, rows in order. On lavapipe a decode step of Qwen2.5-Coder-1.5B took 8% less
 /// time (BENCHMARKS.md, session 18): the loads move forward through memory, which the CPU
 /// prefetches.
-pub fn row_group(lanes: u32) -> u32 {
+pub const fn row_group(lanes: u32) -> u32 {
     if lanes == 1 {
         8
     } else {
@@ -187,12 +187,12 @@ impl Pipelines {
     pub async fn build(device: &wgpu::Device, matmul_lanes: u32, shuffle: bool) -> Result<Pipelines> {
         let kernels = Kernel::all();
         let rows = matmul_rows(matmul_lanes);
-        let group = row_group(matmul_lanes) as f64;
-        let lanes = [
+        let group = ("GROUP", row_group(matmul_lanes) as f64);
+        let matmul = [
             ("LANES", matmul_lanes as f64),
             ("ROWS", rows as f64),
             ("PARTIAL", (Kernel::WORKGROUP * rows) as f64),
-            ("GROUP", group),
+            group,
         ];
         let mut table = Vec::with_capacity(kernels.len());
         for kernel in kernels {
@@ -208,8 +208,8 @@ impl Pipelines {
                 entry_point: Some("main"),
                 compilation_options: wgpu::PipelineCompilationOptions {
                     constants: match kernel {
-                        Kernel::Matmul(_) => &lanes,
-                        Kernel::Embed(_) => &lanes[3..],
+                        Kernel::Matmul(_) => &matmul,
+                        Kernel::Embed(_) => std::slice::from_ref(&group),
                         _ => &[],
                     },
                     // Every kernel writes its workgroup memory before reading it.

@@ -12,6 +12,7 @@ mod roofline;
 
 pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
+pub(crate) use kernel::row_group;
 pub use kernel::{Kernel, Pipelines};
 pub use ops::{
     AttentionShape, EagleTreeParams, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, SampleConfig,
@@ -48,6 +49,7 @@ pub struct Gpu {
     /// Command submissions and read-backs so far (see [`Gpu::round_trips`]).
     submits: AtomicU64,
     readbacks: AtomicU64,
+    readback_bytes: AtomicU64,
     /// The first GPU error no error scope caught (an out-of-memory while allocating, ...), kept
     /// for [`Gpu::take_error`] instead of wgpu's default handler, which panics.
     uncaptured: Arc<Mutex<Option<String>>>,
@@ -58,6 +60,8 @@ pub struct Gpu {
 pub struct RoundTrips {
     pub submits: u64,
     pub readbacks: u64,
+    /// Bytes those read-backs returned.
+    pub readback_bytes: u64,
 }
 
 impl std::ops::Sub for RoundTrips {
@@ -66,6 +70,7 @@ impl std::ops::Sub for RoundTrips {
         RoundTrips {
             submits: self.submits.saturating_sub(earlier.submits),
             readbacks: self.readbacks.saturating_sub(earlier.readbacks),
+            readback_bytes: self.readback_bytes.saturating_sub(earlier.readback_bytes),
         }
     }
 }
@@ -284,6 +289,7 @@ impl Gpu {
             unused_output,
             submits: AtomicU64::new(0),
             readbacks: AtomicU64::new(0),
+            readback_bytes: AtomicU64::new(0),
             uncaptured,
         })
     }
@@ -427,6 +433,7 @@ impl Gpu {
         self.queue.submit([encoder.finish()]);
         self.submits.fetch_add(1, Ordering::Relaxed);
         self.readbacks.fetch_add(1, Ordering::Relaxed);
+        self.readback_bytes.fetch_add(bytes, Ordering::Relaxed);
         let (tx, rx) = futures_channel::oneshot::channel();
         staging.map_async(wgpu::MapMode::Read, .., move |r| {
             let _ = tx.send(r);
@@ -455,11 +462,12 @@ impl Gpu {
         self.submits.fetch_add(1, Ordering::Relaxed);
     }
 
-    /// Submissions and read-backs made on this GPU so far.
+    /// Submissions, read-backs and bytes read back on this GPU so far.
     pub fn round_trips(&self) -> RoundTrips {
         RoundTrips {
             submits: self.submits.load(Ordering::Relaxed),
             readbacks: self.readbacks.load(Ordering::Relaxed),
+            readback_bytes: self.readback_bytes.load(Ordering::Relaxed),
         }
     }
 

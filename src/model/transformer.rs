@@ -36,7 +36,7 @@ pub struct LoadOptions {
     pub max_memory: Option<u64>,
     /// The most bytes of a model file read at once: weights stream from the file to the GPU in
     /// batches of rows of about this size, so loading holds this much, not the model, in memory
-    /// (what keeps the browser's wasm memory bounded). At least one 4-row batch is read.
+    /// (what keeps the browser's wasm memory bounded). At least one 8-row batch is read.
     pub read_bytes: u64,
 }
 

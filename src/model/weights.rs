@@ -12,6 +12,8 @@ use crate::loader::DType;
 
 /// Weight buffers and their write batches start at multiples of this many rows (see `stream`).
 const ROW_RUN: usize = 8;
+// (whole runs of the rows a CPU adapter interleaves, and of a matmul invocation's 4 columns)
+const _: () = assert!(ROW_RUN.is_multiple_of(crate::gpu::row_group(1) as usize) && ROW_RUN.is_multiple_of(4));
 
 /// Rows `[row_start, row_start + rows)` of a matrix in one buffer.
 struct Chunk {

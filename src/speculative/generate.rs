@@ -75,6 +75,9 @@ pub struct SpecStats {
     /// Command submissions and read-backs during decoding (the round trips).
     pub submits: u64,
     pub readbacks: u64,
+    /// Bytes those read-backs returned (a logits row is 4 x vocabulary bytes; a GPU-resident
+    /// or GPU-sampled cycle reads back a few words).
+    pub readback_bytes: u64,
     /// Submissions per generated token.
     pub submits_per_token: f64,
     /// The last cycle that drafted: the tokens its verify pass checked, as a tree (a chain is a
@@ -333,10 +336,11 @@ pub async fn generate_with(
                 let (checked, rows) = match (tree, &sampled) {
                     (Some(tree), sc) => {
                         stats.tree_cycles += 1;
-                        // (sampling the GPU draws from: a draw per node, n words read back)
-                        let sc = sc.as_ref().filter(|_| !greedy);
-                        stats.gpu_sampled += sc.is_some() as usize;
-                        (check_tree(target, &tree, n_past, &params, sc, &mut rng).await?, tree.len())
+                        // (sampling the GPU draws from: a draw per node, 4n + 1 words read back)
+                        let (checked, on_gpu) =
+                            check_tree(target, &tree, n_past, &params, sc.as_ref(), &mut rng).await?;
+                        stats.gpu_sampled += on_gpu as usize;
+                        (checked, tree.len())
                     }
                     // deterministic drafts (or none) under sampling the GPU draws from
                     (None, Some(sc)) if proposal.q.is_none() => {
@@ -406,6 +410,7 @@ pub async fn generate_with(
     let trips = target.gpu().round_trips() - trips0;
     s.submits = trips.submits;
     s.readbacks = trips.readbacks;
+    s.readback_bytes = trips.readback_bytes;
     s.submits_per_token =
         if generated.is_empty() { 0.0 } else { trips.submits as f64 / generated.len() as f64 };
     s.base.generated_tokens = generated.len();
@@ -517,7 +522,8 @@ async fn check_chain(
 }
 
 /// One tree pass over `tree` at `n_past`, the greedy or multi-candidate rule down the tree (its
-/// draws on the GPU with `sampled`), and the accepted path kept in the target's cache.
+/// draws on the GPU with `sampled`), and the accepted path kept in the target's cache; and
+/// whether the GPU drew (sampling read back a few words, not the nodes' logits rows).
 async fn check_tree(
     target: &mut Model,
     tree: &TokenTree,
@@ -525,17 +531,17 @@ async fn check_tree(
     params: &SamplingParams,
     sampled: Option<&SampledCycle>,
     rng: &mut Rng,
-) -> Result<Checked> {
+) -> Result<(Checked, bool)> {
     let ancestors = tree.ancestors();
-    let v = if params.is_greedy() {
+    let (v, on_gpu) = if params.is_greedy() {
         let ids = target.forward_tree_argmax(tree.tokens(), &ancestors, n_past).await?;
-        tree.verify_greedy(&ids)?
+        (tree.verify_greedy(&ids)?, false)
     } else if let Some(sc) = sampled {
-        sc.check_tree(target, tree, n_past, rng).await?
+        (sc.check_tree(target, tree, n_past, rng).await?, true)
     } else {
         let logits = target.forward_tree(tree.tokens(), &ancestors, n_past).await?;
         let p = distributions(&logits, target.config.vocab_size, params, n_past)?;
-        tree.verify_sampled(&p, rng)?
+        (tree.verify_sampled(&p, rng)?, false)
     };
     target.keep_path(n_past, &v.path)?;
     let xs: Vec<u32> = v.path[1..].iter().map(|&i| tree.tokens()[i]).collect();
@@ -548,5 +554,7 @@ async fn check_tree(
         accepted: v.path.clone(),
         texts: Vec::new(),
     };
-    Ok(Checked { xs, verdict, drafted: tree.len() - 1, depth: tree.max_depth(), rows: v.path, trace })
+    let checked =
+        Checked { xs, verdict, drafted: tree.len() - 1, depth: tree.max_depth(), rows: v.path, trace };
+    Ok((checked, on_gpu))
 }

@@ -13,12 +13,15 @@
 //! generation's RNG each cycle, so a seed still fixes the tokens; the rule is the one of
 //! [`verify_sampled`](super::verify_sampled), so the output has the target's sampling
 //! distribution (tested by frequencies against exact marginals). The CPU-driven path (whole
-//! logits rows read back) stays for what the GPU does not draw from: a top-k above
-//! [`MAX_TOP_K`].
+//! logits rows read back) stays for what the GPU does not draw from, a top-k above
+//! [`MAX_TOP_K`], and for chains whose draft distribution q is on the host: a draft model's
+//! calibrating cycles (the first two and every 16th, timed apart) and a draft model on another
+//! GPU.
 //!
 //! ```text
 //!   token tree   : the tree pass -> sample.wgsl: a draw y_i from p_i at every node i
-//!                  (read back: n words and the status) -> follow the child holding y_i
+//!                  (read back: 4n + 1 words, the rows' draws and the status) -> follow the
+//!                  child holding y_i
 //! ```
 //!
 //! Following the child that holds a draw from p is the multi-candidate rule of
@@ -37,7 +40,7 @@ use crate::sampling::{Rng, SamplingParams};
 /// Noise streams of the cycle's draws (each op's two Gumbel streams are 2s and 2s + 1).
 const STREAM_DRAFT: u32 = 1;
 const STREAM_VERIFY: u32 = 2;
-const STREAM_TREE: u32 = 3;
+const STREAM_TREE: u32 = 4;
 const STREAM_ACCEPT: u32 = 6;
 
 /// Whether the GPU draws from `params`' distribution: sampling with a top-k of at most
