@@ -13,9 +13,10 @@
 // adapters with subgroups) the invocations of a subgroup share their loads of x by shuffles (they
 // all need the same x with LANES = 1).
 //
-// Shape: each invocation owns 4 adjacent columns x a group of rows (up to 8 on CPU adapters, 4 on
-// GPUs: ROWS); it decodes each group of 4 weights once and applies it to every row, and loads each
-// vec4 of x once for the 4 columns (weights are read once per group of rows, not once per row).
+// Shape: each invocation owns 4 adjacent columns x a group of rows (up to 8 on CPU adapters; on
+// GPUs 4, or 16 in the pipeline of passes of more rows: ROWS); it decodes each group of 4 weights
+// once and applies it to every row, and loads each vec4 of x once for the 4 columns (weights are
+// read once per group of rows, not once per row).
 // On a GPU a workgroup of 64 invocations is
 // 4 column quads x 16 lanes: the lanes of a quad stride over k, 32 weights (one unit) at a time,
 // and their partial sums are added by a fixed tree in workgroup memory (16 columns per workgroup).
@@ -77,13 +78,16 @@ struct Params {
 override LANES: u32 = 16u;
 const WG: u32 = 64u;    // invocations per workgroup; 4 * 64 / LANES columns per workgroup
 // Rows per workgroup: 8 on CPU adapters (a group of 1 to 4 rows computes just those, of 5 or 6
-// six, of 7 or 8 eight: each row computed costs a CPU adapter its dot products and x loads), 4 on
-// GPUs (LANES > 1), where the 6- and 8-row branches would hold registers that a decode step's
-// occupancy needs. 4 or 8 (the accumulators a0 .. a7); 8 only with LANES = 1 (the 6- and 8-row
-// branches walk every unit: they have no loop for lanes that split k).
+// six, of 7 or 8 eight: each row computed costs a CPU adapter its dot products and x loads). GPUs
+// (LANES > 1) have two pipelines: ROWS = 4 for passes of up to 4 rows (a decode step, whose
+// occupancy the wider branches' registers would cost), and ROWS = 16 for more (verify passes,
+// prefill chunks: groups of 5-6, 7-8 and 9-16 rows, so that a pass of up to 16 rows reads each
+// weight once). 4, 8 (LANES = 1 only) or 16 (LANES > 1 only).
 override ROWS: u32 = 4u;
-// WG * ROWS: the workgroup memory of the lanes' partial sums, sized for the pipeline's rows
+// WG * min(ROWS, 8): the workgroup memory of the lanes' partial sums (of 8 rows at a time)
 override PARTIAL: u32 = 256u;
+// WG * ROWS / 4: the workgroup memory of the rows' sums of squares (norm)
+override SQUARES: u32 = 64u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -99,8 +103,8 @@ override PARTIAL: u32 = 256u;
 @group(0) @binding(8) var<storage, read> x_raw: array<vec4<f32>>;    // [n, k / 4] (norm) or unused
 @group(0) @binding(9) var<storage, read> gamma: array<f32>;          // [columns of y] (scaled_copy) or unused
 
-var<workgroup> partial: array<vec4<f32>, PARTIAL>;                 // [WG, ROWS] (4 columns each)
-var<workgroup> squares: array<array<vec4<f32>, 2>, WG>;            // [WG, ROWS]
+var<workgroup> partial: array<vec4<f32>, PARTIAL>;                 // [WG, min(ROWS, 8)] (4 columns each)
+var<workgroup> squares: array<vec4<f32>, SQUARES>;                // [WG, ROWS / 4] (4 rows' sums of squares each)
 
 // The rows of this chunk's weight buffer (shaders/formats/interleave.wgsl)
 fn weight_rows() -> u32 {
@@ -218,9 +222,14 @@ fn group(q: Quad, g: u32) -> Group {
     return Group(unit_group(q.h0, g), unit_group(q.h1, g), unit_group(q.h2, g), unit_group(q.h3, g));
 }
 
-// a += the group's four dot products with one row's vector of x (column j in component j)
+// the group's four dot products with one row's vector of x (column j in component j)
+fn dots(ws: Group, xv: vec4<f32>) -> vec4<f32> {
+    return vec4<f32>(dot(ws.w0, xv), dot(ws.w1, xv), dot(ws.w2, xv), dot(ws.w3, xv));
+}
+
+// a += dots(ws, xv)
 fn add_dots(a: ptr<function, vec4<f32>>, ws: Group, xv: vec4<f32>) {
-    *a += vec4<f32>(dot(ws.w0, xv), dot(ws.w1, xv), dot(ws.w2, xv), dot(ws.w3, xv));
+    *a += dots(ws, xv);
 }
 
 // Whole unit u of the four columns (q) applied to row r0 (a group of one row): a0 += the four
@@ -387,6 +396,96 @@ fn apply8(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>
     }
 }
 
+// The sums of a group of 16 rows (GPUs): one struct, so that apply16 takes one pointer (a
+// function may not take a pointer into a variable's member everywhere WGSL runs)
+struct Acc16 {
+    a0: vec4<f32>, a1: vec4<f32>, a2: vec4<f32>, a3: vec4<f32>,
+    a4: vec4<f32>, a5: vec4<f32>, a6: vec4<f32>, a7: vec4<f32>,
+    a8: vec4<f32>, a9: vec4<f32>, a10: vec4<f32>, a11: vec4<f32>,
+    a12: vec4<f32>, a13: vec4<f32>, a14: vec4<f32>, a15: vec4<f32>,
+}
+
+// unit u of the four columns applied to rows r0 .. r0 + 15 (a group of 9 to 16 rows; GPUs, whose
+// invocations load their own x: no SHARE)
+fn apply16(q: Quad, u: u32, r0: u32, a: ptr<function, Acc16>) {
+    let k4 = p.k / 4u;
+    let xi = r0 * k4 + 8u * u;
+    var g = 0u;
+    loop {
+        let ws = group(q, g);
+        let xg = xi + g;
+        (*a).a0 += dots(ws, x[xg]);
+        (*a).a1 += dots(ws, x[xg + k4]);
+        (*a).a2 += dots(ws, x[xg + 2u * k4]);
+        (*a).a3 += dots(ws, x[xg + 3u * k4]);
+        (*a).a4 += dots(ws, x[xg + 4u * k4]);
+        (*a).a5 += dots(ws, x[xg + 5u * k4]);
+        (*a).a6 += dots(ws, x[xg + 6u * k4]);
+        (*a).a7 += dots(ws, x[xg + 7u * k4]);
+        (*a).a8 += dots(ws, x[xg + 8u * k4]);
+        (*a).a9 += dots(ws, x[xg + 9u * k4]);
+        (*a).a10 += dots(ws, x[xg + 10u * k4]);
+        (*a).a11 += dots(ws, x[xg + 11u * k4]);
+        (*a).a12 += dots(ws, x[xg + 12u * k4]);
+        (*a).a13 += dots(ws, x[xg + 13u * k4]);
+        (*a).a14 += dots(ws, x[xg + 14u * k4]);
+        (*a).a15 += dots(ws, x[xg + 15u * k4]);
+        continuing {
+            g++;
+            break if g >= valid(u);
+        }
+    }
+}
+
+// (LANES > 1) the partial sums `v` of m rows (at most 8) of every lane of each column quad,
+// added by a fixed tree in workgroup memory; every lane's v then holds the quad's sums. Called
+// in uniform control flow (it has barriers).
+fn add_lanes(t: u32, lane: u32, m: u32, v: ptr<function, array<vec4<f32>, 8>>) {
+    let per = min(ROWS, 8u); // rows per invocation in `partial`
+    for (var r = 0u; r < m; r++) { partial[t * per + r] = (*v)[r]; }
+    workgroupBarrier();
+    for (var stride = LANES / 2u; stride > 0u; stride /= 2u) {
+        if (lane < stride) {
+            for (var r = 0u; r < m; r++) {
+                partial[t * per + r] += partial[(t + stride) * per + r];
+            }
+        }
+        workgroupBarrier();
+    }
+    for (var r = 0u; r < m; r++) { (*v)[r] = partial[t * per + r]; }
+}
+
+// The epilogue of output columns c0 .. c0 + 3 (those up to `last`) of pass row `row`: v, their
+// sums (times the row's 1 / rms), through the params' epilogues to their places.
+fn write_out(c0: u32, last: u32, row: u32, v_in: vec4<f32>) {
+    let c = p.col_offset + c0;
+    var v = v_in;
+    if (p.glu == 1u) {
+        // (gate, up) pairs: columns c0, c0 + 1 and c0 + 2, c0 + 3 (cols is even); output column
+        // c / 2 of the pair
+        store(c / 2u, row, v.x / (1.0 + exp(-v.x)) * v.y);
+        if (c0 + 2u <= last) { store(c / 2u + 1u, row, v.z / (1.0 + exp(-v.z)) * v.w); }
+        return;
+    }
+    if (p.has_bias == 1u) {
+        v += vec4<f32>(bias[c], bias[c + min(1u, last - c0)], bias[c + min(2u, last - c0)],
+                       bias[c + min(3u, last - c0)]);
+    }
+    if (p.silu == 1u) { v = v / (1.0 + exp(-v)); }
+    if (c < p.rope_cols) {
+        let i = c % p.head_dim;
+        let pos = step.start_pos + depth(row);
+        v = vec4<f32>(rotate(v.x, v.y, i, pos), rotate(v.z, v.w, i + 2u, pos));
+    }
+    if (p.kv_f16 == 1u && column(c) >= p.split) {
+        store_kv(c, row, v);
+        return;
+    }
+    for (var j = 0u; j < 4u; j++) {
+        if (c0 + j <= last) { store(c + j, row, v[j]); }
+    }
+}
+
 @compute @workgroup_size(WG)
 fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = inv.lid.x;
@@ -404,11 +503,12 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
 
     // 0. (norm) 1 / rms of each row of the group: the workgroup's invocations take strided vec4s
     //    of x_raw, then a fixed tree adds their sums (the same order for every pass size)
-    //    (rows r0 .. r0 + 3, and r0 + 4 .. r0 + 7 when the group has more than 4)
-    var inv_rms = array<vec4<f32>, 2>(vec4<f32>(1.0), vec4<f32>(1.0));
+    //    (rows r0 .. r0 + 3, then r0 + 4 .. r0 + 7, ... as far as the group reaches)
+    var inv_rms = array<vec4<f32>, 4>(vec4<f32>(1.0), vec4<f32>(1.0), vec4<f32>(1.0), vec4<f32>(1.0));
     if (p.norm == 1u) {
-        var sq = array<vec4<f32>, 2>(vec4<f32>(0.0), vec4<f32>(0.0));
-        for (var h = 0u; h < select(1u, 2u, nr > 4u); h++) {
+        let quads = (nr + 3u) / 4u;
+        var sq = array<vec4<f32>, 4>(vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0), vec4<f32>(0.0));
+        for (var h = 0u; h < quads; h++) {
             let r = r0 + 4u * h;
             for (var i = t; i < k4; i += WG) {
                 let a = x_raw[r * k4 + i];
@@ -418,29 +518,31 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
                 sq[h] += vec4<f32>(dot(a, a), dot(b, b), dot(c, c), dot(d, d));
             }
         }
-        squares[t] = sq;
+        // (q: the pipeline's vec4s of sums per invocation, a constant trip count)
+        let q = ROWS / 4u;
+        for (var h = 0u; h < q; h++) { squares[t * q + h] = sq[h]; }
         workgroupBarrier();
         for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
             if (t < stride) {
-                squares[t][0] += squares[t + stride][0];
-                squares[t][1] += squares[t + stride][1];
+                for (var h = 0u; h < q; h++) { squares[t * q + h] += squares[(t + stride) * q + h]; }
             }
             workgroupBarrier();
         }
-        inv_rms[0] = 1.0 / sqrt(squares[0][0] / f32(p.k) + p.eps);
-        inv_rms[1] = 1.0 / sqrt(squares[0][1] / f32(p.k) + p.eps);
+        for (var h = 0u; h < q; h++) { inv_rms[h] = 1.0 / sqrt(squares[h] / f32(p.k) + p.eps); }
     }
 
     // 1. this lane's share of k: units lane, lane + LANES, ... Each group of 4 weights of the four
     //    columns is dequantised once and applied to every row, each vec4 of x is loaded once and
-    //    applied to the four columns (apply1 .. apply8). a0 .. a7 hold rows r0 .. r0 + 7 for the
-    //    four columns; every output is one accumulator summed in k order within the lane, by the
-    //    same operations whatever kind of group computes it (group, add_dots). Groups of 1 to 4
-    //    rows (a decode step, verify passes of K = 1 to 3) have a loop each; a group of 5 or 6
-    //    computes six rows, of 7 or 8 all eight, without a branch per row (CPU adapters would run
-    //    masked rows anyway): rows past n read finite values of the x buffer and are never stored. An invocation whose columns are past the chunk skips the loop,
-    //    unless another of its subgroup runs it with SHARE (sharing x by shuffles needs the whole
-    //    subgroup; it then reads the last column and stores nothing).
+    //    applied to the four columns (apply1 .. apply16). a0 .. a7 hold rows r0 .. r0 + 7 for the
+    //    four columns (`wide` all 16 of a group of 9 to 16); every output is one accumulator
+    //    summed in k order within the lane, by the same operations whatever kind of group
+    //    computes it (group, dots). Groups of 1 to 4 rows (a decode step, verify passes of K = 1
+    //    to 3) have a loop each; a group of 5 or 6 computes six rows, of 7 or 8 all eight, of 9 to
+    //    16 all sixteen, without a branch per row (CPU adapters would run masked rows anyway):
+    //    rows past n read finite values of the x buffer and are never stored. An invocation whose
+    //    columns are past the chunk skips the loop, unless another of its subgroup runs it with
+    //    SHARE (sharing x by shuffles needs the whole subgroup; it then reads the last column and
+    //    stores nothing).
     //    On CPU adapters (LANES = 1, every unit in order) the units come a span at a time, and
     //    within it a part at a time: the words the format's units share (a K-quant block's scale
     //    words, the quant bytes of two sub-blocks) are loaded once (span_load, part_load), and
@@ -456,6 +558,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     var a5 = vec4<f32>(0.0);
     var a6 = vec4<f32>(0.0);
     var a7 = vec4<f32>(0.0);
+    var wide: Acc16; // (rows r0 .. r0 + 15 of a group of 9 to 16; zeros otherwise)
     // units of the row: none where this invocation has no columns in the chunk (with SHARE: where
     // no invocation of its subgroup has)
     let units = select(0u, p.units, share_any(c0 <= last));
@@ -539,75 +642,84 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
             }
         }
     } else if (nr <= 6u) {
-        // (LANES = 1 only: GPUs have ROWS = 4)
-        for (var s = 0u; s * SPAN < units; s++) {
-            let sp = spans(cs, s);
-            for (var h = 0u; h < SPAN / PART; h++) {
-                let pt = parts(sp, h);
-                for (var j = 0u; j < PART; j++) {
-                    apply6(quad(pt, j), s * SPAN + h * PART + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5);
+        if (LANES == 1u) {
+            for (var s = 0u; s * SPAN < units; s++) {
+                let sp = spans(cs, s);
+                for (var h = 0u; h < SPAN / PART; h++) {
+                    let pt = parts(sp, h);
+                    for (var j = 0u; j < PART; j++) {
+                        apply6(quad(pt, j), s * SPAN + h * PART + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5);
+                    }
                 }
+            }
+        } else {
+            for (var u = lane; u < units; u += LANES) {
+                apply6(heads(cs, u), u, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5);
+            }
+        }
+    } else if (ROWS <= 8u || nr <= 8u) {
+        if (LANES == 1u) {
+            for (var s = 0u; s * SPAN < units; s++) {
+                let sp = spans(cs, s);
+                for (var h = 0u; h < SPAN / PART; h++) {
+                    let pt = parts(sp, h);
+                    for (var j = 0u; j < PART; j++) {
+                        apply8(quad(pt, j), s * SPAN + h * PART + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7);
+                    }
+                }
+            }
+        } else {
+            for (var u = lane; u < units; u += LANES) {
+                apply8(heads(cs, u), u, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7);
             }
         }
     } else {
-        for (var s = 0u; s * SPAN < units; s++) {
-            let sp = spans(cs, s);
-            for (var h = 0u; h < SPAN / PART; h++) {
-                let pt = parts(sp, h);
-                for (var j = 0u; j < PART; j++) {
-                    apply8(quad(pt, j), s * SPAN + h * PART + j, r0, inv, &a0, &a1, &a2, &a3, &a4, &a5, &a6, &a7);
-                }
-            }
+        // (GPUs' ROWS = 16 pipeline: 9 to 16 rows)
+        for (var u = lane; u < units; u += LANES) {
+            apply16(heads(cs, u), u, r0, &wide);
         }
+        a0 = wide.a0;
+        a1 = wide.a1;
+        a2 = wide.a2;
+        a3 = wide.a3;
+        a4 = wide.a4;
+        a5 = wide.a5;
+        a6 = wide.a6;
+        a7 = wide.a7;
     }
 
     var acc = array<vec4<f32>, 8>(a0, a1, a2, a3, a4, a5, a6, a7);
 
     // 2. the LANES partial sums of each output, added by a fixed tree in workgroup memory
-    //    (the group's nr rows only)
+    //    (the group's nr rows only, 8 at a time)
     if (LANES > 1u) {
-        for (var r = 0u; r < nr; r++) { partial[t * ROWS + r] = acc[r]; }
-        workgroupBarrier();
-        for (var stride = LANES / 2u; stride > 0u; stride /= 2u) {
-            if (lane < stride) {
-                for (var r = 0u; r < nr; r++) {
-                    partial[t * ROWS + r] += partial[(t + stride) * ROWS + r];
-                }
-            }
-            workgroupBarrier();
+        add_lanes(t, lane, min(nr, 8u), &acc);
+        if (ROWS > 8u && nr > 8u) {
+            var hi = array<vec4<f32>, 8>(wide.a8, wide.a9, wide.a10, wide.a11, wide.a12, wide.a13,
+                                         wide.a14, wide.a15);
+            workgroupBarrier(); // (the first 8 rows' sums are read out of `partial`)
+            add_lanes(t, lane, nr - 8u, &hi);
+            wide.a8 = hi[0];
+            wide.a9 = hi[1];
+            wide.a10 = hi[2];
+            wide.a11 = hi[3];
+            wide.a12 = hi[4];
+            wide.a13 = hi[5];
+            wide.a14 = hi[6];
+            wide.a15 = hi[7];
         }
-        for (var r = 0u; r < nr; r++) { acc[r] = partial[t * ROWS + r]; }
     }
 
     // 3. lane 0 writes the outputs of its columns (c = col_offset + c0 + j of the whole matrix)
     if (lane == 0u && c0 <= last) {
-        let c = p.col_offset + c0;
-        for (var r = 0u; r < nr; r++) {
-            let row = r0 + r;
-            var v = acc[r] * inv_rms[r / 4u][r % 4u];
-            if (p.glu == 1u) {
-                // (gate, up) pairs: columns c0, c0 + 1 and c0 + 2, c0 + 3 (cols is even); output
-                // column c / 2 of the pair
-                store(c / 2u, row, v.x / (1.0 + exp(-v.x)) * v.y);
-                if (c0 + 2u <= last) { store(c / 2u + 1u, row, v.z / (1.0 + exp(-v.z)) * v.w); }
-                continue;
-            }
-            if (p.has_bias == 1u) {
-                v += vec4<f32>(bias[c], bias[c + min(1u, last - c0)], bias[c + min(2u, last - c0)],
-                               bias[c + min(3u, last - c0)]);
-            }
-            if (p.silu == 1u) { v = v / (1.0 + exp(-v)); }
-            if (c < p.rope_cols) {
-                let i = c % p.head_dim;
-                let pos = step.start_pos + depth(row);
-                v = vec4<f32>(rotate(v.x, v.y, i, pos), rotate(v.z, v.w, i + 2u, pos));
-            }
-            if (p.kv_f16 == 1u && column(c) >= p.split) {
-                store_kv(c, row, v);
-                continue;
-            }
-            for (var j = 0u; j < 4u; j++) {
-                if (c0 + j <= last) { store(c + j, row, v[j]); }
+        for (var r = 0u; r < min(nr, 8u); r++) {
+            write_out(c0, last, r0 + r, acc[r] * inv_rms[r / 4u][r % 4u]);
+        }
+        if (ROWS > 8u) {
+            let hi = array<vec4<f32>, 8>(wide.a8, wide.a9, wide.a10, wide.a11, wide.a12, wide.a13,
+                                         wide.a14, wide.a15);
+            for (var r = 8u; r < nr; r++) {
+                write_out(c0, last, r0 + r, hi[r - 8u] * inv_rms[r / 4u][r % 4u]);
             }
         }
     }

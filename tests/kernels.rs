@@ -259,8 +259,8 @@ fn matmul_rows_are_batch_invariant() {
     for gpu in gpus() {
         // Row r of a pass over n rows must equal, bit for bit, the same row computed alone, for the
         // float and the block formats, in every kind of row group (CPU adapters: 8 x 4, 8 + 5 in
-        // a group of six, 7 in a group of eight, 6, 4, 3, 2; the GPU shape: groups of 4 and the
-        // rest). F32 also with a k that is no multiple of 32, whose last unit is partial (a 1-row
+        // a group of six, 7 in a group of eight, 6, 4, 3, 2; the GPU shape: 16 x 2, 13 and 9 in a
+        // group of sixteen, 8 and 7 of eight, 6 and 5 of six (its wide pipeline), 4, 3, 2). F32 also with a k that is no multiple of 32, whose last unit is partial (a 1-row
         // group writes whole units out and loops over the groups of a partial one).
         let step = gpu.step_buffer();
         let mut rng = rng(3);
@@ -288,7 +288,7 @@ fn matmul_rows_are_batch_invariant() {
                 run(&gpu, &step, &[gpu.matmul(&step, &xr, &wb, None, &yr, out)], 1, 0);
                 singles.push(read_f32(&gpu, &yr.raw, cols));
             }
-            for n in [32usize, 13, 7, 6, 4, 3, 2] {
+            for n in [32usize, 13, 9, 8, 7, 6, 5, 4, 3, 2] {
                 run(&gpu, &step, std::slice::from_ref(&op), n, 0);
                 let batch = read_f32(&gpu, &full_y.raw, n * cols);
                 for (r, single) in singles.iter().enumerate().take(n) {
@@ -443,7 +443,7 @@ fn rmsnorm_folds_into_the_matmul_that_reads_it() {
         let mut rng = rng(5);
         for dtype in [DType::F32, DType::Q4_K] {
             let block = dtype.block_len().max(1);
-            for &(n, k, cols) in &[(1, 68usize, 5), (3, 200, 13), (9, 256, 40), (5, 576, 7)] {
+            for &(n, k, cols) in &[(1, 68usize, 5), (3, 200, 13), (13, 256, 40), (5, 576, 7)] {
                 let k = k.div_ceil(block) * block;
                 let what = format!("normed matmul {dtype} n={n} k={k} cols={cols}");
                 let (m, eps) = (24, 1e-5);

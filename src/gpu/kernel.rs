@@ -148,10 +148,15 @@ impl Kernel {
     pub const LARGEST_WORKGROUP: u32 = 256;
 }
 
+/// Rows of a pass one workgroup of the GPUs' second matmul pipeline takes: a verify pass or a
+/// tree of up to 16 rows reads each weight once (with 4-row groups a 5-row pass read them twice,
+/// a 16-row pass four times).
+pub const WIDE_ROWS: u32 = 16;
+
 /// Rows of a pass one matmul workgroup takes (`ROWS` in `shaders/matmul.wgsl`) with `lanes`
-/// invocations per column quad: 8 with one (CPU adapters), 4 on GPUs, where the 6- and 8-row
-/// branches would hold registers that a decode step's occupancy needs (and could not run: they
-/// walk every unit of k, with no loop for lanes that split it).
+/// invocations per column quad: 8 with one (CPU adapters), 4 on GPUs, where the wider branches
+/// would hold registers that a decode step's occupancy needs. GPUs run passes of more rows with
+/// a second pipeline of [`WIDE_ROWS`] ([`Pipelines::wide`]).
 pub fn matmul_rows(lanes: u32) -> u32 {
     if lanes == 1 {
         8
@@ -177,6 +182,10 @@ pub const fn row_group(lanes: u32) -> u32 {
 /// Compiled pipelines for every [`Kernel`], built once when the device is created.
 pub struct Pipelines {
     table: Vec<wgpu::ComputePipeline>,
+    /// (GPUs) each format's matmul for passes of more rows than [`matmul_rows`]: ROWS =
+    /// [`WIDE_ROWS`], with the narrow pipeline's bind group layout (an op's bind group serves
+    /// both); empty on CPU adapters.
+    wide: Vec<wgpu::ComputePipeline>,
 }
 
 impl Pipelines {
@@ -186,49 +195,119 @@ impl Pipelines {
     /// attention (the device must have [`wgpu::Features::SUBGROUP`]).
     pub async fn build(device: &wgpu::Device, matmul_lanes: u32, shuffle: bool) -> Result<Pipelines> {
         let kernels = Kernel::all();
-        let rows = matmul_rows(matmul_lanes);
         let group = ("GROUP", row_group(matmul_lanes) as f64);
-        let matmul = [
-            ("LANES", matmul_lanes as f64),
-            ("ROWS", rows as f64),
-            ("PARTIAL", (Kernel::WORKGROUP * rows) as f64),
-            group,
-        ];
+        let matmul = |rows: u32| {
+            [
+                ("LANES", matmul_lanes as f64),
+                ("ROWS", rows as f64),
+                ("PARTIAL", (Kernel::WORKGROUP * rows.min(8)) as f64),
+                ("SQUARES", (Kernel::WORKGROUP * rows / 4) as f64),
+                group,
+            ]
+        };
+        let narrow = matmul(matmul_rows(matmul_lanes));
+        // (GPUs) the matmuls' bindings, spelled out: an op's bind group serves both pipelines (a
+        // layout a pipeline derives itself serves that pipeline only)
+        let matmul_layout = (matmul_lanes > 1).then(|| matmul_layout(device));
         let mut table = Vec::with_capacity(kernels.len());
         for kernel in kernels {
-            let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-            let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-                label: Some(&format!("{kernel:?}")),
-                source: wgpu::ShaderSource::Wgsl(kernel.source(shuffle)),
-            });
-            let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-                label: Some(&format!("{kernel:?}")),
-                layout: None,
-                module: &module,
-                entry_point: Some("main"),
-                compilation_options: wgpu::PipelineCompilationOptions {
-                    constants: match kernel {
-                        Kernel::Matmul(_) => &matmul,
-                        Kernel::Embed(_) => std::slice::from_ref(&group),
-                        _ => &[],
-                    },
-                    // Every kernel writes its workgroup memory before reading it.
-                    zero_initialize_workgroup_memory: false,
-                },
-                cache: None,
-            });
-            if let Some(err) = scope.pop().await {
-                return Err(Error::Gpu(format!("kernel {kernel:?} failed to build: {err}")));
-            }
-            table.push(pipeline);
+            let (constants, layout): (&[(&str, f64)], _) = match kernel {
+                Kernel::Matmul(_) => (&narrow, matmul_layout.as_ref()),
+                Kernel::Embed(_) => (std::slice::from_ref(&group), None),
+                _ => (&[], None),
+            };
+            table.push(compile(device, kernel, shuffle, constants, layout).await?);
         }
-        Ok(Pipelines { table })
+        let mut wide = Vec::new();
+        if let Some(layout) = &matmul_layout {
+            let constants = matmul(WIDE_ROWS);
+            for dtype in DType::ALL {
+                let kernel = Kernel::Matmul(dtype);
+                wide.push(compile(device, kernel, shuffle, &constants, Some(layout)).await?);
+            }
+        }
+        Ok(Pipelines { table, wide })
     }
 
     /// The pipeline of `kernel`.
     pub fn get(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
         &self.table[kernel.index()]
     }
+
+    /// (GPUs) The matmul pipeline of `kernel` whose workgroups take [`WIDE_ROWS`] rows, if the
+    /// device has one.
+    pub fn wide(&self, kernel: Kernel) -> Option<&wgpu::ComputePipeline> {
+        match kernel {
+            Kernel::Matmul(w) => self.wide.get(DType::ALL.iter().position(|x| *x == w)?),
+            _ => None,
+        }
+    }
+}
+
+/// The bindings of `shaders/matmul.wgsl`: the step and the params (uniforms), then its storage
+/// buffers in binding order (x, w, bias, y, second, cos_sin, x_raw, gamma), y and second written.
+fn matmul_layout(device: &wgpu::Device) -> wgpu::PipelineLayout {
+    let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
+        binding,
+        visibility: wgpu::ShaderStages::COMPUTE,
+        ty: wgpu::BindingType::Buffer { ty, has_dynamic_offset: false, min_binding_size: None },
+        count: None,
+    };
+    let storage = |binding: u32, written: bool| {
+        entry(binding, wgpu::BufferBindingType::Storage { read_only: !written })
+    };
+    let entries = [
+        entry(0, wgpu::BufferBindingType::Uniform),
+        entry(1, wgpu::BufferBindingType::Uniform),
+        storage(2, false),
+        storage(3, false),
+        storage(4, false),
+        storage(5, true),
+        storage(6, true),
+        storage(7, false),
+        storage(8, false),
+        storage(9, false),
+    ];
+    let bind_group_layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+        label: Some("matmul bindings"),
+        entries: &entries,
+    });
+    device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+        label: Some("matmul"),
+        bind_group_layouts: &[Some(&bind_group_layout)],
+        immediate_size: 0,
+    })
+}
+
+/// Builds `kernel`'s pipeline with these override `constants` (and `layout`, else its own).
+async fn compile(
+    device: &wgpu::Device,
+    kernel: Kernel,
+    shuffle: bool,
+    constants: &[(&str, f64)],
+    layout: Option<&wgpu::PipelineLayout>,
+) -> Result<wgpu::ComputePipeline> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
+    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some(&format!("{kernel:?}")),
+        source: wgpu::ShaderSource::Wgsl(kernel.source(shuffle)),
+    });
+    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some(&format!("{kernel:?}")),
+        layout,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: wgpu::PipelineCompilationOptions {
+            constants,
+            // Every kernel writes its workgroup memory before reading it.
+            zero_initialize_workgroup_memory: false,
+        },
+        cache: None,
+    });
+    if let Some(err) = scope.pop().await {
+        return Err(Error::Gpu(format!("kernel {kernel:?} failed to build: {err}")));
+    }
+    Ok(pipeline)
 }
 
 #[cfg(test)]

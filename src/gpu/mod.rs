@@ -397,11 +397,19 @@ impl Gpu {
         let mut pass =
             encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
         for op in ops {
-            let [x, y, z] = op.grid.counts(n);
+            let (pipeline, grid) = match (op.grid, self.pipelines.wide(op.kernel)) {
+                // (GPUs) a pass of more rows than a matmul group takes: the pipeline whose groups
+                // take WIDE_ROWS (the same bits for every row)
+                (Grid::RowGroups { y, rows }, Some(wide)) if n > rows => {
+                    (wide, Grid::RowGroups { y, rows: kernel::WIDE_ROWS })
+                }
+                (grid, _) => (self.pipelines.get(op.kernel), grid),
+            };
+            let [x, y, z] = grid.counts(n);
             if x == 0 || y == 0 || z == 0 {
                 continue;
             }
-            pass.set_pipeline(self.pipelines.get(op.kernel));
+            pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &op.bind_group, &[]);
             pass.dispatch_workgroups(x, y, z);
         }

@@ -8,11 +8,13 @@ use bytemuck::{Pod, Zeroable};
 use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
 use crate::loader::DType;
 
-/// Rows one matmul workgroup takes on a GPU (`ROWS` in `shaders/matmul.wgsl`): a group of up to
-/// 4 rows reads each weight once, so on a GPU, whose passes are bound by the weights' bytes, a pass
-/// of up to 4 rows costs about what 1 row does (fixed-K token trees fill their rows up to a
-/// multiple of it). Each row computed costs its arithmetic: a group of 1 to 4 rows computes just
-/// those, and on CPU adapters (groups of 8) one of 5 or 6 computes six, of 7 or 8 eight.
+/// Rows one matmul workgroup of a GPU's decode-shaped pipeline takes (`ROWS` in
+/// `shaders/matmul.wgsl`): a pass of up to 4 rows runs it, and a pass of 5 to 16 rows the wide
+/// pipeline (`WIDE_ROWS` = 16 in `src/gpu/kernel.rs`: groups of 5 or 6 compute six rows,
+/// of 7 or 8 eight, of 9 to 16 sixteen); either reads each weight once. Each row computed costs
+/// its arithmetic, which a GPU's pass of a few rows hides behind the weights' bytes: fixed-K
+/// token trees fill their rows up to a multiple of 4. CPU adapters take groups of 8 rows (of 1
+/// to 4 rows computing just those, of 5 or 6 six, of 7 or 8 eight).
 pub const MATMUL_ROW_STEP: u32 = 4;
 
 /// Most nodes of a token tree in one pass (a row's ancestors are one `u32` of bits).
