@@ -35,8 +35,9 @@
 // start_pos + r (as f32, or as f16 pairs: `kv_f16`); and (`scaled_copy`) each stored value times gamma[c] written to `second` too:
 // the input of the next normed matmul.
 //
-// Batch-invariant: the order of every sum depends on k and LANES only (fixed per pipeline): a row
-// is computed by the same instructions whether the pass holds 1 row or 32, so its bits are the same.
+// Batch-invariant: the order of every sum depends on k and LANES only (fixed per device): a row
+// is computed by the same operations in the same order whether the pass holds 1 row or 32 (and
+// whichever of a GPU's two pipelines runs it), so its bits are the same.
 
 struct Step {
     n: u32,
@@ -335,7 +336,8 @@ fn apply4(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>
     }
 }
 
-// unit u of the four columns applied to rows r0 .. r0 + 5 (a group of 5 or 6 rows; CPU adapters)
+// unit u of the four columns applied to rows r0 .. r0 + 5 (a group of 5 or 6 rows: CPU adapters,
+// GPUs' 16-row pipeline)
 fn apply6(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>,
           a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>, a3: ptr<function, vec4<f32>>,
           a4: ptr<function, vec4<f32>>, a5: ptr<function, vec4<f32>>) {
@@ -363,7 +365,8 @@ fn apply6(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>
     }
 }
 
-// unit u of the four columns applied to rows r0 .. r0 + 7 (a group of 7 or 8 rows; CPU adapters)
+// unit u of the four columns applied to rows r0 .. r0 + 7 (a group of 7 or 8 rows: CPU adapters,
+// GPUs' 16-row pipeline)
 fn apply8(q: Quad, u: u32, r0: u32, inv: Invocation, a0: ptr<function, vec4<f32>>,
           a1: ptr<function, vec4<f32>>, a2: ptr<function, vec4<f32>>, a3: ptr<function, vec4<f32>>,
           a4: ptr<function, vec4<f32>>, a5: ptr<function, vec4<f32>>, a6: ptr<function, vec4<f32>>,
@@ -438,8 +441,9 @@ fn apply16(q: Quad, u: u32, r0: u32, a: ptr<function, Acc16>) {
 }
 
 // (LANES > 1) the partial sums `v` of m rows (at most 8) of every lane of each column quad,
-// added by a fixed tree in workgroup memory; every lane's v then holds the quad's sums. Called
-// in uniform control flow (it has barriers).
+// added by a fixed tree in workgroup memory; lane 0's v then holds the quad's sums (the others'
+// partial sums of the tree). Called in uniform control flow (it has barriers); it ends past its
+// last barrier with reads of the invocation's own slots only, so a second call may follow.
 fn add_lanes(t: u32, lane: u32, m: u32, v: ptr<function, array<vec4<f32>, 8>>) {
     let per = min(ROWS, 8u); // rows per invocation in `partial`
     for (var r = 0u; r < m; r++) { partial[t * per + r] = (*v)[r]; }
@@ -697,7 +701,6 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
         if (ROWS > 8u && nr > 8u) {
             var hi = array<vec4<f32>, 8>(wide.a8, wide.a9, wide.a10, wide.a11, wide.a12, wide.a13,
                                          wide.a14, wide.a15);
-            workgroupBarrier(); // (the first 8 rows' sums are read out of `partial`)
             add_lanes(t, lane, nr - 8u, &hi);
             wide.a8 = hi[0];
             wide.a9 = hi[1];

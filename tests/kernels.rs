@@ -260,8 +260,10 @@ fn matmul_rows_are_batch_invariant() {
         // Row r of a pass over n rows must equal, bit for bit, the same row computed alone, for the
         // float and the block formats, in every kind of row group (CPU adapters: 8 x 4, 8 + 5 in
         // a group of six, 7 in a group of eight, 6, 4, 3, 2; the GPU shape: 16 x 2, 13 and 9 in a
-        // group of sixteen, 8 and 7 of eight, 6 and 5 of six (its wide pipeline), 4, 3, 2). F32 also with a k that is no multiple of 32, whose last unit is partial (a 1-row
-        // group writes whole units out and loops over the groups of a partial one).
+        // group of sixteen, 8 and 7 of eight, 6 and 5 of six (its wide pipeline), 4, 3, 2, and
+        // 16 + 13, 16 + 6, 16 + 1). F32 also with a k that is no multiple of 32, whose last unit
+        // is partial (a 1-row group writes whole units out and loops over the groups of a
+        // partial one).
         let step = gpu.step_buffer();
         let mut rng = rng(3);
         let cases = [
@@ -288,7 +290,7 @@ fn matmul_rows_are_batch_invariant() {
                 run(&gpu, &step, &[gpu.matmul(&step, &xr, &wb, None, &yr, out)], 1, 0);
                 singles.push(read_f32(&gpu, &yr.raw, cols));
             }
-            for n in [32usize, 13, 9, 8, 7, 6, 5, 4, 3, 2] {
+            for n in [32usize, 29, 22, 17, 13, 9, 8, 7, 6, 5, 4, 3, 2] {
                 run(&gpu, &step, std::slice::from_ref(&op), n, 0);
                 let batch = read_f32(&gpu, &full_y.raw, n * cols);
                 for (r, single) in singles.iter().enumerate().take(n) {

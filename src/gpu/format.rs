@@ -265,7 +265,8 @@ pub fn pack_rows(dtype: DType, bytes: &[u8], rows: usize, k: usize, group: usize
 
 /// Reorders the quants section `words` of `rows` rows of `per_row` blocks of `block` words
 /// (row-major) so that each run of `group` rows holds its rows' block 0s, then their block 1s,
-/// ...: block j of row r goes to `stored_block(r, j)` of `shaders/formats/interleave.wgsl`.
+/// ...: block j of row r goes to `stored_block(r, j, per_row)` of
+/// `shaders/formats/interleave.wgsl`.
 fn interleave_rows(words: &mut [u32], rows: usize, per_row: usize, block: usize, group: usize) {
     let mut run_words = Vec::new(); // one run's rows in row order (a copy of at most `group` rows)
     for first in (0..rows).step_by(group.max(1)) {
@@ -293,7 +294,9 @@ pub struct WeightBuffer {
     pub k: usize,
     /// u32 word where the scale section starts.
     pub scale_base: u32,
-    pub raw: wgpu::Buffer, // [rows, units] blocks of `format` (interleaved by runs of rows on CPU adapters), then its scale section
+    // [rows, units] blocks of `format` (interleaved by runs of rows on CPU adapters), then its
+    // scale section
+    pub raw: wgpu::Buffer,
 }
 
 impl WeightBuffer {

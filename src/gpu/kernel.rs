@@ -210,20 +210,20 @@ impl Pipelines {
         // layout a pipeline derives itself serves that pipeline only)
         let matmul_layout = (matmul_lanes > 1).then(|| matmul_layout(device));
         let mut table = Vec::with_capacity(kernels.len());
+        let mut wide = Vec::new();
         for kernel in kernels {
             let (constants, layout): (&[(&str, f64)], _) = match kernel {
                 Kernel::Matmul(_) => (&narrow, matmul_layout.as_ref()),
                 Kernel::Embed(_) => (std::slice::from_ref(&group), None),
                 _ => (&[], None),
             };
-            table.push(compile(device, kernel, shuffle, constants, layout).await?);
-        }
-        let mut wide = Vec::new();
-        if let Some(layout) = &matmul_layout {
-            let constants = matmul(WIDE_ROWS);
-            for dtype in DType::ALL {
-                let kernel = Kernel::Matmul(dtype);
-                wide.push(compile(device, kernel, shuffle, &constants, Some(layout)).await?);
+            let label = format!("{kernel:?}");
+            let module = module(device, kernel, shuffle).await?;
+            table.push(compile(device, &label, &module, constants, layout).await?);
+            if let (Kernel::Matmul(_), Some(layout)) = (kernel, &matmul_layout) {
+                // (the same module, its 16-row groups: Pipelines::wide)
+                let label = format!("{label} wide");
+                wide.push(compile(device, &label, &module, &matmul(WIDE_ROWS), Some(layout)).await?);
             }
         }
         Ok(Pipelines { table, wide })
@@ -279,23 +279,32 @@ fn matmul_layout(device: &wgpu::Device) -> wgpu::PipelineLayout {
     })
 }
 
-/// Builds `kernel`'s pipeline with these override `constants` (and `layout`, else its own).
-async fn compile(
-    device: &wgpu::Device,
-    kernel: Kernel,
-    shuffle: bool,
-    constants: &[(&str, f64)],
-    layout: Option<&wgpu::PipelineLayout>,
-) -> Result<wgpu::ComputePipeline> {
+/// `kernel`'s shader module.
+async fn module(device: &wgpu::Device, kernel: Kernel, shuffle: bool) -> Result<wgpu::ShaderModule> {
     let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
         label: Some(&format!("{kernel:?}")),
         source: wgpu::ShaderSource::Wgsl(kernel.source(shuffle)),
     });
+    if let Some(err) = scope.pop().await {
+        return Err(Error::Gpu(format!("kernel {kernel:?} failed to build: {err}")));
+    }
+    Ok(module)
+}
+
+/// The pipeline `label` of `module` with these override `constants` (and `layout`, else its own).
+async fn compile(
+    device: &wgpu::Device,
+    label: &str,
+    module: &wgpu::ShaderModule,
+    constants: &[(&str, f64)],
+    layout: Option<&wgpu::PipelineLayout>,
+) -> Result<wgpu::ComputePipeline> {
+    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
     let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(&format!("{kernel:?}")),
+        label: Some(label),
         layout,
-        module: &module,
+        module,
         entry_point: Some("main"),
         compilation_options: wgpu::PipelineCompilationOptions {
             constants,
@@ -305,7 +314,7 @@ async fn compile(
         cache: None,
     });
     if let Some(err) = scope.pop().await {
-        return Err(Error::Gpu(format!("kernel {kernel:?} failed to build: {err}")));
+        return Err(Error::Gpu(format!("kernel {label} failed to build: {err}")));
     }
     Ok(pipeline)
 }

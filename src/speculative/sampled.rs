@@ -15,8 +15,8 @@
 //! distribution (tested by frequencies against exact marginals). The CPU-driven path (whole
 //! logits rows read back) stays for what the GPU does not draw from, a top-k above
 //! [`MAX_TOP_K`], and for chains whose draft distribution q is on the host: a draft model's
-//! calibrating cycles (the first two and every 16th, timed apart) and a draft model on another
-//! GPU.
+//! calibrating cycles (the first two and every 16th, timed apart), and the chains of a draft
+//! model on another GPU, drafting trees, or with its GPU cycles off (no `gpu_draft`).
 //!
 //! ```text
 //!   token tree   : the tree pass -> sample.wgsl: a draw y_i from p_i at every node i

@@ -167,10 +167,11 @@ impl Schedule {
     }
 
     /// The drafted nodes a token tree may hold when the schedule picked `k`: K + 1 rows rounded up
-    /// to a multiple of [`MATMUL_ROW_STEP`], the rows a GPU's verify pass reads each weight once
-    /// for. A chain uses K of them; a tree fills the rest, at about no cost where the pass is
-    /// bound by the weights' bytes (on CPU adapters each row costs its arithmetic; under an
-    /// adaptive K trees are sized by the measured costs instead, [`Schedule::tree_costs`]).
+    /// to a multiple of [`MATMUL_ROW_STEP`] (a GPU's pass of up to 16 rows reads each weight once;
+    /// each row it computes costs its arithmetic). A chain uses K of them; a tree fills the rest,
+    /// at about no cost where the pass is bound by the weights' bytes (on CPU adapters each row
+    /// costs its arithmetic; under an adaptive K trees are sized by the measured costs instead,
+    /// [`Schedule::tree_costs`]).
     pub fn tree_nodes(&self, k: usize) -> usize {
         let rows = (k + 1).next_multiple_of(MATMUL_ROW_STEP as usize).min(MAX_TREE);
         rows - 1
