@@ -693,24 +693,15 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     }
 
     var acc = array<vec4<f32>, 8>(a0, a1, a2, a3, a4, a5, a6, a7);
+    // (rows r0 + 8 .. r0 + 15 of a group of 9 to 16; unused otherwise)
+    var hi = array<vec4<f32>, 8>(wide.a8, wide.a9, wide.a10, wide.a11, wide.a12, wide.a13, wide.a14,
+                                 wide.a15);
 
     // 2. the LANES partial sums of each output, added by a fixed tree in workgroup memory
     //    (the group's nr rows only, 8 at a time)
     if (LANES > 1u) {
         add_lanes(t, lane, min(nr, 8u), &acc);
-        if (ROWS > 8u && nr > 8u) {
-            var hi = array<vec4<f32>, 8>(wide.a8, wide.a9, wide.a10, wide.a11, wide.a12, wide.a13,
-                                         wide.a14, wide.a15);
-            add_lanes(t, lane, nr - 8u, &hi);
-            wide.a8 = hi[0];
-            wide.a9 = hi[1];
-            wide.a10 = hi[2];
-            wide.a11 = hi[3];
-            wide.a12 = hi[4];
-            wide.a13 = hi[5];
-            wide.a14 = hi[6];
-            wide.a15 = hi[7];
-        }
+        if (ROWS > 8u && nr > 8u) { add_lanes(t, lane, nr - 8u, &hi); }
     }
 
     // 3. lane 0 writes the outputs of its columns (c = col_offset + c0 + j of the whole matrix)
@@ -719,8 +710,6 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
             write_out(c0, last, r0 + r, acc[r] * inv_rms[r / 4u][r % 4u]);
         }
         if (ROWS > 8u) {
-            let hi = array<vec4<f32>, 8>(wide.a8, wide.a9, wide.a10, wide.a11, wide.a12, wide.a13,
-                                         wide.a14, wide.a15);
             for (var r = 8u; r < nr; r++) {
                 write_out(c0, last, r0 + r, hi[r - 8u] * inv_rms[r / 4u][r % 4u]);
             }
