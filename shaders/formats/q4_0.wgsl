@@ -9,16 +9,17 @@
 // `part_unit` (shaders/formats/span_one.wgsl), and calls `unit_group(h, g)` for its eight groups of
 // 4 weights.
 
-struct Unit { q: vec4<u32>, d: f32 }
+// (d: d * BYTE_PLACES, the scale of each byte's field in place: shaders/formats/bytes.wgsl)
+struct Unit { q: vec4<u32>, d: vec4<f32> }
 
 fn unit_head(row: u32, u: u32) -> Unit {
     let b = row * p.units + u;
     let s = p.scale_base + b / 2u;
-    return Unit(w[stored_block(row, u, p.units)], unpack2x16float(w[s / 4u][s % 4u])[b % 2u]);
+    return Unit(w[stored_block(row, u, p.units)], unpack2x16float(w[s / 4u][s % 4u])[b % 2u] * BYTE_PLACES);
 }
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {
-    let sh = 4u * (g / 4u);
-    let q = (vec4<u32>(h.q[g % 4u]) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
-    return h.d * vec4<f32>(vec4<i32>(q) - vec4<i32>(8));
+    // nibble j of the group's word in place, q_j * 2^8j, less 8 * 2^8j: (q_j - 8) * 2^8j exactly
+    let q = vec4<f32>(byte_fields(h.q[g % 4u] >> (4u * (g / 4u)), 4u));
+    return h.d * (q - vec4<f32>(8.0, 0x1p11f, 0x1p19f, 0x1p27f));
 }

@@ -9,16 +9,17 @@
 // SPAN units at a time with `span_load`, `part_load` and `part_unit`
 // (shaders/formats/span_one.wgsl), and calls `unit_group(h, g)` for its eight groups of 4 weights.
 
-struct Unit { q: vec4<u32>, dm: vec2<f32> }
+// (d: d * BYTE_PLACES, the scale of each byte's field in place: shaders/formats/bytes.wgsl)
+struct Unit { q: vec4<u32>, d: vec4<f32>, m: f32 }
 
 fn unit_head(row: u32, u: u32) -> Unit {
     let b = row * p.units + u;
     let s = p.scale_base + b;
-    return Unit(w[stored_block(row, u, p.units)], unpack2x16float(w[s / 4u][s % 4u]));
+    let dm = unpack2x16float(w[s / 4u][s % 4u]);
+    return Unit(w[stored_block(row, u, p.units)], dm.x * BYTE_PLACES, dm.y);
 }
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {
-    let sh = 4u * (g / 4u);
-    let q = (vec4<u32>(h.q[g % 4u]) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
-    return h.dm.x * vec4<f32>(q) + h.dm.y;
+    // nibble j of the group's word in place: q_j * 2^8j
+    return h.d * vec4<f32>(byte_fields(h.q[g % 4u] >> (4u * (g / 4u)), 4u)) + h.m;
 }

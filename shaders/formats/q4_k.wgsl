@@ -12,7 +12,8 @@
 // adapters) a span and its parts at a time with `span_load`, `part_load` and `part_unit`, and calls
 // `unit_group(h, g)` for its eight groups of 4 weights.
 
-struct Unit { q0: vec4<u32>, q1: vec4<u32>, sh: u32, scale: f32, mn: f32 }
+// (scale: d * sc * BYTE_PLACES, the scale of each byte's field in place: shaders/formats/bytes.wgsl)
+struct Unit { q0: vec4<u32>, q1: vec4<u32>, sh: u32, scale: vec4<f32>, mn: f32 }
 
 const SPAN: u32 = 8u;
 const PART: u32 = 2u;
@@ -33,7 +34,7 @@ fn part_load(sp: Span, h: u32) -> Part {
 fn part_unit(pt: Part, j: u32) -> Unit {
     let dd = unpack2x16float(pt.head.x);
     let sm = k_scale_min(pt.head.yzw, pt.first + j); // shaders/formats/k_scales.wgsl
-    return Unit(pt.q0, pt.q1, 4u * j, dd.x * f32(sm.x), dd.y * f32(sm.y));
+    return Unit(pt.q0, pt.q1, 4u * j, dd.x * f32(sm.x) * BYTE_PLACES, dd.y * f32(sm.y));
 }
 
 fn unit_head(row: u32, u: u32) -> Unit {
@@ -42,6 +43,5 @@ fn unit_head(row: u32, u: u32) -> Unit {
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {
     let word = select(h.q1[g % 4u], h.q0[g % 4u], g < 4u);
-    let q = (vec4<u32>(word) >> vec4<u32>(h.sh, h.sh + 8u, h.sh + 16u, h.sh + 24u)) & vec4<u32>(15u);
-    return h.scale * vec4<f32>(q) - h.mn;
+    return h.scale * vec4<f32>(byte_fields(word >> h.sh, 4u)) - h.mn;
 }

@@ -10,7 +10,8 @@
 // `part_unit` (shaders/formats/span_one.wgsl), and calls `unit_group(h, g)` for its eight groups of
 // 4 weights.
 
-struct Unit { q: vec4<u32>, qh: u32, d: f32 }
+// (d: d * BYTE_PLACES, the scale of each byte's field in place: shaders/formats/bytes.wgsl)
+struct Unit { q: vec4<u32>, qh: u32, d: vec4<f32> }
 
 fn word_at(i: u32) -> u32 {
     return w[i / 4u][i % 4u];
@@ -21,13 +22,17 @@ fn unit_head(row: u32, u: u32) -> Unit {
     let i = 5u * stored_block(row, u, p.units);
     let q = vec4<u32>(word_at(i), word_at(i + 1u), word_at(i + 2u), word_at(i + 3u));
     let d = unpack2x16float(word_at(p.scale_base + b / 2u))[b % 2u];
-    return Unit(q, word_at(i + 4u), d);
+    return Unit(q, word_at(i + 4u), d * BYTE_PLACES);
 }
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {
-    let sh = 4u * (g / 4u);
-    let lo = (vec4<u32>(h.q[g % 4u]) >> vec4<u32>(sh, sh + 8u, sh + 16u, sh + 24u)) & vec4<u32>(15u);
-    let e = 4u * g; // element index of this group's first value
-    let hi = (vec4<u32>(h.qh) >> vec4<u32>(e, e + 1u, e + 2u, e + 3u)) & vec4<u32>(1u);
-    return h.d * vec4<f32>(vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(16));
+    // the group's four low nibbles, one per byte
+    let lo = (h.q[g % 4u] >> (4u * (g / 4u))) & 0x0F0F0F0Fu;
+    // its fifth bits, qh bits 4g .. 4g + 3, to bit 4 of each byte: the multiply copies bit i to
+    // bits i, i + 7, i + 14 and i + 21 (no carries: the four copies of the 4 bits do not overlap),
+    // so bit 8i holds bit i
+    let hi = ((((h.qh >> (4u * g)) & 15u) * 0x00204081u) & 0x01010101u) << 4u;
+    // q_j * 2^8j less 16 * 2^8j: (q_j - 16) * 2^8j exactly
+    let q = vec4<f32>(byte_fields(lo | hi, 5u));
+    return h.d * (q - vec4<f32>(16.0, 0x1p12f, 0x1p20f, 0x1p28f));
 }

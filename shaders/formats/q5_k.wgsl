@@ -19,7 +19,7 @@ struct Unit {
     h0: vec4<u32>, h1: vec4<u32>, // qh, all 32 bytes (one bit of each is this unit's)
     sl: u32,                      // nibble shift in qs: 0 or 4
     sh: u32,                      // bit of qh: the sub-block s
-    scale: f32,                   // d * sc
+    scale: vec4<f32>,             // d * sc * BYTE_PLACES (each byte's field in place: shaders/formats/bytes.wgsl)
     mn: f32,                      // dmin * m
 }
 
@@ -43,7 +43,7 @@ fn part_unit(pt: Part, j: u32) -> Unit {
     let s = pt.first + j;
     let dd = unpack2x16float(pt.head.x);
     let sm = k_scale_min(pt.head.yzw, s); // shaders/formats/k_scales.wgsl
-    return Unit(pt.q0, pt.q1, pt.h0, pt.h1, 4u * (s % 2u), s, dd.x * f32(sm.x), dd.y * f32(sm.y));
+    return Unit(pt.q0, pt.q1, pt.h0, pt.h1, 4u * (s % 2u), s, dd.x * f32(sm.x) * BYTE_PLACES, dd.y * f32(sm.y));
 }
 
 fn unit_head(row: u32, u: u32) -> Unit {
@@ -53,7 +53,7 @@ fn unit_head(row: u32, u: u32) -> Unit {
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {
     let qw = select(h.q1[g % 4u], h.q0[g % 4u], g < 4u);
     let hw = select(h.h1[g % 4u], h.h0[g % 4u], g < 4u);
-    let lo = (vec4<u32>(qw) >> vec4<u32>(h.sl, h.sl + 8u, h.sl + 16u, h.sl + 24u)) & vec4<u32>(15u);
-    let hi = (vec4<u32>(hw) >> vec4<u32>(h.sh, h.sh + 8u, h.sh + 16u, h.sh + 24u)) & vec4<u32>(1u);
-    return h.scale * vec4<f32>(lo | (hi << vec4<u32>(4u))) - h.mn;
+    // the four 5-bit quants, one per byte: the low nibbles and the fifth bits (bit sh of each qh byte)
+    let q = ((qw >> h.sl) & 0x0F0F0F0Fu) | (((hw >> h.sh) & 0x01010101u) << 4u);
+    return h.scale * vec4<f32>(byte_fields(q, 5u)) - h.mn;
 }

@@ -89,8 +89,10 @@ fn part_unit(sp: Part, jj: u32) -> Unit {
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {
     let lw = select(h.l1[g % 4u], h.l0[g % 4u], g < 4u);
     let hw = select(h.h1[g % 4u], h.h0[g % 4u], g < 4u);
-    let lo = (vec4<u32>(lw) >> vec4<u32>(h.sl, h.sl + 8u, h.sl + 16u, h.sl + 24u)) & vec4<u32>(15u);
-    let hi = (vec4<u32>(hw) >> vec4<u32>(h.sh, h.sh + 8u, h.sh + 16u, h.sh + 24u)) & vec4<u32>(3u);
-    let q = vec4<i32>(lo | (hi << vec4<u32>(4u))) - vec4<i32>(32);
-    return select(h.sc1, h.sc0, g < 4u) * vec4<f32>(q);
+    // the four 6-bit quants q, one per byte (a word's bytes at once), each xor 32: that is q - 32
+    // as a 6-bit two's complement field
+    let q = (((lw >> h.sl) & 0x0F0F0F0Fu) | (((hw >> h.sh) & 0x03030303u) << 4u)) ^ 0x20202020u;
+    // field j moved to the top of a word and shifted back with its sign: q_j - 32
+    let s = bitcast<vec4<i32>>(vec4<u32>(q) << vec4<u32>(26u, 18u, 10u, 2u)) >> vec4<u32>(26u);
+    return select(h.sc1, h.sc0, g < 4u) * vec4<f32>(s);
 }

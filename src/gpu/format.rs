@@ -1,6 +1,6 @@
 //! Weight formats on the GPU: how the rows of a weight matrix are laid out in a buffer, one
-//! variant per format file in `shaders/formats/` (`k_scales.wgsl` and `span_one.wgsl` are parts
-//! shared by several). Quantized GGUF blocks stay quantized: they are only
+//! variant per format file in `shaders/formats/` (`k_scales.wgsl`, `span_one.wgsl` and `bytes.wgsl`
+//! are parts shared by several). Quantized GGUF blocks stay quantized: they are only
 //! repacked so that every load in a kernel is aligned, and dequantised inside the kernel in f32,
 //! exactly as `loader::quant::dequantize` does on the CPU.
 //!
@@ -32,10 +32,10 @@ impl DType {
     /// of one unit (`span_one.wgsl`).
     pub fn format_source(self) -> &'static str {
         macro_rules! unit_spans {
-            ($file:literal) => {
+            ($($file:literal),+) => {
                 concat!(
                     include_str!("../../shaders/formats/interleave.wgsl"),
-                    include_str!($file),
+                    $(include_str!($file),)+
                     include_str!("../../shaders/formats/span_one.wgsl")
                 )
             };
@@ -44,13 +44,14 @@ impl DType {
             DType::F32 => unit_spans!("../../shaders/formats/f32.wgsl"),
             DType::F16 => unit_spans!("../../shaders/formats/f16.wgsl"),
             DType::BF16 => unit_spans!("../../shaders/formats/bf16.wgsl"),
-            DType::Q4_0 => unit_spans!("../../shaders/formats/q4_0.wgsl"),
-            DType::Q4_1 => unit_spans!("../../shaders/formats/q4_1.wgsl"),
-            DType::Q5_0 => unit_spans!("../../shaders/formats/q5_0.wgsl"),
+            DType::Q4_0 => unit_spans!("../../shaders/formats/bytes.wgsl", "../../shaders/formats/q4_0.wgsl"),
+            DType::Q4_1 => unit_spans!("../../shaders/formats/bytes.wgsl", "../../shaders/formats/q4_1.wgsl"),
+            DType::Q5_0 => unit_spans!("../../shaders/formats/bytes.wgsl", "../../shaders/formats/q5_0.wgsl"),
             DType::Q8_0 => unit_spans!("../../shaders/formats/q8_0.wgsl"),
             DType::Q4_K => {
                 concat!(
                     include_str!("../../shaders/formats/interleave.wgsl"),
+                    include_str!("../../shaders/formats/bytes.wgsl"),
                     include_str!("../../shaders/formats/k_scales.wgsl"),
                     include_str!("../../shaders/formats/q4_k.wgsl")
                 )
@@ -58,6 +59,7 @@ impl DType {
             DType::Q5_K => {
                 concat!(
                     include_str!("../../shaders/formats/interleave.wgsl"),
+                    include_str!("../../shaders/formats/bytes.wgsl"),
                     include_str!("../../shaders/formats/k_scales.wgsl"),
                     include_str!("../../shaders/formats/q5_k.wgsl")
                 )
