@@ -1,7 +1,7 @@
 // Quant fields read where they lie (placed ahead of the formats that use it: Q4_0, Q4_1, Q5_0,
 // Q4_K, Q5_K). A format's four weights of a group sit in the four bytes of one word, a field of
-// the low `bits` bits of each byte. Field j masked in place is q_j * 2^8j: a u32 under 2^32 with
-// at most 6 significant bits, which converts to f32 exactly. A scale times BYTE_PLACES[j] (a
+// the low `bits` bits of each byte. Field j masked in place is q_j * 2^8j: a u32 under 2^29 with
+// at most 5 significant bits, which converts to f32 exactly. A scale times BYTE_PLACES[j] (a
 // power of two, exact) then gives the same products as the scale times q_j: one mask and one
 // conversion per weight, where a shift of field j down to bit 0 and a mask were two integer
 // operations.
