@@ -8,3 +8,6 @@ mod web;
 wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 all_browser_tests!();
+
+// (the page only: the worker's browser compiles the same shaders)
+browser_tests!(every_kernel_builds);

@@ -1,6 +1,8 @@
-//! The compute kernels: one `.wgsl` file per op, one pipeline per kernel, built once per device.
+//! The compute kernels: one `.wgsl` file per op, one pipeline per kernel, compiled on a device the
+//! first time an op of it is built.
 
 use std::borrow::Cow;
+use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 use crate::loader::DType;
@@ -179,68 +181,135 @@ pub const fn row_group(lanes: u32) -> u32 {
     }
 }
 
-/// Compiled pipelines for every [`Kernel`], built once when the device is created.
+/// The pipelines of every [`Kernel`], each compiled the first time an op of it is built
+/// ([`Pipelines::get`]): a device compiles the kernels its models use, not all of them. A model
+/// of one weight format needs 2 of the 10 formats' matmuls, and a CPU adapter in a browser
+/// (SwiftShader) spent about 15 seconds compiling all of them before each load.
 pub struct Pipelines {
-    table: Vec<wgpu::ComputePipeline>,
-    /// (GPUs) each format's matmul for passes of more rows than [`matmul_rows`]: ROWS =
-    /// [`WIDE_ROWS`], with the narrow pipeline's bind group layout (an op's bind group serves
-    /// both); empty on CPU adapters.
-    wide: Vec<wgpu::ComputePipeline>,
+    device: wgpu::Device,
+    /// The matmul's `LANES` override.
+    matmul_lanes: u32,
+    /// Whether the matmul and the one-pass attention share loads by subgroup shuffles.
+    shuffle: bool,
+    /// (GPUs) the matmuls' bindings, spelled out: an op's bind group serves both of a format's
+    /// pipelines (a layout a pipeline derives itself serves that pipeline only).
+    matmul_layout: Option<wgpu::PipelineLayout>,
+    /// Each kernel's pipelines once compiled, at [`Kernel::index`].
+    table: Vec<OnceLock<Compiled>>,
+}
+
+/// One kernel's pipelines.
+struct Compiled {
+    pipeline: wgpu::ComputePipeline,
+    /// (GPUs, matmuls) the same module with groups of [`WIDE_ROWS`] rows ([`Pipelines::wide`]).
+    wide: Option<wgpu::ComputePipeline>,
 }
 
 impl Pipelines {
-    /// Compiles every kernel. Shader errors surface as [`Error::Gpu`] naming the kernel.
-    /// `matmul_lanes` sets the matmul's invocations per column (its `LANES` override),
-    /// `shuffle` the sharing of loads by subgroup shuffles in the matmul and the one-pass
-    /// attention (the device must have [`wgpu::Features::SUBGROUP`]).
-    pub async fn build(device: &wgpu::Device, matmul_lanes: u32, shuffle: bool) -> Result<Pipelines> {
-        let kernels = Kernel::all();
-        let group = ("GROUP", row_group(matmul_lanes) as f64);
-        let matmul = |rows: u32| {
-            [
-                ("LANES", matmul_lanes as f64),
-                ("ROWS", rows as f64),
-                ("PARTIAL", (Kernel::WORKGROUP * rows.min(8)) as f64),
-                ("SQUARES", (Kernel::WORKGROUP * rows / 4) as f64),
-                group,
-            ]
-        };
-        let narrow = matmul(matmul_rows(matmul_lanes));
-        // (GPUs) the matmuls' bindings, spelled out: an op's bind group serves both pipelines (a
-        // layout a pipeline derives itself serves that pipeline only)
-        let matmul_layout = (matmul_lanes > 1).then(|| matmul_layout(device));
-        let mut table = Vec::with_capacity(kernels.len());
-        let mut wide = Vec::new();
-        for kernel in kernels {
-            let (constants, layout): (&[(&str, f64)], _) = match kernel {
-                Kernel::Matmul(_) => (&narrow, matmul_layout.as_ref()),
-                Kernel::Embed(_) => (std::slice::from_ref(&group), None),
-                _ => (&[], None),
-            };
-            let label = format!("{kernel:?}");
-            let module = module(device, kernel, shuffle).await?;
-            table.push(compile(device, &label, &module, constants, layout).await?);
-            if let (Kernel::Matmul(_), Some(layout)) = (kernel, &matmul_layout) {
-                // (the same module, its 16-row groups: Pipelines::wide)
-                let label = format!("{label} wide");
-                wide.push(compile(device, &label, &module, &matmul(WIDE_ROWS), Some(layout)).await?);
-            }
+    /// Pipelines of `device`, none compiled yet. `matmul_lanes` sets the matmul's invocations per
+    /// column (its `LANES` override), `shuffle` the sharing of loads by subgroup shuffles in the
+    /// matmul and the one-pass attention (the device must have [`wgpu::Features::SUBGROUP`]).
+    pub fn new(device: &wgpu::Device, matmul_lanes: u32, shuffle: bool) -> Pipelines {
+        Pipelines {
+            device: device.clone(),
+            matmul_lanes,
+            shuffle,
+            matmul_layout: (matmul_lanes > 1).then(|| matmul_layout(device)),
+            table: Kernel::all().iter().map(|_| OnceLock::new()).collect(),
         }
-        Ok(Pipelines { table, wide })
     }
 
-    /// The pipeline of `kernel`.
+    /// Compiles every kernel not compiled yet, each inside an error scope: the first that fails
+    /// to build is [`Error::Gpu`] naming it. (Tests check every kernel on the adapter at hand
+    /// this way; a kernel that fails in [`Pipelines::get`] reports through the device's
+    /// uncaptured errors, which loading and every read-back check.)
+    pub async fn check_all(&self) -> Result<()> {
+        for kernel in Kernel::all() {
+            let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            self.compiled(kernel);
+            if let Some(err) = scope.pop().await {
+                return Err(Error::Gpu(format!("kernel {kernel:?} failed to build: {err}")));
+            }
+        }
+        Ok(())
+    }
+
+    /// The pipeline of `kernel`, compiled on first use.
     pub fn get(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
-        &self.table[kernel.index()]
+        &self.compiled(kernel).pipeline
     }
 
     /// (GPUs) The matmul pipeline of `kernel` whose workgroups take [`WIDE_ROWS`] rows, if the
     /// device has one.
     pub fn wide(&self, kernel: Kernel) -> Option<&wgpu::ComputePipeline> {
         match kernel {
-            Kernel::Matmul(w) => self.wide.get(DType::ALL.iter().position(|x| *x == w)?),
+            Kernel::Matmul(_) => self.compiled(kernel).wide.as_ref(),
             _ => None,
         }
+    }
+
+    /// How many kernels have been compiled so far.
+    pub fn compiled_count(&self) -> usize {
+        self.table.iter().filter(|c| c.get().is_some()).count()
+    }
+
+    fn compiled(&self, kernel: Kernel) -> &Compiled {
+        self.table[kernel.index()].get_or_init(|| self.compile(kernel))
+    }
+
+    fn compile(&self, kernel: Kernel) -> Compiled {
+        let group = ("GROUP", row_group(self.matmul_lanes) as f64);
+        let matmul = |rows: u32| {
+            [
+                ("LANES", self.matmul_lanes as f64),
+                ("ROWS", rows as f64),
+                ("PARTIAL", (Kernel::WORKGROUP * rows.min(8)) as f64),
+                ("SQUARES", (Kernel::WORKGROUP * rows / 4) as f64),
+                group,
+            ]
+        };
+        let narrow = matmul(matmul_rows(self.matmul_lanes));
+        let (constants, layout): (&[(&str, f64)], _) = match kernel {
+            Kernel::Matmul(_) => (&narrow, self.matmul_layout.as_ref()),
+            Kernel::Embed(_) => (std::slice::from_ref(&group), None),
+            _ => (&[], None),
+        };
+        let label = format!("{kernel:?}");
+        let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(kernel.source(self.shuffle)),
+        });
+        let pipeline = self.pipeline(&label, &module, constants, layout);
+        // (GPUs) the same module, its 16-row groups: Pipelines::wide
+        let wide = match (kernel, layout) {
+            (Kernel::Matmul(_), Some(layout)) => {
+                Some(self.pipeline(&format!("{label} wide"), &module, &matmul(WIDE_ROWS), Some(layout)))
+            }
+            _ => None,
+        };
+        Compiled { pipeline, wide }
+    }
+
+    /// The pipeline `label` of `module` with these override `constants` (and `layout`, else its own).
+    fn pipeline(
+        &self,
+        label: &str,
+        module: &wgpu::ShaderModule,
+        constants: &[(&str, f64)],
+        layout: Option<&wgpu::PipelineLayout>,
+    ) -> wgpu::ComputePipeline {
+        self.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout,
+            module,
+            entry_point: Some("main"),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants,
+                // Every kernel writes its workgroup memory before reading it.
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        })
     }
 }
 
@@ -277,46 +346,6 @@ fn matmul_layout(device: &wgpu::Device) -> wgpu::PipelineLayout {
         bind_group_layouts: &[Some(&bind_group_layout)],
         immediate_size: 0,
     })
-}
-
-/// `kernel`'s shader module.
-async fn module(device: &wgpu::Device, kernel: Kernel, shuffle: bool) -> Result<wgpu::ShaderModule> {
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some(&format!("{kernel:?}")),
-        source: wgpu::ShaderSource::Wgsl(kernel.source(shuffle)),
-    });
-    if let Some(err) = scope.pop().await {
-        return Err(Error::Gpu(format!("kernel {kernel:?} failed to build: {err}")));
-    }
-    Ok(module)
-}
-
-/// The pipeline `label` of `module` with these override `constants` (and `layout`, else its own).
-async fn compile(
-    device: &wgpu::Device,
-    label: &str,
-    module: &wgpu::ShaderModule,
-    constants: &[(&str, f64)],
-    layout: Option<&wgpu::PipelineLayout>,
-) -> Result<wgpu::ComputePipeline> {
-    let scope = device.push_error_scope(wgpu::ErrorFilter::Validation);
-    let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some(label),
-        layout,
-        module,
-        entry_point: Some("main"),
-        compilation_options: wgpu::PipelineCompilationOptions {
-            constants,
-            // Every kernel writes its workgroup memory before reading it.
-            zero_initialize_workgroup_memory: false,
-        },
-        cache: None,
-    });
-    if let Some(err) = scope.pop().await {
-        return Err(Error::Gpu(format!("kernel {label} failed to build: {err}")));
-    }
-    Ok(pipeline)
 }
 
 #[cfg(test)]

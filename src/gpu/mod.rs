@@ -1,5 +1,5 @@
 //! GPU core: the adapter and device (with the adapter's real limits), typed buffers, the kernel
-//! pipelines built once, op lists encoded into one command buffer, and async readback.
+//! pipelines compiled on first use, op lists encoded into one command buffer, and async readback.
 //!
 //! Everything here is `async` without blocking assumptions, so the same code runs natively and in
 //! wasm32 (where the browser drives the futures). Native callers block on it with `pollster`.
@@ -27,7 +27,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
-/// An adapter, its device and queue, its limits, and the compiled kernels.
+/// An adapter, its device and queue, its limits, and its kernels (compiled on first use).
 pub struct Gpu {
     pub device: wgpu::Device,
     pub queue: wgpu::Queue,
@@ -270,7 +270,7 @@ impl Gpu {
                 first.get_or_insert(msg);
             }
         }));
-        let pipelines = Pipelines::build(&device, matmul_lanes, shuffle_loads).await?;
+        let pipelines = Pipelines::new(&device, matmul_lanes, shuffle_loads);
         let unused_output = device.create_buffer(&wgpu::BufferDescriptor {
             label: Some("unused output"),
             size: 16,
@@ -292,6 +292,18 @@ impl Gpu {
             readback_bytes: AtomicU64::new(0),
             uncaptured,
         })
+    }
+
+    /// Compiles every kernel not compiled yet ([`Pipelines::check_all`]): the first that fails to
+    /// build on this adapter is [`Error::Gpu`] naming it. Kernels otherwise compile the first time
+    /// an op of theirs is built.
+    pub async fn check_kernels(&self) -> Result<()> {
+        self.pipelines.check_all().await
+    }
+
+    /// How many kernels this device has compiled so far (of [`Kernel::all`]).
+    pub fn compiled_kernels(&self) -> usize {
+        self.pipelines.compiled_count()
     }
 
     /// Rows whose blocks a weight buffer interleaves ([`kernel::row_group`]): weight

@@ -90,6 +90,13 @@ async fn read_f32(gpu: &Gpu, b: &wgpu::Buffer, len: usize) -> Vec<f32> {
     bytemuck::pod_collect_to_vec::<u8, f32>(&bytes)[..len].to_vec()
 }
 
+/// Every kernel builds in this browser (Tint, not only naga): kernels compile on first use, so
+/// this compiles the ones the other checks leave out (the GPUs' split attention, the benchmarks').
+pub async fn every_kernel_builds() {
+    let gpu = gpu().await;
+    gpu.check_kernels().await.unwrap_or_else(|e| panic!("{}: {e}", gpu.describe()));
+}
+
 /// The matmul shader (every weight format, dequantised in the kernel, with bias) against the CPU.
 pub async fn matmul_matches_reference() {
     let gpu = gpu().await;
