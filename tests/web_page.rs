@@ -9,5 +9,5 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 
 all_browser_tests!();
 
-// (the page only: the worker's browser compiles the same shaders)
-browser_tests!(every_kernel_builds);
+// (the page only: the worker's browser compiles and runs the same shaders)
+browser_tests!(every_kernel_builds, embed_dequantises_edge_scales_bit_for_bit);

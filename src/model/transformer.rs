@@ -294,6 +294,9 @@ impl Model {
         let width = kv_words(&c, kv_f16) as u32;
         let keep_ops =
             state.kv_cache.iter().map(|kv| g.kv_keep(&state.step, &state.keep, kv, width)).collect();
+        // A kernel that failed to build while its first op was (kernels compile on first use)
+        // fails the load. (In a browser such errors arrive later, by the first read-back.)
+        g.take_error()?;
         Ok(Model {
             config: c,
             gpu,

@@ -91,10 +91,59 @@ async fn read_f32(gpu: &Gpu, b: &wgpu::Buffer, len: usize) -> Vec<f32> {
 }
 
 /// Every kernel builds in this browser (Tint, not only naga): kernels compile on first use, so
-/// this compiles the ones the other checks leave out (the GPUs' split attention, the benchmarks').
+/// this compiles the ones the other checks leave out (the GPUs' split attention, the
+/// benchmarks'). The GPU shape's modules are the same; only its matmuls' override constants
+/// differ (compiling them all again cost SwiftShader about 48 s more).
 pub async fn every_kernel_builds() {
     let gpu = gpu().await;
     gpu.check_kernels().await.unwrap_or_else(|e| panic!("{}: {e}", gpu.describe()));
+}
+
+/// Every quantized format's dequantisation in this browser, bit for bit (signed zeros too)
+/// against the CPU's, as natively (tests/kernels.rs): the embedding kernel gathers whole rows
+/// through the matmul's `unit_group`. Scales of +-0, +-2^-24, the largest f16 subnormal (an
+/// adapter that flushed f16 subnormals would fail here), +-65504 and negative normals; second
+/// scales of both signs; Q6_K scale bytes -128, 127 and 0; random quant bytes.
+pub async fn embed_dequantises_edge_scales_bit_for_bit() {
+    const EDGE: [u16; 9] = [0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x7bff, 0xfbff, 0xba00, 0x2400];
+    let gpu = gpu().await;
+    let step = gpu.step_buffer();
+    let mut r = rng(21);
+    let (rows, dim) = (32, 512);
+    for dtype in DType::ALL.into_iter().filter(|d| d.block_len() > 1) {
+        let size = dtype.block_bytes();
+        let mut bytes = vec![0u8; rows * dim / dtype.block_len() * size];
+        r.fill(&mut bytes[..]);
+        for (i, b) in bytes.chunks_mut(size).enumerate() {
+            let d = EDGE[i % EDGE.len()].to_le_bytes();
+            let m = EDGE[(5 * i + 3) % EDGE.len()].to_le_bytes();
+            match dtype {
+                DType::Q6_K => {
+                    b[208..210].copy_from_slice(&d);
+                    b[192..195].copy_from_slice(&[0x80, 0x7f, 0x00]);
+                }
+                DType::Q4_1 | DType::Q4_K | DType::Q5_K => {
+                    b[0..2].copy_from_slice(&d);
+                    b[2..4].copy_from_slice(&m);
+                }
+                _ => b[0..2].copy_from_slice(&d),
+            }
+        }
+        let want = wgspec::loader::quant::dequantize(dtype, &bytes, rows * dim).expect("dequantize");
+        let table = WeightBuffer::from_blocks(&gpu, "table", dtype, &bytes, rows, dim).expect("weights");
+        let tokens: Vec<u32> = (0..rows as u32).collect();
+        let tb = GpuBuffer::<u32>::from_slice(&gpu, "tokens", &tokens);
+        let xb = GpuBuffer::<f32>::zeros(&gpu, "x", rows * dim);
+        let op = gpu.embed(&step, &tb, &table, &xb, 0, None);
+        gpu.write_step(&step, rows, 0);
+        let mut enc = gpu.encoder();
+        gpu.encode(&mut enc, &[op], rows as u32);
+        gpu.submit(enc);
+        let got = read_f32(&gpu, &xb.raw, rows * dim).await;
+        for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+            assert_eq!(g.to_bits(), w.to_bits(), "{dtype}: row {}, element {}: {g} vs {w}", i / dim, i % dim);
+        }
+    }
 }
 
 /// The matmul shader (every weight format, dequantised in the kernel, with bias) against the CPU.
