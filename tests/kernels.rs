@@ -6,7 +6,6 @@ mod reference;
 
 use common::{assert_close, assert_fits, gpu, gpu_unshared, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
-use rand::Rng;
 use wgspec::gpu::{
     AttentionShape, Gpu, GpuBuffer, Kernel, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut, Second,
     WeightBuffer,
@@ -479,30 +478,12 @@ fn embed_dequantises_edge_scales_and_every_quant_bit_for_bit() {
     // one in turn, the second scale (Q4_1's m, the K-quants' dmin) in another turn; Q6_K's scale
     // bytes -128, 127 and 0; random quant bytes over 512 blocks of 32 (every value of every field
     // in every byte of a word, many times over).
-    const EDGE: [u16; 9] = [0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x7bff, 0xfbff, 0xba00, 0x2400];
     let gpu = gpu();
     let step = gpu.step_buffer();
     let mut rng = rng(21);
     let (rows, dim) = (32, 512);
     for dtype in DType::ALL.into_iter().filter(|d| d.block_len() > 1) {
-        let size = dtype.block_bytes();
-        let mut bytes = vec![0u8; rows * dim / dtype.block_len() * size];
-        rng.fill(&mut bytes[..]);
-        for (i, b) in bytes.chunks_mut(size).enumerate() {
-            let d = EDGE[i % EDGE.len()].to_le_bytes();
-            let m = EDGE[(5 * i + 3) % EDGE.len()].to_le_bytes();
-            match dtype {
-                DType::Q6_K => {
-                    b[208..210].copy_from_slice(&d);
-                    b[192..195].copy_from_slice(&[0x80, 0x7f, 0x00]);
-                }
-                DType::Q4_1 | DType::Q4_K | DType::Q5_K => {
-                    b[0..2].copy_from_slice(&d);
-                    b[2..4].copy_from_slice(&m);
-                }
-                _ => b[0..2].copy_from_slice(&d),
-            }
-        }
+        let bytes = tiny::edge_scale_blocks(dtype, rows * dim, &mut rng);
         let want = quant::dequantize(dtype, &bytes, rows * dim).expect("dequantize");
         let table = upload(&gpu, dtype, &bytes, rows, dim);
         let tokens: Vec<u32> = (0..rows as u32).collect();

@@ -273,6 +273,33 @@ pub fn bf16_bytes(v: &[f32]) -> Vec<u8> {
     v.iter().flat_map(|x| half::bf16::from_f32(*x).to_le_bytes()).collect()
 }
 
+/// Blocks of a quantized type for `n` values with edge-case scales: random quant bytes, and in
+/// turn f16 scales of +-0, +-2^-24, the largest subnormal, +-65504 and negative normals (the
+/// second scale, Q4_1's m and the K-quants' dmin, in another turn); Q6_K's scale bytes -128,
+/// 127 and 0. For bit-for-bit checks of a kernel's dequantisation against the CPU's.
+pub fn edge_scale_blocks(dtype: DType, n: usize, rng: &mut SmallRng) -> Vec<u8> {
+    const EDGE: [u16; 9] = [0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x7bff, 0xfbff, 0xba00, 0x2400];
+    let size = dtype.block_bytes();
+    let mut bytes = vec![0u8; n / dtype.block_len() * size];
+    rng.fill(&mut bytes[..]);
+    for (i, b) in bytes.chunks_mut(size).enumerate() {
+        let d = EDGE[i % EDGE.len()].to_le_bytes();
+        let m = EDGE[(5 * i + 3) % EDGE.len()].to_le_bytes();
+        match dtype {
+            DType::Q6_K => {
+                b[208..210].copy_from_slice(&d);
+                b[192..195].copy_from_slice(&[0x80, 0x7f, 0x00]);
+            }
+            DType::Q4_1 | DType::Q4_K | DType::Q5_K => {
+                b[0..2].copy_from_slice(&d);
+                b[2..4].copy_from_slice(&m);
+            }
+            _ => b[0..2].copy_from_slice(&d),
+        }
+    }
+    bytes
+}
+
 /// Random but valid blocks of a quantized type: random quant bits, sane f16 scales.
 pub fn random_blocks(dtype: DType, n: usize, rng: &mut SmallRng) -> Vec<u8> {
     let blocks = n / dtype.block_len();

@@ -105,30 +105,12 @@ pub async fn every_kernel_builds() {
 /// adapter that flushed f16 subnormals would fail here), +-65504 and negative normals; second
 /// scales of both signs; Q6_K scale bytes -128, 127 and 0; random quant bytes.
 pub async fn embed_dequantises_edge_scales_bit_for_bit() {
-    const EDGE: [u16; 9] = [0x0000, 0x8000, 0x0001, 0x8001, 0x03ff, 0x7bff, 0xfbff, 0xba00, 0x2400];
     let gpu = gpu().await;
     let step = gpu.step_buffer();
     let mut r = rng(21);
     let (rows, dim) = (32, 512);
     for dtype in DType::ALL.into_iter().filter(|d| d.block_len() > 1) {
-        let size = dtype.block_bytes();
-        let mut bytes = vec![0u8; rows * dim / dtype.block_len() * size];
-        r.fill(&mut bytes[..]);
-        for (i, b) in bytes.chunks_mut(size).enumerate() {
-            let d = EDGE[i % EDGE.len()].to_le_bytes();
-            let m = EDGE[(5 * i + 3) % EDGE.len()].to_le_bytes();
-            match dtype {
-                DType::Q6_K => {
-                    b[208..210].copy_from_slice(&d);
-                    b[192..195].copy_from_slice(&[0x80, 0x7f, 0x00]);
-                }
-                DType::Q4_1 | DType::Q4_K | DType::Q5_K => {
-                    b[0..2].copy_from_slice(&d);
-                    b[2..4].copy_from_slice(&m);
-                }
-                _ => b[0..2].copy_from_slice(&d),
-            }
-        }
+        let bytes = tiny::edge_scale_blocks(dtype, rows * dim, &mut r);
         let want = wgspec::loader::quant::dequantize(dtype, &bytes, rows * dim).expect("dequantize");
         let table = WeightBuffer::from_blocks(&gpu, "table", dtype, &bytes, rows, dim).expect("weights");
         let tokens: Vec<u32> = (0..rows as u32).collect();
