@@ -6,7 +6,7 @@
 //! thrown `Error`s whose message is the [`Error`]'s text.
 //!
 //! ```js
-//! const engine = await WebEngine.create();            // WebGPU adapter + device, pipelines
+//! const engine = await WebEngine.create();            // WebGPU adapter + device (kernels compile as models load)
 //! engine.stage_file("config.json", bytes);            // small files: copied into wasm memory
 //! engine.stage_source("model.gguf", size, (offset, length) => bytes);  // weights: read by ranges
 //! const info = JSON.parse(await engine.load_target(2048, undefined, (done, total) => {}));

@@ -653,3 +653,36 @@ fn replace_once(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {
     out[i..i + from.len()].copy_from_slice(to);
     out
 }
+
+#[test]
+fn a_model_load_compiles_its_own_kernels_and_no_others() {
+    // Kernels compile on first use: a new device that loads a Q4_0 model compiles the kernels
+    // its passes use while it loads (none during a forward), and no other weight format's
+    // kernels nor the benchmarks' (a browser paid about 17 s compiling every kernel before each
+    // load). Its own device: the shared ones have run other tests.
+    use wgspec::gpu::{Gpu, Kernel};
+    let gpu = std::sync::Arc::new(pollster::block_on(Gpu::new()).expect("gpu"));
+    let mut r = rng(71);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::Q4_0, &mut r)).expect("gguf");
+    let mut m = load_on(gpu.clone(), &ckpt, Precision::Auto);
+    let loaded = gpu.compiled_kernels();
+    assert!(loaded.contains(&Kernel::Matmul(DType::Q4_0)), "{loaded:?}");
+    for k in &loaded {
+        match k {
+            Kernel::Matmul(d) | Kernel::Embed(d) => {
+                assert!(matches!(d, DType::Q4_0 | DType::F32), "{k:?} compiled for a Q4_0 model: {loaded:?}")
+            }
+            Kernel::BenchCopy | Kernel::BenchFma => panic!("{k:?} compiled by a model load"),
+            _ => {}
+        }
+    }
+    assert!(
+        loaded.len() < Kernel::all().len() / 2,
+        "{} of {} kernels: {loaded:?}",
+        loaded.len(),
+        Kernel::all().len()
+    );
+    forward(&mut m, &[1, 2, 3], 0);
+    assert_eq!(gpu.compiled_kernels(), loaded, "a forward pass compiled a kernel");
+}

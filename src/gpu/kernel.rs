@@ -184,7 +184,7 @@ pub const fn row_group(lanes: u32) -> u32 {
 /// The pipelines of every [`Kernel`], each compiled the first time an op of it is built
 /// ([`Pipelines::get`]): a device compiles the kernels its models use, not all of them. A model
 /// of one weight format needs 2 of the 10 formats' matmuls, and a CPU adapter in a browser
-/// (SwiftShader) spent about 15 seconds compiling all of them before each load.
+/// (SwiftShader) spent about 17 seconds compiling all of them before each load.
 pub struct Pipelines {
     device: wgpu::Device,
     /// The matmul's `LANES` override.
@@ -219,15 +219,18 @@ impl Pipelines {
         }
     }
 
-    /// Compiles every kernel not compiled yet, each inside an error scope: the first that fails
-    /// to build is [`Error::Gpu`] naming it. (Tests check every kernel on the adapter at hand
-    /// this way; a kernel that fails in [`Pipelines::get`] reports through the device's
-    /// uncaptured errors, which loading and every read-back check.)
+    /// Compiles every kernel not compiled yet, each inside error scopes (validation and
+    /// internal errors): the first that fails to build is [`Error::Gpu`] naming it. (Tests check
+    /// every kernel on the adapter at hand this way. A kernel compiled by [`Pipelines::get`]
+    /// reports inside the scope of the load that built its op, `Gpu::build_scope`, or else
+    /// through the device's uncaptured errors, which every read-back checks.)
     pub async fn check_all(&self) -> Result<()> {
         for kernel in Kernel::all() {
-            let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+            let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
             self.compiled(kernel);
-            if let Some(err) = scope.pop().await {
+            let (internal, validation) = (internal.pop(), validation.pop());
+            if let Some(err) = internal.await.or(validation.await) {
                 return Err(Error::Gpu(format!("kernel {kernel:?} failed to build: {err}")));
             }
         }
@@ -248,9 +251,9 @@ impl Pipelines {
         }
     }
 
-    /// How many kernels have been compiled so far.
-    pub fn compiled_count(&self) -> usize {
-        self.table.iter().filter(|c| c.get().is_some()).count()
+    /// The kernels compiled so far, in [`Kernel::all`]'s order.
+    pub fn compiled_kernels(&self) -> Vec<Kernel> {
+        Kernel::all().into_iter().filter(|k| self.table[k.index()].get().is_some()).collect()
     }
 
     fn compiled(&self, kernel: Kernel) -> &Compiled {

@@ -55,6 +55,52 @@ pub struct Gpu {
     uncaptured: Arc<Mutex<Option<String>>>,
 }
 
+/// Error scopes opened by [`Gpu::build_scope`] (natively, on the calling thread).
+pub struct BuildScope {
+    validation: wgpu::ErrorScopeGuard,
+    internal: wgpu::ErrorScopeGuard,
+    /// The device's uncaptured errors ([`Gpu::take_error`]), where a browser's arrive.
+    sink: Arc<Mutex<Option<String>>>,
+}
+
+impl BuildScope {
+    /// Closes the scopes. Natively their errors are known at once: the first (a kernel that
+    /// failed to build, with its label) is [`Error::Gpu`] about `what`. In a browser they arrive
+    /// later, and the first goes where uncaptured errors go: the next read-back reports it (a
+    /// load cannot wait for it: [`crate::model::Model::load`] polls once).
+    pub fn close(self, what: &str) -> Result<()> {
+        let BuildScope { validation, internal, sink } = self;
+        let (internal, validation) = (internal.pop(), validation.pop());
+        let what = what.to_string();
+        let first = async move { internal.await.or(validation.await).map(|e| format!("{what}: {e}")) };
+        #[cfg(not(target_arch = "wasm32"))]
+        {
+            use std::future::Future;
+            use std::task::{Context, Poll, Waker};
+            let mut first = std::pin::pin!(first);
+            match first.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+                Poll::Ready(Some(msg)) => Err(Error::Gpu(msg)),
+                // (wgpu-core pops its scopes at once: never pending)
+                Poll::Ready(None) | Poll::Pending => {
+                    drop(sink);
+                    Ok(())
+                }
+            }
+        }
+        #[cfg(target_arch = "wasm32")]
+        {
+            wasm_bindgen_futures::spawn_local(async move {
+                if let Some(msg) = first.await {
+                    if let Ok(mut slot) = sink.lock() {
+                        slot.get_or_insert(msg);
+                    }
+                }
+            });
+            Ok(())
+        }
+    }
+}
+
 /// Submissions and read-backs counted by a [`Gpu`]: the round trips that cost latency in a browser.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct RoundTrips {
@@ -295,15 +341,28 @@ impl Gpu {
     }
 
     /// Compiles every kernel not compiled yet ([`Pipelines::check_all`]): the first that fails to
-    /// build on this adapter is [`Error::Gpu`] naming it. Kernels otherwise compile the first time
-    /// an op of theirs is built.
+    /// build on this adapter is [`Error::Gpu`] naming it; then any GPU error no scope caught
+    /// before ([`Gpu::take_error`]). Kernels otherwise compile the first time an op of theirs is
+    /// built.
     pub async fn check_kernels(&self) -> Result<()> {
-        self.pipelines.check_all().await
+        self.pipelines.check_all().await?;
+        self.take_error()
     }
 
-    /// How many kernels this device has compiled so far (of [`Kernel::all`]).
-    pub fn compiled_kernels(&self) -> usize {
-        self.pipelines.compiled_count()
+    /// Opens the error scopes (validation and internal errors) that catch a kernel failing to
+    /// build while ops are built: kernels compile on first use, so a load wraps the recording of
+    /// its ops in one and closes it before it returns ([`BuildScope::close`]).
+    pub fn build_scope(&self) -> BuildScope {
+        BuildScope {
+            validation: self.device.push_error_scope(wgpu::ErrorFilter::Validation),
+            internal: self.device.push_error_scope(wgpu::ErrorFilter::Internal),
+            sink: self.uncaptured.clone(),
+        }
+    }
+
+    /// The kernels this device has compiled so far (of [`Kernel::all`]).
+    pub fn compiled_kernels(&self) -> Vec<Kernel> {
+        self.pipelines.compiled_kernels()
     }
 
     /// Rows whose blocks a weight buffer interleaves ([`kernel::row_group`]): weight

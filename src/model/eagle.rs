@@ -557,6 +557,8 @@ impl EagleHead {
             eagle3,
         };
         g.take_error()?;
+        // (kernels compile as their first ops are built: one that fails fails the load)
+        let scope = g.build_scope();
         let s = &state;
         let st = &s.step;
         let eps = c.rms_eps;
@@ -680,6 +682,7 @@ impl EagleHead {
                 e.lm_head.gpu_bytes() + e.embed_norm.raw.size() + e.hidden_norm.raw.size() + e.norm.raw.size()
             });
         let memory_bytes = EagleHead::plan(target, ckpt, layout, precision, top_k)?;
+        scope.close("building the EAGLE head's kernels")?;
         Ok(EagleHead {
             config: c,
             layout,

@@ -289,14 +289,14 @@ impl Model {
         };
         // An allocation the device could not make (out of memory) fails the load, not the process.
         g.take_error()?;
+        // (kernels compile as their first ops are built: one that fails fails the load)
+        let scope = g.build_scope();
         let (forward_ops, body_ops) = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
         let width = kv_words(&c, kv_f16) as u32;
         let keep_ops =
             state.kv_cache.iter().map(|kv| g.kv_keep(&state.step, &state.keep, kv, width)).collect();
-        // A kernel that failed to build while its first op was (kernels compile on first use)
-        // fails the load. (In a browser such errors arrive later, by the first read-back.)
-        g.take_error()?;
+        scope.close("building the model's kernels")?;
         Ok(Model {
             config: c,
             gpu,
@@ -341,7 +341,9 @@ impl Model {
         g.take_error()?;
         (self.forward_ops, self.body_ops) =
             record_forward(g, &self.config, &self.weights, &self.state, self.context);
-        Ok(())
+        // (a kernel first compiled here that failed; in a browser such an error arrives later,
+        // by the next read-back)
+        g.take_error()
     }
 
     /// The feature taps of the last pass (`[MAX_BATCH, taps * dim]`) and the layer counts they
