@@ -4,7 +4,6 @@
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
-use crate::error::{Error, Result};
 use crate::loader::DType;
 
 /// Every compute kernel the crate runs. Each maps to one file in `shaders/`; the ops that read
@@ -219,25 +218,8 @@ impl Pipelines {
         }
     }
 
-    /// Compiles every kernel not compiled yet, each inside error scopes (validation and
-    /// internal errors): the first that fails to build is [`Error::Gpu`] naming it. (Tests check
-    /// every kernel on the adapter at hand this way. A kernel compiled by [`Pipelines::get`]
-    /// reports inside the scope of the load that built its op, `Gpu::build_scope`, or else
-    /// through the device's uncaptured errors, which every read-back checks.)
-    pub async fn check_all(&self) -> Result<()> {
-        for kernel in Kernel::all() {
-            let validation = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
-            let internal = self.device.push_error_scope(wgpu::ErrorFilter::Internal);
-            self.compiled(kernel);
-            let (internal, validation) = (internal.pop(), validation.pop());
-            if let Some(err) = internal.await.or(validation.await) {
-                return Err(Error::Gpu(format!("kernel {kernel:?} failed to build: {err}")));
-            }
-        }
-        Ok(())
-    }
-
-    /// The pipeline of `kernel`, compiled on first use.
+    /// The pipeline of `kernel`, compiled on first use (its errors go to the error scopes open
+    /// then: `Gpu::build_scope`, or else the device's uncaptured errors).
     pub fn get(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
         &self.compiled(kernel).pipeline
     }

@@ -60,39 +60,44 @@ pub struct BuildScope {
     validation: wgpu::ErrorScopeGuard,
     internal: wgpu::ErrorScopeGuard,
     /// The device's uncaptured errors ([`Gpu::take_error`]), where a browser's arrive.
+    #[cfg(target_arch = "wasm32")]
     sink: Arc<Mutex<Option<String>>>,
 }
 
 impl BuildScope {
-    /// Closes the scopes. Natively their errors are known at once: the first (a kernel that
-    /// failed to build, with its label) is [`Error::Gpu`] about `what`. In a browser they arrive
-    /// later, and the first goes where uncaptured errors go: the next read-back reports it (a
-    /// load cannot wait for it: [`crate::model::Model::load`] polls once).
+    /// Closes the scopes: the first error they caught. They are popped before the returned
+    /// future runs, so it holds no scope across an await.
+    pub fn errors(self) -> impl std::future::Future<Output = Option<wgpu::Error>> + use<> {
+        let (internal, validation) = (self.internal.pop(), self.validation.pop());
+        async move { internal.await.or(validation.await) }
+    }
+
+    /// Closes the scopes without waiting. Natively their errors are known at once: the first (a
+    /// kernel that failed to build, with its label) is [`Error::Gpu`] about `what`. In a browser
+    /// they arrive later, and the first goes where uncaptured errors go: the next read-back
+    /// reports it (a load cannot wait for it: [`crate::model::Model::load`] polls once).
     pub fn close(self, what: &str) -> Result<()> {
-        let BuildScope { validation, internal, sink } = self;
-        let (internal, validation) = (internal.pop(), validation.pop());
         let what = what.to_string();
-        let first = async move { internal.await.or(validation.await).map(|e| format!("{what}: {e}")) };
+        #[cfg(target_arch = "wasm32")]
+        let sink = self.sink.clone();
+        let first = self.errors();
         #[cfg(not(target_arch = "wasm32"))]
         {
             use std::future::Future;
             use std::task::{Context, Poll, Waker};
             let mut first = std::pin::pin!(first);
             match first.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
-                Poll::Ready(Some(msg)) => Err(Error::Gpu(msg)),
+                Poll::Ready(Some(e)) => Err(Error::Gpu(format!("{what}: {e}"))),
                 // (wgpu-core pops its scopes at once: never pending)
-                Poll::Ready(None) | Poll::Pending => {
-                    drop(sink);
-                    Ok(())
-                }
+                Poll::Ready(None) | Poll::Pending => Ok(()),
             }
         }
         #[cfg(target_arch = "wasm32")]
         {
             wasm_bindgen_futures::spawn_local(async move {
-                if let Some(msg) = first.await {
+                if let Some(e) = first.await {
                     if let Ok(mut slot) = sink.lock() {
-                        slot.get_or_insert(msg);
+                        slot.get_or_insert(format!("{what}: {e}"));
                     }
                 }
             });
@@ -340,12 +345,18 @@ impl Gpu {
         })
     }
 
-    /// Compiles every kernel not compiled yet ([`Pipelines::check_all`]): the first that fails to
-    /// build on this adapter is [`Error::Gpu`] naming it; then any GPU error no scope caught
-    /// before ([`Gpu::take_error`]). Kernels otherwise compile the first time an op of theirs is
-    /// built.
+    /// Compiles every kernel not compiled yet, each inside its own error scopes (validation and
+    /// internal errors): the first that fails to build on this adapter is [`Error::Gpu`] naming
+    /// it; then any GPU error no scope caught before ([`Gpu::take_error`]). Kernels otherwise
+    /// compile the first time an op of theirs is built. (Tests check every kernel this way.)
     pub async fn check_kernels(&self) -> Result<()> {
-        self.pipelines.check_all().await?;
+        for kernel in Kernel::all() {
+            let scope = self.build_scope();
+            self.pipelines.get(kernel);
+            if let Some(err) = scope.errors().await {
+                return Err(Error::Gpu(format!("kernel {kernel:?} failed to build: {err}")));
+            }
+        }
         self.take_error()
     }
 
@@ -356,6 +367,7 @@ impl Gpu {
         BuildScope {
             validation: self.device.push_error_scope(wgpu::ErrorFilter::Validation),
             internal: self.device.push_error_scope(wgpu::ErrorFilter::Internal),
+            #[cfg(target_arch = "wasm32")]
             sink: self.uncaptured.clone(),
         }
     }
