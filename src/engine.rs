@@ -25,7 +25,7 @@ use crate::speculative::{
     self, DraftModel, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, Schedule, SpecStats,
     DEFAULT_MAX_DRAFT_K, EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
 };
-use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
+use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, TextLimit, Tokenizer};
 
 /// Which draft a request speculates with.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -330,9 +330,26 @@ impl Prompter {
     /// under the chat template (which places the special tokens itself; message content stays
     /// text).
     pub fn prompt_tokens(&self, req: &Request) -> Result<Vec<u32>> {
+        self.tokens(req, None)
+    }
+
+    /// [`Prompter::prompt_tokens`] for a context of `context` positions: a prompt (or rendered
+    /// chat) of more bytes than `context` tokens can hold is refused before the tokenizer runs
+    /// ([`Error::PromptTooLong`]; see [`Tokenizer::max_bytes_per_token`]), so what tokenizing a
+    /// request costs is bounded by the context, whatever the request's size.
+    pub fn prompt_tokens_within(&self, req: &Request, context: usize) -> Result<Vec<u32>> {
+        self.tokens(req, TextLimit::new(&self.tokenizer, context))
+    }
+
+    fn tokens(&self, req: &Request, limit: Option<TextLimit>) -> Result<Vec<u32>> {
         match (&req.prompt, &req.messages) {
-            (Some(p), None) => self.tokenizer.encode(p, true),
-            (None, Some(m)) => self.template()?.prompt_tokens(m, &self.tokenizer),
+            (Some(p), None) => {
+                if let Some(limit) = limit {
+                    limit.check(p.len())?;
+                }
+                self.tokenizer.encode(p, true)
+            }
+            (None, Some(m)) => self.template()?.prompt_tokens_within(m, &self.tokenizer, limit),
             _ => Err(Error::InvalidArgument("a request needs exactly one of `prompt` and `messages`".into())),
         }
     }
@@ -622,9 +639,11 @@ impl Engine {
         self.prompter.chat_prompt(messages)
     }
 
-    /// The prompt's token ids (see [`Prompter::prompt_tokens`]).
+    /// The prompt's token ids (see [`Prompter::prompt_tokens`]); a prompt longer in bytes than
+    /// the context could hold is refused before it is tokenized
+    /// ([`Prompter::prompt_tokens_within`]).
     pub fn prompt_tokens(&self, req: &Request) -> Result<Vec<u32>> {
-        self.prompter.prompt_tokens(req)
+        self.prompter.prompt_tokens_within(req, self.target_info.context)
     }
 
     /// Generates for `req`, calling `on_token` for every committed token (return false to stop)

@@ -50,6 +50,13 @@ pub enum Error {
     #[error("context overflow: {needed} positions needed, the context holds {context}")]
     ContextOverflow { needed: usize, context: usize },
 
+    /// A prompt of more bytes than the context could hold in tokens, refused before it was
+    /// tokenized (see [`crate::tokenizer::Tokenizer::max_bytes_per_token`]).
+    #[error(
+        "the prompt is {bytes} bytes; a context of {context} tokens holds at most {max_bytes} bytes of this vocabulary's text"
+    )]
+    PromptTooLong { bytes: usize, max_bytes: usize, context: usize },
+
     /// A call was made with arguments that cannot be served.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),

@@ -506,3 +506,46 @@ fn stream_decoder_non_byte_level_json() {
     assert!(tok.eos_ids().is_empty());
     assert!(matches!(tok.decode(&[9]), Err(Error::TokenOutOfRange { id: 9, vocab: 9 })));
 }
+
+/// A text longer than `n` times [`Tokenizer::max_bytes_per_token`] has more than `n` tokens, on
+/// every vocabulary here: byte-level GGUF ones and a tokenizer.json with an NFC normalizer
+/// (texts of long runs, of the vocabulary's own longest tokens, NFC-shrinking sequences, and the
+/// test vectors).
+#[test]
+fn no_token_stands_for_more_bytes_than_the_bound() {
+    let mut tokenizers: Vec<(String, Tokenizer)> =
+        VOCABS.iter().map(|v| (v.to_string(), gguf_tokenizer(v))).collect();
+    tokenizers.push(("qwen3 tokenizer.json".into(), json_tokenizer()));
+    for (name, tok) in &tokenizers {
+        let bound = tok.max_bytes_per_token().unwrap_or_else(|| panic!("{name}: bounded"));
+        assert!((1..=1024).contains(&bound), "{name}: {bound}");
+        let longest = (0..tok.vocab_size() as u32)
+            .filter_map(|id| tok.decode(&[id]).ok())
+            .max_by_key(String::len)
+            .unwrap_or_default();
+        let mut texts = vec![
+            " ".repeat(4000),
+            "=".repeat(4000),
+            "\n".repeat(4000),
+            longest.repeat(50),
+            // Decomposed Hangul jamo (9 bytes per syllable) and Kelvin signs, which NFC shrinks.
+            "\u{1100}\u{1161}\u{11A8}".repeat(300),
+            "\u{212A}".repeat(300),
+        ];
+        texts.extend(VOCABS.iter().flat_map(|v| vectors(v)).map(|(text, _)| text));
+        for text in texts {
+            let tokens = tok.encode(&text, false).unwrap().len();
+            assert!(
+                tokens * bound >= text.len(),
+                "{name}: {} bytes in {tokens} tokens, bound {bound}",
+                text.len()
+            );
+        }
+        eprintln!("{name}: at most {bound} bytes per token (longest token {:?})", longest);
+    }
+    // A normalizer that deletes text (here: stripping) leaves no bound.
+    let mut json: serde_json::Value = serde_json::from_slice(&read("qwen3-tokenizer.json")).unwrap();
+    json["normalizer"] = serde_json::json!({"type": "Strip", "strip_left": true, "strip_right": true});
+    let stripping = Tokenizer::from_json(json.to_string().as_bytes()).unwrap();
+    assert_eq!(stripping.max_bytes_per_token(), None);
+}

@@ -21,6 +21,19 @@ pub struct Message {
     pub content: String,
 }
 
+/// The roles a chat template is given. A role is written into the template's markup, so only
+/// these reach it, whatever a front end was sent (see [`known_role`]).
+pub const ROLES: &[&str] = &["system", "user", "assistant", "tool"];
+
+/// `role` as a template is given it: one of [`ROLES`], or OpenAI's `developer` (the `system` of
+/// its newer models) as `system`; `None` for any other text.
+pub fn known_role(role: &str) -> Option<&'static str> {
+    match role {
+        "developer" => Some("system"),
+        role => ROLES.iter().find(|r| **r == role).copied(),
+    }
+}
+
 /// Instructions one render may run (a chat of hundreds of messages takes well under 1% of it).
 pub const TEMPLATE_FUEL: u64 = 5_000_000;
 /// The longest prompt text one render may write.
@@ -89,11 +102,30 @@ impl ChatTemplate {
 
     /// The prompt text for `messages`, ending with the assistant turn's opening when
     /// `add_generation_prompt`. Tokenize it without adding special tokens: the template places them.
+    /// A message whose role is not one of [`ROLES`] (or `developer`, given as `system`) is refused.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
         if messages.is_empty() {
             return Err(Error::InvalidArgument("a chat needs at least one message".into()));
         }
         self.check()?;
+        let mut renamed = None;
+        for (i, m) in messages.iter().enumerate() {
+            match known_role(&m.role) {
+                None => {
+                    return Err(Error::InvalidArgument(format!(
+                        "message {i}: the role {:?} is none of {} (or developer)",
+                        crate::error::printable(&m.role.chars().take(64).collect::<String>()),
+                        ROLES.join(", ")
+                    )))
+                }
+                Some(role) if role != m.role => {
+                    let all = renamed.get_or_insert_with(|| messages.to_vec());
+                    all[i].role = role.to_string();
+                }
+                Some(_) => {}
+            }
+        }
+        let messages = renamed.as_deref().unwrap_or(messages);
         let tmpl = self.env.get_template("chat").map_err(template_err)?;
         let compiled = minijinja::machinery::get_compiled_template(&tmpl);
         let guarded = template_budget::guard(&compiled.instructions).map_err(template_err)?;
@@ -134,10 +166,32 @@ impl ChatTemplate {
     /// injection through chat markup). Content without special-token text is tokenized exactly
     /// as the rendered prompt is; content with it has each occurrence spelled in ordinary tokens.
     pub fn prompt_tokens(&self, messages: &[Message], tokenizer: &Tokenizer) -> Result<Vec<u32>> {
+        self.prompt_tokens_within(messages, tokenizer, None)
+    }
+
+    /// [`ChatTemplate::prompt_tokens`], refusing a rendered prompt over `limit` before it is
+    /// tokenized.
+    ///
+    /// Besides special-token text inside a message, a message that begins with the end of a
+    /// special token's text (`|>`), ends with its beginning (`<|im_`) or lies inside one could
+    /// complete one with the template's text beside it; such edges are spelled in ordinary
+    /// tokens too, unless the prompt as rendered, tokenized whole, holds exactly the same
+    /// control tokens (then its ids are kept: the usual case, as the template's text beside a
+    /// message is whole markup).
+    pub fn prompt_tokens_within(
+        &self,
+        messages: &[Message],
+        tokenizer: &Tokenizer,
+        limit: Option<TextLimit>,
+    ) -> Result<Vec<u32>> {
         let specials = tokenizer.special_texts();
-        let has_special = |text: &str| specials.iter().any(|s| text.contains(s.as_str()));
-        if !messages.iter().any(|m| has_special(&m.content)) {
-            return tokenizer.encode(&self.render(messages, true)?, false);
+        let risky = |m: &Message| {
+            specials.iter().any(|s| m.content.contains(s.as_str())) || edges(&m.content, &specials) != (0, 0)
+        };
+        if !messages.iter().any(risky) {
+            let text = self.render(messages, true)?;
+            check_limit(limit, text.len())?;
+            return tokenizer.encode(&text, false);
         }
         // Each occurrence becomes a marker the template copies through; the rendered text is then
         // tokenized between markers, and each marker as its special text spelled plainly. The
@@ -154,6 +208,10 @@ impl ChatTemplate {
             })
             .collect();
         let text = self.render(&marked, true)?;
+        // The prompt's bytes with each marker spelled out again.
+        let markers: usize = (0..replaced.len()).map(|i| marker_len(delim, i)).sum();
+        let originals: usize = replaced.iter().map(String::len).sum();
+        check_limit(limit, (text.len() + originals).saturating_sub(markers))?;
         let mut ids = Vec::new();
         let mut pieces = text.split(delim);
         if let Some(first) = pieces.next() {
@@ -172,27 +230,112 @@ impl ChatTemplate {
         if seen == 0 || text.matches(delim).count() != 2 * seen {
             return Err(Error::ChatTemplate("the template altered a message's special-token text".into()));
         }
+        // Only edges were spelled apart: the prompt as rendered serves when its ids hold the
+        // same control tokens in the same order (no edge completed one).
+        if replaced.iter().all(|r| !specials.contains(r)) {
+            let text = self.render(messages, true)?;
+            check_limit(limit, text.len())?;
+            let whole = tokenizer.encode(&text, false)?;
+            let control = tokenizer.special_ids();
+            let controls = |ids: &[u32]| {
+                ids.iter().copied().filter(|id| control.binary_search(id).is_ok()).collect::<Vec<_>>()
+            };
+            if controls(&whole) == controls(&ids) {
+                return Ok(whole);
+            }
+        }
         Ok(ids)
     }
 }
 
-/// `content` with every special-token text in it replaced by `delim` index `delim`, the texts
-/// appended to `replaced` (leftmost, longest match first).
+/// The most bytes a rendered prompt may have before it is tokenized: more than `context`
+/// tokens' worth of text ([`Tokenizer::max_bytes_per_token`] bytes each) cannot fit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TextLimit {
+    /// Tokens the prompt must stay under.
+    pub context: usize,
+    /// `context` times the most bytes one token stands for.
+    pub max_bytes: usize,
+}
+
+impl TextLimit {
+    /// The limit for `context` tokens of `tokenizer`'s vocabulary, where it is bounded.
+    pub fn new(tokenizer: &Tokenizer, context: usize) -> Option<TextLimit> {
+        let max_bytes = tokenizer.max_bytes_per_token()?.checked_mul(context)?;
+        Some(TextLimit { context, max_bytes })
+    }
+
+    /// [`Error::PromptTooLong`] for a text of more than `max_bytes` bytes.
+    pub fn check(&self, bytes: usize) -> Result<()> {
+        if bytes > self.max_bytes {
+            return Err(Error::PromptTooLong { bytes, max_bytes: self.max_bytes, context: self.context });
+        }
+        Ok(())
+    }
+}
+
+fn check_limit(limit: Option<TextLimit>, bytes: usize) -> Result<()> {
+    limit.map_or(Ok(()), |l| l.check(bytes))
+}
+
+/// The bytes of marker `index` (`delim`, the index's digits, `delim`).
+fn marker_len(delim: char, index: usize) -> usize {
+    2 * delim.len_utf8() + index.to_string().len()
+}
+
+/// The lengths of the longest prefix of `content` that ends a special token's text and of the
+/// longest suffix that begins one (proper parts only: a whole special text is no edge); a
+/// message that lies inside a special token's text is one edge, whole.
+fn edges(content: &str, specials: &[String]) -> (usize, usize) {
+    if !content.is_empty() && specials.iter().any(|s| s.len() > content.len() && s.contains(content)) {
+        return (content.len(), 0);
+    }
+    let mut head = 0;
+    let mut tail = 0;
+    for s in specials {
+        for (i, _) in s.char_indices().skip(1) {
+            if content.starts_with(&s[i..]) {
+                head = head.max(s.len() - i);
+            }
+            if content.ends_with(&s[..i]) {
+                tail = tail.max(i);
+            }
+        }
+    }
+    if head + tail > content.len() {
+        // Both edges overlap: the whole message is one edge.
+        return (content.len(), 0);
+    }
+    (head, tail)
+}
+
+/// `content` with every special-token text in it, and its edges (see [`edges`]), replaced by
+/// `delim` index `delim`, the texts appended to `replaced` (leftmost, longest match first).
 fn mark(content: &str, specials: &[String], delim: char, replaced: &mut Vec<String>) -> String {
     let mut out = String::with_capacity(content.len());
-    let mut rest = content;
+    let mut put = |out: &mut String, text: &str| {
+        out.push(delim);
+        out.push_str(&replaced.len().to_string());
+        out.push(delim);
+        replaced.push(text.to_string());
+    };
+    let (head, tail) = edges(content, specials);
+    if head > 0 {
+        put(&mut out, &content[..head]);
+    }
+    let mut rest = &content[head..content.len() - tail];
     while let Some((at, special)) = specials
         .iter()
         .filter_map(|s| rest.find(s.as_str()).map(|i| (i, s)))
         .min_by_key(|&(i, s)| (i, std::cmp::Reverse(s.len())))
     {
         out.push_str(&rest[..at]);
-        out.push(delim);
-        out.push_str(&replaced.len().to_string());
-        out.push(delim);
-        replaced.push(special.clone());
+        put(&mut out, special);
         rest = &rest[at + special.len()..];
     }
     out.push_str(rest);
+    if tail > 0 {
+        put(&mut out, &content[content.len() - tail..]);
+    }
     out
 }

@@ -19,7 +19,7 @@ use tokenizers::{DecoderWrapper, Model};
 
 use crate::error::{Error, Result};
 
-pub use chat::{ChatTemplate, Message};
+pub use chat::{known_role, ChatTemplate, Message, TextLimit, ROLES};
 pub use gguf_vocab::GgufVocab;
 pub use pre::PreKind;
 pub use stream::StreamDecoder;
@@ -191,6 +191,19 @@ impl Tokenizer {
         texts
     }
 
+    /// The ids of the special (control) tokens, sorted.
+    pub fn special_ids(&self) -> Vec<u32> {
+        let mut ids: Vec<u32> = self
+            .hf
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special && !t.content.is_empty())
+            .map(|(id, _)| id)
+            .collect();
+        ids.sort_unstable();
+        ids
+    }
+
     /// Token ids for `text` as plain text: special-token text such as `<|im_end|>` is spelled
     /// with ordinary tokens, never the control token; nothing is added.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
@@ -218,6 +231,27 @@ impl Tokenizer {
                 self.hf.decode(ids, false).map_err(hf_err("decode"))
             }
         }
+    }
+
+    /// The most bytes of input text one token can stand for, where that is bounded: the
+    /// longest token's bytes times the most the normalizer can shrink a text (NFC 3x, as the
+    /// Kelvin sign U+212A, 3 bytes, becomes `K`; NFKC 4x, as U+1D400 becomes `A`). A text of
+    /// more than `n` times this many bytes has more than `n` tokens, so a front end can refuse
+    /// a prompt over the context without tokenizing it (the tokenizer's memory and time grow
+    /// with the text: tens of bytes per byte). `None` where it is not bounded: a vocabulary
+    /// that is not byte-level (its tokens need not cover their input) or a normalizer that can
+    /// delete text (strip, accents, control characters, a replacement by less).
+    pub fn max_bytes_per_token(&self) -> Option<usize> {
+        let Detok::Bytes(pieces) = &self.detok else {
+            return None;
+        };
+        let added = self.hf.get_added_tokens_decoder().into_values().map(|t| t.content.len());
+        let longest = pieces.iter().map(|p| p.len()).chain(added).max()?.max(1);
+        let shrink = match self.hf.get_normalizer() {
+            None => 1,
+            Some(n) => normalizer_shrink(&serde_json::to_value(n).ok()?)?,
+        };
+        longest.checked_mul(shrink)
     }
 
     /// Number of ids (the largest id + 1); it can be smaller than a model's embedding rows.
@@ -283,6 +317,31 @@ impl Tokenizer {
                 .ok_or(Error::TokenOutOfRange { id, vocab: self.vocab_size }),
             Detok::Hf => Err(Error::Tokenizer("not a byte-level tokenizer".to_string())),
         }
+    }
+}
+
+/// How many times shorter in bytes a normalizer (its JSON form) can make a text, or `None`
+/// where it can delete text without bound.
+fn normalizer_shrink(n: &serde_json::Value) -> Option<usize> {
+    match n.get("type")?.as_str()? {
+        // Canonical singletons (U+212A KELVIN SIGN, 3 bytes -> `K`) and Hangul jamo
+        // compositions (9 bytes -> 3) shrink 3x at most; NFD only decomposes, but shares the
+        // singletons.
+        "NFC" | "NFD" | "Lowercase" => Some(3),
+        // Compatibility mappings also take 4-byte letters to ASCII (U+1D400 -> `A`).
+        "NFKC" | "NFKD" => Some(4),
+        "Prepend" | "ByteLevel" => Some(1),
+        "Replace" => {
+            let pattern = n.get("pattern")?.get("String")?.as_str()?;
+            let content = n.get("content")?.as_str()?;
+            (!content.is_empty()).then(|| pattern.len().div_ceil(content.len()).max(1))
+        }
+        "Sequence" => n
+            .get("normalizers")?
+            .as_array()?
+            .iter()
+            .try_fold(1usize, |acc, inner| acc.checked_mul(normalizer_shrink(inner)?)),
+        _ => None,
     }
 }
 

@@ -2,7 +2,8 @@
 
 /** A chat message. */
 export interface ChatMessage {
-  role: "system" | "user" | "assistant" | (string & {});
+  /** The roles a chat template is given (`developer` is given as `system`); any other is refused. */
+  role: "system" | "developer" | "user" | "assistant" | "tool";
   content: string;
 }
 

@@ -13,28 +13,43 @@ use axum::Json;
 use http_body_util::BodyExt;
 use serde::Deserialize;
 use serde_json::{json, Value};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use wgspec::engine::DraftKind;
 
 use super::error::ApiError;
-use super::metrics::{CompletionCounts, Metrics};
+use super::metrics::Metrics;
 use super::openai::{self, Endpoint, Shape};
-use super::worker::{Done, Event, Job, Loaded};
+use super::worker::{Event, Job, Loaded, Refused};
 use super::{App, ModelInfo};
 use wgspec::openai::fit_context;
+use wgspec::tokenizer::TextLimit;
 
 /// The largest request body.
 pub const MAX_BODY: usize = 8 << 20;
-/// A request body must arrive within this time.
+/// A request body must arrive within this time (waiting for room in [`BODY_BUDGET`] included).
 const BODY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Bodies up to this size are read at once; 64 KiB holds any chat a client types by hand. With
+/// at most `MAX_CONNECTIONS` (1024) requests open, such bodies take at most 64 MiB together.
+pub const SMALL_BODY: usize = 64 << 10;
+/// Bytes of larger bodies held at once, server-wide: 4 bodies of [`MAX_BODY`]. A larger body
+/// waits for room before more of it than [`SMALL_BODY`] is read (a body without
+/// `Content-Length` takes room for [`MAX_BODY`]).
+pub const BODY_BUDGET: usize = 4 * MAX_BODY;
+/// Requests parsed, rendered and tokenized at once, server-wide (the CPU work before a request
+/// is queued; the others wait their turn).
+pub const PREPARE_AT_ONCE: usize = 2;
 
-/// A request body of at most [`MAX_BODY`] bytes, read within [`BODY_TIMEOUT`].
-pub struct BodyBytes(pub Bytes);
+/// A request body of at most [`MAX_BODY`] bytes, read within [`BODY_TIMEOUT`], holding its room
+/// in the server's [`BODY_BUDGET`] until it is dropped.
+pub struct BodyBytes {
+    pub bytes: Bytes,
+    _room: Option<OwnedSemaphorePermit>,
+}
 
-impl<S: Send + Sync> FromRequest<S> for BodyBytes {
+impl FromRequest<Arc<App>> for BodyBytes {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, _: &S) -> Result<Self, ApiError> {
+    async fn from_request(req: Request, app: &Arc<App>) -> Result<Self, ApiError> {
         let too_large = || {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
@@ -44,32 +59,69 @@ impl<S: Send + Sync> FromRequest<S> for BodyBytes {
             .with_code("request_too_large")
         };
         let declared = req.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok());
-        if declared.and_then(|v| v.parse::<u64>().ok()).is_some_and(|n| n > MAX_BODY as u64) {
+        let declared = declared.and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > MAX_BODY as u64) {
             return Err(too_large());
         }
-        let mut body = req.into_body();
-        let read = async {
-            let mut bytes = Vec::new();
-            while let Some(frame) = body.frame().await {
-                let frame = frame.map_err(|e| ApiError::invalid(format!("reading the request body: {e}")))?;
-                if let Ok(data) = frame.into_data() {
-                    if bytes.len() + data.len() > MAX_BODY {
-                        return Err(too_large());
-                    }
-                    bytes.extend_from_slice(&data);
+        let deadline = tokio::time::Instant::now() + BODY_TIMEOUT;
+        let budget = app.bodies.clone();
+        let room_for = |bytes: usize| {
+            let budget = budget.clone();
+            async move {
+                // `bytes` <= MAX_BODY < u32::MAX; the budget is never closed.
+                match tokio::time::timeout_at(deadline, budget.acquire_many_owned(bytes as u32)).await {
+                    Ok(Ok(permit)) => Ok(permit),
+                    _ => Err(ApiError::unavailable(format!(
+                        "the server is reading other large requests ({} MiB at once); retry later",
+                        BODY_BUDGET >> 20
+                    ))
+                    .with_code("server_busy")),
                 }
             }
-            Ok(Bytes::from(bytes))
         };
-        match tokio::time::timeout(BODY_TIMEOUT, read).await {
-            Ok(r) => r.map(BodyBytes),
-            Err(_) => Err(ApiError::new(
-                StatusCode::REQUEST_TIMEOUT,
-                "invalid_request_error",
-                format!("the request body did not arrive within {BODY_TIMEOUT:?}"),
-            )),
+        let mut room = None;
+        if let Some(n) = declared.map(|n| n as usize).filter(|&n| n > SMALL_BODY) {
+            room = Some(room_for(n).await?);
         }
+        let mut body = req.into_body();
+        let mut bytes = Vec::new();
+        loop {
+            let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
+                Ok(Some(frame)) => frame,
+                Ok(None) => break,
+                Err(_) => {
+                    return Err(ApiError::new(
+                        StatusCode::REQUEST_TIMEOUT,
+                        "invalid_request_error",
+                        format!("the request body did not arrive within {BODY_TIMEOUT:?}"),
+                    )
+                    .with_code("request_timeout"))
+                }
+            };
+            let frame = frame.map_err(|e| ApiError::invalid(format!("reading the request body: {e}")))?;
+            if let Ok(data) = frame.into_data() {
+                let len = bytes.len() + data.len();
+                if len > MAX_BODY {
+                    return Err(too_large());
+                }
+                if len > SMALL_BODY && room.is_none() {
+                    room = Some(room_for(MAX_BODY).await?);
+                }
+                bytes.extend_from_slice(&data);
+            }
+        }
+        Ok(BodyBytes { bytes: Bytes::from(bytes), _room: room })
     }
+}
+
+/// Runs `work` on a blocking thread once one of the server's [`PREPARE_AT_ONCE`] places is free.
+async fn prepare<T: Send + 'static>(
+    app: &App,
+    what: &str,
+    work: impl FnOnce() -> T + Send + 'static,
+) -> Result<T, ApiError> {
+    let _place = app.preparing.acquire().await.map_err(|e| ApiError::internal(format!("{what}: {e}")))?;
+    tokio::task::spawn_blocking(work).await.map_err(|e| ApiError::internal(format!("{what}: {e}")))
 }
 
 pub async fn health() -> Json<Value> {
@@ -81,7 +133,7 @@ pub async fn health() -> Json<Value> {
 pub async fn ready(State(app): State<Arc<App>>) -> Response {
     match &app.model {
         None => Json(json!({"status": "ready"})).into_response(),
-        Some(m) if m.jobs.is_closed() => {
+        Some(m) if m.queue.is_closed() => {
             (StatusCode::SERVICE_UNAVAILABLE, Json(json!({"status": "failed"}))).into_response()
         }
         Some(m) if m.loaded.get().is_some() => Json(json!({"status": "ready"})).into_response(),
@@ -90,7 +142,8 @@ pub async fn ready(State(app): State<Arc<App>>) -> Response {
 }
 
 pub async fn metrics(State(app): State<Arc<App>>) -> Response {
-    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], app.metrics.render())
+    let queue_depth = app.model.as_ref().map_or(0, |m| m.queue.len());
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4; charset=utf-8")], app.metrics.render(queue_depth))
         .into_response()
 }
 
@@ -139,20 +192,23 @@ struct TokenizeBody {
     add_special: bool,
 }
 
-pub async fn tokenize(
-    State(app): State<Arc<App>>,
-    BodyBytes(body): BodyBytes,
-) -> Result<Json<Value>, ApiError> {
+pub async fn tokenize(State(app): State<Arc<App>>, body: BodyBytes) -> Result<Json<Value>, ApiError> {
     let (_, loaded) = loaded(&app)?;
-    let body: TokenizeBody = openai::typed(openai::parse_object(&body)?)?;
-    let text = match (body.content, body.prompt) {
-        (Some(t), None) | (None, Some(t)) => t,
-        _ => return Err(ApiError::field("content", "give exactly one of `content` and `prompt`")),
-    };
     let prompter = loaded.prompter.clone();
-    let tokens = tokio::task::spawn_blocking(move || prompter.tokenizer().encode(&text, body.add_special))
-        .await
-        .map_err(|e| ApiError::internal(format!("tokenize: {e}")))??;
+    let context = loaded.context;
+    let tokens = prepare(&app, "tokenize", move || {
+        let body: TokenizeBody = openai::parse_json(&body.bytes)?;
+        let text = match (body.content, body.prompt) {
+            (Some(t), None) | (None, Some(t)) => t,
+            _ => return Err(ApiError::field("content", "give exactly one of `content` and `prompt`")),
+        };
+        // No text longer than any prompt this server could take is tokenized.
+        if let Some(limit) = TextLimit::new(prompter.tokenizer(), context) {
+            limit.check(text.len()).map_err(|e| ApiError::from(e).with_param_if_none("content"))?;
+        }
+        Ok(prompter.tokenizer().encode(&text, body.add_special)?)
+    })
+    .await??;
     Ok(Json(json!({ "tokens": tokens })))
 }
 
@@ -162,39 +218,45 @@ struct DetokenizeBody {
     tokens: Vec<u32>,
 }
 
-pub async fn detokenize(
-    State(app): State<Arc<App>>,
-    BodyBytes(body): BodyBytes,
-) -> Result<Json<Value>, ApiError> {
+pub async fn detokenize(State(app): State<Arc<App>>, body: BodyBytes) -> Result<Json<Value>, ApiError> {
     let (_, loaded) = loaded(&app)?;
-    let body: DetokenizeBody = openai::typed(openai::parse_object(&body)?)?;
     let prompter = loaded.prompter.clone();
-    let content = tokio::task::spawn_blocking(move || prompter.tokenizer().decode(&body.tokens))
-        .await
-        .map_err(|e| ApiError::internal(format!("detokenize: {e}")))??;
+    let content = prepare(&app, "detokenize", move || {
+        let body: DetokenizeBody = openai::parse_json(&body.bytes)?;
+        Ok::<_, ApiError>(prompter.tokenizer().decode(&body.tokens)?)
+    })
+    .await??;
     Ok(Json(json!({ "content": content })))
 }
 
-pub async fn chat_completions(
-    State(app): State<Arc<App>>,
-    BodyBytes(body): BodyBytes,
-) -> Result<Response, ApiError> {
-    complete(app, Endpoint::Chat, &body).await
+pub async fn chat_completions(State(app): State<Arc<App>>, body: BodyBytes) -> Result<Response, ApiError> {
+    complete(app, Endpoint::Chat, body).await
 }
 
-pub async fn completions(
-    State(app): State<Arc<App>>,
-    BodyBytes(body): BodyBytes,
-) -> Result<Response, ApiError> {
-    complete(app, Endpoint::Completions, &body).await
+pub async fn completions(State(app): State<Arc<App>>, body: BodyBytes) -> Result<Response, ApiError> {
+    complete(app, Endpoint::Completions, body).await
 }
 
 /// Queues a generation and answers it whole or as a stream of server-sent events.
-async fn complete(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Response, ApiError> {
+async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<Response, ApiError> {
     let arrived = Instant::now();
     let model = app.model.as_ref().ok_or_else(|| ApiError::not_found("this server has no model"))?;
-    let parsed = openai::parse(endpoint, body, &model.ids)?;
     let (_, loaded) = loaded(&app)?;
+    // Parsed and tokenized off the async threads, a few at a time; a prompt over the context is
+    // answered at once (refused before tokenizing when its bytes alone cannot fit), not after
+    // the generations queued before it.
+    let ids = model.ids.clone();
+    let prompter = loaded.prompter.clone();
+    let context = loaded.context;
+    let (parsed, prompt) = prepare(&app, "tokenize", move || {
+        let parsed = openai::parse(endpoint, &body.bytes, &ids)?;
+        drop(body);
+        let prompt = prompter.prompt_tokens_within(&parsed.request, context);
+        Ok::<_, ApiError>((parsed, prompt))
+    })
+    .await??;
+    let field = if parsed.request.messages.is_some() { "messages" } else { "prompt" };
+    let prompt = prompt.map_err(|e| ApiError::from(e).with_param_if_none(field))?;
     let mut request = parsed.request;
     // a draft model or heads (alone or merged with the n-gram) only where the server loaded them
     if let Some(asked) = request.draft.filter(|d| d.base() != model.default_draft.base()) {
@@ -212,37 +274,28 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: &[u8]) -> Result<Resp
         }
     }
     request.draft = Some(request.draft.unwrap_or(model.default_draft));
-    // Tokenized here, off the async threads: a prompt over the context is answered at once, not
-    // after the generations queued before it.
-    let prompter = loaded.prompter.clone();
-    let (prompt, mut request) =
-        tokio::task::spawn_blocking(move || (prompter.prompt_tokens(&request), request))
-            .await
-            .map_err(|e| ApiError::internal(format!("tokenize: {e}")))?;
-    let prompt = prompt?;
-    let field = if request.messages.is_some() { "messages" } else { "prompt" };
     request.max_tokens = fit_context(prompt.len(), parsed.max_tokens, loaded.context, field)?;
+    // The engine reads the ids; the text need not wait in the queue.
+    request.prompt = None;
+    request.messages = None;
     let (events, mut rx) = mpsc::unbounded_channel();
     let job = Job { request, prompt, events };
-    match model.jobs.try_send(job) {
-        Ok(()) => {
-            app.metrics.queue_depth.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
-        Err(mpsc::error::TrySendError::Full(_)) => {
+    // Dropped when this handler is (its client left): the job leaves the queue with it.
+    let _ticket = match model.queue.push(job) {
+        Ok(ticket) => ticket,
+        Err(Refused::Full) => {
             return Err(ApiError::new(
                 StatusCode::TOO_MANY_REQUESTS,
                 "rate_limit_exceeded",
                 format!(
                     "the queue is full ({} requests wait for the GPU); retry later",
-                    model.jobs.max_capacity()
+                    model.queue.capacity()
                 ),
             )
             .with_code("queue_full"))
         }
-        Err(mpsc::error::TrySendError::Closed(_)) => {
-            return Err(ApiError::unavailable("the GPU worker has stopped"))
-        }
-    }
+        Err(Refused::Closed) => return Err(ApiError::unavailable("the GPU worker has stopped")),
+    };
     // The worker tells when the generation starts (or that the worker has gone).
     match rx.recv().await {
         Some(Event::Started) => {}
@@ -274,16 +327,6 @@ impl Timing {
         }
         self.last = Some(now);
     }
-
-    fn done(&self, d: &Done) {
-        self.metrics.completion(&CompletionCounts {
-            prompt_tokens: d.prompt_tokens,
-            generated_tokens: d.completion_tokens,
-            drafted: d.stats.drafted,
-            accepted: d.stats.accepted,
-            tokens_per_target_forward: d.stats.tokens_per_target_forward,
-        });
-    }
 }
 
 /// The answer of a request without `stream`.
@@ -300,7 +343,6 @@ async fn whole(
                 }
             }
             Some(Event::Done(d)) => {
-                timing.done(&d);
                 let usage = openai::usage(d.prompt_tokens, d.completion_tokens);
                 let body =
                     shape.response(&d.text, openai::finish_reason(d.finish), usage, &d.stats, &d.from_draft);
@@ -372,7 +414,6 @@ impl Streamer {
                 }
                 Some(Event::Done(d)) => {
                     self.ended = true;
-                    self.timing.done(&d);
                     let mut wgspec = serde_json::to_value(&d.stats).unwrap_or_else(|_| json!({}));
                     wgspec["from_draft"] = json!(std::mem::take(&mut self.from_draft));
                     let finish = openai::finish_reason(d.finish);

@@ -59,6 +59,14 @@ impl ApiError {
         self
     }
 
+    /// Names `param` as the field at fault unless a field is named already.
+    pub fn with_param_if_none(mut self, param: &str) -> ApiError {
+        if self.param.is_none() && self.status == StatusCode::BAD_REQUEST {
+            self.param = Some(param.to_string());
+        }
+        self
+    }
+
     pub fn with_code(mut self, code: &'static str) -> ApiError {
         self.code = Some(code);
         self
@@ -100,7 +108,7 @@ impl From<wgspec::Error> for ApiError {
                 api.code = *code;
                 api
             }
-            E::ContextOverflow { .. } => {
+            E::ContextOverflow { .. } | E::PromptTooLong { .. } => {
                 ApiError::invalid(e.to_string()).with_code("context_length_exceeded")
             }
             E::InvalidArgument(_) | E::ChatTemplate(_) | E::Tokenizer(_) | E::TokenOutOfRange { .. } => {

@@ -3,9 +3,15 @@
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+
+/// The status a request is counted with when its client left before the whole answer was sent
+/// (nginx's "client closed request").
+pub const CANCELLED: u16 = 499;
+/// The route of requests that never reached one: heads that do not parse as HTTP/1.1, which
+/// hyper answers itself (400, 414, 431).
+pub const UNPARSED: &str = "unparsed";
 
 /// Time to first token (seconds): queueing and prefill included.
 const TTFT_BOUNDS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0];
@@ -47,11 +53,17 @@ impl Histogram {
 }
 
 struct Inner {
-    /// (route, status) -> answers.
+    /// (route, status) -> requests, each counted once when its answer ended (or
+    /// [`CANCELLED`]).
     requests: BTreeMap<(String, u16), u64>,
     /// error type -> answers carrying it (streams that failed after their 200 included).
     errors: BTreeMap<&'static str, u64>,
+    /// Generations that ran to their end (stop or length).
     completions: u64,
+    /// Generations stopped because their client left.
+    cancelled: u64,
+    /// Generations the engine failed.
+    failed: u64,
     prompt_tokens: u64,
     generated_tokens: u64,
     drafted: u64,
@@ -65,18 +77,18 @@ struct Inner {
 /// The server's metrics; one per server, shared by every handler and the GPU worker.
 pub struct Metrics {
     inner: Mutex<Inner>,
-    /// Jobs waiting for the GPU worker (not counting the one it runs).
-    pub queue_depth: AtomicI64,
 }
 
-/// One finished generation, as counted.
-pub struct CompletionCounts {
+/// One generation that ran (to its end, or until its client left), as counted.
+pub struct GenerationCounts {
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
     pub drafted: usize,
     pub accepted: usize,
     /// τ of the request.
     pub tokens_per_target_forward: f64,
+    /// Its client left before the end.
+    pub cancelled: bool,
 }
 
 impl Metrics {
@@ -86,6 +98,8 @@ impl Metrics {
                 requests: BTreeMap::new(),
                 errors: BTreeMap::new(),
                 completions: 0,
+                cancelled: 0,
+                failed: 0,
                 prompt_tokens: 0,
                 generated_tokens: 0,
                 drafted: 0,
@@ -94,7 +108,6 @@ impl Metrics {
                 ttft: Histogram::new(TTFT_BOUNDS),
                 token_latency: Histogram::new(TOKEN_BOUNDS),
             }),
-            queue_depth: AtomicI64::new(0),
         }
     }
 
@@ -120,9 +133,14 @@ impl Metrics {
         self.with(|m| m.token_latency.observe(latency.as_secs_f64()));
     }
 
-    pub fn completion(&self, c: &CompletionCounts) {
+    /// Counts a generation that ran; its tokens count whether or not its client stayed.
+    pub fn generation(&self, c: &GenerationCounts) {
         self.with(|m| {
-            m.completions += 1;
+            if c.cancelled {
+                m.cancelled += 1;
+            } else {
+                m.completions += 1;
+            }
             m.prompt_tokens += c.prompt_tokens as u64;
             m.generated_tokens += c.generated_tokens as u64;
             m.drafted += c.drafted as u64;
@@ -133,14 +151,20 @@ impl Metrics {
         });
     }
 
-    /// The Prometheus text exposition of everything.
-    pub fn render(&self) -> String {
-        let queue_depth = self.queue_depth.load(Ordering::Relaxed).max(0);
+    pub fn failed_generation(&self) {
+        self.with(|m| m.failed += 1);
+    }
+
+    /// The Prometheus text exposition of everything; `queue_depth`: the jobs waiting for the
+    /// GPU worker now.
+    pub fn render(&self, queue_depth: usize) -> String {
         self.with(|m| {
             let mut out = String::new();
             let _ = writeln!(
                 out,
-                "# HELP wgspec_requests_total HTTP requests answered, by route and status.\n\
+                "# HELP wgspec_requests_total HTTP requests, each counted once when its answer ended, \
+                 by route and status (499: the client left first; route \"{UNPARSED}\": a request \
+                 head that did not parse).\n\
                  # TYPE wgspec_requests_total counter"
             );
             for ((route, status), n) in &m.requests {
@@ -155,11 +179,21 @@ impl Metrics {
                 let _ = writeln!(out, "wgspec_errors_total{{kind=\"{kind}\"}} {n}");
             }
             let counters = [
-                ("wgspec_completions_total", "Generations finished.", m.completions),
-                ("wgspec_prompt_tokens_total", "Prompt tokens of finished generations.", m.prompt_tokens),
+                ("wgspec_completions_total", "Generations that ran to their end.", m.completions),
+                (
+                    "wgspec_cancelled_generations_total",
+                    "Generations stopped because their client left.",
+                    m.cancelled,
+                ),
+                ("wgspec_failed_generations_total", "Generations the engine failed.", m.failed),
+                (
+                    "wgspec_prompt_tokens_total",
+                    "Prompt tokens of generations that ran (cancelled ones included).",
+                    m.prompt_tokens,
+                ),
                 (
                     "wgspec_generated_tokens_total",
-                    "Tokens generated by finished generations.",
+                    "Tokens generated (by cancelled generations too).",
                     m.generated_tokens,
                 ),
                 ("wgspec_drafted_tokens_total", "Draft tokens proposed.", m.drafted),
@@ -211,20 +245,33 @@ mod tests {
         m.error("rate_limit_exceeded");
         m.first_token(Duration::from_millis(20));
         m.first_token(Duration::from_secs(100));
-        m.completion(&CompletionCounts {
+        m.generation(&GenerationCounts {
             prompt_tokens: 3,
             generated_tokens: 10,
             drafted: 8,
             accepted: 6,
             tokens_per_target_forward: 2.5,
+            cancelled: false,
         });
-        let text = m.render();
+        m.generation(&GenerationCounts {
+            prompt_tokens: 2,
+            generated_tokens: 5,
+            drafted: 0,
+            accepted: 0,
+            tokens_per_target_forward: 1.0,
+            cancelled: true,
+        });
+        let text = m.render(3);
         for line in [
             "wgspec_requests_total{route=\"/v1/completions\",status=\"200\"} 2",
             "wgspec_requests_total{route=\"/v1/completions\",status=\"429\"} 1",
             "wgspec_errors_total{kind=\"rate_limit_exceeded\"} 1",
             "wgspec_acceptance_rate 0.75",
-            "wgspec_tokens_per_target_forward 2.5",
+            "wgspec_completions_total 1",
+            "wgspec_cancelled_generations_total 1",
+            "wgspec_generated_tokens_total 15",
+            "wgspec_queue_depth 3",
+            "wgspec_tokens_per_target_forward 1.6666666666666667",
             "wgspec_time_to_first_token_seconds_bucket{le=\"0.01\"} 0",
             "wgspec_time_to_first_token_seconds_bucket{le=\"0.025\"} 1",
             "wgspec_time_to_first_token_seconds_bucket{le=\"60\"} 1",

@@ -2,11 +2,15 @@
 //! page) and `wgspec web` (the demo page alone).
 //!
 //! One GPU worker thread owns the engine and runs one generation at a time ([`worker`]); HTTP
-//! handlers queue jobs for it in a bounded queue (full: 429 at once) and stream its token events
-//! back ([`api`]). Connections are served by hyper directly, so that each one has a header read
-//! timeout (idle keep-alive connections included), a write stall timeout ([`net`]) and a place
-//! under a cap on open connections. Requests to a loopback bind must name a loopback host (DNS
-//! rebinding); with `--api-key` the API wants `Authorization: Bearer KEY`.
+//! handlers read, parse and tokenize a request within server-wide bounds (body bytes held at
+//! once, requests tokenizing at once, a prompt's bytes against the context), queue it in a
+//! bounded queue (full: 429 at once) and stream its token events back ([`api`]). Connections
+//! are served by hyper directly, so that each one has a header read timeout (idle keep-alive
+//! connections included), a bounded head, a write stall timeout, JSON bodies on hyper's own
+//! error answers ([`net`]) and a place under a cap on open connections. A request carries one
+//! `Host`; on a loopback bind it must name a loopback host (DNS rebinding); with `--api-key` the
+//! API wants `Authorization: Bearer KEY`. Every request is counted once, when its answer has
+//! been sent or its client has left ([`metrics`]).
 
 mod api;
 mod error;
@@ -20,8 +24,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+use axum::body::{Body, Bytes, HttpBody};
 use axum::extract::{MatchedPath, Request, State};
-use axum::http::{header, HeaderValue, StatusCode};
+use axum::http::{header, HeaderValue, Method, StatusCode, Version};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -30,7 +35,7 @@ use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
 use hyper_util::service::TowerToHyperService;
 use tokio::net::TcpListener;
-use tokio::sync::{mpsc, oneshot, Semaphore};
+use tokio::sync::{oneshot, Semaphore};
 use wgspec::engine::DraftKind;
 use wgspec::Error;
 
@@ -49,6 +54,11 @@ const MAX_CONNECTIONS: usize = 1024;
 const WRITE_STALL: Duration = Duration::from_secs(30);
 /// How long SIGTERM / SIGINT waits for in-flight requests before the process exits.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// The longest request head (request line and headers) a connection may send; a longer one gets
+/// 431. With [`MAX_CONNECTIONS`] open, heads take at most 64 MiB.
+pub const MAX_HEAD: usize = 64 << 10;
+/// The most header lines of one request (431 beyond).
+pub const MAX_HEADERS: usize = 100;
 
 /// What the server runs with.
 #[derive(Clone, Debug)]
@@ -76,8 +86,8 @@ pub struct ModelInfo {
     pub default_draft: DraftKind,
     /// Set once the models are loaded.
     pub loaded: OnceLock<worker::Loaded>,
-    /// The queue of the GPU worker (closed when the worker thread has ended).
-    pub jobs: mpsc::Sender<worker::Job>,
+    /// The jobs waiting for the GPU worker (closed when the worker thread has ended).
+    pub queue: Arc<worker::Queue>,
 }
 
 /// Everything a handler reaches.
@@ -89,6 +99,10 @@ pub struct App {
     /// Bound to a loopback address: requests must name a loopback host.
     pub loopback: bool,
     pub started: Instant,
+    /// Room for request bodies larger than [`api::SMALL_BODY`]: [`api::BODY_BUDGET`] bytes.
+    pub bodies: Arc<Semaphore>,
+    /// Places for requests being parsed and tokenized: [`api::PREPARE_AT_ONCE`].
+    pub preparing: Semaphore,
 }
 
 /// The id of the model `--model ARG` names: a known name as is, a file without its `.gguf`, a
@@ -105,6 +119,7 @@ pub fn run(cfg: ServerConfig) -> wgspec::Result<()> {
     if cfg.max_queue == 0 {
         return Err(Error::InvalidArgument("--max-queue must be at least 1".into()));
     }
+    return_large_blocks();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .thread_name("wgspec-http")
@@ -114,6 +129,22 @@ pub fn run(cfg: ServerConfig) -> wgspec::Result<()> {
     // Blocking tasks still reading files must not hold the exit.
     runtime.shutdown_timeout(Duration::from_secs(1));
     result
+}
+
+/// glibc's malloc raises its mmap threshold each time a large block is freed (up to 32 MiB), and
+/// from then on blocks of a request's size (a body, its text, the template's output: megabytes)
+/// come from heaps it keeps: the process's memory then grows with the number of large requests
+/// served, though only a few are held at once. A fixed threshold of 1 MiB gives such blocks back
+/// to the system when they are freed (measured: 32 maximal bodies at once peak where 4 do).
+fn return_large_blocks() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    {
+        // SAFETY: mallopt only sets a parameter of the allocator, and no other thread of the
+        // process allocates yet (the server's threads start after this).
+        if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) } != 1 {
+            eprintln!("warning: mallopt(M_MMAP_THRESHOLD) failed; large requests may leave memory held");
+        }
+    }
 }
 
 async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
@@ -132,16 +163,16 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
     let model = match cfg.model.clone() {
         None => None,
         Some(model_cfg) => {
-            let (jobs, queue) = mpsc::channel(cfg.max_queue);
+            let queue = worker::Queue::new(cfg.max_queue);
             let (loaded_tx, loaded_rx) = oneshot::channel();
-            worker::spawn(model_cfg.clone(), queue, metrics.clone(), loaded_tx)
+            worker::spawn(model_cfg.clone(), queue.clone(), metrics.clone(), loaded_tx)
                 .map_err(|e| Error::io("the GPU worker thread", e))?;
             let mut ids = vec![model_id(&model_cfg.model)];
             if ids[0] != model_cfg.model {
                 ids.push(model_cfg.model.clone());
             }
             let info =
-                ModelInfo { ids, default_draft: model_cfg.default_draft(), loaded: OnceLock::new(), jobs };
+                ModelInfo { ids, default_draft: model_cfg.default_draft(), loaded: OnceLock::new(), queue };
             Some((info, loaded_rx))
         }
     };
@@ -156,6 +187,8 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
         api_key: cfg.api_key.clone(),
         loopback: cfg.host.is_loopback(),
         started: Instant::now(),
+        bodies: Arc::new(Semaphore::new(api::BODY_BUDGET)),
+        preparing: Semaphore::new(api::PREPARE_AT_ONCE),
     });
     if let Some(rx) = loaded_rx {
         let app = app.clone();
@@ -204,11 +237,14 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
                     continue; // over the cap: dropped, so closed
                 };
                 let _ = stream.set_nodelay(true);
-                let io = TokioIo::new(net::StallGuard::new(stream, WRITE_STALL));
+                let guarded = net::StallGuard::new(stream, WRITE_STALL);
+                let io = TokioIo::new(net::JsonErrors::new(guarded, app.metrics.clone()));
                 let service = TowerToHyperService::new(router.clone());
                 let conn = hyper::server::conn::http1::Builder::new()
                     .timer(TokioTimer::new())
                     .header_read_timeout(cfg.header_timeout)
+                    .max_buf_size(MAX_HEAD)
+                    .max_headers(MAX_HEADERS)
                     .serve_connection(io, service);
                 let conn = graceful.watch(conn);
                 tokio::spawn(async move {
@@ -276,18 +312,98 @@ fn router(app: Arc<App>) -> Router {
         .with_state(app)
 }
 
-/// Counts every answer by route and status, and error answers by type.
+/// Counts every request once, by route and status, when its answer has been sent whole, or with
+/// [`metrics::CANCELLED`] when its client left first (the handler or the body dropped before
+/// the end); error answers also by type.
 async fn count(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let route = match req.extensions().get::<MatchedPath>() {
         Some(p) => p.as_str().to_string(),
         None => "other".to_string(),
     };
+    let no_body = req.method() == Method::HEAD;
+    let mut record = Record { metrics: app.metrics.clone(), route, status: None, counted: false };
     let response = next.run(req).await;
-    app.metrics.request(&route, response.status().as_u16());
     if let Some(ErrorKind(kind)) = response.extensions().get::<ErrorKind>() {
         app.metrics.error(kind);
     }
-    response
+    record.status = Some(response.status().as_u16());
+    if no_body || response.body().is_end_stream() {
+        record.finish();
+        return response;
+    }
+    response.map(|body| {
+        let remaining = body.size_hint().exact();
+        Body::new(Counted { body, record, remaining })
+    })
+}
+
+/// A request to count: with its status once the answer is complete, else as cancelled.
+struct Record {
+    metrics: Arc<Metrics>,
+    route: String,
+    /// Set when the handler answered.
+    status: Option<u16>,
+    counted: bool,
+}
+
+impl Record {
+    fn finish(&mut self) {
+        if !self.counted {
+            self.counted = true;
+            self.metrics.request(&self.route, self.status.unwrap_or(metrics::CANCELLED));
+        }
+    }
+}
+
+impl Drop for Record {
+    fn drop(&mut self) {
+        // Not counted yet: the client left before the whole answer was sent.
+        self.status = None;
+        self.finish();
+    }
+}
+
+/// An answer's body that counts its request when its last frame has been taken (hyper takes
+/// no more of a body of known length than that length: the end is its last byte).
+struct Counted {
+    body: Body,
+    record: Record,
+    /// Bytes still to come of a body of known length.
+    remaining: Option<u64>,
+}
+
+impl HttpBody for Counted {
+    type Data = Bytes;
+    type Error = axum::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<http_body::Frame<Bytes>, axum::Error>>> {
+        let this = &mut *self;
+        let poll = std::pin::Pin::new(&mut this.body).poll_frame(cx);
+        let ended = match &poll {
+            std::task::Poll::Ready(None) => true,
+            std::task::Poll::Ready(Some(Ok(frame))) => {
+                let sent = frame.data_ref().map_or(0, |d| d.len() as u64);
+                this.remaining = this.remaining.map(|r| r.saturating_sub(sent));
+                this.remaining == Some(0) || this.body.is_end_stream()
+            }
+            _ => false,
+        };
+        if ended {
+            this.record.finish();
+        }
+        poll
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// Whether a `Host` header names a loopback host: `127.0.0.1`, `localhost` or `[::1]`, with any port.
@@ -303,12 +419,47 @@ fn loopback_host(host: &str) -> bool {
     name.eq_ignore_ascii_case("localhost") || name.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// On a loopback bind, requests must name a loopback host: a page on another site whose name
-/// was rebound to 127.0.0.1 sends its own name.
+/// The bytes of a request's head as sent: its request line and header lines.
+fn head_bytes(req: &Request) -> usize {
+    let line = req.method().as_str().len() + req.uri().to_string().len() + " HTTP/1.1\r\n".len() + 1;
+    let headers: usize = req.headers().iter().map(|(k, v)| k.as_str().len() + 2 + v.len() + 2).sum();
+    line + headers + 2
+}
+
+/// A request head of at most [`MAX_HEAD`] bytes (431 beyond) carries one `Host` header (an
+/// HTTP/1.1 request at least one, unless its target
+/// names the host), else 400 as RFC 9110 asks; on a loopback bind the host it names (the
+/// target's, when the target is absolute) must be a loopback one: a page on another site whose
+/// name was rebound to 127.0.0.1 sends its own name.
 async fn check_host(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
+    let mut hosts = req.headers().get_all(header::HOST).iter();
+    let host = hosts.next();
+    if head_bytes(&req) > MAX_HEAD {
+        // hyper's own limit is its read buffer's, which a head arriving at once can pass.
+        return ApiError::new(
+            StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
+            "invalid_request_error",
+            net::HEAD_TOO_LARGE.as_str(),
+        )
+        .with_code("request_header_fields_too_large")
+        .into_response();
+    }
+    let refusal = if hosts.next().is_some() {
+        Some("a request carries one Host header; this one has several")
+    } else if host.is_none() && req.version() == Version::HTTP_11 && req.uri().authority().is_none() {
+        Some("an HTTP/1.1 request must carry a Host header")
+    } else {
+        None
+    };
+    if let Some(message) = refusal {
+        return ApiError::invalid(message).with_code("invalid_host").into_response();
+    }
     if app.loopback {
-        let host = req.headers().get(header::HOST).and_then(|h| h.to_str().ok());
-        if !host.is_some_and(loopback_host) {
+        let named = match req.uri().authority() {
+            Some(authority) => Some(authority.host()),
+            None => host.and_then(|h| h.to_str().ok()),
+        };
+        if !named.is_some_and(loopback_host) {
             return ApiError::new(
                 StatusCode::FORBIDDEN,
                 "invalid_request_error",
