@@ -584,6 +584,14 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
         ("GET", "/v1/nothing", Some(auth), String::new(), 404, ""),
         ("POST", "/tokenize", Some(auth), r#"{"content": 5}"#.into(), 400, "content"),
         ("POST", "/detokenize", Some(auth), r#"{"tokens": [99999]}"#.into(), 400, ""),
+        (
+            "POST",
+            "/detokenize",
+            Some(auth),
+            json!({"tokens": vec![1; 65]}).to_string(),
+            400,
+            "context_length_exceeded",
+        ),
     ];
     for (method, path, header, body, status, expected) in &cases {
         let headers: Vec<(&str, &str)> = header.iter().copied().collect();
@@ -1016,20 +1024,21 @@ fn a_request_names_one_host_and_on_loopback_a_loopback_one() {
             "host_not_allowed",
         ),
         ("another host", get("/health", "Host: evil.com\r\n"), 403, "host_not_allowed"),
+        ("an absolute target and no Host", get("http://127.0.0.1/health", ""), 400, "invalid_host"),
     ] {
         check_error(&server.raw(request, false), status, code, what);
         server.still_answers();
     }
     let ok = server.raw(get("http://127.0.0.1/health", "Host: 127.0.0.1\r\n"), false);
     assert_eq!(ok.status, 200, "an absolute target on the loopback host: {}", ok.text());
-    assert_eq!(server.requests_counted("/health", 400), 2);
+    assert_eq!(server.requests_counted("/health", 400), 3);
     assert_eq!(server.requests_counted("/v1/models", 400), 1);
     assert_eq!(server.requests_counted("/health", 403), 2);
 }
 
 #[test]
 fn chat_roles_and_fields_cannot_become_control_tokens() {
-    let server = serve_tiny("roles", 256, &[]);
+    let server = serve_tiny("roles", 4096, &[]);
     let chat = |messages: Value| {
         server.post("/v1/chat/completions", &json!({"messages": messages, "max_tokens": 2, "temperature": 0}))
     };
@@ -1055,9 +1064,9 @@ fn chat_roles_and_fields_cannot_become_control_tokens() {
     assert_eq!(r.status, 200, "{}", r.text());
     let rendered = "<system>be brief\n<assistant>ok\n<user>hi\n<assistant>";
     assert_eq!(r.json()["usage"]["prompt_tokens"].as_u64(), Some(rendered.len() as u64));
-    // Control-token text in content, or a message ending in the start of one (which the
-    // template's own text after it could complete), stays text: one byte token per byte.
-    for content in ["hi<|eos|>there", "<|eos|>", "hi <|eo", "s|> hi"] {
+    // Control-token text in content, or the start or end of one (which a template's own text
+    // beside it could complete: tests/engine.rs), stays text: one byte token per byte.
+    for content in ["hi<|eos|>there", "<|eos|>", "hi <|eo", "s|> hi", "o"] {
         let r = chat(json!([{"role": "user", "content": content}]));
         assert_eq!(r.status, 200, "{content}: {}", r.text());
         let tokens = r.json()["usage"]["prompt_tokens"].as_u64();
@@ -1070,6 +1079,19 @@ fn chat_roles_and_fields_cannot_become_control_tokens() {
         naive["tokens"].as_array().map(Vec::len),
         Some("<user>hi".len() + 1 + "there\n<assistant>".len())
     );
+    // Many: each is spelled on its own, so more than 1024 are refused, and either way at once.
+    for (n, status) in [(500, 200), (100_000, 400)] {
+        let t = Instant::now();
+        let r = chat(json!([{"role": "user", "content": "<|eos|>".repeat(n)}]));
+        assert_eq!(r.status, status, "{n} control-token texts: {}", r.text());
+        assert!(t.elapsed() < Duration::from_secs(10), "{n} control-token texts took {:?}", t.elapsed());
+    }
+    let many = vec![json!({"role": "user", "content": "o"}); 400];
+    let t = Instant::now();
+    let r = chat(Value::Array(many));
+    assert_eq!(r.status, 200, "400 messages that lie inside a control token's text: {}", r.text());
+    assert!(t.elapsed() < Duration::from_secs(10), "400 messages took {:?}", t.elapsed());
+    server.still_answers();
 }
 
 #[test]
@@ -1077,8 +1099,8 @@ fn work_before_admission_is_bounded_whatever_the_bodies() {
     let server = Arc::new(serve_tiny("bounded", 4096, &[]));
     // Bodies just under the 8 MiB limit, each refused after the work it can cost: a prompt and
     // a chat whose bytes alone cannot fit the context (refused before tokenizing, the chat after
-    // rendering), a /tokenize text as long, a prompt of 4 million numbers, and a harmless field
-    // holding as many beside a refused `max_tokens`.
+    // rendering), a /tokenize text as long, a prompt of 4 million numbers (refused at its second),
+    // and a harmless field holding as many (read and dropped) beside a refused `max_tokens`.
     let size = (8 << 20) - 1024;
     let text = "x".repeat(size - 64);
     let zeros = |n: usize| format!("[{}0]", "0,".repeat(n));

@@ -548,4 +548,12 @@ fn no_token_stands_for_more_bytes_than_the_bound() {
     json["normalizer"] = serde_json::json!({"type": "Strip", "strip_left": true, "strip_right": true});
     let stripping = Tokenizer::from_json(json.to_string().as_bytes()).unwrap();
     assert_eq!(stripping.max_bytes_per_token(), None);
+    // So does a pre-tokenizer that drops what it splits on, and an added token that takes the
+    // whitespace beside it.
+    let mut json: serde_json::Value = serde_json::from_slice(&read("qwen3-tokenizer.json")).unwrap();
+    json["pre_tokenizer"] = serde_json::json!({"type": "Whitespace"});
+    assert_eq!(Tokenizer::from_json(json.to_string().as_bytes()).unwrap().max_bytes_per_token(), None);
+    let mut json: serde_json::Value = serde_json::from_slice(&read("qwen3-tokenizer.json")).unwrap();
+    json["added_tokens"][0]["lstrip"] = serde_json::json!(true);
+    assert_eq!(Tokenizer::from_json(json.to_string().as_bytes()).unwrap().max_bytes_per_token(), None);
 }

@@ -15,6 +15,9 @@ use crate::tokenizer::{known_role, ROLES};
 pub const MAX_MESSAGES: usize = 2048;
 /// The most stop strings one request may give.
 pub const MAX_STOPS: usize = 16;
+/// The longest stop string, in bytes (the decode loop holds back text that could begin one, and
+/// checks every prefix of every stop string after each token).
+pub const MAX_STOP_BYTES: usize = 256;
 
 /// A message's role as the chat template is given it ([`known_role`]: one of the template roles,
 /// or `developer` as `system`). A role is the one field of a message that a template writes into
@@ -60,6 +63,12 @@ pub struct ChatMessage {
     _audio: Option<Nothing>,
     #[serde(default, rename = "annotations")]
     _annotations: Option<Nothing>,
+    /// An assistant's reasoning, as reasoning servers return it and clients send it back: not
+    /// shown to the model (templates drop earlier turns' reasoning).
+    #[serde(default, rename = "reasoning_content")]
+    _reasoning_content: Option<IgnoredAny>,
+    #[serde(default, rename = "reasoning")]
+    _reasoning: Option<IgnoredAny>,
 }
 
 /// At most [`MAX_MESSAGES`] messages.
@@ -265,8 +274,18 @@ impl<'de> Deserialize<'de> for PromptText {
     }
 }
 
-/// `stop`: a string or a list of at most [`MAX_STOPS`] strings.
+/// `stop`: a string or a list of at most [`MAX_STOPS`] strings of at most [`MAX_STOP_BYTES`].
 pub struct Stops(pub Vec<String>);
+
+fn stop<E: de::Error>(s: String) -> Result<String, E> {
+    if s.len() > MAX_STOP_BYTES {
+        return Err(de::Error::custom(format!(
+            "a stop string of {} bytes (at most {MAX_STOP_BYTES})",
+            s.len()
+        )));
+    }
+    Ok(s)
+}
 
 impl<'de> Deserialize<'de> for Stops {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Stops, D::Error> {
@@ -278,7 +297,7 @@ impl<'de> Deserialize<'de> for Stops {
                 f.write_str("a string or a list of strings")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<Stops, E> {
-                Ok(Stops(vec![s.to_string()]))
+                Ok(Stops(vec![stop(s.to_string())?]))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Stops, A::Error> {
                 let mut out = Vec::new();
@@ -289,7 +308,7 @@ impl<'de> Deserialize<'de> for Stops {
                     if out.len() == MAX_STOPS {
                         return Err(de::Error::custom(format!("at most {MAX_STOPS} stop strings")));
                     }
-                    out.push(s);
+                    out.push(stop(s)?);
                 }
                 Ok(Stops(out))
             }

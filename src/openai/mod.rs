@@ -15,7 +15,7 @@ use crate::engine::{self, DraftKind};
 use crate::error::{Error, Result};
 use crate::tokenizer::Message;
 use fields::{Messages, Probe, PromptText, Stops};
-pub use fields::{MAX_MESSAGES, MAX_STOPS};
+pub use fields::{MAX_MESSAGES, MAX_STOPS, MAX_STOP_BYTES};
 
 /// 400-class refusals, built the way the parser needs them.
 struct ApiError;
@@ -270,28 +270,49 @@ pub fn parse_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
     let parsed: std::result::Result<T, _> = serde_path_to_error::deserialize(&mut de);
     let value = parsed.map_err(|e| {
-        let path = e.path().to_string();
+        use serde_path_to_error::Segment;
+        let segments: Vec<Segment> = e.path().iter().cloned().collect();
         let inner = e.into_inner();
         if matches!(inner.classify(), serde_json::error::Category::Syntax | serde_json::error::Category::Eof)
         {
             return not_json(format!("the body is not valid JSON: {inner}"));
         }
         let message = inner.to_string();
-        // `deny_unknown_fields`: "unknown field `x`, expected one of ...".
-        let unknown = message.strip_prefix("unknown field `").and_then(|m| m.split_once('`')).map(|(f, _)| f);
-        match (path.as_str(), unknown) {
-            ("." | "", Some(field)) => {
-                ApiError::field(field, format!("unrecognized request argument `{field}`"))
+        // `deny_unknown_fields`: "unknown field `x`, expected one of ..."; the path ends with x.
+        let (unknown, parent) = match segments.split_last() {
+            Some((Segment::Map { key }, parent))
+                if message.starts_with(&format!("unknown field `{key}`")) =>
+            {
+                (Some(key.as_str()), parent)
             }
-            ("." | "", None) => ApiError::invalid(format!("the body: {message}")),
-            (field, _) => {
-                let param = field.split(['.', '[']).next().unwrap_or(field);
-                let message = match unknown {
-                    Some(key) => format!("`{field}`: unrecognized field `{key}`"),
-                    None => format!("`{field}`: {message}"),
-                };
-                ApiError::field(param, message)
+            _ => (None, segments.as_slice()),
+        };
+        let path = |segments: &[Segment]| {
+            segments.iter().fold(String::new(), |mut out, s| {
+                match s {
+                    Segment::Seq { index } => out += &format!("[{index}]"),
+                    Segment::Map { key } | Segment::Enum { variant: key } => {
+                        if !out.is_empty() {
+                            out.push('.');
+                        }
+                        out += key;
+                    }
+                    Segment::Unknown => out += ".?",
+                }
+                out
+            })
+        };
+        let field = match segments.first() {
+            Some(Segment::Map { key }) => key.clone(),
+            _ => String::new(),
+        };
+        match (unknown, parent.is_empty()) {
+            (Some(key), true) => ApiError::field(key, format!("unrecognized request argument `{key}`")),
+            (Some(key), false) => {
+                ApiError::field(&field, format!("`{}`: unrecognized field `{key}`", path(parent)))
             }
+            (None, _) if field.is_empty() => ApiError::invalid(format!("the body: {message}")),
+            (None, _) => ApiError::field(&field, format!("`{}`: {message}", path(&segments))),
         }
     })?;
     de.end().map_err(|e| not_json(format!("the body is not valid JSON: {e}")))?;
@@ -484,9 +505,11 @@ mod tests {
             (br#"{"prompt": "a", "frequency_penalty": 0.5}"#, "frequency_penalty"),
             (br#"{"prompt": "a", "logprobs": 2}"#, "logprobs"),
             (br#"{"prompt": "a", "bogus": 1}"#, "bogus"),
+            (br#"{"prompt": "a", "a.b[0]": 1}"#, "a.b[0]"),
             (br#"{"prompt": [1, 2]}"#, "prompt"),
             (br#"{"prompt": "a", "stop": [1]}"#, "stop"),
             (br#"{"prompt": "a", "stop": 1}"#, "stop"),
+            (format!(r#"{{"prompt": "a", "stop": "{}"}}"#, "x".repeat(MAX_STOP_BYTES + 1)).leak().as_bytes(), "stop"),
             (br#"{"prompt": "a", "stop": ["a","a","a","a","a","a","a","a","a","a","a","a","a","a","a","a","a"]}"#, "stop"),
             (br#"{"prompt": ["a", "b"]}"#, "prompt"),
             (br#"{"prompt": "a", "messages": []}"#, "messages"),
@@ -504,6 +527,15 @@ mod tests {
                 parse(Endpoint::Completions, body, &ids()).err().unwrap_or_else(|| panic!("{text} accepted"));
             assert_eq!(refusal(e).0.as_deref().unwrap_or(""), *param, "{text}");
         }
+        let message = |body: &[u8]| match parse(Endpoint::Chat, body, &ids()) {
+            Err(Error::Request { message, .. }) => message,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(message(br#"{"messages": [], "bogus": 1}"#), "unrecognized request argument `bogus`");
+        assert_eq!(
+            message(br#"{"messages": [{"role": "user", "content": "a"}, {"role": "user", "content": "b", "x": 1}]}"#),
+            "`messages[1]`: unrecognized field `x`"
+        );
         let e = parse(Endpoint::Completions, br#"{"prompt": "a", "model": "gpt-4"}"#, &ids()).err();
         assert_eq!(e.map(refusal), Some((Some("model".into()), Some("model_not_found"))));
     }

@@ -186,7 +186,9 @@ impl ChatTemplate {
     ) -> Result<Vec<u32>> {
         let specials = tokenizer.special_texts();
         let risky = |m: &Message| {
-            specials.iter().any(|s| m.content.contains(s.as_str())) || edges(&m.content, &specials) != (0, 0)
+            let c = m.content.as_str();
+            tokenizer.find_specials(c).next().is_some()
+                || [c, c.trim()].iter().any(|c| edges(c, specials) != (0, 0))
         };
         if !messages.iter().any(risky) {
             let text = self.render(messages, true)?;
@@ -194,24 +196,24 @@ impl ChatTemplate {
             return tokenizer.encode(&text, false);
         }
         // Each occurrence becomes a marker the template copies through; the rendered text is then
-        // tokenized between markers, and each marker as its special text spelled plainly. The
-        // marker's delimiter is a private-use character that no message holds.
-        let delim = ('\u{E000}'..='\u{F8FF}')
-            .find(|c| !messages.iter().any(|m| m.content.contains(*c) || m.role.contains(*c)))
+        // tokenized between markers, and each marker as its text spelled plainly. The marker's
+        // delimiter is a private-use character that no message holds.
+        let delim = unused_private_char(messages)
             .ok_or_else(|| Error::InvalidArgument("the messages use every private-use character".into()))?;
         let mut replaced = Vec::new();
         let marked: Vec<Message> = messages
             .iter()
-            .map(|m| Message {
-                role: m.role.clone(),
-                content: mark(&m.content, &specials, delim, &mut replaced),
+            .map(|m| {
+                mark(&m.content, tokenizer, delim, &mut replaced)
+                    .map(|content| Message { role: m.role.clone(), content })
             })
-            .collect();
+            .collect::<Result<_>>()?;
         let text = self.render(&marked, true)?;
         // The prompt's bytes with each marker spelled out again.
         let markers: usize = (0..replaced.len()).map(|i| marker_len(delim, i)).sum();
         let originals: usize = replaced.iter().map(String::len).sum();
         check_limit(limit, (text.len() + originals).saturating_sub(markers))?;
+        let altered = || Error::ChatTemplate("the template altered a message's special-token text".into());
         let mut ids = Vec::new();
         let mut pieces = text.split(delim);
         if let Some(first) = pieces.next() {
@@ -219,20 +221,18 @@ impl ChatTemplate {
         }
         let mut seen = 0;
         while let (Some(index), Some(after)) = (pieces.next(), pieces.next()) {
-            let original = index.parse::<usize>().ok().and_then(|i| replaced.get(i));
-            let original: &String = original.ok_or_else(|| {
-                Error::ChatTemplate("the template altered a message's special-token text".into())
-            })?;
+            let original = index.parse::<usize>().ok().and_then(|i| replaced.get(i)).ok_or_else(altered)?;
             ids.extend(tokenizer.encode_plain(original)?);
             ids.extend(tokenizer.encode(after, false)?);
             seen += 1;
         }
-        if seen == 0 || text.matches(delim).count() != 2 * seen {
-            return Err(Error::ChatTemplate("the template altered a message's special-token text".into()));
+        // (a template may drop a message, and its markers with it, but not split one)
+        if text.matches(delim).count() != 2 * seen {
+            return Err(altered());
         }
         // Only edges were spelled apart: the prompt as rendered serves when its ids hold the
         // same control tokens in the same order (no edge completed one).
-        if replaced.iter().all(|r| !specials.contains(r)) {
+        if replaced.iter().all(|r| specials.binary_search(r).is_err()) {
             let text = self.render(messages, true)?;
             check_limit(limit, text.len())?;
             let whole = tokenizer.encode(&text, false)?;
@@ -246,6 +246,26 @@ impl ChatTemplate {
         }
         Ok(ids)
     }
+}
+
+/// The most special-token texts and edges the messages of one chat may hold (each is tokenized
+/// on its own).
+pub const MAX_MARKED: usize = 1024;
+
+/// A private-use character that no message's content or role holds (one pass over them).
+fn unused_private_char(messages: &[Message]) -> Option<char> {
+    const FIRST: u32 = 0xE000;
+    const LAST: u32 = 0xF8FF;
+    let mut used = vec![false; (LAST - FIRST + 1) as usize];
+    for m in messages {
+        for c in m.content.chars().chain(m.role.chars()) {
+            if (FIRST..=LAST).contains(&(c as u32)) {
+                used[(c as u32 - FIRST) as usize] = true;
+            }
+        }
+    }
+    let free = used.iter().position(|u| !u)?;
+    char::from_u32(FIRST + free as u32)
 }
 
 /// The most bytes a rendered prompt may have before it is tokenized: more than `context`
@@ -310,32 +330,49 @@ fn edges(content: &str, specials: &[String]) -> (usize, usize) {
 }
 
 /// `content` with every special-token text in it, and its edges (see [`edges`]), replaced by
-/// `delim` index `delim`, the texts appended to `replaced` (leftmost, longest match first).
-fn mark(content: &str, specials: &[String], delim: char, replaced: &mut Vec<String>) -> String {
+/// `delim` index `delim`, the texts appended to `replaced` (leftmost, longest match first); more
+/// than [`MAX_MARKED`] in all is refused.
+fn mark(content: &str, tokenizer: &Tokenizer, delim: char, replaced: &mut Vec<String>) -> Result<String> {
     let mut out = String::with_capacity(content.len());
     let mut put = |out: &mut String, text: &str| {
+        if replaced.len() == MAX_MARKED {
+            return Err(Error::InvalidArgument(format!(
+                "the messages hold more than {MAX_MARKED} special-token texts"
+            )));
+        }
         out.push(delim);
         out.push_str(&replaced.len().to_string());
         out.push(delim);
         replaced.push(text.to_string());
+        Ok(())
     };
+    let specials = tokenizer.special_texts();
+    // edges of the content, or of it trimmed (templates trim)
     let (head, tail) = edges(content, specials);
+    let (head, tail) = if (head, tail) == (0, 0) {
+        let trimmed = content.trim();
+        let at = content.len() - content.trim_start().len();
+        match edges(trimmed, specials) {
+            (0, 0) => (0, 0),
+            (h, t) => (at + h, content.len() - (at + trimmed.len()) + t),
+        }
+    } else {
+        (head, tail)
+    };
+    let (head, tail) = if head + tail > content.len() { (content.len(), 0) } else { (head, tail) };
     if head > 0 {
-        put(&mut out, &content[..head]);
+        put(&mut out, &content[..head])?;
     }
-    let mut rest = &content[head..content.len() - tail];
-    while let Some((at, special)) = specials
-        .iter()
-        .filter_map(|s| rest.find(s.as_str()).map(|i| (i, s)))
-        .min_by_key(|&(i, s)| (i, std::cmp::Reverse(s.len())))
-    {
-        out.push_str(&rest[..at]);
-        put(&mut out, special);
-        rest = &rest[at + special.len()..];
+    let rest = &content[head..content.len() - tail];
+    let mut last = 0;
+    for (start, end) in tokenizer.find_specials(rest) {
+        out.push_str(&rest[last..start]);
+        put(&mut out, &rest[start..end])?;
+        last = end;
     }
-    out.push_str(rest);
+    out.push_str(&rest[last..]);
     if tail > 0 {
-        put(&mut out, &content[content.len() - tail..]);
+        put(&mut out, &content[content.len() - tail..])?;
     }
-    out
+    Ok(out)
 }

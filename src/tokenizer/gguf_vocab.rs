@@ -1,5 +1,7 @@
 //! A GGUF-embedded vocabulary (`tokenizer.ggml.*`) and its byte-level BPE tokenizer.
 
+use std::sync::Arc;
+
 use tokenizers::decoders::byte_level::ByteLevel as ByteLevelDecoder;
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -7,7 +9,7 @@ use tokenizers::pre_tokenizers::sequence::Sequence;
 use tokenizers::pre_tokenizers::split::{Split, SplitPattern};
 use tokenizers::{AddedToken, PreTokenizerWrapper, SplitDelimiterBehavior};
 
-use super::{byte_level, Detok, PreKind, Specials, Tokenizer, EOG_TEXTS};
+use super::{byte_level, Derived, Detok, PreKind, Specials, Tokenizer, EOG_TEXTS};
 use crate::error::{Error, Result};
 use crate::loader::gguf::{Gguf, Value};
 
@@ -253,13 +255,16 @@ pub(super) fn build(v: GgufVocab) -> Result<Tokenizer> {
             .map(|(i, _)| i as u32),
     );
 
+    let detok = Detok::Bytes(pieces);
+    let derived = Arc::new(Derived::of(&hf, &detok)?);
     let mut tok = Tokenizer {
         hf,
-        detok: Detok::Bytes(pieces),
+        detok,
         specials: Specials::Gguf { add_bos: v.add_bos, add_eos: v.add_eos, eos },
         vocab_size: n,
         bos,
         eos_ids: Vec::new(),
+        derived,
     };
     tok.add_eos_ids(&eos_ids)?;
     Ok(tok)

@@ -14,7 +14,9 @@ mod stream;
 mod template_budget;
 
 use std::fmt;
+use std::sync::{Arc, OnceLock};
 
+use aho_corasick::{AhoCorasick, MatchKind};
 use tokenizers::{DecoderWrapper, Model};
 
 use crate::error::{Error, Result};
@@ -68,6 +70,43 @@ pub struct Tokenizer {
     bos: Option<u32>,
     /// Ids that end generation, sorted, no duplicates.
     eos_ids: Vec<u32>,
+    /// What the vocabulary says once, shared by clones.
+    derived: Arc<Derived>,
+}
+
+/// Facts of a vocabulary computed once, when the tokenizer is built.
+struct Derived {
+    /// The texts of the special (control) tokens, sorted, and their ids, sorted.
+    special_texts: Vec<String>,
+    special_ids: Vec<u32>,
+    /// Finds the special texts in a text, leftmost-longest first (as the tokenizer matches them).
+    finder: AhoCorasick,
+    /// See [`Tokenizer::max_bytes_per_token`].
+    max_bytes_per_token: Option<usize>,
+    /// The tokenizer with special-token text spelled plainly ([`Tokenizer::encode_plain`]),
+    /// built the first time it is needed.
+    plain: OnceLock<tokenizers::Tokenizer>,
+}
+
+impl Derived {
+    fn of(hf: &tokenizers::Tokenizer, detok: &Detok) -> Result<Derived> {
+        let mut specials: Vec<(u32, String)> = hf
+            .get_added_tokens_decoder()
+            .into_iter()
+            .filter(|(_, t)| t.special && !t.content.is_empty())
+            .map(|(id, t)| (id, t.content))
+            .collect();
+        let mut special_ids: Vec<u32> = specials.iter().map(|(id, _)| *id).collect();
+        special_ids.sort_unstable();
+        specials.sort_by(|a, b| a.1.cmp(&b.1));
+        let special_texts: Vec<String> = specials.into_iter().map(|(_, t)| t).collect();
+        let finder = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&special_texts)
+            .map_err(|e| Error::Tokenizer(format!("special tokens: {e}")))?;
+        let max_bytes_per_token = max_bytes_per_token(hf, detok);
+        Ok(Derived { special_texts, special_ids, finder, max_bytes_per_token, plain: OnceLock::new() })
+    }
 }
 
 impl fmt::Debug for Tokenizer {
@@ -138,8 +177,16 @@ impl Tokenizer {
             .filter(|(_, t)| EOG_TEXTS.contains(&t.content.as_str()))
             .map(|(&id, _)| id)
             .collect();
-        let mut tok =
-            Tokenizer { hf, detok, specials: Specials::PostProcessor, vocab_size, bos, eos_ids: Vec::new() };
+        let derived = Arc::new(Derived::of(&hf, &detok)?);
+        let mut tok = Tokenizer {
+            hf,
+            detok,
+            specials: Specials::PostProcessor,
+            vocab_size,
+            bos,
+            eos_ids: Vec::new(),
+            derived,
+        };
         tok.add_eos_ids(&eos_ids)?;
         Ok(tok)
     }
@@ -178,38 +225,31 @@ impl Tokenizer {
     }
 
     /// The texts of the special (control) tokens, such as `<|im_start|>`, that [`Tokenizer::encode`]
-    /// turns into their tokens wherever they occur in the text.
-    pub fn special_texts(&self) -> Vec<String> {
-        let mut texts: Vec<String> = self
-            .hf
-            .get_added_tokens_decoder()
-            .into_values()
-            .filter(|t| t.special && !t.content.is_empty())
-            .map(|t| t.content)
-            .collect();
-        texts.sort();
-        texts
+    /// turns into their tokens wherever they occur in the text; sorted.
+    pub fn special_texts(&self) -> &[String] {
+        &self.derived.special_texts
     }
 
     /// The ids of the special (control) tokens, sorted.
-    pub fn special_ids(&self) -> Vec<u32> {
-        let mut ids: Vec<u32> = self
-            .hf
-            .get_added_tokens_decoder()
-            .into_iter()
-            .filter(|(_, t)| t.special && !t.content.is_empty())
-            .map(|(id, _)| id)
-            .collect();
-        ids.sort_unstable();
-        ids
+    pub fn special_ids(&self) -> &[u32] {
+        &self.derived.special_ids
+    }
+
+    /// The (start, end) byte ranges of the special texts in `text`, leftmost-longest first, as
+    /// [`Tokenizer::encode`] matches them; one pass over the text.
+    pub fn find_specials<'t>(&'t self, text: &'t str) -> impl Iterator<Item = (usize, usize)> + 't {
+        self.derived.finder.find_iter(text).map(|m| (m.start(), m.end()))
     }
 
     /// Token ids for `text` as plain text: special-token text such as `<|im_end|>` is spelled
     /// with ordinary tokens, never the control token; nothing is added.
     pub fn encode_plain(&self, text: &str) -> Result<Vec<u32>> {
-        let mut hf = self.hf.clone();
-        hf.set_encode_special_tokens(true);
-        let enc = hf.encode_fast(text, false).map_err(hf_err("encode"))?;
+        let plain = self.derived.plain.get_or_init(|| {
+            let mut hf = self.hf.clone();
+            hf.set_encode_special_tokens(true);
+            hf
+        });
+        let enc = plain.encode_fast(text, false).map_err(hf_err("encode"))?;
         Ok(enc.get_ids().to_vec())
     }
 
@@ -239,19 +279,11 @@ impl Tokenizer {
     /// more than `n` times this many bytes has more than `n` tokens, so a front end can refuse
     /// a prompt over the context without tokenizing it (the tokenizer's memory and time grow
     /// with the text: tens of bytes per byte). `None` where it is not bounded: a vocabulary
-    /// that is not byte-level (its tokens need not cover their input) or a normalizer that can
-    /// delete text (strip, accents, control characters, a replacement by less).
+    /// that is not byte-level (its tokens need not cover their input), a normalizer or a
+    /// pre-tokenizer that can delete text (stripping, accents, control characters, whitespace
+    /// splits, a replacement by less), or added tokens that take the whitespace beside them.
     pub fn max_bytes_per_token(&self) -> Option<usize> {
-        let Detok::Bytes(pieces) = &self.detok else {
-            return None;
-        };
-        let added = self.hf.get_added_tokens_decoder().into_values().map(|t| t.content.len());
-        let longest = pieces.iter().map(|p| p.len()).chain(added).max()?.max(1);
-        let shrink = match self.hf.get_normalizer() {
-            None => 1,
-            Some(n) => normalizer_shrink(&serde_json::to_value(n).ok()?)?,
-        };
-        longest.checked_mul(shrink)
+        self.derived.max_bytes_per_token
     }
 
     /// Number of ids (the largest id + 1); it can be smaller than a model's embedding rows.
@@ -317,6 +349,45 @@ impl Tokenizer {
                 .ok_or(Error::TokenOutOfRange { id, vocab: self.vocab_size }),
             Detok::Hf => Err(Error::Tokenizer("not a byte-level tokenizer".to_string())),
         }
+    }
+}
+
+/// See [`Tokenizer::max_bytes_per_token`].
+fn max_bytes_per_token(hf: &tokenizers::Tokenizer, detok: &Detok) -> Option<usize> {
+    let Detok::Bytes(pieces) = detok else {
+        return None;
+    };
+    let added = hf.get_added_tokens_decoder();
+    if added.values().any(|t| t.lstrip || t.rstrip) {
+        return None;
+    }
+    let longest = pieces.iter().map(|p| p.len()).chain(added.values().map(|t| t.content.len())).max()?.max(1);
+    if let Some(pre) = hf.get_pre_tokenizer() {
+        if !pre_tokenizer_keeps_text(&serde_json::to_value(pre).ok()?) {
+            return None;
+        }
+    }
+    let shrink = match hf.get_normalizer() {
+        None => 1,
+        Some(n) => normalizer_shrink(&serde_json::to_value(n).ok()?)?,
+    };
+    longest.checked_mul(shrink)
+}
+
+/// Whether a pre-tokenizer (its JSON form) keeps every byte of its input in some piece: one
+/// that splits, maps bytes to characters or replaces spaces does; one that removes what it
+/// splits on (whitespace, a `Removed` delimiter) does not.
+fn pre_tokenizer_keeps_text(p: &serde_json::Value) -> bool {
+    match p.get("type").and_then(|t| t.as_str()) {
+        Some("ByteLevel" | "Digits" | "Metaspace" | "Punctuation" | "UnicodeScripts") => {
+            p.get("behavior").and_then(|b| b.as_str()) != Some("Removed")
+        }
+        Some("Split") => p.get("behavior").and_then(|b| b.as_str()) != Some("Removed"),
+        Some("Sequence") => p
+            .get("pretokenizers")
+            .and_then(|v| v.as_array())
+            .is_some_and(|all| all.iter().all(pre_tokenizer_keeps_text)),
+        _ => false,
     }
 }
 

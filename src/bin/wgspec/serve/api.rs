@@ -84,7 +84,7 @@ impl FromRequest<Arc<App>> for BodyBytes {
             room = Some(room_for(n).await?);
         }
         let mut body = req.into_body();
-        let mut bytes = Vec::new();
+        let mut bytes = Vec::with_capacity(declared.map_or(0, |n| n as usize));
         loop {
             let frame = match tokio::time::timeout_at(deadline, body.frame()).await {
                 Ok(Some(frame)) => frame,
@@ -114,14 +114,33 @@ impl FromRequest<Arc<App>> for BodyBytes {
     }
 }
 
+/// How long a request waits for one of the [`PREPARE_AT_ONCE`] places (503 after).
+const PREPARE_WAIT: Duration = Duration::from_secs(30);
+
 /// Runs `work` on a blocking thread once one of the server's [`PREPARE_AT_ONCE`] places is free.
+/// The place goes with the work: a client that leaves while it runs frees it only when it ends.
 async fn prepare<T: Send + 'static>(
     app: &App,
     what: &str,
     work: impl FnOnce() -> T + Send + 'static,
 ) -> Result<T, ApiError> {
-    let _place = app.preparing.acquire().await.map_err(|e| ApiError::internal(format!("{what}: {e}")))?;
-    tokio::task::spawn_blocking(work).await.map_err(|e| ApiError::internal(format!("{what}: {e}")))
+    let busy = || {
+        ApiError::unavailable(format!(
+            "{PREPARE_AT_ONCE} requests are being read and tokenized, and this one waited {PREPARE_WAIT:?}; retry later"
+        ))
+        .with_code("server_busy")
+    };
+    let place = match tokio::time::timeout(PREPARE_WAIT, app.preparing.clone().acquire_owned()).await {
+        Ok(Ok(place)) => place,
+        _ => return Err(busy()),
+    };
+    tokio::task::spawn_blocking(move || {
+        let result = work();
+        drop(place);
+        result
+    })
+    .await
+    .map_err(|e| ApiError::internal(format!("{what}: {e}")))
 }
 
 pub async fn health() -> Json<Value> {
@@ -221,9 +240,18 @@ struct DetokenizeBody {
 pub async fn detokenize(State(app): State<Arc<App>>, body: BodyBytes) -> Result<Json<Value>, ApiError> {
     let (_, loaded) = loaded(&app)?;
     let prompter = loaded.prompter.clone();
+    let context = loaded.context;
     let content = prepare(&app, "detokenize", move || {
         let body: DetokenizeBody = openai::parse_json(&body.bytes)?;
-        Ok::<_, ApiError>(prompter.tokenizer().decode(&body.tokens)?)
+        // No more than a context's worth: what decoding makes is then bounded too.
+        if body.tokens.len() > context {
+            return Err(ApiError::field(
+                "tokens",
+                format!("{} tokens; this server's context holds {context}", body.tokens.len()),
+            )
+            .with_code("context_length_exceeded"));
+        }
+        Ok(prompter.tokenizer().decode(&body.tokens)?)
     })
     .await??;
     Ok(Json(json!({ "content": content })))

@@ -102,7 +102,7 @@ pub struct App {
     /// Room for request bodies larger than [`api::SMALL_BODY`]: [`api::BODY_BUDGET`] bytes.
     pub bodies: Arc<Semaphore>,
     /// Places for requests being parsed and tokenized: [`api::PREPARE_AT_ONCE`].
-    pub preparing: Semaphore,
+    pub preparing: Arc<Semaphore>,
 }
 
 /// The id of the model `--model ARG` names: a known name as is, a file without its `.gguf`, a
@@ -139,8 +139,8 @@ pub fn run(cfg: ServerConfig) -> wgspec::Result<()> {
 fn return_large_blocks() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
-        // SAFETY: mallopt only sets a parameter of the allocator, and no other thread of the
-        // process allocates yet (the server's threads start after this).
+        // SAFETY: mallopt sets a parameter of the allocator under its own lock; it reads and
+        // writes no memory of ours.
         if unsafe { libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20) } != 1 {
             eprintln!("warning: mallopt(M_MMAP_THRESHOLD) failed; large requests may leave memory held");
         }
@@ -188,7 +188,7 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
         loopback: cfg.host.is_loopback(),
         started: Instant::now(),
         bodies: Arc::new(Semaphore::new(api::BODY_BUDGET)),
-        preparing: Semaphore::new(api::PREPARE_AT_ONCE),
+        preparing: Arc::new(Semaphore::new(api::PREPARE_AT_ONCE)),
     });
     if let Some(rx) = loaded_rx {
         let app = app.clone();
@@ -408,8 +408,14 @@ impl HttpBody for Counted {
 
 /// Whether a `Host` header names a loopback host: `127.0.0.1`, `localhost` or `[::1]`, with any port.
 fn loopback_host(host: &str) -> bool {
-    let name = if host.starts_with('[') {
-        host.split_once(']').map_or(host, |(name, _)| name).trim_start_matches('[')
+    let port_ok = |port: &str| {
+        port.is_empty() || port.strip_prefix(':').is_some_and(|p| p.bytes().all(|b| b.is_ascii_digit()))
+    };
+    let name = if let Some(bracketed) = host.strip_prefix('[') {
+        match bracketed.split_once(']') {
+            Some((name, port)) if port_ok(port) => name,
+            _ => return false,
+        }
     } else {
         match host.rsplit_once(':') {
             Some((name, port)) if port.bytes().all(|b| b.is_ascii_digit()) => name,
@@ -427,10 +433,9 @@ fn head_bytes(req: &Request) -> usize {
 }
 
 /// A request head of at most [`MAX_HEAD`] bytes (431 beyond) carries one `Host` header (an
-/// HTTP/1.1 request at least one, unless its target
-/// names the host), else 400 as RFC 9110 asks; on a loopback bind the host it names (the
-/// target's, when the target is absolute) must be a loopback one: a page on another site whose
-/// name was rebound to 127.0.0.1 sends its own name.
+/// HTTP/1.1 request exactly one), else 400 as RFC 9112 asks; on a loopback bind the host it
+/// names (the target's, when the target is absolute) must be a loopback one: a page on another
+/// site whose name was rebound to 127.0.0.1 sends its own name.
 async fn check_host(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
     let mut hosts = req.headers().get_all(header::HOST).iter();
     let host = hosts.next();
@@ -446,7 +451,7 @@ async fn check_host(State(app): State<Arc<App>>, req: Request, next: Next) -> Re
     }
     let refusal = if hosts.next().is_some() {
         Some("a request carries one Host header; this one has several")
-    } else if host.is_none() && req.version() == Version::HTTP_11 && req.uri().authority().is_none() {
+    } else if host.is_none() && req.version() == Version::HTTP_11 {
         Some("an HTTP/1.1 request must carry a Host header")
     } else {
         None
@@ -509,9 +514,17 @@ mod tests {
         for ok in ["127.0.0.1", "127.0.0.1:8080", "localhost", "LOCALHOST:1", "[::1]", "[::1]:8080"] {
             assert!(loopback_host(ok), "{ok}");
         }
-        for bad in
-            ["evil.com", "evil.com:8080", "127.0.0.1.evil.com", "localhost.evil.com:80", "[::2]:80", ""]
-        {
+        for bad in [
+            "evil.com",
+            "evil.com:8080",
+            "127.0.0.1.evil.com",
+            "localhost.evil.com:80",
+            "[::2]:80",
+            "",
+            "[::1]junk",
+            "[::1]:80x",
+            "[::1",
+        ] {
             assert!(!loopback_host(bad), "{bad}");
         }
     }

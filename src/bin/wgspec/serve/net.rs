@@ -129,6 +129,16 @@ pub static HEAD_TOO_LARGE: std::sync::LazyLock<String> = std::sync::LazyLock::ne
     )
 });
 
+/// Where hyper's own answer ends `buf` (it is the last thing hyper writes on a connection: a
+/// pipelined answer before it may share the buffer), as (its offset, its status).
+fn hyper_answer_at_end(buf: &[u8]) -> Option<(usize, u16)> {
+    // The answer is a status line and two or three short headers.
+    let window = buf.len().saturating_sub(256);
+    (window..buf.len()).filter(|&at| buf[at..].starts_with(b"HTTP/1.1 ")).find_map(|at| {
+        hyper_answer(&buf[at..]).filter(|(len, _)| at + len == buf.len()).map(|(_, status)| (at, status))
+    })
+}
+
 /// The JSON answer that replaces hyper's empty one of `status`.
 fn json_answer(status: u16) -> Vec<u8> {
     let (reason, message, code) = match status {
@@ -157,8 +167,8 @@ const LINGER: Duration = Duration::from_secs(2);
 
 /// A connection's socket on which hyper's own error answers (see [`HYPER_ANSWERS`]) go out as
 /// OpenAI-style JSON errors, counted in the metrics, instead of empty bodies. hyper writes such
-/// an answer when it cannot read a request head, as the first bytes of a write (no answer is
-/// in progress then), and closes the connection after it.
+/// an answer when it cannot read a request head, as the last bytes it writes (no answer is in
+/// progress then, and it closes the connection after).
 pub struct JsonErrors<S> {
     inner: S,
     metrics: Arc<Metrics>,
@@ -229,15 +239,19 @@ impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for JsonErrors<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         let this = &mut *self;
         ready!(this.poll_pending(cx))?;
-        if let Some((len, status)) = hyper_answer(buf) {
-            this.metrics.request(UNPARSED, status);
-            this.metrics.error("invalid_request_error");
-            this.pending = json_answer(status);
-            this.linger = Some(Box::pin(sleep(LINGER)));
-            // hyper's answer counts as written; the replacement goes out before anything else.
-            return Poll::Ready(Ok(len));
+        match hyper_answer_at_end(buf) {
+            // What comes before it first.
+            Some((at, _)) if at > 0 => Pin::new(&mut this.inner).poll_write(cx, &buf[..at]),
+            Some((_, status)) => {
+                this.metrics.request(UNPARSED, status);
+                this.metrics.error("invalid_request_error");
+                this.pending = json_answer(status);
+                this.linger = Some(Box::pin(sleep(LINGER)));
+                // hyper's answer counts as written; the replacement goes out before anything else.
+                Poll::Ready(Ok(buf.len()))
+            }
+            None => Pin::new(&mut this.inner).poll_write(cx, buf),
         }
-        Pin::new(&mut this.inner).poll_write(cx, buf)
     }
 
     /// hyper then writes each answer whole from one buffer, so that an answer of its own
@@ -282,6 +296,10 @@ mod tests {
         ] {
             assert_eq!(hyper_answer(ours), None, "{}", String::from_utf8_lossy(ours));
         }
+        let pipelined = [&b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok"[..], bare].concat();
+        assert_eq!(hyper_answer_at_end(&pipelined), Some((pipelined.len() - bare.len(), 400)));
+        assert_eq!(hyper_answer_at_end(bare), Some((0, 400)));
+        assert_eq!(hyper_answer_at_end(&[bare, &b"x"[..]].concat()), None);
         let answer = String::from_utf8(json_answer(431)).expect("utf8");
         let (head, body) = answer.split_once("\r\n\r\n").expect("a head");
         assert!(
