@@ -1,27 +1,43 @@
 // out[r, j] = the id of the j-th largest logit of row r, j < k: larger values first, equal values
-// by lower id (so out[r, 0] is the argmax kernel's choice). One workgroup per row; round j finds
-// the best entry strictly after round j - 1's in that order (k passes over the row: drafting
-// trees asks for a few, k <= 32). NaN never wins; a row with fewer than k finite values repeats
-// its last id.
+// by lower id (so out[r, 0] is the argmax kernel's choice). NaN and -inf never rank; a row with
+// fewer than k other values repeats its last id. Two dispatches of this kernel:
+//   stage 0: one workgroup per slice of SLICE logits and row ranks the slice's top k into
+//            cand[r, s, :] (round j finds the best entry strictly after round j - 1's in that
+//            order), unfilled places (NONE_V, NONE_I); with log-probs also the slice's maximum m_s
+//            and sum_i exp(logits[r, i] - m_s) into lse[r, s] (m_s = 0 where nothing ranks);
+//   stage 1: one workgroup per row ranks the row's slices x k candidates the same way. The k
+//            best of a row are the k best of its slices' k best, so the ids do not depend on
+//            the slicing.
 // With p.log_probs = 1, logp[r, j] = the log-softmax of that id's logit:
-//   logits[r, id] - (m + log(sum_i exp(logits[r, i] - m))),  m = the row's maximum,
-// the sum reduced in a fixed order (a strided sum per invocation, then a tree).
+//   logits[r, id] - (m + log(sum_s sum_s' exp(m_s - m))),  m = the row's maximum,
+// each sum in a fixed order (a strided sum per invocation, then a tree).
 
 struct Step { n: u32, start_pos: u32 }
 struct Params {
     vocab: u32,
     k: u32,
     log_probs: u32,  // 1: also write logp
-    _pad: u32,
+    slices: u32,     // ceil(vocab / SLICE)
+    stage: u32,      // 0: slices of logits into candidates; 1: candidates into out
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
 }
 
 const WG: u32 = 64u;
+// Logits per stage-0 workgroup: 16 loads per invocation and round.
+const SLICE: u32 = 1024u;
+// The lowest finite f32, written exactly (Tint refuses an inexact literal): no pick.
+const NONE_V: f32 = -0x1.fffffep+127f;
+const NONE_I: u32 = 0xffffffffu;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> logits: array<f32>;          // [n, vocab]
-@group(0) @binding(3) var<storage, read_write> out: array<u32>;       // [n, k]
-@group(0) @binding(4) var<storage, read_write> logp: array<f32>;      // [n, k] (log_probs = 1)
+@group(0) @binding(3) var<storage, read_write> cand: array<u32>;      // [n, slices, k, 2]: value bits, id
+@group(0) @binding(4) var<storage, read_write> lse: array<f32>;       // [n, slices, 2]: m_s, its sum
+@group(0) @binding(5) var<storage, read_write> out: array<u32>;       // [n, k]
+@group(0) @binding(6) var<storage, read_write> logp: array<f32>;      // [n, k] (log_probs = 1)
 
 var<workgroup> best_v: array<f32, WG>;
 var<workgroup> best_i: array<u32, WG>;
@@ -31,63 +47,120 @@ fn before(v: f32, i: u32, bv: f32, bi: u32) -> bool {
     return v > bv || (v == bv && i < bi);
 }
 
-@compute @workgroup_size(64)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let r = wid.x;
-    if (r >= step.n) { return; }
-    let t = lid.x;
-    let base = r * p.vocab;
-    // the previous round's pick: only entries after it compete (none before round 0)
-    var prev_v = 0x1.fffffep+127f;
-    var prev_i = 0xffffffffu;
-    var first = true;
-    var top = 0.0; // round 0's pick: the row's maximum
-    for (var j = 0u; j < p.k; j++) {
-        var bv = -0x1.fffffep+127f; // the lowest finite f32, written exactly
-        var bi = 0xffffffffu;
-        for (var i = t; i < p.vocab; i += WG) {
-            let v = logits[base + i];
-            let after = first || before(prev_v, prev_i, v, i);
-            if (after && before(v, i, bv, bi)) { bv = v; bi = i; }
+// The first of the workgroup's (bv, bi) by a fixed tree, returned to every invocation.
+fn first_of(t: u32, bv: f32, bi: u32) -> vec2<u32> {
+    best_v[t] = bv;
+    best_i[t] = bi;
+    workgroupBarrier();
+    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
+        if (t < stride && before(best_v[t + stride], best_i[t + stride], best_v[t], best_i[t])) {
+            best_v[t] = best_v[t + stride];
+            best_i[t] = best_i[t + stride];
         }
-        best_v[t] = bv;
-        best_i[t] = bi;
         workgroupBarrier();
-        for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-            if (t < stride && before(best_v[t + stride], best_i[t + stride], best_v[t], best_i[t])) {
-                best_v[t] = best_v[t + stride];
-                best_i[t] = best_i[t + stride];
-            }
-            workgroupBarrier();
-        }
-        let pick_v = best_v[0];
-        let pick_i = best_i[0];
-        workgroupBarrier(); // every invocation has read the pick before the next round writes
-        if (pick_i != 0xffffffffu) {
-            if (first) { top = pick_v; }
-            prev_v = pick_v;
-            prev_i = pick_i;
-            first = false;
-        }
-        if (t == 0u) {
-            out[r * p.k + j] = min(prev_i, p.vocab - 1u);
-            if (p.log_probs != 0u) { logp[r * p.k + j] = prev_v; }
-        }
     }
-    if (p.log_probs == 0u) { return; }
-    // the row's log-sum-exp around its maximum
-    var s = 0.0;
-    for (var i = t; i < p.vocab; i += WG) {
-        s += exp(logits[base + i] - top);
-    }
+    let pick = vec2<u32>(bitcast<u32>(best_v[0]), best_i[0]);
+    workgroupBarrier(); // every invocation has read the pick before the next round writes
+    return pick;
+}
+
+// The sum of the workgroup's s by a fixed tree, returned to every invocation.
+fn sum_of(t: u32, s: f32) -> f32 {
     best_v[t] = s;
     workgroupBarrier();
     for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
         if (t < stride) { best_v[t] += best_v[t + stride]; }
         workgroupBarrier();
     }
+    let total = best_v[0];
+    workgroupBarrier();
+    return total;
+}
+
+// The value and id of entry e (< count) of the set being ranked: logits begin.. of row r
+// (stage 0), or the row's candidates (stage 1).
+fn entry(r: u32, begin: u32, e: u32) -> vec2<u32> {
+    if (p.stage == 0u) {
+        return vec2<u32>(bitcast<u32>(logits[r * p.vocab + begin + e]), begin + e);
+    }
+    let at = 2u * (r * p.slices * p.k + e);
+    return vec2<u32>(cand[at], cand[at + 1u]);
+}
+
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let t = lid.x;
+    // stage 0: slice s of row r; stage 1: row r
+    var r = wid.x;
+    var s = 0u;
+    var begin = 0u;
+    var count = p.slices * p.k;
+    if (p.stage == 0u) {
+        s = wid.x;
+        r = wid.y;
+        begin = s * SLICE;
+        count = min(begin + SLICE, p.vocab) - begin;
+    }
+    if (r >= step.n) { return; }
+    // the previous round's pick: only entries after it compete (none before round 0)
+    var prev_v = 0x1.fffffep+127f;
+    var prev_i = NONE_I;
+    var first = true;
+    var top = 0.0; // round 0's pick: the set's maximum
+    for (var j = 0u; j < p.k; j++) {
+        var bv = NONE_V;
+        var bi = NONE_I;
+        for (var e = t; e < count; e += WG) {
+            let x = entry(r, begin, e);
+            let v = bitcast<f32>(x.x);
+            let after = first || before(prev_v, prev_i, v, x.y);
+            if (after && before(v, x.y, bv, bi)) { bv = v; bi = x.y; }
+        }
+        let pick = first_of(t, bv, bi);
+        if (p.stage == 0u) {
+            // the slice's j-th, or no pick
+            if (t == 0u) {
+                let at = 2u * ((r * p.slices + s) * p.k + j);
+                cand[at] = pick.x;
+                cand[at + 1u] = pick.y;
+            }
+        }
+        if (pick.y != NONE_I) {
+            if (first) { top = bitcast<f32>(pick.x); }
+            prev_v = bitcast<f32>(pick.x);
+            prev_i = pick.y;
+            first = false;
+        }
+        if (p.stage == 1u && t == 0u) {
+            out[r * p.k + j] = min(prev_i, p.vocab - 1u);
+            if (p.log_probs != 0u) { logp[r * p.k + j] = prev_v; }
+        }
+    }
+    if (p.log_probs == 0u) { return; }
+    if (p.stage == 0u) {
+        // the slice's sum of exp around its maximum (0 where it has none)
+        var acc = 0.0;
+        for (var e = t; e < count; e += WG) {
+            acc += exp(logits[r * p.vocab + begin + e] - top);
+        }
+        let total = sum_of(t, acc);
+        if (t == 0u) {
+            lse[2u * (r * p.slices + s)] = top;
+            lse[2u * (r * p.slices + s) + 1u] = total;
+        }
+        return;
+    }
+    // the row's: each slice's sum moved to the row's maximum (a slice with no pick has summed
+    // exp of its -inf and NaN values as they are: 0, or NaN)
+    var acc = 0.0;
+    for (var e = t; e < p.slices; e += WG) {
+        let at = 2u * (r * p.slices + e);
+        let picked = cand[2u * (r * p.slices + e) * p.k + 1u] != NONE_I;
+        acc += select(lse[at + 1u], lse[at + 1u] * exp(lse[at] - top), picked);
+    }
+    let total = sum_of(t, acc);
     if (t == 0u) {
-        let lse = top + log(best_v[0]);
-        for (var j = 0u; j < p.k; j++) { logp[r * p.k + j] -= lse; }
+        let l = top + log(total);
+        for (var j = 0u; j < p.k; j++) { logp[r * p.k + j] -= l; }
     }
 }

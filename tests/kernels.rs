@@ -8,7 +8,7 @@ use common::{assert_close, assert_fits, gpu, gpu_unshared, gpus, rand_vec, read_
 use rand::rngs::SmallRng;
 use wgspec::gpu::{
     AttentionShape, Gpu, GpuBuffer, Kernel, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut, Second,
-    WeightBuffer,
+    WeightBuffer, REDUCE_SLICE,
 };
 use wgspec::loader::{quant, DType};
 
@@ -753,33 +753,86 @@ fn attention_matches_reference() {
     }
 }
 
+/// The ids the GPU's argmax and top-k rank, in order: values neither NaN nor -inf, larger first,
+/// equal ones (-0.0 and +0.0 too) by lower id.
+fn ranked(row: &[f32]) -> Vec<u32> {
+    let mut ids: Vec<u32> = (0..row.len() as u32).filter(|&i| !row[i as usize].is_nan()).collect();
+    ids.retain(|&i| row[i as usize] != f32::NEG_INFINITY);
+    // a stable sort keeps ids ascending among equal values (-0.0 == +0.0 under partial_cmp)
+    ids.sort_by(|a, b| row[*b as usize].partial_cmp(&row[*a as usize]).unwrap_or(std::cmp::Ordering::Equal));
+    ids
+}
+
+/// Rows that ties, signed zeros, NaN and -inf make hard, across the boundaries of the kernels'
+/// slices of [`REDUCE_SLICE`] logits: random rows of `vocab`, each with one kind of trouble.
+fn adversarial_rows(rng: &mut SmallRng, n: usize, vocab: usize) -> Vec<f32> {
+    // values on a coarse grid, so that many tie
+    let mut logits: Vec<f32> = rand_vec(rng, n * vocab, 8.0).iter().map(|v| v.round()).collect();
+    let slice = REDUCE_SLICE;
+    for (r, row) in logits.chunks_mut(vocab).enumerate() {
+        let last = vocab - 1;
+        let edge = slice.min(last);
+        match r % 8 {
+            // a tie at the maximum in two slices, the later slice's first
+            0 => {
+                row[last] = 50.0;
+                row[edge] = 50.0;
+                row[vocab / 2] = 50.0;
+            }
+            // -0.0 and +0.0 as the maximum: the lower id wins whichever sign it has
+            1 => {
+                row.iter_mut().for_each(|v| *v = -v.abs() - 1.0);
+                row[last] = 0.0;
+                row[edge] = -0.0;
+            }
+            // NaN everywhere but a few
+            2 => {
+                row.iter_mut().enumerate().filter(|(i, _)| i % 97 != 5).for_each(|(_, v)| *v = f32::NAN);
+            }
+            // only NaN and -inf: nothing ranks
+            3 => row
+                .iter_mut()
+                .enumerate()
+                .for_each(|(i, v)| *v = if i % 2 == 0 { f32::NAN } else { f32::NEG_INFINITY }),
+            // -inf but for fewer values than a top-k asks
+            4 => row
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| i % 1500 != 3)
+                .for_each(|(_, v)| *v = f32::NEG_INFINITY),
+            // the lowest finite value beside -inf, and the maximum at the very end
+            5 => {
+                row.iter_mut().for_each(|v| *v = f32::NEG_INFINITY);
+                row[0] = f32::MIN;
+                row[last] = f32::MIN;
+            }
+            // NaN right after the maximum, at a slice's end
+            6 => {
+                row[edge.saturating_sub(1)] = 60.0;
+                row[edge] = f32::NAN;
+            }
+            // a plain random row
+            _ => {}
+        }
+    }
+    logits
+}
+
 #[test]
 fn argmax_picks_the_lowest_index_of_the_maximum() {
     let gpu = gpu();
     let step = gpu.step_buffer();
     let mut rng = rng(9);
-    for &(n, vocab) in &[(1, 1), (3, 63), (5, 1000), (2, 49157)] {
-        let mut logits = rand_vec(&mut rng, n * vocab, 10.0);
-        // Row 0: a tie between two late indices; the lower must win.
-        if vocab > 10 {
-            logits[vocab - 3] = 50.0;
-            logits[vocab - 1] = 50.0;
-        }
+    for &(n, vocab) in &[(1, 1), (3, 63), (8, 1000), (8, 1024), (8, 1025), (8, 49157), (8, 151_936)] {
+        let logits = adversarial_rows(&mut rng, n, vocab);
         let lb = GpuBuffer::<f32>::from_slice(&gpu, "logits", &logits);
         let ob = GpuBuffer::<u32>::zeros(&gpu, "out", n);
-        run(&gpu, &step, &[gpu.argmax(&step, &lb, &ob, vocab)], n, 0);
+        run(&gpu, &step, &gpu.argmax(&step, &lb, &ob, vocab), n, 0);
         let got = read_u32(&gpu, &ob.raw, n);
+        // (nothing ranks: the last id)
         let want: Vec<u32> = logits
             .chunks(vocab)
-            .map(|row| {
-                let mut best = 0;
-                for (i, v) in row.iter().enumerate() {
-                    if *v > row[best] {
-                        best = i;
-                    }
-                }
-                best as u32
-            })
+            .map(|row| ranked(row).first().copied().unwrap_or(vocab as u32 - 1))
             .collect();
         assert_eq!(got, want, "argmax n={n} vocab={vocab}");
     }
@@ -790,39 +843,37 @@ fn top_k_ranks_ids_as_the_argmax_breaks_ties() {
     let gpu = gpu();
     let step = gpu.step_buffer();
     let mut rng = rng(10);
-    for &(n, vocab, k) in &[(1, 7, 7), (3, 63, 5), (2, 1000, 16), (2, 49157, 10)] {
-        // values on a coarse grid, so that many tie; row 0 also gets a tie at its maximum
-        let mut logits: Vec<f32> = rand_vec(&mut rng, n * vocab, 8.0).iter().map(|v| v.round()).collect();
-        logits[vocab - 1] = 50.0;
-        logits[vocab / 2] = 50.0;
+    for &(n, vocab, k) in
+        &[(1, 7, 7), (3, 63, 5), (8, 1000, 16), (8, 1025, 3), (8, 49157, 10), (8, 151_936, 16)]
+    {
+        let logits = adversarial_rows(&mut rng, n, vocab);
         let lb = GpuBuffer::<f32>::from_slice(&gpu, "logits", &logits);
         let ob = GpuBuffer::<u32>::zeros(&gpu, "out", n * k);
         let pb = GpuBuffer::<f32>::zeros(&gpu, "logp", n * k);
         let (ob2, with_logp) = (GpuBuffer::<u32>::zeros(&gpu, "out", n * k), Some(&pb));
-        let ops = [
-            gpu.top_k(&step, &lb, (&ob, None), vocab, k),
-            gpu.top_k(&step, &lb, (&ob2, with_logp), vocab, k),
-        ];
+        let mut ops = gpu.top_k(&step, &lb, (&ob, None), vocab, k);
+        ops.extend(gpu.top_k(&step, &lb, (&ob2, with_logp), vocab, k));
         run(&gpu, &step, &ops, n, 0);
         let (got, got2) = (read_u32(&gpu, &ob.raw, n * k), read_u32(&gpu, &ob2.raw, n * k));
         let logp = read_f32(&gpu, &pb.raw, n * k);
         assert_eq!(got, got2, "the same ids with log-probabilities");
         for (r, row) in logits.chunks(vocab).enumerate() {
-            let mut ids: Vec<u32> = (0..vocab as u32).collect();
-            // larger first, then lower id: a stable sort by value keeps ids ascending among ties
-            ids.sort_by(|a, b| row[*b as usize].total_cmp(&row[*a as usize]));
-            assert_eq!(&got[r * k..(r + 1) * k], &ids[..k], "top-{k} of row {r} of {vocab}");
+            let mut ids = ranked(row);
+            // fewer than k: the last repeats (none: the last id)
+            let fill = ids.last().copied().unwrap_or(vocab as u32 - 1);
+            ids.resize(ids.len().max(k), fill);
+            let what = format!("top-{k} of row {r} of {vocab}");
+            assert_eq!(&got[r * k..(r + 1) * k], &ids[..k], "{what}");
+            if row.iter().any(|v| v.is_nan()) || !row.iter().any(|v| v.is_finite()) {
+                continue; // (log-probabilities of NaN or of nothing: not defined)
+            }
             // log-softmax in f64
             let m = row.iter().fold(f64::MIN, |m, &v| m.max(v as f64));
             let lse = m + row.iter().map(|&v| (v as f64 - m).exp()).sum::<f64>().ln();
             let want: Vec<f32> = ids[..k].iter().map(|&i| (row[i as usize] as f64 - lse) as f32).collect();
-            assert_close(
-                &format!("log-probs of row {r} of {vocab}"),
-                &logp[r * k..(r + 1) * k],
-                &want,
-                1e-5,
-                1e-5,
-            );
+            if want.iter().all(|w| w.is_finite()) {
+                assert_close(&format!("log-probs of {what}"), &logp[r * k..(r + 1) * k], &want, 1e-5, 1e-5);
+            }
         }
     }
 }
@@ -1002,8 +1053,8 @@ fn gpu_draws_follow_the_sampling_distribution() {
         }
         let mut ops = Vec::new();
         if top_k > 0 {
-            ops.push(gpu.top_k(&step, p_buf, (&p_top, None), v, top_k));
-            ops.push(gpu.top_k(&step, &q_buf, (&q_top, None), v, top_k));
+            ops.extend(gpu.top_k(&step, p_buf, (&p_top, None), v, top_k));
+            ops.extend(gpu.top_k(&step, &q_buf, (&q_top, None), v, top_k));
         }
         let cfg =
             SampleConfig { vocab: v, temperature, top_k, top_p, drafts: rows, last_only: None, stream: 3 };

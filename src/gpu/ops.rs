@@ -333,13 +333,34 @@ struct ConcatParams {
     _pad: [u32; 2],
 }
 
+/// Logits one workgroup of the first of [`Gpu::argmax`]'s and [`Gpu::top_k`]'s two dispatches
+/// reduces (`SLICE` in `shaders/argmax.wgsl` and `shaders/top_k.wgsl`): a row of Qwen2.5's
+/// 151,936 logits is 149 workgroups, 16 loads per invocation.
+pub const REDUCE_SLICE: usize = 1024;
+
+/// Workgroups of the first dispatch per row of `vocab` logits.
+pub fn reduce_slices(vocab: usize) -> usize {
+    vocab.div_ceil(REDUCE_SLICE).max(1)
+}
+
+#[repr(C)]
+#[derive(Clone, Copy, Pod, Zeroable)]
+struct ArgmaxParams {
+    vocab: u32,
+    slices: u32,
+    stage: u32,
+    _pad: u32,
+}
+
 #[repr(C)]
 #[derive(Clone, Copy, Pod, Zeroable)]
 struct TopKParams {
     vocab: u32,
     k: u32,
     log_probs: u32,
-    _pad: u32,
+    slices: u32,
+    stage: u32,
+    _pad: [u32; 3],
 }
 
 /// The most ids per row [`Gpu::top_k`] ranks (its kernel makes one pass over the row per id).
@@ -609,23 +630,46 @@ impl Gpu {
         vec![chunk_op, merge_op]
     }
 
-    /// `out[r] = argmax logits[r, :]` (lowest index on ties); `logits: [n, vocab]`, `out: [n]`.
+    /// `out[r] = argmax logits[r, :]` (lowest index on ties); `logits: [rows, vocab]`, `out:
+    /// [n]`. Two dispatches: each slice of [`REDUCE_SLICE`] logits of each row to its best
+    /// (value, id), then each row's slices (an order-free choice: the same id whatever the
+    /// slicing).
     pub fn argmax(
         &self,
         step: &wgpu::Buffer,
         logits: &GpuBuffer<f32>,
         out: &GpuBuffer<u32>,
         vocab: usize,
-    ) -> Op {
-        let p = WidthParams { width: vocab as u32, _pad: [0; 3] };
-        let params = self.uniform("argmax params", bytemuck::bytes_of(&p));
-        let cost = Cost { row_bytes: 4 * vocab as u64, row_flops: vocab as u64, ..Cost::default() };
-        self.op(Kernel::Argmax, step, &params, &[&logits.raw, &out.raw], Grid::Rows).with_cost(cost)
+    ) -> Vec<Op> {
+        let slices = reduce_slices(vocab);
+        let rows = (logits.len / vocab.max(1)).max(1);
+        // [rows, slices, 2]: each slice's best value (bits) and id
+        let pairs = GpuBuffer::<u32>::zeros(self, "argmax pairs", rows * slices * 2);
+        let stage = |stage: u32| {
+            let p = ArgmaxParams { vocab: vocab as u32, slices: slices as u32, stage, _pad: 0 };
+            self.uniform("argmax params", bytemuck::bytes_of(&p))
+        };
+        let buffers = [&logits.raw, &pairs.raw, &out.raw];
+        let pair_bytes = 8 * slices as u64;
+        let slices_op =
+            self.op(Kernel::Argmax, step, &stage(0), &buffers, Grid::PerRow(slices as u32)).with_cost(Cost {
+                row_bytes: 4 * vocab as u64 + pair_bytes,
+                row_flops: vocab as u64,
+                ..Cost::default()
+            });
+        let rows_op = self.op(Kernel::Argmax, step, &stage(1), &buffers, Grid::Rows).with_cost(Cost {
+            row_bytes: pair_bytes + 4,
+            row_flops: slices as u64,
+            ..Cost::default()
+        });
+        vec![slices_op, rows_op]
     }
 
     /// `out[r, j]` = the id of row r's j-th largest logit, j < k (equal values: lower id first, as
-    /// [`Gpu::argmax`] breaks ties); `logits: [n, vocab]`, `out: [n, k]`, k <= [`MAX_TOP_K`]. With
-    /// `logp: [n, k]`, also each of those ids' log-probability (the log-softmax of its logit).
+    /// [`Gpu::argmax`] breaks ties); `logits: [rows, vocab]`, `out: [n, k]`, k <= [`MAX_TOP_K`].
+    /// With `logp: [n, k]`, also each of those ids' log-probability (the log-softmax of its
+    /// logit). Two dispatches: each slice of [`REDUCE_SLICE`] logits of each row ranks its k
+    /// best, then each row ranks its slices' (the same ids whatever the slicing).
     pub fn top_k(
         &self,
         step: &wgpu::Buffer,
@@ -633,26 +677,50 @@ impl Gpu {
         (out, logp): (&GpuBuffer<u32>, Option<&GpuBuffer<f32>>),
         vocab: usize,
         k: usize,
-    ) -> Op {
+    ) -> Vec<Op> {
         let k = k.clamp(1, MAX_TOP_K);
-        let passes = (k + logp.is_some() as usize) as u64;
-        let p = TopKParams { vocab: vocab as u32, k: k as u32, log_probs: logp.is_some() as u32, _pad: 0 };
-        let params = self.uniform("top-k params", bytemuck::bytes_of(&p));
+        let slices = reduce_slices(vocab);
+        let rows = (logits.len / vocab.max(1)).max(1);
+        // [rows, slices, k, 2]: each slice's k best (value bits, id); [rows, slices, 2]: its
+        // maximum and sum of exponentials
+        let cand = GpuBuffer::<u32>::zeros(self, "top-k candidates", rows * slices * k * 2);
+        let lse =
+            GpuBuffer::<f32>::zeros(self, "top-k sums", if logp.is_some() { rows * slices * 2 } else { 1 });
         // (without log-probabilities the kernel writes none: a one-word placeholder is bound)
         let unused;
-        let logp = match logp {
+        let logp_raw = match logp {
             Some(b) => &b.raw,
             None => {
                 unused = GpuBuffer::<f32>::zeros(self, "top-k no log-probs", 1);
                 &unused.raw
             }
         };
-        let cost = Cost {
-            row_bytes: 4 * passes * vocab as u64,
-            row_flops: passes * vocab as u64,
-            ..Cost::default()
+        let stage = |stage: u32| {
+            let p = TopKParams {
+                vocab: vocab as u32,
+                k: k as u32,
+                log_probs: logp.is_some() as u32,
+                slices: slices as u32,
+                stage,
+                _pad: [0; 3],
+            };
+            self.uniform("top-k params", bytemuck::bytes_of(&p))
         };
-        self.op(Kernel::TopK, step, &params, &[&logits.raw, &out.raw, logp], Grid::Rows).with_cost(cost)
+        let buffers = [&logits.raw, &cand.raw, &lse.raw, &out.raw, logp_raw];
+        let passes = (k + logp.is_some() as usize) as u64;
+        let cand_bytes = (8 * slices * k) as u64;
+        let slices_op =
+            self.op(Kernel::TopK, step, &stage(0), &buffers, Grid::PerRow(slices as u32)).with_cost(Cost {
+                row_bytes: 4 * passes * vocab as u64 + cand_bytes,
+                row_flops: passes * vocab as u64,
+                ..Cost::default()
+            });
+        let rows_op = self.op(Kernel::TopK, step, &stage(1), &buffers, Grid::Rows).with_cost(Cost {
+            row_bytes: k as u64 * cand_bytes + 8 * k as u64,
+            row_flops: k as u64 * (slices * k) as u64,
+            ..Cost::default()
+        });
+        vec![slices_op, rows_op]
     }
 
     /// `out[i * ld + offset + j] = src[s][j]`, times `gamma[j] / rms(src[s])` with `norm = (gamma,

@@ -59,9 +59,9 @@ use super::transformer::{record_block, BlockIo, LoadOptions, Model, MAX_BATCH};
 use super::weights::{Layer, LoadProgress, Matrix, Tally, TensorRole, TensorSpec, TensorTable, Upload};
 use crate::error::{Error, Result};
 use crate::gpu::{
-    EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, Second, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST,
-    EAGLE_TREE_OUT, EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STATE, EAGLE_TREE_STEP,
-    EAGLE_TREE_TOKENS, MAX_TOP_K, MAX_TREE,
+    reduce_slices, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, Second, EAGLE_TREE_MANY,
+    EAGLE_TREE_NEWEST, EAGLE_TREE_OUT, EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STATE,
+    EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, MAX_TOP_K, MAX_TREE,
 };
 use bytemuck::Zeroable;
 
@@ -397,9 +397,11 @@ impl EagleHead {
             EagleLayout::Eagle3 { draft_vocab, .. } => MAX_EAGLE_WIDTH * c.dim + draft_vocab,
         };
         // per row: rows, tokens, feat, embd, cat, x, xb, q, att, hb, drafts; then the
-        // projected rows' last, logits, top and logp, the store and the read-back
+        // projected rows' last, logits, top and logp, the top-k's candidates and sums of each
+        // slice of the logits, the store and the read-back
         let widths = (4 * c.dim + cat + 2 * c.q_dim() + c.ffn_dim + top_k + 2) as u64;
-        let projected = (MAX_EAGLE_WIDTH * (c.dim + out_vocab + 2 * top_k) + extra) as u64;
+        let ranking = 2 * reduce_slices(out_vocab) * (top_k + 1);
+        let projected = (MAX_EAGLE_WIDTH * (c.dim + out_vocab + 2 * top_k + ranking) + extra) as u64;
         let store =
             (EAGLE_STORE_SLOTS * c.dim + EAGLE_TREE_STATE + EAGLE_TREE_OUT + MAX_TREE + MAX_EAGLE_WIDTH)
                 as u64;
@@ -644,7 +646,7 @@ impl EagleHead {
                 }
                 None => target.output_ops(step, &s.last, &s.logits, out),
             };
-            ops.push(g.top_k(step, &s.logits, (&s.top, Some(&s.logp)), out_vocab, top_k));
+            ops.extend(g.top_k(step, &s.logits, (&s.top, Some(&s.logp)), out_vocab, top_k));
             if let Some(e3) = &s.eagle3 {
                 ops.push(g.map_ids(step, &e3.d2t, &s.top, top_k));
             }

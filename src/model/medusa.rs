@@ -28,7 +28,7 @@ use super::config::Config;
 use super::transformer::{LoadOptions, Model};
 use super::weights::{LoadProgress, Matrix, Tally, TensorRole, TensorSpec, Upload};
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuffer, MatmulOut, Op, MAX_TOP_K};
+use crate::gpu::{reduce_slices, Gpu, GpuBuffer, MatmulOut, Op, MAX_TOP_K};
 
 /// The shape of a set of Medusa heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,8 +196,9 @@ impl MedusaHeads {
         }
         let heads = config.heads as u64;
         // hidden, row, top; per head its state, and its logits and top (own projection) or
-        // its rows of `last` and of the shared logits
-        Ok(bytes + 4 * (dim + 1 + heads * (3 * dim + vocab + 2 * top_k as u64)))
+        // its rows of `last` and of the shared logits; the top-k's candidates of each slice
+        let ranking = 2 * (reduce_slices(vocab as usize) * top_k) as u64;
+        Ok(bytes + 4 * (dim + 1 + heads * (3 * dim + vocab + 2 * top_k as u64 + ranking)))
     }
 
     /// Uploads the heads of `ckpt` (a [`Checkpoint::from_named_safetensors`] of the heads' file,
@@ -295,7 +296,7 @@ impl MedusaHeads {
                 &logits,
                 MatmulOut { ldy: vocab as u32, ..Default::default() },
             );
-            ops.push(g.top_k(&step, &logits, (&head_top, None), vocab, top_k));
+            ops.extend(g.top_k(&step, &logits, (&head_top, None), vocab, top_k));
             program.push(Action::Ops(ops, 1));
             program.push(Action::Copy {
                 from: head_top.raw.clone(),
@@ -311,7 +312,7 @@ impl MedusaHeads {
             // and their top_k ids: `top` row by row
             let out = MatmulOut { ldy: vocab as u32, ..Default::default() };
             let mut ops = target.output_ops(&steps, &last, &all_logits, out);
-            ops.push(g.top_k(&steps, &all_logits, (&top, None), vocab, top_k));
+            ops.extend(g.top_k(&steps, &all_logits, (&top, None), vocab, top_k));
             program.push(Action::Ops(ops, config.heads as u32));
         }
         g.take_error()?;

@@ -11,7 +11,8 @@ use crate::loader::source;
 use bytemuck::Zeroable;
 
 use crate::gpu::{
-    Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut, Second, MAX_TOP_K, MAX_TREE,
+    reduce_slices, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut, Second,
+    MAX_TOP_K, MAX_TREE,
 };
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
@@ -115,7 +116,7 @@ pub struct Model {
     argmax_ops: Vec<Op>,
     /// ([`Model::forward_top_k`]) k, the k most likely ids of every row `[MAX_BATCH, k]`, and
     /// the op ranking them; made on first use.
-    top_k: Option<(usize, GpuBuffer<u32>, Op)>,
+    top_k: Option<(usize, GpuBuffer<u32>, Vec<Op>)>,
     /// Per layer: keeps a tree pass's accepted path in the KV cache ([`Model::keep_path`]).
     keep_ops: Vec<Op>,
     /// KV cache positions allocated.
@@ -215,7 +216,9 @@ impl Model {
             weight_bytes += if kept { stored.unwrap_or(4 * n) } else { 4 * n };
         }
         let kv_bytes = c.n_layers as u64 * ctx * kv_row_bytes;
-        let widths = (2 * c.dim + 2 * c.q_dim() + c.ffn_dim + c.vocab_size) as u64;
+        // (and the argmax's best pair of each slice of the logits: Gpu::argmax)
+        let widths =
+            (2 * c.dim + 2 * c.q_dim() + c.ffn_dim + c.vocab_size + 2 * reduce_slices(c.vocab_size)) as u64;
         let scratch_bytes = 4 * (batch * widths + attention_scratch) + ctx * c.rope_dim as u64 * 4;
         let total = weight_bytes + kv_bytes + scratch_bytes;
         if let Some(budget) = opts.max_memory.filter(|&b| total > b) {
@@ -292,7 +295,7 @@ impl Model {
         // (kernels compile as their first ops are built: one that fails fails the load)
         let scope = g.build_scope();
         let (forward_ops, body_ops) = record_forward(g, &c, &weights, &state, context);
-        let argmax_ops = vec![g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size)];
+        let argmax_ops = g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size);
         let width = kv_words(&c, kv_f16) as u32;
         let keep_ops =
             state.kv_cache.iter().map(|kv| g.kv_keep(&state.step, &state.keep, kv, width)).collect();
@@ -639,13 +642,13 @@ impl Model {
         let g = &*self.gpu;
         if self.top_k.as_ref().is_none_or(|(have, _, _)| *have != k) {
             let ids = GpuBuffer::<u32>::zeros(g, "top-k ids", MAX_BATCH * k);
-            let op = g.top_k(&self.state.step, &self.state.logits, (&ids, None), self.config.vocab_size, k);
-            self.top_k = Some((k, ids, op));
+            let ops = g.top_k(&self.state.step, &self.state.logits, (&ids, None), self.config.vocab_size, k);
+            self.top_k = Some((k, ids, ops));
         }
-        let Some((_, ids, op)) = self.top_k.as_ref() else {
+        let Some((_, ids, ops)) = self.top_k.as_ref() else {
             return Err(Error::Gpu("the top-k op was not made".into()));
         };
-        g.encode(&mut enc, std::slice::from_ref(op), tokens.len() as u32);
+        g.encode(&mut enc, ops, tokens.len() as u32);
         let offset = ((tokens.len() - 1) * k * 4) as u64;
         let raw = g.submit_and_read(enc, &ids.raw, offset, (k * 4) as u64).await?;
         Ok(bytemuck::pod_collect_to_vec(&raw))

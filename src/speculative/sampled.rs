@@ -64,7 +64,7 @@ pub struct SampledOutcome {
 
 /// The draft model's side: its ranked ids, the op drawing from its last row, the draw.
 struct DraftSide {
-    top: Option<(Op, GpuBuffer<u32>)>, // ranks of its pass's rows, [MAX_BATCH, top_k]
+    top: Option<(Vec<Op>, GpuBuffer<u32>)>, // ranks of its pass's rows, [MAX_BATCH, top_k]
     sample: Op,
     draw: GpuBuffer<u32>, // [4] the draw of the step's last row
 }
@@ -79,7 +79,7 @@ pub struct SampledCycle {
     q_top: GpuBuffer<u32>,       // [MAX_BATCH, top_k] their ranked ids (or [1])
     status: GpuBuffer<u32>,      // [1] 1: a non-finite logit
     result: GpuBuffer<u32>,      // [2 + MAX_BATCH + 1] a, next, x1..xK, status
-    target_top: Option<Op>,      // ranks the verify rows into p_top
+    target_top: Option<Vec<Op>>, // ranks the verify rows into p_top
     one_hot: Op,                 // the verify rows' draws against one-hot drafts
     tree_draws: Op,              // a draw from every row of a tree pass (no drafts checked)
     tree_result: GpuBuffer<u32>, // [MAX_BATCH, 4] those rows' words, then [1] the status
@@ -244,7 +244,7 @@ impl SampledCycle {
                 // verify pass's residual draws read
                 let last = rows as u64 - 1;
                 if let Some((op, ranks)) = &side.top {
-                    gpu.encode(enc, std::slice::from_ref(op), rows as u32);
+                    gpu.encode(enc, op, rows as u32);
                     let bytes = top_k * word;
                     enc.copy_buffer_to_buffer(&ranks.raw, last * bytes, &q_top.raw, i as u64 * bytes, bytes);
                 }
@@ -283,8 +283,8 @@ impl SampledCycle {
         let gpu = target.gpu().clone();
         let mut enc = target.tree_encoder(tree.tokens(), &tree.ancestors(), n_past)?;
         self.begin(&gpu, rng);
-        if let Some(op) = &self.target_top {
-            gpu.encode(&mut enc, std::slice::from_ref(op), n as u32);
+        if let Some(ops) = &self.target_top {
+            gpu.encode(&mut enc, ops, n as u32);
         }
         gpu.encode(&mut enc, std::slice::from_ref(&self.tree_draws), n as u32);
         let words = (n * 4 * 4) as u64;
@@ -315,8 +315,8 @@ impl SampledCycle {
     /// The verify pass's ranks, draws and the acceptance (a pass of K + 1 rows).
     fn encode_verify(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, k: usize, against_q: bool) {
         let n = (k + 1) as u32;
-        if let Some(op) = &self.target_top {
-            gpu.encode(enc, std::slice::from_ref(op), n);
+        if let Some(ops) = &self.target_top {
+            gpu.encode(enc, ops, n);
         }
         let sample = match (&self.against_q, against_q && k > 0) {
             (Some(op), true) => op,
