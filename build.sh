@@ -9,8 +9,10 @@
 #   ./build.sh demo    set up, fetch the default models, build pkg/, serve the browser demo on 127.0.0.1
 #   ./build.sh test    set up, fetch, rustfmt check, clippy -D warnings, every test (native, wasm in
 #                      headless Chromium, the demo page end to end, the server through the openai
-#                      Python client and two replicas behind nginx)
+#                      Python client and two replicas behind nginx), and the GPU run's dry run
 #   ./build.sh bench   plain decode speed of the cached models (figures for BENCHMARKS.md)
+#   ./build.sh gpu-pack     pack the first real-GPU run (scripts/gpu_pack.sh -> target/gpu-pack)
+#   ./build.sh gpu-dry-run  pack it and run it here on small shapes (scripts/gpu_bench.sh --dry-run)
 #
 # The cache lives outside the repo: $WGSPEC_CACHE (default ~/.cache/wgspec).
 set -euo pipefail
@@ -142,6 +144,18 @@ case "${1:-}" in
     wasm
     browser_tests
     server_clients
+    log "the first GPU run, dry: packed and run here on small shapes (scripts/gpu_bench.sh)"
+    bash scripts/gpu_pack.sh
+    bash scripts/gpu_bench.sh --dry-run target/gpu-dry-run
+    ;;
+  gpu-pack)
+    setup
+    bash scripts/gpu_pack.sh
+    ;;
+  gpu-dry-run)
+    setup
+    bash scripts/gpu_pack.sh
+    bash scripts/gpu_bench.sh --dry-run target/gpu-dry-run
     ;;
   bench)
     setup
@@ -153,7 +167,7 @@ case "${1:-}" in
     done
     ;;
   *)
-    sed -n '2,10p' "$0"
+    sed -n '2,12p' "$0"
     exit 2
     ;;
 esac

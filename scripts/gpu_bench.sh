@@ -1,49 +1,135 @@
 #!/usr/bin/env bash
-# The real-GPU figures, in one run that fits a short lease of a GPU machine (at most 13 minutes):
-# the adapter's ceilings and every kernel of a decode step against them (`bench --roofline`),
-# then target-only against speculative decoding, on random weights of real shapes (no model
-# files needed), and kernel shapes compared (matmul lanes; split or one-pass attention). Run from
-# the repository root with a release binary built beforehand:
+# The first real-GPU run, as one command on a lent GPU machine (no network there, 15 minutes of
+# device time in all, one command at most 10). Pack here first (scripts/gpu_pack.sh: the release
+# binary and test binaries, stripped, and the Vulkan loader, in target/gpu-pack), then:
 #
-#   cargo build --release && scripts/gpu_bench.sh [OUT_DIR]
+#   device run:  command "bash scripts/gpu_bench.sh", carry ["target/gpu-pack"], timeout_s 540
+#   dry run on lavapipe, the same steps on small shapes:  ./build.sh gpu-dry-run
 #
-# (on a lent machine: carry `target/release/wgspec`, and give OUT_DIR = $OUT). Each step has its
-# own time limit, so one slow step does not cost the others; the JSON files and the log go to
-# OUT_DIR (default target/gpu-bench). Record the figures in BENCHMARKS.md with the adapter line
-# and the date.
+# In order, each step under its own time limit (so that one slow step costs only itself, and a
+# lease cut short still has the first), 7 minutes at most in all:
+#   1. correctness on the real adapter: every kernel against the CPU, batch invariance across
+#      pipelines and row counts, tiny models against the reference, speculative == plain;
+#   2. the roofline of qwen2-1.5b (Q4_K_M's mix) and the Qwen pair's shapes, target-only against
+#      speculative (K = 4), the target as its own draft (tau = K + 1), llama-8b's roofline, the
+#      qwen2-7b / qwen2-0.5b pair, sampled decoding;
+#   3. the peer in the same run: Hugging Face transformers on the machine's PyTorch, random
+#      weights of the same configs (scripts/hf_peer.py).
+# What comes back ($OUT, or OUT_DIR given; at most 8 files): summary.txt (the table to read
+# first), log.txt (everything), results.tar.gz (every JSON). Record the figures in BENCHMARKS.md
+# with the adapter line and the date.
 set -u
-BIN=${WGSPEC_BIN:-target/release/wgspec}
-OUT=${1:-target/gpu-bench}
+DRY=0
+if [ "${1:-}" = "--dry-run" ]; then
+    DRY=1
+    shift
+fi
+cd "$(dirname "$0")/.."
+OUT=${OUT:-${1:-target/gpu-bench}}
 mkdir -p "$OUT"
-LOG="$OUT/gpu-bench.log"
-export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/wgspec-xdg-$(id -u)}
-mkdir -p "$XDG_RUNTIME_DIR"
+RESULTS=$(mktemp -d /tmp/wgspec-results.XXXXXX)
+LOG="$OUT/log.txt"
+SUMMARY="$OUT/summary.txt"
+: >"$LOG"
+: >"$SUMMARY"
+say() { echo "$*" | tee -a "$SUMMARY" "$LOG"; }
+T0=$SECONDS
 
-step() { # step SECONDS NAME ARGS...: one bench, its JSON in OUT/NAME.json
+PACK=target/gpu-pack/wgspec-gpu.tar.xz
+[ -f "$PACK" ] || { say "no $PACK: run scripts/gpu_pack.sh first"; exit 1; }
+WORK=$(mktemp -d /tmp/wgspec-gpu.XXXXXX)
+tar -xJf "$PACK" -C "$WORK"
+BIN="$WORK/bin/wgspec"
+export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/wgspec-xdg-$(id -u)}
+mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
+# The Vulkan loader, where the machine has none (the NVIDIA driver brings its ICD); the ICD's
+# path where the loader does not find it by itself.
+if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 '; then
+    for f in "$WORK"/debs/*.deb; do dpkg -x "$f" /; done
+    ldconfig
+fi
+ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
+if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$ICD" ]; then export VK_DRIVER_FILES=$ICD; fi
+say "wgspec GPU run of $(cat "$WORK/commit"), $(date -u +%Y-%m-%dT%H:%MZ)$([ $DRY = 1 ] && echo ', dry run')"
+{ command -v nvidia-smi >/dev/null && nvidia-smi -L; } >>"$SUMMARY" 2>&1
+
+# step SECONDS NAME COMMAND...: its output to the log, its exit and time to the summary
+step() {
     local limit=$1 name=$2
     shift 2
-    echo "== $name: $*" | tee -a "$LOG"
-    local t0=$SECONDS
-    timeout "$limit" "$BIN" bench "$@" --out "$OUT/$name.json" >>"$LOG" 2>&1
-    echo "== $name: exit $? in $((SECONDS - t0)) s" | tee -a "$LOG"
+    echo "== $name: $*" >>"$LOG"
+    local t=$SECONDS
+    timeout -k 5 "$limit" "$@" >>"$LOG" 2>&1
+    local rc=$?
+    say "$(printf '%-34s exit %-3s %4s s' "$name" "$rc" $((SECONDS - t)))"
+    return $rc
+}
+bench() { # bench SECONDS NAME ARGS...: a `wgspec bench`, its JSON into the results
+    local limit=$1 name=$2
+    shift 2
+    step "$limit" "$name" "$BIN" bench "$@" --out "$RESULTS/$name.json"
 }
 
-[ -x "$BIN" ] || { echo "no $BIN: build it first (cargo build --release)" >&2; exit 1; }
-{ date -u; command -v nvidia-smi >/dev/null && nvidia-smi -L; } >>"$LOG" 2>&1
-# most telling first, so that a lease cut short still has them:
-# ceilings and kernels: Qwen2.5-1.5B's shapes, a 1-row step and a 5-row verify pass (the adapter's
-# default kernel shapes: 16 matmul lanes, attention split over the cache)
-step 120 roofline-qwen2-1.5b --roofline --synthetic qwen2-1.5b --past 512
-# the Qwen pair's shapes: target-only and speculative alternating, K = 4
-step 150 pair-qwen2-1.5b-k4 --synthetic qwen2-1.5b --draft qwen2-0.5b --draft-k 4 --limit 4 --max-tokens 64
-# sampled decoding drawn on the GPU (temperature 1: target-only steps and draft-model cycles
-# each read back a few words)
-step 100 pair-qwen2-1.5b-k4-sampled --synthetic qwen2-1.5b --draft qwen2-0.5b --draft-k 4 --limit 3 --max-tokens 64 --temperature 1 --seed 1
-# kernel shapes against each other: 64 matmul lanes (4x the workgroups of a skinny matmul); the
-# one-pass attention against the split one over a long cache
-step 90 roofline-qwen2-1.5b-lanes64 --roofline --synthetic qwen2-1.5b --past 512 --matmul-lanes 64
-step 90 roofline-qwen2-1.5b-past4000 --roofline --synthetic qwen2-1.5b --past 4000 --context 4608
-step 90 roofline-qwen2-1.5b-past4000-one-pass --roofline --synthetic qwen2-1.5b --past 4000 --context 4608 --attention one-pass
-step 60 roofline-llama-1b --roofline --synthetic llama-1b --past 512
-step 80 pair-qwen2-1.5b-adaptive --synthetic qwen2-1.5b --draft qwen2-0.5b --limit 4 --max-tokens 64
-grep -E "tok/s|verify_cost|roofline|ceiling|all:" "$LOG" | tail -40
+# 1. Correctness first, the three test binaries at once (one GPU, many cores).
+if [ $DRY = 1 ]; then
+    filters=(kernels:argmax model:argmax_on_the_gpu spec:greedy_speculative_output_equals_greedy_output)
+else
+    filters=(kernels: model: spec:)
+fi
+pids=()
+for f in "${filters[@]}"; do
+    t=${f%%:*}
+    filter=${f#*:}
+    step 100 "test $t${filter:+ ($filter)}" "$WORK/bin/test-$t" --test-threads 8 $filter &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do wait "$p"; done
+grep -E '^test result|FAILED|panicked' "$LOG" | sort | uniq -c >>"$SUMMARY"
+
+# 2. wgspec's figures, most telling first.
+if [ $DRY = 1 ]; then
+    T=smollm2-135m
+    D=smollm2-135m
+    BIG=smollm2-135m
+    few=(--limit 1 --max-tokens 12)
+    reps=(--reps 2)
+else
+    T=qwen2-1.5b
+    D=qwen2-0.5b
+    BIG=llama-8b
+    few=(--limit 3 --max-tokens 64)
+    reps=()
+fi
+bench 55 "roofline-$T" --roofline --synthetic "$T" --past 512 "${reps[@]}"
+bench 45 "pair-$T-$D-k4" --synthetic "$T" --draft "$D" --draft-k 4 "${few[@]}"
+bench 30 "self-$T-k4" --synthetic "$T" --draft self --draft-k 4 "${few[@]}"
+
+# 3. The peer: transformers on the same GPU (where there is PyTorch).
+if python3 -c 'import torch, transformers' 2>/dev/null; then
+    peer=(--out "$RESULTS/hf-peer.json")
+    [ $DRY = 1 ] && peer+=(--shapes smollm2-135m --tokens 8 --device cpu)
+    step 60 "hf-peer" python3 scripts/hf_peer.py "${peer[@]}"
+else
+    say "hf-peer: no torch and transformers here (skipped)"
+    python3 -m py_compile scripts/hf_peer.py && say "hf-peer: scripts/hf_peer.py compiles"
+fi
+
+bench 55 "roofline-$BIG" --roofline --synthetic "$BIG" --past 512 "${reps[@]}"
+if [ $DRY = 0 ]; then
+    bench 45 "pair-qwen2-7b-$D-k4" --synthetic qwen2-7b --draft "$D" --draft-k 4 "${few[@]}"
+fi
+bench 30 "pair-$T-$D-k4-sampled" --synthetic "$T" --draft "$D" --draft-k 4 "${few[@]}" --temperature 1 --seed 1
+
+# The figures to read first (the summary's end), then the files.
+{
+    echo
+    grep -E '^adapter:' "$LOG" | sort -u
+    grep -E '^== (roofline|pair|self)|^all:|^verify_cost\(|-row pass:|^ceilings|^hf ' "$LOG"
+} | tee -a "$SUMMARY"
+tar -czf "$OUT/results.tar.gz" -C "$RESULTS" .
+say "done in $((SECONDS - T0)) s: $OUT/summary.txt, log.txt, results.tar.gz"
+# (a step that failed or ran out of time fails the run, after every other step has run)
+if grep -qE ' exit +[1-9]' "$SUMMARY"; then
+    say "FAILED: $(grep -cE ' exit +[1-9]' "$SUMMARY") step(s); see log.txt"
+    exit 1
+fi

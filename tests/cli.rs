@@ -247,6 +247,47 @@ fn bench_compares_speculation_with_plain_decoding_and_writes_its_report() {
     assert!(v["verify_cost"].as_f64().is_some_and(|c| c > 0.0));
 }
 
+/// A synthetic target drafted by itself (`--draft self`): every draft accepted, tau = K + 1, and
+/// every verify row equal to plain decoding, on SmolLM2's real shapes and stored types.
+#[test]
+fn bench_synthetic_self_draft_accepts_every_draft() {
+    let dir = std::env::temp_dir().join(format!("wgspec-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    let out_file = dir.join("self.json");
+    let o = out_file.to_str().expect("utf8");
+    let args = ["bench", "--synthetic", "smollm2-135m", "--draft", "self", "--draft-k", "3"];
+    let out =
+        wgspec(&[&args[..], &["--limit", "1", "--max-tokens", "8", "--context", "256", "--out", o]].concat());
+    assert!(out.status.success(), "bench failed: {}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&out_file).expect("bench json")).expect("json");
+    assert_eq!(v["summary"]["all_identical"], true, "{}", v["summary"]);
+    assert_eq!(v["summary"]["acceptance_rate"], 1.0, "{}", v["summary"]);
+    assert_eq!(v["summary"]["tokens_per_target_forward"], 4.0, "{}", v["summary"]);
+    // SmolLM2's file: Q4_1 matrices, a Q8_0 embedding, 98.4 MB with its tokenizer
+    let bytes = v["target_gpu_weight_bytes"].as_u64().expect("weight bytes");
+    assert!((95_000_000..98_362_432).contains(&bytes), "{bytes}");
+    // `self` needs a synthetic target
+    let tiny = tiny_model_file("tiny-self.gguf");
+    let out = wgspec(&[
+        "bench",
+        "--model",
+        tiny.to_str().expect("utf8"),
+        "--draft",
+        "self",
+        "--context",
+        "64",
+        "--out",
+        o,
+    ]);
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("--draft self"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
 #[test]
 fn bench_roofline_reports_every_kernel_against_the_ceilings() {
     let model = tiny_model_file("tiny-roofline.gguf");

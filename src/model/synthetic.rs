@@ -1,5 +1,7 @@
-//! Random-weight models of real models' exact shapes ([`SYNTHETIC_SHAPES`]), for benchmarks on
-//! adapters without model files (`wgspec bench --synthetic`) and for tests' configs.
+//! Random-weight models of real models' exact shapes ([`SYNTHETIC_SHAPES`]), each with the stored
+//! types of the real files of its shape ([`QuantMix`]: Q4_K_M's Q4_K and Q6_K, the Qwen 0.5B
+//! file's Q5_0 and Q8_0, ...), so that a benchmark times the kernels the real models run, on
+//! adapters without model files (`wgspec bench --synthetic`), and for tests' configs.
 
 use crate::error::{Error, Result};
 use crate::gpu::RopeLayout;
@@ -7,6 +9,51 @@ use crate::loader::gguf::Value;
 use crate::loader::gguf_writer::GgufWriter;
 use crate::loader::DType;
 use crate::model::{Arch, Config, TensorRole, TensorTable};
+
+/// The stored types of a synthetic model's matrices (norms and biases are F32): those of the
+/// real files of its shape. A matrix whose row length is no multiple of its type's block takes
+/// Q8_0 instead (as llama.cpp falls back).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QuantMix {
+    /// Every matrix Q8_0.
+    Q8_0,
+    /// llama.cpp's Q4_K_M: Q4_K; Q6_K for `attn_v` and `ffn_down` on half the layers (its
+    /// `use_more_bits`: the first and last eighth, and every third between) and for the output.
+    Q4KM,
+    /// Qwen2.5-Coder-0.5B-Instruct's file: Q5_0; on half the layers (as above) `attn_v` Q8_0 and
+    /// `ffn_down` Q6_K (Q4_K on the others); the output Q8_0.
+    Q5_0Mix,
+    /// SmolLM2-135M-Instruct's file: Q4_1, its (tied) embedding Q8_0.
+    Q4_1,
+}
+
+impl QuantMix {
+    /// The type of the matrix `name` (`blk.{i}.attn_v.weight`, `output.weight`, ...) of a model of
+    /// `layers` layers.
+    fn dtype(self, name: &str, layers: usize) -> DType {
+        let layer = name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|i| i.parse().ok());
+        let more_bits = layer.is_some_and(|i: usize| {
+            i < layers / 8 || i >= 7 * layers / 8 || (i + 3 * layers - layers / 8) % 3 == 2
+        });
+        let (v, down) = (name.ends_with("attn_v.weight"), name.ends_with("ffn_down.weight"));
+        match self {
+            QuantMix::Q8_0 => DType::Q8_0,
+            QuantMix::Q4KM if name == "output.weight" || ((v || down) && more_bits) => DType::Q6_K,
+            QuantMix::Q4KM => DType::Q4_K,
+            QuantMix::Q5_0Mix if name == "output.weight" || (v && more_bits) => DType::Q8_0,
+            QuantMix::Q5_0Mix if down => {
+                if more_bits {
+                    DType::Q6_K
+                } else {
+                    DType::Q4_K
+                }
+            }
+            QuantMix::Q5_0Mix => DType::Q5_0,
+            QuantMix::Q4_1 if name == "token_embd.weight" => DType::Q8_0,
+            QuantMix::Q4_1 => DType::Q4_1,
+        }
+    }
+}
 
 /// A real model's exact shape, for random-weight benchmark models.
 #[derive(Clone, Copy, Debug)]
@@ -22,9 +69,11 @@ pub struct SyntheticShape {
     pub tied: bool,
     pub rope_theta: f32,
     pub context: usize,
+    pub mix: QuantMix,
 }
 
-/// Shapes `--synthetic` knows (those of the models in MODELS.md, plus Llama 3.2 1B).
+/// Shapes `--synthetic` knows: those of the models in MODELS.md, Llama 3.2 1B, Qwen2.5 7B and
+/// Llama 3.1 8B (the model EAGLE-3's published figures are measured on).
 pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
     SyntheticShape {
         name: "qwen2-1.5b",
@@ -38,6 +87,7 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         tied: false,
         rope_theta: 1e6,
         context: 32768,
+        mix: QuantMix::Q4KM,
     },
     SyntheticShape {
         name: "qwen2-0.5b",
@@ -51,6 +101,7 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         tied: false,
         rope_theta: 1e6,
         context: 32768,
+        mix: QuantMix::Q5_0Mix,
     },
     SyntheticShape {
         name: "llama-1b",
@@ -64,6 +115,7 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         tied: true,
         rope_theta: 500000.0,
         context: 131072,
+        mix: QuantMix::Q4KM,
     },
     SyntheticShape {
         name: "smollm2-135m",
@@ -77,6 +129,35 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         tied: true,
         rope_theta: 100000.0,
         context: 8192,
+        mix: QuantMix::Q4_1,
+    },
+    SyntheticShape {
+        name: "qwen2-7b",
+        arch: Arch::Qwen2,
+        vocab: 152064,
+        dim: 3584,
+        layers: 28,
+        heads: 28,
+        kv_heads: 4,
+        ffn: 18944,
+        tied: false,
+        rope_theta: 1e6,
+        context: 32768,
+        mix: QuantMix::Q4KM,
+    },
+    SyntheticShape {
+        name: "llama-8b",
+        arch: Arch::Llama,
+        vocab: 128256,
+        dim: 4096,
+        layers: 32,
+        heads: 32,
+        kv_heads: 8,
+        ffn: 14336,
+        tied: false,
+        rope_theta: 500000.0,
+        context: 131072,
+        mix: QuantMix::Q4KM,
     },
 ];
 
@@ -101,15 +182,36 @@ impl Mix {
     }
 }
 
-/// Random Q8_0 blocks for `n` values (scale 3e-4: weights of standard deviation about 0.02).
-fn random_q8_0(n: usize, mix: &mut Mix) -> Vec<u8> {
-    let blocks = n / 32;
-    let mut out = Vec::with_capacity(blocks * 34);
-    let scale = half::f16::from_f32(3e-4).to_le_bytes();
-    for _ in 0..blocks {
-        out.extend_from_slice(&scale);
-        for _ in 0..4 {
-            out.extend_from_slice(&mix.next().to_le_bytes());
+/// Random blocks of `dtype` for `n` values (a multiple of its block), weights of standard
+/// deviation about 0.02 in every type: uniform quants, and each type's scales (ggml's block
+/// layouts) set so that its dequantised values spread alike.
+fn random_blocks(dtype: DType, n: usize, mix: &mut Mix) -> Vec<u8> {
+    let size = dtype.block_bytes();
+    let mut out = vec![0u8; n / dtype.block_len() * size];
+    for chunk in out.chunks_mut(8) {
+        let bytes = mix.next().to_le_bytes();
+        chunk.copy_from_slice(&bytes[..chunk.len()]);
+    }
+    let f16 = |v: f32| half::f16::from_f32(v).to_le_bytes();
+    for b in out.chunks_mut(size) {
+        match dtype {
+            // d * q, q in -128..127
+            DType::Q8_0 => b[0..2].copy_from_slice(&f16(3e-4)),
+            // d * (q - 16), q in 0..31
+            DType::Q5_0 => b[0..2].copy_from_slice(&f16(2.2e-3)),
+            // d * q + m, q in 0..15
+            DType::Q4_1 => {
+                b[0..2].copy_from_slice(&f16(4.3e-3));
+                b[2..4].copy_from_slice(&f16(-7.5 * 4.3e-3));
+            }
+            // d * sc * q - dmin * m, 6-bit sc and m
+            DType::Q4_K => {
+                b[0..2].copy_from_slice(&f16(7.7e-5));
+                b[2..4].copy_from_slice(&f16(7.5 * 7.7e-5));
+            }
+            // d * sc * (q - 32), 8-bit signed sc, d last
+            DType::Q6_K => b[208..210].copy_from_slice(&f16(1.5e-5)),
+            _ => {}
         }
     }
     out
@@ -141,9 +243,36 @@ impl SyntheticShape {
     }
 }
 
+impl SyntheticShape {
+    /// Each matrix's stored type, by tensor name ([`QuantMix`], and Q8_0 where a row is no whole
+    /// number of the type's blocks); norms and biases are F32.
+    pub fn dtype_of(&self, spec: &crate::model::TensorSpec) -> DType {
+        match spec.role {
+            TensorRole::Norm | TensorRole::QkvBias => DType::F32,
+            _ => {
+                let row = spec.shape.last().copied().unwrap_or(0);
+                Some(self.mix.dtype(&spec.name, self.layers))
+                    .filter(|d| row % d.block_len() == 0)
+                    .unwrap_or(DType::Q8_0)
+            }
+        }
+    }
+
+    /// Bytes of the model's tensors as stored.
+    pub fn weight_bytes(&self) -> u64 {
+        TensorTable::new(&self.config())
+            .iter()
+            .map(|t| {
+                let n: usize = t.shape.iter().product();
+                let d = self.dtype_of(t);
+                (n / d.block_len() * d.block_bytes()) as u64
+            })
+            .sum()
+    }
+}
+
 /// A GGUF file of random weights with `shape`'s exact tensor shapes (the tensors of
-/// [`TensorTable`]): Q8_0 matrices (every matrix dimension of these shapes is a multiple of 32),
-/// F32 norms (ones) and biases.
+/// [`TensorTable`]): matrices of its [`QuantMix`], F32 norms (ones) and biases.
 pub fn synthetic_gguf(shape: &SyntheticShape, seed: u64) -> Vec<u8> {
     let c = shape.config();
     let a = c.arch.gguf_name();
@@ -162,10 +291,11 @@ pub fn synthetic_gguf(shape: &SyntheticShape, seed: u64) -> Vec<u8> {
     let f32_bytes = |v: f32, n: usize| (0..n).flat_map(|_| v.to_le_bytes()).collect::<Vec<u8>>();
     for t in TensorTable::new(&c).iter() {
         let n: usize = t.shape.iter().product();
-        let (dtype, bytes) = match t.role {
-            TensorRole::Norm => (DType::F32, f32_bytes(1.0, n)),
-            TensorRole::QkvBias => (DType::F32, f32_bytes(0.01, n)),
-            _ => (DType::Q8_0, random_q8_0(n, &mut mix)),
+        let dtype = shape.dtype_of(t);
+        let bytes = match t.role {
+            TensorRole::Norm => f32_bytes(1.0, n),
+            TensorRole::QkvBias => f32_bytes(0.01, n),
+            _ => random_blocks(dtype, n, &mut mix),
         };
         w.add_tensor(&t.name, dtype, &t.shape, bytes);
     }
@@ -184,5 +314,45 @@ mod tests {
         let c = &ckpt.config;
         assert_eq!((c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim), (896, 14, 2, 64, 4864));
         assert!(ckpt.has("blk.1.attn_q.bias") && ckpt.has("output.weight"));
+    }
+
+    #[test]
+    fn the_mixes_are_the_real_files() {
+        // as Qwen2.5-Coder-1.5B's Q4_K_M file: 14 of 28 layers' attn_v and ffn_down in Q6_K (the
+        // real file's 14 are other layers than use_more_bits picks: the bytes are the same)
+        let layers = 28;
+        let q6 = |t: &str| {
+            (0..layers)
+                .filter(|i| QuantMix::Q4KM.dtype(&format!("blk.{i}.{t}"), layers) == DType::Q6_K)
+                .count()
+        };
+        assert_eq!((q6("attn_v.weight"), q6("ffn_down.weight"), q6("attn_q.weight")), (14, 14, 0));
+        assert_eq!(QuantMix::Q4KM.dtype("output.weight", layers), DType::Q6_K);
+        assert_eq!(QuantMix::Q4KM.dtype("token_embd.weight", layers), DType::Q4_K);
+        // as the 0.5B file: 12 of 24 layers' attn_v Q8_0 and ffn_down Q6_K, the rest Q5_0 and Q4_K
+        let m = QuantMix::Q5_0Mix;
+        assert_eq!(m.dtype("blk.0.attn_v.weight", 24), DType::Q8_0);
+        assert_eq!(m.dtype("blk.2.ffn_down.weight", 24), DType::Q6_K);
+        assert_eq!(m.dtype("blk.3.ffn_down.weight", 24), DType::Q4_K);
+        let q8 = (0..24).filter(|i| m.dtype(&format!("blk.{i}.attn_v.weight"), 24) == DType::Q8_0).count();
+        assert_eq!(q8, 12);
+        assert_eq!(m.dtype("blk.2.ffn_gate.weight", 24), DType::Q5_0);
+        assert_eq!(m.dtype("output.weight", 24), DType::Q8_0);
+        // the bytes of the real files' tensors: their sizes less their metadata (tokenizers of
+        // 2-7 MB), within 3%
+        for (name, file_bytes) in
+            [("qwen2-1.5b", 1_117_320_768u64), ("qwen2-0.5b", 491_400_064), ("smollm2-135m", 98_362_432)]
+        {
+            let shape = synthetic_shape(name).unwrap_or_else(|e| panic!("{e}"));
+            let (bytes, file) = (shape.weight_bytes() as f64, file_bytes as f64);
+            assert!(bytes < file && bytes > 0.97 * file, "{name}: {bytes} bytes of tensors, the file {file}");
+        }
+        // every matrix of every shape is a whole number of blocks
+        for shape in SYNTHETIC_SHAPES {
+            let small = SyntheticShape { vocab: 256, layers: 2, ..*shape };
+            let ckpt = crate::model::Checkpoint::from_gguf(synthetic_gguf(&small, 1))
+                .unwrap_or_else(|e| panic!("{}: {e}", shape.name));
+            assert_eq!(ckpt.config.dim, shape.dim, "{}", shape.name);
+        }
     }
 }

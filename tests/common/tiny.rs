@@ -8,7 +8,7 @@ use wgspec::loader::gguf::Value;
 use wgspec::loader::gguf_writer::GgufWriter;
 use wgspec::loader::safetensors::write_safetensors;
 use wgspec::loader::DType;
-use wgspec::model::synthetic::SyntheticShape;
+use wgspec::model::synthetic::{QuantMix, SyntheticShape};
 use wgspec::model::{Arch, Config, TensorRole, TensorTable};
 
 /// Shape of a tiny model.
@@ -69,6 +69,8 @@ impl TinySpec {
             tied: self.tied,
             rope_theta: 10000.0,
             context: self.context,
+            // (the tests write their own weights)
+            mix: QuantMix::Q8_0,
         };
         Config { rms_eps: 1e-5, ..shape.config() }
     }

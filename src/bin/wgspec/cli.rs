@@ -220,13 +220,15 @@ struct BenchArgs {
     /// The target: a .gguf file, a Hugging Face folder or a known NAME.
     #[arg(long, required_unless_present = "synthetic", conflicts_with = "synthetic")]
     model: Option<String>,
-    /// Random weights of a real model's exact shape instead of a file (qwen2-1.5b, qwen2-0.5b,
-    /// llama-1b, smollm2-135m); prompts are then byte-mapped token ids.
+    /// Random weights of a real model's exact shape and stored types instead of a file
+    /// (qwen2-1.5b and qwen2-7b, llama-1b and llama-8b in Q4_K_M's mix, qwen2-0.5b in the Qwen
+    /// 0.5B file's Q5_0 mix, smollm2-135m in Q4_1); prompts are then byte-mapped token ids.
     #[arg(long)]
     synthetic: Option<String>,
     /// `ngram`, a draft model (file or known NAME), `medusa:PATH` (Medusa heads), `eagle:PATH` (an
     /// EAGLE head), each but `ngram` alone or followed by `+ngram` (merged with the n-gram's
-    /// continuations), or with --synthetic a shape name.
+    /// continuations), or with --synthetic a shape name, or `self` (the target's own weights:
+    /// every draft is accepted, tau = K + 1, every verify row checked on the real shapes).
     #[arg(long, required_unless_present = "roofline")]
     draft: Option<String>,
     /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
@@ -602,6 +604,11 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             None,
             format!("synthetic {shape_name}"),
         ),
+        None if draft_arg.trim_end_matches("+ngram") == "self" => {
+            return Err(Error::InvalidArgument(
+                "--draft self drafts with a --synthetic target's own weights; for a model file, give its path as --draft".into(),
+            ))
+        }
         None => {
             let name = args.model.clone().unwrap_or_default();
             let draft = args.draft.as_deref().filter(|_| !args.roofline);
@@ -632,8 +639,12 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         _ if draft_arg == "ngram" || heads.is_some() => None,
         Some(d) => Some(d),
         None => {
-            let shape = synthetic::synthetic_shape(draft_arg.trim_end_matches("+ngram"))?;
-            Some(DraftModel::new(synth(&shape, 2)?, &target.config)?)
+            // `self`: the target's shape and weights (its drafts are always right: tau = K + 1)
+            let (shape, seed) = match (draft_arg.trim_end_matches("+ngram"), &args.synthetic) {
+                ("self", Some(target_shape)) => (synthetic::synthetic_shape(target_shape)?, 1),
+                (name, _) => (synthetic::synthetic_shape(name)?, 2),
+            };
+            Some(DraftModel::new(synth(&shape, seed)?, &target.config)?)
         }
     };
     let mut ngram_alone = ngram.clone();
