@@ -1,6 +1,7 @@
 // out[r, j] = the id of the j-th largest logit of row r, j < k: larger values first, equal values
 // by lower id (so out[r, 0] is the argmax kernel's choice). NaN and -inf never rank; a row with
-// fewer than k other values repeats its last id. Two dispatches of this kernel:
+// fewer than k other values repeats its last id. Preceded by shaders/share/rank.wgsl (the order,
+// the workgroup's pick, SLICE). Two dispatches of this kernel:
 //   stage 0: one workgroup per slice of SLICE logits and row ranks the slice's top k into
 //            cand[r, s, :] (round j finds the best entry strictly after round j - 1's in that
 //            order), unfilled places (NONE_V, NONE_I); with log-probs also the slice's maximum m_s
@@ -24,13 +25,6 @@ struct Params {
     _pad2: u32,
 }
 
-const WG: u32 = 64u;
-// Logits per stage-0 workgroup: 16 loads per invocation and round.
-const SLICE: u32 = 1024u;
-// The lowest finite f32, written exactly (Tint refuses an inexact literal): no pick.
-const NONE_V: f32 = -0x1.fffffep+127f;
-const NONE_I: u32 = 0xffffffffu;
-
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> logits: array<f32>;          // [n, vocab]
@@ -38,31 +32,6 @@ const NONE_I: u32 = 0xffffffffu;
 @group(0) @binding(4) var<storage, read_write> lse: array<f32>;       // [n, slices, 2]: m_s, its sum
 @group(0) @binding(5) var<storage, read_write> out: array<u32>;       // [n, k]
 @group(0) @binding(6) var<storage, read_write> logp: array<f32>;      // [n, k] (log_probs = 1)
-
-var<workgroup> best_v: array<f32, WG>;
-var<workgroup> best_i: array<u32, WG>;
-
-// true when (v, i) comes before (bv, bi): a larger value, or an equal one with a lower id
-fn before(v: f32, i: u32, bv: f32, bi: u32) -> bool {
-    return v > bv || (v == bv && i < bi);
-}
-
-// The first of the workgroup's (bv, bi) by a fixed tree, returned to every invocation.
-fn first_of(t: u32, bv: f32, bi: u32) -> vec2<u32> {
-    best_v[t] = bv;
-    best_i[t] = bi;
-    workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride /= 2u) {
-        if (t < stride && before(best_v[t + stride], best_i[t + stride], best_v[t], best_i[t])) {
-            best_v[t] = best_v[t + stride];
-            best_i[t] = best_i[t + stride];
-        }
-        workgroupBarrier();
-    }
-    let pick = vec2<u32>(bitcast<u32>(best_v[0]), best_i[0]);
-    workgroupBarrier(); // every invocation has read the pick before the next round writes
-    return pick;
-}
 
 // The sum of the workgroup's s by a fixed tree, returned to every invocation.
 fn sum_of(t: u32, s: f32) -> f32 {

@@ -312,8 +312,8 @@ fn bench_roofline_reports_every_kernel_against_the_ceilings() {
         let ops: u64 = by_kernel.values().map(|k| k["ops"].as_u64().expect("ops")).sum();
         assert_eq!(Some(ops), p["dispatches"].as_u64(), "every dispatch reported once");
         // 2 layers x (normed q|k|v with RoPE, attention, wo, normed gate|up, down) + embed, normed
-        // output, argmax
-        assert_eq!(ops, 2 * 5 + 3);
+        // output, the argmax's two
+        assert_eq!(ops, 2 * 5 + 4);
         // (the attention over the f16 KV cache, one pass per head on this CPU adapter)
         assert!(by_kernel.contains_key("Matmul(Q8_0)") && by_kernel.contains_key("Attention(F16)"), "{p}");
         for (name, k) in by_kernel {
@@ -326,6 +326,29 @@ fn bench_roofline_reports_every_kernel_against_the_ceilings() {
     }
     assert!(v["verify_cost"].as_f64().is_some_and(|c| c > 0.0));
     assert_eq!((v["clock"].as_str(), v["reps"].as_u64()), (Some("wall"), Some(3)));
+    // the shape facts of every dispatch, beside the times
+    let shapes = |v: &serde_json::Value, pass: &str| {
+        v["ops"].as_array().expect("ops").iter().filter(|o| o["pass"] == pass).cloned().collect::<Vec<_>>()
+    };
+    assert_eq!(shapes(&v, "step").len(), 2 * 5 + 4);
+    assert_eq!(v["dispatches_per_step"], 2 * 5 + 4);
+    assert_eq!(v["dispatches_per_layer"], 5);
+
+    // --shape-only: the facts, in the GPU shape (attention split: one more dispatch a layer),
+    // and nothing timed
+    let (stderr, v) = roofline(&["--shape-only", "--shape", "gpu"]);
+    assert!(v.get("ceilings").is_none() && v.get("passes").is_none(), "{v}");
+    assert!(stderr.contains("matmul lanes 16") && stderr.contains("attention split"), "{stderr}");
+    assert_eq!(v["dispatches_per_layer"], 6);
+    for pass in ["step", "verify"] {
+        let ops = shapes(&v, pass);
+        assert_eq!(ops.len(), 2 * 6 + 4, "{pass}");
+        for o in &ops {
+            for key in ["workgroups", "invocations", "serial_iterations", "bytes"] {
+                assert!(o[key].as_u64().is_some_and(|n| n > 0), "{pass}: {key} of {o}");
+            }
+        }
+    }
 
     // The same timed as the process's CPU time (this Linux's /proc/self/stat), one run each: the
     // 256 MB copy of the ceilings takes CPU ticks (10 ms each), the tiny passes maybe none.

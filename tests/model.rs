@@ -686,3 +686,49 @@ fn a_model_load_compiles_its_own_kernels_and_no_others() {
     forward(&mut m, &[1, 2, 3], 0);
     assert_eq!(gpu.compiled_kernels(), loaded, "a forward pass compiled a kernel");
 }
+
+/// The shape facts a pass's recorded ops give (`Model::shapes`): one per dispatch, as the GPU
+/// runs them (a GPU's wide matmul pipeline for passes of more than 4 rows, the argmax in two
+/// dispatches of many workgroups, the split attention's loop over the cache), nothing run.
+#[test]
+fn shape_facts_follow_the_recorded_ops() {
+    let mut r = rng(61);
+    let spec = TinySpec { vocab: 3000, ..TinySpec::llama() };
+    let tiny = TinyModel::random(spec, &mut r);
+    let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::Q8_0, &mut r)).expect("gguf");
+    for (gpu, shaped) in [(gpu(), false), (gpu_shaped(), true)] {
+        let m = load_on(gpu.clone(), &ckpt, Precision::Auto);
+        let (step, verify) = (m.shapes(1, 0), m.shapes(5, 0));
+        assert_eq!(step.len(), verify.len(), "the same dispatches in either pass");
+        let layers = spec.layers;
+        let per_layer = m.dispatches_per_layer();
+        assert!((5..=7).contains(&per_layer), "{per_layer} dispatches per layer");
+        // embedding, the layers, the output, the argmax's two
+        assert_eq!(step.len(), 1 + layers * per_layer + 1 + 2, "{step:?}");
+        for s in step.iter().chain(&verify) {
+            assert!(s.workgroups > 0 && s.serial_iterations > 0 && s.bytes > 0, "{s:?}");
+            assert!(matches!(s.invocations, 64 | 256), "{s:?}");
+        }
+        // the argmax: a workgroup per slice of 1024 logits and row, then one per row
+        let argmax: Vec<_> = step.iter().filter(|s| s.kernel == "Argmax").collect();
+        assert_eq!(argmax.iter().map(|s| s.workgroups).collect::<Vec<_>>(), [3, 1]);
+        assert_eq!(argmax[0].serial_iterations, 16 + 6);
+        let argmax5: Vec<u64> =
+            verify.iter().filter(|s| s.kernel == "Argmax").map(|s| s.workgroups).collect();
+        assert_eq!(argmax5, [15, 5]);
+        let matmul = |shapes: &[wgspec::gpu::OpShape]| {
+            shapes.iter().filter(|s| s.kernel.starts_with("Matmul")).map(|s| s.workgroups).sum::<u64>()
+        };
+        let nine = m.shapes(9, 0);
+        if shaped {
+            // a 9-row pass in one group of the wide pipeline's 16 rows, as a step in one of 4
+            assert_eq!(matmul(&nine), matmul(&step), "the wide pipeline");
+        } else {
+            // groups of 8 rows on a CPU adapter: two for 9 rows
+            assert_eq!(matmul(&nine), 2 * matmul(&step));
+        }
+        // a pass's bytes grow with its rows (activations), its weights read once
+        let bytes = |shapes: &[wgspec::gpu::OpShape]| shapes.iter().map(|s| s.bytes).sum::<u64>();
+        assert!(bytes(&verify) > bytes(&step));
+    }
+}

@@ -100,7 +100,8 @@ impl Kernel {
 
     /// The kernel's WGSL source: the op's file, preceded by its weight format's or KV cache's file
     /// if it has one (and the matmul and the one-pass attention by a file of `shaders/share/`:
-    /// with `shuffle`, a subgroup shares the loads its invocations all need by shuffles).
+    /// with `shuffle`, a subgroup shares the loads its invocations all need by shuffles; the
+    /// argmax and the top-k by `shaders/share/rank.wgsl`).
     pub fn source(self, shuffle: bool) -> Cow<'static, str> {
         let with_format = |w: DType, op: &str| Cow::Owned(format!("{}\n{op}", w.format_source()));
         // the KV cache's format file (shaders/kv/) ahead of an attention op
@@ -110,6 +111,12 @@ impl Kernel {
                 _ => include_str!("../../shaders/kv/f32.wgsl"),
             };
             Cow::Owned(format!("{format}\n{op}"))
+        };
+        // the argmax's and top-k's order and pick (shaders/share/rank.wgsl), with the slice of
+        // logits their first dispatch's workgroups take, from the constant the host sizes it by
+        let with_rank = |op: &str| {
+            let rank = include_str!("../../shaders/share/rank.wgsl");
+            Cow::Owned(format!("const SLICE: u32 = {}u;\n{rank}\n{op}", super::ops::REDUCE_SLICE))
         };
         // shaders/share/: whether a subgroup shares the loads its invocations all need
         let share = if shuffle {
@@ -127,12 +134,12 @@ impl Kernel {
             }
             Kernel::AttentionChunks(kv) => with_kv(kv, include_str!("../../shaders/attention_chunks.wgsl")),
             Kernel::AttentionMerge => Cow::Borrowed(include_str!("../../shaders/attention_merge.wgsl")),
-            Kernel::Argmax => Cow::Borrowed(include_str!("../../shaders/argmax.wgsl")),
+            Kernel::Argmax => with_rank(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),
             Kernel::Sample => Cow::Borrowed(include_str!("../../shaders/sample.wgsl")),
             Kernel::AcceptSampled => Cow::Borrowed(include_str!("../../shaders/accept_sampled.wgsl")),
             Kernel::KvKeep => Cow::Borrowed(include_str!("../../shaders/kv_keep.wgsl")),
-            Kernel::TopK => Cow::Borrowed(include_str!("../../shaders/top_k.wgsl")),
+            Kernel::TopK => with_rank(include_str!("../../shaders/top_k.wgsl")),
             Kernel::GatherRows => Cow::Borrowed(include_str!("../../shaders/gather_rows.wgsl")),
             Kernel::MapIds => Cow::Borrowed(include_str!("../../shaders/map_ids.wgsl")),
             Kernel::EagleTree => Cow::Borrowed(include_str!("../../shaders/eagle_tree.wgsl")),
@@ -145,8 +152,34 @@ impl Kernel {
     /// Threads per workgroup along x (every kernel uses 64 but [`Kernel::Sample`]).
     pub const WORKGROUP: u32 = 64;
 
+    /// The invocations of one of its workgroups, as its source declares them
+    /// (`@workgroup_size(N)`, or the value of the constant N names).
+    pub fn invocations(self) -> u32 {
+        static TABLE: OnceLock<Vec<u32>> = OnceLock::new();
+        let table = TABLE
+            .get_or_init(|| Kernel::all().into_iter().map(|k| workgroup_size(&k.source(false))).collect());
+        table.get(self.index()).copied().unwrap_or(Kernel::WORKGROUP)
+    }
+
     /// The largest workgroup of any kernel ([`Kernel::Sample`]'s 256, WebGPU's default limit).
     pub const LARGEST_WORKGROUP: u32 = 256;
+}
+
+/// The x size of the entry point's `@workgroup_size` in a kernel's WGSL: a number, or a constant
+/// (`const WG: u32 = 64u;`) of the source; 0 where neither is found.
+fn workgroup_size(source: &str) -> u32 {
+    let number = |text: &str| text.trim().trim_end_matches('u').parse::<u32>().ok();
+    let Some(after) = source.split("@workgroup_size(").nth(1) else {
+        return 0;
+    };
+    let arg = after.split([')', ',']).next().unwrap_or("").trim();
+    number(arg)
+        .or_else(|| {
+            let decl = format!("const {arg}: u32 =");
+            let value = source.split(decl.as_str()).nth(1)?.split(';').next()?;
+            number(value)
+        })
+        .unwrap_or(0)
 }
 
 /// Rows of a pass one workgroup of the GPUs' second matmul pipeline takes: a verify pass or a
@@ -231,6 +264,11 @@ impl Pipelines {
             Kernel::Matmul(_) => self.compiled(kernel).wide.as_ref(),
             _ => None,
         }
+    }
+
+    /// Whether `kernel` has a [`Pipelines::wide`] pipeline on this device (without compiling it).
+    pub fn has_wide(&self, kernel: Kernel) -> bool {
+        matches!(kernel, Kernel::Matmul(_)) && self.matmul_layout.is_some()
     }
 
     /// The kernels compiled so far, in [`Kernel::all`]'s order.
@@ -336,6 +374,20 @@ fn matmul_layout(device: &wgpu::Device) -> wgpu::PipelineLayout {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kernel_declares_its_workgroup() {
+        for k in Kernel::all() {
+            let want = match k {
+                Kernel::Sample => 256,
+                Kernel::EagleTree => 1,
+                _ => Kernel::WORKGROUP,
+            };
+            assert_eq!(k.invocations(), want, "{k:?}");
+        }
+        assert_eq!(workgroup_size("const WG: u32 = 64u;\n@compute @workgroup_size(WG)\nfn main() {}"), 64);
+        assert_eq!(workgroup_size("@compute @workgroup_size(8, 8)"), 8);
+    }
 
     #[test]
     fn every_kernel_sits_at_its_index() {

@@ -158,6 +158,54 @@ pub struct Op {
     bind_group: wgpu::BindGroup,
     grid: Grid,
     cost: Cost,
+    serial: Serial,
+}
+
+/// The longest loop one invocation of an op runs, in iterations (nested loops multiplied, a
+/// workgroup's tree reductions counted as their steps; a loop whose trips depend on the pass's
+/// rows at its bound): `fixed`, plus `per_step` for every `positions_per_step` cached positions
+/// its row attends to (attention), as the op's constructor reads it from the kernel's loops and
+/// its parameters. What latency a GPU cannot hide behind other workgroups: its dependent steps.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Serial {
+    pub fixed: u64,
+    pub per_step: u64,
+    pub positions_per_step: u64,
+}
+
+impl Serial {
+    /// A loop of `iterations` whatever the cache.
+    pub fn fixed(iterations: u64) -> Serial {
+        Serial { fixed: iterations, ..Serial::default() }
+    }
+
+    /// Iterations for a row that attends to `positions` cached positions.
+    pub fn at(&self, positions: u64) -> u64 {
+        match self.positions_per_step {
+            0 => self.fixed,
+            p => self.fixed + self.per_step * positions.div_ceil(p),
+        }
+    }
+}
+
+/// What a GPU waits on in one dispatch of an op (its shape facts), computed from its grid and
+/// parameters as [`Gpu::encode`] dispatches it: its workgroups, the invocations of each, the
+/// longest serial loop of one invocation, and the bytes it reads and writes.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct OpShape {
+    pub kernel: String,
+    pub workgroups: u64,
+    pub invocations: u32,
+    pub serial_iterations: u64,
+    pub bytes: u64,
+}
+
+impl OpShape {
+    /// Waves of workgroups on a GPU of `units` compute units holding one workgroup each at a
+    /// time (a lower bound on its waves; 132 SMs on an H100 or H200).
+    pub fn waves(&self, units: u64) -> f64 {
+        self.workgroups as f64 / units as f64
+    }
 }
 
 /// What an op moves and computes, for roofline reports: a fixed part (weights), a part per row
@@ -196,6 +244,16 @@ impl Op {
     /// The same op with its cost set.
     pub fn with_cost(self, cost: Cost) -> Op {
         Op { cost, ..self }
+    }
+
+    /// The longest loop one of its invocations runs.
+    pub fn serial(&self) -> Serial {
+        self.serial
+    }
+
+    /// The same op with its longest loop set.
+    pub fn with_serial(self, serial: Serial) -> Op {
+        Op { serial, ..self }
     }
 }
 
@@ -458,7 +516,7 @@ impl Gpu {
             layout: &layout,
             entries: &entries,
         });
-        Op { kernel, bind_group, grid, cost: Cost::default() }
+        Op { kernel, bind_group, grid, cost: Cost::default(), serial: Serial::default() }
     }
 
     /// As [`Gpu::op`], with a second uniform (binding 2) before the storage buffers.
@@ -480,22 +538,45 @@ impl Gpu {
         let mut pass =
             encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
         for op in ops {
-            let (pipeline, grid) = match (op.grid, self.pipelines.wide(op.kernel)) {
-                // (GPUs) a pass of more rows than a matmul group takes: the pipeline whose groups
-                // take WIDE_ROWS (the same bits for every row)
-                (Grid::RowGroups { y, rows }, Some(wide)) if n > rows => {
-                    (wide, Grid::RowGroups { y, rows: kernel::WIDE_ROWS })
-                }
-                (grid, _) => (self.pipelines.get(op.kernel), grid),
-            };
-            let [x, y, z] = grid.counts(n);
-            if x == 0 || y == 0 || z == 0 {
+            let Some((wide, [x, y, z])) = self.dispatch(op, n) else {
                 continue;
-            }
+            };
+            let pipeline = match wide {
+                true => self.pipelines.wide(op.kernel).unwrap_or_else(|| self.pipelines.get(op.kernel)),
+                false => self.pipelines.get(op.kernel),
+            };
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &op.bind_group, &[]);
             pass.dispatch_workgroups(x, y, z);
         }
+    }
+
+    /// How `op` is dispatched in a pass of `n` rows: whether by its wide pipeline, and its
+    /// workgroup counts (`None`: not at all, an empty grid).
+    fn dispatch(&self, op: &Op, n: u32) -> Option<(bool, [u32; 3])> {
+        let (wide, grid) = match (op.grid, self.pipelines.has_wide(op.kernel)) {
+            // (GPUs) a pass of more rows than a matmul group takes: the pipeline whose groups
+            // take WIDE_ROWS (the same bits for every row)
+            (Grid::RowGroups { y, rows }, true) if n > rows => {
+                (true, Grid::RowGroups { y, rows: kernel::WIDE_ROWS })
+            }
+            (grid, _) => (false, grid),
+        };
+        let [x, y, z] = grid.counts(n);
+        (x > 0 && y > 0 && z > 0).then_some((wide, [x, y, z]))
+    }
+
+    /// The shape facts of `op` in a pass of `n` rows whose last row sits at cache position `pos`
+    /// (`None` where the pass dispatches none of it).
+    pub fn shape(&self, op: &Op, n: usize, pos: usize) -> Option<OpShape> {
+        let (_, [x, y, z]) = self.dispatch(op, n as u32)?;
+        Some(OpShape {
+            kernel: format!("{:?}", op.kernel),
+            workgroups: x as u64 * y as u64 * z as u64,
+            invocations: op.kernel.invocations(),
+            serial_iterations: op.serial.at(pos as u64 + 1),
+            bytes: op.cost.at(n as u64, pos as u64).0,
+        })
     }
 
     /// A new command encoder.

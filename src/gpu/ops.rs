@@ -5,7 +5,7 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, WeightBuffer};
+use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, Serial, WeightBuffer};
 use crate::loader::DType;
 
 /// Rows one matmul workgroup of a GPU's decode-shaped pipeline takes (`ROWS` in
@@ -334,7 +334,7 @@ struct ConcatParams {
 }
 
 /// Logits one workgroup of the first of [`Gpu::argmax`]'s and [`Gpu::top_k`]'s two dispatches
-/// reduces (`SLICE` in `shaders/argmax.wgsl` and `shaders/top_k.wgsl`): a row of Qwen2.5's
+/// reduces (the shaders' `SLICE`, written into their source from this): a row of Qwen2.5's
 /// 151,936 logits is 149 workgroups, 16 loads per invocation.
 pub const REDUCE_SLICE: usize = 1024;
 
@@ -490,7 +490,14 @@ impl Gpu {
             ..Cost::default()
         };
         let storage = [&x.raw, &w.raw, bias_raw, &y.raw, second_raw, cos_sin_raw, x_raw, gamma_raw];
-        self.op(Kernel::Matmul(w.dtype), step, &params, &storage, grid).with_cost(cost)
+        // each lane's units (8 groups of 4 weights each), its lanes' tree, the norm's squares
+        // and tree, the epilogue's stores
+        let lanes = self.matmul_lanes as u64;
+        let norm = if out.norm.is_some() { k.div_ceil(256) + 6 } else { 0 };
+        let serial = 8 * (w.units() as u64).div_ceil(lanes) + lanes.ilog2() as u64 + norm + 16;
+        self.op(Kernel::Matmul(w.dtype), step, &params, &storage, grid)
+            .with_cost(cost)
+            .with_serial(Serial::fixed(serial))
     }
 
     /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one buffer of an embedding
@@ -520,7 +527,10 @@ impl Gpu {
         let cost = Cost { row_bytes: row, ..Cost::default() };
         let (gamma, out) = scaled.map_or((&tokens.raw, &self.unused_output), |(g, o)| (&g.raw, &o.raw));
         let storage = [&tokens.raw, &table.raw, &x.raw, gamma, out];
-        self.op(Kernel::Embed(table.dtype), step, &params, &storage, grid).with_cost(cost)
+        // one unit per invocation: 8 groups of 4
+        self.op(Kernel::Embed(table.dtype), step, &params, &storage, grid)
+            .with_cost(cost)
+            .with_serial(Serial::fixed(32))
     }
 
     /// f32 values of the scratch [`Gpu::attention`] needs for passes of up to `rows` rows: the
@@ -582,7 +592,12 @@ impl Gpu {
                 &[&q.raw, &kv.raw, &scratch.raw, &out.raw],
                 Grid::PerRow(shape.heads),
             );
-            return vec![op.with_cost(cost)];
+            // per 64 cached positions: the scores (head_dim / 4 each), the softmax, the values
+            // (64 positions times head_dim / 64 columns); two trees
+            let hd4 = hd.div_ceil(4);
+            let serial =
+                Serial { fixed: 12, per_step: hd4 + 1 + 64 * hd.div_ceil(64), positions_per_step: 64 };
+            return vec![op.with_cost(cost).with_serial(serial)];
         }
         let (span, chunks) = attention_chunks(shape.ctx);
         let blocks = (shape.heads / shape.kv_heads).div_ceil(ATTENTION_HEAD_BLOCK);
@@ -619,14 +634,22 @@ impl Gpu {
                 &[&q.raw, &kv.raw, &scratch.raw],
                 Grid::PerRow(shape.kv_heads * blocks * chunks),
             )
-            .with_cost(cost);
+            .with_cost(cost)
+            // a chunk's blocks of 64 keys: 8 heads' scores of head_dim / 4, their max tree, then
+            // each key's value row (4 + 8 x 4): the keys one after another (span at most)
+            .with_serial(Serial::fixed(
+                (span as u64).div_ceil(64) * (8 * hd.div_ceil(4) + 48) + 36 * span as u64,
+            ));
         let p =
             MergeParams { heads: shape.heads, head_dim: shape.head_dim, span, chunks, ml_base, _pad: [0; 3] };
         let params = self.uniform("attention merge params", bytemuck::bytes_of(&p));
         let cost = Cost { row_bytes: 4 * h * hd, pos_row_bytes: part_bytes, ..Cost::default() };
+        // per chunk of the row's keys: its maximum, its sum, its head_dim / 64 columns
+        let serial = Serial { fixed: 0, per_step: 2 + hd.div_ceil(64), positions_per_step: span as u64 };
         let merge_op = self
             .op(Kernel::AttentionMerge, step, &params, &[&scratch.raw, &out.raw], Grid::PerRow(shape.heads))
-            .with_cost(cost);
+            .with_cost(cost)
+            .with_serial(serial);
         vec![chunk_op, merge_op]
     }
 
@@ -662,7 +685,11 @@ impl Gpu {
             row_flops: slices as u64,
             ..Cost::default()
         });
-        vec![slices_op, rows_op]
+        // a slice's 1024 logits, 16 per invocation, then the row's slices; each with a tree
+        let wg = Kernel::WORKGROUP as usize;
+        let per_slice = REDUCE_SLICE.min(vocab).div_ceil(wg) as u64 + 6;
+        let per_row = slices.div_ceil(wg) as u64 + 6;
+        vec![slices_op.with_serial(Serial::fixed(per_slice)), rows_op.with_serial(Serial::fixed(per_row))]
     }
 
     /// `out[r, j]` = the id of row r's j-th largest logit, j < k (equal values: lower id first, as
@@ -720,7 +747,13 @@ impl Gpu {
             row_flops: k as u64 * (slices * k) as u64,
             ..Cost::default()
         });
-        vec![slices_op, rows_op]
+        // k rounds over a slice's 1024 logits (and the sum of exponentials), then k rounds over
+        // the row's slices x k candidates (and the slices' sums); each with a tree
+        let (wg, kk, lp) = (Kernel::WORKGROUP as usize, k as u64, logp.is_some() as u64);
+        let per_slice = (kk + lp) * (REDUCE_SLICE.min(vocab).div_ceil(wg) as u64 + 6);
+        let per_row =
+            kk * ((slices * k).div_ceil(wg) as u64 + 6) + lp * (slices.div_ceil(wg) as u64 + 6 + kk);
+        vec![slices_op.with_serial(Serial::fixed(per_slice)), rows_op.with_serial(Serial::fixed(per_row))]
     }
 
     /// `out[i * ld + offset + j] = src[s][j]`, times `gamma[j] / rms(src[s])` with `norm = (gamma,
@@ -747,7 +780,12 @@ impl Gpu {
         let gamma = norm.map_or(&src.raw, |n| &n.0.raw);
         let rows = rows.map_or(&src.raw, |r| &r.raw);
         let storage = [&src.raw, gamma, rows, &out.raw];
-        self.op(Kernel::GatherRows, step, &params, &storage, Grid::Rows).with_cost(cost)
+        // the row's sum of squares (and its tree), then its values
+        let columns = dim.div_ceil(Kernel::WORKGROUP as usize) as u64;
+        let serial = if norm.is_some() { 2 * columns + 6 } else { columns };
+        self.op(Kernel::GatherRows, step, &params, &storage, Grid::Rows)
+            .with_cost(cost)
+            .with_serial(Serial::fixed(serial))
     }
 
     /// One call of `shaders/eagle_tree.wgsl` (EAGLE-2's draft tree grown on the GPU), its
@@ -763,7 +801,12 @@ impl Gpu {
         out: &GpuBuffer<u32>,
     ) -> Op {
         let storage = [&ids.raw, &logp.raw, &state.raw, &out.raw];
+        // one invocation: its worst call ranks up to 31 of 255 candidates, scans them for up to
+        // 14 depths' rows, adds 8 expanded nodes' 16 children (sorted), and ties 32 rows'
+        // ancestors (shaders/eagle_tree.wgsl: `rank`, `choose`, `add_children`)
+        let serial = 31 * 255 + 14 * 255 + 8 * (16 + 16 * 15 / 2) + 32 * 31 / 2;
         self.op(Kernel::EagleTree, step, params, &storage, Grid::Fixed([1, 1, 1]))
+            .with_serial(Serial::fixed(serial))
     }
 
     /// `ids[r, j] = table[ids[r, j]]` for the pass's rows and j < k (k <= 64): a draft
@@ -772,6 +815,7 @@ impl Gpu {
         let p = MapIdsParams { k: k as u32, size: table.len as u32, _pad: [0; 2] };
         let params = self.uniform("map ids params", bytemuck::bytes_of(&p));
         self.op(Kernel::MapIds, step, &params, &[&table.raw, &ids.raw], Grid::Rows)
+            .with_serial(Serial::fixed(1))
     }
 
     /// `out[r] = [left[r] | right[r]]` for the pass's rows; `left: [n, a]`, `right: [n, b]`,
@@ -789,7 +833,7 @@ impl Gpu {
         let cost = Cost { row_bytes: 8 * width, ..Cost::default() };
         let storage = [&left.0.raw, &right.0.raw, &out.raw];
         let grid = Grid::PerRow(groups(left.1 + right.1));
-        self.op(Kernel::Concat, step, &params, &storage, grid).with_cost(cost)
+        self.op(Kernel::Concat, step, &params, &storage, grid).with_cost(cost).with_serial(Serial::fixed(1))
     }
 
     /// Greedy acceptance of a verify pass over `n = K + 1` rows (`step` is that pass's uniform):
@@ -805,7 +849,9 @@ impl Gpu {
         let p = WidthParams { width: drafts.len.min(out.len.saturating_sub(2)) as u32, _pad: [0; 3] };
         let params = self.uniform("accept params", bytemuck::bytes_of(&p));
         let storage = [&drafts.raw, &target_argmax.raw, &out.raw];
+        // one invocation: the drafts compared, then copied (capacity at most)
         self.op(Kernel::AcceptGreedy, step, &params, &storage, Grid::Fixed([1, 1, 1]))
+            .with_serial(Serial::fixed(2 * p.width as u64))
     }
 
     /// Draws from the sampling distribution of rows of `p.logits` (`[n, vocab]`, the pass of
@@ -853,7 +899,16 @@ impl Gpu {
         let storage =
             [&p.logits.raw, &top.raw, &q_logits.raw, &q_top.raw, &drafts.raw, &out.raw, &status.raw];
         let grid = if cfg.last_only.is_some() { Grid::Fixed([1, 1, 1]) } else { Grid::Rows };
-        self.op_with_uniform(Kernel::Sample, step, &params, seed, &storage, grid).with_cost(cost)
+        // per cut of a row (p's, and q's): its maximum and sum scans over vocab / 256 each, and
+        // with a nucleus about 34 more (32 bisection steps over the keys, the kept and tied
+        // tokens, ties split by up to log2(vocab) more), a tree each; then the draw's scan
+        let scan = cfg.vocab.div_ceil(Kernel::invocations(Kernel::Sample) as usize) as u64;
+        let ties = (cfg.vocab.max(2) as u64).ilog2() as u64 + 1;
+        let per_cut = if cfg.top_p < 1.0 { (36 + ties) * (scan + 8) } else { 2 * (scan + 8) };
+        let serial = rows * per_cut + scan + 16;
+        self.op_with_uniform(Kernel::Sample, step, &params, seed, &storage, grid)
+            .with_cost(cost)
+            .with_serial(Serial::fixed(serial))
     }
 
     /// Speculative sampling's acceptance of a verify pass (`step`: K + 1 rows) from the rows
@@ -874,7 +929,9 @@ impl Gpu {
         let p = [capacity, stream, 0, 0];
         let params = self.uniform("accept sampled params", bytemuck::cast_slice(&p));
         let storage = [&drafts.raw, &samples.raw, &status.raw, &out.raw];
+        // one invocation: each draft's test (four hashes), then the copies (capacity at most)
         self.op_with_uniform(Kernel::AcceptSampled, step, &params, seed, &storage, Grid::Fixed([1, 1, 1]))
+            .with_serial(Serial::fixed(2 * capacity as u64))
     }
 
     /// The step uniform buffer (write it with [`Gpu::write_step`] before each pass).
@@ -901,6 +958,7 @@ impl Gpu {
     /// (`keep`: a [`KeepParams`] uniform written before the op runs).
     pub fn kv_keep(&self, step: &wgpu::Buffer, keep: &wgpu::Buffer, kv: &GpuBuffer<u32>, width: u32) -> Op {
         let grid = Grid::Fixed([width.div_ceil(Kernel::WORKGROUP), 1, 1]);
-        self.op(Kernel::KvKeep, step, keep, &[&kv.raw], grid)
+        // one word of each kept row per invocation (a tree's depth at most)
+        self.op(Kernel::KvKeep, step, keep, &[&kv.raw], grid).with_serial(Serial::fixed(MAX_TREE as u64))
     }
 }

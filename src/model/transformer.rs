@@ -11,7 +11,7 @@ use crate::loader::source;
 use bytemuck::Zeroable;
 
 use crate::gpu::{
-    reduce_slices, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut, Second,
+    reduce_slices, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, OpShape, RopeOut, Second,
     MAX_TOP_K, MAX_TREE,
 };
 
@@ -112,6 +112,8 @@ pub struct Model {
     forward_ops: Vec<Op>,
     /// How many of `forward_ops` come before the output projection (a prefill runs those).
     body_ops: usize,
+    /// Dispatches of one layer.
+    layer_ops: usize,
     /// Argmax of every logits row.
     argmax_ops: Vec<Op>,
     /// ([`Model::forward_top_k`]) k, the k most likely ids of every row `[MAX_BATCH, k]`, and
@@ -294,7 +296,7 @@ impl Model {
         g.take_error()?;
         // (kernels compile as their first ops are built: one that fails fails the load)
         let scope = g.build_scope();
-        let (forward_ops, body_ops) = record_forward(g, &c, &weights, &state, context);
+        let (forward_ops, body_ops, layer_ops) = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size);
         let width = kv_words(&c, kv_f16) as u32;
         let keep_ops =
@@ -307,6 +309,7 @@ impl Model {
             state,
             forward_ops,
             body_ops,
+            layer_ops,
             argmax_ops,
             top_k: None,
             keep_ops,
@@ -342,7 +345,7 @@ impl Model {
             }
         };
         g.take_error()?;
-        (self.forward_ops, self.body_ops) =
+        (self.forward_ops, self.body_ops, self.layer_ops) =
             record_forward(g, &self.config, &self.weights, &self.state, self.context);
         // (a kernel first compiled here that failed; in a browser such an error arrives later,
         // by the next read-back)
@@ -483,6 +486,21 @@ impl Model {
             out.push(OpProfile { kernel: op.kernel(), seconds, bytes, flops });
         }
         Ok(out)
+    }
+
+    /// The shape facts of every dispatch of a pass of `n` rows after `past` cached positions,
+    /// its argmax included ([`Gpu::shape`]), in order; nothing is run (the cache need not hold
+    /// them).
+    pub fn shapes(&self, n: usize, past: usize) -> Vec<OpShape> {
+        let pos = past + n.max(1) - 1;
+        (self.forward_ops.iter().chain(&self.argmax_ops))
+            .filter_map(|op| self.gpu.shape(op, n, pos))
+            .collect()
+    }
+
+    /// Dispatches of one layer of the forward pass.
+    pub fn dispatches_per_layer(&self) -> usize {
+        self.layer_ops
     }
 
     /// Seconds of one whole forward pass of `n` rows at the cache's current length (up to the
@@ -832,7 +850,9 @@ enum Until {
 /// Every RMSNorm is folded into the matmul that reads its output: the op before it writes the
 /// residual stream x and also x * the norm's weight into xb; the matmul reads xb and divides each
 /// row's sums by the RMS of x's row.
-fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize) -> (Vec<Op>, usize) {
+/// The forward pass's ops, how many of them come before the output (the body), and how many
+/// one layer takes.
+fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize) -> (Vec<Op>, usize, usize) {
     let st = &s.step;
     let mut ops = Vec::new();
     let input_norm = |l: usize| w.layers.get(l).map_or(Some(&w.output_norm), |n| n.attn_norm.as_ref());
@@ -861,9 +881,12 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
         kv_f16: s.kv_f16,
         qkv_input: None,
     };
+    let mut per_layer = 0;
     for (l, layer) in w.layers.iter().enumerate() {
         // (the next layer's attn_norm, or output_norm)
-        ops.extend(record_block(g, c, layer, &s.kv_cache[l], &io, input_norm(l + 1)));
+        let block = record_block(g, c, layer, &s.kv_cache[l], &io, input_norm(l + 1));
+        per_layer = block.len();
+        ops.extend(block);
         taps(l + 1, &mut ops);
     }
     let body = ops.len();
@@ -875,5 +898,5 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
         ..Default::default()
     };
     ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, normed));
-    (ops, body)
+    (ops, body, per_layer)
 }

@@ -244,6 +244,16 @@ struct BenchArgs {
     /// timed alone against them.
     #[arg(long)]
     roofline: bool,
+    /// With --roofline: print the passes' shape facts (each dispatch's workgroups and their
+    /// invocations, the longest loop of one invocation, its bytes, its waves on 132 compute
+    /// units) and write them as JSON, timing nothing.
+    #[arg(long, requires = "roofline")]
+    shape_only: bool,
+    /// The kernels' shape on any adapter, lavapipe included: `gpu` (16 matmul lanes, attention
+    /// split over the cache: what GPUs run) or `cpu` (1 lane, one-pass attention);
+    /// --matmul-lanes and --attention override it.
+    #[arg(long, value_parser = ["gpu", "cpu"])]
+    shape: Option<String>,
     /// With --roofline: cache positions before the timed passes (attention reads them).
     #[arg(long, default_value_t = 64, requires = "roofline")]
     past: usize,
@@ -568,9 +578,10 @@ async fn generate(args: GenerateArgs) -> Result<()> {
 }
 
 async fn bench_cmd(args: BenchArgs) -> Result<()> {
+    let gpu_shape = args.shape.as_deref().map(|s| s == "gpu");
     let shape = KernelShape {
-        matmul_lanes: args.matmul_lanes,
-        split_attention: args.attention.as_deref().map(|a| a == "split"),
+        matmul_lanes: args.matmul_lanes.or(gpu_shape.map(|gpu| if gpu { 16 } else { 1 })),
+        split_attention: args.attention.as_deref().map(|a| a == "split").or(gpu_shape),
         shuffle_loads: args.shuffle_loads.as_deref().map(|s| s == "on"),
     };
     let gpu = Arc::new(Gpu::with_shape(shape).await?);
@@ -629,6 +640,10 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             (parts.target, Some(parts.tokenizer), parts.draft, name)
         }
     };
+    if args.roofline && args.shape_only {
+        let rows = args.k.draft_k.unwrap_or(4) + 1;
+        return crate::roofline::shape_only(&gpu, &target, &target_name, rows, args.past, &args.out);
+    }
     if args.roofline {
         let rows = args.k.draft_k.unwrap_or(4) + 1;
         return crate::roofline::run(&gpu, &mut target, &target_name, rows, args.past, &timing, &args.out)

@@ -144,9 +144,111 @@ fn print(p: &PassReport) {
     }
 }
 
+/// Compute units of the GPU the shape facts count waves on: an H100's or H200's 132 SMs.
+const SHAPE_UNITS: u64 = 132;
+
+/// The shape facts of a pass of `rows` rows (`pass`: "step" or "verify"), printed by kernel
+/// (dispatches, workgroups of the smallest and largest, the longest serial loop, waves on
+/// [`SHAPE_UNITS`] units, bytes), and as JSON rows, one per dispatch.
+fn shapes(target: &Model, rows: usize, past: usize, pass: &str) -> Vec<serde_json::Value> {
+    let ops = target.shapes(rows, past);
+    eprintln!(
+        "\n{rows}-row pass ({pass}): {} dispatches ({} per layer); shape facts, waves on {SHAPE_UNITS} compute units",
+        ops.len(),
+        target.dispatches_per_layer()
+    );
+    eprintln!(
+        "  {:<20} {:>5} {:>16} {:>5} {:>9} {:>12} {:>10}",
+        "kernel", "ops", "workgroups", "inv.", "serial", "waves", "MB"
+    );
+    let mut by_kernel: BTreeMap<&str, Vec<&wgspec::gpu::OpShape>> = BTreeMap::new();
+    for op in &ops {
+        by_kernel.entry(op.kernel.as_str()).or_default().push(op);
+    }
+    for (kernel, all) in &by_kernel {
+        let groups = |f: fn(&u64, &u64) -> bool| {
+            all.iter().map(|o| o.workgroups).reduce(|a, b| if f(&a, &b) { a } else { b }).unwrap_or(0)
+        };
+        let (least, most) = (groups(|a, b| a <= b), groups(|a, b| a >= b));
+        let serial = all.iter().map(|o| o.serial_iterations).max().unwrap_or(0);
+        let waves = all.iter().map(|o| o.waves(SHAPE_UNITS)).fold(f64::INFINITY, f64::min);
+        let mb = all.iter().map(|o| o.bytes).sum::<u64>() as f64 / 1e6;
+        eprintln!(
+            "  {:<20} {:>5} {:>16} {:>5} {:>9} {:>12} {:>10.2}",
+            kernel,
+            all.len(),
+            format!("{least}..{most}"),
+            all[0].invocations,
+            serial,
+            format!("{waves:.2} (min)"),
+            mb
+        );
+    }
+    ops.iter()
+        .map(|o| {
+            serde_json::json!({
+                "kernel": o.kernel,
+                "pass": pass,
+                "workgroups": o.workgroups,
+                "invocations": o.invocations,
+                "serial_iterations": o.serial_iterations,
+                "bytes": o.bytes,
+            })
+        })
+        .collect()
+}
+
+/// Fills `past` cache positions of `target` (at most what the context leaves room for, beside
+/// a pass of `rows`); returns how many.
+fn fill_cache(target: &mut Model, past: usize, rows: usize) -> Result<usize> {
+    let past = past.min(target.context().saturating_sub(rows + 1));
+    let filler: Vec<u32> = (0..past as u32).map(|i| i % target.config.vocab_size as u32).collect();
+    target.truncate(0);
+    for (i, chunk) in filler.chunks(wgspec::model::MAX_BATCH).enumerate() {
+        target.prefill(chunk, i * wgspec::model::MAX_BATCH)?;
+    }
+    Ok(past)
+}
+
+/// `wgspec bench --roofline --shape-only`: the shape facts of a 1-row step and a
+/// `verify_rows`-row pass after `past` cached positions, printed and written as JSON to `out`;
+/// nothing is run.
+pub fn shape_only(
+    gpu: &Gpu,
+    target: &Model,
+    name: &str,
+    verify_rows: usize,
+    past: usize,
+    out: &Path,
+) -> Result<()> {
+    let past = past.min(target.context().saturating_sub(verify_rows + 1));
+    let mut ops = shapes(target, 1, past, "step");
+    let dispatches_per_step = ops.len();
+    ops.extend(shapes(target, verify_rows, past, "verify"));
+    write_json(
+        out,
+        serde_json::json!({
+            "adapter": gpu.describe(),
+            "model": name,
+            "cached_positions": past,
+            "dispatches_per_step": dispatches_per_step,
+            "dispatches_per_layer": target.dispatches_per_layer(),
+            "ops": ops,
+        }),
+    )
+}
+
+fn write_json(out: &Path, json: serde_json::Value) -> Result<()> {
+    let text =
+        serde_json::to_string_pretty(&json).map_err(|e| Error::InvalidArgument(format!("json: {e}")))?;
+    std::fs::write(out, text).map_err(|e| Error::io(out.display(), e))?;
+    eprintln!("wrote {}", out.display());
+    Ok(())
+}
+
 /// Measures the ceilings, fills `past` cache positions (at most what the context leaves), then
 /// profiles a 1-row decode step and a `verify_rows`-row verify pass of `target`; prints tables and
-/// writes JSON to `out`.
+/// the passes' shape facts and writes JSON to `out`.
 pub async fn run(
     gpu: &Gpu,
     target: &mut Model,
@@ -165,13 +267,9 @@ pub async fn run(
         ceil.bytes_per_second / 1e9,
         ceil.flops_per_second / 1e9
     );
-    let past = past.min(target.context().saturating_sub(verify_rows + 1));
-    let filler: Vec<u32> = (0..past as u32).map(|i| i % target.config.vocab_size as u32).collect();
-    target.truncate(0);
-    for (i, chunk) in filler.chunks(wgspec::model::MAX_BATCH).enumerate() {
-        target.prefill(chunk, i * wgspec::model::MAX_BATCH)?;
-    }
+    let past = fill_cache(target, past, verify_rows)?;
     let mut passes = Vec::new();
+    let mut shape_rows = Vec::new();
     for rows in [1, verify_rows] {
         target.truncate(past);
         let ops = target.profile(rows, timing.reps, clock).await?;
@@ -179,6 +277,7 @@ pub async fn run(
         let seconds = target.time_forward(rows, timing.reps, clock).await?;
         let p = report(&ceil, rows, seconds, &ops);
         print(&p);
+        shape_rows.extend(shapes(target, rows, past, if rows == 1 { "step" } else { "verify" }));
         if timing.cpu_time && seconds * (timing.reps as f64) < 0.1 {
             eprintln!("  (the pass took under 10 ticks of the CPU clock in all: raise --reps for figures)");
         }
@@ -198,10 +297,9 @@ pub async fn run(
         "ceilings": ceil,
         "passes": passes,
         "verify_cost": verify_cost,
+        "dispatches_per_step": shape_rows.iter().filter(|o| o["pass"] == "step").count(),
+        "dispatches_per_layer": target.dispatches_per_layer(),
+        "ops": shape_rows,
     });
-    let text =
-        serde_json::to_string_pretty(&json).map_err(|e| Error::InvalidArgument(format!("json: {e}")))?;
-    std::fs::write(out, text).map_err(|e| Error::io(out.display(), e))?;
-    eprintln!("wrote {}", out.display());
-    Ok(())
+    write_json(out, json)
 }
