@@ -6,7 +6,8 @@
 #   device run:  command "bash scripts/gpu_bench.sh", carry ["target/gpu-pack"], timeout_s 540
 #   dry run on lavapipe, the same steps on small shapes:  ./build.sh gpu-dry-run
 #
-# In order, each step under its own time limit (so that one slow step costs only itself, and a
+# First it checks that the binaries run there and the adapter is the GPU (else it stops at once).
+# Then, in order, each step under its own time limit (so that one slow step costs only itself, and a
 # lease cut short still has the first), 7 minutes at most in all:
 #   1. correctness on the real adapter: every kernel against the CPU, batch invariance across
 #      pipelines and row counts, tiny models against the reference, speculative == plain;
@@ -35,23 +36,49 @@ SUMMARY="$OUT/summary.txt"
 say() { echo "$*" | tee -a "$SUMMARY" "$LOG"; }
 T0=$SECONDS
 
-PACK=target/gpu-pack/wgspec-gpu.tar.xz
+PACK=target/gpu-pack/wgspec-gpu.tar.gz
 [ -f "$PACK" ] || { say "no $PACK: run scripts/gpu_pack.sh first"; exit 1; }
 WORK=$(mktemp -d /tmp/wgspec-gpu.XXXXXX)
-tar -xJf "$PACK" -C "$WORK"
+tar -xzf "$PACK" -C "$WORK"
 BIN="$WORK/bin/wgspec"
 export XDG_RUNTIME_DIR=${XDG_RUNTIME_DIR:-/tmp/wgspec-xdg-$(id -u)}
 mkdir -p "$XDG_RUNTIME_DIR" && chmod 700 "$XDG_RUNTIME_DIR"
-# The Vulkan loader, where the machine has none (the NVIDIA driver brings its ICD); the ICD's
-# path where the loader does not find it by itself.
+# The Vulkan loader, where the machine has none (the NVIDIA driver brings its ICD): unpacked
+# beside the binaries, not over the system.
 if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan.so.1 '; then
-    for f in "$WORK"/debs/*.deb; do dpkg -x "$f" /; done
-    ldconfig
+    for f in "$WORK"/debs/*.deb; do dpkg-deb -x "$f" "$WORK/root" 2>/dev/null || dpkg -x "$f" "$WORK/root"; done
+    export LD_LIBRARY_PATH="$WORK/root/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
-ICD=/usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json
-if [ -z "${VK_DRIVER_FILES:-}" ] && [ -f "$ICD" ]; then export VK_DRIVER_FILES=$ICD; fi
 say "wgspec GPU run of $(cat "$WORK/commit"), $(date -u +%Y-%m-%dT%H:%MZ)$([ $DRY = 1 ] && echo ', dry run')"
 { command -v nvidia-smi >/dev/null && nvidia-smi -L; } >>"$SUMMARY" 2>&1
+# The binaries run here (the C library they were built against), and find a GPU: else the
+# lease is given back at once, not spent on llvmpipe.
+if ! "$BIN" --version >>"$LOG" 2>&1; then
+    say "FAILED: $BIN does not run here ($(ldd --version 2>&1 | head -1)); see log.txt"
+    exit 1
+fi
+probe() {
+    "$BIN" bench --roofline --shape-only --synthetic smollm2-135m --out "$RESULTS/probe.json" 2>&1 \
+        | grep -m1 '^adapter:' || echo "adapter: none"
+}
+ADAPTER=$(probe)
+if [ $DRY = 0 ] && echo "$ADAPTER" | grep -qiE 'llvmpipe|lavapipe|swiftshader|adapter: none'; then
+    # the NVIDIA ICD where the driver's library is there but no manifest names it
+    lib=$(ldconfig -p 2>/dev/null | grep -o '/[^ ]*libGLX_nvidia.so.0' | head -1)
+    for f in /usr/local/nvidia/share/vulkan/icd.d/nvidia_icd.json /usr/share/vulkan/icd.d/nvidia_icd.json /etc/vulkan/icd.d/nvidia_icd.json; do
+        [ -f "$f" ] && { export VK_DRIVER_FILES=$f; break; }
+    done
+    if [ -z "${VK_DRIVER_FILES:-}" ] && [ -n "$lib" ]; then
+        printf '{"file_format_version": "1.0.0", "ICD": {"library_path": "%s", "api_version": "1.3.0"}}\n' "$lib" >"$WORK/nvidia_icd.json"
+        export VK_DRIVER_FILES="$WORK/nvidia_icd.json"
+    fi
+    ADAPTER=$(probe)
+fi
+say "$ADAPTER"
+if [ $DRY = 0 ] && echo "$ADAPTER" | grep -qiE 'llvmpipe|lavapipe|swiftshader|adapter: none'; then
+    say "FAILED: no GPU adapter (VK_DRIVER_FILES=${VK_DRIVER_FILES:-unset}); see log.txt"
+    exit 1
+fi
 
 # step SECONDS NAME COMMAND...: its output to the log, its exit and time to the summary
 step() {

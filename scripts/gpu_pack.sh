@@ -2,7 +2,7 @@
 # Packs what `scripts/gpu_bench.sh` runs on a lent GPU machine, which has no network and takes at
 # most 64 MiB of working tree: the release `wgspec` and the kernel, model and speculation test
 # binaries, stripped, and Debian's Vulkan loader (`libvulkan1`: the NVIDIA driver there brings
-# its ICD, not always the loader), in one xz tarball, target/gpu-pack/wgspec-gpu.tar.xz. Run here,
+# its ICD, not always the loader), in one tarball, target/gpu-pack/wgspec-gpu.tar.gz. Run here,
 # from anywhere; then carry `target/gpu-pack` in the device call (README: "The first GPU run").
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,11 +32,12 @@ done
 strip --strip-all "$STAGE"/bin/*
 
 (cd "$STAGE/debs" && { apt-get download libvulkan1 2>/dev/null || { apt-get update -qq && apt-get download libvulkan1; }; })
-git rev-parse --short HEAD >"$STAGE/commit" 2>/dev/null || echo unknown >"$STAGE/commit"
+git describe --always --dirty >"$STAGE/commit" 2>/dev/null || echo unknown >"$STAGE/commit"
 
-tar -cJf "$PACK/wgspec-gpu.tar.xz" -C "$STAGE" .
+# (gzip: every machine unpacks it; xz is not everywhere)
+tar -czf "$PACK/wgspec-gpu.tar.gz" -C "$STAGE" .
 rm -rf "$STAGE"
-bytes=$(stat -c %s "$PACK/wgspec-gpu.tar.xz")
+bytes=$(stat -c %s "$PACK/wgspec-gpu.tar.gz")
 tree=$(git ls-files -z | xargs -0 stat -c %s 2>/dev/null | awk '{s += $1} END {print s}')
-echo "gpu_pack: $PACK/wgspec-gpu.tar.xz $((bytes >> 20)) MiB; with the tracked tree $(((bytes + tree) >> 20)) MiB (the device takes 64)"
+echo "gpu_pack: $PACK/wgspec-gpu.tar.gz $((bytes >> 20)) MiB; with the tracked tree $(((bytes + tree) >> 20)) MiB (the device takes 64)"
 [ $((bytes + tree)) -lt $((60 << 20)) ] || { echo "gpu_pack: over 60 MiB with the tree" >&2; exit 1; }

@@ -58,6 +58,8 @@ def tokens_per_second(torch, model, ids, tokens, assistant=None):
     if assistant is not None:
         assistant.generation_config.num_assistant_tokens = 4
         assistant.generation_config.num_assistant_tokens_schedule = "constant"
+        # (else the assistant stops drafting below 0.4 confidence: always, on random weights)
+        assistant.generation_config.assistant_confidence_threshold = 0.0
         kwargs["assistant_model"] = assistant
     with torch.no_grad():
         model.generate(ids, **{**kwargs, "max_new_tokens": 4, "min_new_tokens": 4})  # warm-up

@@ -10,8 +10,9 @@
 //            best of a row are the k best of its slices' k best, so the ids do not depend on
 //            the slicing.
 // With p.log_probs = 1, logp[r, j] = the log-softmax of that id's logit:
-//   logits[r, id] - (m + log(sum_s sum_s' exp(m_s - m))),  m = the row's maximum,
-// each sum in a fixed order (a strided sum per invocation, then a tree).
+//   logits[r, id] - (m + log(sum_s exp(m_s - m) * sum_{i in s} exp(logits[r, i] - m_s))),
+// m = the row's maximum, m_s slice s's; each sum in a fixed order (a strided sum per
+// invocation, then a tree).
 
 struct Step { n: u32, start_pos: u32 }
 struct Params {

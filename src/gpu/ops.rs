@@ -491,7 +491,8 @@ impl Gpu {
         };
         let storage = [&x.raw, &w.raw, bias_raw, &y.raw, second_raw, cos_sin_raw, x_raw, gamma_raw];
         // each lane's units (8 groups of 4 weights each), its lanes' tree, the norm's squares
-        // and tree, the epilogue's stores
+        // and tree, the epilogue's stores (for the decode pipeline's group of rows: a wide
+        // pipeline's 16 rows take the norm's loop and the stores 4 times)
         let lanes = self.matmul_lanes as u64;
         let norm = if out.norm.is_some() { k.div_ceil(256) + 6 } else { 0 };
         let serial = 8 * (w.units() as u64).div_ceil(lanes) + lanes.ilog2() as u64 + norm + 16;
@@ -801,10 +802,11 @@ impl Gpu {
         out: &GpuBuffer<u32>,
     ) -> Op {
         let storage = [&ids.raw, &logp.raw, &state.raw, &out.raw];
-        // one invocation: its worst call ranks up to 31 of 255 candidates, scans them for up to
-        // 14 depths' rows, adds 8 expanded nodes' 16 children (sorted), and ties 32 rows'
-        // ancestors (shaders/eagle_tree.wgsl: `rank`, `choose`, `add_children`)
-        let serial = 31 * 255 + 14 * 255 + 8 * (16 + 16 * 15 / 2) + 32 * 31 / 2;
+        // one invocation: its worst call ranks up to 31 of 255 candidates twice (choosing, and
+        // finishing the tree), scans them for up to 14 depths' rows, adds 8 expanded nodes' 16
+        // children (sorted), orders the 31 chosen and ties 32 rows' ancestors
+        // (shaders/eagle_tree.wgsl: `rank`, `choose`, `add_children`, the finish)
+        let serial = 2 * 31 * 255 + 14 * 255 + 8 * (16 + 16 * 15 / 2) + 16 * 31 + 2 * (32 * 31 / 2);
         self.op(Kernel::EagleTree, step, params, &storage, Grid::Fixed([1, 1, 1]))
             .with_serial(Serial::fixed(serial))
     }

@@ -400,7 +400,8 @@ impl EagleHead {
         // projected rows' last, logits, top and logp, the top-k's candidates and sums of each
         // slice of the logits, the store and the read-back
         let widths = (4 * c.dim + cat + 2 * c.q_dim() + c.ffn_dim + top_k + 2) as u64;
-        let ranking = 2 * reduce_slices(out_vocab) * (top_k + 1);
+        // (twice: the one-row and the many-row projections each rank into their own)
+        let ranking = 2 * 2 * reduce_slices(out_vocab) * (top_k + 1);
         let projected = (MAX_EAGLE_WIDTH * (c.dim + out_vocab + 2 * top_k + ranking) + extra) as u64;
         let store =
             (EAGLE_STORE_SLOTS * c.dim + EAGLE_TREE_STATE + EAGLE_TREE_OUT + MAX_TREE + MAX_EAGLE_WIDTH)

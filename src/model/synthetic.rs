@@ -18,7 +18,8 @@ pub enum QuantMix {
     /// Every matrix Q8_0.
     Q8_0,
     /// llama.cpp's Q4_K_M: Q4_K; Q6_K for `attn_v` and `ffn_down` on half the layers (its
-    /// `use_more_bits`: the first and last eighth, and every third between) and for the output.
+    /// `use_more_bits`: the first and last eighth, and every third between) and for the output
+    /// (a tied model's embedding, which is its output).
     Q4KM,
     /// Qwen2.5-Coder-0.5B-Instruct's file: Q5_0; on half the layers (as above) `attn_v` Q8_0 and
     /// `ffn_down` Q6_K (Q4_K on the others); the output Q8_0.
@@ -29,8 +30,13 @@ pub enum QuantMix {
 
 impl QuantMix {
     /// The type of the matrix `name` (`blk.{i}.attn_v.weight`, `output.weight`, ...) of a model of
-    /// `layers` layers.
-    fn dtype(self, name: &str, layers: usize) -> DType {
+    /// `layers` layers (`tied`: its embedding is its output).
+    fn dtype(self, name: &str, layers: usize, tied: bool) -> DType {
+        let name = if tied && name == "token_embd.weight" && self == QuantMix::Q4KM {
+            "output.weight"
+        } else {
+            name
+        };
         let layer = name.strip_prefix("blk.").and_then(|r| r.split('.').next()).and_then(|i| i.parse().ok());
         let more_bits = layer.is_some_and(|i: usize| {
             i < layers / 8 || i >= 7 * layers / 8 || (i + 3 * layers - layers / 8) % 3 == 2
@@ -182,7 +188,10 @@ impl Mix {
     }
 }
 
-/// Random blocks of `dtype` for `n` values (a multiple of its block), weights of standard
+/// The types [`random_blocks`] writes (it sets each one's scales).
+const SYNTHETIC_TYPES: [DType; 5] = [DType::Q8_0, DType::Q5_0, DType::Q4_1, DType::Q4_K, DType::Q6_K];
+
+/// Random blocks of `dtype` (one of [`SYNTHETIC_TYPES`]) for `n` values (a multiple of its block), weights of standard
 /// deviation about 0.02 in every type: uniform quants, and each type's scales (ggml's block
 /// layouts) set so that its dequantised values spread alike.
 fn random_blocks(dtype: DType, n: usize, mix: &mut Mix) -> Vec<u8> {
@@ -251,8 +260,8 @@ impl SyntheticShape {
             TensorRole::Norm | TensorRole::QkvBias => DType::F32,
             _ => {
                 let row = spec.shape.last().copied().unwrap_or(0);
-                Some(self.mix.dtype(&spec.name, self.layers))
-                    .filter(|d| row % d.block_len() == 0)
+                Some(self.mix.dtype(&spec.name, self.layers, self.tied))
+                    .filter(|d| SYNTHETIC_TYPES.contains(d) && row % d.block_len() == 0)
                     .unwrap_or(DType::Q8_0)
             }
         }
@@ -323,21 +332,23 @@ mod tests {
         let layers = 28;
         let q6 = |t: &str| {
             (0..layers)
-                .filter(|i| QuantMix::Q4KM.dtype(&format!("blk.{i}.{t}"), layers) == DType::Q6_K)
+                .filter(|i| QuantMix::Q4KM.dtype(&format!("blk.{i}.{t}"), layers, false) == DType::Q6_K)
                 .count()
         };
         assert_eq!((q6("attn_v.weight"), q6("ffn_down.weight"), q6("attn_q.weight")), (14, 14, 0));
-        assert_eq!(QuantMix::Q4KM.dtype("output.weight", layers), DType::Q6_K);
-        assert_eq!(QuantMix::Q4KM.dtype("token_embd.weight", layers), DType::Q4_K);
+        assert_eq!(QuantMix::Q4KM.dtype("output.weight", layers, false), DType::Q6_K);
+        assert_eq!(QuantMix::Q4KM.dtype("token_embd.weight", layers, false), DType::Q4_K);
+        assert_eq!(QuantMix::Q4KM.dtype("token_embd.weight", layers, true), DType::Q6_K, "tied: the output");
         // as the 0.5B file: 12 of 24 layers' attn_v Q8_0 and ffn_down Q6_K, the rest Q5_0 and Q4_K
         let m = QuantMix::Q5_0Mix;
-        assert_eq!(m.dtype("blk.0.attn_v.weight", 24), DType::Q8_0);
-        assert_eq!(m.dtype("blk.2.ffn_down.weight", 24), DType::Q6_K);
-        assert_eq!(m.dtype("blk.3.ffn_down.weight", 24), DType::Q4_K);
-        let q8 = (0..24).filter(|i| m.dtype(&format!("blk.{i}.attn_v.weight"), 24) == DType::Q8_0).count();
+        assert_eq!(m.dtype("blk.0.attn_v.weight", 24, false), DType::Q8_0);
+        assert_eq!(m.dtype("blk.2.ffn_down.weight", 24, false), DType::Q6_K);
+        assert_eq!(m.dtype("blk.3.ffn_down.weight", 24, false), DType::Q4_K);
+        let q8 =
+            (0..24).filter(|i| m.dtype(&format!("blk.{i}.attn_v.weight"), 24, false) == DType::Q8_0).count();
         assert_eq!(q8, 12);
-        assert_eq!(m.dtype("blk.2.ffn_gate.weight", 24), DType::Q5_0);
-        assert_eq!(m.dtype("output.weight", 24), DType::Q8_0);
+        assert_eq!(m.dtype("blk.2.ffn_gate.weight", 24, false), DType::Q5_0);
+        assert_eq!(m.dtype("output.weight", 24, false), DType::Q8_0);
         // the bytes of the real files' tensors: their sizes less their metadata (tokenizers of
         // 2-7 MB), within 3%
         for (name, file_bytes) in

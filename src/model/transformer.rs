@@ -498,7 +498,7 @@ impl Model {
             .collect()
     }
 
-    /// Dispatches of one layer of the forward pass.
+    /// Dispatches of the forward pass's layer with the most.
     pub fn dispatches_per_layer(&self) -> usize {
         self.layer_ops
     }
@@ -851,7 +851,7 @@ enum Until {
 /// residual stream x and also x * the norm's weight into xb; the matmul reads xb and divides each
 /// row's sums by the RMS of x's row.
 /// The forward pass's ops, how many of them come before the output (the body), and how many
-/// one layer takes.
+/// the layer with the most takes (a matrix split across stored types is a dispatch per type).
 fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize) -> (Vec<Op>, usize, usize) {
     let st = &s.step;
     let mut ops = Vec::new();
@@ -885,7 +885,7 @@ fn record_forward(g: &Gpu, c: &Config, w: &Weights, s: &RunState, context: usize
     for (l, layer) in w.layers.iter().enumerate() {
         // (the next layer's attn_norm, or output_norm)
         let block = record_block(g, c, layer, &s.kv_cache[l], &io, input_norm(l + 1));
-        per_layer = block.len();
+        per_layer = per_layer.max(block.len());
         ops.extend(block);
         taps(l + 1, &mut ops);
     }
