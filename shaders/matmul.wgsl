@@ -18,8 +18,10 @@
 // once and applies it to every row, and loads each vec4 of x once for the 4 columns (weights are
 // read once per group of rows, not once per row).
 // On a GPU a workgroup of 64 invocations is
-// 4 column quads x 16 lanes: the lanes of a quad stride over k, 32 weights (one unit) at a time,
-// and their partial sums are added by a fixed tree in workgroup memory (16 columns per workgroup).
+// 64 / LANES column quads x LANES lanes (16, or 32 and 64 for narrow matrices, which thus launch
+// more workgroups: src/gpu/kernel.rs, matmul_lanes): the lanes of a quad stride over k, 32 weights
+// (one unit) at a time, and their partial sums are added by a fixed tree in workgroup memory
+// (256 / LANES columns per workgroup).
 // On a CPU adapter LANES = 1: each invocation walks all of k (256 columns per workgroup), through
 // weight buffers that interleave the blocks of runs of 8 rows (shaders/formats/interleave.wgsl).
 //
@@ -35,7 +37,8 @@
 // start_pos + r (as f32, or as f16 pairs: `kv_f16`); and (`scaled_copy`) each stored value times gamma[c] written to `second` too:
 // the input of the next normed matmul.
 //
-// Batch-invariant: the order of every sum depends on k and LANES only (fixed per device): a row
+// Batch-invariant: the order of every sum depends on k and LANES only (fixed per device and
+// weight matrix): a row
 // is computed by the same operations in the same order whether the pass holds 1 row or 32 (and
 // whichever of a GPU's two pipelines runs it), so its bits are the same.
 
@@ -73,7 +76,9 @@ struct Params {
     kv_f16: u32,      // 1: the KV cache holds f16 pairs (ldkv and split count halves; see store_kv)
 }
 
-// Invocations per column quad, splitting k: 16 on GPUs. An adapter that runs invocations on a CPU
+// Invocations per column quad, splitting k: on GPUs 16, 32 or 64, chosen per weight matrix from its
+// columns and units only (never from a pass's rows: the lanes' tree is part of a row's order). An
+// adapter that runs invocations on a CPU
 // (lavapipe, SwiftShader) gets 1, where workgroup barriers cost more than they save: each
 // invocation then walks all of k for its four columns (with the same per-output code).
 override LANES: u32 = 16u;

@@ -369,6 +369,76 @@ fn bench_roofline_reports_every_kernel_against_the_ceilings() {
 }
 
 #[test]
+fn the_gpu_shape_keeps_its_rules_on_real_model_shapes() {
+    // The shape facts of real models' decode steps and 5-row verify passes in the GPU shape
+    // (`bench --roofline --shape-only --shape gpu`: no weights made or uploaded, llama-8b's
+    // included), against the rules of issue 33 that the kernels meet so far.
+    let dir = std::env::temp_dir().join(format!("wgspec-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("temp dir");
+    // (shape, layers, the matmuls of over 1 MB that 4-column tiles leave under two waves: the
+    // 896 columns of Qwen2.5-0.5B's down, the 1,024 of Llama-3.1-8B's Q6_K v; a split of k lifts them)
+    for (shape, layers, narrow) in
+        [("qwen2-1.5b", 28, None), ("qwen2-0.5b", 24, Some(224)), ("llama-8b", 32, Some(256))]
+    {
+        let out_file = dir.join(format!("shape-{shape}.json"));
+        let o = out_file.to_str().expect("utf8");
+        let out = wgspec(&[
+            "bench",
+            "--synthetic",
+            shape,
+            "--roofline",
+            "--shape-only",
+            "--shape",
+            "gpu",
+            "--out",
+            o,
+        ]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(out.status.success(), "{shape}: {stderr}");
+        assert!(stderr.contains("(no weights)"), "{shape}: {stderr}");
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&out_file).expect("json")).expect("json");
+        let ops = v["ops"].as_array().expect("ops");
+        let pass = |name: &str| ops.iter().filter(|o| o["pass"] == name).collect::<Vec<_>>();
+        let (step, verify) = (pass("step"), pass("verify"));
+        let n = |o: &serde_json::Value, key: &str| o[key].as_u64().unwrap_or_else(|| panic!("{key} of {o}"));
+        // 4: dispatches (the target is 5 a layer, 3 for the output: today 7 and 4)
+        let per_layer = n(&v, "dispatches_per_layer") as usize;
+        assert!(per_layer <= 7, "{shape}: {per_layer} dispatches a layer");
+        assert_eq!(step.len(), n(&v, "dispatches_per_step") as usize);
+        assert!(step.len() <= 1 + layers * per_layer + 4, "{shape}: {} dispatches a step", step.len());
+        assert_eq!(step.len(), verify.len(), "{shape}: the same dispatches in a verify pass");
+        for (rows, ops) in [(1, &step), (5, &verify)] {
+            for o in ops.iter() {
+                let (kernel, groups, bytes) =
+                    (o["kernel"].as_str().expect("kernel"), n(o, "workgroups"), n(o, "bytes"));
+                // 1: no reduction of more than 256 KiB runs in a few workgroups a row (the
+                // one-workgroup argmax read 0.6 MB of logits a row); matmuls: rule 2
+                let matmul = kernel.starts_with("Matmul");
+                assert!(matmul || bytes <= 256 << 10 || groups >= 16 * rows, "{shape} {rows} rows: {o}");
+                // the longest loop of an invocation, attention's chunks aside (item 3)
+                if !kernel.starts_with("Attention") {
+                    assert!(n(o, "serial_iterations") <= 160, "{shape}: {o}");
+                }
+                // 2: a matmul that moves more than 1 MB fills two waves of 132 SMs
+                if matmul && bytes > 1 << 20 && groups < 264 {
+                    assert_eq!(Some(groups), narrow, "{shape} {rows} rows: {o}");
+                }
+            }
+        }
+        // a verify pass reads each weight once: its matmuls launch a step's workgroups (one group
+        // of up to 16 rows)
+        let matmuls = |ops: &[&serde_json::Value]| {
+            ops.iter()
+                .filter(|o| o["kernel"].as_str().is_some_and(|k| k.starts_with("Matmul")))
+                .map(|o| n(o, "workgroups"))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(matmuls(&step), matmuls(&verify), "{shape}");
+    }
+}
+
+#[test]
 fn the_prompt_comes_from_a_file_or_standard_input() {
     use std::io::Write;
     let model = tiny_model_file("tiny-for-prompt-files.gguf");

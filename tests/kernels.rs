@@ -302,19 +302,22 @@ fn matmul_rows_are_batch_invariant() {
         // group of sixteen, 8 and 7 of eight, 6 and 5 of six (its wide pipeline), 4, 3, 2, and
         // 16 + 13, 16 + 6, 16 + 1). F32 also with a k that is no multiple of 32, whose last unit
         // is partial (a 1-row group writes whole units out and loops over the groups of a
-        // partial one).
+        // partial one). The GPU shape's narrow matrices in each of its column tiles (16, 32 and 64
+        // lanes per column quad: 4,240 columns keep 16).
         let step = gpu.step_buffer();
         let mut rng = rng(3);
         let cases = [
-            (DType::F32, 768),
-            (DType::F32, 808),
-            (DType::Q4_K, 768),
-            (DType::Q5_K, 768),
-            (DType::Q6_K, 768),
-            (DType::Q8_0, 768),
+            (DType::F32, 768, 97),
+            (DType::F32, 808, 97),
+            (DType::Q4_K, 768, 97),
+            (DType::Q5_K, 768, 97),
+            (DType::Q6_K, 768, 97),
+            (DType::Q8_0, 768, 97),
+            (DType::Q4_K, 2048, 97),
+            (DType::Q6_K, 768, 4240),
         ];
-        for (dtype, k) in cases {
-            let cols = 97;
+        let mut lanes_seen = std::collections::BTreeSet::new();
+        for (dtype, k, cols) in cases {
             let x = rand_vec(&mut rng, 32 * k, 1.0);
             let (bytes, _) = random_weights(&mut rng, dtype, cols, k);
             let wb = upload(&gpu, dtype, &bytes, cols, k);
@@ -322,6 +325,7 @@ fn matmul_rows_are_batch_invariant() {
             let full_y = GpuBuffer::<f32>::zeros(&gpu, "y", 32 * cols);
             let out = MatmulOut { ldy: cols as u32, ..Default::default() };
             let op = gpu.matmul(&step, &full_x, &wb, None, &full_y, out);
+            lanes_seen.insert(op.lanes());
             let mut singles = Vec::new();
             for r in 0..32 {
                 let xr = GpuBuffer::<f32>::from_slice(&gpu, "xr", &x[r * k..(r + 1) * k]);
@@ -339,11 +343,16 @@ fn matmul_rows_are_batch_invariant() {
                         .all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(
                         same,
-                        "{dtype} k={k}: row {r} of a {n}-row pass differs from the single-row pass"
+                        "{dtype} k={k} cols={cols} ({} lanes): row {r} of a {n}-row pass differs from \
+                         the single-row pass",
+                        op.lanes()
                     );
                 }
             }
         }
+        let seen: Vec<u32> = lanes_seen.into_iter().collect();
+        let expected: &[u32] = if gpu.matmul_lanes() == 1 { &[1] } else { &[16, 32, 64] };
+        assert_eq!(seen, expected, "column tiles exercised ({})", gpu.describe());
     }
 }
 

@@ -199,6 +199,41 @@ pub fn matmul_rows(lanes: u32) -> u32 {
     }
 }
 
+/// Workgroups a matmul that moves weights aims for on a GPU: two waves of a 132-SM GPU (an H100
+/// or H200), one workgroup resident per SM at the least ([`matmul_lanes`]).
+pub const MATMUL_WORKGROUPS: usize = 264;
+
+/// The most matmul invocations per column quad (the whole workgroup: 4 columns per workgroup).
+pub const MAX_MATMUL_LANES: u32 = Kernel::WORKGROUP;
+
+/// Matmul invocations per column quad (`LANES`) for a weight matrix of `cols` rows (output
+/// columns) and `units` 32-weight units per row, on a device whose matmul has `base` lanes: on
+/// CPU adapters (`base` 1) always 1; on GPUs `base` (16), doubled up to [`MAX_MATMUL_LANES`] while
+/// the grid has fewer than [`MATMUL_WORKGROUPS`] column tiles and each lane would still have a
+/// unit to walk. A narrow matrix then launches more, narrower workgroups, each lane walking fewer
+/// units (Qwen2.5-1.5B's q|k|v, `wo` and `down`: 96-128 workgroups of 16 columns become 384-512 of
+/// 4). The lanes depend on the matrix and the device only, never on the rows of a pass, so a row's
+/// bits do not either (the lanes' fixed tree is part of the sum's order).
+pub fn matmul_lanes(base: u32, cols: usize, units: usize) -> u32 {
+    let mut lanes = base;
+    if lanes <= 1 {
+        return lanes;
+    }
+    while lanes < MAX_MATMUL_LANES
+        && (lanes as usize) < units
+        && cols.div_ceil(matmul_columns_per_group(lanes)) < MATMUL_WORKGROUPS
+    {
+        lanes *= 2;
+    }
+    lanes
+}
+
+/// Output columns one matmul workgroup computes with `lanes` invocations per column quad (4 per
+/// quad, 64 / lanes quads).
+pub const fn matmul_columns_per_group(lanes: u32) -> usize {
+    (4 * Kernel::WORKGROUP / lanes) as usize
+}
+
 /// Rows whose blocks a weight buffer interleaves (`GROUP` in
 /// `shaders/formats/interleave.wgsl`) with `lanes` matmul invocations per column quad: 8 on CPU
 /// adapters (lanes 1), whose invocations walk the blocks of four rows in step (two of them one
@@ -223,12 +258,17 @@ pub struct Pipelines {
     matmul_lanes: u32,
     /// Whether the matmul and the one-pass attention share loads by subgroup shuffles.
     shuffle: bool,
-    /// (GPUs) the matmuls' bindings, spelled out: an op's bind group serves both of a format's
-    /// pipelines (a layout a pipeline derives itself serves that pipeline only).
-    matmul_layout: Option<wgpu::PipelineLayout>,
-    /// Each kernel's pipelines once compiled, at [`Kernel::index`].
-    table: Vec<OnceLock<Compiled>>,
+    /// (GPUs) the matmuls' bindings, spelled out: an op's bind group serves every pipeline of a
+    /// format (its lanes, narrow and wide; a layout a pipeline derives itself serves that
+    /// pipeline only).
+    matmul_layout: Option<(wgpu::BindGroupLayout, wgpu::PipelineLayout)>,
+    /// Each kernel's pipelines once compiled, at [`Kernel::index`], then at log2 of the
+    /// matmul's lanes ([`matmul_lanes`]; other kernels at 0).
+    table: Vec<[OnceLock<Compiled>; LANE_SLOTS]>,
 }
+
+/// Lanes 1, 2, 4, .. [`MAX_MATMUL_LANES`]: one pipeline slot each.
+const LANE_SLOTS: usize = MAX_MATMUL_LANES.ilog2() as usize + 1;
 
 /// One kernel's pipelines.
 struct Compiled {
@@ -247,23 +287,49 @@ impl Pipelines {
             matmul_lanes,
             shuffle,
             matmul_layout: (matmul_lanes > 1).then(|| matmul_layout(device)),
-            table: Kernel::all().iter().map(|_| OnceLock::new()).collect(),
+            table: Kernel::all().iter().map(|_| std::array::from_fn(|_| OnceLock::new())).collect(),
         }
     }
 
-    /// The pipeline of `kernel`, compiled on first use (its errors go to the error scopes open
-    /// then: `Gpu::build_scope`, or else the device's uncaptured errors).
+    /// The pipeline of `kernel` (a matmul: with the device's own lanes), compiled on first use
+    /// (its errors go to the error scopes open then: `Gpu::build_scope`, or else the device's
+    /// uncaptured errors).
     pub fn get(&self, kernel: Kernel) -> &wgpu::ComputePipeline {
-        &self.compiled(kernel).pipeline
+        self.get_with(kernel, self.matmul_lanes)
     }
 
-    /// (GPUs) The matmul pipeline of `kernel` whose workgroups take [`WIDE_ROWS`] rows, if the
-    /// device has one.
-    pub fn wide(&self, kernel: Kernel) -> Option<&wgpu::ComputePipeline> {
+    /// As [`Pipelines::get`], a matmul's with `lanes` invocations per column quad (a power of
+    /// two from the device's lanes to [`MAX_MATMUL_LANES`]; other kernels ignore it).
+    pub fn get_with(&self, kernel: Kernel, lanes: u32) -> &wgpu::ComputePipeline {
+        &self.compiled(kernel, lanes).pipeline
+    }
+
+    /// (GPUs) The matmul pipeline of `kernel` with `lanes` whose workgroups take [`WIDE_ROWS`]
+    /// rows, if the device has one.
+    pub fn wide(&self, kernel: Kernel, lanes: u32) -> Option<&wgpu::ComputePipeline> {
         match kernel {
-            Kernel::Matmul(_) => self.compiled(kernel).wide.as_ref(),
+            Kernel::Matmul(_) => self.compiled(kernel, lanes).wide.as_ref(),
             _ => None,
         }
+    }
+
+    /// The layout of `kernel`'s bindings (a matmul's on GPUs: the one all its pipelines share,
+    /// without compiling any).
+    pub fn bind_group_layout(&self, kernel: Kernel) -> wgpu::BindGroupLayout {
+        match (kernel, &self.matmul_layout) {
+            (Kernel::Matmul(_), Some((bindings, _))) => bindings.clone(),
+            _ => self.get(kernel).get_bind_group_layout(0),
+        }
+    }
+
+    /// Every lane count a matmul of this device may be given ([`matmul_lanes`]): the device's
+    /// own, and on GPUs each doubling up to [`MAX_MATMUL_LANES`].
+    pub fn matmul_lane_counts(&self) -> Vec<u32> {
+        let base = self.matmul_lanes;
+        if base <= 1 {
+            return vec![base];
+        }
+        std::iter::successors(Some(base), |l| (*l < MAX_MATMUL_LANES).then_some(l * 2)).collect()
     }
 
     /// Whether `kernel` has a [`Pipelines::wide`] pipeline on this device (without compiling it).
@@ -271,20 +337,30 @@ impl Pipelines {
         matches!(kernel, Kernel::Matmul(_)) && self.matmul_layout.is_some()
     }
 
-    /// The kernels compiled so far, in [`Kernel::all`]'s order.
+    /// The kernels compiled so far (any of their pipelines), in [`Kernel::all`]'s order.
     pub fn compiled_kernels(&self) -> Vec<Kernel> {
-        Kernel::all().into_iter().filter(|k| self.table[k.index()].get().is_some()).collect()
+        Kernel::all()
+            .into_iter()
+            .filter(|k| self.table[k.index()].iter().any(|slot| slot.get().is_some()))
+            .collect()
     }
 
-    fn compiled(&self, kernel: Kernel) -> &Compiled {
-        self.table[kernel.index()].get_or_init(|| self.compile(kernel))
+    /// The matmul lanes of `kernel` at `lanes` (the device's own where `lanes` is none of this
+    /// device's; other kernels: their one slot)
+    fn compiled(&self, kernel: Kernel, lanes: u32) -> &Compiled {
+        let lanes = match kernel {
+            Kernel::Matmul(_) if self.matmul_lane_counts().contains(&lanes) => lanes,
+            Kernel::Matmul(_) => self.matmul_lanes,
+            _ => 1,
+        };
+        self.table[kernel.index()][lanes.ilog2() as usize].get_or_init(|| self.compile(kernel, lanes))
     }
 
-    fn compile(&self, kernel: Kernel) -> Compiled {
+    fn compile(&self, kernel: Kernel, lanes: u32) -> Compiled {
         let group = ("GROUP", row_group(self.matmul_lanes) as f64);
         let matmul = |rows: u32| {
             [
-                ("LANES", self.matmul_lanes as f64),
+                ("LANES", lanes as f64),
                 ("ROWS", rows as f64),
                 ("PARTIAL", (Kernel::WORKGROUP * rows.min(8)) as f64),
                 ("SQUARES", (Kernel::WORKGROUP * rows / 4) as f64),
@@ -293,11 +369,14 @@ impl Pipelines {
         };
         let narrow = matmul(matmul_rows(self.matmul_lanes));
         let (constants, layout): (&[(&str, f64)], _) = match kernel {
-            Kernel::Matmul(_) => (&narrow, self.matmul_layout.as_ref()),
+            Kernel::Matmul(_) => (&narrow, self.matmul_layout.as_ref().map(|(_, layout)| layout)),
             Kernel::Embed(_) => (std::slice::from_ref(&group), None),
             _ => (&[], None),
         };
-        let label = format!("{kernel:?}");
+        let label = match kernel {
+            Kernel::Matmul(_) if lanes != self.matmul_lanes => format!("{kernel:?} lanes {lanes}"),
+            _ => format!("{kernel:?}"),
+        };
         let module = self.device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(kernel.source(self.shuffle)),
@@ -338,7 +417,7 @@ impl Pipelines {
 
 /// The bindings of `shaders/matmul.wgsl`: the step and the params (uniforms), then its storage
 /// buffers in binding order (x, w, bias, y, second, cos_sin, x_raw, gamma), y and second written.
-fn matmul_layout(device: &wgpu::Device) -> wgpu::PipelineLayout {
+fn matmul_layout(device: &wgpu::Device) -> (wgpu::BindGroupLayout, wgpu::PipelineLayout) {
     let entry = |binding: u32, ty: wgpu::BufferBindingType| wgpu::BindGroupLayoutEntry {
         binding,
         visibility: wgpu::ShaderStages::COMPUTE,
@@ -364,11 +443,12 @@ fn matmul_layout(device: &wgpu::Device) -> wgpu::PipelineLayout {
         label: Some("matmul bindings"),
         entries: &entries,
     });
-    device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+    let layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
         label: Some("matmul"),
         bind_group_layouts: &[Some(&bind_group_layout)],
         immediate_size: 0,
-    })
+    });
+    (bind_group_layout, layout)
 }
 
 #[cfg(test)]
@@ -387,6 +467,34 @@ mod tests {
         }
         assert_eq!(workgroup_size("const WG: u32 = 64u;\n@compute @workgroup_size(WG)\nfn main() {}"), 64);
         assert_eq!(workgroup_size("@compute @workgroup_size(8, 8)"), 8);
+    }
+
+    #[test]
+    fn narrow_matrices_take_more_lanes_never_past_their_units() {
+        // (base lanes, columns, units per row) -> lanes: Qwen2.5-1.5B's q|k|v (2,048 x 1,536),
+        // wo, down (1,536 x 8,960), gate|up (17,920 columns: wide enough); Qwen2.5-0.5B's down
+        // (896 columns: 224 workgroups of 4, as many as 4-column tiles give); Llama-3.1-8B's wo
+        // (4,096: 256 workgroups of 16, 512 of 8); a tiny matrix of 8 units; CPU adapters.
+        let cases = [
+            ((16, 2048, 48), 64),
+            ((16, 1536, 48), 64),
+            ((16, 1536, 280), 64),
+            ((16, 17_920, 48), 16),
+            ((16, 896, 152), 64),
+            ((16, 4096, 128), 32),
+            ((16, 64, 8), 16),
+            ((16, 64, 24), 32),
+            ((1, 64, 280), 1),
+            ((64, 64, 280), 64),
+        ];
+        for ((base, cols, units), want) in cases {
+            let lanes = matmul_lanes(base, cols, units);
+            assert_eq!(lanes, want, "{cols} columns of {units} units on {base} lanes");
+            let groups = cols.div_ceil(matmul_columns_per_group(lanes));
+            if lanes < MAX_MATMUL_LANES && lanes > base {
+                assert!(groups >= MATMUL_WORKGROUPS || lanes as usize >= units, "{cols}: {groups} groups");
+            }
+        }
     }
 
     #[test]

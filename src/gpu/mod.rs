@@ -13,7 +13,7 @@ mod roofline;
 pub use buffer::GpuBuffer;
 pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
 pub(crate) use kernel::row_group;
-pub use kernel::{Kernel, Pipelines};
+pub use kernel::{matmul_lanes, Kernel, Pipelines, MATMUL_WORKGROUPS, MAX_MATMUL_LANES};
 pub use ops::{
     reduce_slices, AttentionShape, EagleTreeParams, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout,
     RopeOut, SampleConfig, SampleRows, SampleSeed, Second, Step, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST,
@@ -159,6 +159,9 @@ pub struct Op {
     grid: Grid,
     cost: Cost,
     serial: Serial,
+    /// (matmuls) invocations per column quad of its pipeline ([`kernel::matmul_lanes`]); the
+    /// device's own for other kernels.
+    lanes: u32,
 }
 
 /// The longest loop one invocation of an op runs, in iterations (nested loops multiplied, a
@@ -254,6 +257,16 @@ impl Op {
     /// The same op with its longest loop set.
     pub fn with_serial(self, serial: Serial) -> Op {
         Op { serial, ..self }
+    }
+
+    /// (matmuls) Its pipeline's invocations per column quad.
+    pub fn lanes(&self) -> u32 {
+        self.lanes
+    }
+
+    /// The same op run by its kernel's pipeline of `lanes` (matmuls; [`Gpu::matmul_lanes_for`]).
+    fn with_lanes(self, lanes: u32) -> Op {
+        Op { lanes, ..self }
     }
 }
 
@@ -410,7 +423,9 @@ impl Gpu {
     pub async fn check_kernels(&self) -> Result<()> {
         for kernel in Kernel::all() {
             let scope = self.build_scope();
-            self.pipelines.get(kernel);
+            for lanes in self.pipelines.matmul_lane_counts() {
+                self.pipelines.get_with(kernel, lanes);
+            }
             if let Some(err) = scope.errors().await {
                 return Err(Error::Gpu(format!("kernel {kernel:?} failed to build: {err}")));
             }
@@ -446,9 +461,22 @@ impl Gpu {
         kernel::matmul_rows(self.matmul_lanes)
     }
 
-    /// Output columns one matmul workgroup computes (4 per invocation, 64 / lanes invocations).
+    /// Output columns one matmul workgroup computes with the device's own lanes (4 per
+    /// invocation, 64 / lanes invocations), the most of any of its matmuls.
     pub fn matmul_columns_per_group(&self) -> usize {
-        (4 * Kernel::WORKGROUP / self.matmul_lanes) as usize
+        kernel::matmul_columns_per_group(self.matmul_lanes)
+    }
+
+    /// The device's own matmul invocations per column quad: 1 on CPU adapters, 16 on GPUs (the
+    /// fewest of any of its matmuls).
+    pub fn matmul_lanes(&self) -> u32 {
+        self.matmul_lanes
+    }
+
+    /// Invocations per column quad of the matmul of a weight matrix of `cols` rows and `units`
+    /// 32-weight units per row on this device ([`kernel::matmul_lanes`]).
+    pub fn matmul_lanes_for(&self, cols: usize, units: usize) -> u32 {
+        kernel::matmul_lanes(self.matmul_lanes, cols, units)
     }
 
     /// Whether the invocations of a subgroup share the loads they all need by shuffles
@@ -466,11 +494,12 @@ impl Gpu {
     /// A one-line description of the adapter, for logs and benchmark records.
     pub fn describe(&self) -> String {
         format!(
-            "{} ({:?}, {}; matmul lanes {}{}, attention {})",
+            "{} ({:?}, {}; matmul lanes {}{}{}, attention {})",
             self.info.name,
             self.info.backend,
             self.info.driver_info,
             self.matmul_lanes,
+            if self.matmul_lanes > 1 { " (up to 64 for narrow matrices)" } else { "" },
             if self.shuffle_loads { ", loads shared by subgroup shuffles" } else { "" },
             if self.split_attention { "split" } else { "one pass" }
         )
@@ -503,7 +532,7 @@ impl Gpu {
         storage: &[&wgpu::Buffer],
         grid: Grid,
     ) -> Op {
-        let layout = self.pipelines.get(kernel).get_bind_group_layout(0);
+        let layout = self.pipelines.bind_group_layout(kernel);
         let mut entries = vec![
             wgpu::BindGroupEntry { binding: 0, resource: step.as_entire_binding() },
             wgpu::BindGroupEntry { binding: 1, resource: params.as_entire_binding() },
@@ -516,7 +545,14 @@ impl Gpu {
             layout: &layout,
             entries: &entries,
         });
-        Op { kernel, bind_group, grid, cost: Cost::default(), serial: Serial::default() }
+        Op {
+            kernel,
+            bind_group,
+            grid,
+            cost: Cost::default(),
+            serial: Serial::default(),
+            lanes: self.matmul_lanes,
+        }
     }
 
     /// As [`Gpu::op`], with a second uniform (binding 2) before the storage buffers.
@@ -541,9 +577,10 @@ impl Gpu {
             let Some((wide, [x, y, z])) = self.dispatch(op, n) else {
                 continue;
             };
+            let narrow = || self.pipelines.get_with(op.kernel, op.lanes);
             let pipeline = match wide {
-                true => self.pipelines.wide(op.kernel).unwrap_or_else(|| self.pipelines.get(op.kernel)),
-                false => self.pipelines.get(op.kernel),
+                true => self.pipelines.wide(op.kernel, op.lanes).unwrap_or_else(narrow),
+                false => narrow(),
             };
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &op.bind_group, &[]);

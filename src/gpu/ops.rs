@@ -474,8 +474,10 @@ impl Gpu {
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
         let cos_sin_raw = out.rope.map(|r| &r.cos_sin.raw).unwrap_or(&x.raw);
         let x_raw = out.norm.map(|n| &n.raw.raw).unwrap_or(&x.raw);
+        // (GPUs) narrow matrices in narrower column tiles, more lanes walking each row
+        let lanes = self.matmul_lanes_for(w.rows, w.units());
         let grid = Grid::RowGroups {
-            y: w.rows.div_ceil(self.matmul_columns_per_group()) as u32,
+            y: w.rows.div_ceil(super::kernel::matmul_columns_per_group(lanes)) as u32,
             rows: self.matmul_rows(),
         };
         let (k, cols) = (w.k as u64, w.rows as u64);
@@ -493,12 +495,13 @@ impl Gpu {
         // each lane's units (8 groups of 4 weights each), its lanes' tree, the norm's squares
         // and tree, the epilogue's stores (for the decode pipeline's group of rows: a wide
         // pipeline's 16 rows take the norm's loop and the stores 4 times)
-        let lanes = self.matmul_lanes as u64;
+        let lanes = lanes as u64;
         let norm = if out.norm.is_some() { k.div_ceil(256) + 6 } else { 0 };
         let serial = 8 * (w.units() as u64).div_ceil(lanes) + lanes.ilog2() as u64 + norm + 16;
         self.op(Kernel::Matmul(w.dtype), step, &params, &storage, grid)
             .with_cost(cost)
             .with_serial(Serial::fixed(serial))
+            .with_lanes(lanes as u32)
     }
 
     /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one buffer of an embedding

@@ -74,7 +74,23 @@ impl GgufWriter {
 
     /// Serializes to a GGUF v3 file.
     pub fn to_bytes(&self) -> Vec<u8> {
-        let alignment = self.alignment() as usize;
+        let lens: Vec<u64> = self.tensors.iter().map(|(_, _, _, data)| data.len() as u64).collect();
+        let (mut out, offsets) = self.header(&lens);
+        for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
+            out.resize(off as usize, 0);
+            out.extend_from_slice(data);
+        }
+        out.resize(out.len().next_multiple_of(self.alignment() as usize), 0);
+        out
+    }
+
+    /// The file's bytes before its tensor data (magic, metadata, tensor infos, padding) for
+    /// tensors of `lens[i]` bytes of data each (whatever data they were given), and each tensor's
+    /// data offset in the file. The file ends at the last offset plus its length, rounded up to
+    /// the alignment: what [`GgufWriter::to_bytes`] writes, without holding the data
+    /// (`crate::model::synthetic` makes a model's tensors as they are read).
+    pub fn header(&self, lens: &[u64]) -> (Vec<u8>, Vec<u64>) {
+        let alignment = self.alignment();
         let mut out = Vec::new();
         out.extend_from_slice(&MAGIC);
         out.extend_from_slice(&3u32.to_le_bytes());
@@ -85,27 +101,24 @@ impl GgufWriter {
             out.extend_from_slice(&v.type_id().to_le_bytes());
             write_value(&mut out, v);
         }
-        let mut rel = 0usize;
+        let mut rel = 0u64;
         let mut offsets = Vec::with_capacity(self.tensors.len());
-        for (name, dtype, shape, data) in &self.tensors {
+        for ((name, dtype, shape, _), len) in
+            self.tensors.iter().zip(lens.iter().chain(std::iter::repeat(&0)))
+        {
             write_str(&mut out, name);
             out.extend_from_slice(&(shape.len() as u32).to_le_bytes());
             for &d in shape.iter().rev() {
                 out.extend_from_slice(&(d as u64).to_le_bytes());
             }
             out.extend_from_slice(&dtype.ggml_type().to_le_bytes());
-            out.extend_from_slice(&(rel as u64).to_le_bytes());
+            out.extend_from_slice(&rel.to_le_bytes());
             offsets.push(rel);
-            rel = (rel + data.len()).next_multiple_of(alignment);
+            rel = (rel + len).next_multiple_of(alignment);
         }
-        out.resize(out.len().next_multiple_of(alignment), 0);
-        let data_offset = out.len();
-        for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
-            out.resize(data_offset + off, 0);
-            out.extend_from_slice(data);
-        }
-        out.resize(out.len().next_multiple_of(alignment), 0);
-        out
+        out.resize((out.len() as u64).next_multiple_of(alignment) as usize, 0);
+        let data_offset = out.len() as u64;
+        (out, offsets.into_iter().map(|off| data_offset + off).collect())
     }
 }
 

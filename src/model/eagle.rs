@@ -458,7 +458,15 @@ impl EagleHead {
         let tally = std::cell::RefCell::new(Tally::new(bytes, ckpt.file_bytes(), progress));
         let max_bytes = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(g.max_binding_bytes());
         let precision = opts.precision;
-        let up = Upload { gpu: g, ckpt, precision, max_bytes, read_bytes: opts.read_bytes, tally };
+        let up = Upload {
+            gpu: g,
+            ckpt,
+            precision,
+            max_bytes,
+            read_bytes: opts.read_bytes,
+            skip_data: opts.skip_weight_data,
+            tally,
+        };
         let fc = up.matrix(&t.fc).await?;
         let fc_bias = match ckpt.has(&t.fc_bias.name) {
             true => Some(GpuBuffer::<f32>::from_slice(g, "fc.bias", &up.vector(&t.fc_bias).await?)),

@@ -230,7 +230,15 @@ impl MedusaHeads {
         let tally = std::cell::RefCell::new(Tally::new(all.len(), bytes, progress));
         let max_bytes = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(g.max_binding_bytes());
         let precision = opts.precision;
-        let up = Upload { gpu: g, ckpt, precision, max_bytes, read_bytes: opts.read_bytes, tally };
+        let up = Upload {
+            gpu: g,
+            ckpt,
+            precision,
+            max_bytes,
+            read_bytes: opts.read_bytes,
+            skip_data: opts.skip_weight_data,
+            tally,
+        };
         let step = g.step_buffer();
         g.write_step(&step, 1, 0);
         let row = GpuBuffer::<u32>::zeros(g, "medusa row", 1);

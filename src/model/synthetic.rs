@@ -6,7 +6,9 @@
 use crate::error::{Error, Result};
 use crate::gpu::RopeLayout;
 use crate::loader::gguf::Value;
+use crate::loader::gguf::DEFAULT_ALIGNMENT;
 use crate::loader::gguf_writer::GgufWriter;
+use crate::loader::source::Source;
 use crate::loader::DType;
 use crate::model::{Arch, Config, TensorRole, TensorTable};
 
@@ -188,15 +190,14 @@ impl Mix {
     }
 }
 
-/// The types [`random_blocks`] writes (it sets each one's scales).
+/// The types [`fill_blocks`] writes (it sets each one's scales).
 const SYNTHETIC_TYPES: [DType; 5] = [DType::Q8_0, DType::Q5_0, DType::Q4_1, DType::Q4_K, DType::Q6_K];
 
-/// Random blocks of `dtype` (one of [`SYNTHETIC_TYPES`]) for `n` values (a multiple of its block), weights of standard
+/// `out` (whole blocks of `dtype`, one of [`SYNTHETIC_TYPES`]) filled with random blocks, weights of standard
 /// deviation about 0.02 in every type: uniform quants, and each type's scales (ggml's block
 /// layouts) set so that its dequantised values spread alike.
-fn random_blocks(dtype: DType, n: usize, mix: &mut Mix) -> Vec<u8> {
+fn fill_blocks(dtype: DType, out: &mut [u8], mix: &mut Mix) {
     let size = dtype.block_bytes();
-    let mut out = vec![0u8; n / dtype.block_len() * size];
     for chunk in out.chunks_mut(8) {
         let bytes = mix.next().to_le_bytes();
         chunk.copy_from_slice(&bytes[..chunk.len()]);
@@ -223,7 +224,6 @@ fn random_blocks(dtype: DType, n: usize, mix: &mut Mix) -> Vec<u8> {
             _ => {}
         }
     }
-    out
 }
 
 impl SyntheticShape {
@@ -281,34 +281,156 @@ impl SyntheticShape {
 }
 
 /// A GGUF file of random weights with `shape`'s exact tensor shapes (the tensors of
-/// [`TensorTable`]): matrices of its [`QuantMix`], F32 norms (ones) and biases.
+/// [`TensorTable`]): matrices of its [`QuantMix`], F32 norms (ones) and biases; all of
+/// [`SyntheticFile`]'s bytes.
 pub fn synthetic_gguf(shape: &SyntheticShape, seed: u64) -> Vec<u8> {
-    let c = shape.config();
-    let a = c.arch.gguf_name();
-    let mut mix = Mix(seed);
-    let mut w = GgufWriter::new();
-    w.add("general.architecture", Value::String(a.into()));
-    w.add("general.name", Value::String(format!("synthetic-{}", shape.name)));
-    w.add(&format!("{a}.context_length"), Value::U32(c.context_len as u32));
-    w.add(&format!("{a}.embedding_length"), Value::U32(c.dim as u32));
-    w.add(&format!("{a}.block_count"), Value::U32(c.n_layers as u32));
-    w.add(&format!("{a}.feed_forward_length"), Value::U32(c.ffn_dim as u32));
-    w.add(&format!("{a}.attention.head_count"), Value::U32(c.n_heads as u32));
-    w.add(&format!("{a}.attention.head_count_kv"), Value::U32(c.n_kv_heads as u32));
-    w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(c.rms_eps));
-    w.add(&format!("{a}.rope.freq_base"), Value::F32(c.rope_theta));
-    let f32_bytes = |v: f32, n: usize| (0..n).flat_map(|_| v.to_le_bytes()).collect::<Vec<u8>>();
-    for t in TensorTable::new(&c).iter() {
-        let n: usize = t.shape.iter().product();
-        let dtype = shape.dtype_of(t);
-        let bytes = match t.role {
-            TensorRole::Norm => f32_bytes(1.0, n),
-            TensorRole::QkvBias => f32_bytes(0.01, n),
-            _ => random_blocks(dtype, n, &mut mix),
-        };
-        w.add_tensor(&t.name, dtype, &t.shape, bytes);
+    let file = SyntheticFile::new(shape, seed);
+    let mut bytes = vec![0u8; file.len as usize];
+    // (in memory: every offset is in the file)
+    let _ = file.fill(0, &mut bytes);
+    bytes
+}
+
+/// A synthetic model's GGUF file ([`synthetic_gguf`]) as a [`Source`] whose tensors' bytes are
+/// made as they are read: a checkpoint of any shape without its weights in memory (llama-8b's
+/// 4.9 GB), and with [`LoadOptions::skip_weight_data`](crate::model::LoadOptions) a model whose
+/// shape facts cost no reads at all. The same bytes for every read of a range: each block of a
+/// matrix comes from its own seed (the model's, the tensor's index, the block's).
+pub struct SyntheticFile {
+    /// Everything before the tensor data (metadata, tensor infos, padding).
+    header: Vec<u8>,
+    /// Each tensor's bytes, in file order.
+    tensors: Vec<Region>,
+    len: u64,
+    seed: u64,
+}
+
+/// One tensor's place in a [`SyntheticFile`] and what it holds.
+struct Region {
+    start: u64,
+    len: u64,
+    fill: Fill,
+}
+
+enum Fill {
+    /// Every value this one (norms: 1, biases: 0.01).
+    F32(f32),
+    /// Random blocks of this type ([`fill_blocks`]).
+    Blocks(DType),
+}
+
+impl SyntheticFile {
+    pub fn new(shape: &SyntheticShape, seed: u64) -> SyntheticFile {
+        let c = shape.config();
+        let a = c.arch.gguf_name();
+        let mut w = GgufWriter::new();
+        w.add("general.architecture", Value::String(a.into()));
+        w.add("general.name", Value::String(format!("synthetic-{}", shape.name)));
+        w.add(&format!("{a}.context_length"), Value::U32(c.context_len as u32));
+        w.add(&format!("{a}.embedding_length"), Value::U32(c.dim as u32));
+        w.add(&format!("{a}.block_count"), Value::U32(c.n_layers as u32));
+        w.add(&format!("{a}.feed_forward_length"), Value::U32(c.ffn_dim as u32));
+        w.add(&format!("{a}.attention.head_count"), Value::U32(c.n_heads as u32));
+        w.add(&format!("{a}.attention.head_count_kv"), Value::U32(c.n_kv_heads as u32));
+        w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(c.rms_eps));
+        w.add(&format!("{a}.rope.freq_base"), Value::F32(c.rope_theta));
+        let mut fills = Vec::new();
+        let mut lens = Vec::new();
+        for t in TensorTable::new(&c).iter() {
+            let n: usize = t.shape.iter().product();
+            let dtype = shape.dtype_of(t);
+            fills.push(match t.role {
+                TensorRole::Norm => Fill::F32(1.0),
+                TensorRole::QkvBias => Fill::F32(0.01),
+                _ => Fill::Blocks(dtype),
+            });
+            lens.push((n / dtype.block_len() * dtype.block_bytes()) as u64);
+            w.add_tensor(&t.name, dtype, &t.shape, Vec::new());
+        }
+        let (header, offsets) = w.header(&lens);
+        let tensors: Vec<Region> = offsets
+            .into_iter()
+            .zip(lens)
+            .zip(fills)
+            .map(|((start, len), fill)| Region { start, len, fill })
+            .collect();
+        let end = tensors.last().map_or(header.len() as u64, |t| t.start + t.len);
+        SyntheticFile { header, tensors, len: end.next_multiple_of(DEFAULT_ALIGNMENT), seed }
     }
-    w.to_bytes()
+
+    /// `buf` filled with the file's bytes from `offset` (zeros past its end).
+    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        buf.fill(0);
+        let end = offset + buf.len() as u64;
+        if offset < self.header.len() as u64 {
+            let n = (self.header.len() as u64).min(end) - offset;
+            buf[..n as usize].copy_from_slice(&self.header[offset as usize..(offset + n) as usize]);
+        }
+        // the tensors that overlap the read: from the last that starts at or before it
+        let first = self.tensors.partition_point(|t| t.start + t.len <= offset);
+        for (i, t) in self.tensors.iter().enumerate().skip(first) {
+            if t.start >= end {
+                break;
+            }
+            let (lo, hi) = (t.start.max(offset), (t.start + t.len).min(end));
+            if lo >= hi {
+                continue;
+            }
+            let out = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
+            self.tensor_bytes(i as u64, t, lo - t.start, out);
+        }
+        Ok(())
+    }
+
+    /// Bytes `at ..` of tensor `index` (its region `t`) into `out`.
+    fn tensor_bytes(&self, index: u64, t: &Region, at: u64, out: &mut [u8]) {
+        match t.fill {
+            Fill::F32(v) => {
+                let bytes = v.to_le_bytes();
+                for (j, b) in out.iter_mut().enumerate() {
+                    *b = bytes[((at + j as u64) % 4) as usize];
+                }
+            }
+            Fill::Blocks(dtype) => {
+                let size = dtype.block_bytes() as u64;
+                let mut block = vec![0u8; size as usize];
+                let mut pos = at;
+                let mut done = 0usize;
+                while done < out.len() {
+                    let b = pos / size;
+                    // (SplitMix64 seeded by the model, the tensor and the block: any block alone)
+                    let mut mix = Mix(self.seed
+                        ^ index.wrapping_mul(0xD1B5_4A32_D192_ED03)
+                        ^ b.wrapping_mul(0x9E37_79B9));
+                    mix.0 = mix.next();
+                    fill_blocks(dtype, &mut block, &mut mix);
+                    let from = (pos - b * size) as usize;
+                    let n = (size as usize - from).min(out.len() - done);
+                    out[done..done + n].copy_from_slice(&block[from..from + n]);
+                    done += n;
+                    pos += n as u64;
+                }
+            }
+        }
+    }
+}
+
+impl Source for SyntheticFile {
+    fn len(&self) -> u64 {
+        self.len
+    }
+
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        if offset.checked_add(buf.len() as u64).is_none_or(|end| end > self.len) {
+            return Err(Error::Truncated {
+                what: "a synthetic model".into(),
+                offset,
+                needed: buf.len() as u64,
+                len: self.len,
+            });
+        }
+        self.fill(offset, buf)
+    }
 }
 
 #[cfg(test)]
@@ -323,6 +445,30 @@ mod tests {
         let c = &ckpt.config;
         assert_eq!((c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim), (896, 14, 2, 64, 4864));
         assert!(ckpt.has("blk.1.attn_q.bias") && ckpt.has("output.weight"));
+    }
+
+    #[test]
+    fn a_synthetic_file_gives_the_same_bytes_for_every_read() {
+        // reads at any offsets and lengths (inside the header, across tensors' edges, inside a
+        // block) give the whole file's bytes there; the weights are random, not zeros; a read past
+        // the end is refused
+        let small = SyntheticShape { vocab: 512, layers: 2, ..SYNTHETIC_SHAPES[1] };
+        let whole = synthetic_gguf(&small, 7);
+        let file = SyntheticFile::new(&small, 7);
+        assert_eq!(file.len(), whole.len() as u64);
+        let mut mix = Mix(3);
+        for _ in 0..400 {
+            let at = (mix.next() % whole.len() as u64) as usize;
+            let n = ((mix.next() % 700) as usize).min(whole.len() - at);
+            let mut buf = vec![0xAA; n];
+            file.read_at(at as u64, &mut buf).unwrap_or_else(|e| panic!("{e}"));
+            assert!(buf == whole[at..at + n], "{n} bytes at {at}");
+        }
+        let tail = &whole[whole.len() / 2..];
+        assert!(tail.iter().filter(|b| **b != 0).count() > tail.len() / 2, "random weights");
+        assert_ne!(synthetic_gguf(&small, 8), whole, "another seed, other weights");
+        let mut past = [0u8; 4];
+        assert!(file.read_at(whole.len() as u64 - 2, &mut past).is_err());
     }
 
     #[test]

@@ -39,6 +39,11 @@ pub struct LoadOptions {
     /// batches of rows of about this size, so loading holds this much, not the model, in memory
     /// (what keeps the browser's wasm memory bounded). At least one 8-row batch is read.
     pub read_bytes: u64,
+    /// Shape facts only ([`Model::shapes`], `wgspec bench --roofline --shape-only`): the weight
+    /// buffers are allocated but nothing is read into them (norms and biases are), so the model
+    /// records every op of its passes in seconds whatever its size; its passes then compute
+    /// nothing meaningful. Off by default.
+    pub skip_weight_data: bool,
 }
 
 /// [`LoadOptions::read_bytes`] by default.
@@ -52,6 +57,7 @@ impl Default for LoadOptions {
             max_chunk_bytes: None,
             max_memory: None,
             read_bytes: DEFAULT_READ_BYTES,
+            skip_weight_data: false,
         }
     }
 }
@@ -260,8 +266,14 @@ impl Model {
         let c = ckpt.config.clone();
         let kv_f16 = kv_in_f16(&c, opts.precision);
         let max_chunk = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(gpu.max_binding_bytes());
-        let weights =
-            Weights::load(&gpu, ckpt, opts.precision, (max_chunk, opts.read_bytes), progress).await?;
+        let weights = Weights::load(
+            &gpu,
+            ckpt,
+            opts.precision,
+            (max_chunk, opts.read_bytes, opts.skip_weight_data),
+            progress,
+        )
+        .await?;
         let g = &*gpu;
         let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
         let state = RunState {

@@ -38,6 +38,8 @@ pub struct Upload<'a> {
     /// Largest read from a file at once (rows are read, packed and written in batches of about
     /// this many bytes: the host memory a load needs, whatever the model's size).
     pub read_bytes: u64,
+    /// Matrices' buffers allocated, nothing read into them ([`LoadOptions::skip_weight_data`](crate::model::LoadOptions)).
+    pub skip_data: bool,
     /// Progress, counted per batch (bytes) and per matrix (tensors).
     pub tally: std::cell::RefCell<Tally<'a>>,
 }
@@ -161,7 +163,7 @@ impl Upload<'_> {
                 let n = per_buffer.min(start + run - first);
                 let label = format!("{name} rows {}..{}", first - start, first - start + n);
                 let buffer = WeightBuffer::empty(gpu, &label, format, n, cols);
-                let mut r = 0;
+                let mut r = if self.skip_data { n } else { 0 };
                 while r < n {
                     let m = per_batch.min(n - r);
                     let batch = &rows[first + r..first + r + m];
@@ -530,14 +532,14 @@ impl Weights {
         gpu: &Gpu,
         ckpt: &Checkpoint,
         precision: Precision,
-        (max_bytes, read_bytes): (u64, u64),
+        (max_bytes, read_bytes, skip_data): (u64, u64, bool),
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Weights> {
         let c = &ckpt.config;
         let table = TensorTable::new(c);
         let bytes = table.iter().filter_map(|t| ckpt.stored_bytes(&t.name)).sum();
         let tally = std::cell::RefCell::new(Tally::new(table.iter().count(), bytes, progress));
-        let up = Upload { gpu, ckpt, precision, max_bytes, read_bytes, tally };
+        let up = Upload { gpu, ckpt, precision, max_bytes, read_bytes, skip_data, tally };
         let vector = |t| up.vector(t);
         let token_embd = up.matrix(&table.token_embd).await?;
         let mut layers = Vec::with_capacity(c.n_layers);

@@ -246,11 +246,12 @@ struct BenchArgs {
     roofline: bool,
     /// With --roofline: print the passes' shape facts (each dispatch's workgroups and their
     /// invocations, the longest loop of one invocation, its bytes, its waves on 132 compute
-    /// units) and write them as JSON, timing nothing.
+    /// units) and write them as JSON, timing nothing and reading no weights (the buffers are
+    /// allocated, not filled: seconds and ~100 MB for any model).
     #[arg(long, requires = "roofline")]
     shape_only: bool,
-    /// The kernels' shape on any adapter, lavapipe included: `gpu` (16 matmul lanes, attention
-    /// split over the cache: what GPUs run) or `cpu` (1 lane, one-pass attention);
+    /// The kernels' shape on any adapter, lavapipe included: `gpu` (16 matmul lanes, up to 64
+    /// for narrow matrices; attention split over the cache: what GPUs run) or `cpu` (1 lane, one-pass attention);
     /// --matmul-lanes and --attention override it.
     #[arg(long, value_parser = ["gpu", "cpu"])]
     shape: Option<String>,
@@ -590,6 +591,8 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     let opts = LoadOptions {
         context: Some(args.context),
         precision: if args.f32 { Precision::F32 } else { Precision::Auto },
+        // (shape facts need the ops recorded, not the weights in them)
+        skip_weight_data: args.roofline && args.shape_only,
         ..Default::default()
     };
     let prompts_json = match &args.prompts {
@@ -601,8 +604,13 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
 
     // Target, draft and a way to tokenize prompts.
     let synth = |shape: &synthetic::SyntheticShape, seed: u64| -> Result<Model> {
-        eprintln!("building random {} weights", shape.name);
-        let ckpt = wgspec::model::Checkpoint::from_gguf(synthetic::synthetic_gguf(shape, seed))?;
+        match opts.skip_weight_data {
+            true => eprintln!("recording {}'s passes (no weights)", shape.name),
+            false => eprintln!("building random {} weights", shape.name),
+        }
+        // (its tensors made as the load reads them: never the whole file in memory)
+        let file = synthetic::SyntheticFile::new(shape, seed);
+        let ckpt = wgspec::model::Checkpoint::from_gguf_source(Box::new(file))?;
         Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {})
     };
     let draft_arg = args.draft.clone().unwrap_or_default();
