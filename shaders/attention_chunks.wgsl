@@ -10,10 +10,14 @@
 // ancestors' rows in depth order). Chunk c holds keys c * span .. (c + 1) * span, a fixed
 // partition of the key order, and is walked in blocks of 64 keys with a running maximum:
 //   block scores s_j = (q . k_j) * scale;  m' = max(m, max_j s_j);  w_j = exp(s_j - m')
-//   l = l * exp(m - m') + sum_j w_j;  o = o * exp(m - m') + sum_j w_j v_j   (sums in key order)
-// The chunk writes (m, l) and the unnormalised o of each head. Every sum runs in an order fixed
-// by pos and the key order only (the maximum is exact in any order), so a row's result does not
-// depend on the other rows of the pass: batch-invariant, as the one-pass kernel.
+//   l = l * exp(m - m') + sum_j w_j;  o = o * exp(m - m') + sum_j w_j v_j
+// The weighted values are read in parallel: the invocations form G = 64 / (head_dim / 4) key
+// groups of head_dim / 4 invocations, one vec4 of dimensions each; group g takes keys g, g + G,
+// g + 2G, ... of each block (in key order), keeps its own l and o for the chunk, and at the
+// chunk's end the groups' sums are added in group order. The chunk writes (m, l) and the
+// unnormalised o of each head. Every sum runs in an order fixed by pos, head_dim and the key order
+// only (the maximum is exact in any order), so a row's result does not depend on the other rows
+// of the pass: batch-invariant, as the one-pass kernel.
 
 struct Step {
     n: u32,
@@ -39,7 +43,7 @@ struct Params {
 
 const WG: u32 = 64u;
 const HB: u32 = 8u;    // query heads per workgroup, all of one KV group
-const DPT: u32 = 4u;   // output dimensions per invocation (head_dim <= DPT * WG)
+// (head_dim <= 4 * WG: each invocation of a key group holds one vec4 of a head's dimensions)
 const LOWEST: f32 = -0x1.fffffep+127f; // the lowest finite f32, written exactly
 
 @group(0) @binding(0) var<uniform> step: Step;
@@ -50,7 +54,9 @@ const LOWEST: f32 = -0x1.fffffep+127f; // the lowest finite f32, written exactly
                                                                       //   from ml_base [n, heads, chunks, 2] (m, l)
 
 var<workgroup> sc: array<array<f32, WG>, HB>;   // [HB, WG] the block's scores, then its weights
-var<workgroup> mx: array<array<f32, WG>, HB>;   // [HB, WG] the block maximum's tree
+var<workgroup> mx: array<array<f32, WG>, HB>;   // [HB, WG] the block maximum's tree; at the end
+                                                //   [HB, G] each key group's l
+var<workgroup> red: array<vec4<f32>, 512>;      // [HB, WG] (HB * WG) each invocation's o at the end
 
 // The cache row of key j of row r: j, except a tree pass's keys from start_pos on (attention.wgsl).
 fn key_row(r: u32, j: u32) -> u32 {
@@ -78,14 +84,18 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let j1 = min(j0 + p.span, len);
     let hd4 = p.head_dim / 4u;
     let kv_row4 = 2u * p.kv_heads * hd4;
-    let kv_row = 2u * p.kv_heads * p.head_dim;
-    let v_base = p.kv_heads * p.head_dim + kvh * p.head_dim;
+    let v_base4 = p.kv_heads * hd4 + kvh * hd4;
+    // this invocation's key group and vec4 of dimensions (invocations past the groups only
+    // join the barriers)
+    let kgroups = max(1u, WG / hd4);
+    let kg = t / hd4;
+    let col = t % hd4;
+    let grouped = kg < kgroups;
 
     var m: array<f32, HB>;
-    var l: array<f32, HB>;
-    var acc: array<f32, 32>;                  // [HB, DPT] dims t + i * WG of each head
-    for (var g = 0u; g < HB; g++) { m[g] = LOWEST; l[g] = 0.0; }
-    for (var i = 0u; i < HB * DPT; i++) { acc[i] = 0.0; }
+    var l: array<f32, HB>;                    // this key group's sums of weights
+    var acc: array<vec4<f32>, HB>;            // and of weighted values, dims 4 col .. 4 col + 3
+    for (var g = 0u; g < HB; g++) { m[g] = LOWEST; l[g] = 0.0; acc[g] = vec4<f32>(0.0); }
 
     for (var b = j0; b < j1; b += WG) {
         // 1. the scores of key b + t, each k load serving every head of the block
@@ -123,39 +133,49 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             sc[g][t] = exp(sc[g][t] - m_new);
         }
         workgroupBarrier();
-        // 4. every invocation sums the block's weights in key order (the same l in each) and its
-        //    dimensions of the weighted values, each v load serving every head
+        // 4. each key group sums its keys' weights (the same l in each of its invocations) and
+        //    its vec4 of the weighted values, in key order, each v load serving every head
         for (var g = 0u; g < HB; g++) {
             l[g] *= alpha[g];
-            for (var i = 0u; i < DPT; i++) { acc[g * DPT + i] *= alpha[g]; }
+            acc[g] *= alpha[g];
         }
         let keys = min(WG, j1 - b);
-        for (var jj = 0u; jj < keys; jj++) {
-            let v_row = key_row(r, b + jj) * kv_row + v_base;
-            var v: array<f32, DPT>;
-            for (var i = 0u; i < DPT; i++) {
-                let d = t + i * WG;
-                v[i] = select(0.0, kv_value(v_row + min(d, p.head_dim - 1u)), d < p.head_dim);
-            }
-            for (var g = 0u; g < HB; g++) {
-                let w = sc[g][jj];
-                l[g] += w;
-                for (var i = 0u; i < DPT; i++) { acc[g * DPT + i] += w * v[i]; }
+        if (grouped) {
+            for (var jj = kg; jj < keys; jj += kgroups) {
+                let v = kv_vec4(key_row(r, b + jj) * kv_row4 + v_base4 + col);
+                for (var g = 0u; g < nh; g++) {
+                    let w = sc[g][jj];
+                    l[g] += w;
+                    acc[g] += w * v;
+                }
             }
         }
         workgroupBarrier();                   // the next block rewrites sc and mx
     }
 
+    // 5. the key groups' sums added in group order
+    for (var g = 0u; g < HB; g++) {
+        red[g * WG + t] = acc[g];
+        if (grouped && col == 0u) { mx[g][kg] = l[g]; }
+    }
+    workgroupBarrier();
     for (var g = 0u; g < HB; g++) {
         if (g < nh) {
             let slot = (r * p.heads + h0 + g) * p.chunks + c;
-            for (var i = 0u; i < DPT; i++) {
-                let d = t + i * WG;
-                if (d < p.head_dim) { part[slot * p.head_dim + d] = acc[g * DPT + i]; }
+            if (t < hd4) {
+                var o = red[g * WG + t];
+                for (var k = 1u; k < kgroups; k++) { o += red[g * WG + k * hd4 + t]; }
+                let d = slot * p.head_dim + 4u * t;
+                part[d] = o.x;
+                part[d + 1u] = o.y;
+                part[d + 2u] = o.z;
+                part[d + 3u] = o.w;
             }
             if (t == 0u) {
+                var l_all = mx[g][0];
+                for (var k = 1u; k < kgroups; k++) { l_all += mx[g][k]; }
                 part[p.ml_base + 2u * slot] = m[g];
-                part[p.ml_base + 2u * slot + 1u] = l[g];
+                part[p.ml_base + 2u * slot + 1u] = l_all;
             }
         }
     }

@@ -639,11 +639,15 @@ impl Gpu {
                 Grid::PerRow(shape.kv_heads * blocks * chunks),
             )
             .with_cost(cost)
-            // a chunk's blocks of 64 keys: 8 heads' scores of head_dim / 4, their max tree, then
-            // each key's value row (4 + 8 x 4): the keys one after another (span at most)
-            .with_serial(Serial::fixed(
-                (span as u64).div_ceil(64) * (8 * hd.div_ceil(4) + 48) + 36 * span as u64,
-            ));
+            // a chunk's blocks of 64 keys: a workgroup's nh heads' scores of head_dim / 4, their
+            // max tree, then a key group's keys of the block (64 / groups, each a load and nh
+            // heads' weight and vec4), and at the end the groups' sums (8 heads' vec4 and l each)
+            .with_serial({
+                let nh = ((h / kvh.max(1)) as u64).clamp(1, ATTENTION_HEAD_BLOCK as u64);
+                let groups = (64 / hd.div_ceil(4)).max(1);
+                let block = nh * hd.div_ceil(4) + 48 + (1 + 2 * nh) * 64u64.div_ceil(groups);
+                Serial::fixed((span as u64).div_ceil(64) * block + 16 * groups)
+            });
         let p =
             MergeParams { heads: shape.heads, head_dim: shape.head_dim, span, chunks, ml_base, _pad: [0; 3] };
         let params = self.uniform("attention merge params", bytemuck::bytes_of(&p));
