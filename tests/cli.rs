@@ -267,6 +267,30 @@ fn bench_synthetic_self_draft_accepts_every_draft() {
     // SmolLM2's file: Q4_1 matrices, a Q8_0 embedding, 98.4 MB with its tokenizer
     let bytes = v["target_gpu_weight_bytes"].as_u64().expect("weight bytes");
     assert!((95_000_000..98_362_432).contains(&bytes), "{bytes}");
+    // dispatches and host time per cycle: a target-only step is one forward with its argmax
+    // (the shape facts' dispatches of a step); a cycle of 3 self-drafts and the verify pass more
+    let summary = &v["summary"];
+    let per = |key: &str| summary[key].as_f64().unwrap_or_else(|| panic!("{key}: {summary}"));
+    let shape_file = dir.join("self-shape.json");
+    let so = shape_file.to_str().expect("utf8");
+    let facts = wgspec(&[
+        "bench",
+        "--synthetic",
+        "smollm2-135m",
+        "--context",
+        "256",
+        "--roofline",
+        "--shape-only",
+        "--out",
+        so,
+    ]);
+    assert!(facts.status.success(), "{}", String::from_utf8_lossy(&facts.stderr));
+    let facts: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&shape_file).expect("shape json")).expect("json");
+    let step = facts["dispatches_per_step"].as_f64().expect("dispatches per step");
+    assert_eq!(per("target_only_dispatches_per_step"), step, "{summary}");
+    assert!(per("dispatches_per_cycle") > 3.0 * step, "{summary}");
+    assert!(per("host_us_per_cycle") > 0.0 && per("target_only_host_us_per_step") > 0.0, "{summary}");
     // `self` needs a synthetic target
     let tiny = tiny_model_file("tiny-self.gguf");
     let out = wgspec(&[

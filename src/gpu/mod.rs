@@ -50,6 +50,9 @@ pub struct Gpu {
     submits: AtomicU64,
     readbacks: AtomicU64,
     readback_bytes: AtomicU64,
+    /// Dispatches encoded so far, and the host's nanoseconds encoding and submitting them.
+    dispatches: AtomicU64,
+    host_nanos: AtomicU64,
     /// The first GPU error no error scope caught (an out-of-memory while allocating, ...), kept
     /// for [`Gpu::take_error`] instead of wgpu's default handler, which panics.
     uncaptured: Arc<Mutex<Option<String>>>,
@@ -113,6 +116,11 @@ pub struct RoundTrips {
     pub readbacks: u64,
     /// Bytes those read-backs returned.
     pub readback_bytes: u64,
+    /// Compute dispatches encoded.
+    pub dispatches: u64,
+    /// Host time encoding ops into command buffers and submitting them, in nanoseconds (what a
+    /// GPU waits on between the cycles it is given).
+    pub host_nanos: u64,
 }
 
 impl std::ops::Sub for RoundTrips {
@@ -122,6 +130,8 @@ impl std::ops::Sub for RoundTrips {
             submits: self.submits.saturating_sub(earlier.submits),
             readbacks: self.readbacks.saturating_sub(earlier.readbacks),
             readback_bytes: self.readback_bytes.saturating_sub(earlier.readback_bytes),
+            dispatches: self.dispatches.saturating_sub(earlier.dispatches),
+            host_nanos: self.host_nanos.saturating_sub(earlier.host_nanos),
         }
     }
 }
@@ -412,6 +422,8 @@ impl Gpu {
             submits: AtomicU64::new(0),
             readbacks: AtomicU64::new(0),
             readback_bytes: AtomicU64::new(0),
+            dispatches: AtomicU64::new(0),
+            host_nanos: AtomicU64::new(0),
             uncaptured,
         })
     }
@@ -571,6 +583,8 @@ impl Gpu {
 
     /// Records `ops` for a pass of `n` rows into one compute pass of `encoder`.
     pub fn encode(&self, encoder: &mut wgpu::CommandEncoder, ops: &[Op], n: u32) {
+        let start = web_time::Instant::now();
+        let mut dispatches = 0;
         let mut pass =
             encoder.begin_compute_pass(&wgpu::ComputePassDescriptor { label: None, timestamp_writes: None });
         for op in ops {
@@ -585,7 +599,17 @@ impl Gpu {
             pass.set_pipeline(pipeline);
             pass.set_bind_group(0, &op.bind_group, &[]);
             pass.dispatch_workgroups(x, y, z);
+            dispatches += 1;
         }
+        drop(pass);
+        self.dispatches.fetch_add(dispatches, Ordering::Relaxed);
+        self.count_host(start);
+    }
+
+    /// Adds the host time since `start` to [`RoundTrips::host_nanos`].
+    fn count_host(&self, start: web_time::Instant) {
+        let nanos = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.host_nanos.fetch_add(nanos, Ordering::Relaxed);
     }
 
     /// How `op` is dispatched in a pass of `n` rows: whether by its wide pipeline, and its
@@ -639,7 +663,9 @@ impl Gpu {
         });
         encoder.copy_buffer_to_buffer(src, offset, &staging, 0, size);
         let scope = self.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let start = web_time::Instant::now();
         self.queue.submit([encoder.finish()]);
+        self.count_host(start);
         self.submits.fetch_add(1, Ordering::Relaxed);
         self.readbacks.fetch_add(1, Ordering::Relaxed);
         self.readback_bytes.fetch_add(bytes, Ordering::Relaxed);
@@ -667,7 +693,9 @@ impl Gpu {
 
     /// Submits `encoder` without reading anything back.
     pub fn submit(&self, encoder: wgpu::CommandEncoder) {
+        let start = web_time::Instant::now();
         self.queue.submit([encoder.finish()]);
+        self.count_host(start);
         self.submits.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -677,6 +705,8 @@ impl Gpu {
             submits: self.submits.load(Ordering::Relaxed),
             readbacks: self.readbacks.load(Ordering::Relaxed),
             readback_bytes: self.readback_bytes.load(Ordering::Relaxed),
+            dispatches: self.dispatches.load(Ordering::Relaxed),
+            host_nanos: self.host_nanos.load(Ordering::Relaxed),
         }
     }
 

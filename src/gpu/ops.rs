@@ -643,7 +643,7 @@ impl Gpu {
             // max tree, then a key group's keys of the block (64 / groups, each a load and nh
             // heads' weight and vec4), and at the end the groups' sums (8 heads' vec4 and l each)
             .with_serial({
-                let nh = ((h / kvh.max(1)) as u64).clamp(1, ATTENTION_HEAD_BLOCK as u64);
+                let nh = (h / kvh.max(1)).clamp(1, ATTENTION_HEAD_BLOCK as u64);
                 let groups = (64 / hd.div_ceil(4)).max(1);
                 let block = nh * hd.div_ceil(4) + 48 + (1 + 2 * nh) * 64u64.div_ceil(groups);
                 Serial::fixed((span as u64).div_ceil(64) * block + 16 * groups)

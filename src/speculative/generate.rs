@@ -80,6 +80,14 @@ pub struct SpecStats {
     pub readback_bytes: u64,
     /// Submissions per generated token.
     pub submits_per_token: f64,
+    /// Compute dispatches encoded during decoding (drafts, verify passes, acceptance), and per
+    /// cycle (a cycle: one target pass, `verify_forwards`).
+    pub dispatches: u64,
+    pub dispatches_per_cycle: f64,
+    /// Host time spent encoding those dispatches and submitting them, in all and per cycle in
+    /// microseconds (on a GPU, time it may wait for the host between cycles).
+    pub host_encode_seconds: f64,
+    pub host_us_per_cycle: f64,
     /// The last cycle that drafted: the tokens its verify pass checked, as a tree (a chain is a
     /// tree too), and the path it accepted (what the demo page draws).
     pub last_cycle: Option<CycleTrace>,
@@ -413,6 +421,11 @@ pub async fn generate_with(
     s.readback_bytes = trips.readback_bytes;
     s.submits_per_token =
         if generated.is_empty() { 0.0 } else { trips.submits as f64 / generated.len() as f64 };
+    s.dispatches = trips.dispatches;
+    s.host_encode_seconds = trips.host_nanos as f64 * 1e-9;
+    let cycles = s.verify_forwards.max(1) as f64;
+    s.dispatches_per_cycle = trips.dispatches as f64 / cycles;
+    s.host_us_per_cycle = s.host_encode_seconds * 1e6 / cycles;
     s.base.generated_tokens = generated.len();
     s.base.decode_seconds = t1.elapsed().as_secs_f64();
     s.base.tokens_per_second =

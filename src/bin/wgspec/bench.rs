@@ -39,6 +39,11 @@ pub struct PromptResult {
     pub tokens_per_target_forward: f64,
     pub acceptance_rate: f64,
     pub mean_k: f64,
+    /// The target-only run's steps, its dispatches and its host time encoding and submitting
+    /// them (the speculative run's are in `stats`).
+    pub target_only_steps: usize,
+    pub target_only_dispatches: u64,
+    pub target_only_host_encode_seconds: f64,
     /// Whether the speculative tokens equal the target-only tokens (always expected when greedy).
     pub identical: bool,
     /// Which run went first (they alternate from prompt to prompt).
@@ -99,6 +104,9 @@ pub async fn run_prompt(
         tokens_per_target_forward: s.tokens_per_target_forward,
         acceptance_rate: s.acceptance_rate,
         mean_k: s.mean_k,
+        target_only_steps: plain.stats.verify_forwards,
+        target_only_dispatches: plain.stats.dispatches,
+        target_only_host_encode_seconds: plain.stats.host_encode_seconds,
         identical: spec.tokens == plain.tokens,
         speculative_first: spec_first,
         stats: s,
@@ -123,6 +131,12 @@ pub struct Summary {
     /// Cycles the adaptive K ran as plain steps (drafting judged not to pay), and all cycles.
     pub plain_cycles: usize,
     pub cycles: usize,
+    /// Compute dispatches and host microseconds (encoding and submitting them) per cycle of the
+    /// speculative runs, and per step of the target-only runs.
+    pub dispatches_per_cycle: f64,
+    pub host_us_per_cycle: f64,
+    pub target_only_dispatches_per_step: f64,
+    pub target_only_host_us_per_step: f64,
     pub all_identical: bool,
 }
 
@@ -136,6 +150,7 @@ impl Summary {
         let drafted: usize = rs.iter().map(|r| r.stats.drafted).sum();
         let accepted: usize = rs.iter().map(|r| r.stats.accepted).sum();
         let verifies: usize = rs.iter().map(|r| r.stats.verify_forwards).sum();
+        let steps = rs.iter().map(|r| r.target_only_steps as f64).sum::<f64>();
         let (plain_tps, spec_tps) = (ratio(tokens as f64, plain_s), ratio(tokens as f64, spec_s));
         Summary {
             prompts: rs.len(),
@@ -149,6 +164,19 @@ impl Summary {
             tree_cycles: rs.iter().map(|r| r.stats.tree_cycles).sum(),
             plain_cycles: rs.iter().map(|r| r.stats.plain_cycles).sum(),
             cycles: verifies,
+            dispatches_per_cycle: ratio(rs.iter().map(|r| r.stats.dispatches as f64).sum(), verifies as f64),
+            host_us_per_cycle: ratio(
+                1e6 * rs.iter().map(|r| r.stats.host_encode_seconds).sum::<f64>(),
+                verifies as f64,
+            ),
+            target_only_dispatches_per_step: ratio(
+                rs.iter().map(|r| r.target_only_dispatches as f64).sum(),
+                steps,
+            ),
+            target_only_host_us_per_step: ratio(
+                1e6 * rs.iter().map(|r| r.target_only_host_encode_seconds).sum::<f64>(),
+                steps,
+            ),
             all_identical: rs.iter().all(|r| r.identical),
         }
     }

@@ -784,7 +784,8 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     let s = &out.summary;
     eprintln!(
         "all: target-only {:.2} tok/s, speculative {:.2} tok/s, speedup x{:.2}, tau {:.2}, acceptance {:.1}%, \
-         {:.1} nodes per verify pass ({} trees), {} of {} cycles plain, verify_cost(K={}) {:.2}",
+         {:.1} nodes per verify pass ({} trees), {} of {} cycles plain, verify_cost(K={}) {:.2}; \
+         {:.0} dispatches and {:.0} us of host encoding per cycle ({:.0} and {:.0} per target-only step)",
         s.target_only_tokens_per_second,
         s.speculative_tokens_per_second,
         s.speedup,
@@ -795,7 +796,11 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         s.plain_cycles,
         s.cycles,
         k_runs,
-        verify_cost
+        verify_cost,
+        s.dispatches_per_cycle,
+        s.host_us_per_cycle,
+        s.target_only_dispatches_per_step,
+        s.target_only_host_us_per_step
     );
     let text =
         serde_json::to_string_pretty(&out).map_err(|e| Error::InvalidArgument(format!("json: {e}")))?;
