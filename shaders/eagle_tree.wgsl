@@ -1,5 +1,5 @@
 // EAGLE-2's dynamic draft tree, grown on the GPU between an EAGLE head's tree passes, so that a
-// whole proposal is one submission with one read-back. One invocation keeps the candidate nodes
+// whole proposal is one submission with one read-back. One workgroup keeps the candidate nodes
 // (a node's score: the sum of its path's draft log-probabilities) in `state` and, per call:
 //   mode 0 (start):  the root and its children (row 0 of the last projection's ranks);
 //   mode 1 (expand): the children of the nodes the last pass expanded (rows 0..m of the ranks),
@@ -15,6 +15,16 @@
 // Candidates rank by score, then depth (shallower first), then age: a node comes after its
 // parent. The cost model: N maximises (1 + sum of the best N chances) / (passes * draft_pass +
 // verify[N]) with a node's chance min(1, calibration * exp(score)), the smallest such N.
+//
+// Shape: the orders are counted, not searched. Invocation c (one per candidate slot, 256) finds
+// its candidate's place in an order by counting the candidates before it (a strict total order:
+// the same places as picking the best one after another), as it does for the ancestors' rows
+// (by depth, then age) and for the chosen tree (by depth, then rank); each row's ancestor bits
+// come from walking its own node's parents. Invocation 0 keeps what is serial and small (the
+// children of at most 8 expanded nodes, the cost model's sums over at most 31 nodes) and hands
+// its decisions to the others through workgroup memory. The same outputs, bit for bit, as the
+// one-invocation kernel that walked every order itself (tests/data/eagle_tree_one_invocation.wgsl,
+// compared on random and tied candidates in tests/kernels.rs).
 
 struct Step { n: u32, start_pos: u32 }
 struct Params {
@@ -67,6 +77,20 @@ const O_RESULT: u32 = 112u;
 @group(0) @binding(4) var<storage, read_write> state: array<u32>;  // see NODES..SLOT
 @group(0) @binding(5) var<storage, read_write> out: array<u32>;    // see O_STEP..O_RESULT
 
+const WGS: u32 = 256u;      // invocations: one per candidate slot (NMAX)
+var<workgroup> told: u32;                        // a decision of invocation 0, for all
+var<workgroup> anc: array<atomic<u32>, 8>;       // [8] bits: the ancestors of the nodes to expand
+var<workgroup> marked: atomic<u32>;              // how many
+var<workgroup> row_of: array<u32, NMAX>;         // [NMAX] each row node's row in the pass
+
+// Invocation 0's `value` (in its uniform control flow, every invocation's call) to all.
+fn tell(t: u32, value: u32) -> u32 {
+    if (t == 0u) { told = value; }
+    storageBarrier();
+    workgroupBarrier();
+    return workgroupUniformLoad(&told);
+}
+
 fn score(v: u32) -> f32 { return bitcast<f32>(state[SCORE + v]); }
 
 // whether candidate a ranks before candidate b
@@ -103,48 +127,47 @@ fn add_children(v: u32, r: u32) {
 }
 
 
-// The best `n` candidates into `best`, best first; returns how many there are.
-fn rank(n: u32) -> u32 {
+// The best `n` candidates into BEST, best first (invocation c places candidate c: its place is
+// the number of candidates before it); returns how many there are (uniform).
+fn rank(t: u32, n: u32) -> u32 {
     let count = state[0];
-    var got = 0u;
-    var prev = NONE;
-    for (var i = 0u; i < n; i++) {
-        var pick = NONE;
-        for (var c = 1u; c < count; c++) {
-            let after = prev == NONE || before(prev, c);
-            if (after && (pick == NONE || before(c, pick))) { pick = c; }
+    if (t >= 1u && t < count) {
+        var place = 0u;
+        for (var d = 1u; d < count; d++) {
+            if (before(d, t)) { place += 1u; }
         }
-        if (pick == NONE) { break; }
-        state[BEST + i] = pick;
-        prev = pick;
-        got = i + 1u;
+        if (place < n) { state[BEST + place] = t; }
     }
-    return got;
+    storageBarrier();
+    return tell(t, min(n, count - 1u));
 }
 
 // The number of nodes worth verifying after `passes` draft passes (ranks the best first).
-fn size(passes: u32) -> u32 {
-    let n = rank(p.max_nodes);
+fn size(t: u32, passes: u32) -> u32 {
+    let n = rank(t, p.max_nodes);
     if (p.use_costs == 0u) { return n; }
     var chosen = min(n, 1u);
-    var best_rate = -1.0;
-    var expected = 1.0;
-    let draft = f32(passes) * p.draft_pass;
-    for (var i = 0u; i < n; i++) {
-        expected += min(1.0, p.calibration * exp(score(state[BEST + i])));
-        let t = draft + p.verify[(i + 1u) / 4u][(i + 1u) % 4u];
-        var rate = expected;
-        if (t > 0.0) { rate = expected / t; }
-        if (rate > best_rate) {
-            chosen = i + 1u;
-            best_rate = rate;
+    if (t == 0u) {
+        var best_rate = -1.0;
+        var expected = 1.0;
+        let draft = f32(passes) * p.draft_pass;
+        for (var i = 0u; i < n; i++) {
+            expected += min(1.0, p.calibration * exp(score(state[BEST + i])));
+            let time = draft + p.verify[(i + 1u) / 4u][(i + 1u) % 4u];
+            var rate = expected;
+            if (time > 0.0) { rate = expected / time; }
+            if (rate > best_rate) {
+                chosen = i + 1u;
+                best_rate = rate;
+            }
         }
     }
-    return chosen;
+    return tell(t, chosen);
 }
 
-// Writes a pass of no rows.
-fn no_pass() {
+// Writes a pass of no rows (invocation 0).
+fn no_pass(t: u32) {
+    if (t != 0u) { return; }
     out[O_STEP] = 0u;
     out[O_STEP + 1u] = p.start_pos;
     out[O_STEP + 2u] = 1u;
@@ -152,120 +175,166 @@ fn no_pass() {
     state[1] = 0u;
 }
 
+// Whether candidate c is an ancestor (below the root) of a node to expand.
+fn is_marked(c: u32) -> bool {
+    return (atomicLoad(&anc[c / 32u]) & (1u << (c % 32u))) != 0u;
+}
+
 // Chooses the nodes to expand next and writes their pass.
-fn choose() {
-    if (p.depth == 0u) { no_pass(); return; }
-    let n = size(state[10] + 1u);
-    var m = 0u;
-    for (var i = 0u; i < n && m < p.width; i++) {
-        let v = state[BEST + i];
-        if (state[DEPTH + v] == p.depth && state[SLOT + v] == NONE) {
-            state[FRONT + m] = v;
-            m += 1u;
+fn choose(t: u32) {
+    if (p.depth == 0u) { no_pass(t); return; }
+    let n = size(t, state[10] + 1u);
+    // the frontier: the best unexpanded nodes at the depth, at most `width`
+    var front = 0u;
+    if (t == 0u) {
+        for (var i = 0u; i < n && front < p.width; i++) {
+            let v = state[BEST + i];
+            if (state[DEPTH + v] == p.depth && state[SLOT + v] == NONE) {
+                state[FRONT + front] = v;
+                front += 1u;
+            }
         }
     }
-    if (m == 0u) { no_pass(); return; }
-    // rows: the ancestors below the root (by depth, then age), then the frontier
-    for (var i = 0u; i < 8u; i++) { state[ANC + i] = 0u; }
-    for (var i = 0u; i < m; i++) {
-        var a = state[PARENT + state[FRONT + i]];
+    let m = tell(t, front);
+    if (m == 0u) { no_pass(t); return; }
+    // their ancestors below the root: each frontier node's invocation walks its parents
+    if (t < 8u) { atomicStore(&anc[t], 0u); }
+    if (t == 0u) { atomicStore(&marked, 0u); }
+    workgroupBarrier();
+    if (t < m) {
+        var a = state[PARENT + state[FRONT + t]];
         for (var up = 0u; up < 32u && a != 0u; up++) {
-            state[ANC + a / 32u] |= 1u << (a % 32u);
+            atomicOr(&anc[a / 32u], 1u << (a % 32u));
             a = state[PARENT + a];
         }
     }
-    var nr = 0u;
-    for (var d = 1u; d < p.depth; d++) {
-        for (var c = 1u; c < state[0]; c++) {
-            if ((state[ANC + c / 32u] & (1u << (c % 32u))) == 0u || state[DEPTH + c] != d) { continue; }
-            if (nr >= 32u) { no_pass(); return; }
-            state[ROWS + nr] = c;
-            nr += 1u;
+    workgroupBarrier();
+    // rows: the ancestors by depth, then age (each one's row: the ancestors before it), then
+    // the frontier
+    let count = state[0];
+    if (t >= 1u && t < count && is_marked(t) && state[DEPTH + t] < p.depth) {
+        let dt = state[DEPTH + t];
+        var row = 0u;
+        for (var e = 1u; e < count; e++) {
+            let de = state[DEPTH + e];
+            if (is_marked(e) && de < p.depth && (de < dt || (de == dt && e < t))) { row += 1u; }
+        }
+        atomicAdd(&marked, 1u);
+        if (row < 32u) {
+            state[ROWS + row] = t;
+            row_of[t] = row;
         }
     }
-    if (nr + m > min(p.room, 32u)) { no_pass(); return; }
-    for (var i = 0u; i < m; i++) {
-        state[ROWS + nr] = state[FRONT + i];
-        nr += 1u;
+    storageBarrier();
+    workgroupBarrier();
+    var rows = 0u;
+    if (t == 0u) {
+        let nr = atomicLoad(&marked);
+        if (nr + m <= min(p.room, 32u)) {
+            for (var i = 0u; i < m; i++) {
+                let v = state[FRONT + i];
+                state[ROWS + nr + i] = v;
+                row_of[v] = nr + i;
+            }
+            rows = nr + m;
+        }
     }
-    // each row's ancestor bits (its parent's row is before it, or it hangs from the root)
-    for (var r = 0u; r < nr; r++) {
-        let node = state[ROWS + r];
+    let nr = tell(t, rows);
+    if (nr == 0u) { no_pass(t); return; }
+    // each row's ancestor bits: itself and its ancestors' rows
+    if (t < nr) {
+        let node = state[ROWS + t];
         let parent = state[PARENT + node];
-        var above = 0u;
-        for (var j = 0u; j < r; j++) {
-            if (state[ROWS + j] == parent) { above = state[BITS + j]; }
+        var bits = 1u << t;
+        var a = parent;
+        for (var up = 0u; up < 32u && a != 0u; up++) {
+            bits |= 1u << row_of[a];
+            a = state[PARENT + a];
         }
-        let bits = above | (1u << r);
-        state[BITS + r] = bits;
-        out[O_STEP + 4u + r] = bits;
-        out[O_SLOTS + r] = state[SLOT + parent];
-        out[O_TOKENS + r] = state[TOKEN + node];
+        state[BITS + t] = bits;
+        out[O_STEP + 4u + t] = bits;
+        out[O_SLOTS + t] = state[SLOT + parent];
+        out[O_TOKENS + t] = state[TOKEN + node];
     }
-    out[O_STEP] = nr;
-    out[O_STEP + 1u] = p.start_pos;
-    out[O_STEP + 2u] = 1u;
-    out[O_MANY] = m;
-    out[O_MANY + 1u] = 0u;
-    state[1] = m;
-    for (var i = 0u; i < m; i++) {
-        out[O_NEWEST + i] = nr - m + i;
-        state[2u + i] = state[FRONT + i];
+    if (t == 0u) {
+        out[O_STEP] = nr;
+        out[O_STEP + 1u] = p.start_pos;
+        out[O_STEP + 2u] = 1u;
+        out[O_MANY] = m;
+        out[O_MANY + 1u] = 0u;
+        state[1] = m;
+        for (var i = 0u; i < m; i++) {
+            out[O_NEWEST + i] = nr - m + i;
+            state[2u + i] = state[FRONT + i];
+        }
     }
 }
 
-@compute @workgroup_size(1)
-fn main() {
+@compute @workgroup_size(256)
+fn main(@builtin(local_invocation_index) t: u32) {
     _ = step.n; // keeps the binding in the layout
     let mode = p.mode & 3u;
-    if (mode == 0u) {
-        state[0] = 1u;
-        state[10] = 0u;
-        state[TOKEN] = p.root;
-        state[PARENT] = 0u;
-        state[DEPTH] = 0u;
-        state[SCORE] = bitcast<u32>(0.0);
-        state[SLOT] = 0u;
-        add_children(0u, 0u);
-        choose();
-    } else {
-        let m = state[1];
-        if (m == 0u) {
-            no_pass();
+    // (invocation 0) the root and its children, or the expanded nodes' children
+    var expand = 1u;
+    if (t == 0u) {
+        if (mode == 0u) {
+            state[0] = 1u;
+            state[10] = 0u;
+            state[TOKEN] = p.root;
+            state[PARENT] = 0u;
+            state[DEPTH] = 0u;
+            state[SCORE] = bitcast<u32>(0.0);
+            state[SLOT] = 0u;
+            add_children(0u, 0u);
         } else {
-            state[10] += 1u;
-            for (var i = 0u; i < m; i++) {
-                let v = state[2u + i];
-                state[SLOT + v] = p.slot0 + i;
-                add_children(v, i);
+            let m = state[1];
+            if (m == 0u) {
+                expand = 0u;
+            } else {
+                state[10] += 1u;
+                for (var i = 0u; i < m; i++) {
+                    let v = state[2u + i];
+                    state[SLOT + v] = p.slot0 + i;
+                    add_children(v, i);
+                }
             }
-            choose();
         }
+    }
+    if (tell(t, expand) == 1u) {
+        choose(t);
+    } else {
+        no_pass(t);
     }
     if ((p.mode & FINISH) == 0u) { return; }
-    // the best N as a tree, by depth (stable: best first within a depth)
-    let n = size(state[10]);
-    var placed = 0u;
-    var predicted = 0.0;
-    for (var d = 1u; d <= 32u && placed < n; d++) {
+    // the best N as a tree, by depth (stable: best first within a depth): each chosen node's
+    // place is the number of chosen nodes before it in that order
+    storageBarrier();
+    let n = size(t, state[10]);
+    if (t < n) {
+        let v = state[BEST + t];
+        let d = state[DEPTH + v];
+        var place = 0u;
         for (var i = 0u; i < n; i++) {
-            if (state[DEPTH + state[BEST + i]] == d) {
-                state[ORDER + placed] = state[BEST + i];
-                placed += 1u;
-            }
+            let di = state[DEPTH + state[BEST + i]];
+            if (di < d || (di == d && i < t)) { place += 1u; }
         }
+        state[ORDER + place] = v;
     }
-    out[O_RESULT] = n;
-    for (var i = 0u; i < n; i++) {
-        let v = state[ORDER + i];
-        predicted += min(1.0, exp(score(v)));
-        out[O_RESULT + 3u + i] = state[TOKEN + v];
+    storageBarrier();
+    if (t < n) {
+        let v = state[ORDER + t];
+        out[O_RESULT + 3u + t] = state[TOKEN + v];
         var parent = NONE;
-        for (var j = 0u; j < i; j++) {
+        for (var j = 0u; j < t; j++) {
             if (state[ORDER + j] == state[PARENT + v]) { parent = j; }
         }
-        out[O_RESULT + 35u + i] = parent;
+        out[O_RESULT + 35u + t] = parent;
     }
-    out[O_RESULT + 1u] = bitcast<u32>(predicted);
-    out[O_RESULT + 2u] = state[10];
+    if (t == 0u) {
+        var predicted = 0.0;
+        for (var i = 0u; i < n; i++) { predicted += min(1.0, exp(score(state[ORDER + i]))); }
+        out[O_RESULT] = n;
+        out[O_RESULT + 1u] = bitcast<u32>(predicted);
+        out[O_RESULT + 2u] = state[10];
+    }
 }

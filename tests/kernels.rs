@@ -1159,3 +1159,114 @@ fn gpu_acceptance_keeps_each_draft_with_probability_p_over_q() {
         assert!((f - p).abs() <= 4.5 * sd + 1e-9, "a = {a}: frequency {f:.3}, want {p} (sd {sd:.3})");
     }
 }
+
+/// The one-invocation EAGLE tree kernel that `shaders/eagle_tree.wgsl` replaced, run on the same
+/// buffers: its bindings are the new kernel's.
+fn one_invocation_tree(gpu: &Gpu) -> wgpu::ComputePipeline {
+    let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("eagle tree, one invocation"),
+        source: wgpu::ShaderSource::Wgsl(include_str!("data/eagle_tree_one_invocation.wgsl").into()),
+    });
+    gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("eagle tree, one invocation"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    })
+}
+
+#[test]
+fn eagle_tree_counts_the_orders_the_one_invocation_kernel_searched() {
+    // Random trees, grown call by call (start, expansions, finish) by both kernels from the same
+    // ranks: random ids over a small vocabulary (children that repeat a token), log-probabilities
+    // that often tie (ties broken by depth, then age), widths, depths, node budgets and rooms,
+    // with and without the cost model. Every output word and every node of the state: the same
+    // bits.
+    use rand::Rng;
+    use wgspec::gpu::{EagleTreeParams, EAGLE_TREE_OUT, EAGLE_TREE_RESULT, EAGLE_TREE_STATE, MAX_TREE};
+    let gpu = gpu();
+    let old = one_invocation_tree(&gpu);
+    let mut r = rng(95);
+    let step = gpu.step_buffer();
+    let nodes = 16 + 5 * 256; // the state's counters and candidate arrays (the rest is scratch)
+    let mut grown = 0;
+    for case in 0..48 {
+        let k = [2usize, 4, 8][case % 3];
+        let tied = case % 2 == 0;
+        let width = r.gen_range(1..=k.min(8));
+        let depth = r.gen_range(1..=8usize);
+        let mut verify = [0f32; MAX_TREE];
+        let mut t = r.gen_range(0.5f32..1.0);
+        for v in verify.iter_mut() {
+            t += r.gen_range(0.0f32..0.2);
+            *v = t;
+        }
+        let base = EagleTreeParams {
+            mode: 0,
+            root: r.gen_range(0..40),
+            start_pos: r.gen_range(0..100),
+            k: k as u32,
+            width: width as u32,
+            depth: 0,
+            slot0: 0,
+            max_nodes: r.gen_range(1..=31),
+            room: r.gen_range(1..=32),
+            use_costs: (case % 4 >= 2) as u32,
+            calibration: r.gen_range(0.3f32..2.0),
+            draft_pass: r.gen_range(0.05f32..0.5),
+            verify,
+        };
+        let zeros = |len: usize| GpuBuffer::<u32>::zeros(&gpu, "zeros", len);
+        let (state_new, out_new) = (zeros(EAGLE_TREE_STATE), zeros(EAGLE_TREE_OUT));
+        let (state_old, out_old) = (zeros(EAGLE_TREE_STATE), zeros(EAGLE_TREE_OUT));
+        for call in 0..depth {
+            let ids: Vec<u32> = (0..8 * k).map(|_| r.gen_range(0..12)).collect();
+            let logp: Vec<f32> = (0..8 * k)
+                .map(|_| if tied { -0.5 * r.gen_range(1..5) as f32 } else { -r.gen_range(0.01f32..4.0) })
+                .collect();
+            let (idb, lpb) = (
+                GpuBuffer::<u32>::from_slice(&gpu, "ids", &ids),
+                GpuBuffer::<f32>::from_slice(&gpu, "logp", &logp),
+            );
+            let p = EagleTreeParams {
+                mode: (call > 0) as u32 + if call + 1 == depth { 4 } else { 0 },
+                depth: if call + 1 < depth { call as u32 + 1 } else { 0 },
+                slot0: (1 + call.saturating_sub(1) * width) as u32,
+                ..base
+            };
+            let params = gpu.uniform("eagle tree params", bytemuck::bytes_of(&p));
+            let op = gpu.eagle_tree(&step, &params, (&idb, &lpb), &state_new, &out_new);
+            run(&gpu, &step, &[op], 1, 0);
+            let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                label: None,
+                layout: &old.get_bind_group_layout(0),
+                entries: &[&step, &params, &idb.raw, &lpb.raw, &state_old.raw, &out_old.raw]
+                    .iter()
+                    .enumerate()
+                    .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                    .collect::<Vec<_>>(),
+            });
+            let mut enc = gpu.encoder();
+            {
+                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                pass.set_pipeline(&old);
+                pass.set_bind_group(0, &bind, &[]);
+                pass.dispatch_workgroups(1, 1, 1);
+            }
+            gpu.submit(enc);
+            let what = format!("case {case} call {call} ({p:?})");
+            let (o_new, o_old) =
+                (read_u32(&gpu, &out_new.raw, EAGLE_TREE_OUT), read_u32(&gpu, &out_old.raw, EAGLE_TREE_OUT));
+            assert_eq!(o_new, o_old, "{what}: output");
+            let (s_new, s_old) =
+                (read_u32(&gpu, &state_new.raw, nodes), read_u32(&gpu, &state_old.raw, nodes));
+            assert_eq!(s_new, s_old, "{what}: state");
+            if call + 1 == depth && o_new[EAGLE_TREE_RESULT as usize] > 1 {
+                grown += 1;
+            }
+        }
+    }
+    assert!(grown >= 24, "only {grown} trees of more than one node");
+}

@@ -149,7 +149,8 @@ impl Kernel {
         }
     }
 
-    /// Threads per workgroup along x (every kernel uses 64 but [`Kernel::Sample`]).
+    /// Threads per workgroup along x (every kernel uses 64 but [`Kernel::Sample`] and
+    /// [`Kernel::EagleTree`], 256).
     pub const WORKGROUP: u32 = 64;
 
     /// The invocations of one of its workgroups, as its source declares them
@@ -459,8 +460,7 @@ mod tests {
     fn every_kernel_declares_its_workgroup() {
         for k in Kernel::all() {
             let want = match k {
-                Kernel::Sample => 256,
-                Kernel::EagleTree => 1,
+                Kernel::Sample | Kernel::EagleTree => 256,
                 _ => Kernel::WORKGROUP,
             };
             assert_eq!(k.invocations(), want, "{k:?}");

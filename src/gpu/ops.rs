@@ -809,11 +809,13 @@ impl Gpu {
         out: &GpuBuffer<u32>,
     ) -> Op {
         let storage = [&ids.raw, &logp.raw, &state.raw, &out.raw];
-        // one invocation: its worst call ranks up to 31 of 255 candidates twice (choosing, and
-        // finishing the tree), scans them for up to 14 depths' rows, adds 8 expanded nodes' 16
-        // children (sorted), orders the 31 chosen and ties 32 rows' ancestors
-        // (shaders/eagle_tree.wgsl: `rank`, `choose`, `add_children`, the finish)
-        let serial = 2 * 31 * 255 + 14 * 255 + 8 * (16 + 16 * 15 / 2) + 16 * 31 + 2 * (32 * 31 / 2);
+        // one workgroup of 256: its worst call's invocation counts a candidate's place among 255
+        // twice (choosing, and finishing the tree) and a row's place among them once;
+        // invocation 0 adds 8 expanded nodes' 16 children (each new token against those before
+        // it) and sums the cost model's 31 chances twice; a row walks its 32 ancestors, a chosen
+        // node its place and its parent among 31 (shaders/eagle_tree.wgsl: `rank`, `choose`,
+        // `add_children`, the finish)
+        let serial = 3 * 255 + 8 * (16 + 16 * 15 / 2) + 2 * 31 + 32 + 2 * 31;
         self.op(Kernel::EagleTree, step, params, &storage, Grid::Fixed([1, 1, 1]))
             .with_serial(Serial::fixed(serial))
     }
