@@ -55,12 +55,12 @@ const BEST: u32 = NODES + 5u * NMAX;   // [32] the best candidates, best first
 const FRONT: u32 = BEST + 32u;         // [8] the nodes to expand
 const ROWS: u32 = FRONT + 8u;          // [32] a pass's rows (nodes)
 const BITS: u32 = ROWS + 32u;          // [32] their ancestor bits
-const ANC: u32 = BITS + 32u;           // [8] bits: the ancestors of the nodes to expand
+const ANC: u32 = BITS + 32u;           // [8] (unused: the ancestors' bits are kept in `anc`)
 const ORDER: u32 = ANC + 8u;           // [32] the chosen tree, by depth
 const NONE: u32 = 0xffffffffu;
 const FINISH: u32 = 4u;
 // out: [0, 36) the pass's Step, [36, 40) the projected rows' Step, [40, 72) each row's store slot,
-// [72, 80) the projected rows, [80, 112) each row's token; mode 2: [112] N, [113] the predicted
+// [72, 80) the projected rows, [80, 112) each row's token; FINISH: [112] N, [113] the predicted
 // accepted nodes (f32 bits), [114] the passes run, [115, 147) tokens, [147, 179) parents (a child
 // of the root: NONE)
 const O_STEP: u32 = 0u;

@@ -7,8 +7,8 @@ mod reference;
 use common::{assert_close, assert_fits, gpu, gpu_unshared, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
 use wgspec::gpu::{
-    AttentionShape, Gpu, GpuBuffer, Kernel, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut, Second,
-    WeightBuffer, REDUCE_SLICE,
+    AttentionShape, Gpu, GpuBuffer, Kernel, KernelShape, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut,
+    Second, WeightBuffer, REDUCE_SLICE,
 };
 use wgspec::loader::{quant, DType};
 
@@ -96,8 +96,16 @@ fn every_kernel_builds_in_every_shape() {
 
 #[test]
 fn a_device_compiles_only_the_kernels_it_uses() {
-    // (its own device: the shared ones have compiled whatever other tests ran)
-    let gpu = pollster::block_on(Gpu::new()).expect("gpu");
+    // (its own devices: the shared ones have compiled whatever other tests ran), in the
+    // adapter's shape and in the GPU shape (whose matmuls share one bindings layout)
+    let gpu_shape = KernelShape { matmul_lanes: Some(16), split_attention: Some(true), shuffle_loads: None };
+    for shape in [KernelShape::default(), gpu_shape] {
+        a_device_of_this_shape_compiles_only_the_kernels_it_uses(shape);
+    }
+}
+
+fn a_device_of_this_shape_compiles_only_the_kernels_it_uses(shape: KernelShape) {
+    let gpu = pollster::block_on(Gpu::with_shape(shape)).expect("gpu");
     assert_eq!(gpu.compiled_kernels(), [], "a new device compiles nothing");
     let (cols, k) = (8, 64);
     let mut r = rng(70);

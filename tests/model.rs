@@ -442,6 +442,21 @@ fn matrices_split_across_buffers_give_identical_logits() {
             "{dtype:?}: split changed the logits"
         );
     }
+    // In the GPU shape a matrix's lanes follow the whole matrix, not its chunks: a 5,000-row
+    // output (16 lanes: 313 column tiles) cut into chunks of 488 rows (each alone would take 32)
+    let spec = TinySpec { vocab: 5000, dim: 576, heads: 9, kv_heads: 3, ffn: 256, ..TinySpec::llama() };
+    let wide = TinyModel::random(spec, &mut r);
+    let ckpt = Checkpoint::from_gguf(wide.to_gguf(DType::Q8_0, &mut r)).expect("gguf");
+    let tokens = [7u32, 4999, 0, 150];
+    let opts = |cap| LoadOptions { context: Some(64), max_chunk_bytes: cap, ..Default::default() };
+    let whole =
+        forward(&mut Model::load(gpu_shaped(), &ckpt, &opts(None), &mut |_| {}).expect("load"), &tokens, 0);
+    let mut split = Model::load(gpu_shaped(), &ckpt, &opts(Some(300_000)), &mut |_| {}).expect("load split");
+    let got = forward(&mut split, &tokens, 0);
+    assert!(
+        got.iter().zip(&whole).all(|(a, b)| a.to_bits() == b.to_bits()),
+        "GPU shape: split changed the logits"
+    );
     let opts = LoadOptions { max_chunk_bytes: Some(64), ..Default::default() };
     let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
     let err = Model::load(gpu(), &ckpt, &opts, &mut |_| {}).err().expect("eight rows cannot fit");

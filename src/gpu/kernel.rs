@@ -210,8 +210,9 @@ pub const MAX_MATMUL_LANES: u32 = Kernel::WORKGROUP;
 /// Matmul invocations per column quad (`LANES`) for a weight matrix of `cols` rows (output
 /// columns) and `units` 32-weight units per row, on a device whose matmul has `base` lanes: on
 /// CPU adapters (`base` 1) always 1; on GPUs `base` (16), doubled up to [`MAX_MATMUL_LANES`] while
-/// the grid has fewer than [`MATMUL_WORKGROUPS`] column tiles and each lane would still have a
-/// unit to walk. A narrow matrix then launches more, narrower workgroups, each lane walking fewer
+/// the grid has fewer than [`MATMUL_WORKGROUPS`] column tiles and the row has more units than
+/// lanes (so more than half the doubled lanes have a unit: 48 units take 64 lanes, 16 of them
+/// idle). A narrow matrix then launches more, narrower workgroups, each lane walking fewer
 /// units (Qwen2.5-1.5B's q|k|v, `wo` and `down`: 96-128 workgroups of 16 columns become 384-512 of
 /// 4). The lanes depend on the matrix and the device only, never on the rows of a pass, so a row's
 /// bits do not either (the lanes' fixed tree is part of the sum's order).
@@ -349,9 +350,16 @@ impl Pipelines {
     /// The matmul lanes of `kernel` at `lanes` (the device's own where `lanes` is none of this
     /// device's; other kernels: their one slot)
     fn compiled(&self, kernel: Kernel, lanes: u32) -> &Compiled {
+        let base = self.matmul_lanes;
+        let own =
+            lanes.is_power_of_two() && (base..=MAX_MATMUL_LANES).contains(&lanes) && (base > 1 || lanes == 1);
+        debug_assert!(
+            own || !matches!(kernel, Kernel::Matmul(_)),
+            "matmul lanes {lanes} on a device of {base}"
+        );
         let lanes = match kernel {
-            Kernel::Matmul(_) if self.matmul_lane_counts().contains(&lanes) => lanes,
-            Kernel::Matmul(_) => self.matmul_lanes,
+            Kernel::Matmul(_) if own => lanes,
+            Kernel::Matmul(_) => base,
             _ => 1,
         };
         self.table[kernel.index()][lanes.ilog2() as usize].get_or_init(|| self.compile(kernel, lanes))
@@ -470,7 +478,7 @@ mod tests {
     }
 
     #[test]
-    fn narrow_matrices_take_more_lanes_never_past_their_units() {
+    fn narrow_matrices_take_more_lanes_while_their_units_outnumber_them() {
         // (base lanes, columns, units per row) -> lanes: Qwen2.5-1.5B's q|k|v (2,048 x 1,536),
         // wo, down (1,536 x 8,960), gate|up (17,920 columns: wide enough); Qwen2.5-0.5B's down
         // (896 columns: 224 workgroups of 4, as many as 4-column tiles give); Llama-3.1-8B's wo

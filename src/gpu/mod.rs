@@ -291,7 +291,8 @@ pub fn groups(items: usize) -> u32 {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct KernelShape {
     /// Matmul invocations per column quad splitting k, a power of two from 1 to 64: 16 on GPUs,
-    /// 1 where invocations run on a CPU.
+    /// 1 where invocations run on a CPU. Above 1, the fewest: narrow matrices double it
+    /// ([`matmul_lanes`]).
     pub matmul_lanes: Option<u32>,
     /// Attention split over the cache in chunks of keys, the query heads of a KV group sharing
     /// each load (`attention_chunks.wgsl` + `attention_merge.wgsl`): on by default on GPUs. Off:

@@ -77,6 +77,11 @@ pub struct MatmulOut<'a> {
     /// SiLU after the bias, before the residual add (a Medusa head's residual block:
     /// `y += silu(x . w^T + b)`). Not with `glu` or `rope`.
     pub silu: bool,
+    /// The rows of the run of buffers of one stored type this buffer belongs to (a matrix that
+    /// a buffer size limit split; set by [`crate::model::Matrix`]; 0: this buffer's): the
+    /// matmul's lanes follow the run ([`Gpu::matmul_lanes_for`]), so a column's bits do not
+    /// depend on the limit.
+    pub matrix_rows: u32,
 }
 
 /// The raw rows whose RMS a normed matmul divides by: `[n, k]`, and the norm's epsilon.
@@ -257,7 +262,8 @@ const ATTENTION_BLOCK: u32 = 64;
 const ATTENTION_MAX_CHUNKS: u32 = 64;
 /// Query heads one workgroup of the split attention serves (`HB` in `attention_chunks.wgsl`).
 const ATTENTION_HEAD_BLOCK: u32 = 8;
-/// Largest head dimension of the split attention (`DPT * WG` in `attention_chunks.wgsl`).
+/// Largest head dimension of the split attention (`4 * WG` in `attention_chunks.wgsl`: a key
+/// group's invocation holds one vec4 of a head's dimensions).
 pub const MAX_SPLIT_HEAD_DIM: u32 = 256;
 
 /// How the split attention cuts the keys of a cache of `ctx` positions: (keys per chunk, chunks).
@@ -475,7 +481,10 @@ impl Gpu {
         let cos_sin_raw = out.rope.map(|r| &r.cos_sin.raw).unwrap_or(&x.raw);
         let x_raw = out.norm.map(|n| &n.raw.raw).unwrap_or(&x.raw);
         // (GPUs) narrow matrices in narrower column tiles, more lanes walking each row
-        let lanes = self.matmul_lanes_for(w.rows, w.units());
+        let rows = if out.matrix_rows > 0 { out.matrix_rows as usize } else { w.rows };
+        let lanes = self.matmul_lanes_for(rows, w.units());
+        // (its pipelines compiled now, inside the caller's error scopes: Gpu::build_scope)
+        self.pipelines.get_with(Kernel::Matmul(w.dtype), lanes);
         let grid = Grid::RowGroups {
             y: w.rows.div_ceil(super::kernel::matmul_columns_per_group(lanes)) as u32,
             rows: self.matmul_rows(),

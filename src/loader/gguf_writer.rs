@@ -75,21 +75,21 @@ impl GgufWriter {
     /// Serializes to a GGUF v3 file.
     pub fn to_bytes(&self) -> Vec<u8> {
         let lens: Vec<u64> = self.tensors.iter().map(|(_, _, _, data)| data.len() as u64).collect();
-        let (mut out, offsets) = self.header(&lens);
+        let (mut out, offsets, len) = self.header(&lens);
         for ((_, _, _, data), off) in self.tensors.iter().zip(offsets) {
             out.resize(off as usize, 0);
             out.extend_from_slice(data);
         }
-        out.resize(out.len().next_multiple_of(self.alignment() as usize), 0);
+        out.resize(len as usize, 0);
         out
     }
 
     /// The file's bytes before its tensor data (magic, metadata, tensor infos, padding) for
-    /// tensors of `lens[i]` bytes of data each (whatever data they were given), and each tensor's
-    /// data offset in the file. The file ends at the last offset plus its length, rounded up to
-    /// the alignment: what [`GgufWriter::to_bytes`] writes, without holding the data
+    /// tensors of `lens[i]` bytes of data each (whatever data they were given), each tensor's
+    /// data offset in the file, and the file's length (the last tensor's end, rounded up to the
+    /// alignment): what [`GgufWriter::to_bytes`] writes, without holding the data
     /// (`crate::model::synthetic` makes a model's tensors as they are read).
-    pub fn header(&self, lens: &[u64]) -> (Vec<u8>, Vec<u64>) {
+    pub fn header(&self, lens: &[u64]) -> (Vec<u8>, Vec<u64>, u64) {
         let alignment = self.alignment();
         let mut out = Vec::new();
         out.extend_from_slice(&MAGIC);
@@ -118,7 +118,7 @@ impl GgufWriter {
         }
         out.resize((out.len() as u64).next_multiple_of(alignment) as usize, 0);
         let data_offset = out.len() as u64;
-        (out, offsets.into_iter().map(|off| data_offset + off).collect())
+        (out, offsets.into_iter().map(|off| data_offset + off).collect(), data_offset + rel)
     }
 }
 

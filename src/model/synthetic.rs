@@ -6,7 +6,6 @@
 use crate::error::{Error, Result};
 use crate::gpu::RopeLayout;
 use crate::loader::gguf::Value;
-use crate::loader::gguf::DEFAULT_ALIGNMENT;
 use crate::loader::gguf_writer::GgufWriter;
 use crate::loader::source::Source;
 use crate::loader::DType;
@@ -286,15 +285,14 @@ impl SyntheticShape {
 pub fn synthetic_gguf(shape: &SyntheticShape, seed: u64) -> Vec<u8> {
     let file = SyntheticFile::new(shape, seed);
     let mut bytes = vec![0u8; file.len as usize];
-    // (in memory: every offset is in the file)
-    let _ = file.fill(0, &mut bytes);
+    file.fill(0, &mut bytes);
     bytes
 }
 
 /// A synthetic model's GGUF file ([`synthetic_gguf`]) as a [`Source`] whose tensors' bytes are
 /// made as they are read: a checkpoint of any shape without its weights in memory (llama-8b's
 /// 4.9 GB), and with [`LoadOptions::skip_weight_data`](crate::model::LoadOptions) a model whose
-/// shape facts cost no reads at all. The same bytes for every read of a range: each block of a
+/// shape facts read only its header, norms and biases. The same bytes for every read of a range: each block of a
 /// matrix comes from its own seed (the model's, the tensor's index, the block's).
 pub struct SyntheticFile {
     /// Everything before the tensor data (metadata, tensor infos, padding).
@@ -319,54 +317,65 @@ enum Fill {
     Blocks(DType),
 }
 
+/// The GGUF writer of a synthetic model: its metadata and its tensors (whose data `data` gives,
+/// from each one's index, fill and length), with each tensor's fill and length.
+fn synthetic_writer(
+    shape: &SyntheticShape,
+    mut data: impl FnMut(usize, &Fill, u64) -> Vec<u8>,
+) -> (GgufWriter, Vec<Fill>, Vec<u64>) {
+    let c = shape.config();
+    let a = c.arch.gguf_name();
+    let mut w = GgufWriter::new();
+    w.add("general.architecture", Value::String(a.into()));
+    w.add("general.name", Value::String(format!("synthetic-{}", shape.name)));
+    w.add(&format!("{a}.context_length"), Value::U32(c.context_len as u32));
+    w.add(&format!("{a}.embedding_length"), Value::U32(c.dim as u32));
+    w.add(&format!("{a}.block_count"), Value::U32(c.n_layers as u32));
+    w.add(&format!("{a}.feed_forward_length"), Value::U32(c.ffn_dim as u32));
+    w.add(&format!("{a}.attention.head_count"), Value::U32(c.n_heads as u32));
+    w.add(&format!("{a}.attention.head_count_kv"), Value::U32(c.n_kv_heads as u32));
+    w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(c.rms_eps));
+    w.add(&format!("{a}.rope.freq_base"), Value::F32(c.rope_theta));
+    let mut fills = Vec::new();
+    let mut lens = Vec::new();
+    for (i, t) in TensorTable::new(&c).iter().enumerate() {
+        let n: usize = t.shape.iter().product();
+        let dtype = shape.dtype_of(t);
+        let fill = match t.role {
+            TensorRole::Norm => Fill::F32(1.0),
+            TensorRole::QkvBias => Fill::F32(0.01),
+            _ => Fill::Blocks(dtype),
+        };
+        let len = dtype.bytes_for(n as u64).unwrap_or(0);
+        w.add_tensor(&t.name, dtype, &t.shape, data(i, &fill, len));
+        fills.push(fill);
+        lens.push(len);
+    }
+    (w, fills, lens)
+}
+
 impl SyntheticFile {
     pub fn new(shape: &SyntheticShape, seed: u64) -> SyntheticFile {
-        let c = shape.config();
-        let a = c.arch.gguf_name();
-        let mut w = GgufWriter::new();
-        w.add("general.architecture", Value::String(a.into()));
-        w.add("general.name", Value::String(format!("synthetic-{}", shape.name)));
-        w.add(&format!("{a}.context_length"), Value::U32(c.context_len as u32));
-        w.add(&format!("{a}.embedding_length"), Value::U32(c.dim as u32));
-        w.add(&format!("{a}.block_count"), Value::U32(c.n_layers as u32));
-        w.add(&format!("{a}.feed_forward_length"), Value::U32(c.ffn_dim as u32));
-        w.add(&format!("{a}.attention.head_count"), Value::U32(c.n_heads as u32));
-        w.add(&format!("{a}.attention.head_count_kv"), Value::U32(c.n_kv_heads as u32));
-        w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(c.rms_eps));
-        w.add(&format!("{a}.rope.freq_base"), Value::F32(c.rope_theta));
-        let mut fills = Vec::new();
-        let mut lens = Vec::new();
-        for t in TensorTable::new(&c).iter() {
-            let n: usize = t.shape.iter().product();
-            let dtype = shape.dtype_of(t);
-            fills.push(match t.role {
-                TensorRole::Norm => Fill::F32(1.0),
-                TensorRole::QkvBias => Fill::F32(0.01),
-                _ => Fill::Blocks(dtype),
-            });
-            lens.push((n / dtype.block_len() * dtype.block_bytes()) as u64);
-            w.add_tensor(&t.name, dtype, &t.shape, Vec::new());
-        }
-        let (header, offsets) = w.header(&lens);
+        let (w, fills, lens) = synthetic_writer(shape, |_, _, _| Vec::new());
+        let (header, offsets, len) = w.header(&lens);
         let tensors: Vec<Region> = offsets
             .into_iter()
             .zip(lens)
             .zip(fills)
             .map(|((start, len), fill)| Region { start, len, fill })
             .collect();
-        let end = tensors.last().map_or(header.len() as u64, |t| t.start + t.len);
-        SyntheticFile { header, tensors, len: end.next_multiple_of(DEFAULT_ALIGNMENT), seed }
+        SyntheticFile { header, tensors, len, seed }
     }
 
     /// `buf` filled with the file's bytes from `offset` (zeros past its end).
-    fn fill(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+    fn fill(&self, offset: u64, buf: &mut [u8]) {
         buf.fill(0);
         let end = offset + buf.len() as u64;
         if offset < self.header.len() as u64 {
             let n = (self.header.len() as u64).min(end) - offset;
             buf[..n as usize].copy_from_slice(&self.header[offset as usize..(offset + n) as usize]);
         }
-        // the tensors that overlap the read: from the last that starts at or before it
+        // the tensors that overlap the read: from the first that ends after its start
         let first = self.tensors.partition_point(|t| t.start + t.len <= offset);
         for (i, t) in self.tensors.iter().enumerate().skip(first) {
             if t.start >= end {
@@ -379,7 +388,6 @@ impl SyntheticFile {
             let out = &mut buf[(lo - offset) as usize..(hi - offset) as usize];
             self.tensor_bytes(i as u64, t, lo - t.start, out);
         }
-        Ok(())
     }
 
     /// Bytes `at ..` of tensor `index` (its region `t`) into `out`.
@@ -429,7 +437,8 @@ impl Source for SyntheticFile {
                 len: self.len,
             });
         }
-        self.fill(offset, buf)
+        self.fill(offset, buf);
+        Ok(())
     }
 }
 
@@ -464,6 +473,26 @@ mod tests {
             file.read_at(at as u64, &mut buf).unwrap_or_else(|e| panic!("{e}"));
             assert!(buf == whole[at..at + n], "{n} bytes at {at}");
         }
+        // at every region's edges (the header's end, each tensor's start and end), across them
+        let mut edges = vec![0u64, file.header.len() as u64];
+        for t in &file.tensors {
+            edges.extend([t.start, t.start + t.len]);
+        }
+        for &e in &edges {
+            for (at, n) in [(e.saturating_sub(3), 7u64), (e.saturating_sub(1), 2), (e, 1)] {
+                let n = n.min(file.len() - at.min(file.len())) as usize;
+                let mut buf = vec![0xAA; n];
+                file.read_at(at, &mut buf).unwrap_or_else(|e| panic!("{e}"));
+                assert!(buf == whole[at as usize..at as usize + n], "{n} bytes at edge {e}");
+            }
+        }
+        // the file GgufWriter::to_bytes writes from the same tensors' bytes
+        let (writer, _, _) = synthetic_writer(&small, |i, _, len| {
+            let t = &file.tensors[i];
+            assert_eq!(t.len, len);
+            whole[t.start as usize..(t.start + t.len) as usize].to_vec()
+        });
+        assert!(writer.to_bytes() == whole, "the writer's file");
         let tail = &whole[whole.len() / 2..];
         assert!(tail.iter().filter(|b| **b != 0).count() > tail.len() / 2, "random weights");
         assert_ne!(synthetic_gguf(&small, 8), whole, "another seed, other weights");

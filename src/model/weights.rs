@@ -163,6 +163,14 @@ impl Upload<'_> {
                 let n = per_buffer.min(start + run - first);
                 let label = format!("{name} rows {}..{}", first - start, first - start + n);
                 let buffer = WeightBuffer::empty(gpu, &label, format, n, cols);
+                if self.skip_data {
+                    // (counted as read: the progress still ends at the model's bytes)
+                    let bytes: u64 = rows[first..first + n]
+                        .iter()
+                        .map(|&(p, _)| parts[p].dtype.bytes_for(cols as u64).unwrap_or(0))
+                        .sum();
+                    self.tally.borrow_mut().add(0, bytes);
+                }
                 let mut r = if self.skip_data { n } else { 0 };
                 while r < n {
                     let m = per_batch.min(n - r);
@@ -261,10 +269,21 @@ impl Matrix {
         y: &GpuBuffer<f32>,
         out: MatmulOut,
     ) -> Vec<Op> {
+        // each chunk's matmul sized by the rows of its run of one stored type (the buffers a
+        // size limit split it into, together: its bits do not depend on that limit)
+        let run_rows = |i: usize| {
+            let dtype = self.chunks[i].data.dtype;
+            let same = |c: &&Chunk| c.data.dtype == dtype;
+            let before = self.chunks[..i].iter().rev().take_while(same).map(|c| c.data.rows).sum::<usize>();
+            let after = self.chunks[i..].iter().take_while(same).map(|c| c.data.rows).sum::<usize>();
+            before + after
+        };
         self.chunks
             .iter()
-            .map(|c| {
-                let out = MatmulOut { col_offset: c.row_start as u32, ..out };
+            .enumerate()
+            .map(|(i, c)| {
+                let out =
+                    MatmulOut { col_offset: c.row_start as u32, matrix_rows: run_rows(i) as u32, ..out };
                 gpu.matmul(step, x, &c.data, bias, y, out)
             })
             .collect()

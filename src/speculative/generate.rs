@@ -80,8 +80,9 @@ pub struct SpecStats {
     pub readback_bytes: u64,
     /// Submissions per generated token.
     pub submits_per_token: f64,
-    /// Compute dispatches encoded during decoding (drafts, verify passes, acceptance), and per
-    /// cycle (a cycle: one target pass, `verify_forwards`).
+    /// Compute dispatches encoded on the target's GPU during decoding (verify passes, the
+    /// acceptance, and the drafts of a draft or head on that GPU), and per cycle (a cycle: one
+    /// target pass, `verify_forwards`).
     pub dispatches: u64,
     pub dispatches_per_cycle: f64,
     /// Host time spent encoding those dispatches and submitting them, in all and per cycle in

@@ -270,7 +270,8 @@ struct BenchArgs {
     #[arg(long, requires = "roofline")]
     cpu_time: bool,
     /// The matmul's invocations per column quad splitting k (1, 2, 4, ..., 64) instead of the
-    /// adapter's default (16 on GPUs, 1 on CPU adapters): to compare kernel shapes on one adapter.
+    /// adapter's default (16 on GPUs, 1 on CPU adapters; above 1 the fewest, which narrow
+    /// matrices double): to compare kernel shapes on one adapter.
     #[arg(long)]
     matmul_lanes: Option<u32>,
     /// `on`: the invocations of a subgroup share the loads they all need by shuffles (the
