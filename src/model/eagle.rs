@@ -455,18 +455,7 @@ impl EagleHead {
         let t = EagleTensors::new(&c, layout);
         let context = target.context();
         let bytes = ckpt.tensor_shapes().len();
-        let tally = std::cell::RefCell::new(Tally::new(bytes, ckpt.file_bytes(), progress));
-        let max_bytes = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(g.max_binding_bytes());
-        let precision = opts.precision;
-        let up = Upload {
-            gpu: g,
-            ckpt,
-            precision,
-            max_bytes,
-            read_bytes: opts.read_bytes,
-            skip_data: opts.skip_weight_data,
-            tally,
-        };
+        let up = Upload::new(g, ckpt, opts, Tally::new(bytes, ckpt.file_bytes(), progress));
         let fc = up.matrix(&t.fc).await?;
         let fc_bias = match ckpt.has(&t.fc_bias.name) {
             true => Some(GpuBuffer::<f32>::from_slice(g, "fc.bias", &up.vector(&t.fc_bias).await?)),
@@ -692,7 +681,7 @@ impl EagleHead {
             + s.eagle3.as_ref().map_or(0, |e| {
                 e.lm_head.gpu_bytes() + e.embed_norm.raw.size() + e.hidden_norm.raw.size() + e.norm.raw.size()
             });
-        let memory_bytes = EagleHead::plan(target, ckpt, layout, precision, top_k)?;
+        let memory_bytes = EagleHead::plan(target, ckpt, layout, opts.precision, top_k)?;
         scope.close("building the EAGLE head's kernels")?;
         Ok(EagleHead {
             config: c,

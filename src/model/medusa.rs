@@ -227,18 +227,7 @@ impl MedusaHeads {
         let all: Vec<&TensorSpec> =
             table.iter().flat_map(|h| h.blocks.iter().flat_map(|(w, b)| [w, b]).chain(&h.out)).collect();
         let bytes = all.iter().filter_map(|t| ckpt.stored_bytes(&t.name)).sum();
-        let tally = std::cell::RefCell::new(Tally::new(all.len(), bytes, progress));
-        let max_bytes = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(g.max_binding_bytes());
-        let precision = opts.precision;
-        let up = Upload {
-            gpu: g,
-            ckpt,
-            precision,
-            max_bytes,
-            read_bytes: opts.read_bytes,
-            skip_data: opts.skip_weight_data,
-            tally,
-        };
+        let up = Upload::new(g, ckpt, opts, Tally::new(all.len(), bytes, progress));
         let step = g.step_buffer();
         g.write_step(&step, 1, 0);
         let row = GpuBuffer::<u32>::zeros(g, "medusa row", 1);

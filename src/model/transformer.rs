@@ -265,15 +265,7 @@ impl Model {
         let MemoryBill { total, context, file_weight_bytes } = Model::plan(&gpu, ckpt, opts)?;
         let c = ckpt.config.clone();
         let kv_f16 = kv_in_f16(&c, opts.precision);
-        let max_chunk = opts.max_chunk_bytes.unwrap_or(u64::MAX).min(gpu.max_binding_bytes());
-        let weights = Weights::load(
-            &gpu,
-            ckpt,
-            opts.precision,
-            (max_chunk, opts.read_bytes, opts.skip_weight_data),
-            progress,
-        )
-        .await?;
+        let weights = Weights::load(&gpu, ckpt, opts, progress).await?;
         let g = &*gpu;
         let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
         let state = RunState {

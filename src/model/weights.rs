@@ -5,6 +5,7 @@
 
 use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
+use super::transformer::LoadOptions;
 use crate::error::{Error, Result};
 use crate::gpu::{pack_f32_rows, pack_rows, Gpu, GpuBuffer, MatmulOut, Op, PackedRows, WeightBuffer};
 use crate::loader::quant;
@@ -49,6 +50,22 @@ struct Part<'a> {
     spec: &'a TensorSpec,
     dtype: DType,
     format: DType,
+}
+
+impl<'a> Upload<'a> {
+    /// An upload from `ckpt` to `gpu` as `opts` asks (precision, the largest buffer and read,
+    /// whether weight data is read at all), counting its progress in `tally`.
+    pub fn new(gpu: &'a Gpu, ckpt: &'a Checkpoint, opts: &LoadOptions, tally: Tally<'a>) -> Upload<'a> {
+        Upload {
+            gpu,
+            ckpt,
+            precision: opts.precision,
+            max_bytes: opts.max_chunk_bytes.unwrap_or(u64::MAX).min(gpu.max_binding_bytes()),
+            read_bytes: opts.read_bytes,
+            skip_data: opts.skip_weight_data,
+            tally: std::cell::RefCell::new(tally),
+        }
+    }
 }
 
 impl Upload<'_> {
@@ -544,21 +561,20 @@ impl Weights {
             + self.output.as_ref().map_or(0, |m| m.gpu_bytes())
     }
 
-    /// Streams every tensor of `ckpt` to the GPU, a batch of rows at a time (about `read_bytes`
-    /// of the file in host memory at once, never a whole tensor), splitting matrices into
-    /// buffers of at most `max_bytes`; waits for each batch's bytes where a file is still arriving.
+    /// Streams every tensor of `ckpt` to the GPU, a batch of rows at a time (about
+    /// `opts.read_bytes` of the file in host memory at once, never a whole tensor), splitting
+    /// matrices into buffers of at most `opts.max_chunk_bytes` (and the adapter's largest
+    /// binding); waits for each batch's bytes where a file is still arriving.
     pub async fn load(
         gpu: &Gpu,
         ckpt: &Checkpoint,
-        precision: Precision,
-        (max_bytes, read_bytes, skip_data): (u64, u64, bool),
+        opts: &LoadOptions,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Weights> {
         let c = &ckpt.config;
         let table = TensorTable::new(c);
         let bytes = table.iter().filter_map(|t| ckpt.stored_bytes(&t.name)).sum();
-        let tally = std::cell::RefCell::new(Tally::new(table.iter().count(), bytes, progress));
-        let up = Upload { gpu, ckpt, precision, max_bytes, read_bytes, skip_data, tally };
+        let up = Upload::new(gpu, ckpt, opts, Tally::new(table.iter().count(), bytes, progress));
         let vector = |t| up.vector(t);
         let token_embd = up.matrix(&table.token_embd).await?;
         let mut layers = Vec::with_capacity(c.n_layers);
