@@ -327,11 +327,13 @@ impl Pipelines {
     /// Every lane count a matmul of this device may be given ([`matmul_lanes`]): the device's
     /// own, and on GPUs each doubling up to [`MAX_MATMUL_LANES`].
     pub fn matmul_lane_counts(&self) -> Vec<u32> {
+        (0..LANE_SLOTS).map(|i| 1 << i).filter(|&l| self.has_lanes(l)).collect()
+    }
+
+    /// Whether `lanes` is one of [`Pipelines::matmul_lane_counts`].
+    fn has_lanes(&self, lanes: u32) -> bool {
         let base = self.matmul_lanes;
-        if base <= 1 {
-            return vec![base];
-        }
-        std::iter::successors(Some(base), |l| (*l < MAX_MATMUL_LANES).then_some(l * 2)).collect()
+        lanes.is_power_of_two() && (base..=MAX_MATMUL_LANES).contains(&lanes) && (base > 1 || lanes == 1)
     }
 
     /// Whether `kernel` has a [`Pipelines::wide`] pipeline on this device (without compiling it).
@@ -350,16 +352,15 @@ impl Pipelines {
     /// The matmul lanes of `kernel` at `lanes` (the device's own where `lanes` is none of this
     /// device's; other kernels: their one slot)
     fn compiled(&self, kernel: Kernel, lanes: u32) -> &Compiled {
-        let base = self.matmul_lanes;
-        let own =
-            lanes.is_power_of_two() && (base..=MAX_MATMUL_LANES).contains(&lanes) && (base > 1 || lanes == 1);
+        let own = self.has_lanes(lanes);
         debug_assert!(
             own || !matches!(kernel, Kernel::Matmul(_)),
-            "matmul lanes {lanes} on a device of {base}"
+            "matmul lanes {lanes} on a device of {}",
+            self.matmul_lanes
         );
         let lanes = match kernel {
             Kernel::Matmul(_) if own => lanes,
-            Kernel::Matmul(_) => base,
+            Kernel::Matmul(_) => self.matmul_lanes,
             _ => 1,
         };
         self.table[kernel.index()][lanes.ilog2() as usize].get_or_init(|| self.compile(kernel, lanes))

@@ -180,21 +180,20 @@ impl Upload<'_> {
                 let n = per_buffer.min(start + run - first);
                 let label = format!("{name} rows {}..{}", first - start, first - start + n);
                 let buffer = WeightBuffer::empty(gpu, &label, format, n, cols);
+                // the file's bytes of some of the matrix's rows
+                let stored = |batch: &[(usize, usize)]| -> u64 {
+                    batch.iter().map(|&(p, _)| parts[p].dtype.bytes_for(cols as u64).unwrap_or(0)).sum()
+                };
                 if self.skip_data {
                     // (counted as read: the progress still ends at the model's bytes)
-                    let bytes: u64 = rows[first..first + n]
-                        .iter()
-                        .map(|&(p, _)| parts[p].dtype.bytes_for(cols as u64).unwrap_or(0))
-                        .sum();
-                    self.tally.borrow_mut().add(0, bytes);
+                    self.tally.borrow_mut().add(0, stored(&rows[first..first + n]));
                 }
                 let mut r = if self.skip_data { n } else { 0 };
                 while r < n {
                     let m = per_batch.min(n - r);
                     let batch = &rows[first + r..first + r + m];
                     let packed = self.batch(&parts, batch, format, cols).await?;
-                    let read: u64 =
-                        batch.iter().map(|&(p, _)| parts[p].dtype.bytes_for(cols as u64).unwrap_or(0)).sum();
+                    let read = stored(batch);
                     buffer
                         .write_rows(gpu, r, &packed)
                         .map_err(|e| Error::InvalidArgument(format!("{name}: {e}")))?;
