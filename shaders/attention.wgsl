@@ -105,13 +105,13 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
             for (var d0 = 0u; d0 < hd4; d0 += 8u) {
                 let own = q_own(inv, q_base + d0);
                 for (var d = d0; d < min(d0 + 8u, hd4); d++) {
-                    s += dot(q_at(q_base + d, d - d0, own), kv_vec4(k_base + d));
+                    s += dot_fma(q_at(q_base + d, d - d0, own), kv_vec4(k_base + d));
                 }
             }
-            s *= p.scale;
+            let scaled = s * p.scale;
             if (j < len) {
-                scores[s_base + j] = s;
-                m = max(m, s);
+                scores[s_base + j] = scaled;
+                m = max(m, scaled);
             }
         }
     }
@@ -157,11 +157,11 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
             for (var j0 = 0u; j0 < direct; j0 += 8u) {
                 let own = score_own(inv, s_base + j0);
                 for (var j = j0; j < min(j0 + 8u, direct); j++) {
-                    acc += score_at(s_base + j, j - j0, own) * kv_value(j * kv_row + v_base + d);
+                    acc = fma(score_at(s_base + j, j - j0, own), kv_value(j * kv_row + v_base + d), acc);
                 }
             }
             for (var j = direct; j < len; j++) {
-                acc += scores[s_base + j] * kv_value(key_row(r, j) * kv_row + v_base + d);
+                acc = fma(scores[s_base + j], kv_value(key_row(r, j) * kv_row + v_base + d), acc);
             }
             if (d0 + t < p.head_dim) { out[o_base + d] = acc * inv_l; }
         }

@@ -107,7 +107,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
             for (var d = 0u; d < hd4; d++) {
                 let kd = kv_vec4(k_base + d);
                 for (var g = 0u; g < HB; g++) {
-                    if (g < nh) { s[g] += dot(q[(r * p.heads + h0 + g) * hd4 + d], kd); }
+                    if (g < nh) { s[g] += dot_fma(q[(r * p.heads + h0 + g) * hd4 + d], kd); }
                 }
             }
         }
@@ -134,9 +134,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         }
         workgroupBarrier();
         // 4. each key group sums its keys' weights (the same l in each of its invocations) and
-        //    its vec4 of the weighted values, in key order, each v load serving every head
+        //    its vec4 of the weighted values, in key order, each v load serving every head: the
+        //    block's weights summed apart, then l = l alpha + their sum as one fused
+        //    multiply-add (the rescale meets no add a compiler could fuse it with: see dot_fma)
+        var lb: array<f32, HB>;
         for (var g = 0u; g < HB; g++) {
-            l[g] *= alpha[g];
+            lb[g] = 0.0;
             acc[g] *= alpha[g];
         }
         let keys = min(WG, j1 - b);
@@ -145,11 +148,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
                 let v = kv_vec4(key_row(r, b + jj) * kv_row4 + v_base4 + col);
                 for (var g = 0u; g < nh; g++) {
                     let w = sc[g][jj];
-                    l[g] += w;
-                    acc[g] += w * v;
+                    lb[g] += w;
+                    acc[g] = fma(vec4<f32>(w), v, acc[g]);
                 }
             }
         }
+        for (var g = 0u; g < HB; g++) { l[g] = fma(l[g], alpha[g], lb[g]); }
         workgroupBarrier();                   // the next block rewrites sc and mx
     }
 

@@ -45,13 +45,13 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var l_all = 0.0;
     for (var c = 0u; c < nc; c++) {
         let ml = 2u * (first + c) + p.ml_base;
-        l_all += part[ml + 1u] * exp(part[ml] - m_all);
+        l_all = fma(part[ml + 1u], exp(part[ml] - m_all), l_all);
     }
     let inv_l = 1.0 / l_all;
     for (var d = t; d < p.head_dim; d += WG) {
         var o = 0.0;
         for (var c = 0u; c < nc; c++) {
-            o += part[(first + c) * p.head_dim + d] * exp(part[p.ml_base + 2u * (first + c)] - m_all);
+            o = fma(part[(first + c) * p.head_dim + d], exp(part[p.ml_base + 2u * (first + c)] - m_all), o);
         }
         out[(r * p.heads + h) * p.head_dim + d] = o * inv_l;
     }

@@ -150,10 +150,10 @@ fn size(t: u32, passes: u32) -> u32 {
     if (t == 0u) {
         var best_rate = -1.0;
         var expected = 1.0;
-        let draft = f32(passes) * p.draft_pass;
+        let passes_f = f32(passes);
         for (var i = 0u; i < n; i++) {
             expected += min(1.0, p.calibration * exp(score(state[BEST + i])));
-            let time = draft + p.verify[(i + 1u) / 4u][(i + 1u) % 4u];
+            let time = fma(passes_f, p.draft_pass, p.verify[(i + 1u) / 4u][(i + 1u) % 4u]);
             var rate = expected;
             if (time > 0.0) { rate = expected / time; }
             if (rate > best_rate) {

@@ -48,7 +48,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     var sq = 0.0;
     for (var k = t; k < p.dim; k += WG) {
         let v = src[base + k];
-        sq += v * v;
+        sq = fma(v, v, sq);
     }
     squares[t] = sq;
     workgroupBarrier();
@@ -56,7 +56,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         if (t < stride) { squares[t] += squares[t + stride]; }
         workgroupBarrier();
     }
-    let inv_rms = 1.0 / sqrt(squares[0] / f32(p.dim) + p.eps);
+    let inv_rms = 1.0 / sqrt(fma(squares[0], 1.0 / f32(p.dim), p.eps));
     for (var k = t; k < p.dim; k += WG) {
         // (x * gamma) first: the product the forward pass's scaled copy holds
         out[dst + k] = (src[base + k] * gamma[k]) * inv_rms;

@@ -40,7 +40,11 @@
 // Batch-invariant: the order of every sum depends on k and LANES only (fixed per device and
 // weight matrix): a row
 // is computed by the same operations in the same order whether the pass holds 1 row or 32 (and
-// whichever of a GPU's two pipelines runs it), so its bits are the same.
+// whichever of a GPU's two pipelines runs it), so its bits are the same. And no compiler can
+// round them differently: a GPU compiler may contract `a * b + c` into a fused multiply-add in
+// one pipeline or branch and not in another, so no float add here is fed by a multiply (or a
+// divide, or `dot`) but through an explicit `fma` (checked on the IR of every format's module by
+// tests/kernels.rs, no_kernel_arithmetic_can_be_contracted).
 
 struct Step {
     n: u32,
@@ -127,7 +131,8 @@ fn column(c: u32) -> u32 {
     return c;
 }
 
-// output column c of pass row `row` (=|+=) v, at its place: y, or (f32) the KV cache past `split`
+// output column c of pass row `row` = v at its place: y (and with `scaled_copy` v * gamma[c] in
+// `second`), or (f32) the KV cache past `split`. Not for a residual add (write_added).
 fn store(c: u32, row: u32, v: f32) {
     let col = column(c);
     if (col >= p.split) {
@@ -135,10 +140,17 @@ fn store(c: u32, row: u32, v: f32) {
         return;
     }
     let i = row * p.ldy + col;
-    var out = v;
-    if (p.accumulate == 1u) { out = y[i] + v; }
+    y[i] = v;
+    if (p.scaled_copy == 1u) { second[i] = bitcast<u32>(v * gamma[col]); }
+}
+
+// (accumulate) output column c of pass row `row` += m * f, one fused multiply-add (and with
+// `scaled_copy` the sum times gamma[c] in `second`)
+fn store_added(c: u32, row: u32, m: f32, f: f32) {
+    let i = row * p.ldy + c;
+    let out = fma(m, f, y[i]);
     y[i] = out;
-    if (p.scaled_copy == 1u) { second[i] = bitcast<u32>(out * gamma[col]); }
+    if (p.scaled_copy == 1u) { second[i] = bitcast<u32>(out * gamma[c]); }
 }
 
 // (f16 KV cache) output columns c .. c + 3 of pass row `row`, all past `split`, into the cache as
@@ -185,7 +197,7 @@ fn depth(row: u32) -> u32 {
 fn rotate(a: f32, b: f32, i: u32, pos: u32) -> vec2<f32> {
     if (i >= p.rope_dim) { return vec2<f32>(a, b); }
     let cs = cos_sin[pos * (p.rope_dim / 2u) + i / 2u];
-    return vec2<f32>(a * cs.x - b * cs.y, a * cs.y + b * cs.x);
+    return vec2<f32>(fma(a, cs.x, -(b * cs.y)), fma(a, cs.y, b * cs.x));
 }
 
 // The unit of each of an invocation's four columns (cs: their weight rows)
@@ -228,14 +240,32 @@ fn group(q: Quad, g: u32) -> Group {
     return Group(unit_group(q.h0, g), unit_group(q.h1, g), unit_group(q.h2, g), unit_group(q.h3, g));
 }
 
-// the group's four dot products with one row's vector of x (column j in component j)
+// The group's four dot products with one row's vector of x (column j in component j), in k order
+// as explicit fused multiply-adds: x0 w0, then + x1 w1, + x2 w2, + x3 w3. Neither `dot` nor
+// `a * b + c`: a compiler may contract those into fused multiply-adds differently in each
+// pipeline and in each branch of row groups, and a row's bits must not depend on which ran it
+// (every float operation of this file is written so: tests/kernels.rs,
+// no_kernel_arithmetic_can_be_contracted).
 fn dots(ws: Group, xv: vec4<f32>) -> vec4<f32> {
-    return vec4<f32>(dot(ws.w0, xv), dot(ws.w1, xv), dot(ws.w2, xv), dot(ws.w3, xv));
+    let m = vec4<f32>(ws.w0.x, ws.w1.x, ws.w2.x, ws.w3.x) * xv.x;
+    let s = fma(vec4<f32>(ws.w0.y, ws.w1.y, ws.w2.y, ws.w3.y), vec4<f32>(xv.y), m);
+    let t = fma(vec4<f32>(ws.w0.z, ws.w1.z, ws.w2.z, ws.w3.z), vec4<f32>(xv.z), s);
+    return fma(vec4<f32>(ws.w0.w, ws.w1.w, ws.w2.w, ws.w3.w), vec4<f32>(xv.w), t);
 }
 
 // a += dots(ws, xv)
 fn add_dots(a: ptr<function, vec4<f32>>, ws: Group, xv: vec4<f32>) {
     *a += dots(ws, xv);
+}
+
+// The sums of squares of four vectors (one of each of four rows), in component order as dots'
+// (explicit fused multiply-adds)
+fn squares4(a: vec4<f32>, b: vec4<f32>, c: vec4<f32>, d: vec4<f32>) -> vec4<f32> {
+    let e0 = vec4<f32>(a.x, b.x, c.x, d.x);
+    let e1 = vec4<f32>(a.y, b.y, c.y, d.y);
+    let e2 = vec4<f32>(a.z, b.z, c.z, d.z);
+    let e3 = vec4<f32>(a.w, b.w, c.w, d.w);
+    return fma(e3, e3, fma(e2, e2, fma(e1, e1, e0 * e0)));
 }
 
 // Whole unit u of the four columns (q) applied to row r0 (a group of one row): a0 += the four
@@ -464,22 +494,32 @@ fn add_lanes(t: u32, lane: u32, m: u32, v: ptr<function, array<vec4<f32>, 8>>) {
     for (var r = 0u; r < m; r++) { (*v)[r] = partial[t * per + r]; }
 }
 
-// The epilogue of output columns c0 .. c0 + 3 (those up to `last`) of pass row `row`: v, their
-// sums (times the row's 1 / rms), through the params' epilogues to their places.
-fn write_out(c0: u32, last: u32, row: u32, v_in: vec4<f32>) {
+// The bias of output columns c .. c + 3 of the whole matrix (those up to `last`'s)
+fn bias4(c: u32, c0: u32, last: u32) -> vec4<f32> {
+    return vec4<f32>(bias[c], bias[c + min(1u, last - c0)], bias[c + min(2u, last - c0)],
+                     bias[c + min(3u, last - c0)]);
+}
+
+// The epilogue of output columns c0 .. c0 + 3 (those up to `last`) of pass row `row`: `sums`, their
+// four sums, times `scale` (the row's 1 / rms, or 1), through the params' epilogues to their
+// places. No product meets an add but in an explicit fused multiply-add (the bias, RoPE, the
+// residual add): see `dots`.
+fn write_out(c0: u32, last: u32, row: u32, sums: vec4<f32>, scale: f32) {
     let c = p.col_offset + c0;
-    var v = v_in;
+    if (p.accumulate == 1u) {
+        write_added(c0, last, row, sums, scale);
+        return;
+    }
     if (p.glu == 1u) {
         // (gate, up) pairs: columns c0, c0 + 1 and c0 + 2, c0 + 3 (cols is even); output column
         // c / 2 of the pair
+        let v = sums * scale;
         store(c / 2u, row, v.x / (1.0 + exp(-v.x)) * v.y);
         if (c0 + 2u <= last) { store(c / 2u + 1u, row, v.z / (1.0 + exp(-v.z)) * v.w); }
         return;
     }
-    if (p.has_bias == 1u) {
-        v += vec4<f32>(bias[c], bias[c + min(1u, last - c0)], bias[c + min(2u, last - c0)],
-                       bias[c + min(3u, last - c0)]);
-    }
+    var v = sums * scale;
+    if (p.has_bias == 1u) { v = fma(sums, vec4<f32>(scale), bias4(c, c0, last)); }
     if (p.silu == 1u) { v = v / (1.0 + exp(-v)); }
     if (c < p.rope_cols) {
         let i = c % p.head_dim;
@@ -492,6 +532,27 @@ fn write_out(c0: u32, last: u32, row: u32, v_in: vec4<f32>) {
     }
     for (var j = 0u; j < 4u; j++) {
         if (c0 + j <= last) { store(c + j, row, v[j]); }
+    }
+}
+
+// (accumulate: a residual add, as `wo`, `down` and a Medusa block's; never with glu, RoPE or the
+// KV cache) y += sums * scale (+ bias, then SiLU), each output's last operation one fused
+// multiply-add onto y
+fn write_added(c0: u32, last: u32, row: u32, sums: vec4<f32>, scale: f32) {
+    let c = p.col_offset + c0;
+    let n = min(4u, last + 1u - c0); // the columns of the four up to `last`
+    if (p.silu == 1u) {
+        // y += v * sigmoid(v)
+        var v = sums * scale;
+        if (p.has_bias == 1u) { v = fma(sums, vec4<f32>(scale), bias4(c, c0, last)); }
+        let f = 1.0 / (1.0 + exp(-v));
+        for (var j = 0u; j < n; j++) { store_added(c + j, row, v[j], f[j]); }
+    } else if (p.has_bias == 1u) {
+        // y += (sums * scale + bias)
+        let v = fma(sums, vec4<f32>(scale), bias4(c, c0, last));
+        for (var j = 0u; j < n; j++) { store_added(c + j, row, v[j], 1.0); }
+    } else {
+        for (var j = 0u; j < n; j++) { store_added(c + j, row, sums[j], scale); }
     }
 }
 
@@ -524,7 +585,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
                 let b = x_raw[(r + 1u) * k4 + i];
                 let c = x_raw[(r + 2u) * k4 + i];
                 let d = x_raw[(r + 3u) * k4 + i];
-                sq[h] += vec4<f32>(dot(a, a), dot(b, b), dot(c, c), dot(d, d));
+                sq[h] += squares4(a, b, c, d);
             }
         }
         // (q: the pipeline's vec4s of sums per invocation, a constant trip count)
@@ -537,7 +598,10 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
             }
             workgroupBarrier();
         }
-        for (var h = 0u; h < q; h++) { inv_rms[h] = 1.0 / sqrt(squares[h] / f32(p.k) + p.eps); }
+        // (mean + eps as one fused multiply-add by 1 / k: a division may be a multiply by a
+        // reciprocal, which a compiler could contract with the add)
+        let inv_k = vec4<f32>(1.0 / f32(p.k));
+        for (var h = 0u; h < q; h++) { inv_rms[h] = 1.0 / sqrt(fma(squares[h], inv_k, vec4<f32>(p.eps))); }
     }
 
     // 1. this lane's share of k: units lane, lane + LANES, ... Each group of 4 weights of the four
@@ -712,11 +776,11 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     // 3. lane 0 writes the outputs of its columns (c = col_offset + c0 + j of the whole matrix)
     if (lane == 0u && c0 <= last) {
         for (var r = 0u; r < min(nr, 8u); r++) {
-            write_out(c0, last, r0 + r, acc[r] * inv_rms[r / 4u][r % 4u]);
+            write_out(c0, last, r0 + r, acc[r], inv_rms[r / 4u][r % 4u]);
         }
         if (ROWS > 8u) {
             for (var r = 8u; r < nr; r++) {
-                write_out(c0, last, r0 + r, hi[r - 8u] * inv_rms[r / 4u][r % 4u]);
+                write_out(c0, last, r0 + r, hi[r - 8u], inv_rms[r / 4u][r % 4u]);
             }
         }
     }

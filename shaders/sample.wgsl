@@ -71,9 +71,9 @@ fn hash(stream: u32, pos: u32, j: u32) -> u32 {
 // A standard Gumbel variable -log(E), E = -log(1 - w) exponential, w uniform in (0, 1) from 32
 // hashed bits; for small w the series of -log(1 - w) keeps E's relative precision (E >= 2^-33).
 fn gumbel(h: u32) -> f32 {
-    let w = (f32(h) + 0.5) * 0x1p-32f;
+    let w = ldexp(f32(h) + 0.5, -32);
     var e = -log(1.0 - w);
-    if (w < 0x1p-8f) { e = w * (1.0 + w * (0.5 + w * (0x1.555556p-2f + w * 0.25))); }
+    if (w < 0x1p-8f) { e = w * fma(w, fma(w, fma(w, 0.25, 0x1.555556p-2f), 0.5), 1.0); }
     return -log(e);
 }
 
@@ -212,7 +212,7 @@ fn cut_of(t: u32, q_row: bool, r: u32, base: u32) -> Cut {
     tied = reduce_sum(t, tied);
     // tied tokens needed: the fewest c >= 1 with gt + c w* >= need
     let ws = exp((vs - c.m) * inv_t);
-    let want = u32(clamp(ceil((need - gt) / ws), 1.0, tied));
+    let want = u32(clamp(ceil(fma(p.top_p, c.z, -gt) / ws), 1.0, tied));
     var ti = select(NONE, c.i, vs == c.v); // all of them (those the top-k kept)
     if (want < u32(tied)) {
         // the smallest id with `want` tied tokens at or below it
@@ -265,7 +265,11 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     if (use_q) { cq = cut_of(t, true, r, base); }
     if (bad) { atomicMax(&status[0], r + 1u); }
 
-    // 2. the draws: from p, and from the residual max(0, p - q)
+    // 2. the draws: from p, and from the residual max(0, p - q). (Each product that meets an add
+    //    is an explicit fused multiply-add, a division by Z a multiply by 1 / Z: a compiler may
+    //    contract either differently from pipeline to pipeline: shaders/matmul.wgsl, dots.)
+    let inv_zp = 1.0 / cp.z;
+    let inv_zq = 1.0 / cq.z;
     var bv = LOWEST;
     var bi = NONE;
     var rv = LOWEST;
@@ -274,20 +278,22 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         let v = logits[base + j];
         if (!at_least(v, j, cp.v, cp.i)) { continue; }
         let lw = (v - cp.m) * inv_t;            // log of p_j * Z
-        let g = lw + gumbel(hash(2u * p.stream, pos, j));
+        let g = fma(v - cp.m, inv_t, gumbel(hash(2u * p.stream, pos, j))); // lw + the noise
+
         if (bi == NONE || g > bv) { bv = g; bi = j; }
         if (!has_x) { continue; }               // (no draft checked: no residual drawn)
-        var lr = lw;                            // log of the residual's weight (times Z): one-hot q
+        // the log of the residual's weight (times Z) + its noise: with a one-hot q, lw's
+        let noise = gumbel(hash(2u * p.stream + 1u, pos, j));
+        var gr = fma(v - cp.m, inv_t, noise);
         if (use_q) {
-            let pj = exp(lw) / cp.z;
+            let pj = exp(lw) * inv_zp;
             let u = q_logits[base + j];
-            let qj = select(0.0, exp((u - cq.m) * inv_t) / cq.z, at_least(u, j, cq.v, cq.i));
+            let qj = select(0.0, exp((u - cq.m) * inv_t) * inv_zq, at_least(u, j, cq.v, cq.i));
             if (pj <= qj) { continue; }
-            lr = log(pj - qj);
+            gr = log(fma(exp(lw), inv_zp, -qj)) + noise; // log(pj - qj) + the noise
         } else if (j == x) {
             continue;                           // max(0, p_x - 1) = 0
         }
-        let gr = lr + gumbel(hash(2u * p.stream + 1u, pos, j));
         if (ri == NONE || gr > rv) { rv = gr; ri = j; }
     }
     let sample = reduce_best(t, bv, bi);

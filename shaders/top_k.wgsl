@@ -126,7 +126,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     for (var e = t; e < p.slices; e += WG) {
         let at = 2u * (r * p.slices + e);
         let picked = cand[2u * (r * p.slices + e) * p.k + 1u] != NONE_I;
-        acc += select(lse[at + 1u], lse[at + 1u] * exp(lse[at] - top), picked);
+        acc = select(acc + lse[at + 1u], fma(lse[at + 1u], exp(lse[at] - top), acc), picked);
     }
     let total = sum_of(t, acc);
     if (t == 0u) {

@@ -2,6 +2,8 @@
 //! that are not multiples of the workgroup size, with named tolerances.
 
 mod common;
+#[path = "common/contraction.rs"]
+mod contraction;
 mod reference;
 
 use common::{assert_close, assert_fits, gpu, gpu_unshared, gpus, rand_vec, read_f32, read_u32, rng, tiny};
@@ -374,6 +376,72 @@ fn assert_same_bits(what: &str, shuffled: &[f32], loaded: &[f32]) {
     assert!(shuffled.iter().any(|v| *v != 0.0), "{what}: all zeros");
 }
 
+/// Item 5 of the GPU-shape issue: no float add of a decoding kernel is fed by a multiply but
+/// through an explicit `fma`, in every module (every weight and cache format, with and without
+/// shuffled loads), so no compiler can round a row differently in two pipelines (the matmul's
+/// row groups and lanes) or two branches (its row groups, attention's direct and tree keys).
+/// lavapipe never contracts differently; a GPU compiler may (tests/common/contraction.rs). The
+/// benchmarks' kernels measure the hardware and are left out.
+#[test]
+fn no_kernel_arithmetic_can_be_contracted() {
+    for kernel in Kernel::all().into_iter().filter(|k| !matches!(k, Kernel::BenchCopy | Kernel::BenchFma)) {
+        for shuffle in [false, true] {
+            let found = contraction::contractable(&kernel.source(shuffle), "main");
+            assert!(found.is_empty(), "{kernel:?} (shuffled loads: {shuffle}): {found:#?}");
+        }
+    }
+}
+
+/// The contraction check finds each way a product can reach an add (and misses none of them by
+/// a path the matmul avoids), and passes what cannot be contracted.
+#[test]
+fn the_contraction_check_finds_every_path_from_a_multiply_to_an_add() {
+    let source = r#"
+        @group(0) @binding(0) var<storage, read_write> y: array<f32>;
+        fn inline_expr(a: f32, b: f32) -> f32 { return a * b + y[1]; }
+        fn through_let(a: f32, b: f32) -> f32 { let m = a * b; return y[2] - m; }
+        fn through_var(a: f32, b: f32) -> f32 { var m = 0.0; if (a > 0.0) { m = a / b; } return m + 1.0; }
+        fn product(a: f32, b: f32) -> f32 { return a * b; }
+        fn through_result(a: f32, b: f32) -> f32 { return product(a, b) + b; }
+        fn add(v: f32) -> f32 { return v + 2.0; }
+        fn through_argument(a: f32, b: f32) -> f32 { return add(-(a * b)); }
+        fn put(m: ptr<function, vec4<f32>>, a: f32) { *m = vec4<f32>(a) * a; }
+        fn through_pointer(a: f32) -> f32 { var m: vec4<f32>; put(&m, a); return m.x + m.y; }
+        fn onto(m: f32, f: f32) -> f32 { return fma(m, f, y[3]); }
+        fn by_one(a: f32, b: f32) -> f32 { return onto(a * b, 1.0); }
+        fn builtin(a: vec4<f32>) -> f32 { return dot(a, a); }
+        fn fine(a: f32, b: f32) -> f32 {
+            let p = fma(a, b, y[4]) + y[5];
+            let q = onto(p, b) + onto(a * b, a) + add(p);
+            var s = vec4<f32>(a);
+            s += vec4<f32>(f32(u32(a) * 3u + 1u));
+            return q - s.x + exp(a * b) + min(a * b, 1.0) + p;
+        }
+        @compute @workgroup_size(1)
+        fn main() {
+            let a = y[0];
+            let b = y[6];
+            y[7] = inline_expr(a, b) + through_let(a, b) + through_var(a, b) + through_result(a, b)
+                + through_argument(a, b) + through_pointer(a) + by_one(a, b) + fine(a, b);
+            y[8] = builtin(vec4<f32>(a));
+        }
+    "#;
+    let found = contraction::contractable(source, "main");
+    let functions: std::collections::BTreeSet<&str> =
+        found.iter().map(|f| f.split(':').next().unwrap_or("")).collect();
+    let want = [
+        "add",
+        "builtin",
+        "inline_expr",
+        "onto",
+        "through_let",
+        "through_pointer",
+        "through_result",
+        "through_var",
+    ];
+    assert_eq!(functions, want.into_iter().collect(), "{found:#?}");
+}
+
 #[test]
 fn matmul_x_shared_by_subgroup_shuffles_keeps_every_bit() {
     // lavapipe's default shape passes each vector of x between the matmul's invocations of a
@@ -487,6 +555,32 @@ fn embed_gathers_rows_of_every_format_from_its_chunk() {
                 vec![0.0; dim]
             };
             assert_eq!(row, &want[..], "{dtype}: x * gamma of row {r} (token {t})");
+        }
+    }
+}
+
+/// The dequantisations the kernels write as fused multiply-adds (Q4_1 `d q + m`, Q4_K and Q5_K
+/// `(d sc) q - dmin m`: shaders/formats/) round as ggml's multiply then add, the reference order:
+/// their products are exact in f32 for every finite f16 scale, 6-bit scale and 5-bit quant (at most
+/// 11 + 6 + 5 significant bits; the byte places they are scaled by are powers of two), so the one
+/// rounding left is the add's, fused or not.
+#[test]
+fn quant_products_are_exact_so_fused_dequantisation_rounds_as_ggml() {
+    for bits in 0..=u16::MAX {
+        let d = half::f16::from_bits(bits).to_f32();
+        if !d.is_finite() || d == 0.0 {
+            continue;
+        }
+        for sc in 1..64u32 {
+            let s = d * sc as f32;
+            assert_eq!(s as f64, d as f64 * sc as f64, "d = {d}, sc = {sc}");
+            // s has at most 19 significant bits, so s q is exact for every q < 32
+            let significant = 24 - (s.to_bits() & 0x7f_ffff | 0x80_0000).trailing_zeros();
+            assert!(significant <= 19, "d = {d}, sc = {sc}: {significant} bits");
+            for q in [3u32, 17, 31] {
+                assert_eq!((s * q as f32) as f64, s as f64 * q as f64, "d = {d}, sc = {sc}, q = {q}");
+                assert_eq!(s.mul_add(q as f32, -d), s * q as f32 - d, "d = {d}, sc = {sc}, q = {q}");
+            }
         }
     }
 }

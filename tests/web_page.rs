@@ -10,4 +10,8 @@ wasm_bindgen_test::wasm_bindgen_test_configure!(run_in_browser);
 all_browser_tests!();
 
 // (the page only: the worker's browser compiles and runs the same shaders)
-browser_tests!(every_kernel_builds, embed_dequantises_edge_scales_bit_for_bit);
+browser_tests!(
+    every_kernel_builds,
+    embed_dequantises_edge_scales_bit_for_bit,
+    matmul_rows_keep_their_bits_in_every_pass
+);

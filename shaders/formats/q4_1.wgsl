@@ -21,5 +21,6 @@ fn unit_head(row: u32, u: u32) -> Unit {
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {
     // nibble j of the group's word in place: q_j * 2^8j
-    return h.d * vec4<f32>(byte_fields(h.q[g % 4u] >> (4u * (g / 4u)), 4u)) + h.m;
+    // (an explicit fused multiply-add, the same bits as d * q + m: shaders/matmul.wgsl, dots)
+    return fma(h.d, vec4<f32>(byte_fields(h.q[g % 4u] >> (4u * (g / 4u)), 4u)), vec4<f32>(h.m));
 }

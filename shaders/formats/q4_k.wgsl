@@ -43,5 +43,6 @@ fn unit_head(row: u32, u: u32) -> Unit {
 
 fn unit_group(h: Unit, g: u32) -> vec4<f32> {
     let word = select(h.q1[g % 4u], h.q0[g % 4u], g < 4u);
-    return h.scale * vec4<f32>(byte_fields(word >> h.sh, 4u)) - h.mn;
+    // (an explicit fused multiply-add, the same bits as scale * q - mn: shaders/matmul.wgsl, dots)
+    return fma(h.scale, vec4<f32>(byte_fields(word >> h.sh, 4u)), vec4<f32>(-h.mn));
 }

@@ -55,5 +55,6 @@ fn unit_group(h: Unit, g: u32) -> vec4<f32> {
     let hw = select(h.h1[g % 4u], h.h0[g % 4u], g < 4u);
     // the four 5-bit quants, one per byte: the low nibbles and the fifth bits (bit sh of each qh byte)
     let q = ((qw >> h.sl) & 0x0F0F0F0Fu) | (((hw >> h.sh) & 0x01010101u) << 4u);
-    return h.scale * vec4<f32>(byte_fields(q, 5u)) - h.mn;
+    // (an explicit fused multiply-add, the same bits as scale * q - mn: shaders/matmul.wgsl, dots)
+    return fma(h.scale, vec4<f32>(byte_fields(q, 5u)), vec4<f32>(-h.mn));
 }

@@ -118,6 +118,8 @@ impl Kernel {
             let rank = include_str!("../../shaders/share/rank.wgsl");
             Cow::Owned(format!("const SLICE: u32 = {}u;\n{rank}\n{op}", super::ops::REDUCE_SLICE))
         };
+        // shaders/share/dot.wgsl: a dot product no compiler can contract differently
+        const DOT: &str = include_str!("../../shaders/share/dot.wgsl");
         // shaders/share/: whether a subgroup shares the loads its invocations all need
         let share = if shuffle {
             include_str!("../../shaders/share/shuffle.wgsl")
@@ -130,9 +132,11 @@ impl Kernel {
                 with_format(w, &format!("{share}\n{}", include_str!("../../shaders/matmul.wgsl")))
             }
             Kernel::Attention(kv) => {
-                with_kv(kv, &format!("{share}\n{}", include_str!("../../shaders/attention.wgsl")))
+                with_kv(kv, &format!("{share}\n{DOT}\n{}", include_str!("../../shaders/attention.wgsl")))
             }
-            Kernel::AttentionChunks(kv) => with_kv(kv, include_str!("../../shaders/attention_chunks.wgsl")),
+            Kernel::AttentionChunks(kv) => {
+                with_kv(kv, &format!("{DOT}\n{}", include_str!("../../shaders/attention_chunks.wgsl")))
+            }
             Kernel::AttentionMerge => Cow::Borrowed(include_str!("../../shaders/attention_merge.wgsl")),
             Kernel::Argmax => with_rank(include_str!("../../shaders/argmax.wgsl")),
             Kernel::AcceptGreedy => Cow::Borrowed(include_str!("../../shaders/accept_greedy.wgsl")),

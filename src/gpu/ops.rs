@@ -62,7 +62,8 @@ pub struct MatmulOut<'a> {
     /// [`crate::model::Matrix`]): biases, RoPE, the KV split and the output count columns of the
     /// whole matrix (with `glu`, row `2 i` and `2 i + 1` give output column `i`).
     pub col_offset: u32,
-    /// Add the result to what the output holds (a residual add) instead of overwriting it.
+    /// Add the result to what the output holds (a residual add) instead of overwriting it. Not
+    /// with `glu`, `rope` or a KV second output.
     pub accumulate: bool,
     /// The weight rows interleave gate and up projections (g0, u0, g1, u1, ...): output column
     /// `i` is `silu(gate_i) * up_i` (SwiGLU), so a matrix of `2 f` rows writes `f` columns.
@@ -444,6 +445,10 @@ impl Gpu {
         y: &GpuBuffer<f32>,
         out: MatmulOut,
     ) -> Op {
+        debug_assert!(
+            !out.accumulate || !(out.glu || out.rope.is_some() || matches!(out.second, Some(Second::Kv(_)))),
+            "a residual add has no SwiGLU, RoPE or KV output (shaders/matmul.wgsl, write_added)"
+        );
         // Unused bindings still need buffers: x serves for the read-only ones (never read then),
         // a small buffer of the GPU's own for the writable one.
         let (kv, scaled, second_raw, gamma_raw) = match out.second {

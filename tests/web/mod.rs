@@ -12,7 +12,7 @@ use wasm_bindgen::JsCast;
 use wasm_bindgen_futures::JsFuture;
 use wgspec::engine::{DraftKind, Engine, Request};
 use wgspec::files::ModelFiles;
-use wgspec::gpu::{Gpu, GpuBuffer, MatmulOut, WeightBuffer};
+use wgspec::gpu::{Gpu, GpuBuffer, KernelShape, MatmulOut, WeightBuffer};
 use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
 use wgspec::web::WebEngine;
@@ -166,6 +166,61 @@ pub async fn matmul_matches_reference() {
                 }
             }
         }
+    }
+}
+
+/// A row's bits do not depend on the pass it is in, in this browser's compiler too (Tint, then
+/// SwiftShader): each of 16 rows computed alone equals, bit for bit, the same row in passes of 16
+/// down to 2 rows, in the adapter's own shape (row groups of 1 to 8) and in the GPU shape (its
+/// 4-row and 16-row pipelines, with 16, 32 and 64 lanes per column quad), as natively
+/// (tests/kernels.rs, matmul_rows_are_batch_invariant).
+pub async fn matmul_rows_keep_their_bits_in_every_pass() {
+    let gpu_shape = KernelShape { matmul_lanes: Some(16), split_attention: Some(true), shuffle_loads: None };
+    for gpu in [gpu().await, Arc::new(Gpu::with_shape(gpu_shape).await.expect("the GPU shape"))] {
+        let step = gpu.step_buffer();
+        let mut r = rng(4);
+        let mut lanes_seen = Vec::new();
+        // (lanes in the GPU shape: Q8_0 of 8 units 16, Q6_K of 24 units 32, Q4_K of 64 units 64)
+        for (dtype, k, cols) in [(DType::Q8_0, 256, 40), (DType::Q6_K, 768, 40), (DType::Q4_K, 2048, 40)] {
+            let rows = 16;
+            let x = rand_vec(&mut r, rows * k, 1.0);
+            let bytes = tiny::random_blocks(dtype, cols * k, &mut r);
+            let wb = WeightBuffer::from_blocks(&gpu, "w", dtype, &bytes, cols, k).expect("weights");
+            let out = MatmulOut { ldy: cols as u32, ..Default::default() };
+            let run = |x: &[f32], n: usize| {
+                let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", x);
+                let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * cols);
+                let op = gpu.matmul(&step, &xb, &wb, None, &yb, out);
+                let lanes = op.lanes();
+                gpu.write_step(&step, n, 0);
+                let mut enc = gpu.encoder();
+                gpu.encode(&mut enc, &[op], n as u32);
+                gpu.submit(enc);
+                (yb, lanes)
+            };
+            let mut alone = Vec::new();
+            for row in 0..rows {
+                let (yb, _) = run(&x[row * k..(row + 1) * k], 1);
+                alone.push(read_f32(&gpu, &yb.raw, cols).await);
+            }
+            for n in [16usize, 13, 9, 8, 7, 6, 5, 4, 3, 2] {
+                let (yb, lanes) = run(&x[..n * k], n);
+                lanes_seen.push(lanes);
+                let pass = read_f32(&gpu, &yb.raw, n * cols).await;
+                for (row, single) in alone.iter().enumerate().take(n) {
+                    let same =
+                        single.iter().zip(&pass[row * cols..]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(
+                        same,
+                        "{} {dtype} k={k} ({lanes} lanes): row {row} of a {n}-row pass differs from the row alone",
+                        gpu.describe()
+                    );
+                }
+            }
+        }
+        lanes_seen.dedup();
+        let want: &[u32] = if gpu.matmul_lanes() > 1 { &[16, 32, 64] } else { &[1] };
+        assert_eq!(lanes_seen, want, "{}: the lanes the matmuls ran with", gpu.describe());
     }
 }
 
