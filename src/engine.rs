@@ -25,60 +25,8 @@ use crate::speculative::{
     self, DraftModel, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, Schedule, SpecStats,
     DEFAULT_MAX_DRAFT_K, EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
 };
+pub use crate::speculative::{DraftKind, DraftSpec};
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, TextLimit, Tokenizer};
-
-/// Which draft a request speculates with.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "lowercase")]
-pub enum DraftKind {
-    /// The loaded draft model.
-    Model,
-    /// N-gram lookup in the prompt and the text so far (the latest match's continuation).
-    Ngram,
-    /// The loaded draft model's chain and the n-gram continuations merged into one token tree
-    /// (SpecInfer's ensemble; greedy decoding, else the model's chain).
-    #[serde(rename = "model+ngram")]
-    ModelNgram,
-    /// The loaded Medusa heads: a token tree from their top guesses.
-    Medusa,
-    /// The Medusa heads' tree and the n-gram continuations merged (the ensemble).
-    #[serde(rename = "medusa+ngram")]
-    MedusaNgram,
-    /// The loaded EAGLE head: EAGLE-2's dynamic tree of its best-scoring guesses.
-    Eagle,
-    /// The EAGLE head's tree and the n-gram continuations merged (the ensemble).
-    #[serde(rename = "eagle+ngram")]
-    EagleNgram,
-    /// No speculation: plain target decoding.
-    None,
-}
-
-impl DraftKind {
-    /// The loaded draft an ensemble kind merges the n-gram with (`EagleNgram` -> `Eagle`), or
-    /// the kind itself.
-    pub fn base(self) -> DraftKind {
-        match self {
-            DraftKind::ModelNgram => DraftKind::Model,
-            DraftKind::MedusaNgram => DraftKind::Medusa,
-            DraftKind::EagleNgram => DraftKind::Eagle,
-            d => d,
-        }
-    }
-
-    /// The name requests use (`"eagle+ngram"`).
-    pub fn name(self) -> &'static str {
-        match self {
-            DraftKind::Model => "model",
-            DraftKind::Ngram => "ngram",
-            DraftKind::ModelNgram => "model+ngram",
-            DraftKind::Medusa => "medusa",
-            DraftKind::MedusaNgram => "medusa+ngram",
-            DraftKind::Eagle => "eagle",
-            DraftKind::EagleNgram => "eagle+ngram",
-            DraftKind::None => "none",
-        }
-    }
-}
 
 fn default_max_tokens() -> usize {
     128
@@ -115,7 +63,7 @@ pub struct Request {
     /// Generation ends when the text contains one of these; the text ends before it.
     #[serde(default)]
     pub stop: Vec<String>,
-    /// Default: the draft model when one is loaded, else no speculation.
+    /// Default: the engine's ([`Engine::default_draft`]: the draft loaded last, else none).
     #[serde(default)]
     pub draft: Option<DraftKind>,
     /// Fixed K; `None` = adaptive up to `max_draft_k`.
@@ -375,6 +323,9 @@ pub struct Engine {
     draft: Option<(DraftModel, ModelInfo)>,
     medusa: Option<Medusa>,
     eagle: Option<Eagle>,
+    /// The draft of requests that name none: the last one loaded, or what
+    /// [`Engine::set_default_draft`] chose.
+    default_draft: DraftKind,
     /// Per draft kind and decoding (greedy or sampled), the K schedule its requests share: a
     /// request starts from the costs and acceptance the earlier ones measured (cleared when a
     /// draft is loaded).
@@ -422,8 +373,53 @@ impl Engine {
             draft: None,
             medusa: None,
             eagle: None,
+            default_draft: DraftKind::None,
             schedules: Vec::new(),
         }
+    }
+
+    /// The draft requests that name none speculate with: the draft model, Medusa heads or EAGLE
+    /// head loaded last, else none, unless [`Engine::set_default_draft`] chose another.
+    pub fn default_draft(&self) -> DraftKind {
+        self.default_draft
+    }
+
+    /// Sets the draft requests that name none speculate with (`ngram`, or `eagle+ngram` once an
+    /// EAGLE head is loaded); refused when it needs a draft that is not loaded.
+    pub fn set_default_draft(&mut self, kind: DraftKind) -> Result<()> {
+        if let Some(what) = self.missing(kind) {
+            return Err(Error::InvalidArgument(format!("default draft {kind}: {what} not loaded")));
+        }
+        self.default_draft = kind;
+        Ok(())
+    }
+
+    /// What `kind` needs that is not loaded (None: it can run).
+    fn missing(&self, kind: DraftKind) -> Option<&'static str> {
+        match kind.base() {
+            DraftKind::Model if self.draft.is_none() => Some("a draft model is"),
+            DraftKind::Medusa if self.medusa.is_none() => Some("Medusa heads are"),
+            DraftKind::Eagle if self.eagle.is_none() => Some("an EAGLE head is"),
+            _ => None,
+        }
+    }
+
+    /// Drafts with the loaded draft model as top-k trees of `per_depth` tokens at each depth (1:
+    /// chains, the default; at most [`crate::gpu::MAX_TOP_K`]); its requests' K schedules start
+    /// over.
+    pub fn set_model_tree(&mut self, per_depth: usize) -> Result<()> {
+        let Some((draft, _)) = self.draft.as_mut() else {
+            return Err(Error::InvalidArgument("a draft model tree: no draft model is loaded".into()));
+        };
+        if !(1..=crate::gpu::MAX_TOP_K).contains(&per_depth) {
+            return Err(Error::InvalidArgument(format!(
+                "a draft model tree of {per_depth} tokens per depth: 1 to {} are possible",
+                crate::gpu::MAX_TOP_K
+            )));
+        }
+        draft.set_tree(per_depth - 1);
+        self.schedules.retain(|((kind, _), _)| kind.base() != DraftKind::Model);
+        Ok(())
     }
 
     /// Replaces the Medusa heads with those in `files` (a `medusa_lm_head.safetensors`, or
@@ -458,6 +454,7 @@ impl Engine {
         self.check_budget("the Medusa heads", bytes)?;
         let heads = &mut |p| progress(Role::Draft, p);
         let heads = MedusaHeads::load(&self.target, &ckpt, (config, &prefix), opts, top_k, heads).await?;
+        self.default_draft = DraftKind::Medusa;
         Ok(self.medusa.insert(Medusa::new(heads, choices)?).heads())
     }
 
@@ -508,6 +505,7 @@ impl Engine {
         let progress = &mut |p| progress(Role::Draft, p);
         let head = EagleHead::load(&self.target, &ckpt, layout, &self.load_options, top_k, progress).await?;
         let shape = EagleTree::Dynamic { width: EAGLE_WIDTH };
+        self.default_draft = DraftKind::Eagle;
         Ok(self.eagle.insert(Eagle::with_tree(head, shape)).head())
     }
 
@@ -577,6 +575,9 @@ impl Engine {
     pub fn set_draft(&mut self, draft: Option<(Model, &Tokenizer)>) -> Result<()> {
         self.draft = None;
         self.schedules.clear();
+        if self.default_draft.base() == DraftKind::Model {
+            self.default_draft = DraftKind::None;
+        }
         if let Some((model, tokenizer)) = draft {
             speculative::check_draft(
                 (&self.target.config, &self.prompter.tokenizer),
@@ -590,6 +591,7 @@ impl Engine {
 
     fn attach_draft(&mut self, model: Model, info: ModelInfo) -> Result<&ModelInfo> {
         let draft = DraftModel::new(model, &self.target.config)?;
+        self.default_draft = DraftKind::Model;
         Ok(&self.draft.insert((draft, info)).1)
     }
 
@@ -670,7 +672,10 @@ impl Engine {
             sampling: req.sampling(),
             stop_tokens: self.prompter.tokenizer.eos_ids().to_vec(),
         };
-        let kind = req.draft.unwrap_or(if self.draft.is_some() { DraftKind::Model } else { DraftKind::None });
+        let kind = req.draft.unwrap_or(self.default_draft);
+        if let Some(what) = self.missing(kind) {
+            return Err(Error::InvalidArgument(format!("draft {kind} asked for, but {what} not loaded")));
+        }
 
         let tokenizer = &self.prompter.tokenizer;
         let mut decoder = StreamDecoder::new();
@@ -690,25 +695,16 @@ impl Engine {
         };
         let mut ngram = NGram::default();
         let mut ensemble;
-        let missing = |what: &str| Err(Error::InvalidArgument(format!("{what} asked for, but not loaded")));
-        let alone: Option<&mut dyn speculative::Draft> = match kind {
-            DraftKind::None => None,
+        // (each kind's draft is loaded: `missing` above)
+        let alone: Option<&mut dyn speculative::Draft> = match kind.base() {
             DraftKind::Ngram => Some(&mut ngram),
-            DraftKind::Model | DraftKind::ModelNgram => match self.draft.as_mut() {
-                Some((d, _)) => Some(d),
-                None => return missing("a draft model was"),
-            },
-            DraftKind::Medusa | DraftKind::MedusaNgram => match self.medusa.as_mut() {
-                Some(m) => Some(m),
-                None => return missing("Medusa heads were"),
-            },
-            DraftKind::Eagle | DraftKind::EagleNgram => match self.eagle.as_mut() {
-                Some(e) => Some(e),
-                None => return missing("an EAGLE head was"),
-            },
+            DraftKind::Model => self.draft.as_mut().map(|(d, _)| d as &mut dyn speculative::Draft),
+            DraftKind::Medusa => self.medusa.as_mut().map(|m| m as &mut dyn speculative::Draft),
+            DraftKind::Eagle => self.eagle.as_mut().map(|e| e as &mut dyn speculative::Draft),
+            _ => None,
         };
-        let draft = match (kind, alone) {
-            (DraftKind::ModelNgram | DraftKind::MedusaNgram | DraftKind::EagleNgram, Some(d)) => {
+        let draft = match (kind.is_ensemble(), alone) {
+            (true, Some(d)) => {
                 let ngram = NGram { branches: TREE_BRANCHES, ..NGram::default() };
                 ensemble = Ensemble { draft: d, ngram };
                 Some(&mut ensemble as &mut dyn speculative::Draft)

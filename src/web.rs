@@ -25,7 +25,7 @@ use std::sync::Arc;
 use js_sys::Function;
 use wasm_bindgen::prelude::*;
 
-use crate::engine::{Engine, ModelInfo, Request, Role};
+use crate::engine::{DraftKind, Engine, ModelInfo, Request, Role};
 use crate::error::Error;
 use crate::files::ModelFiles;
 use crate::gpu::Gpu;
@@ -327,6 +327,21 @@ impl WebEngine {
             });
             put_back(&slot, engine, loaded)
         }))
+    }
+
+    /// The draft of requests that name none (`"model"`, `"eagle+ngram"`, `"none"`): the draft
+    /// loaded last, unless `set_default_draft` chose another.
+    pub fn default_draft(&self) -> Result<String, JsError> {
+        let mut slot = self.slot.borrow_mut();
+        Ok(self.ready(&mut slot)?.default_draft().to_string())
+    }
+
+    /// Sets the draft of requests that name none (a request's `draft` name, such as `"ngram"`);
+    /// refused when it needs a draft that is not loaded.
+    pub fn set_default_draft(&mut self, kind: &str) -> Result<(), JsError> {
+        let kind: DraftKind = kind.parse().map_err(js_err)?;
+        let mut slot = self.slot.borrow_mut();
+        self.ready(&mut slot)?.set_default_draft(kind).map_err(js_err)
     }
 
     /// Drops the draft model (its GPU memory is freed).

@@ -55,6 +55,15 @@ fn generate_json_prints_one_object_with_tokens_text_and_stats() {
         (v["gpu_weight_bytes"].as_f64().expect("gpu"), v["file_weight_bytes"].as_f64().expect("file"));
     assert!(file > 0.0 && (gpu / file - 1.0).abs() < 0.01, "gpu {gpu} vs file {file} bytes");
 
+    // A draft model's top-k trees (`tree:N:MODEL`, the model drafting for itself): trees verified,
+    // the target's greedy tokens, the stats naming the draft as requests do
+    let draft = format!("tree:3:{m}");
+    let args = ["generate", "--model", m, "--prompt", "hello world", "--max-tokens", "7", "--json"];
+    let tree = json_of(&wgspec(&[&args[..], &["--draft", &draft, "--draft-k", "2"]].concat()));
+    assert_eq!(tree["tokens"], v["tokens"], "speculation on trees changed the tokens");
+    assert_eq!(tree["stats"]["draft"], "model");
+    assert!(tree["stats"]["tree_cycles"].as_u64().is_some_and(|n| n > 0), "{}", tree["stats"]);
+
     // Seeded sampling is reproducible, and a different seed may differ but still parses.
     let args = ["generate", "--model", m, "--prompt", "abc", "--max-tokens", "6", "--temperature", "1.5"];
     let a = json_of(&wgspec(&[&args[..], &["--seed", "7", "--json"]].concat()));
@@ -182,6 +191,10 @@ fn bad_input_gives_a_clear_error_and_a_failing_exit_code() {
         ),
         (vec!["--model".into(), model.display().to_string(), "--temperature=-1".into()], "temperature"),
         (vec!["--model".into(), model.display().to_string(), "--context".into(), "4".into()], "context"),
+        // malformed drafts, named (parsed before anything loads)
+        (vec!["--model".into(), "m.gguf".into(), "--draft".into(), "tree:0:m.gguf".into()], "1 to 16"),
+        (vec!["--model".into(), "m.gguf".into(), "--draft".into(), "medusa:".into()], "names no file"),
+        (vec!["--model".into(), "m.gguf".into(), "--draft".into(), "ngram+ngram".into()], "follows a draft"),
     ];
     for (args, needle) in cases {
         let mut full = vec!["generate".to_string(), "--prompt".into(), "hello there".into()];

@@ -366,6 +366,7 @@ fn speculation_through_the_engine_equals_plain_decoding() {
         assert!(engine.schedule(draft, true).is_some(), "the requests of a draft kind share a schedule");
         assert_eq!(out.tokens, plain.tokens, "{draft:?} K={k:?}");
         assert_eq!(out.text, plain.text);
+        assert_eq!(out.stats.draft, draft, "the stats name the draft as requests do");
         assert_eq!(streamed(&events), out.text);
         let tokens: Vec<u32> = events.iter().filter_map(|e| e.id).collect();
         assert_eq!(tokens, out.tokens, "one event per committed token");
@@ -384,16 +385,13 @@ fn speculation_through_the_engine_equals_plain_decoding() {
             assert!(out.stats.acceptance_rate == 1.0, "{:?}", out.stats);
         }
         if matches!(draft, DraftKind::ModelNgram | DraftKind::MedusaNgram | DraftKind::EagleNgram) {
-            // the ensembles name themselves as requests do, and verify merged trees
-            assert_eq!(out.stats.draft, draft.name());
+            // the ensembles verify merged trees
             assert!(out.stats.tree_cycles > 0, "{draft:?}: trees were verified: {:?}", out.stats);
         }
         if draft == DraftKind::Medusa {
-            assert_eq!(out.stats.draft, "medusa");
             assert!(out.stats.tree_cycles > 0, "Medusa trees were verified: {:?}", out.stats);
         }
         if draft == DraftKind::Eagle {
-            assert_eq!(out.stats.draft, "eagle");
             assert!(out.stats.drafted > 0 && out.stats.draft_steps > 0, "EAGLE drafted: {:?}", out.stats);
         }
     }
@@ -419,11 +417,32 @@ fn speculation_through_the_engine_equals_plain_decoding() {
             assert!(out.stats.drafted > 0, "{:?}", out.stats);
         }
     }
-    // The default draft is the loaded model.
+    // A request that names no draft takes the engine's default: the draft loaded last (the
+    // EAGLE head), or the one set
     req.draft = None;
     req.draft_k = Some(2);
+    assert_eq!(engine.default_draft(), DraftKind::Eagle);
+    assert_eq!(run(&mut engine, &req).0.stats.draft, DraftKind::Eagle);
+    for kind in [DraftKind::ModelNgram, DraftKind::Ngram, DraftKind::Model] {
+        engine.set_default_draft(kind).expect("a loaded draft");
+        assert_eq!(run(&mut engine, &req).0.stats.draft, kind);
+    }
+    // the draft model's top-k trees (`tree:3:MODEL`): trees verified, the target's tokens
+    engine.set_model_tree(3).expect("a draft model tree");
     let (out, _) = run(&mut engine, &req);
-    assert_eq!(out.stats.draft, "model");
+    assert_eq!(out.tokens, plain.tokens, "the draft model's trees");
+    assert!(out.stats.draft == DraftKind::Model && out.stats.tree_cycles > 0, "{:?}", out.stats);
+    assert!(engine.set_model_tree(0).is_err() && engine.set_model_tree(17).is_err());
+    engine.set_model_tree(1).expect("chains again");
+    // without a draft model, its kinds are refused as defaults and in requests, naming it
+    engine.set_draft(None).expect("unload");
+    assert_eq!(engine.default_draft(), DraftKind::None, "the unloaded model is no longer the default");
+    let err = engine.set_default_draft(DraftKind::ModelNgram).expect_err("no draft model").to_string();
+    assert!(err.contains("model+ngram") && err.contains("draft model"), "{err}");
+    req.draft = Some(DraftKind::Model);
+    let err =
+        pollster::block_on(engine.generate(&req, &mut |_| true)).expect_err("no draft model").to_string();
+    assert!(err.contains("draft model"), "{err}");
 }
 
 #[test]

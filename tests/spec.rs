@@ -21,8 +21,8 @@ use wgspec::model::{
 use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
-    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftModel, Eagle, EagleTree, Ensemble,
-    KPolicy, Medusa, NGram, NextKind, SampledCycle, TokenTree, TreeCosts, TreeVerdict, Verdict,
+    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftKind, DraftModel, Eagle, EagleTree,
+    Ensemble, KPolicy, Medusa, NGram, NextKind, SampledCycle, TokenTree, TreeCosts, TreeVerdict, Verdict,
 };
 use wgspec::Error;
 
@@ -1182,8 +1182,8 @@ struct Recording<'a> {
 }
 
 impl Draft for Recording<'_> {
-    fn name(&self) -> &str {
-        "recording"
+    fn kind(&self) -> DraftKind {
+        self.draft.kind()
     }
     fn prefill<'a>(
         &'a mut self,

@@ -14,6 +14,7 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use super::spec::DraftKind;
 use super::tree::TokenTree;
 use super::verify::Dist;
 use crate::error::{Error, Result};
@@ -86,8 +87,8 @@ pub struct TreeCosts {
 
 /// A proposer of draft tokens.
 pub trait Draft {
-    /// A short name for logs and stats (`"ngram"`, `"model"`).
-    fn name(&self) -> &str;
+    /// Which kind of draft this is (the stats carry it).
+    fn kind(&self) -> DraftKind;
 
     /// Sees the prompt before generation starts (a draft model prefills its KV cache with all of
     /// it but the last token). Returns the forward passes it ran.
@@ -338,8 +339,8 @@ impl DraftModel {
 }
 
 impl Draft for DraftModel {
-    fn name(&self) -> &str {
-        "model"
+    fn kind(&self) -> DraftKind {
+        DraftKind::Model
     }
 
     fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
@@ -483,13 +484,8 @@ pub struct Ensemble<'a> {
 }
 
 impl Draft for Ensemble<'_> {
-    fn name(&self) -> &str {
-        match self.draft.name() {
-            "model" => "model+ngram",
-            "eagle" => "eagle+ngram",
-            "medusa" => "medusa+ngram",
-            _ => "ensemble",
-        }
+    fn kind(&self) -> DraftKind {
+        self.draft.kind().with_ngram()
     }
 
     fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
@@ -536,8 +532,8 @@ impl Draft for Ensemble<'_> {
 }
 
 impl Draft for NGram {
-    fn name(&self) -> &str {
-        "ngram"
+    fn kind(&self) -> DraftKind {
+        DraftKind::Ngram
     }
 
     fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
@@ -578,8 +574,8 @@ mod tests {
     struct Fixed(Vec<u32>, Option<TokenTree>);
 
     impl Draft for Fixed {
-        fn name(&self) -> &str {
-            "eagle"
+        fn kind(&self) -> DraftKind {
+            DraftKind::Eagle
         }
 
         fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
@@ -607,7 +603,7 @@ mod tests {
         let context = [1, 6, 1, 8, 9, 1];
         let propose = |draft: &mut dyn Draft, budget| {
             let mut ensemble = Ensemble { draft, ngram: NGram { branches: 4, ..NGram::default() } };
-            assert_eq!(ensemble.name(), "eagle+ngram");
+            assert_eq!(ensemble.kind(), DraftKind::EagleNgram);
             let (params, mut rng) = (SamplingParams::greedy(), Rng::new(0));
             pollster::block_on(ensemble.propose(&context, budget, &params, &mut rng)).expect("propose")
         };

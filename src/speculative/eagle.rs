@@ -26,6 +26,7 @@
 //! tree, sampled decoding uses the multi-candidate rule, and the output is the target's.
 
 use super::draft::{Draft, DraftBudget, LocalFuture, Proposal};
+use super::spec::DraftKind;
 use super::tree::TokenTree;
 use crate::error::Result;
 use crate::gpu::MAX_TREE;
@@ -128,8 +129,8 @@ impl Eagle {
 }
 
 impl Draft for Eagle {
-    fn name(&self) -> &str {
-        "eagle"
+    fn kind(&self) -> DraftKind {
+        DraftKind::Eagle
     }
 
     fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {

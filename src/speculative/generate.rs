@@ -24,6 +24,7 @@ use super::cycle::GreedyCycle;
 use super::draft::{Draft, DraftBudget};
 use super::sampled::{gpu_samples, SampledCycle, SampledOutcome};
 use super::schedule::{KPolicy, Schedule};
+use super::spec::DraftKind;
 use super::tree::TokenTree;
 use super::verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};
 use crate::error::{Error, Result};
@@ -37,8 +38,8 @@ pub struct SpecStats {
     /// Prompt and generated token counts, target forwards (prefill included), timings, tokens/s.
     #[serde(flatten)]
     pub base: Stats,
-    /// Name of the draft (`"model"`, `"ngram"`).
-    pub draft: String,
+    /// The draft that proposed (`"none"` for plain decoding).
+    pub draft: DraftKind,
     /// Target passes in the decode loop (one per cycle).
     pub verify_forwards: usize,
     /// Draft model forward passes (0 for n-gram lookup).
@@ -172,8 +173,8 @@ pub async fn generate_with(
     let mut rng = Rng::new(params.seed);
     schedule.start(k);
     let adaptive = matches!(k, KPolicy::Adaptive { .. });
-    let name = draft.as_ref().map_or("none", |d| d.name()).to_string();
-    let mut stats = SpecStats { draft: name, ..SpecStats::default() };
+    let kind = draft.as_ref().map_or(DraftKind::None, |d| d.kind());
+    let mut stats = SpecStats { draft: kind, ..SpecStats::default() };
     stats.base.prompt_tokens = prompt.len();
 
     // Prefill all but the last prompt token; the last one is the first cycle's id_last.

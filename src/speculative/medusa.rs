@@ -9,6 +9,7 @@
 //! decoding uses the multi-candidate rule ([`super::tree`]), and the output is the target's.
 
 use super::draft::{Draft, DraftBudget, LocalFuture, Proposal};
+use super::spec::DraftKind;
 use super::tree::TokenTree;
 use crate::error::{Error, Result};
 use crate::model::MedusaHeads;
@@ -116,8 +117,8 @@ impl Medusa {
 }
 
 impl Draft for Medusa {
-    fn name(&self) -> &str {
-        "medusa"
+    fn kind(&self) -> DraftKind {
+        DraftKind::Medusa
     }
 
     fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {

@@ -2,6 +2,7 @@
 //! forward pass, the acceptance rule keeps a prefix and adds one target token, both KV caches
 //! roll back to the accepted length.
 //!
+//! - [`spec`]: which draft a request names ([`DraftKind`]) and what a user loads ([`DraftSpec`])
 //! - [`draft`]: the [`Draft`] trait, [`DraftModel`] (a smaller model) and [`NGram`] (prompt lookup)
 //! - [`medusa`]: [`Medusa`] heads on the target's hidden state, drafting token trees
 //! - [`eagle`]: an [`Eagle`] head, a decoder layer drafting from the target's features
@@ -18,6 +19,7 @@ pub mod generate;
 pub mod medusa;
 pub mod sampled;
 pub mod schedule;
+pub mod spec;
 pub mod tree;
 pub mod verify;
 
@@ -31,5 +33,6 @@ pub use generate::{generate, generate_with, CycleTrace, SpecGeneration, SpecStat
 pub use medusa::{Medusa, MEDUSA_CHOICES};
 pub use sampled::{gpu_samples, SampledCycle, SampledOutcome};
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};
+pub use spec::{DraftKind, DraftSpec};
 pub use tree::{TokenTree, TreeVerdict};
 pub use verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};

@@ -472,6 +472,16 @@ pub async fn facade_generates_like_the_engine() {
     let err = web.stage_file("weights.bin", vec![1, 2, 3]).expect_err("unknown file name");
     let msg = wasm_bindgen::JsValue::from(err).dyn_into::<js_sys::Error>().expect("Error").message();
     assert!(String::from(msg).contains("weights.bin"));
+    // The default draft is the engine's, set once for every request that names none: the draft
+    // loaded last, or what JS sets (the n-gram); one that is not loaded is refused.
+    assert_eq!(web.default_draft().ok().as_deref(), Some("model"));
+    web.set_default_draft("ngram").unwrap_or_else(|_| panic!("ngram needs nothing loaded"));
+    let promise = web.generate(r#"{"prompt":"the cat sat","max_tokens":6}"#, noop.clone()).expect("generate");
+    let out = JsFuture::from(promise).await.unwrap_or_else(|e| panic!("ngram default: {e:?}"));
+    let out: serde_json::Value = serde_json::from_str(&out.as_string().expect("string")).expect("json");
+    assert_eq!(out["stats"]["draft"], "ngram");
+    assert!(web.set_default_draft("eagle").is_err(), "no EAGLE head is loaded");
+    assert!(web.set_default_draft("medusa+ngarm").is_err(), "no such draft");
     // A truncated GGUF file: a thrown error, the engine still usable afterwards.
     web.stage_file("model.gguf", target_file[..target_file.len() / 2].to_vec()).expect("stage");
     assert!(load_target(&mut web, Some(64), None).await.is_err(), "a truncated file must be refused");

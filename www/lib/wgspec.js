@@ -131,7 +131,7 @@ function modelName(url) {
  * Builds the engine's request object from a prompt (string) or messages (array) and options in
  * camelCase or snake_case.
  */
-function buildRequest(prompt, opts, defaultDraft) {
+function buildRequest(prompt, opts) {
   let request;
   if (typeof prompt === "string") request = { prompt };
   else if (Array.isArray(prompt)) request = { messages: prompt };
@@ -145,7 +145,7 @@ function buildRequest(prompt, opts, defaultDraft) {
     top_p: pick("topP", "top_p"),
     seed: opts.seed,
     stop: typeof stop === "string" ? [stop] : stop,
-    draft: opts.draft ?? defaultDraft,
+    draft: opts.draft,
     draft_k: pick("draftK", "draft_k"),
     max_draft_k: pick("maxDraftK", "max_draft_k"),
   });
@@ -313,7 +313,7 @@ export class WgSpec {
    * @property {AbortSignal} [signal] aborts this generation (finish_reason "cancelled")
    */
   async *generate(prompt, opts = {}) {
-    const request = buildRequest(prompt, opts, this._namedDefault());
+    const request = buildRequest(prompt, opts);
     return yield* this._generate({ request }, opts.signal);
   }
 
@@ -411,12 +411,6 @@ export class WgSpec {
     this._client.terminate();
   }
 
-  /** @private */
-  /** The default draft when the engine's own default (the draft model, else none) is not it. */
-  _namedDefault() {
-    return ["ngram", "medusa", "eagle"].includes(this.draftKind) ? this.draftKind : undefined;
-  }
-
   _abortIds(ids) {
     if (ids.length > 0) this._client.post({ type: "abort", ids });
   }
@@ -429,7 +423,6 @@ export class WgSpec {
   async _chatCompletion(params = {}) {
     const { signal, ...body } = params;
     if (!Array.isArray(body.messages)) throw new TypeError("chat.completions.create: `messages` must be an array");
-    if (body.draft === undefined && this._namedDefault()) body.draft = this._namedDefault();
     const stream = Boolean(body.stream);
     const id = `chatcmpl-${Math.random().toString(36).slice(2, 14)}`;
     const created = Math.floor(Date.now() / 1000);

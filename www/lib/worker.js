@@ -164,10 +164,7 @@ async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb
     progress({ model: "target", phase: "ready", file: null, loaded: 1, total: 1 });
 
     let draftInfo = null;
-    let draftKind = null;
-    if (draft === "ngram") {
-      draftKind = "ngram";
-    } else if (draft) {
+    if (draft && draft !== "ngram") {
       const draftName = `the draft model ${fileName(draft)}`;
       // The draft gets the target's context and what the target left of the budget (checked
       // exactly, in bytes, by load_draft).
@@ -188,7 +185,6 @@ async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb
           ),
         ),
       );
-      draftKind = "model";
     }
     let medusaInfo = null;
     if (medusa) {
@@ -203,7 +199,6 @@ async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb
           ),
         ),
       );
-      draftKind = "medusa";
     }
     let eagleInfo = null;
     if (eagle) {
@@ -218,8 +213,10 @@ async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb
           ),
         ),
       );
-      draftKind = "eagle";
     }
+    // the engine's default draft: the one loaded last, or the n-gram named alone
+    if (draft === "ngram" && !medusa && !eagle) created.set_default_draft("ngram");
+    const draftKind = created.default_draft() === "none" ? null : created.default_draft();
     if (draftKind) progress({ model: "draft", phase: "ready", file: null, loaded: 1, total: 1 });
     engine = created;
     return {

@@ -9,16 +9,16 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use wgspec::engine::{DraftKind, Engine, Request, Role};
-use wgspec::files::OpenedModel;
+use wgspec::engine::{DraftKind, DraftSpec, Request};
 use wgspec::gpu::{Gpu, KernelShape};
 use wgspec::model::synthetic;
-use wgspec::model::{LoadOptions, LoadProgress, Model, Precision};
+use wgspec::model::{LoadOptions, Model, Precision};
 use wgspec::sampling::SamplingParams;
 use wgspec::session::GenerateOptions;
 use wgspec::speculative::{self, Draft, DraftModel, Ensemble, KPolicy, NGram};
 
 use crate::fetch;
+use crate::load::load_engine;
 use crate::{bench, serve};
 use wgspec::tokenizer::Message;
 use wgspec::{Error, Result};
@@ -106,14 +106,16 @@ struct GenerateArgs {
     #[arg(long)]
     json: bool,
     /// Speculate with a draft: a smaller model with the same tokenizer (file or known NAME),
-    /// `ngram` (prompt lookup: the latest match's continuation), `MODEL+ngram` (the model's chain
+    /// `tree:N:MODEL` (its N most likely tokens at each depth: a token tree), `ngram` (prompt
+    /// lookup: the latest match's continuation), `MODEL+ngram` (the model's chain
     /// and the n-gram continuations merged into one token tree; `medusa:PATH+ngram` and
     /// `eagle:PATH+ngram` merge the heads' trees likewise), `medusa:PATH` (Medusa heads:
     /// a `medusa_lm_head.safetensors` file or its folder with `config.json`, or the known
-    /// `smollm2-135m-medusa`; a token tree), or `eagle:PATH` (an EAGLE-1/2 or EAGLE-3 head: a
-    /// folder with `config.json` and `model.safetensors`, or the known `smollm2-135m-eagle`).
-    #[arg(long)]
-    draft: Option<String>,
+    /// `smollm2-135m-medusa`; a token tree), `eagle:PATH` (an EAGLE-1/2 or EAGLE-3 head: a
+    /// folder with `config.json` and `model.safetensors`, or the known `smollm2-135m-eagle`),
+    /// or `none` (the default).
+    #[arg(long, default_value = "none")]
+    draft: DraftSpec,
     #[command(flatten)]
     k: KArgs,
     /// Stop when the text contains this string (repeatable); the text ends before it.
@@ -172,12 +174,13 @@ struct ServeArgs {
     /// A .gguf file, a Hugging Face folder or a known model NAME.
     #[arg(long)]
     model: String,
-    /// The default draft of requests: `ngram`, a smaller model with the same tokenizer,
-    /// `medusa:PATH` (Medusa heads) or `eagle:PATH` (an EAGLE head), each but `ngram` alone or
-    /// followed by `+ngram` (merged with the n-gram's continuations); a request's `draft` field
-    /// may pick another.
-    #[arg(long)]
-    draft: Option<String>,
+    /// The default draft of requests: `ngram`, a smaller model with the same tokenizer
+    /// (`tree:N:MODEL`: its N most likely tokens at each depth), `medusa:PATH` (Medusa heads) or
+    /// `eagle:PATH` (an EAGLE head), each but `ngram` alone or followed by `+ngram` (merged with
+    /// the n-gram's continuations), or `none`; a request's `draft` field may pick another that
+    /// this loads.
+    #[arg(long, default_value = "none")]
+    draft: DraftSpec,
     /// KV cache positions: prompt and reply of one request together (default: min(model context, 4096)).
     #[arg(long)]
     context: Option<usize>,
@@ -225,18 +228,19 @@ struct BenchArgs {
     /// 0.5B file's Q5_0 mix, smollm2-135m in Q4_1); prompts are then byte-mapped token ids.
     #[arg(long)]
     synthetic: Option<String>,
-    /// `ngram`, a draft model (file or known NAME), `medusa:PATH` (Medusa heads), `eagle:PATH` (an
-    /// EAGLE head), each but `ngram` alone or followed by `+ngram` (merged with the n-gram's
-    /// continuations), or with --synthetic a shape name, or `self` (the target's own weights:
-    /// every draft is accepted, tau = K + 1, every verify row checked on the real shapes).
+    /// `ngram`, a draft model (file or known NAME; `tree:N:MODEL`, its N most likely tokens at
+    /// each depth, in CPU-driven cycles), `medusa:PATH` (Medusa heads), `eagle:PATH` (an EAGLE
+    /// head), each but `ngram` alone or followed by `+ngram` (merged with the n-gram's
+    /// continuations), or with --synthetic a shape name (`tree:N:SHAPE` too), or `self` (the
+    /// target's own weights: every draft is accepted, tau = K + 1, every verify row checked on
+    /// the real shapes).
     #[arg(long, required_unless_present = "roofline")]
-    draft: Option<String>,
+    draft: Option<DraftSpec>,
     /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
     /// earlier matches (default 1, the latest match's chain); `MODEL+ngram`, up to N n-gram
-    /// continuations beside the model's chain (default 4; with heads+ngram always 4); a draft model, its N most likely
-    /// tokens at each depth (default 1, a chain; trees run CPU-driven cycles); `eagle:PATH`, the
-    /// nodes its dynamic tree expands per depth (default 4; 0: the head's chain with 3 next
-    /// guesses beside each depth).
+    /// continuations beside the model's chain (default 4; with heads+ngram always 4);
+    /// `eagle:PATH`, the nodes its dynamic tree expands per depth (default 4; 0: the head's chain
+    /// with 3 next guesses beside each depth). (A draft model's own trees: `tree:N:MODEL`.)
     #[arg(long)]
     tree: Option<usize>,
     /// Instead of speculation: the adapter's bandwidth and arithmetic ceilings, then every kernel
@@ -397,98 +401,6 @@ fn fetch_cmd(name: &str) -> Result<()> {
     Ok(())
 }
 
-/// A model's files from a path or a known name (fetched into the cache when absent).
-fn open(arg: &str) -> Result<OpenedModel> {
-    wgspec::local::open(&fetch::resolve_model(arg)?)
-}
-
-/// Prints load progress on stderr: about 20 updates per model, whatever its tensor count.
-fn progress_bar(quiet: bool) -> impl FnMut(Role, LoadProgress) {
-    let mut shown = (Role::Target, 0);
-    move |role, p| {
-        let step = p.tensors_done * 20 / p.tensors_total.max(1);
-        if quiet || (role, step) == shown && p.tensors_done != p.tensors_total {
-            return;
-        }
-        shown = (role, step);
-        let name = if role == Role::Target { "target" } else { "draft" };
-        eprint!("\rloading {name}: {}/{} tensors", p.tensors_done, p.tensors_total);
-        if p.tensors_done == p.tensors_total {
-            eprintln!();
-        }
-    }
-}
-
-/// The engine every subcommand runs: the target, and the draft `--draft` names (a model sharing
-/// the target's tokenizer, file or known NAME; `ngram` needs nothing loaded; `MODEL+ngram`: the
-/// model's chain and n-gram continuations in one token tree). Returns the draft kind requests
-/// use by default.
-pub fn load_engine(
-    gpu: &Arc<Gpu>,
-    model: &str,
-    draft: Option<&str>,
-    opts: &LoadOptions,
-    quiet: bool,
-) -> Result<(Engine, DraftKind)> {
-    let mut progress = progress_bar(quiet);
-    let mut engine = Engine::load(gpu.clone(), open(model)?, opts, &mut progress)?;
-    let kind = draft_kind(draft);
-    match (kind.base(), draft) {
-        (DraftKind::Medusa, Some(d)) => {
-            let path = fetch::resolve_head(draft_path(d))?;
-            let files = wgspec::local::heads_files(&path)?;
-            let heads = engine.load_medusa(files, &mut progress)?;
-            if !quiet {
-                let c = heads.config;
-                eprintln!(
-                    "Medusa: {} heads of {} blocks, {:.1} MB",
-                    c.heads,
-                    c.layers,
-                    heads.weight_bytes() as f64 / 1e6
-                );
-            }
-        }
-        (DraftKind::Eagle, Some(d)) => {
-            let path = fetch::resolve_head(draft_path(d))?;
-            let files = wgspec::local::heads_files(&path)?;
-            let head = engine.load_eagle(files, &mut progress)?;
-            if !quiet {
-                eprintln!("EAGLE head: {:.1} MB", head.weight_bytes() as f64 / 1e6);
-            }
-        }
-        (DraftKind::Model, Some(d)) => {
-            engine.load_draft(open(draft_path(d))?, &mut progress)?;
-        }
-        _ => {}
-    }
-    Ok((engine, kind))
-}
-
-/// The draft a `--draft` argument names: none, `ngram`, `medusa:PATH` (Medusa heads),
-/// `eagle:PATH` (an EAGLE head), a draft model, or one of those three followed by `+ngram` (the
-/// ensemble).
-pub fn draft_kind(draft: Option<&str>) -> DraftKind {
-    let Some(d) = draft else {
-        return DraftKind::None;
-    };
-    let ensemble = d.ends_with("+ngram");
-    match (d, ensemble) {
-        ("ngram", _) => DraftKind::Ngram,
-        (d, false) if d.starts_with("medusa:") => DraftKind::Medusa,
-        (d, true) if d.starts_with("medusa:") => DraftKind::MedusaNgram,
-        (d, false) if d.starts_with("eagle:") => DraftKind::Eagle,
-        (d, true) if d.starts_with("eagle:") => DraftKind::EagleNgram,
-        (_, true) => DraftKind::ModelNgram,
-        (_, false) => DraftKind::Model,
-    }
-}
-
-/// A `--draft` argument's path or name: without its `medusa:` / `eagle:` prefix and `+ngram`.
-fn draft_path(d: &str) -> &str {
-    let d = d.strip_suffix("+ngram").unwrap_or(d);
-    d.strip_prefix("medusa:").or_else(|| d.strip_prefix("eagle:")).unwrap_or(d)
-}
-
 async fn generate(args: GenerateArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::new().await?);
     if !args.json {
@@ -500,7 +412,7 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         precision: if args.f32 { Precision::F32 } else { Precision::Auto },
         ..Default::default()
     };
-    let (mut engine, draft) = load_engine(&gpu, &args.model, args.draft.as_deref(), &opts, args.json)?;
+    let mut engine = load_engine(&gpu, &args.model, &args.draft, &opts, args.json)?;
     let info = engine.target_info().clone();
     if !args.json {
         eprintln!(
@@ -523,7 +435,6 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     let SamplingParams { temperature, top_k, top_p, seed } = args.sampling.params();
     (req.temperature, req.top_k, req.top_p, req.seed) = (temperature, top_k, top_p, seed);
     req.stop = args.stop.clone();
-    req.draft = Some(draft);
     req.draft_k = args.k.draft_k;
     req.max_draft_k = args.k.max_draft_k;
 
@@ -564,7 +475,7 @@ async fn generate(args: GenerateArgs) -> Result<()> {
             s.base.tokens_per_second,
             s.base.prefill_seconds
         );
-        if draft != DraftKind::None {
+        if s.draft != DraftKind::None {
             eprintln!(
                 "speculation: {} target forwards, {} drafted, {} accepted ({:.1}%), {:.2} tokens per target forward, mean K {:.2}",
                 s.base.target_forwards,
@@ -614,25 +525,41 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         let ckpt = wgspec::model::Checkpoint::from_gguf_source(Box::new(file))?;
         Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {})
     };
-    let draft_arg = args.draft.clone().unwrap_or_default();
+    let spec = args.draft.clone().unwrap_or_default();
+    if spec == DraftSpec::None && !args.roofline {
+        return Err(Error::InvalidArgument(
+            "bench compares speculation with target-only decoding: give a --draft".into(),
+        ));
+    }
+    if matches!(spec, DraftSpec::Model { ngram: false, .. }) && args.tree.is_some() {
+        return Err(Error::InvalidArgument(format!(
+            "--tree with a draft model alone: its top-k trees are `--draft tree:N:{}`",
+            spec.source().unwrap_or("MODEL")
+        )));
+    }
     let mut heads: Option<Box<dyn Draft>> = None;
     let mut template = None;
     let (mut target, tokenizer, loaded_draft, target_name) = match &args.synthetic {
+        Some(_) if matches!(spec, DraftSpec::Medusa { .. } | DraftSpec::Eagle { .. }) => {
+            return Err(Error::InvalidArgument(
+                "a --synthetic target drafts with `ngram`, a shape name or `self`, not heads".into(),
+            ))
+        }
         Some(shape_name) => (
             synth(&synthetic::synthetic_shape(shape_name)?, 1)?,
             None,
             None,
             format!("synthetic {shape_name}"),
         ),
-        None if draft_arg.trim_end_matches("+ngram") == "self" => {
+        None if spec.source() == Some("self") => {
             return Err(Error::InvalidArgument(
                 "--draft self drafts with a --synthetic target's own weights; for a model file, give its path as --draft".into(),
             ))
         }
         None => {
             let name = args.model.clone().unwrap_or_default();
-            let draft = args.draft.as_deref().filter(|_| !args.roofline);
-            let (engine, _) = load_engine(&gpu, &name, draft, &opts, false)?;
+            let draft = if args.roofline { DraftSpec::None } else { spec.clone() };
+            let engine = load_engine(&gpu, &name, &draft, &opts, false)?;
             let parts = engine.into_parts();
             template = parts.chat_template;
             heads = match (parts.medusa, parts.eagle) {
@@ -659,31 +586,30 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             .await;
     }
     let ngram = NGram { branches: args.tree.unwrap_or(1).max(1), ..NGram::default() };
-    let mut model_draft = match loaded_draft {
-        _ if draft_arg == "ngram" || heads.is_some() => None,
-        Some(d) => Some(d),
-        None => {
-            // `self`: the target's shape and weights (its drafts are always right: tau = K + 1)
-            let (shape, seed) = match (draft_arg.trim_end_matches("+ngram"), &args.synthetic) {
+    let mut model_draft = match (&spec, loaded_draft) {
+        (DraftSpec::Model { .. }, Some(d)) => Some(d),
+        (DraftSpec::Model { model, tree, .. }, None) => {
+            // a shape, or `self`: the target's shape and weights (its drafts are always right:
+            // tau = K + 1)
+            let (shape, seed) = match (model.as_str(), &args.synthetic) {
                 ("self", Some(target_shape)) => (synthetic::synthetic_shape(target_shape)?, 1),
                 (name, _) => (synthetic::synthetic_shape(name)?, 2),
             };
-            Some(DraftModel::new(synth(&shape, seed)?, &target.config)?)
+            let mut d = DraftModel::new(synth(&shape, seed)?, &target.config)?;
+            d.set_tree(tree - 1);
+            Some(d)
         }
+        _ => None,
     };
     let mut ngram_alone = ngram.clone();
     let mut ensemble;
-    let kind = draft_kind(Some(&draft_arg));
+    let kind = spec.kind();
     let alone: &mut dyn Draft = match (model_draft.as_mut(), heads.as_mut()) {
+        (Some(model), _) => model,
         (None, Some(heads)) => heads.as_mut(),
         (None, None) => &mut ngram_alone,
-        (Some(model), _) if kind == DraftKind::ModelNgram => model,
-        (Some(model), _) => {
-            model.set_tree(args.tree.unwrap_or(1).saturating_sub(1));
-            model
-        }
     };
-    let draft: &mut dyn Draft = match kind != kind.base() {
+    let draft: &mut dyn Draft = match kind.is_ensemble() {
         true => {
             // (with a draft model `--tree N` sets the n-gram's continuations)
             let branches = match kind == DraftKind::ModelNgram {
@@ -763,13 +689,13 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             (!rs.is_empty()).then(|| (kind.to_string(), bench::Summary::of(&rs)))
         })
         .collect();
-    let synthetic_draft = args.synthetic.is_some() && draft_arg != "ngram";
+    let synthetic_draft = args.synthetic.is_some() && spec != DraftSpec::Ngram;
     let out = bench::Report {
         adapter: gpu.describe(),
         target: target_name,
         target_gpu_weight_bytes: target.weight_bytes(),
         target_file_weight_bytes: target.file_weight_bytes(),
-        draft: if synthetic_draft { format!("synthetic {draft_arg}") } else { draft_arg.clone() },
+        draft: if synthetic_draft { format!("synthetic {spec}") } else { spec.to_string() },
         k: match policy {
             KPolicy::Fixed(k) => k.to_string(),
             KPolicy::Adaptive { max } => format!("adaptive (max {max})"),

@@ -1,4 +1,5 @@
-//! The `wgspec` binary: the command line in [`cli`] and the HTTP server in [`serve`] (native
+//! The `wgspec` binary: the command line in [`cli`], the models and drafts its commands load in
+//! [`load`], and the HTTP server in [`serve`] (native
 //! only; built for wasm32 as an empty program, since the browser gets the library through
 //! `src/web.rs` instead).
 
@@ -8,6 +9,8 @@ mod bench;
 mod cli;
 #[cfg(not(target_arch = "wasm32"))]
 mod fetch;
+#[cfg(not(target_arch = "wasm32"))]
+mod load;
 #[cfg(not(target_arch = "wasm32"))]
 mod roofline;
 #[cfg(not(target_arch = "wasm32"))]

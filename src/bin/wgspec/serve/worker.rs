@@ -9,7 +9,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
-use wgspec::engine::{Completion, DraftKind, Engine, Prompter, Request, TokenEvent};
+use wgspec::engine::{Completion, DraftKind, DraftSpec, Engine, Prompter, Request, TokenEvent};
 use wgspec::gpu::Gpu;
 use wgspec::model::LoadOptions;
 use wgspec::session::FinishReason;
@@ -22,9 +22,9 @@ use super::metrics::{GenerationCounts, Metrics};
 pub struct ModelConfig {
     /// A .gguf file, a Hugging Face folder or a known model name.
     pub model: String,
-    /// `ngram`, a draft model (file, folder or name), `medusa:PATH`, `eagle:PATH` (each but
-    /// `ngram` alone or with `+ngram`), or none.
-    pub draft: Option<String>,
+    /// What to draft with ([`DraftSpec`]: none, the n-gram, a draft model, Medusa heads or an
+    /// EAGLE head, alone or with the n-gram).
+    pub draft: DraftSpec,
     /// KV cache positions (default: the engine's, min(model context, 4096)).
     pub context: Option<usize>,
     /// The GPU memory budget of the models, in bytes (`--max-memory-mb`).
@@ -34,7 +34,7 @@ pub struct ModelConfig {
 impl ModelConfig {
     /// The draft a request without a `draft` field speculates with.
     pub fn default_draft(&self) -> DraftKind {
-        crate::cli::draft_kind(self.draft.as_deref())
+        self.draft.kind()
     }
 }
 
@@ -80,8 +80,8 @@ pub struct Done {
 /// The speculation figures of one request: the `wgspec` object of a response.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct WgspecStats {
-    /// `model`, `ngram` or `none`.
-    pub draft: &'static str,
+    /// The draft that proposed (`none` for plain decoding).
+    pub draft: DraftKind,
     pub drafted: usize,
     pub accepted: usize,
     /// accepted / drafted (0 without drafts).
@@ -96,10 +96,10 @@ pub struct WgspecStats {
 }
 
 /// The library's stats of `c` as the server reports them.
-pub fn wgspec_stats(c: &Completion, draft: DraftKind) -> WgspecStats {
+pub fn wgspec_stats(c: &Completion) -> WgspecStats {
     let s = &c.stats;
     WgspecStats {
-        draft: draft.name(),
+        draft: s.draft,
         drafted: s.drafted,
         accepted: s.accepted,
         acceptance_rate: s.acceptance_rate,
@@ -221,8 +221,7 @@ fn load_engine(cfg: &ModelConfig) -> wgspec::Result<Engine> {
     let gpu = Arc::new(pollster::block_on(Gpu::new())?);
     eprintln!("adapter: {}", gpu.describe());
     let opts = LoadOptions { context: cfg.context, max_memory: cfg.max_memory, ..Default::default() };
-    let (engine, _) = crate::cli::load_engine(&gpu, &cfg.model, cfg.draft.as_deref(), &opts, false)?;
-    Ok(engine)
+    crate::load::load_engine(&gpu, &cfg.model, &cfg.draft, &opts, false)
 }
 
 /// Starts the worker thread: it loads the models, reports through `loaded`, then runs the jobs
@@ -265,7 +264,6 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
     if events.send(Event::Started).is_err() {
         return;
     }
-    let draft = request.draft.unwrap_or(DraftKind::None);
     let result = pollster::block_on(
         engine.generate_from(prompt, &request, &mut |ev| events.send(Event::Token(ev.clone())).is_ok()),
     );
@@ -284,7 +282,7 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
                 return;
             }
             let done = Done {
-                stats: wgspec_stats(&c, draft),
+                stats: wgspec_stats(&c),
                 prompt_tokens: c.prompt_tokens.len(),
                 completion_tokens: c.tokens.len(),
                 finish: c.finish_reason,

@@ -1,0 +1,74 @@
+//! Loading for every command of the binary (generate, bench, serve): a model from a path or a
+//! known name (fetched into the cache when absent), and an [`Engine`] with the draft a
+//! [`DraftSpec`] names, the spec's kind its requests' default.
+
+use std::sync::Arc;
+
+use wgspec::engine::{DraftSpec, Engine, Role};
+use wgspec::files::OpenedModel;
+use wgspec::gpu::Gpu;
+use wgspec::model::{LoadOptions, LoadProgress};
+use wgspec::Result;
+
+use crate::fetch;
+
+/// A model's files from a path or a known name (fetched into the cache when absent).
+pub fn open(arg: &str) -> Result<OpenedModel> {
+    wgspec::local::open(&fetch::resolve_model(arg)?)
+}
+
+/// Prints load progress on stderr: about 20 updates per model, whatever its tensor count.
+pub fn progress_bar(quiet: bool) -> impl FnMut(Role, LoadProgress) {
+    let mut shown = (Role::Target, 0);
+    move |role, p| {
+        let step = p.tensors_done * 20 / p.tensors_total.max(1);
+        if quiet || (role, step) == shown && p.tensors_done != p.tensors_total {
+            return;
+        }
+        shown = (role, step);
+        let name = if role == Role::Target { "target" } else { "draft" };
+        eprint!("\rloading {name}: {}/{} tensors", p.tensors_done, p.tensors_total);
+        if p.tensors_done == p.tensors_total {
+            eprintln!();
+        }
+    }
+}
+
+/// The engine a command runs: the target `model`, and what `draft` loads (a draft model sharing
+/// the target's tokenizer, Medusa heads or an EAGLE head; `ngram` and `none` load nothing), with
+/// `draft.kind()` as the draft of requests that name none.
+pub fn load_engine(
+    gpu: &Arc<Gpu>,
+    model: &str,
+    draft: &DraftSpec,
+    opts: &LoadOptions,
+    quiet: bool,
+) -> Result<Engine> {
+    let mut progress = progress_bar(quiet);
+    let mut engine = Engine::load(gpu.clone(), open(model)?, opts, &mut progress)?;
+    match draft {
+        DraftSpec::None | DraftSpec::Ngram => {}
+        DraftSpec::Model { model, tree, .. } => {
+            engine.load_draft(open(model)?, &mut progress)?;
+            engine.set_model_tree(*tree)?;
+        }
+        DraftSpec::Medusa { path, .. } => {
+            let files = wgspec::local::heads_files(&fetch::resolve_head(path)?)?;
+            let heads = engine.load_medusa(files, &mut progress)?;
+            if !quiet {
+                let c = heads.config;
+                let mb = heads.weight_bytes() as f64 / 1e6;
+                eprintln!("Medusa: {} heads of {} blocks, {mb:.1} MB", c.heads, c.layers);
+            }
+        }
+        DraftSpec::Eagle { path, .. } => {
+            let files = wgspec::local::heads_files(&fetch::resolve_head(path)?)?;
+            let head = engine.load_eagle(files, &mut progress)?;
+            if !quiet {
+                eprintln!("EAGLE head: {:.1} MB", head.weight_bytes() as f64 / 1e6);
+            }
+        }
+    }
+    engine.set_default_draft(draft.kind())?;
+    Ok(engine)
+}
