@@ -38,11 +38,15 @@ fn js_err(e: Error) -> JsError {
     JsError::new(&e.to_string())
 }
 
-/// The engine slot: empty before a target is loaded and while a generation holds the engine.
+/// The engine slot.
 #[derive(Default)]
-struct Slot {
-    engine: Option<Engine>,
-    busy: bool,
+enum Slot {
+    /// No target is loaded (or its load failed).
+    #[default]
+    Empty,
+    Ready(Box<Engine>),
+    /// A generation or a load holds the engine until its promise settles.
+    Busy,
 }
 
 /// A WebGPU device with (once loaded) a target model, an optional draft and their tokenizer.
@@ -142,9 +146,7 @@ fn progress_to(callback: &Function) -> impl FnMut(Role, LoadProgress) + '_ {
 /// Puts `engine` back into `slot` after a head load and turns its JSON summary (or error) into
 /// the promise's value.
 fn put_back(slot: &RefCell<Slot>, engine: Engine, loaded: crate::Result<String>) -> Result<JsValue, JsValue> {
-    let mut s = slot.borrow_mut();
-    s.engine = Some(engine);
-    s.busy = false;
+    *slot.borrow_mut() = Slot::Ready(Box::new(engine));
     let info = loaded.map_err(|e| JsValue::from(js_err(e)))?;
     Ok(JsValue::from_str(&info))
 }
@@ -254,22 +256,22 @@ impl WebEngine {
     ) -> Result<js_sys::Promise, JsError> {
         {
             let mut slot = self.slot.borrow_mut();
-            if slot.busy {
+            if matches!(*slot, Slot::Busy) {
                 return Err(js_err(Error::Busy("the engine is busy (a generation or a load)".into())));
             }
-            slot.engine = None; // frees the previous models' GPU memory first
+            *slot = Slot::Empty; // frees the previous models' GPU memory first
         }
         let opened = std::mem::take(&mut self.staged).open().map_err(js_err)?;
         let opts = self.options(context, max_memory_mb);
         let (gpu, slot) = (self.gpu.clone(), self.slot.clone());
-        slot.borrow_mut().busy = true;
+        *slot.borrow_mut() = Slot::Busy;
         Ok(wasm_bindgen_futures::future_to_promise(async move {
             let loaded = Engine::load_async(gpu, opened, &opts, &mut progress_to(&on_progress)).await;
             let mut s = slot.borrow_mut();
-            s.busy = false;
+            *s = Slot::Empty;
             let engine = loaded.map_err(|e| JsValue::from(js_err(e)))?;
             let info = to_json(engine.target_info()).map_err(JsValue::from)?;
-            s.engine = Some(engine);
+            *s = Slot::Ready(Box::new(engine));
             Ok(JsValue::from_str(&info))
         }))
     }
@@ -283,9 +285,7 @@ impl WebEngine {
         let slot = self.slot.clone();
         Ok(wasm_bindgen_futures::future_to_promise(async move {
             let loaded = engine.load_draft_async(opened, &mut progress_to(&on_progress)).await.map(to_json);
-            let mut s = slot.borrow_mut();
-            s.engine = Some(engine);
-            s.busy = false;
+            *slot.borrow_mut() = Slot::Ready(Box::new(engine));
             let info = loaded.map_err(|e| JsValue::from(js_err(e)))?.map_err(JsValue::from)?;
             Ok(JsValue::from_str(&info))
         }))
@@ -424,11 +424,7 @@ impl WebEngine {
                 Some(ids) => engine.generate_from(ids, &req, &mut emit).await,
                 None => engine.generate(&req, &mut emit).await,
             };
-            {
-                let mut s = slot.borrow_mut();
-                s.engine = Some(engine);
-                s.busy = false;
-            }
+            *slot.borrow_mut() = Slot::Ready(Box::new(engine));
             let out = result.map_err(|e| JsValue::from(js_err(e)))?;
             let json = serde_json::to_string(&out)
                 .map_err(|e| JsValue::from(js_err(Error::InvalidArgument(format!("result: {e}")))))?;
@@ -443,8 +439,13 @@ impl WebEngine {
     fn take_engine(&self) -> Result<Engine, JsError> {
         let mut slot = self.slot.borrow_mut();
         self.ready(&mut slot)?;
-        slot.busy = true;
-        slot.engine.take().ok_or_else(|| js_err(Error::Busy("no engine".into())))
+        match std::mem::replace(&mut *slot, Slot::Busy) {
+            Slot::Ready(engine) => Ok(*engine),
+            other => {
+                *slot = other;
+                Err(js_err(Error::Busy("no engine".into())))
+            }
+        }
     }
 
     /// Load options from the JS arguments: `context` KV positions, at most `max_memory_mb` MB.
@@ -459,9 +460,10 @@ impl WebEngine {
 
     /// The engine, or why there is none.
     fn ready<'a>(&self, slot: &'a mut Slot) -> Result<&'a mut Engine, JsError> {
-        if slot.busy {
-            return Err(js_err(Error::Busy("a generation is running".into())));
+        match slot {
+            Slot::Ready(engine) => Ok(engine),
+            Slot::Busy => Err(js_err(Error::Busy("a generation is running".into()))),
+            Slot::Empty => Err(js_err(Error::InvalidArgument("no target model is loaded".into()))),
         }
-        slot.engine.as_mut().ok_or_else(|| js_err(Error::InvalidArgument("no target model is loaded".into())))
     }
 }

@@ -182,8 +182,24 @@ enum ToyDraft {
     Deterministic(Vec<u32>),
 }
 
-/// Speculative sampling of two tokens after `start` (K drafts per cycle), as the loop does it.
-fn speculate_two(target: &Markov, draft: &ToyDraft, start: u32, k: usize, rng: &mut Rng) -> (u32, u32) {
+/// An acceptance rule for a chain: the drafts, their q and the target's p, as `verify_sampled`.
+type ChainRule = dyn Fn(&[u32], &[Dist], &[Dist], &mut Rng) -> Verdict;
+
+/// The library's rule.
+fn real_rule(xs: &[u32], q: &[Dist], p: &[Dist], rng: &mut Rng) -> Verdict {
+    verify_sampled(xs, q, p, rng).expect("verify")
+}
+
+/// Speculative sampling of two tokens after `start` (K drafts per cycle) under `rule`, as the loop
+/// does it.
+fn speculate_two(
+    target: &Markov,
+    draft: &ToyDraft,
+    start: u32,
+    k: usize,
+    rng: &mut Rng,
+    rule: &ChainRule,
+) -> (u32, u32) {
     let mut out: Vec<u32> = Vec::new();
     let mut last = start;
     while out.len() < 2 {
@@ -205,7 +221,7 @@ fn speculate_two(target: &Markov, draft: &ToyDraft, start: u32, k: usize, rng: &
         // p_i: the target's distribution after [last, x1..x_i].
         let ctx: Vec<u32> = std::iter::once(last).chain(xs.iter().copied()).collect();
         let p: Vec<Dist> = ctx.iter().map(|&t| target.rows[t as usize].clone()).collect();
-        let v = verify_sampled(&xs, &qs, &p, rng).expect("verify");
+        let v = rule(&xs, &qs, &p, rng);
         out.extend_from_slice(&xs[..v.accepted]);
         out.push(v.next);
         last = v.next;
@@ -259,7 +275,7 @@ fn speculative_sampling_converges_to_the_target_distribution() {
             for &target_n in &[2_000usize, 20_000, 200_000] {
                 while n < target_n {
                     let k = 1 + n % 4;
-                    let (a, b) = speculate_two(&target, draft, 0, k, &mut g);
+                    let (a, b) = speculate_two(&target, draft, 0, k, &mut g, &real_rule);
                     counts[a as usize * V + b as usize] += 1;
                     firsts[a as usize] += 1;
                     n += 1;
@@ -392,19 +408,54 @@ fn multi_candidate_tree_sampling_converges_to_the_target_distribution() {
 
 #[test]
 fn a_broken_rule_is_caught_by_the_convergence_check() {
-    // Sanity check of the test's power: accepting every draft token (no correction) gives the
-    // draft's distribution, far outside the bound at N = 20000.
+    // The check's power, through the same harness as the real rule: two rules with classic
+    // mistakes land far outside the bound the real rule stays within at N = 20000 (a draft
+    // unrelated to the target, which rejects often). One draws the token after a rejection from
+    // p instead of the residual max(0, p - q); the other accepts every draft (no correction).
     const V: usize = 8;
     let mut r = rng(101);
-    let p = random_dist(&mut r, V, 2.5);
-    let q = random_dist(&mut r, V, 2.5);
-    let mut g = Rng::new(3);
-    let mut counts = vec![0usize; V];
-    for _ in 0..20_000 {
-        counts[q.draw(&mut g) as usize] += 1;
+    let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 };
+    let target = Markov { rows: (0..V).map(|_| random_dist(&mut r, V, 2.5)).collect() };
+    let draft = ToyDraft::Sampled(Markov { rows: (0..V).map(|_| random_dist(&mut r, V, 2.5)).collect() });
+    let from_p = |xs: &[u32], q: &[Dist], p: &[Dist], g: &mut Rng| {
+        for (i, &x) in xs.iter().enumerate() {
+            if g.next_f64() >= p[i].prob(x) / q[i].prob(x) {
+                return Verdict { accepted: i, next: p[i].draw(g), kind: NextKind::Recovered };
+            }
+        }
+        Verdict { accepted: xs.len(), next: p[xs.len()].draw(g), kind: NextKind::Bonus }
+    };
+    let accept_all = |xs: &[u32], _q: &[Dist], p: &[Dist], g: &mut Rng| Verdict {
+        accepted: xs.len(),
+        next: p[xs.len()].draw(g),
+        kind: NextKind::Bonus,
+    };
+    let mut joint = vec![0.0; V * V];
+    for a in 0..V {
+        for b in 0..V {
+            joint[a * V + b] = target.rows[0].prob(a as u32) * target.rows[a].prob(b as u32);
+        }
     }
-    let want: Vec<f64> = (0..V).map(|a| p.prob(a as u32)).collect();
-    assert!(tv(&counts, &want) > (V as f64 / 20_000.0).sqrt());
+    let n = 20_000;
+    let bound = ((V * V) as f64 / n as f64).sqrt();
+    let rules: [(&str, &ChainRule); 3] =
+        [("real", &real_rule), ("from p", &from_p), ("accept all", &accept_all)];
+    for (name, rule) in rules {
+        let mut g = Rng::new(7);
+        let mut counts = vec![0usize; V * V];
+        for i in 0..n {
+            let (a, b) = speculate_two(&target, &draft, 0, 1 + i % 4, &mut g, rule);
+            counts[a as usize * V + b as usize] += 1;
+        }
+        let d = tv(&counts, &joint);
+        match name {
+            "real" => assert!(d < bound, "{params:?}: the real rule's joint TV {d:.4} >= {bound:.4}"),
+            _ => assert!(
+                d > 2.0 * bound,
+                "the rule {name:?} went unnoticed: joint TV {d:.4}, bound {bound:.4}"
+            ),
+        }
+    }
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -31,7 +31,7 @@ pub struct CycleOutcome {
     pub drafts: Vec<u32>,
     /// How many of them the target accepted.
     pub accepted: usize,
-    /// The target's token after the accepted ones (correction or bonus).
+    /// The target's token after the accepted ones (recovered or bonus).
     pub next: u32,
     /// Draft forward passes run (catch-up passes included).
     pub draft_steps: usize,

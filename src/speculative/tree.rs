@@ -33,7 +33,8 @@ pub struct TokenTree {
     depth: Vec<usize>,
 }
 
-/// What the greedy rule keeps of a verified tree.
+/// What an acceptance rule keeps of a verified tree (the greedy rule's, or the sampled one's:
+/// [`TokenTree::verify_sampled`]): the accepted path and the target's token after it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TreeVerdict {
     /// The accepted root-to-node path, as node indices (`path[0] = 0`, the root).

@@ -31,7 +31,7 @@ export interface LoadOptions {
    */
   medusa?: string | URL;
   /**
-   * An EAGLE-1/2 head for the target: a folder URL ending with "/" holding `config.json` and
+   * An EAGLE-1/2 or EAGLE-3 head for the target: a folder URL ending with "/" holding `config.json` and
    * `model.safetensors`. Requests then draft from it by default (`draft: "eagle"`).
    */
   eagle?: string | URL;

@@ -219,7 +219,7 @@ export class WgSpec {
    *   `.safetensors` file in the public Medusa-1 layout, or of a folder ending with "/" holding
    *   `medusa_lm_head.safetensors` and optionally its `config.json`. Requests then draft token
    *   trees from the heads by default (`draft: "medusa"`).
-   * @param {string|URL} [options.eagle] an EAGLE-1/2 head trained for the target: a folder URL
+   * @param {string|URL} [options.eagle] an EAGLE-1/2 or EAGLE-3 head trained for the target: a folder URL
    *   ending with "/" holding `config.json` and `model.safetensors`. Requests then draft from it
    *   by default (`draft: "eagle"`).
    * @param {number} [options.context] KV cache positions (default: the engine's choice).
