@@ -22,8 +22,8 @@ use crate::model::{
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
 use crate::speculative::{
-    self, DraftModel, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, Schedule, SpecStats,
-    DEFAULT_MAX_DRAFT_K, EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
+    self, DraftModel, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, Schedule, SpecGeneration,
+    SpecStats, DEFAULT_MAX_DRAFT_K, EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
 };
 pub use crate::speculative::{DraftKind, DraftSpec};
 use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, TextLimit, Tokenizer};
@@ -303,29 +303,23 @@ impl Prompter {
     }
 }
 
-/// What [`Engine::into_parts`] gives.
-pub struct Parts {
-    pub target: Model,
-    pub tokenizer: Tokenizer,
-    pub chat_template: Option<ChatTemplate>,
-    pub draft: Option<DraftModel>,
-    pub medusa: Option<Medusa>,
-    pub eagle: Option<Eagle>,
-}
-
 /// A loaded target (and optional draft) ready to generate.
 pub struct Engine {
     target: Model,
     target_info: ModelInfo,
     /// How the target was loaded (a draft is loaded alike, with the target's context).
     load_options: LoadOptions,
-    prompter: Prompter,
+    /// (shared with a generation's text decoding and with front ends that tokenize apart)
+    prompter: Arc<Prompter>,
     draft: Option<(DraftModel, ModelInfo)>,
     medusa: Option<Medusa>,
     eagle: Option<Eagle>,
     /// The draft of requests that name none: the last one loaded, or what
     /// [`Engine::set_default_draft`] chose.
     default_draft: DraftKind,
+    /// The n-gram's continuations per proposal: drafting alone (1: the latest match's chain)
+    /// and merged into an ensemble's tree.
+    ngram_branches: (usize, usize),
     /// Per draft kind and decoding (greedy or sampled), the K schedule its requests share: a
     /// request starts from the costs and acceptance the earlier ones measured (cleared when a
     /// draft is loaded).
@@ -369,11 +363,12 @@ impl Engine {
             target,
             target_info,
             load_options,
-            prompter: Prompter { tokenizer, chat_template },
+            prompter: Arc::new(Prompter { tokenizer, chat_template }),
             draft: None,
             medusa: None,
             eagle: None,
             default_draft: DraftKind::None,
+            ngram_branches: (1, TREE_BRANCHES),
             schedules: Vec::new(),
         }
     }
@@ -391,6 +386,24 @@ impl Engine {
             return Err(Error::InvalidArgument(format!("default draft {kind}: {what} not loaded")));
         }
         self.default_draft = kind;
+        Ok(())
+    }
+
+    /// The n-gram's continuations per proposal (from the latest matches): `alone` drafting with
+    /// the n-gram (default 1, a chain) and `merged` beside an ensemble's draft (default
+    /// [`TREE_BRANCHES`]); at least 1 each.
+    pub fn set_ngram_branches(&mut self, alone: usize, merged: usize) {
+        self.ngram_branches = (alone.max(1), merged.max(1));
+        self.schedules.retain(|((kind, _), _)| *kind != DraftKind::Ngram && !kind.is_ensemble());
+    }
+
+    /// The loaded EAGLE head's trees (default: EAGLE-2's dynamic tree of [`EAGLE_WIDTH`] nodes
+    /// expanded per depth); refused without a head.
+    pub fn set_eagle_tree(&mut self, shape: EagleTree) -> Result<()> {
+        let eagle =
+            self.eagle.as_mut().ok_or_else(|| Error::InvalidArgument("no EAGLE head is loaded".into()))?;
+        eagle.set_tree(shape);
+        self.schedules.retain(|((kind, _), _)| kind.base() != DraftKind::Eagle);
         Ok(())
     }
 
@@ -595,18 +608,6 @@ impl Engine {
         Ok(&self.draft.insert((draft, info)).1)
     }
 
-    /// The loaded parts, for harnesses that drive the decode loop on token ids (the bench).
-    pub fn into_parts(self) -> Parts {
-        Parts {
-            target: self.target,
-            chat_template: self.prompter.chat_template,
-            tokenizer: self.prompter.tokenizer,
-            draft: self.draft.map(|d| d.0),
-            medusa: self.medusa,
-            eagle: self.eagle,
-        }
-    }
-
     pub fn target(&self) -> &Model {
         &self.target
     }
@@ -630,6 +631,17 @@ impl Engine {
     /// The tokenizer and chat template, to tokenize requests away from the engine.
     pub fn prompter(&self) -> &Prompter {
         &self.prompter
+    }
+
+    /// The same, shared (no copy of the vocabulary).
+    pub fn shared_prompter(&self) -> Arc<Prompter> {
+        self.prompter.clone()
+    }
+
+    /// The target, mutably: harnesses (the roofline, verify costs) run passes on it directly;
+    /// a generation after them starts from its own prefill.
+    pub fn target_mut(&mut self) -> &mut Model {
+        &mut self.target
     }
 
     pub fn has_chat_template(&self) -> bool {
@@ -667,17 +679,8 @@ impl Engine {
         req: &Request,
         on_token: &mut dyn FnMut(&TokenEvent) -> bool,
     ) -> Result<Completion> {
-        let opts = GenerateOptions {
-            max_tokens: req.max_tokens,
-            sampling: req.sampling(),
-            stop_tokens: self.prompter.tokenizer.eos_ids().to_vec(),
-        };
-        let kind = req.draft.unwrap_or(self.default_draft);
-        if let Some(what) = self.missing(kind) {
-            return Err(Error::InvalidArgument(format!("draft {kind} asked for, but {what} not loaded")));
-        }
-
-        let tokenizer = &self.prompter.tokenizer;
+        let prompter = self.prompter.clone();
+        let tokenizer = &prompter.tokenizer;
         let mut decoder = StreamDecoder::new();
         let mut filter = StopFilter::new(&req.stop);
         let mut stream_err = None;
@@ -693,34 +696,7 @@ impl Engine {
             let go_on = on_token(&TokenEvent { id: Some(id), text, from_draft });
             go_on && filter.hit.is_none()
         };
-        let mut ngram = NGram::default();
-        let mut ensemble;
-        // (each kind's draft is loaded: `missing` above)
-        let alone: Option<&mut dyn speculative::Draft> = match kind.base() {
-            DraftKind::Ngram => Some(&mut ngram),
-            DraftKind::Model => self.draft.as_mut().map(|(d, _)| d as &mut dyn speculative::Draft),
-            DraftKind::Medusa => self.medusa.as_mut().map(|m| m as &mut dyn speculative::Draft),
-            DraftKind::Eagle => self.eagle.as_mut().map(|e| e as &mut dyn speculative::Draft),
-            _ => None,
-        };
-        let draft = match (kind.is_ensemble(), alone) {
-            (true, Some(d)) => {
-                let ngram = NGram { branches: TREE_BRANCHES, ..NGram::default() };
-                ensemble = Ensemble { draft: d, ngram };
-                Some(&mut ensemble as &mut dyn speculative::Draft)
-            }
-            (_, d) => d,
-        };
-        // (plain decoding keeps no schedule)
-        let mut unshared = Schedule::new(req.k_policy());
-        let schedule = match kind {
-            DraftKind::None => &mut unshared,
-            _ => shared_schedule(&mut self.schedules, (kind, opts.sampling.is_greedy()), req.k_policy()),
-        };
-        let k = req.k_policy();
-        let mut g =
-            speculative::generate_with(&mut self.target, draft, &prompt, &opts, k, schedule, &mut on_commit)
-                .await?;
+        let mut g = self.decode(&prompt, req, &mut on_commit).await?;
         if let Some(trace) = g.stats.last_cycle.as_mut() {
             trace.texts = trace.tokens.iter().map(|&t| tokenizer.decode(&[t]).unwrap_or_default()).collect();
         }
@@ -743,6 +719,61 @@ impl Engine {
             finish_reason: finish,
             stats: g.stats,
         })
+    }
+
+    /// Generates from `prompt`'s token ids without text (harnesses: the bench), as
+    /// [`Engine::generate_from`] does: the draft `req.draft` names (else the default), its K and
+    /// the schedule its kind shares, generation ending at `max_tokens` or an end-of-text token;
+    /// `req`'s `stop` strings are not looked at. The loop's own result: tokens, their
+    /// provenance, the stats.
+    pub async fn generate_tokens(&mut self, prompt: &[u32], req: &Request) -> Result<SpecGeneration> {
+        self.decode(prompt, req, &mut |_, _| true).await
+    }
+
+    /// The decode loop of a request: the draft it names (else the default; refused when not
+    /// loaded), alone or merged with the n-gram, and the K schedule its kind and decoding share.
+    async fn decode(
+        &mut self,
+        prompt: &[u32],
+        req: &Request,
+        on_commit: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> Result<SpecGeneration> {
+        let opts = GenerateOptions {
+            max_tokens: req.max_tokens,
+            sampling: req.sampling(),
+            stop_tokens: self.prompter.tokenizer.eos_ids().to_vec(),
+        };
+        let kind = req.draft.unwrap_or(self.default_draft);
+        if let Some(what) = self.missing(kind) {
+            return Err(Error::InvalidArgument(format!("draft {kind} asked for, but {what} not loaded")));
+        }
+        let (alone_branches, merged_branches) = self.ngram_branches;
+        let mut ngram = NGram { branches: alone_branches, ..NGram::default() };
+        let mut ensemble;
+        // (each kind's draft is loaded: `missing` above)
+        let alone: Option<&mut dyn speculative::Draft> = match kind.base() {
+            DraftKind::Ngram => Some(&mut ngram),
+            DraftKind::Model => self.draft.as_mut().map(|(d, _)| d as &mut dyn speculative::Draft),
+            DraftKind::Medusa => self.medusa.as_mut().map(|m| m as &mut dyn speculative::Draft),
+            DraftKind::Eagle => self.eagle.as_mut().map(|e| e as &mut dyn speculative::Draft),
+            _ => None,
+        };
+        let draft = match (kind.is_ensemble(), alone) {
+            (true, Some(d)) => {
+                let ngram = NGram { branches: merged_branches, ..NGram::default() };
+                ensemble = Ensemble { draft: d, ngram };
+                Some(&mut ensemble as &mut dyn speculative::Draft)
+            }
+            (_, d) => d,
+        };
+        // (plain decoding keeps no schedule)
+        let mut unshared = Schedule::new(req.k_policy());
+        let schedule = match kind {
+            DraftKind::None => &mut unshared,
+            _ => shared_schedule(&mut self.schedules, (kind, opts.sampling.is_greedy()), req.k_policy()),
+        };
+        let k = req.k_policy();
+        speculative::generate_with(&mut self.target, draft, prompt, &opts, k, schedule, on_commit).await
     }
 }
 

@@ -10,6 +10,7 @@ use crate::loader::gguf_writer::GgufWriter;
 use crate::loader::source::Source;
 use crate::loader::DType;
 use crate::model::{Arch, Config, TensorRole, TensorTable};
+use crate::tokenizer::{byte_to_char, GgufVocab, Tokenizer};
 
 /// The stored types of a synthetic model's matrices (norms and biases are F32): those of the
 /// real files of its shape. A matrix whose row length is no multiple of its type's block takes
@@ -277,6 +278,33 @@ impl SyntheticShape {
             })
             .sum()
     }
+}
+
+/// The vocabulary of a random-weight model of `vocab_size` tokens: each byte its own token (ids
+/// 0..256, written as byte-level BPE writes bytes), the others unused, no merges, no BOS and no
+/// end-of-text token (a bench's generations run to their length), so a prompt's ids are its bytes.
+pub fn byte_tokenizer(vocab_size: usize) -> Result<Tokenizer> {
+    if vocab_size < 256 {
+        return Err(Error::InvalidArgument(format!("a byte vocabulary needs 256 tokens, not {vocab_size}")));
+    }
+    let bytes = byte_to_char();
+    let tokens: Vec<String> = (0..vocab_size)
+        .map(|i| if i < 256 { bytes[i].to_string() } else { format!("<unused_{i}>") })
+        .collect();
+    // (the unused ones as llama.cpp's type 5, never produced by encoding)
+    let token_types = (0..vocab_size).map(|i| if i < 256 { 1 } else { 5 }).collect();
+    Tokenizer::from_vocab(GgufVocab {
+        model: "gpt2".into(),
+        pre: None,
+        tokens,
+        token_types,
+        merges: Vec::new(),
+        bos: None,
+        eos: None,
+        eot: None,
+        add_bos: false,
+        add_eos: false,
+    })
 }
 
 /// A GGUF file of random weights with `shape`'s exact tensor shapes (the tensors of

@@ -21,6 +21,8 @@ use tokenizers::{DecoderWrapper, Model};
 
 use crate::error::{Error, Result};
 
+/// The character each byte is written as in a byte-level (GPT-2) vocabulary.
+pub use byte_level::byte_to_char;
 pub use chat::{known_role, ChatTemplate, Message, TextLimit, ROLES};
 pub use gguf_vocab::GgufVocab;
 pub use pre::PreKind;

@@ -1,12 +1,13 @@
 //! The speculative-decoding benchmark harness: target-only decoding and speculation over a
 //! prompt set, alternating them, plus `verify_cost = t(forward of K+1 tokens) / t(forward of 1
-//! token)`. Both runs go through the library's one decode loop ([`speculative::generate`]).
+//! token)`. Both runs go through the engine every front end uses ([`Engine::generate_tokens`]),
+//! so a bench measures the drafts, ensembles and schedules that requests get.
 
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
+use wgspec::engine::{DraftKind, Engine, Request};
 use wgspec::model::{Model, MAX_BATCH};
-use wgspec::session::GenerateOptions;
-use wgspec::speculative::{self, Draft, Schedule, SpecStats};
+use wgspec::speculative::SpecStats;
 use wgspec::{Error, Result};
 
 /// The prompt set kept in the repository (`benches/prompts.json`): code and prose.
@@ -52,36 +53,24 @@ pub struct PromptResult {
 }
 
 /// Runs `bench` (tokenized: `prompt`) with the target alone and with speculation (in the order
-/// `spec_first` says); the speculative run continues `schedule` (the prompts of a bench share one,
-/// as a server's requests do).
+/// `spec_first` says), both through the engine with `req` (its draft, else the engine's
+/// default, for the speculative run); the speculative runs of a bench share the engine's K
+/// schedule, as a server's requests do.
 pub async fn run_prompt(
-    target: &mut Model,
-    draft: &mut dyn Draft,
+    engine: &mut Engine,
     bench: &BenchPrompt,
     prompt: &[u32],
-    opts: &GenerateOptions,
-    schedule: &mut Schedule,
+    req: &Request,
     spec_first: bool,
 ) -> Result<PromptResult> {
-    let k = schedule.policy();
+    let plain_req = Request { draft: Some(DraftKind::None), ..req.clone() };
     let mut plain = None;
     let mut spec = None;
     for spec_turn in [spec_first, !spec_first] {
         if spec_turn {
-            spec = Some(
-                speculative::generate_with(
-                    target,
-                    Some(&mut *draft),
-                    prompt,
-                    opts,
-                    k,
-                    schedule,
-                    &mut |_, _| true,
-                )
-                .await?,
-            );
+            spec = Some(engine.generate_tokens(prompt, req).await?);
         } else {
-            plain = Some(speculative::generate(target, None, prompt, opts, k, &mut |_, _| true).await?);
+            plain = Some(engine.generate_tokens(prompt, &plain_req).await?);
         }
     }
     let (Some(plain), Some(spec)) = (plain, spec) else {
@@ -243,11 +232,6 @@ pub async fn verify_costs(
         out.push((k, if one > 0.0 { t / one } else { 0.0 }));
     }
     Ok(out)
-}
-
-/// Token ids for a prompt without a tokenizer (synthetic models): its bytes, offset into the vocabulary.
-pub fn byte_tokens(text: &str, vocab: usize) -> Vec<u32> {
-    text.bytes().map(|b| (b as u32 + 1000) % vocab.max(1) as u32).collect()
 }
 
 #[cfg(test)]

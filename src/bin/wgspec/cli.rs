@@ -9,13 +9,12 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use wgspec::engine::{DraftKind, DraftSpec, Request};
+use wgspec::engine::{DraftKind, DraftSpec, Engine, Request};
 use wgspec::gpu::{Gpu, KernelShape};
 use wgspec::model::synthetic;
 use wgspec::model::{LoadOptions, Model, Precision};
 use wgspec::sampling::SamplingParams;
-use wgspec::session::GenerateOptions;
-use wgspec::speculative::{self, Draft, DraftModel, Ensemble, KPolicy, NGram};
+use wgspec::speculative::{self, KPolicy};
 
 use crate::fetch;
 use crate::load::load_engine;
@@ -538,114 +537,82 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             spec.source().unwrap_or("MODEL")
         )));
     }
-    let mut heads: Option<Box<dyn Draft>> = None;
-    let mut template = None;
-    let (mut target, tokenizer, loaded_draft, target_name) = match &args.synthetic {
+    let target_name = match &args.synthetic {
+        Some(shape_name) => format!("synthetic {shape_name}"),
+        None => args.model.clone().unwrap_or_default(),
+    };
+    let mut engine = match &args.synthetic {
         Some(_) if matches!(spec, DraftSpec::Medusa { .. } | DraftSpec::Eagle { .. }) => {
             return Err(Error::InvalidArgument(
                 "a --synthetic target drafts with `ngram`, a shape name or `self`, not heads".into(),
             ))
         }
-        Some(shape_name) => (
-            synth(&synthetic::synthetic_shape(shape_name)?, 1)?,
-            None,
-            None,
-            format!("synthetic {shape_name}"),
-        ),
+        Some(shape_name) => {
+            let target = synth(&synthetic::synthetic_shape(shape_name)?, 1)?;
+            let tokenizer = synthetic::byte_tokenizer(target.config.vocab_size)?;
+            let mut engine = Engine::new(target, tokenizer.clone(), None);
+            if let (DraftSpec::Model { model, tree, .. }, false) = (&spec, args.roofline) {
+                // a shape, or `self`: the target's shape and weights (its drafts are always
+                // right: tau = K + 1)
+                let (shape, seed) = match model.as_str() {
+                    "self" => (synthetic::synthetic_shape(shape_name)?, 1),
+                    name => (synthetic::synthetic_shape(name)?, 2),
+                };
+                engine.set_draft(Some((synth(&shape, seed)?, &tokenizer)))?;
+                engine.set_model_tree(*tree)?;
+            }
+            engine
+        }
         None if spec.source() == Some("self") => {
             return Err(Error::InvalidArgument(
                 "--draft self drafts with a --synthetic target's own weights; for a model file, give its path as --draft".into(),
             ))
         }
         None => {
-            let name = args.model.clone().unwrap_or_default();
             let draft = if args.roofline { DraftSpec::None } else { spec.clone() };
-            let engine = load_engine(&gpu, &name, &draft, &opts, false)?;
-            let parts = engine.into_parts();
-            template = parts.chat_template;
-            heads = match (parts.medusa, parts.eagle) {
-                (Some(m), _) => Some(Box::new(m) as Box<dyn Draft>),
-                (None, Some(mut e)) => {
-                    e.set_tree(match args.tree {
-                        Some(0) => speculative::EagleTree::Chain { siblings: speculative::EAGLE_SIBLINGS },
-                        w => speculative::EagleTree::Dynamic { width: w.unwrap_or(speculative::EAGLE_WIDTH) },
-                    });
-                    Some(Box::new(e) as Box<dyn Draft>)
-                }
-                (None, None) => None,
-            };
-            (parts.target, Some(parts.tokenizer), parts.draft, name)
+            load_engine(&gpu, &target_name, &draft, &opts, false)?
         }
     };
     if args.roofline && args.shape_only {
         let rows = args.k.draft_k.unwrap_or(4) + 1;
-        return crate::roofline::shape_only(&gpu, &target, &target_name, rows, args.past, &args.out);
+        return crate::roofline::shape_only(&gpu, engine.target(), &target_name, rows, args.past, &args.out);
     }
     if args.roofline {
         let rows = args.k.draft_k.unwrap_or(4) + 1;
-        return crate::roofline::run(&gpu, &mut target, &target_name, rows, args.past, &timing, &args.out)
-            .await;
+        let target = engine.target_mut();
+        return crate::roofline::run(&gpu, target, &target_name, rows, args.past, &timing, &args.out).await;
     }
-    let ngram = NGram { branches: args.tree.unwrap_or(1).max(1), ..NGram::default() };
-    let mut model_draft = match (&spec, loaded_draft) {
-        (DraftSpec::Model { .. }, Some(d)) => Some(d),
-        (DraftSpec::Model { model, tree, .. }, None) => {
-            // a shape, or `self`: the target's shape and weights (its drafts are always right:
-            // tau = K + 1)
-            let (shape, seed) = match (model.as_str(), &args.synthetic) {
-                ("self", Some(target_shape)) => (synthetic::synthetic_shape(target_shape)?, 1),
-                (name, _) => (synthetic::synthetic_shape(name)?, 2),
-            };
-            let mut d = DraftModel::new(synth(&shape, seed)?, &target.config)?;
-            d.set_tree(tree - 1);
-            Some(d)
-        }
-        _ => None,
-    };
-    let mut ngram_alone = ngram.clone();
-    let mut ensemble;
+    // the trees --tree asks for: the n-gram's continuations (alone, or beside a draft model's
+    // chain), the EAGLE head's nodes per depth (0: its chain with siblings)
     let kind = spec.kind();
-    let alone: &mut dyn Draft = match (model_draft.as_mut(), heads.as_mut()) {
-        (Some(model), _) => model,
-        (None, Some(heads)) => heads.as_mut(),
-        (None, None) => &mut ngram_alone,
-    };
-    let draft: &mut dyn Draft = match kind.is_ensemble() {
-        true => {
-            // (with a draft model `--tree N` sets the n-gram's continuations)
-            let branches = match kind == DraftKind::ModelNgram {
-                true => args.tree.unwrap_or(speculative::TREE_BRANCHES).max(1),
-                false => speculative::TREE_BRANCHES,
-            };
-            ensemble = Ensemble { draft: alone, ngram: NGram { branches, ..ngram } };
-            &mut ensemble
-        }
-        false => alone,
-    };
-    let stop_tokens = tokenizer.as_ref().map(|t| t.eos_ids().to_vec()).unwrap_or_default();
+    let merged = if kind == DraftKind::ModelNgram { args.tree } else { None };
+    engine.set_ngram_branches(args.tree.unwrap_or(1), merged.unwrap_or(speculative::TREE_BRANCHES));
+    if kind.base() == DraftKind::Eagle {
+        engine.set_eagle_tree(match args.tree {
+            Some(0) => speculative::EagleTree::Chain { siblings: speculative::EAGLE_SIBLINGS },
+            w => speculative::EagleTree::Dynamic { width: w.unwrap_or(speculative::EAGLE_WIDTH) },
+        })?;
+    }
+    engine.set_default_draft(kind)?;
     let sampling = args.sampling.params();
     sampling.validate()?;
-    let gen_opts = GenerateOptions { max_tokens: args.max_tokens, sampling, stop_tokens };
     let policy = args.k.policy();
-    let mut schedule = wgspec::speculative::Schedule::new(policy);
+    if args.chat && !engine.has_chat_template() {
+        return Err(Error::InvalidArgument("--chat: the model declares no chat template".into()));
+    }
 
     let mut results = Vec::new();
     for (i, p) in prompts.iter().enumerate() {
-        let tokens = match (&tokenizer, &template) {
-            (Some(t), Some(chat)) if args.chat => {
-                let turn = [wgspec::tokenizer::Message { role: "user".into(), content: p.prompt.clone() }];
-                chat.prompt_tokens(&turn, t)?
-            }
-            _ if args.chat => {
-                return Err(wgspec::Error::InvalidArgument(
-                    "--chat: the model declares no chat template".into(),
-                ))
-            }
-            (Some(t), _) => t.encode(&p.prompt, true)?,
-            (None, _) => bench::byte_tokens(&p.prompt, target.config.vocab_size),
-        };
-        let r = bench::run_prompt(&mut target, &mut *draft, p, &tokens, &gen_opts, &mut schedule, i % 2 == 1)
-            .await?;
+        let mut req = Request::text(&p.prompt, args.max_tokens);
+        if args.chat {
+            req.prompt = None;
+            req.messages = Some(vec![Message { role: "user".into(), content: p.prompt.clone() }]);
+        }
+        let SamplingParams { temperature, top_k, top_p, seed } = sampling;
+        (req.temperature, req.top_k, req.top_p, req.seed) = (temperature, top_k, top_p, seed);
+        (req.draft_k, req.max_draft_k) = (args.k.draft_k, args.k.max_draft_k);
+        let tokens = engine.prompt_tokens(&req)?;
+        let r = bench::run_prompt(&mut engine, p, &tokens, &req, i % 2 == 1).await?;
         eprintln!(
             "{:<20} {:<5} target-only {:>7.2} tok/s  speculative {:>7.2} tok/s  x{:.2}  tau {:.2}  accept {:>5.1}%  K {:.1}{}",
             r.name,
@@ -669,6 +636,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
             (results.iter().map(|r| r.mean_k).sum::<f64>() / n).round().max(1.0) as usize
         }
     };
+    let target = engine.target_mut();
     let pos = 64.min(target.context().saturating_sub(wgspec::model::MAX_BATCH));
     let fill: Vec<u32> = (0..pos as u32).map(|i| (i * 31 + 7) % target.config.vocab_size as u32).collect();
     for (c, chunk) in fill.chunks(wgspec::model::MAX_BATCH).enumerate() {
@@ -678,7 +646,7 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
         args.verify_ks.iter().copied().chain([k_runs]).filter(|k| (1..32).contains(k)).collect();
     ks.sort_unstable();
     ks.dedup();
-    let costs = bench::verify_costs(&mut target, pos, &ks, 5).await?;
+    let costs = bench::verify_costs(target, pos, &ks, 5).await?;
     let verify_cost = costs.iter().find(|(k, _)| *k == k_runs).map(|c| c.1).unwrap_or(0.0);
 
     let all: Vec<&bench::PromptResult> = results.iter().collect();
@@ -694,8 +662,8 @@ async fn bench_cmd(args: BenchArgs) -> Result<()> {
     let out = bench::Report {
         adapter: gpu.describe(),
         target: target_name,
-        target_gpu_weight_bytes: target.weight_bytes(),
-        target_file_weight_bytes: target.file_weight_bytes(),
+        target_gpu_weight_bytes: engine.target().weight_bytes(),
+        target_file_weight_bytes: engine.target().file_weight_bytes(),
         draft: if synthetic_draft { format!("synthetic {spec}") } else { spec.to_string() },
         k: match policy {
             KPolicy::Fixed(k) => k.to_string(),
