@@ -242,7 +242,7 @@ pub fn spawn(
             }
         };
         let context = engine.target_info().context;
-        let info = Loaded { prompter: Arc::new(engine.prompter().clone()), context };
+        let info = Loaded { prompter: engine.shared_prompter(), context };
         if loaded.send(Ok(info)).is_err() {
             return;
         }
