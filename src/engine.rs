@@ -22,7 +22,7 @@ use crate::model::{
 use crate::sampling::SamplingParams;
 use crate::session::{FinishReason, GenerateOptions};
 use crate::speculative::{
-    self, DraftModel, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, Schedule, SpecGeneration,
+    self, DraftModel, Drafter, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, Schedule, SpecGeneration,
     SpecStats, DEFAULT_MAX_DRAFT_K, EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
 };
 pub use crate::speculative::{DraftKind, DraftSpec};
@@ -751,20 +751,23 @@ impl Engine {
         let mut ngram = NGram { branches: alone_branches, ..NGram::default() };
         let mut ensemble;
         // (each kind's draft is loaded: `missing` above)
-        let alone: Option<&mut dyn speculative::Draft> = match kind.base() {
-            DraftKind::Ngram => Some(&mut ngram),
-            DraftKind::Model => self.draft.as_mut().map(|(d, _)| d as &mut dyn speculative::Draft),
-            DraftKind::Medusa => self.medusa.as_mut().map(|m| m as &mut dyn speculative::Draft),
-            DraftKind::Eagle => self.eagle.as_mut().map(|e| e as &mut dyn speculative::Draft),
-            _ => None,
+        let alone: Drafter = match kind.base() {
+            DraftKind::Ngram => Drafter::Other(&mut ngram),
+            DraftKind::Model => self.draft.as_mut().map_or(Drafter::None, |(d, _)| Drafter::Model(d)),
+            DraftKind::Medusa => self.medusa.as_mut().map_or(Drafter::None, |m| Drafter::Other(m)),
+            DraftKind::Eagle => self.eagle.as_mut().map_or(Drafter::None, |e| Drafter::Other(e)),
+            _ => Drafter::None,
         };
         let draft = match (kind.is_ensemble(), alone) {
-            (true, Some(d)) => {
-                let ngram = NGram { branches: merged_branches, ..NGram::default() };
-                ensemble = Ensemble { draft: d, ngram };
-                Some(&mut ensemble as &mut dyn speculative::Draft)
-            }
-            (_, d) => d,
+            (true, d) => match d.into_draft() {
+                Some(d) => {
+                    let ngram = NGram { branches: merged_branches, ..NGram::default() };
+                    ensemble = Ensemble { draft: d, ngram };
+                    Drafter::Other(&mut ensemble)
+                }
+                None => Drafter::None,
+            },
+            (false, d) => d,
         };
         // (plain decoding keeps no schedule)
         let mut unshared = Schedule::new(req.k_policy());
@@ -772,8 +775,8 @@ impl Engine {
             DraftKind::None => &mut unshared,
             _ => shared_schedule(&mut self.schedules, (kind, opts.sampling.is_greedy()), req.k_policy()),
         };
-        let k = req.k_policy();
-        speculative::generate_with(&mut self.target, draft, prompt, &opts, k, schedule, on_commit).await
+        schedule.start(req.k_policy());
+        speculative::generate_with(&mut self.target, draft, prompt, &opts, schedule, on_commit).await
     }
 }
 

@@ -571,7 +571,14 @@ fn bad_model_input_gives_typed_errors() {
     let sampling = wgspec::sampling::SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 1 };
     let opts = GenerateOptions { max_tokens: 2, sampling, stop_tokens: vec![] };
     let mut go_on = |_, _| true;
-    let run = wgspec::speculative::generate(&mut m, None, &[1, 2], &opts, KPolicy::default(), &mut go_on);
+    let run = wgspec::speculative::generate(
+        &mut m,
+        wgspec::speculative::Drafter::None,
+        &[1, 2],
+        &opts,
+        KPolicy::default(),
+        &mut go_on,
+    );
     let err = pollster::block_on(run).expect_err("must fail");
     assert!(matches!(&err, Error::NonFinite(m) if m.contains("row 0")), "{err}");
 

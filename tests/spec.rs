@@ -21,8 +21,9 @@ use wgspec::model::{
 use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
-    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftKind, DraftModel, Eagle, EagleTree,
-    Ensemble, KPolicy, Medusa, NGram, NextKind, SampledCycle, TokenTree, TreeCosts, TreeVerdict, Verdict,
+    self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftKind, DraftModel, Drafter, Eagle,
+    EagleTree, Ensemble, KPolicy, Medusa, NGram, NextKind, SampledCycle, TokenTree, TreeCosts, TreeVerdict,
+    Verdict,
 };
 use wgspec::Error;
 
@@ -485,15 +486,30 @@ fn plain(model: &mut Model, prompt: &[u32], opts: &GenerateOptions) -> speculati
     common::plain(model, prompt, opts).expect("generate")
 }
 
-fn speculative(
+fn speculative<'a>(
     target: &mut Model,
-    draft: &mut dyn Draft,
+    draft: impl Into<Drafter<'a>>,
     prompt: &[u32],
     opts: &GenerateOptions,
     k: KPolicy,
 ) -> speculative::SpecGeneration {
-    pollster::block_on(speculative::generate(target, Some(draft), prompt, opts, k, &mut |_, _| true))
+    pollster::block_on(speculative::generate(target, draft.into(), prompt, opts, k, &mut |_, _| true))
         .expect("spec generate")
+}
+
+/// A test's draft, owned: a draft model (whose cycles the loop may run GPU-resident) or any other.
+enum Owned<'a> {
+    Model(Box<DraftModel>),
+    Other(Box<dyn Draft + 'a>),
+}
+
+impl Owned<'_> {
+    fn drafter(&mut self) -> Drafter<'_> {
+        match self {
+            Owned::Model(d) => Drafter::Model(d.as_mut()),
+            Owned::Other(d) => Drafter::Other(d.as_mut()),
+        }
+    }
 }
 
 fn greedy_opts(n: usize) -> GenerateOptions {
@@ -608,10 +624,10 @@ fn draft_model_rolls_back_and_catches_up() {
         let p = pollster::block_on(draft.propose(&context, DraftBudget::chain(k), &params, &mut g))
             .expect("propose");
         let want = common::plain(&mut fresh, &context, &greedy_opts(k)).expect("fresh").tokens;
-        assert_eq!(p.tokens, want, "context {context:?}");
-        assert_eq!(p.steps, k);
-        context.extend_from_slice(&p.tokens[..a]);
-        let next = if replace_next || a == k { (p.tokens[a.min(k - 1)] + 1) % 300 } else { p.tokens[a] };
+        assert_eq!(p.tokens(), want, "context {context:?}");
+        assert_eq!(p.steps(), k);
+        context.extend_from_slice(&p.tokens()[..a]);
+        let next = if replace_next || a == k { (p.tokens()[a.min(k - 1)] + 1) % 300 } else { p.tokens()[a] };
         context.push(next);
     }
 }
@@ -664,14 +680,14 @@ fn greedy_speculative_output_equals_greedy_output() {
         let mut top3 =
             DraftModel::new(load(&ckpt_of(&perturbed(&tiny, 0.2, &mut r), &mut r), 64), &cfg).expect("draft");
         top3.set_tree(2);
-        let mut drafts: Vec<(&str, Box<dyn Draft + '_>)> = vec![
-            ("itself", Box::new(DraftModel::new(same, &cfg).expect("draft"))),
-            ("perturbed", Box::new(DraftModel::new(near, &cfg).expect("draft"))),
-            ("random", Box::new(DraftModel::new(random, &cfg).expect("draft"))),
-            ("ngram", Box::new(NGram::default())),
-            ("ngram tree", Box::new(ngram.clone())),
-            ("model+ngram", Box::new(Ensemble { draft: &mut ensemble_model, ngram })),
-            ("model top-3 tree", Box::new(top3)),
+        let mut drafts: Vec<(&str, Owned<'_>)> = vec![
+            ("itself", Owned::Model(Box::new(DraftModel::new(same, &cfg).expect("draft")))),
+            ("perturbed", Owned::Model(Box::new(DraftModel::new(near, &cfg).expect("draft")))),
+            ("random", Owned::Model(Box::new(DraftModel::new(random, &cfg).expect("draft")))),
+            ("ngram", Owned::Other(Box::new(NGram::default()))),
+            ("ngram tree", Owned::Other(Box::new(ngram.clone()))),
+            ("model+ngram", Owned::Other(Box::new(Ensemble { draft: &mut ensemble_model, ngram }))),
+            ("model top-3 tree", Owned::Model(Box::new(top3))),
         ];
         let v = spec.vocab as u32;
         // the fourth prompt repeats "5" with four different continuations: n-gram trees
@@ -691,7 +707,7 @@ fn greedy_speculative_output_equals_greedy_output() {
                     continue;
                 }
                 for k in [KPolicy::Fixed(1), KPolicy::Fixed(4), KPolicy::Fixed(9), KPolicy::default()] {
-                    let got = speculative(&mut target, draft.as_mut(), prompt, &greedy_opts(20), k);
+                    let got = speculative(&mut target, draft.drafter(), prompt, &greedy_opts(20), k);
                     assert_eq!(
                         got.tokens, want.tokens,
                         "qwen2={} draft {name} {k:?} prompt {prompt:?}",
@@ -794,7 +810,7 @@ fn stop_conditions_work_inside_an_accepted_run() {
     let mut seen = 0;
     let got = pollster::block_on(speculative::generate(
         &mut target,
-        Some(&mut draft),
+        Drafter::Model(&mut draft),
         &prompt,
         &greedy_opts(24),
         k,
@@ -855,19 +871,19 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
     let mut target = load(&ckpt, 32);
     let good = load(&ckpt_of(&perturbed(&tiny, 0.1, &mut r), &mut r), 32);
     let bad = load(&ckpt_of(&TinyModel::random(spec, &mut r), &mut r), 32);
-    let mut drafts: Vec<(&str, Box<dyn Draft>)> = vec![
-        ("good", Box::new(DraftModel::new(good, &ckpt.config).expect("draft"))),
-        ("bad", Box::new(DraftModel::new(bad, &ckpt.config).expect("draft"))),
-        ("ngram", Box::new(NGram { max_n: 1, min_n: 1, branches: 1 })),
+    let mut drafts: Vec<(&str, Owned)> = vec![
+        ("good", Owned::Model(Box::new(DraftModel::new(good, &ckpt.config).expect("draft")))),
+        ("bad", Owned::Model(Box::new(DraftModel::new(bad, &ckpt.config).expect("draft")))),
+        ("ngram", Owned::Other(Box::new(NGram { max_n: 1, min_n: 1, branches: 1 }))),
         // "3" was followed by "7 3" and "5 3 7": a two-branch tree, the multi-candidate rule
-        ("ngram tree", Box::new(NGram { max_n: 1, min_n: 1, branches: 3 })),
+        ("ngram tree", Owned::Other(Box::new(NGram { max_n: 1, min_n: 1, branches: 3 }))),
     ];
     // an EAGLE head: EAGLE-2's dynamic trees (deterministic)
     let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, false, &mut r);
     let dynamic = EagleTree::Dynamic { width: 3 };
     drafts.push((
         "eagle tree",
-        Box::new(Eagle::with_tree(load_eagle(&mut target, file, &config, 4).0, dynamic)),
+        Owned::Other(Box::new(Eagle::with_tree(load_eagle(&mut target, file, &config, 4).0, dynamic))),
     ));
     let prompt = [3u32, 5, 3, 7, 3];
     for params in [
@@ -903,7 +919,7 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
                         sampling: SamplingParams { seed: 77_000 + n as u64, ..params },
                         stop_tokens: vec![],
                     };
-                    let g = speculative(&mut target, draft.as_mut(), &prompt, &opts, KPolicy::Fixed(2));
+                    let g = speculative(&mut target, draft.drafter(), &prompt, &opts, KPolicy::Fixed(2));
                     trees += g.stats.tree_cycles;
                     // n-gram chains and trees verify on the GPU (a top-k of at most 16, any top-p):
                     // every verify pass drew there, the trees' too
@@ -1259,7 +1275,7 @@ impl Draft for Recording<'_> {
     ) -> speculative::draft::LocalFuture<'a, wgspec::Result<speculative::Proposal>> {
         Box::pin(async move {
             let p = self.draft.propose(context, budget, sampling, rng).await?;
-            if let (Some(&last), Some(&first)) = (context.last(), p.tokens.first()) {
+            if let (Some(&last), Some(&first)) = (context.last(), p.tokens().first()) {
                 self.guesses.push((last, first));
             }
             Ok(p)
@@ -1285,7 +1301,7 @@ fn heads_speculate_exactly(
         for k in [KPolicy::Fixed(1), KPolicy::Fixed(3), KPolicy::default()] {
             for (name, draft, guesses_last) in drafts.iter_mut() {
                 let mut rec = Recording { draft: &mut **draft, guesses: Vec::new() };
-                let got = speculative(target, &mut rec, prompt, &greedy_opts(24), k);
+                let got = speculative(target, Drafter::Other(&mut rec), prompt, &greedy_opts(24), k);
                 let what = format!("{what} {name} {k:?} prompt {prompt:?}");
                 assert_eq!(got.tokens, want.tokens, "{what}");
                 let s = &got.stats;
@@ -1557,10 +1573,14 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let (params, mut g) = (SamplingParams::greedy(), Rng::new(1));
         let budget = DraftBudget::tree(4, 4);
         let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
-        assert_eq!((p.tokens.len(), p.steps, p.tree.is_none()), (4, 3, true), "a chain of 4 in 3 steps");
-        assert_eq!(p.tokens[0], reference_argmax(&want_logits[8]), "{what}: first draft");
-        let (mut feature, mut token) = (want_feat[8].clone(), p.tokens[0]);
-        for (step, &id) in p.tokens.iter().enumerate().skip(1) {
+        assert_eq!(
+            (p.tokens().len(), p.steps(), p.as_tree().is_none()),
+            (4, 3, true),
+            "a chain of 4 in 3 steps"
+        );
+        assert_eq!(p.tokens()[0], reference_argmax(&want_logits[8]), "{what}: first draft");
+        let (mut feature, mut token) = (want_feat[8].clone(), p.tokens()[0]);
+        for (step, &id) in p.tokens().iter().enumerate().skip(1) {
             let (f, l) = ref_head.step(token, &feature);
             assert_eq!(id, reference_argmax(&l), "{what}: draft step {step}");
             (feature, token) = (f, id);
@@ -1568,7 +1588,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         assert_eq!(eagle.head().len(), 12, "9 positions and 3 draft steps");
         // drafting again needs the target's next pass first
         let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
-        assert!(p.tokens.is_empty(), "no features, no proposal");
+        assert!(p.tokens().is_empty(), "no features, no proposal");
         // siblings: a tree of the chain and each depth's next most likely ids
         let mut eagle = Eagle::new(
             load_eagle(
@@ -1583,7 +1603,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
         let budget = DraftBudget::tree(3, 9);
         let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
-        let tree = p.tree.expect("a tree");
+        let tree = p.as_tree().expect("a tree").clone();
         assert_eq!((tree.len(), tree.max_depth()), (10, 3), "3 chain nodes, 2 siblings at each depth");
         // EAGLE-2's dynamic tree against the reference's: each node's ranks from its path alone
         let (file, _) = common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r);
@@ -1601,13 +1621,13 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
             }
             let budget = DraftBudget::tree(depth, nodes);
             let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
-            let tree = p.tree.expect("a tree");
+            let tree = p.as_tree().expect("a tree").clone();
             let want = reference_dynamic_tree(&mut ref_head, &root.0, &root.1, prompt[9], budget, 3, 4);
             let what = format!("{what}: dynamic tree, depth {depth}, {nodes} nodes");
             assert_eq!((tree.tokens(), tree.parents()), (want.tokens(), want.parents()), "{what}");
             assert!(tree.max_depth() <= depth && tree.len() <= nodes + 1, "{what}");
-            assert_eq!(p.tokens[0], reference_argmax(&root.1), "{what}: the first branch");
-            assert!(p.steps < depth && (depth == 1 || p.steps >= 1), "{what}: {} passes", p.steps);
+            assert_eq!(p.tokens()[0], reference_argmax(&root.1), "{what}: the first branch");
+            assert!(p.steps() < depth && (depth == 1 || p.steps() >= 1), "{what}: {} passes", p.steps());
         }
         // sized by costs: a verify pass that grows by a step per row keeps one node (this head's
         // chances are low); one that costs the same for any rows, with free draft passes, takes
@@ -1618,11 +1638,11 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
         let budget = DraftBudget { costs: Some(steep), ..DraftBudget::tree(4, 10) };
         let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
-        assert_eq!((p.tokens.len(), p.tree), (1, None), "{what}: steep costs, one node");
+        assert_eq!((p.tokens().len(), p.as_tree()), (1, None), "{what}: steep costs, one node");
         pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
         let budget = DraftBudget { costs: Some(flat), ..DraftBudget::tree(4, 10) };
         let p = pollster::block_on(eagle.propose(&prompt, budget, &params, &mut g)).expect("propose");
-        let tree = p.tree.expect("a tree");
+        let tree = p.as_tree().expect("a tree").clone();
         let want = reference_dynamic_tree(
             &mut ref_head,
             &root.0,
@@ -1648,7 +1668,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let passes = pollster::block_on(eagle.target_pass(&prompt, 3, &[0])).expect("gap");
         assert_eq!(passes, 0);
         let p = pollster::block_on(eagle.propose(&prompt[..5], budget, &params, &mut g)).expect("propose");
-        assert!(p.tokens.is_empty() && p.tree.is_none());
+        assert!(p.tokens().is_empty() && p.as_tree().is_none());
     }
 }
 
@@ -1730,7 +1750,7 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
         let (params, mut g) = (SamplingParams::greedy(), Rng::new(1));
         let p = pollster::block_on(eagle.propose(&prompt, DraftBudget::tree(4, 10), &params, &mut g))
             .expect("propose");
-        let tree = p.tree.expect("a tree");
+        let tree = p.as_tree().expect("a tree").clone();
         let root = &want[8];
         let want_tree = reference_dynamic_tree(
             &mut ref_head,
@@ -1747,10 +1767,10 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
         pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
         let p = pollster::block_on(eagle.propose(&prompt, DraftBudget::chain(4), &params, &mut g))
             .expect("propose");
-        assert_eq!(p.tokens[0], reference_argmax(&root.1), "{what}: first draft");
+        assert_eq!(p.tokens()[0], reference_argmax(&root.1), "{what}: first draft");
         ref_head.truncate(9);
-        let (mut feature, mut token) = (root.0.clone(), p.tokens[0]);
-        for (step, &id) in p.tokens.iter().enumerate().skip(1) {
+        let (mut feature, mut token) = (root.0.clone(), p.tokens()[0]);
+        for (step, &id) in p.tokens().iter().enumerate().skip(1) {
             let (f, l) = ref_head.step(token, &feature);
             assert_eq!(id, reference_argmax(&l), "{what}: draft step {step}");
             (feature, token) = (f, id);
@@ -1759,7 +1779,7 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
         let d2t_ids: Vec<usize> = (0..spec.vocab).filter(|&t| want[0].1[t].is_finite()).collect();
         assert_eq!(d2t_ids.len(), draft_vocab);
         assert!(
-            tree.tokens()[1..].iter().chain(&p.tokens).all(|&t| d2t_ids.contains(&(t as usize))),
+            tree.tokens()[1..].iter().chain(&p.tokens()).all(|&t| d2t_ids.contains(&(t as usize))),
             "{what}"
         );
     }

@@ -20,7 +20,7 @@ use web_time::Instant;
 use wgspec::engine::{Engine, Request};
 use wgspec::model::{Checkpoint, EagleHead, EagleLayout, LoadOptions, Model, MAX_BATCH};
 use wgspec::session::GenerateOptions;
-use wgspec::speculative::{self, Draft, DraftModel, KPolicy, NGram, SpecGeneration};
+use wgspec::speculative::{self, DraftModel, Drafter, KPolicy, NGram, SpecGeneration};
 use wgspec::tokenizer::Tokenizer;
 
 fn load(path: &PathBuf, context: usize) -> (Model, Checkpoint) {
@@ -90,7 +90,7 @@ fn smollm2_ngram_speculation_equals_greedy() {
         let t = Instant::now();
         let got = pollster::block_on(speculative::generate(
             &mut target,
-            Some(&mut NGram::default()),
+            Drafter::Other(&mut NGram::default()),
             &case.prompt_tokens,
             &greedy(n),
             KPolicy::default(),
@@ -144,7 +144,7 @@ fn qwen_coder_pair_speculation_equals_greedy() {
     let t = Instant::now();
     let got = pollster::block_on(speculative::generate(
         &mut target,
-        Some(&mut draft as &mut dyn Draft),
+        Drafter::Model(&mut draft),
         &prompt,
         &greedy(n),
         KPolicy::Fixed(n - 1),

@@ -24,12 +24,13 @@ pub struct GreedyCycle {
     accept: Op,
 }
 
-/// What one GPU cycle produced.
+/// What one GPU-resident cycle produced (greedy here, or sampled: [`super::sampled`]), or a
+/// GPU-sampled verify pass of host-given drafts.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct CycleOutcome {
     /// The drafted tokens x1..xK.
     pub drafts: Vec<u32>,
-    /// How many of them the target accepted.
+    /// How many of them the rule kept.
     pub accepted: usize,
     /// The target's token after the accepted ones (recovered or bonus).
     pub next: u32,

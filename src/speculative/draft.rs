@@ -8,8 +8,9 @@
 //!   target's hidden states, which the loop hands them after every target pass
 //!   ([`Draft::target_pass`]).
 //!
-//! The trait takes the whole token context and returns tokens, or a token tree, plus (for
-//! sampling) the draft distributions `q`.
+//! The trait takes the whole token context and returns a [`Proposal`]: a chain (with, for
+//! sampling, the draft distributions `q`) or a token tree. The loop takes a [`Drafter`]: whether
+//! the draft is a draft model (whose cycles may run GPU-resident) is said by its caller.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -26,24 +27,74 @@ use crate::tokenizer::Tokenizer;
 /// A boxed future that need not be `Send` (wasm futures are not).
 pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 
-/// What a draft proposes for the positions after the context.
-#[derive(Clone, Debug, Default)]
-pub struct Proposal {
-    /// `[k']` proposed tokens, k' <= k (possibly none).
-    pub tokens: Vec<u32>,
-    /// `[k']` distributions the tokens were drawn from (after temperature / top-k / top-p);
-    /// `None` when the proposals are deterministic (one-hot q: n-gram, greedy draft model).
-    pub q: Option<Vec<Dist>>,
-    /// Draft forward passes this proposal ran (0 for drafts without a model).
-    pub steps: usize,
-    /// Several continuations as a token tree rooted at the context's last token, verified in one
-    /// tree pass (with sampling only when `q` is `None`: deterministic drafts); `tokens` is then
-    /// its first branch.
-    pub tree: Option<TokenTree>,
-    /// Whether the draft chose the tree's nodes from [`DraftBudget::costs`] itself (EAGLE's
-    /// scores); else, under an adaptive K, the loop keeps the part of it the measured costs and
-    /// acceptance make worth verifying ([`super::Schedule::size_tree`]).
-    pub sized: bool,
+/// What a draft proposes for the positions after the context: a chain, or a token tree.
+#[derive(Clone, Debug)]
+pub enum Proposal {
+    /// `tokens` x1..xk' (k' <= the budget's depth, possibly none), in order.
+    Chain {
+        tokens: Vec<u32>,
+        /// `[k']` distributions the tokens were drawn from (after temperature / top-k / top-p);
+        /// `None` when the proposals are deterministic (one-hot q: n-gram, greedy draft model).
+        q: Option<Vec<Dist>>,
+        /// Draft forward passes this proposal ran (0 for drafts without a model).
+        steps: usize,
+    },
+    /// Several continuations as a token tree rooted at the context's last token (never a chain:
+    /// [`Proposal::tree`] turns one into [`Proposal::Chain`]), verified in one tree pass. Its
+    /// drafts are deterministic (sampling verifies them with the multi-candidate rule).
+    Tree {
+        tree: TokenTree,
+        /// Whether the draft chose the tree's nodes from [`DraftBudget::costs`] itself (EAGLE's
+        /// scores); else, under an adaptive K, the loop keeps the part of it the measured costs
+        /// and acceptance make worth verifying ([`super::Schedule::size_tree`]).
+        sized: bool,
+        steps: usize,
+    },
+}
+
+impl Default for Proposal {
+    fn default() -> Self {
+        Proposal::Chain { tokens: Vec::new(), q: None, steps: 0 }
+    }
+}
+
+impl Proposal {
+    /// Deterministic `tokens`, proposed in `steps` draft passes.
+    pub fn chain(tokens: Vec<u32>, steps: usize) -> Proposal {
+        Proposal::Chain { tokens, q: None, steps }
+    }
+
+    /// `tree` proposed in `steps` draft passes: a [`Proposal::Chain`] of its tokens below the root
+    /// when that is all it is.
+    pub fn tree(tree: TokenTree, sized: bool, steps: usize) -> Proposal {
+        match tree.is_chain() {
+            true => Proposal::chain(tree.tokens()[1..].to_vec(), steps),
+            false => Proposal::Tree { tree, sized, steps },
+        }
+    }
+
+    /// The draft forward passes the proposal ran.
+    pub fn steps(&self) -> usize {
+        match self {
+            Proposal::Chain { steps, .. } | Proposal::Tree { steps, .. } => *steps,
+        }
+    }
+
+    /// The chain, or the tree's first branch (each node's first child from the root).
+    pub fn tokens(&self) -> Vec<u32> {
+        match self {
+            Proposal::Chain { tokens, .. } => tokens.clone(),
+            Proposal::Tree { tree, .. } => tree.first_branch(),
+        }
+    }
+
+    /// The tree, when the proposal is one.
+    pub fn as_tree(&self) -> Option<&TokenTree> {
+        match self {
+            Proposal::Tree { tree, .. } => Some(tree),
+            Proposal::Chain { .. } => None,
+        }
+    }
 }
 
 /// How much one proposal may draft: at most `depth` tokens along any path (a chain's K) and
@@ -55,7 +106,7 @@ pub struct DraftBudget {
     pub nodes: usize,
     /// Measured costs, under an adaptive K: a draft that can estimate each node's chance of
     /// acceptance (EAGLE's scores) may size its tree with them, up to `costs.max_nodes` nodes
-    /// (and say so: [`Proposal::sized`]).
+    /// (and say so: [`Proposal::Tree`]'s `sized`).
     pub costs: Option<TreeCosts>,
 }
 
@@ -97,7 +148,8 @@ pub trait Draft {
     /// Proposes up to `budget.depth` tokens following `context` (the prompt and every token
     /// generated so far; the target has not yet run the last one), or a tree of up to
     /// `budget.nodes` tokens no deeper than that. With non-greedy `sampling`, a draft that has
-    /// distributions samples from them with `rng` and returns them in [`Proposal::q`].
+    /// distributions samples from them with `rng` and returns them with the chain
+    /// ([`Proposal::Chain`]'s `q`).
     fn propose<'a>(
         &'a mut self,
         context: &'a [u32],
@@ -119,12 +171,65 @@ pub trait Draft {
     ) -> LocalFuture<'a, Result<usize>> {
         Box::pin(async { Ok(0) })
     }
+}
 
-    /// A draft model that can run cycles on the GPU (its K steps and the target's verify pass in
-    /// one submission: [`super::cycle`] when greedy, [`super::sampled`] when the GPU draws from
-    /// the sampling parameters); `None` for drafts proposed on the CPU.
-    fn gpu_draft(&mut self) -> Option<&mut DraftModel> {
-        None
+/// The draft of one generation, as the loop needs to know it: none, a draft model (whose cycles
+/// may run GPU-resident: its K steps and the target's verify pass in one submission,
+/// [`super::cycle`] when greedy, [`super::sampled`] when the GPU draws), or any other draft
+/// (proposed on the CPU, or by heads on the target's GPU, one proposal at a time).
+pub enum Drafter<'a> {
+    None,
+    Model(&'a mut DraftModel),
+    Other(&'a mut dyn Draft),
+}
+
+impl<'a> Drafter<'a> {
+    /// The draft behind the trait (`None`: plain decoding).
+    pub fn draft(&mut self) -> Option<&mut dyn Draft> {
+        match self {
+            Drafter::None => None,
+            Drafter::Model(d) => Some(&mut **d),
+            Drafter::Other(d) => Some(&mut **d),
+        }
+    }
+
+    /// The draft behind the trait, for as long as the drafter borrowed it (to wrap it: an
+    /// [`Ensemble`]).
+    pub fn into_draft(self) -> Option<&'a mut dyn Draft> {
+        match self {
+            Drafter::None => None,
+            Drafter::Model(d) => Some(d),
+            Drafter::Other(d) => Some(d),
+        }
+    }
+
+    /// The draft model, when it may run GPU-resident cycles (its GPU cycle on, no top-k trees).
+    pub fn resident(&mut self) -> Option<&mut DraftModel> {
+        match self {
+            Drafter::Model(d) if d.gpu_cycle && d.alternatives == 0 => Some(&mut **d),
+            _ => None,
+        }
+    }
+
+    /// Which kind of draft proposes.
+    pub fn kind(&self) -> DraftKind {
+        match self {
+            Drafter::None => DraftKind::None,
+            Drafter::Model(d) => d.kind(),
+            Drafter::Other(d) => d.kind(),
+        }
+    }
+}
+
+impl<'a> From<&'a mut DraftModel> for Drafter<'a> {
+    fn from(d: &'a mut DraftModel) -> Drafter<'a> {
+        Drafter::Model(d)
+    }
+}
+
+impl<'a> From<&'a mut dyn Draft> for Drafter<'a> {
+    fn from(d: &'a mut dyn Draft) -> Drafter<'a> {
+        Drafter::Other(d)
     }
 }
 
@@ -310,31 +415,30 @@ impl DraftModel {
         sampling: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<Proposal> {
-        let mut proposal = Proposal { q: (!sampling.is_greedy()).then(Vec::new), ..Proposal::default() };
-        let (mut input, k, steps) = self.catch_up(context, budget.depth).await?;
-        proposal.steps += steps;
+        let (mut tokens, mut qs) = (Vec::new(), (!sampling.is_greedy()).then(Vec::new));
+        let (mut input, k, mut steps) = self.catch_up(context, budget.depth).await?;
         // (a tree draft) per depth, the tokens ranked after the chain's
         let mut siblings: Vec<Vec<u32>> = Vec::new();
         let mut alternatives = Vec::new();
         for _ in 0..k {
             let (x, q) = self.step(&input, sampling, rng, &mut alternatives).await?;
             siblings.push(alternatives.clone());
-            proposal.steps += 1;
-            proposal.tokens.push(x);
-            if let (Some(qs), Some(q)) = (proposal.q.as_mut(), q) {
+            steps += 1;
+            tokens.push(x);
+            if let (Some(qs), Some(q)) = (qs.as_mut(), q) {
                 qs.push(q);
             }
-            if proposal.tokens.len() == k {
+            if tokens.len() == k {
                 break;
             }
             input = vec![x];
         }
         if siblings.iter().any(|s| !s.is_empty()) {
             let root = context.last().copied().unwrap_or(0);
-            let tree = TokenTree::chain_with_siblings(root, &proposal.tokens, &siblings, budget.nodes + 1);
-            proposal.tree = Some(tree).filter(|t| !t.is_chain());
+            let tree = TokenTree::chain_with_siblings(root, &tokens, &siblings, budget.nodes + 1);
+            return Ok(Proposal::tree(tree, false, steps));
         }
-        Ok(proposal)
+        Ok(Proposal::Chain { tokens, q: qs, steps })
     }
 }
 
@@ -363,10 +467,6 @@ impl Draft for DraftModel {
         rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>> {
         Box::pin(self.propose_impl(context, budget, sampling, rng))
-    }
-
-    fn gpu_draft(&mut self) -> Option<&mut DraftModel> {
-        (self.gpu_cycle && self.alternatives == 0).then_some(self)
     }
 }
 
@@ -509,24 +609,21 @@ impl Draft for Ensemble<'_> {
         rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>> {
         Box::pin(async move {
-            let mut proposal = self.draft.propose(context, budget, sampling, rng).await?;
-            if proposal.q.is_some() {
-                return Ok(proposal);
-            }
+            let proposal = self.draft.propose(context, budget, sampling, rng).await?;
             let root = context.last().copied().unwrap_or(0);
-            let mut tree = match proposal.tree.take() {
-                Some(t) => t,
-                None => TokenTree::chain(root, &proposal.tokens),
+            let (mut tree, sized, steps) = match proposal {
+                Proposal::Chain { q: Some(_), .. } => return Ok(proposal),
+                Proposal::Chain { tokens, steps, .. } => (TokenTree::chain(root, &tokens), false, steps),
+                Proposal::Tree { tree, sized, steps } => (tree, sized, steps),
             };
-            let nodes = match proposal.sized {
+            let nodes = match sized {
                 true => tree.len() + budget.depth,
                 false => (tree.len() + budget.depth).max(budget.nodes + 1),
             };
             add_breadth_first(&mut tree, &self.ngram.continuations(context, budget.depth), nodes);
-            // the draft's chain (or, where it has none, the n-gram's first continuation)
-            proposal.tokens = tree.first_branch();
-            proposal.tree = Some(tree).filter(|t| !t.is_chain());
-            Ok(proposal)
+            // (its first branch: the draft's chain, or where it has none the n-gram's first
+            // continuation)
+            Ok(Proposal::tree(tree, sized, steps))
         })
     }
 }
@@ -547,9 +644,11 @@ impl Draft for NGram {
         _sampling: &'a SamplingParams,
         _rng: &'a mut Rng,
     ) -> LocalFuture<'a, Result<Proposal>> {
-        let tokens = self.lookup(context, budget.depth);
-        let tree = (self.branches > 1).then(|| self.lookup_tree(context, budget)).filter(|t| !t.is_chain());
-        Box::pin(async move { Ok(Proposal { tokens, tree, ..Proposal::default() }) })
+        let proposal = match (self.branches > 1).then(|| self.lookup_tree(context, budget)) {
+            Some(tree) if !tree.is_chain() => Proposal::Tree { tree, sized: false, steps: 0 },
+            _ => Proposal::chain(self.lookup(context, budget.depth), 0),
+        };
+        Box::pin(async move { Ok(proposal) })
     }
 }
 
@@ -589,10 +688,11 @@ mod tests {
             _sampling: &'a SamplingParams,
             _rng: &'a mut Rng,
         ) -> LocalFuture<'a, Result<Proposal>> {
-            let (tokens, tree) = (self.0.clone(), self.1.clone());
-            Box::pin(
-                async move { Ok(Proposal { tokens, sized: tree.is_some(), tree, ..Proposal::default() }) },
-            )
+            let proposal = match self.1.clone() {
+                Some(tree) => Proposal::tree(tree, true, 0),
+                None => Proposal::chain(self.0.clone(), 0),
+            };
+            Box::pin(async move { Ok(proposal) })
         }
     }
 
@@ -608,21 +708,21 @@ mod tests {
             pollster::block_on(ensemble.propose(&context, budget, &params, &mut rng)).expect("propose")
         };
         let p = propose(&mut Fixed(vec![4, 5, 6], None), DraftBudget::chain(3));
-        assert_eq!(p.tokens, [4, 5, 6], "the draft's chain is the first branch");
-        let tree = p.tree.expect("a tree");
+        assert_eq!(p.tokens(), [4, 5, 6], "the draft's chain is the first branch");
+        let Proposal::Tree { tree, sized, .. } = p else { panic!("a tree: {p:?}") };
         assert_eq!(tree.tokens(), &[1, 4, 5, 6, 8, 6, 9]);
         assert_eq!(tree.parents(), &[0, 0, 1, 2, 0, 0, 4]);
-        assert!(!p.sized, "the loop sizes a merged tree");
+        assert!(!sized, "the loop sizes a merged tree");
         // a tree the draft sized keeps its nodes and gets at most K n-gram nodes beside them
         let sized = TokenTree::chain_with_siblings(1, &[4, 5], &[vec![7]], 32);
         let p = propose(&mut Fixed(vec![4, 5], Some(sized.clone())), DraftBudget::tree(2, 31));
-        let tree = p.tree.expect("a tree");
-        assert!(p.sized && tree.len() == sized.len() + 2, "{tree:?}");
+        let Proposal::Tree { tree, sized: true, .. } = p else { panic!("a sized tree: {p:?}") };
+        assert_eq!(tree.len(), sized.len() + 2, "{tree:?}");
         assert_eq!(&tree.tokens()[..sized.len()], sized.tokens());
         // a draft with nothing to propose: the n-gram's continuations, the first as the chain
         let p = propose(&mut Fixed(vec![], None), DraftBudget::chain(3));
-        assert_eq!(p.tokens, [8, 9]);
-        assert_eq!(p.tree.expect("a tree").tokens(), &[1, 8, 6, 9]);
+        assert_eq!(p.tokens(), [8, 9]);
+        assert_eq!(p.as_tree().expect("a tree").tokens(), &[1, 8, 6, 9]);
     }
 
     #[test]

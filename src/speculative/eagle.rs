@@ -203,11 +203,9 @@ impl Draft for Eagle {
             let siblings: Vec<Vec<u32>> =
                 ranked.iter().map(|ids| ids[1..=siblings.min(ids.len() - 1)].to_vec()).collect();
             let tree = TokenTree::chain_with_siblings(root, &chain, &siblings, budget.nodes + 1);
-            Ok(Proposal {
-                tokens: chain,
-                steps: depth - 1,
-                tree: Some(tree).filter(|t| !t.is_chain()),
-                ..Proposal::default()
+            Ok(match tree.is_chain() {
+                true => Proposal::chain(chain, depth - 1),
+                false => Proposal::tree(tree, false, depth - 1),
             })
         })
     }
@@ -247,12 +245,10 @@ impl Eagle {
             };
             at.push(p.and_then(|p| tree.child(p, token)));
         }
-        // the first branch: from the root, each node's best child
-        let tokens = tree.first_branch();
         if budget.costs.is_some() {
             self.predicted = Some((drafted.predicted as f64, tree.clone()));
         }
-        let tree = Some(tree).filter(|t| !t.is_chain());
-        Ok(Proposal { tokens, steps: drafted.passes, tree, q: None, sized: budget.costs.is_some() })
+        // (its first branch: from the root, each node's best child)
+        Ok(Proposal::tree(tree, budget.costs.is_some(), drafted.passes))
     }
 }

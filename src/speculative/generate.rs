@@ -5,31 +5,33 @@
 //!   tokens   prompt + generated so far (all final)
 //!   n_past   positions in the target's KV cache = tokens.len() - 1
 //!   id_last  tokens[n_past], the last token, which the target has not run yet
-//!   draft    x1..xK proposed to follow tokens
+//!   draft    x1..xK proposed to follow tokens (a chain), or a token tree below id_last
 //!
 //!   verify : target.forward([id_last, x1..xK], n_past) -> K+1 rows (argmax ids when greedy)
 //!   accept : verify::{verify_greedy, verify_sampled} -> a accepted + 1 recovered/bonus token
 //!   commit : target.truncate(n_past + 1 + a); n_past += 1 + a; id_last = recovered/bonus
 //! ```
 //!
-//! The draft's own cache is rolled back inside the draft (see [`DraftModel`](super::DraftModel)),
-//! which catches up on the one token it has not seen in its next first step. Stop conditions
-//! (stop tokens, `max_tokens`, the callback, the context end) are checked after every emitted
-//! token, also in the middle of an accepted run.
+//! How the verify pass runs is chosen once per generation ([`Verifier`]: greedy, sampled on the
+//! GPU, sampled on the host); a draft model on the target's GPU runs whole cycles GPU-resident
+//! there, but for calibrating cycles timed apart. The draft's own cache is rolled back inside the
+//! draft (see [`DraftModel`](super::DraftModel)), which catches up on the one token it has not
+//! seen in its next first step. Stop conditions (stop tokens, `max_tokens`, the callback, the
+//! context end) are checked after every emitted token, also in the middle of an accepted run.
 
 use serde::Serialize;
 use web_time::Instant;
 
-use super::cycle::GreedyCycle;
-use super::draft::{Draft, DraftBudget};
-use super::sampled::{gpu_samples, SampledCycle, SampledOutcome};
+use super::draft::{DraftBudget, DraftModel, Drafter, Proposal};
 use super::schedule::{KPolicy, Schedule};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
-use super::verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};
+use super::verifier::{Checked, Verifier};
+use super::verify::Dist;
 use crate::error::{Error, Result};
+use crate::gpu::RoundTrips;
 use crate::model::{Model, MAX_BATCH};
-use crate::sampling::{Rng, SamplingParams};
+use crate::sampling::Rng;
 use crate::session::{FinishReason, GenerateOptions, Stats};
 
 /// Counters and timings of one speculative generation.
@@ -110,7 +112,7 @@ pub struct CycleTrace {
 
 impl CycleTrace {
     /// A chain `[root, drafts..]` of which `accepted` drafts were kept.
-    fn chain(root: u32, drafts: &[u32], accepted: usize) -> CycleTrace {
+    pub(crate) fn chain(root: u32, drafts: &[u32], accepted: usize) -> CycleTrace {
         CycleTrace {
             tokens: std::iter::once(root).chain(drafts.iter().copied()).collect(),
             parents: (0..=drafts.len()).map(|i| i.saturating_sub(1)).collect(),
@@ -139,24 +141,24 @@ pub struct SpecGeneration {
 /// accepted draft token (return false to stop).
 pub async fn generate(
     target: &mut Model,
-    draft: Option<&mut dyn Draft>,
+    draft: Drafter<'_>,
     prompt: &[u32],
     opts: &GenerateOptions,
     k: KPolicy,
     on_token: &mut dyn FnMut(u32, bool) -> bool,
 ) -> Result<SpecGeneration> {
-    generate_with(target, draft, prompt, opts, k, &mut Schedule::new(k), on_token).await
+    generate_with(target, draft, prompt, opts, &mut Schedule::new(k), on_token).await
 }
 
 /// [`generate`] with a schedule that outlives the generation: it starts from the costs and
 /// acceptance `schedule` measured before (in earlier requests with the same target and draft)
-/// and leaves this run's measurements in it; K is chosen by `k` ([`Schedule::start`]).
+/// and leaves this run's measurements in it; K is chosen by its policy (a caller that keeps a
+/// schedule across requests starts each one with [`Schedule::start`]).
 pub async fn generate_with(
     target: &mut Model,
-    mut draft: Option<&mut dyn Draft>,
+    mut draft: Drafter<'_>,
     prompt: &[u32],
     opts: &GenerateOptions,
-    k: KPolicy,
     schedule: &mut Schedule,
     on_token: &mut dyn FnMut(u32, bool) -> bool,
 ) -> Result<SpecGeneration> {
@@ -168,408 +170,353 @@ pub async fn generate_with(
     if prompt.len() >= context {
         return Err(Error::ContextOverflow { needed: prompt.len() + 1, context });
     }
-    let params = opts.sampling;
-    let greedy = params.is_greedy();
-    let mut rng = Rng::new(params.seed);
-    schedule.start(k);
-    let adaptive = matches!(k, KPolicy::Adaptive { .. });
-    let kind = draft.as_ref().map_or(DraftKind::None, |d| d.kind());
-    let mut stats = SpecStats { draft: kind, ..SpecStats::default() };
-    stats.base.prompt_tokens = prompt.len();
-
-    // Prefill all but the last prompt token; the last one is the first cycle's id_last.
-    let t0 = Instant::now();
-    let mut tokens = prompt.to_vec();
-    let mut n_past = 0;
-    for chunk in prompt[..prompt.len() - 1].chunks(MAX_BATCH) {
-        target.prefill(chunk, n_past)?;
-        if let Some(d) = draft.as_deref_mut() {
-            // heads take the chunk's hidden states before the next pass overwrites them
-            let rows: Vec<usize> = (0..chunk.len()).collect();
-            stats.draft_steps += d.target_pass(prompt, n_past, &rows).await?;
-        }
-        n_past += chunk.len();
-        stats.base.target_forwards += 1;
-    }
-    target.truncate(n_past);
-    if let Some(d) = draft.as_deref_mut() {
-        stats.draft_steps += d.prefill(prompt).await?;
-    }
-    // (prefill passes are submitted without read-backs: their time ends when the GPU is done)
-    target.sync().await?;
-    // The rows of the last verify pass that hold the kept positions' hidden states, and the
-    // first of those positions: drafts that read hidden states get them before the next pass.
-    let mut kept_rows: Option<(usize, Vec<usize>)> = None;
-    stats.base.prefill_seconds = t0.elapsed().as_secs_f64();
-
-    // Greedy cycles with a draft model on the target's GPU run GPU-resident, except the first
-    // two and every 16th: those run CPU-driven, timing the verify pass apart for the schedule's
-    // cost model. A GPU-resident cycle (greedy, or sampled on the GPU) times both as one
-    // submission: what the pass leaves of it is the draft's cost. Where such cycles run, the
-    // CPU-driven drafts (a read-back per step) are timed only until two timings exist.
-    let gpu_cycle = match draft.as_deref_mut().and_then(|d| d.gpu_draft()) {
-        Some(d) if greedy && std::sync::Arc::ptr_eq(d.model().gpu(), target.gpu()) => {
-            Some(GreedyCycle::new(target))
-        }
-        _ => None,
-    };
-    // Sampling that the GPU draws from (a top-k of at most 16): the verify pass's draws and the
-    // acceptance run on the GPU (and a draft model's draws, past the same calibrating cycles).
-    let sampled = if gpu_samples(&params) {
-        let dm = draft
-            .as_deref_mut()
-            .and_then(|d| d.gpu_draft())
-            .filter(|d| std::sync::Arc::ptr_eq(d.model().gpu(), target.gpu()));
-        Some(SampledCycle::new(target, dm.map(|d| d.model()), &params)?)
-    } else {
-        None
-    };
-    // drafting cycles so far, the draft timings recorded, and whether the last cycle was a plain
-    // step (a draft model's next proposal then catches up on it: no draft token's cost)
-    let (mut drafting, mut timed, mut after_plain) = (0usize, 0usize, false);
-    let has_model = draft.as_deref_mut().and_then(|d| d.gpu_draft()).is_some();
-    let resident = has_model && (gpu_cycle.is_some() || sampled.as_ref().is_some_and(|s| s.has_draft()));
+    let mut run = Loop::new(prompt, opts, draft.kind());
+    run.prefill(target, &mut draft, prompt).await?;
+    let verifier = Verifier::new(target, draft.resident().map(|d| &*d), &opts.sampling)?;
     let trips0 = target.gpu().round_trips();
-
     let t1 = Instant::now();
-    let mut generated = Vec::new();
-    let mut from_draft = Vec::new();
-    let mut k_sum = 0usize;
-    let finish = 'cycles: loop {
-        let remaining = opts.max_tokens - generated.len().min(opts.max_tokens);
-        if remaining == 0 {
-            break FinishReason::Length;
-        }
-        if n_past >= context {
-            break FinishReason::Length;
-        }
-        let id_last = tokens[n_past];
-
-        if let (Some(d), Some((first, rows))) = (draft.as_deref_mut(), kept_rows.take()) {
-            let td = Instant::now();
-            stats.draft_steps += d.target_pass(&tokens, first, &rows).await?;
-            stats.draft_seconds += td.elapsed().as_secs_f64();
-        }
-
-        // Draft: K from the schedule, capped by the context and the tokens still wanted.
-        let cap = (context - n_past - 1).min(remaining - 1);
-        let k = if draft.is_some() { schedule.pick(cap) } else { 0 };
-        if draft.is_some() && k == 0 && cap > 0 && adaptive {
-            stats.plain_cycles += 1;
-        }
-        k_sum += k;
-        let calibrate = timed < 2 || drafting.is_multiple_of(16);
-        let catching_up = std::mem::replace(&mut after_plain, k == 0) && has_model;
-        if k > 0 {
-            drafting += 1;
-        }
-        let gpu_draft = draft.as_deref_mut().and_then(|d| d.gpu_draft());
-        let Checked { xs, verdict, drafted, depth, rows, trace } = match (&gpu_cycle, &sampled, gpu_draft) {
-            (Some(cycle), _, Some(dm)) if k > 0 && !calibrate => {
-                let tc = Instant::now();
-                let out = cycle.run(target, dm, &tokens, n_past, k).await?;
-                let out = SampledOutcome {
-                    drafts: out.drafts,
-                    accepted: out.accepted,
-                    next: out.next,
-                    draft_steps: out.draft_steps,
-                };
-                // (after plain steps too: the catch-up on them rides in the first draft step's pass
-                // as extra rows, about free on a GPU, past MAX_BATCH of them in passes of its own;
-                // and a probe is then the only timing there is)
-                let seconds = tc.elapsed().as_secs_f64();
-                schedule.observe_cycle(out.drafts.len(), seconds);
-                gpu_cycle_checked(&mut stats, schedule, out, id_last, seconds)
-            }
-            (_, Some(sc), Some(dm)) if k > 0 && !calibrate && sc.has_draft() => {
-                let tc = Instant::now();
-                let out = sc.run(target, dm, &tokens, n_past, k, &mut rng).await?;
-                stats.gpu_sampled += 1;
-                let seconds = tc.elapsed().as_secs_f64();
-                schedule.observe_cycle(out.drafts.len(), seconds);
-                gpu_cycle_checked(&mut stats, schedule, out, id_last, seconds)
-            }
-            _ => {
-                let td = Instant::now();
-                let proposal = match draft.as_deref_mut() {
-                    Some(d) if k > 0 => {
-                        let room = context - n_past - 1;
-                        let costs = schedule.tree_costs(room);
-                        // under an adaptive K, the whole tree (sized below)
-                        let nodes = costs.map_or(schedule.tree_nodes(k), |c| c.max_nodes).min(room);
-                        let budget = DraftBudget { depth: k, nodes, costs };
-                        d.propose(&tokens, budget, &params, &mut rng).await?
-                    }
-                    _ => Default::default(),
-                };
-                let draft_time = td.elapsed().as_secs_f64();
-                let mut xs = proposal.tokens;
-                xs.truncate(k);
-                stats.draft_steps += proposal.steps;
-                stats.draft_seconds += draft_time;
-                // (not after a plain step: a draft model's catch-up on it is no draft token's cost;
-                // nor once GPU-resident cycles time the draft)
-                if !catching_up && !xs.is_empty() && (timed < 2 || !resident) {
-                    schedule.observe_draft(xs.len(), draft_time);
-                    timed += 1;
-                }
-
-                // A tree (sampling: deterministic drafts only) whose rows fit the context and
-                // whose longest path fits the tokens still wanted, cut to what the measured costs
-                // make worth verifying (a chain when that is all); else the chain.
-                let deterministic = greedy || proposal.q.is_none();
-                let fits = |t: TokenTree| match n_past + t.len() <= context {
-                    true => t,
-                    // its first nodes (each parent before its children) in the rows left
-                    false => t.subtree(&(0..t.len()).map(|i| n_past + i < context).collect::<Vec<_>>()),
-                };
-                let tree = proposal
-                    .tree
-                    .map(fits)
-                    .filter(|t| deterministic && t.tokens().first() == Some(&id_last) && t.max_depth() <= cap)
-                    .map(|t| match proposal.sized {
-                        true => {
-                            let slots = t.rank_paths();
-                            (t, slots)
-                        }
-                        false => schedule.size_tree(&t, draft_time),
-                    });
-                let (tree, slots) = match tree {
-                    Some((t, slots)) if t.is_chain() => {
-                        xs = t.tokens()[1..].to_vec();
-                        (None, Some(slots))
-                    }
-                    Some((t, slots)) => (Some(t), Some(slots)),
-                    None => (None, None),
-                };
-                let tv = Instant::now();
-                let (checked, rows) = match (tree, &sampled) {
-                    (Some(tree), sc) => {
-                        stats.tree_cycles += 1;
-                        // (sampling the GPU draws from: a draw per node, 4n + 1 words read back)
-                        let (checked, on_gpu) =
-                            check_tree(target, &tree, n_past, &params, sc.as_ref(), &mut rng).await?;
-                        stats.gpu_sampled += on_gpu as usize;
-                        (checked, tree.len())
-                    }
-                    // deterministic drafts (or none) under sampling the GPU draws from
-                    (None, Some(sc)) if proposal.q.is_none() => {
-                        let rows = xs.len() + 1;
-                        let out = sc.check(target, id_last, &xs, n_past, &mut rng).await?;
-                        stats.gpu_sampled += 1;
-                        (checked_chain(id_last, out), rows)
-                    }
-                    (None, _) => {
-                        let rows = xs.len() + 1;
-                        (check_chain(target, id_last, xs, proposal.q, n_past, &params, &mut rng).await?, rows)
-                    }
-                };
-                let verify_time = tv.elapsed().as_secs_f64();
-                stats.verify_seconds += verify_time;
-                schedule.observe_verify(rows, verify_time);
-                if let Some(slots) = slots {
-                    // (a chain's nodes are its positions)
-                    schedule.observe_tree(&slots, &checked.trace.accepted);
-                }
-                checked
-            }
-        };
-        stats.verify_forwards += 1;
-        stats.base.target_forwards += 1;
-        kept_rows = Some((n_past, rows));
-        if drafted > 0 {
-            stats.last_cycle = Some(trace);
-        }
-        schedule.observe_acceptance(depth, verdict.accepted);
-        stats.drafted += drafted;
-        stats.accepted += verdict.accepted;
-        let reached = (verdict.accepted + 1).min(depth);
-        if stats.reached_by_position.len() < depth {
-            stats.reached_by_position.resize(depth, 0);
-            stats.accepted_by_position.resize(depth, 0);
-        }
-        for i in 0..reached {
-            stats.reached_by_position[i] += 1;
-            if i < verdict.accepted {
-                stats.accepted_by_position[i] += 1;
-            }
-        }
-
-        // Commit: the target keeps id_last and the accepted drafts; the new token is next id_last.
-        n_past += 1 + verdict.accepted;
-        target.truncate(n_past);
-        let new = xs[..verdict.accepted].iter().map(|&x| (x, true)).chain([(verdict.next, false)]);
-        debug_assert!(verdict.accepted <= xs.len());
-        for (tok, drafted) in new {
-            tokens.push(tok);
-            generated.push(tok);
-            from_draft.push(drafted);
-            if !on_token(tok, drafted) {
-                break 'cycles FinishReason::Cancelled;
-            }
-            if opts.stop_tokens.contains(&tok) {
-                break 'cycles FinishReason::Stop;
-            }
-            if generated.len() >= opts.max_tokens {
-                break 'cycles FinishReason::Length;
-            }
+    let finish = loop {
+        if let Some(finish) = run.cycle(target, &mut draft, &verifier, schedule, on_token).await? {
+            break finish;
         }
     };
-
-    let s = &mut stats;
     let trips = target.gpu().round_trips() - trips0;
-    s.submits = trips.submits;
-    s.readbacks = trips.readbacks;
-    s.readback_bytes = trips.readback_bytes;
-    s.submits_per_token =
-        if generated.is_empty() { 0.0 } else { trips.submits as f64 / generated.len() as f64 };
-    s.dispatches = trips.dispatches;
-    s.host_encode_seconds = trips.host_nanos as f64 * 1e-9;
-    let cycles = s.verify_forwards.max(1) as f64;
-    s.dispatches_per_cycle = trips.dispatches as f64 / cycles;
-    s.host_us_per_cycle = s.host_encode_seconds * 1e6 / cycles;
-    s.base.generated_tokens = generated.len();
-    s.base.decode_seconds = t1.elapsed().as_secs_f64();
-    s.base.tokens_per_second =
-        if s.base.decode_seconds > 0.0 { generated.len() as f64 / s.base.decode_seconds } else { 0.0 };
-    s.acceptance_rate = if s.drafted > 0 { s.accepted as f64 / s.drafted as f64 } else { 0.0 };
-    s.acceptance_by_position = s
-        .reached_by_position
-        .iter()
-        .zip(&s.accepted_by_position)
-        .map(|(&r, &a)| if r > 0 { a as f64 / r as f64 } else { 0.0 })
-        .collect();
-    s.tokens_per_target_forward =
-        if s.verify_forwards > 0 { generated.len() as f64 / s.verify_forwards as f64 } else { 0.0 };
-    s.mean_k = if s.verify_forwards > 0 { k_sum as f64 / s.verify_forwards as f64 } else { 0.0 };
+    let Loop { generated, from_draft, mut stats, k_sum, .. } = run;
+    stats.close(&trips, generated.len(), t1.elapsed().as_secs_f64(), k_sum);
     Ok(SpecGeneration { tokens: generated, from_draft, finish, stats })
 }
 
-/// The target's sampling distribution of every row of `logits` (`[rows, vocab]`, a pass at
-/// `n_past`); a non-finite logit is an error naming it.
-fn distributions(logits: &[f32], vocab: usize, params: &SamplingParams, n_past: usize) -> Result<Vec<Dist>> {
-    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
-        return Err(Error::NonFinite(format!(
-            "logit {} of row {} at position {n_past} is {}",
-            i % vocab,
-            i / vocab,
-            logits[i]
-        )));
+/// The loop's state between cycles (the names of the module's box).
+struct Loop<'o> {
+    opts: &'o GenerateOptions,
+    /// The prompt and every token generated so far (all final).
+    tokens: Vec<u32>,
+    /// Positions in the target's KV cache: `tokens[n_past]` is id_last, which it has not run.
+    n_past: usize,
+    /// The tokens generated, and per token whether it was an accepted draft.
+    generated: Vec<u32>,
+    from_draft: Vec<bool>,
+    /// The first position and the rows of the last target pass that hold the kept positions'
+    /// hidden states: drafts that read hidden states get them before the next pass.
+    kept_rows: Option<(usize, Vec<usize>)>,
+    /// Cycles that drafted so far: the first two and every 16th calibrate (run CPU-driven, the
+    /// verify pass timed apart for the schedule's cost model) where cycles run GPU-resident.
+    drafting: usize,
+    /// CPU-driven draft timings given to the schedule (where GPU-resident cycles run, until two
+    /// exist: those cycles time the draft then, as what the verify pass leaves of them).
+    timed: usize,
+    /// Whether the last cycle was a plain step: a draft model's next proposal catches up on it,
+    /// which is no draft token's cost.
+    after_plain: bool,
+    /// The K asked for, summed over cycles (the stats' mean K).
+    k_sum: usize,
+    /// The generation's random numbers (its seed: the sampling parameters').
+    rng: Rng,
+    stats: SpecStats,
+}
+
+/// What a cycle verifies: a chain, or a token tree; and, for a tree the loop sized or a draft
+/// sized (a chain when that is all it kept), its nodes' rank paths for the schedule.
+enum Planned {
+    Chain { xs: Vec<u32>, q: Option<Vec<Dist>>, slots: Option<Vec<Vec<u8>>> },
+    Tree { tree: TokenTree, slots: Vec<Vec<u8>> },
+}
+
+impl<'o> Loop<'o> {
+    fn new(prompt: &[u32], opts: &'o GenerateOptions, draft: DraftKind) -> Loop<'o> {
+        let mut stats = SpecStats { draft, ..SpecStats::default() };
+        stats.base.prompt_tokens = prompt.len();
+        Loop {
+            opts,
+            tokens: prompt.to_vec(),
+            n_past: 0,
+            generated: Vec::new(),
+            from_draft: Vec::new(),
+            kept_rows: None,
+            drafting: 0,
+            timed: 0,
+            after_plain: false,
+            k_sum: 0,
+            rng: Rng::new(opts.sampling.seed),
+            stats,
+        }
     }
-    Ok(logits.chunks_exact(vocab).map(|row| Dist::from_logits(row, params)).collect())
-}
 
-/// A GPU-resident cycle's outcome as a verify pass's decision; its time (one submission) split
-/// between the draft and the verify pass by the schedule's measured costs.
-fn gpu_cycle_checked(
-    stats: &mut SpecStats,
-    schedule: &Schedule,
-    out: SampledOutcome,
-    id_last: u32,
-    seconds: f64,
-) -> Checked {
-    let k = out.drafts.len();
-    let (d, v) = (k as f64 * schedule.draft_seconds(), schedule.verify_seconds(k + 1));
-    let draft_share = if d + v > 0.0 { d / (d + v) } else { 0.0 };
-    stats.draft_steps += out.draft_steps;
-    stats.draft_seconds += seconds * draft_share;
-    stats.verify_seconds += seconds * (1.0 - draft_share);
-    stats.gpu_cycles += 1;
-    checked_chain(id_last, out)
-}
+    /// Prefills all but the last prompt token (the first cycle's id_last), the draft seeing each
+    /// chunk's hidden states and then the prompt.
+    async fn prefill(&mut self, target: &mut Model, draft: &mut Drafter<'_>, prompt: &[u32]) -> Result<()> {
+        let t0 = Instant::now();
+        for chunk in prompt[..prompt.len() - 1].chunks(MAX_BATCH) {
+            target.prefill(chunk, self.n_past)?;
+            if let Some(d) = draft.draft() {
+                // heads take the chunk's hidden states before the next pass overwrites them
+                let rows: Vec<usize> = (0..chunk.len()).collect();
+                self.stats.draft_steps += d.target_pass(prompt, self.n_past, &rows).await?;
+            }
+            self.n_past += chunk.len();
+            self.stats.base.target_forwards += 1;
+        }
+        target.truncate(self.n_past);
+        if let Some(d) = draft.draft() {
+            self.stats.draft_steps += d.prefill(prompt).await?;
+        }
+        // (prefill passes are submitted without read-backs: their time ends when the GPU is done)
+        target.sync().await?;
+        self.stats.base.prefill_seconds = t0.elapsed().as_secs_f64();
+        Ok(())
+    }
 
-/// A chain's decision from a GPU verdict.
-fn checked_chain(id_last: u32, out: SampledOutcome) -> Checked {
-    let k = out.drafts.len();
-    let kind = if out.accepted == k { NextKind::Bonus } else { NextKind::Recovered };
-    let verdict = Verdict { accepted: out.accepted, next: out.next, kind };
-    let rows = (0..=out.accepted).collect();
-    let trace = CycleTrace::chain(id_last, &out.drafts, out.accepted);
-    Checked { xs: out.drafts, verdict, drafted: k, depth: k, rows, trace }
-}
-
-/// What one verify pass decided.
-struct Checked {
-    /// The drafted tokens whose first `verdict.accepted` are kept (a tree's accepted path).
-    xs: Vec<u32>,
-    verdict: Verdict,
-    /// Draft tokens the pass verified.
-    drafted: usize,
-    /// The longest run of drafts it could have accepted.
-    depth: usize,
-    /// The rows of the pass that hold the kept positions (id_last and the accepted drafts): the
-    /// last one's logits gave `verdict.next`.
-    rows: Vec<usize>,
-    /// The pass's tokens as a tree and its accepted path.
-    trace: CycleTrace,
-}
-
-/// One target pass over `[id_last, xs..]` at `n_past` and the chain's rule: greedy, or
-/// speculative sampling against the draft's `q` (one-hot when the draft gave none).
-async fn check_chain(
-    target: &mut Model,
-    id_last: u32,
-    xs: Vec<u32>,
-    q: Option<Vec<Dist>>,
-    n_past: usize,
-    params: &SamplingParams,
-    rng: &mut Rng,
-) -> Result<Checked> {
-    let mut batch = Vec::with_capacity(xs.len() + 1);
-    batch.push(id_last);
-    batch.extend_from_slice(&xs);
-    let verdict = if params.is_greedy() {
-        let ids = target.forward_argmax(&batch, n_past).await?;
-        verify_greedy(&xs, &ids)?
-    } else {
-        let logits = target.forward(&batch, n_past).await?;
-        let p = distributions(&logits, target.config.vocab_size, params, n_past)?;
-        let q: Vec<Dist> = match q {
-            Some(q) if q.len() >= xs.len() => q.into_iter().take(xs.len()).collect(),
-            _ => xs.iter().map(|&x| Dist::one_hot(x)).collect(),
+    /// One cycle: the draft sees the last pass's hidden states, proposes up to K (GPU-resident,
+    /// or on the CPU), the verifier decides, the loop commits. Returns why generation ends, if it
+    /// does.
+    async fn cycle(
+        &mut self,
+        target: &mut Model,
+        draft: &mut Drafter<'_>,
+        verifier: &Verifier,
+        schedule: &mut Schedule,
+        on_token: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> Result<Option<FinishReason>> {
+        let (context, max_tokens) = (target.context(), self.opts.max_tokens);
+        let remaining = max_tokens - self.generated.len().min(max_tokens);
+        if remaining == 0 || self.n_past >= context {
+            return Ok(Some(FinishReason::Length));
+        }
+        if let (Some(d), Some((first, rows))) = (draft.draft(), self.kept_rows.take()) {
+            let td = Instant::now();
+            self.stats.draft_steps += d.target_pass(&self.tokens, first, &rows).await?;
+            self.stats.draft_seconds += td.elapsed().as_secs_f64();
+        }
+        // K from the schedule, capped by the context and the tokens still wanted
+        let cap = (context - self.n_past - 1).min(remaining - 1);
+        let drafts = !matches!(draft, Drafter::None);
+        let k = if drafts { schedule.pick(cap) } else { 0 };
+        if drafts && k == 0 && cap > 0 && matches!(schedule.policy(), KPolicy::Adaptive { .. }) {
+            self.stats.plain_cycles += 1;
+        }
+        self.k_sum += k;
+        let calibrate = self.timed < 2 || self.drafting.is_multiple_of(16);
+        let catching_up =
+            std::mem::replace(&mut self.after_plain, k == 0) && matches!(draft, Drafter::Model(_));
+        if k > 0 {
+            self.drafting += 1;
+        }
+        let checked = match draft {
+            Drafter::Model(dm) if k > 0 && !calibrate && verifier.resident() => {
+                self.resident(target, dm, verifier, schedule, k).await?
+            }
+            d => {
+                // (not after a plain step; nor once GPU-resident cycles time the draft)
+                let time_draft = !catching_up && (self.timed < 2 || !verifier.resident());
+                self.host_cycle(target, d, verifier, schedule, (k, cap), time_draft).await?
+            }
         };
-        verify_sampled(&xs, &q, &p, rng)?
-    };
-    let k = xs.len();
-    let rows = (0..=verdict.accepted).collect();
-    let trace = CycleTrace::chain(id_last, &xs, verdict.accepted);
-    Ok(Checked { xs, verdict, drafted: k, depth: k, rows, trace })
+        Ok(self.commit(target, checked, schedule, on_token))
+    }
+
+    /// A GPU-resident cycle of `k` drafts; its time (one submission) split between the draft and
+    /// the verify pass by the schedule's measured costs.
+    async fn resident(
+        &mut self,
+        target: &mut Model,
+        dm: &mut DraftModel,
+        verifier: &Verifier,
+        schedule: &mut Schedule,
+        k: usize,
+    ) -> Result<Checked> {
+        let id_last = self.tokens[self.n_past];
+        let tc = Instant::now();
+        let (out, drew) = verifier.cycle(target, dm, &self.tokens, self.n_past, k, &mut self.rng).await?;
+        // (after plain steps too: the catch-up on them rides in the first draft step's pass as
+        // extra rows, about free on a GPU, past MAX_BATCH of them in passes of its own; and a
+        // probe is then the only timing there is)
+        let seconds = tc.elapsed().as_secs_f64();
+        let k = out.drafts.len();
+        schedule.observe_cycle(k, seconds);
+        let (d, v) = (k as f64 * schedule.draft_seconds(), schedule.verify_seconds(k + 1));
+        let draft_share = if d + v > 0.0 { d / (d + v) } else { 0.0 };
+        let s = &mut self.stats;
+        s.draft_steps += out.draft_steps;
+        s.draft_seconds += seconds * draft_share;
+        s.verify_seconds += seconds * (1.0 - draft_share);
+        s.gpu_cycles += 1;
+        Ok(Checked::from_outcome(id_last, out, drew))
+    }
+
+    /// A CPU-driven cycle: the draft proposes up to `k` (`bounds`: K and the deepest path the
+    /// context and the tokens still wanted allow), timed for the schedule when `time_draft`; the
+    /// verify pass checks the chain or tree the proposal becomes ([`plan`]).
+    async fn host_cycle(
+        &mut self,
+        target: &mut Model,
+        draft: &mut Drafter<'_>,
+        verifier: &Verifier,
+        schedule: &mut Schedule,
+        (k, cap): (usize, usize),
+        time_draft: bool,
+    ) -> Result<Checked> {
+        let (context, n_past) = (target.context(), self.n_past);
+        let id_last = self.tokens[n_past];
+        let td = Instant::now();
+        let proposal = match draft.draft() {
+            Some(d) if k > 0 => {
+                let room = context - n_past - 1;
+                let costs = schedule.tree_costs(room);
+                // under an adaptive K, the whole tree (sized below)
+                let nodes = costs.map_or(schedule.tree_nodes(k), |c| c.max_nodes).min(room);
+                let budget = DraftBudget { depth: k, nodes, costs };
+                d.propose(&self.tokens, budget, &self.opts.sampling, &mut self.rng).await?
+            }
+            _ => Proposal::default(),
+        };
+        let draft_time = td.elapsed().as_secs_f64();
+        self.stats.draft_steps += proposal.steps();
+        self.stats.draft_seconds += draft_time;
+        let drafted = proposal.tokens().len().min(k);
+        if time_draft && drafted > 0 {
+            schedule.observe_draft(drafted, draft_time);
+            self.timed += 1;
+        }
+        let plan = plan(proposal, (id_last, n_past, context), (k, cap), schedule, draft_time);
+        let tv = Instant::now();
+        let (checked, rows, slots) = match plan {
+            Planned::Tree { tree, slots } => {
+                self.stats.tree_cycles += 1;
+                (verifier.tree(target, &tree, n_past, &mut self.rng).await?, tree.len(), Some(slots))
+            }
+            Planned::Chain { xs, q, slots } => {
+                let rows = xs.len() + 1;
+                (verifier.chain(target, id_last, xs, q, n_past, &mut self.rng).await?, rows, slots)
+            }
+        };
+        let verify_time = tv.elapsed().as_secs_f64();
+        self.stats.verify_seconds += verify_time;
+        schedule.observe_verify(rows, verify_time);
+        if let Some(slots) = slots {
+            // (a chain's nodes are its positions)
+            schedule.observe_tree(&slots, &checked.trace.accepted);
+        }
+        Ok(checked)
+    }
+
+    /// Counts what the verify pass decided and commits it: the target keeps id_last and the
+    /// accepted drafts, the new token is the next id_last; each emitted token may end generation.
+    fn commit(
+        &mut self,
+        target: &mut Model,
+        checked: Checked,
+        schedule: &mut Schedule,
+        on_token: &mut dyn FnMut(u32, bool) -> bool,
+    ) -> Option<FinishReason> {
+        let Checked { xs, verdict, drafted, depth, rows, trace, drew_on_gpu } = checked;
+        let s = &mut self.stats;
+        s.verify_forwards += 1;
+        s.base.target_forwards += 1;
+        s.gpu_sampled += drew_on_gpu as usize;
+        if drafted > 0 {
+            s.last_cycle = Some(trace);
+        }
+        schedule.observe_acceptance(depth, verdict.accepted);
+        s.drafted += drafted;
+        s.accepted += verdict.accepted;
+        let reached = (verdict.accepted + 1).min(depth);
+        if s.reached_by_position.len() < depth {
+            s.reached_by_position.resize(depth, 0);
+            s.accepted_by_position.resize(depth, 0);
+        }
+        for i in 0..reached {
+            s.reached_by_position[i] += 1;
+            if i < verdict.accepted {
+                s.accepted_by_position[i] += 1;
+            }
+        }
+        self.kept_rows = Some((self.n_past, rows));
+        self.n_past += 1 + verdict.accepted;
+        target.truncate(self.n_past);
+        debug_assert!(verdict.accepted <= xs.len());
+        let new = xs[..verdict.accepted].iter().map(|&x| (x, true)).chain([(verdict.next, false)]);
+        for (tok, drafted) in new {
+            self.tokens.push(tok);
+            self.generated.push(tok);
+            self.from_draft.push(drafted);
+            if !on_token(tok, drafted) {
+                return Some(FinishReason::Cancelled);
+            }
+            if self.opts.stop_tokens.contains(&tok) {
+                return Some(FinishReason::Stop);
+            }
+            if self.generated.len() >= self.opts.max_tokens {
+                return Some(FinishReason::Length);
+            }
+        }
+        None
+    }
 }
 
-/// One tree pass over `tree` at `n_past`, the greedy or multi-candidate rule down the tree (its
-/// draws on the GPU with `sampled`), and the accepted path kept in the target's cache; and
-/// whether the GPU drew (sampling read back a few words, not the nodes' logits rows).
-async fn check_tree(
-    target: &mut Model,
-    tree: &TokenTree,
-    n_past: usize,
-    params: &SamplingParams,
-    sampled: Option<&SampledCycle>,
-    rng: &mut Rng,
-) -> Result<(Checked, bool)> {
-    let ancestors = tree.ancestors();
-    let (v, on_gpu) = if params.is_greedy() {
-        let ids = target.forward_tree_argmax(tree.tokens(), &ancestors, n_past).await?;
-        (tree.verify_greedy(&ids)?, false)
-    } else if let Some(sc) = sampled {
-        (sc.check_tree(target, tree, n_past, rng).await?, true)
-    } else {
-        let logits = target.forward_tree(tree.tokens(), &ancestors, n_past).await?;
-        let p = distributions(&logits, target.config.vocab_size, params, n_past)?;
-        (tree.verify_sampled(&p, rng)?, false)
+/// What a proposal is verified as. A chain, its first K tokens. A tree (deterministic drafts
+/// only: sampling verifies it with the multi-candidate rule) whose rows fit the context and whose
+/// longest path fits the tokens still wanted (`cap`), cut to what the measured costs make worth
+/// verifying (a chain when that is all) unless the draft sized it; else its first branch.
+fn plan(
+    proposal: Proposal,
+    (id_last, n_past, context): (u32, usize, usize),
+    (k, cap): (usize, usize),
+    schedule: &Schedule,
+    draft_time: f64,
+) -> Planned {
+    let (tree, sized) = match proposal {
+        Proposal::Chain { mut tokens, q, .. } => {
+            tokens.truncate(k);
+            return Planned::Chain { xs: tokens, q, slots: None };
+        }
+        Proposal::Tree { tree, sized, .. } => (tree, sized),
     };
-    target.keep_path(n_past, &v.path)?;
-    let xs: Vec<u32> = v.path[1..].iter().map(|&i| tree.tokens()[i]).collect();
-    let leaf = v.path.last().is_some_and(|&l| tree.children(l).next().is_none());
-    let kind = if leaf { NextKind::Bonus } else { NextKind::Recovered };
-    let verdict = Verdict { accepted: xs.len(), next: v.next, kind };
-    let trace = CycleTrace {
-        tokens: tree.tokens().to_vec(),
-        parents: tree.parents().to_vec(),
-        accepted: v.path.clone(),
-        texts: Vec::new(),
+    let tree = match n_past + tree.len() <= context {
+        true => tree,
+        // its first nodes (each parent before its children) in the rows left
+        false => tree.subtree(&(0..tree.len()).map(|i| n_past + i < context).collect::<Vec<_>>()),
     };
-    let checked =
-        Checked { xs, verdict, drafted: tree.len() - 1, depth: tree.max_depth(), rows: v.path, trace };
-    Ok((checked, on_gpu))
+    if tree.tokens().first() != Some(&id_last) || tree.max_depth() > cap {
+        let mut xs = tree.first_branch();
+        xs.truncate(k);
+        return Planned::Chain { xs, q: None, slots: None };
+    }
+    let (tree, slots) = match sized {
+        true => {
+            let slots = tree.rank_paths();
+            (tree, slots)
+        }
+        false => schedule.size_tree(&tree, draft_time),
+    };
+    match tree.is_chain() {
+        true => Planned::Chain { xs: tree.tokens()[1..].to_vec(), q: None, slots: Some(slots) },
+        false => Planned::Tree { tree, slots },
+    }
+}
+
+impl SpecStats {
+    /// The totals of a generation of `generated` tokens decoded in `decode_seconds` with the
+    /// round trips `trips`, K summing to `k_sum` over its cycles.
+    fn close(&mut self, trips: &RoundTrips, generated: usize, decode_seconds: f64, k_sum: usize) {
+        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
+        self.submits = trips.submits;
+        self.readbacks = trips.readbacks;
+        self.readback_bytes = trips.readback_bytes;
+        self.submits_per_token = ratio(trips.submits as f64, generated as f64);
+        self.dispatches = trips.dispatches;
+        self.host_encode_seconds = trips.host_nanos as f64 * 1e-9;
+        let cycles = self.verify_forwards.max(1) as f64;
+        self.dispatches_per_cycle = trips.dispatches as f64 / cycles;
+        self.host_us_per_cycle = self.host_encode_seconds * 1e6 / cycles;
+        self.base.generated_tokens = generated;
+        self.base.decode_seconds = decode_seconds;
+        self.base.tokens_per_second = ratio(generated as f64, decode_seconds);
+        self.acceptance_rate = ratio(self.accepted as f64, self.drafted as f64);
+        self.acceptance_by_position = (self.reached_by_position.iter().zip(&self.accepted_by_position))
+            .map(|(&r, &a)| ratio(a as f64, r as f64))
+            .collect();
+        let verifies = self.verify_forwards as f64;
+        self.tokens_per_target_forward = ratio(generated as f64, verifies);
+        self.mean_k = ratio(k_sum as f64, verifies);
+    }
 }

@@ -152,14 +152,8 @@ impl Draft for Medusa {
             }
             let top = self.heads.top(row).await?;
             let tree = self.tree(root, &top, budget);
-            // the chain of every head's first choice, as deep as the tree goes
-            let tokens = top.iter().take(budget.depth.min(tree.max_depth())).map(|ids| ids[0]).collect();
-            Ok(Proposal {
-                tokens,
-                steps: 1,
-                tree: Some(tree).filter(|t| !t.is_chain()),
-                ..Proposal::default()
-            })
+            // (a chain: every head's first choice, as deep as the tree goes)
+            Ok(Proposal::tree(tree, false, 1))
         })
     }
 }

@@ -3,13 +3,17 @@
 //! roll back to the accepted length.
 //!
 //! - [`spec`]: which draft a request names ([`DraftKind`]) and what a user loads ([`DraftSpec`])
-//! - [`draft`]: the [`Draft`] trait, [`DraftModel`] (a smaller model) and [`NGram`] (prompt lookup)
+//! - [`draft`]: the [`Draft`] trait and its [`Proposal`]s (a chain or a tree), [`DraftModel`] (a
+//!   smaller model), [`NGram`] (prompt lookup), and the loop's [`Drafter`]
 //! - [`medusa`]: [`Medusa`] heads on the target's hidden state, drafting token trees
 //! - [`eagle`]: an [`Eagle`] head, a decoder layer drafting from the target's features
 //! - [`verify`]: the greedy and speculative-sampling acceptance rules (pure functions)
+//! - [`cycle`]: the GPU-resident greedy cycle, and the [`CycleOutcome`] of every GPU cycle
 //! - [`sampled`]: sampling on the GPU (draws and the acceptance rule; a few words read back)
 //! - [`tree`]: token trees (several continuations verified in one pass) and their greedy rule
 //! - [`schedule`]: the choice of K (fixed, or adaptive from measured acceptance and costs)
+//! - `verifier`: the verify side of a cycle, chosen once per generation (greedy, sampled on the
+//!   GPU, sampled on the host)
 //! - [`generate`](mod@generate): the loop, with per-generation [`SpecStats`]
 
 pub mod cycle;
@@ -21,17 +25,18 @@ pub mod sampled;
 pub mod schedule;
 pub mod spec;
 pub mod tree;
+mod verifier;
 pub mod verify;
 
 pub use cycle::{CycleOutcome, GreedyCycle};
 pub use draft::{
-    check_draft, check_tokenizers, check_vocab, Draft, DraftBudget, DraftModel, Ensemble, NGram, Proposal,
-    TreeCosts, TREE_BRANCHES,
+    check_draft, check_tokenizers, check_vocab, Draft, DraftBudget, DraftModel, Drafter, Ensemble, NGram,
+    Proposal, TreeCosts, TREE_BRANCHES,
 };
 pub use eagle::{Eagle, EagleTree, EAGLE_SIBLINGS, EAGLE_WIDTH};
 pub use generate::{generate, generate_with, CycleTrace, SpecGeneration, SpecStats};
 pub use medusa::{Medusa, MEDUSA_CHOICES};
-pub use sampled::{gpu_samples, SampledCycle, SampledOutcome};
+pub use sampled::{gpu_samples, SampledCycle};
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};
 pub use spec::{DraftKind, DraftSpec};
 pub use tree::{TokenTree, TreeVerdict};

@@ -16,7 +16,8 @@
 //! logits rows read back) stays for what the GPU does not draw from, a top-k above
 //! [`MAX_TOP_K`], and for chains whose draft distribution q is on the host: a draft model's
 //! calibrating cycles (the first two and every 16th, timed apart), and the chains of a draft
-//! model on another GPU, drafting trees, or with its GPU cycles off (no `gpu_draft`).
+//! model on another GPU, drafting trees, or with its GPU cycles off (see
+//! [`Drafter::resident`](super::Drafter::resident)).
 //!
 //! ```text
 //!   token tree   : the tree pass -> sample.wgsl: a draw y_i from p_i at every node i
@@ -29,7 +30,7 @@
 //! from what is left of p" emits each child c with probability p(c) and any other token t with
 //! probability p(t), exactly as one draw from p does.
 
-use super::cycle::record_draft_steps;
+use super::cycle::{record_draft_steps, CycleOutcome};
 use super::draft::DraftModel;
 use super::tree::{TokenTree, TreeVerdict};
 use crate::error::{Error, Result};
@@ -47,19 +48,6 @@ const STREAM_ACCEPT: u32 = 6;
 /// [`MAX_TOP_K`] (the top-k ranks on the GPU), any top-p.
 pub fn gpu_samples(params: &SamplingParams) -> bool {
     !params.is_greedy() && params.top_k <= MAX_TOP_K
-}
-
-/// What one sampled GPU cycle (or step) produced.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct SampledOutcome {
-    /// The drafted tokens x1..xK.
-    pub drafts: Vec<u32>,
-    /// How many of them the rule kept.
-    pub accepted: usize,
-    /// The target's token after them (recovered or bonus).
-    pub next: u32,
-    /// Draft forward passes run (catch-up passes included).
-    pub draft_steps: usize,
 }
 
 /// The draft model's side: its ranked ids, the op drawing from its last row, the draw.
@@ -184,7 +172,7 @@ impl SampledCycle {
         xs: &[u32],
         n_past: usize,
         rng: &mut Rng,
-    ) -> Result<SampledOutcome> {
+    ) -> Result<CycleOutcome> {
         let k = xs.len();
         if k >= MAX_BATCH {
             return Err(Error::InvalidArgument(format!(
@@ -216,7 +204,7 @@ impl SampledCycle {
         n_past: usize,
         k: usize,
         rng: &mut Rng,
-    ) -> Result<SampledOutcome> {
+    ) -> Result<CycleOutcome> {
         let side = self
             .draft
             .as_ref()
@@ -334,7 +322,7 @@ impl SampledCycle {
         k: usize,
         draft_steps: usize,
         n_past: usize,
-    ) -> Result<SampledOutcome> {
+    ) -> Result<CycleOutcome> {
         let raw = gpu.submit_and_read(enc, &self.result.raw, 0, self.result.len as u64 * 4).await?;
         let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         let status = *out.get(2 + MAX_BATCH).ok_or_else(|| Error::Gpu("a short sampled read-back".into()))?;
@@ -348,6 +336,6 @@ impl SampledCycle {
             return Err(Error::Gpu(format!("the GPU accepted {accepted} of {k} drafts, next token {next}")));
         }
         let drafts = out.get(2..2 + k).ok_or_else(|| Error::Gpu("a short sampled read-back".into()))?;
-        Ok(SampledOutcome { drafts: drafts.to_vec(), accepted, next, draft_steps })
+        Ok(CycleOutcome { drafts: drafts.to_vec(), accepted, next, draft_steps })
     }
 }

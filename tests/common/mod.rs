@@ -95,7 +95,14 @@ pub fn plain(
     opts: &wgspec::session::GenerateOptions,
 ) -> wgspec::Result<wgspec::speculative::SpecGeneration> {
     let k = wgspec::speculative::KPolicy::default();
-    pollster::block_on(wgspec::speculative::generate(model, None, prompt, opts, k, &mut |_, _| true))
+    pollster::block_on(wgspec::speculative::generate(
+        model,
+        wgspec::speculative::Drafter::None,
+        prompt,
+        opts,
+        k,
+        &mut |_, _| true,
+    ))
 }
 
 /// Pearson's statistic of `counts` against probabilities `want` (bins expecting fewer than 5
