@@ -12,11 +12,11 @@
 //!   commit : target.truncate(n_past + 1 + a); n_past += 1 + a; id_last = recovered/bonus
 //! ```
 //!
-//! How the verify pass runs is chosen once per generation ([`Verifier`]: greedy, sampled on the
+//! How the verify pass runs is chosen once per generation (`Verifier`: greedy, sampled on the
 //! GPU, sampled on the host); a draft model on the target's GPU runs whole cycles GPU-resident
 //! there, but for calibrating cycles timed apart. The draft's own cache is rolled back inside the
-//! draft (see [`DraftModel`](super::DraftModel)), which catches up on the one token it has not
-//! seen in its next first step. Stop conditions (stop tokens, `max_tokens`, the callback, the
+//! draft (see [`DraftModel`]), which catches up on the one token it has not seen in its next
+//! first step. Stop conditions (stop tokens, `max_tokens`, the callback, the
 //! context end) are checked after every emitted token, also in the middle of an accepted run.
 
 use serde::Serialize;
@@ -73,7 +73,7 @@ pub struct SpecStats {
     /// Cycles that verified a token tree (several continuations in one pass).
     pub tree_cycles: usize,
     /// Cycles with a draft at hand that drafted nothing because the adaptive K judged a plain
-    /// step faster, or timed one (see [`Schedule`](super::Schedule)).
+    /// step faster, or timed one (see [`Schedule`]).
     pub plain_cycles: usize,
     /// Command submissions and read-backs during decoding (the round trips).
     pub submits: u64,

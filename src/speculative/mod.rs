@@ -4,7 +4,8 @@
 //!
 //! - [`spec`]: which draft a request names ([`DraftKind`]) and what a user loads ([`DraftSpec`])
 //! - [`draft`]: the [`Draft`] trait and its [`Proposal`]s (a chain or a tree), [`DraftModel`] (a
-//!   smaller model), [`NGram`] (prompt lookup), and the loop's [`Drafter`]
+//!   smaller model), and the loop's [`Drafter`]
+//! - [`ngram`]: [`NGram`] (prompt lookup) and the [`Ensemble`] of a draft with it (one tree)
 //! - [`medusa`]: [`Medusa`] heads on the target's hidden state, drafting token trees
 //! - [`eagle`]: an [`Eagle`] head, a decoder layer drafting from the target's features
 //! - [`verify`]: the greedy and speculative-sampling acceptance rules (pure functions)
@@ -21,6 +22,7 @@ pub mod draft;
 pub mod eagle;
 pub mod generate;
 pub mod medusa;
+pub mod ngram;
 pub mod sampled;
 pub mod schedule;
 pub mod spec;
@@ -30,12 +32,12 @@ pub mod verify;
 
 pub use cycle::{CycleOutcome, GreedyCycle};
 pub use draft::{
-    check_draft, check_tokenizers, check_vocab, Draft, DraftBudget, DraftModel, Drafter, Ensemble, NGram,
-    Proposal, TreeCosts, TREE_BRANCHES,
+    check_draft, check_tokenizers, check_vocab, Draft, DraftBudget, DraftModel, Drafter, Proposal, TreeCosts,
 };
 pub use eagle::{Eagle, EagleTree, EAGLE_SIBLINGS, EAGLE_WIDTH};
 pub use generate::{generate, generate_with, CycleTrace, SpecGeneration, SpecStats};
 pub use medusa::{Medusa, MEDUSA_CHOICES};
+pub use ngram::{Ensemble, NGram, TREE_BRANCHES};
 pub use sampled::{gpu_samples, SampledCycle};
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};
 pub use spec::{DraftKind, DraftSpec};
