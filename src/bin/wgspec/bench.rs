@@ -3,15 +3,309 @@
 //! token)`. Both runs go through the engine every front end uses ([`Engine::generate_tokens`]),
 //! so a bench measures the drafts, ensembles and schedules that requests get.
 
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use clap::Parser;
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
-use wgspec::engine::{DraftKind, Engine, Request};
-use wgspec::model::{Model, MAX_BATCH};
-use wgspec::speculative::SpecStats;
+use wgspec::engine::{DraftKind, DraftSpec, Engine, Request};
+use wgspec::gpu::{Gpu, KernelShape};
+use wgspec::model::{synthetic, LoadOptions, Model, Precision, MAX_BATCH};
+use wgspec::sampling::SamplingParams;
+use wgspec::speculative::{self, KPolicy, SpecStats};
+use wgspec::tokenizer::Message;
 use wgspec::{Error, Result};
+
+use crate::cli::{KArgs, SamplingArgs};
+use crate::load::load_engine;
 
 /// The prompt set kept in the repository (`benches/prompts.json`): code and prose.
 pub const DEFAULT_PROMPTS: &str = include_str!("../../../benches/prompts.json");
+
+#[derive(Parser)]
+#[command(allow_negative_numbers = true)]
+pub struct BenchArgs {
+    /// The target: a .gguf file, a Hugging Face folder or a known NAME.
+    #[arg(long, required_unless_present = "synthetic", conflicts_with = "synthetic")]
+    pub model: Option<String>,
+    /// Random weights of a real model's exact shape and stored types instead of a file
+    /// (qwen2-1.5b and qwen2-7b, llama-1b and llama-8b in Q4_K_M's mix, qwen2-0.5b in the Qwen
+    /// 0.5B file's Q5_0 mix, smollm2-135m in Q4_1); prompts are then byte-mapped token ids.
+    #[arg(long)]
+    pub synthetic: Option<String>,
+    /// `ngram`, a draft model (file or known NAME; `tree:N:MODEL`, its N most likely tokens at
+    /// each depth, in CPU-driven cycles), `medusa:PATH` (Medusa heads), `eagle:PATH` (an EAGLE
+    /// head), each but `ngram` alone or followed by `+ngram` (merged with the n-gram's
+    /// continuations), or with --synthetic a shape name (`tree:N:SHAPE` too), or `self` (the
+    /// target's own weights: every draft is accepted, tau = K + 1, every verify row checked on
+    /// the real shapes).
+    #[arg(long, required_unless_present = "roofline")]
+    pub draft: Option<DraftSpec>,
+    /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
+    /// earlier matches (default 1, the latest match's chain); `MODEL+ngram`, up to N n-gram
+    /// continuations beside the model's chain (default 4; with heads+ngram always 4);
+    /// `eagle:PATH`, the nodes its dynamic tree expands per depth (default 4; 0: the head's chain
+    /// with 3 next guesses beside each depth). (A draft model's own trees: `tree:N:MODEL`.)
+    #[arg(long)]
+    pub tree: Option<usize>,
+    /// Instead of speculation: the adapter's bandwidth and arithmetic ceilings, then every kernel
+    /// of the target's decode step (and of a verify pass of `--draft-k` + 1 rows, default 4 + 1)
+    /// timed alone against them.
+    #[arg(long)]
+    pub roofline: bool,
+    /// With --roofline: print the passes' shape facts (each dispatch's workgroups and their
+    /// invocations, the longest loop of one invocation, its bytes, its waves on 132 compute
+    /// units) and write them as JSON, timing nothing and reading no weights (the buffers are
+    /// allocated, not filled: seconds and ~100 MB for any model).
+    #[arg(long, requires = "roofline")]
+    pub shape_only: bool,
+    /// The kernels' shape on any adapter, lavapipe included: `gpu` (16 matmul lanes, up to 64
+    /// for narrow matrices; attention split over the cache: what GPUs run) or `cpu` (1 lane, one-pass attention);
+    /// --matmul-lanes and --attention override it.
+    #[arg(long, value_parser = ["gpu", "cpu"])]
+    pub shape: Option<String>,
+    /// With --roofline: cache positions before the timed passes (attention reads them).
+    #[arg(long, default_value_t = 64, requires = "roofline")]
+    pub past: usize,
+    /// With --roofline: timed runs of each op and pass (the ceilings have their own).
+    #[arg(long, default_value_t = 3, requires = "roofline")]
+    #[arg(value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub reps: u32,
+    /// With --roofline, on a CPU adapter (lavapipe): time as the process's CPU seconds (Linux; 10
+    /// ms ticks, so give --reps enough runs), not the wall clock. The shaders run on the process's
+    /// threads, so this counts their work alone, where a shared machine's wall clock drifts with
+    /// its other tenants: for comparing kernels across runs. Ceilings and kernels are then per CPU
+    /// second (all threads together).
+    #[arg(long, requires = "roofline")]
+    pub cpu_time: bool,
+    /// The matmul's invocations per column quad splitting k (1, 2, 4, ..., 64) instead of the
+    /// adapter's default (16 on GPUs, 1 on CPU adapters; above 1 the fewest, which narrow
+    /// matrices double): to compare kernel shapes on one adapter.
+    #[arg(long)]
+    pub matmul_lanes: Option<u32>,
+    /// `on`: the invocations of a subgroup share the loads they all need by shuffles (the
+    /// matmul's x, the one-pass attention's q and scores: the default with 1 matmul lane on
+    /// adapters with subgroups of 8 or more, lavapipe); `off`: each loads its own (as in browsers,
+    /// whose subgroups wgpu's WebGPU backend does not expose): to compare the two on one adapter.
+    #[arg(long, value_parser = ["on", "off"])]
+    pub shuffle_loads: Option<String>,
+    /// `split` (chunks of keys, then a merge: GPUs' default) or `one-pass` (a workgroup per query
+    /// head and row walks every key: CPU adapters' default) instead of the adapter's default.
+    #[arg(long, value_parser = ["split", "one-pass"])]
+    pub attention: Option<String>,
+    #[command(flatten)]
+    pub k: KArgs,
+    #[arg(long, default_value_t = 64)]
+    pub max_tokens: usize,
+    /// Each prompt as the user's message under the model's chat template (as `generate --chat`).
+    #[arg(long)]
+    pub chat: bool,
+    /// A JSON array of {name, kind, prompt} (default: the set in benches/prompts.json).
+    #[arg(long)]
+    pub prompts: Option<PathBuf>,
+    /// Only the first N prompts.
+    #[arg(long)]
+    pub limit: Option<usize>,
+    /// KV cache positions.
+    #[arg(long, default_value_t = 2048)]
+    pub context: usize,
+    /// Keep every weight in f32.
+    #[arg(long)]
+    pub f32: bool,
+    /// (bench: speculative and target-only outputs then differ token for token but share the
+    /// target's distribution)
+    #[command(flatten)]
+    pub sampling: SamplingArgs,
+    /// K values at which to measure verify_cost (besides the mean K of the runs).
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
+    pub verify_ks: Vec<usize>,
+    /// Where to write the JSON result.
+    #[arg(long, default_value = "bench-spec.json")]
+    pub out: PathBuf,
+}
+
+/// `wgspec bench`: the adapter in the kernel shape asked for, the target (a file or a synthetic
+/// shape) and its draft, then either the roofline (or only the shape facts) or the prompt set run
+/// target-only and with speculation, verify_cost measured after, and the report written.
+pub async fn run(args: BenchArgs) -> Result<()> {
+    let gpu = Arc::new(Gpu::with_shape(kernel_shape(&args)).await?);
+    eprintln!("adapter: {}", gpu.describe());
+    let timing = crate::roofline::Timing::new(args.reps as usize, args.cpu_time, &gpu)?;
+    let opts = LoadOptions {
+        context: Some(args.context),
+        precision: if args.f32 { Precision::F32 } else { Precision::Auto },
+        // (shape facts need the ops recorded, not the weights in them)
+        skip_weight_data: args.roofline && args.shape_only,
+        ..Default::default()
+    };
+    let prompts_json = match &args.prompts {
+        Some(p) => std::fs::read_to_string(p).map_err(|e| Error::io(p.display(), e))?,
+        None => DEFAULT_PROMPTS.to_string(),
+    };
+    let mut prompts = parse_prompts(&prompts_json)?;
+    prompts.truncate(args.limit.unwrap_or(usize::MAX));
+    let spec = args.draft.clone().unwrap_or_default();
+    let (mut engine, target_name) = bench_engine(&args, &gpu, &opts, &spec)?;
+    if args.roofline {
+        let rows = args.k.draft_k.unwrap_or(4) + 1;
+        let target = engine.target_mut();
+        return match args.shape_only {
+            true => crate::roofline::shape_only(&gpu, target, &target_name, rows, args.past, &args.out),
+            false => {
+                crate::roofline::run(&gpu, target, &target_name, rows, args.past, &timing, &args.out).await
+            }
+        };
+    }
+    set_trees(&mut engine, &args, spec.kind())?;
+    let sampling = args.sampling.params();
+    sampling.validate()?;
+    if args.chat && !engine.has_chat_template() {
+        return Err(Error::InvalidArgument("--chat: the model declares no chat template".into()));
+    }
+    let mut results = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let mut req = Request::text(&p.prompt, args.max_tokens);
+        if args.chat {
+            req.prompt = None;
+            req.messages = Some(vec![Message { role: "user".into(), content: p.prompt.clone() }]);
+        }
+        let SamplingParams { temperature, top_k, top_p, seed } = sampling;
+        (req.temperature, req.top_k, req.top_p, req.seed) = (temperature, top_k, top_p, seed);
+        (req.draft_k, req.max_draft_k) = (args.k.draft_k, args.k.max_draft_k);
+        let tokens = engine.prompt_tokens(&req)?;
+        let r = run_prompt(&mut engine, p, &tokens, &req, i % 2 == 1).await?;
+        r.print(!sampling.is_greedy());
+        results.push(r);
+    }
+    // verify_cost at the mean K of the runs (or the fixed K) and at the listed Ks
+    let policy = args.k.policy();
+    let k_runs = match policy {
+        KPolicy::Fixed(k) => k,
+        KPolicy::Adaptive { .. } => {
+            let n = results.len().max(1) as f64;
+            (results.iter().map(|r| r.mean_k).sum::<f64>() / n).round().max(1.0) as usize
+        }
+    };
+    let mut ks: Vec<usize> =
+        args.verify_ks.iter().copied().chain([k_runs]).filter(|k| (1..32).contains(k)).collect();
+    ks.sort_unstable();
+    ks.dedup();
+    let costs = verify_costs_filled(engine.target_mut(), &ks).await?;
+    let synthetic_draft = args.synthetic.is_some() && spec != DraftSpec::Ngram;
+    let report = Report::new(
+        Report {
+            adapter: gpu.describe(),
+            target: target_name,
+            target_gpu_weight_bytes: engine.target().weight_bytes(),
+            target_file_weight_bytes: engine.target().file_weight_bytes(),
+            draft: if synthetic_draft { format!("synthetic {spec}") } else { spec.to_string() },
+            k: match policy {
+                KPolicy::Fixed(k) => k.to_string(),
+                KPolicy::Adaptive { max } => format!("adaptive (max {max})"),
+            },
+            max_tokens: args.max_tokens,
+            verify_cost: costs.iter().find(|(k, _)| *k == k_runs).map_or(0.0, |c| c.1),
+            verify_cost_k: k_runs,
+            verify_cost_by_k: costs.into_iter().collect(),
+            ..Report::default()
+        },
+        results,
+    );
+    report.print_summary();
+    let text =
+        serde_json::to_string_pretty(&report).map_err(|e| Error::InvalidArgument(format!("json: {e}")))?;
+    std::fs::write(&args.out, &text).map_err(|e| Error::io(args.out.display(), e))?;
+    println!("{text}");
+    eprintln!("wrote {}", args.out.display());
+    Ok(())
+}
+
+/// The kernel shape `--shape`, `--matmul-lanes`, `--attention` and `--shuffle-loads` ask for.
+fn kernel_shape(args: &BenchArgs) -> KernelShape {
+    let gpu_shape = args.shape.as_deref().map(|s| s == "gpu");
+    KernelShape {
+        matmul_lanes: args.matmul_lanes.or(gpu_shape.map(|gpu| if gpu { 16 } else { 1 })),
+        split_attention: args.attention.as_deref().map(|a| a == "split").or(gpu_shape),
+        shuffle_loads: args.shuffle_loads.as_deref().map(|s| s == "on"),
+    }
+}
+
+/// The engine a bench runs, and its target's name: a model file with the draft `spec` loads, or a
+/// synthetic shape (random weights made as the load reads them) drafting with `ngram`, another
+/// shape or `self`. A roofline loads no draft.
+fn bench_engine(
+    args: &BenchArgs,
+    gpu: &Arc<Gpu>,
+    opts: &LoadOptions,
+    spec: &DraftSpec,
+) -> Result<(Engine, String)> {
+    if *spec == DraftSpec::None && !args.roofline {
+        return Err(Error::InvalidArgument(
+            "bench compares speculation with target-only decoding: give a --draft".into(),
+        ));
+    }
+    if matches!(spec, DraftSpec::Model { ngram: false, .. }) && args.tree.is_some() {
+        return Err(Error::InvalidArgument(format!(
+            "--tree with a draft model alone: its top-k trees are `--draft tree:N:{}`",
+            spec.source().unwrap_or("MODEL")
+        )));
+    }
+    let Some(shape_name) = &args.synthetic else {
+        if spec.source() == Some("self") {
+            return Err(Error::InvalidArgument(
+                "--draft self drafts with a --synthetic target's own weights; for a model file, give its path as --draft".into(),
+            ));
+        }
+        let name = args.model.clone().unwrap_or_default();
+        let draft = if args.roofline { DraftSpec::None } else { spec.clone() };
+        return Ok((load_engine(gpu, &name, &draft, opts, false)?, name));
+    };
+    if matches!(spec, DraftSpec::Medusa { .. } | DraftSpec::Eagle { .. }) {
+        return Err(Error::InvalidArgument(
+            "a --synthetic target drafts with `ngram`, a shape name or `self`, not heads".into(),
+        ));
+    }
+    let synth = |shape: &synthetic::SyntheticShape, seed: u64| -> Result<Model> {
+        match opts.skip_weight_data {
+            true => eprintln!("recording {}'s passes (no weights)", shape.name),
+            false => eprintln!("building random {} weights", shape.name),
+        }
+        // (its tensors made as the load reads them: never the whole file in memory)
+        let file = synthetic::SyntheticFile::new(shape, seed);
+        let ckpt = wgspec::model::Checkpoint::from_gguf_source(Box::new(file))?;
+        Model::load(gpu.clone(), &ckpt, opts, &mut |_| {})
+    };
+    let target = synth(&synthetic::synthetic_shape(shape_name)?, 1)?;
+    let tokenizer = synthetic::byte_tokenizer(target.config.vocab_size)?;
+    let mut engine = Engine::new(target, tokenizer.clone(), None);
+    if let (DraftSpec::Model { model, tree, .. }, false) = (spec, args.roofline) {
+        // a shape, or `self`: the target's shape and weights (its drafts are always right:
+        // tau = K + 1)
+        let (shape, seed) = match model.as_str() {
+            "self" => (synthetic::synthetic_shape(shape_name)?, 1),
+            name => (synthetic::synthetic_shape(name)?, 2),
+        };
+        engine.set_draft(Some((synth(&shape, seed)?, &tokenizer)))?;
+        engine.set_model_tree(*tree)?;
+    }
+    Ok((engine, format!("synthetic {shape_name}")))
+}
+
+/// The trees `--tree` asks for: the n-gram's continuations (alone, or beside a draft model's
+/// chain), the EAGLE head's nodes per depth (0: its chain with siblings); and `kind` as the
+/// requests' draft.
+fn set_trees(engine: &mut Engine, args: &BenchArgs, kind: DraftKind) -> Result<()> {
+    let merged = if kind == DraftKind::ModelNgram { args.tree } else { None };
+    engine.set_ngram_branches(args.tree.unwrap_or(1), merged.unwrap_or(speculative::TREE_BRANCHES));
+    if kind.base() == DraftKind::Eagle {
+        engine.set_eagle_tree(match args.tree {
+            Some(0) => speculative::EagleTree::Chain { siblings: speculative::EAGLE_SIBLINGS },
+            w => speculative::EagleTree::Dynamic { width: w.unwrap_or(speculative::EAGLE_WIDTH) },
+        })?;
+    }
+    engine.set_default_draft(kind)
+}
 
 /// One benchmark prompt.
 #[derive(Clone, Debug, Deserialize, Serialize)]
@@ -102,8 +396,26 @@ pub async fn run_prompt(
     })
 }
 
+impl PromptResult {
+    /// One line on stderr (`sampled`: outputs are not expected to agree).
+    fn print(&self, sampled: bool) {
+        eprintln!(
+            "{:<20} {:<5} target-only {:>7.2} tok/s  speculative {:>7.2} tok/s  x{:.2}  tau {:.2}  accept {:>5.1}%  K {:.1}{}",
+            self.name,
+            self.kind,
+            self.target_only_tokens_per_second,
+            self.speculative_tokens_per_second,
+            self.speedup,
+            self.tokens_per_target_forward,
+            100.0 * self.acceptance_rate,
+            self.mean_k,
+            if self.identical || sampled { "" } else { "  (outputs differ!)" }
+        );
+    }
+}
+
 /// Totals over a set of prompt results.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Summary {
     pub prompts: usize,
     pub generated_tokens: usize,
@@ -172,7 +484,7 @@ impl Summary {
 }
 
 /// What `wgspec bench` writes.
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct Report {
     pub adapter: String,
     pub target: String,
@@ -190,6 +502,46 @@ pub struct Report {
     pub by_kind: std::collections::BTreeMap<String, Summary>,
     pub verify_cost_by_k: std::collections::BTreeMap<usize, f64>,
     pub prompts: Vec<PromptResult>,
+}
+
+impl Report {
+    /// `base` with the prompts' `results` and their summaries, over all and by kind.
+    fn new(base: Report, results: Vec<PromptResult>) -> Report {
+        let all: Vec<&PromptResult> = results.iter().collect();
+        let by_kind = ["code", "prose"]
+            .into_iter()
+            .filter_map(|kind| {
+                let rs: Vec<&PromptResult> = results.iter().filter(|r| r.kind == kind).collect();
+                (!rs.is_empty()).then(|| (kind.to_string(), Summary::of(&rs)))
+            })
+            .collect();
+        Report { summary: Summary::of(&all), by_kind, prompts: results, ..base }
+    }
+
+    /// The summary's line on stderr.
+    fn print_summary(&self) {
+        let s = &self.summary;
+        eprintln!(
+            "all: target-only {:.2} tok/s, speculative {:.2} tok/s, speedup x{:.2}, tau {:.2}, acceptance {:.1}%, \
+             {:.1} nodes per verify pass ({} trees), {} of {} cycles plain, verify_cost(K={}) {:.2}; \
+             {:.0} dispatches and {:.0} us of host encoding per cycle ({:.0} and {:.0} per target-only step)",
+            s.target_only_tokens_per_second,
+            s.speculative_tokens_per_second,
+            s.speedup,
+            s.tokens_per_target_forward,
+            100.0 * s.acceptance_rate,
+            s.nodes_per_verify,
+            s.tree_cycles,
+            s.plain_cycles,
+            s.cycles,
+            self.verify_cost_k,
+            self.verify_cost,
+            s.dispatches_per_cycle,
+            s.host_us_per_cycle,
+            s.target_only_dispatches_per_step,
+            s.target_only_host_us_per_step
+        );
+    }
 }
 
 /// Median time of a forward pass of `rows` tokens at position `pos` (argmax read-back, as a
@@ -232,6 +584,17 @@ pub async fn verify_costs(
         out.push((k, if one > 0.0 { t / one } else { 0.0 }));
     }
     Ok(out)
+}
+
+/// [`verify_costs`] for `ks` after filling the cache with 64 positions (fewer in a shorter
+/// context), 5 timed runs each.
+async fn verify_costs_filled(target: &mut Model, ks: &[usize]) -> Result<Vec<(usize, f64)>> {
+    let pos = 64.min(target.context().saturating_sub(MAX_BATCH));
+    let fill: Vec<u32> = (0..pos as u32).map(|i| (i * 31 + 7) % target.config.vocab_size as u32).collect();
+    for (c, chunk) in fill.chunks(MAX_BATCH).enumerate() {
+        target.prefill(chunk, c * MAX_BATCH)?;
+    }
+    verify_costs(target, pos, ks, 5).await
 }
 
 #[cfg(test)]

@@ -1,7 +1,7 @@
 //! The `wgspec` binary: the command line in [`cli`], the models and drafts its commands load in
-//! [`load`], and the HTTP server in [`serve`] (native
-//! only; built for wasm32 as an empty program, since the browser gets the library through
-//! `src/web.rs` instead).
+//! [`load`], the benchmark in [`bench`] (with the kernels' rooflines and shape facts in
+//! [`roofline`]) and the HTTP server in [`serve`] (native only; built for wasm32 as an empty
+//! program, since the browser gets the library through `src/web.rs` instead).
 
 #[cfg(not(target_arch = "wasm32"))]
 mod bench;
