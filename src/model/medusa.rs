@@ -243,66 +243,11 @@ impl MedusaHeads {
         let mut program = vec![Action::Ops(vec![gather], 1)];
         let mut heads = Vec::with_capacity(config.heads);
         let mut gpu_bytes = 0;
-        let copy = |from: &GpuBuffer<f32>, to: &GpuBuffer<f32>| Action::Copy {
-            from: from.raw.clone(),
-            to: to.raw.clone(),
-            to_offset: 0,
-            bytes: 4 * dim as u64,
-        };
+        let shared = Shared { step: &step, hidden: &hidden, last: &last, top: &top, top_k, dim, vocab };
         for (h, t) in table.iter().enumerate() {
-            let mut blocks = Vec::with_capacity(t.blocks.len());
-            for (w, b) in &t.blocks {
-                let bias = GpuBuffer::<f32>::from_slice(g, &b.name, &up.vector(b).await?);
-                blocks.push((up.matrix(w).await?, bias));
-            }
-            let out = match &t.out {
-                Some(spec) => Some(up.matrix(spec).await?),
-                None => None,
-            };
-            let state = [0, 1].map(|i| GpuBuffer::<f32>::zeros(g, &format!("medusa {h} state {i}"), dim));
-            // h_{l+1} = h_l + silu(W h_l + b): the input copied to the output, then the block
-            // added by the matmul's epilogue
-            let mut input = &hidden;
-            for (l, (w, bias)) in blocks.iter().enumerate() {
-                let output = &state[l % 2];
-                program.push(copy(input, output));
-                let block = MatmulOut { ldy: dim as u32, accumulate: true, silu: true, ..Default::default() };
-                program.push(Action::Ops(w.matmul(g, &step, input, Some(bias), output, block), 1));
-                input = output;
-            }
-            gpu_bytes += blocks.iter().map(|(w, b)| w.gpu_bytes() + b.raw.size()).sum::<u64>();
-            let Some(out) = out else {
-                // h_L into row h of `last`, projected with the others' below
-                program.push(Action::Copy {
-                    from: input.raw.clone(),
-                    to: last.raw.clone(),
-                    to_offset: (4 * h * dim) as u64,
-                    bytes: 4 * dim as u64,
-                });
-                heads.push(Head { blocks, out: None, state, logits: None, top: None });
-                continue;
-            };
-            // logits = W_out h_L, and their top_k ids into row h of `top`
-            let logits = GpuBuffer::<f32>::zeros(g, &format!("medusa {h} logits"), vocab);
-            let head_top = GpuBuffer::<u32>::zeros(g, &format!("medusa {h} top"), top_k);
-            let mut ops = out.matmul(
-                g,
-                &step,
-                input,
-                None,
-                &logits,
-                MatmulOut { ldy: vocab as u32, ..Default::default() },
-            );
-            ops.extend(g.top_k(&step, &logits, (&head_top, None), vocab, top_k));
-            program.push(Action::Ops(ops, 1));
-            program.push(Action::Copy {
-                from: head_top.raw.clone(),
-                to: top.raw.clone(),
-                to_offset: (4 * h * top_k) as u64,
-                bytes: 4 * top_k as u64,
-            });
-            gpu_bytes += out.gpu_bytes();
-            heads.push(Head { blocks, out: Some(out), state, logits: Some(logits), top: Some(head_top) });
+            let (head, bytes) = load_head(&up, &shared, h, t, &mut program).await?;
+            heads.push(head);
+            gpu_bytes += bytes;
         }
         if config.shared_output {
             // every head's logits in one pass over the target's output matrix, `[heads, vocab]`,
@@ -359,4 +304,82 @@ impl MedusaHeads {
         let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())
     }
+}
+
+/// The buffers every head's program reads or writes.
+struct Shared<'b> {
+    step: &'b wgpu::Buffer,     // uniform Step of one row
+    hidden: &'b GpuBuffer<f32>, // [dim] the target's hidden state of the row drafted from
+    last: &'b GpuBuffer<f32>,   // [heads, dim] each head's h_L (shared output), else unused
+    top: &'b GpuBuffer<u32>,    // [heads, top_k] each head's most likely ids
+    top_k: usize,
+    /// The target's width and vocabulary.
+    dim: usize,
+    vocab: usize,
+}
+
+/// Uploads head `h` (its tensors `t`) and records its part of the program: its blocks from
+/// `hidden`, then its own projection and top-k into row h of `top`, or (a shared output
+/// projection, recorded after every head) its h_L into row h of `last`. Returns the head and its
+/// weights' bytes on the GPU.
+async fn load_head(
+    up: &Upload<'_>,
+    b: &Shared<'_>,
+    h: usize,
+    t: &HeadTensors,
+    program: &mut Vec<Action>,
+) -> Result<(Head, u64)> {
+    let g = up.gpu;
+    let (dim, vocab) = (b.dim, b.vocab);
+    let mut blocks = Vec::with_capacity(t.blocks.len());
+    for (w, bias) in &t.blocks {
+        let bias_buf = GpuBuffer::<f32>::from_slice(g, &bias.name, &up.vector(bias).await?);
+        blocks.push((up.matrix(w).await?, bias_buf));
+    }
+    let out = match &t.out {
+        Some(spec) => Some(up.matrix(spec).await?),
+        None => None,
+    };
+    let state = [0, 1].map(|i| GpuBuffer::<f32>::zeros(g, &format!("medusa {h} state {i}"), dim));
+    // h_{l+1} = h_l + silu(W h_l + b): the input copied to the output, then the block added by
+    // the matmul's epilogue
+    let mut input = b.hidden;
+    for (l, (w, bias)) in blocks.iter().enumerate() {
+        let output = &state[l % 2];
+        program.push(Action::Copy {
+            from: input.raw.clone(),
+            to: output.raw.clone(),
+            to_offset: 0,
+            bytes: 4 * dim as u64,
+        });
+        let block = MatmulOut { ldy: dim as u32, accumulate: true, silu: true, ..Default::default() };
+        program.push(Action::Ops(w.matmul(g, b.step, input, Some(bias), output, block), 1));
+        input = output;
+    }
+    let mut bytes = blocks.iter().map(|(w, b)| w.gpu_bytes() + b.raw.size()).sum::<u64>();
+    let Some(out) = out else {
+        // h_L into row h of `last`, projected with the others' after every head
+        program.push(Action::Copy {
+            from: input.raw.clone(),
+            to: b.last.raw.clone(),
+            to_offset: (4 * h * dim) as u64,
+            bytes: 4 * dim as u64,
+        });
+        return Ok((Head { blocks, out: None, state, logits: None, top: None }, bytes));
+    };
+    // logits = W_out h_L, and their top_k ids into row h of `top`
+    let logits = GpuBuffer::<f32>::zeros(g, &format!("medusa {h} logits"), vocab);
+    let head_top = GpuBuffer::<u32>::zeros(g, &format!("medusa {h} top"), b.top_k);
+    let mut ops =
+        out.matmul(g, b.step, input, None, &logits, MatmulOut { ldy: vocab as u32, ..Default::default() });
+    ops.extend(g.top_k(b.step, &logits, (&head_top, None), vocab, b.top_k));
+    program.push(Action::Ops(ops, 1));
+    program.push(Action::Copy {
+        from: head_top.raw.clone(),
+        to: b.top.raw.clone(),
+        to_offset: (4 * h * b.top_k) as u64,
+        bytes: 4 * b.top_k as u64,
+    });
+    bytes += out.gpu_bytes();
+    Ok((Head { blocks, out: Some(out), state, logits: Some(logits), top: Some(head_top) }, bytes))
 }

@@ -1,0 +1,546 @@
+//! Building an EAGLE head: its tensors as the public layouts name them, the checks of a load,
+//! the upload, every buffer allocated once ([`HeadState`]) and every op recorded once
+//! ([`HeadOps`]); and the memory plan, from the headers alone.
+
+use super::{
+    Eagle3Weights, EagleHead, EagleLayout, HeadOps, HeadState, EAGLE_STORE_SLOTS, MAX_EAGLE_DEPTH,
+    MAX_EAGLE_WIDTH,
+};
+use crate::error::{Error, Result};
+use crate::gpu::{
+    reduce_slices, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, Second, EAGLE_TREE_OUT, EAGLE_TREE_STATE,
+    MAX_TOP_K, MAX_TREE,
+};
+use crate::model::checkpoint::{hf_name, Checkpoint, Precision};
+use crate::model::config::Config;
+use crate::model::transformer::{record_block, rope_table, BlockIo, LoadOptions, Model, MAX_BATCH};
+use crate::model::weights::{
+    Layer, LayerTensors, LoadProgress, Matrix, Tally, TensorRole, TensorSpec, TensorTable, Upload,
+};
+use bytemuck::Zeroable;
+
+/// The head's tensors, named as in the public layout.
+struct EagleTensors {
+    fc: TensorSpec,
+    fc_bias: TensorSpec,
+    layer: LayerTensors,
+    /// EAGLE-3: `midlayer.hidden_norm`, `norm`, `lm_head`.
+    eagle3: Option<[TensorSpec; 3]>,
+}
+
+impl EagleTensors {
+    fn new(c: &Config, layout: EagleLayout) -> EagleTensors {
+        let mut layer = TensorTable::new(c).layers.swap_remove(0);
+        // `model.layers.0.*` of a Hugging Face model is `layers.0.*` in an EAGLE-1 head's file,
+        // `midlayer.*` in an EAGLE-3 head's
+        let prefix = match layout {
+            EagleLayout::Eagle1 => "layers.0.",
+            EagleLayout::Eagle3 { .. } => "midlayer.",
+        };
+        let rename = |t: &mut TensorSpec| {
+            if let Some(hf) = hf_name(&t.name) {
+                t.name = format!("{prefix}{}", hf.trim_start_matches("model.layers.0."));
+            }
+        };
+        for t in [
+            &mut layer.attn_norm,
+            &mut layer.q,
+            &mut layer.k,
+            &mut layer.v,
+            &mut layer.wo,
+            &mut layer.ffn_norm,
+            &mut layer.gate,
+            &mut layer.up,
+            &mut layer.down,
+        ] {
+            rename(t);
+        }
+        for b in layer.qkv_bias.iter_mut().flatten() {
+            rename(b);
+        }
+        let spec = |name: &str, shape: Vec<usize>, role| TensorSpec { name: name.into(), shape, role };
+        let (fc_in, eagle3) = match layout {
+            EagleLayout::Eagle1 => (2 * c.dim, None),
+            EagleLayout::Eagle3 { draft_vocab, .. } => {
+                // q, k and v read [embedding | feature], both normalised: 2 dim wide
+                for t in [&mut layer.q, &mut layer.k, &mut layer.v] {
+                    t.shape[1] = 2 * c.dim;
+                }
+                let extra = [
+                    spec("midlayer.hidden_norm.weight", vec![c.dim], TensorRole::Norm),
+                    spec("norm.weight", vec![c.dim], TensorRole::Norm),
+                    spec("lm_head.weight", vec![draft_vocab, c.dim], TensorRole::Weight),
+                ];
+                (3 * c.dim, Some(extra))
+            }
+        };
+        EagleTensors {
+            fc: spec("fc.weight", vec![c.dim, fc_in], TensorRole::Weight),
+            fc_bias: spec("fc.bias", vec![c.dim], TensorRole::QkvBias),
+            layer,
+            eagle3,
+        }
+    }
+
+    fn all(&self) -> Vec<&TensorSpec> {
+        let l = &self.layer;
+        let mut all = vec![
+            &self.fc,
+            &self.fc_bias,
+            &l.attn_norm,
+            &l.q,
+            &l.k,
+            &l.v,
+            &l.wo,
+            &l.ffn_norm,
+            &l.gate,
+            &l.up,
+            &l.down,
+        ];
+        all.extend(l.qkv_bias.iter().flatten());
+        all.extend(self.eagle3.iter().flatten());
+        all
+    }
+}
+
+impl HeadState {
+    /// Allocates every buffer of a head of config `c` and `layout` with a cache of `context`
+    /// positions, ranking `top_k` ids, around its uploaded `weights` (fc, fc's bias, the layer,
+    /// EAGLE-3's own).
+    fn new(
+        g: &Gpu,
+        c: &Config,
+        layout: EagleLayout,
+        context: usize,
+        top_k: usize,
+        (fc, fc_bias, layer, eagle3): (Matrix, Option<GpuBuffer<f32>>, Layer, Option<Eagle3Weights>),
+    ) -> HeadState {
+        let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
+        let u32s = |label: &str, len: usize| GpuBuffer::<u32>::zeros(g, label, len);
+        let (cat_width, out_vocab) = layout.widths(c.dim, c.vocab_size);
+        let one = g.step_buffer();
+        g.write_step(&one, 1, 0);
+        HeadState {
+            step: g.step_buffer(),
+            one,
+            many: g.step_buffer(),
+            step_table: g.device.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("eagle step table"),
+                size: (MAX_BATCH * 16) as u64,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            drafts: u32s("eagle drafts", MAX_BATCH * top_k),
+            rows: u32s("eagle rows", MAX_BATCH),
+            tokens: u32s("eagle tokens", MAX_BATCH),
+            feat: f32s("eagle feat", MAX_BATCH * c.dim),
+            embd: f32s("eagle embd", MAX_BATCH * c.dim),
+            cat: f32s("eagle cat", MAX_BATCH * cat_width),
+            x: f32s("eagle x", MAX_BATCH * c.dim),
+            xb: f32s("eagle xb", MAX_BATCH * c.dim),
+            q: f32s("eagle q", MAX_BATCH * c.q_dim()),
+            att: f32s("eagle att", MAX_BATCH * c.q_dim()),
+            scores: f32s(
+                "eagle scores",
+                g.attention_scratch_len(c.attention_shape(context, false), MAX_BATCH),
+            ),
+            hb: f32s("eagle hb", MAX_BATCH * c.ffn_dim),
+            logits: f32s("eagle logits", MAX_EAGLE_WIDTH * out_vocab),
+            last: f32s("eagle last", MAX_EAGLE_WIDTH * c.dim),
+            top: u32s("eagle top", MAX_EAGLE_WIDTH * top_k),
+            logp: f32s("eagle logp", MAX_EAGLE_WIDTH * top_k),
+            store: f32s("eagle store", EAGLE_STORE_SLOTS * c.dim),
+            tree_state: u32s("eagle tree state", EAGLE_TREE_STATE),
+            tree_out: u32s("eagle tree out", EAGLE_TREE_OUT),
+            tree_rows: u32s("eagle tree rows", MAX_TREE),
+            tree_newest: u32s("eagle tree newest", MAX_EAGLE_WIDTH),
+            tree_params: (0..MAX_EAGLE_DEPTH)
+                .map(|_| g.uniform("eagle tree params", bytemuck::bytes_of(&EagleTreeParams::zeroed())))
+                .collect(),
+            kv: u32s("eagle kv", context * 2 * c.kv_dim()),
+            cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", &rope_table(c, context)),
+            config: c.clone(),
+            fc,
+            fc_bias,
+            layer,
+            eagle3,
+        }
+    }
+
+    /// Bytes of GPU memory the head's weights take.
+    fn weight_bytes(&self) -> u64 {
+        let vector = |b: &GpuBuffer<f32>| b.raw.size();
+        let l = &self.layer;
+        self.fc.gpu_bytes()
+            + self.fc_bias.as_ref().map_or(0, vector)
+            + [&l.qkv, &l.wo, &l.gate_up, &l.down].iter().map(|m| m.gpu_bytes()).sum::<u64>()
+            + l.attn_norm.as_ref().map_or(0, vector)
+            + vector(&l.ffn_norm)
+            + l.qkv_bias.as_ref().map_or(0, vector)
+            + self.eagle3.as_ref().map_or(0, |e| {
+                e.lm_head.gpu_bytes() + vector(&e.embed_norm) + vector(&e.hidden_norm) + vector(&e.norm)
+            })
+    }
+}
+
+/// Checks a head's load arguments: one decoder layer, a top-k the GPU ranks, and (EAGLE-3) the
+/// target's feature taps set to the layout's. Returns those taps' buffer.
+fn check_load<'t>(
+    c: &Config,
+    target: &'t Model,
+    layout: EagleLayout,
+    top_k: usize,
+) -> Result<Option<&'t GpuBuffer<f32>>> {
+    if top_k == 0 || top_k > MAX_TOP_K {
+        return Err(Error::InvalidArgument(format!("an EAGLE head ranks 1..={MAX_TOP_K} ids, not {top_k}")));
+    }
+    if c.n_layers != 1 {
+        return Err(Error::InvalidArgument(format!(
+            "an EAGLE head is one decoder layer; its config.json declares {}",
+            c.n_layers
+        )));
+    }
+    match layout {
+        EagleLayout::Eagle1 => Ok(None),
+        EagleLayout::Eagle3 { taps, .. } => match target.feature_taps() {
+            Some((layers, buf)) if layers == taps => Ok(Some(buf)),
+            _ => Err(Error::InvalidArgument(format!(
+                "an EAGLE-3 head reads the target's residual stream after {taps:?} layers: \
+                 set those feature taps on the target first (Model::set_feature_taps)"
+            ))),
+        },
+    }
+}
+
+impl Eagle3Weights {
+    /// Uploads an EAGLE-3 head's own `tensors` (hidden_norm, norm, lm_head) and its d2t table of
+    /// `draft_vocab` ids (all zeros when the file has none and the vocabularies are the same),
+    /// `embed_norm` being its midlayer.input_layernorm.
+    async fn load(
+        up: &Upload<'_>,
+        c: &Config,
+        [hidden_norm, norm, lm_head]: &[TensorSpec; 3],
+        draft_vocab: usize,
+        embed_norm: GpuBuffer<f32>,
+    ) -> Result<Eagle3Weights> {
+        let d2t = match up.ckpt.index_tensor("d2t", draft_vocab) {
+            Ok(d2t) => d2t,
+            Err(Error::MissingTensor { .. }) if draft_vocab == c.vocab_size => vec![0; draft_vocab],
+            Err(e) => return Err(e),
+        };
+        let table: Vec<u32> = (d2t.iter().enumerate())
+            .map(|(d, &off)| {
+                u32::try_from(d as i64 + off).ok().filter(|&t| (t as usize) < c.vocab_size).ok_or_else(|| {
+                    Error::InvalidArgument(format!(
+                        "d2t maps draft id {d} to {} outside the target's {} ids",
+                        d as i64 + off,
+                        c.vocab_size
+                    ))
+                })
+            })
+            .collect::<Result<_>>()?;
+        let g = up.gpu;
+        Ok(Eagle3Weights {
+            embed_norm,
+            hidden_norm: GpuBuffer::<f32>::from_slice(g, "hidden_norm", &up.vector(hidden_norm).await?),
+            norm: GpuBuffer::<f32>::from_slice(g, "norm", &up.vector(norm).await?),
+            lm_head: up.matrix(lm_head).await?,
+            d2t: GpuBuffer::<u32>::from_slice(g, "d2t", &table),
+            lastn: GpuBuffer::<f32>::zeros(g, "eagle lastn", MAX_EAGLE_WIDTH * c.dim),
+        })
+    }
+}
+
+impl HeadOps {
+    /// Records the ops of a head over `s` for `target` (EAGLE-3: reading its feature `taps`).
+    fn record(
+        target: &Model,
+        s: &HeadState,
+        taps: Option<&GpuBuffer<f32>>,
+        layout: EagleLayout,
+        top_k: usize,
+    ) -> HeadOps {
+        let (g, c) = (&**target.gpu(), &s.config);
+        let st = &s.step;
+        let (gather, mut pass) = HeadOps::inputs(target, s, taps);
+        let io = BlockIo {
+            step: st,
+            x: &s.x,
+            xb: &s.xb,
+            q: &s.q,
+            att: &s.att,
+            scores: &s.scores,
+            hb: &s.hb,
+            cos_sin: &s.cos_sin,
+            context: target.context(),
+            kv_f16: false,
+            qkv_input: s.eagle3.as_ref().map(|_| &s.cat),
+        };
+        // x += attention, mlp: the predicted feature f^                             [n, dim]
+        pass.extend(record_block(g, c, &s.layer, &s.kv, &io, None));
+        let (_, out_vocab) = layout.widths(c.dim, c.vocab_size);
+        let (project, project_many) =
+            (s.projection(target, &s.one, out_vocab, top_k), s.projection(target, &s.many, out_vocab, top_k));
+        // the draft tree on the GPU: its calls, each pass's features from the store, its newest
+        // rows to `last` and to their store slots (expansion e's at 1 + (e - 1) width.. with the
+        // largest width: fixed places, so every copy is recorded before the GPU chooses rows)
+        let ranks = (&s.top, &s.logp);
+        let tree_calls = (s.tree_params.iter())
+            .map(|params| g.eagle_tree(st, params, ranks, &s.tree_state, &s.tree_out))
+            .collect();
+        let tree_features =
+            g.gather_rows(st, &s.store, Some(&s.tree_rows), None, (s.feature_in(), c.dim, 0), c.dim);
+        let newest = Some(&s.tree_newest);
+        let tree_last = g.gather_rows(&s.many, &s.x, newest, None, (&s.last, c.dim, 0), c.dim);
+        let tree_store = (1..MAX_EAGLE_DEPTH)
+            .map(|e| {
+                let at = (1 + (e - 1) * MAX_EAGLE_WIDTH) * c.dim;
+                g.gather_rows(&s.many, &s.x, newest, None, (&s.store, c.dim, at), c.dim)
+            })
+            .collect();
+        HeadOps { gather, pass, project, project_many, tree_calls, tree_features, tree_last, tree_store }
+    }
+
+    /// The gathering of the target's features, and a pass's ops up to the layer's input (x, and
+    /// EAGLE-1's xb; EAGLE-3's cat).
+    fn inputs(target: &Model, s: &HeadState, taps: Option<&GpuBuffer<f32>>) -> (Vec<Op>, Vec<Op>) {
+        let (g, c) = (&**target.gpu(), &s.config);
+        let (st, eps) = (&s.step, c.rms_eps);
+        let mut gather = Vec::new();
+        let mut pass = target.embed_ops(st, &s.tokens, &s.embd);
+        match (&s.eagle3, taps) {
+            (Some(e3), Some(taps)) => {
+                // the target's taps of the gathered rows, fc: x = g                   [n, dim]
+                let width = 3 * c.dim;
+                gather.push(g.gather_rows(st, taps, Some(&s.rows), None, (&s.cat, width, 0), width));
+                let out = MatmulOut { ldy: c.dim as u32, ..Default::default() };
+                gather.extend(s.fc.matmul(g, st, &s.cat, s.fc_bias.as_ref(), &s.x, out));
+                // cat = [input_layernorm(e) | hidden_norm(g)]                         [n, 2 dim]
+                let ld = 2 * c.dim;
+                pass.push(g.gather_rows(
+                    st,
+                    &s.embd,
+                    None,
+                    Some((&e3.embed_norm, eps)),
+                    (&s.cat, ld, 0),
+                    c.dim,
+                ));
+                pass.push(g.gather_rows(
+                    st,
+                    &s.x,
+                    None,
+                    Some((&e3.hidden_norm, eps)),
+                    (&s.cat, ld, c.dim),
+                    c.dim,
+                ));
+            }
+            _ => {
+                // the target's final hidden states of the gathered rows                [n, dim]
+                let (raw, norm) = target.hidden_buffers();
+                let target_eps = target.config.rms_eps;
+                let gathered = (&s.feat, c.dim, 0);
+                gather.push(g.gather_rows(st, raw, Some(&s.rows), Some((norm, target_eps)), gathered, c.dim));
+                // cat = [e | f]; x = cat fc^T + b (and xb = x * the layer's input norm)  [n, dim]
+                pass.push(g.concat(st, (&s.embd, c.dim), (&s.feat, c.dim), &s.cat));
+                let second = s.layer.attn_norm.as_ref().map(|gamma| Second::Scaled { out: &s.xb, gamma });
+                let fc_out = MatmulOut { ldy: c.dim as u32, second, ..Default::default() };
+                pass.extend(s.fc.matmul(g, st, &s.cat, s.fc_bias.as_ref(), &s.x, fc_out));
+            }
+        }
+        (gather, pass)
+    }
+}
+
+impl HeadState {
+    /// The projected rows' (`step`: one or a tree pass's many, their f^ in `last`) logits,
+    /// top-k ids and log-probabilities. EAGLE-1: last . the target's output^T (no norm)
+    /// `[rows, vocab]`; EAGLE-3: norm(last) . lm_head^T, ids renamed by d2t `[rows, draft vocab]`.
+    fn projection(&self, target: &Model, step: &wgpu::Buffer, out_vocab: usize, top_k: usize) -> Vec<Op> {
+        let (g, c) = (&**target.gpu(), &self.config);
+        let out = MatmulOut { ldy: out_vocab as u32, ..Default::default() };
+        let mut ops = match &self.eagle3 {
+            Some(e3) => {
+                let normed = (&e3.lastn, c.dim, 0);
+                let mut ops =
+                    vec![g.gather_rows(step, &self.last, None, Some((&e3.norm, c.rms_eps)), normed, c.dim)];
+                ops.extend(e3.lm_head.matmul(g, step, &e3.lastn, None, &self.logits, out));
+                ops
+            }
+            None => target.output_ops(step, &self.last, &self.logits, out),
+        };
+        ops.extend(g.top_k(step, &self.logits, (&self.top, Some(&self.logp)), out_vocab, top_k));
+        if let Some(e3) = &self.eagle3 {
+            ops.push(g.map_ids(step, &e3.d2t, &self.top, top_k));
+        }
+        ops
+    }
+}
+
+impl EagleHead {
+    /// The head's config from its `config.json`, checked against the target's: the same
+    /// width and vocabulary (the head reads the target's features and embeddings; an EAGLE-1
+    /// head also its projection). An EAGLE-3 config (`LlamaForCausalLMEagle3`) reads as llama.
+    pub fn config_for(target: &Config, config_json: &[u8]) -> Result<Config> {
+        let mut json: serde_json::Value = serde_json::from_slice(config_json)
+            .map_err(|e| Error::Metadata { key: "config.json".into(), message: e.to_string() })?;
+        if let Some(arch) = json.pointer_mut("/architectures/0") {
+            if arch.as_str().is_some_and(|a| a.ends_with("Eagle3")) {
+                *arch = "LlamaForCausalLM".into();
+            }
+        }
+        let c = Config::from_hf_json(json.to_string().as_bytes())?;
+        if c.dim != target.dim || c.vocab_size != target.vocab_size {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE head of width {} and vocabulary {} for a target of {} and {}",
+                c.dim, c.vocab_size, target.dim, target.vocab_size
+            )));
+        }
+        Ok(c)
+    }
+
+    /// The layout of the head in `ckpt` (EAGLE-3 when it has `midlayer.*` tensors), with an
+    /// EAGLE-3 head's draft vocabulary (its `lm_head` rows) and feature taps: `config.json`'s
+    /// `eagle_aux_hidden_state_layer_ids` (top level or in `eagle_config`; vLLM's meaning: the
+    /// residual stream after that many target layers), else the default after 2, N / 2 and
+    /// N - 3 of the target's N layers.
+    pub fn layout_of(target: &Config, config_json: &[u8], ckpt: &Checkpoint) -> Result<EagleLayout> {
+        let shapes = ckpt.tensor_shapes();
+        if !shapes.iter().any(|(name, _)| name.starts_with("midlayer.")) {
+            return Ok(EagleLayout::Eagle1);
+        }
+        let lm_head = shapes.iter().find(|(name, _)| *name == "lm_head.weight");
+        let draft_vocab = match lm_head.map(|(_, shape)| *shape) {
+            Some(&[rows, _]) if rows > 0 && rows <= target.vocab_size => rows,
+            Some(shape) => {
+                return Err(Error::InvalidArgument(format!(
+                    "an EAGLE-3 head's lm_head.weight of shape {shape:?} for a vocabulary of {}",
+                    target.vocab_size
+                )))
+            }
+            None => return Err(Error::MissingTensor { name: "lm_head.weight".into() }),
+        };
+        let json: serde_json::Value = serde_json::from_slice(config_json)
+            .map_err(|e| Error::Metadata { key: "config.json".into(), message: e.to_string() })?;
+        let ids = json
+            .pointer("/eagle_config/eagle_aux_hidden_state_layer_ids")
+            .or_else(|| json.get("eagle_aux_hidden_state_layer_ids"));
+        let n = target.n_layers;
+        let taps = match ids {
+            None => [2.min(n), n / 2, n.saturating_sub(3)],
+            Some(v) => {
+                let ids: Vec<usize> = serde_json::from_value(v.clone()).unwrap_or_default();
+                match ids.as_slice() {
+                    &[a, b, c] if [a, b, c].iter().all(|&l| l <= n) => [a, b, c],
+                    _ => {
+                        return Err(Error::Metadata {
+                            key: "config.json eagle_aux_hidden_state_layer_ids".into(),
+                            message: format!("{v} is not three layer counts up to {n}"),
+                        })
+                    }
+                }
+            }
+        };
+        Ok(EagleLayout::Eagle3 { draft_vocab, taps })
+    }
+
+    /// GPU memory the head takes when loaded with these arguments (weights as kept, cache,
+    /// scratch), from the headers alone.
+    pub fn plan(
+        target: &Model,
+        ckpt: &Checkpoint,
+        layout: EagleLayout,
+        precision: Precision,
+        top_k: usize,
+    ) -> Result<u64> {
+        let c = &ckpt.config;
+        let t = EagleTensors::new(c, layout);
+        let mut bytes = 0;
+        for spec in t.all().into_iter().filter(|s| ckpt.has(&s.name)) {
+            let n = spec.shape.iter().product::<usize>() as u64;
+            let kept = precision == Precision::Auto && spec.shape.len() > 1;
+            let stored = ckpt.dtype(&spec.name, &spec.shape)?.bytes_for(n).unwrap_or(4 * n);
+            bytes += if kept { stored } else { 4 * n };
+        }
+        let (ctx, batch) = (target.context() as u64, MAX_BATCH as u64);
+        let (cat, out_vocab) = layout.widths(c.dim, c.vocab_size);
+        let extra = match layout {
+            EagleLayout::Eagle1 => 0,
+            // lastn, d2t
+            EagleLayout::Eagle3 { draft_vocab, .. } => MAX_EAGLE_WIDTH * c.dim + draft_vocab,
+        };
+        // per row: rows, tokens, feat, embd, cat, x, xb, q, att, hb, drafts; then the
+        // projected rows' last, logits, top and logp, the top-k's candidates and sums of each
+        // slice of the logits, the store and the read-back
+        let widths = (4 * c.dim + cat + 2 * c.q_dim() + c.ffn_dim + top_k + 2) as u64;
+        // (twice: the one-row and the many-row projections each rank into their own)
+        let ranking = 2 * 2 * reduce_slices(out_vocab) * (top_k + 1);
+        let projected = (MAX_EAGLE_WIDTH * (c.dim + out_vocab + 2 * top_k + ranking) + extra) as u64;
+        let store =
+            (EAGLE_STORE_SLOTS * c.dim + EAGLE_TREE_STATE + EAGLE_TREE_OUT + MAX_TREE + MAX_EAGLE_WIDTH)
+                as u64;
+        let cache = ctx * (2 * c.kv_dim() + c.rope_dim) as u64;
+        let attention =
+            target.gpu().attention_scratch_len(c.attention_shape(ctx as usize, false), MAX_BATCH) as u64;
+        Ok(bytes + 4 * (batch * widths + attention + projected + store + cache))
+    }
+
+    /// Uploads the head of `ckpt` (a [`Checkpoint::from_named_safetensors`] of its file with the
+    /// config from [`EagleHead::config_for`]), of `layout` ([`EagleHead::layout_of`]), for
+    /// `target`, whose hidden states (an EAGLE-3 head: its feature taps, which
+    /// [`Model::set_feature_taps`] must have set to the layout's), embedding table and (EAGLE-1)
+    /// output projection it reads, ranking `top_k` ids per row (at most [`MAX_TOP_K`]). `opts`
+    /// gives the precision, the largest weight buffer and the bytes read at once.
+    pub async fn load(
+        target: &Model,
+        ckpt: &Checkpoint,
+        layout: EagleLayout,
+        opts: &LoadOptions,
+        top_k: usize,
+        progress: &mut dyn FnMut(LoadProgress),
+    ) -> Result<EagleHead> {
+        let c = ckpt.config.clone();
+        let taps = check_load(&c, target, layout, top_k)?;
+        let gpu = target.gpu().clone();
+        let g = &*gpu;
+        let t = EagleTensors::new(&c, layout);
+        let tally = Tally::new(ckpt.tensor_shapes().len(), ckpt.file_bytes(), progress);
+        let up = Upload::new(g, ckpt, opts, tally);
+        let fc = up.matrix(&t.fc).await?;
+        let fc_bias = match ckpt.has(&t.fc_bias.name) {
+            true => Some(GpuBuffer::<f32>::from_slice(g, "fc.bias", &up.vector(&t.fc_bias).await?)),
+            false => None,
+        };
+        let mut layer = Layer::load(&up, &c, &t.layer, 0, true).await?;
+        let eagle3 = match (&t.eagle3, layout) {
+            (Some(tensors), EagleLayout::Eagle3 { draft_vocab, .. }) => {
+                // input_layernorm normalises the embedding alone, not the layer's input
+                let embed_norm = layer
+                    .attn_norm
+                    .take()
+                    .ok_or_else(|| Error::MissingTensor { name: t.layer.attn_norm.name.clone() })?;
+                Some(Eagle3Weights::load(&up, &c, tensors, draft_vocab, embed_norm).await?)
+            }
+            _ => None,
+        };
+        let state = HeadState::new(g, &c, layout, target.context(), top_k, (fc, fc_bias, layer, eagle3));
+        g.take_error()?;
+        // (kernels compile as their first ops are built: one that fails fails the load)
+        let scope = g.build_scope();
+        let ops = HeadOps::record(target, &state, taps, layout, top_k);
+        let memory_bytes = EagleHead::plan(target, ckpt, layout, opts.precision, top_k)?;
+        scope.close("building the EAGLE head's kernels")?;
+        Ok(EagleHead {
+            config: c,
+            layout,
+            gpu_bytes: state.weight_bytes(),
+            gpu,
+            state,
+            ops,
+            top_k,
+            context: target.context(),
+            len: 0,
+            unprojected: false,
+            memory_bytes,
+        })
+    }
+}

@@ -1,0 +1,472 @@
+//! An EAGLE draft head on the GPU (Li et al., "EAGLE", arXiv 2401.15077; EAGLE-2, 2406.16858):
+//! one decoder layer that predicts the target's next feature from its current one.
+//!
+//! The public EAGLE-1/2 layout (a `config.json` of one llama layer and `model.safetensors`):
+//!
+//! ```text
+//!   f_p   the target's final hidden state at position p (after its output norm)   [dim]
+//!   e     the target's embedding of token t_{p+1}                               [dim]
+//!   x     = fc([e | f_p]) (+ fc.bias)           `fc.weight` [dim, 2 dim], `fc.bias` [dim] (optional)
+//!   h     = x + attention(x) at position p      `layers.0.self_attn.{q,k,v,o}_proj.weight`, no input
+//!                                               norm (EAGLE-1's first layer has none; an
+//!                                               `input_layernorm` is used when present)
+//!   f^    = h + mlp(rmsnorm(h))                 `layers.0.post_attention_layernorm.weight`,
+//!                                               `layers.0.mlp.{gate,up,down}_proj.weight`
+//!   logits = the target's output projection of f^ (no norm): t^_{p+2}
+//! ```
+//!
+//! The public EAGLE-3 layout (Li et al., arXiv 2503.01840; `LlamaForCausalLMEagle3`, as
+//! SafeAILab's EAGLE, vLLM and SGLang read it):
+//!
+//! ```text
+//!   a_p   the target's residual stream at position p after l1, l2, l3 layers, side by side
+//!         (default 2, N/2, N-3 of its N layers; config.json's eagle_aux_hidden_state_layer_ids,
+//!         vLLM's meaning)                                                       [3 dim]
+//!   g     = fc(a_p) (+ fc.bias)                 `fc.weight` [dim, 3 dim]; a draft step's g is
+//!                                               the head's own previous output h (no fc)
+//!   u     = [rmsnorm(e) | rmsnorm(g)]           `midlayer.input_layernorm.weight`,
+//!                                               `midlayer.hidden_norm.weight`       [2 dim]
+//!   h     = g + attention(u) at position p      `midlayer.self_attn.{q,k,v}_proj.weight`
+//!                                               [*, 2 dim], `o_proj` [dim, q_dim]
+//!   h     = h + mlp(rmsnorm(h))                 `midlayer.post_attention_layernorm.weight`,
+//!                                               `midlayer.mlp.*`
+//!   logits = lm_head(rmsnorm(h))                `norm.weight`, `lm_head.weight` [draft_vocab, dim];
+//!         draft id d is the target's d + d2t[d] (`d2t` [draft_vocab] I64; `t2d` is for training)
+//! ```
+//!
+//! The head keeps its own KV cache over the positions it has run. A pass of n rows: the features
+//! gathered from the target's pass ([`Gpu::gather_rows`]) or copied from the head's own previous
+//! output, the embedding, the concatenation, fc and the layer over every row; then the
+//! projection (a `[vocab, dim]` matmul, most of a pass's bytes; EAGLE-3's `[draft_vocab, dim]`)
+//! and a top-k of the LAST row only (EAGLE-3: its ids renamed by d2t on the GPU), the one
+//! drafting continues from. A pass over the target's kept rows leaves that projection to the next
+//! draft: a cycle that drafts nothing (a plain step) never reads the output matrix.
+//!
+//! Drafting continues in one of two ways:
+//! - a chain ([`EagleHead::draft`]): one-row passes, each fed the previous one's f^ and most
+//!   likely id, in one submission;
+//! - a tree (EAGLE-2's expansion, [`EagleHead::draft_tree`]): tree passes over chosen draft nodes
+//!   and their ancestors (each row attends to the cache and its ancestors' rows, as the target's
+//!   tree pass does), each node fed its parent's f^ from a store of the expanded nodes' features;
+//!   the newest nodes are projected and ranked with the log-probabilities of their ids, by which
+//!   `shaders/eagle_tree.wgsl` chooses the next nodes and the tree on the GPU.
+//!
+//! Building a head (its tensors, checks, upload, buffers, recorded ops and memory plan) is in
+//! `build.rs`.
+
+use std::sync::Arc;
+
+use super::config::Config;
+use super::transformer::MAX_BATCH;
+use super::weights::{Layer, Matrix};
+use crate::error::{Error, Result};
+use crate::gpu::{
+    EagleTreeParams, Gpu, GpuBuffer, Op, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT,
+    EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, MAX_TREE,
+};
+
+mod build;
+
+/// The most nodes one tree pass expands (its newest rows, projected together).
+pub const MAX_EAGLE_WIDTH: usize = 8;
+
+/// The deepest draft tree (depth 1 comes from the target's pass, each further depth is one
+/// head pass).
+pub const MAX_EAGLE_DEPTH: usize = 16;
+
+/// Slots of the store of expanded nodes' features: the root's, then each pass's expanded nodes.
+pub const EAGLE_STORE_SLOTS: usize = 1 + (MAX_EAGLE_DEPTH - 1) * MAX_EAGLE_WIDTH;
+
+/// How a draft tree is grown ([`EagleHead::draft_tree`]).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct TreeShape {
+    /// At most this deep (<= [`MAX_EAGLE_DEPTH`]).
+    pub depth: usize,
+    /// Nodes expanded per depth (<= [`MAX_EAGLE_WIDTH`] and the head's top-k).
+    pub width: usize,
+    /// Drafted nodes the tree may hold (<= [`MAX_TREE`] - 1).
+    pub max_nodes: usize,
+    /// With measured costs (`verify[n - 1]`: seconds of a verify pass of n rows; seconds per
+    /// draft pass), the number of nodes maximises expected tokens per second instead of
+    /// filling `max_nodes`, each node's chance of acceptance being `calibration * exp(score)`.
+    pub costs: Option<([f32; MAX_TREE], f32)>,
+    pub calibration: f32,
+}
+
+/// A draft tree as the GPU chose it: its nodes by depth (best first within a depth).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct DraftedTree {
+    pub tokens: Vec<u32>,
+    /// Each node's parent among the nodes before it; `None`: a child of the root.
+    pub parents: Vec<Option<usize>>,
+    /// The sum of the nodes' path probabilities (uncalibrated): their predicted accepted number.
+    pub predicted: f32,
+    /// Head passes run.
+    pub passes: usize,
+}
+
+/// Which public layout a head's file has.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum EagleLayout {
+    /// EAGLE-1/2: `fc` over [embedding | the target's final hidden state], `layers.0.*`, the
+    /// target's output projection.
+    Eagle1,
+    /// EAGLE-3: `fc` over three taps of the target's residual stream (after `taps[i]` layers),
+    /// `midlayer.*` attending over [input_layernorm(embedding) | hidden_norm(feature)], its own
+    /// `norm` and `lm_head` over `draft_vocab` ids, the target's id of draft id d being
+    /// `d + d2t[d]`.
+    Eagle3 { draft_vocab: usize, taps: [usize; 3] },
+}
+
+impl EagleLayout {
+    /// Columns of fc's input (`cat`) and ids the head ranks, for a head of width `dim` drafting
+    /// for a vocabulary of `vocab` ids.
+    fn widths(self, dim: usize, vocab: usize) -> (usize, usize) {
+        match self {
+            EagleLayout::Eagle1 => (2 * dim, vocab),
+            EagleLayout::Eagle3 { draft_vocab, .. } => (3 * dim, draft_vocab),
+        }
+    }
+}
+
+/// An EAGLE-3 head's own tensors on the GPU.
+struct Eagle3Weights {
+    embed_norm: GpuBuffer<f32>,  // [dim] midlayer.input_layernorm
+    hidden_norm: GpuBuffer<f32>, // [dim] midlayer.hidden_norm
+    norm: GpuBuffer<f32>,        // [dim] norm (before lm_head)
+    lm_head: Matrix,             // [draft_vocab, dim]
+    d2t: GpuBuffer<u32>,         // [draft_vocab] the target's id of each draft id
+    lastn: GpuBuffer<f32>,       // [W, dim] norm(last)
+}
+
+/// Buffers of the head, each allocated once for [`MAX_BATCH`] rows.
+#[allow(dead_code)] // kept alive for the bind groups that reference them
+struct HeadState {
+    config: Config,                  // the head's (one layer)
+    step: wgpu::Buffer,              // uniform Step of the head's passes
+    step_table: wgpu::Buffer,        // [MAX_BATCH, 4] u32: (1, position, 0, 0) of each draft step
+    one: wgpu::Buffer,               // uniform Step of one row: the last row's projection
+    many: wgpu::Buffer,              // uniform Step of a tree pass's projected rows
+    drafts: GpuBuffer<u32>,          // [MAX_BATCH, top_k] the top ids of each draft step
+    rows: GpuBuffer<u32>,            // [MAX_BATCH] the target's rows a pass gathers
+    tokens: GpuBuffer<u32>,          // [MAX_BATCH] t_{p+1} of each row
+    feat: GpuBuffer<f32>,            // [MAX_BATCH, dim] f_p of each row (EAGLE-1)
+    embd: GpuBuffer<f32>,            // [MAX_BATCH, dim] the tokens' embeddings
+    cat: GpuBuffer<f32>,             // [MAX_BATCH, 2 dim] [embd | feat]; EAGLE-3: [MAX_BATCH, 3 dim]
+    x: GpuBuffer<f32>,               // [MAX_BATCH, dim] residual stream: f^ at the end of a pass
+    xb: GpuBuffer<f32>,              // [MAX_BATCH, dim]
+    q: GpuBuffer<f32>,               // [MAX_BATCH, q_dim]
+    att: GpuBuffer<f32>,             // [MAX_BATCH, q_dim]
+    scores: GpuBuffer<f32>,          // attention scratch (Gpu::attention_scratch_len for MAX_BATCH rows)
+    hb: GpuBuffer<f32>,              // [MAX_BATCH, ffn_dim]
+    logits: GpuBuffer<f32>,          // [W, vocab] the projected rows' (W = MAX_EAGLE_WIDTH)
+    last: GpuBuffer<f32>,            // [W, dim] the projected rows' f^ (row 0: where a chain goes on)
+    top: GpuBuffer<u32>,             // [W, top_k] the projected rows' most likely ids
+    logp: GpuBuffer<f32>,            // [W, top_k] their log-probabilities
+    store: GpuBuffer<f32>,           // [EAGLE_STORE_SLOTS, dim] f^ of a draft tree's expanded nodes
+    tree_state: GpuBuffer<u32>,      // [EAGLE_TREE_STATE] the draft tree's candidates
+    tree_out: GpuBuffer<u32>,        // [EAGLE_TREE_OUT] the next tree pass, the chosen tree
+    tree_rows: GpuBuffer<u32>,       // [MAX_TREE] the store slot each tree-pass row reads
+    tree_newest: GpuBuffer<u32>,     // [W] the tree pass's rows to project
+    tree_params: Vec<wgpu::Buffer>,  // [MAX_EAGLE_DEPTH] uniform EagleTreeParams per call
+    kv: GpuBuffer<u32>,              // [context, 2 kv_dim] f32 bits (a head's cache stays f32)
+    cos_sin: GpuBuffer<f32>,         // [context, rope_dim / 2, 2]
+    fc: Matrix,                      // [dim, 2 dim] (EAGLE-3: [dim, 3 dim])
+    fc_bias: Option<GpuBuffer<f32>>, // [dim]
+    layer: Layer,
+    eagle3: Option<Eagle3Weights>,
+}
+
+impl HeadState {
+    /// Where a pass's rows take their feature from: EAGLE-1's `feat` (fc follows), EAGLE-3's x
+    /// (the residual stream, fc already applied to the target's taps).
+    fn feature_in(&self) -> &GpuBuffer<f32> {
+        match self.eagle3 {
+            Some(_) => &self.x,
+            None => &self.feat,
+        }
+    }
+}
+
+/// An EAGLE head on the GPU for one target (see the module's doc).
+pub struct EagleHead {
+    /// The head's config (one layer; the target's vocabulary).
+    pub config: Config,
+    layout: EagleLayout,
+    gpu: Arc<Gpu>,
+    state: HeadState,
+    /// Its recorded ops: the gathering of the target's features, a pass, the projections and
+    /// the draft tree's calls.
+    ops: HeadOps,
+    top_k: usize,
+    context: usize,
+    /// Positions in the head's KV cache.
+    len: usize,
+    /// The last pass's row is in `last` but not yet projected: the next draft projects it first
+    /// (a plain cycle, which drafts nothing, then never reads the output matrix).
+    unprojected: bool,
+    gpu_bytes: u64,
+    memory_bytes: u64,
+}
+
+/// The head's recorded ops (see [`EagleHead`]'s fields for what each does).
+struct HeadOps {
+    /// Takes the target's features of `rows` (EAGLE-1: into `feat`; EAGLE-3: through fc into x).
+    gather: Vec<Op>,
+    /// A pass over its rows: embedding, the layer's input, the layer.
+    pass: Vec<Op>,
+    /// The last row's projection and top-k (one row, from `last`).
+    project: Vec<Op>,
+    /// A tree pass's projection and top-k (its `many` rows, from `last`).
+    project_many: Vec<Op>,
+    /// The draft tree's calls of `eagle_tree.wgsl`: the start, then one per expansion (the last
+    /// one also finishes).
+    tree_calls: Vec<Op>,
+    /// A tree pass's features: each row's parent's, from the store.
+    tree_features: Op,
+    /// A tree pass's newest rows to `last` (to project them).
+    tree_last: Op,
+    /// Per expansion: its newest rows to their store slots.
+    tree_store: Vec<Op>,
+}
+
+impl EagleHead {
+    /// The head's layout.
+    pub fn layout(&self) -> EagleLayout {
+        self.layout
+    }
+
+    /// Ids ranked per row.
+    pub fn top_k(&self) -> usize {
+        self.top_k
+    }
+
+    /// Bytes of GPU memory the head's weights take.
+    pub fn weight_bytes(&self) -> u64 {
+        self.gpu_bytes
+    }
+
+    /// GPU memory the head takes in all: weights, KV cache and scratch.
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
+    }
+
+    /// Positions in the head's KV cache.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether the head's cache is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// KV cache positions allocated (the target's context).
+    pub fn context(&self) -> usize {
+        self.context
+    }
+
+    /// Rolls the head's cache back to its first `len` positions.
+    pub fn truncate(&mut self, len: usize) {
+        self.len = self.len.min(len);
+    }
+
+    /// Records a head pass over the target's rows `rows` of its last pass (positions
+    /// `start_pos..`, each row's next token in `next`): the target's features of those rows, each
+    /// with its next token, through the head. Rows and tokens are written by the host, so this
+    /// must be the first head pass of a submission. Submitted without a read-back; the last row's
+    /// feature f^ is where drafting continues ([`EagleHead::draft`], which first projects and
+    /// ranks it: a generation's plain cycles never pay for the projection).
+    pub fn run_target_rows(&mut self, rows: &[usize], next: &[u32], start_pos: usize) -> Result<()> {
+        let n = rows.len();
+        if n == 0 || n > MAX_BATCH || next.len() != n || start_pos > self.len || start_pos + n > self.context
+        {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE pass of {n} rows ({} tokens) at {start_pos} of a cache of {} positions",
+                next.len(),
+                self.len
+            )));
+        }
+        if let Some(&id) = next.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
+        }
+        let g = &*self.gpu;
+        let rows: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        g.queue.write_buffer(&self.state.rows.raw, 0, bytemuck::cast_slice(&rows));
+        g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(next));
+        g.write_step(&self.state.step, n, start_pos);
+        let mut enc = g.encoder();
+        g.encode(&mut enc, &self.ops.gather, n as u32);
+        self.encode_features(&mut enc, n);
+        g.submit(enc);
+        self.len = start_pos + n;
+        self.unprojected = true;
+        Ok(())
+    }
+
+    /// A pass of `n` rows (its step uniform set), then the last row's f^ copied to `last`.
+    fn encode_features(&self, enc: &mut wgpu::CommandEncoder, n: usize) {
+        let (g, s) = (&*self.gpu, &self.state);
+        let row = 4 * self.config.dim as u64;
+        g.encode(enc, &self.ops.pass, n as u32);
+        enc.copy_buffer_to_buffer(&s.x.raw, (n as u64 - 1) * row, &s.last.raw, 0, row);
+    }
+
+    /// [`EagleHead::encode_features`], then that row projected and ranked.
+    fn encode_pass(&self, enc: &mut wgpu::CommandEncoder, n: usize) {
+        self.encode_features(enc, n);
+        self.gpu.encode(enc, &self.ops.project, 1);
+    }
+
+    /// The last pass's row projected and ranked, if [`EagleHead::run_target_rows`] left it
+    /// unprojected (the caller clears `unprojected` once the submission succeeded).
+    fn encode_pending_projection(&self, enc: &mut wgpu::CommandEncoder) {
+        if self.unprojected {
+            self.gpu.encode(enc, &self.ops.project, 1);
+        }
+    }
+
+    /// The ids ranked at the last row of the latest pass, then `steps` draft steps, each a
+    /// one-row pass at the next position whose input is the previous pass's last feature f^ and
+    /// most likely id: `[1 + steps][top_k]` ids. One submission (each step's position copied into
+    /// the step uniform by the GPU, from a table written before), one read-back.
+    pub async fn draft(&mut self, steps: usize) -> Result<Vec<Vec<u32>>> {
+        if steps >= MAX_BATCH || self.len + steps > self.context {
+            return Err(Error::InvalidArgument(format!(
+                "{steps} EAGLE draft steps at {} of {} positions",
+                self.len, self.context
+            )));
+        }
+        let g = self.gpu.clone();
+        let mut enc = g.encoder();
+        self.encode_pending_projection(&mut enc);
+        let s = &self.state;
+        let (dim, k, word) = (self.config.dim as u64, self.top_k as u64, 4u64);
+        let table: Vec<u32> = (0..steps).flat_map(|i| [1, (self.len + i) as u32, 0, 0]).collect();
+        if !table.is_empty() {
+            g.queue.write_buffer(&s.step_table, 0, bytemuck::cast_slice(&table));
+        }
+        enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, 0, k * word);
+        for i in 0..steps as u64 {
+            // the input: the previous pass's last feature and most likely id
+            enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.feature_in().raw, 0, dim * word);
+            enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.tokens.raw, 0, word);
+            enc.copy_buffer_to_buffer(&s.step_table, i * 16, &s.step, 0, 16);
+            self.encode_pass(&mut enc, 1);
+            enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, (1 + i) * k * word, k * word);
+        }
+        let bytes = (1 + steps as u64) * k * word;
+        let raw = g.submit_and_read(enc, &s.drafts.raw, 0, bytes).await?;
+        self.len += steps;
+        self.unprojected = false;
+        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())
+    }
+
+    /// EAGLE-2's draft tree below `root` (the context's last token), grown on the GPU from the
+    /// latest pass's last row (which ranks the root's children): depth by depth, a tree pass
+    /// over the best-scoring unexpanded nodes of the newest depth and their ancestors, each fed
+    /// its parent's f^ from a store, the newest rows projected and ranked with log-probabilities
+    /// (see `shaders/eagle_tree.wgsl`); then the best nodes. One submission, one read-back.
+    pub async fn draft_tree(&mut self, root: u32, shape: TreeShape) -> Result<DraftedTree> {
+        let (depth, width, max_nodes) = (shape.depth, shape.width, shape.max_nodes);
+        if depth == 0
+            || depth > MAX_EAGLE_DEPTH
+            || width == 0
+            || width > MAX_EAGLE_WIDTH.min(self.top_k)
+            || max_nodes == 0
+            || max_nodes >= MAX_TREE
+            || root as usize >= self.config.vocab_size
+        {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE draft tree {depth} deep, {width} wide, of {max_nodes} nodes (at most \
+                 {MAX_EAGLE_DEPTH}, {} and {}) below token {root}",
+                MAX_EAGLE_WIDTH.min(self.top_k),
+                MAX_TREE - 1
+            )));
+        }
+        let g = self.gpu.clone();
+        let mut enc = g.encoder();
+        self.encode_pending_projection(&mut enc);
+        let s = &self.state;
+        let room = self.context.saturating_sub(self.len).min(MAX_TREE);
+        let (verify, draft_pass) = shape.costs.unwrap_or(([0.0; MAX_TREE], 0.0));
+        let params = |mode: u32, depth: usize, slot0: usize| EagleTreeParams {
+            mode,
+            root,
+            start_pos: self.len as u32,
+            k: self.top_k as u32,
+            width: width as u32,
+            depth: depth as u32,
+            slot0: slot0 as u32,
+            max_nodes: max_nodes as u32,
+            room: room as u32,
+            use_costs: shape.costs.is_some() as u32,
+            calibration: shape.calibration,
+            draft_pass,
+            verify,
+        };
+        // call 0 starts (and picks depth 1's nodes to expand when deeper ones are wanted); call e
+        // takes expansion e's ranks (its nodes in slots 1 + (e - 1) W..) and picks depth e + 1's;
+        // the last call also finishes (mode + 4)
+        let expansions = depth - 1;
+        let next_depth = |e: usize| if e < expansions { e + 1 } else { 0 };
+        let finish = |e: usize| if e == expansions { 4 } else { 0 };
+        let write =
+            |i: usize, p: EagleTreeParams| g.queue.write_buffer(&s.tree_params[i], 0, bytemuck::bytes_of(&p));
+        write(0, params(finish(0), next_depth(0), 0));
+        for e in 1..=expansions {
+            write(e, params(1 + finish(e), next_depth(e), 1 + (e - 1) * MAX_EAGLE_WIDTH));
+        }
+        let (dim, word) = (self.config.dim as u64 * 4, 4u64);
+        enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.store.raw, 0, dim);
+        g.encode(&mut enc, &self.ops.tree_calls[..1], 1);
+        for e in 1..=expansions {
+            let out = |at: u64, to: &wgpu::Buffer, words: u64, enc: &mut wgpu::CommandEncoder| {
+                enc.copy_buffer_to_buffer(&s.tree_out.raw, at * word, to, 0, words * word);
+            };
+            out(EAGLE_TREE_STEP, &s.step, 4 + MAX_TREE as u64, &mut enc);
+            out(EAGLE_TREE_MANY, &s.many, 4, &mut enc);
+            out(EAGLE_TREE_SLOTS, &s.tree_rows.raw, MAX_TREE as u64, &mut enc);
+            out(EAGLE_TREE_NEWEST, &s.tree_newest.raw, MAX_EAGLE_WIDTH as u64, &mut enc);
+            out(EAGLE_TREE_TOKENS, &s.tokens.raw, MAX_TREE as u64, &mut enc);
+            // grids for the most rows this pass can have; the kernels stop at the pass's own
+            let rows = (width * e).min(room) as u32;
+            g.encode(&mut enc, std::slice::from_ref(&self.ops.tree_features), rows);
+            g.encode(&mut enc, &self.ops.pass, rows);
+            g.encode(&mut enc, std::slice::from_ref(&self.ops.tree_last), width as u32);
+            g.encode(&mut enc, std::slice::from_ref(&self.ops.tree_store[e - 1]), width as u32);
+            g.encode(&mut enc, &self.ops.project_many, width as u32);
+            g.encode(&mut enc, &self.ops.tree_calls[e..e + 1], 1);
+        }
+        let at = EAGLE_TREE_RESULT * word;
+        let bytes = (EAGLE_TREE_OUT as u64 - EAGLE_TREE_RESULT) * word;
+        let raw = g.submit_and_read(enc, &s.tree_out.raw, at, bytes).await?;
+        self.unprojected = false;
+        let r: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let n = (r[0] as usize).min(MAX_TREE - 1);
+        // (32 token words, then 32 parent words)
+        let tokens = r[3..3 + n].to_vec();
+        let parents =
+            r[3 + MAX_TREE..3 + MAX_TREE + n].iter().map(|&p| Some(p as usize).filter(|&p| p < n)).collect();
+        Ok(DraftedTree { tokens, parents, predicted: f32::from_bits(r[1]), passes: r[2] as usize })
+    }
+
+    /// The head's output features of the latest pass's first `n` rows, `[n, dim]` (tests compare
+    /// them with a reference).
+    pub async fn features(&self, n: usize) -> Result<Vec<f32>> {
+        let bytes = (n.min(MAX_BATCH) * self.config.dim * 4) as u64;
+        let raw = self.gpu.submit_and_read(self.gpu.encoder(), &self.state.x.raw, 0, bytes).await?;
+        Ok(bytemuck::pod_collect_to_vec(&raw))
+    }
+
+    /// The top ids of the latest pass's last row, `[top_k]` (projected now if still pending).
+    pub async fn top_ids(&mut self) -> Result<Vec<u32>> {
+        let bytes = (self.top_k * 4) as u64;
+        let mut enc = self.gpu.encoder();
+        self.encode_pending_projection(&mut enc);
+        let raw = self.gpu.submit_and_read(enc, &self.state.top.raw, 0, bytes).await?;
+        self.unprojected = false;
+        Ok(bytemuck::pod_collect_to_vec(&raw))
+    }
+}
