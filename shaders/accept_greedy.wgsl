@@ -4,13 +4,8 @@
 //   out[0] = accepted count a, out[1] = verified[a], out[2 + i] = drafts[i] for i < K
 // One invocation does it all (K is at most a few dozen); the verify pass's uniform gives K + 1.
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    capacity: u32,   // drafts the buffers hold (K is clamped to it)
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// The uniforms Step and Params (AcceptParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 @group(0) @binding(0) var<uniform> step: Step;                      // the verify pass: n = K + 1
 @group(0) @binding(1) var<uniform> p: Params;

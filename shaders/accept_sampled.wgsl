@@ -7,14 +7,8 @@
 // One invocation; the verify pass's uniform gives K + 1 rows at positions start_pos + i, which
 // with the cycle's seed pick the u_i.
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    capacity: u32,   // drafts the buffers hold (K is clamped to it)
-    stream: u32,     // the uniforms' noise stream
-    _pad0: u32,
-    _pad1: u32,
-}
-struct Seed { lo: u32, hi: u32, _pad0: u32, _pad1: u32 }
+// The uniforms Step and Params (AcceptSampledParams), Seed (SampleSeed) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 @group(0) @binding(0) var<uniform> step: Step;                      // the verify pass: n = K + 1
 @group(0) @binding(1) var<uniform> p: Params;

@@ -7,13 +7,8 @@
 // The winner is the maximum of rank.wgsl's total order, so neither the slicing nor the reduction
 // order changes it: every adapter and every number of slices picks the same id.
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    vocab: u32,
-    slices: u32,  // ceil(vocab / SLICE)
-    stage: u32,   // 0: slices of logits into pairs; 1: pairs into out
-    _pad: u32,
-}
+// The uniforms Step and Params (ArgmaxParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;

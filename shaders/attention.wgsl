@@ -13,23 +13,8 @@
 // index) in depth order, itself last. The keys are the ones its root-to-node path would have
 // alone, in the same order, so a node's output equals that path's last row bit for bit.
 
-struct Step {
-    n: u32,
-    start_pos: u32,
-    tree: u32,                          // 1: a token-tree pass
-    _pad: u32,
-    ancestors: array<vec4<u32>, 8>,     // [32] (tree) bit j of ancestors[r]: row j is r or its ancestor
-}
-struct Params {
-    heads: u32,      // query heads
-    kv_heads: u32,   // key/value heads (heads % kv_heads == 0)
-    head_dim: u32,   // multiple of 4
-    ctx: u32,        // cache positions (row stride of the scores scratch)
-    scale: f32,      // 1 / sqrt(head_dim)
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// The uniforms Step and Params (AttentionParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 const WG: u32 = 64u;
 

@@ -19,27 +19,8 @@
 // only (the maximum is exact in any order), so a row's result does not depend on the other rows
 // of the pass: batch-invariant, as the one-pass kernel.
 
-struct Step {
-    n: u32,
-    start_pos: u32,
-    tree: u32,                          // 1: a token-tree pass
-    _pad: u32,
-    ancestors: array<vec4<u32>, 8>,     // [32] (tree) bit j of ancestors[r]: row j is r or its ancestor
-}
-struct Params {
-    heads: u32,      // query heads
-    kv_heads: u32,   // key/value heads (heads % kv_heads == 0)
-    head_dim: u32,   // multiple of 4, at most 4 * WG
-    ctx: u32,        // cache positions
-    scale: f32,      // 1 / sqrt(head_dim)
-    span: u32,       // keys per chunk (a multiple of WG)
-    chunks: u32,     // chunks per row and head in the scratch: ceil(ctx / span)
-    blocks: u32,     // head blocks per KV head: ceil(heads / kv_heads / HB)
-    ml_base: u32,    // f32 offset of the (m, l) section of the scratch
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// The uniforms Step and Params (ChunksParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 const WG: u32 = 64u;
 const HB: u32 = 8u;    // query heads per workgroup, all of one KV group

@@ -4,23 +4,8 @@
 // over the row's chunks 0 .. ceil(len / span) in order (a fixed order that depends on the row's
 // position only: batch-invariant).
 
-struct Step {
-    n: u32,
-    start_pos: u32,
-    tree: u32,                          // 1: a token-tree pass
-    _pad: u32,
-    ancestors: array<vec4<u32>, 8>,     // [32] (tree) bit j of ancestors[r]: row j is r or its ancestor
-}
-struct Params {
-    heads: u32,      // query heads
-    head_dim: u32,
-    span: u32,       // keys per chunk
-    chunks: u32,     // chunks per row and head in the scratch
-    ml_base: u32,    // f32 offset of the (m, l) section of the scratch
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// The uniforms Step and Params (MergeParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 const WG: u32 = 64u;
 

@@ -1,13 +1,8 @@
 // Bandwidth ceiling (benchmarks only): dst[i] = src[i] over vec4<u32>, one element per invocation,
 // rows of 65535 * 64 elements along y. Moves 2 * 16 bytes per invocation.
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    len: u32,       // vec4 elements to copy
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// The uniforms Step and Params (BenchCopyParams) are declared in Rust (src/gpu/roofline.rs) and written
+// ahead of this file by Kernel::source.
 
 @group(0) @binding(0) var<uniform> step: Step;                      // unused by the copy (n = 1)
 @group(0) @binding(1) var<uniform> p: Params;

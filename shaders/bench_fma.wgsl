@@ -2,13 +2,8 @@
 // fused multiply-adds (2 * 4 * 8 flops a round) on registers, then stores one value so that the
 // work cannot be dropped. Few iterations per invocation (lavapipe miscomputes past ~65k).
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    iters: u32,
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// The uniforms Step and Params (BenchFmaParams) are declared in Rust (src/gpu/roofline.rs) and written
+// ahead of this file by Kernel::source.
 
 @group(0) @binding(0) var<uniform> step: Step;                      // n scales nothing (kept bound)
 @group(0) @binding(1) var<uniform> p: Params;

@@ -1,13 +1,8 @@
 // out[r, :] = [left[r, :] | right[r, :]] for the rows r < step.n of a pass: the two inputs of an
 // EAGLE head's fc side by side (the token's embedding, then the target's feature).
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    left: u32,    // columns of left
-    right: u32,   // columns of right
-    _pad0: u32,
-    _pad1: u32,
-}
+// The uniforms Step and Params (ConcatParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;

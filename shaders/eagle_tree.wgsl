@@ -1,15 +1,15 @@
 // EAGLE-2's dynamic draft tree, grown on the GPU between an EAGLE head's tree passes, so that a
 // whole proposal is one submission with one read-back. One workgroup keeps the candidate nodes
 // (a node's score: the sum of its path's draft log-probabilities) in `state` and, per call:
-//   mode 0 (start):  the root and its children (row 0 of the last projection's ranks);
-//   mode 1 (expand): the children of the nodes the last pass expanded (rows 0..m of the ranks),
+//   START:           the root and its children (row 0 of the last projection's ranks);
+//   EXPAND:          the children of the nodes the last pass expanded (rows 0..m of the ranks),
 //                    whose predicted features went to store slots slot0..slot0 + m;
-//   then (modes 0, 1) it chooses the nodes to expand next: the unexpanded nodes at `depth` among
+//   then (both) it chooses the nodes to expand next: the unexpanded nodes at `depth` among
 //   the best N (N sized by the cost model, else max_nodes), best first, at most `width`; and
 //   writes the pass that expands them into `out`: its Step (rows: their ancestors by depth and
 //   age, then them; each row's ancestor bits), its tokens, each row's store slot (its parent's
 //   feature) and the rows to project. No node to expand (or no room): a pass of 0 rows.
-//   FINISH (mode + 4, on the last call): then the best N nodes as a tree (by depth, best first
+//   + FINISH (on the last call):        then the best N nodes as a tree (by depth, best first
 //                    within a depth; parents as indices into it) into `out`, with their predicted
 //                    number of accepted nodes and the passes run.
 // Candidates rank by score, then depth (shallower first), then age: a node comes after its
@@ -26,22 +26,12 @@
 // one-invocation kernel that walked every order itself (tests/data/eagle_tree_one_invocation.wgsl,
 // compared on random and tied candidates in tests/kernels.rs).
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    mode: u32,        // 0 start, 1 expand; + FINISH
-    root: u32,        // mode 0: the root's token
-    start_pos: u32,   // the head's cache length: a pass's first row
-    k: u32,           // ids ranked per projected row
-    width: u32,       // nodes expanded per pass (<= 8)
-    depth: u32,       // modes 0, 1: the depth of the nodes to expand next (0: expand none)
-    slot0: u32,       // mode 1: the store slot of the last pass's first expanded node
-    max_nodes: u32,   // drafted nodes the tree may hold (<= 31)
-    room: u32,        // rows a pass may have (<= 32)
-    use_costs: u32,   // 1: N from the cost model; else max_nodes
-    calibration: f32,
-    draft_pass: f32,  // seconds per draft pass
-    verify: array<vec4<f32>, 8>, // [32] seconds of a verify pass of n rows (index n - 1)
-}
+// The uniforms Step and Params (EagleTreeParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source, with the host's constants: the modes START, EXPAND and
+// FINISH (EagleTreeMode), the offsets O_STEP..O_RESULT into `out` below (EAGLE_TREE_STEP..), and
+// the buffers' sizes STATE_WORDS and OUT_WORDS (EAGLE_TREE_STATE, EAGLE_TREE_OUT), checked here:
+const_assert ORDER + 32u == STATE_WORDS;
+const_assert O_RESULT + 3u + 2u * 32u == OUT_WORDS;
 
 const NMAX: u32 = 256u;     // candidate nodes kept
 const NODES: u32 = 16u;     // state: [0] count, [1] m, [2..10) the last pass's expanded nodes, [10] passes
@@ -58,17 +48,10 @@ const BITS: u32 = ROWS + 32u;          // [32] their ancestor bits
 const ANC: u32 = BITS + 32u;           // [8] (unused: the ancestors' bits are kept in `anc`)
 const ORDER: u32 = ANC + 8u;           // [32] the chosen tree, by depth
 const NONE: u32 = 0xffffffffu;
-const FINISH: u32 = 4u;
 // out: [0, 36) the pass's Step, [36, 40) the projected rows' Step, [40, 72) each row's store slot,
 // [72, 80) the projected rows, [80, 112) each row's token; FINISH: [112] N, [113] the predicted
 // accepted nodes (f32 bits), [114] the passes run, [115, 147) tokens, [147, 179) parents (a child
 // of the root: NONE)
-const O_STEP: u32 = 0u;
-const O_MANY: u32 = 36u;
-const O_SLOTS: u32 = 40u;
-const O_NEWEST: u32 = 72u;
-const O_TOKENS: u32 = 80u;
-const O_RESULT: u32 = 112u;
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -273,11 +256,11 @@ fn choose(t: u32) {
 @compute @workgroup_size(256)
 fn main(@builtin(local_invocation_index) t: u32) {
     _ = step.n; // keeps the binding in the layout
-    let mode = p.mode & 3u;
+    let mode = p.mode & ~FINISH;
     // (invocation 0) the root and its children, or the expanded nodes' children
     var expand = 1u;
     if (t == 0u) {
-        if (mode == 0u) {
+        if (mode == START) {
             state[0] = 1u;
             state[10] = 0u;
             state[TOKEN] = p.root;

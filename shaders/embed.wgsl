@@ -6,17 +6,8 @@
 // With `scaled_copy`, x_scaled[r, e] = x[r, e] * gamma[e] as well: the input of the first matmul
 // with RMSNorm folded in (shaders/matmul.wgsl).
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    dim: u32,        // embedding width
-    units: u32,      // ceil(dim / 32)
-    row_start: u32,  // first vocabulary row held by this chunk
-    rows: u32,       // vocabulary rows in this chunk
-    scale_base: u32, // u32 word where the format's scale section starts (formats that have one)
-    scaled_copy: u32, // 1: write x_scaled too
-    _pad1: u32,
-    _pad2: u32,
-}
+// The uniforms Step and Params (EmbedParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;

@@ -6,17 +6,8 @@
 // input. One workgroup per output row; its invocations take strided elements and a fixed tree
 // adds their squares.
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    dim: u32,
-    eps: f32,
-    ld: u32,       // row stride of out
-    offset: u32,   // column of out where a row starts
-    flags: u32,    // 1: NORM, 2: GATHER
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// The uniforms Step and Params (GatherParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 const WG: u32 = 64u;
 const NORM: u32 = 1u;

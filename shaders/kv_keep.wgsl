@@ -2,14 +2,8 @@
 // row start_pos + slots[i] for i < count (slots ascend and slots[i] >= i, so each invocation, one
 // element of a row, reads every source before it can be overwritten).
 
-struct Step { n: u32, start_pos: u32 }
-struct Keep {
-    start_pos: u32,
-    count: u32,                     // rows kept (the path's length)
-    width: u32,                     // 32-bit words per cache row (2 kv_dim f32, or kv_dim f16 pairs)
-    _pad: u32,
-    slots: array<vec4<u32>, 8>,     // [32] the path's rows in the pass, by depth
-}
+// The uniforms Step and Keep (KeepParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 @group(0) @binding(0) var<uniform> step: Step;   // bound like every op's; not read (see main)
 @group(0) @binding(1) var<uniform> keep: Keep;

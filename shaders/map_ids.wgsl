@@ -3,13 +3,8 @@
 // the target's d + d2t[d]). One workgroup per row, one invocation per id; an id past the table
 // takes its last entry.
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    k: u32,       // ids per row (<= 64)
-    size: u32,    // entries of table
-    _pad0: u32,
-    _pad1: u32,
-}
+// The uniforms Step and Params (MapIdsParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;

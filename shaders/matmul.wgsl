@@ -46,39 +46,8 @@
 // divide, or `dot`) but through an explicit `fma` (checked on the IR of every format's module by
 // tests/kernels.rs, no_kernel_arithmetic_can_be_contracted).
 
-struct Step {
-    n: u32,
-    start_pos: u32,
-    tree: u32,                          // 1: a token-tree pass (see attention.wgsl)
-    _pad: u32,
-    ancestors: array<vec4<u32>, 8>,     // [32] (tree) bit j of ancestors[r]: row j is r or its ancestor
-}
-struct Params {
-    k: u32,           // row length of x (input features)
-    units: u32,       // ceil(k / 32): 32-weight units per weight row
-    cols: u32,        // output columns in this chunk (weight rows)
-    col_offset: u32,  // the whole matrix's row of this chunk's first row (its output column;
-                      //    with glu, rows 2i and 2i + 1 give output column i)
-    ldy: u32,         // row stride of y, in f32
-    split: u32,       // output columns from here on go to second (KV cache row start_pos + r,
-                      //    column c - split)
-    ldkv: u32,        // row stride of that KV cache, in values (f32, or f16 halves)
-    has_bias: u32,    // 1: add bias[c] (c: the whole matrix's output column)
-    accumulate: u32,  // 1: y += result (a residual add); 0: y = result
-    glu: u32,         // 1: weight rows interleave gate and up (g0, u0, g1, u1, ...); output column
-                      //    c / 2 of each pair is silu(gate) * up (SwiGLU), at col_offset + c / 2
-    scale_base: u32,  // u32 word where the format's scale section starts (formats that have one)
-    rope_cols: u32,   // output columns before this are rotated by RoPE, in adjacent pairs
-    head_dim: u32,    // (RoPE) columns per head; rope_cols is a multiple of it
-    rope_dim: u32,    // (RoPE) rotated columns at the start of each head (even)
-    halves: u32,      // (RoPE) 1: the head's rows were reordered from the Halves layout
-                      //    (i, i + rope_dim / 2) to adjacent pairs; the store undoes the order
-    norm: u32,        // 1: scale each row's sums by 1 / sqrt(mean(x_raw[r]^2) + eps)
-    eps: f32,
-    scaled_copy: u32, // 1: second[r, c] = y[r, c] * gamma[c] as well (row stride ldy)
-    silu: u32,        // 1: y = silu(x . w + bias) (a Medusa head's residual block); 0: no activation
-    kv_f16: u32,      // 1: the KV cache holds f16 pairs (ldkv and split count halves; see store_kv)
-}
+// The uniforms Step and Params (MatmulParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 // Invocations per column quad, splitting k: on GPUs 16, 32 or 64, chosen per weight matrix from its
 // columns and units only (never from a pass's rows: the lanes' tree is part of a row's order). An

@@ -22,22 +22,8 @@
 // Gumbel is an exact draw from the normalised weights. A non-finite logit in row r sets status[0]
 // to at least r + 1.
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    vocab: u32,
-    top_k: u32,        // 0: every token kept; else the ranked ids in `top` / `q_top`: [rows, top_k]
-    temperature: f32,  // > 0
-    top_p: f32,        // 1: no nucleus cut
-    has_q: u32,        // 1: q rows bound (the draft's logits, row r for pass row r)
-    drafts: u32,       // rows with a drafted token x_r to score
-    last_only: u32,    // 1: only the pass's last row, written to out row out_row
-    out_row: u32,
-    stream: u32,       // the op's own noise stream (a draft step's draw, the verify rows', ...)
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
-struct Seed { lo: u32, hi: u32, _pad0: u32, _pad1: u32 }
+// The uniforms Step and Params (SampleParams), Seed (SampleSeed) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 const WG: u32 = 256u;   // invocations per row: each strides over the vocabulary (3 passes; about 37 with a top-p)
 const LOWEST: f32 = -0x1.fffffep+127f; // the lowest finite f32, written exactly

@@ -14,17 +14,8 @@
 // m = the row's maximum, m_s slice s's; each sum in a fixed order (a strided sum per
 // invocation, then a tree).
 
-struct Step { n: u32, start_pos: u32 }
-struct Params {
-    vocab: u32,
-    k: u32,
-    log_probs: u32,  // 1: also write logp
-    slices: u32,     // ceil(vocab / SLICE)
-    stage: u32,      // 0: slices of logits into candidates; 1: candidates into out
-    _pad0: u32,
-    _pad1: u32,
-    _pad2: u32,
-}
+// The uniforms Step and Params (TopKParams) are declared in Rust (src/gpu/ops.rs) and written
+// ahead of this file by Kernel::source.
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;

@@ -4,6 +4,7 @@
 use std::borrow::Cow;
 use std::sync::OnceLock;
 
+use super::layout::{wgsl_constants, GpuStruct, Layout};
 use crate::loader::DType;
 
 /// Every compute kernel the crate runs. Each maps to one file in `shaders/`; the ops that read
@@ -103,6 +104,69 @@ impl Kernel {
     /// with `shuffle`, a subgroup shares the loads its invocations all need by shuffles; the
     /// argmax and the top-k by `shaders/share/rank.wgsl`).
     pub fn source(self, shuffle: bool) -> Cow<'static, str> {
+        // the uniform structs and host constants, declared in Rust ahead of every op's file
+        let prelude = self.prelude();
+        Cow::Owned(format!("{prelude}\n{}", self.file_source(shuffle)))
+    }
+
+    /// The uniform structs the kernel binds, as their Rust declarations lay them out (declared
+    /// once: [`super::layout`]): [`Step`](super::Step) at binding 0, its parameters at 1, and
+    /// (the draws) [`SampleSeed`](super::SampleSeed) at 2.
+    pub(crate) fn uniforms(self) -> Vec<Layout> {
+        use super::ops::*;
+        use super::roofline::{BenchCopyParams, BenchFmaParams};
+        let params = match self {
+            Kernel::Embed(_) => EmbedParams::layout(),
+            Kernel::Matmul(_) => MatmulParams::layout(),
+            Kernel::Attention(_) => AttentionParams::layout(),
+            Kernel::AttentionChunks(_) => ChunksParams::layout(),
+            Kernel::AttentionMerge => MergeParams::layout(),
+            Kernel::Argmax => ArgmaxParams::layout(),
+            Kernel::AcceptGreedy => AcceptParams::layout(),
+            Kernel::Sample => SampleParams::layout(),
+            Kernel::AcceptSampled => AcceptSampledParams::layout(),
+            Kernel::KvKeep => KeepParams::layout(),
+            Kernel::TopK => TopKParams::layout(),
+            Kernel::GatherRows => GatherParams::layout(),
+            Kernel::MapIds => MapIdsParams::layout(),
+            Kernel::EagleTree => EagleTreeParams::layout(),
+            Kernel::Concat => ConcatParams::layout(),
+            Kernel::BenchCopy => BenchCopyParams::layout(),
+            Kernel::BenchFma => BenchFmaParams::layout(),
+        };
+        let mut all = vec![Step::layout(), params];
+        if matches!(self, Kernel::Sample | Kernel::AcceptSampled) {
+            all.push(SampleSeed::layout());
+        }
+        all
+    }
+
+    /// The WGSL ahead of the kernel's files: its uniform structs, and the host's constants its
+    /// source must agree with (the EAGLE tree's output offsets and modes).
+    fn prelude(self) -> String {
+        use super::ops::*;
+        let mut s: String = self.uniforms().iter().map(Layout::wgsl).collect();
+        if self == Kernel::EagleTree {
+            s.push_str(&wgsl_constants(&[
+                ("O_STEP", EAGLE_TREE_STEP),
+                ("O_MANY", EAGLE_TREE_MANY),
+                ("O_SLOTS", EAGLE_TREE_SLOTS),
+                ("O_NEWEST", EAGLE_TREE_NEWEST),
+                ("O_TOKENS", EAGLE_TREE_TOKENS),
+                ("O_RESULT", EAGLE_TREE_RESULT),
+                ("STATE_WORDS", EAGLE_TREE_STATE as u64),
+                ("OUT_WORDS", EAGLE_TREE_OUT as u64),
+                ("START", EagleTreeMode::START as u64),
+                ("EXPAND", EagleTreeMode::EXPAND as u64),
+                ("FINISH", EagleTreeMode::FINISH as u64),
+            ]));
+        }
+        s
+    }
+
+    /// The op's file, preceded by its weight format's or KV cache's file if it has one (see
+    /// [`Kernel::source`]).
+    fn file_source(self, shuffle: bool) -> Cow<'static, str> {
         let with_format = |w: DType, op: &str| Cow::Owned(format!("{}\n{op}", w.format_source()));
         // the KV cache's format file (shaders/kv/) ahead of an attention op
         let with_kv = |kv: DType, op: &str| {

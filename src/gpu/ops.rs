@@ -3,8 +3,7 @@
 //!
 //! Every op also binds the shared step uniform `[n, start_pos]` (see [`Step`]), written once per pass.
 
-use bytemuck::{Pod, Zeroable};
-
+use super::layout::gpu_struct;
 use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, Serial, WeightBuffer};
 use crate::loader::DType;
 
@@ -20,18 +19,21 @@ pub const MATMUL_ROW_STEP: u32 = 4;
 /// Most nodes of a token tree in one pass (a row's ancestors are one `u32` of bits).
 pub const MAX_TREE: usize = 32;
 
-/// The per-pass uniform shared by every op: rows in the pass and the position of the first row;
-/// for a token-tree pass, each row's ancestors (the matmul's RoPE and the attention read them).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-pub struct Step {
-    pub n: u32,
-    pub start_pos: u32,
-    /// 1 for a token-tree pass.
-    pub tree: u32,
-    pub _pad: u32,
-    /// `[MAX_TREE]` (a tree pass) bit j of `ancestors[r]`: row j is r or an ancestor of r.
-    pub ancestors: [u32; MAX_TREE],
+gpu_struct! {
+    /// The per-pass uniform shared by every op (binding 0 of every kernel): rows in the pass and
+    /// the position of the first row; for a token-tree pass, each row's ancestors (the matmul's
+    /// RoPE and the attention read them).
+    pub struct Step => Step {
+        /// Rows in the pass.
+        pub n: u32,
+        /// The position of row 0 (a chain's row r is at start_pos + r).
+        pub start_pos: u32,
+        /// 1 for a token-tree pass.
+        pub tree: u32,
+        pub _pad: u32,
+        /// `[MAX_TREE]` (a tree pass) bit j of `ancestors[r]`: row j is r or an ancestor of r.
+        pub ancestors: [u32; MAX_TREE],
+    }
 }
 
 impl Step {
@@ -41,15 +43,19 @@ impl Step {
     }
 }
 
-/// The parameters of `shaders/kv_keep.wgsl`: the rows of a tree pass to keep, by depth.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-pub struct KeepParams {
-    pub start_pos: u32,
-    pub count: u32,
-    pub width: u32,
-    pub _pad: u32,
-    pub slots: [u32; MAX_TREE],
+gpu_struct! {
+    /// The parameters of `shaders/kv_keep.wgsl`: the rows of a tree pass to keep, by depth.
+    pub struct KeepParams => Keep {
+        /// The pass's first position (its rows' cache rows start there).
+        pub start_pos: u32,
+        /// Rows kept (the path's length).
+        pub count: u32,
+        /// 32-bit words per cache row (2 kv_dim f32, or kv_dim f16 pairs).
+        pub width: u32,
+        pub _pad: u32,
+        /// `[MAX_TREE]` the path's rows in the pass, by depth.
+        pub slots: [u32; MAX_TREE],
+    }
 }
 
 /// Where a matmul writes its rows, and what it does on the way: RMSNorm of its input, and the
@@ -128,78 +134,130 @@ pub struct RopeOut<'a> {
     pub layout: RopeLayout,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct MatmulParams {
-    k: u32,
-    units: u32,
-    cols: u32,
-    col_offset: u32,
-    ldy: u32,
-    split: u32,
-    ldkv: u32,
-    has_bias: u32,
-    accumulate: u32,
-    glu: u32,
-    scale_base: u32,
-    rope_cols: u32,
-    head_dim: u32,
-    rope_dim: u32,
-    halves: u32,
-    norm: u32,
-    eps: f32,
-    scaled_copy: u32,
-    silu: u32,
-    kv_f16: u32,
+gpu_struct! {
+    /// `shaders/matmul.wgsl`'s parameters.
+    pub(super) struct MatmulParams => Params {
+        /// Row length of x (input features).
+        k: u32,
+        /// ceil(k / 32): 32-weight units per weight row.
+        units: u32,
+        /// Output columns in this chunk (weight rows).
+        cols: u32,
+        /// The whole matrix's row of this chunk's first row (its output column; with glu, rows
+        /// 2i and 2i + 1 give output column i).
+        col_offset: u32,
+        /// Row stride of y, in f32.
+        ldy: u32,
+        /// Output columns from here on go to second (KV cache row start_pos + r, column
+        /// c - split).
+        split: u32,
+        /// Row stride of that KV cache, in values (f32, or f16 halves).
+        ldkv: u32,
+        /// 1: add bias[c] (c: the whole matrix's output column).
+        has_bias: u32,
+        /// 1: y += result (a residual add); 0: y = result.
+        accumulate: u32,
+        /// 1: weight rows interleave gate and up (g0, u0, g1, u1, ...); output column c / 2 of
+        /// each pair is silu(gate) * up (SwiGLU), at col_offset + c / 2.
+        glu: u32,
+        /// u32 word where the format's scale section starts (formats that have one).
+        scale_base: u32,
+        /// Output columns before this are rotated by RoPE, in adjacent pairs.
+        rope_cols: u32,
+        /// (RoPE) columns per head; rope_cols is a multiple of it.
+        head_dim: u32,
+        /// (RoPE) rotated columns at the start of each head (even).
+        rope_dim: u32,
+        /// (RoPE) 1: the head's rows were reordered from the Halves layout (i, i + rope_dim / 2)
+        /// to adjacent pairs; the store undoes the order.
+        halves: u32,
+        /// 1: scale each row's sums by 1 / sqrt(mean(x_raw[r]^2) + eps).
+        norm: u32,
+        eps: f32,
+        /// 1: second[r, c] = y[r, c] * gamma[c] as well (row stride ldy).
+        scaled_copy: u32,
+        /// 1: y = silu(x . w + bias) (a Medusa head's residual block); 0: no activation.
+        silu: u32,
+        /// 1: the KV cache holds f16 pairs (ldkv and split count halves; see store_kv).
+        kv_f16: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct EmbedParams {
-    dim: u32,
-    units: u32,
-    row_start: u32,
-    rows: u32,
-    scale_base: u32,
-    scaled_copy: u32,
-    _pad: [u32; 2],
+gpu_struct! {
+    /// `shaders/embed.wgsl`'s parameters.
+    pub(super) struct EmbedParams => Params {
+        /// Embedding width.
+        dim: u32,
+        /// ceil(dim / 32).
+        units: u32,
+        /// First vocabulary row held by this chunk.
+        row_start: u32,
+        /// Vocabulary rows in this chunk.
+        rows: u32,
+        /// u32 word where the format's scale section starts (formats that have one).
+        scale_base: u32,
+        /// 1: write x_scaled too.
+        scaled_copy: u32,
+        _pad: [u32; 2],
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct AttentionParams {
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    ctx: u32,
-    scale: f32,
-    _pad: [u32; 3],
+gpu_struct! {
+    /// `shaders/attention.wgsl`'s parameters.
+    pub(super) struct AttentionParams => Params {
+        /// Query heads.
+        heads: u32,
+        /// Key/value heads (heads % kv_heads == 0).
+        kv_heads: u32,
+        /// A multiple of 4.
+        head_dim: u32,
+        /// Cache positions (row stride of the scores scratch).
+        ctx: u32,
+        /// 1 / sqrt(head_dim).
+        scale: f32,
+        _pad: [u32; 3],
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct ChunksParams {
-    heads: u32,
-    kv_heads: u32,
-    head_dim: u32,
-    ctx: u32,
-    scale: f32,
-    span: u32,
-    chunks: u32,
-    blocks: u32,
-    ml_base: u32,
-    _pad: [u32; 3],
+gpu_struct! {
+    /// `shaders/attention_chunks.wgsl`'s parameters.
+    pub(super) struct ChunksParams => Params {
+        /// Query heads.
+        heads: u32,
+        /// Key/value heads (heads % kv_heads == 0).
+        kv_heads: u32,
+        /// A multiple of 4, at most 4 * WG.
+        head_dim: u32,
+        /// Cache positions.
+        ctx: u32,
+        /// 1 / sqrt(head_dim).
+        scale: f32,
+        /// Keys per chunk (a multiple of WG).
+        span: u32,
+        /// Chunks per row and head in the scratch: ceil(ctx / span).
+        chunks: u32,
+        /// Head blocks per KV head: ceil(heads / kv_heads / HB).
+        blocks: u32,
+        /// f32 offset of the (m, l) section of the scratch.
+        ml_base: u32,
+        _pad: [u32; 3],
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct MergeParams {
-    heads: u32,
-    head_dim: u32,
-    span: u32,
-    chunks: u32,
-    ml_base: u32,
-    _pad: [u32; 3],
+gpu_struct! {
+    /// `shaders/attention_merge.wgsl`'s parameters.
+    pub(super) struct MergeParams => Params {
+        /// Query heads.
+        heads: u32,
+        head_dim: u32,
+        /// Keys per chunk.
+        span: u32,
+        /// Chunks per row and head in the scratch.
+        chunks: u32,
+        /// f32 offset of the (m, l) section of the scratch.
+        ml_base: u32,
+        _pad: [u32; 3],
+    }
 }
 
 /// A row source of [`Gpu::sample`]: logits `[n, vocab]` and, under a top-k, each row's ranked
@@ -227,28 +285,37 @@ pub struct SampleConfig {
     pub stream: u32,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct SampleParams {
-    vocab: u32,
-    top_k: u32,
-    temperature: f32,
-    top_p: f32,
-    has_q: u32,
-    drafts: u32,
-    last_only: u32,
-    out_row: u32,
-    stream: u32,
-    _pad: [u32; 3],
+gpu_struct! {
+    /// `shaders/sample.wgsl`'s parameters.
+    pub(super) struct SampleParams => Params {
+        vocab: u32,
+        /// 0: every token kept; else the ranked ids in `top` / `q_top`: `[rows, top_k]`.
+        top_k: u32,
+        /// Above 0.
+        temperature: f32,
+        /// 1: no nucleus cut.
+        top_p: f32,
+        /// 1: q rows bound (the draft's logits, row r for pass row r).
+        has_q: u32,
+        /// Rows with a drafted token x_r to score.
+        drafts: u32,
+        /// 1: only the pass's last row, written to out row out_row.
+        last_only: u32,
+        out_row: u32,
+        /// The op's own noise stream (a draft step's draw, the verify rows', ...).
+        stream: u32,
+        _pad: [u32; 3],
+    }
 }
 
-/// The per-cycle seed of the GPU's draws (`Seed` in `shaders/sample.wgsl`), written by the host.
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-pub struct SampleSeed {
-    pub lo: u32,
-    pub hi: u32,
-    pub _pad: [u32; 2],
+gpu_struct! {
+    /// The per-cycle seed of the GPU's draws (`Seed` in `shaders/sample.wgsl` and
+    /// `shaders/accept_sampled.wgsl`), written by the host.
+    pub struct SampleSeed => Seed {
+        pub lo: u32,
+        pub hi: u32,
+        pub _pad: [u32; 2],
+    }
 }
 
 impl SampleSeed {
@@ -274,22 +341,39 @@ fn attention_chunks(ctx: u32) -> (u32, u32) {
     (span, ctx.div_ceil(span).max(1))
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct WidthParams {
-    width: u32,
-    _pad: [u32; 3],
+gpu_struct! {
+    /// `shaders/accept_greedy.wgsl`'s parameters.
+    pub(super) struct AcceptParams => Params {
+        /// Drafts the buffers hold (K is clamped to it).
+        capacity: u32,
+        _pad: [u32; 3],
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct GatherParams {
-    dim: u32,
-    eps: f32,
-    ld: u32,
-    offset: u32,
-    flags: u32,
-    _pad: [u32; 3],
+gpu_struct! {
+    /// `shaders/accept_sampled.wgsl`'s parameters.
+    pub(super) struct AcceptSampledParams => Params {
+        /// Drafts the buffers hold (K is clamped to it).
+        capacity: u32,
+        /// The uniforms' noise stream.
+        stream: u32,
+        _pad: [u32; 2],
+    }
+}
+
+gpu_struct! {
+    /// `shaders/gather_rows.wgsl`'s parameters.
+    pub(super) struct GatherParams => Params {
+        dim: u32,
+        eps: f32,
+        /// Row stride of out.
+        ld: u32,
+        /// Column of out where a row starts.
+        offset: u32,
+        /// 1: NORM, 2: GATHER.
+        flags: u32,
+        _pad: [u32; 3],
+    }
 }
 
 /// Words of `shaders/eagle_tree.wgsl`'s state and output buffers, and where its output holds
@@ -305,39 +389,78 @@ pub const EAGLE_TREE_NEWEST: u64 = 72;
 pub const EAGLE_TREE_TOKENS: u64 = 80;
 pub const EAGLE_TREE_RESULT: u64 = 112;
 
-/// The parameters of one `shaders/eagle_tree.wgsl` call (see its header).
-#[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
-pub struct EagleTreeParams {
-    pub mode: u32,
-    pub root: u32,
-    pub start_pos: u32,
-    pub k: u32,
-    pub width: u32,
-    pub depth: u32,
-    pub slot0: u32,
-    pub max_nodes: u32,
-    pub room: u32,
-    pub use_costs: u32,
-    pub calibration: f32,
-    pub draft_pass: f32,
-    pub verify: [f32; MAX_TREE],
+gpu_struct! {
+    /// The parameters of one `shaders/eagle_tree.wgsl` call (see its header).
+    pub struct EagleTreeParams => Params {
+        /// [`EagleTreeMode`]'s word: start or expand, plus finish on the last call.
+        pub mode: u32,
+        /// (start) the root's token.
+        pub root: u32,
+        /// The head's cache length: a pass's first row.
+        pub start_pos: u32,
+        /// Ids ranked per projected row.
+        pub k: u32,
+        /// Nodes expanded per pass (at most 8).
+        pub width: u32,
+        /// (start, expand) the depth of the nodes to expand next (0: expand none).
+        pub depth: u32,
+        /// (expand) the store slot of the last pass's first expanded node.
+        pub slot0: u32,
+        /// Drafted nodes the tree may hold (at most 31).
+        pub max_nodes: u32,
+        /// Rows a pass may have (at most 32).
+        pub room: u32,
+        /// 1: N from the cost model; else max_nodes.
+        pub use_costs: u32,
+        pub calibration: f32,
+        /// Seconds per draft pass.
+        pub draft_pass: f32,
+        /// `[MAX_TREE]` seconds of a verify pass of n rows (index n - 1).
+        pub verify: [f32; MAX_TREE],
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct MapIdsParams {
-    k: u32,
-    size: u32,
-    _pad: [u32; 2],
+/// What one `shaders/eagle_tree.wgsl` call does (its `START`, `EXPAND` and `FINISH`, written
+/// into its source from these): start from the root, or expand the last pass's nodes; and on the
+/// last call also finish (the best nodes as a tree).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EagleTreeMode {
+    pub expand: bool,
+    pub finish: bool,
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct ConcatParams {
-    left: u32,
-    right: u32,
-    _pad: [u32; 2],
+impl EagleTreeMode {
+    pub const START: u32 = 0;
+    pub const EXPAND: u32 = 1;
+    pub const FINISH: u32 = 4;
+
+    /// The params' `mode` word.
+    pub fn word(self) -> u32 {
+        let base = if self.expand { Self::EXPAND } else { Self::START };
+        base + if self.finish { Self::FINISH } else { 0 }
+    }
+}
+
+gpu_struct! {
+    /// `shaders/map_ids.wgsl`'s parameters.
+    pub(super) struct MapIdsParams => Params {
+        /// Ids per row (at most 64).
+        k: u32,
+        /// Entries of table.
+        size: u32,
+        _pad: [u32; 2],
+    }
+}
+
+gpu_struct! {
+    /// `shaders/concat.wgsl`'s parameters.
+    pub(super) struct ConcatParams => Params {
+        /// Columns of left.
+        left: u32,
+        /// Columns of right.
+        right: u32,
+        _pad: [u32; 2],
+    }
 }
 
 /// Logits one workgroup of the first of [`Gpu::argmax`]'s and [`Gpu::top_k`]'s two dispatches
@@ -350,24 +473,31 @@ pub fn reduce_slices(vocab: usize) -> usize {
     vocab.div_ceil(REDUCE_SLICE).max(1)
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct ArgmaxParams {
-    vocab: u32,
-    slices: u32,
-    stage: u32,
-    _pad: u32,
+gpu_struct! {
+    /// `shaders/argmax.wgsl`'s parameters.
+    pub(super) struct ArgmaxParams => Params {
+        vocab: u32,
+        /// ceil(vocab / SLICE).
+        slices: u32,
+        /// 0: slices of logits into pairs; 1: pairs into out.
+        stage: u32,
+        _pad: u32,
+    }
 }
 
-#[repr(C)]
-#[derive(Clone, Copy, Pod, Zeroable)]
-struct TopKParams {
-    vocab: u32,
-    k: u32,
-    log_probs: u32,
-    slices: u32,
-    stage: u32,
-    _pad: [u32; 3],
+gpu_struct! {
+    /// `shaders/top_k.wgsl`'s parameters.
+    pub(super) struct TopKParams => Params {
+        vocab: u32,
+        k: u32,
+        /// 1: also write logp.
+        log_probs: u32,
+        /// ceil(vocab / SLICE).
+        slices: u32,
+        /// 0: slices of logits into candidates; 1: candidates into out.
+        stage: u32,
+        _pad: [u32; 3],
+    }
 }
 
 /// The most ids per row [`Gpu::top_k`] ranks (its kernel makes one pass over the row per id).
@@ -871,12 +1001,12 @@ impl Gpu {
         target_argmax: &GpuBuffer<u32>,
         out: &GpuBuffer<u32>,
     ) -> Op {
-        let p = WidthParams { width: drafts.len.min(out.len.saturating_sub(2)) as u32, _pad: [0; 3] };
+        let p = AcceptParams { capacity: drafts.len.min(out.len.saturating_sub(2)) as u32, _pad: [0; 3] };
         let params = self.uniform("accept params", bytemuck::bytes_of(&p));
         let storage = [&drafts.raw, &target_argmax.raw, &out.raw];
         // one invocation: the drafts compared, then copied (capacity at most)
         self.op(Kernel::AcceptGreedy, step, &params, &storage, Grid::Fixed([1, 1, 1]))
-            .with_serial(Serial::fixed(2 * p.width as u64))
+            .with_serial(Serial::fixed(2 * p.capacity as u64))
     }
 
     /// Draws from the sampling distribution of rows of `p.logits` (`[n, vocab]`, the pass of
@@ -951,8 +1081,8 @@ impl Gpu {
         stream: u32,
     ) -> Op {
         let capacity = drafts.len.min(out.len.saturating_sub(3)) as u32;
-        let p = [capacity, stream, 0, 0];
-        let params = self.uniform("accept sampled params", bytemuck::cast_slice(&p));
+        let p = AcceptSampledParams { capacity, stream, _pad: [0; 2] };
+        let params = self.uniform("accept sampled params", bytemuck::bytes_of(&p));
         let storage = [&drafts.raw, &samples.raw, &status.raw, &out.raw];
         // one invocation: each draft's test (four hashes), then the copies (capacity at most)
         self.op_with_uniform(Kernel::AcceptSampled, step, &params, seed, &storage, Grid::Fixed([1, 1, 1]))

@@ -4,6 +4,7 @@
 
 use web_time::Instant;
 
+use super::layout::gpu_struct;
 use super::{Gpu, GpuBuffer, Grid, Kernel, Op};
 use crate::error::Result;
 
@@ -59,7 +60,8 @@ impl Gpu {
         let len = (bytes.min(self.max_binding_bytes()) / 16) as usize;
         let src = GpuBuffer::<u32>::zeros(self, "copy src", len * 4);
         let dst = GpuBuffer::<u32>::zeros(self, "copy dst", len * 4);
-        let params = self.uniform("copy params", bytemuck::cast_slice(&[len as u32, 0, 0, 0]));
+        let params = self
+            .uniform("copy params", bytemuck::bytes_of(&BenchCopyParams { len: len as u32, _pad: [0; 3] }));
         let per_row = 65535 * 64;
         let grid = Grid::Fixed([(len.min(per_row) as u32).div_ceil(64), len.div_ceil(per_row) as u32, 1]);
         let copy = self.op(Kernel::BenchCopy, &step, &params, &[&src.raw, &dst.raw], grid);
@@ -67,10 +69,28 @@ impl Gpu {
 
         let (groups, iters) = (4096u32, 1024u32);
         let out = GpuBuffer::<f32>::zeros(self, "fma out", groups as usize * 64);
-        let params = self.uniform("fma params", bytemuck::cast_slice(&[iters, 0, 0, 0]));
+        let params = self.uniform("fma params", bytemuck::bytes_of(&BenchFmaParams { iters, _pad: [0; 3] }));
         let fma = self.op(Kernel::BenchFma, &step, &params, &[&out.raw], Grid::Fixed([groups, 1, 1]));
         let fma_s = self.time_ops(std::slice::from_ref(&fma), 1, 2, clock).await?;
         let flops = groups as f64 * 64.0 * iters as f64 * 8.0 * 4.0 * 2.0;
         Ok(Ceilings { bytes_per_second: 2.0 * (len * 16) as f64 / copy_s, flops_per_second: flops / fma_s })
+    }
+}
+
+gpu_struct! {
+    /// `shaders/bench_copy.wgsl`'s parameters.
+    pub(super) struct BenchCopyParams => Params {
+        /// vec4 elements to copy.
+        len: u32,
+        _pad: [u32; 3],
+    }
+}
+
+gpu_struct! {
+    /// `shaders/bench_fma.wgsl`'s parameters.
+    pub(super) struct BenchFmaParams => Params {
+        /// Rounds of 32 fused multiply-adds per invocation.
+        iters: u32,
+        _pad: [u32; 3],
     }
 }

@@ -61,7 +61,7 @@ use super::transformer::MAX_BATCH;
 use super::weights::{Layer, Matrix};
 use crate::error::{Error, Result};
 use crate::gpu::{
-    EagleTreeParams, Gpu, GpuBuffer, Op, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT,
+    EagleTreeMode, EagleTreeParams, Gpu, GpuBuffer, Op, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT,
     EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, MAX_TREE,
 };
 
@@ -391,8 +391,8 @@ impl EagleHead {
         let s = &self.state;
         let room = self.context.saturating_sub(self.len).min(MAX_TREE);
         let (verify, draft_pass) = shape.costs.unwrap_or(([0.0; MAX_TREE], 0.0));
-        let params = |mode: u32, depth: usize, slot0: usize| EagleTreeParams {
-            mode,
+        let params = |mode: EagleTreeMode, depth: usize, slot0: usize| EagleTreeParams {
+            mode: mode.word(),
             root,
             start_pos: self.len as u32,
             k: self.top_k as u32,
@@ -408,15 +408,15 @@ impl EagleHead {
         };
         // call 0 starts (and picks depth 1's nodes to expand when deeper ones are wanted); call e
         // takes expansion e's ranks (its nodes in slots 1 + (e - 1) W..) and picks depth e + 1's;
-        // the last call also finishes (mode + 4)
+        // the last call also finishes
         let expansions = depth - 1;
         let next_depth = |e: usize| if e < expansions { e + 1 } else { 0 };
-        let finish = |e: usize| if e == expansions { 4 } else { 0 };
+        let mode = |e: usize| EagleTreeMode { expand: e > 0, finish: e == expansions };
         let write =
             |i: usize, p: EagleTreeParams| g.queue.write_buffer(&s.tree_params[i], 0, bytemuck::bytes_of(&p));
-        write(0, params(finish(0), next_depth(0), 0));
+        write(0, params(mode(0), next_depth(0), 0));
         for e in 1..=expansions {
-            write(e, params(1 + finish(e), next_depth(e), 1 + (e - 1) * MAX_EAGLE_WIDTH));
+            write(e, params(mode(e), next_depth(e), 1 + (e - 1) * MAX_EAGLE_WIDTH));
         }
         let (dim, word) = (self.config.dim as u64 * 4, 4u64);
         enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.store.raw, 0, dim);
