@@ -13,6 +13,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::files::{ModelFiles, OpenedModel};
+use crate::generation::{FinishReason, GenerateOptions};
 use crate::gpu::Gpu;
 use crate::loader::source;
 use crate::model::{
@@ -20,7 +21,6 @@ use crate::model::{
     TensorTable,
 };
 use crate::sampling::SamplingParams;
-use crate::session::{FinishReason, GenerateOptions};
 use crate::speculative::{
     self, DraftModel, Drafter, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, Schedule, SpecGeneration,
     SpecStats, DEFAULT_MAX_DRAFT_K, EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,

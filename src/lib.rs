@@ -10,6 +10,7 @@
 pub mod engine;
 pub mod error;
 pub mod files;
+pub mod generation;
 pub mod gpu;
 pub mod loader;
 #[cfg(not(target_arch = "wasm32"))]
@@ -17,7 +18,6 @@ pub mod local;
 pub mod model;
 pub mod openai;
 pub mod sampling;
-pub mod session;
 pub mod speculative;
 pub mod tokenizer;
 #[cfg(target_arch = "wasm32")]

@@ -9,9 +9,9 @@ use common::tiny::{TinyModel, TinySpec};
 use common::{gpu, rng};
 use wgspec::engine::{Completion, DraftKind, Engine, Request, TokenEvent};
 use wgspec::files::ModelFiles;
+use wgspec::generation::FinishReason;
 use wgspec::loader::DType;
 use wgspec::model::{EagleLayout, LoadOptions, Model};
-use wgspec::session::FinishReason;
 use wgspec::tokenizer::{ChatTemplate, Message};
 use wgspec::Error;
 

@@ -10,7 +10,7 @@ use common::{assert_close, assert_fits, gpu, gpu_unshared, gpus, rand_vec, read_
 use rand::rngs::SmallRng;
 use wgspec::gpu::{
     AttentionShape, Gpu, GpuBuffer, Kernel, KernelShape, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut,
-    Second, WeightBuffer, REDUCE_SLICE,
+    SideOutput, WeightBuffer, REDUCE_SLICE,
 };
 use wgspec::loader::{quant, DType};
 
@@ -229,7 +229,7 @@ fn matmul_splits_columns_between_output_and_kv_cache_and_accumulates() {
             let out = MatmulOut {
                 ldy: split as u32,
                 col_offset: c0,
-                second: Some(Second::Kv(kv)),
+                second: Some(SideOutput::Kv(kv)),
                 ..Default::default()
             };
             gpu.matmul(&step, &xb, &halves[c0 as usize / 4], Some(&bb), &y, out)
@@ -642,7 +642,7 @@ fn rmsnorm_folds_into_the_matmul_that_reads_it() {
                 let produce = MatmulOut {
                     ldy: k as u32,
                     accumulate: true,
-                    second: Some(Second::Scaled { out: &scaled, gamma: &gb }),
+                    second: Some(SideOutput::Scaled { out: &scaled, gamma: &gb }),
                     ..Default::default()
                 };
                 let normed = MatmulOut {
@@ -729,7 +729,7 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
                 let kv = KvOut { cache: &cache, ld: 2 * kvd as u32, split: qd as u32, f16: kv_f16 };
                 let out = MatmulOut {
                     ldy: qd as u32,
-                    second: Some(Second::Kv(kv)),
+                    second: Some(SideOutput::Kv(kv)),
                     rope: Some(RopeOut {
                         cos_sin: &tb,
                         cols: (qd + kvd) as u32,

@@ -7,10 +7,10 @@ mod reference;
 use common::tiny::{TinyModel, TinySpec};
 use common::{assert_close, gpu, gpu_shaped, rng};
 use reference::RefModel;
+use wgspec::generation::GenerateOptions;
 use wgspec::loader::source::Source;
 use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision, TensorTable};
-use wgspec::session::GenerateOptions;
 use wgspec::speculative::{KPolicy, TokenTree};
 use wgspec::Error;
 
@@ -659,14 +659,14 @@ fn generation_stops_at_the_context_end_and_on_stop_tokens() {
     let g = common::plain(&mut m, &[1, 2, 3], &opts).expect("generate");
     // 3 prompt positions + 9 fed tokens fill 12 positions; the 10th token is produced but not fed.
     assert_eq!(g.tokens.len(), 10);
-    assert_eq!(g.finish, wgspec::session::FinishReason::Length);
+    assert_eq!(g.finish, wgspec::generation::FinishReason::Length);
     // The same greedy run with its 4th token as a stop token ends there.
     let stop = g.tokens[3];
     let first = g.tokens.iter().position(|&t| t == stop).expect("present");
     let opts = GenerateOptions { stop_tokens: vec![stop], ..opts };
     let h = common::plain(&mut m, &[1, 2, 3], &opts).expect("generate");
     assert_eq!(h.tokens, g.tokens[..=first]);
-    assert_eq!(h.finish, wgspec::session::FinishReason::Stop);
+    assert_eq!(h.finish, wgspec::generation::FinishReason::Stop);
 }
 
 fn replace_once(hay: &[u8], from: &[u8], to: &[u8]) -> Vec<u8> {

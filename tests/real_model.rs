@@ -5,8 +5,8 @@ mod common;
 
 use common::goldens::{goldens, model_file, Goldens};
 use common::gpu;
+use wgspec::generation::GenerateOptions;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision};
-use wgspec::session::GenerateOptions;
 
 fn checkpoint(g: &Goldens) -> Checkpoint {
     let bytes = std::fs::read(model_file(&g.model.file, "smollm2-135m")).expect("read model");

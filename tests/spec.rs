@@ -12,6 +12,7 @@ use std::sync::Arc;
 
 use rand::rngs::SmallRng;
 use rand::Rng as _;
+use wgspec::generation::{FinishReason, GenerateOptions};
 use wgspec::gpu::Gpu;
 use wgspec::loader::safetensors::write_safetensors;
 use wgspec::loader::DType;
@@ -19,7 +20,6 @@ use wgspec::model::{
     Checkpoint, EagleHead, EagleLayout, LoadOptions, MedusaConfig, MedusaHeads, Model, Precision,
 };
 use wgspec::sampling::{self, Rng, SamplingParams};
-use wgspec::session::{FinishReason, GenerateOptions};
 use wgspec::speculative::{
     self, verify_greedy, verify_sampled, Dist, Draft, DraftBudget, DraftKind, DraftModel, Drafter, Eagle,
     EagleTree, Ensemble, KPolicy, Medusa, NGram, NextKind, SampledCycle, TokenTree, TreeCosts, TreeVerdict,
@@ -58,7 +58,7 @@ fn greedy_early_mismatch_takes_the_target_token() {
         verify_greedy(&[2, 0, 2], &ids).expect("verify"),
         Verdict { accepted: 0, next: 1, kind: NextKind::Recovered }
     );
-    // Second position wrong.
+    // SideOutput position wrong.
     assert_eq!(
         verify_greedy(&[1, 3, 2], &ids).expect("verify"),
         Verdict { accepted: 1, next: 0, kind: NextKind::Recovered }

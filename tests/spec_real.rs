@@ -18,8 +18,8 @@ use common::goldens::{goldens, model_file, Case};
 use common::gpu;
 use web_time::Instant;
 use wgspec::engine::{Engine, Request};
+use wgspec::generation::GenerateOptions;
 use wgspec::model::{Checkpoint, EagleHead, EagleLayout, LoadOptions, Model, MAX_BATCH};
-use wgspec::session::GenerateOptions;
 use wgspec::speculative::{self, DraftModel, Drafter, KPolicy, NGram, SpecGeneration};
 use wgspec::tokenizer::Tokenizer;
 

@@ -74,11 +74,11 @@ pub struct MatmulOut<'a> {
     /// The weight rows interleave gate and up projections (g0, u0, g1, u1, ...): output column
     /// `i` is `silu(gate_i) * up_i` (SwiGLU), so a matrix of `2 f` rows writes `f` columns.
     pub glu: bool,
-    /// RMSNorm folded in: x is the norm's input already times its weight (a [`Second::Scaled`]
+    /// RMSNorm folded in: x is the norm's input already times its weight (a [`SideOutput::Scaled`]
     /// copy), and each row's sums are scaled by `1 / rms` of this raw row.
     pub norm: Option<NormIn<'a>>,
     /// A second output: the KV cache, or the next norm's input.
-    pub second: Option<Second<'a>>,
+    pub second: Option<SideOutput<'a>>,
     /// RoPE on the first columns (the q and k parts of a fused q|k|v matrix).
     pub rope: Option<RopeOut<'a>>,
     /// SiLU after the bias, before the residual add (a Medusa head's residual block:
@@ -98,9 +98,9 @@ pub struct NormIn<'a> {
     pub eps: f32,
 }
 
-/// A matmul's second output.
+/// A matmul's second output, beside y: the K|V columns into a KV cache, or a scaled copy.
 #[derive(Clone, Copy)]
-pub enum Second<'a> {
+pub enum SideOutput<'a> {
     /// Output columns from `split` on go to a KV cache instead of y (a fused q|k|v matrix).
     Kv(KvOut<'a>),
     /// Every value stored in `y[r, c]` is also written times `gamma[c]` to `out[r, c]` (row
@@ -576,14 +576,15 @@ impl Gpu {
         out: MatmulOut,
     ) -> Op {
         debug_assert!(
-            !out.accumulate || !(out.glu || out.rope.is_some() || matches!(out.second, Some(Second::Kv(_)))),
+            !out.accumulate
+                || !(out.glu || out.rope.is_some() || matches!(out.second, Some(SideOutput::Kv(_)))),
             "a residual add has no SwiGLU, RoPE or KV output (shaders/matmul.wgsl, write_added)"
         );
         // Unused bindings still need buffers: x serves for the read-only ones (never read then),
         // a small buffer of the GPU's own for the writable one.
         let (kv, scaled, second_raw, gamma_raw) = match out.second {
-            Some(Second::Kv(kv)) => (Some(kv), false, &kv.cache.raw, &x.raw),
-            Some(Second::Scaled { out, gamma }) => (None, true, &out.raw, &gamma.raw),
+            Some(SideOutput::Kv(kv)) => (Some(kv), false, &kv.cache.raw, &x.raw),
+            Some(SideOutput::Scaled { out, gamma }) => (None, true, &out.raw, &gamma.raw),
             None => (None, false, &self.unused_output, &x.raw),
         };
         let rope = out.rope.map_or((0, 0, 0, 0), |r| {

@@ -11,8 +11,8 @@ use crate::loader::source;
 use bytemuck::Zeroable;
 
 use crate::gpu::{
-    reduce_slices, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, OpShape, RopeOut, Second,
-    MAX_TOP_K, MAX_TREE,
+    reduce_slices, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, OpShape, RopeOut,
+    SideOutput, MAX_TOP_K, MAX_TREE,
 };
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
@@ -799,7 +799,7 @@ pub(crate) fn record_block(
         MatmulOut {
             ldy: dim as u32,
             accumulate: true,
-            second: gamma.map(|gamma| Second::Scaled { out: io.xb, gamma }),
+            second: gamma.map(|gamma| SideOutput::Scaled { out: io.xb, gamma }),
             ..Default::default()
         }
     }
@@ -812,7 +812,7 @@ pub(crate) fn record_block(
         (None, None) => (io.x, to(c.q_dim())),
     };
     let qkv = MatmulOut {
-        second: Some(Second::Kv(KvOut {
+        second: Some(SideOutput::Kv(KvOut {
             cache: kv,
             ld: 2 * c.kv_dim() as u32,
             split: c.q_dim() as u32,

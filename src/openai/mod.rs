@@ -18,9 +18,9 @@ use fields::{Messages, Probe, PromptText, Stops};
 pub use fields::{MAX_MESSAGES, MAX_STOPS, MAX_STOP_BYTES};
 
 /// 400-class refusals, built the way the parser needs them.
-struct ApiError;
+struct Refusal;
 
-impl ApiError {
+impl Refusal {
     fn invalid(message: impl Into<String>) -> Error {
         Error::Request { message: message.into(), param: None, code: None }
     }
@@ -145,7 +145,7 @@ pub struct Parsed {
 pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<Parsed> {
     let body: Body = parse_json(bytes)?;
     if let Some(field) = body.foreign_field(endpoint) {
-        return Err(ApiError::field(field, format!("unrecognized request argument `{field}`")));
+        return Err(Refusal::field(field, format!("unrecognized request argument `{field}`")));
     }
     check_harmless(&body)?;
 
@@ -163,7 +163,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     }
     if let Some(n) = body.n {
         if n != 1 {
-            return Err(ApiError::field("n", format!("`n` must be 1 (one choice per request), not {n}")));
+            return Err(Refusal::field("n", format!("`n` must be 1 (one choice per request), not {n}")));
         }
     }
 
@@ -171,30 +171,30 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     match endpoint {
         Endpoint::Chat => {
             let Messages(messages) =
-                body.messages.ok_or_else(|| ApiError::field("messages", "`messages` is required"))?;
+                body.messages.ok_or_else(|| Refusal::field("messages", "`messages` is required"))?;
             if messages.is_empty() {
-                return Err(ApiError::field("messages", "`messages` must hold at least one message"));
+                return Err(Refusal::field("messages", "`messages` must hold at least one message"));
             }
             let messages = messages
                 .into_iter()
                 .enumerate()
                 .map(|(i, m)| match m.content {
                     Some(content) => Ok(Message { role: m.role.0.to_string(), content: content.0 }),
-                    None => Err(ApiError::field("messages", format!("`messages[{i}].content` is required"))),
+                    None => Err(Refusal::field("messages", format!("`messages[{i}].content` is required"))),
                 })
                 .collect::<Result<_, _>>()?;
             request.prompt = None;
             request.messages = Some(messages);
         }
         Endpoint::Completions => {
-            let prompt = body.prompt.ok_or_else(|| ApiError::field("prompt", "`prompt` is required"))?;
+            let prompt = body.prompt.ok_or_else(|| Refusal::field("prompt", "`prompt` is required"))?;
             request.prompt = Some(prompt.0);
         }
     }
 
     let max_tokens = match (body.max_tokens, body.max_completion_tokens) {
         (Some(_), Some(_)) => {
-            return Err(ApiError::field(
+            return Err(Refusal::field(
                 "max_completion_tokens",
                 "give `max_tokens` or `max_completion_tokens`, not both",
             ))
@@ -204,14 +204,14 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
         (None, None) => None,
     };
     let max_tokens = match max_tokens {
-        Some((field, 0)) => return Err(ApiError::field(field, format!("`{field}` must be at least 1"))),
+        Some((field, 0)) => return Err(Refusal::field(field, format!("`{field}` must be at least 1"))),
         Some((_, n)) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
         None => None,
     };
 
     let temperature = body.temperature.unwrap_or(f64::from(DEFAULT_TEMPERATURE));
     if !(0.0..=2.0).contains(&temperature) {
-        return Err(ApiError::field(
+        return Err(Refusal::field(
             "temperature",
             format!("`temperature` must be in [0, 2], not {temperature}"),
         ));
@@ -219,7 +219,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     request.temperature = temperature as f32;
     if let Some(p) = body.top_p {
         if !(p > 0.0 && p <= 1.0) {
-            return Err(ApiError::field("top_p", format!("`top_p` must be in (0, 1], not {p}")));
+            return Err(Refusal::field("top_p", format!("`top_p` must be in (0, 1], not {p}")));
         }
         request.top_p = p as f32;
     }
@@ -228,7 +228,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
         None | Some(-1) | Some(0) => 0,
         Some(k) if k > 0 => usize::try_from(k).unwrap_or(usize::MAX),
         Some(k) => {
-            return Err(ApiError::field(
+            return Err(Refusal::field(
                 "top_k",
                 format!("`top_k` must be positive (or 0 / -1 for none), not {k}"),
             ))
@@ -243,7 +243,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     request.draft = body.draft;
     let k_field = |field: &str, k: u64| {
         if k == 0 || k > MAX_DRAFT_K as u64 {
-            Err(ApiError::field(field, format!("`{field}` must be in 1..={MAX_DRAFT_K}, not {k}")))
+            Err(Refusal::field(field, format!("`{field}` must be in 1..={MAX_DRAFT_K}, not {k}")))
         } else {
             Ok(k as usize)
         }
@@ -307,12 +307,12 @@ pub fn parse_json<T: for<'de> Deserialize<'de>>(bytes: &[u8]) -> Result<T> {
             _ => String::new(),
         };
         match (unknown, parent.is_empty()) {
-            (Some(key), true) => ApiError::field(key, format!("unrecognized request argument `{key}`")),
+            (Some(key), true) => Refusal::field(key, format!("unrecognized request argument `{key}`")),
             (Some(key), false) => {
-                ApiError::field(&field, format!("`{}`: unrecognized field `{key}`", path(parent)))
+                Refusal::field(&field, format!("`{}`: unrecognized field `{key}`", path(parent)))
             }
-            (None, _) if field.is_empty() => ApiError::invalid(format!("the body: {message}")),
-            (None, _) => ApiError::field(&field, format!("`{}`: {message}", path(&segments))),
+            (None, _) if field.is_empty() => Refusal::invalid(format!("the body: {message}")),
+            (None, _) => Refusal::field(&field, format!("`{}`: {message}", path(&segments))),
         }
     })?;
     de.end().map_err(|e| not_json(format!("the body is not valid JSON: {e}")))?;
@@ -325,20 +325,20 @@ fn check_harmless(b: &Body) -> Result<()> {
         [("presence_penalty", b.presence_penalty), ("frequency_penalty", b.frequency_penalty)]
     {
         if value.is_some_and(|v| v != 0.0) {
-            return Err(ApiError::field(field, format!("`{field}` is not supported (only 0)")));
+            return Err(Refusal::field(field, format!("`{field}` is not supported (only 0)")));
         }
     }
     let asks = |p: &Option<Probe>, nothing: &dyn Fn(&Probe) -> bool| p.as_ref().is_some_and(|p| !nothing(p));
     let empty = |p: &Probe| matches!(p, Probe::Null | Probe::Empty);
     if asks(&b.logit_bias, &empty) {
-        return Err(ApiError::field("logit_bias", "`logit_bias` is not supported"));
+        return Err(Refusal::field("logit_bias", "`logit_bias` is not supported"));
     }
     // Chat: a boolean; completions: the number of log probabilities (null or 0 only).
     if asks(&b.logprobs, &|p| matches!(p, Probe::Null | Probe::False | Probe::Zero)) {
-        return Err(ApiError::field("logprobs", "`logprobs` is not supported"));
+        return Err(Refusal::field("logprobs", "`logprobs` is not supported"));
     }
     if b.top_logprobs.is_some_and(|n| n != 0) {
-        return Err(ApiError::field("top_logprobs", "`top_logprobs` is not supported"));
+        return Err(Refusal::field("top_logprobs", "`top_logprobs` is not supported"));
     }
     let text = |p: &Probe| match p {
         Probe::Null => true,
@@ -346,11 +346,11 @@ fn check_harmless(b: &Body) -> Result<()> {
         _ => false,
     };
     if asks(&b.response_format, &text) {
-        return Err(ApiError::field("response_format", "only `{\"type\": \"text\"}` is supported"));
+        return Err(Refusal::field("response_format", "only `{\"type\": \"text\"}` is supported"));
     }
     for (field, value) in [("tools", &b.tools), ("functions", &b.functions)] {
         if asks(value, &empty) {
-            return Err(ApiError::field(field, format!("`{field}` (tool calls) are not supported")));
+            return Err(Refusal::field(field, format!("`{field}` (tool calls) are not supported")));
         }
     }
     let none_or_auto = |p: &Probe| match p {
@@ -360,17 +360,17 @@ fn check_harmless(b: &Body) -> Result<()> {
     };
     for (field, value) in [("tool_choice", &b.tool_choice), ("function_call", &b.function_call)] {
         if asks(value, &none_or_auto) {
-            return Err(ApiError::field(field, format!("`{field}` is not supported")));
+            return Err(Refusal::field(field, format!("`{field}` is not supported")));
         }
     }
     if b.echo == Some(true) {
-        return Err(ApiError::field("echo", "`echo` is not supported"));
+        return Err(Refusal::field("echo", "`echo` is not supported"));
     }
     if b.best_of.is_some_and(|n| n != 1) {
-        return Err(ApiError::field("best_of", "`best_of` must be 1"));
+        return Err(Refusal::field("best_of", "`best_of` must be 1"));
     }
     if b.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
-        return Err(ApiError::field("suffix", "`suffix` is not supported"));
+        return Err(Refusal::field("suffix", "`suffix` is not supported"));
     }
     Ok(())
 }
@@ -395,7 +395,7 @@ pub fn fit_context(
     prompt_field: &str,
 ) -> Result<usize> {
     if prompt == 0 {
-        return Err(ApiError::field(prompt_field, "the prompt is empty (no tokens)"));
+        return Err(Refusal::field(prompt_field, "the prompt is empty (no tokens)"));
     }
     let over = |param: &str, message: String| Error::Request {
         message,

@@ -29,10 +29,10 @@ use super::tree::TokenTree;
 use super::verifier::{Checked, Verifier};
 use super::verify::Dist;
 use crate::error::{Error, Result};
+use crate::generation::{FinishReason, GenerateOptions, Stats};
 use crate::gpu::RoundTrips;
 use crate::model::{Model, MAX_BATCH};
 use crate::sampling::Rng;
-use crate::session::{FinishReason, GenerateOptions, Stats};
 
 /// Counters and timings of one speculative generation.
 #[derive(Clone, Debug, Default, Serialize)]

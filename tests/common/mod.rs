@@ -92,7 +92,7 @@ pub mod tiny;
 pub fn plain(
     model: &mut wgspec::model::Model,
     prompt: &[u32],
-    opts: &wgspec::session::GenerateOptions,
+    opts: &wgspec::generation::GenerateOptions,
 ) -> wgspec::Result<wgspec::speculative::SpecGeneration> {
     let k = wgspec::speculative::KPolicy::default();
     pollster::block_on(wgspec::speculative::generate(

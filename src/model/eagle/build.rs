@@ -8,8 +8,8 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::gpu::{
-    reduce_slices, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, Second, EAGLE_TREE_OUT, EAGLE_TREE_STATE,
-    MAX_TOP_K, MAX_TREE,
+    reduce_slices, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, SideOutput, EAGLE_TREE_OUT,
+    EAGLE_TREE_STATE, MAX_TOP_K, MAX_TREE,
 };
 use crate::model::checkpoint::{hf_name, Checkpoint, Precision};
 use crate::model::config::Config;
@@ -342,7 +342,7 @@ impl HeadOps {
                 gather.push(g.gather_rows(st, raw, Some(&s.rows), Some((norm, target_eps)), gathered, c.dim));
                 // cat = [e | f]; x = cat fc^T + b (and xb = x * the layer's input norm)  [n, dim]
                 pass.push(g.concat(st, (&s.embd, c.dim), (&s.feat, c.dim), &s.cat));
-                let second = s.layer.attn_norm.as_ref().map(|gamma| Second::Scaled { out: &s.xb, gamma });
+                let second = s.layer.attn_norm.as_ref().map(|gamma| SideOutput::Scaled { out: &s.xb, gamma });
                 let fc_out = MatmulOut { ldy: c.dim as u32, second, ..Default::default() };
                 pass.extend(s.fc.matmul(g, st, &s.cat, s.fc_bias.as_ref(), &s.x, fc_out));
             }

@@ -4,9 +4,9 @@
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde_json::{json, Value};
+use wgspec::generation::FinishReason;
 use wgspec::openai::random_u64;
 pub use wgspec::openai::{parse, parse_json, Endpoint};
-use wgspec::session::FinishReason;
 
 use super::worker::WgspecStats;
 

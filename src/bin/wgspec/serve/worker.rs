@@ -10,9 +10,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
 use wgspec::engine::{Completion, DraftKind, DraftSpec, Engine, Prompter, Request, TokenEvent};
+use wgspec::generation::FinishReason;
 use wgspec::gpu::Gpu;
 use wgspec::model::LoadOptions;
-use wgspec::session::FinishReason;
 
 use super::error::ApiError;
 use super::metrics::{GenerationCounts, Metrics};
