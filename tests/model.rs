@@ -8,6 +8,7 @@ use common::tiny::{TinyModel, TinySpec};
 use common::{assert_close, gpu, gpu_shaped, rng};
 use reference::RefModel;
 use wgspec::generation::GenerateOptions;
+use wgspec::gpu::{Gpu, KernelShape};
 use wgspec::loader::source::Source;
 use wgspec::loader::DType;
 use wgspec::model::{Checkpoint, LoadOptions, Model, Precision, TensorTable};
@@ -682,7 +683,7 @@ fn a_model_load_compiles_its_own_kernels_and_no_others() {
     // its passes use while it loads (none during a forward), and no other weight format's
     // kernels nor the benchmarks' (a browser paid about 17 s compiling every kernel before each
     // load). Its own device: the shared ones have run other tests.
-    use wgspec::gpu::{Gpu, Kernel};
+    use wgspec::gpu::Kernel;
     let gpu = std::sync::Arc::new(pollster::block_on(Gpu::new()).expect("gpu"));
     let mut r = rng(71);
     let tiny = TinyModel::random(TinySpec::llama(), &mut r);
@@ -754,5 +755,38 @@ fn shape_facts_follow_the_recorded_ops() {
         // a pass's bytes grow with its rows (activations), its weights read once
         let bytes = |shapes: &[wgspec::gpu::OpShape]| shapes.iter().map(|s| s.bytes).sum::<u64>();
         assert!(bytes(&verify) > bytes(&step));
+    }
+}
+
+/// A model's memory bill (Model::plan) is what its load allocates: every buffer the load creates
+/// but uniforms and staging is counted by the device, and the two agree to the byte, for stored
+/// and f32 weights, both KV cache types, both attention shapes and several contexts.
+#[test]
+fn a_load_allocates_what_its_bill_says() {
+    let mut r = rng(0x5ca1ab1e);
+    let tiny = TinyModel::random(TinySpec { vocab: 3000, ..TinySpec::qwen2() }, &mut r);
+    let shapes = [
+        KernelShape::default(),
+        KernelShape { matmul_lanes: Some(16), split_attention: Some(true), shuffle_loads: None },
+    ];
+    for shape in shapes {
+        let g = std::sync::Arc::new(pollster::block_on(Gpu::with_shape(shape)).expect("a fresh device"));
+        for (dtype, precision, context) in [
+            (DType::Q8_0, Precision::Auto, 64),
+            (DType::Q4_0, Precision::Auto, 200),
+            (DType::F16, Precision::F32, 128),
+        ] {
+            let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
+            let opts = LoadOptions { context: Some(context), precision, ..Default::default() };
+            let before = g.billed_bytes();
+            let m = Model::load(g.clone(), &ckpt, &opts, &mut |_| {}).expect("load");
+            let made = g.billed_bytes() - before;
+            let what = format!("{shape:?} {dtype:?} {precision:?} context {context}");
+            assert_eq!(made, m.memory_bytes(), "{what}: allocated, billed");
+            // a forward allocates nothing the bill missed
+            let mut m = m;
+            pollster::block_on(m.forward_argmax(&[1, 2, 3], 0)).expect("forward");
+            assert_eq!(g.billed_bytes() - before, m.memory_bytes(), "{what}: after a forward");
+        }
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use rand::rngs::SmallRng;
 use rand::Rng as _;
 use wgspec::generation::{FinishReason, GenerateOptions};
-use wgspec::gpu::Gpu;
+use wgspec::gpu::{Gpu, KernelShape};
 use wgspec::loader::safetensors::write_safetensors;
 use wgspec::loader::DType;
 use wgspec::model::{
@@ -1833,4 +1833,42 @@ fn eagle3_speculation_equals_greedy_output_and_bad_heads_are_refused() {
         .err()
         .expect("d2t");
     assert!(err.to_string().contains("d2t maps draft id 0"), "{err}");
+}
+
+/// An EAGLE head's memory bill (EagleHead::plan, its memory_bytes) is what its load allocates,
+/// to the byte: EAGLE-1 and EAGLE-3 heads, stored and f32 weights, both attention shapes.
+#[test]
+fn an_eagle_head_allocates_what_its_bill_says() {
+    let mut r = rng(0xea61e);
+    let spec = TinySpec { vocab: 300, ..TinySpec::llama() };
+    let tiny = TinyModel::random(spec, &mut r);
+    let shapes = [
+        KernelShape::default(),
+        KernelShape { matmul_lanes: Some(16), split_attention: Some(true), shuffle_loads: None },
+    ];
+    for shape in shapes {
+        let g = std::sync::Arc::new(pollster::block_on(Gpu::with_shape(shape)).expect("a fresh device"));
+        let opts = LoadOptions { context: Some(96), ..Default::default() };
+        let mut target = Model::load(g.clone(), &ckpt_of(&tiny, &mut r), &opts, &mut |_| {}).expect("target");
+        let heads = [
+            ("EAGLE-1 f32", common::tiny::eagle_head(&tiny, DType::F32, false, false, &mut r)),
+            ("EAGLE-1 q8_0", common::tiny::eagle_head(&tiny, DType::Q8_0, true, false, &mut r)),
+            ("EAGLE-3 f16", common::tiny::eagle3_head(&tiny, DType::F16, 40, Some([2, 1, 0]), false, &mut r)),
+        ];
+        for (what, (file, config)) in heads {
+            let cfg = EagleHead::config_for(&target.config, &config).expect("head config");
+            let ckpt = Checkpoint::from_named_safetensors(cfg, vec![Box::new(file)]).expect("head");
+            let layout = EagleHead::layout_of(&target.config, &config, &ckpt).expect("layout");
+            let taps = match layout {
+                EagleLayout::Eagle3 { taps, .. } => taps.to_vec(),
+                EagleLayout::Eagle1 => Vec::new(),
+            };
+            target.set_feature_taps(&taps).expect("taps");
+            let before = g.billed_bytes();
+            let head = pollster::block_on(EagleHead::load(&target, &ckpt, layout, &opts, 4, &mut |_| {}))
+                .expect("load head");
+            let what = format!("{shape:?} {what}");
+            assert_eq!(g.billed_bytes() - before, head.memory_bytes(), "{what}: allocated, billed");
+        }
+    }
 }

@@ -14,10 +14,16 @@ pub struct GpuBuffer<T> {
 const STORAGE: wgpu::BufferUsages =
     wgpu::BufferUsages::STORAGE.union(wgpu::BufferUsages::COPY_SRC).union(wgpu::BufferUsages::COPY_DST);
 
+/// The bytes a buffer of `bytes` takes on the device: rounded up to 16, at least 16 (what
+/// [`GpuBuffer`]'s allocations, and the memory bills counting them, use).
+pub fn allocated_bytes(bytes: u64) -> u64 {
+    bytes.next_multiple_of(16).max(16)
+}
+
 fn create(gpu: &Gpu, label: &str, bytes: u64) -> wgpu::Buffer {
-    gpu.device.create_buffer(&wgpu::BufferDescriptor {
+    gpu.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),
-        size: bytes.next_multiple_of(16).max(16),
+        size: allocated_bytes(bytes),
         usage: STORAGE,
         mapped_at_creation: false,
     })

@@ -305,7 +305,7 @@ impl WeightBuffer {
     /// Uploads packed rows (packed with the adapter's [`Gpu::row_group`]).
     fn upload(gpu: &Gpu, label: &str, p: &PackedRows) -> WeightBuffer {
         debug_assert!(p.group == gpu.row_group(), "rows packed for another adapter");
-        let raw = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        let raw = gpu.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: (p.words.len() as u64 * 4).max(16),
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,
@@ -318,7 +318,7 @@ impl WeightBuffer {
     /// A buffer for `rows` rows of `k` elements in the `dtype` format, filled later by
     /// [`WeightBuffer::write_rows`].
     pub fn empty(gpu: &Gpu, label: &str, dtype: DType, rows: usize, k: usize) -> WeightBuffer {
-        let raw = gpu.device.create_buffer(&wgpu::BufferDescriptor {
+        let raw = gpu.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size: dtype.gpu_bytes(rows, k).max(16),
             usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_DST,

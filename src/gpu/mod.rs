@@ -11,7 +11,7 @@ pub(crate) mod layout;
 mod ops;
 mod roofline;
 
-pub use buffer::GpuBuffer;
+pub use buffer::{allocated_bytes, GpuBuffer};
 pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
 pub(crate) use kernel::row_group;
 pub use kernel::{matmul_lanes, Kernel, Pipelines, MATMUL_WORKGROUPS, MAX_MATMUL_LANES};
@@ -54,6 +54,9 @@ pub struct Gpu {
     /// Dispatches encoded so far, and the host's nanoseconds encoding and submitting them.
     dispatches: AtomicU64,
     host_nanos: AtomicU64,
+    /// Bytes of the buffers created so far that a memory bill counts (all but uniforms and
+    /// read-back staging: see [`Gpu::create_buffer`]).
+    billed_bytes: AtomicU64,
     /// The first GPU error no error scope caught (an out-of-memory while allocating, ...), kept
     /// for [`Gpu::take_error`] instead of wgpu's default handler, which panics.
     uncaptured: Arc<Mutex<Option<String>>>,
@@ -426,6 +429,7 @@ impl Gpu {
             readback_bytes: AtomicU64::new(0),
             dispatches: AtomicU64::new(0),
             host_nanos: AtomicU64::new(0),
+            billed_bytes: AtomicU64::new(0),
             uncaptured,
         })
     }
@@ -524,10 +528,28 @@ impl Gpu {
         self.limits.max_storage_buffer_binding_size.min(self.limits.max_buffer_size) / 256 * 256
     }
 
+    /// Creates a buffer, counting its bytes in [`Gpu::billed_bytes`] unless it is a uniform or a
+    /// read-back's staging buffer (which memory bills leave out: small, or gone after use).
+    pub fn create_buffer(&self, desc: &wgpu::BufferDescriptor) -> wgpu::Buffer {
+        let unbilled = wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::MAP_READ;
+        if !desc.usage.intersects(unbilled) {
+            self.billed_bytes.fetch_add(desc.size, Ordering::Relaxed);
+        }
+        self.device.create_buffer(desc)
+    }
+
+    /// Bytes of the buffers created so far that memory bills count ([`Model::plan`]'s and the
+    /// heads' `plan`s): a load's growth of it is what its bill said.
+    ///
+    /// [`Model::plan`]: crate::model::Model::plan
+    pub fn billed_bytes(&self) -> u64 {
+        self.billed_bytes.load(Ordering::Relaxed)
+    }
+
     /// A uniform buffer holding `data` (padded to 16 bytes).
     pub fn uniform(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
         let size = (data.len() as u64).max(16).next_multiple_of(16);
-        let buffer = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let buffer = self.create_buffer(&wgpu::BufferDescriptor {
             label: Some(label),
             size,
             usage: wgpu::BufferUsages::UNIFORM | wgpu::BufferUsages::COPY_DST,
@@ -657,7 +679,7 @@ impl Gpu {
         bytes: u64,
     ) -> Result<Vec<u8>> {
         let size = bytes.next_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT).max(4);
-        let staging = self.device.create_buffer(&wgpu::BufferDescriptor {
+        let staging = self.create_buffer(&wgpu::BufferDescriptor {
             label: Some("readback"),
             size,
             usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,

@@ -11,8 +11,8 @@ use crate::loader::source;
 use bytemuck::Zeroable;
 
 use crate::gpu::{
-    reduce_slices, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, OpShape, RopeOut,
-    SideOutput, MAX_TOP_K, MAX_TREE,
+    allocated_bytes, reduce_slices, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, OpShape,
+    RopeOut, SideOutput, MAX_TOP_K, MAX_TREE,
 };
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
@@ -190,22 +190,10 @@ impl Model {
             )));
         }
         // Buffers bound whole: checked before anything is allocated.
-        // (u64: a 32-bit usize in the browser must not wrap)
-        let batch = MAX_BATCH as u64;
-        let ctx = context as u64;
-        let kv_f16 = kv_in_f16(c, opts.precision);
-        let attention_scratch =
-            gpu.attention_scratch_len(c.attention_shape(context, kv_f16), MAX_BATCH) as u64;
-        let kv_row_bytes = 2 * c.kv_dim() as u64 * if kv_f16 { 2 } else { 4 };
-        for (label, bytes) in [
-            ("x", batch * c.dim as u64 * 4),
-            ("q", batch * c.q_dim() as u64 * 4),
-            ("hb", batch * c.ffn_dim as u64 * 4),
-            ("attention scratch", attention_scratch * 4),
-            ("logits", batch * c.vocab_size as u64 * 4),
-            ("kv_cache", ctx * kv_row_bytes),
-            ("rope cos/sin", ctx * c.rope_dim as u64 * 4),
-        ] {
+        let buffers = Buffers::new(gpu, c, context, kv_in_f16(c, opts.precision));
+        for (label, words, _) in buffers.table() {
+            // (u64: a 32-bit usize in the browser must not wrap)
+            let bytes = 4 * words as u64;
             if bytes > gpu.max_binding_bytes() {
                 return Err(Error::GpuLimit(format!(
                     "{label} needs {bytes} bytes in one binding; the adapter allows {} (maxStorageBufferBindingSize, maxBufferSize)",
@@ -223,11 +211,7 @@ impl Model {
             let kept = opts.precision == Precision::Auto && t.shape.len() > 1;
             weight_bytes += if kept { stored.unwrap_or(4 * n) } else { 4 * n };
         }
-        let kv_bytes = c.n_layers as u64 * ctx * kv_row_bytes;
-        // (and the argmax's best pair of each slice of the logits: Gpu::argmax)
-        let widths =
-            (2 * c.dim + 2 * c.q_dim() + c.ffn_dim + c.vocab_size + 2 * reduce_slices(c.vocab_size)) as u64;
-        let scratch_bytes = 4 * (batch * widths + attention_scratch) + ctx * c.rope_dim as u64 * 4;
+        let (kv_bytes, scratch_bytes) = buffers.bytes();
         let total = weight_bytes + kv_bytes + scratch_bytes;
         if let Some(budget) = opts.max_memory.filter(|&b| total > b) {
             return Err(Error::GpuLimit(format!(
@@ -267,30 +251,29 @@ impl Model {
         let kv_f16 = kv_in_f16(&c, opts.precision);
         let weights = Weights::load(&gpu, ckpt, opts, progress).await?;
         let g = &*gpu;
+        // (the sizes the plan billed)
+        let b = Buffers::new(g, &c, context, kv_f16);
         let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
         let state = RunState {
             step: g.step_buffer(),
-            step_table: g.device.create_buffer(&wgpu::BufferDescriptor {
+            step_table: g.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("step table"),
-                size: (MAX_PASSES * 16) as u64,
+                size: 4 * b.step_table as u64,
                 usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
             keep: g.uniform("keep", bytemuck::bytes_of(&KeepParams::zeroed())),
-            tokens: GpuBuffer::<u32>::zeros(g, "tokens", MAX_BATCH),
-            x: f32s("x", MAX_BATCH * c.dim),
-            xb: f32s("xb", MAX_BATCH * c.dim),
-            q: f32s("q", MAX_BATCH * c.q_dim()),
-            att: f32s("att", MAX_BATCH * c.q_dim()),
-            scores: f32s(
-                "attention scratch",
-                g.attention_scratch_len(c.attention_shape(context, kv_f16), MAX_BATCH),
-            ),
-            hb: f32s("hb", MAX_BATCH * c.ffn_dim),
-            logits: f32s("logits", MAX_BATCH * c.vocab_size),
-            argmax: GpuBuffer::<u32>::zeros(g, "argmax", MAX_BATCH),
-            kv_cache: (0..c.n_layers)
-                .map(|i| GpuBuffer::<u32>::zeros(g, &format!("kv_cache {i}"), context * kv_words(&c, kv_f16)))
+            tokens: GpuBuffer::<u32>::zeros(g, "tokens", b.ids),
+            x: f32s("x", b.x),
+            xb: f32s("xb", b.x),
+            q: f32s("q", b.q),
+            att: f32s("att", b.q),
+            scores: f32s("attention scratch", b.scores),
+            hb: f32s("hb", b.hb),
+            logits: f32s("logits", b.logits),
+            argmax: GpuBuffer::<u32>::zeros(g, "argmax", b.ids),
+            kv_cache: (0..b.layers)
+                .map(|i| GpuBuffer::<u32>::zeros(g, &format!("kv_cache {i}"), b.kv))
                 .collect(),
             kv_f16,
             cos_sin: GpuBuffer::<f32>::from_slice(g, "rope cos/sin", &rope_table(&c, context)),
@@ -765,6 +748,71 @@ pub(crate) struct BlockIo<'a> {
 /// Whether a model keeps its KV cache in f16 (as llama.cpp does): under [`Precision::Auto`]
 /// when the q|k|v epilogue can pack each value with its neighbour (head and rotary dimensions
 /// multiples of 4); [`Precision::F32`] keeps the exact f32 reference path.
+/// The sizes, in 4-byte words, of a model's buffers besides its weights ([`RunState`]'s, and the
+/// argmax's pairs, which [`Gpu::argmax`] allocates): the one table that [`Model::plan`] bills and
+/// checks against the adapter's binding limit, and that the load allocates.
+struct Buffers {
+    x: usize,      // [MAX_BATCH, dim] x and xb each
+    q: usize,      // [MAX_BATCH, q_dim] q and att each
+    hb: usize,     // [MAX_BATCH, ffn_dim]
+    scores: usize, // the attention scratch (Gpu::attention_scratch_len)
+    logits: usize, // [MAX_BATCH, vocab]
+    pairs: usize,  // [MAX_BATCH, slices, 2] the argmax's best pair of each slice of the logits
+    ids: usize,    // [MAX_BATCH] tokens and argmax each
+    kv: usize,     // [context, kv words] each layer's KV cache
+    layers: usize,
+    rope: usize,       // [context, rope_dim / 2, 2]
+    step_table: usize, // [MAX_PASSES, 4] each recorded pass's (n, start_pos, 0, 0)
+}
+
+impl Buffers {
+    fn new(gpu: &Gpu, c: &Config, context: usize, kv_f16: bool) -> Buffers {
+        Buffers {
+            x: MAX_BATCH * c.dim,
+            q: MAX_BATCH * c.q_dim(),
+            hb: MAX_BATCH * c.ffn_dim,
+            scores: gpu.attention_scratch_len(c.attention_shape(context, kv_f16), MAX_BATCH),
+            logits: MAX_BATCH * c.vocab_size,
+            pairs: MAX_BATCH * reduce_slices(c.vocab_size) * 2,
+            ids: MAX_BATCH,
+            kv: context * kv_words(c, kv_f16),
+            layers: c.n_layers,
+            rope: context * c.rope_dim,
+            step_table: MAX_PASSES * 4,
+        }
+    }
+
+    /// Every buffer: its label, words and how many there are.
+    fn table(&self) -> [(&'static str, usize, usize); 13] {
+        [
+            ("x", self.x, 1),
+            ("xb", self.x, 1),
+            ("q", self.q, 1),
+            ("att", self.q, 1),
+            ("hb", self.hb, 1),
+            ("attention scratch", self.scores, 1),
+            ("logits", self.logits, 1),
+            ("argmax pairs", self.pairs, 1),
+            ("tokens", self.ids, 1),
+            ("argmax", self.ids, 1),
+            ("kv_cache", self.kv, self.layers),
+            ("rope cos/sin", self.rope, 1),
+            ("step table", self.step_table, 1),
+        ]
+    }
+
+    /// Bytes of the KV caches, and of everything else.
+    fn bytes(&self) -> (u64, u64) {
+        let all: u64 = self
+            .table()
+            .iter()
+            .map(|&(_, words, count)| allocated_bytes(4 * words as u64) * count as u64)
+            .sum();
+        let kv = allocated_bytes(4 * self.kv as u64) * self.layers as u64;
+        (kv, all - kv)
+    }
+}
+
 pub(crate) fn kv_in_f16(c: &Config, precision: Precision) -> bool {
     precision == Precision::Auto && c.head_dim.is_multiple_of(4) && c.rope_dim.is_multiple_of(4)
 }

@@ -8,8 +8,8 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::gpu::{
-    reduce_slices, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, SideOutput, EAGLE_TREE_OUT,
-    EAGLE_TREE_STATE, MAX_TOP_K, MAX_TREE,
+    allocated_bytes, reduce_slices, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, SideOutput,
+    EAGLE_TREE_OUT, EAGLE_TREE_STATE, MAX_TOP_K, MAX_TREE,
 };
 use crate::model::checkpoint::{hf_name, Checkpoint, Precision};
 use crate::model::config::Config;
@@ -103,6 +103,90 @@ impl EagleTensors {
     }
 }
 
+/// The sizes, in 4-byte words, of a head's buffers besides its weights ([`HeadState`]'s, and
+/// the ranking scratch its top-k ops allocate): the one table that [`EagleHead::plan`] bills and
+/// [`HeadState::new`] allocates.
+struct HeadSizes {
+    ids: usize,        // [MAX_BATCH] rows and tokens each
+    drafts: usize,     // [MAX_BATCH, top_k]
+    rows: usize,       // [MAX_BATCH, dim] feat, embd, x and xb each
+    cat: usize,        // [MAX_BATCH, 2 dim] (EAGLE-3: 3 dim)
+    q: usize,          // [MAX_BATCH, q_dim] q and att each
+    hb: usize,         // [MAX_BATCH, ffn_dim]
+    scores: usize,     // the attention scratch (Gpu::attention_scratch_len)
+    logits: usize,     // [W, out vocab]
+    last: usize,       // [W, dim] (and EAGLE-3's lastn)
+    top: usize,        // [W, top_k] top and logp each
+    ranking: usize,    // the one-row and the many-row projections' top-k candidates and sums
+    store: usize,      // [EAGLE_STORE_SLOTS, dim]
+    kv: usize,         // [context, 2 kv_dim]
+    rope: usize,       // [context, rope_dim / 2, 2]
+    d2t: usize,        // (EAGLE-3) [draft vocab]
+    eagle3: usize,     // 1 for an EAGLE-3 head (its lastn and d2t), else 0
+    step_table: usize, // [MAX_BATCH, 4] each draft step's (1, position, 0, 0)
+}
+
+impl HeadSizes {
+    fn new(gpu: &Gpu, c: &Config, layout: EagleLayout, context: usize, top_k: usize) -> HeadSizes {
+        let (cat, out_vocab) = layout.widths(c.dim, c.vocab_size);
+        let (d2t, eagle3) = match layout {
+            EagleLayout::Eagle1 => (0, 0),
+            EagleLayout::Eagle3 { draft_vocab, .. } => (draft_vocab, 1),
+        };
+        HeadSizes {
+            ids: MAX_BATCH,
+            drafts: MAX_BATCH * top_k,
+            rows: MAX_BATCH * c.dim,
+            cat: MAX_BATCH * cat,
+            q: MAX_BATCH * c.q_dim(),
+            hb: MAX_BATCH * c.ffn_dim,
+            scores: gpu.attention_scratch_len(c.attention_shape(context, false), MAX_BATCH),
+            logits: MAX_EAGLE_WIDTH * out_vocab,
+            last: MAX_EAGLE_WIDTH * c.dim,
+            top: MAX_EAGLE_WIDTH * top_k,
+            // (twice: the one-row and the many-row projections each rank into their own)
+            ranking: MAX_EAGLE_WIDTH * 2 * 2 * reduce_slices(out_vocab) * (top_k + 1),
+            store: EAGLE_STORE_SLOTS * c.dim,
+            kv: context * 2 * c.kv_dim(),
+            rope: context * c.rope_dim,
+            d2t,
+            eagle3,
+            step_table: MAX_BATCH * 4,
+        }
+    }
+
+    /// Every buffer: its label, words and how many there are.
+    fn table(&self) -> [(&'static str, usize, usize); 21] {
+        [
+            ("rows, tokens", self.ids, 2),
+            ("drafts", self.drafts, 1),
+            ("feat, embd, x, xb", self.rows, 4),
+            ("cat", self.cat, 1),
+            ("q, att", self.q, 2),
+            ("hb", self.hb, 1),
+            ("scores", self.scores, 1),
+            ("logits", self.logits, 1),
+            ("last", self.last, 1),
+            ("top, logp", self.top, 2),
+            ("ranking", self.ranking, 1),
+            ("store", self.store, 1),
+            ("tree state", EAGLE_TREE_STATE, 1),
+            ("tree out", EAGLE_TREE_OUT, 1),
+            ("tree rows", MAX_TREE, 1),
+            ("tree newest", MAX_EAGLE_WIDTH, 1),
+            ("kv", self.kv, 1),
+            ("rope cos/sin", self.rope, 1),
+            ("lastn", self.last, self.eagle3),
+            ("d2t", self.d2t, self.eagle3),
+            ("step table", self.step_table, 1),
+        ]
+    }
+
+    fn bytes(&self) -> u64 {
+        self.table().iter().map(|&(_, words, count)| allocated_bytes(4 * words as u64) * count as u64).sum()
+    }
+}
+
 impl HeadState {
     /// Allocates every buffer of a head of config `c` and `layout` with a cache of `context`
     /// positions, ranking `top_k` ids, around its uploaded `weights` (fc, fc's bias, the layer,
@@ -117,39 +201,37 @@ impl HeadState {
     ) -> HeadState {
         let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
         let u32s = |label: &str, len: usize| GpuBuffer::<u32>::zeros(g, label, len);
-        let (cat_width, out_vocab) = layout.widths(c.dim, c.vocab_size);
+        // (the sizes the plan billed)
+        let z = HeadSizes::new(g, c, layout, context, top_k);
         let one = g.step_buffer();
         g.write_step(&one, 1, 0);
         HeadState {
             step: g.step_buffer(),
             one,
             many: g.step_buffer(),
-            step_table: g.device.create_buffer(&wgpu::BufferDescriptor {
+            step_table: g.create_buffer(&wgpu::BufferDescriptor {
                 label: Some("eagle step table"),
-                size: (MAX_BATCH * 16) as u64,
+                size: 4 * z.step_table as u64,
                 usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
                 mapped_at_creation: false,
             }),
-            drafts: u32s("eagle drafts", MAX_BATCH * top_k),
-            rows: u32s("eagle rows", MAX_BATCH),
-            tokens: u32s("eagle tokens", MAX_BATCH),
-            feat: f32s("eagle feat", MAX_BATCH * c.dim),
-            embd: f32s("eagle embd", MAX_BATCH * c.dim),
-            cat: f32s("eagle cat", MAX_BATCH * cat_width),
-            x: f32s("eagle x", MAX_BATCH * c.dim),
-            xb: f32s("eagle xb", MAX_BATCH * c.dim),
-            q: f32s("eagle q", MAX_BATCH * c.q_dim()),
-            att: f32s("eagle att", MAX_BATCH * c.q_dim()),
-            scores: f32s(
-                "eagle scores",
-                g.attention_scratch_len(c.attention_shape(context, false), MAX_BATCH),
-            ),
-            hb: f32s("eagle hb", MAX_BATCH * c.ffn_dim),
-            logits: f32s("eagle logits", MAX_EAGLE_WIDTH * out_vocab),
-            last: f32s("eagle last", MAX_EAGLE_WIDTH * c.dim),
-            top: u32s("eagle top", MAX_EAGLE_WIDTH * top_k),
-            logp: f32s("eagle logp", MAX_EAGLE_WIDTH * top_k),
-            store: f32s("eagle store", EAGLE_STORE_SLOTS * c.dim),
+            drafts: u32s("eagle drafts", z.drafts),
+            rows: u32s("eagle rows", z.ids),
+            tokens: u32s("eagle tokens", z.ids),
+            feat: f32s("eagle feat", z.rows),
+            embd: f32s("eagle embd", z.rows),
+            cat: f32s("eagle cat", z.cat),
+            x: f32s("eagle x", z.rows),
+            xb: f32s("eagle xb", z.rows),
+            q: f32s("eagle q", z.q),
+            att: f32s("eagle att", z.q),
+            scores: f32s("eagle scores", z.scores),
+            hb: f32s("eagle hb", z.hb),
+            logits: f32s("eagle logits", z.logits),
+            last: f32s("eagle last", z.last),
+            top: u32s("eagle top", z.top),
+            logp: f32s("eagle logp", z.top),
+            store: f32s("eagle store", z.store),
             tree_state: u32s("eagle tree state", EAGLE_TREE_STATE),
             tree_out: u32s("eagle tree out", EAGLE_TREE_OUT),
             tree_rows: u32s("eagle tree rows", MAX_TREE),
@@ -157,7 +239,7 @@ impl HeadState {
             tree_params: (0..MAX_EAGLE_DEPTH)
                 .map(|_| g.uniform("eagle tree params", bytemuck::bytes_of(&EagleTreeParams::zeroed())))
                 .collect(),
-            kv: u32s("eagle kv", context * 2 * c.kv_dim()),
+            kv: u32s("eagle kv", z.kv),
             cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", &rope_table(c, context)),
             config: c.clone(),
             fc,
@@ -461,27 +543,8 @@ impl EagleHead {
             let stored = ckpt.dtype(&spec.name, &spec.shape)?.bytes_for(n).unwrap_or(4 * n);
             bytes += if kept { stored } else { 4 * n };
         }
-        let (ctx, batch) = (target.context() as u64, MAX_BATCH as u64);
-        let (cat, out_vocab) = layout.widths(c.dim, c.vocab_size);
-        let extra = match layout {
-            EagleLayout::Eagle1 => 0,
-            // lastn, d2t
-            EagleLayout::Eagle3 { draft_vocab, .. } => MAX_EAGLE_WIDTH * c.dim + draft_vocab,
-        };
-        // per row: rows, tokens, feat, embd, cat, x, xb, q, att, hb, drafts; then the
-        // projected rows' last, logits, top and logp, the top-k's candidates and sums of each
-        // slice of the logits, the store and the read-back
-        let widths = (4 * c.dim + cat + 2 * c.q_dim() + c.ffn_dim + top_k + 2) as u64;
-        // (twice: the one-row and the many-row projections each rank into their own)
-        let ranking = 2 * 2 * reduce_slices(out_vocab) * (top_k + 1);
-        let projected = (MAX_EAGLE_WIDTH * (c.dim + out_vocab + 2 * top_k + ranking) + extra) as u64;
-        let store =
-            (EAGLE_STORE_SLOTS * c.dim + EAGLE_TREE_STATE + EAGLE_TREE_OUT + MAX_TREE + MAX_EAGLE_WIDTH)
-                as u64;
-        let cache = ctx * (2 * c.kv_dim() + c.rope_dim) as u64;
-        let attention =
-            target.gpu().attention_scratch_len(c.attention_shape(ctx as usize, false), MAX_BATCH) as u64;
-        Ok(bytes + 4 * (batch * widths + attention + projected + store + cache))
+        let sizes = HeadSizes::new(target.gpu(), c, layout, target.context(), top_k);
+        Ok(bytes + sizes.bytes())
     }
 
     /// Uploads the head of `ckpt` (a [`Checkpoint::from_named_safetensors`] of its file with the
