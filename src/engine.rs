@@ -538,7 +538,7 @@ impl Engine {
     fn check_budget(&self, what: &str, bytes: u64) -> Result<()> {
         let used = self.target.memory_bytes()
             + self.draft_model().map_or(0, |d| d.memory_bytes())
-            + self.medusa().map_or(0, |m| m.weight_bytes())
+            + self.medusa().map_or(0, |m| m.memory_bytes())
             + self.eagle().map_or(0, |e| e.memory_bytes());
         match self.load_options.max_memory.filter(|&b| used + bytes > b) {
             Some(budget) => Err(Error::GpuLimit(format!(

@@ -1835,10 +1835,11 @@ fn eagle3_speculation_equals_greedy_output_and_bad_heads_are_refused() {
     assert!(err.to_string().contains("d2t maps draft id 0"), "{err}");
 }
 
-/// An EAGLE head's memory bill (EagleHead::plan, its memory_bytes) is what its load allocates,
-/// to the byte: EAGLE-1 and EAGLE-3 heads, stored and f32 weights, both attention shapes.
+/// A head's memory bill (EagleHead::plan and MedusaHeads::plan, their memory_bytes) is what its
+/// load allocates, to the byte: EAGLE-1 and EAGLE-3 heads, Medusa heads with their own and with
+/// the target's projection, stored and f32 weights, both attention shapes.
 #[test]
-fn an_eagle_head_allocates_what_its_bill_says() {
+fn heads_allocate_what_their_bills_say() {
     let mut r = rng(0xea61e);
     let spec = TinySpec { vocab: 300, ..TinySpec::llama() };
     let tiny = TinyModel::random(spec, &mut r);
@@ -1869,6 +1870,14 @@ fn an_eagle_head_allocates_what_its_bill_says() {
                 .expect("load head");
             let what = format!("{shape:?} {what}");
             assert_eq!(g.billed_bytes() - before, head.memory_bytes(), "{what}: allocated, billed");
+        }
+        for (kind, dtype) in [(MedusaKind::Random, DType::Q8_0), (MedusaKind::Shared, DType::F32)] {
+            let (file, config) = common::tiny::medusa_heads(&tiny, 3, 2, dtype, kind, &mut r);
+            let before = g.billed_bytes();
+            let heads = load_heads(&target, file, &config, 4);
+            let what = format!("{shape:?} Medusa {kind:?} {dtype:?}");
+            assert_eq!(g.billed_bytes() - before, heads.memory_bytes(), "{what}: allocated, billed");
+            assert!(heads.memory_bytes() > heads.weight_bytes(), "{what}");
         }
     }
 }

@@ -4,7 +4,7 @@
 //! Every op also binds the shared step uniform `[n, start_pos]` (see [`Step`]), written once per pass.
 
 use super::layout::gpu_struct;
-use super::{groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, Serial, WeightBuffer};
+use super::{allocated_bytes, groups, Cost, Gpu, GpuBuffer, Grid, Kernel, Op, Serial, WeightBuffer};
 use crate::loader::DType;
 
 /// Rows one matmul workgroup of a GPU's decode-shaped pipeline takes (`ROWS` in
@@ -500,6 +500,43 @@ gpu_struct! {
     }
 }
 
+/// Words of the scratch buffer [`Gpu::argmax`] allocates for `rows` rows of `vocab` logits:
+/// `[rows, slices, 2]`, each slice's best value (bits) and id. (Memory bills count it from here.)
+pub fn argmax_scratch(rows: usize, vocab: usize) -> usize {
+    rows * reduce_slices(vocab) * 2
+}
+
+/// Words of the scratch buffers [`Gpu::top_k`] allocates (memory bills count them from here).
+#[derive(Clone, Copy, Debug)]
+pub struct TopKScratch {
+    /// `[rows, slices, k, 2]`: each slice's k best (value bits, id).
+    pub candidates: usize,
+    /// `[rows, slices, 2]`: each slice's maximum and sum of exponentials (with log-probabilities;
+    /// else one word).
+    pub sums: usize,
+    /// Without log-probabilities, the one-word placeholder bound in their place; else 0 (none).
+    pub placeholder: usize,
+}
+
+impl TopKScratch {
+    /// For `rows` rows of `vocab` logits ranking `k` ids, with or without log-probabilities.
+    pub fn new(rows: usize, vocab: usize, k: usize, log_probs: bool) -> TopKScratch {
+        let slices = reduce_slices(vocab);
+        let k = k.clamp(1, MAX_TOP_K);
+        TopKScratch {
+            candidates: rows * slices * k * 2,
+            sums: if log_probs { rows * slices * 2 } else { 1 },
+            placeholder: if log_probs { 0 } else { 1 },
+        }
+    }
+
+    /// The bytes they take on the device.
+    pub fn bytes(&self) -> u64 {
+        let placeholder = if self.placeholder > 0 { allocated_bytes(4 * self.placeholder as u64) } else { 0 };
+        allocated_bytes(4 * self.candidates as u64) + allocated_bytes(4 * self.sums as u64) + placeholder
+    }
+}
+
 /// The most ids per row [`Gpu::top_k`] ranks (its kernel makes one pass over the row per id).
 pub const MAX_TOP_K: usize = 16;
 
@@ -819,8 +856,7 @@ impl Gpu {
     ) -> Vec<Op> {
         let slices = reduce_slices(vocab);
         let rows = (logits.len / vocab.max(1)).max(1);
-        // [rows, slices, 2]: each slice's best value (bits) and id
-        let pairs = GpuBuffer::<u32>::zeros(self, "argmax pairs", rows * slices * 2);
+        let pairs = GpuBuffer::<u32>::zeros(self, "argmax pairs", argmax_scratch(rows, vocab));
         let stage = |stage: u32| {
             let p = ArgmaxParams { vocab: vocab as u32, slices: slices as u32, stage, _pad: 0 };
             self.uniform("argmax params", bytemuck::bytes_of(&p))
@@ -861,17 +897,15 @@ impl Gpu {
         let k = k.clamp(1, MAX_TOP_K);
         let slices = reduce_slices(vocab);
         let rows = (logits.len / vocab.max(1)).max(1);
-        // [rows, slices, k, 2]: each slice's k best (value bits, id); [rows, slices, 2]: its
-        // maximum and sum of exponentials
-        let cand = GpuBuffer::<u32>::zeros(self, "top-k candidates", rows * slices * k * 2);
-        let lse =
-            GpuBuffer::<f32>::zeros(self, "top-k sums", if logp.is_some() { rows * slices * 2 } else { 1 });
+        let words = TopKScratch::new(rows, vocab, k, logp.is_some());
+        let cand = GpuBuffer::<u32>::zeros(self, "top-k candidates", words.candidates);
+        let lse = GpuBuffer::<f32>::zeros(self, "top-k sums", words.sums);
         // (without log-probabilities the kernel writes none: a one-word placeholder is bound)
         let unused;
         let logp_raw = match logp {
             Some(b) => &b.raw,
             None => {
-                unused = GpuBuffer::<f32>::zeros(self, "top-k no log-probs", 1);
+                unused = GpuBuffer::<f32>::zeros(self, "top-k no log-probs", words.placeholder);
                 &unused.raw
             }
         };

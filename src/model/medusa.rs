@@ -28,7 +28,7 @@ use super::config::Config;
 use super::transformer::{LoadOptions, Model};
 use super::weights::{LoadProgress, Matrix, Tally, TensorRole, TensorSpec, Upload};
 use crate::error::{Error, Result};
-use crate::gpu::{reduce_slices, Gpu, GpuBuffer, MatmulOut, Op, MAX_TOP_K};
+use crate::gpu::{allocated_bytes, Gpu, GpuBuffer, MatmulOut, Op, TopKScratch, MAX_TOP_K};
 
 /// The shape of a set of Medusa heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -172,6 +172,72 @@ pub struct MedusaHeads {
     top_k: usize,
     program: Vec<Action>,
     gpu_bytes: u64,
+    /// Its bill ([`MedusaHeads::plan`]): weights and scratch.
+    memory_bytes: u64,
+}
+
+/// The sizes, in 4-byte words, of the heads' buffers besides their weights (and their top-k
+/// ops' scratch): the one table that [`MedusaHeads::plan`] bills and [`MedusaHeads::load`]
+/// allocates.
+struct MedusaSizes {
+    dim: usize,
+    vocab: usize,
+    top_k: usize,
+    top: usize,    // [heads, top_k] every head's most likely ids
+    last: usize,   // [heads, dim] every head's h_L (shared projection; else one word)
+    logits: usize, // [heads, vocab] their logits (shared projection; else one word)
+    heads: usize,
+    /// Heads with their own projection (each: logits, top and a one-row top-k), and 1 where
+    /// they share the target's (one top-k over every head's row).
+    own: usize,
+    shared: usize,
+    own_ranking: TopKScratch,
+    shared_ranking: TopKScratch,
+}
+
+impl MedusaSizes {
+    fn new(c: &Config, config: MedusaConfig, top_k: usize) -> MedusaSizes {
+        let (dim, vocab, heads) = (c.dim, c.vocab_size, config.heads);
+        let rows = if config.shared_output { heads } else { 0 };
+        MedusaSizes {
+            dim,
+            vocab,
+            top_k,
+            top: heads * top_k,
+            last: (rows * dim).max(1),
+            logits: (rows * vocab).max(1),
+            heads,
+            own: if config.shared_output { 0 } else { heads },
+            shared: config.shared_output as usize,
+            own_ranking: TopKScratch::new(1, vocab, top_k, false),
+            shared_ranking: TopKScratch::new(heads, vocab, top_k, false),
+        }
+    }
+
+    /// Every buffer: its label, words and how many there are.
+    fn table(&self) -> [(&'static str, usize, usize); 14] {
+        let (own, shared) = (self.own, self.shared);
+        [
+            ("row", 1, 1),
+            ("hidden", self.dim, 1),
+            ("top", self.top, 1),
+            ("last", self.last, 1),
+            ("logits", self.logits, 1),
+            ("states", self.dim, 2 * self.heads),
+            ("own logits", self.vocab, own),
+            ("own top", self.top_k, own),
+            ("own ranking candidates", self.own_ranking.candidates, own),
+            ("own ranking sums", self.own_ranking.sums, own),
+            ("own ranking placeholder", 1, own * self.own_ranking.placeholder),
+            ("shared ranking candidates", self.shared_ranking.candidates, shared),
+            ("shared ranking sums", self.shared_ranking.sums, shared),
+            ("shared ranking placeholder", 1, shared * self.shared_ranking.placeholder),
+        ]
+    }
+
+    fn bytes(&self) -> u64 {
+        self.table().iter().map(|&(_, words, count)| allocated_bytes(4 * words as u64) * count as u64).sum()
+    }
 }
 
 impl MedusaHeads {
@@ -194,11 +260,7 @@ impl MedusaHeads {
                 bytes += if kept { stored.bytes_for(n).unwrap_or(4 * n) } else { 4 * n };
             }
         }
-        let heads = config.heads as u64;
-        // hidden, row, top; per head its state, and its logits and top (own projection) or
-        // its rows of `last` and of the shared logits; the top-k's candidates of each slice
-        let ranking = 2 * (reduce_slices(vocab as usize) * top_k) as u64;
-        Ok(bytes + 4 * (dim + 1 + heads * (3 * dim + vocab + 2 * top_k as u64 + ranking)))
+        Ok(bytes + MedusaSizes::new(&target.config, config, top_k).bytes())
     }
 
     /// Uploads the heads of `ckpt` (a [`Checkpoint::from_named_safetensors`] of the heads' file,
@@ -230,14 +292,15 @@ impl MedusaHeads {
         let up = Upload::new(g, ckpt, opts, Tally::new(all.len(), bytes, progress));
         let step = g.step_buffer();
         g.write_step(&step, 1, 0);
+        // (the sizes the plan billed)
+        let z = MedusaSizes::new(c, config, top_k);
         let row = GpuBuffer::<u32>::zeros(g, "medusa row", 1);
         let hidden = GpuBuffer::<f32>::zeros(g, "medusa hidden", dim);
-        let top = GpuBuffer::<u32>::zeros(g, "medusa top", config.heads * top_k);
+        let top = GpuBuffer::<u32>::zeros(g, "medusa top", z.top);
         let steps = g.step_buffer();
         g.write_step(&steps, config.heads, 0);
-        let rows = if config.shared_output { config.heads } else { 0 };
-        let last = GpuBuffer::<f32>::zeros(g, "medusa last", (rows * dim).max(1));
-        let all_logits = GpuBuffer::<f32>::zeros(g, "medusa logits", (rows * vocab).max(1));
+        let last = GpuBuffer::<f32>::zeros(g, "medusa last", z.last);
+        let all_logits = GpuBuffer::<f32>::zeros(g, "medusa logits", z.logits);
         let (raw, norm) = target.hidden_buffers();
         let gather = g.gather_rows(&step, raw, Some(&row), Some((norm, c.rms_eps)), (&hidden, dim, 0), dim);
         let mut program = vec![Action::Ops(vec![gather], 1)];
@@ -258,6 +321,7 @@ impl MedusaHeads {
             program.push(Action::Ops(ops, config.heads as u32));
         }
         g.take_error()?;
+        let memory_bytes = MedusaHeads::plan(target, ckpt, (config, prefix), opts.precision, top_k)?;
         Ok(MedusaHeads {
             config,
             gpu,
@@ -272,6 +336,7 @@ impl MedusaHeads {
             top_k,
             program,
             gpu_bytes,
+            memory_bytes,
         })
     }
 
@@ -283,6 +348,11 @@ impl MedusaHeads {
     /// Bytes of GPU memory the heads' weights take.
     pub fn weight_bytes(&self) -> u64 {
         self.gpu_bytes
+    }
+
+    /// Bytes of GPU memory the heads take in all (weights and scratch: their plan).
+    pub fn memory_bytes(&self) -> u64 {
+        self.memory_bytes
     }
 
     /// Runs every head on row `row` of the target's last pass and returns each head's `top_k`

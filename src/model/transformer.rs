@@ -11,8 +11,8 @@ use crate::loader::source;
 use bytemuck::Zeroable;
 
 use crate::gpu::{
-    allocated_bytes, reduce_slices, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, OpShape,
-    RopeOut, SideOutput, MAX_TOP_K, MAX_TREE,
+    allocated_bytes, argmax_scratch, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op,
+    OpShape, RopeOut, SideOutput, MAX_TOP_K, MAX_TREE,
 };
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
@@ -773,7 +773,7 @@ impl Buffers {
             hb: MAX_BATCH * c.ffn_dim,
             scores: gpu.attention_scratch_len(c.attention_shape(context, kv_f16), MAX_BATCH),
             logits: MAX_BATCH * c.vocab_size,
-            pairs: MAX_BATCH * reduce_slices(c.vocab_size) * 2,
+            pairs: argmax_scratch(MAX_BATCH, c.vocab_size),
             ids: MAX_BATCH,
             kv: context * kv_words(c, kv_f16),
             layers: c.n_layers,

@@ -8,8 +8,8 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::gpu::{
-    allocated_bytes, reduce_slices, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, SideOutput,
-    EAGLE_TREE_OUT, EAGLE_TREE_STATE, MAX_TOP_K, MAX_TREE,
+    allocated_bytes, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, SideOutput, TopKScratch, EAGLE_TREE_OUT,
+    EAGLE_TREE_STATE, MAX_TOP_K, MAX_TREE,
 };
 use crate::model::checkpoint::{hf_name, Checkpoint, Precision};
 use crate::model::config::Config;
@@ -107,23 +107,23 @@ impl EagleTensors {
 /// the ranking scratch its top-k ops allocate): the one table that [`EagleHead::plan`] bills and
 /// [`HeadState::new`] allocates.
 struct HeadSizes {
-    ids: usize,        // [MAX_BATCH] rows and tokens each
-    drafts: usize,     // [MAX_BATCH, top_k]
-    rows: usize,       // [MAX_BATCH, dim] feat, embd, x and xb each
-    cat: usize,        // [MAX_BATCH, 2 dim] (EAGLE-3: 3 dim)
-    q: usize,          // [MAX_BATCH, q_dim] q and att each
-    hb: usize,         // [MAX_BATCH, ffn_dim]
-    scores: usize,     // the attention scratch (Gpu::attention_scratch_len)
-    logits: usize,     // [W, out vocab]
-    last: usize,       // [W, dim] (and EAGLE-3's lastn)
-    top: usize,        // [W, top_k] top and logp each
-    ranking: usize,    // the one-row and the many-row projections' top-k candidates and sums
-    store: usize,      // [EAGLE_STORE_SLOTS, dim]
-    kv: usize,         // [context, 2 kv_dim]
-    rope: usize,       // [context, rope_dim / 2, 2]
-    d2t: usize,        // (EAGLE-3) [draft vocab]
-    eagle3: usize,     // 1 for an EAGLE-3 head (its lastn and d2t), else 0
-    step_table: usize, // [MAX_BATCH, 4] each draft step's (1, position, 0, 0)
+    ids: usize,           // [MAX_BATCH] rows and tokens each
+    drafts: usize,        // [MAX_BATCH, top_k]
+    rows: usize,          // [MAX_BATCH, dim] feat, embd, x and xb each
+    cat: usize,           // [MAX_BATCH, 2 dim] (EAGLE-3: 3 dim)
+    q: usize,             // [MAX_BATCH, q_dim] q and att each
+    hb: usize,            // [MAX_BATCH, ffn_dim]
+    scores: usize,        // the attention scratch (Gpu::attention_scratch_len)
+    logits: usize,        // [W, out vocab]
+    last: usize,          // [W, dim] (and EAGLE-3's lastn)
+    top: usize,           // [W, top_k] top and logp each
+    ranking: TopKScratch, // each of the one-row and the many-row projections' top-k's
+    store: usize,         // [EAGLE_STORE_SLOTS, dim]
+    kv: usize,            // [context, 2 kv_dim]
+    rope: usize,          // [context, rope_dim / 2, 2]
+    d2t: usize,           // (EAGLE-3) [draft vocab]
+    eagle3: usize,        // 1 for an EAGLE-3 head (its lastn and d2t), else 0
+    step_table: usize,    // [MAX_BATCH, 4] each draft step's (1, position, 0, 0)
 }
 
 impl HeadSizes {
@@ -144,8 +144,8 @@ impl HeadSizes {
             logits: MAX_EAGLE_WIDTH * out_vocab,
             last: MAX_EAGLE_WIDTH * c.dim,
             top: MAX_EAGLE_WIDTH * top_k,
-            // (twice: the one-row and the many-row projections each rank into their own)
-            ranking: MAX_EAGLE_WIDTH * 2 * 2 * reduce_slices(out_vocab) * (top_k + 1),
+            // (both projections rank the W rows of `logits`, each into its own scratch)
+            ranking: TopKScratch::new(MAX_EAGLE_WIDTH, out_vocab, top_k, true),
             store: EAGLE_STORE_SLOTS * c.dim,
             kv: context * 2 * c.kv_dim(),
             rope: context * c.rope_dim,
@@ -156,7 +156,7 @@ impl HeadSizes {
     }
 
     /// Every buffer: its label, words and how many there are.
-    fn table(&self) -> [(&'static str, usize, usize); 21] {
+    fn table(&self) -> [(&'static str, usize, usize); 22] {
         [
             ("rows, tokens", self.ids, 2),
             ("drafts", self.drafts, 1),
@@ -168,7 +168,8 @@ impl HeadSizes {
             ("logits", self.logits, 1),
             ("last", self.last, 1),
             ("top, logp", self.top, 2),
-            ("ranking", self.ranking, 1),
+            ("ranking candidates", self.ranking.candidates, 2),
+            ("ranking sums", self.ranking.sums, 2),
             ("store", self.store, 1),
             ("tree state", EAGLE_TREE_STATE, 1),
             ("tree out", EAGLE_TREE_OUT, 1),
