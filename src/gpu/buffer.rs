@@ -20,6 +20,12 @@ pub fn allocated_bytes(bytes: u64) -> u64 {
     bytes.next_multiple_of(16).max(16)
 }
 
+/// The bytes a table of buffers takes on the device: each row `(label, 4-byte words, how many
+/// buffers)` as [`allocated_bytes`] rounds it (a memory bill's one sum).
+pub fn table_bytes(table: &[(&str, usize, usize)]) -> u64 {
+    table.iter().map(|&(_, words, count)| allocated_bytes(4 * words as u64) * count as u64).sum()
+}
+
 fn create(gpu: &Gpu, label: &str, bytes: u64) -> wgpu::Buffer {
     gpu.create_buffer(&wgpu::BufferDescriptor {
         label: Some(label),

@@ -11,7 +11,7 @@ pub(crate) mod layout;
 mod ops;
 mod roofline;
 
-pub use buffer::{allocated_bytes, GpuBuffer};
+pub use buffer::{allocated_bytes, table_bytes, GpuBuffer};
 pub use format::{pack_f32_rows, pack_rows, units, PackedRows, WeightBuffer, UNIT};
 pub(crate) use kernel::row_group;
 pub use kernel::{matmul_lanes, Kernel, Pipelines, MATMUL_WORKGROUPS, MAX_MATMUL_LANES};

@@ -28,7 +28,7 @@ use super::config::Config;
 use super::transformer::{LoadOptions, Model};
 use super::weights::{LoadProgress, Matrix, Tally, TensorRole, TensorSpec, Upload};
 use crate::error::{Error, Result};
-use crate::gpu::{allocated_bytes, Gpu, GpuBuffer, MatmulOut, Op, TopKScratch, MAX_TOP_K};
+use crate::gpu::{table_bytes, Gpu, GpuBuffer, MatmulOut, Op, TopKScratch, MAX_TOP_K};
 
 /// The shape of a set of Medusa heads.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -236,7 +236,7 @@ impl MedusaSizes {
     }
 
     fn bytes(&self) -> u64 {
-        self.table().iter().map(|&(_, words, count)| allocated_bytes(4 * words as u64) * count as u64).sum()
+        table_bytes(&self.table())
     }
 }
 

@@ -11,8 +11,8 @@ use crate::loader::source;
 use bytemuck::Zeroable;
 
 use crate::gpu::{
-    allocated_bytes, argmax_scratch, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op,
-    OpShape, RopeOut, SideOutput, MAX_TOP_K, MAX_TREE,
+    argmax_scratch, table_bytes, Clock, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, OpShape,
+    RopeOut, SideOutput, MAX_TOP_K, MAX_TREE,
 };
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
@@ -803,12 +803,8 @@ impl Buffers {
 
     /// Bytes of the KV caches, and of everything else.
     fn bytes(&self) -> (u64, u64) {
-        let all: u64 = self
-            .table()
-            .iter()
-            .map(|&(_, words, count)| allocated_bytes(4 * words as u64) * count as u64)
-            .sum();
-        let kv = allocated_bytes(4 * self.kv as u64) * self.layers as u64;
+        let all = table_bytes(&self.table());
+        let kv = table_bytes(&[("kv_cache", self.kv, self.layers)]);
         (kv, all - kv)
     }
 }

@@ -8,7 +8,7 @@ use super::{
 };
 use crate::error::{Error, Result};
 use crate::gpu::{
-    allocated_bytes, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, SideOutput, TopKScratch, EAGLE_TREE_OUT,
+    table_bytes, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, SideOutput, TopKScratch, EAGLE_TREE_OUT,
     EAGLE_TREE_STATE, MAX_TOP_K, MAX_TREE,
 };
 use crate::model::checkpoint::{hf_name, Checkpoint, Precision};
@@ -184,7 +184,7 @@ impl HeadSizes {
     }
 
     fn bytes(&self) -> u64 {
-        self.table().iter().map(|&(_, words, count)| allocated_bytes(4 * words as u64) * count as u64).sum()
+        table_bytes(&self.table())
     }
 }
 
