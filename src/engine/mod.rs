@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
 use crate::error::{Error, Result};
 use crate::files::{ModelFiles, OpenedModel};
@@ -20,128 +20,18 @@ use crate::model::{
     Checkpoint, EagleHead, EagleLayout, LoadOptions, LoadProgress, MedusaConfig, MedusaHeads, Model,
     TensorTable,
 };
-use crate::sampling::SamplingParams;
 use crate::speculative::{
     self, DraftModel, Drafter, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, Schedule, SpecGeneration,
-    SpecStats, DEFAULT_MAX_DRAFT_K, EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
+    EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
 };
 pub use crate::speculative::{DraftKind, DraftSpec};
-use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, TextLimit, Tokenizer};
+use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
 
-fn default_max_tokens() -> usize {
-    128
-}
-fn default_top_p() -> f32 {
-    1.0
-}
-fn default_max_draft_k() -> usize {
-    DEFAULT_MAX_DRAFT_K
-}
-
-/// One generation request.
-#[derive(Clone, Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct Request {
-    /// Plain text prompt (BOS added where the vocabulary asks for it). Exclusive with `messages`.
-    #[serde(default)]
-    pub prompt: Option<String>,
-    /// Chat messages, rendered with the model's chat template. Exclusive with `prompt`.
-    #[serde(default)]
-    pub messages: Option<Vec<Message>>,
-    #[serde(default = "default_max_tokens")]
-    pub max_tokens: usize,
-    /// 0 = greedy.
-    #[serde(default)]
-    pub temperature: f32,
-    /// 0 = no top-k cut.
-    #[serde(default)]
-    pub top_k: usize,
-    #[serde(default = "default_top_p")]
-    pub top_p: f32,
-    #[serde(default)]
-    pub seed: u64,
-    /// Generation ends when the text contains one of these; the text ends before it.
-    #[serde(default)]
-    pub stop: Vec<String>,
-    /// Default: the engine's ([`Engine::default_draft`]: the draft loaded last, else none).
-    #[serde(default)]
-    pub draft: Option<DraftKind>,
-    /// Fixed K; `None` = adaptive up to `max_draft_k`.
-    #[serde(default)]
-    pub draft_k: Option<usize>,
-    #[serde(default = "default_max_draft_k")]
-    pub max_draft_k: usize,
-}
-
-impl Request {
-    /// A greedy request for `prompt` with every other field at its default.
-    pub fn text(prompt: &str, max_tokens: usize) -> Request {
-        Request {
-            prompt: Some(prompt.to_string()),
-            messages: None,
-            max_tokens,
-            temperature: 0.0,
-            top_k: 0,
-            top_p: default_top_p(),
-            seed: 0,
-            stop: Vec::new(),
-            draft: None,
-            draft_k: None,
-            max_draft_k: default_max_draft_k(),
-        }
-    }
-
-    /// Parses a JSON request, naming the problem when it is malformed.
-    pub fn from_json(json: &str) -> Result<Request> {
-        let de = &mut serde_json::Deserializer::from_str(json);
-        serde_path_to_error::deserialize(de).map_err(|e| {
-            let path = e.path().to_string();
-            let err = e.into_inner();
-            match path.as_str() {
-                "." | "" => Error::InvalidArgument(format!("request: {err}")),
-                field => Error::InvalidArgument(format!("request field `{field}`: {err}")),
-            }
-        })
-    }
-
-    pub fn sampling(&self) -> SamplingParams {
-        SamplingParams {
-            temperature: self.temperature,
-            top_k: self.top_k,
-            top_p: self.top_p,
-            seed: self.seed,
-        }
-    }
-
-    pub fn k_policy(&self) -> KPolicy {
-        KPolicy::new(self.draft_k, self.max_draft_k)
-    }
-}
-
-/// One streamed piece of output.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct TokenEvent {
-    /// The token committed, or `None` for the final flush of text held back (an incomplete
-    /// UTF-8 sequence, or text that could have begun a stop string).
-    pub id: Option<u32>,
-    /// Text that became final with this event (possibly empty).
-    pub text: String,
-    /// The token was a draft token the target accepted (false: the target produced it).
-    pub from_draft: bool,
-}
-
-/// The result of [`Engine::generate`]. `text` equals the concatenation of the streamed texts.
-#[derive(Clone, Debug, Serialize)]
-pub struct Completion {
-    pub prompt_tokens: Vec<u32>,
-    pub tokens: Vec<u32>,
-    pub from_draft: Vec<bool>,
-    pub text: String,
-    /// `"stop"` (a stop token or string), `"length"` or `"cancelled"`.
-    pub finish_reason: FinishReason,
-    /// Counts and timings; `stats.draft` is `"none"` for plain decoding.
-    pub stats: SpecStats,
-}
+mod prompt;
+mod request;
+pub use prompt::Prompter;
+use prompt::StopFilter;
+pub use request::{Completion, Request, TokenEvent};
 
 /// Which model a load report is about.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -188,117 +78,6 @@ impl ModelInfo {
             file_weight_bytes: model.file_weight_bytes(),
             gpu_memory_bytes: model.memory_bytes(),
             chat_template: chat_template.is_some_and(|t| t.check().is_ok()),
-        }
-    }
-}
-
-/// Text streaming with stop strings: text is released only once it cannot begin a stop string.
-struct StopFilter<'a> {
-    stops: &'a [String],
-    /// All text so far (released and held).
-    text: String,
-    released: usize,
-    /// Byte offset in `text` where a stop string begins, once found.
-    hit: Option<usize>,
-}
-
-impl<'a> StopFilter<'a> {
-    fn new(stops: &'a [String]) -> Self {
-        StopFilter { stops, text: String::new(), released: 0, hit: None }
-    }
-
-    /// Adds `piece`; returns the text now safe to release.
-    fn push(&mut self, piece: &str) -> String {
-        self.text.push_str(piece);
-        let stops = self.stops.iter().filter(|s| !s.is_empty());
-        // A stop string can only begin in the unreleased part: released text never ends with the
-        // start of one, so searching from `released` finds every new occurrence.
-        let (released, unreleased) = (self.released, &self.text[self.released..]);
-        if let Some(i) = stops.clone().filter_map(|s| unreleased.find(s.as_str()).map(|i| released + i)).min()
-        {
-            self.hit = Some(i);
-            return self.release(i);
-        }
-        // Hold back the longest tail that is a prefix of some stop string.
-        let held = stops
-            .flat_map(|s| (1..s.len()).rev().filter(|&n| s.is_char_boundary(n)).map(move |n| &s[..n]))
-            .filter(|p| self.text.ends_with(p))
-            .map(str::len)
-            .max()
-            .unwrap_or(0);
-        self.release(self.text.len() - held)
-    }
-
-    fn release(&mut self, upto: usize) -> String {
-        let upto = upto.max(self.released);
-        let out = self.text[self.released..upto].to_string();
-        self.released = upto;
-        out
-    }
-
-    /// Everything not yet released (when no stop string was hit).
-    fn flush(&mut self) -> String {
-        match self.hit {
-            Some(_) => String::new(),
-            None => self.release(self.text.len()),
-        }
-    }
-}
-
-/// What turns a request into prompt ids: the target's tokenizer and chat template. Cloneable,
-/// so a front end can tokenize a request (and check it against the context) before it queues
-/// the request for the engine, then hand the ids to [`Engine::generate_from`].
-#[derive(Clone)]
-pub struct Prompter {
-    tokenizer: Tokenizer,
-    chat_template: Option<ChatTemplate>,
-}
-
-impl Prompter {
-    pub fn tokenizer(&self) -> &Tokenizer {
-        &self.tokenizer
-    }
-
-    pub fn has_chat_template(&self) -> bool {
-        self.chat_template.is_some()
-    }
-
-    /// The prompt text of `messages` under the model's chat template (assistant turn opened).
-    pub fn chat_prompt(&self, messages: &[Message]) -> Result<String> {
-        self.template()?.render(messages, true)
-    }
-
-    fn template(&self) -> Result<&ChatTemplate> {
-        self.chat_template
-            .as_ref()
-            .ok_or_else(|| Error::ChatTemplate("the model declares no chat template".into()))
-    }
-
-    /// The prompt's token ids: `prompt` with BOS where the vocabulary asks for it, or `messages`
-    /// under the chat template (which places the special tokens itself; message content stays
-    /// text).
-    pub fn prompt_tokens(&self, req: &Request) -> Result<Vec<u32>> {
-        self.tokens(req, None)
-    }
-
-    /// [`Prompter::prompt_tokens`] for a context of `context` positions: a prompt (or rendered
-    /// chat) of more bytes than `context` tokens can hold is refused before the tokenizer runs
-    /// ([`Error::PromptTooLong`]; see [`Tokenizer::max_bytes_per_token`]), so what tokenizing a
-    /// request costs is bounded by the context, whatever the request's size.
-    pub fn prompt_tokens_within(&self, req: &Request, context: usize) -> Result<Vec<u32>> {
-        self.tokens(req, TextLimit::new(&self.tokenizer, context))
-    }
-
-    fn tokens(&self, req: &Request, limit: Option<TextLimit>) -> Result<Vec<u32>> {
-        match (&req.prompt, &req.messages) {
-            (Some(p), None) => {
-                if let Some(limit) = limit {
-                    limit.check(p.len())?;
-                }
-                self.tokenizer.encode(p, true)
-            }
-            (None, Some(m)) => self.template()?.prompt_tokens_within(m, &self.tokenizer, limit),
-            _ => Err(Error::InvalidArgument("a request needs exactly one of `prompt` and `messages`".into())),
         }
     }
 }
@@ -794,38 +573,4 @@ fn shared_schedule(
         }
     };
     &mut schedules[i].1
-}
-
-#[cfg(test)]
-mod tests {
-    use super::StopFilter;
-
-    fn run(stops: &[&str], pieces: &[&str]) -> (Vec<String>, Option<usize>) {
-        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let mut f = StopFilter::new(&stops);
-        let mut out: Vec<String> = pieces.iter().map(|p| f.push(p)).collect();
-        out.push(f.flush());
-        (out, f.hit)
-    }
-
-    #[test]
-    fn stop_filter_holds_back_possible_starts() {
-        let (out, hit) = run(&["\n\n"], &["a", "b\n", "c", "\n", "\n", "d"]);
-        assert_eq!(out, ["a", "b", "\nc", "", "", "", ""]);
-        assert_eq!(hit, Some(4));
-    }
-
-    #[test]
-    fn stop_filter_releases_everything_without_a_hit() {
-        let (out, hit) = run(&["END"], &["x", "E", "N", "y", "EN"]);
-        assert_eq!(out, ["x", "", "", "ENy", "", "EN"]);
-        assert_eq!(hit, None);
-    }
-
-    #[test]
-    fn stop_filter_without_stops_is_transparent() {
-        let (out, hit) = run(&[], &["a", "b"]);
-        assert_eq!(out, ["a", "b", ""]);
-        assert_eq!(hit, None);
-    }
 }
