@@ -192,7 +192,7 @@ impl RefModel {
     }
 }
 
-/// An EAGLE head on the CPU (the layouts of `src/model/eagle.rs`). EAGLE-1: position p takes the
+/// An EAGLE head on the CPU (the layouts of `src/model/eagle/`). EAGLE-1: position p takes the
 /// target's feature f_p (its final hidden state) and the token t_{p+1}, and gives the predicted
 /// feature f^_{p+1} and its logits through the target's output projection. EAGLE-3: the feature
 /// is the target's three taps side by side (through `fc`) or the head's own previous output; the
