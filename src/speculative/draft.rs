@@ -143,8 +143,11 @@ pub trait Draft {
     fn kind(&self) -> DraftKind;
 
     /// Sees the prompt before generation starts (a draft model prefills its KV cache with all of
-    /// it but the last token). Returns the forward passes it ran.
-    fn prefill<'a>(&'a mut self, prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>>;
+    /// it but the last token; drafts without a cache of their own do nothing). Returns the
+    /// forward passes it ran.
+    fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
+        Box::pin(async { Ok(0) })
+    }
 
     /// Proposes up to `budget.depth` tokens following `context` (the prompt and every token
     /// generated so far; the target has not yet run the last one), or a tree of up to

@@ -121,10 +121,6 @@ impl Draft for Medusa {
         DraftKind::Medusa
     }
 
-    fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
-        Box::pin(async { Ok(0) })
-    }
-
     fn target_pass<'a>(
         &'a mut self,
         _context: &'a [u32],

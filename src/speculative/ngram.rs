@@ -170,10 +170,6 @@ impl Draft for NGram {
         DraftKind::Ngram
     }
 
-    fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
-        Box::pin(async { Ok(0) })
-    }
-
     fn propose<'a>(
         &'a mut self,
         context: &'a [u32],
@@ -212,10 +208,6 @@ mod tests {
     impl Draft for Fixed {
         fn kind(&self) -> DraftKind {
             DraftKind::Eagle
-        }
-
-        fn prefill<'a>(&'a mut self, _prompt: &'a [u32]) -> LocalFuture<'a, Result<usize>> {
-            Box::pin(async { Ok(0) })
         }
 
         fn propose<'a>(
