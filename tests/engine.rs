@@ -536,3 +536,46 @@ fn a_hugging_face_folder_brings_its_chat_template() {
     assert_eq!(t.render(&m, true).expect("render"), "<user>hi");
     assert_eq!(opened.checkpoint.config.n_layers, 2);
 }
+
+/// One GPU memory budget for the target, the draft model and the heads: each is checked against
+/// what the others already take (their bills), to the byte, before anything of it is allocated.
+#[test]
+fn one_memory_budget_for_the_target_the_draft_and_the_heads() {
+    let target_file = tiny_gguf(42);
+    let opened = |file: &Vec<u8>| {
+        let mut files = ModelFiles::new();
+        files.add("model.gguf", file.clone()).expect("add");
+        files.open().expect("open")
+    };
+    let heads = || {
+        let mut r = rng(42);
+        let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+        let (heads, config) =
+            common::tiny::medusa_heads(&tiny, 3, 1, DType::F16, common::tiny::MedusaKind::Random, &mut r);
+        let mut files = ModelFiles::new();
+        files.add("medusa_lm_head.safetensors", heads).expect("add");
+        files.add("config.json", config).expect("add");
+        files
+    };
+    let engine = |max_memory| {
+        let opts = LoadOptions { context: Some(128), max_memory, ..Default::default() };
+        Engine::load(gpu(), opened(&target_file), &opts, &mut |_, _| {}).expect("target")
+    };
+    // each part's bill, from an engine without a budget
+    let mut free = engine(None);
+    let target = free.memory_bytes();
+    let medusa = free.load_medusa(heads(), &mut |_, _| {}).expect("heads").memory_bytes();
+    let draft = free.load_draft(opened(&tiny_gguf(43)), &mut |_, _| {}).expect("draft").gpu_memory_bytes;
+    assert_eq!(free.memory_bytes(), target + medusa + draft);
+    // exactly enough for all three
+    let mut fits = engine(Some(target + medusa + draft));
+    fits.load_medusa(heads(), &mut |_, _| {}).expect("the heads fit");
+    fits.load_draft(opened(&tiny_gguf(43)), &mut |_, _| {}).expect("the draft fits beside them");
+    // one byte short: the draft model is refused, the heads it would not fit beside counted
+    let mut short = engine(Some(target + medusa + draft - 1));
+    short.load_medusa(heads(), &mut |_, _| {}).expect("the heads fit");
+    let err = short.load_draft(opened(&tiny_gguf(43)), &mut |_, _| {}).expect_err("one byte short");
+    let msg = err.to_string();
+    assert!(matches!(err, Error::GpuLimit(_)) && msg.contains("the draft model needs"), "{msg}");
+    assert!(short.draft_model().is_none(), "nothing of the refused draft stays");
+}

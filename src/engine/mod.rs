@@ -312,13 +312,18 @@ impl Engine {
         self.eagle.as_ref().map(Eagle::head)
     }
 
-    /// Refuses `bytes` more GPU memory for `what` when the budget cannot hold them beside the
-    /// models and heads already loaded.
-    fn check_budget(&self, what: &str, bytes: u64) -> Result<()> {
-        let used = self.target.memory_bytes()
+    /// GPU memory the target, the draft model and the heads loaded take (each its bill).
+    pub fn memory_bytes(&self) -> u64 {
+        self.target.memory_bytes()
             + self.draft_model().map_or(0, |d| d.memory_bytes())
             + self.medusa().map_or(0, |m| m.memory_bytes())
-            + self.eagle().map_or(0, |e| e.memory_bytes());
+            + self.eagle().map_or(0, |e| e.memory_bytes())
+    }
+
+    /// Refuses `bytes` more GPU memory for `what` when the budget cannot hold them beside the
+    /// models and heads already loaded (the one check for a draft model and every head).
+    fn check_budget(&self, what: &str, bytes: u64) -> Result<()> {
+        let used = self.memory_bytes();
         match self.load_options.max_memory.filter(|&b| used + bytes > b) {
             Some(budget) => Err(Error::GpuLimit(format!(
                 "{what} needs {:.1} MB of GPU memory; {:.1} MB of the {:.1} MB budget are left",
@@ -352,11 +357,16 @@ impl Engine {
             (&self.target.config, &self.prompter.tokenizer),
             (&draft.checkpoint.config, &draft.tokenizer),
         )?;
-        // The draft shares the budget with the target.
-        let max_memory = self.load_options.max_memory.map(|b| b.saturating_sub(self.target.memory_bytes()));
-        let opts =
-            LoadOptions { context: Some(self.target.context()), max_memory, ..self.load_options.clone() };
+        // The draft shares the budget with the target and the heads loaded (checked here, once,
+        // as theirs are).
+        let opts = LoadOptions {
+            context: Some(self.target.context()),
+            max_memory: None,
+            ..self.load_options.clone()
+        };
         let gpu = self.target.gpu().clone();
+        let bill = Model::plan(&gpu, &draft.checkpoint, &opts)?;
+        self.check_budget("the draft model", bill.total)?;
         let model =
             Model::load_async(gpu, &draft.checkpoint, &opts, &mut |p| progress(Role::Draft, p)).await?;
         let info = ModelInfo::of(&model, draft.checkpoint.file_bytes(), draft.chat_template.as_ref());
