@@ -142,10 +142,15 @@ impl Kernel {
     }
 
     /// The WGSL ahead of the kernel's files: its uniform structs, and the host's constants its
-    /// source must agree with (the EAGLE tree's output offsets and modes).
+    /// source must agree with (the slice of logits the argmax's and top-k's first dispatch's
+    /// workgroups take, which the host sizes their grids by; the EAGLE tree's output offsets and
+    /// modes).
     fn prelude(self) -> String {
         use super::ops::*;
         let mut s: String = self.uniforms().iter().map(Layout::wgsl).collect();
+        if matches!(self, Kernel::Argmax | Kernel::TopK) {
+            s.push_str(&wgsl_constants(&[("SLICE", REDUCE_SLICE as u64)]));
+        }
         if self == Kernel::EagleTree {
             s.push_str(&wgsl_constants(&[
                 ("O_STEP", EAGLE_TREE_STEP),
@@ -176,11 +181,10 @@ impl Kernel {
             };
             Cow::Owned(format!("{format}\n{op}"))
         };
-        // the argmax's and top-k's order and pick (shaders/share/rank.wgsl), with the slice of
-        // logits their first dispatch's workgroups take, from the constant the host sizes it by
+        // the argmax's and top-k's order and pick (shaders/share/rank.wgsl)
         let with_rank = |op: &str| {
             let rank = include_str!("../../shaders/share/rank.wgsl");
-            Cow::Owned(format!("const SLICE: u32 = {}u;\n{rank}\n{op}", super::ops::REDUCE_SLICE))
+            Cow::Owned(format!("{rank}\n{op}"))
         };
         // shaders/share/dot.wgsl: a dot product no compiler can contract differently
         const DOT: &str = include_str!("../../shaders/share/dot.wgsl");

@@ -546,6 +546,23 @@ impl Gpu {
         self.billed_bytes.load(Ordering::Relaxed)
     }
 
+    /// Refuses a table of buffers (`(label, 4-byte words, how many)`, as the memory bills hold
+    /// them) with one that a binding cannot cover on this adapter: checked before anything is
+    /// allocated.
+    pub fn check_bindings(&self, table: &[(&str, usize, usize)]) -> Result<()> {
+        for &(label, words, _) in table {
+            // (u64: a 32-bit usize in the browser must not wrap)
+            let bytes = 4 * words as u64;
+            if bytes > self.max_binding_bytes() {
+                return Err(Error::GpuLimit(format!(
+                    "{label} needs {bytes} bytes in one binding; the adapter allows {} (maxStorageBufferBindingSize, maxBufferSize)",
+                    self.max_binding_bytes()
+                )));
+            }
+        }
+        Ok(())
+    }
+
     /// A uniform buffer holding `data` (padded to 16 bytes).
     pub fn uniform(&self, label: &str, data: &[u8]) -> wgpu::Buffer {
         let size = (data.len() as u64).max(16).next_multiple_of(16);

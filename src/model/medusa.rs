@@ -260,7 +260,9 @@ impl MedusaHeads {
                 bytes += if kept { stored.bytes_for(n).unwrap_or(4 * n) } else { 4 * n };
             }
         }
-        Ok(bytes + MedusaSizes::new(&target.config, config, top_k).bytes())
+        let sizes = MedusaSizes::new(&target.config, config, top_k);
+        target.gpu().check_bindings(&sizes.table())?;
+        Ok(bytes + sizes.bytes())
     }
 
     /// Uploads the heads of `ckpt` (a [`Checkpoint::from_named_safetensors`] of the heads' file,
@@ -283,6 +285,8 @@ impl MedusaHeads {
                 "Medusa heads rank 1..={MAX_TOP_K} ids, not {top_k}"
             )));
         }
+        // (their bill first: a buffer no binding can cover is refused before anything is allocated)
+        let memory_bytes = MedusaHeads::plan(target, ckpt, (config, prefix), opts.precision, top_k)?;
         let gpu = target.gpu().clone();
         let g = &*gpu;
         let table = head_tensors(prefix, config, dim, vocab);
@@ -321,7 +325,6 @@ impl MedusaHeads {
             program.push(Action::Ops(ops, config.heads as u32));
         }
         g.take_error()?;
-        let memory_bytes = MedusaHeads::plan(target, ckpt, (config, prefix), opts.precision, top_k)?;
         Ok(MedusaHeads {
             config,
             gpu,

@@ -545,6 +545,7 @@ impl EagleHead {
             bytes += if kept { stored } else { 4 * n };
         }
         let sizes = HeadSizes::new(target.gpu(), c, layout, target.context(), top_k);
+        target.gpu().check_bindings(&sizes.table())?;
         Ok(bytes + sizes.bytes())
     }
 
@@ -564,6 +565,8 @@ impl EagleHead {
     ) -> Result<EagleHead> {
         let c = ckpt.config.clone();
         let taps = check_load(&c, target, layout, top_k)?;
+        // (its bill first: a buffer no binding can cover is refused before anything is allocated)
+        let memory_bytes = EagleHead::plan(target, ckpt, layout, opts.precision, top_k)?;
         let gpu = target.gpu().clone();
         let g = &*gpu;
         let t = EagleTensors::new(&c, layout);
@@ -591,7 +594,6 @@ impl EagleHead {
         // (kernels compile as their first ops are built: one that fails fails the load)
         let scope = g.build_scope();
         let ops = HeadOps::record(target, &state, taps, layout, top_k);
-        let memory_bytes = EagleHead::plan(target, ckpt, layout, opts.precision, top_k)?;
         scope.close("building the EAGLE head's kernels")?;
         Ok(EagleHead {
             config: c,

@@ -46,16 +46,7 @@ impl Model {
         }
         // Buffers bound whole: checked before anything is allocated.
         let buffers = Buffers::new(gpu, c, context, kv_in_f16(c, opts.precision));
-        for (label, words, _) in buffers.table() {
-            // (u64: a 32-bit usize in the browser must not wrap)
-            let bytes = 4 * words as u64;
-            if bytes > gpu.max_binding_bytes() {
-                return Err(Error::GpuLimit(format!(
-                    "{label} needs {bytes} bytes in one binding; the adapter allows {} (maxStorageBufferBindingSize, maxBufferSize)",
-                    gpu.max_binding_bytes()
-                )));
-            }
-        }
+        gpu.check_bindings(&buffers.table())?;
         // The whole bill before the first allocation: weights as they will be kept (stored
         // blocks, or f32), then the KV cache and the scratch buffers above.
         let (mut weight_bytes, mut file_weight_bytes) = (0u64, 0u64);
