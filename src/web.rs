@@ -388,14 +388,16 @@ impl WebEngine {
         let parsed = openai::parse(endpoint, body_json.as_bytes(), &[]).map_err(js_err)?;
         let mut slot = self.slot.borrow_mut();
         let engine = self.ready(&mut slot)?;
-        let mut req = parsed.request;
-        let prompt = engine.prompt_tokens(&req).map_err(js_err)?;
-        let field = if req.messages.is_some() { "messages" } else { "prompt" };
-        req.max_tokens =
-            openai::fit_context(prompt.len(), parsed.max_tokens, engine.target().context(), field)
-                .map_err(js_err)?;
+        // the server's sequence: a prompt tokenized within the context, the draft checked, the
+        // reply fitted (openai::Parsed::ready)
+        let context = engine.target().context();
+        let prompt = engine.prompter().prompt_tokens_within(&parsed.request, context).map_err(js_err)?;
+        let missing = |kind: DraftKind| {
+            engine.missing(kind).map(|what| format!("`draft` \"{}\": {what} not loaded", kind.name()))
+        };
+        let parsed = parsed.ready(&prompt, context, engine.default_draft(), &missing).map_err(js_err)?;
         drop(slot);
-        self.run(req, Some(prompt), on_token)
+        self.run(parsed.request, Some(prompt), on_token)
     }
 }
 

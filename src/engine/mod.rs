@@ -186,8 +186,8 @@ impl Engine {
         Ok(())
     }
 
-    /// What `kind` needs that is not loaded (None: it can run).
-    fn missing(&self, kind: DraftKind) -> Option<&'static str> {
+    /// What `kind` needs that is not loaded (None: it can run): "a draft model is", ...
+    pub fn missing(&self, kind: DraftKind) -> Option<&'static str> {
         match kind.base() {
             DraftKind::Model if self.draft.is_none() => Some("a draft model is"),
             DraftKind::Medusa if self.medusa.is_none() => Some("Medusa heads are"),

@@ -140,6 +140,41 @@ pub struct Parsed {
     pub include_usage: bool,
 }
 
+impl Parsed {
+    /// The field that holds the prompt: `messages` or `prompt` (what a refusal of it names).
+    pub fn prompt_field(&self) -> &'static str {
+        if self.request.messages.is_some() {
+            "messages"
+        } else {
+            "prompt"
+        }
+    }
+
+    /// The rest of a request's way to the engine once its prompt is tokenized (`prompt` ids; the
+    /// server and the browser share it): a draft it names that cannot run here refused, naming
+    /// `draft` (`missing` says why a kind cannot), the default draft set where it names none,
+    /// its reply fitted to `context` ([`fit_context`]), and its text dropped (the engine reads
+    /// the ids).
+    pub fn ready(
+        mut self,
+        prompt: &[u32],
+        context: usize,
+        default_draft: DraftKind,
+        missing: &dyn Fn(DraftKind) -> Option<String>,
+    ) -> Result<Parsed> {
+        if let Some(why) = self.request.draft.and_then(missing) {
+            return Err(Refusal::field("draft", why));
+        }
+        let field = self.prompt_field();
+        let request = &mut self.request;
+        request.draft = Some(request.draft.unwrap_or(default_draft));
+        request.max_tokens = fit_context(prompt.len(), self.max_tokens, context, field)?;
+        request.prompt = None;
+        request.messages = None;
+        Ok(self)
+    }
+}
+
 /// Reads a completion body for `endpoint`. `model_ids` are the names the loaded model answers to
 /// (empty: any `model` is taken, as the browser package serves whatever it loaded).
 pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<Parsed> {
@@ -549,5 +584,32 @@ mod tests {
         let e = fit_context(64, None, 64, "messages").err().map(refusal);
         assert_eq!(e.and_then(|e| e.0).as_deref(), Some("messages"));
         assert!(fit_context(0, None, 64, "prompt").is_err());
+    }
+
+    #[test]
+    fn a_parsed_request_is_made_ready_once_for_the_server_and_the_browser() {
+        let chat = |body: &[u8]| parse(Endpoint::Chat, body, &ids()).unwrap_or_else(|e| panic!("{e}"));
+        let no_heads = |kind: DraftKind| (kind.base() == DraftKind::Medusa).then(|| "no heads".to_string());
+        // the default draft, the rest of the context, the text dropped
+        let body = br#"{"messages": [{"role": "user", "content": "hi"}]}"#;
+        let ready = chat(body).ready(&[1, 2, 3], 64, DraftKind::Ngram, &no_heads).expect("ready");
+        let r = &ready.request;
+        assert_eq!((r.draft, r.max_tokens), (Some(DraftKind::Ngram), 61));
+        assert!(r.messages.is_none() && r.prompt.is_none());
+        // a draft it names that cannot run here: refused, naming `draft`
+        let body = br#"{"messages": [{"role": "user", "content": "hi"}], "draft": "medusa+ngram"}"#;
+        let e = chat(body).ready(&[1, 2, 3], 64, DraftKind::Ngram, &no_heads).err().map(refusal);
+        assert_eq!(e, Some((Some("draft".into()), None)));
+        // one that can, kept; a reply over the context names `max_tokens`
+        let body = br#"{"messages": [{"role": "user", "content": "hi"}], "draft": "none", "max_tokens": 8}"#;
+        let ready = chat(body).ready(&[1, 2, 3], 64, DraftKind::Ngram, &no_heads).expect("ready");
+        assert_eq!((ready.request.draft, ready.request.max_tokens), (Some(DraftKind::None), 8));
+        let e = chat(body).ready(&[1; 60], 64, DraftKind::Ngram, &no_heads).err().map(refusal);
+        assert_eq!(e.and_then(|e| e.0).as_deref(), Some("max_tokens"));
+        // the prompt's field is named for a completion too
+        let prompt = parse(Endpoint::Completions, br#"{"prompt": "a"}"#, &ids()).expect("parse");
+        assert_eq!(prompt.prompt_field(), "prompt");
+        let e = prompt.ready(&[1; 64], 64, DraftKind::None, &no_heads).err().map(refusal);
+        assert_eq!(e.and_then(|e| e.0).as_deref(), Some("prompt"));
     }
 }

@@ -21,7 +21,6 @@ use super::metrics::Metrics;
 use super::openai::{self, Endpoint, Shape};
 use super::worker::{Event, Job, Loaded, Refused};
 use super::{App, ModelInfo};
-use wgspec::openai::fit_context;
 use wgspec::tokenizer::TextLimit;
 
 /// The largest request body.
@@ -283,29 +282,22 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<
         Ok::<_, ApiError>((parsed, prompt))
     })
     .await??;
-    let field = if parsed.request.messages.is_some() { "messages" } else { "prompt" };
-    let prompt = prompt.map_err(|e| ApiError::from(e).with_param_if_none(field))?;
-    let mut request = parsed.request;
+    let prompt = prompt.map_err(|e| ApiError::from(e).with_param_if_none(parsed.prompt_field()))?;
     // a draft model or heads (alone or merged with the n-gram) only where the server loaded them
-    if let Some(asked) = request.draft.filter(|d| d.base() != model.default_draft.base()) {
-        let loaded = match asked.base() {
-            DraftKind::Model => Some("no draft model (start it with --draft MODEL)"),
-            DraftKind::Medusa => Some("no Medusa heads (start it with --draft medusa:PATH)"),
-            DraftKind::Eagle => Some("no EAGLE head (start it with --draft eagle:PATH)"),
-            _ => None,
+    let server_draft = model.default_draft;
+    let missing = |asked: DraftKind| {
+        let why = match asked.base() {
+            base if base == server_draft.base() => return None,
+            DraftKind::Model => "no draft model (start it with --draft MODEL)",
+            DraftKind::Medusa => "no Medusa heads (start it with --draft medusa:PATH)",
+            DraftKind::Eagle => "no EAGLE head (start it with --draft eagle:PATH)",
+            _ => return None,
         };
-        if let Some(why) = loaded {
-            return Err(ApiError::field(
-                "draft",
-                format!("`draft` \"{}\": this server runs {why}", asked.name()),
-            ));
-        }
-    }
-    request.draft = Some(request.draft.unwrap_or(model.default_draft));
-    request.max_tokens = fit_context(prompt.len(), parsed.max_tokens, loaded.context, field)?;
-    // The engine reads the ids; the text need not wait in the queue.
-    request.prompt = None;
-    request.messages = None;
+        Some(format!("`draft` \"{}\": this server runs {why}", asked.name()))
+    };
+    // (the engine reads the ids: the text need not wait in the queue)
+    let wgspec::openai::Parsed { request, stream: streamed, include_usage, .. } =
+        parsed.ready(&prompt, loaded.context, server_draft, &missing)?;
     let (events, mut rx) = mpsc::unbounded_channel();
     let job = Job { request, prompt, events };
     // Dropped when this handler is (its client left): the job leaves the queue with it.
@@ -330,9 +322,9 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<
         Some(Event::Failed(e)) => return Err(e),
         _ => return Err(ApiError::internal("the GPU worker stopped before the request ran")),
     }
-    let shape = Shape::new(endpoint, &model.ids[0], parsed.include_usage);
+    let shape = Shape::new(endpoint, &model.ids[0], include_usage);
     let timing = Timing { arrived, last: None, metrics: app.metrics.clone() };
-    if parsed.stream {
+    if streamed {
         Ok(stream(shape, rx, timing))
     } else {
         whole(shape, rx, timing).await
