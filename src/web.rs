@@ -25,13 +25,15 @@ use std::sync::Arc;
 use js_sys::Function;
 use wasm_bindgen::prelude::*;
 
-use crate::engine::{DraftKind, Engine, ModelInfo, Request, Role};
+use crate::engine::{Completion, DraftKind, Engine, ModelInfo, Request, Role, TokenEvent};
 use crate::error::Error;
 use crate::files::ModelFiles;
+use crate::generation::FinishReason;
 use crate::gpu::Gpu;
 use crate::loader::source::{Prefix, Source};
 use crate::model::{Checkpoint, LoadOptions, LoadProgress, Model, DEFAULT_READ_BYTES};
-use crate::openai::{self, Endpoint};
+use crate::openai::response::Chunk;
+use crate::openai::{self, Endpoint, ErrorReply, Parsed, Reply, Shape, Stream};
 use crate::tokenizer::Message;
 
 fn js_err(e: Error) -> JsError {
@@ -47,6 +49,17 @@ enum Slot {
     Ready(Box<Engine>),
     /// A generation or a load holds the engine until its promise settles.
     Busy,
+}
+
+impl Slot {
+    /// The engine, or why there is none.
+    fn engine(&mut self) -> crate::Result<&mut Engine> {
+        match self {
+            Slot::Ready(engine) => Ok(engine),
+            Slot::Busy => Err(Error::Busy("a generation is running".into())),
+            Slot::Empty => Err(Error::InvalidArgument("no target model is loaded".into())),
+        }
+    }
 }
 
 /// A WebGPU device with (once loaded) a target model, an optional draft and their tokenizer.
@@ -363,75 +376,151 @@ impl WebEngine {
     /// stops generation. Resolves to the JSON [`crate::engine::Completion`].
     pub fn generate(&self, request_json: &str, on_token: Function) -> Result<js_sys::Promise, JsError> {
         let req = Request::from_json(request_json).map_err(js_err)?;
-        self.run(req, None, on_token)
+        let emit = move |ev: &TokenEvent| {
+            let id = ev.id.map_or(JsValue::UNDEFINED, JsValue::from);
+            let text = JsValue::from_str(&ev.text);
+            match on_token.call3(&JsValue::NULL, &id, &text, &JsValue::from_bool(ev.from_draft)) {
+                // Only an explicit `false` stops; a callback returning nothing goes on.
+                Ok(v) => v.as_bool() != Some(false),
+                Err(_) => false,
+            }
+        };
+        let running = self.run(req, None, Box::new(emit))?;
+        Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let out = running.await.map_err(|e| JsValue::from(js_err(e)))?;
+            let json = serde_json::to_string(&out)
+                .map_err(|e| JsValue::from(js_err(Error::InvalidArgument(format!("result: {e}")))))?;
+            Ok(JsValue::from_str(&json))
+        }))
     }
 
-    /// Runs an OpenAI request body (`endpoint`: `"chat"` for chat completions, `"completions"`),
-    /// read by the same parser as the HTTP server's ([`crate::openai::parse`]): the same fields,
-    /// defaults (temperature 1) and refusals (naming the field), and `max_tokens` fitted to the
-    /// context. Streams and resolves as [`WebEngine::generate`] does.
+    /// Runs an OpenAI request body (`endpoint`: `"chat"` for chat completions, `"completions"`)
+    /// as the HTTP server does, from the same library code: the same parser
+    /// ([`crate::openai::parse`]: fields, defaults such as temperature 1, refusals naming the
+    /// field), the prompt tokenized within the context and the reply fitted to it
+    /// ([`crate::openai::Parsed::ready`]), and the same answers ([`crate::openai::response`]),
+    /// carrying `model` as their model name.
+    ///
+    /// With `stream`, `on_chunk(chunk)` gets each chunk as JSON text, in order (the first and the
+    /// last ones included); it is also called with `null` for a token whose text is held back.
+    /// Returning `false` stops the generation. Resolves to JSON `{"completion", "response"}`: the
+    /// engine's [`crate::engine::Completion`], and the whole answer (null with `stream`).
+    ///
+    /// Rejects with an `Error` whose `status` and `error` (`{message, type, param, code}`) are
+    /// the server's answer to the same request, or, when `on_chunk` stopped it, an `AbortError`.
     pub fn generate_openai(
         &self,
         endpoint: &str,
         body_json: &str,
-        on_token: Function,
-    ) -> Result<js_sys::Promise, JsError> {
+        model: &str,
+        on_chunk: Function,
+    ) -> Result<js_sys::Promise, JsValue> {
         let endpoint = match endpoint {
             "chat" => Endpoint::Chat,
             "completions" => Endpoint::Completions,
             other => {
-                return Err(js_err(Error::InvalidArgument(format!(
-                    "endpoint {other:?}: chat or completions"
-                ))))
+                let e = Error::InvalidArgument(format!("endpoint {other:?}: chat or completions"));
+                return Err(api_err((&e).into()));
             }
         };
-        let parsed = openai::parse(endpoint, body_json.as_bytes(), &[]).map_err(js_err)?;
-        let mut slot = self.slot.borrow_mut();
-        let engine = self.ready(&mut slot)?;
-        // the server's sequence: a prompt tokenized within the context, the draft checked, the
-        // reply fitted (openai::Parsed::ready)
-        let context = engine.target().context();
-        let prompt = engine.prompter().prompt_tokens_within(&parsed.request, context).map_err(js_err)?;
-        let missing = |kind: DraftKind| {
-            engine.missing(kind).map(|what| format!("`draft` \"{}\": {what} not loaded", kind.name()))
+        let (parsed, prompt) = self.prepare_openai(endpoint, body_json).map_err(api_err)?;
+        let chunks = Rc::new(RefCell::new(Stream::new(Shape::new(endpoint, model, parsed.include_usage))));
+        let streamed = parsed.stream;
+        let send = move |chunk: Option<&Chunk>| {
+            let json = chunk.and_then(|c| serde_json::to_string(c).ok());
+            let arg = json.map_or(JsValue::NULL, |j| JsValue::from_str(&j));
+            // Only an explicit `false` stops.
+            on_chunk.call1(&JsValue::NULL, &arg).is_ok_and(|v| v.as_bool() != Some(false))
         };
-        let parsed = parsed.ready(&prompt, context, engine.default_draft(), &missing).map_err(js_err)?;
-        drop(slot);
-        self.run(parsed.request, Some(prompt), on_token)
+        let send = Rc::new(send);
+        if streamed {
+            if let Some(first) = chunks.borrow().start() {
+                send(Some(&first));
+            }
+        }
+        let (events, sink) = (chunks.clone(), send.clone());
+        let emit = move |ev: &TokenEvent| match streamed {
+            true => sink(events.borrow_mut().token(ev).as_ref()),
+            false => sink(None),
+        };
+        let running = self.run(parsed.request, Some(prompt), Box::new(emit))?;
+        Ok(wasm_bindgen_futures::future_to_promise(async move {
+            let completion = running.await.map_err(|e| api_err((&e).into()))?;
+            if completion.finish_reason == FinishReason::Cancelled {
+                return Err(abort_error());
+            }
+            let reply = Reply::from(completion.clone());
+            let shape = chunks.borrow().shape.clone();
+            let response = match streamed {
+                true => {
+                    for chunk in chunks.borrow_mut().finish(&reply) {
+                        send(Some(&chunk));
+                    }
+                    None
+                }
+                false => Some(shape.response(&reply)),
+            };
+            let out = serde_json::json!({ "completion": completion, "response": response });
+            Ok(JsValue::from_str(&out.to_string()))
+        }))
     }
 }
 
+/// A JS `Error` carrying what the server answers (`reply`): `status` and `error` (`{message, type,
+/// param, code}`), as the OpenAI client's `APIError` has them.
+fn api_err(reply: ErrorReply) -> JsValue {
+    let error = js_sys::Error::new(&reply.message);
+    let body = reply.body();
+    let fields = js_sys::JSON::parse(&body["error"].to_string()).unwrap_or(JsValue::NULL);
+    let _ = js_sys::Reflect::set(&error, &"status".into(), &JsValue::from(reply.status));
+    let _ = js_sys::Reflect::set(&error, &"error".into(), &fields);
+    error.into()
+}
+
+/// The `Error` of a generation its caller stopped (named `AbortError`, as `fetch` names it).
+fn abort_error() -> JsValue {
+    let error = js_sys::Error::new("the generation was aborted");
+    error.set_name("AbortError");
+    error.into()
+}
+
 impl WebEngine {
-    /// Takes the engine out of its slot for one generation (`prompt`: already tokenized) and
-    /// puts it back when the promise settles.
+    /// Parses an OpenAI body, tokenizes its prompt within the context and readies the request
+    /// (the server's sequence: [`crate::openai::Parsed::ready`]).
+    fn prepare_openai(&self, endpoint: Endpoint, body_json: &str) -> Result<(Parsed, Vec<u32>), ErrorReply> {
+        let parsed = openai::parse(endpoint, body_json.as_bytes(), &[]).map_err(|e| ErrorReply::from(&e))?;
+        let mut slot = self.slot.borrow_mut();
+        let engine = slot.engine().map_err(|e| ErrorReply::from(&e))?;
+        let context = engine.target().context();
+        let prompt = engine
+            .prompter()
+            .prompt_tokens_within(&parsed.request, context)
+            .map_err(|e| ErrorReply::from(&e).with_param_if_none(parsed.prompt_field()))?;
+        let missing = |kind: DraftKind| {
+            engine.missing(kind).map(|what| format!("`draft` \"{}\": {what} not loaded", kind.name()))
+        };
+        let parsed = parsed.ready(&prompt, context, engine.default_draft(), &missing);
+        Ok((parsed.map_err(|e| ErrorReply::from(&e))?, prompt))
+    }
+
+    /// Takes the engine out of its slot for one generation (`prompt`: already tokenized; `emit`
+    /// gets each token event and returns false to stop); the future puts it back when it ends.
     fn run(
         &self,
         req: Request,
         prompt: Option<Vec<u32>>,
-        on_token: Function,
-    ) -> Result<js_sys::Promise, JsError> {
+        mut emit: Box<dyn FnMut(&TokenEvent) -> bool>,
+    ) -> Result<impl std::future::Future<Output = crate::Result<Completion>>, JsError> {
         let mut engine = self.take_engine()?;
         let slot = self.slot.clone();
-        Ok(wasm_bindgen_futures::future_to_promise(async move {
-            let mut emit = |ev: &crate::engine::TokenEvent| {
-                let id = ev.id.map_or(JsValue::UNDEFINED, JsValue::from);
-                let text = JsValue::from_str(&ev.text);
-                match on_token.call3(&JsValue::NULL, &id, &text, &JsValue::from_bool(ev.from_draft)) {
-                    // Only an explicit `false` stops; a callback returning nothing goes on.
-                    Ok(v) => v.as_bool() != Some(false),
-                    Err(_) => false,
-                }
-            };
+        Ok(async move {
             let result = match prompt {
                 Some(ids) => engine.generate_from(ids, &req, &mut emit).await,
                 None => engine.generate(&req, &mut emit).await,
             };
             *slot.borrow_mut() = Slot::Ready(Box::new(engine));
-            let out = result.map_err(|e| JsValue::from(js_err(e)))?;
-            let json = serde_json::to_string(&out)
-                .map_err(|e| JsValue::from(js_err(Error::InvalidArgument(format!("result: {e}")))))?;
-            Ok(JsValue::from_str(&json))
-        }))
+            result
+        })
     }
 }
 
@@ -462,10 +551,6 @@ impl WebEngine {
 
     /// The engine, or why there is none.
     fn ready<'a>(&self, slot: &'a mut Slot) -> Result<&'a mut Engine, JsError> {
-        match slot {
-            Slot::Ready(engine) => Ok(engine),
-            Slot::Busy => Err(js_err(Error::Busy("a generation is running".into()))),
-            Slot::Empty => Err(js_err(Error::InvalidArgument("no target model is loaded".into()))),
-        }
+        slot.engine().map_err(js_err)
     }
 }

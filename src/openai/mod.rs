@@ -7,6 +7,7 @@
 //! reading it takes stays close to its size, whatever it holds.
 
 mod fields;
+pub mod response;
 
 use serde::de::IgnoredAny;
 use serde::Deserialize;
@@ -16,6 +17,7 @@ use crate::error::{Error, Result};
 use crate::tokenizer::Message;
 use fields::{Messages, Probe, PromptText, Stops};
 pub use fields::{MAX_MESSAGES, MAX_STOPS, MAX_STOP_BYTES};
+pub use response::{finish_reason, ErrorReply, Reply, Shape, Stream, Usage, WgspecStats};
 
 /// 400-class refusals, built the way the parser needs them.
 struct Refusal;
@@ -410,13 +412,18 @@ fn check_harmless(b: &Body) -> Result<()> {
     Ok(())
 }
 
-/// A random 64-bit value (ids, seeds of unseeded requests): std's randomly keyed hasher.
+/// A random 64-bit value (ids, seeds of unseeded requests): std's randomly keyed hasher, and in
+/// the browser (where std has no randomness and keys every hasher alike) `Math.random`'s bits.
 pub fn random_u64() -> u64 {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
+    #[cfg(target_arch = "wasm32")]
+    for _ in 0..2 {
+        h.write_u64((js_sys::Math::random() * 2f64.powi(53)) as u64);
+    }
     h.finish()
 }
 

@@ -145,13 +145,12 @@ export interface GenerationResult {
 }
 
 /**
- * OpenAI's chat completion body, read by the engine with the same parser as `wgspec serve`:
+ * The fields both OpenAI routes take, read by the engine with the same parser as `wgspec serve`:
  * unknown fields and unsupported values (`n` other than 1, penalties, logprobs, tools) are refused
  * naming the field; `temperature` defaults to 1 (OpenAI's default) and `max_tokens` to the rest
  * of the context.
  */
-export interface ChatCompletionParams {
-  messages: ChatMessage[];
+export interface CompletionParamsBase {
   stream?: boolean;
   stream_options?: { include_usage?: boolean };
   max_tokens?: number;
@@ -164,10 +163,45 @@ export interface ChatCompletionParams {
   draft?: DraftKind;
   draft_k?: number | null;
   max_draft_k?: number;
+  /** Aborts: the call rejects (or its stream ends) with an `AbortError` (not an OpenAI field). */
   signal?: AbortSignal;
   /** Ignored (the loaded model answers). */
   model?: string;
 }
+
+/** `chat.completions.create`'s body. */
+export interface ChatCompletionParams extends CompletionParamsBase {
+  messages: ChatMessage[];
+}
+
+/** `completions.create`'s body. */
+export interface CompletionParams extends CompletionParamsBase {
+  prompt: string | string[];
+}
+
+export interface Usage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+}
+
+/** The speculation figures of one request (the `wgspec` object of an answer's last part). */
+export interface WgspecStats {
+  draft: DraftKind;
+  drafted: number;
+  accepted: number;
+  acceptance_rate: number;
+  tokens_per_target_forward: number;
+  mean_k: number;
+  prefill_seconds: number;
+  decode_seconds: number;
+  tokens_per_second: number;
+}
+
+/** `wgspec`: one flag per token the answer (or chunk) carries: accepted from the draft. */
+export type Wgspec = { from_draft: boolean[] } & Partial<WgspecStats>;
+
+export type FinishReason = "stop" | "length";
 
 export interface ChatCompletion {
   id: string;
@@ -177,12 +211,18 @@ export interface ChatCompletion {
   choices: Array<{
     index: 0;
     message: { role: "assistant"; content: string };
-    finish_reason: GenerationResult["finish_reason"];
+    logprobs: null;
+    finish_reason: FinishReason;
   }>;
-  usage: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
-  wgspec: GenerationStats;
+  usage: Usage;
+  wgspec: Wgspec & WgspecStats;
 }
 
+/**
+ * A streamed chat chunk: the first has `delta.role`, the next `delta.content`, the last
+ * `finish_reason` (and the figures in `wgspec`); with `stream_options.include_usage`, every
+ * chunk has `usage: null` and a last one with no choices carries the usage.
+ */
 export interface ChatCompletionChunk {
   id: string;
   object: "chat.completion.chunk";
@@ -191,13 +231,45 @@ export interface ChatCompletionChunk {
   choices: Array<{
     index: 0;
     delta: { role?: "assistant"; content?: string };
+    logprobs: null;
     /** null until the last chunk. */
-    finish_reason: GenerationResult["finish_reason"] | null;
+    finish_reason: FinishReason | null;
   }>;
-  /** from_draft is null on the last chunk, which also carries the stats. */
-  wgspec: { from_draft: boolean | null; stats?: GenerationStats };
-  /** On the last chunk only. */
-  usage?: { prompt_tokens: number; completion_tokens: number; total_tokens: number };
+  wgspec?: Wgspec;
+  usage?: Usage | null;
+}
+
+export interface Completion {
+  id: string;
+  object: "text_completion";
+  created: number;
+  model: string;
+  choices: Array<{ index: 0; text: string; logprobs: null; finish_reason: FinishReason }>;
+  usage: Usage;
+  wgspec: Wgspec & WgspecStats;
+}
+
+/** A streamed completion chunk (as ChatCompletionChunk, with `text` for `delta`). */
+export interface CompletionChunk {
+  id: string;
+  object: "text_completion";
+  created: number;
+  model: string;
+  choices: Array<{ index: 0; text: string; logprobs: null; finish_reason: FinishReason | null }>;
+  wgspec?: Wgspec;
+  usage?: Usage | null;
+}
+
+/**
+ * A request refused or failed as `wgspec serve` answers it: its HTTP status and OpenAI's error
+ * object, as the OpenAI client's `APIError` carries them.
+ */
+export class APIError extends Error {
+  readonly status: number;
+  readonly error: { message: string; type: string; param: string | null; code: string | null };
+  readonly type: string;
+  readonly param: string | null;
+  readonly code: string | null;
 }
 
 export class WgSpec {
@@ -238,14 +310,23 @@ export class WgSpec {
   /** Renders messages with the model's chat template (generation prompt added). */
   chatPrompt(messages: ChatMessage[]): Promise<string>;
 
+  /** OpenAI's chat completions; refusals reject with an APIError. */
   readonly chat: {
     completions: {
       create(params: ChatCompletionParams & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
       create(params: ChatCompletionParams & { stream?: false }): Promise<ChatCompletion>;
     };
   };
+  /** OpenAI's completions of a plain prompt; refusals reject with an APIError. */
+  readonly completions: {
+    create(params: CompletionParams & { stream: true }): Promise<AsyncIterable<CompletionChunk>>;
+    create(params: CompletionParams & { stream?: false }): Promise<Completion>;
+  };
 
-  /** Stops every running or queued generation (finish_reason "cancelled"). */
+  /**
+   * Stops every running or queued generation: `generate`/`complete` finish with finish_reason
+   * "cancelled", OpenAI-style calls reject (or end their stream) with an `AbortError`.
+   */
   abort(): void;
   /** Frees GPU memory and terminates the worker. */
   dispose(): Promise<void>;

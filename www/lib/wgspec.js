@@ -75,7 +75,7 @@ class WorkerClient {
       call.resolve(msg.value);
     } else if (msg.type === "error") {
       this.pending.delete(msg.id);
-      call.reject(new Error(msg.message));
+      call.reject(workerError(msg));
     } else if (call.onEvent) {
       try {
         call.onEvent(msg);
@@ -96,6 +96,34 @@ class WorkerClient {
     this.worker.terminate();
     this.fail(new Error("this WgSpec instance has been disposed"));
   }
+}
+
+/**
+ * A request refused or failed as `wgspec serve` answers it: the HTTP `status` and OpenAI's error
+ * object (`{message, type, param, code}`), as the OpenAI client's `APIError` carries them.
+ */
+export class APIError extends Error {
+  /**
+   * @param {number} status
+   * @param {{message: string, type: string, param: string|null, code: string|null}} error
+   */
+  constructor(status, error) {
+    super(error.message);
+    this.name = "APIError";
+    this.status = status;
+    this.error = error;
+    this.type = error.type;
+    this.param = error.param;
+    this.code = error.code;
+  }
+}
+
+/** The Error of a worker's "error" message: an APIError, an AbortError or a plain Error. */
+function workerError(msg) {
+  if (msg.error && typeof msg.status === "number") return new APIError(msg.status, msg.error);
+  const err = new Error(msg.message);
+  if (msg.name === "AbortError") err.name = "AbortError";
+  return err;
 }
 
 let persistenceRequested = false;
@@ -155,17 +183,12 @@ function buildRequest(prompt, opts) {
   return request;
 }
 
-/** The number of prompt tokens of a result (`prompt_tokens` holds the ids; stats the count). */
-function promptTokenCount(result) {
-  const p = result.prompt_tokens;
-  return Array.isArray(p) ? p.length : (p ?? result.stats?.prompt_tokens ?? 0);
-}
-
 /**
  * A loaded model (and optional draft) running in a Web Worker.
  *
  * Create one with {@link WgSpec.load}; generate with {@link WgSpec#generate},
- * {@link WgSpec#complete} or `chat.completions.create`; free it with {@link WgSpec#dispose}.
+ * {@link WgSpec#complete}, `chat.completions.create` or `completions.create`; free it with
+ * {@link WgSpec#dispose}.
  */
 export class WgSpec {
   /** @private Use WgSpec.load. */
@@ -198,8 +221,10 @@ export class WgSpec {
     this.stats = null;
     /** The last finished generation's whole result. @type {object|null} */
     this.lastResult = null;
-    /** OpenAI-style chat completions. */
-    this.chat = { completions: { create: (params) => this._chatCompletion(params) } };
+    /** OpenAI-style chat completions (`POST /v1/chat/completions` of `wgspec serve`). */
+    this.chat = { completions: { create: (params) => this._openai("chat", params) } };
+    /** OpenAI-style completions of a plain prompt (`POST /v1/completions`). */
+    this.completions = { create: (params) => this._openai("completions", params) };
   }
 
   /**
@@ -314,52 +339,74 @@ export class WgSpec {
    */
   async *generate(prompt, opts = {}) {
     const request = buildRequest(prompt, opts);
-    return yield* this._generate({ request }, opts.signal);
+    const run = this._start({ request }, opts.signal, (msg) =>
+      msg.type === "token" ? { token: msg.token, text: msg.text, fromDraft: msg.fromDraft } : undefined,
+    );
+    const result = yield* run.items;
+    this._finished(result);
+    return result;
   }
 
   /**
-   * @private The event loop of one generation: `call` is `{request}` (the engine's request) or
-   * `{openai: {endpoint, body}}` (an OpenAI body, read by the engine's own OpenAI parser).
+   * @private Starts one generation in the worker: `call` is `{request}` (the engine's request) or
+   * `{openai: {endpoint, body, model}}` (an OpenAI body, read and answered by the engine's OpenAI
+   * code). `toItem` turns the call's messages into the items `items` yields (undefined: none).
+   * @returns {{items: AsyncGenerator<any, any, void>, started: Promise<void>}} `items` ends with
+   *   the worker's result; `started` resolves once the worker accepted the request (rejects with
+   *   its refusal). Leaving `items` early aborts the generation.
    */
-  async *_generate(call, signal) {
+  _start(call, signal, toItem) {
     const queue = [];
     let wake = null;
     let settled = false;
+    let accepted;
+    const started = new Promise((resolve) => (accepted = resolve));
     const payload = { ...call, aborted: Boolean(signal?.aborted) };
     const { id, promise } = this._client.call("generate", payload, (msg) => {
-      if (msg.type !== "token") return;
-      queue.push({ token: msg.token, text: msg.text, fromDraft: msg.fromDraft });
+      if (msg.type === "started") accepted();
+      const item = toItem(msg);
+      if (item === undefined) return;
+      queue.push(item);
       wake?.();
     });
     this._active.add(id);
     const finish = () => {
       settled = true;
       this._active.delete(id);
+      accepted();
       wake?.();
     };
     promise.then(finish, finish);
 
     const onAbort = () => this._abortIds([id]);
     signal?.addEventListener("abort", onAbort, { once: true });
-    try {
-      for (;;) {
-        if (queue.length > 0) {
-          yield queue.shift();
-        } else if (settled) {
-          break;
-        } else {
-          await new Promise((resolve) => (wake = resolve));
-          wake = null;
+    const abortIds = (ids) => this._abortIds(ids);
+    async function* items() {
+      try {
+        for (;;) {
+          if (queue.length > 0) {
+            yield queue.shift();
+          } else if (settled) {
+            break;
+          } else {
+            await new Promise((resolve) => (wake = resolve));
+            wake = null;
+          }
         }
+        return await promise;
+      } finally {
+        signal?.removeEventListener("abort", onAbort);
+        if (!settled) abortIds([id]); // the consumer left the loop early
       }
-      const result = await promise;
-      this.lastResult = result;
-      this.stats = result.stats;
-      return result;
-    } finally {
-      signal?.removeEventListener("abort", onAbort);
-      if (!settled) this._abortIds([id]); // the consumer left the loop early
     }
+    // a refusal settles the call before it starts: `started` rejects with it
+    return { items: items(), started: started.then(() => (settled ? promise.then(() => {}) : undefined)) };
+  }
+
+  /** @private Records a finished generation's result. */
+  _finished(result) {
+    this.lastResult = result;
+    this.stats = result.stats;
   }
 
   /**
@@ -389,7 +436,10 @@ export class WgSpec {
     return this._client.call("chatPrompt", { messages }).promise;
   }
 
-  /** Stops every running or queued generation; each finishes with finish_reason "cancelled". */
+  /**
+   * Stops every running or queued generation: `generate`/`complete` finish with finish_reason
+   * "cancelled", OpenAI-style calls reject (or end their stream) with an `AbortError`.
+   */
   abort() {
     this._abortIds([...this._active]);
   }
@@ -416,73 +466,30 @@ export class WgSpec {
   }
 
   /**
-   * @private OpenAI-style chat.completions.create. The body is read by the engine with the same
-   * parser as `wgspec serve`'s (fields, defaults such as temperature 1, refusals naming the
-   * field); `signal` (not OpenAI's) aborts.
+   * @private OpenAI-style `chat.completions.create` and `completions.create`: the body is read,
+   * run and answered by the engine's OpenAI code, the very code of `wgspec serve` (fields,
+   * defaults such as temperature 1, refusals naming the field, the answer and chunk shapes).
+   * Resolves to the answer, or with `stream: true` (once the request is accepted) to an async
+   * iterable of its chunks. A refusal rejects with an {@link APIError}; `signal` (not OpenAI's)
+   * aborts, rejecting (or ending the stream) with an `AbortError`.
    */
-  async _chatCompletion(params = {}) {
+  async _openai(endpoint, params = {}) {
     const { signal, ...body } = params;
-    if (!Array.isArray(body.messages)) throw new TypeError("chat.completions.create: `messages` must be an array");
-    const stream = Boolean(body.stream);
-    const id = `chatcmpl-${Math.random().toString(36).slice(2, 14)}`;
-    const created = Math.floor(Date.now() / 1000);
-    const model = this.model;
-    const usage = (result) => {
-      const prompt = promptTokenCount(result);
-      return { prompt_tokens: prompt, completion_tokens: result.tokens.length, total_tokens: prompt + result.tokens.length };
-    };
-    const run = () => this._generate({ openai: { endpoint: "chat", body } }, signal);
-
-    if (!stream) {
-      const iterator = run();
-      let step = await iterator.next();
-      while (!step.done) step = await iterator.next();
-      const result = step.value;
-      return {
-        id,
-        object: "chat.completion",
-        created,
-        model,
-        choices: [
-          {
-            index: 0,
-            message: { role: "assistant", content: result.text },
-            finish_reason: result.finish_reason,
-          },
-        ],
-        usage: usage(result),
-        wgspec: result.stats,
-      };
+    const call = { openai: { endpoint, body, model: this.model } };
+    const run = this._start(call, signal, (msg) => (msg.type === "chunk" ? JSON.parse(msg.chunk) : undefined));
+    await run.started;
+    if (body.stream) {
+      const finished = (result) => this._finished(result);
+      return (async function* chunks() {
+        const { completion } = yield* run.items;
+        finished(completion);
+      })();
     }
-
-    const chunk = (delta, finishReason, wgspec) => ({
-      id,
-      object: "chat.completion.chunk",
-      created,
-      model,
-      choices: [{ index: 0, delta, finish_reason: finishReason }],
-      wgspec,
-    });
-    return (async function* chunks() {
-      const iterator = run();
-      let first = true;
-      try {
-        for (;;) {
-          const { done, value } = await iterator.next();
-          if (done) {
-            const last = chunk({}, value.finish_reason, { from_draft: null, stats: value.stats });
-            last.usage = usage(value);
-            yield last;
-            return;
-          }
-          const delta = first ? { role: "assistant", content: value.text } : { content: value.text };
-          first = false;
-          yield chunk(delta, null, { from_draft: value.fromDraft });
-        }
-      } finally {
-        await iterator.return(undefined); // aborts the generation when the consumer stops early
-      }
-    })();
+    let step = await run.items.next();
+    while (!step.done) step = await run.items.next();
+    const { completion, response } = step.value;
+    this._finished(completion);
+    return response;
   }
 }
 

@@ -5,15 +5,17 @@
 //   { id, type: "load", target, draft, context, maxMemoryMb, readMb, cache }
 //                                                        target/draft: absolute URLs (or "ngram")
 //   { id, type: "generate", request, aborted }           request: the engine's request object
-//   { id, type: "generate", openai, aborted }            openai: {endpoint: "chat"|"completions", body}
+//   { id, type: "generate", openai, aborted }            openai: {endpoint: "chat"|"completions", body, model}
 //   { id, type: "chatPrompt", messages }
 //   { id, type: "dispose" }
 //   { type: "abort", ids: [generate ids] }               handled at once, between GPU steps
 // Worker -> page:
 //   { id, type: "progress", event }                      event: see `WgSpec.load`'s onProgress
-//   { id, type: "token", token, text, fromDraft }
+//   { id, type: "token", token, text, fromDraft }        an engine request's tokens
+//   { id, type: "chunk", chunk }                         an OpenAI stream's chunks (JSON text)
+//   { id, type: "started" }                              the request was accepted and runs
 //   { id, type: "result", value }                        load: {adapter, info, draftInfo, draftKind, wasmMemoryBytes}
-//   { id, type: "error", message }
+//   { id, type: "error", message, name, status, error }  status/error: an OpenAI refusal's
 //   { type: "fatal", message }                           an uncaught failure: every call fails
 //
 // Calls run one at a time in arrival order (the engine is single-threaded and must never be
@@ -85,7 +87,9 @@ async function handle(msg) {
     }
     self.postMessage({ id, type: "result", value });
   } catch (err) {
-    self.postMessage({ id, type: "error", message: errorMessage(err) });
+    // an OpenAI refusal keeps its status and {message, type, param, code}; an abort its name
+    const { name, status, error } = err instanceof Error ? err : {};
+    self.postMessage({ id, type: "error", message: errorMessage(err), name, status, error });
   } finally {
     aborted.delete(id);
   }
@@ -926,23 +930,41 @@ function arrivals() {
 // Generation
 
 /**
- * Runs one generation (an engine request, or an OpenAI body read by the engine's OpenAI parser),
- * posting a "token" message per committed token; returns the result.
+ * Runs one generation: an engine request, posting a "token" message per committed token, or an
+ * OpenAI body, read and answered by the engine's OpenAI code (the server's), posting a "chunk"
+ * message per streamed chunk. Posts "started" once the request is accepted; returns the result.
  */
 async function generate(id, request, openai) {
   const eng = requireEngine();
-  if (aborted.has(id)) {
+  const keepGoing = () => !aborted.has(id);
+  if (!keepGoing()) {
     // Aborted while it waited for its turn: do not start it.
+    if (openai) throw abortError();
     const stats = { prompt_tokens: 0, generated_tokens: 0, target_forwards: 0 };
     return { prompt_tokens: [], tokens: [], from_draft: [], text: "", finish_reason: "cancelled", stats };
   }
-  const onToken = (token, text, fromDraft) => {
-    // `token` is undefined for the final flush of held-back text (not a token of its own).
-    self.postMessage({ id, type: "token", token: token ?? null, text, fromDraft: Boolean(fromDraft) });
-    return !aborted.has(id);
-  };
-  const json = openai
-    ? await eng.generate_openai(openai.endpoint, JSON.stringify(openai.body), onToken)
-    : await eng.generate(JSON.stringify(request), onToken);
-  return JSON.parse(json);
+  let running;
+  if (openai) {
+    const onChunk = (chunk) => {
+      if (chunk !== null) self.postMessage({ id, type: "chunk", chunk });
+      return keepGoing();
+    };
+    running = eng.generate_openai(openai.endpoint, JSON.stringify(openai.body), openai.model, onChunk);
+  } else {
+    const onToken = (token, text, fromDraft) => {
+      // `token` is undefined for the final flush of held-back text (not a token of its own).
+      self.postMessage({ id, type: "token", token: token ?? null, text, fromDraft: Boolean(fromDraft) });
+      return keepGoing();
+    };
+    running = eng.generate(JSON.stringify(request), onToken);
+  }
+  self.postMessage({ id, type: "started" });
+  return JSON.parse(await running);
+}
+
+/** The error of a generation stopped by its caller (as fetch names it). */
+function abortError() {
+  const err = new Error("the generation was aborted");
+  err.name = "AbortError";
+  return err;
 }

@@ -15,10 +15,10 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use wgspec::engine::DraftKind;
+use wgspec::openai::{self, Endpoint, Shape};
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::openai::{self, Endpoint, Shape};
 use super::worker::{Event, Job, Loaded, Refused};
 use super::{App, ModelInfo};
 use wgspec::tokenizer::TextLimit;
@@ -362,12 +362,7 @@ async fn whole(
                     timing.token();
                 }
             }
-            Some(Event::Done(d)) => {
-                let usage = openai::usage(d.prompt_tokens, d.completion_tokens);
-                let body =
-                    shape.response(&d.text, openai::finish_reason(d.finish), usage, &d.stats, &d.from_draft);
-                return Ok(Json(body).into_response());
-            }
+            Some(Event::Done(reply)) => return Ok(Json(shape.response(&reply)).into_response()),
             Some(Event::Failed(e)) => return Err(e),
             Some(Event::Started) | None => {
                 return Err(ApiError::internal("the GPU worker stopped in the middle of a request"))
@@ -376,12 +371,10 @@ async fn whole(
     }
 }
 
-/// Server-sent events: (chat) a first chunk with the role, a chunk per token with text, a last
-/// chunk with `finish_reason` and the request's stats, the usage chunk when asked, `[DONE]`.
+/// Server-sent events: the chunks of [`openai::Stream`], then `[DONE]`; an error midway is sent
+/// as its error body, then `[DONE]`.
 fn stream(shape: Shape, rx: mpsc::UnboundedReceiver<Event>, timing: Timing) -> Response {
-    // Completions chunks have no role to announce.
-    let role_sent = shape.endpoint == Endpoint::Completions;
-    let out = Streamer { shape, rx, timing, from_draft: Vec::new(), role_sent, ended: false };
+    let out = Streamer { chunks: openai::Stream::new(shape), rx, timing, started: false, ended: false };
     let body = futures_util::stream::unfold(out, |mut s| async move {
         let piece = s.next_piece().await?;
         Some((Ok::<_, Infallible>(Bytes::from(piece)), s))
@@ -395,13 +388,18 @@ fn stream(shape: Shape, rx: mpsc::UnboundedReceiver<Event>, timing: Timing) -> R
         .unwrap_or_else(|e| ApiError::internal(format!("stream: {e}")).into_response())
 }
 
+/// One server-sent event carrying `value`.
+fn sse(value: &impl serde::Serialize) -> String {
+    let json = serde_json::to_string(value).unwrap_or_else(|e| format!("{{\"error\":\"{e}\"}}"));
+    format!("data: {json}\n\n")
+}
+
 struct Streamer {
-    shape: Shape,
+    chunks: openai::Stream,
     rx: mpsc::UnboundedReceiver<Event>,
     timing: Timing,
-    /// Provenance of the tokens not yet sent in a chunk (their text was held back).
-    from_draft: Vec<bool>,
-    role_sent: bool,
+    /// The chunk before the tokens has been sent.
+    started: bool,
     ended: bool,
 }
 
@@ -411,40 +409,26 @@ impl Streamer {
         if self.ended {
             return None;
         }
-        if !self.role_sent {
-            self.role_sent = true;
-            return Some(openai::sse(&self.shape.chunk("", true, None, json!({"from_draft": []}))));
+        if !self.started {
+            self.started = true;
+            if let Some(first) = self.chunks.start() {
+                return Some(sse(&first));
+            }
         }
         loop {
             match self.rx.recv().await {
                 Some(Event::Token(ev)) => {
                     if ev.id.is_some() {
                         self.timing.token();
-                        self.from_draft.push(ev.from_draft);
                     }
-                    if !ev.text.is_empty() {
-                        let flags = std::mem::take(&mut self.from_draft);
-                        return Some(openai::sse(&self.shape.chunk(
-                            &ev.text,
-                            false,
-                            None,
-                            json!({"from_draft": flags}),
-                        )));
+                    if let Some(chunk) = self.chunks.token(&ev) {
+                        return Some(sse(&chunk));
                     }
                 }
-                Some(Event::Done(d)) => {
+                Some(Event::Done(reply)) => {
                     self.ended = true;
-                    let mut wgspec = serde_json::to_value(&d.stats).unwrap_or_else(|_| json!({}));
-                    wgspec["from_draft"] = json!(std::mem::take(&mut self.from_draft));
-                    let finish = openai::finish_reason(d.finish);
-                    let mut text = openai::sse(&self.shape.chunk("", false, Some(finish), wgspec));
-                    if self.shape.include_usage {
-                        text += &openai::sse(
-                            &self.shape.usage_chunk(openai::usage(d.prompt_tokens, d.completion_tokens)),
-                        );
-                    }
-                    text += "data: [DONE]\n\n";
-                    return Some(text);
+                    let last = self.chunks.finish(&reply);
+                    return Some(last.iter().map(sse).collect::<String>() + "data: [DONE]\n\n");
                 }
                 other => {
                     self.ended = true;
@@ -453,7 +437,7 @@ impl Streamer {
                         _ => ApiError::internal("the GPU worker stopped in the middle of a stream"),
                     };
                     self.timing.metrics.error(e.kind);
-                    return Some(openai::sse(&e.body()) + "data: [DONE]\n\n");
+                    return Some(sse(&e.body()) + "data: [DONE]\n\n");
                 }
             }
         }

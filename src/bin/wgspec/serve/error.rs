@@ -1,9 +1,10 @@
 //! The server's error answer: OpenAI's shape `{"error": {"message", "type", "param", "code"}}`
-//! with an HTTP status, and the mapping from the library's [`wgspec::Error`].
+//! with an HTTP status; the library's [`wgspec::Error`]s are answered as [`ErrorReply`] maps them.
 
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
+use wgspec::openai::ErrorReply;
 
 /// An error answered to a client. Its `kind` is OpenAI's `type` and the label of
 /// `wgspec_errors_total` in the metrics.
@@ -72,16 +73,16 @@ impl ApiError {
         self
     }
 
-    /// The JSON body.
+    /// The JSON body ([`ErrorReply::body`]).
     pub fn body(&self) -> serde_json::Value {
-        serde_json::json!({
-            "error": {
-                "message": self.message,
-                "type": self.kind,
-                "param": self.param,
-                "code": self.code,
-            }
-        })
+        let reply = ErrorReply {
+            status: self.status.as_u16(),
+            message: self.message.clone(),
+            kind: self.kind,
+            param: self.param.clone(),
+            code: self.code,
+        };
+        reply.body()
     }
 }
 
@@ -93,29 +94,14 @@ impl IntoResponse for ApiError {
     }
 }
 
-/// Client mistakes are 400, a busy engine 503, the rest 500 (logged).
+/// As the library answers it ([`ErrorReply`]); a server error is logged.
 impl From<wgspec::Error> for ApiError {
     fn from(e: wgspec::Error) -> ApiError {
-        use wgspec::Error as E;
-        match &e {
-            E::Request { message, param, code } => {
-                let mut api = if *code == Some("model_not_found") {
-                    ApiError::not_found(message.clone())
-                } else {
-                    ApiError::invalid(message.clone())
-                };
-                api.param = param.clone();
-                api.code = *code;
-                api
-            }
-            E::ContextOverflow { .. } | E::PromptTooLong { .. } => {
-                ApiError::invalid(e.to_string()).with_code("context_length_exceeded")
-            }
-            E::InvalidArgument(_) | E::ChatTemplate(_) | E::Tokenizer(_) | E::TokenOutOfRange { .. } => {
-                ApiError::invalid(e.to_string())
-            }
-            E::Busy(_) => ApiError::unavailable(e.to_string()),
-            _ => ApiError::internal(e.to_string()),
+        let reply = ErrorReply::from(&e);
+        let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+            eprintln!("server error: {}", reply.message);
         }
+        ApiError { status, message: reply.message, kind: reply.kind, param: reply.param, code: reply.code }
     }
 }

@@ -17,7 +17,6 @@ mod error;
 mod files;
 mod metrics;
 mod net;
-mod openai;
 mod worker;
 
 use std::net::{IpAddr, SocketAddr};

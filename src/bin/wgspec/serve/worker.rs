@@ -7,12 +7,12 @@
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
-use serde::Serialize;
 use tokio::sync::{mpsc, oneshot};
-use wgspec::engine::{Completion, DraftKind, DraftSpec, Engine, Prompter, Request, TokenEvent};
+use wgspec::engine::{DraftKind, DraftSpec, Engine, Prompter, Request, TokenEvent};
 use wgspec::generation::FinishReason;
 use wgspec::gpu::Gpu;
 use wgspec::model::LoadOptions;
+use wgspec::openai::Reply;
 
 use super::error::ApiError;
 use super::metrics::{GenerationCounts, Metrics};
@@ -63,52 +63,8 @@ pub enum Event {
     /// The request fits the context and runs.
     Started,
     Token(TokenEvent),
-    Done(Box<Done>),
+    Done(Box<Reply>),
     Failed(ApiError),
-}
-
-/// A finished generation.
-pub struct Done {
-    pub text: String,
-    pub prompt_tokens: usize,
-    pub completion_tokens: usize,
-    pub finish: FinishReason,
-    pub from_draft: Vec<bool>,
-    pub stats: WgspecStats,
-}
-
-/// The speculation figures of one request: the `wgspec` object of a response.
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct WgspecStats {
-    /// The draft that proposed (`none` for plain decoding).
-    pub draft: DraftKind,
-    pub drafted: usize,
-    pub accepted: usize,
-    /// accepted / drafted (0 without drafts).
-    pub acceptance_rate: f64,
-    /// τ: tokens per target forward pass while decoding (1 for plain decoding).
-    pub tokens_per_target_forward: f64,
-    /// Mean K asked for per cycle.
-    pub mean_k: f64,
-    pub prefill_seconds: f64,
-    pub decode_seconds: f64,
-    pub tokens_per_second: f64,
-}
-
-/// The library's stats of `c` as the server reports them.
-pub fn wgspec_stats(c: &Completion) -> WgspecStats {
-    let s = &c.stats;
-    WgspecStats {
-        draft: s.draft,
-        drafted: s.drafted,
-        accepted: s.accepted,
-        acceptance_rate: s.acceptance_rate,
-        tokens_per_target_forward: s.tokens_per_target_forward,
-        mean_k: s.mean_k,
-        prefill_seconds: s.base.prefill_seconds,
-        decode_seconds: s.base.decode_seconds,
-        tokens_per_second: s.base.tokens_per_second,
-    }
 }
 
 /// The jobs waiting for the GPU worker, oldest first, at most `capacity` of them. A job leaves
@@ -281,15 +237,7 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
             if c.finish_reason == FinishReason::Cancelled {
                 return;
             }
-            let done = Done {
-                stats: wgspec_stats(&c),
-                prompt_tokens: c.prompt_tokens.len(),
-                completion_tokens: c.tokens.len(),
-                finish: c.finish_reason,
-                from_draft: c.from_draft,
-                text: c.text,
-            };
-            let _ = events.send(Event::Done(Box::new(done)));
+            let _ = events.send(Event::Done(Box::new(Reply::from(c))));
         }
         Err(e) => {
             metrics.failed_generation();
