@@ -232,10 +232,13 @@ impl WebEngine {
     }
 
     /// Checks a GGUF model from the first bytes of its file (`prefix`, of a file of `file_len`
-    /// bytes) before the rest is downloaded: its header, and its GPU needs for `context`
-    /// positions against the adapter's limits and `max_memory_mb`. Resolves to JSON: `{"need":
-    /// n}` when the header needs the first n bytes, else `{"gpu_memory_bytes": n, "context": c}`;
-    /// a model that cannot load throws, naming the limit.
+    /// bytes) before the rest is downloaded, as the next model to load: its header, and its GPU
+    /// needs against the adapter's limits and the budget. With no target loaded it is a target
+    /// of `context` positions within `max_memory_mb`; with one, it is the target's draft model,
+    /// checked by the engine as `load_draft` will be (the target's context, what the target and
+    /// the heads left of the budget; `context` and `max_memory_mb` are not used). Resolves to
+    /// JSON: `{"need": n}` when the header needs the first n bytes, else `{"gpu_memory_bytes":
+    /// n, "context": c}`; a model that cannot load throws, naming the limit.
     pub fn check_gguf(
         &self,
         prefix: Vec<u8>,
@@ -251,7 +254,11 @@ impl WebEngine {
             }
             other => other.map_err(js_err)?,
         };
-        let bill = Model::plan(&self.gpu, &ckpt, &self.options(context, max_memory_mb)).map_err(js_err)?;
+        let bill = match &*self.slot.borrow() {
+            Slot::Ready(engine) => engine.plan_draft(&ckpt),
+            _ => Model::plan(&self.gpu, &ckpt, &self.options(context, max_memory_mb)),
+        };
+        let bill = bill.map_err(js_err)?;
         Ok(format!("{{\"gpu_memory_bytes\":{},\"context\":{}}}", bill.total, bill.context))
     }
 

@@ -17,8 +17,8 @@ use crate::generation::{FinishReason, GenerateOptions};
 use crate::gpu::Gpu;
 use crate::loader::source;
 use crate::model::{
-    Checkpoint, EagleHead, EagleLayout, LoadOptions, LoadProgress, MedusaConfig, MedusaHeads, Model,
-    TensorTable,
+    Checkpoint, EagleHead, EagleLayout, LoadOptions, LoadProgress, MedusaConfig, MedusaHeads, MemoryBill,
+    Model, TensorTable,
 };
 use crate::speculative::{
     self, DraftModel, Drafter, Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, Schedule, SpecGeneration,
@@ -357,20 +357,28 @@ impl Engine {
             (&self.target.config, &self.prompter.tokenizer),
             (&draft.checkpoint.config, &draft.tokenizer),
         )?;
-        // The draft shares the budget with the target and the heads loaded (checked here, once,
-        // as theirs are).
-        let opts = LoadOptions {
-            context: Some(self.target.context()),
-            max_memory: None,
-            ..self.load_options.clone()
-        };
+        self.plan_draft(&draft.checkpoint)?;
+        let opts = self.draft_options();
         let gpu = self.target.gpu().clone();
-        let bill = Model::plan(&gpu, &draft.checkpoint, &opts)?;
-        self.check_budget("the draft model", bill.total)?;
         let model =
             Model::load_async(gpu, &draft.checkpoint, &opts, &mut |p| progress(Role::Draft, p)).await?;
         let info = ModelInfo::of(&model, draft.checkpoint.file_bytes(), draft.chat_template.as_ref());
         self.attach_draft(model, info)
+    }
+
+    /// The bill of `checkpoint` as this target's draft model (the target's context and
+    /// precision), refused when the budget cannot hold it beside the target and the heads loaded
+    /// (the draft model loaded now, if any, counts too: [`Engine::load_draft`] drops it first).
+    /// The browser checks a draft's GGUF header with it before the rest is downloaded.
+    pub fn plan_draft(&self, checkpoint: &Checkpoint) -> Result<MemoryBill> {
+        let bill = Model::plan(self.target.gpu(), checkpoint, &self.draft_options())?;
+        self.check_budget("the draft model", bill.total)?;
+        Ok(bill)
+    }
+
+    /// A draft model's load options: the target's context, the budget checked by the engine.
+    fn draft_options(&self) -> LoadOptions {
+        LoadOptions { context: Some(self.target.context()), max_memory: None, ..self.load_options.clone() }
     }
 
     /// Sets an already uploaded draft model (it must share the target's tokenizer) or removes it.

@@ -39,29 +39,55 @@ pub enum Kernel {
     BenchFma,
 }
 
-/// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
-const PLAIN: [Kernel; 17] = [
-    Kernel::Attention(DType::F32),
-    Kernel::Argmax,
-    Kernel::AcceptGreedy,
-    Kernel::KvKeep,
-    Kernel::TopK,
-    Kernel::GatherRows,
-    Kernel::Concat,
-    Kernel::BenchCopy,
-    Kernel::BenchFma,
-    Kernel::MapIds,
-    Kernel::EagleTree,
-    Kernel::AttentionChunks(DType::F32),
-    Kernel::AttentionMerge,
-    Kernel::Sample,
-    Kernel::AcceptSampled,
-    Kernel::Attention(DType::F16),
-    Kernel::AttentionChunks(DType::F16),
-];
+/// Declares the kernels that do not read weight matrices once, in their order: the `PLAIN` table
+/// and the match that gives each its place ([`Kernel::index`]), which must name every kernel
+/// (the compiler refuses a kernel left without a place). The attention kernels exist once per
+/// KV cache type (F32, F16).
+macro_rules! plain_kernels {
+    ($($slot:ident = $kernel:ident $(($kv:ident))?),+ $(,)?) => {
+        /// A place in `PLAIN`, by name.
+        #[derive(Clone, Copy)]
+        enum Plain { $($slot),+ }
+
+        /// The kernels that do not read weight matrices, in the order of [`Kernel::index`].
+        const PLAIN: &[Kernel] = &[$(Kernel::$kernel $((DType::$kv))?),+];
+
+        impl Kernel {
+            /// The place in `PLAIN`; `None` for the kernels of a weight format (embed, matmul)
+            /// and attention over a type no KV cache has.
+            fn plain_index(self) -> Option<usize> {
+                match self {
+                    $(Kernel::$kernel $((DType::$kv))? => Some(Plain::$slot as usize),)+
+                    Kernel::Embed(_) | Kernel::Matmul(_) | Kernel::Attention(_) | Kernel::AttentionChunks(_) => None,
+                }
+            }
+        }
+    };
+}
+
+plain_kernels! {
+    AttentionF32 = Attention(F32),
+    Argmax = Argmax,
+    AcceptGreedy = AcceptGreedy,
+    KvKeep = KvKeep,
+    TopK = TopK,
+    GatherRows = GatherRows,
+    Concat = Concat,
+    BenchCopy = BenchCopy,
+    BenchFma = BenchFma,
+    MapIds = MapIds,
+    EagleTree = EagleTree,
+    AttentionChunksF32 = AttentionChunks(F32),
+    AttentionMerge = AttentionMerge,
+    Sample = Sample,
+    AcceptSampled = AcceptSampled,
+    AttentionF16 = Attention(F16),
+    AttentionChunksF16 = AttentionChunks(F16),
+}
 
 impl Kernel {
-    /// All kernels, in a fixed order (the index into the pipeline table).
+    /// All kernels, in a fixed order (the index into the pipeline table): embed and matmul per
+    /// weight format, then `PLAIN`.
     pub fn all() -> Vec<Kernel> {
         let mut all = Vec::with_capacity(PLAIN.len() + 2 * DType::ALL.len());
         all.extend(DType::ALL.map(Kernel::Embed));
@@ -70,32 +96,18 @@ impl Kernel {
         all
     }
 
-    /// Position of this kernel in [`Kernel::all`].
+    /// Position of this kernel in [`Kernel::all`] (attention over a type no KV cache has: the
+    /// F32 cache's kernel, as [`super::ops`] never asks for one).
     pub fn index(self) -> usize {
         let formats = DType::ALL.len();
         let f = |w: DType| DType::ALL.iter().position(|x| *x == w).unwrap_or(0);
-        // spelled out (not searched in PLAIN) so that a new kernel cannot be left without a place
-        let plain = |i: usize| 2 * formats + i;
-        match self {
-            Kernel::Embed(w) => f(w),
-            Kernel::Matmul(w) => formats + f(w),
-            Kernel::Attention(DType::F16) => plain(15),
-            Kernel::Attention(_) => plain(0),
-            Kernel::Argmax => plain(1),
-            Kernel::AcceptGreedy => plain(2),
-            Kernel::KvKeep => plain(3),
-            Kernel::TopK => plain(4),
-            Kernel::GatherRows => plain(5),
-            Kernel::Concat => plain(6),
-            Kernel::BenchCopy => plain(7),
-            Kernel::BenchFma => plain(8),
-            Kernel::MapIds => plain(9),
-            Kernel::EagleTree => plain(10),
-            Kernel::AttentionChunks(DType::F16) => plain(16),
-            Kernel::AttentionChunks(_) => plain(11),
-            Kernel::AttentionMerge => plain(12),
-            Kernel::Sample => plain(13),
-            Kernel::AcceptSampled => plain(14),
+        let plain = |p: Plain| 2 * formats + p as usize;
+        match (self, self.plain_index()) {
+            (Kernel::Embed(w), _) => f(w),
+            (Kernel::Matmul(w), _) => formats + f(w),
+            (_, Some(i)) => 2 * formats + i,
+            (Kernel::AttentionChunks(_), None) => plain(Plain::AttentionChunksF32),
+            (_, None) => plain(Plain::AttentionF32),
         }
     }
 

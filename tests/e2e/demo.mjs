@@ -18,6 +18,8 @@
 //          entry (what a tab closed mid-download leaves) is planted for case 1 to replace.
 // Case 1: load the model with n-gram drafts (downloaded again), generate 16 greedy tokens,
 //         compare with the CLI; wasm memory stays far below the file.
+// Case 1a: the JS API's OpenAI calls and `wgspec serve` on the same model answer the same bodies
+//          with the same JSON, field by field (ids, clocks and timings aside).
 // Case 1b: after a reload the model is read from OPFS with no request for it, same text; the
 //          file as target and draft with 1 MB read batches (readMb): wasm memory under 32 MB,
 //          still no request; a budget the draft does not fit refuses it from its stored header;
@@ -92,28 +94,29 @@ function run(cmd, args, { timeoutMs }) {
 }
 
 /**
- * Starts `wgspec web --port 0` in the repository root (it serves www/ and pkg/ from there) and
- * resolves to {child, url} once it prints its address.
+ * Starts `wgspec web --port 0` (or `wgspec ARGS --port 0`) in the repository root (it serves www/
+ * and pkg/ from there) and resolves to {child, url} once it prints its address.
  */
-function startServer() {
+function startServer(args = ["web"]) {
+  const what = `wgspec ${args[0]}`;
   return new Promise((resolve, reject) => {
-    const child = spawn(BIN, ["web", "--port", "0"], { cwd: ROOT, env: { ...process.env, WGSPEC_CACHE: CACHE } });
-    const timer = setTimeout(() => reject(new Failure("wgspec web printed no address within 60 s")), 60_000);
+    const child = spawn(BIN, [...args, "--port", "0"], { cwd: ROOT, env: { ...process.env, WGSPEC_CACHE: CACHE } });
+    const timer = setTimeout(() => reject(new Failure(`${what} printed no address within 60 s`)), 60_000);
     child.on("error", reject);
-    child.on("exit", (code, signal) => reject(new Failure(`wgspec web exited early (${code ?? signal})`)));
-    readline.createInterface({ input: child.stderr }).on("line", (line) => log(`[server] ${line}`));
+    child.on("exit", (code, signal) => reject(new Failure(`${what} exited early (${code ?? signal})`)));
+    readline.createInterface({ input: child.stderr }).on("line", (line) => log(`[${what}] ${line}`));
     const lines = readline.createInterface({ input: child.stdout });
     let first = true;
     lines.on("line", (line) => {
       if (!first) {
-        log(`[server] ${line}`);
+        log(`[${what}] ${line}`);
         return;
       }
       first = false;
       const match = /listening on (http:\/\/\S+)/.exec(line);
       clearTimeout(timer);
       if (match) resolve({ child, url: match[1].replace(/\/?$/, "/") });
-      else reject(new Failure(`unexpected first line from wgspec web: ${line}`));
+      else reject(new Failure(`unexpected first line from ${what}: ${line}`));
     });
   });
 }
@@ -402,35 +405,115 @@ async function caseGenerate(context, baseUrl, modelUrl, nativeText, requests) {
   );
   log(`case 1 passed: ${show(result.text)}`);
 
-  // The JS API's chat.completions.create: the body is read by the engine's OpenAI parser (the
-  // server's): whole and streamed agree, usage adds up, and `n: 2` is refused naming the field.
-  const chat = await page.evaluate(async () => {
-    const llm = window.wgspec;
-    const body = { messages: [{ role: "user", content: "Hi" }], max_tokens: 4, temperature: 0 };
-    const whole = await llm.chat.completions.create(body);
-    const pieces = [];
-    let finish = null;
-    for await (const c of await llm.chat.completions.create({ ...body, stream: true })) {
-      pieces.push(c.choices[0].delta.content ?? "");
-      finish = c.choices[0].finish_reason ?? finish;
-    }
-    let refused = "";
-    try {
-      await llm.chat.completions.create({ ...body, n: 2 });
-    } catch (e) {
-      refused = String(e.message || e);
-    }
-    return { whole, streamed: pieces.join(""), finish, refused };
-  });
-  const reply = chat.whole.choices[0];
-  check(chat.whole.object === "chat.completion" && reply.message.role === "assistant", `chat shape: ${show(chat.whole)}`);
-  check(chat.whole.usage.completion_tokens <= 4 && chat.whole.usage.completion_tokens > 0, `usage: ${show(chat.whole.usage)}`);
-  check(chat.streamed === reply.message.content, `streamed ${show(chat.streamed)} != whole ${show(reply.message.content)}`);
-  check(chat.finish === reply.finish_reason, `finish ${chat.finish} vs ${reply.finish_reason}`);
-  check(chat.refused.includes("`n`"), `n: 2 must be refused naming the field, got ${show(chat.refused)}`);
-  log(`chat.completions: ${show(reply.message.content)} (whole and streamed), n: 2 refused`);
+  await caseSameAnswersAsTheServer(page);
   await page.close();
   return figures;
+}
+
+/**
+ * Case 1a: the JS API's `chat.completions.create` and `completions.create` against `wgspec serve`
+ * on the same model: the same bodies (whole, streamed, with and without usage, refused) must get
+ * the same JSON field by field, values included; only ids, clocks, timings and the model's name
+ * may differ (in value, not in type). Both run the library's OpenAI code; this catches a front
+ * end that builds or alters an answer of its own.
+ */
+async function caseSameAnswersAsTheServer(page) {
+  log("case 1a: OpenAI answers in the page and from wgspec serve, field by field");
+  const server = await startServer(["serve", "--model", MODEL]);
+  try {
+    for (let i = 0; ; i++) {
+      const ready = await fetch(`${server.url}ready`).then((r) => r.status, () => 0);
+      if (ready === 200) break;
+      check(i < 600, "wgspec serve was not ready within 5 minutes");
+      await new Promise((r) => setTimeout(r, 500));
+    }
+    const base = { max_tokens: 6, temperature: 0, draft: "ngram", draft_k: 2 };
+    const chat = { ...base, messages: [{ role: "user", content: "Name a prime number." }] };
+    const text = { ...base, prompt: PROMPT };
+    const cases = [
+      ["chat", chat],
+      ["chat", { ...chat, stream: true }],
+      ["chat", { ...chat, stream: true, stream_options: { include_usage: true } }],
+      ["completions", text],
+      ["completions", { ...text, stream: true, stream_options: { include_usage: true } }],
+      ["completions", { ...text, stream: true, stop: ["\n"] }],
+      ["chat", { ...chat, n: 2 }],
+      ["chat", { ...chat, messages: [{ role: "robot", content: "x" }] }],
+      ["completions", { ...text, max_tokens: 1 << 20 }],
+      ["completions", { ...text, prompt: "" }],
+    ];
+    for (const [endpoint, body] of cases) {
+      const route = endpoint === "chat" ? "v1/chat/completions" : "v1/completions";
+      const response = await fetch(server.url + route, {
+        method: "POST",
+        headers: { "content-type": "application/json" },
+        body: JSON.stringify(body),
+      });
+      const raw = await response.text();
+      let fromServer;
+      if (!response.ok) fromServer = { status: response.status, ...JSON.parse(raw) };
+      else if (body.stream) {
+        const events = raw.split("\n\n").filter((e) => e.startsWith("data: ")).map((e) => e.slice(6));
+        check(events.pop() === "[DONE]", `${route}: the stream must end with [DONE]: ${raw}`);
+        fromServer = events.map((e) => JSON.parse(e));
+      } else fromServer = JSON.parse(raw);
+      const fromPage = await page.evaluate(
+        async ({ endpoint, body }) => {
+          const api = endpoint === "chat" ? window.wgspec.chat.completions : window.wgspec.completions;
+          try {
+            const answer = await api.create(body);
+            if (!body.stream) return answer;
+            const chunks = [];
+            for await (const c of answer) chunks.push(c);
+            return chunks;
+          } catch (e) {
+            if (e.name !== "APIError") return { thrown: String(e.stack || e) };
+            return { status: e.status, error: e.error };
+          }
+        },
+        { endpoint, body },
+      );
+      const label = `${endpoint} ${JSON.stringify(body).slice(0, 120)}`;
+      const diffs = [];
+      sameShape(fromServer, fromPage, "", diffs);
+      check(diffs.length === 0, `${label}: the page answers differently from the server:\n  ${diffs.join("\n  ")}` +
+        `\n  server: ${JSON.stringify(fromServer)}\n  page:   ${JSON.stringify(fromPage)}`);
+      const kind = fromServer.status ? `refused ${fromServer.status} (${fromServer.error.param})` :
+        Array.isArray(fromServer) ? `${fromServer.length} chunks` : "whole";
+      log(`same answer: ${label}: ${kind}`);
+    }
+  } finally {
+    server.child.removeAllListeners("exit");
+    server.child.kill("SIGTERM");
+  }
+  log("case 1a passed");
+}
+
+/** Fields whose values belong to one run (ids, clocks, timings, the name a model is served by). */
+const PER_RUN = new Set(["id", "created", "model", "prefill_seconds", "decode_seconds", "tokens_per_second"]);
+
+/**
+ * Compares two JSON values field by field into `diffs`: the same keys, the same types, the same
+ * values but under PER_RUN keys.
+ */
+function sameShape(a, b, at, diffs) {
+  const kind = (v) => (v === null ? "null" : Array.isArray(v) ? "array" : typeof v);
+  if (kind(a) !== kind(b)) {
+    diffs.push(`${at || "/"}: ${kind(a)} on the server, ${kind(b)} in the page`);
+    return;
+  }
+  if (kind(a) === "array") {
+    if (a.length !== b.length) diffs.push(`${at}: ${a.length} items on the server, ${b.length} in the page`);
+    for (let i = 0; i < Math.min(a.length, b.length); i++) sameShape(a[i], b[i], `${at}[${i}]`, diffs);
+  } else if (kind(a) === "object") {
+    const keys = new Set([...Object.keys(a), ...Object.keys(b)]);
+    for (const k of keys) {
+      if (!(k in a) || !(k in b)) diffs.push(`${at}.${k}: only ${k in a ? "on the server" : "in the page"}`);
+      else if (PER_RUN.has(k)) {
+        if (kind(a[k]) !== kind(b[k])) diffs.push(`${at}.${k}: ${kind(a[k])} vs ${kind(b[k])}`);
+      } else sameShape(a[k], b[k], `${at}.${k}`, diffs);
+    }
+  } else if (a !== b) diffs.push(`${at}: ${JSON.stringify(a)} on the server, ${JSON.stringify(b)} in the page`);
 }
 
 /** Case 1c (EAGLE) and 1d (Medusa): the heads trained for SmolLM2, served from the model cache, draft in the page. */

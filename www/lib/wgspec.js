@@ -4,9 +4,7 @@
 // module Web Worker (`worker.js`, served next to this file), so downloads, weight uploads and
 // decoding never block the page.
 
-/** The Cache API cache of small model files (JSON) and the OPFS folder of weight files. */
-const CACHE_NAME = "wgspec-models-v1";
-const STORE_NAME = "wgspec-models-v1";
+import { fileName, STORE_NAME } from "./names.js";
 
 /**
  * The page side of the worker protocol (see worker.js): numbered calls, each with a promise and
@@ -27,7 +25,7 @@ class WorkerClient {
       const detail = e.message ? `: ${e.message}` : "";
       this.fail(
         new Error(
-          `the wgspec worker failed${detail} (worker.js, wgspec_core.js and wgspec_core_bg.wasm ` +
+          `the wgspec worker failed${detail} (worker.js, names.js, wgspec_core.js and wgspec_core_bg.wasm ` +
             `must be served next to wgspec.js)`,
         ),
       );
@@ -147,12 +145,6 @@ function resolveUrl(url) {
   if (url === "ngram") return url;
   const base = globalThis.document?.baseURI ?? globalThis.location?.href;
   return new URL(String(url), base).href;
-}
-
-/** A display name for a model URL: its file or folder name. */
-function modelName(url) {
-  const path = new URL(url).pathname.replace(/\/+$/, "");
-  return decodeURIComponent(path.slice(path.lastIndexOf("/") + 1)) || url;
 }
 
 /**
@@ -288,7 +280,7 @@ export class WgSpec {
         onEvent,
       );
       const loaded = await promise;
-      return new WgSpec(client, loaded, modelName(targetUrl));
+      return new WgSpec(client, loaded, fileName(targetUrl));
     } catch (err) {
       client.terminate();
       throw err;
@@ -301,7 +293,7 @@ export class WgSpec {
    * @returns {Promise<boolean>} whether there was anything to delete.
    */
   static async clearCache() {
-    let deleted = globalThis.caches ? await caches.delete(CACHE_NAME).catch(() => false) : false;
+    let deleted = globalThis.caches ? await caches.delete(STORE_NAME).catch(() => false) : false;
     try {
       const root = await globalThis.navigator.storage.getDirectory();
       await root.removeEntry(STORE_NAME, { recursive: true });

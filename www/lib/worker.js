@@ -34,7 +34,7 @@
 // and refused before the rest is downloaded. Small JSON files (config, tokenizer) go through the
 // Cache API ("wgspec-models-v1") and are copied into wasm memory.
 
-const CACHE_NAME = "wgspec-models-v1";
+import { fileName, STORE_NAME } from "./names.js";
 
 /** @type {any} the wasm WebEngine, once loaded */
 let engine = null;
@@ -156,68 +156,33 @@ async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb
       progress,
       gpu: { context, maxMemoryMb },
     });
-    const info = JSON.parse(
-      await closingAfter(targetFiles, () =>
-        namedAsync(targetName, () =>
-          created.load_target(context ?? undefined, maxMemoryMb ?? undefined, (done, total) =>
-            progress({ model: "target", phase: "upload", file: null, loaded: done, total }),
-          ),
-        ),
-      ),
+    const load = (files, what, model, upload) =>
+      uploadStaged(files, what, (done, total) => progress({ model, phase: "upload", file: null, loaded: done, total }), upload);
+    const info = await load(targetFiles, targetName, "target", (onUpload) =>
+      created.load_target(context ?? undefined, maxMemoryMb ?? undefined, onUpload),
     );
     progress({ model: "target", phase: "ready", file: null, loaded: 1, total: 1 });
 
     let draftInfo = null;
     if (draft && draft !== "ngram") {
       const draftName = `the draft model ${fileName(draft)}`;
-      // The draft gets the target's context and what the target left of the budget (checked
-      // exactly, in bytes, by load_draft).
-      const left = maxMemoryMb == null ? undefined : Math.max(0, Math.ceil(maxMemoryMb - info.gpu_memory_bytes / 1e6));
-      const draftFiles = await stageModel(created, draft, {
-        model: "draft",
-        what: draftName,
-        stores,
-        progress,
-        gpu: { context: info.context, maxMemoryMb: left },
-      });
-      draftInfo = JSON.parse(
-        await closingAfter(draftFiles, () =>
-          namedAsync(draftName, () =>
-            created.load_draft((done, total) =>
-              progress({ model: "draft", phase: "upload", file: null, loaded: done, total }),
-            ),
-          ),
-        ),
+      // The engine checks the draft's header as load_draft will: the target's context, what the
+      // target left of the budget.
+      const draftFiles = await stageModel(created, draft, { model: "draft", what: draftName, stores, progress, gpu: {} });
+      draftInfo = await load(draftFiles, draftName, "draft", (onUpload) => created.load_draft(onUpload));
+    }
+    const heads = { medusa: "the Medusa heads", eagle: "the EAGLE head" };
+    const headInfo = {};
+    for (const [kind, url] of [["medusa", medusa], ["eagle", eagle]]) {
+      if (!url) continue;
+      const what = `${heads[kind]} ${fileName(url)}`;
+      const files = await stageHeads(created, url, { model: "draft", what, stores, progress }, kind);
+      headInfo[kind] = await load(files, what, "draft", (onUpload) =>
+        kind === "medusa" ? created.load_medusa(onUpload) : created.load_eagle(onUpload),
       );
     }
-    let medusaInfo = null;
-    if (medusa) {
-      const medusaName = `the Medusa heads ${fileName(medusa)}`;
-      const headFiles = await stageHeads(created, medusa, { model: "draft", what: medusaName, stores, progress });
-      medusaInfo = JSON.parse(
-        await closingAfter(headFiles, () =>
-          namedAsync(medusaName, () =>
-            created.load_medusa((done, total) =>
-              progress({ model: "draft", phase: "upload", file: null, loaded: done, total }),
-            ),
-          ),
-        ),
-      );
-    }
-    let eagleInfo = null;
-    if (eagle) {
-      const eagleName = `the EAGLE head ${fileName(eagle)}`;
-      const headFiles = await stageHeads(created, eagle, { model: "draft", what: eagleName, stores, progress }, "eagle");
-      eagleInfo = JSON.parse(
-        await closingAfter(headFiles, () =>
-          namedAsync(eagleName, () =>
-            created.load_eagle((done, total) =>
-              progress({ model: "draft", phase: "upload", file: null, loaded: done, total }),
-            ),
-          ),
-        ),
-      );
-    }
+    const medusaInfo = headInfo.medusa ?? null;
+    const eagleInfo = headInfo.eagle ?? null;
     // the engine's default draft: the one loaded last, or the n-gram named alone
     if (draft === "ngram" && !medusa && !eagle) created.set_default_draft("ngram");
     const draftKind = created.default_draft() === "none" ? null : created.default_draft();
@@ -254,6 +219,15 @@ async function describeAdapter(fromEngine) {
   } catch {
     return fromEngine;
   }
+}
+
+/**
+ * Uploads staged files to the GPU: `upload(onUpload)` starts the engine's load (reporting bytes
+ * through `onUpload`); the files are closed once it settles and its errors name `what`. Resolves
+ * to the engine's JSON summary, parsed.
+ */
+async function uploadStaged(files, what, onUpload, upload) {
+  return JSON.parse(await closingAfter(files, () => namedAsync(what, () => upload(onUpload))));
 }
 
 /** Runs `fn`, prefixing any error's message with what was being loaded. */
@@ -301,16 +275,10 @@ function closeAll(files) {
 
 async function openCache() {
   try {
-    return self.caches ? await self.caches.open(CACHE_NAME) : null;
+    return self.caches ? await self.caches.open(STORE_NAME) : null;
   } catch {
     return null; // e.g. storage disabled: download every time
   }
-}
-
-/** Last path segment of a URL, for messages and progress events. */
-function fileName(url) {
-  const path = new URL(url).pathname.replace(/\/+$/, "");
-  return decodeURIComponent(path.slice(path.lastIndexOf("/") + 1)) || url;
 }
 
 /**
@@ -320,7 +288,8 @@ function fileName(url) {
  * @property {string} what the model in messages ("the target model x.gguf")
  * @property {{cache: Cache|null, files: FileSystemDirectoryHandle|null}} stores
  * @property {(event: object) => void} progress
- * @property {{context?: number, maxMemoryMb?: number}} gpu what a GGUF model is checked against
+ * @property {{context?: number, maxMemoryMb?: number}} gpu what a GGUF target is checked against
+ *   (a draft: `{}`, the engine checks it against the target it holds)
  *   before its weights are downloaded
  */
 
@@ -591,7 +560,6 @@ async function readBody(response, url, sink, total, onProgress, onChunk = () => 
 // Weight files: the origin-private file system, or JS memory
 
 /** The OPFS folder of weight files (one folder per file, named by the SHA-256 of its URL). */
-const STORE_NAME = "wgspec-models-v1";
 /** The most of a GGUF file's beginning its header may need (the engine's limit: 256 MiB). */
 const MAX_GGUF_HEADER = 256 * 1024 * 1024;
 /** Whether persistent storage has been asked for (once per worker). */
