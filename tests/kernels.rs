@@ -759,8 +759,9 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
                 for r in 0..n {
                     let row = &mut want[r * cols..(r + 1) * cols];
                     let pos = start + r;
-                    reference::rope(&mut row[..qd], head_dim, rope_dim, theta as f32, layout, pos);
-                    reference::rope(&mut row[qd..qd + kvd], head_dim, rope_dim, theta as f32, layout, pos);
+                    let unscaled = (rope_dim, &[1.0; 64][..rope_dim / 2]);
+                    reference::rope(&mut row[..qd], head_dim, unscaled, theta as f32, layout, pos);
+                    reference::rope(&mut row[qd..qd + kvd], head_dim, unscaled, theta as f32, layout, pos);
                     assert_close(&what, &got_q[r * qd..(r + 1) * qd], &row[..qd], 1e-5, 1e-5);
                     let cached = &got_kv[pos * 2 * kvd..(pos + 1) * 2 * kvd];
                     assert_close(&what, cached, &row[qd..], kv_abs, kv_rel);

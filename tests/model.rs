@@ -167,6 +167,88 @@ fn gguf_and_hugging_face_rotary_layouts_give_the_same_model() {
     }
 }
 
+/// Llama 3.1's rope scaling as llama.cpp's converter stores it in `rope_freqs.weight`: each
+/// frequency's divisor, worked out here on its own (1 above the high-frequency wavelength,
+/// `factor` below the low one, the blend between).
+fn converter_rope_freqs(theta: f64, rope_dim: usize, factor: f64, low: f64, high: f64, old: f64) -> Vec<f32> {
+    (0..rope_dim / 2)
+        .map(|i| {
+            let wavelen = 2.0 * std::f64::consts::PI * theta.powf(2.0 * i as f64 / rope_dim as f64);
+            let d = if wavelen < old / high {
+                1.0
+            } else if wavelen > old / low {
+                factor
+            } else {
+                let smooth = (old / wavelen - low) / (high - low);
+                1.0 / ((1.0 - smooth) / factor + smooth)
+            };
+            d as f32
+        })
+        .collect()
+}
+
+#[test]
+fn rope_scaling_follows_llama3_and_linear_in_both_formats() {
+    use wgspec::loader::gguf::Value;
+    use wgspec::model::RopeScaling;
+    // theta 100 and an original context of 64 put the tiny heads' 8 frequencies in all three of
+    // Llama 3's bands (wavelengths 6 to 353 against 16 and 64), and make the scaling move the
+    // logits within the test's 14 positions
+    let mut r = rng(47);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let (config, st) = tiny.to_safetensors(DType::F32);
+    let mut config: serde_json::Value = serde_json::from_slice(&config).expect("json");
+    config["rope_theta"] = 100.0.into();
+    config["rope_scaling"] = serde_json::json!({"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0, "original_max_position_embeddings": 64});
+    let hf = Checkpoint::from_safetensors(&serde_json::to_vec(&config).expect("json"), vec![st.clone()])
+        .expect("safetensors");
+    assert!(matches!(hf.config.rope_scaling, RopeScaling::Llama3 { original_context: 64, .. }));
+    check_against_reference("llama3 rope scaling (config.json)", &hf, Precision::F32, 5);
+
+    // the same model as GGUF, its scaling in rope_freqs.weight as llama.cpp's converter writes it
+    let freqs = converter_rope_freqs(100.0, tiny.spec.head_dim(), 8.0, 1.0, 4.0, 64.0);
+    assert!(freqs[0] == 1.0 && freqs[7] == 8.0 && freqs[2] > 1.0 && freqs[4] < 8.0, "{freqs:?}");
+    let mut with_freqs = TinyModel { spec: tiny.spec, tensors: tiny.tensors.clone() };
+    let t = common::tiny::TinyTensor {
+        name: "rope_freqs.weight".into(),
+        shape: vec![freqs.len()],
+        values: freqs,
+    };
+    with_freqs.tensors.push(t);
+    let base = [("llama.rope.freq_base", Value::F32(100.0))];
+    let gguf = Checkpoint::from_gguf(with_freqs.to_gguf_with(DType::F32, &mut r, &base)).expect("gguf");
+    assert_eq!(gguf.config.rope_scaling, RopeScaling::Stored);
+    check_against_reference("llama3 rope scaling (rope_freqs.weight)", &gguf, Precision::F32, 5);
+    let tokens = [3u32, 99, 17, 250, 4, 4, 120, 8, 60, 61, 62, 9];
+    let a = forward(&mut load(&hf, Precision::F32), &tokens, 0);
+    let b = forward(&mut load(&gguf, Precision::F32), &tokens, 0);
+    assert_close("llama3 scaling: config.json vs rope_freqs.weight", &a, &b, 1e-4, 1e-4);
+    // (a test that the scaling is applied at all: the unscaled model differs)
+    let plain = Checkpoint::from_gguf(tiny.to_gguf_with(DType::F32, &mut r, &base)).expect("gguf");
+    let c = forward(&mut load(&plain, Precision::F32), &tokens, 0);
+    let moved = a.iter().zip(&c).map(|(x, y)| (x - y).abs()).fold(0f32, f32::max);
+    assert!(moved > 1e-2, "the scaling moved the logits by {moved} only");
+
+    // linear scaling (GGUF's rope.scaling.type), and a type wgspec does not run, refused by name
+    let linear = [
+        base[0].clone(),
+        ("llama.rope.scaling.type", Value::String("linear".into())),
+        ("llama.rope.scaling.factor", Value::F32(4.0)),
+    ];
+    let lin = Checkpoint::from_gguf(tiny.to_gguf_with(DType::F32, &mut r, &linear)).expect("gguf");
+    assert_eq!(lin.config.rope_scaling, RopeScaling::Linear { factor: 4.0 });
+    check_against_reference("linear rope scaling", &lin, Precision::F32, 6);
+    let yarn = [("llama.rope.scaling.type", Value::String("yarn".into()))];
+    let err = Checkpoint::from_gguf(tiny.to_gguf_with(DType::F32, &mut r, &yarn)).err().expect("yarn");
+    assert!(err.to_string().contains("\"yarn\" is not supported"), "{err}");
+    config["rope_scaling"] = serde_json::json!({"rope_type": "dynamic", "factor": 2.0});
+    let err = Checkpoint::from_safetensors(&serde_json::to_vec(&config).expect("json"), vec![st])
+        .err()
+        .expect("dynamic");
+    assert!(err.to_string().contains("\"dynamic\" is not supported"), "{err}");
+}
+
 #[test]
 fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
     // The adapter's default matmul and the GPU shape (16 lanes, fixed-tree reductions); F16 and

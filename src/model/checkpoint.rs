@@ -1,13 +1,16 @@
 //! A checkpoint: the model's config plus access to its tensors by GGUF name, from a GGUF file or
 //! from Hugging Face safetensors + `config.json`. Converts tensors to the precision the GPU keeps.
 
-use super::config::Config;
+use super::config::{Config, RopeScaling};
 use crate::error::{Error, Result};
 use crate::loader::gguf::{Gguf, TensorInfo};
 use crate::loader::quant;
 use crate::loader::safetensors::Safetensors;
 use crate::loader::source::{self, Source};
 use crate::loader::DType;
+
+/// The GGUF tensor of per-pair RoPE frequency divisors (Llama 3.1's scaling).
+const ROPE_FREQS: &str = "rope_freqs.weight";
 
 /// How tensors (and the KV cache) are kept on the GPU.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -162,13 +165,8 @@ impl Checkpoint {
             .ok_or_else(|| Error::MissingTensor { name: "token_embd.weight".into() })?;
         let vocab_rows = embd.shape.first().copied().unwrap_or(0);
         let tied = header.tensor("output.weight").is_none();
-        if header.tensor("rope_freqs.weight").is_some() {
-            return Err(Error::Metadata {
-                key: "rope_freqs.weight".into(),
-                message: "per-dimension rope frequency factors (Llama 3.1 scaling) are not supported".into(),
-            });
-        }
-        let config = Config::from_gguf(&header, vocab_rows, tied)?;
+        let has_freqs = header.tensor(ROPE_FREQS).is_some();
+        let config = Config::from_gguf(&header, vocab_rows, tied, has_freqs)?;
         Ok(Checkpoint { config, format: Format::Gguf(header), files: vec![file] })
     }
 
@@ -297,6 +295,21 @@ impl Checkpoint {
             ));
         }
         Ok(data)
+    }
+
+    /// The divisor of each RoPE frequency ([`RopeScaling::divisors`]), reading the file's
+    /// `rope_freqs.weight` where the scaling is stored there.
+    pub fn rope_divisors(&self) -> Result<Vec<f64>> {
+        let c = &self.config;
+        let stored = match c.rope_scaling {
+            RopeScaling::Stored => {
+                let shape = [c.rope_dim / 2];
+                let data = self.read_rows(ROPE_FREQS, &shape, 0..shape[0])?;
+                Some(quant::dequantize(self.dtype(ROPE_FREQS, &shape)?, &data, shape[0])?)
+            }
+            _ => None,
+        };
+        c.rope_scaling.divisors(c.rope_theta, c.rope_dim, stored.as_deref())
     }
 
     /// Bytes the tensor `name` takes in the file (as stored: blocks, f16, ...), if present.

@@ -71,6 +71,139 @@ pub struct Config {
     pub context_len: usize,
     /// Output projection shares the token embedding.
     pub tied_embeddings: bool,
+    /// How RoPE's frequencies are stretched for long contexts ([`RopeScaling::None`] mostly).
+    pub rope_scaling: RopeScaling,
+}
+
+/// How RoPE's frequencies are stretched past the context a model was first trained for: each
+/// dimension pair's frequency is divided by its factor ([`RopeScaling::divisors`]), as llama.cpp
+/// and transformers do.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub enum RopeScaling {
+    #[default]
+    None,
+    /// Every frequency divided by `factor` (positions interpolated).
+    Linear { factor: f32 },
+    /// Llama 3.1's: wavelengths above `original_context / low_freq_factor` divided by
+    /// `factor`, those below `original_context / high_freq_factor` kept, a smooth blend
+    /// between (`rope_type: "llama3"` in config.json).
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_context: usize },
+    /// Per-pair divisors stored in the GGUF file's `rope_freqs.weight` (how llama.cpp's
+    /// converter writes Llama 3.1's scaling), read when the model loads.
+    Stored,
+}
+
+impl RopeScaling {
+    /// The divisor of each of the `rope_dim / 2` frequencies `theta^(-2i / rope_dim)`; `stored`:
+    /// the file's `rope_freqs.weight` for [`RopeScaling::Stored`].
+    pub fn divisors(&self, theta: f32, rope_dim: usize, stored: Option<&[f32]>) -> Result<Vec<f64>> {
+        let half = rope_dim / 2;
+        let bad = |message: String| Err(Error::Metadata { key: "rope scaling".into(), message });
+        match *self {
+            RopeScaling::None => Ok(vec![1.0; half]),
+            RopeScaling::Linear { factor } => Ok(vec![factor as f64; half]),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context } => {
+                let (factor, low, high) = (factor as f64, low_freq_factor as f64, high_freq_factor as f64);
+                let old = original_context as f64;
+                let (low_wavelen, high_wavelen) = (old / low, old / high);
+                let divisor = |i: usize| {
+                    let freq = (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64);
+                    let wavelen = 2.0 * std::f64::consts::PI / freq;
+                    if wavelen < high_wavelen {
+                        1.0
+                    } else if wavelen > low_wavelen {
+                        factor
+                    } else {
+                        let smooth = (old / wavelen - low) / (high - low);
+                        1.0 / ((1.0 - smooth) / factor + smooth)
+                    }
+                };
+                Ok((0..half).map(divisor).collect())
+            }
+            RopeScaling::Stored => match stored {
+                Some(f) if f.len() == half && f.iter().all(|d| d.is_finite() && *d > 0.0) => {
+                    Ok(f.iter().map(|&d| d as f64).collect())
+                }
+                Some(f) => bad(format!(
+                    "rope_freqs.weight: {} factors for {half} frequencies, each finite and positive",
+                    f.len()
+                )),
+                None => Err(Error::MissingTensor { name: "rope_freqs.weight".into() }),
+            },
+        }
+    }
+
+    /// Refuses parameters no model has (a zero or negative factor, a blend of no width).
+    fn validate(&self) -> Result<()> {
+        let ok = match *self {
+            RopeScaling::None | RopeScaling::Stored => true,
+            RopeScaling::Linear { factor } => factor.is_finite() && factor > 0.0,
+            RopeScaling::Llama3 {
+                factor,
+                low_freq_factor: low,
+                high_freq_factor: high,
+                original_context,
+            } => {
+                [factor, low, high].iter().all(|v| v.is_finite() && *v > 0.0)
+                    && high > low
+                    && original_context > 0
+            }
+        };
+        match ok {
+            true => Ok(()),
+            false => Err(Error::Metadata { key: "rope scaling".into(), message: format!("{self:?}") }),
+        }
+    }
+
+    /// A config.json `rope_scaling` object: `linear` or `llama3` (`type` or `rope_type`);
+    /// others (yarn, dynamic, longrope, ...) are refused, naming the type.
+    fn from_hf(v: &serde_json::Value) -> Result<RopeScaling> {
+        let key = "config.json rope_scaling";
+        let bad = |message: String| Error::Metadata { key: key.into(), message };
+        let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str());
+        let number = |name: &str| {
+            v.get(name)
+                .and_then(|x| x.as_f64())
+                .map(|x| x as f32)
+                .ok_or_else(|| bad(format!("{name} missing or not a number in {v}")))
+        };
+        match kind {
+            Some("default") => Ok(RopeScaling::None),
+            Some("linear") => Ok(RopeScaling::Linear { factor: number("factor")? }),
+            Some("llama3") => Ok(RopeScaling::Llama3 {
+                factor: number("factor")?,
+                low_freq_factor: number("low_freq_factor")?,
+                high_freq_factor: number("high_freq_factor")?,
+                original_context: number("original_max_position_embeddings")? as usize,
+            }),
+            Some(other) => {
+                Err(bad(format!("rope scaling {other:?} is not supported (linear and llama3 are)")))
+            }
+            None => Err(bad(format!("no rope_type in {v}"))),
+        }
+    }
+
+    /// GGUF's `{arch}.rope.scaling.type` (with `rope.scaling.factor`), and `rope_freqs.weight`
+    /// when the file has it.
+    fn from_gguf(g: &Gguf, arch: &str, has_freqs: bool) -> Result<RopeScaling> {
+        let key = format!("{arch}.rope.scaling.type");
+        let kind = g.get(&key).map(|_| g.get_str(&key)).transpose()?;
+        let refuse = |message: String| Err(Error::Metadata { key: key.clone(), message });
+        match (kind, has_freqs) {
+            (None | Some("none"), false) => Ok(RopeScaling::None),
+            (None | Some("none"), true) => Ok(RopeScaling::Stored),
+            (Some("linear"), false) => {
+                let factor = g.get_f32(&format!("{arch}.rope.scaling.factor"))?;
+                Ok(RopeScaling::Linear { factor })
+            }
+            (Some("linear"), true) => {
+                refuse("linear scaling beside rope_freqs.weight is not supported".into())
+            }
+            (Some(other), _) => {
+                refuse(format!("rope scaling {other:?} is not supported (linear and llama3 are)"))
+            }
+        }
+    }
 }
 
 /// Upper bounds that keep a corrupt header from asking for absurd allocations.
@@ -104,7 +237,8 @@ impl Config {
 
     /// Reads the config from GGUF metadata (`general.architecture` and `{arch}.*` keys).
     /// `vocab_size` falls back to the token embedding's rows; `tied` says whether `output.weight` is absent.
-    pub fn from_gguf(g: &Gguf, vocab_rows: usize, tied: bool) -> Result<Config> {
+    /// `has_freqs`: the file holds `rope_freqs.weight` (Llama 3.1's scaling).
+    pub fn from_gguf(g: &Gguf, vocab_rows: usize, tied: bool, has_freqs: bool) -> Result<Config> {
         let arch_name = g.get_str("general.architecture")?;
         let arch = Arch::from_gguf_name(arch_name)?;
         let key = |k: &str| format!("{arch_name}.{k}");
@@ -135,17 +269,8 @@ impl Config {
             },
             context_len: opt_usize("context_length")?.unwrap_or(2048),
             tied_embeddings: tied,
+            rope_scaling: RopeScaling::from_gguf(g, arch_name, has_freqs)?,
         };
-        if let Some(v) =
-            g.get(&key("rope.scaling.type")).map(|_| g.get_str(&key("rope.scaling.type"))).transpose()?
-        {
-            if v != "none" {
-                return Err(Error::Metadata {
-                    key: key("rope.scaling.type"),
-                    message: format!("rope scaling {v:?} is not supported"),
-                });
-            }
-        }
         cfg.validate()?;
         Ok(cfg)
     }
@@ -159,12 +284,10 @@ impl Config {
             message: "empty".into(),
         })?;
         let arch = Arch::from_hf_name(arch_name)?;
-        if let Some(s) = hf.rope_scaling.as_ref().filter(|v| !v.is_null()) {
-            return Err(Error::Metadata {
-                key: "config.json rope_scaling".into(),
-                message: format!("rope scaling {s} is not supported"),
-            });
-        }
+        let rope_scaling = match hf.rope_scaling.as_ref().filter(|v| !v.is_null()) {
+            Some(v) => RopeScaling::from_hf(v)?,
+            None => RopeScaling::None,
+        };
         let n_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
         let head_dim = hf.head_dim.unwrap_or(hf.hidden_size.checked_div(hf.num_attention_heads).unwrap_or(0));
         let cfg = Config {
@@ -182,6 +305,7 @@ impl Config {
             rope_layout: RopeLayout::Halves,
             context_len: hf.max_position_embeddings.unwrap_or(2048),
             tied_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+            rope_scaling,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -223,7 +347,7 @@ impl Config {
         {
             return bad("rms epsilon and rope theta must be positive".into());
         }
-        Ok(())
+        self.rope_scaling.validate()
     }
 }
 
@@ -242,4 +366,48 @@ struct HfConfig {
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     rope_scaling: Option<serde_json::Value>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn llama31(scaling: serde_json::Value) -> Result<Config> {
+        let json = serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+            "num_attention_heads": 32, "num_key_value_heads": 8, "num_hidden_layers": 32,
+            "rms_norm_eps": 1e-5, "rope_theta": 500000.0, "vocab_size": 128256,
+            "max_position_embeddings": 131072, "rope_scaling": scaling,
+        });
+        Config::from_hf_json(json.to_string().as_bytes())
+    }
+
+    #[test]
+    fn llama_31s_rope_scaling_divides_low_frequencies_by_its_factor() {
+        let c = llama31(serde_json::json!({"factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192, "rope_type": "llama3"}))
+        .expect("llama 3.1");
+        let d = c.rope_scaling.divisors(c.rope_theta, c.rope_dim, None).expect("divisors");
+        assert_eq!(d.len(), 64);
+        // wavelengths under 8192 / 4 keep their frequency, over 8192 are divided by 8, and the
+        // band between blends monotonically
+        assert_eq!(&d[..20], &[1.0; 20][..]);
+        assert_eq!(&d[50..], &[8.0; 14][..]);
+        assert!(d.windows(2).all(|w| w[0] <= w[1]) && d.iter().any(|&x| x > 1.0 && x < 8.0), "{d:?}");
+        let linear = llama31(serde_json::json!({"type": "linear", "factor": 2.0})).expect("linear");
+        assert_eq!(linear.rope_scaling, RopeScaling::Linear { factor: 2.0 });
+        assert_eq!(llama31(serde_json::Value::Null).expect("none").rope_scaling, RopeScaling::None);
+        for (bad, says) in [
+            (serde_json::json!({"rope_type": "yarn", "factor": 4.0}), "\"yarn\" is not supported"),
+            (serde_json::json!({"rope_type": "llama3", "factor": 8.0}), "low_freq_factor missing"),
+            (serde_json::json!({"factor": 8.0}), "no rope_type"),
+            (serde_json::json!({"rope_type": "linear", "factor": -1.0}), "Linear"),
+        ] {
+            let err = llama31(bad.clone()).expect_err("refused");
+            assert!(err.to_string().contains(says), "{bad}: {err}");
+        }
+        let stored = RopeScaling::Stored.divisors(1e4, 8, Some(&[1.0, 2.0, 0.0, 4.0]));
+        assert!(stored.is_err(), "a zero divisor");
+        assert!(matches!(RopeScaling::Stored.divisors(1e4, 8, None), Err(Error::MissingTensor { .. })));
+    }
 }

@@ -10,7 +10,7 @@ pub mod transformer;
 pub mod weights;
 
 pub use checkpoint::{Checkpoint, HostData, HostTensor, Precision};
-pub use config::{Arch, Config};
+pub use config::{Arch, Config, RopeScaling};
 pub use eagle::{
     DraftedTree, EagleHead, EagleLayout, TreeShape, EAGLE_STORE_SLOTS, MAX_EAGLE_DEPTH, MAX_EAGLE_WIDTH,
 };

@@ -9,7 +9,7 @@ use crate::loader::gguf::Value;
 use crate::loader::gguf_writer::GgufWriter;
 use crate::loader::source::Source;
 use crate::loader::DType;
-use crate::model::{Arch, Config, TensorRole, TensorTable};
+use crate::model::{Arch, Config, RopeScaling, TensorRole, TensorTable};
 use crate::tokenizer::{byte_to_char, GgufVocab, Tokenizer};
 
 /// The stored types of a synthetic model's matrices (norms and biases are F32): those of the
@@ -248,6 +248,7 @@ impl SyntheticShape {
             },
             context_len: self.context,
             tied_embeddings: self.tied,
+            rope_scaling: RopeScaling::None,
         }
     }
 }

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use wgspec::gpu::RopeLayout;
-use wgspec::model::{Checkpoint, Config, Precision, TensorTable};
+use wgspec::model::{Checkpoint, Config, Precision, RopeScaling, TensorTable};
 
 /// A model on the CPU, with its own KV cache.
 pub struct RefModel {
@@ -20,6 +20,8 @@ pub struct RefModel {
     /// The residual stream of each row of the last forward after k layers, k = 0..=n_layers
     /// (0: the embedding), [n][n_layers + 1][dim].
     pub residual: Vec<Vec<Vec<f32>>>,
+    /// Each RoPE frequency's divisor ([`rope_divisors`]).
+    rope_divisors: Vec<f64>,
 }
 
 /// `y[r] = x[r] . W^T` with `W: [rows, cols]`.
@@ -38,12 +40,53 @@ pub fn rmsnorm(x: &[f32], w: &[f32], eps: f32) -> Vec<f32> {
     x.iter().zip(w).map(|(v, g)| (*v as f64 * inv * *g as f64) as f32).collect()
 }
 
-/// Rotates each `head_dim` slice of `x` by position `pos`.
-pub fn rope(x: &mut [f32], head_dim: usize, rope_dim: usize, theta: f32, layout: RopeLayout, pos: usize) {
+/// Each RoPE frequency's divisor under `ckpt`'s scaling, worked out as transformers writes it
+/// (`_compute_llama3_parameters`: wavelengths masked into low, medium and high) or read from the
+/// GGUF's `rope_freqs.weight`.
+pub fn rope_divisors(ckpt: &Checkpoint) -> Vec<f64> {
+    let c = &ckpt.config;
+    let half = c.rope_dim / 2;
+    let inv_freq: Vec<f64> =
+        (0..half).map(|i| 1.0 / (c.rope_theta as f64).powf((2 * i) as f64 / c.rope_dim as f64)).collect();
+    match c.rope_scaling {
+        RopeScaling::None => vec![1.0; half],
+        RopeScaling::Linear { factor } => vec![factor as f64; half],
+        RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_context } => {
+            let (factor, low, high, old) =
+                (factor as f64, low_freq_factor as f64, high_freq_factor as f64, original_context as f64);
+            inv_freq
+                .iter()
+                .map(|&inv| {
+                    let wavelen = 2.0 * std::f64::consts::PI / inv;
+                    let scaled = if wavelen > old / low { inv / factor } else { inv };
+                    let smooth = (old / wavelen - low) / (high - low);
+                    let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
+                    let medium = !(wavelen < old / high) && !(wavelen > old / low);
+                    inv / if medium { smoothed } else { scaled }
+                })
+                .collect()
+        }
+        RopeScaling::Stored => {
+            let t = ckpt.tensor("rope_freqs.weight", &[half], Precision::F32).expect("rope_freqs.weight");
+            t.to_f32().expect("values").into_iter().map(f64::from).collect()
+        }
+    }
+}
+
+/// Rotates each `head_dim` slice of `x` by position `pos`, each frequency divided by its
+/// `divisors` entry.
+pub fn rope(
+    x: &mut [f32],
+    head_dim: usize,
+    (rope_dim, divisors): (usize, &[f64]),
+    theta: f32,
+    layout: RopeLayout,
+    pos: usize,
+) {
     let half = rope_dim / 2;
     for head in x.chunks_mut(head_dim) {
         for i in 0..half {
-            let freq = (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64);
+            let freq = (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64) / divisors[i];
             let (sin, cos) = (pos as f64 * freq).sin_cos();
             let (a, b) = match layout {
                 RopeLayout::Interleaved => (2 * i, 2 * i + 1),
@@ -102,7 +145,8 @@ impl RefModel {
         // the GPU keeps the cache in f16 under Precision::Auto (head and rotary dims multiples of 4)
         let kv_f16 =
             precision == Precision::Auto && cfg.head_dim.is_multiple_of(4) && cfg.rope_dim.is_multiple_of(4);
-        RefModel { cfg, w, k_cache, v_cache, kv_f16, hidden: Vec::new(), residual: Vec::new() }
+        let rope_divisors = rope_divisors(ckpt);
+        RefModel { cfg, w, k_cache, v_cache, kv_f16, hidden: Vec::new(), residual: Vec::new(), rope_divisors }
     }
 
     fn t(&self, name: &str) -> &[f32] {
@@ -158,8 +202,9 @@ impl RefModel {
                     }
                 }
             }
-            rope(&mut q, c.head_dim, c.rope_dim, c.rope_theta, c.rope_layout, pos);
-            rope(&mut k, c.head_dim, c.rope_dim, c.rope_theta, c.rope_layout, pos);
+            let r = (c.rope_dim, self.rope_divisors.as_slice());
+            rope(&mut q, c.head_dim, r, c.rope_theta, c.rope_layout, pos);
+            rope(&mut k, c.head_dim, r, c.rope_theta, c.rope_layout, pos);
             if self.kv_f16 {
                 for a in k.iter_mut().chain(v.iter_mut()) {
                     *a = half::f16::from_f32(*a).to_f32();
@@ -208,6 +253,7 @@ pub struct RefEagle {
     d2t: Option<Vec<usize>>,
     k_cache: Vec<f32>,
     v_cache: Vec<f32>,
+    rope_divisors: Vec<f64>,
 }
 
 impl RefEagle {
@@ -226,6 +272,7 @@ impl RefEagle {
         });
         let out_name = if target.cfg.tied_embeddings { "token_embd.weight" } else { "output.weight" };
         RefEagle {
+            rope_divisors: rope_divisors(ckpt),
             cfg,
             w,
             embed: target.tensor("token_embd.weight").to_vec(),
@@ -283,8 +330,9 @@ impl RefEagle {
         let mut q = matvec(w("self_attn.q_proj.weight"), &xin, qd, n_in);
         let mut k = matvec(w("self_attn.k_proj.weight"), &xin, kvd, n_in);
         let v = matvec(w("self_attn.v_proj.weight"), &xin, kvd, n_in);
-        rope(&mut q, c.head_dim, c.rope_dim, c.rope_theta, RopeLayout::Halves, pos);
-        rope(&mut k, c.head_dim, c.rope_dim, c.rope_theta, RopeLayout::Halves, pos);
+        let r = (c.rope_dim, self.rope_divisors.as_slice());
+        rope(&mut q, c.head_dim, r, c.rope_theta, RopeLayout::Halves, pos);
+        rope(&mut k, c.head_dim, r, c.rope_theta, RopeLayout::Halves, pos);
         self.k_cache.extend(&k);
         self.v_cache.extend(&v);
         let att = attention(&q, &self.k_cache, &self.v_cache, pos, c.n_heads, c.n_kv_heads, c.head_dim);

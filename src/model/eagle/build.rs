@@ -196,7 +196,7 @@ impl HeadState {
         g: &Gpu,
         c: &Config,
         layout: EagleLayout,
-        context: usize,
+        (context, rope): (usize, &[f32]),
         top_k: usize,
         (fc, fc_bias, layer, eagle3): (Matrix, Option<GpuBuffer<f32>>, Layer, Option<Eagle3Weights>),
     ) -> HeadState {
@@ -241,7 +241,7 @@ impl HeadState {
                 .map(|_| g.uniform("eagle tree params", bytemuck::bytes_of(&EagleTreeParams::zeroed())))
                 .collect(),
             kv: u32s("eagle kv", z.kv),
-            cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", &rope_table(c, context)),
+            cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", rope),
             config: c.clone(),
             fc,
             fc_bias,
@@ -589,7 +589,11 @@ impl EagleHead {
             }
             _ => None,
         };
-        let state = HeadState::new(g, &c, layout, target.context(), top_k, (fc, fc_bias, layer, eagle3));
+        // (a head's config.json: its scaling is computed, never stored in a tensor)
+        let rope =
+            rope_table(&c, target.context(), &c.rope_scaling.divisors(c.rope_theta, c.rope_dim, None)?);
+        let state =
+            HeadState::new(g, &c, layout, (target.context(), &rope), top_k, (fc, fc_bias, layer, eagle3));
         g.take_error()?;
         // (kernels compile as their first ops are built: one that fails fails the load)
         let scope = g.build_scope();

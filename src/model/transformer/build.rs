@@ -16,13 +16,14 @@ use crate::model::config::Config;
 use crate::model::weights::{Layer, LoadProgress, TensorTable, Weights};
 use bytemuck::Zeroable;
 
-/// RoPE angles for every position: `[context, rope_dim / 2]` pairs (cos, sin), computed in f64.
-pub(crate) fn rope_table(c: &Config, context: usize) -> Vec<f32> {
+/// RoPE angles for every position: `[context, rope_dim / 2]` pairs (cos, sin), computed in f64,
+/// each frequency divided by its `divisors` entry (the scaling's: [`crate::model::RopeScaling`]).
+pub(crate) fn rope_table(c: &Config, context: usize, divisors: &[f64]) -> Vec<f32> {
     let half = c.rope_dim / 2;
     let mut t = Vec::with_capacity(context * half * 2);
     for pos in 0..context {
-        for i in 0..half {
-            let freq = (c.rope_theta as f64).powf(-2.0 * i as f64 / c.rope_dim as f64);
+        for (i, divisor) in divisors.iter().enumerate().take(half) {
+            let freq = (c.rope_theta as f64).powf(-2.0 * i as f64 / c.rope_dim as f64) / divisor;
             let angle = pos as f64 * freq;
             t.push(angle.cos() as f32);
             t.push(angle.sin() as f32);
@@ -96,6 +97,7 @@ impl Model {
         let c = ckpt.config.clone();
         let kv_f16 = kv_in_f16(&c, opts.precision);
         let weights = Weights::load(&gpu, ckpt, opts, progress).await?;
+        let rope = rope_table(&c, context, &ckpt.rope_divisors()?);
         let g = &*gpu;
         // (the sizes the plan billed)
         let b = Buffers::new(g, &c, context, kv_f16);
@@ -122,7 +124,7 @@ impl Model {
                 .map(|i| GpuBuffer::<u32>::zeros(g, &format!("kv_cache {i}"), b.kv))
                 .collect(),
             kv_f16,
-            cos_sin: GpuBuffer::<f32>::from_slice(g, "rope cos/sin", &rope_table(&c, context)),
+            cos_sin: GpuBuffer::<f32>::from_slice(g, "rope cos/sin", &rope),
             taps: None,
         };
         // An allocation the device could not make (out of memory) fails the load, not the process.
