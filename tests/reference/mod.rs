@@ -61,7 +61,7 @@ pub fn rope_divisors(ckpt: &Checkpoint) -> Vec<f64> {
                     let scaled = if wavelen > old / low { inv / factor } else { inv };
                     let smooth = (old / wavelen - low) / (high - low);
                     let smoothed = (1.0 - smooth) * scaled / factor + smooth * scaled;
-                    let medium = !(wavelen < old / high) && !(wavelen > old / low);
+                    let medium = wavelen >= old / high && wavelen <= old / low;
                     inv / if medium { smoothed } else { scaled }
                 })
                 .collect()
@@ -85,8 +85,8 @@ pub fn rope(
 ) {
     let half = rope_dim / 2;
     for head in x.chunks_mut(head_dim) {
-        for i in 0..half {
-            let freq = (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64) / divisors[i];
+        for (i, divisor) in divisors.iter().enumerate().take(half) {
+            let freq = (theta as f64).powf(-2.0 * i as f64 / rope_dim as f64) / divisor;
             let (sin, cos) = (pos as f64 * freq).sin_cos();
             let (a, b) = match layout {
                 RopeLayout::Interleaved => (2 * i, 2 * i + 1),
