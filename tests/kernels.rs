@@ -9,8 +9,8 @@ mod reference;
 use common::{assert_close, assert_fits, gpu, gpu_unshared, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
 use wgspec::gpu::{
-    AttentionShape, Gpu, GpuBuffer, Kernel, KernelShape, KvOut, MatmulOut, NormIn, Op, RopeLayout, RopeOut,
-    SideOutput, WeightBuffer, REDUCE_SLICE,
+    AttentionShape, Gpu, GpuBuffer, HeadNormIo, Kernel, KernelShape, KvOut, MatmulOut, NormIn, Op,
+    RopeLayout, RopeOut, SideOutput, WeightBuffer, REDUCE_SLICE,
 };
 use wgspec::loader::{quant, DType};
 
@@ -765,6 +765,92 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
                     assert_close(&what, &got_q[r * qd..(r + 1) * qd], &row[..qd], 1e-5, 1e-5);
                     let cached = &got_kv[pos * 2 * kvd..(pos + 1) * 2 * kvd];
                     assert_close(&what, cached, &row[qd..], kv_abs, kv_rel);
+                }
+                let untouched = got_kv[..start * 2 * kvd].iter().chain(&got_kv[(start + n) * 2 * kvd..]);
+                assert!(untouched.into_iter().all(|v| *v == 0.0), "{what}: other cache rows untouched");
+            }
+        }
+    }
+}
+
+#[test]
+fn head_norm_normalises_each_head_rotates_and_routes_q_k_v() {
+    // The raw q|k|v rows of a matmul whose q and k rows were paired (RopeLayout::pair_rows): each
+    // q and k head RMS-normalised with its weights, rotated by the row's position, q into its
+    // scratch and k | v into the cache row start_pos + r, back in checkpoint order. Against the
+    // CPU: the head's norm, then RoPE, on the checkpoint's columns.
+    let step_of = |gpu: &Gpu| gpu.step_buffer();
+    for gpu in gpus() {
+        let step = step_of(&gpu);
+        let mut rng = rng(61);
+        let (context, theta, eps) = (300, 10000.0, 1e-6);
+        for &(n, heads, kv_heads, head_dim, rope_dim, start) in
+            &[(1, 1, 1, 4, 4, 0), (3, 4, 2, 16, 16, 100), (4, 2, 1, 16, 8, 7), (2, 2, 1, 256, 256, 290)]
+        {
+            for (layout, kv_f16) in
+                [(RopeLayout::Halves, false), (RopeLayout::Interleaved, false), (RopeLayout::Halves, true)]
+            {
+                let (qd, kvd) = (heads * head_dim, kv_heads * head_dim);
+                let cols = qd + 2 * kvd;
+                // checkpoint order, then the matmul's column order
+                let raw = rand_vec(&mut rng, n * cols, 2.0);
+                let order: Vec<usize> = layout
+                    .pair_rows(heads, head_dim, rope_dim)
+                    .into_iter()
+                    .chain(layout.pair_rows(kv_heads, head_dim, rope_dim).into_iter().map(|r| qd + r))
+                    .chain(qd + kvd..cols)
+                    .collect();
+                let paired: Vec<f32> = (0..n)
+                    .flat_map(|r| order.iter().map(|&c| raw[r * cols + c]).collect::<Vec<_>>())
+                    .collect();
+                let norms = [rand_vec(&mut rng, head_dim, 0.5), rand_vec(&mut rng, head_dim, 0.5)];
+                let qkv = GpuBuffer::<f32>::from_slice(&gpu, "qkv", &paired);
+                let qn = GpuBuffer::<f32>::from_slice(&gpu, "q norm", &norms[0]);
+                let kn = GpuBuffer::<f32>::from_slice(&gpu, "k norm", &norms[1]);
+                let tb = GpuBuffer::<f32>::from_slice(&gpu, "cos_sin", &rope_table(context, rope_dim, theta));
+                let q = GpuBuffer::<f32>::zeros(&gpu, "q", n * qd);
+                let cache = GpuBuffer::<u32>::zeros(&gpu, "kv", context * 2 * kvd);
+                let io = HeadNormIo { qkv: &qkv, norms: [&qn, &kn], cos_sin: &tb, q: &q, kv: &cache };
+                let shape = AttentionShape {
+                    heads: heads as u32,
+                    kv_heads: kv_heads as u32,
+                    head_dim: head_dim as u32,
+                    ctx: context as u32,
+                    kv_f16,
+                };
+                let op = gpu.head_norm(&step, io, shape, (rope_dim as u32, layout), eps);
+                run(&gpu, &step, &[op], n, start);
+                let got_q = read_f32(&gpu, &q.raw, n * qd);
+                let words = read_u32(&gpu, &cache.raw, context * 2 * kvd);
+                let got_kv: Vec<f32> = if kv_f16 {
+                    let halves = words.iter().flat_map(|&w| [w as u16, (w >> 16) as u16]);
+                    halves.map(|h| half::f16::from_bits(h).to_f32()).collect()
+                } else {
+                    words.iter().map(|&w| f32::from_bits(w)).collect()
+                };
+                let (kv_abs, kv_rel) = if kv_f16 { (1e-5, 1.0 / 1024.0) } else { (1e-5, 1e-5) };
+                let what = format!("head norm {layout:?} kv_f16={kv_f16} n={n} heads={heads}/{kv_heads} hd={head_dim} rd={rope_dim}");
+                for r in 0..n {
+                    let mut want = raw[r * cols..(r + 1) * cols].to_vec();
+                    let per_head = |y: &[f32], w: &[f32]| -> Vec<f32> {
+                        y.chunks(head_dim).flat_map(|h| reference::rmsnorm(h, w, eps)).collect()
+                    };
+                    let (mut wq, mut wk) =
+                        (per_head(&want[..qd], &norms[0]), per_head(&want[qd..qd + kvd], &norms[1]));
+                    let unscaled = (rope_dim, &[1.0; 128][..rope_dim / 2]);
+                    reference::rope(&mut wq, head_dim, unscaled, theta as f32, layout, start + r);
+                    reference::rope(&mut wk, head_dim, unscaled, theta as f32, layout, start + r);
+                    want[..qd].copy_from_slice(&wq);
+                    want[qd..qd + kvd].copy_from_slice(&wk);
+                    assert_close(&what, &got_q[r * qd..(r + 1) * qd], &want[..qd], 1e-5, 1e-4);
+                    let pos = start + r;
+                    assert_close(
+                        &what,
+                        &got_kv[pos * 2 * kvd..(pos + 1) * 2 * kvd],
+                        &want[qd..],
+                        kv_abs,
+                        kv_rel,
+                    );
                 }
                 let untouched = got_kv[..start * 2 * kvd].iter().chain(&got_kv[(start + n) * 2 * kvd..]);
                 assert!(untouched.into_iter().all(|v| *v == 0.0), "{what}: other cache rows untouched");

@@ -81,14 +81,14 @@ fn check_on(
 
 #[test]
 fn gguf_float_models_match_reference() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3()] {
         for dtype in [DType::F32, DType::F16] {
             let mut r = rng(10);
             let tiny = TinyModel::random(spec, &mut r);
             let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
             // the f16 KV cache (Auto) and the f32 one (F32: the same weights, tighter tolerance)
             for precision in [Precision::Auto, Precision::F32] {
-                let what = format!("gguf {dtype:?} qwen2={} {precision:?}", spec.qwen2);
+                let what = format!("gguf {dtype:?} {:?} {precision:?}", spec.arch_of());
                 check_against_reference(&what, &ckpt, precision, 11);
                 // the GPU shape too (16-lane matmul, attention split over the cache)
                 if dtype == DType::F16 {
@@ -129,14 +129,14 @@ fn gguf_quantized_models_match_reference() {
 
 #[test]
 fn safetensors_models_match_reference() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3()] {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let mut r = rng(30);
             let tiny = TinyModel::random(spec, &mut r);
             let (config, st) = tiny.to_safetensors(dtype);
             let ckpt = Checkpoint::from_safetensors(&config, vec![st]).expect("safetensors");
             check_against_reference(
-                &format!("safetensors {dtype:?} qwen2={}", spec.qwen2),
+                &format!("safetensors {dtype:?} {:?}", spec.arch_of()),
                 &ckpt,
                 Precision::Auto,
                 31,
@@ -149,7 +149,7 @@ fn safetensors_models_match_reference() {
 fn gguf_and_hugging_face_rotary_layouts_give_the_same_model() {
     // The same weights written as GGUF (llama q/k permuted to interleaved pairs, as llama.cpp's
     // converter does) and as safetensors (halves) must produce the same logits.
-    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
+    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3()] {
         let mut r = rng(40);
         let tiny = TinyModel::random(spec, &mut r);
         let gguf = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
@@ -157,13 +157,13 @@ fn gguf_and_hugging_face_rotary_layouts_give_the_same_model() {
         let hf = Checkpoint::from_safetensors(&config, vec![st]).expect("safetensors");
         assert_ne!(
             gguf.config.rope_layout == hf.config.rope_layout,
-            !spec.qwen2,
+            spec.arch_of() == wgspec::model::Arch::Llama,
             "layouts differ only for llama"
         );
         let tokens = [3u32, 99, 17, 250, 4, 4, 120];
         let a = forward(&mut load(&gguf, Precision::Auto), &tokens, 0);
         let b = forward(&mut load(&hf, Precision::Auto), &tokens, 0);
-        assert_close(&format!("gguf vs hf qwen2={}", spec.qwen2), &a, &b, 1e-4, 1e-4);
+        assert_close(&format!("gguf vs hf {:?}", spec.arch_of()), &a, &b, 1e-4, 1e-4);
     }
 }
 
@@ -324,9 +324,11 @@ fn every_node_of_a_token_tree_equals_its_path_run_alone_bit_for_bit() {
     // position past 0, so that nodes see the cache before the pass and their ancestors. The GPU
     // shape's trees start at 62, so that their nodes' keys straddle the split attention's first
     // chunk boundary (64).
-    for (spec, dtype, gpu, past) in
-        [(TinySpec::llama(), DType::Q4_1, gpu(), 7u32), (TinySpec::qwen2(), DType::F16, gpu_shaped(), 62)]
-    {
+    for (spec, dtype, gpu, past) in [
+        (TinySpec::llama(), DType::Q4_1, gpu(), 7u32),
+        (TinySpec::qwen2(), DType::F16, gpu_shaped(), 62),
+        (TinySpec::qwen3(), DType::F16, gpu(), 7),
+    ] {
         let mut r = rng(52);
         let tiny = TinyModel::random(spec, &mut r);
         let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
@@ -846,24 +848,28 @@ fn shape_facts_follow_the_recorded_ops() {
 #[test]
 fn a_load_allocates_what_its_bill_says() {
     let mut r = rng(0x5ca1ab1e);
-    let tiny = TinyModel::random(TinySpec { vocab: 3000, ..TinySpec::qwen2() }, &mut r);
+    let qwen2 = TinyModel::random(TinySpec { vocab: 3000, ..TinySpec::qwen2() }, &mut r);
+    // (Qwen3: its raw q|k|v scratch and per-head norms)
+    let qwen3 = TinyModel::random(TinySpec { vocab: 3000, ..TinySpec::qwen3() }, &mut r);
     let shapes = [
         KernelShape::default(),
         KernelShape { matmul_lanes: Some(16), split_attention: Some(true), shuffle_loads: None },
     ];
     for shape in shapes {
         let g = std::sync::Arc::new(pollster::block_on(Gpu::with_shape(shape)).expect("a fresh device"));
-        for (dtype, precision, context) in [
-            (DType::Q8_0, Precision::Auto, 64),
-            (DType::Q4_0, Precision::Auto, 200),
-            (DType::F16, Precision::F32, 128),
+        for (tiny, dtype, precision, context) in [
+            (&qwen2, DType::Q8_0, Precision::Auto, 64),
+            (&qwen2, DType::Q4_0, Precision::Auto, 200),
+            (&qwen2, DType::F16, Precision::F32, 128),
+            (&qwen3, DType::Q8_0, Precision::Auto, 64),
         ] {
             let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
             let opts = LoadOptions { context: Some(context), precision, ..Default::default() };
             let before = g.billed_bytes();
             let m = Model::load(g.clone(), &ckpt, &opts, &mut |_| {}).expect("load");
             let made = g.billed_bytes() - before;
-            let what = format!("{shape:?} {dtype:?} {precision:?} context {context}");
+            let what =
+                format!("{:?} {shape:?} {dtype:?} {precision:?} context {context}", tiny.spec.arch_of());
             assert_eq!(made, m.memory_bytes(), "{what}: allocated, billed");
             // a forward allocates nothing the bill missed
             let mut m = m;

@@ -30,6 +30,8 @@ pub enum Kernel {
     KvKeep,
     TopK,
     GatherRows,
+    /// Per-head RMSNorm of q and k, RoPE, and q|k|v to their places (Qwen3's attention input).
+    HeadNorm,
     MapIds,
     EagleTree,
     Concat,
@@ -83,6 +85,7 @@ plain_kernels! {
     AcceptSampled = AcceptSampled,
     AttentionF16 = Attention(F16),
     AttentionChunksF16 = AttentionChunks(F16),
+    HeadNorm = HeadNorm,
 }
 
 impl Kernel {
@@ -140,6 +143,7 @@ impl Kernel {
             Kernel::KvKeep => KeepParams::layout(),
             Kernel::TopK => TopKParams::layout(),
             Kernel::GatherRows => GatherParams::layout(),
+            Kernel::HeadNorm => HeadNormParams::layout(),
             Kernel::MapIds => MapIdsParams::layout(),
             Kernel::EagleTree => EagleTreeParams::layout(),
             Kernel::Concat => ConcatParams::layout(),
@@ -225,6 +229,7 @@ impl Kernel {
             Kernel::KvKeep => Cow::Borrowed(include_str!("../../shaders/kv_keep.wgsl")),
             Kernel::TopK => with_rank(include_str!("../../shaders/top_k.wgsl")),
             Kernel::GatherRows => Cow::Borrowed(include_str!("../../shaders/gather_rows.wgsl")),
+            Kernel::HeadNorm => Cow::Borrowed(include_str!("../../shaders/head_norm.wgsl")),
             Kernel::MapIds => Cow::Borrowed(include_str!("../../shaders/map_ids.wgsl")),
             Kernel::EagleTree => Cow::Borrowed(include_str!("../../shaders/eagle_tree.wgsl")),
             Kernel::Concat => Cow::Borrowed(include_str!("../../shaders/concat.wgsl")),

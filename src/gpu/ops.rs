@@ -376,6 +376,36 @@ gpu_struct! {
     }
 }
 
+gpu_struct! {
+    /// `shaders/head_norm.wgsl`'s parameters.
+    pub(super) struct HeadNormParams => Params {
+        q_heads: u32,
+        kv_heads: u32,
+        /// At most [`MAX_NORMED_HEAD`].
+        head_dim: u32,
+        /// Rotated dimensions at the start of each head (even).
+        rope_dim: u32,
+        /// 1: the q and k rows were reordered from the Halves layout into adjacent pairs.
+        halves: u32,
+        eps: f32,
+        /// 1: the KV cache holds f16 pairs.
+        kv_f16: u32,
+        _pad: u32,
+    }
+}
+
+/// The widest head [`Gpu::head_norm`] normalises (its workgroup stages a head: Gemma 3's 256).
+pub const MAX_NORMED_HEAD: usize = 256;
+
+/// The raw q|k|v rows a [`Gpu::head_norm`] reads and where it puts them.
+pub struct HeadNormIo<'a> {
+    pub qkv: &'a GpuBuffer<f32>, // [n, q_heads + 2 kv_heads, head_dim] the matmul's columns
+    pub norms: [&'a GpuBuffer<f32>; 2], // [head_dim] q's and k's norm weights
+    pub cos_sin: &'a GpuBuffer<f32>, // [context, rope_dim / 2, 2]
+    pub q: &'a GpuBuffer<f32>,   // [n, q_heads * head_dim]
+    pub kv: &'a GpuBuffer<u32>,  // [context, 2 kv_heads * head_dim] values (f32 bits or f16 pairs)
+}
+
 /// Words of `shaders/eagle_tree.wgsl`'s state and output buffers, and where its output holds
 /// the next pass (`STEP`: its Step, `MANY`: the projected rows' Step, `SLOTS`: each row's store
 /// slot, `NEWEST`: the projected rows, `TOKENS`: each row's token) and the chosen tree (`RESULT`:
@@ -971,6 +1001,42 @@ impl Gpu {
         let columns = dim.div_ceil(Kernel::WORKGROUP as usize) as u64;
         let serial = if norm.is_some() { 2 * columns + 6 } else { columns };
         self.op(Kernel::GatherRows, step, &params, &storage, Grid::Rows)
+            .with_cost(cost)
+            .with_serial(Serial::fixed(serial))
+    }
+
+    /// Per-head RMSNorm (`eps`, weights `io.norms`) of the q and k heads of `io.qkv` (the raw
+    /// q|k|v matmul output, its q and k rows in `layout`'s pair order), RoPE by each row's
+    /// position, q into `io.q` and k | v into the cache row `start_pos + r` (`shaders/head_norm.wgsl`).
+    pub fn head_norm(
+        &self,
+        step: &wgpu::Buffer,
+        io: HeadNormIo,
+        shape: AttentionShape,
+        (rope_dim, layout): (u32, RopeLayout),
+        eps: f32,
+    ) -> Op {
+        let p = HeadNormParams {
+            q_heads: shape.heads,
+            kv_heads: shape.kv_heads,
+            head_dim: shape.head_dim,
+            rope_dim,
+            halves: (layout == RopeLayout::Halves) as u32,
+            eps,
+            kv_f16: shape.kv_f16 as u32,
+            _pad: 0,
+        };
+        let params = self.uniform("head norm params", bytemuck::bytes_of(&p));
+        let heads = shape.heads + 2 * shape.kv_heads;
+        let width = (heads * shape.head_dim) as u64;
+        // per row: q|k|v read, q and k|v written (f32; an f16 cache takes less), 5 flops a value
+        let cost = Cost { row_bytes: 8 * width, row_flops: 5 * width, ..Cost::default() };
+        let storage =
+            [&io.qkv.raw, &io.norms[0].raw, &io.norms[1].raw, &io.cos_sin.raw, &io.q.raw, &io.kv.raw];
+        // a head's squares, their tree, its pairs, its stores
+        let per = (shape.head_dim as u64).div_ceil(Kernel::WORKGROUP as u64);
+        let serial = 3 * per + Kernel::WORKGROUP.ilog2() as u64 + 2;
+        self.op(Kernel::HeadNorm, step, &params, &storage, Grid::PerRow(heads))
             .with_cost(cost)
             .with_serial(Serial::fixed(serial))
     }

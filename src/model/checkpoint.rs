@@ -142,6 +142,8 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
         "attn_output" => "self_attn.o_proj",
+        "attn_q_norm" => "self_attn.q_norm",
+        "attn_k_norm" => "self_attn.k_norm",
         "ffn_norm" => "post_attention_layernorm",
         "ffn_gate" => "mlp.gate_proj",
         "ffn_up" => "mlp.up_proj",

@@ -13,6 +13,8 @@ pub enum Arch {
     Llama,
     /// Qwen2 / Qwen2.5: as Llama, plus biases on the q/k/v projections.
     Qwen2,
+    /// Qwen3: as Llama (no biases), plus an RMSNorm of each q and k head before RoPE.
+    Qwen3,
 }
 
 impl Arch {
@@ -21,6 +23,7 @@ impl Arch {
         match name {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
+            "qwen3" => Ok(Arch::Qwen3),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -30,6 +33,7 @@ impl Arch {
         match self {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
+            Arch::Qwen3 => "qwen3",
         }
     }
 
@@ -38,6 +42,7 @@ impl Arch {
         match name {
             "LlamaForCausalLM" => Ok(Arch::Llama),
             "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
+            "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -45,6 +50,20 @@ impl Arch {
     /// Whether q/k/v projections carry biases.
     pub fn qkv_bias(self) -> bool {
         self == Arch::Qwen2
+    }
+
+    /// Whether each q and k head is RMS-normalised before RoPE (`attn_q_norm`, `attn_k_norm`).
+    pub fn qk_norm(self) -> bool {
+        self == Arch::Qwen3
+    }
+
+    /// The rotary layout of q/k in a GGUF file: llama.cpp's converter permutes llama's into
+    /// interleaved pairs; the Qwen families keep halves (its NEOX mode).
+    pub fn gguf_rope_layout(self) -> RopeLayout {
+        match self {
+            Arch::Llama => RopeLayout::Interleaved,
+            Arch::Qwen2 | Arch::Qwen3 => RopeLayout::Halves,
+        }
     }
 }
 
@@ -262,11 +281,7 @@ impl Config {
             rms_eps: g.get_f32(&key("attention.layer_norm_rms_epsilon"))?,
             rope_theta: g.get_opt_f32(&key("rope.freq_base"))?.unwrap_or(10000.0),
             rope_dim: opt_usize("rope.dimension_count")?.unwrap_or(head_dim),
-            // llama.cpp's converter permutes llama q/k into interleaved pairs; qwen2 keeps halves.
-            rope_layout: match arch {
-                Arch::Llama => RopeLayout::Interleaved,
-                Arch::Qwen2 => RopeLayout::Halves,
-            },
+            rope_layout: arch.gguf_rope_layout(),
             context_len: opt_usize("context_length")?.unwrap_or(2048),
             tied_embeddings: tied,
             rope_scaling: RopeScaling::from_gguf(g, arch_name, has_freqs)?,
@@ -329,6 +344,15 @@ impl Config {
             return bad(format!(
                 "{} heads of {} (q width {}) with a context of {}",
                 self.n_heads, self.head_dim, q_width, self.context_len
+            ));
+        }
+        if self.arch.qk_norm()
+            && (self.head_dim > crate::gpu::MAX_NORMED_HEAD || !self.head_dim.is_multiple_of(2))
+        {
+            return bad(format!(
+                "heads of {} normalised one by one (at most {})",
+                self.head_dim,
+                crate::gpu::MAX_NORMED_HEAD
             ));
         }
         if !self.n_heads.is_multiple_of(self.n_kv_heads) {

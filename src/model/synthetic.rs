@@ -4,7 +4,6 @@
 //! adapters without model files (`wgspec bench --synthetic`), and for tests' configs.
 
 use crate::error::{Error, Result};
-use crate::gpu::RopeLayout;
 use crate::loader::gguf::Value;
 use crate::loader::gguf_writer::GgufWriter;
 use crate::loader::source::Source;
@@ -242,10 +241,7 @@ impl SyntheticShape {
             rms_eps: 1e-6,
             rope_theta: self.rope_theta,
             rope_dim: head_dim,
-            rope_layout: match self.arch {
-                Arch::Llama => RopeLayout::Interleaved,
-                Arch::Qwen2 => RopeLayout::Halves,
-            },
+            rope_layout: self.arch.gguf_rope_layout(),
             context_len: self.context,
             tied_embeddings: self.tied,
             rope_scaling: RopeScaling::None,

@@ -346,10 +346,12 @@ pub struct Layer {
     /// [`crate::gpu::RopeLayout::pair_rows`] gives (the pairs RoPE rotates together adjacent).
     pub qkv: Matrix,
     pub qkv_bias: Option<GpuBuffer<f32>>, // [q_dim + 2 kv_dim] (qwen2), in the rows' order
-    pub wo: Matrix,                       // [dim, q_dim]
-    pub ffn_norm: GpuBuffer<f32>,         // [dim]
-    pub gate_up: Matrix,                  // [2 ffn_dim, dim]: rows of gate and up interleaved
-    pub down: Matrix,                     // [dim, ffn_dim]
+    /// `[head_dim]` each: q's and k's per-head norm weights (qwen3), in the checkpoint's order.
+    pub qk_norm: Option<[GpuBuffer<f32>; 2]>,
+    pub wo: Matrix,               // [dim, q_dim]
+    pub ffn_norm: GpuBuffer<f32>, // [dim]
+    pub gate_up: Matrix,          // [2 ffn_dim, dim]: rows of gate and up interleaved
+    pub down: Matrix,             // [dim, ffn_dim]
 }
 
 impl Layer {
@@ -387,12 +389,19 @@ impl Layer {
             }
             None => None,
         };
+        let qk_norm = match &l.qk_norm {
+            Some([q, k]) => {
+                let norm = |t: &TensorSpec, v: Vec<f32>| GpuBuffer::<f32>::from_slice(gpu, &t.name, &v);
+                Some([norm(q, up.vector(q).await?), norm(k, up.vector(k).await?)])
+            }
+            None => None,
+        };
         let qkv = up.stacked(&[(&l.q, Some(&q_rows)), (&l.k, Some(&k_rows)), (&l.v, None)]).await?;
         let wo = up.matrix(&l.wo).await?;
         let ffn_norm = GpuBuffer::<f32>::from_slice(gpu, &l.ffn_norm.name, &up.vector(&l.ffn_norm).await?);
         let gate_up = up.gate_up(&l.gate, &l.up).await?;
         let down = up.matrix(&l.down).await?;
-        Ok(Layer { attn_norm, qkv, qkv_bias, wo, ffn_norm, gate_up, down })
+        Ok(Layer { attn_norm, qkv, qkv_bias, qk_norm, wo, ffn_norm, gate_up, down })
     }
 }
 
@@ -468,6 +477,8 @@ pub struct LayerTensors {
     pub v: TensorSpec,
     /// q, k and v biases (qwen2), in that order.
     pub qkv_bias: Option<[TensorSpec; 3]>,
+    /// q's and k's per-head norm weights `[head_dim]` (qwen3), in that order.
+    pub qk_norm: Option<[TensorSpec; 2]>,
     pub wo: TensorSpec,
     pub ffn_norm: TensorSpec,
     pub gate: TensorSpec,
@@ -502,6 +513,10 @@ impl TensorTable {
                         [("attn_q.bias", q), ("attn_k.bias", kv), ("attn_v.bias", kv)]
                             .map(|(name, len)| t(b(name), vec![len], TensorRole::QkvBias))
                     }),
+                    qk_norm: c.arch.qk_norm().then(|| {
+                        ["attn_q_norm.weight", "attn_k_norm.weight"]
+                            .map(|name| t(b(name), vec![c.head_dim], TensorRole::Norm))
+                    }),
                     wo: t(b("attn_output.weight"), vec![d, q], TensorRole::Weight),
                     ffn_norm: t(b("ffn_norm.weight"), vec![d], TensorRole::Norm),
                     gate: t(b("ffn_gate.weight"), vec![f, d], TensorRole::Weight),
@@ -522,13 +537,11 @@ impl TensorTable {
     /// Every tensor, in upload (and file) order.
     pub fn iter(&self) -> impl Iterator<Item = &TensorSpec> {
         let layers = self.layers.iter().flat_map(|l| {
-            [&l.attn_norm, &l.q, &l.k, &l.v].into_iter().chain(l.qkv_bias.iter().flatten()).chain([
-                &l.wo,
-                &l.ffn_norm,
-                &l.gate,
-                &l.up,
-                &l.down,
-            ])
+            [&l.attn_norm, &l.q, &l.k, &l.v]
+                .into_iter()
+                .chain(l.qkv_bias.iter().flatten())
+                .chain(l.qk_norm.iter().flatten())
+                .chain([&l.wo, &l.ffn_norm, &l.gate, &l.up, &l.down])
         });
         std::iter::once(&self.token_embd).chain(layers).chain([&self.output_norm]).chain(&self.output)
     }

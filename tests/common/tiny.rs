@@ -15,6 +15,8 @@ use wgspec::model::{Arch, Config, TensorRole, TensorTable};
 #[derive(Clone, Copy, Debug)]
 pub struct TinySpec {
     pub qwen2: bool,
+    /// Qwen3: no qkv biases, each q and k head RMS-normalised before RoPE.
+    pub qwen3: bool,
     pub vocab: usize,
     pub dim: usize,
     pub layers: usize,
@@ -29,6 +31,7 @@ impl TinySpec {
     pub fn llama() -> Self {
         TinySpec {
             qwen2: false,
+            qwen3: false,
             vocab: 300,
             dim: 64,
             layers: 2,
@@ -42,6 +45,7 @@ impl TinySpec {
     pub fn qwen2() -> Self {
         TinySpec {
             qwen2: true,
+            qwen3: false,
             vocab: 280,
             dim: 64,
             layers: 2,
@@ -52,6 +56,28 @@ impl TinySpec {
             tied: false,
         }
     }
+    /// A Qwen3 model: no biases, per-head q and k norms, tied.
+    pub fn qwen3() -> Self {
+        TinySpec {
+            qwen2: false,
+            qwen3: true,
+            vocab: 290,
+            dim: 64,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            ffn: 128,
+            context: 64,
+            tied: true,
+        }
+    }
+    pub fn arch_of(&self) -> Arch {
+        match (self.qwen2, self.qwen3) {
+            (true, _) => Arch::Qwen2,
+            (_, true) => Arch::Qwen3,
+            _ => Arch::Llama,
+        }
+    }
     pub fn head_dim(&self) -> usize {
         self.dim / self.heads
     }
@@ -59,7 +85,7 @@ impl TinySpec {
     pub fn config(&self) -> Config {
         let shape = SyntheticShape {
             name: "tiny",
-            arch: if self.qwen2 { Arch::Qwen2 } else { Arch::Llama },
+            arch: self.arch_of(),
             vocab: self.vocab,
             dim: self.dim,
             layers: self.layers,
@@ -75,11 +101,7 @@ impl TinySpec {
         Config { rms_eps: 1e-5, ..shape.config() }
     }
     fn arch(&self) -> &'static str {
-        if self.qwen2 {
-            "qwen2"
-        } else {
-            "llama"
-        }
+        self.arch_of().gguf_name()
     }
 }
 
@@ -127,7 +149,7 @@ impl TinyModel {
         } else {
             return t.values.clone();
         };
-        if self.spec.qwen2 {
+        if self.spec.qwen2 || self.spec.qwen3 {
             return t.values.clone();
         }
         let cols = t.shape[1];
@@ -222,7 +244,11 @@ impl TinyModel {
     pub fn to_safetensors_shards(&self, matrix_type: DType, n: usize) -> (Vec<u8>, Vec<Vec<u8>>) {
         let s = &self.spec;
         let config = serde_json::json!({
-            "architectures": [if s.qwen2 { "Qwen2ForCausalLM" } else { "LlamaForCausalLM" }],
+            "architectures": [match s.arch_of() {
+                Arch::Qwen2 => "Qwen2ForCausalLM",
+                Arch::Qwen3 => "Qwen3ForCausalLM",
+                Arch::Llama => "LlamaForCausalLM",
+            }],
             "hidden_size": s.dim,
             "intermediate_size": s.ffn,
             "num_attention_heads": s.heads,

@@ -202,6 +202,14 @@ impl RefModel {
                     }
                 }
             }
+            if c.arch.qk_norm() {
+                // each head RMS-normalised on its own (Qwen3's q_norm, k_norm), before RoPE
+                let per_head = |y: &[f32], w: &[f32]| -> Vec<f32> {
+                    y.chunks(c.head_dim).flat_map(|h| rmsnorm(h, w, c.rms_eps)).collect()
+                };
+                q = per_head(&q, self.t(&b("attn_q_norm.weight")));
+                k = per_head(&k, self.t(&b("attn_k_norm.weight")));
+            }
             let r = (c.rope_dim, self.rope_divisors.as_slice());
             rope(&mut q, c.head_dim, r, c.rope_theta, c.rope_layout, pos);
             rope(&mut k, c.head_dim, r, c.rope_theta, c.rope_layout, pos);

@@ -354,6 +354,8 @@ impl HeadOps {
             att: &s.att,
             scores: &s.scores,
             hb: &s.hb,
+            // (a head's layer is llama's: no per-head norm)
+            qkv: None,
             cos_sin: &s.cos_sin,
             context: target.context(),
             kv_f16: false,
@@ -472,6 +474,12 @@ impl EagleHead {
             }
         }
         let c = Config::from_hf_json(json.to_string().as_bytes())?;
+        if c.arch.qk_norm() {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE head of architecture {}: its layer is llama's (no per-head norm)",
+                c.arch.gguf_name()
+            )));
+        }
         if c.dim != target.dim || c.vocab_size != target.vocab_size {
             return Err(Error::InvalidArgument(format!(
                 "an EAGLE head of width {} and vocabulary {} for a target of {} and {}",

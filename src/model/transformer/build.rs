@@ -7,8 +7,8 @@ use std::sync::Arc;
 use super::{BlockIo, LoadOptions, MemoryBill, Model, RunState, MAX_BATCH, MAX_PASSES};
 use crate::error::{Error, Result};
 use crate::gpu::{
-    argmax_scratch, table_bytes, Gpu, GpuBuffer, KeepParams, KvOut, MatmulOut, NormIn, Op, RopeOut,
-    SideOutput,
+    argmax_scratch, table_bytes, Gpu, GpuBuffer, HeadNormIo, KeepParams, KvOut, MatmulOut, NormIn, Op,
+    RopeOut, SideOutput,
 };
 use crate::loader::source;
 use crate::model::checkpoint::{Checkpoint, Precision};
@@ -118,6 +118,7 @@ impl Model {
             att: f32s("att", b.q),
             scores: f32s("attention scratch", b.scores),
             hb: f32s("hb", b.hb),
+            qkv: (b.qkv > 0).then(|| f32s("raw qkv", b.qkv)),
             logits: f32s("logits", b.logits),
             argmax: GpuBuffer::<u32>::zeros(g, "argmax", b.ids),
             kv_cache: (0..b.layers)
@@ -163,6 +164,7 @@ struct Buffers {
     x: usize,      // [MAX_BATCH, dim] x and xb each
     q: usize,      // [MAX_BATCH, q_dim] q and att each
     hb: usize,     // [MAX_BATCH, ffn_dim]
+    qkv: usize,    // [MAX_BATCH, q_dim + 2 kv_dim] the raw q|k|v of models that norm each head, else 0
     scores: usize, // the attention scratch (Gpu::attention_scratch_len)
     logits: usize, // [MAX_BATCH, vocab]
     pairs: usize,  // [MAX_BATCH, slices, 2] the argmax's best pair of each slice of the logits
@@ -179,6 +181,7 @@ impl Buffers {
             x: MAX_BATCH * c.dim,
             q: MAX_BATCH * c.q_dim(),
             hb: MAX_BATCH * c.ffn_dim,
+            qkv: if c.arch.qk_norm() { MAX_BATCH * (c.q_dim() + 2 * c.kv_dim()) } else { 0 },
             scores: gpu.attention_scratch_len(c.attention_shape(context, kv_f16), MAX_BATCH),
             logits: MAX_BATCH * c.vocab_size,
             pairs: argmax_scratch(MAX_BATCH, c.vocab_size),
@@ -191,13 +194,14 @@ impl Buffers {
     }
 
     /// Every buffer: its label, words and how many there are.
-    fn table(&self) -> [(&'static str, usize, usize); 13] {
+    fn table(&self) -> [(&'static str, usize, usize); 14] {
         [
             ("x", self.x, 1),
             ("xb", self.x, 1),
             ("q", self.q, 1),
             ("att", self.q, 1),
             ("hb", self.hb, 1),
+            ("raw qkv", self.qkv, (self.qkv > 0) as usize),
             ("attention scratch", self.scores, 1),
             ("logits", self.logits, 1),
             ("argmax pairs", self.pairs, 1),
@@ -249,15 +253,6 @@ pub(crate) fn record_block(
     let mut ops = Vec::new();
     let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
     let normed = |ldy: usize| MatmulOut { norm: Some(NormIn { raw: io.x, eps: c.rms_eps }), ..to(ldy) };
-    // x += y, and xb = x * gamma for the next norm
-    fn add_then_scale<'a>(io: &BlockIo<'a>, dim: usize, gamma: Option<&'a GpuBuffer<f32>>) -> MatmulOut<'a> {
-        MatmulOut {
-            ldy: dim as u32,
-            accumulate: true,
-            second: gamma.map(|gamma| SideOutput::Scaled { out: io.xb, gamma }),
-            ..Default::default()
-        }
-    }
     // [q | k | v] = rmsnorm(x) Wqkv^T + bqkv (x itself without an input norm), one matmul: q and
     // k rotated by their positions in its epilogue, q to its scratch [n, q_dim], k | v to the
     // cache row start_pos + r [context, 2 kv_dim]
@@ -266,6 +261,22 @@ pub(crate) fn record_block(
         (None, Some(_)) => (io.xb, normed(c.q_dim())),
         (None, None) => (io.x, to(c.q_dim())),
     };
+    // (heads normed one by one: the matmul's raw q|k|v to their scratch, then one op norms and
+    // rotates q and k and routes q|k|v to their places)
+    if let (Some([q_norm, k_norm]), Some(raw)) = (&layer.qk_norm, io.qkv) {
+        let width = c.q_dim() + 2 * c.kv_dim();
+        ops.extend(layer.qkv.matmul(
+            g,
+            st,
+            input,
+            layer.qkv_bias.as_ref(),
+            raw,
+            MatmulOut { ldy: width as u32, ..out },
+        ));
+        let places = HeadNormIo { qkv: raw, norms: [q_norm, k_norm], cos_sin: io.cos_sin, q: io.q, kv };
+        ops.push(g.head_norm(st, places, shape, (c.rope_dim as u32, c.rope_layout), c.rms_eps));
+        return attention_and_ffn(g, c, layer, kv, io, next_norm, ops);
+    }
     let qkv = MatmulOut {
         second: Some(SideOutput::Kv(KvOut {
             cache: kv,
@@ -283,6 +294,36 @@ pub(crate) fn record_block(
         ..out
     };
     ops.extend(layer.qkv.matmul(g, st, input, layer.qkv_bias.as_ref(), io.q, qkv));
+    attention_and_ffn(g, c, layer, kv, io, next_norm, ops)
+}
+
+/// The rest of a block once q and the cache row are written: attention, its output projection
+/// and the feed-forward, appended to `ops`.
+fn attention_and_ffn(
+    g: &Gpu,
+    c: &Config,
+    layer: &Layer,
+    kv: &GpuBuffer<u32>,
+    io: &BlockIo,
+    next_norm: Option<&GpuBuffer<f32>>,
+    mut ops: Vec<Op>,
+) -> Vec<Op> {
+    let st = io.step;
+    let shape = c.attention_shape(io.context, io.kv_f16);
+    let normed = |ldy: usize| MatmulOut {
+        ldy: ldy as u32,
+        norm: Some(NormIn { raw: io.x, eps: c.rms_eps }),
+        ..Default::default()
+    };
+    // x += y, and xb = x * gamma for the next norm
+    fn add_then_scale<'a>(io: &BlockIo<'a>, dim: usize, gamma: Option<&'a GpuBuffer<f32>>) -> MatmulOut<'a> {
+        MatmulOut {
+            ldy: dim as u32,
+            accumulate: true,
+            second: gamma.map(|gamma| SideOutput::Scaled { out: io.xb, gamma }),
+            ..Default::default()
+        }
+    }
     // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
     ops.extend(g.attention(st, io.q, kv, io.scores, io.att, shape));
     // x += att Wo^T; xb = x * ffn_norm                            [n, dim]
@@ -332,6 +373,7 @@ pub(super) fn record_forward(
         att: &s.att,
         scores: &s.scores,
         hb: &s.hb,
+        qkv: s.qkv.as_ref(),
         cos_sin: &s.cos_sin,
         context,
         kv_f16: s.kv_f16,

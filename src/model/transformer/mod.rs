@@ -85,6 +85,7 @@ struct RunState {
     scores: GpuBuffer<f32>,   // attention scratch: [MAX_BATCH, n_heads, context] scores, or
     // [MAX_BATCH, n_heads, chunks, head_dim + 2] (split attention)
     hb: GpuBuffer<f32>,            // [MAX_BATCH, ffn_dim] silu(gate) * up
+    qkv: Option<GpuBuffer<f32>>,   // [MAX_BATCH, q_dim + 2 kv_dim] raw q|k|v (models that norm each head)
     logits: GpuBuffer<f32>,        // [MAX_BATCH, vocab]
     argmax: GpuBuffer<u32>,        // [MAX_BATCH]
     kv_cache: Vec<GpuBuffer<u32>>, // per layer [context, 2 kv_dim]: each position's k, then v, as
@@ -584,12 +585,15 @@ impl Model {
 /// The buffers one transformer block reads and writes in a pass (shapes as in [`RunState`]).
 pub(crate) struct BlockIo<'a> {
     pub step: &'a wgpu::Buffer,
-    pub x: &'a GpuBuffer<f32>,       // [MAX_BATCH, dim] residual stream
-    pub xb: &'a GpuBuffer<f32>,      // [MAX_BATCH, dim] x times the next norm's weight
-    pub q: &'a GpuBuffer<f32>,       // [MAX_BATCH, q_dim]
-    pub att: &'a GpuBuffer<f32>,     // [MAX_BATCH, q_dim]
-    pub scores: &'a GpuBuffer<f32>,  // attention scratch (Gpu::attention_scratch_len for MAX_BATCH rows)
-    pub hb: &'a GpuBuffer<f32>,      // [MAX_BATCH, ffn_dim]
+    pub x: &'a GpuBuffer<f32>,      // [MAX_BATCH, dim] residual stream
+    pub xb: &'a GpuBuffer<f32>,     // [MAX_BATCH, dim] x times the next norm's weight
+    pub q: &'a GpuBuffer<f32>,      // [MAX_BATCH, q_dim]
+    pub att: &'a GpuBuffer<f32>,    // [MAX_BATCH, q_dim]
+    pub scores: &'a GpuBuffer<f32>, // attention scratch (Gpu::attention_scratch_len for MAX_BATCH rows)
+    pub hb: &'a GpuBuffer<f32>,     // [MAX_BATCH, ffn_dim]
+    /// `[MAX_BATCH, q_dim + 2 kv_dim]`: the q|k|v matmul's raw output, for layers that norm each
+    /// q and k head (their weights' `qk_norm`); None where no layer does.
+    pub qkv: Option<&'a GpuBuffer<f32>>,
     pub cos_sin: &'a GpuBuffer<f32>, // [context, rope_dim / 2, 2]
     pub context: usize,
     /// The KV cache holds f16 pairs (else f32).
