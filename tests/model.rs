@@ -249,6 +249,85 @@ fn rope_scaling_follows_llama3_and_linear_in_both_formats() {
     assert!(err.to_string().contains("\"dynamic\" is not supported"), "{err}");
 }
 
+/// The tiny models whose logits llama.cpp recorded (`tests/goldens/tiny-archs.json`, made by
+/// `scripts/goldens/make_tiny_goldens.mjs` from the GGUF files this writes when
+/// `WGSPEC_WRITE_TINY_GOLDENS` names a folder): seeded random weights in F32, one per
+/// architecture feature llama.cpp checks for us.
+fn tiny_golden_models() -> Vec<(&'static str, Vec<u8>)> {
+    use wgspec::loader::gguf::Value;
+    let mut r = rng(0x901d);
+    let qwen3 = TinyModel::random(TinySpec::qwen3(), &mut r).to_gguf(DType::F32, &mut r);
+    // Llama 3.1's rope scaling as rope_freqs.weight, at a base and original context that put the
+    // heads' frequencies in all three bands
+    let llama = TinyModel::random(TinySpec::llama(), &mut r);
+    let freqs = converter_rope_freqs(100.0, llama.spec.head_dim(), 8.0, 1.0, 4.0, 64.0);
+    let mut scaled = TinyModel { spec: llama.spec, tensors: llama.tensors.clone() };
+    scaled.tensors.push(common::tiny::TinyTensor {
+        name: "rope_freqs.weight".into(),
+        shape: vec![freqs.len()],
+        values: freqs,
+    });
+    let base = [("llama.rope.freq_base", Value::F32(100.0))];
+    let llama3 = scaled.to_gguf_with(DType::F32, &mut r, &base);
+    vec![("tiny-qwen3", qwen3), ("tiny-llama3-rope-scaling", llama3)]
+}
+
+/// Prompt of the tiny goldens.
+const TINY_GOLDEN_PROMPT: [u32; 8] = [3, 99, 17, 250, 4, 4, 120, 8];
+
+#[test]
+fn tiny_models_of_each_architecture_match_llama_cpp() {
+    // llama.cpp's log-probabilities over the whole vocabulary after the prompt and after each
+    // token it then chose greedily, on the same files (their sha256 recorded beside them):
+    // the GPU's, fed the same tokens, within LOGPROB_ABS of each.
+    const LOGPROB_ABS: f32 = 2e-3;
+    use sha2::Digest;
+    let models = tiny_golden_models();
+    if let Some(dir) = std::env::var_os("WGSPEC_WRITE_TINY_GOLDENS") {
+        let dir = std::path::PathBuf::from(dir);
+        for (name, bytes) in &models {
+            std::fs::write(dir.join(format!("{name}.gguf")), bytes).expect("write");
+        }
+        return;
+    }
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/goldens/tiny-archs.json");
+    let goldens: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(path).expect("tiny goldens")).expect("json");
+    for (name, bytes) in models {
+        let g = &goldens["models"][name];
+        let sha = format!("{:x}", sha2::Sha256::digest(&bytes));
+        assert_eq!(g["sha256"].as_str(), Some(sha.as_str()), "{name}: not the file llama.cpp ran");
+        let prompt: Vec<u32> = serde_json::from_value(g["prompt_tokens"].clone()).expect("prompt");
+        assert_eq!(prompt, TINY_GOLDEN_PROMPT);
+        let chosen: Vec<u32> = serde_json::from_value(g["tokens"].clone()).expect("tokens");
+        let want: Vec<Vec<f32>> = serde_json::from_value(g["logprobs"].clone()).expect("logprobs");
+        let ckpt = Checkpoint::from_gguf(bytes).expect("gguf");
+        let mut m = load(&ckpt, Precision::F32);
+        let all: Vec<u32> = prompt.iter().chain(&chosen).copied().collect();
+        let logits = forward(&mut m, &all, 0);
+        let v = ckpt.config.vocab_size;
+        assert_eq!(want.len(), chosen.len());
+        for (i, want) in want.iter().enumerate() {
+            let row = prompt.len() - 1 + i;
+            let l = &logits[row * v..(row + 1) * v];
+            let max = l.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+            let lse = max + l.iter().map(|&x| ((x - max) as f64).exp()).sum::<f64>().ln() as f32;
+            let got: Vec<f32> = l.iter().map(|&x| x - lse).collect();
+            // (llama.cpp's probabilities underflow far in the tail: compare where it has them)
+            for (t, (&w, &gv)) in want.iter().zip(&got).enumerate() {
+                if w > -20.0 {
+                    assert!(
+                        (w - gv).abs() < LOGPROB_ABS,
+                        "{name} step {i} token {t}: llama.cpp {w}, wgspec {gv}"
+                    );
+                }
+            }
+            let argmax = (0..v).max_by(|&a, &b| got[a].total_cmp(&got[b]).then(b.cmp(&a))).unwrap_or(0);
+            assert_eq!(argmax as u32, chosen[i], "{name} step {i}: greedy choice");
+        }
+    }
+}
+
 #[test]
 fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
     // The adapter's default matmul and the GPU shape (16 lanes, fixed-tree reductions); F16 and

@@ -77,10 +77,16 @@ pub struct SyntheticShape {
     pub rope_theta: f32,
     pub context: usize,
     pub mix: QuantMix,
+    /// Width of a head (0: dim / heads; Qwen3's are wider than that).
+    pub head_dim: usize,
+    /// Llama 3.1's rope scaling (factor 8, bands 1 and 4, original context 8192), written as
+    /// llama.cpp's converter writes it: `rope_freqs.weight`.
+    pub llama3_rope: bool,
 }
 
-/// Shapes `--synthetic` knows: those of the models in MODELS.md, Llama 3.2 1B, Qwen2.5 7B and
-/// Llama 3.1 8B (the model EAGLE-3's published figures are measured on).
+/// Shapes `--synthetic` knows: those of the models in MODELS.md, Llama 3.2 1B, Qwen2.5 7B,
+/// Llama 3.1 8B (the model EAGLE-3's published figures are measured on, with its rope scaling),
+/// Qwen3 0.6B and 8B.
 pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
     SyntheticShape {
         name: "qwen2-1.5b",
@@ -95,6 +101,8 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         rope_theta: 1e6,
         context: 32768,
         mix: QuantMix::Q4KM,
+        head_dim: 0,
+        llama3_rope: false,
     },
     SyntheticShape {
         name: "qwen2-0.5b",
@@ -109,6 +117,8 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         rope_theta: 1e6,
         context: 32768,
         mix: QuantMix::Q5_0Mix,
+        head_dim: 0,
+        llama3_rope: false,
     },
     SyntheticShape {
         name: "llama-1b",
@@ -123,6 +133,8 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         rope_theta: 500000.0,
         context: 131072,
         mix: QuantMix::Q4KM,
+        head_dim: 0,
+        llama3_rope: false,
     },
     SyntheticShape {
         name: "smollm2-135m",
@@ -137,6 +149,8 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         rope_theta: 100000.0,
         context: 8192,
         mix: QuantMix::Q4_1,
+        head_dim: 0,
+        llama3_rope: false,
     },
     SyntheticShape {
         name: "qwen2-7b",
@@ -151,6 +165,8 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         rope_theta: 1e6,
         context: 32768,
         mix: QuantMix::Q4KM,
+        head_dim: 0,
+        llama3_rope: false,
     },
     SyntheticShape {
         name: "llama-8b",
@@ -165,6 +181,40 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         rope_theta: 500000.0,
         context: 131072,
         mix: QuantMix::Q4KM,
+        head_dim: 0,
+        llama3_rope: true,
+    },
+    SyntheticShape {
+        name: "qwen3-0.6b",
+        arch: Arch::Qwen3,
+        vocab: 151936,
+        dim: 1024,
+        layers: 28,
+        heads: 16,
+        kv_heads: 8,
+        ffn: 3072,
+        tied: true,
+        rope_theta: 1e6,
+        context: 40960,
+        mix: QuantMix::Q4KM,
+        head_dim: 128,
+        llama3_rope: false,
+    },
+    SyntheticShape {
+        name: "qwen3-8b",
+        arch: Arch::Qwen3,
+        vocab: 151936,
+        dim: 4096,
+        layers: 36,
+        heads: 32,
+        kv_heads: 8,
+        ffn: 12288,
+        tied: false,
+        rope_theta: 1e6,
+        context: 40960,
+        mix: QuantMix::Q4KM,
+        head_dim: 128,
+        llama3_rope: false,
     },
 ];
 
@@ -228,7 +278,7 @@ fn fill_blocks(dtype: DType, out: &mut [u8], mix: &mut Mix) {
 impl SyntheticShape {
     /// The model config these shapes give (GGUF conventions: llama q/k rows in interleaved pairs).
     pub fn config(&self) -> Config {
-        let head_dim = self.dim / self.heads.max(1);
+        let head_dim = if self.head_dim > 0 { self.head_dim } else { self.dim / self.heads.max(1) };
         Config {
             arch: self.arch,
             vocab_size: self.vocab,
@@ -244,7 +294,7 @@ impl SyntheticShape {
             rope_layout: self.arch.gguf_rope_layout(),
             context_len: self.context,
             tied_embeddings: self.tied,
-            rope_scaling: RopeScaling::None,
+            rope_scaling: if self.llama3_rope { RopeScaling::Stored } else { RopeScaling::None },
         }
     }
 }
@@ -338,6 +388,8 @@ struct Region {
 enum Fill {
     /// Every value this one (norms: 1, biases: 0.01).
     F32(f32),
+    /// These bytes (rope_freqs.weight).
+    Values(Vec<u8>),
     /// Random blocks of this type ([`fill_blocks`]).
     Blocks(DType),
 }
@@ -361,9 +413,29 @@ fn synthetic_writer(
     w.add(&format!("{a}.attention.head_count_kv"), Value::U32(c.n_kv_heads as u32));
     w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(c.rms_eps));
     w.add(&format!("{a}.rope.freq_base"), Value::F32(c.rope_theta));
+    if c.head_dim != c.dim / c.n_heads {
+        w.add(&format!("{a}.attention.key_length"), Value::U32(c.head_dim as u32));
+        w.add(&format!("{a}.attention.value_length"), Value::U32(c.head_dim as u32));
+    }
     let mut fills = Vec::new();
     let mut lens = Vec::new();
-    for (i, t) in TensorTable::new(&c).iter().enumerate() {
+    if shape.llama3_rope {
+        // Llama 3.1's divisors, as llama.cpp's converter writes them
+        let llama3 = RopeScaling::Llama3 {
+            factor: 8.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_context: 8192,
+        };
+        let divisors = llama3.divisors(c.rope_theta, c.rope_dim, None).unwrap_or_default();
+        let values: Vec<f32> = divisors.iter().map(|&d| d as f32).collect();
+        let fill = Fill::Values(values.iter().flat_map(|v| v.to_le_bytes()).collect());
+        let len = 4 * values.len() as u64;
+        w.add_tensor("rope_freqs.weight", DType::F32, &[values.len()], data(fills.len(), &fill, len));
+        fills.push(fill);
+        lens.push(len);
+    }
+    for t in TensorTable::new(&c).iter() {
         let n: usize = t.shape.iter().product();
         let dtype = shape.dtype_of(t);
         let fill = match t.role {
@@ -372,7 +444,7 @@ fn synthetic_writer(
             _ => Fill::Blocks(dtype),
         };
         let len = dtype.bytes_for(n as u64).unwrap_or(0);
-        w.add_tensor(&t.name, dtype, &t.shape, data(i, &fill, len));
+        w.add_tensor(&t.name, dtype, &t.shape, data(fills.len(), &fill, len));
         fills.push(fill);
         lens.push(len);
     }
@@ -417,14 +489,20 @@ impl SyntheticFile {
 
     /// Bytes `at ..` of tensor `index` (its region `t`) into `out`.
     fn tensor_bytes(&self, index: u64, t: &Region, at: u64, out: &mut [u8]) {
-        match t.fill {
-            Fill::F32(v) => {
+        match &t.fill {
+            Fill::Values(bytes) => {
+                // (fill() asks for bytes within the tensor only)
+                if let Some(src) = bytes.get(at as usize..at as usize + out.len()) {
+                    out.copy_from_slice(src);
+                }
+            }
+            &Fill::F32(v) => {
                 let bytes = v.to_le_bytes();
                 for (j, b) in out.iter_mut().enumerate() {
                     *b = bytes[((at + j as u64) % 4) as usize];
                 }
             }
-            Fill::Blocks(dtype) => {
+            &Fill::Blocks(dtype) => {
                 let size = dtype.block_bytes() as u64;
                 let mut block = vec![0u8; size as usize];
                 let mut pos = at;
@@ -479,6 +557,22 @@ mod tests {
         let c = &ckpt.config;
         assert_eq!((c.dim, c.n_heads, c.n_kv_heads, c.head_dim, c.ffn_dim), (896, 14, 2, 64, 4864));
         assert!(ckpt.has("blk.1.attn_q.bias") && ckpt.has("output.weight"));
+        // Qwen3: heads wider than dim / heads, and their norms
+        let qwen3 = synthetic_shape("qwen3-0.6b").unwrap_or_else(|e| panic!("{e}"));
+        let small = SyntheticShape { vocab: 512, layers: 2, ..qwen3 };
+        let ckpt =
+            crate::model::Checkpoint::from_gguf(synthetic_gguf(&small, 1)).unwrap_or_else(|e| panic!("{e}"));
+        let c = &ckpt.config;
+        assert_eq!((c.arch, c.dim, c.head_dim, c.q_dim(), c.kv_dim()), (Arch::Qwen3, 1024, 128, 2048, 1024));
+        assert!(ckpt.has("blk.1.attn_k_norm.weight") && !ckpt.has("blk.1.attn_q.bias"));
+        // Llama 3.1 8B: its rope scaling as rope_freqs.weight
+        let llama = synthetic_shape("llama-8b").unwrap_or_else(|e| panic!("{e}"));
+        let small = SyntheticShape { vocab: 512, layers: 2, ..llama };
+        let ckpt =
+            crate::model::Checkpoint::from_gguf(synthetic_gguf(&small, 1)).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(ckpt.config.rope_scaling, RopeScaling::Stored);
+        let d = ckpt.rope_divisors().unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((d.len(), d[0], d[63]), (64, 1.0, 8.0));
     }
 
     #[test]

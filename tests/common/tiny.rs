@@ -97,6 +97,8 @@ impl TinySpec {
             context: self.context,
             // (the tests write their own weights)
             mix: QuantMix::Q8_0,
+            head_dim: 0,
+            llama3_rope: false,
         };
         Config { rms_eps: 1e-5, ..shape.config() }
     }
