@@ -279,8 +279,11 @@ const TINY_GOLDEN_PROMPT: [u32; 8] = [3, 99, 17, 250, 4, 4, 120, 8];
 fn tiny_models_of_each_architecture_match_llama_cpp() {
     // llama.cpp's log-probabilities over the whole vocabulary after the prompt and after each
     // token it then chose greedily, on the same files (their sha256 recorded beside them):
-    // the GPU's, fed the same tokens, within LOGPROB_ABS of each.
-    const LOGPROB_ABS: f32 = 2e-3;
+    // the GPU's, fed the same tokens, within LOGPROB_ABS of each. llama.cpp keeps its KV cache
+    // in f16 and takes q.k in f16: measured, its log-probabilities are within 0.02 nats of the
+    // f32 path's (the most, over both models and every token down to -20); an architecture
+    // mistake moves them by nats (Llama 3.1's scaling left out: 3.7 to 7 per step).
+    const LOGPROB_ABS: f32 = 0.05;
     use sha2::Digest;
     let models = tiny_golden_models();
     if let Some(dir) = std::env::var_os("WGSPEC_WRITE_TINY_GOLDENS") {

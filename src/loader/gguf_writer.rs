@@ -1,7 +1,7 @@
 //! GGUF v3 writer: tiny test models, synthetic benchmark models and tools write files the
 //! reader in [`super::gguf`] (and llama.cpp) loads.
 
-use super::gguf::{Value, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, T_U8};
+use super::gguf::{Value, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, T_STRING};
 use super::DType;
 use crate::{Error, Result};
 
@@ -142,7 +142,9 @@ fn write_value(out: &mut Vec<u8>, v: &Value) {
         Value::Bool(x) => out.push(u8::from(*x)),
         Value::String(s) => write_str(out, s),
         Value::Array(items) => {
-            let elem_type = items.first().map_or(T_U8, Value::type_id);
+            // (an empty array as strings: GGUF's empty arrays are vocabulary lists, such as a
+            // byte vocabulary's `tokenizer.ggml.merges`, which llama.cpp reads as strings only)
+            let elem_type = items.first().map_or(T_STRING, Value::type_id);
             out.extend_from_slice(&elem_type.to_le_bytes());
             out.extend_from_slice(&(items.len() as u64).to_le_bytes());
             for i in items {

@@ -205,7 +205,8 @@ impl TinyModel {
         let mut types = vec![Value::I32(1); s.vocab - 1];
         types.push(Value::I32(3));
         add("tokenizer.ggml.model", Value::String("gpt2".into()));
-        add("tokenizer.ggml.pre", Value::String("gpt2".into()));
+        // (llama.cpp's name: its golden runs load these files)
+        add("tokenizer.ggml.pre", Value::String("gpt-2".into()));
         add("tokenizer.ggml.tokens", Value::Array(tokens));
         add("tokenizer.ggml.token_type", Value::Array(types));
         add("tokenizer.ggml.merges", Value::Array(vec![]));
