@@ -64,6 +64,7 @@ struct Reader<'a> {
 
 enum Val {
     Int(i64),
+    F32(f32),
     Bool(bool),
     Str(String),
     Arr(Vec<Val>),
@@ -94,10 +95,7 @@ impl Reader<'_> {
             3 => Val::Int(i16::from_le_bytes(self.take(2).try_into().unwrap()) as i64),
             4 => Val::Int(self.u32() as i64),
             5 => Val::Int(self.u32() as i32 as i64),
-            6 => {
-                self.take(4);
-                Val::Other
-            }
+            6 => Val::F32(f32::from_le_bytes(self.take(4).try_into().unwrap())),
             7 => Val::Bool(self.take(1)[0] != 0),
             8 => Val::Str(self.string()),
             9 => {
@@ -156,8 +154,10 @@ fn read_gguf_vocab(vocab: &str) -> GgufVocab {
     let pre = str_of("tokenizer.ggml.pre");
     GgufVocab {
         model: str_of("tokenizer.ggml.model").unwrap(),
-        add_bos: bool_of("tokenizer.ggml.add_bos_token")
-            .unwrap_or(matches!(pre.as_deref(), Some("llama-bpe" | "llama3" | "llama-v3"))),
+        add_bos: bool_of("tokenizer.ggml.add_bos_token").unwrap_or(
+            str_of("tokenizer.ggml.model").as_deref() == Some("llama")
+                || matches!(pre.as_deref(), Some("llama-bpe" | "llama3" | "llama-v3")),
+        ),
         add_eos: bool_of("tokenizer.ggml.add_eos_token").unwrap_or(false),
         pre,
         tokens: strings("tokenizer.ggml.tokens"),
@@ -168,7 +168,21 @@ fn read_gguf_vocab(vocab: &str) -> GgufVocab {
                 _ => panic!("token type"),
             })
             .collect(),
-        merges: strings("tokenizer.ggml.merges"),
+        merges: match kv.get("tokenizer.ggml.merges") {
+            Some(_) => strings("tokenizer.ggml.merges"),
+            None => Vec::new(),
+        },
+        scores: match kv.get("tokenizer.ggml.scores") {
+            Some(Val::Arr(a)) => a
+                .iter()
+                .map(|v| match v {
+                    Val::F32(x) => *x,
+                    _ => panic!("score"),
+                })
+                .collect(),
+            _ => Vec::new(),
+        },
+        add_space_prefix: bool_of("tokenizer.ggml.add_space_prefix").unwrap_or(true),
         bos: id_of("tokenizer.ggml.bos_token_id"),
         eos: id_of("tokenizer.ggml.eos_token_id"),
         eot: id_of("tokenizer.ggml.eot_token_id"),
@@ -250,6 +264,29 @@ fn qwen2_vectors() {
 #[test]
 fn llama_bpe_vectors() {
     check_vectors("llama-bpe", &gguf_tokenizer("llama-bpe"), &vectors("llama-bpe"));
+}
+
+/// SentencePiece (`tokenizer.ggml.model = "llama"`, Llama 2's vocabulary): scores, byte
+/// fallback, `▁` spaces and the space prefix, as llama.cpp's own vectors say.
+#[test]
+fn llama_spm_vectors() {
+    let tok = gguf_tokenizer("llama-spm");
+    check_vectors("llama-spm", &tok, &vectors("llama-spm"));
+    // BOS added where asked (add_bos_token), and the text decoded back, byte tokens included
+    assert_eq!(tok.encode("Hello", true).unwrap()[0], 1);
+    for text in ["Hello world", " this is 🦙.cpp", "нещо на Български", "\t\n  x"] {
+        let ids = tok.encode(text, false).unwrap();
+        assert_eq!(
+            tok.decode(&ids).unwrap(),
+            format!(" {text}"),
+            "{text:?} (the space prefix decodes as a space)"
+        );
+    }
+    // control tokens are matched whole; as plain text they are spelled
+    let s = tok.encode("<s>x", false).unwrap();
+    assert_eq!(s[0], 1, "{s:?}");
+    assert_ne!(tok.encode_plain("<s>x").unwrap()[0], 1);
+    assert_eq!(tok.eos_ids(), &[2]);
 }
 
 #[test]
@@ -406,6 +443,7 @@ fn tiny_vocab() -> GgufVocab {
         eot: None,
         add_bos: true,
         add_eos: false,
+        ..GgufVocab::default()
     }
 }
 
@@ -452,9 +490,15 @@ fn bad_vocabularies_are_errors() {
     assert!(e.contains("klingon-bpe"), "{e}");
 
     let mut v = tiny_vocab();
-    v.model = "llama".into();
+    v.model = "bert".into();
     let e = err(v);
-    assert!(e.contains("llama"), "{e}");
+    assert!(e.contains("\"bert\""), "{e}");
+
+    let mut v = tiny_vocab();
+    v.model = "llama".into();
+    v.scores = vec![0.0; 3];
+    let e = err(v);
+    assert!(e.contains("tokenizer.ggml.scores") && e.contains("3 scores"), "{e}");
 
     let mut v = tiny_vocab();
     v.merges.push("x nosuchtoken".into());
@@ -516,6 +560,7 @@ fn no_token_stands_for_more_bytes_than_the_bound() {
     let mut tokenizers: Vec<(String, Tokenizer)> =
         VOCABS.iter().map(|v| (v.to_string(), gguf_tokenizer(v))).collect();
     tokenizers.push(("qwen3 tokenizer.json".into(), json_tokenizer()));
+    tokenizers.push(("llama-spm".into(), gguf_tokenizer("llama-spm")));
     for (name, tok) in &tokenizers {
         let bound = tok.max_bytes_per_token().unwrap_or_else(|| panic!("{name}: bounded"));
         assert!((1..=1024).contains(&bound), "{name}: {bound}");

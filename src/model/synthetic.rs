@@ -351,6 +351,7 @@ pub fn byte_tokenizer(vocab_size: usize) -> Result<Tokenizer> {
         eot: None,
         add_bos: false,
         add_eos: false,
+        ..GgufVocab::default()
     })
 }
 

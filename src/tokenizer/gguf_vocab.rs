@@ -1,4 +1,5 @@
-//! A GGUF-embedded vocabulary (`tokenizer.ggml.*`) and its byte-level BPE tokenizer.
+//! A GGUF-embedded vocabulary (`tokenizer.ggml.*`) and its tokenizer: byte-level BPE (`gpt2`)
+//! or SentencePiece (`llama`: Llama 2, Mistral, Phi-3, Gemma).
 
 use std::sync::Arc;
 
@@ -17,11 +18,15 @@ use crate::loader::gguf::{Gguf, Value};
 pub const TOKEN_TYPE_CONTROL: i32 = 3;
 /// GGUF token type USER_DEFINED: an added token, matched whole in the input text.
 pub const TOKEN_TYPE_USER_DEFINED: i32 = 4;
+/// GGUF token type UNKNOWN: SentencePiece's `<unk>`.
+pub const TOKEN_TYPE_UNKNOWN: i32 = 2;
+/// GGUF token type BYTE: a SentencePiece byte-fallback token, `<0xXX>`.
+pub const TOKEN_TYPE_BYTE: i32 = 6;
 
 /// A GGUF-embedded vocabulary, as read from the `tokenizer.ggml.*` metadata keys.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct GgufVocab {
-    /// `tokenizer.ggml.model`, e.g. `"gpt2"` (byte-level BPE, the only one supported).
+    /// `tokenizer.ggml.model`: `"gpt2"` (byte-level BPE) or `"llama"` (SentencePiece).
     pub model: String,
     /// `tokenizer.ggml.pre`, e.g. `"qwen2"`, `"llama-bpe"`, `"smollm"`.
     pub pre: Option<String>,
@@ -29,8 +34,14 @@ pub struct GgufVocab {
     pub tokens: Vec<String>,
     /// `tokenizer.ggml.token_type`, one per token (1 normal, 3 control, 4 user-defined, ...).
     pub token_types: Vec<i32>,
-    /// `tokenizer.ggml.merges`: `"left right"`, highest priority first.
+    /// `tokenizer.ggml.merges`: `"left right"`, highest priority first (BPE).
     pub merges: Vec<String>,
+    /// `tokenizer.ggml.scores`, one per token (SentencePiece: a merge's priority); empty when
+    /// absent.
+    pub scores: Vec<f32>,
+    /// `tokenizer.ggml.add_space_prefix` (SentencePiece: a space before the text and after
+    /// each special token; default true).
+    pub add_space_prefix: bool,
     /// `tokenizer.ggml.bos_token_id`.
     pub bos: Option<u32>,
     /// `tokenizer.ggml.eos_token_id`.
@@ -117,8 +128,21 @@ impl GgufVocab {
         // llama.cpp's default before the key: true for the Llama 3 family. An unknown
         // pre-tokenizer is reported by `Tokenizer::from_vocab`.
         let default_add_bos = match pre.as_deref() {
+            // (SentencePiece: llama.cpp adds BOS unless the file says otherwise)
+            _ if model == "llama" => true,
             Some(p) => PreKind::from_name(Some(p)).is_ok_and(PreKind::default_add_bos),
             None => false,
+        };
+        let scores = match opt_array(g, "tokenizer.ggml.scores")? {
+            None => Vec::new(),
+            Some(arr) => arr
+                .iter()
+                .enumerate()
+                .map(|(i, v)| match v {
+                    Value::F32(x) => Ok(*x),
+                    _ => Err(meta_err("tokenizer.ggml.scores", format!("element {i} is not an f32"))),
+                })
+                .collect::<Result<_>>()?,
         };
         Ok(GgufVocab {
             model,
@@ -126,6 +150,8 @@ impl GgufVocab {
             tokens,
             token_types,
             merges,
+            scores,
+            add_space_prefix: opt_bool(g, "tokenizer.ggml.add_space_prefix")?.unwrap_or(true),
             bos: opt_id(g, "tokenizer.ggml.bos_token_id")?,
             eos: opt_id(g, "tokenizer.ggml.eos_token_id")?,
             eot: opt_id(g, "tokenizer.ggml.eot_token_id")?,
@@ -149,7 +175,7 @@ fn split_merge(i: usize, line: &str) -> Result<(String, String)> {
 }
 
 /// Drops (with a warning, as llama.cpp does) a special id outside the vocabulary.
-fn in_range(name: &str, id: Option<u32>, n: usize) -> Option<u32> {
+pub(super) fn in_range(name: &str, id: Option<u32>, n: usize) -> Option<u32> {
     match id {
         Some(id) if id as usize >= n => {
             log::warn!("tokenizer.ggml.{name} = {id} is outside the vocabulary of {n}: ignored");
@@ -159,33 +185,69 @@ fn in_range(name: &str, id: Option<u32>, n: usize) -> Option<u32> {
     }
 }
 
+/// Refuses an empty vocabulary, token types (and scores, when given) not one per token, and
+/// more tokens than u32 ids.
+pub(super) fn check_sizes(v: &GgufVocab) -> Result<()> {
+    let n = v.tokens.len();
+    let bad = |key: &str, message: String| Err(Error::Metadata { key: key.to_string(), message });
+    if n == 0 {
+        return bad("tokenizer.ggml.tokens", "the vocabulary is empty".to_string());
+    }
+    if v.token_types.len() != n {
+        return bad(
+            "tokenizer.ggml.token_type",
+            format!("{} token types for {n} tokens", v.token_types.len()),
+        );
+    }
+    if !v.scores.is_empty() && v.scores.len() != n {
+        return bad("tokenizer.ggml.scores", format!("{} scores for {n} tokens", v.scores.len()));
+    }
+    if u32::try_from(n).is_err() {
+        return bad("tokenizer.ggml.tokens", format!("{n} tokens do not fit u32 ids"));
+    }
+    Ok(())
+}
+
+/// The ids that end a generation: EOS, EOT, and the added tokens whose text is an end-of-turn
+/// marker (an ordinary entry such as Qwen's "</s>" is text, not a stop signal).
+pub(super) fn end_ids(v: &GgufVocab, eos: Option<u32>, eot: Option<u32>) -> Vec<u32> {
+    let mut ids: Vec<u32> = eos.into_iter().chain(eot).collect();
+    ids.extend(
+        v.tokens
+            .iter()
+            .zip(&v.token_types)
+            .enumerate()
+            .filter(|&(_, (t, &tt))| {
+                matches!(tt, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED) && EOG_TEXTS.contains(&t.as_str())
+            })
+            .map(|(i, _)| i as u32),
+    );
+    ids
+}
+
+/// The added tokens of type `ty` (CONTROL: special, matched whole in the text; USER_DEFINED).
+pub(super) fn added_tokens(v: &GgufVocab, ty: i32, special: bool) -> Vec<AddedToken> {
+    v.tokens
+        .iter()
+        .zip(&v.token_types)
+        .filter(|&(t, &tt)| tt == ty && !t.is_empty())
+        .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false))
+        .collect()
+}
+
 pub(super) fn build(v: GgufVocab) -> Result<Tokenizer> {
-    if v.model != "gpt2" {
-        return Err(Error::Tokenizer(format!(
-            "unsupported tokenizer model {:?} (tokenizer.ggml.model); only byte-level BPE \"gpt2\" is supported",
-            v.model
-        )));
+    match v.model.as_str() {
+        "gpt2" => {}
+        "llama" => return super::spm::build(v),
+        other => {
+            return Err(Error::Tokenizer(format!(
+                "unsupported tokenizer model {other:?} (tokenizer.ggml.model); byte-level BPE \"gpt2\" and SentencePiece \"llama\" are"
+            )))
+        }
     }
     let kind = PreKind::from_name(v.pre.as_deref())?;
     let n = v.tokens.len();
-    if n == 0 {
-        return Err(Error::Metadata {
-            key: "tokenizer.ggml.tokens".to_string(),
-            message: "the vocabulary is empty".to_string(),
-        });
-    }
-    if v.token_types.len() != n {
-        return Err(Error::Metadata {
-            key: "tokenizer.ggml.token_type".to_string(),
-            message: format!("{} token types for {n} tokens", v.token_types.len()),
-        });
-    }
-    if u32::try_from(n).is_err() {
-        return Err(Error::Metadata {
-            key: "tokenizer.ggml.tokens".to_string(),
-            message: format!("{n} tokens do not fit u32 ids"),
-        });
-    }
+    check_sizes(&v)?;
 
     // The BPE model over the whole vocabulary (a repeated entry keeps its last id, as in llama.cpp).
     let vocab: Vocab = v.tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
@@ -215,16 +277,8 @@ pub(super) fn build(v: GgufVocab) -> Result<Tokenizer> {
     hf.with_decoder(Some(ByteLevelDecoder::default()));
 
     // CONTROL and USER_DEFINED tokens are matched whole in the text, before the regexes.
-    let added = |ty: i32, special: bool| -> Vec<AddedToken> {
-        v.tokens
-            .iter()
-            .zip(&v.token_types)
-            .filter(|&(t, &tt)| tt == ty && !t.is_empty())
-            .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false))
-            .collect()
-    };
-    hf.add_special_tokens(&added(TOKEN_TYPE_CONTROL, true));
-    hf.add_tokens(&added(TOKEN_TYPE_USER_DEFINED, false));
+    hf.add_special_tokens(&added_tokens(&v, TOKEN_TYPE_CONTROL, true));
+    hf.add_tokens(&added_tokens(&v, TOKEN_TYPE_USER_DEFINED, false));
 
     // Detokenization: added tokens are their text, the others byte-level encoded.
     let table = byte_level::char_to_byte();
@@ -241,19 +295,7 @@ pub(super) fn build(v: GgufVocab) -> Result<Tokenizer> {
     let bos = in_range("bos_token_id", v.bos, n);
     let eos = in_range("eos_token_id", v.eos, n);
     let eot = in_range("eot_token_id", v.eot, n);
-    let mut eos_ids: Vec<u32> = eos.into_iter().chain(eot).collect();
-    // End-of-turn tokens found by their text, among the added tokens only: an ordinary BPE
-    // entry such as Qwen's "</s>" is text, not a stop signal.
-    eos_ids.extend(
-        v.tokens
-            .iter()
-            .zip(&v.token_types)
-            .enumerate()
-            .filter(|&(_, (t, &tt))| {
-                matches!(tt, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED) && EOG_TEXTS.contains(&t.as_str())
-            })
-            .map(|(i, _)| i as u32),
-    );
+    let eos_ids = end_ids(&v, eos, eot);
 
     let detok = Detok::Bytes(pieces);
     let derived = Arc::new(Derived::of(&hf, &detok)?);

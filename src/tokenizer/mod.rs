@@ -1,5 +1,6 @@
-//! Tokenizers: a Hugging Face `tokenizer.json` or a GGUF-embedded byte-level BPE vocabulary,
-//! both turned into a [`tokenizers::Tokenizer`] (the BPE merging is that crate's), plus the
+//! Tokenizers: a Hugging Face `tokenizer.json` or a GGUF-embedded vocabulary (byte-level BPE, or
+//! SentencePiece: `spm.rs`), all turned into a [`tokenizers::Tokenizer`] (the BPE merging is
+//! that crate's), plus the
 //! bookkeeping generation needs: BOS, the end-of-generation ids, and exact detokenization
 //! (whole-sequence [`Tokenizer::decode`] and streaming [`StreamDecoder`]).
 //!
@@ -10,6 +11,7 @@
 mod chat;
 mod gguf_vocab;
 mod pre;
+mod spm;
 mod stream;
 mod template_budget;
 
@@ -193,7 +195,8 @@ impl Tokenizer {
         Ok(tok)
     }
 
-    /// A GGUF vocabulary (byte-level BPE, `tokenizer.ggml.model == "gpt2"`).
+    /// A GGUF vocabulary (byte-level BPE, `tokenizer.ggml.model == "gpt2"`, or SentencePiece,
+    /// `"llama"`).
     pub fn from_vocab(v: GgufVocab) -> Result<Tokenizer> {
         gguf_vocab::build(v)
     }

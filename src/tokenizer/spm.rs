@@ -1,0 +1,117 @@
+//! SentencePiece vocabularies in GGUF (`tokenizer.ggml.model = "llama"`: Llama 2, Mistral,
+//! Phi-3, Gemma), tokenized as llama.cpp's `llm_tokenizer_spm` does:
+//!
+//! - spaces become `▁` (U+2581), and with `add_space_prefix` (the default) a `▁` goes before the
+//!   text and after each special token;
+//! - the text's characters are merged pairwise, the pair whose merged piece has the highest score
+//!   first (leftmost on ties), while the merged piece is a token;
+//! - a character that is no token is spelled with byte tokens `<0xXX>` (byte fallback).
+//!
+//! Built on `tokenizers`' BPE: one merge for every way of cutting each token into two tokens,
+//! ranked by the token's score (Hugging Face's own conversion of SentencePiece models), byte
+//! fallback, and `▁` put in by the normalizer. Control tokens (`<s>`, `<start_of_turn>`, ...) and
+//! user-defined ones are matched whole in the text, as for byte-level vocabularies.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use tokenizers::models::bpe::{Vocab, BPE};
+use tokenizers::normalizers::{Prepend, Replace, Sequence};
+use tokenizers::NormalizerWrapper;
+
+use super::gguf_vocab::{
+    added_tokens, check_sizes, end_ids, in_range, GgufVocab, TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL,
+    TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_USER_DEFINED,
+};
+use super::{Derived, Detok, Specials, Tokenizer};
+use crate::error::{Error, Result};
+
+/// SentencePiece's escaped space.
+const SPACE: &str = "\u{2581}";
+
+/// The merges that rebuild each token from two others: every cut of a token into two pieces
+/// that are both tokens, the highest-scoring merged token first (a token's cuts in the order of
+/// their pieces' ids).
+fn merges(tokens: &[String], scores: &[f32], ids: &HashMap<&str, u32>) -> Vec<(String, String)> {
+    // (score, token id, byte offset of the cut)
+    let mut all: Vec<(f32, usize, usize)> = Vec::new();
+    for (id, token) in tokens.iter().enumerate() {
+        let score = scores.get(id).copied().unwrap_or(0.0);
+        let mut cuts: Vec<(u32, u32, usize)> = token
+            .char_indices()
+            .skip(1)
+            .filter_map(|(at, _)| Some((*ids.get(&token[..at])?, *ids.get(&token[at..])?, at)))
+            .collect();
+        cuts.sort_unstable();
+        all.extend(cuts.into_iter().map(|(_, _, at)| (score, id, at)));
+    }
+    // (stable: a token's cuts keep their order; equal scores keep the tokens' order)
+    all.sort_by(|a, b| b.0.total_cmp(&a.0));
+    all.into_iter().map(|(_, id, at)| (tokens[id][..at].to_string(), tokens[id][at..].to_string())).collect()
+}
+
+/// The bytes a token stands for: its text with `▁` as a space; a byte token's byte; SentencePiece's
+/// unknown token as llama.cpp shows it (▅); control and user-defined tokens as their text.
+fn piece(token: &str, ty: i32) -> Box<[u8]> {
+    match ty {
+        TOKEN_TYPE_BYTE => {
+            let hex = token.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'));
+            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
+                Some(b) => Box::new([b]),
+                None => token.as_bytes().into(),
+            }
+        }
+        TOKEN_TYPE_UNKNOWN => "\u{2585}".as_bytes().into(),
+        TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED => token.as_bytes().into(),
+        _ => token.replace(SPACE, " ").into_bytes().into(),
+    }
+}
+
+pub(super) fn build(v: GgufVocab) -> Result<Tokenizer> {
+    check_sizes(&v)?;
+    let n = v.tokens.len();
+    let mut ids: HashMap<&str, u32> = HashMap::with_capacity(n);
+    for (i, t) in v.tokens.iter().enumerate() {
+        // (a repeated entry keeps its first id, as llama.cpp's token_to_id)
+        ids.entry(t.as_str()).or_insert(i as u32);
+    }
+    let merges = merges(&v.tokens, &v.scores, &ids);
+    let vocab: Vocab = ids.iter().map(|(t, &i)| (t.to_string(), i)).collect();
+    let unk = v.token_types.iter().position(|&t| t == TOKEN_TYPE_UNKNOWN).map(|i| v.tokens[i].clone());
+    let mut bpe = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true);
+    if let Some(unk) = unk {
+        bpe = bpe.unk_token(unk);
+    }
+    let bpe = bpe.build().map_err(|e| Error::Tokenizer(format!("GGUF SentencePiece vocabulary: {e}")))?;
+
+    let mut hf = tokenizers::Tokenizer::new(bpe);
+    let replace = Replace::new(" ", SPACE).map_err(|e| Error::Tokenizer(format!("normalizer: {e}")))?;
+    let mut normalizers: Vec<NormalizerWrapper> = Vec::new();
+    if v.add_space_prefix {
+        // (each piece of text between special tokens, as llama.cpp prefixes its fragments)
+        normalizers.push(Prepend::new(SPACE.to_string()).into());
+    }
+    normalizers.push(replace.into());
+    hf.with_normalizer(Some(Sequence::new(normalizers)));
+    hf.add_special_tokens(&added_tokens(&v, TOKEN_TYPE_CONTROL, true));
+    hf.add_tokens(&added_tokens(&v, TOKEN_TYPE_USER_DEFINED, false));
+
+    let pieces = v.tokens.iter().zip(&v.token_types).map(|(t, &ty)| piece(t, ty)).collect();
+    let bos = in_range("bos_token_id", v.bos, n);
+    let eos = in_range("eos_token_id", v.eos, n);
+    let eot = in_range("eot_token_id", v.eot, n);
+    let eos_ids = end_ids(&v, eos, eot);
+    let detok = Detok::Bytes(pieces);
+    let derived = Arc::new(Derived::of(&hf, &detok)?);
+    let mut tok = Tokenizer {
+        hf,
+        detok,
+        specials: Specials::Gguf { add_bos: v.add_bos, add_eos: v.add_eos, eos },
+        vocab_size: n,
+        bos,
+        eos_ids: Vec::new(),
+        derived,
+    };
+    tok.add_eos_ids(&eos_ids)?;
+    Ok(tok)
+}
