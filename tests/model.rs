@@ -81,7 +81,7 @@ fn check_on(
 
 #[test]
 fn gguf_float_models_match_reference() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3()] {
+    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3()] {
         for dtype in [DType::F32, DType::F16] {
             let mut r = rng(10);
             let tiny = TinyModel::random(spec, &mut r);
@@ -129,7 +129,7 @@ fn gguf_quantized_models_match_reference() {
 
 #[test]
 fn safetensors_models_match_reference() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3()] {
+    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3()] {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let mut r = rng(30);
             let tiny = TinyModel::random(spec, &mut r);
@@ -149,7 +149,7 @@ fn safetensors_models_match_reference() {
 fn gguf_and_hugging_face_rotary_layouts_give_the_same_model() {
     // The same weights written as GGUF (llama q/k permuted to interleaved pairs, as llama.cpp's
     // converter does) and as safetensors (halves) must produce the same logits.
-    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3()] {
+    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3()] {
         let mut r = rng(40);
         let tiny = TinyModel::random(spec, &mut r);
         let gguf = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
@@ -249,6 +249,51 @@ fn rope_scaling_follows_llama3_and_linear_in_both_formats() {
     assert!(err.to_string().contains("\"dynamic\" is not supported"), "{err}");
 }
 
+#[test]
+fn phi3_fused_matrices_are_read_as_their_parts_and_its_window_bounds_the_context() {
+    use wgspec::loader::gguf::Value;
+    let mut r = rng(48);
+    let tiny = TinyModel::random(TinySpec::phi3(), &mut r);
+    let gguf = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
+    let (config, st) = tiny.to_safetensors(DType::F32);
+    let hf = Checkpoint::from_safetensors(&config, vec![st]).expect("safetensors");
+    // the files hold attn_qkv and a gate|up of twice the rows (gate_up_proj): each part reads as
+    // the tensor it was made of
+    let names: Vec<&str> = gguf.tensor_shapes().into_iter().map(|(n, _)| n).collect();
+    assert!(names.contains(&"blk.0.attn_qkv.weight") && !names.contains(&"blk.0.attn_q.weight"), "{names:?}");
+    for part in ["attn_q", "attn_k", "attn_v", "ffn_gate", "ffn_up"] {
+        let name = format!("blk.1.{part}.weight");
+        let want = tiny.tensors.iter().find(|t| t.name == name).expect("part");
+        for (what, ckpt) in [("gguf", &gguf), ("safetensors", &hf)] {
+            let got = ckpt.tensor(&name, &want.shape, Precision::F32).expect(&name).to_f32().expect("values");
+            assert!(got == want.values, "{what} {name}: not the rows it was made of");
+        }
+    }
+    // quantized fused matrices: rows of blocks
+    let q = Checkpoint::from_gguf(tiny.to_gguf(DType::Q4_0, &mut r)).expect("gguf");
+    check_against_reference("phi3 Q4_0", &q, Precision::Auto, 12);
+    // a sliding window bounds the context (full attention agrees with it only within the window)
+    let windowed = [("phi3.attention.sliding_window", Value::U32(48))];
+    let w = Checkpoint::from_gguf(tiny.to_gguf_with(DType::F32, &mut r, &windowed)).expect("gguf");
+    assert_eq!((w.config.sliding_window, w.config.max_context()), (Some(48), 48));
+    let opts = |context| LoadOptions { context, ..Default::default() };
+    let m = Model::load(gpu(), &w, &opts(None), &mut |_| {}).expect("the default context is the window");
+    assert_eq!(m.context(), 48);
+    let err = Model::plan(&gpu(), &w, &opts(Some(64))).expect_err("past the window");
+    assert!(err.to_string().contains("sliding attention window of 48"), "{err}");
+    // Phi-3.5's longrope factors are refused by name
+    let mut longrope = TinyModel { spec: tiny.spec, tensors: tiny.tensors.clone() };
+    let factors = vec![1.0; tiny.spec.head_dim() / 2];
+    let t = common::tiny::TinyTensor {
+        name: "rope_factors_long.weight".into(),
+        shape: vec![factors.len()],
+        values: factors,
+    };
+    longrope.tensors.push(t);
+    let err = Checkpoint::from_gguf(longrope.to_gguf(DType::F32, &mut r)).err().expect("longrope");
+    assert!(err.to_string().contains("longrope"), "{err}");
+}
+
 /// The tiny models whose logits llama.cpp recorded (`tests/goldens/tiny-archs.json`, made by
 /// `scripts/goldens/make_tiny_goldens.mjs` from the GGUF files this writes when
 /// `WGSPEC_WRITE_TINY_GOLDENS` names a folder): seeded random weights in F32, one per
@@ -269,7 +314,8 @@ fn tiny_golden_models() -> Vec<(&'static str, Vec<u8>)> {
     });
     let base = [("llama.rope.freq_base", Value::F32(100.0))];
     let llama3 = scaled.to_gguf_with(DType::F32, &mut r, &base);
-    vec![("tiny-qwen3", qwen3), ("tiny-llama3-rope-scaling", llama3)]
+    let phi3 = TinyModel::random(TinySpec::phi3(), &mut r).to_gguf(DType::F32, &mut r);
+    vec![("tiny-qwen3", qwen3), ("tiny-llama3-rope-scaling", llama3), ("tiny-phi3", phi3)]
 }
 
 /// Prompt of the tiny goldens.

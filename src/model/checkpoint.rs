@@ -75,7 +75,8 @@ pub struct Checkpoint {
 /// Where a tensor is: its file, its stored type and shape, and its bytes there.
 struct Located<'a> {
     file: &'a dyn Source,
-    info: &'a TensorInfo,
+    /// The tensor's entry, or (a tensor the file stores fused with others) a view of its rows.
+    info: std::borrow::Cow<'a, TensorInfo>,
 }
 
 /// The largest GGUF header read (metadata and tensor table; a 256k-token vocabulary takes about
@@ -122,6 +123,25 @@ fn safetensors_header(file: &dyn Source) -> Result<Safetensors> {
     Safetensors::parse(&prefix, file.len())
 }
 
+/// Rows `rows` of the matrix `at` as a tensor of their own (its bytes a contiguous span: rows
+/// are whole blocks); `None` when they are not inside it.
+fn view(at: Located<'_>, rows: std::ops::Range<usize>) -> Option<Located<'_>> {
+    let info = at.info.as_ref();
+    let (&total, &cols) = (info.shape.first()?, info.shape.get(1)?);
+    if info.shape.len() != 2 || rows.end > total {
+        return None;
+    }
+    let row_bytes = info.dtype.bytes_for(cols as u64)?;
+    let part = TensorInfo {
+        name: info.name.clone(),
+        dtype: info.dtype,
+        shape: vec![rows.len(), cols],
+        offset: info.offset + row_bytes * rows.start as u64,
+        n_bytes: row_bytes * rows.len() as u64,
+    };
+    Some(Located { file: at.file, info: std::borrow::Cow::Owned(part) })
+}
+
 /// Hugging Face name of a GGUF tensor name (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`).
 pub fn hf_name(gguf_name: &str) -> Option<String> {
     let fixed = match gguf_name {
@@ -142,6 +162,8 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
         "attn_k" => "self_attn.k_proj",
         "attn_v" => "self_attn.v_proj",
         "attn_output" => "self_attn.o_proj",
+        "attn_qkv" => "self_attn.qkv_proj",
+        "ffn_gate_up" => "mlp.gate_up_proj",
         "attn_q_norm" => "self_attn.q_norm",
         "attn_k_norm" => "self_attn.k_norm",
         "ffn_norm" => "post_attention_layernorm",
@@ -168,6 +190,15 @@ impl Checkpoint {
         let vocab_rows = embd.shape.first().copied().unwrap_or(0);
         let tied = header.tensor("output.weight").is_none();
         let has_freqs = header.tensor(ROPE_FREQS).is_some();
+        if let Some(t) = ["rope_factors_long.weight", "rope_factors_short.weight"]
+            .iter()
+            .find(|t| header.tensor(t).is_some())
+        {
+            return Err(Error::Metadata {
+                key: t.to_string(),
+                message: "Phi-3's longrope scaling (long and short factors) is not supported".into(),
+            });
+        }
         let config = Config::from_gguf(&header, vocab_rows, tied, has_freqs)?;
         Ok(Checkpoint { config, format: Format::Gguf(header), files: vec![file] })
     }
@@ -211,22 +242,65 @@ impl Checkpoint {
         infos.into_iter().map(|t| (t.name.as_str(), t.shape.as_slice())).collect()
     }
 
+    /// The tensor `name` as the file stores it, or as rows of a tensor it is fused into.
     fn locate(&self, name: &str) -> Option<Located<'_>> {
+        let direct = self.stored(name);
+        let gguf_gate_up = name.ends_with(".ffn_up.weight");
+        match (direct, self.fused(name)) {
+            // (GGUF's fused gate|up is named ffn_up: twice the rows; up is its second half)
+            (Some(at), Some((_, rows)))
+                if gguf_gate_up && at.info.shape.first() == Some(&(2 * rows.len())) =>
+            {
+                let second = rows.len()..2 * rows.len();
+                view(at, second)
+            }
+            (Some(at), _) => Some(at),
+            (None, Some((fused, rows))) => {
+                let at = self.stored(&fused).or_else(|| {
+                    // GGUF's gate|up: ffn_up, gate first
+                    let gguf = fused.replace("ffn_gate_up.weight", "ffn_up.weight");
+                    self.stored(&gguf).filter(|at| at.info.shape.first() == Some(&(2 * rows.len())))
+                })?;
+                view(at, rows)
+            }
+            (None, None) => None,
+        }
+    }
+
+    /// Where a tensor that some files store fused with others lies (Phi-3's q | k | v, as
+    /// `attn_qkv` / `qkv_proj`, and gate | up, as a GGUF `ffn_up` of twice the rows or a Hugging
+    /// Face `gate_up_proj`): the fused tensor's (GGUF) name and this tensor's rows in it.
+    fn fused(&self, name: &str) -> Option<(String, std::ops::Range<usize>)> {
+        let c = &self.config;
+        let (layer, part) = name.strip_prefix("blk.")?.split_once('.')?;
+        let (q, kv, f) = (c.q_dim(), c.kv_dim(), c.ffn_dim);
+        let (fused, rows) = match part {
+            "attn_q.weight" => ("attn_qkv.weight", 0..q),
+            "attn_k.weight" => ("attn_qkv.weight", q..q + kv),
+            "attn_v.weight" => ("attn_qkv.weight", q + kv..q + 2 * kv),
+            "ffn_gate.weight" => ("ffn_gate_up.weight", 0..f),
+            "ffn_up.weight" => ("ffn_gate_up.weight", f..2 * f),
+            _ => return None,
+        };
+        Some((format!("blk.{layer}.{fused}"), rows))
+    }
+
+    /// The tensor `name` as the file stores it (a GGUF name, mapped for Hugging Face files).
+    fn stored(&self, name: &str) -> Option<Located<'_>> {
+        fn found<'a>(h: &'a Safetensors, file: &'a dyn Source, name: &str) -> Option<Located<'a>> {
+            Some(Located { file, info: std::borrow::Cow::Borrowed(h.tensor(name)?) })
+        }
         match &self.format {
-            Format::Named(headers) => headers
-                .iter()
-                .zip(&self.files)
-                .find_map(|(h, file)| Some(Located { file: file.as_ref(), info: h.tensor(name)? })),
+            Format::Named(headers) => {
+                headers.iter().zip(&self.files).find_map(|(h, file)| found(h, file.as_ref(), name))
+            }
             Format::Gguf(g) => {
-                let info = g.tensor(name)?;
+                let info = std::borrow::Cow::Borrowed(g.tensor(name)?);
                 Some(Located { file: self.files.first()?.as_ref(), info })
             }
             Format::Safetensors(headers) => {
                 let hf = hf_name(name)?;
-                headers
-                    .iter()
-                    .zip(&self.files)
-                    .find_map(|(h, file)| Some(Located { file: file.as_ref(), info: h.tensor(&hf)? }))
+                headers.iter().zip(&self.files).find_map(|(h, file)| found(h, file.as_ref(), &hf))
             }
         }
     }

@@ -15,6 +15,9 @@ pub enum Arch {
     Qwen2,
     /// Qwen3: as Llama (no biases), plus an RMSNorm of each q and k head before RoPE.
     Qwen3,
+    /// Phi-3 / 3.5: as Llama, its q|k|v and gate|up matrices stored fused (read as row views:
+    /// see [`crate::model::Checkpoint`]), rotary in halves.
+    Phi3,
 }
 
 impl Arch {
@@ -24,6 +27,7 @@ impl Arch {
             "llama" => Ok(Arch::Llama),
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
+            "phi3" => Ok(Arch::Phi3),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -34,6 +38,7 @@ impl Arch {
             Arch::Llama => "llama",
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
+            Arch::Phi3 => "phi3",
         }
     }
 
@@ -43,6 +48,7 @@ impl Arch {
             "LlamaForCausalLM" => Ok(Arch::Llama),
             "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
             "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
+            "Phi3ForCausalLM" => Ok(Arch::Phi3),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -62,7 +68,7 @@ impl Arch {
     pub fn gguf_rope_layout(self) -> RopeLayout {
         match self {
             Arch::Llama => RopeLayout::Interleaved,
-            Arch::Qwen2 | Arch::Qwen3 => RopeLayout::Halves,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => RopeLayout::Halves,
         }
     }
 }
@@ -92,6 +98,10 @@ pub struct Config {
     pub tied_embeddings: bool,
     /// How RoPE's frequencies are stretched for long contexts ([`RopeScaling::None`] mostly).
     pub rope_scaling: RopeScaling,
+    /// Keys a query attends to at most (sliding-window attention: Phi-3, Mistral v0.1), or
+    /// `None`. wgspec runs full attention, so such a model's context is kept within the window
+    /// ([`Config::max_context`]), where the two agree.
+    pub sliding_window: Option<usize>,
 }
 
 /// How RoPE's frequencies are stretched past the context a model was first trained for: each
@@ -244,6 +254,13 @@ impl Config {
         }
     }
 
+    /// The most KV positions a model runs exactly here: its context, or (sliding-window
+    /// attention, which wgspec does not run) its window, within which every query sees all the
+    /// keys it would.
+    pub fn max_context(&self) -> usize {
+        self.sliding_window.map_or(self.context_len, |w| w.min(self.context_len))
+    }
+
     /// `q` projection width.
     pub fn q_dim(&self) -> usize {
         self.n_heads * self.head_dim
@@ -285,6 +302,7 @@ impl Config {
             context_len: opt_usize("context_length")?.unwrap_or(2048),
             tied_embeddings: tied,
             rope_scaling: RopeScaling::from_gguf(g, arch_name, has_freqs)?,
+            sliding_window: opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
         };
         cfg.validate()?;
         Ok(cfg)
@@ -305,6 +323,19 @@ impl Config {
         };
         let n_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
         let head_dim = hf.head_dim.unwrap_or(hf.hidden_size.checked_div(hf.num_attention_heads).unwrap_or(0));
+        // (a partial rotary factor rotates the first part of each head, an even number of dims)
+        let rope_dim = match hf.partial_rotary_factor {
+            Some(f) if f > 0.0 && f <= 1.0 => ((head_dim as f64 * f) as usize) & !1,
+            Some(f) => {
+                return Err(Error::Metadata {
+                    key: "config.json partial_rotary_factor".into(),
+                    message: format!("{f}: between 0 and 1"),
+                })
+            }
+            None => head_dim,
+        };
+        // (Qwen2's configs name a window they do not use)
+        let sliding_window = hf.sliding_window.filter(|&w| w > 0 && hf.use_sliding_window != Some(false));
         let cfg = Config {
             arch,
             vocab_size: hf.vocab_size,
@@ -316,11 +347,12 @@ impl Config {
             ffn_dim: hf.intermediate_size,
             rms_eps: hf.rms_norm_eps,
             rope_theta: hf.rope_theta.unwrap_or(10000.0),
-            rope_dim: head_dim,
+            rope_dim,
             rope_layout: RopeLayout::Halves,
             context_len: hf.max_position_embeddings.unwrap_or(2048),
             tied_embeddings: hf.tie_word_embeddings.unwrap_or(false),
             rope_scaling,
+            sliding_window,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -390,6 +422,9 @@ struct HfConfig {
     max_position_embeddings: Option<usize>,
     tie_word_embeddings: Option<bool>,
     rope_scaling: Option<serde_json::Value>,
+    partial_rotary_factor: Option<f64>,
+    sliding_window: Option<usize>,
+    use_sliding_window: Option<bool>,
 }
 
 #[cfg(test)]

@@ -295,6 +295,7 @@ impl SyntheticShape {
             context_len: self.context,
             tied_embeddings: self.tied,
             rope_scaling: if self.llama3_rope { RopeScaling::Stored } else { RopeScaling::None },
+            sliding_window: None,
         }
     }
 }

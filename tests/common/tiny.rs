@@ -17,6 +17,8 @@ pub struct TinySpec {
     pub qwen2: bool,
     /// Qwen3: no qkv biases, each q and k head RMS-normalised before RoPE.
     pub qwen3: bool,
+    /// Phi-3: q|k|v and gate|up stored fused, rotary in halves.
+    pub phi3: bool,
     pub vocab: usize,
     pub dim: usize,
     pub layers: usize,
@@ -32,6 +34,7 @@ impl TinySpec {
         TinySpec {
             qwen2: false,
             qwen3: false,
+            phi3: false,
             vocab: 300,
             dim: 64,
             layers: 2,
@@ -46,6 +49,7 @@ impl TinySpec {
         TinySpec {
             qwen2: true,
             qwen3: false,
+            phi3: false,
             vocab: 280,
             dim: 64,
             layers: 2,
@@ -61,6 +65,7 @@ impl TinySpec {
         TinySpec {
             qwen2: false,
             qwen3: true,
+            phi3: false,
             vocab: 290,
             dim: 64,
             layers: 2,
@@ -71,10 +76,27 @@ impl TinySpec {
             tied: true,
         }
     }
+    /// A Phi-3 model: fused q|k|v and gate|up, untied.
+    pub fn phi3() -> Self {
+        TinySpec {
+            qwen2: false,
+            qwen3: false,
+            phi3: true,
+            vocab: 310,
+            dim: 64,
+            layers: 2,
+            heads: 4,
+            kv_heads: 4,
+            ffn: 96,
+            context: 64,
+            tied: false,
+        }
+    }
     pub fn arch_of(&self) -> Arch {
-        match (self.qwen2, self.qwen3) {
-            (true, _) => Arch::Qwen2,
-            (_, true) => Arch::Qwen3,
+        match (self.qwen2, self.qwen3, self.phi3) {
+            (true, _, _) => Arch::Qwen2,
+            (_, true, _) => Arch::Qwen3,
+            (_, _, true) => Arch::Phi3,
             _ => Arch::Llama,
         }
     }
@@ -142,6 +164,41 @@ impl TinyModel {
         TinyModel { spec, tensors }
     }
 
+    /// The tensors as the files store them: Phi-3's q|k|v as one `attn_qkv` and gate|up as one
+    /// `ffn_gate_up` (written `ffn_up` in GGUF: [`TinyModel::to_gguf_with`]), gate first.
+    fn stored_tensors(&self) -> Vec<TinyTensor> {
+        if !self.spec.phi3 {
+            return self.tensors.clone();
+        }
+        let find = |name: &str| self.tensors.iter().find(|t| t.name == name).expect("tensor").clone();
+        let fuse = |name: String, parts: Vec<TinyTensor>| TinyTensor {
+            name,
+            shape: vec![parts.iter().map(|p| p.shape[0]).sum(), parts[0].shape[1]],
+            values: parts.iter().flat_map(|p| p.values.clone()).collect(),
+        };
+        let mut out = Vec::new();
+        for t in &self.tensors {
+            let Some((layer, part)) = t.name.strip_prefix("blk.").and_then(|r| r.split_once('.')) else {
+                out.push(t.clone());
+                continue;
+            };
+            let b = |s: &str| format!("blk.{layer}.{s}");
+            match part {
+                "attn_q.weight" => out.push(fuse(
+                    b("attn_qkv.weight"),
+                    vec![find(&b("attn_q.weight")), find(&b("attn_k.weight")), find(&b("attn_v.weight"))],
+                )),
+                "ffn_gate.weight" => out.push(fuse(
+                    b("ffn_gate_up.weight"),
+                    vec![find(&b("ffn_gate.weight")), find(&b("ffn_up.weight"))],
+                )),
+                "attn_k.weight" | "attn_v.weight" | "ffn_up.weight" => {}
+                _ => out.push(t.clone()),
+            }
+        }
+        out
+    }
+
     /// llama.cpp's converter permutes llama q/k rows per head from halves to interleaved pairs.
     fn gguf_rows(&self, t: &TinyTensor) -> Vec<f32> {
         let heads = if t.name.ends_with("attn_q.weight") {
@@ -151,7 +208,7 @@ impl TinyModel {
         } else {
             return t.values.clone();
         };
-        if self.spec.qwen2 || self.spec.qwen3 {
+        if self.spec.arch_of() != Arch::Llama {
             return t.values.clone();
         }
         let cols = t.shape[1];
@@ -204,6 +261,13 @@ impl TinyModel {
         tokens.push(Value::String("<|eos|>".into()));
         let mut types = vec![Value::I32(1); s.vocab - 1];
         types.push(Value::I32(3));
+        if s.phi3 {
+            // (llama.cpp looks these up by their text in a vocabulary whose model is named Phi-3)
+            for (i, t) in ["<|end|>", "<s>", "</s>", "<unk>", "<|endoftext|>"].into_iter().enumerate() {
+                tokens[s.vocab - 2 - i] = Value::String(t.into());
+                types[s.vocab - 2 - i] = Value::I32(3);
+            }
+        }
         add("tokenizer.ggml.model", Value::String("gpt2".into()));
         // (llama.cpp's name: its golden runs load these files)
         add("tokenizer.ggml.pre", Value::String("gpt-2".into()));
@@ -220,7 +284,7 @@ impl TinyModel {
             let v = overrides.iter().find(|(o, _)| *o == k).map_or(v, |(_, o)| o.clone());
             w.add(&k, v);
         }
-        for t in &self.tensors {
+        for t in &self.stored_tensors() {
             let values = self.gguf_rows(t);
             let (dtype, bytes) = if t.shape.len() == 1 {
                 (DType::F32, f32_bytes(&values))
@@ -231,7 +295,9 @@ impl TinyModel {
                     q => (q, random_blocks(q, values.len(), rng)),
                 }
             };
-            w.add_tensor(&t.name, dtype, &t.shape, bytes);
+            // (GGUF's fused gate|up is named ffn_up, as llama.cpp's Phi-3 converter writes it)
+            let name = t.name.replace("ffn_gate_up.weight", "ffn_up.weight");
+            w.add_tensor(&name, dtype, &t.shape, bytes);
         }
         w.to_bytes()
     }
@@ -250,6 +316,7 @@ impl TinyModel {
             "architectures": [match s.arch_of() {
                 Arch::Qwen2 => "Qwen2ForCausalLM",
                 Arch::Qwen3 => "Qwen3ForCausalLM",
+                Arch::Phi3 => "Phi3ForCausalLM",
                 Arch::Llama => "LlamaForCausalLM",
             }],
             "hidden_size": s.dim,
@@ -264,7 +331,7 @@ impl TinyModel {
             "tie_word_embeddings": s.tied,
         });
         let mut owned = Vec::new();
-        for t in &self.tensors {
+        for t in &self.stored_tensors() {
             let name = wgspec::model::checkpoint::hf_name(&t.name).expect("hf name");
             let (dtype, bytes) = if t.shape.len() == 1 {
                 (DType::F32, f32_bytes(&t.values))
