@@ -687,6 +687,17 @@ fn rope_table(context: usize, rope_dim: usize, theta: f64) -> Vec<f32> {
     table
 }
 
+/// A KV cache's `n` values: f32 bits, or f16 pairs (low half first).
+fn cache_values(gpu: &Gpu, cache: &GpuBuffer<u32>, n: usize, f16: bool) -> Vec<f32> {
+    let words = read_u32(gpu, &cache.raw, n);
+    if f16 {
+        let halves = words.iter().flat_map(|&w| [w as u16, (w >> 16) as u16]);
+        halves.map(|h| half::f16::from_bits(h).to_f32()).collect()
+    } else {
+        words.iter().map(|&w| f32::from_bits(w)).collect()
+    }
+}
+
 #[test]
 fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
     // One [q | k | v] matrix whose q and k rows were reordered by RopeLayout::pair_rows (as the
@@ -741,14 +752,7 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
                 };
                 run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, Some(&bb), &q, out)], n, start);
                 let got_q = read_f32(&gpu, &q.raw, n * qd);
-                // the cache as values: f32 bits, or f16 pairs (low half first)
-                let words = read_u32(&gpu, &cache.raw, context * 2 * kvd);
-                let got_kv: Vec<f32> = if kv_f16 {
-                    let halves = words.iter().flat_map(|&w| [w as u16, (w >> 16) as u16]);
-                    halves.map(|h| half::f16::from_bits(h).to_f32()).collect()
-                } else {
-                    words.iter().map(|&w| f32::from_bits(w)).collect()
-                };
+                let got_kv = cache_values(&gpu, &cache, context * 2 * kvd, kv_f16);
                 // f16 values: the f32 result within half an f16 ulp (2^-11 relative), or one ulp
                 // where a rounding direction is the implementation's (WGSL allows either)
                 let (kv_abs, kv_rel) = if kv_f16 { (1e-5, 1.0 / 1024.0) } else { (1e-5, 1e-5) };
@@ -821,13 +825,7 @@ fn head_norm_normalises_each_head_rotates_and_routes_q_k_v() {
                 let op = gpu.head_norm(&step, io, shape, (rope_dim as u32, layout), eps);
                 run(&gpu, &step, &[op], n, start);
                 let got_q = read_f32(&gpu, &q.raw, n * qd);
-                let words = read_u32(&gpu, &cache.raw, context * 2 * kvd);
-                let got_kv: Vec<f32> = if kv_f16 {
-                    let halves = words.iter().flat_map(|&w| [w as u16, (w >> 16) as u16]);
-                    halves.map(|h| half::f16::from_bits(h).to_f32()).collect()
-                } else {
-                    words.iter().map(|&w| f32::from_bits(w)).collect()
-                };
+                let got_kv = cache_values(&gpu, &cache, context * 2 * kvd, kv_f16);
                 let (kv_abs, kv_rel) = if kv_f16 { (1e-5, 1.0 / 1024.0) } else { (1e-5, 1e-5) };
                 let what = format!("head norm {layout:?} kv_f16={kv_f16} n={n} heads={heads}/{kv_heads} hd={head_dim} rd={rope_dim}");
                 for r in 0..n {

@@ -175,7 +175,7 @@ fn split_merge(i: usize, line: &str) -> Result<(String, String)> {
 }
 
 /// Drops (with a warning, as llama.cpp does) a special id outside the vocabulary.
-pub(super) fn in_range(name: &str, id: Option<u32>, n: usize) -> Option<u32> {
+fn in_range(name: &str, id: Option<u32>, n: usize) -> Option<u32> {
     match id {
         Some(id) if id as usize >= n => {
             log::warn!("tokenizer.ggml.{name} = {id} is outside the vocabulary of {n}: ignored");
@@ -210,7 +210,7 @@ pub(super) fn check_sizes(v: &GgufVocab) -> Result<()> {
 
 /// The ids that end a generation: EOS, EOT, and the added tokens whose text is an end-of-turn
 /// marker (an ordinary entry such as Qwen's "</s>" is text, not a stop signal).
-pub(super) fn end_ids(v: &GgufVocab, eos: Option<u32>, eot: Option<u32>) -> Vec<u32> {
+fn end_ids(v: &GgufVocab, eos: Option<u32>, eot: Option<u32>) -> Vec<u32> {
     let mut ids: Vec<u32> = eos.into_iter().chain(eot).collect();
     ids.extend(
         v.tokens
@@ -246,7 +246,6 @@ pub(super) fn build(v: GgufVocab) -> Result<Tokenizer> {
         }
     }
     let kind = PreKind::from_name(v.pre.as_deref())?;
-    let n = v.tokens.len();
     check_sizes(&v)?;
 
     // The BPE model over the whole vocabulary (a repeated entry keeps its last id, as in llama.cpp).
@@ -292,11 +291,18 @@ pub(super) fn build(v: GgufVocab) -> Result<Tokenizer> {
         })
         .collect();
 
+    finish(&v, hf, pieces)
+}
+
+/// The tokenizer of a GGUF vocabulary `v` from its `tokenizers` pipeline and the bytes of each
+/// token: BOS, EOS and EOT where they are in the vocabulary, the end-of-generation ids, BOS and
+/// EOS added as the file asks.
+pub(super) fn finish(v: &GgufVocab, hf: tokenizers::Tokenizer, pieces: Vec<Box<[u8]>>) -> Result<Tokenizer> {
+    let n = v.tokens.len();
     let bos = in_range("bos_token_id", v.bos, n);
     let eos = in_range("eos_token_id", v.eos, n);
     let eot = in_range("eot_token_id", v.eot, n);
-    let eos_ids = end_ids(&v, eos, eot);
-
+    let eos_ids = end_ids(v, eos, eot);
     let detok = Detok::Bytes(pieces);
     let derived = Arc::new(Derived::of(&hf, &detok)?);
     let mut tok = Tokenizer {

@@ -13,17 +13,16 @@
 //! user-defined ones are matched whole in the text, as for byte-level vocabularies.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use tokenizers::models::bpe::{Vocab, BPE};
 use tokenizers::normalizers::{Prepend, Replace, Sequence};
 use tokenizers::NormalizerWrapper;
 
 use super::gguf_vocab::{
-    added_tokens, check_sizes, end_ids, in_range, GgufVocab, TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL,
-    TOKEN_TYPE_UNKNOWN, TOKEN_TYPE_USER_DEFINED,
+    added_tokens, check_sizes, finish, GgufVocab, TOKEN_TYPE_BYTE, TOKEN_TYPE_CONTROL, TOKEN_TYPE_UNKNOWN,
+    TOKEN_TYPE_USER_DEFINED,
 };
-use super::{Derived, Detok, Specials, Tokenizer};
+use super::Tokenizer;
 use crate::error::{Error, Result};
 
 /// SentencePiece's escaped space.
@@ -97,21 +96,5 @@ pub(super) fn build(v: GgufVocab) -> Result<Tokenizer> {
     hf.add_tokens(&added_tokens(&v, TOKEN_TYPE_USER_DEFINED, false));
 
     let pieces = v.tokens.iter().zip(&v.token_types).map(|(t, &ty)| piece(t, ty)).collect();
-    let bos = in_range("bos_token_id", v.bos, n);
-    let eos = in_range("eos_token_id", v.eos, n);
-    let eot = in_range("eot_token_id", v.eot, n);
-    let eos_ids = end_ids(&v, eos, eot);
-    let detok = Detok::Bytes(pieces);
-    let derived = Arc::new(Derived::of(&hf, &detok)?);
-    let mut tok = Tokenizer {
-        hf,
-        detok,
-        specials: Specials::Gguf { add_bos: v.add_bos, add_eos: v.add_eos, eos },
-        vocab_size: n,
-        bos,
-        eos_ids: Vec::new(),
-        derived,
-    };
-    tok.add_eos_ids(&eos_ids)?;
-    Ok(tok)
+    finish(&v, hf, pieces)
 }

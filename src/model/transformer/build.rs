@@ -243,7 +243,7 @@ pub(super) fn kv_words(c: &Config, kv_f16: bool) -> usize {
     }
 }
 
-/// One transformer block as ops (5 dispatches), reading x (and xb = x * its input norm's weight,
+/// One transformer block as ops (5 dispatches; 6 where each head is normed), reading x (and xb = x * its input norm's weight,
 /// which the op before it wrote, when the block has an input norm) and leaving x += the block,
 /// and xb = x * `next_norm` when a normed op follows.
 pub(crate) fn record_block(

@@ -436,7 +436,7 @@ impl Streamer {
                         Some(Event::Failed(e)) => e,
                         _ => ApiError::internal("the GPU worker stopped in the middle of a stream"),
                     };
-                    self.timing.metrics.error(e.kind);
+                    self.timing.metrics.error(e.kind());
                     return Some(sse(&e.body()) + "data: [DONE]\n\n");
                 }
             }

@@ -6,19 +6,10 @@ use axum::response::{IntoResponse, Response};
 use axum::Json;
 use wgspec::openai::ErrorReply;
 
-/// An error answered to a client. Its `kind` is OpenAI's `type` and the label of
-/// `wgspec_errors_total` in the metrics.
+/// An error answered to a client: the library's [`ErrorReply`] (its `kind` is OpenAI's `type`
+/// and the label of `wgspec_errors_total` in the metrics) with the server's constructors.
 #[derive(Clone, Debug)]
-pub struct ApiError {
-    pub status: StatusCode,
-    pub message: String,
-    /// OpenAI's `type`: `invalid_request_error`, `authentication_error`, `rate_limit_exceeded`, ...
-    pub kind: &'static str,
-    /// The request field at fault, when there is one.
-    pub param: Option<String>,
-    /// A machine-readable code (`model_not_found`, `context_length_exceeded`, ...).
-    pub code: Option<&'static str>,
-}
+pub struct ApiError(pub ErrorReply);
 
 /// The error kind a response carried, read by the metrics layer (a response extension).
 #[derive(Clone, Copy, Debug)]
@@ -26,7 +17,7 @@ pub struct ErrorKind(pub &'static str);
 
 impl ApiError {
     pub fn new(status: StatusCode, kind: &'static str, message: impl Into<String>) -> ApiError {
-        ApiError { status, message: message.into(), kind, param: None, code: None }
+        ApiError(ErrorReply::new(status.as_u16(), kind, message))
     }
 
     /// 400 `invalid_request_error`.
@@ -51,45 +42,41 @@ impl ApiError {
     /// 500: logged on the console, answered without detail beyond the message.
     pub fn internal(message: impl Into<String>) -> ApiError {
         let e = ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "server_error", message);
-        eprintln!("server error: {}", e.message);
+        eprintln!("server error: {}", e.0.message);
         e
     }
 
     pub fn with_param(mut self, param: &str) -> ApiError {
-        self.param = Some(param.to_string());
+        self.0.param = Some(param.to_string());
         self
     }
 
-    /// Names `param` as the field at fault unless a field is named already.
-    pub fn with_param_if_none(mut self, param: &str) -> ApiError {
-        if self.param.is_none() && self.status == StatusCode::BAD_REQUEST {
-            self.param = Some(param.to_string());
-        }
-        self
+    /// Names `param` as the field at fault of a 400 that names none.
+    pub fn with_param_if_none(self, param: &str) -> ApiError {
+        ApiError(self.0.with_param_if_none(param))
     }
 
     pub fn with_code(mut self, code: &'static str) -> ApiError {
-        self.code = Some(code);
+        self.0.code = Some(code);
         self
+    }
+
+    /// OpenAI's `type` (the metrics' error label).
+    pub fn kind(&self) -> &'static str {
+        self.0.kind
     }
 
     /// The JSON body ([`ErrorReply::body`]).
     pub fn body(&self) -> serde_json::Value {
-        let reply = ErrorReply {
-            status: self.status.as_u16(),
-            message: self.message.clone(),
-            kind: self.kind,
-            param: self.param.clone(),
-            code: self.code,
-        };
-        reply.body()
+        self.0.body()
     }
 }
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(self.body())).into_response();
-        response.extensions_mut().insert(ErrorKind(self.kind));
+        let status = StatusCode::from_u16(self.0.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+        let mut response = (status, Json(self.body())).into_response();
+        response.extensions_mut().insert(ErrorKind(self.0.kind));
         response
     }
 }
@@ -98,10 +85,9 @@ impl IntoResponse for ApiError {
 impl From<wgspec::Error> for ApiError {
     fn from(e: wgspec::Error) -> ApiError {
         let reply = ErrorReply::from(&e);
-        let status = StatusCode::from_u16(reply.status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-        if status.is_server_error() && status != StatusCode::SERVICE_UNAVAILABLE {
+        if reply.status >= 500 && reply.status != 503 {
             eprintln!("server error: {}", reply.message);
         }
-        ApiError { status, message: reply.message, kind: reply.kind, param: reply.param, code: reply.code }
+        ApiError(reply)
     }
 }
