@@ -687,6 +687,23 @@ fn rope_table(context: usize, rope_dim: usize, theta: f64) -> Vec<f32> {
     table
 }
 
+/// The rows of a q|k|v matrix in the order the loader uploads them: q rows paired, k rows
+/// paired (RopeLayout::pair_rows), v rows as they are.
+fn qkv_upload_order(
+    layout: RopeLayout,
+    (heads, kv_heads): (usize, usize),
+    head_dim: usize,
+    rope_dim: usize,
+) -> Vec<usize> {
+    let (qd, kvd) = (heads * head_dim, kv_heads * head_dim);
+    layout
+        .pair_rows(heads, head_dim, rope_dim)
+        .into_iter()
+        .chain(layout.pair_rows(kv_heads, head_dim, rope_dim).into_iter().map(|r| qd + r))
+        .chain(qd + kvd..qd + 2 * kvd)
+        .collect()
+}
+
 /// A KV cache's `n` values: f32 bits, or f16 pairs (low half first).
 fn cache_values(gpu: &Gpu, cache: &GpuBuffer<u32>, n: usize, f16: bool) -> Vec<f32> {
     let words = read_u32(gpu, &cache.raw, n);
@@ -722,13 +739,7 @@ fn fused_qkv_matmul_rotates_q_and_k_and_fills_the_cache_in_both_rope_layouts() {
                 let x = rand_vec(&mut rng, n * k, 1.0);
                 let w = rand_vec(&mut rng, cols * k, 0.5);
                 let bias = rand_vec(&mut rng, cols, 0.5);
-                // the upload order: q rows paired, k rows paired, v rows as they are
-                let order: Vec<usize> = layout
-                    .pair_rows(heads, head_dim, rope_dim)
-                    .into_iter()
-                    .chain(layout.pair_rows(kv_heads, head_dim, rope_dim).into_iter().map(|r| qd + r))
-                    .chain(qd + kvd..cols)
-                    .collect();
+                let order = qkv_upload_order(layout, (heads, kv_heads), head_dim, rope_dim);
                 let w_up: Vec<f32> = order.iter().flat_map(|&r| w[r * k..(r + 1) * k].to_vec()).collect();
                 let b_up: Vec<f32> = order.iter().map(|&r| bias[r]).collect();
                 let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
@@ -798,12 +809,7 @@ fn head_norm_normalises_each_head_rotates_and_routes_q_k_v() {
                 let cols = qd + 2 * kvd;
                 // checkpoint order, then the matmul's column order
                 let raw = rand_vec(&mut rng, n * cols, 2.0);
-                let order: Vec<usize> = layout
-                    .pair_rows(heads, head_dim, rope_dim)
-                    .into_iter()
-                    .chain(layout.pair_rows(kv_heads, head_dim, rope_dim).into_iter().map(|r| qd + r))
-                    .chain(qd + kvd..cols)
-                    .collect();
+                let order = qkv_upload_order(layout, (heads, kv_heads), head_dim, rope_dim);
                 let paired: Vec<f32> = (0..n)
                     .flat_map(|r| order.iter().map(|&c| raw[r * cols + c]).collect::<Vec<_>>())
                     .collect();
