@@ -2,15 +2,20 @@
 transformers' apply_chat_template renders (ImmutableSandboxedEnvironment, trim_blocks,
 lstrip_blocks, raise_exception): the templates embedded in the real GGUF files of the cache, and
 a synthetic Llama-3-style template exercising namespace(), loop filters, Python string methods,
-whitespace control and raise_exception.
+whitespace control and raise_exception; under "families", the official templates of Llama 3,
+Qwen3, Gemma 3 and Phi-3 (fetched by fetch_chat_templates.sh, see FAMILIES and README.md).
 
     python3 -m venv /tmp/v && /tmp/v/bin/pip install jinja2 gguf
+    scripts/goldens/fetch_chat_templates.sh
     /tmp/v/bin/python scripts/goldens/chat_templates.py > tests/goldens/chat_templates.json
 """
+import hashlib
 import json
 import os
+from datetime import datetime
 
 import jinja2
+import jinja2.ext
 from gguf import GGUFReader
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -22,6 +27,26 @@ def raise_exception(message):
 def compile_template(source):
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals["raise_exception"] = raise_exception
+    return env.from_string(source)
+
+
+def transformers_tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
+    # transformers replaces jinja2's tojson (which HTML-escapes) with plain json.dumps.
+    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def strftime_now(format):
+    return datetime.now().strftime(format)
+
+
+def compile_transformers_template(source, with_strftime_now=True):
+    """The environment of transformers' _compile_jinja_template (4.4x/4.5x), less its
+    AssistantTracker extension (only for {% generation %} blocks, which none of these use)."""
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=[jinja2.ext.loopcontrols])
+    env.filters["tojson"] = transformers_tojson
+    env.globals["raise_exception"] = raise_exception
+    if with_strftime_now:
+        env.globals["strftime_now"] = strftime_now
     return env.from_string(source)
 
 

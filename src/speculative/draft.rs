@@ -138,6 +138,18 @@ pub struct TreeCosts {
 }
 
 /// A proposer of draft tokens.
+/// What a draft is asked to propose from ([`Draft::propose`]).
+pub struct Ask<'a> {
+    /// The prompt and every token generated so far (the target has not yet run the last one).
+    pub context: &'a [u32],
+    /// How many tokens at most: a chain's depth, or a tree's nodes.
+    pub budget: DraftBudget,
+    /// The generation's sampling: a draft with distributions samples its chain from them when
+    /// it is not greedy, with `rng`.
+    pub sampling: &'a SamplingParams,
+    pub rng: &'a mut Rng,
+}
+
 pub trait Draft {
     /// Which kind of draft this is (the stats carry it).
     fn kind(&self) -> DraftKind;
@@ -149,18 +161,11 @@ pub trait Draft {
         Box::pin(async { Ok(0) })
     }
 
-    /// Proposes up to `budget.depth` tokens following `context` (the prompt and every token
-    /// generated so far; the target has not yet run the last one), or a tree of up to
-    /// `budget.nodes` tokens no deeper than that. With non-greedy `sampling`, a draft that has
-    /// distributions samples from them with `rng` and returns them with the chain
+    /// Proposes up to `ask.budget.depth` tokens following `ask.context`, or a tree of up to
+    /// `ask.budget.nodes` tokens no deeper than that. With non-greedy `ask.sampling`, a draft
+    /// that has distributions samples from them with `ask.rng` and returns them with the chain
     /// ([`Proposal::Chain`]'s `q`).
-    fn propose<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        budget: DraftBudget,
-        sampling: &'a SamplingParams,
-        rng: &'a mut Rng,
-    ) -> LocalFuture<'a, Result<Proposal>>;
+    fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>>;
 
     /// After every target pass whose tokens the loop keeps (prefill chunks, verify passes, before
     /// the next target pass): rows `rows` of that pass hold the target's hidden states of
@@ -463,13 +468,8 @@ impl Draft for DraftModel {
         })
     }
 
-    fn propose<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        budget: DraftBudget,
-        sampling: &'a SamplingParams,
-        rng: &'a mut Rng,
-    ) -> LocalFuture<'a, Result<Proposal>> {
+    fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>> {
+        let Ask { context, budget, sampling, rng } = ask;
         Box::pin(self.propose_impl(context, budget, sampling, rng))
     }
 }

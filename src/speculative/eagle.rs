@@ -25,13 +25,12 @@
 //! Proposals are deterministic (one-hot q): greedy decoding follows the target's argmax down the
 //! tree, sampled decoding uses the multi-candidate rule, and the output is the target's.
 
-use super::draft::{Draft, DraftBudget, LocalFuture, Proposal};
+use super::draft::{Ask, Draft, DraftBudget, LocalFuture, Proposal};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
 use crate::error::Result;
 use crate::gpu::MAX_TREE;
 use crate::model::{EagleHead, TreeShape, MAX_EAGLE_DEPTH, MAX_EAGLE_WIDTH};
-use crate::sampling::{Rng, SamplingParams};
 
 /// The next most likely tokens an EAGLE proposal puts beside its chain at each depth by default
 /// (in the nodes the verify pass's budget leaves).
@@ -175,13 +174,8 @@ impl Draft for Eagle {
         })
     }
 
-    fn propose<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        budget: DraftBudget,
-        _sampling: &'a SamplingParams,
-        _rng: &'a mut Rng,
-    ) -> LocalFuture<'a, Result<Proposal>> {
+    fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>> {
+        let Ask { context, budget, .. } = ask;
         Box::pin(async move {
             let n_past = context.len().saturating_sub(1);
             let (true, Some(&root)) = (std::mem::take(&mut self.ready), context.last()) else {

@@ -22,7 +22,7 @@
 use serde::Serialize;
 use web_time::Instant;
 
-use super::draft::{DraftBudget, DraftModel, Drafter, Proposal};
+use super::draft::{Ask, DraftBudget, DraftModel, Drafter, Proposal};
 use super::schedule::{KPolicy, Schedule};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
@@ -365,7 +365,13 @@ impl<'o> Loop<'o> {
                 // under an adaptive K, the whole tree (sized below)
                 let nodes = costs.map_or(schedule.tree_nodes(k), |c| c.max_nodes).min(room);
                 let budget = DraftBudget { depth: k, nodes, costs };
-                d.propose(&self.tokens, budget, &self.opts.sampling, &mut self.rng).await?
+                d.propose(Ask {
+                    context: &self.tokens,
+                    budget,
+                    sampling: &self.opts.sampling,
+                    rng: &mut self.rng,
+                })
+                .await?
             }
             _ => Proposal::default(),
         };

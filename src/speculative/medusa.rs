@@ -8,12 +8,11 @@
 //! deterministic (one-hot q): greedy decoding follows the target's argmax down the tree, sampled
 //! decoding uses the multi-candidate rule ([`super::tree`]), and the output is the target's.
 
-use super::draft::{Draft, DraftBudget, LocalFuture, Proposal};
+use super::draft::{Ask, Draft, DraftBudget, LocalFuture, Proposal};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
 use crate::error::{Error, Result};
 use crate::model::MedusaHeads;
-use crate::sampling::{Rng, SamplingParams};
 
 /// The first 31 paths of Medusa's published 63-node tree (`mc_sim_7b_63` in the Medusa
 /// repository's `medusa_choices.py`), which is ordered so that every prefix of the list is a tree
@@ -132,13 +131,8 @@ impl Draft for Medusa {
         Box::pin(async { Ok(0) })
     }
 
-    fn propose<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        budget: DraftBudget,
-        _sampling: &'a SamplingParams,
-        _rng: &'a mut Rng,
-    ) -> LocalFuture<'a, Result<Proposal>> {
+    fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>> {
+        let Ask { context, budget, .. } = ask;
         Box::pin(async move {
             let (Some(row), Some(&root)) = (self.row, context.last()) else {
                 return Ok(Proposal::default());

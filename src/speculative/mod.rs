@@ -32,7 +32,8 @@ pub mod verify;
 
 pub use cycle::{CycleOutcome, GreedyCycle};
 pub use draft::{
-    check_draft, check_tokenizers, check_vocab, Draft, DraftBudget, DraftModel, Drafter, Proposal, TreeCosts,
+    check_draft, check_tokenizers, check_vocab, Ask, Draft, DraftBudget, DraftModel, Drafter, Proposal,
+    TreeCosts,
 };
 pub use eagle::{Eagle, EagleTree, EAGLE_SIBLINGS, EAGLE_WIDTH};
 pub use generate::{generate, generate_with, CycleTrace, SpecGeneration, SpecStats};

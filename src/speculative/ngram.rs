@@ -1,11 +1,10 @@
 //! Drafts without a model of their own: prompt lookup ([`NGram`]) and SpecInfer's ensemble of
 //! another draft's proposal with the n-gram continuations ([`Ensemble`]), one token tree.
 
-use super::draft::{Draft, DraftBudget, LocalFuture, Proposal};
+use super::draft::{Ask, Draft, DraftBudget, LocalFuture, Proposal};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
 use crate::error::Result;
-use crate::sampling::{Rng, SamplingParams};
 
 /// Prompt lookup decoding: find the latest earlier occurrence of the context's last n tokens
 /// (n from `max_n` down to `min_n`) and propose the tokens that followed it. The continuation
@@ -138,15 +137,10 @@ impl Draft for Ensemble<'_> {
         self.draft.target_pass(context, first, rows)
     }
 
-    fn propose<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        budget: DraftBudget,
-        sampling: &'a SamplingParams,
-        rng: &'a mut Rng,
-    ) -> LocalFuture<'a, Result<Proposal>> {
+    fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>> {
+        let Ask { context, budget, sampling, rng } = ask;
         Box::pin(async move {
-            let proposal = self.draft.propose(context, budget, sampling, rng).await?;
+            let proposal = self.draft.propose(Ask { context, budget, sampling, rng }).await?;
             let root = context.last().copied().unwrap_or(0);
             let (mut tree, sized, steps) = match proposal {
                 Proposal::Chain { q: Some(_), .. } => return Ok(proposal),
@@ -170,13 +164,8 @@ impl Draft for NGram {
         DraftKind::Ngram
     }
 
-    fn propose<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        budget: DraftBudget,
-        _sampling: &'a SamplingParams,
-        _rng: &'a mut Rng,
-    ) -> LocalFuture<'a, Result<Proposal>> {
+    fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>> {
+        let Ask { context, budget, .. } = ask;
         let proposal = match (self.branches > 1).then(|| self.lookup_tree(context, budget)) {
             Some(tree) if !tree.is_chain() => Proposal::Tree { tree, sized: false, steps: 0 },
             _ => Proposal::chain(self.lookup(context, budget.depth), 0),
@@ -210,13 +199,7 @@ mod tests {
             DraftKind::Eagle
         }
 
-        fn propose<'a>(
-            &'a mut self,
-            _context: &'a [u32],
-            _budget: DraftBudget,
-            _sampling: &'a SamplingParams,
-            _rng: &'a mut Rng,
-        ) -> LocalFuture<'a, Result<Proposal>> {
+        fn propose<'a>(&'a mut self, _ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>> {
             let proposal = match self.1.clone() {
                 Some(tree) => Proposal::tree(tree, true, 0),
                 None => Proposal::chain(self.0.clone(), 0),
@@ -234,7 +217,13 @@ mod tests {
             let mut ensemble = Ensemble { draft, ngram: NGram { branches: 4, ..NGram::default() } };
             assert_eq!(ensemble.kind(), DraftKind::EagleNgram);
             let (params, mut rng) = (SamplingParams::greedy(), Rng::new(0));
-            pollster::block_on(ensemble.propose(&context, budget, &params, &mut rng)).expect("propose")
+            pollster::block_on(ensemble.propose(Ask {
+                context: &context,
+                budget,
+                sampling: &params,
+                rng: &mut rng,
+            }))
+            .expect("propose")
         };
         let p = propose(&mut Fixed(vec![4, 5, 6], None), DraftBudget::chain(3));
         assert_eq!(p.tokens(), [4, 5, 6], "the draft's chain is the first branch");
