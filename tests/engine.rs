@@ -143,6 +143,35 @@ fn message_edges_cannot_complete_control_tokens() {
 }
 
 #[test]
+fn llama3_qwen3_gemma3_and_phi3_templates_render_as_transformers_does() {
+    // The families' own templates (scripts/goldens: Llama 3.2's, Qwen3's, Gemma 3's, Phi-3.5's,
+    // with their BOS and EOS texts), rendered by jinja2 as apply_chat_template renders them:
+    // Python string methods, namespaces, reversed slices, look-around by index, system turns
+    // folded into the first user turn (Gemma), and the templates' own refusals.
+    let g = goldens();
+    let families = g["families"].as_object().expect("families");
+    assert_eq!(families.len(), 4);
+    for (name, f) in families {
+        let text = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+        let t = ChatTemplate::new(&text(&f["template"]), &text(&f["bos_token"]), &text(&f["eos_token"]));
+        t.check().unwrap_or_else(|e| panic!("{name}: {e}"));
+        for (conv, want) in conversations(&g).iter().zip(f["renders"].as_array().expect("renders")) {
+            let got = t.render(conv, true).unwrap_or_else(|e| panic!("{name}: {e}"));
+            assert_eq!(got, want.as_str().expect("str"), "{name}");
+        }
+        if let Some(refused) = f.get("refused") {
+            let refused: Vec<Message> = serde_json::from_value(refused.clone()).expect("refused");
+            match t.render(&refused, true) {
+                Err(Error::ChatTemplate(msg)) => {
+                    assert!(msg.contains(&text(&f["refusal_message"])), "{name}: {msg}")
+                }
+                other => panic!("{name}: expected the template's own refusal, got {other:?}"),
+            }
+        }
+    }
+}
+
+#[test]
 fn synthetic_template_whitespace_namespace_methods_and_refusal() {
     let g = goldens();
     let s = &g["synthetic"];

@@ -670,8 +670,8 @@ fn a_draft_with_another_vocabulary_is_refused() {
 
 #[test]
 fn greedy_speculative_output_equals_greedy_output() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3()] {
-        let mut r = rng(300 + spec.qwen2 as u64 + 2 * spec.qwen3 as u64);
+    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3()] {
+        let mut r = rng(300 + spec.qwen2 as u64 + 2 * spec.qwen3 as u64 + 3 * spec.phi3 as u64);
         let tiny = TinyModel::random(spec, &mut r);
         let target_ckpt = ckpt_of(&tiny, &mut r);
         let cfg = target_ckpt.config.clone();
@@ -711,8 +711,8 @@ fn greedy_speculative_output_equals_greedy_output() {
                 if (tree && i % 2 == 0) || (i == 3 && !name.contains("ngram")) {
                     continue;
                 }
-                // (lean: Qwen3 with itself and with n-gram trees)
-                if spec.qwen3 && !matches!(*name, "itself" | "ngram tree") {
+                // (lean: Qwen3 and Phi-3 with themselves and with n-gram trees)
+                if (spec.qwen3 || spec.phi3) && !matches!(*name, "itself" | "ngram tree") {
                     continue;
                 }
                 for k in [KPolicy::Fixed(1), KPolicy::Fixed(4), KPolicy::Fixed(9), KPolicy::default()] {
@@ -740,8 +740,8 @@ fn greedy_speculative_output_equals_greedy_output() {
                 }
             }
         }
-        // (Qwen3 ran the n-gram trees only)
-        let ran = if spec.qwen3 { &tree_cycles[..1] } else { &tree_cycles[..] };
+        // (Qwen3 and Phi-3 ran the n-gram trees only)
+        let ran = if spec.qwen3 || spec.phi3 { &tree_cycles[..1] } else { &tree_cycles[..] };
         assert!(ran.iter().all(|&n| n > 0), "the tree drafts verified trees: {tree_cycles:?}");
     }
 }
@@ -1763,6 +1763,9 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
     for (spec, dtype, draft_vocab, taps) in [
         (TinySpec::llama(), DType::F16, 37, None),
         (TinySpec::qwen2(), DType::F32, TinySpec::qwen2().vocab, Some([0, 2, 1])),
+        // (the taps of targets that norm each head, and of fused matrices)
+        (TinySpec::qwen3(), DType::F16, 41, Some([1, 2, 0])),
+        (TinySpec::phi3(), DType::F32, TinySpec::phi3().vocab, None),
     ] {
         let mut r = rng(390 + spec.qwen2 as u64);
         let tiny = TinyModel::random(spec, &mut r);
@@ -1777,7 +1780,7 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
         let mut reference = reference::RefModel::new(&ckpt, Precision::Auto);
         let mut ref_head = reference::RefEagle::new(&head_ckpt, &reference);
         let prompt: Vec<u32> = (0..10).map(|_| r.gen_range(0..spec.vocab as u32)).collect();
-        let what = format!("qwen2={} draft vocabulary {draft_vocab}", spec.qwen2);
+        let what = format!("{:?} draft vocabulary {draft_vocab}", spec.arch_of());
         pollster::block_on(target.forward(&prompt[..9], 0)).expect("forward");
         reference.forward(&prompt[..9], 0);
         let mut want = Vec::new();
