@@ -177,6 +177,7 @@ impl Draft for NGram {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sampling::{Rng, SamplingParams};
 
     #[test]
     fn ngram_proposes_the_continuation_of_the_latest_match() {
