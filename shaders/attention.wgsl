@@ -1,7 +1,8 @@
 // Causal multi-head attention with grouped KV heads over the KV cache (one workgroup per head and row).
 // The cache holds each position's k row then its v row: [ctx, 2 * kv_heads * head_dim], in the
 // format of the file placed ahead of this one (shaders/kv/: f32 or f16), read by kv_vec4/kv_value.
-// Row r of the pass sits at position pos = start_pos + r and attends to cache positions 0..=pos:
+// Row r of the pass sits at position pos = start_pos + r and attends to cache positions 0..=pos
+// (with a sliding window, the last `window` of them: pos - window + 1 ..= pos):
 //   s_j = (q . k_j) * scale;  p_j = exp(s_j - max s) / sum exp;  out = sum_j p_j v_j
 // Preceded by one file of shaders/share/ (after the cache's format file): the entry point's
 // `Invocation`, and whether (`SHARE`, CPU adapters with subgroups) the invocations of a subgroup
@@ -70,6 +71,8 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
     let pos = step.start_pos + depth;
     let len = pos + 1u;
+    // (sliding-window attention: the row's first key; the loops below start there)
+    let lo = select(0u, len - p.window, p.window != 0u && len > p.window);
     let hd4 = p.head_dim / 4u;
     let kvh = h / (p.heads / p.kv_heads);
     let q_base = (r * p.heads + h) * hd4;
@@ -82,7 +85,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     //    in runs of 8 vectors, each invocation loading one with SHARE (past the head's end when
     //    hd4 is no multiple of 8: never used); the sum over d runs in d order either way.
     var m = -0x1.fffffep+127f; // the lowest finite f32, written exactly (Tint refuses an inexact literal)
-    for (var j0 = 0u; j0 < len; j0 += WG) {
+    for (var j0 = lo; j0 < len; j0 += WG) {
         let j = j0 + t;
         if (share_any(j < len)) {
             let k_base = key_row(r, min(j, len - 1u)) * kv_row4 + kvh * hd4;
@@ -111,7 +114,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
 
     // 2. exponentials and their sum
     var l = 0.0;
-    for (var j = t; j < len; j += WG) {
+    for (var j = lo + t; j < len; j += WG) {
         let e = exp(scores[s_base + j] - m_all);
         scores[s_base + j] = e;
         l += e;
@@ -134,12 +137,12 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     // head_dim it sums the last dimension again and stores nothing); the scores of the direct
     // keys are read in runs of 8, each invocation loading one with SHARE (past the direct keys:
     // never used).
-    let direct = select(len, min(len, step.start_pos), step.tree != 0u);
+    let direct = max(lo, select(len, min(len, step.start_pos), step.tree != 0u));
     for (var d0 = 0u; d0 < p.head_dim; d0 += WG) {
         if (share_any(d0 + t < p.head_dim)) {
             let d = min(d0 + t, p.head_dim - 1u);
             var acc = 0.0;
-            for (var j0 = 0u; j0 < direct; j0 += 8u) {
+            for (var j0 = lo; j0 < direct; j0 += 8u) {
                 let own = score_own(inv, s_base + j0);
                 for (var j = j0; j < min(j0 + 8u, direct); j++) {
                     acc = fma(score_at(s_base + j, j - j0, own), kv_value(j * kv_row + v_base + d), acc);

@@ -7,7 +7,8 @@
 //
 // Keys are those of attention.wgsl (row r at pos = start_pos + r, or start_pos + its depth in a
 // token-tree pass, attends to keys 0..=pos; a tree pass's keys from start_pos on are its
-// ancestors' rows in depth order). Chunk c holds keys c * span .. (c + 1) * span, a fixed
+// ancestors' rows in depth order; with a sliding window, keys from pos - window + 1). Chunk c
+// holds keys c * span .. (c + 1) * span (those of the row), a fixed
 // partition of the key order, and is walked in blocks of 64 keys with a running maximum:
 //   block scores s_j = (q . k_j) * scale;  m' = max(m, max_j s_j);  w_j = exp(s_j - m')
 //   l = l * exp(m - m') + sum_j w_j;  o = o * exp(m - m') + sum_j w_j v_j
@@ -60,9 +61,12 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let nh = min(HB, group - hb * HB);        // and its heads
     let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
     let len = step.start_pos + depth + 1u;
-    let j0 = c * p.span;
-    if (j0 >= len) { return; }                // a chunk past the row's keys (uniform per workgroup)
-    let j1 = min(j0 + p.span, len);
+    // (sliding-window attention: the row's keys start at lo; a chunk before them is skipped here
+    // and by the merge)
+    let lo = select(0u, len - p.window, p.window != 0u && len > p.window);
+    let j0 = max(c * p.span, lo);
+    let j1 = min(c * p.span + p.span, len);
+    if (j0 >= j1) { return; }                 // a chunk outside the row's keys (uniform per workgroup)
     let hd4 = p.head_dim / 4u;
     let kv_row4 = 2u * p.kv_heads * hd4;
     let v_base4 = p.kv_heads * hd4 + kvh * hd4;

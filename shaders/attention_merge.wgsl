@@ -1,7 +1,7 @@
 // Causal attention split over the cache, second half: out = the chunks' partial results of
 // attention_chunks.wgsl combined, one workgroup per (query head, row):
 //   M = max_c m_c;  L = sum_c l_c exp(m_c - M);  out = (sum_c o_c exp(m_c - M)) / L
-// over the row's chunks 0 .. ceil(len / span) in order (a fixed order that depends on the row's
+// over the row's chunks (those from its first key's: a sliding window's) .. ceil(len / span) in order (a fixed order that depends on the row's
 // position only: batch-invariant).
 
 // The uniforms Step and Params (MergeParams) are declared in Rust (src/gpu/ops.rs) and written
@@ -23,19 +23,22 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
     let len = step.start_pos + depth + 1u;
     let nc = (len + p.span - 1u) / p.span;
+    // (sliding-window attention: the chunks before the row's first key hold nothing of it)
+    let lo = select(0u, len - p.window, p.window != 0u && len > p.window);
+    let c0 = lo / p.span;
     let first = (r * p.heads + h) * p.chunks;
 
-    var m_all = part[p.ml_base + 2u * first];
-    for (var c = 1u; c < nc; c++) { m_all = max(m_all, part[p.ml_base + 2u * (first + c)]); }
+    var m_all = part[p.ml_base + 2u * (first + c0)];
+    for (var c = c0 + 1u; c < nc; c++) { m_all = max(m_all, part[p.ml_base + 2u * (first + c)]); }
     var l_all = 0.0;
-    for (var c = 0u; c < nc; c++) {
+    for (var c = c0; c < nc; c++) {
         let ml = 2u * (first + c) + p.ml_base;
         l_all = fma(part[ml + 1u], exp(part[ml] - m_all), l_all);
     }
     let inv_l = 1.0 / l_all;
     for (var d = t; d < p.head_dim; d += WG) {
         var o = 0.0;
-        for (var c = 0u; c < nc; c++) {
+        for (var c = c0; c < nc; c++) {
             o = fma(part[(first + c) * p.head_dim + d], exp(part[p.ml_base + 2u * (first + c)] - m_all), o);
         }
         out[(r * p.heads + h) * p.head_dim + d] = o * inv_l;

@@ -502,6 +502,7 @@ fn attention_q_and_scores_shared_by_subgroup_shuffles_keep_every_bit() {
             head_dim: hd as u32,
             ctx: ctx as u32,
             kv_f16: true,
+            window: 0,
         };
         let outs = [&shuffled, &loading].map(|gpu| {
             let step = gpu.step_buffer();
@@ -827,6 +828,7 @@ fn head_norm_normalises_each_head_rotates_and_routes_q_k_v() {
                     head_dim: head_dim as u32,
                     ctx: context as u32,
                     kv_f16,
+                    window: 0,
                 };
                 let op = gpu.head_norm(&step, io, shape, (rope_dim as u32, layout), eps);
                 run(&gpu, &step, &[op], n, start);
@@ -890,7 +892,8 @@ fn attention_matches_reference() {
             let k = rand_vec(&mut rng, ctx * kv_heads * hd, 2.0);
             let v = rand_vec(&mut rng, ctx * kv_heads * hd, 1.0);
             let qb = GpuBuffer::<f32>::from_slice(&gpu, "q", &q);
-            for kv_f16 in [false, true] {
+            // (a sliding window: 37 keys, across the split kernel's chunks of 64)
+            for (kv_f16, window) in [(false, 0), (true, 0), (false, 37), (true, 37)] {
                 // an f16 cache holds the values rounded to f16: the reference reads those
                 let round = |v: &[f32]| -> Vec<f32> {
                     v.iter().map(|&x| if kv_f16 { half::f16::from_f32(x).to_f32() } else { x }).collect()
@@ -915,6 +918,7 @@ fn attention_matches_reference() {
                     head_dim: hd as u32,
                     ctx: ctx as u32,
                     kv_f16,
+                    window,
                 };
                 let scratch = GpuBuffer::<f32>::zeros(&gpu, "scratch", gpu.attention_scratch_len(shape, n));
                 let ob = GpuBuffer::<f32>::zeros(&gpu, "out", n * heads * hd);
@@ -926,7 +930,7 @@ fn attention_matches_reference() {
                             &q[r * heads * hd..(r + 1) * heads * hd],
                             &k,
                             &v,
-                            start + r,
+                            (start + r, window as usize),
                             heads,
                             kv_heads,
                             hd,
@@ -934,7 +938,7 @@ fn attention_matches_reference() {
                     })
                     .collect();
                 let what = format!(
-                    "attention ({}) kv_f16={kv_f16} n={n} h={heads}/{kv_heads} hd={hd} start={start}",
+                    "attention ({}) kv_f16={kv_f16} window={window} n={n} h={heads}/{kv_heads} hd={hd} start={start}",
                     gpu.describe()
                 );
                 assert_close(&what, &got, &want, 1e-5, 1e-4);

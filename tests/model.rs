@@ -250,7 +250,7 @@ fn rope_scaling_follows_llama3_and_linear_in_both_formats() {
 }
 
 #[test]
-fn phi3_fused_matrices_are_read_as_their_parts_and_its_window_bounds_the_context() {
+fn phi3_fused_matrices_are_read_as_their_parts_and_a_sliding_window_masks_old_keys() {
     use wgspec::loader::gguf::Value;
     let mut r = rng(48);
     let tiny = TinyModel::random(TinySpec::phi3(), &mut r);
@@ -272,15 +272,36 @@ fn phi3_fused_matrices_are_read_as_their_parts_and_its_window_bounds_the_context
     // quantized fused matrices: rows of blocks
     let q = Checkpoint::from_gguf(tiny.to_gguf(DType::Q4_0, &mut r)).expect("gguf");
     check_against_reference("phi3 Q4_0", &q, Precision::Auto, 12);
-    // a sliding window bounds the context (full attention agrees with it only within the window)
-    let windowed = [("phi3.attention.sliding_window", Value::U32(48))];
-    let w = Checkpoint::from_gguf(tiny.to_gguf_with(DType::F32, &mut r, &windowed)).expect("gguf");
-    assert_eq!((w.config.sliding_window, w.config.max_context()), (Some(48), 48));
-    let opts = |context| LoadOptions { context, ..Default::default() };
-    let m = Model::load(gpu(), &w, &opts(None), &mut |_| {}).expect("the default context is the window");
-    assert_eq!(m.context(), 48);
-    let err = Model::plan(&gpu(), &w, &opts(Some(64))).expect_err("past the window");
-    assert!(err.to_string().contains("sliding attention window of 48"), "{err}");
+    // a sliding window in the file is not applied (llama.cpp runs Phi-3 with full attention);
+    // a config with one (as Gemma 3's local layers will have): each query sees its last 5 keys,
+    // in both attention shapes, against the CPU, and a verify pass across the window's edge
+    // equals single steps bit for bit (what keeps speculation exact there)
+    let windowed = [("phi3.attention.sliding_window", Value::U32(5))];
+    let mut w = Checkpoint::from_gguf(tiny.to_gguf_with(DType::F16, &mut r, &windowed)).expect("gguf");
+    assert_eq!(w.config.sliding_window, None);
+    w.config.sliding_window = Some(5);
+    check_against_reference("phi3 window 5", &w, Precision::Auto, 13);
+    check_on(gpu_shaped(), "phi3 window 5 (GPU shape)", &w, Precision::Auto, 13);
+    for g in [gpu(), gpu_shaped()] {
+        let mut m = load_on(g, &w, Precision::Auto);
+        let tokens: Vec<u32> = (0..16).map(|i| (i * 37 % 300) as u32).collect();
+        let single: Vec<Vec<f32>> =
+            tokens.iter().enumerate().map(|(p, t)| forward(&mut m, &[*t], p)).collect();
+        m.truncate(3);
+        let pass = forward(&mut m, &tokens[3..12], 3);
+        let v = w.config.vocab_size;
+        for (i, row) in pass.chunks(v).enumerate() {
+            let same = row.iter().zip(&single[3 + i]).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "window 5: row {i} of a pass from 3 differs from its single step");
+        }
+    }
+    let plain = Checkpoint::from_gguf(tiny.to_gguf(DType::F16, &mut r)).expect("gguf");
+    let (a, b) = (
+        forward(&mut load(&w, Precision::Auto), &[1, 2, 3, 4, 5, 6, 7], 0),
+        forward(&mut load(&plain, Precision::Auto), &[1, 2, 3, 4, 5, 6, 7], 0),
+    );
+    let v = w.config.vocab_size;
+    assert!(a[..5 * v] == b[..5 * v] && a[5 * v..] != b[5 * v..], "the window changes only the rows past it");
     // Phi-3.5's longrope factors are refused by name
     let mut longrope = TinyModel { spec: tiny.spec, tensors: tiny.tensors.clone() };
     let factors = vec![1.0; tiny.spec.head_dim() / 2];
@@ -314,7 +335,9 @@ fn tiny_golden_models() -> Vec<(&'static str, Vec<u8>)> {
     });
     let base = [("llama.rope.freq_base", Value::F32(100.0))];
     let llama3 = scaled.to_gguf_with(DType::F32, &mut r, &base);
-    let phi3 = TinyModel::random(TinySpec::phi3(), &mut r).to_gguf(DType::F32, &mut r);
+    // (a sliding window in the file, which llama.cpp's Phi-3 ignores, as wgspec does)
+    let window = [("phi3.attention.sliding_window", Value::U32(5))];
+    let phi3 = TinyModel::random(TinySpec::phi3(), &mut r).to_gguf_with(DType::F32, &mut r, &window);
     vec![("tiny-qwen3", qwen3), ("tiny-llama3-rope-scaling", llama3), ("tiny-phi3", phi3)]
 }
 

@@ -215,7 +215,10 @@ gpu_struct! {
         ctx: u32,
         /// 1 / sqrt(head_dim).
         scale: f32,
-        _pad: [u32; 3],
+        /// Keys a query sees at most (sliding-window attention: the last `window` positions,
+        /// its own included); 0: all of them.
+        window: u32,
+        _pad: [u32; 2],
     }
 }
 
@@ -240,7 +243,9 @@ gpu_struct! {
         blocks: u32,
         /// f32 offset of the (m, l) section of the scratch.
         ml_base: u32,
-        _pad: [u32; 3],
+        /// Keys a query sees at most (0: all), as [`AttentionParams`]'.
+        window: u32,
+        _pad: [u32; 2],
     }
 }
 
@@ -256,7 +261,9 @@ gpu_struct! {
         chunks: u32,
         /// f32 offset of the (m, l) section of the scratch.
         ml_base: u32,
-        _pad: [u32; 3],
+        /// Keys a query sees at most (0: all): chunks wholly before them are skipped.
+        window: u32,
+        _pad: [u32; 2],
     }
 }
 
@@ -607,6 +614,9 @@ pub struct AttentionShape {
     pub ctx: u32,
     /// The cache holds f16 pairs (`shaders/kv/f16.wgsl`), else f32.
     pub kv_f16: bool,
+    /// Sliding-window attention: a query at position p sees keys p - window + 1 ..= p; 0: all
+    /// keys 0 ..= p.
+    pub window: u32,
 }
 
 impl AttentionShape {
@@ -791,7 +801,8 @@ impl Gpu {
                 head_dim: shape.head_dim,
                 ctx: shape.ctx,
                 scale,
-                _pad: [0; 3],
+                window: shape.window,
+                _pad: [0; 2],
             };
             let params = self.uniform("attention params", bytemuck::bytes_of(&p));
             let cost = Cost {
@@ -830,7 +841,8 @@ impl Gpu {
             chunks,
             blocks,
             ml_base,
-            _pad: [0; 3],
+            window: shape.window,
+            _pad: [0; 2],
         };
         let params = self.uniform("attention chunks params", bytemuck::bytes_of(&p));
         // a chunk's partial results (all heads), spread over its keys
@@ -860,8 +872,15 @@ impl Gpu {
                 let block = nh * hd.div_ceil(4) + 48 + (1 + 2 * nh) * 64u64.div_ceil(groups);
                 Serial::fixed((span as u64).div_ceil(64) * block + 16 * groups)
             });
-        let p =
-            MergeParams { heads: shape.heads, head_dim: shape.head_dim, span, chunks, ml_base, _pad: [0; 3] };
+        let p = MergeParams {
+            heads: shape.heads,
+            head_dim: shape.head_dim,
+            span,
+            chunks,
+            ml_base,
+            window: shape.window,
+            _pad: [0; 2],
+        };
         let params = self.uniform("attention merge params", bytemuck::bytes_of(&p));
         let cost = Cost { row_bytes: 4 * h * hd, pos_row_bytes: part_bytes, ..Cost::default() };
         // per chunk of the row's keys: its maximum, its sum, its head_dim / 64 columns

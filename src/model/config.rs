@@ -98,9 +98,10 @@ pub struct Config {
     pub tied_embeddings: bool,
     /// How RoPE's frequencies are stretched for long contexts ([`RopeScaling::None`] mostly).
     pub rope_scaling: RopeScaling,
-    /// Keys a query attends to at most (sliding-window attention: Phi-3, Mistral v0.1), or
-    /// `None`. wgspec runs full attention, so such a model's context is kept within the window
-    /// ([`Config::max_context`]), where the two agree.
+    /// Keys a query attends to at most, its own included, or `None`: with a window, every
+    /// layer's attention masks the keys before it. No architecture read from a file sets it yet:
+    /// llama.cpp runs Phi-3 and Mistral with full attention whatever their files declare (its
+    /// Phi SWA is disabled, llama.cpp PR 13676), and wgspec is exact against llama.cpp.
     pub sliding_window: Option<usize>,
 }
 
@@ -251,14 +252,8 @@ impl Config {
             head_dim: self.head_dim as u32,
             ctx: context as u32,
             kv_f16,
+            window: self.sliding_window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
         }
-    }
-
-    /// The most KV positions a model runs exactly here: its context, or (sliding-window
-    /// attention, which wgspec does not run) its window, within which every query sees all the
-    /// keys it would.
-    pub fn max_context(&self) -> usize {
-        self.sliding_window.map_or(self.context_len, |w| w.min(self.context_len))
     }
 
     /// `q` projection width.
@@ -302,7 +297,7 @@ impl Config {
             context_len: opt_usize("context_length")?.unwrap_or(2048),
             tied_embeddings: tied,
             rope_scaling: RopeScaling::from_gguf(g, arch_name, has_freqs)?,
-            sliding_window: opt_usize("attention.sliding_window")?.filter(|&w| w > 0),
+            sliding_window: None,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -334,8 +329,6 @@ impl Config {
             }
             None => head_dim,
         };
-        // (Qwen2's configs name a window they do not use)
-        let sliding_window = hf.sliding_window.filter(|&w| w > 0 && hf.use_sliding_window != Some(false));
         let cfg = Config {
             arch,
             vocab_size: hf.vocab_size,
@@ -352,7 +345,7 @@ impl Config {
             context_len: hf.max_position_embeddings.unwrap_or(2048),
             tied_embeddings: hf.tie_word_embeddings.unwrap_or(false),
             rope_scaling,
-            sliding_window,
+            sliding_window: None,
         };
         cfg.validate()?;
         Ok(cfg)
@@ -423,8 +416,6 @@ struct HfConfig {
     tie_word_embeddings: Option<bool>,
     rope_scaling: Option<serde_json::Value>,
     partial_rotary_factor: Option<f64>,
-    sliding_window: Option<usize>,
-    use_sliding_window: Option<bool>,
 }
 
 #[cfg(test)]

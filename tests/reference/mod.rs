@@ -104,17 +104,19 @@ pub fn attention(
     q: &[f32],
     k: &[f32],
     v: &[f32],
-    pos: usize,
+    (pos, window): (usize, usize),
     heads: usize,
     kv_heads: usize,
     hd: usize,
 ) -> Vec<f32> {
     let kv_dim = kv_heads * hd;
     let mut out = vec![0f32; heads * hd];
+    // (a sliding window of `window` keys, the query's own included; 0: every key)
+    let lo = if window > 0 { (pos + 1).saturating_sub(window) } else { 0 };
     for h in 0..heads {
         let kvh = h / (heads / kv_heads);
         let qh = &q[h * hd..(h + 1) * hd];
-        let scores: Vec<f64> = (0..=pos)
+        let scores: Vec<f64> = (lo..=pos)
             .map(|j| {
                 let kj = &k[j * kv_dim + kvh * hd..j * kv_dim + (kvh + 1) * hd];
                 qh.iter().zip(kj).map(|(a, b)| *a as f64 * *b as f64).sum::<f64>() / (hd as f64).sqrt()
@@ -124,7 +126,7 @@ pub fn attention(
         let e: Vec<f64> = scores.iter().map(|s| (s - m).exp()).collect();
         let sum: f64 = e.iter().sum();
         for d in 0..hd {
-            let acc: f64 = (0..=pos).map(|j| e[j] * v[j * kv_dim + kvh * hd + d] as f64).sum();
+            let acc: f64 = (lo..=pos).map(|j| e[j - lo] * v[j * kv_dim + kvh * hd + d] as f64).sum();
             out[h * hd + d] = (acc / sum) as f32;
         }
     }
@@ -220,8 +222,15 @@ impl RefModel {
             }
             self.k_cache[l].extend(&k);
             self.v_cache[l].extend(&v);
-            let att =
-                attention(&q, &self.k_cache[l], &self.v_cache[l], pos, c.n_heads, c.n_kv_heads, c.head_dim);
+            let att = attention(
+                &q,
+                &self.k_cache[l],
+                &self.v_cache[l],
+                (pos, c.sliding_window.unwrap_or(0)),
+                c.n_heads,
+                c.n_kv_heads,
+                c.head_dim,
+            );
             let o = matvec(self.t(&b("attn_output.weight")), &att, dim, qd);
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let xb = rmsnorm(&x, self.t(&b("ffn_norm.weight")), c.rms_eps);
@@ -343,7 +352,7 @@ impl RefEagle {
         rope(&mut k, c.head_dim, r, c.rope_theta, RopeLayout::Halves, pos);
         self.k_cache.extend(&k);
         self.v_cache.extend(&v);
-        let att = attention(&q, &self.k_cache, &self.v_cache, pos, c.n_heads, c.n_kv_heads, c.head_dim);
+        let att = attention(&q, &self.k_cache, &self.v_cache, (pos, 0), c.n_heads, c.n_kv_heads, c.head_dim);
         let o = matvec(w("self_attn.o_proj.weight"), &att, dim, qd);
         x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
         let xn = rmsnorm(&x, w("post_attention_layernorm.weight"), c.rms_eps);

@@ -38,17 +38,11 @@ impl Model {
     /// front end can refuse a model before downloading its weights.
     pub fn plan(gpu: &Gpu, ckpt: &Checkpoint, opts: &LoadOptions) -> Result<MemoryBill> {
         let c = &ckpt.config;
-        let context = opts.context.unwrap_or(c.max_context().min(4096));
+        let context = opts.context.unwrap_or(c.context_len.min(4096));
         if context == 0 || context > c.context_len.max(1) * 8 || context > 1 << 20 {
             return Err(Error::InvalidArgument(format!(
                 "context {context} for a model of {}",
                 c.context_len
-            )));
-        }
-        if let Some(window) = c.sliding_window.filter(|&w| context > w) {
-            return Err(Error::InvalidArgument(format!(
-                "context {context} for a model with a sliding attention window of {window}: sliding-window \
-                 attention is not implemented, so the context is kept within the window (ask for at most {window})"
             )));
         }
         // Buffers bound whole: checked before anything is allocated.
