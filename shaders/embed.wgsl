@@ -1,5 +1,5 @@
-// x[r, :] = table[tokens[r], :] for the rows r < step.n whose token falls in this chunk of an
-// embedding table [vocab, dim] (the same weight buffers a tied output projection reads).
+// x[r, :] = table[tokens[r], :] * scale for the rows r < step.n whose token falls in this chunk of
+// an embedding table [vocab, dim] (scale: 1, or Gemma's sqrt(dim)) (the same weight buffers a tied output projection reads).
 //
 // Preceded by one weight format file (shaders/formats/*.wgsl) that defines `unit_head(row, u)` and
 // `unit_group(h, g)`: the values table[row, 32u + 4g .. 32u + 4g + 4] dequantised to f32. One invocation per (unit, row).
@@ -35,8 +35,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
         for (var i = 0u; i < 4u; i++) {
             let e = 32u * u + 4u * g + i;
             if (e < p.dim) {
-                x[r * p.dim + e] = v[i];
-                if (p.scaled_copy == 1u) { x_scaled[r * p.dim + e] = v[i] * gamma[e]; }
+                let s = v[i] * p.scale;
+                x[r * p.dim + e] = s;
+                if (p.scaled_copy == 1u) { x_scaled[r * p.dim + e] = s * gamma[e]; }
             }
         }
     }

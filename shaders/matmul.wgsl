@@ -30,7 +30,7 @@
 // fixed tree) and scales the row's sums by 1 / sqrt(mean + eps), so y = rmsnorm(x_raw) . w^T.
 //
 // Epilogues (per pipeline call, from the params): the bias; SiLU (`silu`); a residual add
-// (`accumulate`); SwiGLU over interleaved gate|up rows (`glu`); for a fused q|k|v matrix, RoPE on the columns before
+// (`accumulate`); SwiGLU (or GeGLU: `gelu`) over interleaved gate|up rows (`glu`); for a fused q|k|v matrix, RoPE on the columns before
 // `rope_cols` (pairs of adjacent columns: rows of a Halves layout were reordered at load, so the
 // store puts each value back at its column; a row's position is start_pos + r, or start_pos + its
 // depth in a token-tree pass) and the columns from `split` on routed to the KV cache row
@@ -469,6 +469,18 @@ fn bias4(c: u32, c0: u32, last: u32) -> vec4<f32> {
                      bias[c + min(3u, last - c0)]);
 }
 
+// A gate's activation: SiLU, or (gelu) GELU's tanh approximation
+//   0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))
+// (its constants the f32 values nearest, in hex: Tint refuses an inexact literal; the cubic's
+// add through an explicit fma)
+fn activation(g: f32) -> f32 {
+    if (p.gelu == 1u) {
+        let inner = 0x1.988454p-1 * fma(0x1.6e4e26p-5 * g * g, g, g);
+        return 0.5 * g * (1.0 + tanh(inner));
+    }
+    return g / (1.0 + exp(-g));
+}
+
 // The epilogue of output columns c0 .. c0 + 3 (those up to `last`) of pass row `row`: `sums`, their
 // four sums, times `scale` (the row's 1 / rms, or 1), through the params' epilogues to their
 // places. No product meets an add but in an explicit fused multiply-add (the bias, RoPE, the
@@ -481,10 +493,10 @@ fn write_out(c0: u32, last: u32, row: u32, sums: vec4<f32>, scale: f32) {
     }
     if (p.glu == 1u) {
         // (gate, up) pairs: columns c0, c0 + 1 and c0 + 2, c0 + 3 (cols is even); output column
-        // c / 2 of the pair
+        // c / 2 of the pair: silu(gate) * up, or (gelu) gelu(gate) * up
         let v = sums * scale;
-        store(c / 2u, row, v.x / (1.0 + exp(-v.x)) * v.y);
-        if (c0 + 2u <= last) { store(c / 2u + 1u, row, v.z / (1.0 + exp(-v.z)) * v.w); }
+        store(c / 2u, row, activation(v.x) * v.y);
+        if (c0 + 2u <= last) { store(c / 2u + 1u, row, activation(v.z) * v.w); }
         return;
     }
     var v = sums * scale;

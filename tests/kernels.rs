@@ -539,8 +539,8 @@ fn embed_gathers_rows_of_every_format_from_its_chunk() {
         let gb = GpuBuffer::<f32>::from_slice(&gpu, "gamma", &gamma);
         let scaled = GpuBuffer::<f32>::zeros(&gpu, "x * gamma", tokens.len() * dim);
         let ops = [
-            gpu.embed(&step, &tb, &a, &xb, 0, None),
-            gpu.embed(&step, &tb, &b, &xb, 20, Some((&gb, &scaled))),
+            gpu.embed(&step, &tb, &a, &xb, (0, 1.0), None),
+            gpu.embed(&step, &tb, &b, &xb, (20, 1.0), Some((&gb, &scaled))),
         ];
         run(&gpu, &step, &ops, tokens.len(), 0);
         let x = read_f32(&gpu, &xb.raw, tokens.len() * dim);
@@ -605,7 +605,7 @@ fn embed_dequantises_edge_scales_and_every_quant_bit_for_bit() {
         let tokens: Vec<u32> = (0..rows as u32).collect();
         let tb = GpuBuffer::<u32>::from_slice(&gpu, "tokens", &tokens);
         let xb = GpuBuffer::<f32>::zeros(&gpu, "x", rows * dim);
-        run(&gpu, &step, &[gpu.embed(&step, &tb, &table, &xb, 0, None)], rows, 0);
+        run(&gpu, &step, &[gpu.embed(&step, &tb, &table, &xb, (0, 1.0), None)], rows, 0);
         let got = read_f32(&gpu, &xb.raw, rows * dim);
         for (i, (g, w)) in got.iter().zip(&want).enumerate() {
             let at = (i / dim, i % dim);

@@ -81,7 +81,9 @@ fn check_on(
 
 #[test]
 fn gguf_float_models_match_reference() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3()] {
+    for spec in
+        [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3(), TinySpec::gemma3()]
+    {
         for dtype in [DType::F32, DType::F16] {
             let mut r = rng(10);
             let tiny = TinyModel::random(spec, &mut r);
@@ -129,7 +131,9 @@ fn gguf_quantized_models_match_reference() {
 
 #[test]
 fn safetensors_models_match_reference() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3()] {
+    for spec in
+        [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3(), TinySpec::gemma3()]
+    {
         for dtype in [DType::F32, DType::F16, DType::BF16] {
             let mut r = rng(30);
             let tiny = TinyModel::random(spec, &mut r);
@@ -149,7 +153,9 @@ fn safetensors_models_match_reference() {
 fn gguf_and_hugging_face_rotary_layouts_give_the_same_model() {
     // The same weights written as GGUF (llama q/k permuted to interleaved pairs, as llama.cpp's
     // converter does) and as safetensors (halves) must produce the same logits.
-    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3()] {
+    for spec in
+        [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3(), TinySpec::gemma3()]
+    {
         let mut r = rng(40);
         let tiny = TinyModel::random(spec, &mut r);
         let gguf = Checkpoint::from_gguf(tiny.to_gguf(DType::F32, &mut r)).expect("gguf");
@@ -338,7 +344,13 @@ fn tiny_golden_models() -> Vec<(&'static str, Vec<u8>)> {
     // (a sliding window in the file, which llama.cpp's Phi-3 ignores, as wgspec does)
     let window = [("phi3.attention.sliding_window", Value::U32(5))];
     let phi3 = TinyModel::random(TinySpec::phi3(), &mut r).to_gguf_with(DType::F32, &mut r, &window);
-    vec![("tiny-qwen3", qwen3), ("tiny-llama3-rope-scaling", llama3), ("tiny-phi3", phi3)]
+    let gemma3 = TinyModel::random(TinySpec::gemma3(), &mut r).to_gguf(DType::F32, &mut r);
+    vec![
+        ("tiny-qwen3", qwen3),
+        ("tiny-llama3-rope-scaling", llama3),
+        ("tiny-phi3", phi3),
+        ("tiny-gemma3", gemma3),
+    ]
 }
 
 /// Prompt of the tiny goldens.
@@ -479,6 +491,8 @@ fn every_node_of_a_token_tree_equals_its_path_run_alone_bit_for_bit() {
         (TinySpec::llama(), DType::Q4_1, gpu(), 7u32),
         (TinySpec::qwen2(), DType::F16, gpu_shaped(), 62),
         (TinySpec::qwen3(), DType::F16, gpu(), 7),
+        // (Gemma: tree nodes across its local layers' window of 5 keys)
+        (TinySpec::gemma3(), DType::F16, gpu_shaped(), 7),
     ] {
         let mut r = rng(52);
         let tiny = TinyModel::random(spec, &mut r);
@@ -1000,8 +1014,10 @@ fn shape_facts_follow_the_recorded_ops() {
 fn a_load_allocates_what_its_bill_says() {
     let mut r = rng(0x5ca1ab1e);
     let qwen2 = TinyModel::random(TinySpec { vocab: 3000, ..TinySpec::qwen2() }, &mut r);
-    // (Qwen3: its raw q|k|v scratch and per-head norms)
+    // (Qwen3: its raw q|k|v scratch and per-head norms; Gemma 3: its post-norm scratch and
+    // local RoPE table too)
     let qwen3 = TinyModel::random(TinySpec { vocab: 3000, ..TinySpec::qwen3() }, &mut r);
+    let gemma3 = TinyModel::random(TinySpec { vocab: 3000, ..TinySpec::gemma3() }, &mut r);
     let shapes = [
         KernelShape::default(),
         KernelShape { matmul_lanes: Some(16), split_attention: Some(true), shuffle_loads: None },
@@ -1013,6 +1029,7 @@ fn a_load_allocates_what_its_bill_says() {
             (&qwen2, DType::Q4_0, Precision::Auto, 200),
             (&qwen2, DType::F16, Precision::F32, 128),
             (&qwen3, DType::Q8_0, Precision::Auto, 64),
+            (&gemma3, DType::Q4_0, Precision::Auto, 64),
         ] {
             let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
             let opts = LoadOptions { context: Some(context), precision, ..Default::default() };

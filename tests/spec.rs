@@ -518,7 +518,8 @@ fn greedy_opts(n: usize) -> GenerateOptions {
 
 #[test]
 fn every_row_of_a_verify_pass_equals_one_token_steps_bit_for_bit() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3()] {
+    // (Gemma: passes across its local layers' window, 5 keys)
+    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::gemma3()] {
         let mut r = rng(200);
         let tiny = TinyModel::random(spec, &mut r);
         let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F16, &mut r)).expect("gguf");
@@ -670,8 +671,14 @@ fn a_draft_with_another_vocabulary_is_refused() {
 
 #[test]
 fn greedy_speculative_output_equals_greedy_output() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3()] {
-        let mut r = rng(300 + spec.qwen2 as u64 + 2 * spec.qwen3 as u64 + 3 * spec.phi3 as u64);
+    for spec in
+        [TinySpec::llama(), TinySpec::qwen2(), TinySpec::qwen3(), TinySpec::phi3(), TinySpec::gemma3()]
+    {
+        let mut r = rng(300
+            + spec.qwen2 as u64
+            + 2 * spec.qwen3 as u64
+            + 3 * spec.phi3 as u64
+            + 4 * spec.gemma3 as u64);
         let tiny = TinyModel::random(spec, &mut r);
         let target_ckpt = ckpt_of(&tiny, &mut r);
         let cfg = target_ckpt.config.clone();
@@ -711,8 +718,8 @@ fn greedy_speculative_output_equals_greedy_output() {
                 if (tree && i % 2 == 0) || (i == 3 && !name.contains("ngram")) {
                     continue;
                 }
-                // (lean: Qwen3 and Phi-3 with themselves and with n-gram trees)
-                if (spec.qwen3 || spec.phi3) && !matches!(*name, "itself" | "ngram tree") {
+                // (lean: Qwen3, Phi-3 and Gemma 3 with themselves and with n-gram trees)
+                if (spec.qwen3 || spec.phi3 || spec.gemma3) && !matches!(*name, "itself" | "ngram tree") {
                     continue;
                 }
                 for k in [KPolicy::Fixed(1), KPolicy::Fixed(4), KPolicy::Fixed(9), KPolicy::default()] {
@@ -740,8 +747,8 @@ fn greedy_speculative_output_equals_greedy_output() {
                 }
             }
         }
-        // (Qwen3 and Phi-3 ran the n-gram trees only)
-        let ran = if spec.qwen3 || spec.phi3 { &tree_cycles[..1] } else { &tree_cycles[..] };
+        // (Qwen3, Phi-3 and Gemma 3 ran the n-gram trees only)
+        let ran = if spec.qwen3 || spec.phi3 || spec.gemma3 { &tree_cycles[..1] } else { &tree_cycles[..] };
         assert!(ran.iter().all(|&n| n > 0), "the tree drafts verified trees: {tree_cycles:?}");
     }
 }

@@ -24,7 +24,7 @@ const here = path.dirname(fileURLToPath(import.meta.url));
 const dir = process.argv[2] ?? "/tmp/tinyg";
 const outPath = process.argv[3] ?? path.join(here, "..", "..", "tests", "goldens", "tiny-archs.json");
 
-const MODELS = ["tiny-qwen3", "tiny-llama3-rope-scaling", "tiny-phi3"];
+const MODELS = ["tiny-qwen3", "tiny-llama3-rope-scaling", "tiny-phi3", "tiny-gemma3"];
 const PROMPT_TOKENS = [3, 99, 17, 250, 4, 4, 120, 8];
 const N_GEN = 8;
 const THREADS = 1;

@@ -32,6 +32,8 @@ pub enum Kernel {
     GatherRows,
     /// Per-head RMSNorm of q and k, RoPE, and q|k|v to their places (Qwen3's attention input).
     HeadNorm,
+    /// A sub-block's output normed, then added to the residual stream (Gemma's post-norms).
+    NormAdd,
     MapIds,
     EagleTree,
     Concat,
@@ -86,6 +88,7 @@ plain_kernels! {
     AttentionF16 = Attention(F16),
     AttentionChunksF16 = AttentionChunks(F16),
     HeadNorm = HeadNorm,
+    NormAdd = NormAdd,
 }
 
 impl Kernel {
@@ -144,6 +147,7 @@ impl Kernel {
             Kernel::TopK => TopKParams::layout(),
             Kernel::GatherRows => GatherParams::layout(),
             Kernel::HeadNorm => HeadNormParams::layout(),
+            Kernel::NormAdd => NormAddParams::layout(),
             Kernel::MapIds => MapIdsParams::layout(),
             Kernel::EagleTree => EagleTreeParams::layout(),
             Kernel::Concat => ConcatParams::layout(),
@@ -230,6 +234,7 @@ impl Kernel {
             Kernel::TopK => with_rank(include_str!("../../shaders/top_k.wgsl")),
             Kernel::GatherRows => Cow::Borrowed(include_str!("../../shaders/gather_rows.wgsl")),
             Kernel::HeadNorm => Cow::Borrowed(include_str!("../../shaders/head_norm.wgsl")),
+            Kernel::NormAdd => Cow::Borrowed(include_str!("../../shaders/norm_add.wgsl")),
             Kernel::MapIds => Cow::Borrowed(include_str!("../../shaders/map_ids.wgsl")),
             Kernel::EagleTree => Cow::Borrowed(include_str!("../../shaders/eagle_tree.wgsl")),
             Kernel::Concat => Cow::Borrowed(include_str!("../../shaders/concat.wgsl")),

@@ -74,6 +74,8 @@ pub struct MatmulOut<'a> {
     /// The weight rows interleave gate and up projections (g0, u0, g1, u1, ...): output column
     /// `i` is `silu(gate_i) * up_i` (SwiGLU), so a matrix of `2 f` rows writes `f` columns.
     pub glu: bool,
+    /// With `glu`: GeGLU, `gelu(gate_i) * up_i` with GELU's tanh approximation (Gemma).
+    pub gelu: bool,
     /// RMSNorm folded in: x is the norm's input already times its weight (a [`SideOutput::Scaled`]
     /// copy), and each row's sums are scaled by `1 / rms` of this raw row.
     pub norm: Option<NormIn<'a>>,
@@ -180,6 +182,9 @@ gpu_struct! {
         silu: u32,
         /// 1: the KV cache holds f16 pairs (ldkv and split count halves; see store_kv).
         kv_f16: u32,
+        /// (glu) 1: GeGLU, gelu(gate) * up with GELU's tanh approximation (Gemma); 0: SwiGLU.
+        gelu: u32,
+        _pad: [u32; 3],
     }
 }
 
@@ -198,7 +203,9 @@ gpu_struct! {
         scale_base: u32,
         /// 1: write x_scaled too.
         scaled_copy: u32,
-        _pad: [u32; 2],
+        /// Every value times this (Gemma's embeddings: sqrt(dim); else 1).
+        scale: f32,
+        _pad: [u32; 1],
     }
 }
 
@@ -397,6 +404,17 @@ gpu_struct! {
         eps: f32,
         /// 1: the KV cache holds f16 pairs.
         kv_f16: u32,
+        _pad: u32,
+    }
+}
+
+gpu_struct! {
+    /// `shaders/norm_add.wgsl`'s parameters.
+    pub(super) struct NormAddParams => Params {
+        dim: u32,
+        eps: f32,
+        /// 1: xb = x * gamma as well (the next normed matmul's input).
+        scaled_copy: u32,
         _pad: u32,
     }
 }
@@ -688,6 +706,8 @@ impl Gpu {
             scaled_copy: scaled as u32,
             silu: out.silu as u32,
             kv_f16: kv.is_some_and(|kv| kv.f16) as u32,
+            gelu: out.gelu as u32,
+            _pad: [0; 3],
         };
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
@@ -726,8 +746,8 @@ impl Gpu {
             .with_lanes(lanes as u32)
     }
 
-    /// `x[r, :] = table[tokens[r] - row_start, :]` for the tokens inside one buffer of an embedding
-    /// table (`table: [rows, dim]` in its format, the same buffer a tied output reads); with
+    /// `x[r, :] = table[tokens[r] - row_start, :] * scale` for the tokens inside one buffer of an
+    /// embedding table (`table: [rows, dim]` in its format, the same buffer a tied output reads); with
     /// `scaled = Some((gamma, out))`, also `out[r, :] = x[r, :] * gamma` (the first normed matmul's input).
     pub fn embed(
         &self,
@@ -735,7 +755,7 @@ impl Gpu {
         tokens: &GpuBuffer<u32>,
         table: &WeightBuffer,
         x: &GpuBuffer<f32>,
-        row_start: usize,
+        (row_start, scale): (usize, f32),
         scaled: Option<(&GpuBuffer<f32>, &GpuBuffer<f32>)>,
     ) -> Op {
         let p = EmbedParams {
@@ -745,7 +765,8 @@ impl Gpu {
             rows: table.rows as u32,
             scale_base: table.scale_base,
             scaled_copy: scaled.is_some() as u32,
-            _pad: [0; 2],
+            scale,
+            _pad: [0; 1],
         };
         let params = self.uniform("embed params", bytemuck::bytes_of(&p));
         let grid = Grid::PerRow(groups(table.units()));
@@ -1022,6 +1043,30 @@ impl Gpu {
         self.op(Kernel::GatherRows, step, &params, &storage, Grid::Rows)
             .with_cost(cost)
             .with_serial(Serial::fixed(serial))
+    }
+
+    /// A sub-block's output normed before its residual add (Gemma's post-attention and
+    /// post-feed-forward norms): `x[r] += rmsnorm(y[r]) * w`, and with `next = Some((gamma, xb))`
+    /// `xb[r] = x[r] * gamma` (`shaders/norm_add.wgsl`; `y`, `x`, `xb`: `[n, dim]`).
+    pub fn norm_add(
+        &self,
+        step: &wgpu::Buffer,
+        (y, w, eps): (&GpuBuffer<f32>, &GpuBuffer<f32>, f32),
+        x: &GpuBuffer<f32>,
+        next: Option<(&GpuBuffer<f32>, &GpuBuffer<f32>)>,
+        dim: usize,
+    ) -> Op {
+        let p = NormAddParams { dim: dim as u32, eps, scaled_copy: next.is_some() as u32, _pad: 0 };
+        let params = self.uniform("norm add params", bytemuck::bytes_of(&p));
+        let cost = Cost { row_bytes: 4 * 4 * dim as u64, row_flops: 5 * dim as u64, ..Cost::default() };
+        // (unused: bound to y, read-only, and the GPU's own writable scratch)
+        let (gamma, xb) = next.map_or((&y.raw, &self.unused_output), |(g, o)| (&g.raw, &o.raw));
+        let storage = [&y.raw, &w.raw, gamma, &x.raw, xb];
+        // the row's squares and their tree, then its values
+        let columns = dim.div_ceil(Kernel::WORKGROUP as usize) as u64;
+        self.op(Kernel::NormAdd, step, &params, &storage, Grid::Rows)
+            .with_cost(cost)
+            .with_serial(Serial::fixed(2 * columns + 6))
     }
 
     /// Per-head RMSNorm (`eps`, weights `io.norms`) of the q and k heads of `io.qkv` (the raw

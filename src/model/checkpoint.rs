@@ -142,6 +142,25 @@ fn view(at: Located<'_>, rows: std::ops::Range<usize>) -> Option<Located<'_>> {
     Some(Located { file: at.file, info: std::borrow::Cow::Owned(part) })
 }
 
+/// [`hf_name`] for a model of `arch`: Gemma's files name its norms after their place (its
+/// `post_attention_layernorm` is the norm after attention; the feed-forward's input norm is
+/// `pre_feedforward_layernorm`).
+pub fn hf_name_of(arch: super::config::Arch, gguf_name: &str) -> Option<String> {
+    if arch.gemma() {
+        let gemma = [
+            (".ffn_norm.weight", ".pre_feedforward_layernorm.weight"),
+            (".post_attention_norm.weight", ".post_attention_layernorm.weight"),
+            (".post_ffw_norm.weight", ".post_feedforward_layernorm.weight"),
+        ];
+        for (gguf, hf) in gemma {
+            if let Some(layer) = gguf_name.strip_prefix("blk.").and_then(|r| r.strip_suffix(gguf)) {
+                return Some(format!("model.layers.{layer}{hf}"));
+            }
+        }
+    }
+    hf_name(gguf_name)
+}
+
 /// Hugging Face name of a GGUF tensor name (`blk.3.attn_q.weight` -> `model.layers.3.self_attn.q_proj.weight`).
 pub fn hf_name(gguf_name: &str) -> Option<String> {
     let fixed = match gguf_name {
@@ -299,7 +318,7 @@ impl Checkpoint {
                 Some(Located { file: self.files.first()?.as_ref(), info })
             }
             Format::Safetensors(headers) => {
-                let hf = hf_name(name)?;
+                let hf = hf_name_of(self.config.arch, name)?;
                 headers.iter().zip(&self.files).find_map(|(h, file)| found(h, file.as_ref(), &hf))
             }
         }
@@ -371,6 +390,15 @@ impl Checkpoint {
             ));
         }
         Ok(data)
+    }
+
+    /// What the forward adds to an RMSNorm weight as stored: Gemma's Hugging Face files store
+    /// `w` for a norm that multiplies by `1 + w` (its GGUF converter writes `1 + w`); 0 otherwise.
+    pub fn norm_offset(&self) -> f32 {
+        match (&self.format, self.config.arch.gemma()) {
+            (Format::Safetensors(_), true) => 1.0,
+            _ => 0.0,
+        }
     }
 
     /// The divisor of each RoPE frequency ([`RopeScaling::divisors`]), reading the file's

@@ -18,6 +18,10 @@ pub enum Arch {
     /// Phi-3 / 3.5: as Llama, its q|k|v and gate|up matrices stored fused (read as row views:
     /// see [`crate::model::Checkpoint`]), rotary in halves.
     Phi3,
+    /// Gemma 3: embeddings times sqrt(dim), per-head q and k norms, norms after attention and
+    /// after the feed-forward too, GeGLU, and five local layers (a sliding window, their own RoPE
+    /// base) to each global one.
+    Gemma3,
 }
 
 impl Arch {
@@ -28,6 +32,7 @@ impl Arch {
             "qwen2" => Ok(Arch::Qwen2),
             "qwen3" => Ok(Arch::Qwen3),
             "phi3" => Ok(Arch::Phi3),
+            "gemma3" => Ok(Arch::Gemma3),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -39,6 +44,7 @@ impl Arch {
             Arch::Qwen2 => "qwen2",
             Arch::Qwen3 => "qwen3",
             Arch::Phi3 => "phi3",
+            Arch::Gemma3 => "gemma3",
         }
     }
 
@@ -49,6 +55,7 @@ impl Arch {
             "Qwen2ForCausalLM" => Ok(Arch::Qwen2),
             "Qwen3ForCausalLM" => Ok(Arch::Qwen3),
             "Phi3ForCausalLM" => Ok(Arch::Phi3),
+            "Gemma3ForCausalLM" => Ok(Arch::Gemma3),
             other => Err(Error::UnsupportedArchitecture(other.to_string())),
         }
     }
@@ -60,7 +67,13 @@ impl Arch {
 
     /// Whether each q and k head is RMS-normalised before RoPE (`attn_q_norm`, `attn_k_norm`).
     pub fn qk_norm(self) -> bool {
-        self == Arch::Qwen3
+        matches!(self, Arch::Qwen3 | Arch::Gemma3)
+    }
+
+    /// Gemma's block: embeddings times sqrt(dim), a norm after attention and after the
+    /// feed-forward (before each residual add), GeGLU, local and global layers.
+    pub fn gemma(self) -> bool {
+        self == Arch::Gemma3
     }
 
     /// The rotary layout of q/k in a GGUF file: llama.cpp's converter permutes llama's into
@@ -68,7 +81,7 @@ impl Arch {
     pub fn gguf_rope_layout(self) -> RopeLayout {
         match self {
             Arch::Llama => RopeLayout::Interleaved,
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 => RopeLayout::Halves,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Phi3 | Arch::Gemma3 => RopeLayout::Halves,
         }
     }
 }
@@ -103,6 +116,11 @@ pub struct Config {
     /// llama.cpp runs Phi-3 and Mistral with full attention whatever their files declare (its
     /// Phi SWA is disabled, llama.cpp PR 13676), and wgspec is exact against llama.cpp.
     pub sliding_window: Option<usize>,
+    /// Gemma 3: every `n`-th layer is global (full attention, `rope_theta`); the others local
+    /// (`sliding_window`, `local_rope_theta`). 0: every layer is global.
+    pub global_every: usize,
+    /// The RoPE base of local layers (Gemma 3: 10000).
+    pub local_rope_theta: f32,
 }
 
 /// How RoPE's frequencies are stretched past the context a model was first trained for: each
@@ -252,7 +270,18 @@ impl Config {
             head_dim: self.head_dim as u32,
             ctx: context as u32,
             kv_f16,
-            window: self.sliding_window.map_or(0, |w| w.min(u32::MAX as usize) as u32),
+            // (a layer's window: see BlockIo::shape)
+            window: 0,
+        }
+    }
+
+    /// The sliding window of layer `l`: Gemma 3's local layers have one; its every sixth layer
+    /// (and every layer of the other architectures) attends to all keys.
+    pub fn layer_window(&self, l: usize) -> Option<usize> {
+        match self.global_every {
+            0 => self.sliding_window,
+            n if (l + 1).is_multiple_of(n) => None,
+            _ => self.sliding_window,
         }
     }
 
@@ -298,6 +327,16 @@ impl Config {
             tied_embeddings: tied,
             rope_scaling: RopeScaling::from_gguf(g, arch_name, has_freqs)?,
             sliding_window: None,
+            global_every: 0,
+            local_rope_theta: 10000.0,
+        };
+        let cfg = if arch.gemma() {
+            // (llama.cpp's Gemma 3: a window from the file, every sixth layer global, local
+            // layers on a base of 10000)
+            let window = opt_usize("attention.sliding_window")?.filter(|&w| w > 0);
+            Config { sliding_window: window, global_every: 6, ..cfg }
+        } else {
+            cfg
         };
         cfg.validate()?;
         Ok(cfg)
@@ -346,6 +385,23 @@ impl Config {
             tied_embeddings: hf.tie_word_embeddings.unwrap_or(false),
             rope_scaling,
             sliding_window: None,
+            global_every: 0,
+            local_rope_theta: hf.rope_local_base_freq.unwrap_or(10000.0),
+        };
+        let cfg = if arch.gemma() {
+            if let Some(s) = hf.query_pre_attn_scalar.filter(|&s| s != head_dim) {
+                return Err(Error::Metadata {
+                    key: "config.json query_pre_attn_scalar".into(),
+                    message: format!("{s}: only query_pre_attn_scalar = head_dim ({head_dim}) is supported"),
+                });
+            }
+            Config {
+                sliding_window: hf.sliding_window.filter(|&w| w > 0),
+                global_every: hf.sliding_window_pattern.unwrap_or(6),
+                ..cfg
+            }
+        } else {
+            cfg
         };
         cfg.validate()?;
         Ok(cfg)
@@ -416,6 +472,10 @@ struct HfConfig {
     tie_word_embeddings: Option<bool>,
     rope_scaling: Option<serde_json::Value>,
     partial_rotary_factor: Option<f64>,
+    sliding_window: Option<usize>,
+    sliding_window_pattern: Option<usize>,
+    rope_local_base_freq: Option<f32>,
+    query_pre_attn_scalar: Option<usize>,
 }
 
 #[cfg(test)]

@@ -296,6 +296,8 @@ impl SyntheticShape {
             tied_embeddings: self.tied,
             rope_scaling: if self.llama3_rope { RopeScaling::Stored } else { RopeScaling::None },
             sliding_window: None,
+            global_every: 0,
+            local_rope_theta: 10000.0,
         }
     }
 }

@@ -75,11 +75,16 @@ impl Upload<'_> {
         Ok(Part { spec, dtype, format: if keep { dtype } else { DType::F32 } })
     }
 
-    /// A vector (norm, bias) of the checkpoint, as f32, once its bytes can be read.
+    /// A vector (norm, bias) of the checkpoint, as f32, once its bytes can be read (a norm's
+    /// weight as the forward multiplies by it: [`Checkpoint::norm_offset`] added).
     pub async fn vector(&self, t: &TensorSpec) -> Result<Vec<f32>> {
         let ckpt = self.ckpt;
         ckpt.rows_ready(&t.name, &t.shape, 0..t.shape.first().copied().unwrap_or(0)).await?;
-        let values = ckpt.tensor(&t.name, &t.shape, Precision::Auto)?.to_f32()?;
+        let mut values = ckpt.tensor(&t.name, &t.shape, Precision::Auto)?.to_f32()?;
+        if t.role == TensorRole::Norm {
+            let offset = ckpt.norm_offset();
+            values.iter_mut().for_each(|v| *v += offset);
+        }
         self.tally.borrow_mut().add(1, ckpt.stored_bytes(&t.name).unwrap_or(0));
         Ok(values)
     }
@@ -305,17 +310,20 @@ impl Matrix {
             .collect()
     }
 
-    /// Ops gathering `x[r, :] = self[tokens[r], :]` (the matrix used as an embedding table), and
+    /// Ops gathering `x[r, :] = self[tokens[r], :] * scale` (the matrix used as an embedding table), and
     /// with `scaled = Some((gamma, out))` also `out[r, :] = x[r, :] * gamma`.
     pub fn embed(
         &self,
         gpu: &Gpu,
         step: &wgpu::Buffer,
         tokens: &GpuBuffer<u32>,
-        x: &GpuBuffer<f32>,
+        (x, scale): (&GpuBuffer<f32>, f32),
         scaled: Option<(&GpuBuffer<f32>, &GpuBuffer<f32>)>,
     ) -> Vec<Op> {
-        self.chunks.iter().map(|c| gpu.embed(step, tokens, &c.data, x, c.row_start, scaled)).collect()
+        self.chunks
+            .iter()
+            .map(|c| gpu.embed(step, tokens, &c.data, x, (c.row_start, scale), scaled))
+            .collect()
     }
 
     /// How many buffers hold this matrix.
@@ -346,8 +354,10 @@ pub struct Layer {
     /// [`crate::gpu::RopeLayout::pair_rows`] gives (the pairs RoPE rotates together adjacent).
     pub qkv: Matrix,
     pub qkv_bias: Option<GpuBuffer<f32>>, // [q_dim + 2 kv_dim] (qwen2), in the rows' order
-    /// `[head_dim]` each: q's and k's per-head norm weights (qwen3), in the checkpoint's order.
+    /// `[head_dim]` each: q's and k's per-head norm weights (qwen3, gemma3), in the checkpoint's order.
     pub qk_norm: Option<[GpuBuffer<f32>; 2]>,
+    /// `[dim]` each: the norms after attention and after the feed-forward (gemma3).
+    pub post_norms: Option<[GpuBuffer<f32>; 2]>,
     pub wo: Matrix,               // [dim, q_dim]
     pub ffn_norm: GpuBuffer<f32>, // [dim]
     pub gate_up: Matrix,          // [2 ffn_dim, dim]: rows of gate and up interleaved
@@ -396,12 +406,19 @@ impl Layer {
             }
             None => None,
         };
+        let post_norms = match &l.post_norms {
+            Some([a, f]) => {
+                let norm = |t: &TensorSpec, v: Vec<f32>| GpuBuffer::<f32>::from_slice(gpu, &t.name, &v);
+                Some([norm(a, up.vector(a).await?), norm(f, up.vector(f).await?)])
+            }
+            None => None,
+        };
         let qkv = up.stacked(&[(&l.q, Some(&q_rows)), (&l.k, Some(&k_rows)), (&l.v, None)]).await?;
         let wo = up.matrix(&l.wo).await?;
         let ffn_norm = GpuBuffer::<f32>::from_slice(gpu, &l.ffn_norm.name, &up.vector(&l.ffn_norm).await?);
         let gate_up = up.gate_up(&l.gate, &l.up).await?;
         let down = up.matrix(&l.down).await?;
-        Ok(Layer { attn_norm, qkv, qkv_bias, qk_norm, wo, ffn_norm, gate_up, down })
+        Ok(Layer { attn_norm, qkv, qkv_bias, qk_norm, post_norms, wo, ffn_norm, gate_up, down })
     }
 }
 
@@ -477,8 +494,10 @@ pub struct LayerTensors {
     pub v: TensorSpec,
     /// q, k and v biases (qwen2), in that order.
     pub qkv_bias: Option<[TensorSpec; 3]>,
-    /// q's and k's per-head norm weights `[head_dim]` (qwen3), in that order.
+    /// q's and k's per-head norm weights `[head_dim]` (qwen3, gemma3), in that order.
     pub qk_norm: Option<[TensorSpec; 2]>,
+    /// The norms after attention and after the feed-forward `[dim]` (gemma3), in that order.
+    pub post_norms: Option<[TensorSpec; 2]>,
     pub wo: TensorSpec,
     pub ffn_norm: TensorSpec,
     pub gate: TensorSpec,
@@ -517,6 +536,10 @@ impl TensorTable {
                         ["attn_q_norm.weight", "attn_k_norm.weight"]
                             .map(|name| t(b(name), vec![c.head_dim], TensorRole::Norm))
                     }),
+                    post_norms: c.arch.gemma().then(|| {
+                        ["post_attention_norm.weight", "post_ffw_norm.weight"]
+                            .map(|name| t(b(name), vec![d], TensorRole::Norm))
+                    }),
                     wo: t(b("attn_output.weight"), vec![d, q], TensorRole::Weight),
                     ffn_norm: t(b("ffn_norm.weight"), vec![d], TensorRole::Norm),
                     gate: t(b("ffn_gate.weight"), vec![f, d], TensorRole::Weight),
@@ -541,6 +564,7 @@ impl TensorTable {
                 .into_iter()
                 .chain(l.qkv_bias.iter().flatten())
                 .chain(l.qk_norm.iter().flatten())
+                .chain(l.post_norms.iter().flatten())
                 .chain([&l.wo, &l.ffn_norm, &l.gate, &l.up, &l.down])
         });
         std::iter::once(&self.token_embd).chain(layers).chain([&self.output_norm]).chain(&self.output)

@@ -11,6 +11,9 @@ use wgspec::loader::DType;
 use wgspec::model::synthetic::{QuantMix, SyntheticShape};
 use wgspec::model::{Arch, Config, TensorRole, TensorTable};
 
+/// The sliding window of a tiny Gemma's local layers.
+pub const GEMMA_WINDOW: usize = 5;
+
 /// Shape of a tiny model.
 #[derive(Clone, Copy, Debug)]
 pub struct TinySpec {
@@ -19,6 +22,9 @@ pub struct TinySpec {
     pub qwen3: bool,
     /// Phi-3: q|k|v and gate|up stored fused, rotary in halves.
     pub phi3: bool,
+    /// Gemma 3: post-norms, GeGLU, scaled embeddings, per-head norms, local layers with a window
+    /// of `GEMMA_WINDOW` keys (every sixth layer global).
+    pub gemma3: bool,
     pub vocab: usize,
     pub dim: usize,
     pub layers: usize,
@@ -35,6 +41,7 @@ impl TinySpec {
             qwen2: false,
             qwen3: false,
             phi3: false,
+            gemma3: false,
             vocab: 300,
             dim: 64,
             layers: 2,
@@ -50,6 +57,7 @@ impl TinySpec {
             qwen2: true,
             qwen3: false,
             phi3: false,
+            gemma3: false,
             vocab: 280,
             dim: 64,
             layers: 2,
@@ -66,6 +74,7 @@ impl TinySpec {
             qwen2: false,
             qwen3: true,
             phi3: false,
+            gemma3: false,
             vocab: 290,
             dim: 64,
             layers: 2,
@@ -82,6 +91,7 @@ impl TinySpec {
             qwen2: false,
             qwen3: false,
             phi3: true,
+            gemma3: false,
             vocab: 310,
             dim: 64,
             layers: 2,
@@ -92,11 +102,29 @@ impl TinySpec {
             tied: false,
         }
     }
+    /// A Gemma 3 model: 6 layers (5 local, then a global one), tied.
+    pub fn gemma3() -> Self {
+        TinySpec {
+            qwen2: false,
+            qwen3: false,
+            phi3: false,
+            gemma3: true,
+            vocab: 320,
+            dim: 64,
+            layers: 6,
+            heads: 4,
+            kv_heads: 1,
+            ffn: 96,
+            context: 64,
+            tied: true,
+        }
+    }
     pub fn arch_of(&self) -> Arch {
-        match (self.qwen2, self.qwen3, self.phi3) {
-            (true, _, _) => Arch::Qwen2,
-            (_, true, _) => Arch::Qwen3,
-            (_, _, true) => Arch::Phi3,
+        match (self.qwen2, self.qwen3, self.phi3, self.gemma3) {
+            (true, ..) => Arch::Qwen2,
+            (_, true, ..) => Arch::Qwen3,
+            (_, _, true, _) => Arch::Phi3,
+            (.., true) => Arch::Gemma3,
             _ => Arch::Llama,
         }
     }
@@ -201,6 +229,10 @@ impl TinyModel {
 
     /// llama.cpp's converter permutes llama q/k rows per head from halves to interleaved pairs.
     fn gguf_rows(&self, t: &TinyTensor) -> Vec<f32> {
+        // (Gemma's norms multiply by 1 + w: its converter writes 1 + w into GGUF)
+        if self.spec.gemma3 && t.name.ends_with("norm.weight") {
+            return t.values.iter().map(|v| v + 1.0).collect();
+        }
         let heads = if t.name.ends_with("attn_q.weight") {
             self.spec.heads
         } else if t.name.ends_with("attn_k.weight") {
@@ -251,7 +283,12 @@ impl TinyModel {
         add(&format!("{a}.attention.head_count"), Value::U32(s.heads as u32));
         add(&format!("{a}.attention.head_count_kv"), Value::U32(s.kv_heads as u32));
         add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(1e-5));
-        add(&format!("{a}.rope.freq_base"), Value::F32(10000.0));
+        // (Gemma: a global base far from its local layers' 10000, and a window the tests' 14
+        // positions run past)
+        add(&format!("{a}.rope.freq_base"), Value::F32(if s.gemma3 { 1e6 } else { 10000.0 }));
+        if s.gemma3 {
+            add(&format!("{a}.attention.sliding_window"), Value::U32(GEMMA_WINDOW as u32));
+        }
         // A byte-level vocabulary: the 256 GPT-2 byte symbols, then plain filler tokens; the last
         // token is the end-of-sequence control token.
         let mut tokens: Vec<Value> = gpt2_byte_symbols().into_iter().map(Value::String).collect();
@@ -317,6 +354,7 @@ impl TinyModel {
                 Arch::Qwen2 => "Qwen2ForCausalLM",
                 Arch::Qwen3 => "Qwen3ForCausalLM",
                 Arch::Phi3 => "Phi3ForCausalLM",
+                Arch::Gemma3 => "Gemma3ForCausalLM",
                 Arch::Llama => "LlamaForCausalLM",
             }],
             "hidden_size": s.dim,
@@ -330,9 +368,17 @@ impl TinyModel {
             "max_position_embeddings": s.context,
             "tie_word_embeddings": s.tied,
         });
+        let mut config = config;
+        if s.gemma3 {
+            config["rope_theta"] = 1e6.into();
+            config["sliding_window"] = GEMMA_WINDOW.into();
+            config["sliding_window_pattern"] = 6.into();
+            config["rope_local_base_freq"] = 10000.0.into();
+            config["query_pre_attn_scalar"] = self.spec.head_dim().into();
+        }
         let mut owned = Vec::new();
         for t in &self.stored_tensors() {
-            let name = wgspec::model::checkpoint::hf_name(&t.name).expect("hf name");
+            let name = wgspec::model::checkpoint::hf_name_of(s.arch_of(), &t.name).expect("hf name");
             let (dtype, bytes) = if t.shape.len() == 1 {
                 (DType::F32, f32_bytes(&t.values))
             } else {

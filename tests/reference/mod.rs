@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use wgspec::gpu::RopeLayout;
-use wgspec::model::{Checkpoint, Config, Precision, RopeScaling, TensorTable};
+use wgspec::model::{Checkpoint, Config, Precision, RopeScaling, TensorRole, TensorTable};
 
 /// A model on the CPU, with its own KV cache.
 pub struct RefModel {
@@ -138,9 +138,15 @@ impl RefModel {
     pub fn new(ckpt: &Checkpoint, precision: Precision) -> RefModel {
         let cfg = ckpt.config.clone();
         let mut w = HashMap::new();
+        // (Gemma's Hugging Face files store a norm's w for a norm that multiplies by 1 + w)
+        let offset = if cfg.arch.gemma() && ckpt.gguf().is_none() { 1.0 } else { 0.0 };
         for spec in TensorTable::new(&cfg).iter() {
             let t = ckpt.tensor(&spec.name, &spec.shape, precision).expect("tensor");
-            w.insert(spec.name.clone(), t.to_f32().expect("values"));
+            let mut values = t.to_f32().expect("values");
+            if spec.role == TensorRole::Norm {
+                values.iter_mut().for_each(|v| *v += offset);
+            }
+            w.insert(spec.name.clone(), values);
         }
         let n = cfg.n_layers;
         let (k_cache, v_cache) = (vec![Vec::new(); n], vec![Vec::new(); n]);
@@ -190,6 +196,11 @@ impl RefModel {
         let (dim, qd, kvd, ffn) = (c.dim, c.q_dim(), c.kv_dim(), c.ffn_dim);
         let emb = self.t("token_embd.weight");
         let mut x = emb[tok as usize * dim..(tok as usize + 1) * dim].to_vec();
+        if c.arch.gemma() {
+            // Gemma's embeddings times sqrt(dim), in f32 as llama.cpp scales them
+            let s = (dim as f32).sqrt();
+            x.iter_mut().for_each(|v| *v *= s);
+        }
         let mut residual = vec![x.clone()];
         for l in 0..c.n_layers {
             let b = |s: &str| format!("blk.{l}.{s}");
@@ -212,9 +223,18 @@ impl RefModel {
                 q = per_head(&q, self.t(&b("attn_q_norm.weight")));
                 k = per_head(&k, self.t(&b("attn_k_norm.weight")));
             }
-            let r = (c.rope_dim, self.rope_divisors.as_slice());
-            rope(&mut q, c.head_dim, r, c.rope_theta, c.rope_layout, pos);
-            rope(&mut k, c.head_dim, r, c.rope_theta, c.rope_layout, pos);
+            // (Gemma's local layers: a window, their own base, no long-context scaling)
+            let window = match c.global_every {
+                n if n > 0 && (l + 1).is_multiple_of(n) => None,
+                _ => c.sliding_window,
+            };
+            let unscaled = vec![1.0; c.rope_dim / 2];
+            let (theta, divisors) = match (c.arch.gemma(), window) {
+                (true, Some(_)) => (c.local_rope_theta, unscaled.as_slice()),
+                _ => (c.rope_theta, self.rope_divisors.as_slice()),
+            };
+            rope(&mut q, c.head_dim, (c.rope_dim, divisors), theta, c.rope_layout, pos);
+            rope(&mut k, c.head_dim, (c.rope_dim, divisors), theta, c.rope_layout, pos);
             if self.kv_f16 {
                 for a in k.iter_mut().chain(v.iter_mut()) {
                     *a = half::f16::from_f32(*a).to_f32();
@@ -226,22 +246,32 @@ impl RefModel {
                 &q,
                 &self.k_cache[l],
                 &self.v_cache[l],
-                (pos, c.sliding_window.unwrap_or(0)),
+                (pos, window.unwrap_or(0)),
                 c.n_heads,
                 c.n_kv_heads,
                 c.head_dim,
             );
-            let o = matvec(self.t(&b("attn_output.weight")), &att, dim, qd);
+            let mut o = matvec(self.t(&b("attn_output.weight")), &att, dim, qd);
+            if c.arch.gemma() {
+                o = rmsnorm(&o, self.t(&b("post_attention_norm.weight")), c.rms_eps);
+            }
             x.iter_mut().zip(&o).for_each(|(a, b)| *a += b);
             let xb = rmsnorm(&x, self.t(&b("ffn_norm.weight")), c.rms_eps);
             let g = matvec(self.t(&b("ffn_gate.weight")), &xb, ffn, dim);
             let u = matvec(self.t(&b("ffn_up.weight")), &xb, ffn, dim);
-            let h: Vec<f32> = g
-                .iter()
-                .zip(&u)
-                .map(|(g, u)| ((*g as f64 / (1.0 + (-*g as f64).exp())) * *u as f64) as f32)
-                .collect();
-            let d = matvec(self.t(&b("ffn_down.weight")), &h, dim, ffn);
+            // SwiGLU, or Gemma's GeGLU (GELU's tanh approximation)
+            let act = |g: f64| match c.arch.gemma() {
+                true => {
+                    0.5 * g
+                        * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+                }
+                false => g / (1.0 + (-g).exp()),
+            };
+            let h: Vec<f32> = g.iter().zip(&u).map(|(g, u)| (act(*g as f64) * *u as f64) as f32).collect();
+            let mut d = matvec(self.t(&b("ffn_down.weight")), &h, dim, ffn);
+            if c.arch.gemma() {
+                d = rmsnorm(&d, self.t(&b("post_ffw_norm.weight")), c.rms_eps);
+            }
             x.iter_mut().zip(&d).for_each(|(a, b)| *a += b);
             residual.push(x.clone());
         }

@@ -116,7 +116,7 @@ pub async fn embed_dequantises_edge_scales_bit_for_bit() {
         let tokens: Vec<u32> = (0..rows as u32).collect();
         let tb = GpuBuffer::<u32>::from_slice(&gpu, "tokens", &tokens);
         let xb = GpuBuffer::<f32>::zeros(&gpu, "x", rows * dim);
-        let op = gpu.embed(&step, &tb, &table, &xb, 0, None);
+        let op = gpu.embed(&step, &tb, &table, &xb, (0, 1.0), None);
         gpu.write_step(&step, rows, 0);
         let mut enc = gpu.encoder();
         gpu.encode(&mut enc, &[op], rows as u32);

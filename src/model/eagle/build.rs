@@ -356,10 +356,12 @@ impl HeadOps {
             hb: &s.hb,
             // (a head's layer is llama's: no per-head norm)
             qkv: None,
+            post: None,
             cos_sin: &s.cos_sin,
             context: target.context(),
             kv_f16: false,
             qkv_input: s.eagle3.as_ref().map(|_| &s.cat),
+            window: None,
         };
         // x += attention, mlp: the predicted feature f^                             [n, dim]
         pass.extend(record_block(g, c, &s.layer, &s.kv, &io, None));

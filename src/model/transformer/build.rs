@@ -119,6 +119,13 @@ impl Model {
             scores: f32s("attention scratch", b.scores),
             hb: f32s("hb", b.hb),
             qkv: (b.qkv > 0).then(|| f32s("raw qkv", b.qkv)),
+            post: (b.post > 0).then(|| f32s("post-norm input", b.post)),
+            // (local layers: their own base, no long-context scaling)
+            local_rope: (b.local_rope > 0).then(|| {
+                let local = Config { rope_theta: c.local_rope_theta, ..c.clone() };
+                let table = rope_table(&local, context, &vec![1.0; c.rope_dim / 2]);
+                GpuBuffer::<f32>::from_slice(g, "local rope cos/sin", &table)
+            }),
             logits: f32s("logits", b.logits),
             argmax: GpuBuffer::<u32>::zeros(g, "argmax", b.ids),
             kv_cache: (0..b.layers)
@@ -161,15 +168,17 @@ impl Model {
 /// argmax's pairs, which [`Gpu::argmax`] allocates): the one table that [`Model::plan`] bills and
 /// checks against the adapter's binding limit, and that the load allocates.
 struct Buffers {
-    x: usize,      // [MAX_BATCH, dim] x and xb each
-    q: usize,      // [MAX_BATCH, q_dim] q and att each
-    hb: usize,     // [MAX_BATCH, ffn_dim]
-    qkv: usize,    // [MAX_BATCH, q_dim + 2 kv_dim] the raw q|k|v of models that norm each head, else 0
-    scores: usize, // the attention scratch (Gpu::attention_scratch_len)
-    logits: usize, // [MAX_BATCH, vocab]
-    pairs: usize,  // [MAX_BATCH, slices, 2] the argmax's best pair of each slice of the logits
-    ids: usize,    // [MAX_BATCH] tokens and argmax each
-    kv: usize,     // [context, kv words] each layer's KV cache
+    x: usize,          // [MAX_BATCH, dim] x and xb each
+    q: usize,          // [MAX_BATCH, q_dim] q and att each
+    hb: usize,         // [MAX_BATCH, ffn_dim]
+    qkv: usize,        // [MAX_BATCH, q_dim + 2 kv_dim] the raw q|k|v of models that norm each head, else 0
+    post: usize,       // [MAX_BATCH, dim] a sub-block's output before its post-norm (Gemma), else 0
+    local_rope: usize, // [context, rope_dim / 2, 2] the local layers' RoPE (Gemma), else 0
+    scores: usize,     // the attention scratch (Gpu::attention_scratch_len)
+    logits: usize,     // [MAX_BATCH, vocab]
+    pairs: usize,      // [MAX_BATCH, slices, 2] the argmax's best pair of each slice of the logits
+    ids: usize,        // [MAX_BATCH] tokens and argmax each
+    kv: usize,         // [context, kv words] each layer's KV cache
     layers: usize,
     rope: usize,       // [context, rope_dim / 2, 2]
     step_table: usize, // [MAX_PASSES, 4] each recorded pass's (n, start_pos, 0, 0)
@@ -182,6 +191,8 @@ impl Buffers {
             q: MAX_BATCH * c.q_dim(),
             hb: MAX_BATCH * c.ffn_dim,
             qkv: if c.arch.qk_norm() { MAX_BATCH * (c.q_dim() + 2 * c.kv_dim()) } else { 0 },
+            post: if c.arch.gemma() { MAX_BATCH * c.dim } else { 0 },
+            local_rope: if c.arch.gemma() { context * c.rope_dim } else { 0 },
             scores: gpu.attention_scratch_len(c.attention_shape(context, kv_f16), MAX_BATCH),
             logits: MAX_BATCH * c.vocab_size,
             pairs: argmax_scratch(MAX_BATCH, c.vocab_size),
@@ -194,7 +205,7 @@ impl Buffers {
     }
 
     /// Every buffer: its label, words and how many there are.
-    fn table(&self) -> [(&'static str, usize, usize); 14] {
+    fn table(&self) -> [(&'static str, usize, usize); 16] {
         [
             ("x", self.x, 1),
             ("xb", self.x, 1),
@@ -202,6 +213,8 @@ impl Buffers {
             ("att", self.q, 1),
             ("hb", self.hb, 1),
             ("raw qkv", self.qkv, (self.qkv > 0) as usize),
+            ("post-norm input", self.post, (self.post > 0) as usize),
+            ("local rope cos/sin", self.local_rope, (self.local_rope > 0) as usize),
             ("attention scratch", self.scores, 1),
             ("logits", self.logits, 1),
             ("argmax pairs", self.pairs, 1),
@@ -249,7 +262,7 @@ pub(crate) fn record_block(
     next_norm: Option<&GpuBuffer<f32>>,
 ) -> Vec<Op> {
     let st = io.step;
-    let shape = c.attention_shape(io.context, io.kv_f16);
+    let shape = io.shape(c);
     let mut ops = Vec::new();
     let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
     let normed = |ldy: usize| MatmulOut { norm: Some(NormIn { raw: io.x, eps: c.rms_eps }), ..to(ldy) };
@@ -309,7 +322,7 @@ fn attention_and_ffn(
     mut ops: Vec<Op>,
 ) -> Vec<Op> {
     let st = io.step;
-    let shape = c.attention_shape(io.context, io.kv_f16);
+    let shape = io.shape(c);
     let normed = |ldy: usize| MatmulOut {
         ldy: ldy as u32,
         norm: Some(NormIn { raw: io.x, eps: c.rms_eps }),
@@ -324,13 +337,25 @@ fn attention_and_ffn(
             ..Default::default()
         }
     }
+    // hb = act(rmsnorm(x) Wgate^T) * (rmsnorm(x) Wup^T): one matmul over the interleaved rows,
+    // SwiGLU (or Gemma's GeGLU) in its epilogue                   [n, ffn_dim]
+    let glu = MatmulOut { glu: true, gelu: c.arch.gemma(), ..normed(c.ffn_dim) };
     // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
     ops.extend(g.attention(st, io.q, kv, io.scores, io.att, shape));
+    // (Gemma: each sub-block's output normed before its residual add)
+    if let (Some([post_attention, post_ffw]), Some(y)) = (&layer.post_norms, io.post) {
+        let to = MatmulOut { ldy: c.dim as u32, ..Default::default() };
+        // y = att Wo^T; x += rmsnorm(y) * post_attention; xb = x * ffn_norm      [n, dim]
+        ops.extend(layer.wo.matmul(g, st, io.att, None, y, to));
+        ops.push(g.norm_add(st, (y, post_attention, c.rms_eps), io.x, Some((&layer.ffn_norm, io.xb)), c.dim));
+        ops.extend(layer.gate_up.matmul(g, st, io.xb, None, io.hb, glu));
+        // y = hb Wdown^T; x += rmsnorm(y) * post_ffw; xb = x * the next norm      [n, dim]
+        ops.extend(layer.down.matmul(g, st, io.hb, None, y, to));
+        ops.push(g.norm_add(st, (y, post_ffw, c.rms_eps), io.x, next_norm.map(|n| (n, io.xb)), c.dim));
+        return ops;
+    }
     // x += att Wo^T; xb = x * ffn_norm                            [n, dim]
     ops.extend(layer.wo.matmul(g, st, io.att, None, io.x, add_then_scale(io, c.dim, Some(&layer.ffn_norm))));
-    // hb = silu(rmsnorm(x) Wgate^T) * (rmsnorm(x) Wup^T): one matmul over the interleaved
-    // rows, SwiGLU in its epilogue                                [n, ffn_dim]
-    let glu = MatmulOut { glu: true, ..normed(c.ffn_dim) };
     ops.extend(layer.gate_up.matmul(g, st, io.xb, None, io.hb, glu));
     // x += hb Wdown^T; xb = x * the next norm's weight            [n, dim]
     ops.extend(layer.down.matmul(g, st, io.hb, None, io.x, add_then_scale(io, c.dim, next_norm)));
@@ -354,7 +379,9 @@ pub(super) fn record_forward(
     let mut ops = Vec::new();
     let input_norm = |l: usize| w.layers.get(l).map_or(Some(&w.output_norm), |n| n.attn_norm.as_ref());
     // x = token_embd[tokens]; xb = x * attn_norm                   [n, dim]
-    ops.extend(w.token_embd.embed(g, st, &s.tokens, &s.x, input_norm(0).map(|n| (n, &s.xb))));
+    // (Gemma: times sqrt(dim))
+    let scale = if c.arch.gemma() { (c.dim as f32).sqrt() } else { 1.0 };
+    ops.extend(w.token_embd.embed(g, st, &s.tokens, (&s.x, scale), input_norm(0).map(|n| (n, &s.xb))));
     // (feature taps) taps[:, j dim..] = x after `after` layers     [n, taps * dim]
     let taps = |after: usize, ops: &mut Vec<Op>| {
         if let Some((layers, buf)) = &s.taps {
@@ -374,13 +401,22 @@ pub(super) fn record_forward(
         scores: &s.scores,
         hb: &s.hb,
         qkv: s.qkv.as_ref(),
+        post: s.post.as_ref(),
         cos_sin: &s.cos_sin,
         context,
         kv_f16: s.kv_f16,
         qkv_input: None,
+        window: None,
     };
     let mut per_layer = 0;
     for (l, layer) in w.layers.iter().enumerate() {
+        // (Gemma's local layers: a sliding window and their own RoPE table)
+        let window = c.layer_window(l);
+        let cos_sin = match (window, &s.local_rope) {
+            (Some(_), Some(local)) => local,
+            _ => &s.cos_sin,
+        };
+        let io = BlockIo { window, cos_sin, ..io };
         // (the next layer's attn_norm, or output_norm)
         let block = record_block(g, c, layer, &s.kv_cache[l], &io, input_norm(l + 1));
         per_layer = per_layer.max(block.len());

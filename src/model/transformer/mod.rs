@@ -84,10 +84,12 @@ struct RunState {
     att: GpuBuffer<f32>,      // [MAX_BATCH, q_dim] attention output
     scores: GpuBuffer<f32>,   // attention scratch: [MAX_BATCH, n_heads, context] scores, or
     // [MAX_BATCH, n_heads, chunks, head_dim + 2] (split attention)
-    hb: GpuBuffer<f32>,            // [MAX_BATCH, ffn_dim] silu(gate) * up
-    qkv: Option<GpuBuffer<f32>>,   // [MAX_BATCH, q_dim + 2 kv_dim] raw q|k|v (models that norm each head)
-    logits: GpuBuffer<f32>,        // [MAX_BATCH, vocab]
-    argmax: GpuBuffer<u32>,        // [MAX_BATCH]
+    hb: GpuBuffer<f32>,                 // [MAX_BATCH, ffn_dim] silu(gate) * up
+    qkv: Option<GpuBuffer<f32>>, // [MAX_BATCH, q_dim + 2 kv_dim] raw q|k|v (models that norm each head)
+    post: Option<GpuBuffer<f32>>, // [MAX_BATCH, dim] a sub-block's output before its post-norm (Gemma)
+    local_rope: Option<GpuBuffer<f32>>, // [context, rope_dim / 2, 2] the local layers' RoPE (Gemma)
+    logits: GpuBuffer<f32>,      // [MAX_BATCH, vocab]
+    argmax: GpuBuffer<u32>,      // [MAX_BATCH]
     kv_cache: Vec<GpuBuffer<u32>>, // per layer [context, 2 kv_dim]: each position's k, then v, as
     // f16 pairs ([context, kv_dim] words) or f32 bits
     kv_f16: bool,
@@ -385,7 +387,7 @@ impl Model {
     /// Ops gathering this model's embedding rows of `tokens` into `out` (`[n, dim]`) in a pass
     /// of another model, under its `step` (an EAGLE head embeds with its target's table).
     pub fn embed_ops(&self, step: &wgpu::Buffer, tokens: &GpuBuffer<u32>, out: &GpuBuffer<f32>) -> Vec<Op> {
-        self.weights.token_embd.embed(&self.gpu, step, tokens, out, None)
+        self.weights.token_embd.embed(&self.gpu, step, tokens, (out, 1.0), None)
     }
 
     /// Ops of this model's output projection `y = x . output^T` (`[n, vocab]`, no norm) in a pass
@@ -594,6 +596,9 @@ pub(crate) struct BlockIo<'a> {
     /// `[MAX_BATCH, q_dim + 2 kv_dim]`: the q|k|v matmul's raw output, for layers that norm each
     /// q and k head (their weights' `qk_norm`); None where no layer does.
     pub qkv: Option<&'a GpuBuffer<f32>>,
+    /// `[MAX_BATCH, dim]`: a sub-block's output before its post-norm, for layers that have them
+    /// (Gemma); None where no layer does.
+    pub post: Option<&'a GpuBuffer<f32>>,
     pub cos_sin: &'a GpuBuffer<f32>, // [context, rope_dim / 2, 2]
     pub context: usize,
     /// The KV cache holds f16 pairs (else f32).
@@ -601,6 +606,16 @@ pub(crate) struct BlockIo<'a> {
     /// What q/k/v are projected from instead of (the norm of) x: `[MAX_BATCH, qkv in]`, as it
     /// is (an EAGLE-3 head's normalised [embedding | feature]).
     pub qkv_input: Option<&'a GpuBuffer<f32>>,
+    /// The layer's sliding window (Gemma's local layers), or None: every key.
+    pub window: Option<usize>,
+}
+
+impl BlockIo<'_> {
+    /// The layer's attention shape: the model's, with this layer's window.
+    pub fn shape(&self, c: &Config) -> crate::gpu::AttentionShape {
+        let window = self.window.map_or(0, |w| w.min(u32::MAX as usize) as u32);
+        crate::gpu::AttentionShape { window, ..c.attention_shape(self.context, self.kv_f16) }
+    }
 }
 
 /// How far a pass goes: the hidden states (cache, taps), the logits, or their argmax too.
