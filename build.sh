@@ -101,7 +101,7 @@ browser_tests() {
 
 models() {
   log "models and tokenizer vectors into $WGSPEC_CACHE"
-  for m in smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b; do
+  for m in smollm2-135m qwen2.5-coder-0.5b qwen2.5-coder-1.5b gemma-3-270m; do
     cargo run -q --bin wgspec -- fetch "$m"
   done
   bash scripts/fetch_vocab.sh

