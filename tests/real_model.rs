@@ -91,6 +91,14 @@ fn gemma3_270m_tokenizes_and_decodes_greedily_as_llama_cpp_does() {
         let prompt = c["prompt"].as_str().expect("prompt");
         assert_eq!(tokenizer.encode(prompt, true).expect("encode"), ids(&c["prompt_tokens"]), "{prompt:?}");
     }
+    // its turn markup: one token each (<start_of_turn> 105, <end_of_turn> 106, which ends a turn)
+    let turn = tokenizer.encode("<start_of_turn>user\nHi<end_of_turn>", false).expect("encode");
+    assert_eq!((turn.first(), turn.last()), (Some(&105), Some(&106)), "{turn:?}");
+    assert!(
+        tokenizer.eos_ids().contains(&106) && tokenizer.eos_ids().contains(&1),
+        "{:?}",
+        tokenizer.eos_ids()
+    );
     for (precision, which) in [(Precision::F32, 0..cases.len()), (Precision::Auto, 2..cases.len())] {
         let opts = LoadOptions { context: Some(128), precision, ..Default::default() };
         let mut model = Model::load(gpu(), &ckpt, &opts, &mut |_| {}).expect("load");

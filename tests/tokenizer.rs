@@ -289,6 +289,12 @@ fn llama_spm_vectors() {
     assert_eq!(tok.eos_ids(), &[2]);
 }
 
+/// Phi-3's SentencePiece vocabulary, as llama.cpp's vectors say.
+#[test]
+fn phi3_vectors() {
+    check_vectors("phi-3", &gguf_tokenizer("phi-3"), &vectors("phi-3"));
+}
+
 #[test]
 fn gpt2_vectors() {
     check_vectors("gpt-2", &gguf_tokenizer("gpt-2"), &vectors("gpt-2"));

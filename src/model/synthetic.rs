@@ -62,6 +62,9 @@ impl QuantMix {
     }
 }
 
+/// The sliding window of a synthetic Gemma 3's local layers (Gemma 3 1B's).
+const GEMMA_WINDOW: u32 = 512;
+
 /// A real model's exact shape, for random-weight benchmark models.
 #[derive(Clone, Copy, Debug)]
 pub struct SyntheticShape {
@@ -86,7 +89,7 @@ pub struct SyntheticShape {
 
 /// Shapes `--synthetic` knows: those of the models in MODELS.md, Llama 3.2 1B, Qwen2.5 7B,
 /// Llama 3.1 8B (the model EAGLE-3's published figures are measured on, with its rope scaling),
-/// Qwen3 0.6B and 8B.
+/// Qwen3 0.6B and 8B, Gemma 3 1B.
 pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
     SyntheticShape {
         name: "qwen2-1.5b",
@@ -198,6 +201,22 @@ pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
         context: 40960,
         mix: QuantMix::Q4KM,
         head_dim: 128,
+        llama3_rope: false,
+    },
+    SyntheticShape {
+        name: "gemma3-1b",
+        arch: Arch::Gemma3,
+        vocab: 262144,
+        dim: 1152,
+        layers: 26,
+        heads: 4,
+        kv_heads: 1,
+        ffn: 6912,
+        tied: true,
+        rope_theta: 1e6,
+        context: 32768,
+        mix: QuantMix::Q4KM,
+        head_dim: 256,
         llama3_rope: false,
     },
     SyntheticShape {
@@ -417,6 +436,10 @@ fn synthetic_writer(
     w.add(&format!("{a}.attention.head_count_kv"), Value::U32(c.n_kv_heads as u32));
     w.add(&format!("{a}.attention.layer_norm_rms_epsilon"), Value::F32(c.rms_eps));
     w.add(&format!("{a}.rope.freq_base"), Value::F32(c.rope_theta));
+    if c.arch.gemma() {
+        // (Gemma 3's local layers: 512 keys)
+        w.add(&format!("{a}.attention.sliding_window"), Value::U32(GEMMA_WINDOW));
+    }
     if c.head_dim != c.dim / c.n_heads {
         w.add(&format!("{a}.attention.key_length"), Value::U32(c.head_dim as u32));
         w.add(&format!("{a}.attention.value_length"), Value::U32(c.head_dim as u32));
@@ -569,6 +592,17 @@ mod tests {
         let c = &ckpt.config;
         assert_eq!((c.arch, c.dim, c.head_dim, c.q_dim(), c.kv_dim()), (Arch::Qwen3, 1024, 128, 2048, 1024));
         assert!(ckpt.has("blk.1.attn_k_norm.weight") && !ckpt.has("blk.1.attn_q.bias"));
+        // Gemma 3 1B: local layers with a window of 512, post-norms
+        let gemma = synthetic_shape("gemma3-1b").unwrap_or_else(|e| panic!("{e}"));
+        let small = SyntheticShape { vocab: 512, layers: 6, ..gemma };
+        let ckpt =
+            crate::model::Checkpoint::from_gguf(synthetic_gguf(&small, 1)).unwrap_or_else(|e| panic!("{e}"));
+        let c = &ckpt.config;
+        assert_eq!(
+            (c.arch, c.head_dim, c.sliding_window, c.layer_window(5)),
+            (Arch::Gemma3, 256, Some(512), None)
+        );
+        assert!(ckpt.has("blk.5.post_ffw_norm.weight") && ckpt.has("blk.0.attn_q_norm.weight"));
         // Llama 3.1 8B: its rope scaling as rope_freqs.weight
         let llama = synthetic_shape("llama-8b").unwrap_or_else(|e| panic!("{e}"));
         let small = SyntheticShape { vocab: 512, layers: 2, ..llama };
