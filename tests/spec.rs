@@ -512,6 +512,17 @@ impl Owned<'_> {
     }
 }
 
+/// `draft`'s proposal after `context` (waited for), as the decode loop asks for one.
+fn propose(
+    draft: &mut dyn Draft,
+    context: &[u32],
+    budget: DraftBudget,
+    sampling: &SamplingParams,
+    rng: &mut Rng,
+) -> speculative::Proposal {
+    pollster::block_on(draft.propose(Ask { context, budget, sampling, rng })).expect("propose")
+}
+
 fn greedy_opts(n: usize) -> GenerateOptions {
     GenerateOptions { max_tokens: n, sampling: SamplingParams::greedy(), stop_tokens: vec![] }
 }
@@ -622,13 +633,7 @@ fn draft_model_rolls_back_and_catches_up() {
     for (k, a, replace_next) in
         [(4usize, 2usize, true), (3, 3, false), (5, 0, true), (2, 2, false), (6, 1, true)]
     {
-        let p = pollster::block_on(draft.propose(Ask {
-            context: &context,
-            budget: DraftBudget::chain(k),
-            sampling: &params,
-            rng: &mut g,
-        }))
-        .expect("propose");
+        let p = propose(&mut draft, &context, DraftBudget::chain(k), &params, &mut g);
         let want = common::plain(&mut fresh, &context, &greedy_opts(k)).expect("fresh").tokens;
         assert_eq!(p.tokens(), want, "context {context:?}");
         assert_eq!(p.steps(), k);
@@ -1589,13 +1594,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         // feature and its most likely id
         let (params, mut g) = (SamplingParams::greedy(), Rng::new(1));
         let budget = DraftBudget::tree(4, 4);
-        let p = pollster::block_on(eagle.propose(Ask {
-            context: &prompt,
-            budget,
-            sampling: &params,
-            rng: &mut g,
-        }))
-        .expect("propose");
+        let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
         assert_eq!(
             (p.tokens().len(), p.steps(), p.as_tree().is_none()),
             (4, 3, true),
@@ -1610,13 +1609,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         }
         assert_eq!(eagle.head().len(), 12, "9 positions and 3 draft steps");
         // drafting again needs the target's next pass first
-        let p = pollster::block_on(eagle.propose(Ask {
-            context: &prompt,
-            budget,
-            sampling: &params,
-            rng: &mut g,
-        }))
-        .expect("propose");
+        let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
         assert!(p.tokens().is_empty(), "no features, no proposal");
         // siblings: a tree of the chain and each depth's next most likely ids
         let mut eagle = Eagle::new(
@@ -1631,13 +1624,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         );
         pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
         let budget = DraftBudget::tree(3, 9);
-        let p = pollster::block_on(eagle.propose(Ask {
-            context: &prompt,
-            budget,
-            sampling: &params,
-            rng: &mut g,
-        }))
-        .expect("propose");
+        let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
         let tree = p.as_tree().expect("a tree").clone();
         assert_eq!((tree.len(), tree.max_depth()), (10, 3), "3 chain nodes, 2 siblings at each depth");
         // EAGLE-2's dynamic tree against the reference's: each node's ranks from its path alone
@@ -1655,13 +1642,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
                 pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
             }
             let budget = DraftBudget::tree(depth, nodes);
-            let p = pollster::block_on(eagle.propose(Ask {
-                context: &prompt,
-                budget,
-                sampling: &params,
-                rng: &mut g,
-            }))
-            .expect("propose");
+            let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
             let tree = p.as_tree().expect("a tree").clone();
             let want = reference_dynamic_tree(&mut ref_head, &root.0, &root.1, prompt[9], budget, 3, 4);
             let what = format!("{what}: dynamic tree, depth {depth}, {nodes} nodes");
@@ -1678,23 +1659,11 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let flat = TreeCosts { verify: [1.0; 32], ..steep };
         pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
         let budget = DraftBudget { costs: Some(steep), ..DraftBudget::tree(4, 10) };
-        let p = pollster::block_on(eagle.propose(Ask {
-            context: &prompt,
-            budget,
-            sampling: &params,
-            rng: &mut g,
-        }))
-        .expect("propose");
+        let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
         assert_eq!((p.tokens().len(), p.as_tree()), (1, None), "{what}: steep costs, one node");
         pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
         let budget = DraftBudget { costs: Some(flat), ..DraftBudget::tree(4, 10) };
-        let p = pollster::block_on(eagle.propose(Ask {
-            context: &prompt,
-            budget,
-            sampling: &params,
-            rng: &mut g,
-        }))
-        .expect("propose");
+        let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
         let tree = p.as_tree().expect("a tree").clone();
         let want = reference_dynamic_tree(
             &mut ref_head,
@@ -1720,13 +1689,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         );
         let passes = pollster::block_on(eagle.target_pass(&prompt, 3, &[0])).expect("gap");
         assert_eq!(passes, 0);
-        let p = pollster::block_on(eagle.propose(Ask {
-            context: &prompt[..5],
-            budget,
-            sampling: &params,
-            rng: &mut g,
-        }))
-        .expect("propose");
+        let p = propose(&mut eagle, &prompt[..5], budget, &params, &mut g);
         assert!(p.tokens().is_empty() && p.as_tree().is_none());
     }
 }
@@ -1810,13 +1773,7 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
         }
         // EAGLE-2's tree from the draft vocabulary, against the reference's
         let (params, mut g) = (SamplingParams::greedy(), Rng::new(1));
-        let p = pollster::block_on(eagle.propose(Ask {
-            context: &prompt,
-            budget: DraftBudget::tree(4, 10),
-            sampling: &params,
-            rng: &mut g,
-        }))
-        .expect("propose");
+        let p = propose(&mut eagle, &prompt, DraftBudget::tree(4, 10), &params, &mut g);
         let tree = p.as_tree().expect("a tree").clone();
         let root = &want[8];
         let want_tree = reference_dynamic_tree(
@@ -1832,13 +1789,7 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
         // the chain: each step fed the head's own output and most likely id
         let mut eagle = Eagle::new(eagle.into_head(), 0);
         pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
-        let p = pollster::block_on(eagle.propose(Ask {
-            context: &prompt,
-            budget: DraftBudget::chain(4),
-            sampling: &params,
-            rng: &mut g,
-        }))
-        .expect("propose");
+        let p = propose(&mut eagle, &prompt, DraftBudget::chain(4), &params, &mut g);
         assert_eq!(p.tokens()[0], reference_argmax(&root.1), "{what}: first draft");
         ref_head.truncate(9);
         let (mut feature, mut token) = (root.0.clone(), p.tokens()[0]);
