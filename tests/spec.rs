@@ -21,9 +21,9 @@ use wgspec::model::{
 };
 use wgspec::sampling::{self, Rng, SamplingParams};
 use wgspec::speculative::{
-    self, verify_greedy, verify_sampled, Ask, Dist, Draft, DraftBudget, DraftKind, DraftModel, Drafter,
-    Eagle, EagleTree, Ensemble, KPolicy, Medusa, NGram, NextKind, SampledCycle, TokenTree, TreeCosts,
-    TreeVerdict, Verdict,
+    self, verify_greedy, verify_sampled, Ask, CycleAt, Dist, Draft, DraftBudget, DraftKind, DraftModel,
+    Drafter, Eagle, EagleTree, Ensemble, KPolicy, Kept, Medusa, NGram, NextKind, SampledCycle, TokenTree,
+    TreeCosts, TreeVerdict, Verdict,
 };
 use wgspec::Error;
 
@@ -1022,9 +1022,8 @@ fn gpu_sampled_cycles_have_the_target_distribution() {
             let trips = target.gpu().round_trips();
             for _ in 0..n {
                 target.truncate(n_past);
-                let out =
-                    pollster::block_on(cycle.run(&mut target, &mut draft, &prompt, n_past, 2, &mut seeds))
-                        .expect("cycle");
+                let at = CycleAt { target: &mut target, draft: &mut draft, context: &prompt, n_past, k: 2 };
+                let out = pollster::block_on(cycle.run(at, &mut seeds)).expect("cycle");
                 assert_eq!(out.drafts.len(), 2);
                 accepted += out.accepted;
                 counts[if out.accepted > 0 { out.drafts[0] } else { out.next } as usize] += 1;
@@ -1284,11 +1283,9 @@ impl Draft for Recording<'_> {
     }
     fn target_pass<'a>(
         &'a mut self,
-        context: &'a [u32],
-        first: usize,
-        rows: &'a [usize],
+        pass: Kept<'a>,
     ) -> speculative::draft::LocalFuture<'a, wgspec::Result<usize>> {
-        self.draft.target_pass(context, first, rows)
+        self.draft.target_pass(pass)
     }
     fn propose<'a>(
         &'a mut self,
@@ -1571,7 +1568,8 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
             want_logits.push(l);
         }
         for (rows, first) in [(vec![0, 1, 2, 3, 4], 0), (vec![5, 6, 7, 8], 5)] {
-            let passes = pollster::block_on(eagle.target_pass(&prompt, first, &rows)).expect("head pass");
+            let passes = pollster::block_on(eagle.target_pass(Kept { context: &prompt, first, rows: &rows }))
+                .expect("head pass");
             assert_eq!(passes, 1);
             let n = rows.len();
             let feat = pollster::block_on(eagle.head().features(n)).expect("features");
@@ -1607,7 +1605,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
             assert_eq!(id, reference_argmax(&l), "{what}: draft step {step}");
             (feature, token) = (f, id);
         }
-        assert_eq!(eagle.head().len(), 12, "9 positions and 3 draft steps");
+        assert_eq!(eagle.head().cached(), 12, "9 positions and 3 draft steps");
         // drafting again needs the target's next pass first
         let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
         assert!(p.tokens().is_empty(), "no features, no proposal");
@@ -1622,7 +1620,12 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
             .0,
             2,
         );
-        pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
+        pollster::block_on(eagle.target_pass(Kept {
+            context: &prompt,
+            first: 0,
+            rows: &(0..9).collect::<Vec<_>>(),
+        }))
+        .expect("pass");
         let budget = DraftBudget::tree(3, 9);
         let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
         let tree = p.as_tree().expect("a tree").clone();
@@ -1636,10 +1639,16 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         for p in 0..9 {
             root = ref_head.step(prompt[p + 1], &reference.hidden[p]);
         }
-        pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
+        pollster::block_on(eagle.target_pass(Kept {
+            context: &prompt,
+            first: 0,
+            rows: &(0..9).collect::<Vec<_>>(),
+        }))
+        .expect("pass");
         for (depth, nodes) in [(4, 10), (1, 3), (3, 31)] {
             if depth != 4 {
-                pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
+                pollster::block_on(eagle.target_pass(Kept { context: &prompt, first: 8, rows: &[8] }))
+                    .expect("pass");
             }
             let budget = DraftBudget::tree(depth, nodes);
             let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
@@ -1657,11 +1666,11 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let verify = std::array::from_fn(|i| (i + 1) as f32);
         let steep = TreeCosts { verify, draft_pass: 0.0, max_nodes: 31 };
         let flat = TreeCosts { verify: [1.0; 32], ..steep };
-        pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
+        pollster::block_on(eagle.target_pass(Kept { context: &prompt, first: 8, rows: &[8] })).expect("pass");
         let budget = DraftBudget { costs: Some(steep), ..DraftBudget::tree(4, 10) };
         let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
         assert_eq!((p.tokens().len(), p.as_tree()), (1, None), "{what}: steep costs, one node");
-        pollster::block_on(eagle.target_pass(&prompt, 8, &[8])).expect("pass");
+        pollster::block_on(eagle.target_pass(Kept { context: &prompt, first: 8, rows: &[8] })).expect("pass");
         let budget = DraftBudget { costs: Some(flat), ..DraftBudget::tree(4, 10) };
         let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
         let tree = p.as_tree().expect("a tree").clone();
@@ -1687,7 +1696,8 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
             .0,
             2,
         );
-        let passes = pollster::block_on(eagle.target_pass(&prompt, 3, &[0])).expect("gap");
+        let passes = pollster::block_on(eagle.target_pass(Kept { context: &prompt, first: 3, rows: &[0] }))
+            .expect("gap");
         assert_eq!(passes, 0);
         let p = propose(&mut eagle, &prompt[..5], budget, &params, &mut g);
         assert!(p.tokens().is_empty() && p.as_tree().is_none());
@@ -1760,7 +1770,11 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
             want.push(ref_head.step(prompt[p + 1], &feature));
         }
         for (rows, first) in [(vec![0, 1, 2, 3, 4], 0), (vec![5, 6, 7, 8], 5)] {
-            assert_eq!(pollster::block_on(eagle.target_pass(&prompt, first, &rows)).expect("pass"), 1);
+            assert_eq!(
+                pollster::block_on(eagle.target_pass(Kept { context: &prompt, first, rows: &rows }))
+                    .expect("pass"),
+                1
+            );
             let feat = pollster::block_on(eagle.head().features(rows.len())).expect("features");
             for (i, &row) in rows.iter().enumerate() {
                 let got = &feat[i * spec.dim..(i + 1) * spec.dim];
@@ -1788,7 +1802,12 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
         assert_eq!((tree.tokens(), tree.parents()), (want_tree.tokens(), want_tree.parents()), "{what}");
         // the chain: each step fed the head's own output and most likely id
         let mut eagle = Eagle::new(eagle.into_head(), 0);
-        pollster::block_on(eagle.target_pass(&prompt, 0, &(0..9).collect::<Vec<_>>())).expect("pass");
+        pollster::block_on(eagle.target_pass(Kept {
+            context: &prompt,
+            first: 0,
+            rows: &(0..9).collect::<Vec<_>>(),
+        }))
+        .expect("pass");
         let p = propose(&mut eagle, &prompt, DraftBudget::chain(4), &params, &mut g);
         assert_eq!(p.tokens()[0], reference_argmax(&root.1), "{what}: first draft");
         ref_head.truncate(9);

@@ -30,20 +30,52 @@ const MAX_ARRAY_DEPTH: usize = 8;
 /// The longest metadata key or tensor name (ggml's tensor names hold 64 bytes; keys are short).
 const MAX_NAME_BYTES: usize = 1024;
 
-// Metadata value type ids.
-pub(crate) const T_U8: u32 = 0;
-const T_I8: u32 = 1;
-const T_U16: u32 = 2;
-const T_I16: u32 = 3;
-const T_U32: u32 = 4;
-const T_I32: u32 = 5;
-const T_F32: u32 = 6;
-const T_BOOL: u32 = 7;
-pub(crate) const T_STRING: u32 = 8;
-const T_ARRAY: u32 = 9;
-const T_U64: u32 = 10;
-const T_I64: u32 = 11;
-const T_F64: u32 = 12;
+/// A metadata value's type, as GGUF numbers them (`gguf_type`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[repr(u32)]
+pub(crate) enum ValueType {
+    U8 = 0,
+    I8,
+    U16,
+    I16,
+    U32,
+    I32,
+    F32,
+    Bool,
+    String,
+    Array,
+    U64,
+    I64,
+    F64,
+}
+
+impl ValueType {
+    /// Every type, in id order.
+    const ALL: [ValueType; 13] = {
+        use ValueType::*;
+        [U8, I8, U16, I16, U32, I32, F32, Bool, String, Array, U64, I64, F64]
+    };
+
+    fn from_id(id: u32) -> Option<ValueType> {
+        Self::ALL.get(id as usize).copied()
+    }
+
+    pub(crate) fn id(self) -> u32 {
+        self as u32
+    }
+
+    /// Fewest bytes one value of this type can take.
+    fn min_bytes(self) -> u64 {
+        use ValueType::*;
+        match self {
+            U8 | I8 | Bool => 1,
+            U16 | I16 => 2,
+            U32 | I32 | F32 => 4,
+            U64 | I64 | F64 | String => 8,
+            Array => 12,
+        }
+    }
+}
 
 /// Smallest encoding of one key/value pair: empty key (8) + type (4) + a one-byte value.
 const MIN_KV_BYTES: u64 = 8 + 4 + 1;
@@ -147,22 +179,22 @@ impl Value {
         }
     }
 
-    /// The GGUF value type id of this value.
-    pub(crate) fn type_id(&self) -> u32 {
+    /// The GGUF value type of this value.
+    pub(crate) fn value_type(&self) -> ValueType {
         match self {
-            Value::U8(_) => T_U8,
-            Value::I8(_) => T_I8,
-            Value::U16(_) => T_U16,
-            Value::I16(_) => T_I16,
-            Value::U32(_) => T_U32,
-            Value::I32(_) => T_I32,
-            Value::U64(_) => T_U64,
-            Value::I64(_) => T_I64,
-            Value::F32(_) => T_F32,
-            Value::F64(_) => T_F64,
-            Value::Bool(_) => T_BOOL,
-            Value::String(_) => T_STRING,
-            Value::Array(_) => T_ARRAY,
+            Value::U8(_) => ValueType::U8,
+            Value::I8(_) => ValueType::I8,
+            Value::U16(_) => ValueType::U16,
+            Value::I16(_) => ValueType::I16,
+            Value::U32(_) => ValueType::U32,
+            Value::I32(_) => ValueType::I32,
+            Value::U64(_) => ValueType::U64,
+            Value::I64(_) => ValueType::I64,
+            Value::F32(_) => ValueType::F32,
+            Value::F64(_) => ValueType::F64,
+            Value::Bool(_) => ValueType::Bool,
+            Value::String(_) => ValueType::String,
+            Value::Array(_) => ValueType::Array,
         }
     }
 
@@ -316,18 +348,21 @@ impl<'a> Reader<'a> {
     }
 
     fn value(&mut self, type_id: u32, key: &str, depth: usize) -> Result<Value> {
-        Ok(match type_id {
-            T_U8 => Value::U8(self.u8(key)?),
-            T_I8 => Value::I8(self.u8(key)? as i8),
-            T_U16 => Value::U16(self.u16(key)?),
-            T_I16 => Value::I16(self.u16(key)? as i16),
-            T_U32 => Value::U32(self.u32(key)?),
-            T_I32 => Value::I32(self.u32(key)? as i32),
-            T_U64 => Value::U64(self.u64(key)?),
-            T_I64 => Value::I64(self.u64(key)? as i64),
-            T_F32 => Value::F32(f32::from_bits(self.u32(key)?)),
-            T_F64 => Value::F64(f64::from_bits(self.u64(key)?)),
-            T_BOOL => match self.u8(key)? {
+        let Some(value_type) = ValueType::from_id(type_id) else {
+            return Err(bad_value_type(key, type_id));
+        };
+        Ok(match value_type {
+            ValueType::U8 => Value::U8(self.u8(key)?),
+            ValueType::I8 => Value::I8(self.u8(key)? as i8),
+            ValueType::U16 => Value::U16(self.u16(key)?),
+            ValueType::I16 => Value::I16(self.u16(key)? as i16),
+            ValueType::U32 => Value::U32(self.u32(key)?),
+            ValueType::I32 => Value::I32(self.u32(key)? as i32),
+            ValueType::U64 => Value::U64(self.u64(key)?),
+            ValueType::I64 => Value::I64(self.u64(key)? as i64),
+            ValueType::F32 => Value::F32(f32::from_bits(self.u32(key)?)),
+            ValueType::F64 => Value::F64(f64::from_bits(self.u64(key)?)),
+            ValueType::Bool => match self.u8(key)? {
                 0 => Value::Bool(false),
                 1 => Value::Bool(true),
                 b => {
@@ -337,8 +372,8 @@ impl<'a> Reader<'a> {
                     ))
                 }
             },
-            T_STRING => Value::String(self.string(key)?),
-            T_ARRAY => {
+            ValueType::String => Value::String(self.string(key)?),
+            ValueType::Array => {
                 if depth >= MAX_ARRAY_DEPTH {
                     return Err(Error::corrupt(
                         FORMAT,
@@ -346,7 +381,8 @@ impl<'a> Reader<'a> {
                     ));
                 }
                 let elem_type = self.u32(key)?;
-                let min = min_value_bytes(elem_type).ok_or_else(|| bad_value_type(key, elem_type))?;
+                let min =
+                    ValueType::from_id(elem_type).ok_or_else(|| bad_value_type(key, elem_type))?.min_bytes();
                 let count = self.u64(key)?;
                 let n = self.check_count(count, min, &format!("metadata {key}: array length"))?;
                 let mut items = Vec::with_capacity(self.capacity(n, min));
@@ -355,21 +391,8 @@ impl<'a> Reader<'a> {
                 }
                 Value::Array(items)
             }
-            other => return Err(bad_value_type(key, other)),
         })
     }
-}
-
-/// Fewest bytes one value of this type can take, or `None` for an unknown type.
-fn min_value_bytes(type_id: u32) -> Option<u64> {
-    Some(match type_id {
-        T_U8 | T_I8 | T_BOOL => 1,
-        T_U16 | T_I16 => 2,
-        T_U32 | T_I32 | T_F32 => 4,
-        T_U64 | T_I64 | T_F64 | T_STRING => 8,
-        T_ARRAY => 12,
-        _ => return None,
-    })
 }
 
 fn bad_value_type(key: &str, type_id: u32) -> Error {
@@ -676,11 +699,14 @@ mod tests {
     }
 
     #[test]
-    fn min_value_bytes_covers_every_type() {
+    fn value_types_are_numbered_as_gguf_numbers_them() {
         for t in 0..=12 {
-            assert!(min_value_bytes(t).is_some(), "{t}");
+            assert_eq!(ValueType::from_id(t).map(ValueType::id), Some(t));
         }
-        assert_eq!(min_value_bytes(13), None);
+        assert_eq!(ValueType::from_id(13), None);
+        let ids = [ValueType::Bool, ValueType::String, ValueType::Array, ValueType::U64, ValueType::F64];
+        assert_eq!(ids.map(ValueType::id), [7, 8, 9, 10, 12]);
+        assert_eq!(Value::String("x".into()).value_type().min_bytes(), 8);
         assert_eq!(ggml_type_name(7), "Q5_1 (ggml type 7)");
         assert_eq!(ggml_type_name(1000), "ggml type 1000");
     }

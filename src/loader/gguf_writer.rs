@@ -1,7 +1,7 @@
 //! GGUF v3 writer: tiny test models, synthetic benchmark models and tools write files the
 //! reader in [`super::gguf`] (and llama.cpp) loads.
 
-use super::gguf::{Value, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC, T_STRING};
+use super::gguf::{Value, ValueType, ALIGNMENT_KEY, DEFAULT_ALIGNMENT, MAGIC};
 use super::DType;
 use crate::{Error, Result};
 
@@ -47,8 +47,8 @@ impl GgufWriter {
         fn homogeneous(v: &Value) -> bool {
             match v {
                 Value::Array(items) => {
-                    let first = items.first().map(Value::type_id);
-                    items.iter().all(|i| Some(i.type_id()) == first && homogeneous(i))
+                    let first = items.first().map(Value::value_type);
+                    items.iter().all(|i| Some(i.value_type()) == first && homogeneous(i))
                 }
                 _ => true,
             }
@@ -98,7 +98,7 @@ impl GgufWriter {
         out.extend_from_slice(&(self.metadata.len() as u64).to_le_bytes());
         for (k, v) in &self.metadata {
             write_str(&mut out, k);
-            out.extend_from_slice(&v.type_id().to_le_bytes());
+            out.extend_from_slice(&v.value_type().id().to_le_bytes());
             write_value(&mut out, v);
         }
         let mut rel = 0u64;
@@ -144,8 +144,8 @@ fn write_value(out: &mut Vec<u8>, v: &Value) {
         Value::Array(items) => {
             // (an empty array as strings: GGUF's empty arrays are vocabulary lists, such as a
             // byte vocabulary's `tokenizer.ggml.merges`, which llama.cpp reads as strings only)
-            let elem_type = items.first().map_or(T_STRING, Value::type_id);
-            out.extend_from_slice(&elem_type.to_le_bytes());
+            let elem_type = items.first().map_or(ValueType::String, Value::value_type);
+            out.extend_from_slice(&elem_type.id().to_le_bytes());
             out.extend_from_slice(&(items.len() as u64).to_le_bytes());
             for i in items {
                 write_value(out, i);

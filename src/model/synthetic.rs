@@ -91,151 +91,69 @@ pub struct SyntheticShape {
 /// Llama 3.1 8B (the model EAGLE-3's published figures are measured on, with its rope scaling),
 /// Qwen3 0.6B and 8B, Gemma 3 1B.
 pub const SYNTHETIC_SHAPES: &[SyntheticShape] = &[
-    SyntheticShape {
-        name: "qwen2-1.5b",
-        arch: Arch::Qwen2,
-        vocab: 151936,
-        dim: 1536,
-        layers: 28,
-        heads: 12,
-        kv_heads: 2,
-        ffn: 8960,
-        tied: false,
-        rope_theta: 1e6,
-        context: 32768,
-        mix: QuantMix::Q4KM,
-        head_dim: 0,
-        llama3_rope: false,
-    },
-    SyntheticShape {
-        name: "qwen2-0.5b",
-        arch: Arch::Qwen2,
-        vocab: 151936,
-        dim: 896,
-        layers: 24,
-        heads: 14,
-        kv_heads: 2,
-        ffn: 4864,
-        tied: false,
-        rope_theta: 1e6,
-        context: 32768,
-        mix: QuantMix::Q5_0Mix,
-        head_dim: 0,
-        llama3_rope: false,
-    },
-    SyntheticShape {
-        name: "llama-1b",
-        arch: Arch::Llama,
-        vocab: 128256,
-        dim: 2048,
-        layers: 16,
-        heads: 32,
-        kv_heads: 8,
-        ffn: 8192,
-        tied: true,
-        rope_theta: 500000.0,
-        context: 131072,
-        mix: QuantMix::Q4KM,
-        head_dim: 0,
-        llama3_rope: false,
-    },
-    SyntheticShape {
-        name: "smollm2-135m",
-        arch: Arch::Llama,
-        vocab: 49152,
-        dim: 576,
-        layers: 30,
-        heads: 9,
-        kv_heads: 3,
-        ffn: 1536,
-        tied: true,
-        rope_theta: 100000.0,
-        context: 8192,
-        mix: QuantMix::Q4_1,
-        head_dim: 0,
-        llama3_rope: false,
-    },
-    SyntheticShape {
-        name: "qwen2-7b",
-        arch: Arch::Qwen2,
-        vocab: 152064,
-        dim: 3584,
-        layers: 28,
-        heads: 28,
-        kv_heads: 4,
-        ffn: 18944,
-        tied: false,
-        rope_theta: 1e6,
-        context: 32768,
-        mix: QuantMix::Q4KM,
-        head_dim: 0,
-        llama3_rope: false,
-    },
-    SyntheticShape {
-        name: "llama-8b",
-        arch: Arch::Llama,
-        vocab: 128256,
-        dim: 4096,
-        layers: 32,
-        heads: 32,
-        kv_heads: 8,
-        ffn: 14336,
-        tied: false,
-        rope_theta: 500000.0,
-        context: 131072,
-        mix: QuantMix::Q4KM,
-        head_dim: 0,
-        llama3_rope: true,
-    },
-    SyntheticShape {
-        name: "qwen3-0.6b",
-        arch: Arch::Qwen3,
-        vocab: 151936,
-        dim: 1024,
-        layers: 28,
-        heads: 16,
-        kv_heads: 8,
-        ffn: 3072,
-        tied: true,
-        rope_theta: 1e6,
-        context: 40960,
-        mix: QuantMix::Q4KM,
-        head_dim: 128,
-        llama3_rope: false,
-    },
-    SyntheticShape {
-        name: "gemma3-1b",
-        arch: Arch::Gemma3,
-        vocab: 262144,
-        dim: 1152,
-        layers: 26,
-        heads: 4,
-        kv_heads: 1,
-        ffn: 6912,
-        tied: true,
-        rope_theta: 1e6,
-        context: 32768,
-        mix: QuantMix::Q4KM,
-        head_dim: 256,
-        llama3_rope: false,
-    },
-    SyntheticShape {
-        name: "qwen3-8b",
-        arch: Arch::Qwen3,
-        vocab: 151936,
-        dim: 4096,
-        layers: 36,
-        heads: 32,
-        kv_heads: 8,
-        ffn: 12288,
-        tied: false,
-        rope_theta: 1e6,
-        context: 40960,
-        mix: QuantMix::Q4KM,
-        head_dim: 128,
-        llama3_rope: false,
-    },
+    //                   name          arch         vocab   [dim, layers, heads, kv_heads, ffn]  rope θ  context
+    SyntheticShape::new("qwen2-1.5b", Arch::Qwen2, 151936, [1536, 28, 12, 2, 8960], 1e6, 32768),
+    SyntheticShape::new("qwen2-0.5b", Arch::Qwen2, 151936, [896, 24, 14, 2, 4864], 1e6, 32768)
+        .mix(QuantMix::Q5_0Mix),
+    SyntheticShape::new("llama-1b", Arch::Llama, 128256, [2048, 16, 32, 8, 8192], 5e5, 131072).tied(),
+    SyntheticShape::new("smollm2-135m", Arch::Llama, 49152, [576, 30, 9, 3, 1536], 1e5, 8192)
+        .tied()
+        .mix(QuantMix::Q4_1),
+    SyntheticShape::new("qwen2-7b", Arch::Qwen2, 152064, [3584, 28, 28, 4, 18944], 1e6, 32768),
+    SyntheticShape::new("llama-8b", Arch::Llama, 128256, [4096, 32, 32, 8, 14336], 5e5, 131072).llama3_rope(),
+    SyntheticShape::new("qwen3-0.6b", Arch::Qwen3, 151936, [1024, 28, 16, 8, 3072], 1e6, 40960)
+        .tied()
+        .head_dim(128),
+    SyntheticShape::new("gemma3-1b", Arch::Gemma3, 262144, [1152, 26, 4, 1, 6912], 1e6, 32768)
+        .tied()
+        .head_dim(256),
+    SyntheticShape::new("qwen3-8b", Arch::Qwen3, 151936, [4096, 36, 32, 8, 12288], 1e6, 40960).head_dim(128),
 ];
+
+impl SyntheticShape {
+    /// A shape of the Q4_K_M mix with an untied output, heads of dim / heads and no rope scaling.
+    const fn new(
+        name: &'static str,
+        arch: Arch,
+        vocab: usize,
+        [dim, layers, heads, kv_heads, ffn]: [usize; 5],
+        rope_theta: f32,
+        context: usize,
+    ) -> SyntheticShape {
+        SyntheticShape {
+            name,
+            arch,
+            vocab,
+            dim,
+            layers,
+            heads,
+            kv_heads,
+            ffn,
+            tied: false,
+            rope_theta,
+            context,
+            mix: QuantMix::Q4KM,
+            head_dim: 0,
+            llama3_rope: false,
+        }
+    }
+
+    const fn tied(self) -> SyntheticShape {
+        SyntheticShape { tied: true, ..self }
+    }
+
+    const fn mix(self, mix: QuantMix) -> SyntheticShape {
+        SyntheticShape { mix, ..self }
+    }
+
+    const fn head_dim(self, head_dim: usize) -> SyntheticShape {
+        SyntheticShape { head_dim, ..self }
+    }
+
+    const fn llama3_rope(self) -> SyntheticShape {
+        SyntheticShape { llama3_rope: true, ..self }
+    }
+}
 
 /// The synthetic shape called `name`.
 pub fn synthetic_shape(name: &str) -> Result<SyntheticShape> {

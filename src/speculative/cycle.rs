@@ -48,59 +48,86 @@ impl GreedyCycle {
         GreedyCycle { drafts, result, accept }
     }
 
-    /// Drafts up to `k` tokens after `context` with `draft` (greedy) and verifies them with
-    /// `target`, whose cache holds `context[..n_past]` (`context[n_past]` is the last token, not
-    /// yet run). Both models must live on the same GPU. Leaves the target's cache at
-    /// `n_past + 1 + K` positions (the caller truncates to what it keeps).
-    pub async fn run(
-        &self,
-        target: &mut Model,
-        draft: &mut DraftModel,
-        context: &[u32],
-        n_past: usize,
-        k: usize,
-    ) -> Result<CycleOutcome> {
-        let id_last = *context
-            .get(n_past)
-            .ok_or_else(|| Error::InvalidArgument(format!("no token at position {n_past} to verify from")))?;
-        let (first, k, mut draft_steps) = draft.catch_up(context, k).await?;
-        let k = k.min(MAX_BATCH - 1);
-        let gpu = target.gpu().clone();
-        let mut enc = gpu.encoder();
+    /// Drafts up to `at.k` tokens with `at.draft` (greedy) and verifies them with `at.target`
+    /// (see [`CycleAt`]). Leaves the target's cache at `n_past + 1 + K` positions (the caller
+    /// truncates to what it keeps).
+    pub async fn run(&self, mut at: CycleAt<'_>) -> Result<CycleOutcome> {
         let drafts = &self.drafts;
-        draft_steps += record_draft_steps(
-            &mut enc,
-            draft.model_mut(),
-            &first,
-            k,
-            drafts,
-            target,
-            |enc, dm, i, rows| {
-                // x_{i+1}: the argmax of the step's last row
-                let word = 4u64;
-                enc.copy_buffer_to_buffer(
-                    &dm.argmax_buffer().raw,
-                    (rows as u64 - 1) * word,
-                    &drafts.raw,
-                    i as u64 * word,
-                    word,
-                );
-            },
-        )?;
-        target.record(&mut enc, 0, &[id_last], k + 1, n_past)?;
-        gpu.encode(&mut enc, std::slice::from_ref(&self.accept), 1);
+        let draw = |enc: &mut wgpu::CommandEncoder, dm: &Model, i: usize, rows: usize| {
+            // x_{i+1}: the argmax of the step's last row
+            let word = 4u64;
+            enc.copy_buffer_to_buffer(
+                &dm.argmax_buffer().raw,
+                (rows as u64 - 1) * word,
+                &drafts.raw,
+                i as u64 * word,
+                word,
+            );
+        };
+        let mut rec = at.record(drafts, draw).await?;
+        let gpu = at.target.gpu().clone();
+        let k = rec.k;
+        gpu.encode(&mut rec.enc, std::slice::from_ref(&self.accept), 1);
         let bytes = ((2 + k) * 4) as u64;
-        let raw = gpu.submit_and_read(enc, &self.result.raw, 0, bytes).await?;
+        let raw = gpu.submit_and_read(rec.enc, &self.result.raw, 0, bytes).await?;
         let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         let (accepted, next) = (out[0] as usize, out[1]);
         let drafts = out[2..2 + k].to_vec();
         if accepted > k {
             return Err(Error::Gpu(format!("the GPU accepted {accepted} of {k} drafts")));
         }
-        if k > 0 {
-            draft.commit_drafts(&first, &drafts);
+        at.commit(&rec.first, &drafts);
+        Ok(CycleOutcome { drafts, accepted, next, draft_steps: rec.draft_steps })
+    }
+}
+
+/// Where a GPU-resident cycle runs: `target`'s cache holds `context[..n_past]` (`context[n_past]`
+/// is the last token, not yet run), `draft` (on the same GPU) catches up on the rest, and up to
+/// `k` drafts are asked for.
+pub struct CycleAt<'a> {
+    pub target: &'a mut Model,
+    pub draft: &'a mut DraftModel,
+    pub context: &'a [u32],
+    pub n_past: usize,
+    pub k: usize,
+}
+
+/// A cycle's passes as [`CycleAt::record`] left them: the encoder (acceptance still to record),
+/// the draft's first input, the drafts K and the draft passes.
+pub(crate) struct Recorded {
+    pub enc: wgpu::CommandEncoder,
+    pub first: Vec<u32>,
+    pub k: usize,
+    pub draft_steps: usize,
+}
+
+impl CycleAt<'_> {
+    /// Records the draft's catch-up and its K steps (`draw` putting each step's token into
+    /// `drafts`, see [`record_draft_steps`]) and the target's verify pass of K + 1 rows.
+    pub(crate) async fn record(
+        &mut self,
+        drafts: &GpuBuffer<u32>,
+        draw: impl FnMut(&mut wgpu::CommandEncoder, &Model, usize, usize),
+    ) -> Result<Recorded> {
+        let n_past = self.n_past;
+        let id_last = *self
+            .context
+            .get(n_past)
+            .ok_or_else(|| Error::InvalidArgument(format!("no token at position {n_past} to verify from")))?;
+        let (first, k, mut draft_steps) = self.draft.catch_up(self.context, self.k).await?;
+        let k = k.min(MAX_BATCH - 1);
+        let mut enc = self.target.gpu().encoder();
+        draft_steps +=
+            record_draft_steps(&mut enc, self.draft.model_mut(), &first, k, drafts, self.target, draw)?;
+        self.target.record(&mut enc, 0, &[id_last], k + 1, n_past)?;
+        Ok(Recorded { enc, first, k, draft_steps })
+    }
+
+    /// Tells the draft which of its steps' tokens were drafted (its cache keeps them).
+    pub(crate) fn commit(&mut self, first: &[u32], drafts: &[u32]) {
+        if !drafts.is_empty() {
+            self.draft.commit_drafts(first, drafts);
         }
-        Ok(CycleOutcome { drafts, accepted, next, draft_steps })
     }
 }
 

@@ -137,7 +137,6 @@ pub struct TreeCosts {
     pub max_nodes: usize,
 }
 
-/// A proposer of draft tokens.
 /// What a draft is asked to propose from ([`Draft::propose`]).
 pub struct Ask<'a> {
     /// The prompt and every token generated so far (the target has not yet run the last one).
@@ -150,6 +149,20 @@ pub struct Ask<'a> {
     pub rng: &'a mut Rng,
 }
 
+/// A target pass whose rows the loop keeps ([`Draft::target_pass`]): rows `rows` of it hold the
+/// target's hidden states of positions `first..first + rows.len()`, whose next tokens are
+/// `context[first + 1..]`.
+#[derive(Clone, Copy, Debug)]
+pub struct Kept<'a> {
+    /// The prompt and every token known by then.
+    pub context: &'a [u32],
+    /// The position of the first kept row.
+    pub first: usize,
+    /// The pass's rows that were kept, in position order.
+    pub rows: &'a [usize],
+}
+
+/// A proposer of draft tokens.
 pub trait Draft {
     /// Which kind of draft this is (the stats carry it).
     fn kind(&self) -> DraftKind;
@@ -168,16 +181,10 @@ pub trait Draft {
     fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>>;
 
     /// After every target pass whose tokens the loop keeps (prefill chunks, verify passes, before
-    /// the next target pass): rows `rows` of that pass hold the target's hidden states of
-    /// positions `first..first + rows.len()`, whose next tokens are `context[first + 1..]` (all
-    /// known by then). Drafts that read hidden states (Medusa and EAGLE heads) take them now:
-    /// the next target pass overwrites them. Returns the draft passes run.
-    fn target_pass<'a>(
-        &'a mut self,
-        _context: &'a [u32],
-        _first: usize,
-        _rows: &'a [usize],
-    ) -> LocalFuture<'a, Result<usize>> {
+    /// the next target pass), with its kept rows. Drafts that read hidden states (Medusa and
+    /// EAGLE heads) take them now: the next target pass overwrites them. Returns the draft passes
+    /// run.
+    fn target_pass<'a>(&'a mut self, _pass: Kept<'a>) -> LocalFuture<'a, Result<usize>> {
         Box::pin(async { Ok(0) })
     }
 }

@@ -25,7 +25,7 @@
 //! Proposals are deterministic (one-hot q): greedy decoding follows the target's argmax down the
 //! tree, sampled decoding uses the multi-candidate rule, and the output is the target's.
 
-use super::draft::{Ask, Draft, DraftBudget, LocalFuture, Proposal};
+use super::draft::{Ask, Draft, DraftBudget, Kept, LocalFuture, Proposal};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
 use crate::error::Result;
@@ -138,12 +138,8 @@ impl Draft for Eagle {
         Box::pin(async { Ok(0) })
     }
 
-    fn target_pass<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        first: usize,
-        rows: &'a [usize],
-    ) -> LocalFuture<'a, Result<usize>> {
+    fn target_pass<'a>(&'a mut self, pass: Kept<'a>) -> LocalFuture<'a, Result<usize>> {
+        let Kept { context, first, rows } = pass;
         Box::pin(async move {
             let n = rows.len();
             if let Some((predicted, tree)) = self.predicted.take() {

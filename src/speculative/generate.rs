@@ -22,7 +22,8 @@
 use serde::Serialize;
 use web_time::Instant;
 
-use super::draft::{Ask, DraftBudget, DraftModel, Drafter, Proposal};
+use super::cycle::CycleAt;
+use super::draft::{Ask, DraftBudget, DraftModel, Drafter, Kept, Proposal};
 use super::schedule::{KPolicy, Schedule};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
@@ -251,7 +252,8 @@ impl<'o> Loop<'o> {
             if let Some(d) = draft.draft() {
                 // heads take the chunk's hidden states before the next pass overwrites them
                 let rows: Vec<usize> = (0..chunk.len()).collect();
-                self.stats.draft_steps += d.target_pass(prompt, self.n_past, &rows).await?;
+                self.stats.draft_steps +=
+                    d.target_pass(Kept { context: prompt, first: self.n_past, rows: &rows }).await?;
             }
             self.n_past += chunk.len();
             self.stats.base.target_forwards += 1;
@@ -284,7 +286,8 @@ impl<'o> Loop<'o> {
         }
         if let (Some(d), Some((first, rows))) = (draft.draft(), self.kept_rows.take()) {
             let td = Instant::now();
-            self.stats.draft_steps += d.target_pass(&self.tokens, first, &rows).await?;
+            self.stats.draft_steps +=
+                d.target_pass(Kept { context: &self.tokens, first, rows: &rows }).await?;
             self.stats.draft_seconds += td.elapsed().as_secs_f64();
         }
         // K from the schedule, capped by the context and the tokens still wanted
@@ -326,7 +329,8 @@ impl<'o> Loop<'o> {
     ) -> Result<Checked> {
         let id_last = self.tokens[self.n_past];
         let tc = Instant::now();
-        let (out, drew) = verifier.cycle(target, dm, &self.tokens, self.n_past, k, &mut self.rng).await?;
+        let at = CycleAt { target, draft: dm, context: &self.tokens, n_past: self.n_past, k };
+        let (out, drew) = verifier.cycle(at, &mut self.rng).await?;
         // (after plain steps too: the catch-up on them rides in the first draft step's pass as
         // extra rows, about free on a GPU, past MAX_BATCH of them in passes of its own; and a
         // probe is then the only timing there is)

@@ -8,7 +8,7 @@
 //! deterministic (one-hot q): greedy decoding follows the target's argmax down the tree, sampled
 //! decoding uses the multi-candidate rule ([`super::tree`]), and the output is the target's.
 
-use super::draft::{Ask, Draft, DraftBudget, LocalFuture, Proposal};
+use super::draft::{Ask, Draft, DraftBudget, Kept, LocalFuture, Proposal};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
 use crate::error::{Error, Result};
@@ -120,14 +120,9 @@ impl Draft for Medusa {
         DraftKind::Medusa
     }
 
-    fn target_pass<'a>(
-        &'a mut self,
-        _context: &'a [u32],
-        _first: usize,
-        rows: &'a [usize],
-    ) -> LocalFuture<'a, Result<usize>> {
+    fn target_pass<'a>(&'a mut self, pass: Kept<'a>) -> LocalFuture<'a, Result<usize>> {
         // the heads read the row that produced the last token when they propose
-        self.row = rows.last().copied();
+        self.row = pass.rows.last().copied();
         Box::pin(async { Ok(0) })
     }
 

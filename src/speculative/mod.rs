@@ -30,9 +30,9 @@ pub mod tree;
 mod verifier;
 pub mod verify;
 
-pub use cycle::{CycleOutcome, GreedyCycle};
+pub use cycle::{CycleAt, CycleOutcome, GreedyCycle};
 pub use draft::{
-    check_draft, check_tokenizers, check_vocab, Ask, Draft, DraftBudget, DraftModel, Drafter, Proposal,
+    check_draft, check_tokenizers, check_vocab, Ask, Draft, DraftBudget, DraftModel, Drafter, Kept, Proposal,
     TreeCosts,
 };
 pub use eagle::{Eagle, EagleTree, EAGLE_SIBLINGS, EAGLE_WIDTH};

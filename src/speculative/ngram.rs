@@ -1,7 +1,7 @@
 //! Drafts without a model of their own: prompt lookup ([`NGram`]) and SpecInfer's ensemble of
 //! another draft's proposal with the n-gram continuations ([`Ensemble`]), one token tree.
 
-use super::draft::{Ask, Draft, DraftBudget, LocalFuture, Proposal};
+use super::draft::{Ask, Draft, DraftBudget, Kept, LocalFuture, Proposal};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
 use crate::error::Result;
@@ -128,13 +128,8 @@ impl Draft for Ensemble<'_> {
         self.draft.prefill(prompt)
     }
 
-    fn target_pass<'a>(
-        &'a mut self,
-        context: &'a [u32],
-        first: usize,
-        rows: &'a [usize],
-    ) -> LocalFuture<'a, Result<usize>> {
-        self.draft.target_pass(context, first, rows)
+    fn target_pass<'a>(&'a mut self, pass: Kept<'a>) -> LocalFuture<'a, Result<usize>> {
+        self.draft.target_pass(pass)
     }
 
     fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>> {

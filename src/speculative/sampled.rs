@@ -30,8 +30,7 @@
 //! from what is left of p" emits each child c with probability p(c) and any other token t with
 //! probability p(t), exactly as one draw from p does.
 
-use super::cycle::{record_draft_steps, CycleOutcome};
-use super::draft::DraftModel;
+use super::cycle::{CycleAt, CycleOutcome};
 use super::tree::{TokenTree, TreeVerdict};
 use crate::error::{Error, Result};
 use crate::gpu::{Gpu, GpuBuffer, Op, SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
@@ -192,67 +191,42 @@ impl SampledCycle {
         self.finish(&gpu, enc, k, 0, n_past).await
     }
 
-    /// Drafts up to `k` tokens after `context` with `draft`, each drawn on the GPU from its
-    /// sampling distribution, and verifies them with `target` (whose cache holds
-    /// `context[..n_past]`): one submission, one read-back. Leaves the target's cache at
-    /// `n_past + 1 + K` positions.
-    pub async fn run(
-        &self,
-        target: &mut Model,
-        draft: &mut DraftModel,
-        context: &[u32],
-        n_past: usize,
-        k: usize,
-        rng: &mut Rng,
-    ) -> Result<CycleOutcome> {
+    /// Drafts up to `at.k` tokens with `at.draft`, each drawn on the GPU from its sampling
+    /// distribution, and verifies them with `at.target` (see [`CycleAt`]): one submission, one
+    /// read-back. Leaves the target's cache at `n_past + 1 + K` positions.
+    pub async fn run(&self, mut at: CycleAt<'_>, rng: &mut Rng) -> Result<CycleOutcome> {
         let side = self
             .draft
             .as_ref()
             .ok_or_else(|| Error::InvalidArgument("a sampled cycle built without a draft model".into()))?;
-        let id_last = *context
-            .get(n_past)
-            .ok_or_else(|| Error::InvalidArgument(format!("no token at position {n_past} to verify from")))?;
-        let (first, k, mut draft_steps) = draft.catch_up(context, k).await?;
-        let k = k.min(MAX_BATCH - 1);
-        let gpu = target.gpu().clone();
+        let gpu = at.target.gpu().clone();
         self.begin(&gpu, rng);
-        let mut enc = gpu.encoder();
         let (word, row) = (4u64, (self.vocab * 4) as u64);
         let top_k = self.params.top_k as u64;
         let (drafts, q_logits, q_top) = (&self.drafts, &self.q_logits, &self.q_top);
-        draft_steps += record_draft_steps(
-            &mut enc,
-            draft.model_mut(),
-            &first,
-            k,
-            drafts,
-            target,
-            |enc, dm, i, rows| {
-                // x_{i+1}: a draw from the step's last row q_{i+1}, which (with its ranks) the
-                // verify pass's residual draws read
-                let last = rows as u64 - 1;
-                if let Some((op, ranks)) = &side.top {
-                    gpu.encode(enc, op, rows as u32);
-                    let bytes = top_k * word;
-                    enc.copy_buffer_to_buffer(&ranks.raw, last * bytes, &q_top.raw, i as u64 * bytes, bytes);
-                }
-                gpu.encode(enc, std::slice::from_ref(&side.sample), rows as u32);
-                enc.copy_buffer_to_buffer(&side.draw.raw, 0, &drafts.raw, i as u64 * word, word);
-                enc.copy_buffer_to_buffer(
-                    &dm.logits_buffer().raw,
-                    last * row,
-                    &q_logits.raw,
-                    i as u64 * row,
-                    row,
-                );
-            },
-        )?;
-        target.record(&mut enc, 0, &[id_last], k + 1, n_past)?;
-        self.encode_verify(&gpu, &mut enc, k, true);
-        let out = self.finish(&gpu, enc, k, draft_steps, n_past).await?;
-        if k > 0 {
-            draft.commit_drafts(&first, &out.drafts);
-        }
+        let draw = |enc: &mut wgpu::CommandEncoder, dm: &Model, i: usize, rows: usize| {
+            // x_{i+1}: a draw from the step's last row q_{i+1}, which (with its ranks) the
+            // verify pass's residual draws read
+            let last = rows as u64 - 1;
+            if let Some((op, ranks)) = &side.top {
+                gpu.encode(enc, op, rows as u32);
+                let bytes = top_k * word;
+                enc.copy_buffer_to_buffer(&ranks.raw, last * bytes, &q_top.raw, i as u64 * bytes, bytes);
+            }
+            gpu.encode(enc, std::slice::from_ref(&side.sample), rows as u32);
+            enc.copy_buffer_to_buffer(&side.draw.raw, 0, &drafts.raw, i as u64 * word, word);
+            enc.copy_buffer_to_buffer(
+                &dm.logits_buffer().raw,
+                last * row,
+                &q_logits.raw,
+                i as u64 * row,
+                row,
+            );
+        };
+        let mut rec = at.record(drafts, draw).await?;
+        self.encode_verify(&gpu, &mut rec.enc, rec.k, true);
+        let out = self.finish(&gpu, rec.enc, rec.k, rec.draft_steps, at.n_past).await?;
+        at.commit(&rec.first, &out.drafts);
         Ok(out)
     }
 

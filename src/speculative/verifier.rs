@@ -17,7 +17,7 @@
 //! Each returns what the pass decided ([`Checked`]): the loop commits it the same way whichever
 //! verifier ran.
 
-use super::cycle::{CycleOutcome, GreedyCycle};
+use super::cycle::{CycleAt, CycleOutcome, GreedyCycle};
 use super::draft::DraftModel;
 use super::generate::CycleTrace;
 use super::sampled::{gpu_samples, SampledCycle};
@@ -90,22 +90,12 @@ impl Verifier {
         }
     }
 
-    /// A GPU-resident cycle: up to `k` drafts after `context` from `draft`, the target's verify
-    /// pass at `n_past` and the acceptance in one submission; and whether the GPU drew (sampling).
-    pub async fn cycle(
-        &self,
-        target: &mut Model,
-        draft: &mut DraftModel,
-        context: &[u32],
-        n_past: usize,
-        k: usize,
-        rng: &mut Rng,
-    ) -> Result<(CycleOutcome, bool)> {
+    /// A GPU-resident cycle at `at` (the drafts, the target's verify pass and the acceptance in
+    /// one submission); and whether the GPU drew (sampling).
+    pub async fn cycle(&self, at: CycleAt<'_>, rng: &mut Rng) -> Result<(CycleOutcome, bool)> {
         match self {
-            Verifier::Greedy(Some(cycle)) => Ok((cycle.run(target, draft, context, n_past, k).await?, false)),
-            Verifier::GpuSampled(sc) if sc.has_draft() => {
-                Ok((sc.run(target, draft, context, n_past, k, rng).await?, true))
-            }
+            Verifier::Greedy(Some(cycle)) => Ok((cycle.run(at).await?, false)),
+            Verifier::GpuSampled(sc) if sc.has_draft() => Ok((sc.run(at, rng).await?, true)),
             _ => Err(Error::InvalidArgument("a resident cycle without its buffers".into())),
         }
     }

@@ -321,6 +321,53 @@ pub fn parse_prompts(json: &str) -> Result<Vec<BenchPrompt>> {
     serde_json::from_str(json).map_err(|e| Error::InvalidArgument(format!("prompt set: {e}")))
 }
 
+/// Both modes' speeds and what speculation achieved, of one prompt or over a set.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct Rates {
+    /// Generated tokens over the decode seconds of each mode.
+    pub target_only_tokens_per_second: f64,
+    pub speculative_tokens_per_second: f64,
+    /// Speculative over target-only tokens per second.
+    pub speedup: f64,
+    /// τ: generated tokens per verify pass.
+    pub tokens_per_target_forward: f64,
+    /// Accepted over drafted tokens.
+    pub acceptance_rate: f64,
+}
+
+impl Rates {
+    fn new((plain, spec): (f64, f64), tokens_per_target_forward: f64, acceptance_rate: f64) -> Rates {
+        Rates {
+            target_only_tokens_per_second: plain,
+            speculative_tokens_per_second: spec,
+            speedup: ratio(spec, plain),
+            tokens_per_target_forward,
+            acceptance_rate,
+        }
+    }
+
+    /// The figures as one line prints them.
+    fn line(&self) -> String {
+        format!(
+            "target-only {:>7.2} tok/s  speculative {:>7.2} tok/s  x{:.2}  tau {:.2}  accept {:>5.1}%",
+            self.target_only_tokens_per_second,
+            self.speculative_tokens_per_second,
+            self.speedup,
+            self.tokens_per_target_forward,
+            100.0 * self.acceptance_rate
+        )
+    }
+}
+
+/// a / b, or 0 where b is not positive.
+fn ratio(a: f64, b: f64) -> f64 {
+    if b > 0.0 {
+        a / b
+    } else {
+        0.0
+    }
+}
+
 /// The outcome of one prompt: target-only and speculative runs of the same request.
 #[derive(Clone, Debug, Serialize)]
 pub struct PromptResult {
@@ -328,11 +375,8 @@ pub struct PromptResult {
     pub kind: String,
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
-    pub target_only_tokens_per_second: f64,
-    pub speculative_tokens_per_second: f64,
-    pub speedup: f64,
-    pub tokens_per_target_forward: f64,
-    pub acceptance_rate: f64,
+    #[serde(flatten)]
+    pub rates: Rates,
     pub mean_k: f64,
     /// The target-only run's steps, its dispatches and its host time encoding and submitting
     /// them (the speculative run's are in `stats`).
@@ -371,21 +415,13 @@ pub async fn run_prompt(
         return Err(Error::InvalidArgument("benchmark run missing".into()));
     };
     let s = spec.stats;
-    let speedup = if plain.stats.base.tokens_per_second > 0.0 {
-        s.base.tokens_per_second / plain.stats.base.tokens_per_second
-    } else {
-        0.0
-    };
+    let tps = (plain.stats.base.tokens_per_second, s.base.tokens_per_second);
     Ok(PromptResult {
         name: bench.name.clone(),
         kind: bench.kind.clone(),
         prompt_tokens: prompt.len(),
         generated_tokens: s.base.generated_tokens,
-        target_only_tokens_per_second: plain.stats.base.tokens_per_second,
-        speculative_tokens_per_second: s.base.tokens_per_second,
-        speedup,
-        tokens_per_target_forward: s.tokens_per_target_forward,
-        acceptance_rate: s.acceptance_rate,
+        rates: Rates::new(tps, s.tokens_per_target_forward, s.acceptance_rate),
         mean_k: s.mean_k,
         target_only_steps: plain.stats.verify_forwards,
         target_only_dispatches: plain.stats.dispatches,
@@ -400,14 +436,10 @@ impl PromptResult {
     /// One line on stderr (`sampled`: outputs are not expected to agree).
     fn print(&self, sampled: bool) {
         eprintln!(
-            "{:<20} {:<5} target-only {:>7.2} tok/s  speculative {:>7.2} tok/s  x{:.2}  tau {:.2}  accept {:>5.1}%  K {:.1}{}",
+            "{:<20} {:<5} {}  K {:.1}{}",
             self.name,
             self.kind,
-            self.target_only_tokens_per_second,
-            self.speculative_tokens_per_second,
-            self.speedup,
-            self.tokens_per_target_forward,
-            100.0 * self.acceptance_rate,
+            self.rates.line(),
             self.mean_k,
             if self.identical || sampled { "" } else { "  (outputs differ!)" }
         );
@@ -419,13 +451,9 @@ impl PromptResult {
 pub struct Summary {
     pub prompts: usize,
     pub generated_tokens: usize,
-    /// Generated tokens over the summed decode times of each mode.
-    pub target_only_tokens_per_second: f64,
-    pub speculative_tokens_per_second: f64,
-    pub speedup: f64,
-    /// τ: generated tokens per verify pass.
-    pub tokens_per_target_forward: f64,
-    pub acceptance_rate: f64,
+    /// Over the summed decode times of each mode, all verify passes and all drafts.
+    #[serde(flatten)]
+    pub rates: Rates,
     /// Drafted tokens (tree nodes) per verify pass, and the passes that verified a tree.
     pub nodes_per_verify: f64,
     pub tree_cycles: usize,
@@ -443,10 +471,9 @@ pub struct Summary {
 
 impl Summary {
     pub fn of(rs: &[&PromptResult]) -> Summary {
-        let ratio = |a: f64, b: f64| if b > 0.0 { a / b } else { 0.0 };
         let tokens: usize = rs.iter().map(|r| r.generated_tokens).sum();
         let plain_s: f64 =
-            rs.iter().map(|r| ratio(r.generated_tokens as f64, r.target_only_tokens_per_second)).sum();
+            rs.iter().map(|r| ratio(r.generated_tokens as f64, r.rates.target_only_tokens_per_second)).sum();
         let spec_s: f64 = rs.iter().map(|r| r.stats.base.decode_seconds).sum();
         let drafted: usize = rs.iter().map(|r| r.stats.drafted).sum();
         let accepted: usize = rs.iter().map(|r| r.stats.accepted).sum();
@@ -456,11 +483,11 @@ impl Summary {
         Summary {
             prompts: rs.len(),
             generated_tokens: tokens,
-            target_only_tokens_per_second: plain_tps,
-            speculative_tokens_per_second: spec_tps,
-            speedup: ratio(spec_tps, plain_tps),
-            tokens_per_target_forward: ratio(tokens as f64, verifies as f64),
-            acceptance_rate: ratio(accepted as f64, drafted as f64),
+            rates: Rates::new(
+                (plain_tps, spec_tps),
+                ratio(tokens as f64, verifies as f64),
+                ratio(accepted as f64, drafted as f64),
+            ),
             nodes_per_verify: ratio(drafted as f64, verifies as f64),
             tree_cycles: rs.iter().map(|r| r.stats.tree_cycles).sum(),
             plain_cycles: rs.iter().map(|r| r.stats.plain_cycles).sum(),
@@ -522,14 +549,9 @@ impl Report {
     fn print_summary(&self) {
         let s = &self.summary;
         eprintln!(
-            "all: target-only {:.2} tok/s, speculative {:.2} tok/s, speedup x{:.2}, tau {:.2}, acceptance {:.1}%, \
-             {:.1} nodes per verify pass ({} trees), {} of {} cycles plain, verify_cost(K={}) {:.2}; \
+            "all: {}; {:.1} nodes per verify pass ({} trees), {} of {} cycles plain, verify_cost(K={}) {:.2}; \
              {:.0} dispatches and {:.0} us of host encoding per cycle ({:.0} and {:.0} per target-only step)",
-            s.target_only_tokens_per_second,
-            s.speculative_tokens_per_second,
-            s.speedup,
-            s.tokens_per_target_forward,
-            100.0 * s.acceptance_rate,
+            s.rates.line(),
             s.nodes_per_verify,
             s.tree_cycles,
             s.plain_cycles,

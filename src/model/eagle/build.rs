@@ -13,7 +13,7 @@ use crate::gpu::{
 };
 use crate::model::checkpoint::{hf_name, Checkpoint, Precision};
 use crate::model::config::Config;
-use crate::model::transformer::{record_block, rope_table, BlockIo, LoadOptions, Model, MAX_BATCH};
+use crate::model::transformer::{rope_table, Block, BlockIo, LoadOptions, Model, MAX_BATCH};
 use crate::model::weights::{
     Layer, LayerTensors, LoadProgress, Matrix, Tally, TensorRole, TensorSpec, TensorTable, Upload,
 };
@@ -364,7 +364,7 @@ impl HeadOps {
             window: None,
         };
         // x += attention, mlp: the predicted feature f^                             [n, dim]
-        pass.extend(record_block(g, c, &s.layer, &s.kv, &io, None));
+        pass.extend(Block { g, c, layer: &s.layer, kv: &s.kv, io: &io, next_norm: None }.record());
         let (_, out_vocab) = layout.widths(c.dim, c.vocab_size);
         let (project, project_many) =
             (s.projection(target, &s.one, out_vocab, top_k), s.projection(target, &s.many, out_vocab, top_k));

@@ -252,13 +252,8 @@ impl EagleHead {
     }
 
     /// Positions in the head's KV cache.
-    pub fn len(&self) -> usize {
+    pub fn cached(&self) -> usize {
         self.len
-    }
-
-    /// Whether the head's cache is empty.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
     }
 
     /// KV cache positions allocated (the target's context).

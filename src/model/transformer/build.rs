@@ -1,6 +1,6 @@
 //! Building a model on the GPU: its memory bill from the headers ([`Model::plan`], one table of
 //! its buffers), the upload, every buffer allocated once ([`RunState`]) and the forward pass
-//! recorded once as an op list (one transformer block: [`record_block`]).
+//! recorded once as an op list (one transformer block: [`Block::record`]).
 
 use std::sync::Arc;
 
@@ -250,116 +250,134 @@ pub(super) fn kv_words(c: &Config, kv_f16: bool) -> usize {
     }
 }
 
-/// One transformer block as ops (5 dispatches; 6 where each head is normed), reading x (and xb = x * its input norm's weight,
-/// which the op before it wrote, when the block has an input norm) and leaving x += the block,
-/// and xb = x * `next_norm` when a normed op follows.
-pub(crate) fn record_block(
-    g: &Gpu,
-    c: &Config,
-    layer: &Layer,
-    kv: &GpuBuffer<u32>,
-    io: &BlockIo,
-    next_norm: Option<&GpuBuffer<f32>>,
-) -> Vec<Op> {
-    let st = io.step;
-    let shape = io.shape(c);
-    let mut ops = Vec::new();
-    let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
-    let normed = |ldy: usize| MatmulOut { norm: Some(NormIn { raw: io.x, eps: c.rms_eps }), ..to(ldy) };
-    // [q | k | v] = rmsnorm(x) Wqkv^T + bqkv (x itself without an input norm), one matmul: q and
-    // k rotated by their positions in its epilogue, q to its scratch [n, q_dim], k | v to the
-    // cache row start_pos + r [context, 2 kv_dim]
-    let (input, out) = match (io.qkv_input, &layer.attn_norm) {
-        (Some(input), _) => (input, to(c.q_dim())),
-        (None, Some(_)) => (io.xb, normed(c.q_dim())),
-        (None, None) => (io.x, to(c.q_dim())),
-    };
-    // (heads normed one by one: the matmul's raw q|k|v to their scratch, then one op norms and
-    // rotates q and k and routes q|k|v to their places)
-    if let (Some([q_norm, k_norm]), Some(raw)) = (&layer.qk_norm, io.qkv) {
-        let width = c.q_dim() + 2 * c.kv_dim();
-        ops.extend(layer.qkv.matmul(
-            g,
-            st,
-            input,
-            layer.qkv_bias.as_ref(),
-            raw,
-            MatmulOut { ldy: width as u32, ..out },
-        ));
-        let places = HeadNormIo { qkv: raw, norms: [q_norm, k_norm], cos_sin: io.cos_sin, q: io.q, kv };
-        ops.push(g.head_norm(st, places, shape, (c.rope_dim as u32, c.rope_layout), c.rms_eps));
-        return attention_and_ffn(g, c, layer, kv, io, next_norm, ops);
-    }
-    let qkv = MatmulOut {
-        second: Some(SideOutput::Kv(KvOut {
-            cache: kv,
-            ld: 2 * c.kv_dim() as u32,
-            split: c.q_dim() as u32,
-            f16: io.kv_f16,
-        })),
-        rope: Some(RopeOut {
-            cos_sin: io.cos_sin,
-            cols: (c.q_dim() + c.kv_dim()) as u32,
-            head_dim: c.head_dim as u32,
-            rope_dim: c.rope_dim as u32,
-            layout: c.rope_layout,
-        }),
-        ..out
-    };
-    ops.extend(layer.qkv.matmul(g, st, input, layer.qkv_bias.as_ref(), io.q, qkv));
-    attention_and_ffn(g, c, layer, kv, io, next_norm, ops)
+/// One transformer block, to record as ops ([`Block::record`]).
+pub(crate) struct Block<'a> {
+    pub g: &'a Gpu,
+    pub c: &'a Config,
+    pub layer: &'a Layer,
+    pub kv: &'a GpuBuffer<u32>, // [context, kv_words] the layer's cache
+    pub io: &'a BlockIo<'a>,
+    /// The weight of the norm after the block (the next layer's input norm or the output norm).
+    pub next_norm: Option<&'a GpuBuffer<f32>>,
 }
 
-/// The rest of a block once q and the cache row are written: attention, its output projection
-/// and the feed-forward, appended to `ops`.
-fn attention_and_ffn(
-    g: &Gpu,
-    c: &Config,
-    layer: &Layer,
-    kv: &GpuBuffer<u32>,
-    io: &BlockIo,
-    next_norm: Option<&GpuBuffer<f32>>,
-    mut ops: Vec<Op>,
-) -> Vec<Op> {
-    let st = io.step;
-    let shape = io.shape(c);
-    let normed = |ldy: usize| MatmulOut {
-        ldy: ldy as u32,
-        norm: Some(NormIn { raw: io.x, eps: c.rms_eps }),
-        ..Default::default()
-    };
-    // x += y, and xb = x * gamma for the next norm
-    fn add_then_scale<'a>(io: &BlockIo<'a>, dim: usize, gamma: Option<&'a GpuBuffer<f32>>) -> MatmulOut<'a> {
-        MatmulOut {
-            ldy: dim as u32,
-            accumulate: true,
-            second: gamma.map(|gamma| SideOutput::Scaled { out: io.xb, gamma }),
-            ..Default::default()
+impl Block<'_> {
+    /// The block's ops, reading x (and xb = x * its input norm's weight, which the op before it
+    /// wrote, when the block has an input norm) and leaving x += the block, and xb = x *
+    /// `next_norm` when a normed op follows: 5 dispatches (6 with attention split in chunks), one
+    /// more where each head is normed, two more where the sub-blocks are post-normed (Gemma).
+    pub(crate) fn record(&self) -> Vec<Op> {
+        let Block { g, c, layer, kv, io, .. } = *self;
+        let st = io.step;
+        let shape = io.shape(c);
+        let mut ops = Vec::new();
+        let to = |ldy: usize| MatmulOut { ldy: ldy as u32, ..Default::default() };
+        let normed = |ldy: usize| MatmulOut { norm: Some(NormIn { raw: io.x, eps: c.rms_eps }), ..to(ldy) };
+        // [q | k | v] = rmsnorm(x) Wqkv^T + bqkv (x itself without an input norm), one matmul: q and
+        // k rotated by their positions in its epilogue, q to its scratch [n, q_dim], k | v to the
+        // cache row start_pos + r [context, 2 kv_dim]
+        let (input, out) = match (io.qkv_input, &layer.attn_norm) {
+            (Some(input), _) => (input, to(c.q_dim())),
+            (None, Some(_)) => (io.xb, normed(c.q_dim())),
+            (None, None) => (io.x, to(c.q_dim())),
+        };
+        // (heads normed one by one: the matmul's raw q|k|v to their scratch, then one op norms and
+        // rotates q and k and routes q|k|v to their places)
+        if let (Some([q_norm, k_norm]), Some(raw)) = (&layer.qk_norm, io.qkv) {
+            let width = c.q_dim() + 2 * c.kv_dim();
+            ops.extend(layer.qkv.matmul(
+                g,
+                st,
+                input,
+                layer.qkv_bias.as_ref(),
+                raw,
+                MatmulOut { ldy: width as u32, ..out },
+            ));
+            let places = HeadNormIo { qkv: raw, norms: [q_norm, k_norm], cos_sin: io.cos_sin, q: io.q, kv };
+            ops.push(g.head_norm(st, places, shape, (c.rope_dim as u32, c.rope_layout), c.rms_eps));
+            return self.attention_and_ffn(ops);
         }
+        let qkv = MatmulOut {
+            second: Some(SideOutput::Kv(KvOut {
+                cache: kv,
+                ld: 2 * c.kv_dim() as u32,
+                split: c.q_dim() as u32,
+                f16: io.kv_f16,
+            })),
+            rope: Some(RopeOut {
+                cos_sin: io.cos_sin,
+                cols: (c.q_dim() + c.kv_dim()) as u32,
+                head_dim: c.head_dim as u32,
+                rope_dim: c.rope_dim as u32,
+                layout: c.rope_layout,
+            }),
+            ..out
+        };
+        ops.extend(layer.qkv.matmul(g, st, input, layer.qkv_bias.as_ref(), io.q, qkv));
+        self.attention_and_ffn(ops)
     }
-    // hb = act(rmsnorm(x) Wgate^T) * (rmsnorm(x) Wup^T): one matmul over the interleaved rows,
-    // SwiGLU (or Gemma's GeGLU) in its epilogue                   [n, ffn_dim]
-    let glu = MatmulOut { glu: true, gelu: c.arch.gemma(), ..normed(c.ffn_dim) };
-    // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
-    ops.extend(g.attention(st, io.q, kv, io.scores, io.att, shape));
-    // (Gemma: each sub-block's output normed before its residual add)
-    if let (Some([post_attention, post_ffw]), Some(y)) = (&layer.post_norms, io.post) {
-        let to = MatmulOut { ldy: c.dim as u32, ..Default::default() };
-        // y = att Wo^T; x += rmsnorm(y) * post_attention; xb = x * ffn_norm      [n, dim]
-        ops.extend(layer.wo.matmul(g, st, io.att, None, y, to));
-        ops.push(g.norm_add(st, (y, post_attention, c.rms_eps), io.x, Some((&layer.ffn_norm, io.xb)), c.dim));
+
+    /// The rest of a block once q and the cache row are written: attention, its output projection
+    /// and the feed-forward, appended to `ops`.
+    fn attention_and_ffn(&self, mut ops: Vec<Op>) -> Vec<Op> {
+        let Block { g, c, layer, kv, io, next_norm } = *self;
+        let st = io.step;
+        let shape = io.shape(c);
+        let normed = |ldy: usize| MatmulOut {
+            ldy: ldy as u32,
+            norm: Some(NormIn { raw: io.x, eps: c.rms_eps }),
+            ..Default::default()
+        };
+        // x += y, and xb = x * gamma for the next norm
+        fn add_then_scale<'a>(
+            io: &BlockIo<'a>,
+            dim: usize,
+            gamma: Option<&'a GpuBuffer<f32>>,
+        ) -> MatmulOut<'a> {
+            MatmulOut {
+                ldy: dim as u32,
+                accumulate: true,
+                second: gamma.map(|gamma| SideOutput::Scaled { out: io.xb, gamma }),
+                ..Default::default()
+            }
+        }
+        // hb = act(rmsnorm(x) Wgate^T) * (rmsnorm(x) Wup^T): one matmul over the interleaved rows,
+        // SwiGLU (or Gemma's GeGLU) in its epilogue                   [n, ffn_dim]
+        let glu = MatmulOut { glu: true, gelu: c.arch.gemma(), ..normed(c.ffn_dim) };
+        // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
+        ops.extend(g.attention(st, io.q, kv, io.scores, io.att, shape));
+        // (Gemma: each sub-block's output normed before its residual add)
+        if let (Some([post_attention, post_ffw]), Some(y)) = (&layer.post_norms, io.post) {
+            let to = MatmulOut { ldy: c.dim as u32, ..Default::default() };
+            // y = att Wo^T; x += rmsnorm(y) * post_attention; xb = x * ffn_norm      [n, dim]
+            ops.extend(layer.wo.matmul(g, st, io.att, None, y, to));
+            ops.push(g.norm_add(
+                st,
+                (y, post_attention, c.rms_eps),
+                io.x,
+                Some((&layer.ffn_norm, io.xb)),
+                c.dim,
+            ));
+            ops.extend(layer.gate_up.matmul(g, st, io.xb, None, io.hb, glu));
+            // y = hb Wdown^T; x += rmsnorm(y) * post_ffw; xb = x * the next norm      [n, dim]
+            ops.extend(layer.down.matmul(g, st, io.hb, None, y, to));
+            ops.push(g.norm_add(st, (y, post_ffw, c.rms_eps), io.x, next_norm.map(|n| (n, io.xb)), c.dim));
+            return ops;
+        }
+        // x += att Wo^T; xb = x * ffn_norm                            [n, dim]
+        ops.extend(layer.wo.matmul(
+            g,
+            st,
+            io.att,
+            None,
+            io.x,
+            add_then_scale(io, c.dim, Some(&layer.ffn_norm)),
+        ));
         ops.extend(layer.gate_up.matmul(g, st, io.xb, None, io.hb, glu));
-        // y = hb Wdown^T; x += rmsnorm(y) * post_ffw; xb = x * the next norm      [n, dim]
-        ops.extend(layer.down.matmul(g, st, io.hb, None, y, to));
-        ops.push(g.norm_add(st, (y, post_ffw, c.rms_eps), io.x, next_norm.map(|n| (n, io.xb)), c.dim));
-        return ops;
+        // x += hb Wdown^T; xb = x * the next norm's weight            [n, dim]
+        ops.extend(layer.down.matmul(g, st, io.hb, None, io.x, add_then_scale(io, c.dim, next_norm)));
+        ops
     }
-    // x += att Wo^T; xb = x * ffn_norm                            [n, dim]
-    ops.extend(layer.wo.matmul(g, st, io.att, None, io.x, add_then_scale(io, c.dim, Some(&layer.ffn_norm))));
-    ops.extend(layer.gate_up.matmul(g, st, io.xb, None, io.hb, glu));
-    // x += hb Wdown^T; xb = x * the next norm's weight            [n, dim]
-    ops.extend(layer.down.matmul(g, st, io.hb, None, io.x, add_then_scale(io, c.dim, next_norm)));
-    ops
 }
 
 /// The forward pass as one flat op list, in the order the GPU runs it (5 dispatches per layer);
@@ -418,7 +436,7 @@ pub(super) fn record_forward(
         };
         let io = BlockIo { window, cos_sin, ..io };
         // (the next layer's attn_norm, or output_norm)
-        let block = record_block(g, c, layer, &s.kv_cache[l], &io, input_norm(l + 1));
+        let block = Block { g, c, layer, kv: &s.kv_cache[l], io: &io, next_norm: input_norm(l + 1) }.record();
         per_layer = per_layer.max(block.len());
         ops.extend(block);
         taps(l + 1, &mut ops);

@@ -12,7 +12,7 @@ use bytemuck::Zeroable;
 
 mod build;
 use build::{kv_words, record_forward};
-pub(crate) use build::{record_block, rope_table};
+pub(crate) use build::{rope_table, Block};
 
 /// The most rows one forward pass takes (a verify pass of K drafts + 1).
 pub const MAX_BATCH: usize = 32;
@@ -385,7 +385,9 @@ impl Model {
     }
 
     /// Ops gathering this model's embedding rows of `tokens` into `out` (`[n, dim]`) in a pass
-    /// of another model, under its `step` (an EAGLE head embeds with its target's table).
+    /// of another model, under its `step` (an EAGLE head embeds with its target's table). The
+    /// rows as stored: Gemma's √dim is the target's own input scale, which vLLM's EAGLE heads
+    /// (sharing the embedding table, not the target's input embedding) do not apply either.
     pub fn embed_ops(&self, step: &wgpu::Buffer, tokens: &GpuBuffer<u32>, out: &GpuBuffer<f32>) -> Vec<Op> {
         self.weights.token_embd.embed(&self.gpu, step, tokens, (out, 1.0), None)
     }

@@ -51,15 +51,17 @@ impl<S> StallGuard<S> {
     }
 }
 
-impl<S: AsyncRead + Unpin> AsyncRead for StallGuard<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
-    }
+/// Reads pass through these wrappers of a connection untouched (they watch or rewrite writes).
+macro_rules! reads_pass_through {
+    ($($wrapper:ident),*) => {$(
+        impl<S: AsyncRead + Unpin> AsyncRead for $wrapper<S> {
+            fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+                Pin::new(&mut self.inner).poll_read(cx, buf)
+            }
+        }
+    )*};
 }
+reads_pass_through!(StallGuard, JsonErrors);
 
 impl<S: AsyncWrite + Unpin> AsyncWrite for StallGuard<S> {
     fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
@@ -222,16 +224,6 @@ impl<S: AsyncWrite + Unpin> JsonErrors<S> {
         self.pending = Vec::new();
         self.written = 0;
         Poll::Ready(Ok(()))
-    }
-}
-
-impl<S: AsyncRead + Unpin> AsyncRead for JsonErrors<S> {
-    fn poll_read(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
