@@ -245,6 +245,17 @@ fn rope_scaling_follows_llama3_and_linear_in_both_formats() {
     let lin = Checkpoint::from_gguf(tiny.to_gguf_with(DType::F32, &mut r, &linear)).expect("gguf");
     assert_eq!(lin.config.rope_scaling, RopeScaling::Linear { factor: 4.0 });
     check_against_reference("linear rope scaling", &lin, Precision::F32, 6);
+    // Gemma 3 4B's linear scaling: its global layers only (the local ones keep their own base,
+    // unscaled), as llama.cpp and transformers run it
+    let gemma = TinyModel::random(TinySpec::gemma3(), &mut r);
+    let gemma_linear = [
+        ("gemma3.rope.scaling.type", Value::String("linear".into())),
+        ("gemma3.rope.scaling.factor", Value::F32(8.0)),
+    ];
+    let g = Checkpoint::from_gguf(gemma.to_gguf_with(DType::F32, &mut r, &gemma_linear)).expect("gguf");
+    assert_eq!(g.config.rope_scaling, RopeScaling::Linear { factor: 8.0 });
+    assert!((1..=g.config.n_layers).contains(&g.config.global_every), "{:?}", g.config);
+    check_against_reference("gemma3 linear rope scaling (global layers)", &g, Precision::F32, 6);
     let yarn = [("llama.rope.scaling.type", Value::String("yarn".into()))];
     let err = Checkpoint::from_gguf(tiny.to_gguf_with(DType::F32, &mut r, &yarn)).err().expect("yarn");
     assert!(err.to_string().contains("\"yarn\" is not supported"), "{err}");

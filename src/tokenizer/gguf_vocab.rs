@@ -53,6 +53,10 @@ pub struct GgufVocab {
     pub add_bos: bool,
     /// `tokenizer.ggml.add_eos_token` (default false).
     pub add_eos: bool,
+    /// Whether special tokens take the whitespace after them (but `<s>`, `<unk>` and
+    /// `<|endoftext|>`): the Phi-3 family's, whose `tokenizer.json` marks them `rstrip`. llama.cpp
+    /// does so for files whose `general.name` says Phi-3; this also does for `phi3` files.
+    pub strip_after_specials: bool,
 }
 
 fn meta_err(key: &str, message: impl Into<String>) -> Error {
@@ -157,8 +161,16 @@ impl GgufVocab {
             eot: opt_id(g, "tokenizer.ggml.eot_token_id")?,
             add_bos: opt_bool(g, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos),
             add_eos: opt_bool(g, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
+            strip_after_specials: phi3_named(g)?,
         })
     }
+}
+
+/// Whether a file is of the Phi-3 family: its architecture, or its name as llama.cpp reads it.
+fn phi3_named(g: &Gguf) -> Result<bool> {
+    let name = opt_str(g, "general.name")?.unwrap_or_default().to_lowercase();
+    let arch = opt_str(g, "general.architecture")?;
+    Ok(arch.as_deref() == Some("phi3") || name.contains("phi-3") || name.contains("phi3"))
 }
 
 /// Splits a merge line at its first space after the first byte (as llama.cpp does, so that a
@@ -227,11 +239,12 @@ fn end_ids(v: &GgufVocab, eos: Option<u32>, eot: Option<u32>) -> Vec<u32> {
 
 /// The added tokens of type `ty` (CONTROL: special, matched whole in the text; USER_DEFINED).
 pub(super) fn added_tokens(v: &GgufVocab, ty: i32, special: bool) -> Vec<AddedToken> {
+    let rstrip = |t: &str| v.strip_after_specials && !["<s>", "<unk>", "<|endoftext|>"].contains(&t);
     v.tokens
         .iter()
         .zip(&v.token_types)
         .filter(|&(t, &tt)| tt == ty && !t.is_empty())
-        .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false))
+        .map(|(t, _)| AddedToken::from(t.clone(), special).normalized(false).rstrip(rstrip(t)))
         .collect()
 }
 
