@@ -93,7 +93,7 @@ fn generate_speculates_with_medusa_and_eagle_heads_from_their_folders() {
     // an EAGLE head's folder
     let dir = model.with_file_name("eagle-head");
     std::fs::create_dir_all(&dir).expect("head dir");
-    let (head, config) = common::tiny::eagle_head(&tiny, DType::F16, true, false, &mut r);
+    let (head, config) = common::tiny::eagle_head(&tiny.spec, DType::F16, true, false, &mut r);
     std::fs::write(dir.join("model.safetensors"), head).expect("write head");
     std::fs::write(dir.join("config.json"), config).expect("write config");
     let draft = format!("eagle:{}", dir.display());

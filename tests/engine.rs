@@ -362,12 +362,12 @@ fn speculation_through_the_engine_equals_plain_decoding() {
     let loaded = engine.load_medusa(files, &mut |_, _| {}).expect("medusa heads");
     assert_eq!((loaded.config.heads, loaded.config.layers), (3, 1));
     // and an EAGLE head (one that passes the target's feature through: it guesses repeats)
-    let (head, config) = common::tiny::eagle_head(&tiny, DType::F16, false, true, &mut r);
+    let (head, config) = common::tiny::eagle_head(&tiny.spec, DType::F16, false, true, &mut r);
     let mut files = ModelFiles::new();
     files.add("model.safetensors", head).expect("add");
     let missing = engine.load_eagle(files, &mut |_, _| {}).err().expect("no config.json");
     assert!(missing.to_string().contains("config.json"), "{missing}");
-    let (head, _) = common::tiny::eagle_head(&tiny, DType::F16, false, true, &mut r);
+    let (head, _) = common::tiny::eagle_head(&tiny.spec, DType::F16, false, true, &mut r);
     let mut files = ModelFiles::new();
     files.add("model.safetensors", head).expect("add");
     files.add("config.json", config).expect("add");
@@ -428,7 +428,7 @@ fn speculation_through_the_engine_equals_plain_decoding() {
     // EAGLE-1 head again (the taps go): the output stays the target's
     let (head3, config3) = common::tiny::eagle3_head(&tiny, DType::F32, 200, None, false, &mut r);
     let (copy3, copy_config3) = common::tiny::eagle3_head(&tiny, DType::F32, 300, None, true, &mut r);
-    let (head1, config1) = common::tiny::eagle_head(&tiny, DType::F16, false, true, &mut r);
+    let (head1, config1) = common::tiny::eagle_head(&tiny.spec, DType::F16, false, true, &mut r);
     for (head, config, eagle3) in
         [(head3, config3, true), (copy3, copy_config3, true), (head1, config1, false)]
     {

@@ -903,7 +903,7 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
         ("ngram tree", Owned::Other(Box::new(NGram { max_n: 1, min_n: 1, branches: 3 }))),
     ];
     // an EAGLE head: EAGLE-2's dynamic trees (deterministic)
-    let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, false, &mut r);
+    let (file, config) = common::tiny::eagle_head(&tiny.spec, DType::F32, false, false, &mut r);
     let dynamic = EagleTree::Dynamic { width: 3 };
     drafts.push((
         "eagle tree",
@@ -1549,7 +1549,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let tiny = TinyModel::random(spec, &mut r);
         let ckpt = ckpt_of(&tiny, &mut r);
         let mut target = load(&ckpt, 64);
-        let (file, config) = common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r);
+        let (file, config) = common::tiny::eagle_head(&tiny.spec, dtype, input_norm, false, &mut r);
         let (head, head_ckpt) = load_eagle(&mut target, file, &config, 4);
         let mut eagle = Eagle::new(head, 0);
         let mut reference = reference::RefModel::new(&ckpt, Precision::Auto);
@@ -1613,7 +1613,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let mut eagle = Eagle::new(
             load_eagle(
                 &mut target,
-                common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r).0,
+                common::tiny::eagle_head(&tiny.spec, dtype, input_norm, false, &mut r).0,
                 &config,
                 4,
             )
@@ -1631,7 +1631,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let tree = p.as_tree().expect("a tree").clone();
         assert_eq!((tree.len(), tree.max_depth()), (10, 3), "3 chain nodes, 2 siblings at each depth");
         // EAGLE-2's dynamic tree against the reference's: each node's ranks from its path alone
-        let (file, _) = common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r);
+        let (file, _) = common::tiny::eagle_head(&tiny.spec, dtype, input_norm, false, &mut r);
         let (head, head_ckpt) = load_eagle(&mut target, file, &config, 4);
         let mut eagle = Eagle::with_tree(head, EagleTree::Dynamic { width: 3 });
         let mut ref_head = reference::RefEagle::new(&head_ckpt, &reference);
@@ -1689,7 +1689,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let mut eagle = Eagle::new(
             load_eagle(
                 &mut target,
-                common::tiny::eagle_head(&tiny, dtype, input_norm, false, &mut r).0,
+                common::tiny::eagle_head(&tiny.spec, dtype, input_norm, false, &mut r).0,
                 &config,
                 4,
             )
@@ -1706,11 +1706,12 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
 
 #[test]
 fn eagle_speculation_equals_greedy_output() {
-    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
-        let mut r = rng(380 + spec.qwen2 as u64);
+    // (Gemma: the echo head's guesses go through its output norm and its tied projection)
+    for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::gemma3()] {
+        let mut r = rng(380 + spec.qwen2 as u64 + 2 * spec.gemma3 as u64);
         let tiny = TinyModel::random(spec, &mut r);
         let mut target = load(&ckpt_of(&tiny, &mut r), 64);
-        let (file, config) = common::tiny::eagle_head(&tiny, DType::F16, false, false, &mut r);
+        let (file, config) = common::tiny::eagle_head(&tiny.spec, DType::F16, false, false, &mut r);
         let dynamic = EagleTree::Dynamic { width: 3 };
         let mut random = Eagle::with_tree(load_eagle(&mut target, file.clone(), &config, 4).0, dynamic);
         // the same head's trees merged with the n-gram's continuations (the ensemble)
@@ -1718,7 +1719,7 @@ fn eagle_speculation_equals_greedy_output() {
         let ngram = NGram { branches: 4, ..NGram::default() };
         let mut merged = Ensemble { draft: &mut merged_head, ngram };
         // a head that predicts the feature it is given: its first guess is the last token
-        let (file, config) = common::tiny::eagle_head(&tiny, DType::F32, false, true, &mut r);
+        let (file, config) = common::tiny::eagle_head(&tiny.spec, DType::F32, false, true, &mut r);
         let mut echo = Eagle::with_tree(
             load_eagle(&mut target, file.clone(), &config, 4).0,
             EagleTree::Dynamic { width: 4 },
@@ -1730,7 +1731,7 @@ fn eagle_speculation_equals_greedy_output() {
             ("echo chain", &mut echo_chain, true),
             ("random dynamic+ngram", &mut merged, false),
         ];
-        heads_speculate_exactly(&format!("qwen2={} eagle", spec.qwen2), &mut target, &mut drafts, &mut r);
+        heads_speculate_exactly(&format!("{:?} eagle", spec.arch_of()), &mut target, &mut drafts, &mut r);
         // the adaptive runs sized the dynamic trees by costs and calibrated their chances
         for (name, eagle) in [("random", &random), ("echo", &echo)] {
             assert_ne!(eagle.calibration(), 1.0, "{name}: the chances were never calibrated");
@@ -1894,8 +1895,8 @@ fn heads_allocate_what_their_bills_say() {
         let opts = LoadOptions { context: Some(96), ..Default::default() };
         let mut target = Model::load(g.clone(), &ckpt_of(&tiny, &mut r), &opts, &mut |_| {}).expect("target");
         let heads = [
-            ("EAGLE-1 f32", common::tiny::eagle_head(&tiny, DType::F32, false, false, &mut r)),
-            ("EAGLE-1 q8_0", common::tiny::eagle_head(&tiny, DType::Q8_0, true, false, &mut r)),
+            ("EAGLE-1 f32", common::tiny::eagle_head(&tiny.spec, DType::F32, false, false, &mut r)),
+            ("EAGLE-1 q8_0", common::tiny::eagle_head(&tiny.spec, DType::Q8_0, true, false, &mut r)),
             ("EAGLE-3 f16", common::tiny::eagle3_head(&tiny, DType::F16, 40, Some([2, 1, 0]), false, &mut r)),
         ];
         for (what, (file, config)) in heads {

@@ -122,6 +122,61 @@ fn smollm2_ngram_speculation_equals_greedy() {
     );
 }
 
+/// The real Gemma-3-270m (stored Q4_K_M blocks) speculating with n-gram drafts and with a random
+/// EAGLE-1 head of its shape (a dynamic tree) gives its greedy output; the head's trees are
+/// verified (wrong guesses are fine: exactness is the point).
+#[test]
+fn gemma3_270m_speculation_with_ngram_and_a_random_eagle_head_equals_greedy() {
+    use common::tiny::{eagle_head, TinySpec};
+    use rand::{rngs::SmallRng, SeedableRng};
+    use wgspec::loader::DType;
+    use wgspec::speculative::{Eagle, EagleTree};
+    let path = model_file("gemma-3-270m-q4_k_m.gguf", "gemma-3-270m");
+    let (mut target, ckpt) = load(&path, 128);
+    let tokenizer = Tokenizer::from_gguf(ckpt.gguf().expect("gguf")).expect("tokenizer");
+    let c = ckpt.config.clone();
+    drop(ckpt);
+    let prompt = tokenizer.encode("one two three, one two three, one two three, one two", true).expect("encode");
+    let n = token_count(16);
+    let want = common::plain(&mut target, &prompt, &greedy(n)).expect("plain");
+    // a head of the target's width, heads and vocabulary (a small FFN of its own)
+    let spec = TinySpec {
+        gemma3: true,
+        vocab: c.vocab_size,
+        dim: c.dim,
+        heads: c.n_heads,
+        kv_heads: c.n_kv_heads,
+        ffn: 512,
+        context: 128,
+        ..TinySpec::llama()
+    };
+    let (file, config) = eagle_head(&spec, DType::F16, false, false, &mut SmallRng::seed_from_u64(270));
+    let cfg = EagleHead::config_for(&target.config, &config).expect("head config");
+    let head_ckpt = Checkpoint::from_named_safetensors(cfg, vec![Box::new(file)]).expect("head");
+    let layout = EagleHead::layout_of(&target.config, &config, &head_ckpt).expect("layout");
+    let opts = LoadOptions::default();
+    let head = pollster::block_on(EagleHead::load(&target, &head_ckpt, layout, &opts, 4, &mut |_| {}))
+        .expect("load head");
+    let mut eagle = Eagle::with_tree(head, EagleTree::Dynamic { width: 3 });
+    for (what, drafter) in
+        [("ngram", Drafter::Other(&mut NGram::default())), ("random EAGLE head", Drafter::Other(&mut eagle))]
+    {
+        let t = Instant::now();
+        let got = pollster::block_on(speculative::generate(
+            &mut target,
+            drafter,
+            &prompt,
+            &greedy(n),
+            KPolicy::Fixed(3),
+            &mut |_, _| true,
+        ))
+        .expect("spec generate");
+        report(&format!("Gemma-3-270m + {what}"), &got, t.elapsed().as_secs_f64());
+        assert_eq!(got.tokens, want.tokens, "Gemma-3-270m + {what}");
+        assert!(got.stats.drafted > 0, "{what}: nothing was drafted");
+    }
+}
+
 #[test]
 fn qwen_coder_pair_speculation_equals_greedy() {
     let target_path = model_file("qwen2.5-coder-1.5b-instruct-q4_k_m.gguf", "qwen2.5-coder-1.5b");

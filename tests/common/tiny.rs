@@ -550,7 +550,7 @@ pub fn medusa_heads(
     (write_safetensors(&refs), serde_json::to_vec(&config).expect("json"))
 }
 
-/// An EAGLE-1 head for a tiny model in the public layout (`fc.weight`, `fc.bias`,
+/// An EAGLE-1 head for a model of shape `s` in the public layout (`fc.weight`, `fc.bias`,
 /// `layers.0.self_attn.*`, `layers.0.post_attention_layernorm.weight`, `layers.0.mlp.*`, and an
 /// `layers.0.input_layernorm.weight` only with `input_norm`): its `model.safetensors` bytes
 /// (matrices as `dtype`: F32, F16 or BF16) and `config.json`. Random weights, or with
@@ -558,13 +558,12 @@ pub fn medusa_heads(
 /// nothing: it predicts the next feature to be the current one, so it guesses the token the
 /// target has just produced (right wherever the text repeats a token).
 pub fn eagle_head(
-    model: &TinyModel,
+    s: &TinySpec,
     dtype: DType,
     input_norm: bool,
     copy_feature: bool,
     rng: &mut SmallRng,
 ) -> (Vec<u8>, Vec<u8>) {
-    let s = &model.spec;
     let (dim, hd) = (s.dim, s.head_dim());
     let mut r2 = SmallRng::seed_from_u64(rng.gen());
     let mut random = |n: usize, scale: f32| -> Vec<f32> {
