@@ -1,12 +1,15 @@
 // Loads models in headless Chromium through the npm package (the demo server's /pkg/wgspec.js,
 // its worker and WebGPU) and prints, per model, the file's size, the load time and the wasm
 // memory after loading (`info.wasm_memory_bytes`: linear memory never shrinks, so this is the
-// load's peak). A fresh page per model, so each starts from a fresh wasm instance.
+// load's peak). A fresh page per model, so each starts from a fresh wasm instance. With
+// GENERATE=N, each model then generates N greedy tokens of PROMPT plain and with n-gram drafts
+// (the same text, checked) and the page's figures are printed.
 //
 //   node scripts/load_memory.mjs [model file in $WGSPEC_CACHE/models ...]
 //
 // Environment: WGSPEC_BIN (default target/release/wgspec), WGSPEC_CACHE (default ~/.cache/wgspec),
-// CHROMIUM (default /usr/bin/chromium), CONTEXT (KV positions, default 1024).
+// CHROMIUM (default /usr/bin/chromium), CONTEXT (KV positions, default 1024), GENERATE (tokens,
+// default 0: load only), PROMPT (default a list to continue).
 
 import { spawn } from "node:child_process";
 import fs from "node:fs";
@@ -21,6 +24,8 @@ const BIN = path.resolve(ROOT, process.env.WGSPEC_BIN || "target/release/wgspec"
 const CACHE = process.env.WGSPEC_CACHE || path.join(os.homedir(), ".cache", "wgspec");
 const CHROMIUM = process.env.CHROMIUM || "/usr/bin/chromium";
 const CONTEXT = Number(process.env.CONTEXT || 1024);
+const GENERATE = Number(process.env.GENERATE || 0);
+const PROMPT = process.env.PROMPT || "Fruits: apple, banana, cherry. Colours: red, green, blue. Fruits: apple, banana,";
 const MODELS = process.argv.slice(2).length
   ? process.argv.slice(2)
   : ["SmolLM2-135M-Instruct.Q4_1.gguf", "qwen2.5-coder-0.5b-instruct.gguf", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"];
@@ -47,17 +52,24 @@ try {
     const bytes = fs.statSync(path.join(CACHE, "models", file)).size;
     const context = await browser.newContext();
     const page = await context.newPage();
+    page.on("console", (m) => { if (m.type() !== "log" || process.env.VERBOSE) console.log("[page]", m.type(), m.text().slice(0, 400)); });
+    page.on("pageerror", (e) => console.log("[pageerror]", e.message));
     await page.goto(url);
     const started = Date.now();
     const out = await page.evaluate(
-      async ({ target, context }) => {
+      async ({ target, context, generate, prompt }) => {
         const { WgSpec } = await import("/pkg/wgspec.js");
         const llm = await WgSpec.load({ target, context, cache: false });
         const info = llm.info;
+        const runs = [];
+        for (const draft of generate > 0 ? ["none", "ngram"] : []) {
+          const r = await llm.complete(prompt, { maxTokens: generate, draft });
+          runs.push({ draft, text: r.text, stats: r.stats });
+        }
         await llm.dispose();
-        return { info };
+        return { info, runs };
       },
-      { target: new URL(`models/${file}`, url).href, context: CONTEXT },
+      { target: new URL(`models/${file}`, url).href, context: CONTEXT, generate: GENERATE, prompt: PROMPT },
     );
     const seconds = (Date.now() - started) / 1000;
     const mb = (n) => (n / 1e6).toFixed(1);
@@ -65,6 +77,16 @@ try {
       `${file}: file ${mb(bytes)} MB, loaded in ${seconds.toFixed(1)} s, wasm memory ` +
         `${mb(out.info.wasm_memory_bytes)} MB, GPU ${mb(out.info.gpu_memory_bytes)} MB (context ${out.info.context})`,
     );
+    for (const { draft, text, stats: s } of out.runs) {
+      console.log(
+        `  ${draft}: ${s.generated_tokens} tokens, prefill ${s.prefill_seconds.toFixed(2)} s (${s.prompt_tokens} tokens), ` +
+          `decode ${s.tokens_per_second.toFixed(2)} tok/s, tau ${(s.tokens_per_target_forward ?? 1).toFixed(2)}, ` +
+          `acceptance ${((s.acceptance_rate ?? 0) * 100).toFixed(0)}%: ${JSON.stringify(text)}`,
+      );
+    }
+    if (out.runs.length === 2 && out.runs[0].text !== out.runs[1].text) {
+      throw new Error(`${file}: n-gram speculation changed the text`);
+    }
     await context.close();
   }
 } finally {

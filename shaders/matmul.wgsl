@@ -472,11 +472,13 @@ fn bias4(c: u32, c0: u32, last: u32) -> vec4<f32> {
 // A gate's activation: SiLU, or (gelu) GELU's tanh approximation
 //   0.5 g (1 + tanh(sqrt(2 / pi) (g + 0.044715 g^3)))
 // (its constants the f32 values nearest, in hex: Tint refuses an inexact literal; the cubic's
-// add through an explicit fma)
+// add through an explicit fma). tanh's argument is clamped to +-10, where tanh is +-1 in f32
+// (from 9.01 on): WGSL's tanh inherits sinh / cosh's accuracy, and SwiftShader's overflows to
+// NaN for large arguments (Gemma's gates reach them).
 fn activation(g: f32) -> f32 {
     if (p.gelu == 1u) {
         let inner = 0x1.988454p-1 * fma(0x1.6e4e26p-5 * g * g, g, g);
-        return 0.5 * g * (1.0 + tanh(inner));
+        return 0.5 * g * (1.0 + tanh(clamp(inner, -10.0, 10.0)));
     }
     return g / (1.0 + exp(-g));
 }

@@ -272,32 +272,52 @@ fn matmul_splits_columns_between_output_and_kv_cache_and_accumulates() {
     }
 }
 
+/// A gate's activation as the reference computes it (f64): SiLU, or GELU's tanh approximation.
+fn gate_activation(g: f64, gelu: bool) -> f64 {
+    if gelu {
+        0.5 * g * (1.0 + ((2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g)).tanh())
+    } else {
+        g / (1.0 + (-g).exp())
+    }
+}
+
 #[test]
-fn matmul_with_swiglu_epilogue_matches_reference() {
-    // Rows interleave gate and up (g0, u0, g1, u1, ...); output i = silu(x . g_i) * (x . u_i).
+fn matmul_with_glu_epilogues_matches_reference() {
+    // Rows interleave gate and up (g0, u0, g1, u1, ...); output i = act(x . g_i) * (x . u_i),
+    // act SiLU (SwiGLU) or GELU's tanh approximation (GeGLU, Gemma). Inputs of scale 1 and of
+    // scale 30 (gates past +-20: tanh's argument past 250, where sinh / cosh overflow f32).
     for gpu in gpus() {
         let step = gpu.step_buffer();
         let mut rng = rng(12);
-        for dtype in [DType::F32, DType::Q8_0, DType::Q4_K] {
+        for (dtype, gelu, scale) in [
+            (DType::F32, false, 1.0),
+            (DType::Q8_0, false, 1.0),
+            (DType::Q4_K, false, 1.0),
+            (DType::F32, true, 1.0),
+            (DType::Q4_K, true, 30.0),
+        ] {
             let k = dtype.block_len().max(32) * 3;
             for &(n, f) in &[(1usize, 6usize), (5, 37), (9, 64)] {
-                let x = rand_vec(&mut rng, n * k, 1.0);
+                let x = rand_vec(&mut rng, n * k, scale);
                 let (bytes, w) = random_weights(&mut rng, dtype, 2 * f, k);
                 let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
                 let wb = upload(&gpu, dtype, &bytes, 2 * f, k);
                 let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * f);
-                let out = MatmulOut { ldy: f as u32, glu: true, ..Default::default() };
+                let out = MatmulOut { ldy: f as u32, glu: true, gelu, ..Default::default() };
                 run(&gpu, &step, &[gpu.matmul(&step, &xb, &wb, None, &yb, out)], n, 0);
                 let got = read_f32(&gpu, &yb.raw, n * f);
                 let (both, _) = ref_matmul(&x, &w, None, n, k, 2 * f);
                 let want: Vec<f32> = both
                     .chunks_exact(2)
-                    .map(|gu| {
-                        let (g, u) = (gu[0] as f64, gu[1] as f64);
-                        (g / (1.0 + (-g).exp()) * u) as f32
-                    })
+                    .map(|gu| (gate_activation(gu[0] as f64, gelu) * gu[1] as f64) as f32)
                     .collect();
-                assert_close(&format!("swiglu {dtype} n={n} f={f}"), &got, &want, 1e-4, 1e-4);
+                if scale > 1.0 {
+                    let most = both.chunks_exact(2).map(|gu| gu[0].abs()).fold(0f32, f32::max);
+                    assert!(most > 20.0, "gates up to {most} only");
+                }
+                let what = format!("glu {dtype} gelu={gelu} scale {scale} n={n} f={f}");
+                assert!(got.iter().all(|v| v.is_finite()), "{what}: {got:?}");
+                assert_close(&what, &got, &want, 1e-4 * scale * scale, 1e-4);
             }
         }
     }

@@ -169,6 +169,40 @@ pub async fn matmul_matches_reference() {
     }
 }
 
+/// Gemma's GeGLU epilogue (GELU's tanh approximation) against the CPU for gates far past where
+/// sinh / cosh overflow f32 (SwiftShader's tanh then gave NaN, and Gemma's logits with it).
+pub async fn geglu_matches_reference_for_large_gates() {
+    let gpu = gpu().await;
+    let step = gpu.step_buffer();
+    let mut r = rng(3);
+    let (n, k, f) = (3, 64, 24);
+    let x = rand_vec(&mut r, n * k, 30.0);
+    let w = rand_vec(&mut r, 2 * f * k, 0.5);
+    let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
+    let wb = WeightBuffer::from_blocks(&gpu, "w", DType::F32, &tiny::f32_bytes(&w), 2 * f, k).expect("weights");
+    let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * f);
+    let out = MatmulOut { ldy: f as u32, glu: true, gelu: true, ..Default::default() };
+    let op = gpu.matmul(&step, &xb, &wb, None, &yb, out);
+    gpu.write_step(&step, n, 0);
+    let mut enc = gpu.encoder();
+    gpu.encode(&mut enc, &[op], n as u32);
+    gpu.submit(enc);
+    let y = read_f32(&gpu, &yb.raw, n * f).await;
+    let mut most = 0f64;
+    for row in 0..n {
+        let both = reference::matvec(&w, &x[row * k..(row + 1) * k], 2 * f, k);
+        for c in 0..f {
+            let (g, u) = (both[2 * c] as f64, both[2 * c + 1] as f64);
+            most = most.max(g.abs());
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (g + 0.044715 * g * g * g);
+            let want = 0.5 * g * (1.0 + inner.tanh()) * u;
+            let got = y[row * f + c] as f64;
+            assert!((got - want).abs() <= 1e-3 * (1.0 + want.abs()), "geglu [{row},{c}]: {got} vs {want}");
+        }
+    }
+    assert!(most > 20.0, "gates up to {most} only");
+}
+
 /// A row's bits do not depend on the pass it is in, in this browser's compiler too (Tint, then
 /// SwiftShader): each of 16 rows computed alone equals, bit for bit, the same row in passes of 16
 /// down to 2 rows, in the adapter's own shape (row groups of 1 to 8) and in the GPU shape (its
@@ -238,9 +272,12 @@ fn assert_logits(what: &str, got: &[f32], want: &[f32]) {
 /// every row of passes of 5, 1 and 6 tokens, then again after a rollback.
 pub async fn tiny_models_match_reference() {
     let gpu = gpu().await;
-    for spec in [TinySpec::llama(), TinySpec::qwen2()] {
-        for dtype in [DType::F32, DType::F16, DType::Q8_0] {
-            let what = format!("{dtype:?} qwen2={}", spec.qwen2);
+    // (the newer families in f32 only: their blocks are the same kernels)
+    let families = [TinySpec::qwen3(), TinySpec::phi3(), TinySpec::gemma3()].map(|s| (s, &[DType::F32][..]));
+    let formats = &[DType::F32, DType::F16, DType::Q8_0][..];
+    for (spec, dtypes) in [(TinySpec::llama(), formats), (TinySpec::qwen2(), formats)].into_iter().chain(families) {
+        for &dtype in dtypes {
+            let what = format!("{dtype:?} {:?}", spec.arch_of());
             let mut r = rng(10);
             let tiny = TinyModel::random(spec, &mut r);
             let ckpt = Checkpoint::from_gguf(tiny.to_gguf(dtype, &mut r)).expect("gguf");
@@ -317,7 +354,7 @@ pub async fn greedy_speculation_equals_greedy() {
     files.add("medusa_lm_head.safetensors", heads).expect("heads");
     files.add("config.json", config).expect("config");
     engine.load_medusa_async(files, &mut |_, _| {}).await.expect("Medusa heads");
-    let (head, config) = tiny::eagle_head(&tiny, DType::F16, false, true, &mut r);
+    let (head, config) = tiny::eagle_head(&tiny.spec, DType::F16, false, true, &mut r);
     let mut files = ModelFiles::new();
     files.add("model.safetensors", head).expect("head");
     files.add("config.json", config).expect("config");
@@ -689,6 +726,7 @@ macro_rules! all_browser_tests {
     () => {
         browser_tests!(
             matmul_matches_reference,
+            geglu_matches_reference_for_large_gates,
             tiny_models_match_reference,
             greedy_speculation_equals_greedy,
             sampled_decoding_draws_on_the_gpu,
