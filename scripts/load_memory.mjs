@@ -55,11 +55,12 @@ try {
     page.on("console", (m) => { if (m.type() !== "log" || process.env.VERBOSE) console.log("[page]", m.type(), m.text().slice(0, 400)); });
     page.on("pageerror", (e) => console.log("[pageerror]", e.message));
     await page.goto(url);
-    const started = Date.now();
     const out = await page.evaluate(
       async ({ target, context, generate, prompt }) => {
         const { WgSpec } = await import("/pkg/wgspec.js");
+        const t0 = performance.now();
         const llm = await WgSpec.load({ target, context, cache: false });
+        const seconds = (performance.now() - t0) / 1000;
         const info = llm.info;
         const runs = [];
         for (const draft of generate > 0 ? ["none", "ngram"] : []) {
@@ -67,11 +68,11 @@ try {
           runs.push({ draft, text: r.text, stats: r.stats });
         }
         await llm.dispose();
-        return { info, runs };
+        return { info, seconds, runs };
       },
       { target: new URL(`models/${file}`, url).href, context: CONTEXT, generate: GENERATE, prompt: PROMPT },
     );
-    const seconds = (Date.now() - started) / 1000;
+    const seconds = out.seconds;
     const mb = (n) => (n / 1e6).toFixed(1);
     console.log(
       `${file}: file ${mb(bytes)} MB, loaded in ${seconds.toFixed(1)} s, wasm memory ` +
