@@ -136,7 +136,8 @@ fn gemma3_270m_speculation_with_ngram_and_a_random_eagle_head_equals_greedy() {
     let tokenizer = Tokenizer::from_gguf(ckpt.gguf().expect("gguf")).expect("tokenizer");
     let c = ckpt.config.clone();
     drop(ckpt);
-    let prompt = tokenizer.encode("one two three, one two three, one two three, one two", true).expect("encode");
+    let prompt =
+        tokenizer.encode("one two three, one two three, one two three, one two", true).expect("encode");
     let n = token_count(16);
     let want = common::plain(&mut target, &prompt, &greedy(n)).expect("plain");
     // a head of the target's width, heads and vocabulary (a small FFN of its own)

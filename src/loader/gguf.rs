@@ -64,6 +64,12 @@ impl ValueType {
         self as u32
     }
 
+    /// A short name of the type, for error messages.
+    fn name(self) -> &'static str {
+        ["u8", "i8", "u16", "i16", "u32", "i32", "f32", "bool", "string", "array", "u64", "i64", "f64"]
+            [self as usize]
+    }
+
     /// Fewest bytes one value of this type can take.
     fn min_bytes(self) -> u64 {
         use ValueType::*;
@@ -106,8 +112,8 @@ pub enum Value {
 /// (a string or an array from the file is not quoted).
 fn describe(v: &Value) -> String {
     match v.as_f64() {
-        Some(x) => format!("{} {x}", v.type_name()),
-        None => v.type_name().to_string(),
+        Some(x) => format!("{} {x}", v.value_type().name()),
+        None => v.value_type().name().to_string(),
     }
 }
 
@@ -195,25 +201,6 @@ impl Value {
             Value::Bool(_) => ValueType::Bool,
             Value::String(_) => ValueType::String,
             Value::Array(_) => ValueType::Array,
-        }
-    }
-
-    /// A short name of the value's type, for error messages.
-    fn type_name(&self) -> &'static str {
-        match self {
-            Value::U8(_) => "u8",
-            Value::I8(_) => "i8",
-            Value::U16(_) => "u16",
-            Value::I16(_) => "i16",
-            Value::U32(_) => "u32",
-            Value::I32(_) => "i32",
-            Value::U64(_) => "u64",
-            Value::I64(_) => "i64",
-            Value::F32(_) => "f32",
-            Value::F64(_) => "f64",
-            Value::Bool(_) => "bool",
-            Value::String(_) => "string",
-            Value::Array(_) => "array",
         }
     }
 }
@@ -568,7 +555,7 @@ impl Gguf {
         let v = self.require(key)?;
         v.as_str().ok_or_else(|| Error::Metadata {
             key: key.to_string(),
-            message: format!("expected a string, found {}", v.type_name()),
+            message: format!("expected a string, found {}", v.value_type().name()),
         })
     }
 

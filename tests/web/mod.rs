@@ -179,7 +179,8 @@ pub async fn geglu_matches_reference_for_large_gates() {
     let x = rand_vec(&mut r, n * k, 30.0);
     let w = rand_vec(&mut r, 2 * f * k, 0.5);
     let xb = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-    let wb = WeightBuffer::from_blocks(&gpu, "w", DType::F32, &tiny::f32_bytes(&w), 2 * f, k).expect("weights");
+    let wb =
+        WeightBuffer::from_blocks(&gpu, "w", DType::F32, &tiny::f32_bytes(&w), 2 * f, k).expect("weights");
     let yb = GpuBuffer::<f32>::zeros(&gpu, "y", n * f);
     let out = MatmulOut { ldy: f as u32, glu: true, gelu: true, ..Default::default() };
     let op = gpu.matmul(&step, &xb, &wb, None, &yb, out);
@@ -275,7 +276,9 @@ pub async fn tiny_models_match_reference() {
     // (the newer families in f32 only: their blocks are the same kernels)
     let families = [TinySpec::qwen3(), TinySpec::phi3(), TinySpec::gemma3()].map(|s| (s, &[DType::F32][..]));
     let formats = &[DType::F32, DType::F16, DType::Q8_0][..];
-    for (spec, dtypes) in [(TinySpec::llama(), formats), (TinySpec::qwen2(), formats)].into_iter().chain(families) {
+    for (spec, dtypes) in
+        [(TinySpec::llama(), formats), (TinySpec::qwen2(), formats)].into_iter().chain(families)
+    {
         for &dtype in dtypes {
             let what = format!("{dtype:?} {:?}", spec.arch_of());
             let mut r = rng(10);
