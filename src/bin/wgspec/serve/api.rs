@@ -11,10 +11,11 @@ use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use http_body_util::BodyExt;
+use serde::de::DeserializeOwned;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
-use wgspec::engine::DraftKind;
+use wgspec::engine::{DraftKind, Prompter};
 use wgspec::openai::{self, Endpoint, Shape};
 
 use super::error::ApiError;
@@ -211,11 +212,7 @@ struct TokenizeBody {
 }
 
 pub async fn tokenize(State(app): State<Arc<App>>, body: BodyBytes) -> Result<Json<Value>, ApiError> {
-    let (_, loaded) = loaded(&app)?;
-    let prompter = loaded.prompter.clone();
-    let context = loaded.context;
-    let tokens = prepare(&app, "tokenize", move || {
-        let body: TokenizeBody = openai::parse_json(&body.bytes)?;
+    let tokens = with_tokenizer(&app, "tokenize", body, |body: TokenizeBody, prompter, context| {
         let text = match (body.content, body.prompt) {
             (Some(t), None) | (None, Some(t)) => t,
             _ => return Err(ApiError::field("content", "give exactly one of `content` and `prompt`")),
@@ -226,8 +223,21 @@ pub async fn tokenize(State(app): State<Arc<App>>, body: BodyBytes) -> Result<Js
         }
         Ok(prompter.tokenizer().encode(&text, body.add_special)?)
     })
-    .await??;
+    .await?;
     Ok(Json(json!({ "tokens": tokens })))
+}
+
+/// Parses a body of type `B` and runs `work` on it with the model's prompter and context, off
+/// the async threads as [`prepare`] does.
+async fn with_tokenizer<B: DeserializeOwned, T: Send + 'static>(
+    app: &App,
+    what: &str,
+    body: BodyBytes,
+    work: impl FnOnce(B, &Prompter, usize) -> Result<T, ApiError> + Send + 'static,
+) -> Result<T, ApiError> {
+    let (_, loaded) = loaded(app)?;
+    let (prompter, context) = (loaded.prompter.clone(), loaded.context);
+    prepare(app, what, move || work(openai::parse_json(&body.bytes)?, &prompter, context)).await?
 }
 
 #[derive(Deserialize)]
@@ -237,11 +247,7 @@ struct DetokenizeBody {
 }
 
 pub async fn detokenize(State(app): State<Arc<App>>, body: BodyBytes) -> Result<Json<Value>, ApiError> {
-    let (_, loaded) = loaded(&app)?;
-    let prompter = loaded.prompter.clone();
-    let context = loaded.context;
-    let content = prepare(&app, "detokenize", move || {
-        let body: DetokenizeBody = openai::parse_json(&body.bytes)?;
+    let content = with_tokenizer(&app, "detokenize", body, |body: DetokenizeBody, prompter, context| {
         // No more than a context's worth: what decoding makes is then bounded too.
         if body.tokens.len() > context {
             return Err(ApiError::field(
@@ -252,7 +258,7 @@ pub async fn detokenize(State(app): State<Arc<App>>, body: BodyBytes) -> Result<
         }
         Ok(prompter.tokenizer().decode(&body.tokens)?)
     })
-    .await??;
+    .await?;
     Ok(Json(json!({ "content": content })))
 }
 
