@@ -45,7 +45,11 @@ export interface LoadOptions {
   /** MB of a weight file read into wasm memory at once while loading (default 8 MiB). */
   readMb?: number;
   onProgress?: (event: ProgressEvent) => void;
-  /** A Worker to use, or the URL of worker.js (default: worker.js next to wgspec.js). */
+  /**
+   * A Worker to use, or the URL of worker.js (default: worker.js next to wgspec.js, which Vite,
+   * webpack and Parcel bundle). With esbuild or Rollup: the URL of the package's worker.js copied
+   * to a served folder, with names.js, wgspec_core.js and wgspec_core_bg.wasm beside it.
+   */
   worker?: Worker | string | URL;
   /**
    * Keep downloaded files (weights in the origin-private file system, JSON files in the Cache

@@ -10,25 +10,35 @@ import { fileName, STORE_NAME } from "./names.js";
  * The page side of the worker protocol (see worker.js): numbered calls, each with a promise and
  * an optional event handler for its progress/token messages.
  */
+/** What to do when the worker or its files cannot be fetched (the README's "Bundlers"). */
+const BUNDLING_HELP =
+  "worker.js, names.js, wgspec_core.js and wgspec_core_bg.wasm come with wgspec.js: a bundler " +
+  "that does not bundle `new Worker(new URL(..., import.meta.url))` (esbuild, Rollup without a " +
+  "worker plugin) needs them copied to a served folder and that folder's worker.js passed as the " +
+  "`worker` option of WgSpec.load; Vite 7's dev server needs `optimizeDeps: { exclude: [\"wgspec\"] }`; " +
+  "see \"Bundlers\" in wgspec's README";
+
 class WorkerClient {
-  /** @param {Worker} worker */
-  constructor(worker) {
+  /**
+   * @param {Worker} worker
+   * @param {string} where the worker's URL as this module knows it, for messages
+   */
+  constructor(worker, where) {
     this.worker = worker;
     this.nextId = 1;
     /** @type {Map<number, {resolve: Function, reject: Function, onEvent?: Function}>} */
     this.pending = new Map();
     /** @type {Error|null} set once the worker is unusable; every later call fails with it */
     this.failure = null;
+    /** Whether the worker's script ran (it posts "ready" first). */
+    this.started = false;
     worker.addEventListener("message", (e) => this.onMessage(e.data));
     worker.addEventListener("error", (e) => {
       e.preventDefault?.();
       const detail = e.message ? `: ${e.message}` : "";
-      this.fail(
-        new Error(
-          `the wgspec worker failed${detail} (worker.js, names.js, wgspec_core.js and wgspec_core_bg.wasm ` +
-            `must be served next to wgspec.js)`,
-        ),
-      );
+      // (a script that never ran was not found, or not a module: the usual bundler problem)
+      const what = this.started ? `the wgspec worker failed${detail}` : `could not start the wgspec worker ${where}${detail}`;
+      this.fail(new Error(`${what}. ${BUNDLING_HELP}`));
     });
     worker.addEventListener("messageerror", () =>
       this.fail(new Error("the wgspec worker sent a message that could not be read")),
@@ -62,6 +72,10 @@ class WorkerClient {
 
   onMessage(msg) {
     if (!msg) return;
+    if (msg.type === "ready") {
+      this.started = true;
+      return;
+    }
     if (msg.type === "fatal") {
       this.fail(new Error(msg.message));
       return;
@@ -250,7 +264,8 @@ export class WgSpec {
    *   bytes for download/cache (total null when unknown), bytes of the weights for upload (a
    *   batch of rows at a time; with a download in progress the upload follows it).
    * @param {Worker|string|URL} [options.worker] a Worker to use, or the URL of worker.js (default:
-   *   worker.js next to this module).
+   *   worker.js next to this module, which Vite, webpack and Parcel bundle; with esbuild or Rollup,
+   *   the package's worker.js copied to a served folder with its three files: README, "Bundlers").
    * @param {boolean} [options.cache=true] keep downloaded files (weights in the origin-private
    *   file system, JSON files in the Cache API, both "wgspec-models-v1") and read them from there
    *   next time; asks the browser once for persistent storage. With `false`, every load downloads
@@ -264,12 +279,22 @@ export class WgSpec {
     const medusaUrl = medusa ? resolveUrl(medusa) : undefined;
     const eagleUrl = eagle ? resolveUrl(eagle) : undefined;
     let w = worker;
+    let where = "given as a Worker";
     if (!(typeof Worker !== "undefined" && w instanceof Worker)) {
-      const url = w ? new URL(String(w), globalThis.location?.href) : new URL("./worker.js", import.meta.url);
-      w = new Worker(url, { type: "module" });
+      if (w) {
+        const url = new URL(String(w), globalThis.location?.href);
+        where = `from ${url.href}`;
+        w = new Worker(url, { type: "module" });
+      } else {
+        // (written out as bundlers recognise it: Vite, webpack 5 and Parcel bundle the worker and
+        // what it imports, the .wasm included; the URL for messages is spelled otherwise, so that
+        // they do not take it for a second, unbundled copy)
+        w = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
+        where = `bundled with wgspec.js (unbundled: ${String(import.meta.url).replace(/[^/]*$/, "worker.js")})`;
+      }
     }
     if (cache) requestPersistence();
-    const client = new WorkerClient(w);
+    const client = new WorkerClient(w, where);
     const onEvent = (msg) => {
       if (msg.type === "progress" && onProgress) onProgress(msg.event);
     };

@@ -10,6 +10,7 @@
 //   { id, type: "dispose" }
 //   { type: "abort", ids: [generate ids] }               handled at once, between GPU steps
 // Worker -> page:
+//   { type: "ready" }                                    first, once this script runs
 //   { id, type: "progress", event }                      event: see `WgSpec.load`'s onProgress
 //   { id, type: "token", token, text, fromDraft }        an engine request's tokens
 //   { id, type: "chunk", chunk }                         an OpenAI stream's chunks (JSON text)
@@ -35,6 +36,11 @@
 // Cache API ("wgspec-models-v1") and are copied into wasm memory.
 
 import { fileName, STORE_NAME } from "./names.js";
+// (static imports, and the .wasm as a `new URL(..., import.meta.url)`: what bundlers follow)
+import initCore, { WebEngine } from "./wgspec_core.js";
+
+/** The WebAssembly module, as this script's bundler placed it (next to it when unbundled). */
+const WASM_URL = new URL("./wgspec_core_bg.wasm", import.meta.url);
 
 /** @type {any} the wasm WebEngine, once loaded */
 let engine = null;
@@ -52,6 +58,8 @@ self.addEventListener("message", (e) => {
   if (msg.type === "generate" && msg.aborted) aborted.add(msg.id); // its signal was already aborted
   chain = chain.then(() => handle(msg));
 });
+
+self.postMessage({ type: "ready" });
 
 self.addEventListener("unhandledrejection", (e) => {
   self.postMessage({ type: "fatal", message: errorMessage(e.reason) });
@@ -100,6 +108,28 @@ function requireEngine() {
   return engine;
 }
 
+/** Fetches and instantiates the WebAssembly module (once), naming its URL when that fails. */
+async function initWasm() {
+  const failed = (why) =>
+    new Error(
+      `could not load the WebAssembly module ${WASM_URL.href}: ${why}. It comes with wgspec.js and ` +
+        `worker.js: a bundler that does not emit it needs wgspec_core_bg.wasm copied next to ` +
+        `worker.js (see "Bundlers" in wgspec's README)`,
+    );
+  let response;
+  try {
+    response = await fetch(WASM_URL);
+  } catch (err) {
+    throw failed(errorMessage(err));
+  }
+  if (!response.ok) throw failed(`HTTP ${response.status}`);
+  try {
+    await initCore({ module_or_path: response });
+  } catch (err) {
+    throw failed(errorMessage(err));
+  }
+}
+
 /** Turns anything thrown (Error, string, wasm-bindgen JsValue) into a readable message. */
 function errorMessage(err) {
   if (err instanceof Error) return err.message || String(err);
@@ -131,17 +161,8 @@ async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb
   if (readMb != null && !(readMb >= 0.001 && readMb <= 4000)) {
     throw new Error(`readMb must be between 0.001 and 4000 (MB read at once while loading), not ${readMb}`);
   }
-  let core;
-  try {
-    core = await import("./wgspec_core.js");
-    await core.default();
-  } catch (err) {
-    throw new Error(
-      `could not load the WebAssembly module (wgspec_core.js and wgspec_core_bg.wasm must be ` +
-        `served next to worker.js): ${errorMessage(err)}`,
-    );
-  }
-  const created = await core.WebEngine.create();
+  await initWasm();
+  const created = await WebEngine.create();
   if (readMb != null) created.set_read_bytes(Math.round(readMb * 1e6));
   const stores = {
     cache: useCache ? await openCache() : null,
