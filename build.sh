@@ -127,12 +127,14 @@ case "${1:-}" in
     wasm
     ;;
   demo)
+    DEMO_PROMPT=$'Rewrite this list as a Markdown table with the columns Name, Age and City.\n\nName: Alice Martin, Age: 34, City: Paris\nName: Bruno Costa, Age: 27, City: Lisbon\nName: Chen Wei, Age: 41, City: Shanghai\nName: Dana Novak, Age: 29, City: Prague\n'
     setup
     cargo build --release --bin wgspec
     for m in smollm2-135m ${DEMO_MODELS:-}; do ./target/release/wgspec fetch "$m" >/dev/null; done
-    log "native: SmolLM2-135M with n-gram drafts"
-    ./target/release/wgspec generate --model smollm2-135m --draft ngram --max-tokens "${MAX_TOKENS:-48}" \
-      --prompt "${PROMPT:-The three most useful things to know about speculative decoding are}"
+    # (a prompt whose answer copies from it: where prompt-lookup drafts hold)
+    log "native: SmolLM2-135M target-only, then with n-gram drafts (the same text; the speedup and tau)"
+    ./target/release/wgspec generate --model smollm2-135m --draft ngram --compare --chat \
+      --max-tokens "${MAX_TOKENS:-64}" --prompt "${PROMPT:-$DEMO_PROMPT}"
     wasm
     log "demo: open http://127.0.0.1:${PORT:-8080} in a browser with WebGPU (Ctrl-C stops)"
     ./target/release/wgspec web --port "${PORT:-8080}"

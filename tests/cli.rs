@@ -64,6 +64,31 @@ fn generate_json_prints_one_object_with_tokens_text_and_stats() {
     assert_eq!(tree["stats"]["draft"], "model");
     assert!(tree["stats"]["tree_cycles"].as_u64().is_some_and(|n| n > 0), "{}", tree["stats"]);
 
+    // --compare: the target-only run of the same request beside the speculative one, the same
+    // tokens; as text, the verdict line names both speeds, the speedup and tau
+    let cmp = json_of(&wgspec(&[&args[..], &["--draft", m, "--compare"]].concat()));
+    assert_eq!(cmp["target_only"]["tokens"], v["tokens"], "{cmp}");
+    assert_eq!((&cmp["tokens"], &cmp["target_only"]["stats"]["draft"]), (&v["tokens"], &"none".into()));
+    let text = wgspec(&[
+        "generate",
+        "--model",
+        m,
+        "--prompt",
+        "hello world",
+        "--max-tokens",
+        "7",
+        "--draft",
+        m,
+        "--compare",
+    ]);
+    let err = String::from_utf8_lossy(&text.stderr);
+    assert!(
+        text.status.success()
+            && err.contains("target-only")
+            && err.contains("the same text, token for token"),
+        "{err}"
+    );
+
     // Seeded sampling is reproducible, and a different seed may differ but still parses.
     let args = ["generate", "--model", m, "--prompt", "abc", "--max-tokens", "6", "--temperature", "1.5"];
     let a = json_of(&wgspec(&[&args[..], &["--seed", "7", "--json"]].concat()));

@@ -123,6 +123,10 @@ struct GenerateArgs {
     /// Treat the prompt as a user message and apply the model's chat template.
     #[arg(long)]
     chat: bool,
+    /// Run the request target-only first, then with the draft, and print both speeds, the
+    /// speedup and τ (greedy: the same text, checked), and why where speculation lost.
+    #[arg(long)]
+    compare: bool,
 }
 
 #[derive(clap::Args)]
@@ -298,6 +302,40 @@ fn fetch_cmd(name: &str) -> Result<()> {
     Ok(())
 }
 
+/// `generate --compare`'s verdict: both speeds, the speedup and τ, whether the texts agree, and
+/// where speculation lost, why (each verify pass and draft step against a target-only step).
+fn comparison(plain: &wgspec::engine::Completion, spec: &wgspec::engine::Completion, greedy: bool) -> String {
+    let (p, s) = (&plain.stats.base, &spec.stats);
+    let speedup =
+        if p.tokens_per_second > 0.0 { s.base.tokens_per_second / p.tokens_per_second } else { 0.0 };
+    let same = match (greedy, plain.tokens == spec.tokens) {
+        (true, _) => "the same text, token for token",
+        (false, true) => "the same text (sampled)",
+        (false, false) => "sampled: two draws of the same distribution differ",
+    };
+    let mut line = format!(
+        "target-only {:.2} tokens/s; speculative ({}) {:.2} tokens/s: x{speedup:.2}, {:.2} tokens per target \
+         forward (tau), {:.0}% of {} drafts accepted; {same}",
+        p.tokens_per_second,
+        s.draft,
+        s.base.tokens_per_second,
+        s.tokens_per_target_forward,
+        100.0 * s.acceptance_rate,
+        s.drafted
+    );
+    let step = if p.generated_tokens > 0 { p.decode_seconds / p.generated_tokens as f64 } else { 0.0 };
+    if speedup < 1.0 && step > 0.0 && s.verify_forwards > 0 {
+        let v = s.verify_seconds / s.verify_forwards as f64 / step;
+        let d = if s.draft_steps > 0 { s.draft_seconds / s.draft_steps as f64 / step } else { 0.0 };
+        line += &format!(
+            "\nspeculation lost on this adapter: a verify pass (mean K {:.1}) took {v:.2} target-only steps and \
+             a draft step {d:.2}, so a cycle must yield more than K x {d:.2} + {v:.2} tokens; it yielded {:.2}",
+            s.mean_k, s.tokens_per_target_forward
+        );
+    }
+    line
+}
+
 async fn generate(args: GenerateArgs) -> Result<()> {
     let gpu = Arc::new(Gpu::new().await?);
     if !args.json {
@@ -335,6 +373,17 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     req.draft_k = args.k.draft_k;
     req.max_draft_k = args.k.max_draft_k;
 
+    let baseline = match args.compare {
+        true => {
+            // (both ways warmed up first: a device compiles each kernel on its first use)
+            let plain = Request { draft: Some(DraftKind::None), ..req.clone() };
+            for warm in [&plain, &req] {
+                engine.generate(&Request { max_tokens: 4, ..warm.clone() }, &mut |_| true).await?;
+            }
+            Some(engine.generate(&plain, &mut |_| true).await?)
+        }
+        false => None,
+    };
     let mut stdout = std::io::stdout();
     let out = engine
         .generate(&req, &mut |ev| {
@@ -345,6 +394,14 @@ async fn generate(args: GenerateArgs) -> Result<()> {
             true
         })
         .await?;
+    if let Some(plain) = &baseline {
+        if req.temperature == 0.0 && plain.tokens != out.tokens {
+            return Err(Error::Gpu(format!(
+                "greedy speculation changed the text: {:?} target-only, {:?} speculative",
+                plain.text, out.text
+            )));
+        }
+    }
     if args.json {
         #[derive(serde::Serialize)]
         struct Output<'a> {
@@ -352,11 +409,15 @@ async fn generate(args: GenerateArgs) -> Result<()> {
             completion: &'a wgspec::engine::Completion,
             gpu_weight_bytes: u64,
             file_weight_bytes: u64,
+            /// With --compare: the target-only run of the same request.
+            #[serde(skip_serializing_if = "Option::is_none")]
+            target_only: Option<&'a wgspec::engine::Completion>,
         }
         let output = Output {
             completion: &out,
             gpu_weight_bytes: info.gpu_weight_bytes,
             file_weight_bytes: info.file_weight_bytes,
+            target_only: baseline.as_ref(),
         };
         let json =
             serde_json::to_string(&output).map_err(|e| Error::InvalidArgument(format!("output: {e}")))?;
@@ -382,6 +443,9 @@ async fn generate(args: GenerateArgs) -> Result<()> {
                 s.tokens_per_target_forward,
                 s.mean_k
             );
+        }
+        if let Some(plain) = &baseline {
+            eprintln!("{}", comparison(plain, &out, req.temperature == 0.0));
         }
     }
     Ok(())
