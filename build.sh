@@ -54,11 +54,6 @@ setup() {
     log "npm tools (binaryen, playwright-core)"
     npm install --no-audit --no-fund
   fi
-  # The bundlers of the consumer-app test (tests/bundlers), pinned by its lock file.
-  if ! cmp -s tests/bundlers/package-lock.json tests/bundlers/node_modules/.installed-lock.json; then
-    log "bundlers for the npm package's test (Vite 8 and 7, webpack, Parcel, esbuild, Rollup, tsc)"
-    (cd tests/bundlers && npm ci --no-audit --no-fund && cp package-lock.json node_modules/.installed-lock.json)
-  fi
   # The official OpenAI Python client, pinned, for the server tests.
   if ! target/venv/bin/python -c "import openai, sys; sys.exit(openai.__version__ != '$OPENAI_PY')" 2>/dev/null; then
     log "virtualenv target/venv with openai $OPENAI_PY"
@@ -102,6 +97,11 @@ browser_tests() {
   log "demo page end to end (playwright-core, Chromium)"
   cargo build --release --bin wgspec
   WGSPEC_BIN=target/release/wgspec E2E_OUT=target/e2e node tests/e2e/demo.mjs
+  # The bundlers of the consumer-app test, pinned by its lock file (installed for tests only).
+  if ! cmp -s tests/bundlers/package-lock.json tests/bundlers/node_modules/.installed-lock.json; then
+    log "bundlers for the npm package's test (Vite 8 and 7, webpack, Parcel, esbuild, Rollup, tsc)"
+    (cd tests/bundlers && npm ci --no-audit --no-fund && cp package-lock.json node_modules/.installed-lock.json)
+  fi
   log "the npm package in a consumer app: Vite, webpack, Parcel, esbuild, Rollup builds and tsc --strict"
   WGSPEC_BIN=target/release/wgspec node tests/bundlers/run.mjs
 }

@@ -88,6 +88,9 @@ fn generate_json_prints_one_object_with_tokens_text_and_stats() {
             && err.contains("the same text, token for token"),
         "{err}"
     );
+    let alone = wgspec(&["generate", "--model", m, "--prompt", "hi", "--max-tokens", "2", "--compare"]);
+    let err = String::from_utf8_lossy(&alone.stderr);
+    assert!(!alone.status.success() && err.contains("--compare compares with a draft"), "{err}");
 
     // Seeded sampling is reproducible, and a different seed may differ but still parses.
     let args = ["generate", "--model", m, "--prompt", "abc", "--max-tokens", "6", "--temperature", "1.5"];

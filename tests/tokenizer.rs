@@ -186,7 +186,8 @@ fn read_gguf_vocab(vocab: &str) -> GgufVocab {
         bos: id_of("tokenizer.ggml.bos_token_id"),
         eos: id_of("tokenizer.ggml.eos_token_id"),
         eot: id_of("tokenizer.ggml.eot_token_id"),
-        strip_after_specials: str_of("general.architecture").as_deref() == Some("phi3"),
+        strip_after_specials: str_of("general.architecture").as_deref() == Some("phi3")
+            && str_of("tokenizer.ggml.model").as_deref() == Some("llama"),
     }
 }
 

@@ -54,8 +54,9 @@ pub struct GgufVocab {
     /// `tokenizer.ggml.add_eos_token` (default false).
     pub add_eos: bool,
     /// Whether special tokens take the whitespace after them (but `<s>`, `<unk>` and
-    /// `<|endoftext|>`): the Phi-3 family's, whose `tokenizer.json` marks them `rstrip`. llama.cpp
-    /// does so for files whose `general.name` says Phi-3; this also does for `phi3` files.
+    /// `<|endoftext|>`): the Phi-3 family's SentencePiece vocabulary, whose `tokenizer.json` marks
+    /// them `rstrip`. llama.cpp does so for files whose `general.name` says Phi-3; this also does
+    /// for SentencePiece `phi3` files (not Phi-4's byte-level BPE).
     pub strip_after_specials: bool,
 }
 
@@ -148,6 +149,8 @@ impl GgufVocab {
                 })
                 .collect::<Result<_>>()?,
         };
+        // (SentencePiece only: Phi-4's files say phi3 too, with a byte-level BPE vocabulary)
+        let strip_after_specials = model == "llama" && phi3_named(g)?;
         Ok(GgufVocab {
             model,
             pre,
@@ -161,7 +164,7 @@ impl GgufVocab {
             eot: opt_id(g, "tokenizer.ggml.eot_token_id")?,
             add_bos: opt_bool(g, "tokenizer.ggml.add_bos_token")?.unwrap_or(default_add_bos),
             add_eos: opt_bool(g, "tokenizer.ggml.add_eos_token")?.unwrap_or(false),
-            strip_after_specials: phi3_named(g)?,
+            strip_after_specials,
         })
     }
 }

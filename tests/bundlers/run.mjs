@@ -90,6 +90,12 @@ function build() {
     const files = fs.readdirSync(out[b], { recursive: true }).map(String);
     log(`${b}: ${files.filter((f) => /\.(js|wasm)$/.test(f)).join(", ")}`);
     check(files.some((f) => f.endsWith(".wasm")), `${b}'s build emitted no .wasm`);
+    for (const f of files.filter((f) => f.endsWith(".js"))) {
+      const code = fs.readFileSync(path.join(out[b], f), "utf8");
+      // (no unbundled copy of the worker beside the bundled one, no path of this machine)
+      check(!/from\s*["']\.\/names\.js["']/.test(code), `${b}: ${f} is an unbundled copy of worker.js`);
+      check(!code.includes(APP), `${b}: ${f} holds this machine's path ${APP}`);
+    }
   }
   return out;
 }

@@ -10,6 +10,16 @@ import { fileName, STORE_NAME } from "./names.js";
  * The page side of the worker protocol (see worker.js): numbered calls, each with a promise and
  * an optional event handler for its progress/token messages.
  */
+/**
+ * Where worker.js is when nothing bundled it (esbuild, Rollup): next to this module's URL at run
+ * time, read from a stack trace. (`import.meta.url` would be replaced by bundlers with a build
+ * path, and `import.meta.resolve("./worker.js")` makes webpack emit a second, unbundled copy.)
+ */
+function unbundledWorkerUrl() {
+  const at = /(https?:\/\/[^\s()]+?):\d+:\d+/.exec(new Error().stack ?? "");
+  return at ? new URL("worker.js", at[1]).href : "worker.js, as bundled";
+}
+
 /** What to do when the worker or its files cannot be fetched (the README's "Bundlers"). */
 const BUNDLING_HELP =
   "worker.js, names.js, wgspec_core.js and wgspec_core_bg.wasm come with wgspec.js: a bundler " +
@@ -21,7 +31,8 @@ const BUNDLING_HELP =
 class WorkerClient {
   /**
    * @param {Worker} worker
-   * @param {string} where the worker's URL as this module knows it, for messages
+   * @param {string|null} where the worker's URL as this module knows it, for messages (null: a
+   *   Worker the caller started)
    */
   constructor(worker, where) {
     this.worker = worker;
@@ -30,15 +41,20 @@ class WorkerClient {
     this.pending = new Map();
     /** @type {Error|null} set once the worker is unusable; every later call fails with it */
     this.failure = null;
-    /** Whether the worker's script ran (it posts "ready" first). */
-    this.started = false;
+    /** Whether the worker's script ran (it posts "ready" first; a Worker given may have already). */
+    this.started = where === null;
     worker.addEventListener("message", (e) => this.onMessage(e.data));
     worker.addEventListener("error", (e) => {
       e.preventDefault?.();
       const detail = e.message ? `: ${e.message}` : "";
       // (a script that never ran was not found, or not a module: the usual bundler problem)
-      const what = this.started ? `the wgspec worker failed${detail}` : `could not start the wgspec worker ${where}${detail}`;
-      this.fail(new Error(`${what}. ${BUNDLING_HELP}`));
+      this.fail(
+        new Error(
+          this.started
+            ? `the wgspec worker failed${detail}`
+            : `could not start the wgspec worker ${where}${detail}. ${BUNDLING_HELP}`,
+        ),
+      );
     });
     worker.addEventListener("messageerror", () =>
       this.fail(new Error("the wgspec worker sent a message that could not be read")),
@@ -279,7 +295,7 @@ export class WgSpec {
     const medusaUrl = medusa ? resolveUrl(medusa) : undefined;
     const eagleUrl = eagle ? resolveUrl(eagle) : undefined;
     let w = worker;
-    let where = "given as a Worker";
+    let where = null;
     if (!(typeof Worker !== "undefined" && w instanceof Worker)) {
       if (w) {
         const url = new URL(String(w), globalThis.location?.href);
@@ -290,7 +306,7 @@ export class WgSpec {
         // what it imports, the .wasm included; the URL for messages is spelled otherwise, so that
         // they do not take it for a second, unbundled copy)
         w = new Worker(new URL("./worker.js", import.meta.url), { type: "module" });
-        where = `bundled with wgspec.js (unbundled: ${String(import.meta.url).replace(/[^/]*$/, "worker.js")})`;
+        where = `next to wgspec.js (${unbundledWorkerUrl()})`;
       }
     }
     if (cache) requestPersistence();
