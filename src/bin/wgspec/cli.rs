@@ -305,7 +305,7 @@ fn fetch_cmd(name: &str) -> Result<()> {
 }
 
 /// `generate --compare`'s verdict: both speeds, the speedup and τ, whether the texts agree, and
-/// where speculation lost, why (each verify pass and draft step against a target-only step).
+/// where speculation lost, why (a cycle's cost in target-only steps against the tokens it yielded).
 fn comparison(plain: &wgspec::engine::Completion, spec: &wgspec::engine::Completion, greedy: bool) -> String {
     let (p, s) = (&plain.stats.base, &spec.stats);
     let speedup =
@@ -339,6 +339,10 @@ fn comparison(plain: &wgspec::engine::Completion, spec: &wgspec::engine::Complet
 }
 
 async fn generate(args: GenerateArgs) -> Result<()> {
+    // (refused before any model is loaded)
+    if args.compare && args.draft == DraftSpec::None {
+        return Err(Error::InvalidArgument("--compare compares with a draft: give --draft".into()));
+    }
     let gpu = Arc::new(Gpu::new().await?);
     if !args.json {
         eprintln!("adapter: {}", gpu.describe());
@@ -375,9 +379,6 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     req.draft_k = args.k.draft_k;
     req.max_draft_k = args.k.max_draft_k;
 
-    if args.compare && args.draft == DraftSpec::None {
-        return Err(Error::InvalidArgument("--compare compares with a draft: give --draft".into()));
-    }
     let baseline = match args.compare {
         true => {
             // (both ways warmed up first: a device compiles each kernel on its first use)
