@@ -4,7 +4,7 @@
 // A row's sampling distribution is p_j = exp((l_j - m) / T) / Z over the kept tokens j (all of
 // them, or with top_k > 0 those ranked at most top_k: larger logits first, equal ones by lower id,
 // as top_k.wgsl ranks; `top` holds each row's ranked ids; then with top_p < 1 the nucleus, see
-// cut_of), m their largest logit, Z the sum (reduced in a fixed order) -- the distribution of
+// final_cut), m their largest logit, Z the sum (reduced in a fixed order) -- the distribution of
 // src/sampling.rs, computed in f32. Per row r of the pass (or only its last row, `last_only`):
 //   out[4 o + 0] = a draw from p: argmax_j (l_j - m) / T + G_j over the kept j
 //   out[4 o + 1] = a draw from norm(max(0, p - q)), the recovered-token rule of speculative
@@ -21,13 +21,34 @@
 // hashed from (the cycle's seed, the op's stream, the row's position, j): argmax of log-weight +
 // Gumbel is an exact draw from the normalised weights. A non-finite logit in row r sets status[0]
 // to at least r + 1.
+//
+// No row is searched by one workgroup: a row is cut into slices of SLICE logits (the argmax's),
+// one workgroup each, and the kernel runs in stages, one dispatch each (p.stage):
+//   stage 0      each slice of each p row (and of each q row it checks against): its largest
+//                kept logit m_s and z_s = sum of exp((l - m_s) / T) over its kept tokens; with a
+//                top-p, its histogram of the nucleus' first level (below)
+//   stages 1-7   (a top-p only) the nucleus' last value, by a radix select over the
+//                order-preserving keys, 4 bits a level: each workgroup combines the row's
+//                histograms of the level before (each slice's masses and counts in 16 bins),
+//                picks the bin as every workgroup of the row does, then histograms its slice
+//                under the longer prefix
+//   stage DRAW   each slice's best draw from p and from the residual (every workgroup derives
+//                the row's m, Z and cut from the slices' stats and histograms: the same bits)
+//   stage FINISH one workgroup per row: the slices' draws in slice order, p(x) and q(x)
+// The row's m is the largest m_s; Z = sum over s of z_s exp((m_s - m) / T) in a fixed order,
+// whatever the rows of the pass. The draws are maxima of one total order (a larger value, then
+// a lower id), the same whatever the slicing.
 
-// The uniforms Step and Params (SampleParams), Seed (SampleSeed) are declared in Rust (src/gpu/ops.rs) and written
-// ahead of this file by Kernel::source.
+// The uniforms Step and Params (SampleParams), Seed (SampleSeed) and the constant SLICE are
+// declared in Rust (src/gpu/ops.rs) and written ahead of this file by Kernel::source.
 
-const WG: u32 = 256u;   // invocations per row: each strides over the vocabulary (3 passes; about 37 with a top-p)
+const WG: u32 = 64u;
 const LOWEST: f32 = -0x1.fffffep+127f; // the lowest finite f32, written exactly
 const NONE: u32 = 0xffffffffu;
+const BINS: u32 = 16u;    // a level's bins: 4 bits of the key
+const LEVELS: u32 = 8u;   // the levels of a 32-bit key
+const DRAW: u32 = 8u;     // the stage that draws
+const FINISH: u32 = 9u;   // the stage that combines the draws
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -40,9 +61,49 @@ const NONE: u32 = 0xffffffffu;
 @group(0) @binding(8) var<storage, read_write> out: array<u32>;     // [rows, 4]
 @group(0) @binding(9) var<storage, read_write> status: array<atomic<u32>>; // [1] 1 + the last row with a
                                                                           // non-finite logit, or 0
+// The stages' words, for p.slots rows and p.slices slices (side u: 0 the p rows, 1 the q rows):
+//   stats   [2, slots, slices, 2]           m_s, z_s (bits)
+//   hist    [2, 2, slots, slices, 2 BINS]   a level's masses (bits), then counts, by its parity
+//   state   [2, 2, slots, 2]                the prefix picked so far, the mass above it (bits)
+//   draws   [slots, slices, 4]              the slice's best draw from p and from the residual
+//   cuts    [2, slots, 4]                   the row's m, Z, the cut's value (bits) and id
+@group(0) @binding(10) var<storage, read_write> scratch: array<u32>;
 
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
+var<workgroup> bin_m: array<f32, 1024>; // [BINS, WG] each invocation's masses per bin
+var<workgroup> bin_c: array<u32, 1024>; // [BINS, WG] and counts
+var<workgroup> tot_m: array<f32, BINS>;
+var<workgroup> tot_c: array<u32, BINS>;
+var<workgroup> shared_word: u32;
+
+fn stats_at(u: u32, slot: u32, s: u32) -> u32 {
+    return 2u * ((u * p.slots + slot) * p.slices + s);
+}
+
+fn hist_at(level: u32, u: u32, slot: u32, s: u32) -> u32 {
+    let base = 4u * p.slots * p.slices;
+    return base + 2u * BINS * ((((level & 1u) * 2u + u) * p.slots + slot) * p.slices + s);
+}
+
+fn state_at(level: u32, u: u32, slot: u32) -> u32 {
+    let base = (4u + 8u * BINS) * p.slots * p.slices;
+    return base + 2u * (((level & 1u) * 2u + u) * p.slots + slot);
+}
+
+fn draws_at(slot: u32, s: u32) -> u32 {
+    let base = (4u + 8u * BINS) * p.slots * p.slices + 8u * p.slots;
+    return base + 4u * (slot * p.slices + s);
+}
+
+fn cut_at(u: u32, slot: u32) -> u32 {
+    let base = (8u + 8u * BINS) * p.slots * p.slices + 8u * p.slots;
+    return base + 4u * (u * p.slots + slot);
+}
+
+fn word_f(at: u32) -> f32 {
+    return bitcast<f32>(scratch[at]);
+}
 
 fn mix(x: u32) -> u32 { // the PCG hash (O'Neill; Jarzynski & Olano, "Hash Functions for GPU Rendering")
     let s = x * 747796405u + 2891336453u;
@@ -73,8 +134,8 @@ fn finite(v: f32) -> bool {
 }
 
 // Reductions over the workgroup in a fixed tree (the host of each value is fixed by its index);
-// the result is read with workgroupUniformLoad, so that loops over it (the nucleus' bisection)
-// stay in uniform control flow for their barriers
+// the result is read with workgroupUniformLoad, so that what depends on it stays in uniform
+// control flow for its barriers
 fn reduce_max(t: u32, v: f32) -> f32 {
     red_v[t] = v;
     workgroupBarrier();
@@ -99,8 +160,9 @@ fn reduce_sum(t: u32, v: f32) -> f32 {
     return s;
 }
 
-// the best (value, id): the larger value, on ties the lower id (NONE loses to every id)
-fn reduce_best(t: u32, v: f32, i: u32) -> u32 {
+// the best (value, id): the larger value, on ties the lower id (NONE loses to every id); returned
+// as (value bits, id)
+fn reduce_best(t: u32, v: f32, i: u32) -> vec2<u32> {
     red_v[t] = v;
     red_i[t] = i;
     workgroupBarrier();
@@ -115,14 +177,14 @@ fn reduce_best(t: u32, v: f32, i: u32) -> u32 {
         }
         workgroupBarrier();
     }
-    let best = workgroupUniformLoad(&red_i[0]);
+    let best = vec2<u32>(bitcast<u32>(red_v[0]), red_i[0]);
     workgroupBarrier();
     return best;
 }
 
-// The order-preserving key of a finite f32 (larger value, larger key) and back.
+// The order-preserving key of a finite f32 (larger value, larger key; -0.0 is +0.0's) and back.
 fn key(v: f32) -> u32 {
-    let b = bitcast<u32>(v);
+    let b = bitcast<u32>(select(v, 0.0, v == 0.0));
     return select(b | 0x80000000u, ~b, (b & 0x80000000u) != 0u);
 }
 
@@ -130,9 +192,9 @@ fn value(k: u32) -> f32 {
     return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
-// logit idx of the p rows, or of the q rows
-fn logit(q_row: bool, idx: u32) -> f32 {
-    if (q_row) { return q_logits[idx]; }
+// logit idx of the p rows, or of the q rows (side 1)
+fn logit(u: u32, idx: u32) -> f32 {
+    if (u == 1u) { return q_logits[idx]; }
     return logits[idx];
 }
 
@@ -140,127 +202,269 @@ fn logit(q_row: bool, idx: u32) -> f32 {
 // largest logit m and the normaliser z = sum of exp((l - m) / T) over them.
 struct Cut { v: f32, i: u32, m: f32, z: f32 }
 
-var<private> bad: bool; // a non-finite logit was read
-
-// The kept tokens of row r (base: its first logit) of the p or q rows: its top_k ranked (all
-// without a top-k), then with top_p < 1 the smallest prefix of them in rank order whose mass
-// reaches top_p. The nucleus' last value v* (the largest value whose tokens at or above it hold
-// the mass) is found by bisection over the order-preserving keys, each step a pass over the row;
-// of the tokens tied at v*, the lowest ids are kept until the mass is reached, as the ranking
-// orders them. Every invocation of the workgroup calls it (its reductions have barriers).
-fn cut_of(t: u32, q_row: bool, r: u32, base: u32) -> Cut {
-    let inv_t = 1.0 / p.temperature;
+// The top-k's cut of row r of side u: its top_k-th ranked token (every token without a top-k).
+fn top_cut(u: u32, r: u32) -> Cut {
     var c = Cut(LOWEST, NONE, LOWEST, 0.0);
     if (p.top_k > 0u) {
         let at = r * p.top_k + p.top_k - 1u;
-        c.i = select(top[at], q_top[at], q_row);
-        c.v = logit(q_row, base + c.i);
+        c.i = select(top[at], q_top[at], u == 1u);
+        c.v = logit(u, r * p.vocab + c.i);
     }
-    var m = LOWEST;
-    for (var j = t; j < p.vocab; j += WG) {
-        let v = logit(q_row, base + j);
-        bad = bad || !finite(v);
-        if (at_least(v, j, c.v, c.i)) { m = max(m, v); }
-    }
-    c.m = reduce_max(t, m);
-    var z = 0.0;
-    for (var j = t; j < p.vocab; j += WG) {
-        let v = logit(q_row, base + j);
-        if (at_least(v, j, c.v, c.i)) { z += exp((v - c.m) * inv_t); }
-    }
-    c.z = reduce_sum(t, z);
-    if (p.top_p >= 1.0) { return c; }
-
-    let need = p.top_p * c.z;
-    var lo = key(LOWEST);
-    var hi = key(c.m);
-    while (lo < hi) {
-        let mid = lo + (hi - lo + 1u) / 2u;
-        let v_mid = value(mid);
-        var s = 0.0;
-        for (var j = t; j < p.vocab; j += WG) {
-            let v = logit(q_row, base + j);
-            if (v >= v_mid && at_least(v, j, c.v, c.i)) { s += exp((v - c.m) * inv_t); }
-        }
-        if (reduce_sum(t, s) >= need) { lo = mid; } else { hi = mid - 1u; }
-    }
-    let vs = value(lo);
-    var gt = 0.0;
-    var tied = 0.0;
-    for (var j = t; j < p.vocab; j += WG) {
-        let v = logit(q_row, base + j);
-        if (at_least(v, j, c.v, c.i)) {
-            if (v > vs) { gt += exp((v - c.m) * inv_t); }
-            if (v == vs) { tied += 1.0; }
-        }
-    }
-    gt = reduce_sum(t, gt);
-    tied = reduce_sum(t, tied);
-    // tied tokens needed: the fewest c >= 1 with gt + c w* >= need
-    let ws = exp((vs - c.m) * inv_t);
-    let want = u32(clamp(ceil(fma(p.top_p, c.z, -gt) / ws), 1.0, tied));
-    var ti = select(NONE, c.i, vs == c.v); // all of them (those the top-k kept)
-    if (want < u32(tied)) {
-        // the smallest id with `want` tied tokens at or below it
-        var a = 0u;
-        var b = p.vocab - 1u;
-        while (a < b) {
-            let mid = (a + b) / 2u;
-            var n = 0.0;
-            for (var j = t; j <= mid; j += WG) {
-                let v = logit(q_row, base + j);
-                if (v == vs && at_least(v, j, c.v, c.i)) { n += 1.0; }
-            }
-            if (reduce_sum(t, n) >= f32(want)) { b = mid; } else { a = mid + 1u; }
-        }
-        ti = a;
-    }
-    c.v = vs;
-    c.i = ti;
-    z = 0.0;
-    for (var j = t; j < p.vocab; j += WG) {
-        let v = logit(q_row, base + j);
-        if (at_least(v, j, c.v, c.i)) { z += exp((v - c.m) * inv_t); }
-    }
-    c.z = reduce_sum(t, z);
     return c;
 }
 
-@compute @workgroup_size(256)
-fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
-    let t = lid.x;
-    var r = wid.x;
-    var o = wid.x;
-    if (p.last_only == 1u) {
-        r = step.n - 1u;
-        o = p.out_row;
-    } else if (r >= step.n) {
+// The row's largest kept logit m and Z = sum of z_s exp((m_s - m) / T), from the slices' stats.
+fn row_stats(t: u32, u: u32, slot: u32) -> vec2<f32> {
+    let inv_t = 1.0 / p.temperature;
+    var m = LOWEST;
+    for (var s = t; s < p.slices; s += WG) { m = max(m, word_f(stats_at(u, slot, s))); }
+    m = reduce_max(t, m);
+    var z = 0.0;
+    for (var s = t; s < p.slices; s += WG) {
+        let at = stats_at(u, slot, s);
+        z = fma(word_f(at + 1u), exp((word_f(at) - m) * inv_t), z);
+    }
+    return vec2<f32>(m, reduce_sum(t, z));
+}
+
+// A level of the nucleus' radix select: the key prefix picked so far (4 bits a level), the mass
+// of the kept tokens whose keys are above it, and (once picked) the count of those within it.
+struct Level { prefix: u32, above: f32, count: u32 }
+
+// The next 4 bits of the nucleus' last key: the row's histograms of `level` combined (each
+// slice's masses times exp((m_s - m) / T), in a fixed order), then from the highest bin down the
+// first whose mass, with all above it, reaches `need`; none reaching it (a rounding), the lowest
+// nonempty one. Every workgroup of the row picks the same.
+fn pick_bin(t: u32, at: Level, level: u32, need: f32, u: u32, slot: u32, m: f32) -> Level {
+    let inv_t = 1.0 / p.temperature;
+    // invocation t: bin t / 4 of a quarter of the slices
+    let b = t / 4u;
+    var acc = 0.0;
+    var cnt = 0u;
+    for (var s = t % 4u; s < p.slices; s += 4u) {
+        let h = hist_at(level, u, slot, s);
+        acc = fma(word_f(h + b), exp((word_f(stats_at(u, slot, s)) - m) * inv_t), acc);
+        cnt += scratch[h + BINS + b];
+    }
+    red_v[t] = acc;
+    red_i[t] = cnt;
+    workgroupBarrier();
+    if (t < BINS) {
+        let q = 4u * t;
+        tot_m[t] = ((red_v[q] + red_v[q + 1u]) + red_v[q + 2u]) + red_v[q + 3u];
+        tot_c[t] = red_i[q] + red_i[q + 1u] + red_i[q + 2u] + red_i[q + 3u];
+    }
+    workgroupBarrier();
+    var pick = Level(at.prefix * BINS, at.above, 0u);
+    var above = 0.0;
+    for (var i = 0u; i < BINS; i++) {
+        let bin = BINS - 1u - i;
+        if (tot_c[bin] == 0u) { continue; }
+        pick = Level(at.prefix * BINS + bin, at.above + above, tot_c[bin]);
+        above += tot_m[bin];
+        if (at.above + above >= need) { break; }
+    }
+    workgroupBarrier(); // every invocation has read the totals before their next use writes
+    return pick;
+}
+
+// Slice s of row r (side u): per bin of the key's 4 bits at `level`, the kept tokens whose keys
+// start with `prefix` (the bits of the levels above): the sum of their exp((l - m_s) / T) and
+// their count. Each invocation fills its own column, then each bin's columns are added in order.
+fn histogram(t: u32, u: u32, at: vec3<u32>, level: u32, prefix: u32, ms: f32, cut: Cut) {
+    let r = at.x;
+    let slot = at.y;
+    let s = at.z;
+    let inv_t = 1.0 / p.temperature;
+    for (var b = 0u; b < BINS; b++) {
+        bin_m[b * WG + t] = 0.0;
+        bin_c[b * WG + t] = 0u;
+    }
+    let end = min((s + 1u) * SLICE, p.vocab);
+    for (var j = s * SLICE + t; j < end; j += WG) {
+        let v = logit(u, r * p.vocab + j);
+        let k = key(v);
+        if (!at_least(v, j, cut.v, cut.i) || (level > 0u && (k >> (32u - 4u * level)) != prefix)) {
+            continue;
+        }
+        let b = (k >> (28u - 4u * level)) & (BINS - 1u);
+        bin_m[b * WG + t] += exp((v - ms) * inv_t);
+        bin_c[b * WG + t] += 1u;
+    }
+    workgroupBarrier();
+    // invocation t: a quarter of bin t / 4's columns, in order; then the quarters in order
+    let b = t / 4u;
+    var acc = 0.0;
+    var cnt = 0u;
+    for (var c = (t % 4u) * (WG / 4u); c < (t % 4u + 1u) * (WG / 4u); c++) {
+        acc += bin_m[b * WG + c];
+        cnt += bin_c[b * WG + c];
+    }
+    red_v[t] = acc;
+    red_i[t] = cnt;
+    workgroupBarrier();
+    if (t < BINS) {
+        let q = 4u * t;
+        let h = hist_at(level, u, slot, s);
+        scratch[h + t] = bitcast<u32>(((red_v[q] + red_v[q + 1u]) + red_v[q + 2u]) + red_v[q + 3u]);
+        scratch[h + BINS + t] = red_i[q] + red_i[q + 1u] + red_i[q + 2u] + red_i[q + 3u];
+    }
+    workgroupBarrier();
+}
+
+// Stages 0 to LEVELS - 1 for slice s of row r (side u): the slice's stats (stage 0), then the
+// prefix picked from the level before and the slice's histogram of this level (a top-p only).
+fn level_stage(t: u32, u: u32, at: vec3<u32>, level: u32) {
+    let r = at.x;
+    let slot = at.y;
+    let s = at.z;
+    let inv_t = 1.0 / p.temperature;
+    let cut = top_cut(u, r);
+    if (level == 0u) {
+        let end = min((s + 1u) * SLICE, p.vocab);
+        var m = LOWEST;
+        var bad = false;
+        for (var j = s * SLICE + t; j < end; j += WG) {
+            let v = logit(u, r * p.vocab + j);
+            bad = bad || !finite(v);
+            if (at_least(v, j, cut.v, cut.i)) { m = max(m, v); }
+        }
+        if (bad) { atomicMax(&status[0], r + 1u); }
+        let ms = reduce_max(t, m);
+        var z = 0.0;
+        for (var j = s * SLICE + t; j < end; j += WG) {
+            let v = logit(u, r * p.vocab + j);
+            if (at_least(v, j, cut.v, cut.i)) { z += exp((v - ms) * inv_t); }
+        }
+        z = reduce_sum(t, z);
+        if (t == 0u) {
+            scratch[stats_at(u, slot, s)] = bitcast<u32>(ms);
+            scratch[stats_at(u, slot, s) + 1u] = bitcast<u32>(z);
+            if (s == 0u) { // the empty prefix, nothing above it
+                scratch[state_at(0u, u, slot)] = 0u;
+                scratch[state_at(0u, u, slot) + 1u] = 0u;
+            }
+        }
+        if (p.top_p < 1.0) { histogram(t, u, at, 0u, 0u, ms, cut); }
         return;
     }
+    let mz = row_stats(t, u, slot);
+    let was = state_at(level - 1u, u, slot);
+    let now = pick_bin(t, Level(scratch[was], word_f(was + 1u), 0u), level - 1u, p.top_p * mz.y, u, slot, mz.x);
+    if (s == 0u && t == 0u) {
+        scratch[state_at(level, u, slot)] = now.prefix;
+        scratch[state_at(level, u, slot) + 1u] = bitcast<u32>(now.above);
+    }
+    histogram(t, u, at, level, now.prefix, word_f(stats_at(u, slot, s)), cut);
+}
+
+// The id of the n-th (from 1) kept token of row r (side u) at the value vs, in id order: the
+// slice holding it from the slices' counts in the last level's bin `bin` (a run of slices per
+// invocation), then that slice's runs of SLICE / WG ids counted (one per invocation).
+fn nth_tied(t: u32, u: u32, r: u32, slot: u32, vs: f32, top: Cut, n: u32, bin: u32) -> u32 {
+    let per = (p.slices + WG - 1u) / WG;
+    let last = LEVELS - 1u;
+    var c = 0u;
+    for (var s = t * per; s < min((t + 1u) * per, p.slices); s++) {
+        c += scratch[hist_at(last, u, slot, s) + BINS + bin];
+    }
+    red_i[t] = c;
+    workgroupBarrier();
+    var left = n;
+    var run = 0u;
+    for (; run + 1u < WG; run++) {
+        if (left <= red_i[run]) { break; }
+        left -= red_i[run];
+    }
+    var s = run * per;
+    for (; s + 1u < min((run + 1u) * per, p.slices); s++) {
+        let k = scratch[hist_at(last, u, slot, s) + BINS + bin];
+        if (left <= k) { break; }
+        left -= k;
+    }
+    if (t == 0u) { shared_word = NONE; }
+    workgroupBarrier();
+    let lo = s * SLICE + t * (SLICE / WG);
+    let hi = min(lo + SLICE / WG, p.vocab);
+    c = 0u;
+    for (var j = lo; j < hi; j++) {
+        let v = logit(u, r * p.vocab + j);
+        if (v == vs && at_least(v, j, top.v, top.i)) { c += 1u; }
+    }
+    red_i[t] = c;
+    workgroupBarrier();
+    var holder = 0u;
+    for (; holder + 1u < WG; holder++) {
+        if (left <= red_i[holder]) { break; }
+        left -= red_i[holder];
+    }
+    if (t == holder) {
+        var k = 0u;
+        for (var j = lo; j < hi; j++) {
+            let v = logit(u, r * p.vocab + j);
+            if (v == vs && at_least(v, j, top.v, top.i)) {
+                k += 1u;
+                if (k == left) {
+                    shared_word = j;
+                    break;
+                }
+            }
+        }
+    }
+    return workgroupUniformLoad(&shared_word);
+}
+
+// Row r's kept tokens of side u, its m and Z: the top-k's, then with top_p < 1 the smallest
+// prefix of them in rank order whose mass reaches top_p. The nucleus' last value v* is the
+// largest value whose tokens at or above it hold the mass (the radix select's last pick); of the
+// tokens tied at v*, the lowest ids are kept until the mass is reached, as the ranking orders them.
+fn final_cut(t: u32, u: u32, r: u32, slot: u32) -> Cut {
+    let inv_t = 1.0 / p.temperature;
+    let top = top_cut(u, r);
+    let mz = row_stats(t, u, slot);
+    if (p.top_p >= 1.0) { return Cut(top.v, top.i, mz.x, mz.y); }
+    let was = state_at(LEVELS - 1u, u, slot);
+    let at = Level(scratch[was], word_f(was + 1u), 0u);
+    let last = pick_bin(t, at, LEVELS - 1u, p.top_p * mz.y, u, slot, mz.x);
+    let vs = value(last.prefix);
+    let tied = f32(last.count);
+    let ws = exp((vs - mz.x) * inv_t);
+    // tied tokens needed: the fewest c >= 1 with gt + c w* >= need (gt: the mass above v*)
+    let want = clamp(ceil(fma(p.top_p, mz.y, -last.above) / ws), 1.0, tied);
+    var c = Cut(vs, select(NONE, top.i, vs == top.v), mz.x, fma(want, ws, last.above));
+    if (t == 0u) { shared_word = u32(want < tied); }
+    if (workgroupUniformLoad(&shared_word) == 1u) {
+        c.i = nth_tied(t, u, r, slot, vs, top, u32(want), last.prefix & (BINS - 1u));
+    }
+    return c;
+}
+
+// Stage DRAW for slice s of row r: its best draw from p and from the residual max(0, p - q).
+fn draw_stage(t: u32, at: vec3<u32>) {
+    let r = at.x;
+    let slot = at.y;
+    let s = at.z;
     let base = r * p.vocab;
     let pos = step.start_pos + r;
     let inv_t = 1.0 / p.temperature;
     let has_x = r < p.drafts && r + 1u < step.n;  // (the pass's last row checks no draft)
     let x = select(NONE, drafts[min(r, max(p.drafts, 1u) - 1u)], has_x);
     let use_q = p.has_q == 1u && has_x;          // (the q rows past the drafts are not read)
-
-    // 1. the kept tokens of p (and of q), their largest logits and normalisers
-    bad = false;
-    let cp = cut_of(t, false, r, base);
+    let cp = final_cut(t, 0u, r, slot);
     var cq = Cut(LOWEST, NONE, LOWEST, 1.0);
-    if (use_q) { cq = cut_of(t, true, r, base); }
-    if (bad) { atomicMax(&status[0], r + 1u); }
+    if (use_q) { cq = final_cut(t, 1u, r, slot); }
 
-    // 2. the draws: from p, and from the residual max(0, p - q). (Each product that meets an add
-    //    is an explicit fused multiply-add, a division by Z a multiply by 1 / Z: a compiler may
-    //    contract either differently from pipeline to pipeline: shaders/matmul.wgsl, dots.)
+    // (Each product that meets an add is an explicit fused multiply-add, a division by Z a
+    // multiply by 1 / Z: a compiler may contract either differently from pipeline to pipeline:
+    // shaders/matmul.wgsl, dots.)
     let inv_zp = 1.0 / cp.z;
     let inv_zq = 1.0 / cq.z;
     var bv = LOWEST;
     var bi = NONE;
     var rv = LOWEST;
     var ri = NONE;
-    for (var j = t; j < p.vocab; j += WG) {
+    let end = min((s + 1u) * SLICE, p.vocab);
+    for (var j = s * SLICE + t; j < end; j += WG) {
         let v = logits[base + j];
         if (!at_least(v, j, cp.v, cp.i)) { continue; }
         let lw = (v - cp.m) * inv_t;            // log of p_j * Z
@@ -284,21 +488,93 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     }
     let sample = reduce_best(t, bv, bi);
     let residual = reduce_best(t, rv, ri);
-
     if (t == 0u) {
+        let d = draws_at(slot, s);
+        scratch[d] = sample.x;
+        scratch[d + 1u] = sample.y;
+        scratch[d + 2u] = residual.x;
+        scratch[d + 3u] = residual.y;
+        if (s == 0u) {
+            write_cut(0u, slot, cp);
+            write_cut(1u, slot, cq);
+        }
+    }
+}
+
+fn write_cut(u: u32, slot: u32, c: Cut) {
+    let w = cut_at(u, slot);
+    scratch[w] = bitcast<u32>(c.m);
+    scratch[w + 1u] = bitcast<u32>(c.z);
+    scratch[w + 2u] = bitcast<u32>(c.v);
+    scratch[w + 3u] = c.i;
+}
+
+// p(x) of the row under side u's cut (written by stage DRAW), x's logit l
+fn prob(u: u32, slot: u32, l: f32, x: u32) -> f32 {
+    let w = cut_at(u, slot);
+    let m = word_f(w);
+    let in_cut = at_least(l, x, word_f(w + 2u), scratch[w + 3u]);
+    return select(0.0, exp((l - m) * (1.0 / p.temperature)) / word_f(w + 1u), in_cut);
+}
+
+// Stage FINISH for row r: the slices' draws combined in slice order, and the row's words.
+fn finish_stage(t: u32, r: u32, slot: u32, o: u32) {
+    var bv = LOWEST;
+    var bi = NONE;
+    var rv = LOWEST;
+    var ri = NONE;
+    for (var s = t; s < p.slices; s += WG) {
+        let d = draws_at(slot, s);
+        let v = word_f(d);
+        let i = scratch[d + 1u];
+        if (i != NONE && (bi == NONE || v > bv)) { bv = v; bi = i; }
+        let w = word_f(d + 2u);
+        let k = scratch[d + 3u];
+        if (k != NONE && (ri == NONE || w > rv)) { rv = w; ri = k; }
+    }
+    let sample = reduce_best(t, bv, bi).y;
+    let residual = reduce_best(t, rv, ri).y;
+    if (t == 0u) {
+        let has_x = r < p.drafts && r + 1u < step.n;
         var px = 0.0;
         var qx = 1.0;
         if (has_x) {
-            let v = logits[base + x];
-            px = select(0.0, exp((v - cp.m) * inv_t) / cp.z, at_least(v, x, cp.v, cp.i));
-            if (use_q) {
-                let u = q_logits[base + x];
-                qx = select(0.0, exp((u - cq.m) * inv_t) / cq.z, at_least(u, x, cq.v, cq.i));
-            }
+            let x = drafts[min(r, max(p.drafts, 1u) - 1u)];
+            px = prob(0u, slot, logits[r * p.vocab + x], x);
+            if (p.has_q == 1u) { qx = prob(1u, slot, q_logits[r * p.vocab + x], x); }
         }
         out[4u * o] = min(sample, p.vocab - 1u);
         out[4u * o + 1u] = select(residual, sample, residual == NONE);
         out[4u * o + 2u] = bitcast<u32>(px);
         out[4u * o + 3u] = bitcast<u32>(qx);
     }
+}
+
+@compute @workgroup_size(WG)
+fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
+    let t = lid.x;
+    // a row per workgroup along x for FINISH, along y (its slices along x) for the others
+    var r = select(wid.y, wid.x, p.stage == FINISH);
+    var slot = r;
+    var o = r;
+    if (p.last_only == 1u) {
+        r = step.n - 1u;
+        slot = 0u;
+        o = p.out_row;
+    } else if (r >= step.n) {
+        return;
+    }
+    if (p.stage == FINISH) {
+        finish_stage(t, r, slot, o);
+        return;
+    }
+    let u = wid.x / p.slices;
+    let at = vec3<u32>(r, slot, wid.x % p.slices);
+    if (p.stage == DRAW) {
+        draw_stage(t, at);
+        return;
+    }
+    // (a q row is read only where it checks a draft)
+    if (u == 1u && !(p.has_q == 1u && r < p.drafts && r + 1u < step.n)) { return; }
+    level_stage(t, u, at, p.stage);
 }

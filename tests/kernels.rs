@@ -1286,7 +1286,7 @@ fn gpu_draws_follow_the_sampling_distribution() {
             SampleConfig { vocab: v, temperature, top_k, top_p, drafts: rows, last_only: None, stream: 3 };
         let p_rows = SampleRows { logits: p_buf, top: (top_k > 0).then_some(&p_top) };
         let q_rows = with_q.then_some(SampleRows { logits: &q_buf, top: (top_k > 0).then_some(&q_top) });
-        ops.push(gpu.sample(&step, &seed, p_rows, q_rows, &drafts, &out, &status, cfg));
+        ops.extend(gpu.sample(&step, &seed, p_rows, q_rows, &drafts, &out, &status, cfg));
         let (mut draws, mut residuals) = (vec![0usize; v], vec![0usize; v]);
         for s in 0..150 {
             gpu.queue.write_buffer(&seed, 0, bytemuck::bytes_of(&SampleSeed::new(seeds.next_u64())));
@@ -1330,9 +1330,9 @@ fn gpu_draws_follow_the_sampling_distribution() {
         last_only: None,
         stream: 3,
     };
-    let op =
+    let ops =
         gpu.sample(&step, &seed, SampleRows { logits: &bad, top: None }, None, &drafts, &out, &status, cfg);
-    run(&gpu, &step, &[op], rows, 0);
+    run(&gpu, &step, &ops, rows, 0);
     assert_eq!(read_u32(&gpu, &status.raw, 1), [4], "a NaN logit in row 3");
 }
 
@@ -1375,6 +1375,159 @@ fn gpu_acceptance_keeps_each_draft_with_probability_p_over_q() {
         let f = c as f64 / n as f64;
         assert!((f - p).abs() <= 4.5 * sd + 1e-9, "a = {a}: frequency {f:.3}, want {p} (sd {sd:.3})");
     }
+}
+
+/// The one-workgroup sampling kernel that `shaders/sample.wgsl` replaced (a row searched by 256
+/// invocations, a nucleus by about 35 passes over it), on the new kernel's uniforms: its bindings
+/// are the new kernel's but the scratch.
+fn one_workgroup_sample(gpu: &Gpu) -> wgpu::ComputePipeline {
+    let new = wgspec::gpu::Kernel::Sample.source(false);
+    let prelude = new.strip_suffix(include_str!("../shaders/sample.wgsl")).expect("the prelude");
+    let source = format!("{prelude}\n{}", include_str!("data/sample_one_workgroup.wgsl"));
+    let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        label: Some("sample, one workgroup"),
+        source: wgpu::ShaderSource::Wgsl(source.into()),
+    });
+    gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+        label: Some("sample, one workgroup"),
+        layout: None,
+        module: &module,
+        entry_point: Some("main"),
+        compilation_options: Default::default(),
+        cache: None,
+    })
+}
+
+#[test]
+fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
+    // Rows of several slices of 1,024 logits (and of less than one), random and adversarial (few
+    // distinct values: ties across slices, -0.0 beside +0.0, nuclei that end inside a group of
+    // tied logits), every sampling configuration, against the kernel that searched each row in
+    // one workgroup: the same draws, from p and from the residual, in every row; p(x) and q(x)
+    // within a few ulps (Z is summed in another order). And a row's words do not depend on the
+    // rows of its pass.
+    use rand::Rng;
+    use wgspec::gpu::{SampleConfig, SampleRows, SampleSeed};
+    let gpu = gpu();
+    let old = one_workgroup_sample(&gpu);
+    let step = gpu.step_buffer();
+    let mut r = rng(77);
+    let (rows, n) = (8, 5); // the buffers' rows, the pass's
+    let mut checked = [0usize; 3];
+    for (case, &v) in [150usize, 1024, 1500, 3000, 4100].iter().enumerate() {
+        // (values drawn from a few: ties in every slice; mostly zeros of either sign: nuclei that
+        // end among them)
+        let tied = |r: &mut SmallRng, values: &[f32]| -> Vec<f32> {
+            (0..rows * v).map(|_| values[r.gen_range(0..values.len())]).collect()
+        };
+        let few = [2.5f32, 2.5, 1.0, 0.0, -0.0, -0.0, -1.5];
+        let zeros = [0.0f32, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 3.0, -1.0];
+        for rows_of in ["random", "few values", "zeros"] {
+            let mut make = || match rows_of {
+                "random" => rand_vec(&mut r, rows * v, 3.0),
+                "few values" => tied(&mut r, &few),
+                _ => tied(&mut r, &zeros),
+            };
+            let (p_row, q_row) = (make(), make());
+            let p_buf = GpuBuffer::<f32>::from_slice(&gpu, "p", &p_row);
+            let q_buf = GpuBuffer::<f32>::from_slice(&gpu, "q", &q_row);
+            let top = |label| GpuBuffer::<u32>::zeros(&gpu, label, rows * 40);
+            let (p_top, q_top) = (top("p top"), top("q top"));
+            let xs: Vec<u32> = (0..rows).map(|_| r.gen_range(0..v as u32)).collect();
+            let drafts = GpuBuffer::<u32>::from_slice(&gpu, "drafts", &xs);
+            let status = GpuBuffer::<u32>::zeros(&gpu, "status", 1);
+            let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
+            for (temperature, top_k, top_p, with_q, last_only) in [
+                (1.0f32, 0usize, 1.0f32, false, None),
+                (0.7, 0, 1.0, true, None),
+                (1.3, 40, 1.0, true, None),
+                (1.0, 0, 0.83, false, None),
+                (1.0, 0, 0.95, true, None), // (tied rows: inside the zeros, -0.0 and +0.0)
+                (0.9, 0, 0.61, true, None),
+                (1.2, 25, 0.7, true, None),
+                (0.8, 0, 0.9, false, Some(2)),
+            ] {
+                let what = format!(
+                    "vocab {v} {rows_of} rows T={temperature} top-k={top_k} top-p={top_p} \
+                     q={with_q} last_only={last_only:?}"
+                );
+                let mut ops = Vec::new();
+                if top_k > 0 {
+                    ops.extend(gpu.top_k(&step, &p_buf, (&p_top, None), v, top_k));
+                    ops.extend(gpu.top_k(&step, &q_buf, (&q_top, None), v, top_k));
+                }
+                let cfg = SampleConfig { vocab: v, temperature, top_k, top_p, drafts: rows, last_only, stream: 5 };
+                let p_rows = SampleRows { logits: &p_buf, top: (top_k > 0).then_some(&p_top) };
+                let q_rows = with_q.then_some(SampleRows { logits: &q_buf, top: (top_k > 0).then_some(&q_top) });
+                let (new_out, old_out) =
+                    (GpuBuffer::<u32>::zeros(&gpu, "new", rows * 4), GpuBuffer::<u32>::zeros(&gpu, "old", rows * 4));
+                ops.extend(gpu.sample(&step, &seed, p_rows, q_rows, &drafts, &new_out, &status, cfg));
+                // the old kernel's parameters: the new ones' first 9 words (its last 3 were padding)
+                let words: [u32; 12] = [
+                    v as u32,
+                    top_k as u32,
+                    temperature.to_bits(),
+                    top_p.to_bits(),
+                    with_q as u32,
+                    rows as u32,
+                    last_only.is_some() as u32,
+                    last_only.unwrap_or(0) as u32,
+                    5,
+                    0,
+                    0,
+                    0,
+                ];
+                let params = gpu.uniform("old sample params", bytemuck::cast_slice(&words));
+                let (top_p_buf, top_q_buf) = if top_k > 0 { (&p_top, &q_top) } else { (&drafts, &drafts) };
+                let q_logits = if with_q { &q_buf } else { &p_buf };
+                let buffers =
+                    [&step, &params, &seed, &p_buf.raw, &top_p_buf.raw, &q_logits.raw, &top_q_buf.raw];
+                let buffers = buffers.into_iter().chain([&drafts.raw, &old_out.raw, &status.raw]);
+                let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: None,
+                    layout: &old.get_bind_group_layout(0),
+                    entries: &buffers
+                        .enumerate()
+                        .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                        .collect::<Vec<_>>(),
+                });
+                for s in 0..3u64 {
+                    gpu.queue.write_buffer(&seed, 0, bytemuck::bytes_of(&SampleSeed::new(s * 7919 + case as u64)));
+                    run(&gpu, &step, &ops, n, 100);
+                    let mut enc = gpu.encoder();
+                    {
+                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+                        pass.set_pipeline(&old);
+                        pass.set_bind_group(0, &bind, &[]);
+                        pass.dispatch_workgroups(if last_only.is_some() { 1 } else { n as u32 }, 1, 1);
+                    }
+                    gpu.submit(enc);
+                    let (got, want) = (read_u32(&gpu, &new_out.raw, rows * 4), read_u32(&gpu, &old_out.raw, rows * 4));
+                    let out_rows = last_only.map_or(0..n, |o| o..o + 1);
+                    for row in out_rows {
+                        let (g, w) = (&got[4 * row..4 * row + 4], &want[4 * row..4 * row + 4]);
+                        assert_eq!(g[..2], w[..2], "{what} seed {s} row {row}: the draws");
+                        checked[0] += 1;
+                        checked[1] += (g[1] != g[0]) as usize;
+                        for (word, name) in [(2, "p(x)"), (3, "q(x)")] {
+                            let (a, b) = (f32::from_bits(g[word]), f32::from_bits(w[word]));
+                            assert!((a - b).abs() <= 4e-7 * b.abs(), "{what} seed {s} row {row}: {name} {a} vs {b}");
+                            checked[2] += (b > 0.0 && b < 1.0) as usize;
+                        }
+                    }
+                    // a row's words whatever the rows of its pass: its first two rows alone
+                    if last_only.is_none() {
+                        run(&gpu, &step, &ops, 2, 100);
+                        let two = read_u32(&gpu, &new_out.raw, 4);
+                        assert_eq!(two[..], got[..4], "{what} seed {s}: row 0 in a pass of 2 rows");
+                    }
+                }
+            }
+            assert_eq!(read_u32(&gpu, &status.raw, 1), [0], "finite logits");
+        }
+    }
+    // (the checks saw residual draws apart from the draws, and probabilities strictly inside (0, 1))
+    assert!(checked[1] > checked[0] / 4 && checked[2] > checked[0] / 2, "{checked:?}");
 }
 
 /// The one-invocation EAGLE tree kernel that `shaders/eagle_tree.wgsl` replaced, run on the same

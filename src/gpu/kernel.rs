@@ -162,13 +162,13 @@ impl Kernel {
     }
 
     /// The WGSL ahead of the kernel's files: its uniform structs, and the host's constants its
-    /// source must agree with (the slice of logits the argmax's and top-k's first dispatch's
-    /// workgroups take, which the host sizes their grids by; the EAGLE tree's output offsets and
+    /// source must agree with (the slice of logits a workgroup of the argmax's, top-k's and
+    /// sampling's slice stages takes, which the host sizes their grids by; the EAGLE tree's output offsets and
     /// modes).
     fn prelude(self) -> String {
         use super::ops::*;
         let mut s: String = self.uniforms().iter().map(Layout::wgsl).collect();
-        if matches!(self, Kernel::Argmax | Kernel::TopK) {
+        if matches!(self, Kernel::Argmax | Kernel::TopK | Kernel::Sample) {
             s.push_str(&wgsl_constants(&[("SLICE", REDUCE_SLICE as u64)]));
         }
         if self == Kernel::EagleTree {
@@ -243,8 +243,7 @@ impl Kernel {
         }
     }
 
-    /// Threads per workgroup along x (every kernel uses 64 but [`Kernel::Sample`] and
-    /// [`Kernel::EagleTree`], 256).
+    /// Threads per workgroup along x (every kernel uses 64 but [`Kernel::EagleTree`], 256).
     pub const WORKGROUP: u32 = 64;
 
     /// The invocations of one of its workgroups, as its source declares them
@@ -256,7 +255,7 @@ impl Kernel {
         table.get(self.index()).copied().unwrap_or(Kernel::WORKGROUP)
     }
 
-    /// The largest workgroup of any kernel ([`Kernel::Sample`]'s 256, WebGPU's default limit).
+    /// The largest workgroup of any kernel ([`Kernel::EagleTree`]'s 256, WebGPU's default limit).
     pub const LARGEST_WORKGROUP: u32 = 256;
 }
 
@@ -563,7 +562,7 @@ mod tests {
     fn every_kernel_declares_its_workgroup() {
         for k in Kernel::all() {
             let want = match k {
-                Kernel::Sample | Kernel::EagleTree => 256,
+                Kernel::EagleTree => 256,
                 _ => Kernel::WORKGROUP,
             };
             assert_eq!(k.invocations(), want, "{k:?}");

@@ -318,9 +318,28 @@ gpu_struct! {
         out_row: u32,
         /// The op's own noise stream (a draft step's draw, the verify rows', ...).
         stream: u32,
-        _pad: [u32; 3],
+        /// The dispatch's stage (`shaders/sample.wgsl`: 0 to 7 the slices' stats and the
+        /// nucleus' levels, 8 the draws, 9 their combination).
+        stage: u32,
+        /// ceil(vocab / SLICE): the workgroups of a row's side.
+        slices: u32,
+        /// Rows the scratch holds (1 for `last_only`).
+        slots: u32,
     }
 }
+
+/// Words of [`Gpu::sample`]'s scratch for `slots` rows of `slices` slices (the layout in
+/// `shaders/sample.wgsl`: stats, histograms, the levels' picks, the draws, the cuts).
+fn sample_scratch(slots: usize, slices: usize) -> usize {
+    const BINS: usize = 16;
+    (8 + 8 * BINS) * slots * slices + 16 * slots
+}
+
+/// [`Gpu::sample`]'s stages (`shaders/sample.wgsl`): the nucleus' radix levels (the first also
+/// the slices' stats), the draws, their combination.
+const SAMPLE_LEVELS: u32 = 8;
+const SAMPLE_DRAW: u32 = 8;
+const SAMPLE_FINISH: u32 = 9;
 
 gpu_struct! {
     /// The per-cycle seed of the GPU's draws (`Seed` in `shaders/sample.wgsl` and
@@ -519,8 +538,9 @@ gpu_struct! {
 }
 
 /// Logits one workgroup of the first of [`Gpu::argmax`]'s and [`Gpu::top_k`]'s two dispatches
-/// reduces (the shaders' `SLICE`, written into their source from this): a row of Qwen2.5's
-/// 151,936 logits is 149 workgroups, 16 loads per invocation.
+/// (and of [`Gpu::sample`]'s slice stages) reduces (the shaders' `SLICE`, written into their
+/// source from this): a row of Qwen2.5's 151,936 logits is 149 workgroups, 16 loads per
+/// invocation.
 pub const REDUCE_SLICE: usize = 1024;
 
 /// Workgroups of the first dispatch per row of `vocab` logits.
@@ -1181,6 +1201,10 @@ impl Gpu {
     /// the first `cfg.drafts` rows; `seed`: the cycle's [`SampleSeed`] uniform; `status: [1]`
     /// becomes at least r + 1 where row r holds a logit that is not finite. Under a top-k
     /// (`cfg.top_k > 0`) both row sources must bind their ranked ids.
+    ///
+    /// Every stage runs a workgroup per slice of [`REDUCE_SLICE`] logits of each row: the slices'
+    /// stats, with a top-p 7 more levels of the nucleus' radix select, the draws, then one
+    /// workgroup per row combining them: 3 dispatches, 10 with a top-p.
     #[allow(clippy::too_many_arguments)]
     pub fn sample(
         &self,
@@ -1192,43 +1216,89 @@ impl Gpu {
         out: &GpuBuffer<u32>,
         status: &GpuBuffer<u32>,
         cfg: SampleConfig,
-    ) -> Op {
-        let params = SampleParams {
-            vocab: cfg.vocab as u32,
-            top_k: cfg.top_k as u32,
-            temperature: cfg.temperature,
-            top_p: cfg.top_p,
-            has_q: q.is_some() as u32,
-            drafts: cfg.drafts as u32,
-            last_only: cfg.last_only.is_some() as u32,
-            out_row: cfg.last_only.unwrap_or(0) as u32,
-            stream: cfg.stream,
-            _pad: [0; 3],
-        };
+    ) -> Vec<Op> {
         debug_assert!(
             cfg.top_k == 0 || (p.top.is_some() && q.is_none_or(|q| q.top.is_some())),
             "a top-k needs each row source's ranked ids"
         );
-        let params = self.uniform("sample params", bytemuck::bytes_of(&params));
+        let slices = reduce_slices(cfg.vocab);
+        let slots = match cfg.last_only {
+            Some(_) => 1,
+            None => (p.logits.len / cfg.vocab.max(1)).max(1),
+        };
+        let scratch = GpuBuffer::<u32>::zeros(self, "sample scratch", sample_scratch(slots, slices));
         let top = p.top.unwrap_or(drafts);
         let (q_logits, q_top) = q.map_or((p.logits, top), |q| (q.logits, q.top.unwrap_or(drafts)));
-        // p's row read three times (q's three more); a nucleus' bisection about 34 more each
-        let passes = 3 + if cfg.top_p < 1.0 { 34 } else { 0 };
-        let rows = 1 + q.is_some() as u64;
-        let cost = Cost { row_bytes: 4 * passes * rows * cfg.vocab as u64, ..Cost::default() };
-        let storage =
-            [&p.logits.raw, &top.raw, &q_logits.raw, &q_top.raw, &drafts.raw, &out.raw, &status.raw];
-        let grid = if cfg.last_only.is_some() { Grid::Fixed([1, 1, 1]) } else { Grid::Rows };
-        // per cut of a row (p's, and q's): its maximum and sum scans over vocab / 256 each, and
-        // with a nucleus about 34 more (32 bisection steps over the keys, the kept and tied
-        // tokens, ties split by up to log2(vocab) more), a tree each; then the draw's scan
-        let scan = cfg.vocab.div_ceil(Kernel::invocations(Kernel::Sample) as usize) as u64;
-        let ties = (cfg.vocab.max(2) as u64).ilog2() as u64 + 1;
-        let per_cut = if cfg.top_p < 1.0 { (36 + ties) * (scan + 8) } else { 2 * (scan + 8) };
-        let serial = rows * per_cut + scan + 16;
-        self.op_with_uniform(Kernel::Sample, step, &params, seed, &storage, grid)
-            .with_cost(cost)
-            .with_serial(Serial::fixed(serial))
+        let storage = [
+            &p.logits.raw,
+            &top.raw,
+            &q_logits.raw,
+            &q_top.raw,
+            &drafts.raw,
+            &out.raw,
+            &status.raw,
+            &scratch.raw,
+        ];
+        let sides = 1 + q.is_some() as u32;
+        let op = |stage: u32, grid: Grid| {
+            let params = SampleParams {
+                vocab: cfg.vocab as u32,
+                top_k: cfg.top_k as u32,
+                temperature: cfg.temperature,
+                top_p: cfg.top_p,
+                has_q: q.is_some() as u32,
+                drafts: cfg.drafts as u32,
+                last_only: cfg.last_only.is_some() as u32,
+                out_row: cfg.last_only.unwrap_or(0) as u32,
+                stream: cfg.stream,
+                stage,
+                slices: slices as u32,
+                slots: slots as u32,
+            };
+            let params = self.uniform("sample params", bytemuck::bytes_of(&params));
+            self.op_with_uniform(Kernel::Sample, step, &params, seed, &storage, grid)
+        };
+        let per_row = |x: u32| match cfg.last_only {
+            Some(_) => Grid::Fixed([x, 1, 1]),
+            None => Grid::PerRow(x),
+        };
+        // the serial loops of an invocation: a slice's SLICE / WG logits, the row's slices
+        // (SLICE / WG at most each for the stats, a quarter of them for a level's bins), trees
+        let wg = Kernel::invocations(Kernel::Sample) as u64;
+        let scan = (REDUCE_SLICE.min(cfg.vocab) as u64).div_ceil(wg);
+        let across = (slices as u64).div_ceil(wg) + 6;
+        let bins = (slices as u64).div_ceil(4) + 4 + 16;
+        let histogram = scan + wg / 4 + 4;
+        let nucleus = cfg.top_p < 1.0;
+        let levels = if nucleus { SAMPLE_LEVELS } else { 1 };
+        let row_bytes = 4 * cfg.vocab as u64 * sides as u64;
+        let mut ops: Vec<Op> = (0..levels)
+            .map(|level| {
+                let serial = match level {
+                    0 => 2 * (scan + 6) + if nucleus { histogram } else { 0 },
+                    _ => 2 * across + bins + histogram,
+                };
+                op(level, per_row(slices as u32 * sides))
+                    .with_cost(Cost { row_bytes, ..Cost::default() })
+                    .with_serial(Serial::fixed(serial))
+            })
+            .collect();
+        // a cut: the row's stats; with a nucleus the last level's pick, and where it ends
+        // inside tied tokens their slice (runs of slices, then slices) and its runs of ids
+        let ties = (slices as u64).div_ceil(wg) + wg + 2 * scan + wg;
+        let cut = 2 * across + if nucleus { bins + ties } else { 0 };
+        let draw = op(SAMPLE_DRAW, per_row(slices as u32))
+            .with_cost(Cost { row_bytes, ..Cost::default() })
+            .with_serial(Serial::fixed(sides as u64 * cut + scan + 12));
+        let finish_grid = match cfg.last_only {
+            Some(_) => Grid::Fixed([1, 1, 1]),
+            None => Grid::Rows,
+        };
+        let finish = op(SAMPLE_FINISH, finish_grid)
+            .with_cost(Cost { row_bytes: 16 * slices as u64 + 48, ..Cost::default() })
+            .with_serial(Serial::fixed(across + 6));
+        ops.extend([draw, finish]);
+        ops
     }
 
     /// Speculative sampling's acceptance of a verify pass (`step`: K + 1 rows) from the rows

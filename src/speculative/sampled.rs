@@ -52,7 +52,7 @@ pub fn gpu_samples(params: &SamplingParams) -> bool {
 /// The draft model's side: its ranked ids, the op drawing from its last row, the draw.
 struct DraftSide {
     top: Option<(Vec<Op>, GpuBuffer<u32>)>, // ranks of its pass's rows, [MAX_BATCH, top_k]
-    sample: Op,
+    sample: Vec<Op>,
     draw: GpuBuffer<u32>, // [4] the draw of the step's last row
 }
 
@@ -67,10 +67,10 @@ pub struct SampledCycle {
     status: GpuBuffer<u32>,      // [1] 1: a non-finite logit
     result: GpuBuffer<u32>,      // [2 + MAX_BATCH + 1] a, next, x1..xK, status
     target_top: Option<Vec<Op>>, // ranks the verify rows into p_top
-    one_hot: Op,                 // the verify rows' draws against one-hot drafts
-    tree_draws: Op,              // a draw from every row of a tree pass (no drafts checked)
+    one_hot: Vec<Op>,            // the verify rows' draws against one-hot drafts
+    tree_draws: Vec<Op>,         // a draw from every row of a tree pass (no drafts checked)
     tree_result: GpuBuffer<u32>, // [MAX_BATCH, 4] those rows' words, then [1] the status
-    against_q: Option<Op>,       // ... against the draft model's rows
+    against_q: Option<Vec<Op>>,  // ... against the draft model's rows
     accept: Op,
     draft: Option<DraftSide>,
     // kept alive for the ops' bind groups
@@ -213,7 +213,7 @@ impl SampledCycle {
                 let bytes = top_k * word;
                 enc.copy_buffer_to_buffer(&ranks.raw, last * bytes, &q_top.raw, i as u64 * bytes, bytes);
             }
-            gpu.encode(enc, std::slice::from_ref(&side.sample), rows as u32);
+            gpu.encode(enc, &side.sample, rows as u32);
             enc.copy_buffer_to_buffer(&side.draw.raw, 0, &drafts.raw, i as u64 * word, word);
             enc.copy_buffer_to_buffer(
                 &dm.logits_buffer().raw,
@@ -248,7 +248,7 @@ impl SampledCycle {
         if let Some(ops) = &self.target_top {
             gpu.encode(&mut enc, ops, n as u32);
         }
-        gpu.encode(&mut enc, std::slice::from_ref(&self.tree_draws), n as u32);
+        gpu.encode(&mut enc, &self.tree_draws, n as u32);
         let words = (n * 4 * 4) as u64;
         enc.copy_buffer_to_buffer(&self.samples.raw, 0, &self.tree_result.raw, 0, words);
         enc.copy_buffer_to_buffer(&self.status.raw, 0, &self.tree_result.raw, words, 4);
@@ -281,10 +281,10 @@ impl SampledCycle {
             gpu.encode(enc, ops, n);
         }
         let sample = match (&self.against_q, against_q && k > 0) {
-            (Some(op), true) => op,
+            (Some(ops), true) => ops,
             _ => &self.one_hot,
         };
-        gpu.encode(enc, std::slice::from_ref(sample), n);
+        gpu.encode(enc, sample, n);
         gpu.encode(enc, std::slice::from_ref(&self.accept), n);
     }
 
