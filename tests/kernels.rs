@@ -1530,6 +1530,46 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
     assert!(checked[1] > checked[0] / 4 && checked[2] > checked[0] / 2, "{checked:?}");
 }
 
+#[test]
+fn sampling_spreads_each_row_over_its_slices() {
+    // The shape facts of the sampling ops over Qwen2.5's 151,936 logits in a 5-row pass (nothing
+    // run): every stage but the last a workgroup per slice of each row (of each q row too, where
+    // it is read), the last one per row reading the slices' 16 bytes; 3 dispatches, 10 with a
+    // top-p; no invocation walks a row (the one-workgroup kernel walked it 3 to about 110 times
+    // with a stride of 256: 1,800 to 65,000 iterations).
+    use wgspec::gpu::{SampleConfig, SampleRows, SampleSeed};
+    let gpu = gpu();
+    let (v, rows) = (151_936usize, 5usize);
+    let slices = v.div_ceil(wgspec::gpu::REDUCE_SLICE) as u64;
+    let logits = GpuBuffer::<f32>::zeros(&gpu, "logits", rows * v);
+    let top = GpuBuffer::<u32>::zeros(&gpu, "top", rows * 16);
+    let words = GpuBuffer::<u32>::zeros(&gpu, "words", rows * 4);
+    let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
+    let step = gpu.step_buffer();
+    for (top_k, top_p, with_q) in [(0usize, 1.0f32, false), (16, 1.0, true), (0, 0.9, true), (16, 0.95, false)] {
+        let cfg = SampleConfig { vocab: v, temperature: 1.0, top_k, top_p, drafts: rows, last_only: None, stream: 0 };
+        let rows_of = SampleRows { logits: &logits, top: (top_k > 0).then_some(&top) };
+        let ops = gpu.sample(&step, &seed, rows_of, with_q.then_some(rows_of), &words, &words, &words, cfg);
+        assert_eq!(ops.len(), if top_p < 1.0 { 10 } else { 3 }, "top-p {top_p}");
+        let sides = 1 + with_q as u64;
+        for (i, op) in ops.iter().enumerate() {
+            let s = gpu.shape(op, rows, 0).expect("dispatched");
+            eprintln!("top-k {top_k} top-p {top_p} q {with_q}: stage {i}: {s:?}");
+            assert_eq!(s.invocations, 64, "{s:?}");
+            let (want, most) = match ops.len() - i {
+                1 => (rows as u64, 16),       // the finish: the slices' draws
+                2 => (slices * rows as u64, 512), // the draws: the cuts (and ties) per workgroup
+                _ => (sides * slices * rows as u64, 128),
+            };
+            assert_eq!(s.workgroups, want, "stage {i}: {s:?}");
+            assert!(s.serial_iterations <= most, "stage {i}: {s:?}");
+            if ops.len() - i == 1 {
+                assert!(s.bytes <= rows as u64 * (16 * slices + 48), "{s:?}");
+            }
+        }
+    }
+}
+
 /// The one-invocation EAGLE tree kernel that `shaders/eagle_tree.wgsl` replaced, run on the same
 /// buffers: its bindings are the new kernel's.
 fn one_invocation_tree(gpu: &Gpu) -> wgpu::ComputePipeline {
