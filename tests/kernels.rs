@@ -1456,11 +1456,15 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                     ops.extend(gpu.top_k(&step, &p_buf, (&p_top, None), v, top_k));
                     ops.extend(gpu.top_k(&step, &q_buf, (&q_top, None), v, top_k));
                 }
-                let cfg = SampleConfig { vocab: v, temperature, top_k, top_p, drafts: rows, last_only, stream: 5 };
+                let cfg =
+                    SampleConfig { vocab: v, temperature, top_k, top_p, drafts: rows, last_only, stream: 5 };
                 let p_rows = SampleRows { logits: &p_buf, top: (top_k > 0).then_some(&p_top) };
-                let q_rows = with_q.then_some(SampleRows { logits: &q_buf, top: (top_k > 0).then_some(&q_top) });
-                let (new_out, old_out) =
-                    (GpuBuffer::<u32>::zeros(&gpu, "new", rows * 4), GpuBuffer::<u32>::zeros(&gpu, "old", rows * 4));
+                let q_rows =
+                    with_q.then_some(SampleRows { logits: &q_buf, top: (top_k > 0).then_some(&q_top) });
+                let (new_out, old_out) = (
+                    GpuBuffer::<u32>::zeros(&gpu, "new", rows * 4),
+                    GpuBuffer::<u32>::zeros(&gpu, "old", rows * 4),
+                );
                 ops.extend(gpu.sample(&step, &seed, p_rows, q_rows, &drafts, &new_out, &status, cfg));
                 // the old kernel's parameters: the new ones' first 9 words (its last 3 were padding)
                 let words: [u32; 12] = [
@@ -1488,11 +1492,18 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                     layout: &old.get_bind_group_layout(0),
                     entries: &buffers
                         .enumerate()
-                        .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+                        .map(|(i, b)| wgpu::BindGroupEntry {
+                            binding: i as u32,
+                            resource: b.as_entire_binding(),
+                        })
                         .collect::<Vec<_>>(),
                 });
                 for s in 0..3u64 {
-                    gpu.queue.write_buffer(&seed, 0, bytemuck::bytes_of(&SampleSeed::new(s * 7919 + case as u64)));
+                    gpu.queue.write_buffer(
+                        &seed,
+                        0,
+                        bytemuck::bytes_of(&SampleSeed::new(s * 7919 + case as u64)),
+                    );
                     run(&gpu, &step, &ops, n, 100);
                     let mut enc = gpu.encoder();
                     {
@@ -1502,7 +1513,8 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                         pass.dispatch_workgroups(if last_only.is_some() { 1 } else { n as u32 }, 1, 1);
                     }
                     gpu.submit(enc);
-                    let (got, want) = (read_u32(&gpu, &new_out.raw, rows * 4), read_u32(&gpu, &old_out.raw, rows * 4));
+                    let (got, want) =
+                        (read_u32(&gpu, &new_out.raw, rows * 4), read_u32(&gpu, &old_out.raw, rows * 4));
                     let out_rows = last_only.map_or(0..n, |o| o..o + 1);
                     for row in out_rows {
                         let (g, w) = (&got[4 * row..4 * row + 4], &want[4 * row..4 * row + 4]);
@@ -1511,7 +1523,10 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                         checked[1] += (g[1] != g[0]) as usize;
                         for (word, name) in [(2, "p(x)"), (3, "q(x)")] {
                             let (a, b) = (f32::from_bits(g[word]), f32::from_bits(w[word]));
-                            assert!((a - b).abs() <= 4e-7 * b.abs(), "{what} seed {s} row {row}: {name} {a} vs {b}");
+                            assert!(
+                                (a - b).abs() <= 4e-7 * b.abs(),
+                                "{what} seed {s} row {row}: {name} {a} vs {b}"
+                            );
                             checked[2] += (b > 0.0 && b < 1.0) as usize;
                         }
                     }
@@ -1546,8 +1561,18 @@ fn sampling_spreads_each_row_over_its_slices() {
     let words = GpuBuffer::<u32>::zeros(&gpu, "words", rows * 4);
     let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
     let step = gpu.step_buffer();
-    for (top_k, top_p, with_q) in [(0usize, 1.0f32, false), (16, 1.0, true), (0, 0.9, true), (16, 0.95, false)] {
-        let cfg = SampleConfig { vocab: v, temperature: 1.0, top_k, top_p, drafts: rows, last_only: None, stream: 0 };
+    for (top_k, top_p, with_q) in
+        [(0usize, 1.0f32, false), (16, 1.0, true), (0, 0.9, true), (16, 0.95, false)]
+    {
+        let cfg = SampleConfig {
+            vocab: v,
+            temperature: 1.0,
+            top_k,
+            top_p,
+            drafts: rows,
+            last_only: None,
+            stream: 0,
+        };
         let rows_of = SampleRows { logits: &logits, top: (top_k > 0).then_some(&top) };
         let ops = gpu.sample(&step, &seed, rows_of, with_q.then_some(rows_of), &words, &words, &words, cfg);
         assert_eq!(ops.len(), if top_p < 1.0 { 10 } else { 3 }, "top-p {top_p}");
@@ -1557,7 +1582,7 @@ fn sampling_spreads_each_row_over_its_slices() {
             eprintln!("top-k {top_k} top-p {top_p} q {with_q}: stage {i}: {s:?}");
             assert_eq!(s.invocations, 64, "{s:?}");
             let (want, most) = match ops.len() - i {
-                1 => (rows as u64, 16),       // the finish: the slices' draws
+                1 => (rows as u64, 16),           // the finish: the slices' draws
                 2 => (slices * rows as u64, 512), // the draws: the cuts (and ties) per workgroup
                 _ => (sides * slices * rows as u64, 128),
             };

@@ -233,7 +233,7 @@ fn kernel_shape(args: &BenchArgs) -> KernelShape {
 
 /// The engine a bench runs, and its target's name: a model file with the draft `spec` loads, or a
 /// synthetic shape (random weights made as the load reads them) drafting with `ngram`, another
-/// shape or `self`. A roofline loads no draft.
+/// shape, `self`, or heads of its shape (Medusa, EAGLE). A roofline loads no draft.
 fn bench_engine(
     args: &BenchArgs,
     gpu: &Arc<Gpu>,
@@ -261,11 +261,6 @@ fn bench_engine(
         let draft = if args.roofline { DraftSpec::None } else { spec.clone() };
         return Ok((load_engine(gpu, &name, &draft, opts, false)?, name));
     };
-    if matches!(spec, DraftSpec::Medusa { .. } | DraftSpec::Eagle { .. }) {
-        return Err(Error::InvalidArgument(
-            "a --synthetic target drafts with `ngram`, a shape name or `self`, not heads".into(),
-        ));
-    }
     let synth = |shape: &synthetic::SyntheticShape, seed: u64| -> Result<Model> {
         match opts.skip_weight_data {
             true => eprintln!("recording {}'s passes (no weights)", shape.name),
@@ -288,6 +283,11 @@ fn bench_engine(
         };
         engine.set_draft(Some((synth(&shape, seed)?, &tokenizer)))?;
         engine.set_model_tree(*tree)?;
+    }
+    // heads of the target's shape (a real head beside random target weights: their costs, not
+    // their acceptance)
+    if matches!(spec, DraftSpec::Medusa { .. } | DraftSpec::Eagle { .. }) && !args.roofline {
+        crate::load::attach_draft(&mut engine, spec, false)?;
     }
     Ok((engine, format!("synthetic {shape_name}")))
 }

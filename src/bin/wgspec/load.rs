@@ -44,8 +44,16 @@ pub fn load_engine(
     opts: &LoadOptions,
     quiet: bool,
 ) -> Result<Engine> {
+    let mut engine = Engine::load(gpu.clone(), open(model)?, opts, &mut progress_bar(quiet))?;
+    attach_draft(&mut engine, draft, quiet)?;
+    Ok(engine)
+}
+
+/// Loads what `draft` names beside `engine`'s target (a draft model sharing its tokenizer, Medusa
+/// heads or an EAGLE head; `ngram` and `none` load nothing) and makes `draft.kind()` the draft of
+/// requests that name none.
+pub fn attach_draft(engine: &mut Engine, draft: &DraftSpec, quiet: bool) -> Result<()> {
     let mut progress = progress_bar(quiet);
-    let mut engine = Engine::load(gpu.clone(), open(model)?, opts, &mut progress)?;
     match draft {
         DraftSpec::None | DraftSpec::Ngram => {}
         DraftSpec::Model { model, tree, .. } => {
@@ -69,6 +77,5 @@ pub fn load_engine(
             }
         }
     }
-    engine.set_default_draft(draft.kind())?;
-    Ok(engine)
+    engine.set_default_draft(draft.kind())
 }
