@@ -1,7 +1,12 @@
-// Speculative sampling's acceptance, on the GPU (Leviathan et al. 2023; Chen et al. 2023; the
-// rule of src/speculative/verify.rs): draft x_i (i < K) is kept while u_i < p_i(x_i) / q_i(x_i),
-// u_i uniform; the next token is row a's residual draw at the first rejection a, or row K's draw
-// from p when all K are kept (sample.wgsl wrote both, and the probabilities, per verify row).
+// Speculative sampling's acceptance, on the GPU, by one of two rules (sample.wgsl wrote each verify
+// row's draw from p, its residual draw and the probabilities):
+//   ratio (Leviathan et al. 2023; Chen et al. 2023; the rule of src/speculative/verify.rs): draft
+//     x_i (i < K) is kept while u_i < p_i(x_i) / q_i(x_i), u_i uniform; the next token is row a's
+//     residual draw at the first rejection a, or row K's draw from p when all K are kept;
+//   equal (p.equal, deterministic drafts): x_i is kept while row i's draw from p is x_i (with
+//     probability p_i(x_i), the ratio rule's against a one-hot q); the next token is row a's draw
+//     from p, which at the first rejection is not x_a: p conditioned on another token, the ratio
+//     rule's residual. Every emitted token is the draw from p at its position, whatever K was.
 //   out[0] = accepted count a, out[1] = the next token, out[2 + i] = drafts[i] for i < K,
 //   out[2 + capacity] = status (r + 1: a non-finite logit in row r of a pass of the cycle)
 // One invocation; the verify pass's uniform gives K + 1 rows at positions start_pos + i, which
@@ -30,6 +35,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
     let k = min(step.n - 1u, p.capacity);
     var a = 0u;
     for (; a < k; a++) {
+        if (p.equal == 1u) {
+            if (samples[4u * a] != drafts[a]) { break; }
+            continue;
+        }
         let h = mix(seed.lo ^ mix(seed.hi ^ mix(p.stream ^ mix(step.start_pos + a))));
         let u = (f32(h >> 8u) + 0.5) * 0x1p-24f;
         let px = bitcast<f32>(samples[4u * a + 2u]);
@@ -37,7 +46,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>) {
         if (!(u * qx < px)) { break; }
     }
     out[0] = a;
-    out[1] = select(samples[4u * a + 1u], samples[4u * k], a == k);
+    out[1] = select(select(samples[4u * a + 1u], samples[4u * k], a == k), samples[4u * a], p.equal == 1u);
     for (var i = 0u; i < k; i++) {
         out[2u + i] = drafts[i];
     }

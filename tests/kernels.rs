@@ -9,8 +9,8 @@ mod reference;
 use common::{assert_close, assert_fits, gpu, gpu_unshared, gpus, rand_vec, read_f32, read_u32, rng, tiny};
 use rand::rngs::SmallRng;
 use wgspec::gpu::{
-    AttentionShape, Gpu, GpuBuffer, HeadNormIo, Kernel, KernelShape, KvOut, MatmulOut, NormIn, Op,
-    RopeLayout, RopeOut, SideOutput, WeightBuffer, REDUCE_SLICE,
+    AcceptRule, AttentionShape, Gpu, GpuBuffer, HeadNormIo, Kernel, KernelShape, KvOut, MatmulOut, NormIn,
+    Op, RopeLayout, RopeOut, SideOutput, WeightBuffer, REDUCE_SLICE,
 };
 use wgspec::loader::{quant, DType};
 
@@ -1355,7 +1355,8 @@ fn gpu_acceptance_keeps_each_draft_with_probability_p_over_q() {
     let status = GpuBuffer::<u32>::zeros(&gpu, "status", 1);
     let out = GpuBuffer::<u32>::zeros(&gpu, "out", 2 + 4 + 1);
     let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
-    let op = gpu.accept_sampled(&step, &seed, &drafts, &samples, &status, &out, 6);
+    let op =
+        gpu.accept_sampled(&step, &seed, &drafts, &samples, &status, &out, AcceptRule::Ratio { stream: 6 });
     let mut seeds = Rng::new(8);
     let n = 1200;
     let mut counts = [0usize; 4];
@@ -1374,6 +1375,36 @@ fn gpu_acceptance_keeps_each_draft_with_probability_p_over_q() {
         let sd = (p * (1.0 - p) / n as f64).sqrt();
         let f = c as f64 / n as f64;
         assert!((f - p).abs() <= 4.5 * sd + 1e-9, "a = {a}: frequency {f:.3}, want {p} (sd {sd:.3})");
+    }
+}
+
+#[test]
+fn gpu_acceptance_of_deterministic_drafts_keeps_each_draft_its_row_drew() {
+    // AcceptRule::Equal: a draft is kept while its row's draw from p is the draft, and the first
+    // other draw is the next token (every row's draw when all are kept); the seed, p(x) and q(x)
+    // play no part.
+    use wgspec::gpu::SampleSeed;
+    let gpu = gpu();
+    let step = gpu.step_buffer();
+    let status = GpuBuffer::<u32>::zeros(&gpu, "status", 1);
+    let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(5)));
+    let drafts = GpuBuffer::<u32>::from_slice(&gpu, "drafts", &[7, 8, 9, 0]);
+    let out = GpuBuffer::<u32>::zeros(&gpu, "out", 2 + 4 + 1);
+    // rows' draws; (accepted, next) for K = 3
+    for (draws, want) in [
+        ([7u32, 8, 9, 42], (3, 42)),
+        ([7, 5, 9, 42], (1, 5)),
+        ([6, 8, 9, 42], (0, 6)),
+        ([7, 8, 1, 2], (2, 1)),
+    ] {
+        // (the residual draw 300 + r and p(x) = 0 would reject every draft under the ratio rule)
+        let words: Vec<u32> =
+            draws.iter().enumerate().flat_map(|(r, &d)| [d, 300 + r as u32, 0, 1f32.to_bits()]).collect();
+        let samples = GpuBuffer::<u32>::from_slice(&gpu, "samples", &words);
+        let op = gpu.accept_sampled(&step, &seed, &drafts, &samples, &status, &out, AcceptRule::Equal);
+        run(&gpu, &step, std::slice::from_ref(&op), 4, 10);
+        let got = read_u32(&gpu, &out.raw, 7);
+        assert_eq!((got[0], got[1], &got[2..5]), (want.0, want.1, &[7u32, 8, 9][..]), "draws {draws:?}");
     }
 }
 

@@ -876,6 +876,59 @@ fn sampled_speculation_is_seeded_and_deterministic() {
     assert_eq!(a.tokens.len(), 12);
 }
 
+/// Under sampling, deterministic drafts change nothing but the speed: with the GPU's draws, every
+/// token is the one plain sampled decoding with the same seed gives (an emitted token is the
+/// target's draw at its position, whatever K and whatever was drafted): n-gram chains at fixed
+/// and adaptive K, n-gram trees and an EAGLE head's trees, several seeds and sampling parameters.
+#[test]
+fn sampled_speculation_with_deterministic_drafts_gives_plain_sampling_tokens() {
+    let mut r = rng(660);
+    let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    let ckpt = ckpt_of(&tiny, &mut r);
+    let mut target = load(&ckpt, 96);
+    // (an EAGLE head that passes the target's features through: its guesses are often right)
+    let (file, config) = common::tiny::eagle_head(&tiny.spec, DType::F32, false, true, &mut r);
+    let head = load_eagle(&mut target, file, &config, 4).0;
+    let ngram = |branches| Owned::Other(Box::new(NGram { max_n: 3, min_n: 1, branches }));
+    let mut drafts: Vec<(&str, Owned, KPolicy, usize)> = vec![
+        ("ngram K=1", ngram(1), KPolicy::Fixed(1), 0),
+        ("ngram K=3", ngram(1), KPolicy::Fixed(3), 0),
+        ("ngram adaptive", ngram(1), KPolicy::Adaptive { max: 6 }, 0),
+        ("ngram tree", ngram(3), KPolicy::Fixed(3), 0),
+        (
+            "eagle tree",
+            Owned::Other(Box::new(Eagle::with_tree(head, EagleTree::Dynamic { width: 3 }))),
+            KPolicy::Fixed(3),
+            0,
+        ),
+    ];
+    let prompt = [5u32, 9, 2, 7, 5, 9, 2, 7, 5, 9, 2];
+    for params in [
+        SamplingParams { temperature: 0.5, top_k: 0, top_p: 1.0, seed: 0 },
+        SamplingParams { temperature: 0.9, top_k: 8, top_p: 0.9, seed: 0 },
+    ] {
+        for seed in 0..3 {
+            let opts = GenerateOptions {
+                max_tokens: 24,
+                sampling: SamplingParams { seed, ..params },
+                stop_tokens: vec![],
+            };
+            let want = plain(&mut target, &prompt, &opts);
+            for (name, draft, k, accepted) in drafts.iter_mut() {
+                let got = speculative(&mut target, draft.drafter(), &prompt, &opts, *k);
+                assert_eq!(got.tokens, want.tokens, "{name} {params:?} seed {seed}: {:?}", got.stats);
+                assert_eq!(got.stats.gpu_sampled, got.stats.verify_forwards, "{name}: drawn on the GPU");
+                *accepted += got.stats.accepted;
+            }
+        }
+    }
+    // (each draft had drafts kept, and rejected: both rules' sides were taken)
+    for (name, _, _, accepted) in &drafts {
+        eprintln!("{name}: {accepted} drafts kept");
+        assert!(*accepted > 0, "{name}: no draft kept");
+    }
+}
+
 /// First- and second-token frequencies under speculative sampling on the GPU converge to the
 /// target's own distribution, for a good draft (the target perturbed), a bad one (an unrelated
 /// model), n-gram lookup and trees (n-gram continuations, an EAGLE head's guesses; a draw per
@@ -1023,7 +1076,8 @@ fn gpu_sampled_cycles_have_the_target_distribution() {
             for _ in 0..n {
                 target.truncate(n_past);
                 let at = CycleAt { target: &mut target, draft: &mut draft, context: &prompt, n_past, k: 2 };
-                let out = pollster::block_on(cycle.run(at, &mut seeds)).expect("cycle");
+                cycle.reseed(at.target.gpu(), seeds.next_u64());
+                let out = pollster::block_on(cycle.run(at)).expect("cycle");
                 assert_eq!(out.drafts.len(), 2);
                 accepted += out.accepted;
                 counts[if out.accepted > 0 { out.drafts[0] } else { out.next } as usize] += 1;
@@ -1097,7 +1151,8 @@ fn gpu_tree_draws_have_the_target_distribution() {
     let trips = target.gpu().round_trips();
     for _ in 0..n {
         target.truncate(n_past);
-        let v = pollster::block_on(cycle.check_tree(&mut target, &tree, n_past, &mut seeds)).expect("tree");
+        cycle.reseed(target.gpu(), seeds.next_u64());
+        let v = pollster::block_on(cycle.check_tree(&mut target, &tree, n_past)).expect("tree");
         let emitted: Vec<u32> = v.path[1..].iter().map(|&i| tree.tokens()[i]).chain([v.next]).collect();
         deep += (v.path.len() == 3) as usize;
         counts[match kids.iter().position(|&c| c == emitted[0]) {

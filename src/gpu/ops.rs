@@ -388,10 +388,24 @@ gpu_struct! {
     pub(super) struct AcceptSampledParams => Params {
         /// Drafts the buffers hold (K is clamped to it).
         capacity: u32,
-        /// The uniforms' noise stream.
+        /// The uniforms' noise stream (the ratio rule).
         stream: u32,
-        _pad: [u32; 2],
+        /// 1: a draft is kept when the row's draw from p is that token ([`AcceptRule::Equal`]).
+        equal: u32,
+        _pad: u32,
     }
+}
+
+/// How [`Gpu::accept_sampled`] keeps a draft x_i.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AcceptRule {
+    /// Deterministic drafts: kept when the row's draw from p is x_i (probability p(x_i), as the
+    /// ratio rule against a one-hot q), the first other draw emitted. Every emitted token is then
+    /// the target's draw at its position, whatever was drafted.
+    Equal,
+    /// Speculative sampling against the draft's q: kept while u_i < p(x_i) / q(x_i), u_i uniform
+    /// from this noise stream, the residual draw emitted at the first rejection.
+    Ratio { stream: u32 },
 }
 
 gpu_struct! {
@@ -1302,8 +1316,8 @@ impl Gpu {
     }
 
     /// Speculative sampling's acceptance of a verify pass (`step`: K + 1 rows) from the rows
-    /// [`Gpu::sample`] wrote into `samples`: `out` (`[2 + capacity + 1]`) gets the accepted
-    /// count, the next token, the drafts, and the status word.
+    /// [`Gpu::sample`] wrote into `samples`, by `rule`: `out` (`[2 + capacity + 1]`) gets the
+    /// accepted count, the next token, the drafts, and the status word.
     #[allow(clippy::too_many_arguments)]
     pub fn accept_sampled(
         &self,
@@ -1313,10 +1327,14 @@ impl Gpu {
         samples: &GpuBuffer<u32>,
         status: &GpuBuffer<u32>,
         out: &GpuBuffer<u32>,
-        stream: u32,
+        rule: AcceptRule,
     ) -> Op {
         let capacity = drafts.len.min(out.len.saturating_sub(3)) as u32;
-        let p = AcceptSampledParams { capacity, stream, _pad: [0; 2] };
+        let (stream, equal) = match rule {
+            AcceptRule::Equal => (0, 1),
+            AcceptRule::Ratio { stream } => (stream, 0),
+        };
+        let p = AcceptSampledParams { capacity, stream, equal, _pad: 0 };
         let params = self.uniform("accept sampled params", bytemuck::bytes_of(&p));
         let storage = [&drafts.raw, &samples.raw, &status.raw, &out.raw];
         // one invocation: each draft's test (four hashes), then the copies (capacity at most)

@@ -330,7 +330,7 @@ impl<'o> Loop<'o> {
         let id_last = self.tokens[self.n_past];
         let tc = Instant::now();
         let at = CycleAt { target, draft: dm, context: &self.tokens, n_past: self.n_past, k };
-        let (out, drew) = verifier.cycle(at, &mut self.rng).await?;
+        let (out, drew) = verifier.cycle(at).await?;
         // (after plain steps too: the catch-up on them rides in the first draft step's pass as
         // extra rows, about free on a GPU, past MAX_BATCH of them in passes of its own; and a
         // probe is then the only timing there is)

@@ -4,15 +4,22 @@
 //! ```text
 //!   draft step i : (a draft model) its pass, then sample.wgsl draws x_i from its last row q_i;
 //!                  x_i is copied into the next step's input, q_i into the verify's q rows
-//!   verify       : [id_last (host), x1..xK] -> sample.wgsl per row: a draw from p_i, a draw
-//!                  from norm(max(0, p_i - q_i)), p_i(x_i), q_i(x_i)
+//!   verify       : [id_last (host), x1..xK] -> sample.wgsl per row: a draw from p_i (and,
+//!                  against a draft model's q_i: a draw from norm(max(0, p_i - q_i)), p_i(x_i),
+//!                  q_i(x_i))
 //!   accept       : accept_sampled.wgsl -> [a, next, x1..xK, status]   (read back)
 //! ```
 //!
-//! Draws use the Gumbel-max trick with noise hashed from a seed the host draws from the
-//! generation's RNG each cycle, so a seed still fixes the tokens; the rule is the one of
-//! [`verify_sampled`](super::verify_sampled), so the output has the target's sampling
-//! distribution (tested by frequencies against exact marginals). The CPU-driven path (whole
+//! Draws use the Gumbel-max trick with noise hashed from the generation's seed, the op's stream,
+//! the row's position and the token: the draw from p at a position is the same in a plain step,
+//! a chain's verify row and a tree's node. Deterministic drafts (n-gram, heads, host-given
+//! chains and trees) are kept while the draw from p is the draft ([`AcceptRule::Equal`]: the
+//! ratio rule against a one-hot q, probability p(x)), and the draw is emitted where it is not:
+//! every token is the one plain sampled decoding with the same seed gives, whatever K and
+//! whatever drafted. A draft model's chain keeps the ratio rule of
+//! [`verify_sampled`](super::verify_sampled) against its q (its drafts' noise is its own, so its
+//! tokens depend on K). Either way the output has the target's sampling distribution (tested by
+//! frequencies against exact marginals). The CPU-driven path (whole
 //! logits rows read back) stays for what the GPU does not draw from, a top-k above
 //! [`MAX_TOP_K`], and for chains whose draft distribution q is on the host: a draft model's
 //! calibrating cycles (the first two and every 16th, timed apart), and the chains of a draft
@@ -20,9 +27,9 @@
 //! [`Drafter::resident`](super::Drafter::resident)).
 //!
 //! ```text
-//!   token tree   : the tree pass -> sample.wgsl: a draw y_i from p_i at every node i
-//!                  (read back: 4n + 1 words, the rows' draws and the status) -> follow the
-//!                  child holding y_i
+//!   token tree   : the tree pass -> sample.wgsl: a draw y_i from p_i at every node i (at its
+//!                  depth's position: the noise of the verify rows) (read back: 4n + 1 words,
+//!                  the rows' draws and the status) -> follow the child holding y_i
 //! ```
 //!
 //! Following the child that holds a draw from p is the multi-candidate rule of
@@ -33,14 +40,13 @@
 use super::cycle::{CycleAt, CycleOutcome};
 use super::tree::{TokenTree, TreeVerdict};
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuffer, Op, SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
+use crate::gpu::{AcceptRule, Gpu, GpuBuffer, Op, SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
 use crate::model::{Model, MAX_BATCH};
-use crate::sampling::{Rng, SamplingParams};
+use crate::sampling::SamplingParams;
 
 /// Noise streams of the cycle's draws (each op's two Gumbel streams are 2s and 2s + 1).
 const STREAM_DRAFT: u32 = 1;
 const STREAM_VERIFY: u32 = 2;
-const STREAM_TREE: u32 = 4;
 const STREAM_ACCEPT: u32 = 6;
 
 /// Whether the GPU draws from `params`' distribution: sampling with a top-k of at most
@@ -60,18 +66,18 @@ struct DraftSide {
 pub struct SampledCycle {
     params: SamplingParams,
     vocab: usize,
-    seed: wgpu::Buffer,          // uniform SampleSeed, written each cycle
+    seed: wgpu::Buffer,          // uniform SampleSeed: the generation's seed
     drafts: GpuBuffer<u32>,      // [MAX_BATCH] x1..xK
     q_logits: GpuBuffer<f32>,    // [MAX_BATCH, vocab] the draft model's rows q_1..q_K (or [1])
     q_top: GpuBuffer<u32>,       // [MAX_BATCH, top_k] their ranked ids (or [1])
     status: GpuBuffer<u32>,      // [1] 1: a non-finite logit
     result: GpuBuffer<u32>,      // [2 + MAX_BATCH + 1] a, next, x1..xK, status
     target_top: Option<Vec<Op>>, // ranks the verify rows into p_top
-    one_hot: Vec<Op>,            // the verify rows' draws against one-hot drafts
-    tree_draws: Vec<Op>,         // a draw from every row of a tree pass (no drafts checked)
-    tree_result: GpuBuffer<u32>, // [MAX_BATCH, 4] those rows' words, then [1] the status
-    against_q: Option<Vec<Op>>,  // ... against the draft model's rows
-    accept: Op,
+    draws: Vec<Op>,              // a draw from every row of the pass (a chain's or a tree's)
+    tree_result: GpuBuffer<u32>, // [MAX_BATCH, 4] a tree's rows' words, then [1] the status
+    against_q: Option<Vec<Op>>,  // the verify rows' draws against the draft model's rows
+    accept_equal: Op,            // deterministic drafts: kept where the draw is the draft
+    accept_ratio: Op,            // a draft model's: the ratio rule against its q
     draft: Option<DraftSide>,
     // kept alive for the ops' bind groups
     _p_top: GpuBuffer<u32>,
@@ -80,7 +86,8 @@ pub struct SampledCycle {
 
 impl SampledCycle {
     /// The cycle's buffers for `target`, and for drawing from `draft`'s steps when given (on the
-    /// same GPU). `params` must pass [`gpu_samples`].
+    /// same GPU). `params` must pass [`gpu_samples`]; its seed keys the noise of every draw
+    /// ([`SampledCycle::reseed`] changes it).
     pub fn new(target: &Model, draft: Option<&Model>, params: &SamplingParams) -> Result<SampledCycle> {
         if !gpu_samples(params) {
             return Err(Error::InvalidArgument(format!("the GPU does not draw from {params:?}")));
@@ -88,7 +95,7 @@ impl SampledCycle {
         let g: &Gpu = target.gpu();
         let vocab = target.config.vocab_size;
         let top_k = params.top_k;
-        let seed = g.uniform("sample seed", bytemuck::bytes_of(&SampleSeed::new(0)));
+        let seed = g.uniform("sample seed", bytemuck::bytes_of(&SampleSeed::new(params.seed)));
         let words = |label: &str, len: usize| GpuBuffer::<u32>::zeros(g, label, len.max(1));
         let drafts = words("sampled drafts", MAX_BATCH);
         let q_rows = if draft.is_some() { MAX_BATCH } else { 0 };
@@ -102,23 +109,26 @@ impl SampledCycle {
         let target_top =
             (top_k > 0).then(|| g.top_k(step, target.logits_buffer(), (&p_top, None), vocab, top_k));
         let p_rows = SampleRows { logits: target.logits_buffer(), top: (top_k > 0).then_some(&p_top) };
+        // (the draws alone: no row scores a draft's token)
         let cfg = SampleConfig {
             vocab,
             temperature: params.temperature,
             top_k,
             top_p: params.top_p,
-            drafts: MAX_BATCH - 1,
+            drafts: 0,
             last_only: None,
             stream: STREAM_VERIFY,
         };
-        let one_hot = g.sample(step, &seed, p_rows, None, &drafts, &samples, &status, cfg);
-        let tree_cfg = SampleConfig { drafts: 0, stream: STREAM_TREE, ..cfg };
-        let tree_draws = g.sample(step, &seed, p_rows, None, &drafts, &samples, &status, tree_cfg);
+        let draws = g.sample(step, &seed, p_rows, None, &drafts, &samples, &status, cfg);
         let tree_result = words("tree draws", MAX_BATCH * 4 + 1);
         let q = SampleRows { logits: &q_logits, top: (top_k > 0).then_some(&q_top) };
-        let against_q =
-            draft.is_some().then(|| g.sample(step, &seed, p_rows, Some(q), &drafts, &samples, &status, cfg));
-        let accept = g.accept_sampled(step, &seed, &drafts, &samples, &status, &result, STREAM_ACCEPT);
+        let scored = SampleConfig { drafts: MAX_BATCH - 1, ..cfg };
+        let against_q = draft
+            .is_some()
+            .then(|| g.sample(step, &seed, p_rows, Some(q), &drafts, &samples, &status, scored));
+        let accept = |rule| g.accept_sampled(step, &seed, &drafts, &samples, &status, &result, rule);
+        let accept_equal = accept(AcceptRule::Equal);
+        let accept_ratio = accept(AcceptRule::Ratio { stream: STREAM_ACCEPT });
         let draft = draft.map(|dm| {
             let top = (top_k > 0).then(|| {
                 let ranks = words("draft step ranks", MAX_BATCH * top_k);
@@ -140,11 +150,11 @@ impl SampledCycle {
             status,
             result,
             target_top,
-            one_hot,
-            tree_draws,
+            draws,
             tree_result,
             against_q,
-            accept,
+            accept_equal,
+            accept_ratio,
             draft,
             _p_top: p_top,
             samples,
@@ -161,8 +171,14 @@ impl SampledCycle {
         &self.params
     }
 
-    /// Verifies host-given drafts `xs` (a deterministic draft: one-hot q; none for a plain
-    /// decoding step) after `id_last` at `n_past`, drawing on the GPU: one submission, one
+    /// Keys the noise of the next cycles' draws by `seed` instead of the parameters' (the same
+    /// cycle repeated then draws afresh).
+    pub fn reseed(&self, gpu: &Gpu, seed: u64) {
+        gpu.queue.write_buffer(&self.seed, 0, bytemuck::bytes_of(&SampleSeed::new(seed)));
+    }
+
+    /// Verifies host-given drafts `xs` (a deterministic draft: [`AcceptRule::Equal`]; none for a
+    /// plain decoding step) after `id_last` at `n_past`, drawing on the GPU: one submission, one
     /// read-back of `2 + K + 1` words. Leaves the target's cache at `n_past + 1 + K` positions.
     pub async fn check(
         &self,
@@ -170,7 +186,6 @@ impl SampledCycle {
         id_last: u32,
         xs: &[u32],
         n_past: usize,
-        rng: &mut Rng,
     ) -> Result<CycleOutcome> {
         let k = xs.len();
         if k >= MAX_BATCH {
@@ -180,7 +195,7 @@ impl SampledCycle {
             )));
         }
         let gpu = target.gpu().clone();
-        self.begin(&gpu, rng);
+        self.begin(&gpu);
         gpu.queue.write_buffer(&self.drafts.raw, 0, bytemuck::cast_slice(xs));
         let mut batch = Vec::with_capacity(k + 1);
         batch.push(id_last);
@@ -194,13 +209,13 @@ impl SampledCycle {
     /// Drafts up to `at.k` tokens with `at.draft`, each drawn on the GPU from its sampling
     /// distribution, and verifies them with `at.target` (see [`CycleAt`]): one submission, one
     /// read-back. Leaves the target's cache at `n_past + 1 + K` positions.
-    pub async fn run(&self, mut at: CycleAt<'_>, rng: &mut Rng) -> Result<CycleOutcome> {
+    pub async fn run(&self, mut at: CycleAt<'_>) -> Result<CycleOutcome> {
         let side = self
             .draft
             .as_ref()
             .ok_or_else(|| Error::InvalidArgument("a sampled cycle built without a draft model".into()))?;
         let gpu = at.target.gpu().clone();
-        self.begin(&gpu, rng);
+        self.begin(&gpu);
         let (word, row) = (4u64, (self.vocab * 4) as u64);
         let top_k = self.params.top_k as u64;
         let (drafts, q_logits, q_top) = (&self.drafts, &self.q_logits, &self.q_top);
@@ -239,16 +254,15 @@ impl SampledCycle {
         target: &mut Model,
         tree: &TokenTree,
         n_past: usize,
-        rng: &mut Rng,
     ) -> Result<TreeVerdict> {
         let n = tree.len();
         let gpu = target.gpu().clone();
         let mut enc = target.tree_encoder(tree.tokens(), &tree.ancestors(), n_past)?;
-        self.begin(&gpu, rng);
+        self.begin(&gpu);
         if let Some(ops) = &self.target_top {
             gpu.encode(&mut enc, ops, n as u32);
         }
-        gpu.encode(&mut enc, &self.tree_draws, n as u32);
+        gpu.encode(&mut enc, &self.draws, n as u32);
         let words = (n * 4 * 4) as u64;
         enc.copy_buffer_to_buffer(&self.samples.raw, 0, &self.tree_result.raw, 0, words);
         enc.copy_buffer_to_buffer(&self.status.raw, 0, &self.tree_result.raw, words, 4);
@@ -268,9 +282,8 @@ impl SampledCycle {
         tree.verify_greedy(&draws)
     }
 
-    /// A new cycle: a fresh seed from the generation's RNG, the status cleared.
-    fn begin(&self, gpu: &Gpu, rng: &mut Rng) {
-        gpu.queue.write_buffer(&self.seed, 0, bytemuck::bytes_of(&SampleSeed::new(rng.next_u64())));
+    /// A new cycle: the status cleared.
+    fn begin(&self, gpu: &Gpu) {
         gpu.queue.write_buffer(&self.status.raw, 0, bytemuck::bytes_of(&0u32));
     }
 
@@ -280,12 +293,12 @@ impl SampledCycle {
         if let Some(ops) = &self.target_top {
             gpu.encode(enc, ops, n);
         }
-        let sample = match (&self.against_q, against_q && k > 0) {
-            (Some(ops), true) => ops,
-            _ => &self.one_hot,
+        let (sample, accept) = match (&self.against_q, against_q && k > 0) {
+            (Some(ops), true) => (ops, &self.accept_ratio),
+            _ => (&self.draws, &self.accept_equal),
         };
         gpu.encode(enc, sample, n);
-        gpu.encode(enc, std::slice::from_ref(&self.accept), n);
+        gpu.encode(enc, std::slice::from_ref(accept), n);
     }
 
     /// Submits, reads back `[a, next, x1..xK]` and the status word.

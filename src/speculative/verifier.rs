@@ -92,10 +92,10 @@ impl Verifier {
 
     /// A GPU-resident cycle at `at` (the drafts, the target's verify pass and the acceptance in
     /// one submission); and whether the GPU drew (sampling).
-    pub async fn cycle(&self, at: CycleAt<'_>, rng: &mut Rng) -> Result<(CycleOutcome, bool)> {
+    pub async fn cycle(&self, at: CycleAt<'_>) -> Result<(CycleOutcome, bool)> {
         match self {
             Verifier::Greedy(Some(cycle)) => Ok((cycle.run(at).await?, false)),
-            Verifier::GpuSampled(sc) if sc.has_draft() => Ok((sc.run(at, rng).await?, true)),
+            Verifier::GpuSampled(sc) if sc.has_draft() => Ok((sc.run(at).await?, true)),
             _ => Err(Error::InvalidArgument("a resident cycle without its buffers".into())),
         }
     }
@@ -114,7 +114,7 @@ impl Verifier {
     ) -> Result<Checked> {
         let params = match self {
             Verifier::GpuSampled(sc) if q.is_none() => {
-                let out = sc.check(target, id_last, &xs, n_past, rng).await?;
+                let out = sc.check(target, id_last, &xs, n_past).await?;
                 return Ok(Checked::from_outcome(id_last, out, true));
             }
             Verifier::GpuSampled(sc) => *sc.params(),
@@ -157,7 +157,7 @@ impl Verifier {
                 let ids = target.forward_tree_argmax(tree.tokens(), &ancestors, n_past).await?;
                 (tree.verify_greedy(&ids)?, false)
             }
-            Verifier::GpuSampled(sc) => (sc.check_tree(target, tree, n_past, rng).await?, true),
+            Verifier::GpuSampled(sc) => (sc.check_tree(target, tree, n_past).await?, true),
             Verifier::Host(params) => {
                 let logits = target.forward_tree(tree.tokens(), &ancestors, n_past).await?;
                 let p = distributions(&logits, target.config.vocab_size, params, n_past)?;
