@@ -18,8 +18,8 @@
 //                                    token row r checks)
 //   out[4 o + 3] = bits of q(x_r)   (1.0 for a one-hot q)
 // with o = r (or p.out_row for `last_only`). G_j, G'_j are independent standard Gumbel variables
-// hashed from (the cycle's seed, the op's stream, the row's position, j): argmax of log-weight +
-// Gumbel is an exact draw from the normalised weights. A non-finite logit in row r sets status[0]
+// hashed from (the generation's seed, the op's stream, the row's position -- a tree node's: its
+// depth's -- and j): argmax of log-weight + Gumbel is an exact draw from the normalised weights. A non-finite logit in row r sets status[0]
 // to at least r + 1.
 //
 // No row is searched by one workgroup: a row is cut into slices of SLICE logits (the argmax's),
@@ -445,7 +445,9 @@ fn draw_stage(t: u32, at: vec3<u32>) {
     let slot = at.y;
     let s = at.z;
     let base = r * p.vocab;
-    let pos = step.start_pos + r;
+    // the row's position: a chain's row r is at start_pos + r, a tree's node at start_pos + its
+    // depth (the noise of a position is the same in a plain step, a chain and a tree)
+    let pos = step.start_pos + select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
     let inv_t = 1.0 / p.temperature;
     let has_x = r < p.drafts && r + 1u < step.n;  // (the pass's last row checks no draft)
     let x = select(NONE, drafts[min(r, max(p.drafts, 1u) - 1u)], has_x);

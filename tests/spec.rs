@@ -1167,6 +1167,37 @@ fn gpu_tree_draws_have_the_target_distribution() {
     assert_eq!((spent.submits, spent.readbacks), (n as u64, n as u64), "round trips");
 }
 
+/// A tree node's draw is the draw at its depth's position: a sampled tree whose path runs through
+/// second children (rows past their depth) emits plain sampled decoding's tokens for the same
+/// seed, for many seeds.
+#[test]
+fn a_sampled_trees_draws_are_plain_samplings_at_each_depth() {
+    let mut r = rng(650);
+    let mut tiny = TinyModel::random(TinySpec { vocab: 12, ..TinySpec::llama() }, &mut r);
+    for t in tiny.tensors.iter_mut().filter(|t| t.name == "token_embd.weight") {
+        t.values.iter_mut().for_each(|v| *v *= 0.08); // a flat distribution: draws vary
+    }
+    let mut target = load(&ckpt_of(&tiny, &mut r), 32);
+    let prompt = [3u32, 5, 3, 7, 3];
+    let n_past = prompt.len() - 1;
+    for seed in 0..12 {
+        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed };
+        let opts = GenerateOptions { max_tokens: 3, sampling: params, stop_tokens: vec![] };
+        let t = plain(&mut target, &prompt, &opts).tokens;
+        // root -> [another, t0] ; t0 -> [another, t1]: the path is rows 0, 2, 4 at depths 0, 1, 2
+        let other = |x: u32| (x + 1) % 12;
+        let mut tree = TokenTree::new(prompt[n_past]);
+        tree.child(0, other(t[0])).expect("node");
+        let first = tree.child(0, t[0]).expect("node");
+        tree.child(first, other(t[1])).expect("node");
+        let second = tree.child(first, t[1]).expect("node");
+        pollster::block_on(target.forward_last(&prompt[..n_past], 0)).expect("prefill");
+        let cycle = SampledCycle::new(&target, None, &params).expect("cycle");
+        let v = pollster::block_on(cycle.check_tree(&mut target, &tree, n_past)).expect("tree");
+        assert_eq!((v.path.clone(), v.next), (vec![0, first, second], t[2]), "seed {seed}: plain gave {t:?}");
+    }
+}
+
 /// The distribution sampling draws from, computed the plain way: every token sorted, most likely
 /// first (ties by id), top-k, softmax, top-p, renormalised.
 fn distribution_by_full_sort(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> {
