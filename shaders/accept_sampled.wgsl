@@ -10,7 +10,7 @@
 //   out[0] = accepted count a, out[1] = the next token, out[2 + i] = drafts[i] for i < K,
 //   out[2 + capacity] = status (r + 1: a non-finite logit in row r of a pass of the cycle)
 // One invocation; the verify pass's uniform gives K + 1 rows at positions start_pos + i, which
-// with the cycle's seed pick the u_i.
+// with the generation's seed pick the u_i (the ratio rule).
 
 // The uniforms Step and Params (AcceptSampledParams), Seed (SampleSeed) are declared in Rust (src/gpu/ops.rs) and written
 // ahead of this file by Kernel::source.

@@ -52,7 +52,7 @@ const FINISH: u32 = 9u;   // the stage that combines the draws
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
-@group(0) @binding(2) var<uniform> seed: Seed;                      // written by the host each cycle
+@group(0) @binding(2) var<uniform> seed: Seed;                      // the generation's, written by the host
 @group(0) @binding(3) var<storage, read> logits: array<f32>;        // [n, vocab] the target's p rows
 @group(0) @binding(4) var<storage, read> top: array<u32>;           // [n, top_k] (top_k > 0)
 @group(0) @binding(5) var<storage, read> q_logits: array<f32>;      // [n, vocab] (has_q)

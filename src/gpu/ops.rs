@@ -342,7 +342,7 @@ const SAMPLE_DRAW: u32 = 8;
 const SAMPLE_FINISH: u32 = 9;
 
 gpu_struct! {
-    /// The per-cycle seed of the GPU's draws (`Seed` in `shaders/sample.wgsl` and
+    /// The seed of the GPU's draws (a generation's) (`Seed` in `shaders/sample.wgsl` and
     /// `shaders/accept_sampled.wgsl`), written by the host.
     pub struct SampleSeed => Seed {
         pub lo: u32,
