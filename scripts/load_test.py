@@ -2,9 +2,10 @@
 completions over benches/prompts.json (request i: prompt i mod the prompts' count) sent by N
 concurrent clients, R / N each one after another, through the official `openai` Python client
 (real HTTP on loopback). Per N it reports the total output tokens/s, time to first token (TTFT),
-inter-token latency (ITL: the gaps between streamed chunks) and time per output token (TPOT),
-each at p50 and p99, and checks that every reply is its solo run's, token for token (greedy, or
-sampled with a per-request seed): a request's output must not depend on who else is served.
+inter-token latency (ITL: the gaps between streamed chunks; tokens a cycle accepted together may
+come in one) and time per output token (TPOT), each at p50 and p99, and checks that every
+reply's text is its solo run's (greedy, or sampled with a per-request seed): a request's output
+must not depend on who else is served.
 
     target/venv/bin/python scripts/load_test.py --bin target/release/wgspec --model smollm2-135m \
         --concurrency 1,2,4,8,16 --requests 16 --max-tokens 32 [--draft ngram] [--out load.json]
@@ -19,8 +20,10 @@ import asyncio
 import json
 import os
 import re
+import select
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 
@@ -37,17 +40,20 @@ class Fail(Exception):
     pass
 
 
-def start_server(args):
-    """`wgspec serve --port 0`: (process, base URL) once it prints its address."""
+def start_server(args, stderr):
+    """`wgspec serve --port 0` (its stderr into the file `stderr`): (process, base URL) once it
+    prints its address, within a minute."""
     cmd = [args.bin, "serve", "--model", args.model, "--port", "0", "--draft", args.draft]
     cmd += ["--max-queue", str(max(64, 2 * max(args.concurrency)))]
     cmd += args.server_arg
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    line = proc.stdout.readline()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=stderr, text=True)
+    ready, _, _ = select.select([proc.stdout], [], [], 60)
+    line = proc.stdout.readline() if ready else ""
     m = re.search(r"listening on (http://\S+)", line)
     if not m:
         proc.kill()
-        raise Fail(f"unexpected first line from wgspec serve: {line!r}")
+        stderr.seek(0)
+        raise Fail(f"wgspec serve printed {line!r} first; its stderr ends: {stderr.read()[-2000:]!r}")
     return proc, m.group(1).rstrip("/")
 
 
@@ -148,6 +154,7 @@ async def run_level(url, n, requests, timeout):
 def summary(n, wall, requests, solo):
     tokens = sum(r.tokens for r in requests)
     tpot = [(r.seconds - r.ttft) / (r.tokens - 1) for r in requests if r.tokens > 1 and r.ttft]
+    ttft = [r.ttft for r in requests if r.ttft is not None]  # (a reply may stream no text)
     differ = [r.name for r in requests if r.text != solo[r.key()]]
     ms = lambda v: None if v is None else round(v * 1000, 1)  # noqa: E731
     return {
@@ -156,8 +163,7 @@ def summary(n, wall, requests, solo):
         "output_tokens": tokens,
         "seconds": round(wall, 3),
         "output_tokens_per_second": round(tokens / wall, 2),
-        "ttft_ms": {"p50": ms(percentile([r.ttft for r in requests], 50)),
-                    "p99": ms(percentile([r.ttft for r in requests], 99))},
+        "ttft_ms": {"p50": ms(percentile(ttft, 50)), "p99": ms(percentile(ttft, 99))},
         "itl_ms": {"p50": ms(percentile([g for r in requests for g in r.gaps], 50)),
                    "p99": ms(percentile([g for r in requests for g in r.gaps], 99))},
         "tpot_ms": {"p50": ms(percentile(tpot, 50)), "p99": ms(percentile(tpot, 99))},
@@ -184,11 +190,13 @@ def main():
     args.concurrency = [int(n) for n in args.concurrency.split(",")]
     prompts = json.load(open(args.prompts))
     proc = None
+    stderr = tempfile.TemporaryFile(mode="w+")
     try:
         if args.url:
             url = args.url.rstrip("/")
+            args.draft = "(the running server's)"
         else:
-            proc, url = start_server(args)
+            proc, url = start_server(args, stderr)
         wait_ready(url, 300)
         with urllib.request.urlopen(f"{url}/v1/models", timeout=30) as r:
             args.served = json.load(r)["data"][0]["id"]
@@ -226,7 +234,7 @@ def main():
         bad = [(s["concurrency"], s["differ_from_solo"]) for s in results if s["differ_from_solo"]]
         if bad:
             raise Fail(f"replies differ from their solo runs: {bad}")
-    except (Fail, openai.OpenAIError, asyncio.TimeoutError) as e:
+    except (Fail, OSError, openai.OpenAIError, asyncio.TimeoutError) as e:
         log(f"FAILED: {e!r}")
         sys.exit(1)
     finally:

@@ -1445,7 +1445,10 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
     let mut r = rng(77);
     let (rows, n) = (8, 5); // the buffers' rows, the pass's
     let mut checked = [0usize; 3];
-    for (case, &v) in [150usize, 1024, 1500, 3000, 4100].iter().enumerate() {
+    // (70,000 logits: 69 slices, more than a workgroup's 64 invocations, so that the loops over a
+    // row's slices take several each, and the tied tokens' slice is found in runs of two)
+    for (case, &v) in [150usize, 1024, 1500, 3000, 4100, 70_000].iter().enumerate() {
+        let wide = v > 64 * 1024;
         // (values drawn from a few: ties in every slice; mostly zeros of either sign: nuclei that
         // end among them)
         let tied = |r: &mut SmallRng, values: &[f32]| -> Vec<f32> {
@@ -1454,6 +1457,9 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
         let few = [2.5f32, 2.5, 1.0, 0.0, -0.0, -0.0, -1.5];
         let zeros = [0.0f32, -0.0, 0.0, -0.0, 0.0, -0.0, 0.0, -0.0, 3.0, -1.0];
         for rows_of in ["random", "few values", "zeros"] {
+            if wide && rows_of != "zeros" {
+                continue; // (lean: the old kernel walks a row of 70,000 about 37 times a nucleus)
+            }
             let mut make = || match rows_of {
                 "random" => rand_vec(&mut r, rows * v, 3.0),
                 "few values" => tied(&mut r, &few),
@@ -1529,7 +1535,7 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                         })
                         .collect::<Vec<_>>(),
                 });
-                for s in 0..3u64 {
+                for s in 0..if wide { 1 } else { 3u64 } {
                     gpu.queue.write_buffer(
                         &seed,
                         0,
@@ -1552,10 +1558,13 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                         assert_eq!(g[..2], w[..2], "{what} seed {s} row {row}: the draws");
                         checked[0] += 1;
                         checked[1] += (g[1] != g[0]) as usize;
+                        // (Z's rounding grows with the terms summed one after another: the old
+                        // kernel's invocations each summed vocab / 256 of them)
+                        let tolerance = 4e-7 * (v as f32 / 4096.0).max(1.0);
                         for (word, name) in [(2, "p(x)"), (3, "q(x)")] {
                             let (a, b) = (f32::from_bits(g[word]), f32::from_bits(w[word]));
                             assert!(
-                                (a - b).abs() <= 4e-7 * b.abs(),
+                                (a - b).abs() <= tolerance * b.abs(),
                                 "{what} seed {s} row {row}: {name} {a} vs {b}"
                             );
                             checked[2] += (b > 0.0 && b < 1.0) as usize;

@@ -890,16 +890,16 @@ fn sampled_speculation_with_deterministic_drafts_gives_plain_sampling_tokens() {
     let (file, config) = common::tiny::eagle_head(&tiny.spec, DType::F32, false, true, &mut r);
     let head = load_eagle(&mut target, file, &config, 4).0;
     let ngram = |branches| Owned::Other(Box::new(NGram { max_n: 3, min_n: 1, branches }));
-    let mut drafts: Vec<(&str, Owned, KPolicy, usize)> = vec![
-        ("ngram K=1", ngram(1), KPolicy::Fixed(1), 0),
-        ("ngram K=3", ngram(1), KPolicy::Fixed(3), 0),
-        ("ngram adaptive", ngram(1), KPolicy::Adaptive { max: 6 }, 0),
-        ("ngram tree", ngram(3), KPolicy::Fixed(3), 0),
+    let mut drafts: Vec<(&str, Owned, KPolicy, [usize; 2])> = vec![
+        ("ngram K=1", ngram(1), KPolicy::Fixed(1), [0; 2]),
+        ("ngram K=3", ngram(1), KPolicy::Fixed(3), [0; 2]),
+        ("ngram adaptive", ngram(1), KPolicy::Adaptive { max: 6 }, [0; 2]),
+        ("ngram tree", ngram(3), KPolicy::Fixed(3), [0; 2]),
         (
             "eagle tree",
             Owned::Other(Box::new(Eagle::with_tree(head, EagleTree::Dynamic { width: 3 }))),
             KPolicy::Fixed(3),
-            0,
+            [0; 2],
         ),
     ];
     let prompt = [5u32, 9, 2, 7, 5, 9, 2, 7, 5, 9, 2];
@@ -914,18 +914,19 @@ fn sampled_speculation_with_deterministic_drafts_gives_plain_sampling_tokens() {
                 stop_tokens: vec![],
             };
             let want = plain(&mut target, &prompt, &opts);
-            for (name, draft, k, accepted) in drafts.iter_mut() {
+            for (name, draft, k, counts) in drafts.iter_mut() {
                 let got = speculative(&mut target, draft.drafter(), &prompt, &opts, *k);
                 assert_eq!(got.tokens, want.tokens, "{name} {params:?} seed {seed}: {:?}", got.stats);
                 assert_eq!(got.stats.gpu_sampled, got.stats.verify_forwards, "{name}: drawn on the GPU");
-                *accepted += got.stats.accepted;
+                counts[0] += got.stats.accepted;
+                counts[1] += got.stats.drafted - got.stats.accepted;
             }
         }
     }
-    // (each draft had drafts kept, and rejected: both rules' sides were taken)
-    for (name, _, _, accepted) in &drafts {
-        eprintln!("{name}: {accepted} drafts kept");
-        assert!(*accepted > 0, "{name}: no draft kept");
+    // (each draft had drafts kept, and rejected: both sides of the rule were taken)
+    for (name, _, _, [kept, rejected]) in &drafts {
+        eprintln!("{name}: {kept} drafts kept, {rejected} rejected");
+        assert!(*kept > 0 && *rejected > 0, "{name}: {kept} kept, {rejected} rejected");
     }
 }
 

@@ -295,7 +295,9 @@ pub struct SampleConfig {
     pub drafts: usize,
     /// Only the pass's last row, written to this row of `out` (a draft step's draw).
     pub last_only: Option<usize>,
-    /// The op's noise stream: ops of one cycle that draw at the same positions need distinct ones.
+    /// The op's noise stream (its draws' and residual draws' noise: 2 stream and 2 stream + 1,
+    /// hashed with the seed, the row's position and the token): ops whose draws must be
+    /// independent at one position need distinct ones; ops that draw the same thing share one.
     pub stream: u32,
 }
 
@@ -1212,7 +1214,7 @@ impl Gpu {
     /// `step`) on the GPU and scores drafted tokens, as `shaders/sample.wgsl` says: `out` gets
     /// per row `[draw, residual draw, p(x) bits, q(x) bits]` (`[rows, 4]`). `q`: the draft's
     /// rows, one per drafted token (else a one-hot q on each drafted token); `drafts`: x_r for
-    /// the first `cfg.drafts` rows; `seed`: the cycle's [`SampleSeed`] uniform; `status: [1]`
+    /// the first `cfg.drafts` rows; `seed`: the generation's [`SampleSeed`] uniform; `status: [1]`
     /// becomes at least r + 1 where row r holds a logit that is not finite. Under a top-k
     /// (`cfg.top_k > 0`) both row sources must bind their ranked ids.
     ///

@@ -44,7 +44,9 @@ use crate::gpu::{AcceptRule, Gpu, GpuBuffer, Op, SampleConfig, SampleRows, Sampl
 use crate::model::{Model, MAX_BATCH};
 use crate::sampling::SamplingParams;
 
-/// Noise streams of the cycle's draws (each op's two Gumbel streams are 2s and 2s + 1).
+/// Noise streams of the generation's draws (a sample op's two Gumbel streams are 2s and 2s + 1;
+/// the ratio rule's uniforms hash STREAM_ACCEPT itself): the draft model's draws, the target's
+/// (plain steps, chains and trees alike), the ratio rule's uniforms.
 const STREAM_DRAFT: u32 = 1;
 const STREAM_VERIFY: u32 = 2;
 const STREAM_ACCEPT: u32 = 6;
