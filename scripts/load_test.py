@@ -30,14 +30,12 @@ import urllib.request
 import openai
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(ROOT, "tests", "e2e"))
+from server_clients import Fail, wait_ready  # noqa: E402 (the server tests' own)
 
 
 def log(msg):
     print(f"[load] {msg}", file=sys.stderr, flush=True)
-
-
-class Fail(Exception):
-    pass
 
 
 def start_server(args, stderr):
@@ -55,19 +53,6 @@ def start_server(args, stderr):
         stderr.seek(0)
         raise Fail(f"wgspec serve printed {line!r} first; its stderr ends: {stderr.read()[-2000:]!r}")
     return proc, m.group(1).rstrip("/")
-
-
-def wait_ready(url, timeout):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/ready", timeout=5) as r:
-                if r.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.2)
-    raise Fail(f"{url} not ready within {timeout} s")
 
 
 def percentile(values, q):

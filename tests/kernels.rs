@@ -1408,25 +1408,61 @@ fn gpu_acceptance_of_deterministic_drafts_keeps_each_draft_its_row_drew() {
     }
 }
 
+/// A kernel that a shader replaced, kept in `tests/data/` and run beside its successor on the
+/// same buffers.
+struct Replaced(wgpu::ComputePipeline);
+
+impl Replaced {
+    fn new(gpu: &Gpu, label: &str, source: String) -> Replaced {
+        let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        Replaced(gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(label),
+            layout: None,
+            module: &module,
+            entry_point: Some("main"),
+            compilation_options: Default::default(),
+            cache: None,
+        }))
+    }
+
+    /// `buffers` bound at bindings 0, 1, ...
+    fn bind(&self, gpu: &Gpu, buffers: &[&wgpu::Buffer]) -> wgpu::BindGroup {
+        let entries: Vec<_> = buffers
+            .iter()
+            .enumerate()
+            .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
+            .collect();
+        gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
+            label: None,
+            layout: &self.0.get_bind_group_layout(0),
+            entries: &entries,
+        })
+    }
+
+    /// `groups` workgroups over `bind`, submitted.
+    fn dispatch(&self, gpu: &Gpu, bind: &wgpu::BindGroup, groups: u32) {
+        let mut enc = gpu.encoder();
+        {
+            let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
+            pass.set_pipeline(&self.0);
+            pass.set_bind_group(0, bind, &[]);
+            pass.dispatch_workgroups(groups, 1, 1);
+        }
+        gpu.submit(enc);
+    }
+}
+
 /// The one-workgroup sampling kernel that `shaders/sample.wgsl` replaced (a row searched by 256
 /// invocations, a nucleus by about 35 passes over it), on the new kernel's uniforms: its bindings
 /// are the new kernel's but the scratch.
-fn one_workgroup_sample(gpu: &Gpu) -> wgpu::ComputePipeline {
+fn one_workgroup_sample(gpu: &Gpu) -> Replaced {
     let new = wgspec::gpu::Kernel::Sample.source(false);
     let prelude = new.strip_suffix(include_str!("../shaders/sample.wgsl")).expect("the prelude");
     let source = format!("{prelude}\n{}", include_str!("data/sample_one_workgroup.wgsl"));
-    let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("sample, one workgroup"),
-        source: wgpu::ShaderSource::Wgsl(source.into()),
-    });
-    gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some("sample, one workgroup"),
-        layout: None,
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    })
+    Replaced::new(gpu, "sample, one workgroup", source)
 }
 
 #[test]
@@ -1523,18 +1559,9 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                 let q_logits = if with_q { &q_buf } else { &p_buf };
                 let buffers =
                     [&step, &params, &seed, &p_buf.raw, &top_p_buf.raw, &q_logits.raw, &top_q_buf.raw];
-                let buffers = buffers.into_iter().chain([&drafts.raw, &old_out.raw, &status.raw]);
-                let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                    label: None,
-                    layout: &old.get_bind_group_layout(0),
-                    entries: &buffers
-                        .enumerate()
-                        .map(|(i, b)| wgpu::BindGroupEntry {
-                            binding: i as u32,
-                            resource: b.as_entire_binding(),
-                        })
-                        .collect::<Vec<_>>(),
-                });
+                let buffers: Vec<_> =
+                    buffers.into_iter().chain([&drafts.raw, &old_out.raw, &status.raw]).collect();
+                let bind = old.bind(&gpu, &buffers);
                 for s in 0..if wide { 1 } else { 3u64 } {
                     gpu.queue.write_buffer(
                         &seed,
@@ -1542,14 +1569,7 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                         bytemuck::bytes_of(&SampleSeed::new(s * 7919 + case as u64)),
                     );
                     run(&gpu, &step, &ops, n, 100);
-                    let mut enc = gpu.encoder();
-                    {
-                        let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-                        pass.set_pipeline(&old);
-                        pass.set_bind_group(0, &bind, &[]);
-                        pass.dispatch_workgroups(if last_only.is_some() { 1 } else { n as u32 }, 1, 1);
-                    }
-                    gpu.submit(enc);
+                    old.dispatch(&gpu, &bind, if last_only.is_some() { 1 } else { n as u32 });
                     let (got, want) =
                         (read_u32(&gpu, &new_out.raw, rows * 4), read_u32(&gpu, &old_out.raw, rows * 4));
                     let out_rows = last_only.map_or(0..n, |o| o..o + 1);
@@ -1637,19 +1657,12 @@ fn sampling_spreads_each_row_over_its_slices() {
 
 /// The one-invocation EAGLE tree kernel that `shaders/eagle_tree.wgsl` replaced, run on the same
 /// buffers: its bindings are the new kernel's.
-fn one_invocation_tree(gpu: &Gpu) -> wgpu::ComputePipeline {
-    let module = gpu.device.create_shader_module(wgpu::ShaderModuleDescriptor {
-        label: Some("eagle tree, one invocation"),
-        source: wgpu::ShaderSource::Wgsl(include_str!("data/eagle_tree_one_invocation.wgsl").into()),
-    });
-    gpu.device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
-        label: Some("eagle tree, one invocation"),
-        layout: None,
-        module: &module,
-        entry_point: Some("main"),
-        compilation_options: Default::default(),
-        cache: None,
-    })
+fn one_invocation_tree(gpu: &Gpu) -> Replaced {
+    Replaced::new(
+        gpu,
+        "eagle tree, one invocation",
+        include_str!("data/eagle_tree_one_invocation.wgsl").into(),
+    )
 }
 
 #[test]
@@ -1714,23 +1727,8 @@ fn eagle_tree_counts_the_orders_the_one_invocation_kernel_searched() {
             let params = gpu.uniform("eagle tree params", bytemuck::bytes_of(&p));
             let op = gpu.eagle_tree(&step, &params, (&idb, &lpb), &state_new, &out_new);
             run(&gpu, &step, &[op], 1, 0);
-            let bind = gpu.device.create_bind_group(&wgpu::BindGroupDescriptor {
-                label: None,
-                layout: &old.get_bind_group_layout(0),
-                entries: &[&step, &params, &idb.raw, &lpb.raw, &state_old.raw, &out_old.raw]
-                    .iter()
-                    .enumerate()
-                    .map(|(i, b)| wgpu::BindGroupEntry { binding: i as u32, resource: b.as_entire_binding() })
-                    .collect::<Vec<_>>(),
-            });
-            let mut enc = gpu.encoder();
-            {
-                let mut pass = enc.begin_compute_pass(&wgpu::ComputePassDescriptor::default());
-                pass.set_pipeline(&old);
-                pass.set_bind_group(0, &bind, &[]);
-                pass.dispatch_workgroups(1, 1, 1);
-            }
-            gpu.submit(enc);
+            let bind = old.bind(&gpu, &[&step, &params, &idb.raw, &lpb.raw, &state_old.raw, &out_old.raw]);
+            old.dispatch(&gpu, &bind, 1);
             let what = format!("case {case} call {call} ({p:?})");
             let (o_new, o_old) =
                 (read_u32(&gpu, &out_new.raw, EAGLE_TREE_OUT), read_u32(&gpu, &out_old.raw, EAGLE_TREE_OUT));
