@@ -1,7 +1,8 @@
 // Causal multi-head attention with grouped KV heads over the KV cache (one workgroup per head and row).
 // The cache holds each position's k row then its v row: [ctx, 2 * kv_heads * head_dim], in the
 // format of the file placed ahead of this one (shaders/kv/: f32 or f16), read by kv_vec4/kv_value.
-// Row r of the pass sits at position pos = start_pos + r and attends to cache positions 0..=pos
+// Row r of the pass sits at position pos (shaders/share/rows.wgsl: start_pos + r in a pass of one
+// sequence) and attends to its sequence's positions 0..=pos, found by key_row (shaders/kv/pages.wgsl)
 // (with a sliding window, the last `window` of them: pos - window + 1 ..= pos):
 //   s_j = (q . k_j) * scale;  p_j = exp(s_j - max s) / sum exp;  out = sum_j p_j v_j
 // Preceded by one file of shaders/share/ (after the cache's format file): the entry point's
@@ -10,8 +11,8 @@
 // Every reduction runs in a fixed order that depends only on pos, never on n, so a verify pass
 // over K+1 rows reproduces single-row steps bit for bit.
 // A token-tree pass (step.tree = 1): row r is a node at depth d = popcount(ancestors[r]) - 1,
-// pos = start_pos + d, and its keys j >= start_pos are its ancestors' rows (start_pos + their row
-// index) in depth order, itself last. The keys are the ones its root-to-node path would have
+// pos = start + d (start: its tree's first position), and its keys j >= start are its ancestors'
+// cache rows in depth order, itself last. The keys are the ones its root-to-node path would have
 // alone, in the same order, so a node's output equals that path's last row bit for bit.
 
 // The uniforms Step and Params (AttentionParams) are declared in Rust (src/gpu/ops.rs) and written
@@ -22,20 +23,11 @@ const WG: u32 = 64u;
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;         // [n, heads * head_dim / 4]
-// binding 3: kv, the cache (see the format file)
-@group(0) @binding(4) var<storage, read_write> scores: array<f32>;    // [n, heads, ctx] scratch
-@group(0) @binding(5) var<storage, read_write> out: array<f32>;       // [n, heads * head_dim]
+// binding 3: kv, the cache (see the format file); binding 4: its page table (shaders/kv/pages.wgsl)
+@group(0) @binding(5) var<storage, read_write> scores: array<f32>;    // [n, heads, ctx] scratch
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;       // [n, heads * head_dim]
 
 var<workgroup> partial: array<f32, WG>;
-
-// The cache row of key j of row r (see the header): j itself, except a tree pass's keys from
-// start_pos on, which are r's ancestors by depth (the (j - start_pos)-th set bit of ancestors[r]).
-fn key_row(r: u32, j: u32) -> u32 {
-    if (step.tree == 0u || j < step.start_pos) { return j; }
-    var m = step.ancestors[r / 4u][r % 4u];
-    for (var i = step.start_pos; i < j; i++) { m &= m - 1u; }
-    return step.start_pos + firstTrailingBit(m);
-}
 
 // (SHARE) this invocation's load of a run of 8 values that start at q[i] (or scores[i]): its
 // slot's (nothing otherwise: the load stays out of the shader)
@@ -68,9 +60,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     let r = wid.y;
     if (r >= step.n) { return; }
     let t = inv.lid.x;
-    let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
-    let pos = step.start_pos + depth;
-    let len = pos + 1u;
+    let len = row_pos(r) + 1u;
     // (sliding-window attention: the row's first key; the loops below start there)
     let lo = select(0u, len - p.window, p.window != 0u && len > p.window);
     let hd4 = p.head_dim / 4u;
@@ -132,12 +122,12 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     let kv_row = 2u * p.kv_heads * p.head_dim;
     let v_base = p.kv_heads * p.head_dim + kvh * p.head_dim;
     let o_base = (r * p.heads + h) * p.head_dim;
-    // keys that are their own rows, then (a tree pass) the ancestors': one sum in key order.
+    // the sequence's keys before a tree's, then (a tree pass) the ancestors': one sum in key order.
     // Every invocation of a subgroup with dimensions left runs each round (as in 1: past
     // head_dim it sums the last dimension again and stores nothing); the scores of the direct
     // keys are read in runs of 8, each invocation loading one with SHARE (past the direct keys:
     // never used).
-    let direct = max(lo, select(len, min(len, step.start_pos), step.tree != 0u));
+    let direct = max(lo, select(len, min(len, row_start(r)), step.tree != 0u));
     for (var d0 = 0u; d0 < p.head_dim; d0 += WG) {
         if (share_any(d0 + t < p.head_dim)) {
             let d = min(d0 + t, p.head_dim - 1u);
@@ -145,7 +135,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
             for (var j0 = lo; j0 < direct; j0 += 8u) {
                 let own = score_own(inv, s_base + j0);
                 for (var j = j0; j < min(j0 + 8u, direct); j++) {
-                    acc = fma(score_at(s_base + j, j - j0, own), kv_value(j * kv_row + v_base + d), acc);
+                    acc = fma(score_at(s_base + j, j - j0, own), kv_value(key_row(r, j) * kv_row + v_base + d), acc);
                 }
             }
             for (var j = direct; j < len; j++) {

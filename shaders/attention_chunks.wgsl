@@ -5,9 +5,10 @@
 // a decode step runs kv_heads x head blocks x chunks workgroups instead of one per query head,
 // and the query heads of a GQA group share each k/v load.
 //
-// Keys are those of attention.wgsl (row r at pos = start_pos + r, or start_pos + its depth in a
-// token-tree pass, attends to keys 0..=pos; a tree pass's keys from start_pos on are its
-// ancestors' rows in depth order; with a sliding window, keys from pos - window + 1). Chunk c
+// Keys are those of attention.wgsl (row r at its position pos, shaders/share/rows.wgsl, attends to
+// its sequence's keys 0..=pos, found by key_row, shaders/kv/pages.wgsl; a tree pass's keys from its
+// first position on are its ancestors' rows in depth order; with a sliding window, keys from
+// pos - window + 1). Chunk c
 // holds keys c * span .. (c + 1) * span (those of the row), a fixed
 // partition of the key order, and is walked in blocks of 64 keys with a running maximum:
 //   block scores s_j = (q . k_j) * scale;  m' = max(m, max_j s_j);  w_j = exp(s_j - m')
@@ -31,22 +32,15 @@ const LOWEST: f32 = -0x1.fffffep+127f; // the lowest finite f32, written exactly
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<storage, read> q: array<vec4<f32>>;         // [n, heads * head_dim / 4]
-// binding 3: kv, the cache [ctx, 2 * kv_heads * head_dim] (k | v) in the format file's format
-@group(0) @binding(4) var<storage, read_write> part: array<f32>;      // [n, heads, chunks, head_dim] o, then
+// binding 3: kv, the cache [ctx, 2 * kv_heads * head_dim] (k | v) in the format file's format;
+// binding 4: its page table (shaders/kv/pages.wgsl)
+@group(0) @binding(5) var<storage, read_write> part: array<f32>;      // [n, heads, chunks, head_dim] o, then
                                                                       //   from ml_base [n, heads, chunks, 2] (m, l)
 
 var<workgroup> sc: array<array<f32, WG>, HB>;   // [HB, WG] the block's scores, then its weights
 var<workgroup> mx: array<array<f32, WG>, HB>;   // [HB, WG] the block maximum's tree; at the end
                                                 //   [HB, G] each key group's l
 var<workgroup> red: array<vec4<f32>, 512>;      // [HB, WG] (HB * WG) each invocation's o at the end
-
-// The cache row of key j of row r: j, except a tree pass's keys from start_pos on (attention.wgsl).
-fn key_row(r: u32, j: u32) -> u32 {
-    if (step.tree == 0u || j < step.start_pos) { return j; }
-    var m = step.ancestors[r / 4u][r % 4u];
-    for (var i = step.start_pos; i < j; i++) { m &= m - 1u; }
-    return step.start_pos + firstTrailingBit(m);
-}
 
 @compute @workgroup_size(64)
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
@@ -59,8 +53,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let group = p.heads / p.kv_heads;
     let h0 = kvh * group + hb * HB;           // this block's first query head
     let nh = min(HB, group - hb * HB);        // and its heads
-    let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
-    let len = step.start_pos + depth + 1u;
+    let len = row_pos(r) + 1u;
     // (sliding-window attention: the row's keys start at lo; a chunk before them is skipped here
     // and by the merge)
     let lo = select(0u, len - p.window, p.window != 0u && len > p.window);

@@ -20,8 +20,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let r = wid.y;
     if (r >= step.n) { return; }
     let t = lid.x;
-    let depth = select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
-    let len = step.start_pos + depth + 1u;
+    let len = row_pos(r) + 1u;
     let nc = (len + p.span - 1u) / p.span;
     // (sliding-window attention: the chunks before the row's first key hold nothing of it)
     let lo = select(0u, len - p.window, p.window != 0u && len > p.window);

@@ -154,6 +154,7 @@ fn no_pass(t: u32) {
     out[O_STEP] = 0u;
     out[O_STEP + 1u] = p.start_pos;
     out[O_STEP + 2u] = 1u;
+    out[O_STEP + 3u] = 0u; // (one sequence: not paged)
     out[O_MANY] = 0u;
     state[1] = 0u;
 }
@@ -243,6 +244,7 @@ fn choose(t: u32) {
         out[O_STEP] = nr;
         out[O_STEP + 1u] = p.start_pos;
         out[O_STEP + 2u] = 1u;
+        out[O_STEP + 3u] = 0u;
         out[O_MANY] = m;
         out[O_MANY + 1u] = 0u;
         state[1] = m;

@@ -4,11 +4,11 @@
 // epilogue never holds).
 //
 //   q[r, h]  = rope(rmsnorm(qkv[r, q head h]) * q_norm, pos)          h < q_heads
-//   kv[start_pos + r, k head h] = rope(rmsnorm(qkv[r, k head h]) * k_norm, pos)
-//   kv[start_pos + r, v head h] = qkv[r, v head h]
+//   kv[cache_row(r), k head h] = rope(rmsnorm(qkv[r, k head h]) * k_norm, pos)
+//   kv[cache_row(r), v head h] = qkv[r, v head h]
 //
-// for the rows r < step.n of a pass; pos = start_pos + r, or start_pos + its depth in a token-tree
-// pass (the cache row is start_pos + r either way, as the matmul's: kv_keep compacts a tree's).
+// for the rows r < step.n of a pass at their positions pos and cache rows (shaders/share/rows.wgsl:
+// start_pos + r, or start_pos + its depth in a token-tree pass, in a pass of one sequence).
 // `qkv` holds the matmul's columns: with a Halves layout the q and k rows were reordered at load
 // into adjacent RoPE pairs (src/gpu/ops.rs, RopeLayout::pair_rows), so the pair (2i, 2i + 1) of
 // a head is checkpoint dimensions (i, i + rope_dim / 2); the outputs go back to the checkpoint's
@@ -35,10 +35,6 @@ const MAX_HEAD: u32 = 256u;
 var<workgroup> squares: array<f32, WG>;
 var<workgroup> staged: array<f32, MAX_HEAD>;                        // [head_dim] the head's outputs, checkpoint order
 
-fn depth(row: u32) -> u32 {
-    if (step.tree == 0u) { return row; }
-    return countOneBits(step.ancestors[row / 4u][row % 4u]) - 1u;
-}
 
 // The checkpoint dimension of the matmul's column j of a q or k head (`paired`; v's rows keep
 // their order).
@@ -75,7 +71,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
 
     // 2. each pair (2i, 2i + 1) of the matmul's columns normalised, scaled by the norm's weight
     //    and rotated, staged at its checkpoint dimensions (v: copied)
-    let pos = step.start_pos + depth(row);
+    let pos = row_pos(row);
     for (var j = 2u * t; j < hd; j += 2u * WG) {
         let da = dimension(j, !is_v);
         let db = dimension(j + 1u, !is_v);
@@ -106,7 +102,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         return;
     }
     let kv_head = head - p.q_heads; // k heads, then v heads: the cache row's order
-    let base = (step.start_pos + row) * (2u * p.kv_heads * hd) + kv_head * hd;
+    let base = cache_row(row) * (2u * p.kv_heads * hd) + kv_head * hd;
     if (p.kv_f16 == 0u) {
         for (var j = t; j < hd; j += WG) { kv[base + j] = bitcast<u32>(staged[j]); }
         return;

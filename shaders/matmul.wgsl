@@ -105,7 +105,7 @@ fn column(c: u32) -> u32 {
 fn store(c: u32, row: u32, v: f32) {
     let col = column(c);
     if (col >= p.split) {
-        second[(step.start_pos + row) * p.ldkv + col - p.split] = bitcast<u32>(v);
+        second[cache_row(row) * p.ldkv + col - p.split] = bitcast<u32>(v);
         return;
     }
     let i = row * p.ldy + col;
@@ -128,7 +128,7 @@ fn store_added(c: u32, row: u32, m: f32, f: f32) {
 // even: the loader keeps f32 caches otherwise)
 fn store_kv(c: u32, row: u32, v: vec4<f32>) {
     let cols = vec4<u32>(column(c), column(c + 1u), column(c + 2u), column(c + 3u));
-    let base = (step.start_pos + row) * p.ldkv;
+    let base = cache_row(row) * p.ldkv;
     for (var j = 0u; j < 4u; j++) {
         if (cols[j] % 2u != 0u) { continue; }
         for (var k = 0u; k < 4u; k++) {
@@ -157,12 +157,6 @@ fn x_at(i: u32, g: u32, own: vec4<f32>) -> vec4<f32> {
 
 // RoPE of the pair (a, b) at within-head columns (i, i + 1) of a row at position `pos`, with the
 // angles of a table computed once on the CPU in f64 (every GPU rotates by the same angles)
-// A row's offset from start_pos: its index, or in a token-tree pass its depth in the tree.
-fn depth(row: u32) -> u32 {
-    if (step.tree == 0u) { return row; }
-    return countOneBits(step.ancestors[row / 4u][row % 4u]) - 1u;
-}
-
 fn rotate(a: f32, b: f32, i: u32, pos: u32) -> vec2<f32> {
     if (i >= p.rope_dim) { return vec2<f32>(a, b); }
     let cs = cos_sin[pos * (p.rope_dim / 2u) + i / 2u];
@@ -506,7 +500,7 @@ fn write_out(c0: u32, last: u32, row: u32, sums: vec4<f32>, scale: f32) {
     if (p.silu == 1u) { v = v / (1.0 + exp(-v)); }
     if (c < p.rope_cols) {
         let i = c % p.head_dim;
-        let pos = step.start_pos + depth(row);
+        let pos = row_pos(row);
         v = vec4<f32>(rotate(v.x, v.y, i, pos), rotate(v.z, v.w, i + 2u, pos));
     }
     if (p.kv_f16 == 1u && column(c) >= p.split) {

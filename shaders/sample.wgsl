@@ -447,7 +447,7 @@ fn draw_stage(t: u32, at: vec3<u32>) {
     let base = r * p.vocab;
     // the row's position: a chain's row r is at start_pos + r, a tree's node at start_pos + its
     // depth (the noise of a position is the same in a plain step, a chain and a tree)
-    let pos = step.start_pos + select(r, countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u, step.tree != 0u);
+    let pos = row_pos(r);
     let inv_t = 1.0 / p.temperature;
     let has_x = r < p.drafts && r + 1u < step.n;  // (the pass's last row checks no draft)
     let x = select(NONE, drafts[min(r, max(p.drafts, 1u) - 1u)], has_x);

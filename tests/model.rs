@@ -455,6 +455,106 @@ fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
 }
 
 #[test]
+fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
+    // Sequences of different lengths share passes over a pool of pages, each at its own
+    // position, its pages scattered and interleaved with the others': every row's logits are the
+    // bits of its sequence run alone. Llama (the one-pass attention), Qwen3 (per-head norms: the
+    // KV written by head_norm) and Gemma 3 (sliding windows, their own RoPE) in the GPU shape
+    // (the split attention), f16 and f32 caches; sequences that cross pages.
+    use wgspec::model::SeqRows;
+    const PAGE: usize = wgspec::gpu::KV_PAGE;
+    for (spec, precision, gpu) in [
+        (TinySpec::llama(), Precision::Auto, gpu()),
+        (TinySpec::qwen3(), Precision::Auto, gpu_shaped()),
+        (TinySpec::gemma3(), Precision::F32, gpu_shaped()),
+        (TinySpec::qwen2(), Precision::F32, gpu()),
+    ] {
+        let mut r = rng(77);
+        let tiny = TinyModel::random(spec, &mut r);
+        let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F16, &mut r)).expect("gguf");
+        let opts = LoadOptions { context: Some(3 * PAGE), kv_pages: Some(11), precision, ..Default::default() };
+        let mut m = Model::load(gpu, &ckpt, &opts, &mut |_| {}).expect("load");
+        assert_eq!(m.kv_pages(), 11);
+        let v = spec.vocab;
+        let lens = [150usize, 70, 5, 100];
+        let seqs: Vec<Vec<u32>> = lens
+            .iter()
+            .map(|&n| (0..n).map(|_| rand::Rng::gen_range(&mut r, 0..v as u32)).collect())
+            .collect();
+        // alone: one sequence's passes (the pool's first positions), in passes of up to 32 rows
+        let alone: Vec<Vec<f32>> = seqs
+            .iter()
+            .map(|s| {
+                let mut out = Vec::new();
+                for (i, chunk) in s.chunks(29).enumerate() {
+                    out.extend(forward(&mut m, chunk, i * 29));
+                }
+                out
+            })
+            .collect();
+        // the pages each sequence takes, scattered: 3 + 2 + 1 + 2 of the 11, interleaved
+        let order = [7u32, 2, 9, 0, 5, 10, 3, 8, 1, 6, 4];
+        let mut free = order.iter().copied();
+        let pages: Vec<Vec<u32>> =
+            lens.iter().map(|&n| (0..n.div_ceil(PAGE)).map(|_| free.next().expect("page")).collect()).collect();
+        // passes: each sequence with rows left gives a chunk of its own size, within 32 rows
+        let sizes = [9usize, 1, 5, 12];
+        let mut done = [0usize; 4];
+        let mut passes = 0;
+        while done.iter().zip(&lens).any(|(d, n)| d < n) {
+            let mut rows = Vec::new();
+            let mut budget = 32;
+            for i in 0..seqs.len() {
+                let take = sizes[(i + passes) % 4].min(lens[i] - done[i]).min(budget);
+                if take == 0 {
+                    continue;
+                }
+                budget -= take;
+                rows.push((i, done[i], take));
+            }
+            let batch: Vec<SeqRows> = rows
+                .iter()
+                .map(|&(i, at, take)| SeqRows { pages: &pages[i], start_pos: at, tokens: &seqs[i][at..at + take] })
+                .collect();
+            let logits = pollster::block_on(m.forward_pages(&batch)).expect("paged pass");
+            let mut row = 0;
+            for &(i, at, take) in &rows {
+                for p in at..at + take {
+                    let got = &logits[row * v..(row + 1) * v];
+                    let want = &alone[i][p * v..(p + 1) * v];
+                    assert!(
+                        got.iter().zip(want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{:?}: sequence {i}'s position {p} in pass {passes} (rows {rows:?}) differs from its run alone",
+                        ckpt.config.arch
+                    );
+                    row += 1;
+                }
+                done[i] += take;
+            }
+            passes += 1;
+        }
+        // bad passes: typed errors naming the problem
+        let s = &seqs[0][..4];
+        let mut bad = |what: &str, seqs: &[SeqRows]| {
+            let got = pollster::block_on(m.forward_pages(seqs)).err();
+            let typed = matches!(
+                got,
+                Some(Error::InvalidArgument(_) | Error::ContextOverflow { .. } | Error::TokenOutOfRange { .. })
+            );
+            assert!(typed, "{what}: {got:?}");
+        };
+        bad("a page past the pool", &[SeqRows { pages: &[11], start_pos: 0, tokens: s }]);
+        let twice = SeqRows { pages: &[1], start_pos: 0, tokens: s };
+        bad("one page written for two sequences", &[twice, twice]);
+        bad("rows past the pages", &[SeqRows { pages: &[1], start_pos: PAGE - 2, tokens: s }]);
+        bad("rows past the context", &[SeqRows { pages: &[1, 2, 3], start_pos: 3 * PAGE - 2, tokens: s }]);
+        bad("33 rows", &[SeqRows { pages: &[1], start_pos: 0, tokens: &seqs[0][..33] }]);
+        bad("no rows", &[SeqRows { pages: &[1], start_pos: 0, tokens: &[] }]);
+        bad("a token past the vocabulary", &[SeqRows { pages: &[1], start_pos: 0, tokens: &[v as u32] }]);
+    }
+}
+
+#[test]
 fn a_prefill_leaves_the_cache_a_forward_pass_leaves() {
     // A prefill runs the layers without the output projection; what follows it must see the
     // very cache (and hidden states) a full pass leaves: bit for bit.

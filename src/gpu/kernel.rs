@@ -124,7 +124,23 @@ impl Kernel {
     pub fn source(self, shuffle: bool) -> Cow<'static, str> {
         // the uniform structs and host constants, declared in Rust ahead of every op's file
         let prelude = self.prelude();
-        Cow::Owned(format!("{prelude}\n{}", self.file_source(shuffle)))
+        // where the pass's rows sit (shaders/share/rows.wgsl), for the ops that place rows
+        let rows = if self.places_rows() { include_str!("../../shaders/share/rows.wgsl") } else { "" };
+        Cow::Owned(format!("{prelude}\n{rows}\n{}", self.file_source(shuffle)))
+    }
+
+    /// Whether the op places its rows at their positions or cache rows (RoPE, the KV cache, the
+    /// attention, a draw's noise): its source gets shaders/share/rows.wgsl.
+    fn places_rows(self) -> bool {
+        matches!(
+            self,
+            Kernel::Matmul(_)
+                | Kernel::HeadNorm
+                | Kernel::Attention(_)
+                | Kernel::AttentionChunks(_)
+                | Kernel::AttentionMerge
+                | Kernel::Sample
+        )
     }
 
     /// The uniform structs the kernel binds, as their Rust declarations lay them out (declared
@@ -171,6 +187,9 @@ impl Kernel {
         if matches!(self, Kernel::Argmax | Kernel::TopK | Kernel::Sample) {
             s.push_str(&wgsl_constants(&[("SLICE", REDUCE_SLICE as u64)]));
         }
+        if matches!(self, Kernel::Attention(_) | Kernel::AttentionChunks(_)) {
+            s.push_str(&wgsl_constants(&[("PAGE", KV_PAGE as u64)]));
+        }
         if self == Kernel::EagleTree {
             s.push_str(&wgsl_constants(&[
                 ("O_STEP", EAGLE_TREE_STEP),
@@ -193,13 +212,14 @@ impl Kernel {
     /// [`Kernel::source`]).
     fn file_source(self, shuffle: bool) -> Cow<'static, str> {
         let with_format = |w: DType, op: &str| Cow::Owned(format!("{}\n{op}", w.format_source()));
-        // the KV cache's format file (shaders/kv/) ahead of an attention op
+        // the KV cache's format file (shaders/kv/) and its page table ahead of an attention op
         let with_kv = |kv: DType, op: &str| {
             let format = match kv {
                 DType::F16 => include_str!("../../shaders/kv/f16.wgsl"),
                 _ => include_str!("../../shaders/kv/f32.wgsl"),
             };
-            Cow::Owned(format!("{format}\n{op}"))
+            let pages = include_str!("../../shaders/kv/pages.wgsl");
+            Cow::Owned(format!("{format}\n{pages}\n{op}"))
         };
         // the argmax's and top-k's order and pick (shaders/share/rank.wgsl)
         let with_rank = |op: &str| {

@@ -21,25 +21,46 @@ pub const MAX_TREE: usize = 32;
 
 gpu_struct! {
     /// The per-pass uniform shared by every op (binding 0 of every kernel): rows in the pass and
-    /// the position of the first row; for a token-tree pass, each row's ancestors (the matmul's
-    /// RoPE and the attention read them).
+    /// where they sit (`shaders/share/rows.wgsl`). A pass of one sequence (`paged` 0): row r at
+    /// position start_pos + r, its k/v in cache row start_pos + r (the cache is the sequence's
+    /// alone). A pass over several sequences of a pool of [`KV_PAGE`]-position pages (`paged`
+    /// 1): each row's `rows` entry. For a token-tree pass, each row's ancestors.
     pub struct Step => Step {
         /// Rows in the pass.
         pub n: u32,
-        /// The position of row 0 (a chain's row r is at start_pos + r).
+        /// The position of row 0 (a one-sequence chain's row r is at start_pos + r).
         pub start_pos: u32,
         /// 1 for a token-tree pass.
         pub tree: u32,
-        pub _pad: u32,
+        /// 1 for a pass over pages of a pool: the rows' places are in `rows`.
+        pub paged: u32,
         /// `[MAX_TREE]` (a tree pass) bit j of `ancestors[r]`: row j is r or an ancestor of r.
         pub ancestors: [u32; MAX_TREE],
+        /// `[PASS_ROWS, 4]` (a paged pass) row r's (start, first, table, slot): the position of
+        /// its sequence's first row in the pass, that row's index, where the sequence's pages
+        /// begin in the pass's page table, and the cache row its k/v go to.
+        pub rows: [u32; 4 * PASS_ROWS],
     }
 }
 
+/// Positions in one page of a paged KV cache pool: a block of keys of the split attention
+/// (`ATTENTION_BLOCK`), so a chunk of keys spans whole pages.
+pub const KV_PAGE: usize = ATTENTION_BLOCK as usize;
+
+/// The most rows of one pass.
+pub const PASS_ROWS: usize = 32;
+
 impl Step {
-    /// A chain pass: row r at position start_pos + r.
+    /// A one-sequence chain pass: row r at position start_pos + r.
     pub fn chain(n: usize, start_pos: usize) -> Step {
-        Step { n: n as u32, start_pos: start_pos as u32, tree: 0, _pad: 0, ancestors: [0; MAX_TREE] }
+        Step {
+            n: n as u32,
+            start_pos: start_pos as u32,
+            tree: 0,
+            paged: 0,
+            ancestors: [0; MAX_TREE],
+            rows: [0; 4 * PASS_ROWS],
+        }
     }
 }
 
@@ -836,7 +857,8 @@ impl Gpu {
     }
 
     /// Causal attention of `q: [n, heads * head_dim]` over the cache `kv: [ctx, 2 kv_heads head_dim]`
-    /// (each position's k row, then its v row, as f32 bits or f16 pairs: `shape.kv_f16`) into
+    /// (each position's k row, then its v row, as f32 bits or f16 pairs: `shape.kv_f16`), whose
+    /// page table `pages` a paged pass reads (see [`Step`]; `[rows' sequences, pages each]`), into
     /// `out: [n, heads * head_dim]`, using `scratch`
     /// ([`Gpu::attention_scratch_len`] values for the most rows a pass holds). One dispatch on
     /// CPU adapters; on GPUs two: chunks of keys, then their merge.
@@ -844,7 +866,7 @@ impl Gpu {
         &self,
         step: &wgpu::Buffer,
         q: &GpuBuffer<f32>,
-        kv: &GpuBuffer<u32>,
+        (kv, pages): (&GpuBuffer<u32>, &GpuBuffer<u32>),
         scratch: &GpuBuffer<f32>,
         out: &GpuBuffer<f32>,
         shape: AttentionShape,
@@ -873,7 +895,7 @@ impl Gpu {
                 Kernel::Attention(shape.kv_dtype()),
                 step,
                 &params,
-                &[&q.raw, &kv.raw, &scratch.raw, &out.raw],
+                &[&q.raw, &kv.raw, &pages.raw, &scratch.raw, &out.raw],
                 Grid::PerRow(shape.heads),
             );
             // per 64 cached positions: the scores (head_dim / 4 each), the softmax, the values
@@ -916,7 +938,7 @@ impl Gpu {
                 Kernel::AttentionChunks(shape.kv_dtype()),
                 step,
                 &params,
-                &[&q.raw, &kv.raw, &scratch.raw],
+                &[&q.raw, &kv.raw, &pages.raw, &scratch.raw],
                 Grid::PerRow(shape.kv_heads * blocks * chunks),
             )
             .with_cost(cost)

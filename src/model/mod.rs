@@ -15,5 +15,7 @@ pub use eagle::{
     DraftedTree, EagleHead, EagleLayout, TreeShape, EAGLE_STORE_SLOTS, MAX_EAGLE_DEPTH, MAX_EAGLE_WIDTH,
 };
 pub use medusa::{MedusaConfig, MedusaHeads, MAX_MEDUSA_HEADS};
-pub use transformer::{LoadOptions, MemoryBill, Model, OpProfile, DEFAULT_READ_BYTES, MAX_BATCH, MAX_PASSES};
+pub use transformer::{
+    LoadOptions, MemoryBill, Model, OpProfile, SeqRows, DEFAULT_READ_BYTES, MAX_BATCH, MAX_PASSES,
+};
 pub use weights::{LayerTensors, LoadProgress, Matrix, TensorRole, TensorSpec, TensorTable, Weights};

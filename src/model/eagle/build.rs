@@ -358,6 +358,8 @@ impl HeadOps {
             qkv: None,
             post: None,
             cos_sin: &s.cos_sin,
+            // (one sequence: a head's passes are never paged)
+            pages: &GpuBuffer::<u32>::zeros(g, "no page table", 1),
             context: target.context(),
             kv_f16: false,
             qkv_input: s.eagle3.as_ref().map(|_| &s.cat),

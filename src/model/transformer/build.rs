@@ -8,7 +8,7 @@ use super::{BlockIo, LoadOptions, MemoryBill, Model, RunState, MAX_BATCH, MAX_PA
 use crate::error::{Error, Result};
 use crate::gpu::{
     argmax_scratch, table_bytes, Gpu, GpuBuffer, HeadNormIo, KeepParams, KvOut, MatmulOut, NormIn, Op,
-    RopeOut, SideOutput,
+    RopeOut, SideOutput, KV_PAGE,
 };
 use crate::loader::source;
 use crate::model::checkpoint::{Checkpoint, Precision};
@@ -45,8 +45,15 @@ impl Model {
                 c.context_len
             )));
         }
+        let kv_pages = opts.kv_pages.unwrap_or(context.div_ceil(KV_PAGE));
+        if kv_pages * KV_PAGE < context || kv_pages > 1 << 24 {
+            return Err(Error::InvalidArgument(format!(
+                "a KV cache pool of {kv_pages} pages of {KV_PAGE} positions for sequences of {context}: \
+                 it must hold one at least"
+            )));
+        }
         // Buffers bound whole: checked before anything is allocated.
-        let buffers = Buffers::new(gpu, c, context, kv_in_f16(c, opts.precision));
+        let buffers = Buffers::new(gpu, c, (context, kv_pages), kv_in_f16(c, opts.precision));
         gpu.check_bindings(&buffers.table())?;
         // The whole bill before the first allocation: weights as they will be kept (stored
         // blocks, or f32), then the KV cache and the scratch buffers above.
@@ -62,8 +69,9 @@ impl Model {
         let total = weight_bytes + kv_bytes + scratch_bytes;
         if let Some(budget) = opts.max_memory.filter(|&b| total > b) {
             return Err(Error::GpuLimit(format!(
-                "the model needs {:.1} MB of GPU memory (weights {:.1} MB, KV cache for {context} positions \
+                "the model needs {:.1} MB of GPU memory (weights {:.1} MB, KV cache of {} positions \
                  {:.1} MB, scratch {:.1} MB); the budget is {:.1} MB",
+                kv_pages * KV_PAGE,
                 total as f64 / 1e6,
                 weight_bytes as f64 / 1e6,
                 kv_bytes as f64 / 1e6,
@@ -71,7 +79,7 @@ impl Model {
                 budget as f64 / 1e6
             )));
         }
-        Ok(MemoryBill { total, context, file_weight_bytes })
+        Ok(MemoryBill { total, context, kv_pages, file_weight_bytes })
     }
 
     /// Uploads the checkpoint's weights and records the forward pass (files that are whole: see
@@ -93,14 +101,14 @@ impl Model {
         opts: &LoadOptions,
         progress: &mut dyn FnMut(LoadProgress),
     ) -> Result<Model> {
-        let MemoryBill { total, context, file_weight_bytes } = Model::plan(&gpu, ckpt, opts)?;
+        let MemoryBill { total, context, kv_pages, file_weight_bytes } = Model::plan(&gpu, ckpt, opts)?;
         let c = ckpt.config.clone();
         let kv_f16 = kv_in_f16(&c, opts.precision);
         let weights = Weights::load(&gpu, ckpt, opts, progress).await?;
         let rope = rope_table(&c, context, &ckpt.rope_divisors()?);
         let g = &*gpu;
         // (the sizes the plan billed)
-        let b = Buffers::new(g, &c, context, kv_f16);
+        let b = Buffers::new(g, &c, (context, kv_pages), kv_f16);
         let f32s = |label: &str, len: usize| GpuBuffer::<f32>::zeros(g, label, len);
         let state = RunState {
             step: g.step_buffer(),
@@ -131,6 +139,7 @@ impl Model {
             kv_cache: (0..b.layers)
                 .map(|i| GpuBuffer::<u32>::zeros(g, &format!("kv_cache {i}"), b.kv))
                 .collect(),
+            pages: GpuBuffer::<u32>::zeros(g, "page table", b.pages),
             kv_f16,
             cos_sin: GpuBuffer::<f32>::from_slice(g, "rope cos/sin", &rope),
             taps: None,
@@ -157,6 +166,7 @@ impl Model {
             top_k: None,
             keep_ops,
             context,
+            kv_pages,
             file_weight_bytes,
             memory_bytes: total,
             len: 0,
@@ -178,14 +188,15 @@ struct Buffers {
     logits: usize,     // [MAX_BATCH, vocab]
     pairs: usize,      // [MAX_BATCH, slices, 2] the argmax's best pair of each slice of the logits
     ids: usize,        // [MAX_BATCH] tokens and argmax each
-    kv: usize,         // [context, kv words] each layer's KV cache
+    kv: usize,         // [kv_pages * KV_PAGE, kv words] each layer's KV cache
+    pages: usize,      // [MAX_BATCH, context / KV_PAGE] a paged pass's page table
     layers: usize,
     rope: usize,       // [context, rope_dim / 2, 2]
     step_table: usize, // [MAX_PASSES, 4] each recorded pass's (n, start_pos, 0, 0)
 }
 
 impl Buffers {
-    fn new(gpu: &Gpu, c: &Config, context: usize, kv_f16: bool) -> Buffers {
+    fn new(gpu: &Gpu, c: &Config, (context, kv_pages): (usize, usize), kv_f16: bool) -> Buffers {
         Buffers {
             x: MAX_BATCH * c.dim,
             q: MAX_BATCH * c.q_dim(),
@@ -197,7 +208,8 @@ impl Buffers {
             logits: MAX_BATCH * c.vocab_size,
             pairs: argmax_scratch(MAX_BATCH, c.vocab_size),
             ids: MAX_BATCH,
-            kv: context * kv_words(c, kv_f16),
+            kv: kv_pages * KV_PAGE * kv_words(c, kv_f16),
+            pages: MAX_BATCH * context.div_ceil(KV_PAGE),
             layers: c.n_layers,
             rope: context * c.rope_dim,
             step_table: MAX_PASSES * 4,
@@ -205,7 +217,7 @@ impl Buffers {
     }
 
     /// Every buffer: its label, words and how many there are.
-    fn table(&self) -> [(&'static str, usize, usize); 16] {
+    fn table(&self) -> [(&'static str, usize, usize); 17] {
         [
             ("x", self.x, 1),
             ("xb", self.x, 1),
@@ -221,6 +233,7 @@ impl Buffers {
             ("tokens", self.ids, 1),
             ("argmax", self.ids, 1),
             ("kv_cache", self.kv, self.layers),
+            ("page table", self.pages, 1),
             ("rope cos/sin", self.rope, 1),
             ("step table", self.step_table, 1),
         ]
@@ -345,7 +358,7 @@ impl Block<'_> {
         // SwiGLU (or Gemma's GeGLU) in its epilogue                   [n, ffn_dim]
         let glu = MatmulOut { glu: true, gelu: c.arch.gemma(), ..normed(c.ffn_dim) };
         // att = softmax(q k^T / sqrt(head_dim), causal) v            [n, q_dim]
-        ops.extend(g.attention(st, io.q, kv, io.scores, io.att, shape));
+        ops.extend(g.attention(st, io.q, (kv, io.pages), io.scores, io.att, shape));
         // (Gemma: each sub-block's output normed before its residual add)
         if let (Some([post_attention, post_ffw]), Some(y)) = (&layer.post_norms, io.post) {
             let to = MatmulOut { ldy: c.dim as u32, ..Default::default() };
@@ -421,6 +434,7 @@ pub(super) fn record_forward(
         qkv: s.qkv.as_ref(),
         post: s.post.as_ref(),
         cos_sin: &s.cos_sin,
+        pages: &s.pages,
         context,
         kv_f16: s.kv_f16,
         qkv_input: None,

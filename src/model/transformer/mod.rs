@@ -7,15 +7,16 @@ use super::checkpoint::Precision;
 use super::config::Config;
 use super::weights::Weights;
 use crate::error::{Error, Result};
-use crate::gpu::{Clock, Gpu, GpuBuffer, KeepParams, MatmulOut, Op, OpShape, MAX_TOP_K, MAX_TREE};
+use crate::gpu::{Clock, Gpu, GpuBuffer, KeepParams, MatmulOut, Op, OpShape, Step, KV_PAGE, MAX_TOP_K, MAX_TREE};
 use bytemuck::Zeroable;
 
 mod build;
 use build::{kv_words, record_forward};
 pub(crate) use build::{rope_table, Block};
 
-/// The most rows one forward pass takes (a verify pass of K drafts + 1).
-pub const MAX_BATCH: usize = 32;
+/// The most rows one forward pass takes (a verify pass of K drafts + 1, or the rows of several
+/// sequences: [`Model::forward_pages`]).
+pub const MAX_BATCH: usize = crate::gpu::PASS_ROWS;
 
 /// The most passes of one model that one submission may record with [`Model::record`].
 pub const MAX_PASSES: usize = MAX_BATCH + 1;
@@ -23,8 +24,11 @@ pub const MAX_PASSES: usize = MAX_BATCH + 1;
 /// How to load a model.
 #[derive(Clone, Debug)]
 pub struct LoadOptions {
-    /// KV cache positions to allocate; `None` = min(model context, 4096).
+    /// The longest sequence, in positions; `None` = min(model context, 4096).
     pub context: Option<usize>,
+    /// Pages of [`KV_PAGE`] positions in the KV cache's pool, which the sequences of passes over
+    /// several ([`Model::forward_pages`]) share; `None` = one `context`'s worth.
+    pub kv_pages: Option<usize>,
     /// Precision the weights are kept in on the GPU.
     pub precision: Precision,
     /// Largest buffer one weight matrix chunk may take; `None` = the adapter's max storage binding.
@@ -52,6 +56,7 @@ impl Default for LoadOptions {
     fn default() -> Self {
         LoadOptions {
             context: None,
+            kv_pages: None,
             precision: Precision::Auto,
             max_chunk_bytes: None,
             max_memory: None,
@@ -66,8 +71,10 @@ impl Default for LoadOptions {
 pub struct MemoryBill {
     /// Bytes in all: weights, KV cache, scratch.
     pub total: u64,
-    /// KV cache positions.
+    /// The longest sequence, in positions.
     pub context: usize,
+    /// Pages of [`KV_PAGE`] positions in the KV cache's pool.
+    pub kv_pages: usize,
     /// Bytes the weights take in the checkpoint's files.
     pub file_weight_bytes: u64,
 }
@@ -90,8 +97,10 @@ struct RunState {
     local_rope: Option<GpuBuffer<f32>>, // [context, rope_dim / 2, 2] the local layers' RoPE (Gemma)
     logits: GpuBuffer<f32>,      // [MAX_BATCH, vocab]
     argmax: GpuBuffer<u32>,      // [MAX_BATCH]
-    kv_cache: Vec<GpuBuffer<u32>>, // per layer [context, 2 kv_dim]: each position's k, then v, as
-    // f16 pairs ([context, kv_dim] words) or f32 bits
+    kv_cache: Vec<GpuBuffer<u32>>, // per layer [kv_pages * KV_PAGE, 2 kv_dim]: each cache row's k,
+    // then v, as f16 pairs ([.., kv_dim] words) or f32 bits: a pool of pages (one sequence's
+    // passes use its first `context` rows as positions)
+    pages: GpuBuffer<u32>, // [MAX_BATCH, context / KV_PAGE] a paged pass's page table
     kv_f16: bool,
     cos_sin: GpuBuffer<f32>, // [context, rope_dim / 2, 2]
     /// (after how many layers, [MAX_BATCH, taps * dim]) the residual stream's feature taps
@@ -129,8 +138,10 @@ pub struct Model {
     top_k: Option<(usize, GpuBuffer<u32>, Vec<Op>)>,
     /// Per layer: keeps a tree pass's accepted path in the KV cache ([`Model::keep_path`]).
     keep_ops: Vec<Op>,
-    /// KV cache positions allocated.
+    /// The longest sequence, in positions.
     context: usize,
+    /// Pages of [`KV_PAGE`] positions in the KV cache's pool.
+    kv_pages: usize,
     /// Bytes the weights take in the checkpoint's files.
     file_weight_bytes: u64,
     /// GPU memory planned before loading: weights, KV cache, scratch.
@@ -243,6 +254,11 @@ impl Model {
     /// KV cache positions allocated (the longest sequence this model instance can hold).
     pub fn context(&self) -> usize {
         self.context
+    }
+
+    /// Pages of [`KV_PAGE`] positions in the KV cache's pool ([`Model::forward_pages`]).
+    pub fn kv_pages(&self) -> usize {
+        self.kv_pages
     }
 
     /// Rolls the KV cache back to its first `len` positions (no copies: later positions are overwritten).
@@ -586,6 +602,101 @@ impl Model {
     }
 }
 
+/// One sequence's rows in a pass over several ([`Model::forward_pages`]).
+#[derive(Clone, Copy, Debug)]
+pub struct SeqRows<'a> {
+    /// The sequence's pages of the pool in position order (page i holds its positions
+    /// `i * KV_PAGE..`), covering `start_pos + tokens.len()` positions at least.
+    pub pages: &'a [u32],
+    /// The position of its first token here; the cache holds its positions before it.
+    pub start_pos: usize,
+    /// Its tokens at `start_pos..`.
+    pub tokens: &'a [u32],
+}
+
+impl Model {
+    /// Checks the sequences of a paged pass and lays out its step: each row's place (see
+    /// [`Step`]) and the page table.
+    fn paged_step(&self, seqs: &[SeqRows<'_>]) -> Result<(Step, Vec<u32>, Vec<u32>)> {
+        let bad = |why: String| Err(Error::InvalidArgument(format!("a pass over several sequences {why}")));
+        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+        if n == 0 || n > MAX_BATCH {
+            return bad(format!("takes 1..={MAX_BATCH} rows, got {n}"));
+        }
+        let mut step = Step::chain(n, 0);
+        step.paged = 1;
+        let (mut table, mut tokens) = (Vec::new(), Vec::with_capacity(n));
+        let mut written = Vec::new();
+        for s in seqs {
+            let end = s.start_pos + s.tokens.len();
+            if s.tokens.is_empty() {
+                return bad("has a sequence of no rows".into());
+            }
+            if end > self.context {
+                return Err(Error::ContextOverflow { needed: end, context: self.context });
+            }
+            if s.pages.len() * KV_PAGE < end || s.pages.len() > self.context.div_ceil(KV_PAGE) {
+                return bad(format!("has a sequence of {} pages for {end} positions", s.pages.len()));
+            }
+            if let Some(p) = s.pages.iter().find(|&&p| p as usize >= self.kv_pages) {
+                return bad(format!("names page {p} of a pool of {}", self.kv_pages));
+            }
+            self.check_ids(s.tokens)?;
+            let (first, base) = (tokens.len(), table.len());
+            for pos in s.start_pos..end {
+                let slot = s.pages[pos / KV_PAGE] as usize * KV_PAGE + pos % KV_PAGE;
+                let r = tokens.len();
+                step.rows[4 * r..4 * r + 4].copy_from_slice(&[s.start_pos, first, base, slot].map(|v| v as u32));
+                tokens.push(s.tokens[pos - s.start_pos]);
+            }
+            written.extend_from_slice(&s.pages[s.start_pos / KV_PAGE..end.div_ceil(KV_PAGE)]);
+            table.extend_from_slice(s.pages);
+        }
+        written.sort_unstable();
+        if written.windows(2).any(|w| w[0] == w[1]) {
+            return bad("writes one page for two sequences".into());
+        }
+        Ok((step, table, tokens))
+    }
+
+    /// Records a pass over the rows of several sequences (each sequence's rows consecutive, as
+    /// `seqs` gives them) into a new encoder, not submitted, up to the logits of every row (and
+    /// their argmax with `argmax`). Each sequence's keys and values go to, and come from, its
+    /// pages of the pool; the caller owns the pool (which pages hold which sequence's positions).
+    /// A row's logits are the same, bit for bit, as in a pass of its sequence alone, whatever
+    /// else shares the pass (the kernels are batch-invariant and a row reads only its keys). Not
+    /// to be mixed with the one-sequence passes ([`Model::forward`] ...), which use the pool's
+    /// first positions as their own.
+    pub fn encode_pages(&mut self, seqs: &[SeqRows<'_>], argmax: bool) -> Result<wgpu::CommandEncoder> {
+        let (step, table, tokens) = self.paged_step(seqs)?;
+        let g = &*self.gpu;
+        g.queue.write_buffer(&self.state.step, 0, bytemuck::bytes_of(&step));
+        g.queue.write_buffer(&self.state.pages.raw, 0, bytemuck::cast_slice(&table));
+        g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(&tokens));
+        let mut enc = g.encoder();
+        g.encode(&mut enc, &self.forward_ops, tokens.len() as u32);
+        if argmax {
+            g.encode(&mut enc, &self.argmax_ops, tokens.len() as u32);
+        }
+        Ok(enc)
+    }
+
+    /// Runs the rows of several sequences in one pass ([`Model::encode_pages`]) and returns the
+    /// logits of every row, `[rows, vocab]`, in `seqs`' order.
+    pub async fn forward_pages(&mut self, seqs: &[SeqRows<'_>]) -> Result<Vec<f32>> {
+        let rows = seqs.iter().map(|s| s.tokens.len()).sum();
+        let enc = self.encode_pages(seqs, false)?;
+        self.read_logits(enc, rows).await
+    }
+
+    /// As [`Model::forward_pages`], but returns only the argmax of every row.
+    pub async fn forward_pages_argmax(&mut self, seqs: &[SeqRows<'_>]) -> Result<Vec<u32>> {
+        let rows = seqs.iter().map(|s| s.tokens.len()).sum();
+        let enc = self.encode_pages(seqs, true)?;
+        self.read_argmax(enc, rows).await
+    }
+}
+
 /// The buffers one transformer block reads and writes in a pass (shapes as in [`RunState`]).
 pub(crate) struct BlockIo<'a> {
     pub step: &'a wgpu::Buffer,
@@ -602,6 +713,8 @@ pub(crate) struct BlockIo<'a> {
     /// (Gemma); None where no layer does.
     pub post: Option<&'a GpuBuffer<f32>>,
     pub cos_sin: &'a GpuBuffer<f32>, // [context, rope_dim / 2, 2]
+    /// `[MAX_BATCH, pages a sequence's context takes]` the page table of a paged pass.
+    pub pages: &'a GpuBuffer<u32>,
     pub context: usize,
     /// The KV cache holds f16 pairs (else f32).
     pub kv_f16: bool,

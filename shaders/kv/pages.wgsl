@@ -1,0 +1,19 @@
+// Where a row's keys are in the KV cache (after shaders/share/rows.wgsl, ahead of an attention op).
+
+@group(0) @binding(4) var<storage, read> pages: array<u32>;   // (paged passes) the pass's page table:
+                                                              //   each sequence's pages, in position order
+
+// The cache row of key j (at most its position) of pass row r: a tree node's keys from its tree's
+// first position on are its ancestors' rows in depth order (the (j - start)-th set bit of
+// ancestors[r]); every other key is position j of r's sequence: cache row j (one sequence), or
+// row j % PAGE of the sequence's page j / PAGE.
+fn key_row(r: u32, j: u32) -> u32 {
+    let start = row_start(r);
+    if (step.tree != 0u && j >= start) {
+        var m = step.ancestors[r / 4u][r % 4u];
+        for (var i = start; i < j; i++) { m &= m - 1u; }
+        return cache_row(firstTrailingBit(m));
+    }
+    if (step.paged == 0u) { return j; }
+    return pages[step.rows[r].z + j / PAGE] * PAGE + j % PAGE;
+}
