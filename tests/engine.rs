@@ -608,3 +608,148 @@ fn one_memory_budget_for_the_target_the_draft_and_the_heads() {
     assert!(matches!(err, Error::GpuLimit(_)) && msg.contains("the draft model needs"), "{msg}");
     assert!(short.draft_model().is_none(), "nothing of the refused draft stays");
 }
+
+/// An engine on `gguf` whose KV cache pool holds `pages` pages (of sequences of 128 positions).
+fn engine_with_pages(gguf: Vec<u8>, pages: usize) -> Engine {
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", gguf).expect("add");
+    let opened = files.open().expect("open");
+    let opts = LoadOptions { context: Some(128), kv_pages: Some(pages), ..Default::default() };
+    let model = Model::load(gpu(), &opened.checkpoint, &opts, &mut |_| {}).expect("load");
+    Engine::new(model, opened.tokenizer, opened.chat_template)
+}
+
+/// Eight greedy requests: prompts of 3 to about 90 tokens (longer than a pass: prefilled in
+/// chunks), 1 to 60 tokens wanted, plain and with n-gram drafts (fixed K, adaptive), a stop string.
+fn batch_requests() -> Vec<Request> {
+    let words = ["the cat sat on the mat", "a b a b a b", "one two three four", "x"];
+    (0..8)
+        .map(|i| {
+            let text = words[i % 4].repeat(1 + (i * 5) % 9);
+            let mut req = Request::text(&text, [40, 1, 60, 17, 33, 5, 48, 25][i]);
+            req.draft = Some([DraftKind::None, DraftKind::Ngram][i % 2]);
+            req.draft_k = [None, Some(3), None, Some(1)][(i / 2) % 4];
+            if i == 6 {
+                req.stop = vec!["mat".into()];
+            }
+            req
+        })
+        .collect()
+}
+
+/// Runs the batch until it is idle, calling `before(pass, engine)` ahead of each pass (at least
+/// `min_passes`), asserting each request's streamed text is its completion's; returns the
+/// completions by id.
+fn run_batch(
+    engine: &mut Engine,
+    min_passes: usize,
+    mut before: impl FnMut(usize, &mut Engine),
+) -> std::collections::HashMap<wgspec::engine::SeqId, Completion> {
+    use wgspec::engine::BatchEvent;
+    let mut texts: std::collections::HashMap<_, String> = Default::default();
+    let mut done = std::collections::HashMap::new();
+    let mut passes = 0;
+    while !engine.batch_idle() || passes < min_passes {
+        before(passes, engine);
+        for (id, ev) in pollster::block_on(engine.batch_step()).expect("pass") {
+            match ev {
+                BatchEvent::Token(t) => texts.entry(id).or_default().push_str(&t.text),
+                BatchEvent::Done(c) => {
+                    assert_eq!(texts.get(&id).map_or("", |t| t.as_str()), c.text, "streamed text of {id:?}: {:?} {:?}", c.tokens, c.finish_reason);
+                    done.insert(id, *c);
+                }
+                BatchEvent::Failed(e) => panic!("request {id:?} failed: {e}"),
+            }
+        }
+        passes += 1;
+        assert!(passes < 2000, "the batch does not end");
+    }
+    done
+}
+
+#[test]
+fn batched_requests_each_equal_their_run_alone() {
+    use wgspec::engine::BatchLimits;
+    let gguf = tiny_gguf(44);
+    let reqs = batch_requests();
+    // alone, through the one-sequence loop
+    let mut engine = engine_with_pages(gguf.clone(), 24);
+    let alone: Vec<Completion> = reqs.iter().map(|r| run(&mut engine, r).0).collect();
+    assert!(alone.iter().any(|c| c.stats.accepted > 0), "n-gram drafts were accepted somewhere");
+    let prompts: Vec<Vec<u32>> = reqs.iter().map(|r| engine.prompt_tokens(r).expect("prompt")).collect();
+    assert!(prompts.iter().any(|p| p.len() > 40), "a prompt longer than a pass");
+    let check = |what: &str, done: &std::collections::HashMap<_, Completion>, ids: &[wgspec::engine::SeqId]| {
+        for (i, id) in ids.iter().enumerate() {
+            let (got, want) = (&done[id], &alone[i]);
+            assert_eq!(got.tokens, want.tokens, "{what}: request {i}'s tokens");
+            assert_eq!((&got.text, got.finish_reason), (&want.text, want.finish_reason), "{what}: request {i}");
+            assert_eq!(got.prompt_tokens, prompts[i]);
+        }
+    };
+    // all at once, three then five more in a later pass, and in reverse order; passes of 32
+    // rows, of 7 rows (prompt chunks of a few rows beside the decoding ones), 3 sequences at once
+    for (what, limits, after) in [
+        ("8 at once", BatchLimits { max_seqs: 8, max_rows: 32 }, 0),
+        ("3, then 5", BatchLimits { max_seqs: 8, max_rows: 7 }, 4),
+        ("3 running at once", BatchLimits { max_seqs: 3, max_rows: 32 }, 0),
+    ] {
+        engine.set_batch_limits(limits);
+        let mut ids = Vec::new();
+        let first = if after == 0 { 8 } else { 3 };
+        for i in 0..first {
+            ids.push(engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit"));
+        }
+        let done = run_batch(&mut engine, after + 1, |pass, engine| {
+            if pass == after {
+                for i in first..8 {
+                    ids.push(engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit"));
+                }
+            }
+        });
+        check(what, &done, &ids);
+        assert!(done.values().any(|c| c.stats.accepted > 0), "{what}: n-gram drafts kept in the batch");
+        let status = engine.batch_status();
+        assert_eq!((status.running, status.waiting, status.pages_used), (0, 0, 0), "{what}: {status:?}");
+    }
+    let status = engine.batch_status();
+    assert!(status.rows > status.passes, "passes held several rows: {status:?}");
+
+    // a pool of 4 pages for 8 requests of up to 2 pages each: they wait, and the youngest
+    // running ones are preempted and run again; every one completes exactly
+    let mut small = engine_with_pages(gguf.clone(), 4);
+    small.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
+    let ids: Vec<_> = (0..8).map(|i| small.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
+    let done = run_batch(&mut small, 0, |_, _| {});
+    check("a pool of 4 pages", &done, &ids);
+    let status = small.batch_status();
+    assert!(status.preemptions > 0, "the small pool preempted: {status:?}");
+    assert_eq!(status.pages_used, 0);
+
+    // a request cancelled mid-batch returns its pages at once; the others finish exactly
+    let ids: Vec<_> = (0..4).map(|i| engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
+    let done = run_batch(&mut engine, 0, |pass, engine| {
+        if pass == 3 {
+            let before = engine.batch_status().pages_used;
+            assert!(engine.batch_cancel(ids[2]));
+            assert!(!engine.batch_cancel(ids[2]), "cancelled once");
+            assert!(engine.batch_status().pages_used < before, "its pages returned");
+        }
+    });
+    assert!(!done.contains_key(&ids[2]));
+    for i in [0, 1, 3] {
+        assert_eq!(done[&ids[i]].tokens, alone[i].tokens, "request {i} beside a cancelled one");
+    }
+
+    // what the batch refuses, and the one-sequence loop while it runs
+    let mut sampled = reqs[0].clone();
+    sampled.temperature = 0.7;
+    assert!(!engine.batchable(&sampled));
+    assert!(matches!(engine.batch_submit(prompts[0].clone(), &sampled), Err(Error::InvalidArgument(_))));
+    assert!(matches!(engine.batch_submit(vec![], &reqs[0]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(engine.batch_submit(vec![1; 128], &reqs[0]), Err(Error::ContextOverflow { .. })));
+    assert!(matches!(engine.batch_submit(vec![1_000_000], &reqs[0]), Err(Error::TokenOutOfRange { .. })));
+    let id = engine.batch_submit(prompts[0].clone(), &reqs[0]).expect("submit");
+    let alone_now = pollster::block_on(engine.generate(&reqs[0], &mut |_| true));
+    assert!(matches!(alone_now, Err(Error::InvalidArgument(_))), "not while the batch runs");
+    assert!(engine.batch_cancel(id));
+}

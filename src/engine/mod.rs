@@ -25,12 +25,14 @@ use crate::speculative::{
     EAGLE_SIBLINGS, EAGLE_WIDTH, TREE_BRANCHES,
 };
 pub use crate::speculative::{DraftKind, DraftSpec};
-use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, Tokenizer};
+use crate::tokenizer::{ChatTemplate, Message, Tokenizer};
 
+mod batch;
 mod prompt;
 mod request;
+pub use batch::{BatchEvent, BatchLimits, BatchStatus, SeqId};
 pub use prompt::Prompter;
-use prompt::StopFilter;
+use prompt::TextStream;
 pub use request::{Completion, Request, TokenEvent};
 
 /// Which model a load report is about.
@@ -103,6 +105,8 @@ pub struct Engine {
     /// request starts from the costs and acceptance the earlier ones measured (cleared when a
     /// draft is loaded).
     schedules: Vec<((DraftKind, bool), Schedule)>,
+    /// Requests served together ([`Engine::batch_submit`]) in pages of the target's KV cache.
+    batch: batch::Batch,
 }
 
 impl Engine {
@@ -137,6 +141,7 @@ impl Engine {
     /// An engine on an already uploaded target (tests, random-weight models).
     pub fn new(target: Model, tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Engine {
         let target_info = ModelInfo::of(&target, 0, chat_template.as_ref());
+        let target_pages = target.kv_pages();
         let load_options = LoadOptions { context: Some(target.context()), ..Default::default() };
         Engine {
             target,
@@ -149,7 +154,73 @@ impl Engine {
             default_draft: DraftKind::None,
             ngram_branches: (1, TREE_BRANCHES),
             schedules: Vec::new(),
+            batch: batch::Batch::new(target_pages),
         }
+    }
+
+    /// Whether [`Engine::batch_submit`] takes `req`: greedy, plain or with n-gram drafts (the
+    /// draft it names, else the default). Others run alone ([`Engine::generate_from`]) while the
+    /// batch is idle.
+    pub fn batchable(&self, req: &Request) -> bool {
+        let kind = req.draft.unwrap_or(self.default_draft);
+        req.sampling().is_greedy() && matches!(kind, DraftKind::None | DraftKind::Ngram)
+    }
+
+    /// Queues a request for the batch, its prompt tokenized ([`Engine::prompt_tokens`]): each
+    /// [`Engine::batch_step`] then runs a pass over the rows of every running request, and its
+    /// tokens are, bit for bit, those [`Engine::generate_from`] gives it alone. Refuses what
+    /// [`Engine::batchable`] does not take, bad sampling parameters, an empty prompt or one
+    /// that fills the context.
+    pub fn batch_submit(&mut self, prompt: Vec<u32>, req: &Request) -> Result<SeqId> {
+        req.sampling().validate()?;
+        if !self.batchable(req) {
+            return Err(Error::InvalidArgument(
+                "only greedy requests, plain or with n-gram drafts, are batched".into(),
+            ));
+        }
+        if prompt.is_empty() {
+            return Err(Error::InvalidArgument("the prompt has no tokens".into()));
+        }
+        let context = self.target.context();
+        if prompt.len() >= context {
+            return Err(Error::ContextOverflow { needed: prompt.len() + 1, context });
+        }
+        // (a bad id would fail the pass, and every request in it)
+        let vocab = self.target.config.vocab_size;
+        if let Some(&id) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::TokenOutOfRange { id, vocab });
+        }
+        let kind = req.draft.unwrap_or(self.default_draft);
+        Ok(self.batch.submit(prompt, req, kind))
+    }
+
+    /// Takes a request out of the batch (its client left), its pages back to the pool at once;
+    /// false if it is not there (it ended).
+    pub fn batch_cancel(&mut self, id: SeqId) -> bool {
+        self.batch.cancel(id)
+    }
+
+    /// Runs one pass of the batch and returns each request's events of it, in order: its
+    /// committed tokens, then [`BatchEvent::Done`] (nothing when the batch is idle). An error is
+    /// the pass's own (the GPU's): every request it held stays where it was.
+    pub async fn batch_step(&mut self) -> Result<Vec<(SeqId, BatchEvent)>> {
+        let prompter = self.prompter.clone();
+        batch::step(&mut self.batch, &mut self.target, &prompter.tokenizer).await
+    }
+
+    /// The batch in figures.
+    pub fn batch_status(&self) -> BatchStatus {
+        self.batch.status()
+    }
+
+    /// Whether no request is waiting or running in the batch.
+    pub fn batch_idle(&self) -> bool {
+        self.batch.is_idle()
+    }
+
+    /// Sets the sequences and rows one pass takes (each clamped to 1..=[`crate::model::MAX_BATCH`]).
+    pub fn set_batch_limits(&mut self, limits: BatchLimits) {
+        self.batch.limits = limits;
     }
 
     /// The draft requests that name none speculate with: the draft model, Medusa heads or EAGLE
@@ -478,20 +549,18 @@ impl Engine {
     ) -> Result<Completion> {
         let prompter = self.prompter.clone();
         let tokenizer = &prompter.tokenizer;
-        let mut decoder = StreamDecoder::new();
-        let mut filter = StopFilter::new(&req.stop);
+        let mut stream = TextStream::new(&req.stop);
         let mut stream_err = None;
         let mut on_commit = |id: u32, from_draft: bool| -> bool {
-            let piece = match decoder.push(tokenizer, id) {
-                Ok(p) => p,
+            let text = match stream.push(tokenizer, id) {
+                Ok(text) => text,
                 Err(e) => {
                     stream_err = Some(e);
                     return false;
                 }
             };
-            let text = filter.push(&piece);
             let go_on = on_token(&TokenEvent { id: Some(id), text, from_draft });
-            go_on && filter.hit.is_none()
+            go_on && !stream.stopped()
         };
         let mut g = self.decode(&prompt, req, &mut on_commit).await?;
         if let Some(trace) = g.stats.last_cycle.as_mut() {
@@ -500,14 +569,12 @@ impl Engine {
         if let Some(e) = stream_err {
             return Err(e);
         }
-        let rest = decoder.finish(tokenizer)?;
-        let mut tail = filter.push(&rest);
-        tail.push_str(&filter.flush());
+        let tail = stream.finish(tokenizer)?;
         if !tail.is_empty() {
             on_token(&TokenEvent { id: None, text: tail, from_draft: false });
         }
-        let finish = if filter.hit.is_some() { FinishReason::Stop } else { g.finish };
-        let text = filter.text[..filter.released].to_string();
+        let finish = if stream.stopped() { FinishReason::Stop } else { g.finish };
+        let text = stream.text().to_string();
         Ok(Completion {
             prompt_tokens: prompt,
             tokens: g.tokens,
@@ -540,6 +607,10 @@ impl Engine {
             sampling: req.sampling(),
             stop_tokens: self.prompter.tokenizer.eos_ids().to_vec(),
         };
+        if !self.batch.is_idle() {
+            // (a one-sequence pass uses the pool's first pages as its own)
+            return Err(Error::InvalidArgument("a request runs alone only while the batch is idle".into()));
+        }
         let kind = req.draft.unwrap_or(self.default_draft);
         if let Some(what) = self.missing(kind) {
             return Err(Error::InvalidArgument(format!("draft {kind} asked for, but {what} not loaded")));

@@ -3,11 +3,49 @@
 
 use super::Request;
 use crate::error::{Error, Result};
-use crate::tokenizer::{ChatTemplate, Message, TextLimit, Tokenizer};
+use crate::tokenizer::{ChatTemplate, Message, StreamDecoder, TextLimit, Tokenizer};
+
+/// The text of one generation as its tokens come, for every decode loop: each token's UTF-8
+/// piece once complete ([`StreamDecoder`]), held back while it could begin a stop string.
+pub(super) struct TextStream {
+    decoder: StreamDecoder,
+    filter: StopFilter,
+}
+
+impl TextStream {
+    pub(super) fn new(stops: &[String]) -> TextStream {
+        TextStream { decoder: StreamDecoder::new(), filter: StopFilter::new(stops) }
+    }
+
+    /// The text that token `id` makes final (possibly empty).
+    pub(super) fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String> {
+        let piece = self.decoder.push(tokenizer, id)?;
+        Ok(self.filter.push(&piece))
+    }
+
+    /// Whether a stop string was found: the generation ends, its text before it.
+    pub(super) fn stopped(&self) -> bool {
+        self.filter.hit.is_some()
+    }
+
+    /// At the end: the text held back that is final now (an incomplete UTF-8 sequence's bytes,
+    /// the start of a stop string that did not come).
+    pub(super) fn finish(&mut self, tokenizer: &Tokenizer) -> Result<String> {
+        let rest = self.decoder.finish(tokenizer)?;
+        let mut tail = self.filter.push(&rest);
+        tail.push_str(&self.filter.flush());
+        Ok(tail)
+    }
+
+    /// Every text released so far.
+    pub(super) fn text(&self) -> &str {
+        &self.filter.text[..self.filter.released]
+    }
+}
 
 /// Text streaming with stop strings: text is released only once it cannot begin a stop string.
-pub(super) struct StopFilter<'a> {
-    stops: &'a [String],
+pub(super) struct StopFilter {
+    stops: Vec<String>,
     /// All text so far (released and held).
     pub(super) text: String,
     pub(super) released: usize,
@@ -15,9 +53,9 @@ pub(super) struct StopFilter<'a> {
     pub(super) hit: Option<usize>,
 }
 
-impl<'a> StopFilter<'a> {
-    pub(super) fn new(stops: &'a [String]) -> Self {
-        StopFilter { stops, text: String::new(), released: 0, hit: None }
+impl StopFilter {
+    pub(super) fn new(stops: &[String]) -> Self {
+        StopFilter { stops: stops.to_vec(), text: String::new(), released: 0, hit: None }
     }
 
     /// Adds `piece`; returns the text now safe to release.
