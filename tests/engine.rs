@@ -655,7 +655,13 @@ fn run_batch(
             match ev {
                 BatchEvent::Token(t) => texts.entry(id).or_default().push_str(&t.text),
                 BatchEvent::Done(c) => {
-                    assert_eq!(texts.get(&id).map_or("", |t| t.as_str()), c.text, "streamed text of {id:?}: {:?} {:?}", c.tokens, c.finish_reason);
+                    assert_eq!(
+                        texts.get(&id).map_or("", |t| t.as_str()),
+                        c.text,
+                        "streamed text of {id:?}: {:?} {:?}",
+                        c.tokens,
+                        c.finish_reason
+                    );
                     done.insert(id, *c);
                 }
                 BatchEvent::Failed(e) => panic!("request {id:?} failed: {e}"),
@@ -678,14 +684,19 @@ fn batched_requests_each_equal_their_run_alone() {
     assert!(alone.iter().any(|c| c.stats.accepted > 0), "n-gram drafts were accepted somewhere");
     let prompts: Vec<Vec<u32>> = reqs.iter().map(|r| engine.prompt_tokens(r).expect("prompt")).collect();
     assert!(prompts.iter().any(|p| p.len() > 40), "a prompt longer than a pass");
-    let check = |what: &str, done: &std::collections::HashMap<_, Completion>, ids: &[wgspec::engine::SeqId]| {
-        for (i, id) in ids.iter().enumerate() {
-            let (got, want) = (&done[id], &alone[i]);
-            assert_eq!(got.tokens, want.tokens, "{what}: request {i}'s tokens");
-            assert_eq!((&got.text, got.finish_reason), (&want.text, want.finish_reason), "{what}: request {i}");
-            assert_eq!(got.prompt_tokens, prompts[i]);
-        }
-    };
+    let check =
+        |what: &str, done: &std::collections::HashMap<_, Completion>, ids: &[wgspec::engine::SeqId]| {
+            for (i, id) in ids.iter().enumerate() {
+                let (got, want) = (&done[id], &alone[i]);
+                assert_eq!(got.tokens, want.tokens, "{what}: request {i}'s tokens");
+                assert_eq!(
+                    (&got.text, got.finish_reason),
+                    (&want.text, want.finish_reason),
+                    "{what}: request {i}"
+                );
+                assert_eq!(got.prompt_tokens, prompts[i]);
+            }
+        };
     // all at once, three then five more in a later pass, and in reverse order; passes of 32
     // rows, of 7 rows (prompt chunks of a few rows beside the decoding ones), 3 sequences at once
     for (what, limits, after) in [
@@ -718,7 +729,8 @@ fn batched_requests_each_equal_their_run_alone() {
     // running ones are preempted and run again; every one completes exactly
     let mut small = engine_with_pages(gguf.clone(), 4);
     small.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
-    let ids: Vec<_> = (0..8).map(|i| small.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
+    let ids: Vec<_> =
+        (0..8).map(|i| small.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
     let done = run_batch(&mut small, 0, |_, _| {});
     check("a pool of 4 pages", &done, &ids);
     let status = small.batch_status();
@@ -726,7 +738,8 @@ fn batched_requests_each_equal_their_run_alone() {
     assert_eq!(status.pages_used, 0);
 
     // a request cancelled mid-batch returns its pages at once; the others finish exactly
-    let ids: Vec<_> = (0..4).map(|i| engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
+    let ids: Vec<_> =
+        (0..4).map(|i| engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
     let done = run_batch(&mut engine, 0, |pass, engine| {
         if pass == 3 {
             let before = engine.batch_status().pages_used;

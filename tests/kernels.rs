@@ -944,7 +944,13 @@ fn attention_matches_reference() {
                 let scratch = GpuBuffer::<f32>::zeros(&gpu, "scratch", gpu.attention_scratch_len(shape, n));
                 let ob = GpuBuffer::<f32>::zeros(&gpu, "out", n * heads * hd);
                 let no_pages = GpuBuffer::<u32>::zeros(&gpu, "no pages", 1);
-                run(&gpu, &step, &gpu.attention(&step, &qb, (&kvb, &no_pages), &scratch, &ob, shape), n, start);
+                run(
+                    &gpu,
+                    &step,
+                    &gpu.attention(&step, &qb, (&kvb, &no_pages), &scratch, &ob, shape),
+                    n,
+                    start,
+                );
                 let got = read_f32(&gpu, &ob.raw, n * heads * hd);
                 let want: Vec<f32> = (0..n)
                     .flat_map(|r| {
@@ -969,7 +975,13 @@ fn attention_matches_reference() {
                 for r in 0..n {
                     let q1 = GpuBuffer::<f32>::from_slice(&gpu, "q row", &q[r * width..(r + 1) * width]);
                     let o1 = GpuBuffer::<f32>::zeros(&gpu, "out row", width);
-                    run(&gpu, &step, &gpu.attention(&step, &q1, (&kvb, &no_pages), &scratch, &o1, shape), 1, start + r);
+                    run(
+                        &gpu,
+                        &step,
+                        &gpu.attention(&step, &q1, (&kvb, &no_pages), &scratch, &o1, shape),
+                        1,
+                        start + r,
+                    );
                     let alone = read_f32(&gpu, &o1.raw, width);
                     assert!(
                         alone.iter().zip(&got[r * width..]).all(|(a, b)| a.to_bits() == b.to_bits()),

@@ -472,7 +472,8 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
         let mut r = rng(77);
         let tiny = TinyModel::random(spec, &mut r);
         let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F16, &mut r)).expect("gguf");
-        let opts = LoadOptions { context: Some(3 * PAGE), kv_pages: Some(11), precision, ..Default::default() };
+        let opts =
+            LoadOptions { context: Some(3 * PAGE), kv_pages: Some(11), precision, ..Default::default() };
         let mut m = Model::load(gpu, &ckpt, &opts, &mut |_| {}).expect("load");
         assert_eq!(m.kv_pages(), 11);
         let v = spec.vocab;
@@ -495,8 +496,10 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
         // the pages each sequence takes, scattered: 3 + 2 + 1 + 2 of the 11, interleaved
         let order = [7u32, 2, 9, 0, 5, 10, 3, 8, 1, 6, 4];
         let mut free = order.iter().copied();
-        let pages: Vec<Vec<u32>> =
-            lens.iter().map(|&n| (0..n.div_ceil(PAGE)).map(|_| free.next().expect("page")).collect()).collect();
+        let pages: Vec<Vec<u32>> = lens
+            .iter()
+            .map(|&n| (0..n.div_ceil(PAGE)).map(|_| free.next().expect("page")).collect())
+            .collect();
         // passes: each sequence with rows left gives a chunk of its own size, within 32 rows
         let sizes = [9usize, 1, 5, 12];
         let mut done = [0usize; 4];
@@ -514,7 +517,11 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
             }
             let batch: Vec<SeqRows> = rows
                 .iter()
-                .map(|&(i, at, take)| SeqRows { pages: &pages[i], start_pos: at, tokens: &seqs[i][at..at + take] })
+                .map(|&(i, at, take)| SeqRows {
+                    pages: &pages[i],
+                    start_pos: at,
+                    tokens: &seqs[i][at..at + take],
+                })
                 .collect();
             let logits = pollster::block_on(m.forward_pages(&batch)).expect("paged pass");
             let mut row = 0;
@@ -539,7 +546,9 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
             let got = pollster::block_on(m.forward_pages(seqs)).err();
             let typed = matches!(
                 got,
-                Some(Error::InvalidArgument(_) | Error::ContextOverflow { .. } | Error::TokenOutOfRange { .. })
+                Some(
+                    Error::InvalidArgument(_) | Error::ContextOverflow { .. } | Error::TokenOutOfRange { .. }
+                )
             );
             assert!(typed, "{what}: {got:?}");
         };

@@ -654,7 +654,8 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
     let model = tiny_model(&dir, context, false);
     let m = model.to_str().expect("utf8 path");
     let context_arg = context.to_string();
-    let args = ["serve", "--model", m, "--max-queue", "2", "--context", &context_arg];
+    // (two requests served together at most: more wait in the queue)
+    let args = ["serve", "--model", m, "--max-queue", "2", "--max-batch", "2", "--context", &context_arg];
     let server = Arc::new(Server::start(&args, &[], dir.join("server.log")));
 
     // 16 clients x 4 requests at once: each gets 200 or a clean 429, and the metrics agree.
@@ -699,7 +700,7 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
         }
     }
     assert_eq!(ok + busy, (clients * each) as u64);
-    assert!(ok >= 3 && busy >= 1, "{ok} answered, {busy} refused: one runs and two wait at a time");
+    assert!(ok >= 4 && busy >= 1, "{ok} answered, {busy} refused: two run and two wait at a time");
     assert_eq!(server.requests_counted("/v1/completions", 200), ok);
     assert_eq!(server.requests_counted("/v1/completions", 429), busy);
     assert_eq!(server.metric("wgspec_errors_total{kind=\"rate_limit_exceeded\"}"), busy as f64);
@@ -776,7 +777,7 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
     );
 
     // A client that leaves while its request waits in the queue frees its place at once,
-    // while the request before it still runs.
+    // while the two requests before it still run (the batch is full).
     let send = |body: Value| {
         let mut s = server.connect();
         let body = body.to_string();
@@ -789,6 +790,10 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
     };
     let mut running = send(json!({"prompt": "run", "max_tokens": long, "temperature": 0, "stream": true}));
     let n = running.read(&mut buf).expect("the stream began");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("200"));
+    let mut beside =
+        send(json!({"prompt": "run beside", "max_tokens": long, "temperature": 0, "stream": true}));
+    let n = beside.read(&mut buf).expect("the stream began");
     assert!(String::from_utf8_lossy(&buf[..n]).contains("200"));
     let queued = send(json!({"prompt": "wait", "max_tokens": 4, "temperature": 0}));
     let until = |what: &str, done: &dyn Fn() -> bool| {
@@ -803,12 +808,13 @@ fn a_full_queue_answers_429_and_a_client_that_leaves_frees_the_worker() {
     until("out of the queue", &|| server.metric("wgspec_queue_depth") == 0.0);
     until("counted", &|| server.requests_counted("/v1/completions", 499) == 3);
     drop(running);
+    drop(beside);
     completion(&server, json!({"prompt": "next", "max_tokens": 4, "temperature": 0}));
-    assert_eq!(server.requests_counted("/v1/completions", 499), 4);
-    assert_eq!(server.metric("wgspec_cancelled_generations_total"), 3.0, "the queued one never ran");
+    assert_eq!(server.requests_counted("/v1/completions", 499), 5);
+    assert_eq!(server.metric("wgspec_cancelled_generations_total"), 4.0, "the queued one never ran");
 
     // Every request counted once: what the clients sent, by the status they saw (499: left).
-    let sent = clients * each + 9;
+    let sent = clients * each + 10;
     let on_route: u64 =
         [200, 400, 429, 499].iter().map(|&s| server.requests_counted("/v1/completions", s)).sum();
     assert_eq!(on_route, sent as u64);
@@ -1165,4 +1171,85 @@ fn work_before_admission_is_bounded_whatever_the_bodies() {
     );
     assert!(after - base < 64 << 20, "{:.0} MiB kept after the bodies", mib(after - base));
     server.still_answers();
+}
+
+#[test]
+fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() {
+    // Eight requests at once (different prompts and lengths, plain and with n-gram drafts) share
+    // the server's passes: each answer is the one it got alone. A stream whose client leaves
+    // mid-batch gives its KV cache pages back (the metrics show it) and the request beside it
+    // finishes exactly.
+    let dir = temp_dir("batch");
+    let model = tiny_model(&dir, 1024, false);
+    let m = model.to_str().expect("utf8 path");
+    let args = ["serve", "--model", m, "--kv-pages", "24", "--draft", "ngram"];
+    let server = Arc::new(Server::start(&args, &[], dir.join("server.log")));
+    let body = |i: usize| {
+        let draft = ["none", "ngram"][i % 2];
+        let prompt = "the cat sat on the mat ".repeat(1 + i % 4) + &format!("request {i}");
+        json!({"prompt": prompt, "max_tokens": 20 + 9 * i, "temperature": 0, "draft": draft})
+    };
+    let text = |v: &Value| v["choices"][0]["text"].as_str().expect("text").to_string();
+    let solo: Vec<String> = (0..8).map(|i| text(&completion(&server, body(i)))).collect();
+    let passes = server.metric("wgspec_batch_passes_total");
+    let rows = server.metric("wgspec_batch_rows_total");
+    let handles: Vec<_> = (0..8)
+        .map(|i| {
+            let server = server.clone();
+            std::thread::spawn(move || server.post("/v1/completions", &body(i)))
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let r = h.join().expect("client");
+        assert_eq!(r.status, 200, "{}", r.text());
+        assert_eq!(text(&r.json()), solo[i], "request {i} beside the others");
+    }
+    let (passes, rows) = (
+        server.metric("wgspec_batch_passes_total") - passes,
+        server.metric("wgspec_batch_rows_total") - rows,
+    );
+    assert!(rows > 1.5 * passes, "requests shared passes: {rows} rows in {passes} passes");
+    assert_eq!(server.metric("wgspec_kv_pages_used"), 0.0);
+    assert_eq!(server.metric("wgspec_kv_pages_free"), 24.0);
+
+    // a long stream beside a long answer; the stream's client leaves
+    let long = |prompt: &str| json!({"prompt": prompt, "max_tokens": 700, "temperature": 0});
+    let alone = text(&completion(&server, long("stays")));
+    let mut s = server.connect();
+    // (a prompt of several pages: their return shows beside the other's growth)
+    let mut stream = long(&"leaves early ".repeat(20));
+    stream["stream"] = true.into();
+    let body = stream.to_string();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(head.as_bytes()).expect("send");
+    let stays = {
+        let server = server.clone();
+        std::thread::spawn(move || server.post("/v1/completions", &long("stays")))
+    };
+    let until = |what: &str, done: &dyn Fn() -> bool| {
+        let deadline = Instant::now() + IO_TIMEOUT;
+        while !done() {
+            assert!(Instant::now() < deadline, "{what} in time");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    };
+    let mut buf = [0u8; 512];
+    let n = s.read(&mut buf).expect("the stream began");
+    assert!(String::from_utf8_lossy(&buf[..n]).contains("200"), "{}", String::from_utf8_lossy(&buf[..n]));
+    until("both running", &|| server.metric("wgspec_running_sequences") == 2.0);
+    let held = server.metric("wgspec_kv_pages_used");
+    assert!(held >= 4.0, "{held} pages held");
+    drop(s);
+    until("the stream's pages freed", &|| {
+        server.metric("wgspec_running_sequences") <= 1.0
+            && server.metric("wgspec_kv_pages_used") <= held - 2.0
+    });
+    let r = stays.join().expect("client");
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(text(&r.json()), alone, "the answer beside a cancelled stream");
+    until("every page back", &|| server.metric("wgspec_kv_pages_used") == 0.0);
+    assert_eq!(server.metric("wgspec_cancelled_generations_total"), 1.0);
 }

@@ -390,7 +390,8 @@ fn commit(
         s.tokens.push(tok);
         s.from_draft.push(drafted);
         match s.text.push(tokenizer, tok) {
-            Ok(text) => events.push((s.id, BatchEvent::Token(TokenEvent { id: Some(tok), text, from_draft: drafted }))),
+            Ok(text) => events
+                .push((s.id, BatchEvent::Token(TokenEvent { id: Some(tok), text, from_draft: drafted }))),
             Err(e) => {
                 events.push((s.id, BatchEvent::Failed(e)));
                 return Some(FinishReason::Cancelled);

@@ -223,6 +223,11 @@ impl Engine {
         self.batch.limits = limits;
     }
 
+    /// The sequences and rows one pass takes.
+    pub fn batch_limits(&self) -> BatchLimits {
+        self.batch.limits
+    }
+
     /// The draft requests that name none speculate with: the draft model, Medusa heads or EAGLE
     /// head loaded last, else none, unless [`Engine::set_default_draft`] chose another.
     pub fn default_draft(&self) -> DraftKind {

@@ -9,9 +9,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use clap::{Parser, Subcommand};
-use wgspec::engine::{DraftKind, DraftSpec, Request};
+use wgspec::engine::{BatchLimits, DraftKind, DraftSpec, Request};
 use wgspec::gpu::Gpu;
-use wgspec::model::{LoadOptions, Precision};
+use wgspec::model::{LoadOptions, Precision, MAX_BATCH};
 use wgspec::sampling::SamplingParams;
 use wgspec::speculative::{self, KPolicy};
 
@@ -196,9 +196,22 @@ struct ServeArgs {
     /// The API (`/v1/*`, `/tokenize`, `/detokenize`) wants `Authorization: Bearer KEY`.
     #[arg(long, env = "WGSPEC_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
-    /// Requests that may wait for the GPU (one runs at a time); more are answered 429 at once.
+    /// Requests that may wait for the GPU beyond those it serves; more are answered 429 at once.
     #[arg(long, default_value_t = 8)]
     max_queue: usize,
+    /// Most requests served together, sharing every forward pass (1..=32; 1: one at a time).
+    /// Greedy requests, plain or with n-gram drafts, are batched; others run alone between
+    /// batches.
+    #[arg(long, default_value_t = 32)]
+    max_batch: usize,
+    /// Most rows of one forward pass: prompt chunks, decoding tokens and drafts (1..=32).
+    #[arg(long, default_value_t = 32)]
+    max_batch_tokens: usize,
+    /// Pages of 64 positions in the KV cache pool the batched requests share (default: one
+    /// context's worth; checked with the weights against --max-memory-mb). A request waits
+    /// for pages, or the youngest running one is preempted and later recomputed.
+    #[arg(long)]
+    kv_pages: Option<usize>,
     #[command(flatten)]
     listen: ListenArgs,
 }
@@ -285,7 +298,15 @@ fn serve_cmd(args: ServeArgs) -> Result<()> {
         draft: args.draft,
         context: args.context,
         max_memory: args.max_memory_mb.map(|mb| mb * 1_000_000),
+        kv_pages: args.kv_pages,
+        batch: BatchLimits { max_seqs: args.max_batch, max_rows: args.max_batch_tokens },
     };
+    if !(1..=MAX_BATCH).contains(&args.max_batch) || !(1..=MAX_BATCH).contains(&args.max_batch_tokens) {
+        return Err(Error::InvalidArgument(format!(
+            "--max-batch and --max-batch-tokens take 1..={MAX_BATCH}, got {} and {}",
+            args.max_batch, args.max_batch_tokens
+        )));
+    }
     serve::run(args.listen.config(Some(model), args.api_key, args.max_queue))
 }
 

@@ -7,7 +7,9 @@ use super::checkpoint::Precision;
 use super::config::Config;
 use super::weights::Weights;
 use crate::error::{Error, Result};
-use crate::gpu::{Clock, Gpu, GpuBuffer, KeepParams, MatmulOut, Op, OpShape, Step, KV_PAGE, MAX_TOP_K, MAX_TREE};
+use crate::gpu::{
+    Clock, Gpu, GpuBuffer, KeepParams, MatmulOut, Op, OpShape, Step, KV_PAGE, MAX_TOP_K, MAX_TREE,
+};
 use bytemuck::Zeroable;
 
 mod build;
@@ -646,7 +648,8 @@ impl Model {
             for pos in s.start_pos..end {
                 let slot = s.pages[pos / KV_PAGE] as usize * KV_PAGE + pos % KV_PAGE;
                 let r = tokens.len();
-                step.rows[4 * r..4 * r + 4].copy_from_slice(&[s.start_pos, first, base, slot].map(|v| v as u32));
+                step.rows[4 * r..4 * r + 4]
+                    .copy_from_slice(&[s.start_pos, first, base, slot].map(|v| v as u32));
                 tokens.push(s.tokens[pos - s.start_pos]);
             }
             written.extend_from_slice(&s.pages[s.start_pos / KV_PAGE..end.div_ceil(KV_PAGE)]);

@@ -6,6 +6,8 @@ use std::fmt::Write;
 use std::sync::Mutex;
 use std::time::Duration;
 
+use wgspec::engine::BatchStatus;
+
 /// The status a request is counted with when its client left before the whole answer was sent
 /// (nginx's "client closed request").
 pub const CANCELLED: u16 = 499;
@@ -18,6 +20,8 @@ const TTFT_BOUNDS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 /// Time between consecutive tokens of a stream (seconds); tokens accepted from one draft arrive
 /// together, so speculation shows as many near-zero latencies.
 const TOKEN_BOUNDS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
+/// Rows of a batched pass (prompt chunks, decoding tokens, drafts): at most 32.
+const ROWS_BOUNDS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0];
 
 /// Cumulative buckets over fixed upper bounds.
 struct Histogram {
@@ -72,6 +76,9 @@ struct Inner {
     decode_forwards: f64,
     ttft: Histogram,
     token_latency: Histogram,
+    /// The batch after its last pass, and the rows of each pass.
+    batch: BatchStatus,
+    rows_per_pass: Histogram,
 }
 
 /// The server's metrics; one per server, shared by every handler and the GPU worker.
@@ -107,6 +114,8 @@ impl Metrics {
                 decode_forwards: 0.0,
                 ttft: Histogram::new(TTFT_BOUNDS),
                 token_latency: Histogram::new(TOKEN_BOUNDS),
+                batch: BatchStatus::default(),
+                rows_per_pass: Histogram::new(ROWS_BOUNDS),
             }),
         }
     }
@@ -155,6 +164,16 @@ impl Metrics {
         self.with(|m| m.failed += 1);
     }
 
+    /// The batch now, and the rows of the pass that just ran (if one did).
+    pub fn batch(&self, status: BatchStatus, pass_rows: Option<usize>) {
+        self.with(|m| {
+            m.batch = status;
+            if let Some(rows) = pass_rows {
+                m.rows_per_pass.observe(rows as f64);
+            }
+        });
+    }
+
     /// The Prometheus text exposition of everything; `queue_depth`: the jobs waiting for the
     /// GPU worker now.
     pub fn render(&self, queue_depth: usize) -> String {
@@ -199,7 +218,21 @@ impl Metrics {
                 ("wgspec_drafted_tokens_total", "Draft tokens proposed.", m.drafted),
                 ("wgspec_accepted_tokens_total", "Draft tokens the target accepted.", m.accepted),
             ];
-            for (name, help, value) in counters {
+            let b = &m.batch;
+            let batch_counters = [
+                ("wgspec_batch_passes_total", "Forward passes of the batch.", b.passes),
+                (
+                    "wgspec_batch_rows_total",
+                    "Rows of those passes (prompt chunks, decoding tokens, drafts).",
+                    b.rows,
+                ),
+                (
+                    "wgspec_preemptions_total",
+                    "Batched requests preempted for KV cache pages (recomputed when admitted again).",
+                    b.preemptions,
+                ),
+            ];
+            for (name, help, value) in counters.into_iter().chain(batch_counters) {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
             }
             let acceptance = if m.drafted > 0 { m.accepted as f64 / m.drafted as f64 } else { 0.0 };
@@ -213,6 +246,14 @@ impl Metrics {
                     tau,
                 ),
                 ("wgspec_queue_depth", "Requests waiting for the GPU worker.", queue_depth as f64),
+                ("wgspec_running_sequences", "Requests in the batch's passes.", b.running as f64),
+                (
+                    "wgspec_waiting_sequences",
+                    "Requests in the batch waiting for admission.",
+                    b.waiting as f64,
+                ),
+                ("wgspec_kv_pages_used", "KV cache pages held by batched requests.", b.pages_used as f64),
+                ("wgspec_kv_pages_free", "KV cache pages free.", b.pages_free as f64),
             ];
             for (name, help, value) in gauges {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
@@ -227,6 +268,7 @@ impl Metrics {
                 "wgspec_token_latency_seconds",
                 "Between consecutive tokens of a request.",
             );
+            m.rows_per_pass.render(&mut out, "wgspec_batch_pass_rows", "Rows of each pass of the batch.");
             out
         })
     }
@@ -261,8 +303,30 @@ mod tests {
             tokens_per_target_forward: 1.0,
             cancelled: true,
         });
+        let status = BatchStatus {
+            running: 2,
+            waiting: 1,
+            pages_used: 5,
+            pages_free: 59,
+            passes: 7,
+            rows: 30,
+            preemptions: 1,
+        };
+        m.batch(status, Some(3));
+        m.batch(status, Some(12));
         let text = m.render(3);
         for line in [
+            "wgspec_running_sequences 2",
+            "wgspec_waiting_sequences 1",
+            "wgspec_kv_pages_used 5",
+            "wgspec_kv_pages_free 59",
+            "wgspec_batch_passes_total 7",
+            "wgspec_batch_rows_total 30",
+            "wgspec_preemptions_total 1",
+            "wgspec_batch_pass_rows_bucket{le=\"2\"} 0",
+            "wgspec_batch_pass_rows_bucket{le=\"4\"} 1",
+            "wgspec_batch_pass_rows_bucket{le=\"16\"} 2",
+            "wgspec_batch_pass_rows_count 2",
             "wgspec_requests_total{route=\"/v1/completions\",status=\"200\"} 2",
             "wgspec_requests_total{route=\"/v1/completions\",status=\"429\"} 1",
             "wgspec_errors_total{kind=\"rate_limit_exceeded\"} 1",

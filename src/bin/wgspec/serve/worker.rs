@@ -1,14 +1,18 @@
-//! The GPU worker: one thread that loads the engine and then runs one job at a time from the
-//! bounded [`Queue`], streaming token events back to the HTTP handler that queued the job. When
-//! the handler is gone (its client disconnected), the events cannot be delivered, the generation
-//! stops at the next token and the worker takes the next job; a job whose client leaves while it
-//! waits leaves the queue at once.
+//! The GPU worker: one thread that loads the engine and then serves the jobs of the bounded
+//! [`Queue`], streaming token events back to the HTTP handler that queued each job. Jobs the
+//! engine batches ([`Engine::batchable`]) join the batch as soon as it admits them at once, and
+//! every pass serves them all ([`Engine::batch_step`]); any other job runs alone once the batch is
+//! idle, and no later job passes it. When a handler is gone (its client disconnected), its
+//! request leaves the batch (its pages free) before the next pass, or a job running alone stops at
+//! its next token; a job whose client leaves while it waits leaves the queue at once.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use tokio::sync::{mpsc, oneshot};
-use wgspec::engine::{DraftKind, DraftSpec, Engine, Prompter, Request, TokenEvent};
+use wgspec::engine::{
+    BatchEvent, BatchLimits, DraftKind, DraftSpec, Engine, Prompter, Request, SeqId, TokenEvent,
+};
 use wgspec::generation::FinishReason;
 use wgspec::gpu::Gpu;
 use wgspec::model::LoadOptions;
@@ -29,6 +33,10 @@ pub struct ModelConfig {
     pub context: Option<usize>,
     /// The GPU memory budget of the models, in bytes (`--max-memory-mb`).
     pub max_memory: Option<u64>,
+    /// Pages of the target's KV cache pool (`--kv-pages`; default: one context's worth).
+    pub kv_pages: Option<usize>,
+    /// Requests served together and rows of a pass (`--max-batch`, `--max-batch-tokens`).
+    pub batch: BatchLimits,
 }
 
 impl ModelConfig {
@@ -140,6 +148,11 @@ impl Queue {
         }
     }
 
+    /// The oldest job, if one waits.
+    fn try_pop(&self) -> Option<Job> {
+        self.lock().jobs.pop_front().map(|(_, job)| job)
+    }
+
     /// Jobs waiting (not counting the one the worker runs).
     pub fn len(&self) -> usize {
         self.lock().jobs.len()
@@ -176,8 +189,15 @@ impl Drop for CloseOnExit {
 fn load_engine(cfg: &ModelConfig) -> wgspec::Result<Engine> {
     let gpu = Arc::new(pollster::block_on(Gpu::new())?);
     eprintln!("adapter: {}", gpu.describe());
-    let opts = LoadOptions { context: cfg.context, max_memory: cfg.max_memory, ..Default::default() };
-    crate::load::load_engine(&gpu, &cfg.model, &cfg.draft, &opts, false)
+    let opts = LoadOptions {
+        context: cfg.context,
+        max_memory: cfg.max_memory,
+        kv_pages: cfg.kv_pages,
+        ..Default::default()
+    };
+    let mut engine = crate::load::load_engine(&gpu, &cfg.model, &cfg.draft, &opts, false)?;
+    engine.set_batch_limits(cfg.batch);
+    Ok(engine)
 }
 
 /// Starts the worker thread: it loads the models, reports through `loaded`, then runs the jobs
@@ -190,7 +210,7 @@ pub fn spawn(
 ) -> std::io::Result<()> {
     std::thread::Builder::new().name("wgspec-gpu".into()).spawn(move || {
         let _close = CloseOnExit(queue.clone());
-        let mut engine = match load_engine(&cfg) {
+        let engine = match load_engine(&cfg) {
             Ok(e) => e,
             Err(e) => {
                 let _ = loaded.send(Err(e));
@@ -202,16 +222,151 @@ pub fn spawn(
         if loaded.send(Ok(info)).is_err() {
             return;
         }
+        Scheduler { engine, batching: cfg.batch.max_seqs > 1, served: HashMap::new(), alone: None }
+            .run(&queue, &metrics);
+    })?;
+    Ok(())
+}
+
+/// A batched request's handler and what it was sent.
+struct Served {
+    events: mpsc::UnboundedSender<Event>,
+    prompt_tokens: usize,
+    tokens: usize,
+}
+
+/// The worker's loop: the batch, and a job waiting to run alone.
+struct Scheduler {
+    engine: Engine,
+    /// `--max-batch` above 1.
+    batching: bool,
+    served: HashMap<SeqId, Served>,
+    /// A job the batch does not take, waiting for it to be idle (no later job passes it).
+    alone: Option<Job>,
+}
+
+impl Scheduler {
+    fn run(mut self, queue: &Queue, metrics: &Metrics) {
         loop {
-            let job = queue.pop();
+            self.take_jobs(queue, metrics);
+            self.drop_left(metrics);
+            if !self.engine.batch_idle() {
+                self.pass(metrics);
+            } else if let Some(job) = self.alone.take() {
+                run_job(&mut self.engine, job, metrics);
+            }
+            metrics.batch(self.engine.batch_status(), None);
+        }
+    }
+
+    /// Takes jobs from the queue while the batch would admit them at once (waiting for one when
+    /// there is nothing to do): into the batch, or to run alone.
+    fn take_jobs(&mut self, queue: &Queue, metrics: &Metrics) {
+        while self.alone.is_none() {
+            let status = self.engine.batch_status();
+            let job = if self.engine.batch_idle() {
+                queue.pop()
+            } else if status.waiting == 0 && status.running < self.engine.batch_limits().max_seqs {
+                match queue.try_pop() {
+                    Some(job) => job,
+                    None => return,
+                }
+            } else {
+                return;
+            };
             // Its client left between leaving the queue and now.
             if job.events.is_closed() {
                 continue;
             }
-            run_job(&mut engine, job, &metrics);
+            if !(self.batching && self.engine.batchable(&job.request)) {
+                self.alone = Some(job);
+                return;
+            }
+            let Job { request, prompt, events } = job;
+            let prompt_tokens = prompt.len();
+            match self.engine.batch_submit(prompt, &request) {
+                Ok(id) => {
+                    if events.send(Event::Started).is_ok() {
+                        self.served.insert(id, Served { events, prompt_tokens, tokens: 0 });
+                    } else {
+                        self.engine.batch_cancel(id);
+                    }
+                }
+                Err(e) => {
+                    metrics.failed_generation();
+                    let _ = events.send(Event::Failed(e.into()));
+                }
+            }
         }
-    })?;
-    Ok(())
+    }
+
+    /// Takes out of the batch the requests whose clients left (their pages free at once).
+    fn drop_left(&mut self, metrics: &Metrics) {
+        let left: Vec<SeqId> =
+            (self.served.iter()).filter(|(_, s)| s.events.is_closed()).map(|(&id, _)| id).collect();
+        for id in left {
+            self.engine.batch_cancel(id);
+            if let Some(s) = self.served.remove(&id) {
+                metrics.generation(&GenerationCounts {
+                    prompt_tokens: s.prompt_tokens,
+                    generated_tokens: s.tokens,
+                    drafted: 0,
+                    accepted: 0,
+                    tokens_per_target_forward: 0.0,
+                    cancelled: true,
+                });
+            }
+        }
+    }
+
+    /// One pass of the batch, its events to their handlers. A failed pass fails every request
+    /// it held (the GPU's error: nothing of them can be trusted).
+    fn pass(&mut self, metrics: &Metrics) {
+        let before = self.engine.batch_status();
+        let events = match pollster::block_on(self.engine.batch_step()) {
+            Ok(events) => events,
+            Err(e) => {
+                let what = e.to_string();
+                for (id, s) in self.served.drain() {
+                    self.engine.batch_cancel(id);
+                    metrics.failed_generation();
+                    let _ = s.events.send(Event::Failed(wgspec::Error::Gpu(what.clone()).into()));
+                }
+                return;
+            }
+        };
+        let after = self.engine.batch_status();
+        metrics.batch(after, Some((after.rows - before.rows) as usize));
+        for (id, ev) in events {
+            let Some(s) = self.served.get_mut(&id) else { continue };
+            match ev {
+                BatchEvent::Token(t) => {
+                    s.tokens += t.id.is_some() as usize;
+                    let _ = s.events.send(Event::Token(t));
+                }
+                BatchEvent::Done(c) => {
+                    let s = self.served.remove(&id);
+                    metrics.generation(&GenerationCounts {
+                        prompt_tokens: c.prompt_tokens.len(),
+                        generated_tokens: c.tokens.len(),
+                        drafted: c.stats.drafted,
+                        accepted: c.stats.accepted,
+                        tokens_per_target_forward: c.stats.tokens_per_target_forward,
+                        cancelled: false,
+                    });
+                    if let Some(s) = s {
+                        let _ = s.events.send(Event::Done(Box::new(Reply::from(*c))));
+                    }
+                }
+                BatchEvent::Failed(e) => {
+                    metrics.failed_generation();
+                    if let Some(s) = self.served.remove(&id) {
+                        let _ = s.events.send(Event::Failed(e.into()));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// Runs one job and counts its generation (a cancelled one too: its tokens were computed).
