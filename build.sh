@@ -69,10 +69,12 @@ server_clients() {
   cargo build --release --bin wgspec
   target/venv/bin/python tests/e2e/server_clients.py --bin target/release/wgspec \
     --model "$(./target/release/wgspec fetch smollm2-135m)"
-  log "server under load: concurrent clients, every reply its solo run's (batched greedy n-gram, sampled EAGLE)"
+  log "server under load: concurrent clients, every reply its solo run's (batched n-gram greedy and sampled; sampled EAGLE, alone)"
   local load=(--bin target/release/wgspec --model smollm2-135m --max-tokens 8)
   target/venv/bin/python scripts/load_test.py "${load[@]}" --concurrency 1,8 --requests 8 --draft ngram \
     --out target/load-greedy.json
+  target/venv/bin/python scripts/load_test.py "${load[@]}" --concurrency 1,8 --requests 8 --draft ngram \
+    --temperature 0.8 --seed 7 --out target/load-sampled-batched.json
   target/venv/bin/python scripts/load_test.py "${load[@]}" --concurrency 1,3 --requests 3 \
     --draft eagle:smollm2-135m-eagle --temperature 0.8 --seed 7 --out target/load-sampled.json
 }

@@ -5,7 +5,9 @@
 // them, or with top_k > 0 those ranked at most top_k: larger logits first, equal ones by lower id,
 // as top_k.wgsl ranks; `top` holds each row's ranked ids; then with top_p < 1 the nucleus, see
 // final_cut), m their largest logit, Z the sum (reduced in a fixed order) -- the distribution of
-// src/sampling.rs, computed in f32. Per row r of the pass (or only its last row, `last_only`):
+// src/sampling.rs, computed in f32. Per row r of the pass (or only its last row, `last_only`; or,
+// in a pass over several requests, rows seed.row0.. of one request, as many as the op is encoded
+// for):
 //   out[4 o + 0] = a draw from p: argmax_j (l_j - m) / T + G_j over the kept j
 //   out[4 o + 1] = a draw from norm(max(0, p - q)), the recovered-token rule of speculative
 //                  sampling, against the draft's distribution q of the same row: argmax_j
@@ -556,8 +558,9 @@ fn finish_stage(t: u32, r: u32, slot: u32, o: u32) {
 fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
     let t = lid.x;
     // a row per workgroup along x for FINISH, along y (its slices along x) for the others
-    var r = select(wid.y, wid.x, p.stage == FINISH);
-    var slot = r;
+    // (the op's rows: from seed.row0 of the pass, each its own scratch slot)
+    var slot = select(wid.y, wid.x, p.stage == FINISH);
+    var r = slot + seed.row0;
     var o = r;
     if (p.last_only == 1u) {
         r = step.n - 1u;

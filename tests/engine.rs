@@ -619,8 +619,9 @@ fn engine_with_pages(gguf: Vec<u8>, pages: usize) -> Engine {
     Engine::new(model, opened.tokenizer, opened.chat_template)
 }
 
-/// Eight greedy requests: prompts of 3 to about 90 tokens (longer than a pass: prefilled in
-/// chunks), 1 to 60 tokens wanted, plain and with n-gram drafts (fixed K, adaptive), a stop string.
+/// Eight requests: prompts of 3 to about 90 tokens (longer than a pass: prefilled in chunks), 1
+/// to 60 tokens wanted, plain and with n-gram drafts (fixed K, adaptive), a stop string; greedy,
+/// and three sampled with their own seeds (one with a top-p).
 fn batch_requests() -> Vec<Request> {
     let words = ["the cat sat on the mat", "a b a b a b", "one two three four", "x"];
     (0..8)
@@ -631,6 +632,11 @@ fn batch_requests() -> Vec<Request> {
             req.draft_k = [None, Some(3), None, Some(1)][(i / 2) % 4];
             if i == 6 {
                 req.stop = vec!["mat".into()];
+            }
+            if i % 3 == 1 {
+                req.temperature = 0.8;
+                req.seed = 1000 + i as u64;
+                req.top_p = if i == 4 { 0.9 } else { 1.0 };
             }
             req
         })
@@ -754,10 +760,10 @@ fn batched_requests_each_equal_their_run_alone() {
     }
 
     // what the batch refuses, and the one-sequence loop while it runs
-    let mut sampled = reqs[0].clone();
-    sampled.temperature = 0.7;
-    assert!(!engine.batchable(&sampled));
-    assert!(matches!(engine.batch_submit(prompts[0].clone(), &sampled), Err(Error::InvalidArgument(_))));
+    let mut top_k = reqs[1].clone();
+    top_k.top_k = 5;
+    assert!(!engine.batchable(&top_k));
+    assert!(matches!(engine.batch_submit(prompts[0].clone(), &top_k), Err(Error::InvalidArgument(_))));
     assert!(matches!(engine.batch_submit(vec![], &reqs[0]), Err(Error::InvalidArgument(_))));
     assert!(matches!(engine.batch_submit(vec![1; 128], &reqs[0]), Err(Error::ContextOverflow { .. })));
     assert!(matches!(engine.batch_submit(vec![1_000_000], &reqs[0]), Err(Error::TokenOutOfRange { .. })));

@@ -1175,8 +1175,8 @@ fn work_before_admission_is_bounded_whatever_the_bodies() {
 
 #[test]
 fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() {
-    // Eight requests at once (different prompts and lengths, plain and with n-gram drafts) share
-    // the server's passes: each answer is the one it got alone. A stream whose client leaves
+    // Eight requests at once (different prompts and lengths, plain and with n-gram drafts, greedy
+    // and sampled with seeds) share the server's passes: each answer is the one it got alone. A stream whose client leaves
     // mid-batch gives its KV cache pages back (the metrics show it) and the request beside it
     // finishes exactly.
     let dir = temp_dir("batch");
@@ -1187,7 +1187,8 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     let body = |i: usize| {
         let draft = ["none", "ngram"][i % 2];
         let prompt = "the cat sat on the mat ".repeat(1 + i % 4) + &format!("request {i}");
-        json!({"prompt": prompt, "max_tokens": 20 + 9 * i, "temperature": 0, "draft": draft})
+        let temperature = if i % 3 == 2 { 0.9 } else { 0.0 };
+        json!({"prompt": prompt, "max_tokens": 20 + 9 * i, "temperature": temperature, "seed": i, "draft": draft})
     };
     let text = |v: &Value| v["choices"][0]["text"].as_str().expect("text").to_string();
     let solo: Vec<String> = (0..8).map(|i| text(&completion(&server, body(i)))).collect();

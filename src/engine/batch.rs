@@ -6,11 +6,21 @@
 //!   running   sequences with pages of the target's KV cache pool, in admission order
 //!   a pass    1. each decoding sequence: its last token (1 row)
 //!             2. sequences still prefilling: a chunk of their prompt, within the pass's rows
-//!             3. rows left: n-gram drafts after decoding sequences' last tokens
-//!             one target pass over all of them (Model::forward_pages), the argmax of each row
-//!   commit    per sequence: the drafts the argmax agrees with, then the argmax's own token;
-//!             finished sequences return their pages before the next pass
+//!             3. rows left: n-gram drafts after decoding sequences' newest tokens, where the
+//!                measured costs say they pay (below)
+//!             one target pass over all of them (Model::forward_pages), each row's argmax, and
+//!             each sampled request's draws from its rows (its seed, its rows' positions)
+//!   commit    per sequence: the drafts its rows' choices (argmax or draw) agree with, then the
+//!             choice after them; finished sequences return their pages before the next pass
 //! ```
+//!
+//! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
+//! i drafts adds the expected tokens α^(i+1) (α: its measured acceptance, from 1/2 before any)
+//! and costs the marginal seconds b of a row (passes measured by their rows, the line a + b R
+//! through them); it is added, the likeliest first, while α^(i+1) / b is at least the pass's
+//! expected tokens per second T / (a + b R). So drafting shrinks by itself where rows cost what
+//! serving more requests does, and grows where rows are nearly free (a GPU's few-row passes).
+//! A request that fixes K (`draft_k`) drafts that many where the rows allow.
 //!
 //! A sequence is admitted when the pool has pages for its tokens and it has a place among
 //! `max_seqs`. A decoding sequence that needs a new page and finds none preempts the youngest
@@ -18,7 +28,10 @@
 //! its tokens (prompt and generated) again when admitted. Every row of a pass reads only its own
 //! sequence's keys and the kernels are batch-invariant, so a request's tokens are, bit for bit,
 //! those of its run alone ([`Engine::generate`](super::Engine::generate)) whatever shares its
-//! passes, in whatever order requests arrive, preempted or not.
+//! passes, in whatever order requests arrive, preempted or not: greedy, and sampled too, whose
+//! draws are keyed by the request's seed and each row's position (the noise of plain sampled
+//! decoding; deterministic drafts are kept where the row drew them, so drafting never changes
+//! the tokens).
 
 use std::collections::VecDeque;
 
@@ -29,8 +42,10 @@ use super::prompt::TextStream;
 use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
 use crate::generation::FinishReason;
-use crate::gpu::KV_PAGE;
+use crate::gpu::{Gpu, GpuBuffer, Op, SampleRows, SampleSeed, KV_PAGE};
 use crate::model::{Model, SeqRows, MAX_BATCH};
+use crate::sampling::SamplingParams;
+use crate::speculative::sampled::target_draws;
 use crate::speculative::{DraftKind, NGram, SpecStats};
 use crate::tokenizer::Tokenizer;
 
@@ -72,10 +87,11 @@ pub struct BatchStatus {
     /// Pages of the pool held by running sequences, and free.
     pub pages_used: usize,
     pub pages_free: usize,
-    /// Passes run, rows they held (prompt chunks, decoding tokens, drafts) and sequences
-    /// preempted, since the engine was made.
+    /// Passes run, rows they held (prompt chunks, decoding tokens, drafts), drafts among them
+    /// and sequences preempted, since the engine was made.
     pub passes: u64,
     pub rows: u64,
+    pub drafts: u64,
     pub preemptions: u64,
 }
 
@@ -91,12 +107,25 @@ struct Seq {
     /// Per generated token: whether it was an accepted draft.
     from_draft: Vec<bool>,
     text: TextStream,
-    /// Its n-gram drafter and the most drafts a pass verifies (none: plain decoding).
-    ngram: Option<(NGram, usize)>,
+    /// Its n-gram drafter (none: plain decoding).
+    ngram: Option<Drafting>,
+    /// Verify passes whose drafts were not all accepted (with the accepted drafts: how often a
+    /// draft was reached, for its acceptance).
+    rejected: usize,
+    /// A sampled request's draws (none: greedy, the argmax).
+    draw: Option<Draw>,
     stats: SpecStats,
     /// When it was first admitted, and when its first token came.
     admitted: Option<Instant>,
     first_token: Option<Instant>,
+}
+
+/// A sequence's n-gram drafting: the most drafts a pass verifies, and whether the request fixed
+/// that K (else the measured costs choose, up to it).
+struct Drafting {
+    ngram: NGram,
+    k_max: usize,
+    fixed: bool,
 }
 
 impl Seq {
@@ -104,9 +133,45 @@ impl Seq {
         self.tokens.len() - self.prompt_len
     }
 
+    /// Its measured acceptance: accepted drafts of those reached, from 1/2 (one of two) before any.
+    fn alpha(&self) -> f64 {
+        let accepted = self.stats.accepted as f64;
+        (accepted + 1.0) / (accepted + self.rejected as f64 + 2.0)
+    }
+
     /// Pages its positions `..end` take.
     fn pages_for(end: usize) -> usize {
         end.div_ceil(KV_PAGE)
+    }
+}
+
+/// A sampled request's draws on the GPU: its seed and the uniform keying them (with the pass row
+/// its rows start at), its non-finite flag, and the ops drawing from its rows into the batch's
+/// shared words.
+struct Draw {
+    seed: u64,
+    uniform: wgpu::Buffer,
+    status: GpuBuffer<u32>, // [1] 1 + its last row with a non-finite logit, or 0
+    ops: Vec<Op>,
+}
+
+/// What a batched pass reads back: each row's argmax, each row's draw words, each sequence's
+/// non-finite flag (sampled ones).
+struct Readback {
+    draws: GpuBuffer<u32>,  // [MAX_BATCH, 4] sample.wgsl's words of the sampled rows
+    result: GpuBuffer<u32>, // [MAX_BATCH argmax | MAX_BATCH, 4 draws | MAX_BATCH flags]
+    no_drafts: GpuBuffer<u32>,
+}
+
+const RESULT_WORDS: usize = MAX_BATCH * 6;
+
+impl Readback {
+    fn new(g: &Gpu) -> Readback {
+        Readback {
+            draws: GpuBuffer::<u32>::zeros(g, "batch draws", MAX_BATCH * 4),
+            result: GpuBuffer::<u32>::zeros(g, "batch result", RESULT_WORDS),
+            no_drafts: GpuBuffer::<u32>::zeros(g, "no drafts", 1),
+        }
     }
 }
 
@@ -129,6 +194,9 @@ pub(super) struct Batch {
     next_id: u64,
     pub(super) limits: BatchLimits,
     status: BatchStatus,
+    costs: PassCosts,
+    /// (made with the first sampled request)
+    readback: Option<Readback>,
 }
 
 impl Batch {
@@ -141,6 +209,8 @@ impl Batch {
             next_id: 0,
             limits: BatchLimits::default(),
             status: BatchStatus::default(),
+            costs: PassCosts::default(),
+            readback: None,
         }
     }
 
@@ -159,15 +229,30 @@ impl Batch {
         }
     }
 
-    /// Queues a request whose prompt is tokenized and checked (see [`Batch::check`]).
-    pub(super) fn submit(&mut self, prompt: Vec<u32>, req: &Request, draft: DraftKind) -> SeqId {
+    /// Queues a request whose prompt and parameters are checked
+    /// ([`Engine::batch_submit`](super::Engine::batch_submit)); a sampled one's draws are made
+    /// on `target`.
+    pub(super) fn submit(
+        &mut self,
+        target: &Model,
+        prompt: Vec<u32>,
+        req: &Request,
+        draft: DraftKind,
+    ) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        let ngram = (draft == DraftKind::Ngram).then(|| {
-            let k = req.draft_k.unwrap_or(req.max_draft_k).min(MAX_BATCH - 1);
-            (NGram::default(), k)
+        let ngram = (draft == DraftKind::Ngram).then(|| Drafting {
+            ngram: NGram::default(),
+            k_max: req.draft_k.unwrap_or(req.max_draft_k).min(MAX_BATCH - 1),
+            fixed: req.draft_k.is_some(),
         });
         let stats = SpecStats { draft, base: crate::generation::Stats::default(), ..SpecStats::default() };
+        let params = req.sampling();
+        let draw = (!params.is_greedy()).then(|| {
+            let g = &**target.gpu();
+            let readback = self.readback.get_or_insert_with(|| Readback::new(g));
+            draw_ops(target, readback, &params)
+        });
         self.waiting.push_back(Seq {
             id,
             prompt_len: prompt.len(),
@@ -178,6 +263,8 @@ impl Batch {
             from_draft: Vec::new(),
             text: TextStream::new(&req.stop),
             ngram,
+            rejected: 0,
+            draw,
             stats,
             admitted: None,
             first_token: None,
@@ -290,22 +377,48 @@ pub(super) async fn step(
             SeqRows { pages: &s.pages, start_pos: s.n_past, tokens }
         })
         .collect();
-    let argmax = target.forward_pages_argmax(&seqs).await?;
+    let enc = target.encode_pages(&seqs, true)?;
+    let n = rows.iter().map(Vec::len).sum::<usize>();
+    let t0 = Instant::now();
+    let out = run_pass(batch, target, enc, &plan, n).await?;
+    batch.costs.observe(n, t0.elapsed().as_secs_f64());
     batch.status.passes += 1;
-    batch.status.rows += argmax.len() as u64;
+    batch.status.rows += n as u64;
+    batch.status.drafts += plan.iter().map(|r| r.drafts.len() as u64).sum::<u64>();
+    let vocab = target.config.vocab_size;
     let mut at = 0;
     let mut ended = Vec::new();
-    for r in &plan {
-        let rows = r.run + r.drafts.len();
-        let out = &argmax[at..at + rows];
-        at += rows;
+    for (i, r) in plan.iter().enumerate() {
+        let first = at;
+        at += r.run + r.drafts.len();
         let s = &mut batch.running[r.seq];
         s.stats.base.target_forwards += 1;
         if !r.pending {
             s.n_past += r.run;
             continue;
         }
-        if let Some(reason) = commit(s, r, &out[r.run - 1..], tokenizer, &mut events) {
+        // the choices of the newest token's row and the drafts' rows: argmax, or the draws
+        let rows = first + r.run - 1..at;
+        let choices: Vec<u32> = match (&s.draw, &out) {
+            (Some(_), Readout::Draws(w)) => {
+                if let Some(row) = w[5 * MAX_BATCH + i].checked_sub(1) {
+                    let e = Error::NonFinite(format!(
+                        "a logit of the row at position {} is not finite",
+                        s.n_past + r.run - 1 + row as usize
+                    ));
+                    events.push((s.id, BatchEvent::Failed(e)));
+                    ended.push((r.seq, FinishReason::Cancelled));
+                    continue;
+                }
+                rows.map(|row| w[MAX_BATCH + 4 * row]).collect()
+            }
+            (_, Readout::Draws(w)) => w[rows].to_vec(),
+            (_, Readout::Argmax(a)) => a[rows].to_vec(),
+        };
+        if let Some(&bad) = choices.iter().find(|&&t| t as usize >= vocab) {
+            return Err(Error::Gpu(format!("the GPU chose token {bad} of a vocabulary of {vocab}")));
+        }
+        if let Some(reason) = commit(s, r, &choices, tokenizer, &mut events) {
             ended.push((r.seq, reason));
         }
     }
@@ -314,6 +427,71 @@ pub(super) async fn step(
         finish(batch, s, reason, tokenizer, &mut events);
     }
     Ok(events)
+}
+
+/// What a pass read back: every row's argmax alone (no sampled request ran), or the batch's
+/// result words ([`Readback`]: argmax, draws, flags).
+enum Readout {
+    Argmax(Vec<u32>),
+    Draws(Vec<u32>),
+}
+
+/// Runs the pass recorded in `enc` (`n` rows), each pending sampled request's draws from its
+/// newest token's row and its drafts' rows after it, and reads back what the commits need in
+/// one read-back.
+async fn run_pass(
+    batch: &Batch,
+    target: &Model,
+    mut enc: wgpu::CommandEncoder,
+    plan: &[Rows],
+    n: usize,
+) -> Result<Readout> {
+    let g = target.gpu().clone();
+    let Some(rb) = batch
+        .readback
+        .as_ref()
+        .filter(|_| plan.iter().any(|r| r.pending && batch.running[r.seq].draw.is_some()))
+    else {
+        let raw = g.submit_and_read(enc, &target.argmax_buffer().raw, 0, 4 * n as u64).await?;
+        return Ok(Readout::Argmax(bytemuck::pod_collect_to_vec(&raw)));
+    };
+    let mut first = 0;
+    for (i, r) in plan.iter().enumerate() {
+        let s = &batch.running[r.seq];
+        if let (Some(d), true) = (&s.draw, r.pending) {
+            let row0 = first + r.run - 1;
+            g.queue.write_buffer(&d.uniform, 0, bytemuck::bytes_of(&SampleSeed::at(d.seed, row0)));
+            g.queue.write_buffer(&d.status.raw, 0, bytemuck::bytes_of(&0u32));
+            g.encode(&mut enc, &d.ops, (1 + r.drafts.len()) as u32);
+            enc.copy_buffer_to_buffer(&d.status.raw, 0, &rb.result.raw, 4 * (5 * MAX_BATCH + i) as u64, 4);
+        }
+        first += r.run + r.drafts.len();
+    }
+    let word = 4u64;
+    enc.copy_buffer_to_buffer(&target.argmax_buffer().raw, 0, &rb.result.raw, 0, n as u64 * word);
+    enc.copy_buffer_to_buffer(&rb.draws.raw, 0, &rb.result.raw, MAX_BATCH as u64 * word, 4 * n as u64 * word);
+    let raw = g.submit_and_read(enc, &rb.result.raw, 0, RESULT_WORDS as u64 * word).await?;
+    Ok(Readout::Draws(bytemuck::pod_collect_to_vec(&raw)))
+}
+
+/// A sampled request's draws (see [`Draw`]), into `readback`'s shared words.
+fn draw_ops(target: &Model, readback: &Readback, params: &SamplingParams) -> Draw {
+    let g = &**target.gpu();
+    let uniform = g.uniform("batch sample seed", bytemuck::bytes_of(&SampleSeed::new(params.seed)));
+    let status = GpuBuffer::<u32>::zeros(g, "batch sample status", 1);
+    let rows = SampleRows { logits: target.logits_buffer(), top: None };
+    let cfg = target_draws(params, target.config.vocab_size);
+    let ops = g.sample(
+        target.step_buffer(),
+        &uniform,
+        rows,
+        None,
+        &readback.no_drafts,
+        &readback.draws,
+        &status,
+        cfg,
+    );
+    Draw { seed: params.seed, uniform, status, ops }
 }
 
 /// The rows of the next pass: every decoding sequence's newest token (a new page taken, or the
@@ -347,21 +525,92 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
             plan.push(Rows { seq: i, run, pending: run == left, drafts: Vec::new() });
         }
     }
-    // 3. drafts after the newest tokens, in the rows left, as far as the sequence's pages go
-    for r in plan.iter_mut().filter(|r| r.pending) {
+    draft(batch, &mut plan, budget, context);
+    plan.sort_by_key(|r| r.seq);
+    plan
+}
+
+/// Step 3 of [`plan`]: drafts after the newest tokens in at most `budget` rows, as far as each
+/// sequence's pages, the context and its tokens still wanted go: a fixed K's, then one at a time
+/// the likeliest where it pays (see the module's doc).
+fn draft(batch: &Batch, plan: &mut [Rows], mut budget: usize, context: usize) {
+    // (plan entry, the n-gram's proposal, the sequence's acceptance)
+    let mut adaptive: Vec<(usize, Vec<u32>, f64)> = Vec::new();
+    // the pass's expected tokens: each newest token's, each fixed draft's
+    let mut tokens = 0.0;
+    for (i, r) in plan.iter_mut().enumerate().filter(|(_, r)| r.pending) {
+        tokens += 1.0;
         let s = &batch.running[r.seq];
-        let Some((ngram, k_max)) = &s.ngram else { continue };
+        let Some(d) = &s.ngram else { continue };
         let last = s.n_past + r.run; // the position after the newest token
         let remaining = s.max_tokens.saturating_sub(s.generated());
         let room = (s.pages.len() * KV_PAGE).min(context).saturating_sub(last);
-        let k = (*k_max).min(budget).min(room).min(remaining.saturating_sub(1));
-        if k > 0 {
-            r.drafts = ngram.lookup(&s.tokens, k);
+        let k = d.k_max.min(room).min(remaining.saturating_sub(1));
+        if k == 0 {
+            continue;
+        }
+        let proposal = d.ngram.lookup(&s.tokens, k);
+        if d.fixed {
+            r.drafts = proposal.into_iter().take(budget).collect();
             budget -= r.drafts.len();
+            tokens += (1..=r.drafts.len()).map(|i| s.alpha().powi(i as i32)).sum::<f64>();
+        } else if !proposal.is_empty() {
+            adaptive.push((i, proposal, s.alpha()));
         }
     }
-    plan.sort_by_key(|r| r.seq);
-    plan
+    let mut rows = plan.iter().map(|r| r.run + r.drafts.len()).sum::<usize>() as f64;
+    let (a, b) = batch.costs.line().unwrap_or((1.0, 0.0));
+    while budget > 0 {
+        // the likeliest next draft: alpha^(drafts + 1)
+        let best = (adaptive.iter().enumerate())
+            .filter(|(_, (i, p, _))| plan[*i].drafts.len() < p.len())
+            .map(|(j, (i, _, alpha))| (j, alpha.powi(plan[*i].drafts.len() as i32 + 1)))
+            .max_by(|x, y| x.1.total_cmp(&y.1));
+        let Some((j, gain)) = best else { break };
+        // worth a row: its tokens per marginal second at least the pass's tokens per second
+        if gain * (a + b * rows) < b * tokens {
+            break;
+        }
+        let (i, proposal, _) = &adaptive[j];
+        let r = &mut plan[*i];
+        r.drafts.push(proposal[r.drafts.len()]);
+        budget -= 1;
+        rows += 1.0;
+        tokens += gain;
+    }
+}
+
+/// Seconds of the batch's passes by their rows: an average per row count (recent passes
+/// weigh more), and the line a + b R through them.
+#[derive(Default)]
+struct PassCosts {
+    by_rows: Vec<Option<f64>>,
+}
+
+impl PassCosts {
+    fn observe(&mut self, rows: usize, seconds: f64) {
+        if self.by_rows.len() <= rows {
+            self.by_rows.resize(rows + 1, None);
+        }
+        let c = &mut self.by_rows[rows];
+        *c = Some(c.map_or(seconds, |old| 0.8 * old + 0.2 * seconds));
+    }
+
+    /// (a, b) of the least-squares line through the measured row counts (each once), b at least
+    /// 0; none until two row counts are measured.
+    fn line(&self) -> Option<(f64, f64)> {
+        let points: Vec<(f64, f64)> =
+            (self.by_rows.iter().enumerate()).filter_map(|(r, c)| c.map(|c| (r as f64, c))).collect();
+        if points.len() < 2 {
+            return None;
+        }
+        let n = points.len() as f64;
+        let (mx, my) = points.iter().fold((0.0, 0.0), |(x, y), p| (x + p.0 / n, y + p.1 / n));
+        let sxx: f64 = points.iter().map(|p| (p.0 - mx) * (p.0 - mx)).sum();
+        let sxy: f64 = points.iter().map(|p| (p.0 - mx) * (p.1 - my)).sum();
+        let b = (sxy / sxx).max(0.0);
+        Some(((my - b * mx).max(1e-9), b))
+    }
 }
 
 /// Commits a sequence's pass: `out` holds the argmax of its newest token's row, then of its
@@ -375,6 +624,7 @@ fn commit(
     events: &mut Vec<(SeqId, BatchEvent)>,
 ) -> Option<FinishReason> {
     let accepted = r.drafts.iter().zip(out).take_while(|(d, o)| d == o).count();
+    s.rejected += (accepted < r.drafts.len()) as usize;
     let st = &mut s.stats;
     st.verify_forwards += 1;
     st.drafted += r.drafts.len();
@@ -456,4 +706,83 @@ fn finish(
         stats: s.stats,
     };
     events.push((s.id, BatchEvent::Done(Box::new(completion))));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A decoding sequence of `tokens` with n-gram drafting (adaptive up to 8), `accepted` of
+    /// its drafts kept and `rejected` passes that rejected one.
+    fn seq(tokens: Vec<u32>, accepted: usize, rejected: usize) -> Seq {
+        let mut s = Seq {
+            id: SeqId(0),
+            n_past: tokens.len() - 1,
+            prompt_len: 1,
+            tokens,
+            pages: vec![0, 1],
+            max_tokens: 100,
+            from_draft: Vec::new(),
+            text: TextStream::new(&[]),
+            ngram: Some(Drafting { ngram: NGram::default(), k_max: 8, fixed: false }),
+            rejected,
+            draw: None,
+            stats: SpecStats::default(),
+            admitted: None,
+            first_token: None,
+        };
+        s.stats.accepted = accepted;
+        s
+    }
+
+    fn drafts(batch: &Batch, budget: usize) -> Vec<usize> {
+        let mut plan: Vec<Rows> = (0..batch.running.len())
+            .map(|i| Rows { seq: i, run: 1, pending: true, drafts: Vec::new() })
+            .collect();
+        draft(batch, &mut plan, budget, 1024);
+        plan.iter().map(|r| r.drafts.len()).collect()
+    }
+
+    #[test]
+    fn pass_costs_fit_a_line_through_each_row_count() {
+        let mut c = PassCosts::default();
+        c.observe(4, 1.0);
+        assert!(c.line().is_none(), "one row count: no slope");
+        c.observe(8, 2.0);
+        c.observe(8, 2.0);
+        let (a, b) = c.line().expect("two row counts");
+        assert!((a - 0.0).abs() < 1e-6 || a == 1e-9, "{a}");
+        assert!((b - 0.25).abs() < 1e-9, "{b}");
+        // (a pass of more rows measured cheaper: no negative slope)
+        c.observe(16, 0.1);
+        c.observe(16, 0.1);
+        c.observe(16, 0.1);
+        assert!(c.line().expect("line").1 >= 0.0);
+    }
+
+    #[test]
+    fn drafts_go_where_rows_pay_the_likeliest_first() {
+        // (the n-gram proposes the repeated pattern: 8 drafts each)
+        let pattern: Vec<u32> = [1, 2, 3].repeat(6);
+        let mut batch = Batch::new(64);
+        batch.running = vec![seq(pattern.clone(), 90, 10), seq(pattern.clone(), 1, 30), seq(pattern, 0, 0)];
+        // rows free (no measured costs): every proposal, within the budget, likeliest first
+        assert_eq!(drafts(&batch, 24), [8, 8, 8]);
+        assert_eq!(drafts(&batch, 9), [8, 0, 1], "the likely one first, then 1/2 over 1/16");
+        // rows cost: a + b R with b = a (a row costs a pass's fixed part)
+        for r in [4, 8, 16] {
+            batch.costs.observe(r, 1.0 + r as f64);
+        }
+        let d = drafts(&batch, 24);
+        assert_eq!(d[1], 0, "an acceptance of 1/16 does not pay: {d:?}");
+        assert!(d[0] >= 1 && d[0] > d[2], "{d:?}");
+        // rows nearly free: drafts again, as deep as each one's acceptance makes worth it
+        let mut batch = Batch { costs: PassCosts::default(), ..batch };
+        for r in [4, 8, 16] {
+            batch.costs.observe(r, 1.0 + 0.001 * r as f64);
+        }
+        let d = drafts(&batch, 24);
+        assert_eq!((d[0], d[1]), (8, 1), "0.06^2 = 0.004 does not pay a thousandth of a pass: {d:?}");
+        assert!(d[2] >= 3, "{d:?}");
+    }
 }

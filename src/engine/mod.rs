@@ -158,12 +158,14 @@ impl Engine {
         }
     }
 
-    /// Whether [`Engine::batch_submit`] takes `req`: greedy, plain or with n-gram drafts (the
-    /// draft it names, else the default). Others run alone ([`Engine::generate_from`]) while the
-    /// batch is idle.
+    /// Whether [`Engine::batch_submit`] takes `req`: greedy, or sampled without a top-k (any
+    /// temperature and top-p: the GPU draws each request's rows), plain or with n-gram drafts
+    /// (the draft it names, else the default). Others run alone ([`Engine::generate_from`])
+    /// while the batch is idle.
     pub fn batchable(&self, req: &Request) -> bool {
         let kind = req.draft.unwrap_or(self.default_draft);
-        req.sampling().is_greedy() && matches!(kind, DraftKind::None | DraftKind::Ngram)
+        let s = req.sampling();
+        (s.is_greedy() || s.top_k == 0) && matches!(kind, DraftKind::None | DraftKind::Ngram)
     }
 
     /// Queues a request for the batch, its prompt tokenized ([`Engine::prompt_tokens`]): each
@@ -175,7 +177,8 @@ impl Engine {
         req.sampling().validate()?;
         if !self.batchable(req) {
             return Err(Error::InvalidArgument(
-                "only greedy requests, plain or with n-gram drafts, are batched".into(),
+                "only greedy requests and sampled ones without a top-k, plain or with n-gram drafts, are batched"
+                    .into(),
             ));
         }
         if prompt.is_empty() {
@@ -191,7 +194,7 @@ impl Engine {
             return Err(Error::TokenOutOfRange { id, vocab });
         }
         let kind = req.draft.unwrap_or(self.default_draft);
-        Ok(self.batch.submit(prompt, req, kind))
+        Ok(self.batch.submit(&self.target, prompt, req, kind))
     }
 
     /// Takes a request out of the batch (its client left), its pages back to the pool at once;

@@ -366,17 +366,26 @@ const SAMPLE_FINISH: u32 = 9;
 
 gpu_struct! {
     /// The seed of the GPU's draws (a generation's) (`Seed` in `shaders/sample.wgsl` and
-    /// `shaders/accept_sampled.wgsl`), written by the host.
+    /// `shaders/accept_sampled.wgsl`), written by the host; and the pass row of a draw op's
+    /// first row (one request's rows in a pass over several: [`SampleSeed::at`]).
     pub struct SampleSeed => Seed {
         pub lo: u32,
         pub hi: u32,
-        pub _pad: [u32; 2],
+        /// The draws' first row of the pass (their rows: `row0..row0 + n`, n the rows the op
+        /// is encoded for); 0 for every row of the pass.
+        pub row0: u32,
+        pub _pad: u32,
     }
 }
 
 impl SampleSeed {
     pub fn new(seed: u64) -> SampleSeed {
-        SampleSeed { lo: seed as u32, hi: (seed >> 32) as u32, _pad: [0; 2] }
+        SampleSeed::at(seed, 0)
+    }
+
+    /// Draws of rows `row0..` of the pass, keyed by `seed`.
+    pub fn at(seed: u64, row0: usize) -> SampleSeed {
+        SampleSeed { lo: seed as u32, hi: (seed >> 32) as u32, row0: row0 as u32, _pad: 0 }
     }
 }
 

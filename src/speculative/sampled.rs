@@ -57,6 +57,21 @@ pub fn gpu_samples(params: &SamplingParams) -> bool {
     !params.is_greedy() && params.top_k <= MAX_TOP_K
 }
 
+/// The draws of the target's rows under `params` (plain steps, chains and trees, one request or
+/// one request's rows of a batched pass: the same noise stream, so the same token at the same
+/// position): no draft's token scored.
+pub(crate) fn target_draws(params: &SamplingParams, vocab: usize) -> SampleConfig {
+    SampleConfig {
+        vocab,
+        temperature: params.temperature,
+        top_k: params.top_k,
+        top_p: params.top_p,
+        drafts: 0,
+        last_only: None,
+        stream: STREAM_VERIFY,
+    }
+}
+
 /// The draft model's side: its ranked ids, the op drawing from its last row, the draw.
 struct DraftSide {
     top: Option<(Vec<Op>, GpuBuffer<u32>)>, // ranks of its pass's rows, [MAX_BATCH, top_k]
@@ -112,15 +127,7 @@ impl SampledCycle {
             (top_k > 0).then(|| g.top_k(step, target.logits_buffer(), (&p_top, None), vocab, top_k));
         let p_rows = SampleRows { logits: target.logits_buffer(), top: (top_k > 0).then_some(&p_top) };
         // (the draws alone: no row scores a draft's token)
-        let cfg = SampleConfig {
-            vocab,
-            temperature: params.temperature,
-            top_k,
-            top_p: params.top_p,
-            drafts: 0,
-            last_only: None,
-            stream: STREAM_VERIFY,
-        };
+        let cfg = target_draws(params, vocab);
         let draws = g.sample(step, &seed, p_rows, None, &drafts, &samples, &status, cfg);
         let tree_result = words("tree draws", MAX_BATCH * 4 + 1);
         let q = SampleRows { logits: &q_logits, top: (top_k > 0).then_some(&q_top) };

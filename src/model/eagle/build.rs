@@ -156,7 +156,7 @@ impl HeadSizes {
     }
 
     /// Every buffer: its label, words and how many there are.
-    fn table(&self) -> [(&'static str, usize, usize); 22] {
+    fn table(&self) -> [(&'static str, usize, usize); 23] {
         [
             ("rows, tokens", self.ids, 2),
             ("drafts", self.drafts, 1),
@@ -176,6 +176,7 @@ impl HeadSizes {
             ("tree rows", MAX_TREE, 1),
             ("tree newest", MAX_EAGLE_WIDTH, 1),
             ("kv", self.kv, 1),
+            ("page table", 1, 1),
             ("rope cos/sin", self.rope, 1),
             ("lastn", self.last, self.eagle3),
             ("d2t", self.d2t, self.eagle3),
@@ -241,6 +242,7 @@ impl HeadState {
                 .map(|_| g.uniform("eagle tree params", bytemuck::bytes_of(&EagleTreeParams::zeroed())))
                 .collect(),
             kv: u32s("eagle kv", z.kv),
+            pages: u32s("eagle page table (unread)", 1),
             cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", rope),
             config: c.clone(),
             fc,
@@ -358,8 +360,7 @@ impl HeadOps {
             qkv: None,
             post: None,
             cos_sin: &s.cos_sin,
-            // (one sequence: a head's passes are never paged)
-            pages: &GpuBuffer::<u32>::zeros(g, "no page table", 1),
+            pages: &s.pages,
             context: target.context(),
             kv_f16: false,
             qkv_input: s.eagle3.as_ref().map(|_| &s.cat),

@@ -167,11 +167,12 @@ struct HeadState {
     tree_state: GpuBuffer<u32>,      // [EAGLE_TREE_STATE] the draft tree's candidates
     tree_out: GpuBuffer<u32>,        // [EAGLE_TREE_OUT] the next tree pass, the chosen tree
     tree_rows: GpuBuffer<u32>,       // [MAX_TREE] the store slot each tree-pass row reads
-    tree_newest: GpuBuffer<u32>,     // [W] the tree pass's rows to project
-    tree_params: Vec<wgpu::Buffer>,  // [MAX_EAGLE_DEPTH] uniform EagleTreeParams per call
-    kv: GpuBuffer<u32>,              // [context, 2 kv_dim] f32 bits (a head's cache stays f32)
-    cos_sin: GpuBuffer<f32>,         // [context, rope_dim / 2, 2]
-    fc: Matrix,                      // [dim, 2 dim] (EAGLE-3: [dim, 3 dim])
+    pages: GpuBuffer<u32>, // [1] the attention's page table, unread: a head's passes are one sequence's
+    tree_newest: GpuBuffer<u32>, // [W] the tree pass's rows to project
+    tree_params: Vec<wgpu::Buffer>, // [MAX_EAGLE_DEPTH] uniform EagleTreeParams per call
+    kv: GpuBuffer<u32>,    // [context, 2 kv_dim] f32 bits (a head's cache stays f32)
+    cos_sin: GpuBuffer<f32>, // [context, rope_dim / 2, 2]
+    fc: Matrix,            // [dim, 2 dim] (EAGLE-3: [dim, 3 dim])
     fc_bias: Option<GpuBuffer<f32>>, // [dim]
     layer: Layer,
     eagle3: Option<Eagle3Weights>,

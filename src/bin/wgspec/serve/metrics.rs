@@ -226,6 +226,7 @@ impl Metrics {
                     "Rows of those passes (prompt chunks, decoding tokens, drafts).",
                     b.rows,
                 ),
+                ("wgspec_batch_draft_rows_total", "Draft rows of those passes.", b.drafts),
                 (
                     "wgspec_preemptions_total",
                     "Batched requests preempted for KV cache pages (recomputed when admitted again).",
@@ -306,6 +307,7 @@ mod tests {
         let status = BatchStatus {
             running: 2,
             waiting: 1,
+            drafts: 4,
             pages_used: 5,
             pages_free: 59,
             passes: 7,
@@ -322,6 +324,7 @@ mod tests {
             "wgspec_kv_pages_free 59",
             "wgspec_batch_passes_total 7",
             "wgspec_batch_rows_total 30",
+            "wgspec_batch_draft_rows_total 4",
             "wgspec_preemptions_total 1",
             "wgspec_batch_pass_rows_bucket{le=\"2\"} 0",
             "wgspec_batch_pass_rows_bucket{le=\"4\"} 1",
