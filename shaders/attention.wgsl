@@ -132,10 +132,16 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
         if (share_any(d0 + t < p.head_dim)) {
             let d = min(d0 + t, p.head_dim - 1u);
             var acc = 0.0;
+            var page = 0xffffffffu;
+            var base = 0u; // (the keys' cache rows: j + base within a page)
             for (var j0 = lo; j0 < direct; j0 += 8u) {
                 let own = score_own(inv, s_base + j0);
                 for (var j = j0; j < min(j0 + 8u, direct); j++) {
-                    acc = fma(score_at(s_base + j, j - j0, own), kv_value(key_row(r, j) * kv_row + v_base + d), acc);
+                    if (j / PAGE != page) {
+                        page = j / PAGE;
+                        base = page_base(r, page);
+                    }
+                    acc = fma(score_at(s_base + j, j - j0, own), kv_value((j + base) * kv_row + v_base + d), acc);
                 }
             }
             for (var j = direct; j < len; j++) {

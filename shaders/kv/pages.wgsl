@@ -17,3 +17,11 @@ fn key_row(r: u32, j: u32) -> u32 {
     if (step.paged == 0u) { return j; }
     return pages[step.rows[r].z + j / PAGE] * PAGE + j % PAGE;
 }
+
+// For the keys j of page `page` of r's sequence that are its own positions (not a tree's
+// ancestors): key_row(r, j) = j + page_base(r, page), wrapping (a loop over keys looks the page
+// table up once a page).
+fn page_base(r: u32, page: u32) -> u32 {
+    if (step.paged == 0u) { return 0u; }
+    return (pages[step.rows[r].z + page] - page) * PAGE;
+}

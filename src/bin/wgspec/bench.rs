@@ -40,7 +40,7 @@ pub struct BenchArgs {
     /// continuations), or with --synthetic a shape name (`tree:N:SHAPE` too), or `self` (the
     /// target's own weights: every draft is accepted, tau = K + 1, every verify row checked on
     /// the real shapes).
-    #[arg(long, required_unless_present = "roofline")]
+    #[arg(long, required_unless_present_any = ["roofline", "concurrency"])]
     pub draft: Option<DraftSpec>,
     /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
     /// earlier matches (default 1, the latest match's chain); `MODEL+ngram`, up to N n-gram
@@ -120,6 +120,19 @@ pub struct BenchArgs {
     /// K values at which to measure verify_cost (besides the mean K of the runs).
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
     pub verify_ks: Vec<usize>,
+    /// Instead of speculation against target-only decoding: the engine's batch under load, for
+    /// each N listed (1..=32) the same requests with at most N served together (`--draft none`
+    /// or `ngram`; greedy, or sampled without a top-k): tokens/s, time to first token, time per
+    /// output token, rows per pass, and the requests whose tokens differ from the first N's.
+    #[arg(long, value_delimiter = ',', conflicts_with = "roofline")]
+    pub concurrency: Vec<usize>,
+    /// With --concurrency: requests per level, prompt i mod the set (default: the set's size).
+    #[arg(long, requires = "concurrency")]
+    pub requests: Option<usize>,
+    /// With --concurrency: pages of 64 positions in the KV cache pool (default: the largest N
+    /// times the pages of a 512-token prompt and --max-tokens, at least one context).
+    #[arg(long, requires = "concurrency")]
+    pub kv_pages: Option<usize>,
     /// Where to write the JSON result.
     #[arg(long, default_value = "bench-spec.json")]
     pub out: PathBuf,
@@ -137,6 +150,10 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         precision: if args.f32 { Precision::F32 } else { Precision::Auto },
         // (shape facts need the ops recorded, not the weights in them)
         skip_weight_data: args.roofline && args.shape_only,
+        kv_pages: args.concurrency.iter().max().map(|&n| {
+            let pages = |positions: usize| positions.div_ceil(wgspec::gpu::KV_PAGE);
+            args.kv_pages.unwrap_or(n * pages(512 + args.max_tokens)).max(pages(args.context))
+        }),
         ..Default::default()
     };
     let prompts_json = match &args.prompts {
@@ -163,8 +180,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     if args.chat && !engine.has_chat_template() {
         return Err(Error::InvalidArgument("--chat: the model declares no chat template".into()));
     }
-    let mut results = Vec::new();
-    for (i, p) in prompts.iter().enumerate() {
+    let request = |p: &BenchPrompt| {
         let mut req = Request::text(&p.prompt, args.max_tokens);
         if args.chat {
             req.prompt = None;
@@ -173,6 +189,35 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         let SamplingParams { temperature, top_k, top_p, seed } = sampling;
         (req.temperature, req.top_k, req.top_p, req.seed) = (temperature, top_k, top_p, seed);
         (req.draft_k, req.max_draft_k) = (args.k.draft_k, args.k.max_draft_k);
+        req
+    };
+    if !args.concurrency.is_empty() {
+        let count = args.requests.unwrap_or(prompts.len());
+        let requests = (0..count)
+            .map(|i| {
+                let mut req = request(&prompts[i % prompts.len().max(1)]);
+                // (each sampled request its own seed)
+                req.seed = req.seed.wrapping_add(i as u64);
+                Ok((engine.prompt_tokens(&req)?, req))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let levels = crate::bench_batch::run(&mut engine, &requests, &args.concurrency).await?;
+        let report = serde_json::json!({
+            "adapter": gpu.describe(),
+            "target": target_name,
+            "draft": spec.to_string(),
+            "max_tokens": args.max_tokens,
+            "levels": levels,
+        });
+        let text = serde_json::to_string_pretty(&report)
+            .map_err(|e| Error::InvalidArgument(format!("json: {e}")))?;
+        std::fs::write(&args.out, &text).map_err(|e| Error::io(args.out.display(), e))?;
+        eprintln!("wrote {}", args.out.display());
+        return Ok(());
+    }
+    let mut results = Vec::new();
+    for (i, p) in prompts.iter().enumerate() {
+        let req = request(p);
         let tokens = engine.prompt_tokens(&req)?;
         let r = run_prompt(&mut engine, p, &tokens, &req, i % 2 == 1).await?;
         r.print(!sampling.is_greedy());
@@ -240,7 +285,7 @@ fn bench_engine(
     opts: &LoadOptions,
     spec: &DraftSpec,
 ) -> Result<(Engine, String)> {
-    if *spec == DraftSpec::None && !args.roofline {
+    if *spec == DraftSpec::None && !args.roofline && args.concurrency.is_empty() {
         return Err(Error::InvalidArgument(
             "bench compares speculation with target-only decoding: give a --draft".into(),
         ));

@@ -1,10 +1,12 @@
 //! The `wgspec` binary: the command line in [`cli`], the models and drafts its commands load in
 //! [`load`], the benchmark in [`bench`] (with the kernels' rooflines and shape facts in
-//! [`roofline`]) and the HTTP server in [`serve`] (native only; built for wasm32 as an empty
+//! [`roofline`], the batch under load in [`bench_batch`]) and the HTTP server in [`serve`] (native only; built for wasm32 as an empty
 //! program, since the browser gets the library through `src/web.rs` instead).
 
 #[cfg(not(target_arch = "wasm32"))]
 mod bench;
+#[cfg(not(target_arch = "wasm32"))]
+mod bench_batch;
 #[cfg(not(target_arch = "wasm32"))]
 mod cli;
 #[cfg(not(target_arch = "wasm32"))]

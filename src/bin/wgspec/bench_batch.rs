@@ -1,0 +1,163 @@
+//! `wgspec bench --concurrency N,..`: the engine's batch under load, without HTTP. For each level
+//! N the same R requests (prompt i mod the set) run through [`Engine::batch_step`] with at most N
+//! in the batch at once, a request taking the place of one that ended (N clients sending one
+//! after another). Per level: output tokens/s, time to first token and time per output token
+//! (p50, p99, in passes' wall time), the passes and their rows, preemptions, and the requests
+//! whose tokens differ from the first level's (a request's output must not depend on who else is
+//! served).
+
+use std::collections::HashMap;
+use std::time::Instant;
+
+use serde::Serialize;
+use wgspec::engine::{BatchEvent, BatchLimits, Engine, Request, SeqId};
+use wgspec::model::MAX_BATCH;
+use wgspec::{Error, Result};
+
+/// One level's figures.
+#[derive(Clone, Debug, Serialize)]
+pub struct Level {
+    pub concurrency: usize,
+    pub requests: usize,
+    pub output_tokens: usize,
+    pub seconds: f64,
+    pub output_tokens_per_second: f64,
+    /// From a request's submission to its first token, and per token after it (ms).
+    pub ttft_ms: (f64, f64),
+    pub tpot_ms: (f64, f64),
+    pub passes: u64,
+    pub rows_per_pass: f64,
+    pub draft_rows: u64,
+    pub preemptions: u64,
+    /// Requests whose tokens differ from the first level's.
+    pub differ: Vec<usize>,
+}
+
+/// The q-th percentile (0-100) of `v`, by linear interpolation (0 for none).
+fn percentile(v: &[f64], q: f64) -> f64 {
+    let mut v = v.to_vec();
+    v.sort_by(f64::total_cmp);
+    if v.is_empty() {
+        return 0.0;
+    }
+    let at = (v.len() - 1) as f64 * q / 100.0;
+    let (lo, hi) = (at.floor() as usize, (at.ceil() as usize).min(v.len() - 1));
+    v[lo] + (v[hi] - v[lo]) * (at - lo as f64)
+}
+
+/// Runs every level over `requests` (their prompts tokenized), printing a line per level.
+pub async fn run(
+    engine: &mut Engine,
+    requests: &[(Vec<u32>, Request)],
+    levels: &[usize],
+) -> Result<Vec<Level>> {
+    if let Some(r) = requests.iter().find(|(_, r)| !engine.batchable(r)) {
+        return Err(Error::InvalidArgument(format!(
+            "--concurrency batches greedy requests and sampled ones without a top-k, plain or with \
+             n-gram drafts (draft {:?}, top-k {})",
+            r.1.draft, r.1.top_k
+        )));
+    }
+    let mut first: Option<Vec<Vec<u32>>> = None;
+    let mut out = Vec::new();
+    for &n in levels {
+        if !(1..=MAX_BATCH).contains(&n) {
+            return Err(Error::InvalidArgument(format!("--concurrency takes 1..={MAX_BATCH}, got {n}")));
+        }
+        let limits = engine.batch_limits();
+        engine.set_batch_limits(BatchLimits { max_seqs: n, ..limits });
+        let (level, tokens) = level(engine, requests, n).await?;
+        engine.set_batch_limits(limits);
+        let level = match &first {
+            None => level,
+            Some(want) => {
+                let differ = (0..tokens.len()).filter(|&i| tokens[i] != want[i]).collect();
+                Level { differ, ..level }
+            }
+        };
+        first.get_or_insert(tokens);
+        eprintln!(
+            "N={:<3} {:8.2} tok/s  TTFT p50 {:.0} ms p99 {:.0} ms  TPOT p50 {:.1} ms  {:.1} rows/pass  \
+             {} preempted  {} of {} differ",
+            n,
+            level.output_tokens_per_second,
+            level.ttft_ms.0,
+            level.ttft_ms.1,
+            level.tpot_ms.0,
+            level.rows_per_pass,
+            level.preemptions,
+            level.differ.len(),
+            requests.len()
+        );
+        out.push(level);
+    }
+    Ok(out)
+}
+
+/// One level: the requests through the batch, at most `n` at once. Returns its figures and each
+/// request's tokens.
+async fn level(
+    engine: &mut Engine,
+    requests: &[(Vec<u32>, Request)],
+    n: usize,
+) -> Result<(Level, Vec<Vec<u32>>)> {
+    let before = engine.batch_status();
+    let mut tokens = vec![Vec::new(); requests.len()];
+    let (mut ttft, mut tpot) = (Vec::new(), Vec::new());
+    // request index of each id, its submission time and its first token's
+    let mut live: HashMap<SeqId, (usize, Instant, Option<Instant>)> = HashMap::new();
+    let mut next = 0;
+    let t0 = Instant::now();
+    loop {
+        while live.len() < n && next < requests.len() {
+            let (prompt, req) = &requests[next];
+            live.insert(engine.batch_submit(prompt.clone(), req)?, (next, Instant::now(), None));
+            next += 1;
+        }
+        if live.is_empty() {
+            break;
+        }
+        for (id, ev) in engine.batch_step().await? {
+            let Some(entry) = live.get_mut(&id) else { continue };
+            match ev {
+                BatchEvent::Token(t) => {
+                    if let Some(tok) = t.id {
+                        tokens[entry.0].push(tok);
+                        entry.2.get_or_insert_with(Instant::now);
+                    }
+                }
+                BatchEvent::Done(c) => {
+                    let (i, sent, first) = entry.to_owned();
+                    live.remove(&id);
+                    if let Some(first) = first {
+                        ttft.push((first - sent).as_secs_f64() * 1e3);
+                        if c.tokens.len() > 1 {
+                            tpot.push(first.elapsed().as_secs_f64() * 1e3 / (c.tokens.len() - 1) as f64);
+                        }
+                    }
+                    tokens[i] = c.tokens;
+                }
+                BatchEvent::Failed(e) => return Err(e),
+            }
+        }
+    }
+    let seconds = t0.elapsed().as_secs_f64();
+    let after = engine.batch_status();
+    let output_tokens = tokens.iter().map(Vec::len).sum();
+    let passes = after.passes - before.passes;
+    let level = Level {
+        concurrency: n,
+        requests: requests.len(),
+        output_tokens,
+        seconds,
+        output_tokens_per_second: output_tokens as f64 / seconds,
+        ttft_ms: (percentile(&ttft, 50.0), percentile(&ttft, 99.0)),
+        tpot_ms: (percentile(&tpot, 50.0), percentile(&tpot, 99.0)),
+        passes,
+        rows_per_pass: (after.rows - before.rows) as f64 / passes.max(1) as f64,
+        draft_rows: after.drafts - before.drafts,
+        preemptions: after.preemptions - before.preemptions,
+        differ: Vec::new(),
+    };
+    Ok((level, tokens))
+}
