@@ -607,6 +607,32 @@ fn one_memory_budget_for_the_target_the_draft_and_the_heads() {
     let msg = err.to_string();
     assert!(matches!(err, Error::GpuLimit(_)) && msg.contains("the draft model needs"), "{msg}");
     assert!(short.draft_model().is_none(), "nothing of the refused draft stays");
+
+    // the batch's KV cache pool: what the budget leaves beside the target and the heads
+    let page = free.target().kv_page_bytes();
+    let mut pooled = engine(Some(target + medusa + 10 * page + page / 2));
+    pooled.load_medusa(heads(), &mut |_, _| {}).expect("the heads fit");
+    let one_context = pooled.target().kv_pages();
+    assert_eq!(pooled.set_kv_pool(None).expect("the pool"), one_context + 10, "whole pages of what is left");
+    assert_eq!(pooled.memory_bytes(), target + medusa + 10 * page, "billed");
+    let err = pooled.set_kv_pool(Some(one_context + 11)).expect_err("a page over the budget");
+    assert!(matches!(err, Error::GpuLimit(_)), "{err}");
+    assert!(matches!(pooled.set_kv_pool(Some(1)), Err(Error::InvalidArgument(_))), "less than one context");
+    // requests run in the new pool, as alone
+    let mut req = Request::text("the cat sat on the mat", 12);
+    req.draft = Some(DraftKind::None);
+    let alone = run(&mut pooled, &req).0;
+    let prompt = pooled.prompt_tokens(&req).expect("prompt");
+    let id = pooled.batch_submit(prompt, &req).expect("submit");
+    let mut tokens = Vec::new();
+    while !pooled.batch_idle() {
+        for (got, ev) in pollster::block_on(pooled.batch_step()).expect("pass") {
+            if let (true, wgspec::engine::BatchEvent::Done(c)) = (got == id, ev) {
+                tokens = c.tokens;
+            }
+        }
+    }
+    assert_eq!(tokens, alone.tokens);
 }
 
 /// An engine on `gguf` whose KV cache pool holds `pages` pages (of sequences of 128 positions).

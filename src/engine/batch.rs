@@ -214,6 +214,13 @@ impl Batch {
         }
     }
 
+    /// A pool of `pool` pages, all free (while idle: no sequence holds any).
+    pub(super) fn resize(&mut self, pool: usize) {
+        debug_assert!(self.is_idle());
+        self.free = (0..pool as u32).rev().collect();
+        self.pool = pool;
+    }
+
     /// Whether no request is waiting or running.
     pub(super) fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()

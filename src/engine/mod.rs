@@ -231,6 +231,42 @@ impl Engine {
         self.batch.limits
     }
 
+    /// Makes the target's KV cache a pool of `pages` pages for the batch
+    /// ([`Model::set_kv_pages`]), or with `None` as many as the memory budget leaves beside
+    /// everything loaded (at least one context's worth; the adapter's binding limit at most; one
+    /// context's worth without a budget). Only while the batch is idle. Returns the pages.
+    pub fn set_kv_pool(&mut self, pages: Option<usize>) -> Result<usize> {
+        if !self.batch.is_idle() {
+            return Err(Error::InvalidArgument(
+                "the KV cache pool changes only while the batch is idle".into(),
+            ));
+        }
+        let t = &self.target;
+        let pages = match (pages, self.load_options.max_memory) {
+            (Some(p), _) => p,
+            (None, None) => t.context().div_ceil(crate::gpu::KV_PAGE),
+            (None, Some(budget)) => {
+                let left = budget.saturating_sub(self.memory_bytes());
+                let fits = t.kv_pages() + (left / t.kv_page_bytes().max(1)) as usize;
+                fits.min(t.max_kv_pages()).max(t.context().div_ceil(crate::gpu::KV_PAGE))
+            }
+        };
+        if let Some(budget) = self.load_options.max_memory {
+            let grows = t.kv_page_bytes() * pages.saturating_sub(t.kv_pages()) as u64;
+            if self.memory_bytes() + grows > budget {
+                return Err(Error::GpuLimit(format!(
+                    "a KV cache pool of {pages} pages needs {:.1} MB more than the budget of {:.1} MB holds",
+                    (self.memory_bytes() + grows - budget) as f64 / 1e6,
+                    budget as f64 / 1e6
+                )));
+            }
+        }
+        self.target.set_kv_pages(pages)?;
+        self.batch.resize(pages);
+        self.target_info.gpu_memory_bytes = self.target.memory_bytes();
+        Ok(pages)
+    }
+
     /// The draft requests that name none speculate with: the draft model, Medusa heads or EAGLE
     /// head loaded last, else none, unless [`Engine::set_default_draft`] chose another.
     pub fn default_draft(&self) -> DraftKind {

@@ -207,9 +207,10 @@ struct ServeArgs {
     /// Most rows of one forward pass: prompt chunks, decoding tokens and drafts (1..=32).
     #[arg(long, default_value_t = 32)]
     max_batch_tokens: usize,
-    /// Pages of 64 positions in the KV cache pool the batched requests share (default: one
-    /// context's worth; checked with the weights against --max-memory-mb). A request waits
-    /// for pages, or the youngest running one is preempted and later recomputed.
+    /// Pages of 64 positions in the KV cache pool the batched requests share (default: with
+    /// --max-memory-mb, as many as the budget leaves beside the models; else one context's
+    /// worth). A request waits for pages, or the youngest running one is preempted and later
+    /// recomputed.
     #[arg(long)]
     kv_pages: Option<usize>,
     #[command(flatten)]

@@ -263,6 +263,52 @@ impl Model {
         self.kv_pages
     }
 
+    /// Bytes one page of the pool takes (every layer's).
+    pub fn kv_page_bytes(&self) -> u64 {
+        (self.config.n_layers * KV_PAGE * kv_words(&self.config, self.state.kv_f16) * 4) as u64
+    }
+
+    /// The most pages a pool may have: each layer's cache is one binding.
+    pub fn max_kv_pages(&self) -> usize {
+        let page = (KV_PAGE * kv_words(&self.config, self.state.kv_f16) * 4) as u64;
+        (self.gpu.max_binding_bytes() / page.max(1)).min(1 << 24) as usize
+    }
+
+    /// Makes the KV cache a pool of `pages` pages (at least one context's worth, at most
+    /// [`Model::max_kv_pages`]): new buffers, what was cached is gone (the cache is emptied), and
+    /// the passes that bind them are recorded again. [`Model::memory_bytes`] follows.
+    pub fn set_kv_pages(&mut self, pages: usize) -> Result<()> {
+        if pages * KV_PAGE < self.context || pages > self.max_kv_pages() {
+            return Err(Error::InvalidArgument(format!(
+                "a KV cache pool of {pages} pages of {KV_PAGE} positions: it takes {} to {}",
+                self.context.div_ceil(KV_PAGE),
+                self.max_kv_pages()
+            )));
+        }
+        let g = &*self.gpu;
+        let words = pages * KV_PAGE * kv_words(&self.config, self.state.kv_f16);
+        let kv: Vec<GpuBuffer<u32>> = (0..self.config.n_layers)
+            .map(|i| GpuBuffer::<u32>::zeros(g, &format!("kv_cache {i}"), words))
+            .collect();
+        // (an allocation the device could not make fails here, the old pool kept)
+        g.take_error()?;
+        let old = self.kv_page_bytes() * self.kv_pages as u64;
+        self.state.kv_cache = kv;
+        self.kv_pages = pages;
+        self.memory_bytes = self.memory_bytes - old + self.kv_page_bytes() * pages as u64;
+        self.len = 0;
+        (self.forward_ops, self.body_ops, self.layer_ops) =
+            record_forward(g, &self.config, &self.weights, &self.state, self.context);
+        let width = kv_words(&self.config, self.state.kv_f16) as u32;
+        self.keep_ops = self
+            .state
+            .kv_cache
+            .iter()
+            .map(|kv| g.kv_keep(&self.state.step, &self.state.keep, kv, width))
+            .collect();
+        g.take_error()
+    }
+
     /// Rolls the KV cache back to its first `len` positions (no copies: later positions are overwritten).
     pub fn truncate(&mut self, len: usize) {
         self.len = self.len.min(len);

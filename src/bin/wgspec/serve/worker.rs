@@ -185,18 +185,24 @@ impl Drop for CloseOnExit {
     }
 }
 
-/// Loads the target (and the draft model, if any) with progress on stderr.
+/// Loads the target (and the draft model, if any) with progress on stderr, then sizes the KV
+/// cache pool of the batch: `--kv-pages`, or what `--max-memory-mb` leaves beside the models.
 fn load_engine(cfg: &ModelConfig) -> wgspec::Result<Engine> {
     let gpu = Arc::new(pollster::block_on(Gpu::new())?);
     eprintln!("adapter: {}", gpu.describe());
-    let opts = LoadOptions {
-        context: cfg.context,
-        max_memory: cfg.max_memory,
-        kv_pages: cfg.kv_pages,
-        ..Default::default()
-    };
+    let opts = LoadOptions { context: cfg.context, max_memory: cfg.max_memory, ..Default::default() };
     let mut engine = crate::load::load_engine(&gpu, &cfg.model, &cfg.draft, &opts, false)?;
     engine.set_batch_limits(cfg.batch);
+    if cfg.kv_pages.is_some() || cfg.max_memory.is_some() {
+        engine.set_kv_pool(cfg.kv_pages)?;
+    }
+    let pages = engine.target().kv_pages();
+    eprintln!(
+        "KV cache pool: {pages} pages of {} positions ({:.1} MB), batches of up to {} requests",
+        wgspec::gpu::KV_PAGE,
+        (pages as u64 * engine.target().kv_page_bytes()) as f64 / 1e6,
+        cfg.batch.max_seqs
+    );
     Ok(engine)
 }
 
