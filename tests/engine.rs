@@ -769,6 +769,29 @@ fn batched_requests_each_equal_their_run_alone() {
     assert!(status.preemptions > 0, "the small pool preempted: {status:?}");
     assert_eq!(status.pages_used, 0);
 
+    // a pool of one context for three requests that run to the context's end, and one that
+    // wants no token: each as alone
+    let mut tight = engine_with_pages(gguf.clone(), 2);
+    // (prompts of one page each: two run at once, and the older one's growth preempts the other)
+    let mut long: Vec<Request> = [0, 2, 3].iter().map(|&i| reqs[i].clone()).collect();
+    for r in &mut long {
+        r.max_tokens = 300;
+        r.stop.clear();
+    }
+    long.push(Request { max_tokens: 0, ..reqs[1].clone() });
+    let want: Vec<Completion> = long.iter().map(|r| run(&mut tight, r).0).collect();
+    assert!(want[..3].iter().all(|c| c.prompt_tokens.len() + c.tokens.len() == 129), "to the context's end");
+    let ids: Vec<_> = long
+        .iter()
+        .map(|r| tight.batch_submit(tight.prompt_tokens(r).expect("prompt"), r).expect("submit"))
+        .collect();
+    let done = run_batch(&mut tight, 0, |_, _| {});
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(done[id].tokens, want[i].tokens, "request {i} in a pool of one context");
+        assert_eq!(done[id].finish_reason, want[i].finish_reason);
+    }
+    assert!(tight.batch_status().preemptions > 0);
+
     // a request cancelled mid-batch returns its pages at once; the others finish exactly
     let ids: Vec<_> =
         (0..4).map(|i| engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();

@@ -112,7 +112,8 @@ struct Seq {
     /// Verify passes whose drafts were not all accepted (with the accepted drafts: how often a
     /// draft was reached, for its acceptance).
     rejected: usize,
-    /// A sampled request's draws (none: greedy, the argmax).
+    /// Its sampling, and a sampled request's draws once admitted (none: greedy, the argmax).
+    sampling: SamplingParams,
     draw: Option<Draw>,
     stats: SpecStats,
     /// When it was first admitted, and when its first token came.
@@ -197,6 +198,8 @@ pub(super) struct Batch {
     costs: PassCosts,
     /// (made with the first sampled request)
     readback: Option<Readback>,
+    /// Events not yet returned by [`step`].
+    events: Vec<(SeqId, BatchEvent)>,
 }
 
 impl Batch {
@@ -211,6 +214,7 @@ impl Batch {
             status: BatchStatus::default(),
             costs: PassCosts::default(),
             readback: None,
+            events: Vec::new(),
         }
     }
 
@@ -237,15 +241,8 @@ impl Batch {
     }
 
     /// Queues a request whose prompt and parameters are checked
-    /// ([`Engine::batch_submit`](super::Engine::batch_submit)); a sampled one's draws are made
-    /// on `target`.
-    pub(super) fn submit(
-        &mut self,
-        target: &Model,
-        prompt: Vec<u32>,
-        req: &Request,
-        draft: DraftKind,
-    ) -> SeqId {
+    /// ([`Engine::batch_submit`](super::Engine::batch_submit)).
+    pub(super) fn submit(&mut self, prompt: Vec<u32>, req: &Request, draft: DraftKind) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
         let ngram = (draft == DraftKind::Ngram).then(|| Drafting {
@@ -254,12 +251,6 @@ impl Batch {
             fixed: req.draft_k.is_some(),
         });
         let stats = SpecStats { draft, base: crate::generation::Stats::default(), ..SpecStats::default() };
-        let params = req.sampling();
-        let draw = (!params.is_greedy()).then(|| {
-            let g = &**target.gpu();
-            let readback = self.readback.get_or_insert_with(|| Readback::new(g));
-            draw_ops(target, readback, &params)
-        });
         self.waiting.push_back(Seq {
             id,
             prompt_len: prompt.len(),
@@ -271,7 +262,8 @@ impl Batch {
             text: TextStream::new(&req.stop),
             ngram,
             rejected: 0,
-            draw,
+            sampling: req.sampling(),
+            draw: None,
             stats,
             admitted: None,
             first_token: None,
@@ -296,30 +288,43 @@ impl Batch {
         }
     }
 
-    /// Admits waiting sequences, oldest first, while there is a place and the pool holds their
-    /// tokens and the position after them.
-    fn admit(&mut self) {
-        while self.running.len() < self.limits.max_seqs.clamp(1, MAX_BATCH) {
+    /// Admits waiting sequences, oldest first, while there is a place (each running sequence
+    /// has a row of every pass) and the pool holds their tokens and the position after them
+    /// (within the context): in arrival order among the running ones, so a preempted sequence
+    /// comes back older than those that arrived after it.
+    fn admit(&mut self, context: usize) {
+        let places = self.limits.max_seqs.min(self.limits.max_rows).clamp(1, MAX_BATCH);
+        while self.running.len() < places {
             let Some(s) = self.waiting.front() else { break };
-            let need = Seq::pages_for(s.tokens.len() + 1);
+            let need = Seq::pages_for((s.tokens.len() + 1).min(context));
             if need > self.free.len() {
                 break;
             }
             let Some(mut s) = self.waiting.pop_front() else { break };
             s.pages = (0..need).filter_map(|_| self.free.pop()).collect();
             s.admitted.get_or_insert_with(Instant::now);
-            self.running.push(s);
+            let at = self.running.partition_point(|r| r.id < s.id);
+            self.running.insert(at, s);
+        }
+    }
+
+    /// Makes the draws of running sampled sequences that have none yet (at their admission: a
+    /// waiting request holds no GPU memory).
+    fn make_draws(&mut self, target: &Model) {
+        for s in self.running.iter_mut().filter(|s| !s.sampling.is_greedy() && s.draw.is_none()) {
+            let readback = self.readback.get_or_insert_with(|| Readback::new(target.gpu()));
+            s.draw = Some(draw_ops(target, readback, &s.sampling));
         }
     }
 
     /// Gives running sequence `i` pages up to position `end` (exclusive), preempting the
-    /// youngest other sequences while the pool has none left when `preempt`; false if it could
-    /// not (then it holds what it had).
-    fn grow(&mut self, i: usize, end: usize, preempt: bool) -> bool {
+    /// youngest others while the pool has none left; false if it could not (then it holds what
+    /// it had).
+    fn grow(&mut self, i: usize, end: usize) -> bool {
         while self.running[i].pages.len() < Seq::pages_for(end) {
             match self.free.pop() {
                 Some(p) => self.running[i].pages.push(p),
-                None if preempt && self.running.len() > i + 1 => self.preempt_youngest(),
+                None if self.running.len() > i + 1 => self.preempt_youngest(),
                 None => return false,
             }
         }
@@ -338,47 +343,65 @@ impl Batch {
     }
 }
 
-/// Runs one pass of the batch on `target`: admits what fits, plans every running sequence's
-/// rows, runs them, commits. Returns each request's events of the pass, in order (nothing when
-/// the batch is idle). An error of the pass itself (the GPU) is returned: it leaves every running
-/// sequence where it was.
+/// Runs one pass of the batch on `target`: admits what fits, ends the sequences that are done,
+/// plans every running sequence's rows, runs them, commits. Returns each request's events since
+/// the last call, in order (nothing when the batch is idle). An error of the pass itself (the
+/// GPU) is returned before anything is committed: every running sequence stays where it was,
+/// and the events made before the pass come with the next call.
 pub(super) async fn step(
     batch: &mut Batch,
     target: &mut Model,
     tokenizer: &Tokenizer,
 ) -> Result<Vec<(SeqId, BatchEvent)>> {
-    let mut events = Vec::new();
+    if batch.pool != target.kv_pages() {
+        if !batch.is_idle() {
+            return Err(Error::InvalidArgument(
+                "the target's KV cache pool changed under a running batch".into(),
+            ));
+        }
+        batch.resize(target.kv_pages());
+    }
     let context = target.context();
-    // sequences at the context's end or their max_tokens (a preempted one may come back there)
-    // end before they take rows
-    batch.admit();
+    batch.admit(context);
+    end_spent(batch, context, tokenizer);
+    batch.admit(context);
+    batch.make_draws(target);
+    let plan = plan(batch, context);
+    if !plan.is_empty() {
+        let out = run(batch, target, &plan).await?;
+        let outcomes = outcomes(batch, &plan, &out, target.config.vocab_size)?;
+        apply(batch, &plan, outcomes, tokenizer);
+    }
+    Ok(std::mem::take(&mut batch.events))
+}
+
+/// Ends the running sequences that have their tokens (`max_tokens`, which may be 0) or reached
+/// the context's end (a preempted one may come back there), as the one-sequence loop does before
+/// a cycle.
+fn end_spent(batch: &mut Batch, context: usize, tokenizer: &Tokenizer) {
     let mut i = 0;
     while i < batch.running.len() {
         let s = &batch.running[i];
         let decoding = s.n_past + 1 == s.tokens.len();
-        if decoding && (s.n_past >= context || s.generated() >= s.max_tokens) {
+        if s.generated() >= s.max_tokens || (decoding && s.n_past >= context) {
             let s = batch.running.remove(i);
-            finish(batch, s, FinishReason::Length, tokenizer, &mut events);
+            finish(batch, s, FinishReason::Length, tokenizer);
             continue;
         }
         i += 1;
     }
-    batch.admit();
-    let plan = plan(batch, context);
-    if plan.is_empty() {
-        return Ok(events);
-    }
+}
+
+/// Records and runs the pass of `plan` and reads back what the commits need; counts it.
+async fn run(batch: &mut Batch, target: &mut Model, plan: &[Rows]) -> Result<Readout> {
     // each sequence's rows: its tokens not yet run, then its drafts
-    let rows: Vec<Vec<u32>> = plan
-        .iter()
+    let rows: Vec<Vec<u32>> = (plan.iter())
         .map(|r| {
             let s = &batch.running[r.seq];
             s.tokens[s.n_past..s.n_past + r.run].iter().chain(&r.drafts).copied().collect()
         })
         .collect();
-    let seqs: Vec<SeqRows> = plan
-        .iter()
-        .zip(&rows)
+    let seqs: Vec<SeqRows> = (plan.iter().zip(&rows))
         .map(|(r, tokens)| {
             let s = &batch.running[r.seq];
             SeqRows { pages: &s.pages, start_pos: s.n_past, tokens }
@@ -387,34 +410,43 @@ pub(super) async fn step(
     let enc = target.encode_pages(&seqs, true)?;
     let n = rows.iter().map(Vec::len).sum::<usize>();
     let t0 = Instant::now();
-    let out = run_pass(batch, target, enc, &plan, n).await?;
+    let out = run_pass(batch, target, enc, plan, n).await?;
     batch.costs.observe(n, t0.elapsed().as_secs_f64());
     batch.status.passes += 1;
     batch.status.rows += n as u64;
     batch.status.drafts += plan.iter().map(|r| r.drafts.len() as u64).sum::<u64>();
-    let vocab = target.config.vocab_size;
+    Ok(out)
+}
+
+/// What a pass gave one sequence.
+enum Outcome {
+    /// A prompt chunk ran: nothing to commit.
+    Prefilled,
+    /// The choices (argmax, or draws) of its newest token's row and its drafts' rows.
+    Chosen(Vec<u32>),
+    /// A logit of its row at this position is not finite (a sampled request: it fails alone).
+    NonFinite(usize),
+}
+
+/// Every plan entry's outcome, checked before anything is committed: a choice outside the
+/// vocabulary is the GPU's error.
+fn outcomes(batch: &Batch, plan: &[Rows], out: &Readout, vocab: usize) -> Result<Vec<Outcome>> {
     let mut at = 0;
-    let mut ended = Vec::new();
+    let mut all = Vec::with_capacity(plan.len());
     for (i, r) in plan.iter().enumerate() {
         let first = at;
         at += r.run + r.drafts.len();
-        let s = &mut batch.running[r.seq];
-        s.stats.base.target_forwards += 1;
+        let s = &batch.running[r.seq];
         if !r.pending {
-            s.n_past += r.run;
+            all.push(Outcome::Prefilled);
             continue;
         }
-        // the choices of the newest token's row and the drafts' rows: argmax, or the draws
         let rows = first + r.run - 1..at;
-        let choices: Vec<u32> = match (&s.draw, &out) {
+        let choices: Vec<u32> = match (&s.draw, out) {
             (Some(_), Readout::Draws(w)) => {
+                // (the flag: 1 + the last pass row with a non-finite logit)
                 if let Some(row) = w[5 * MAX_BATCH + i].checked_sub(1) {
-                    let e = Error::NonFinite(format!(
-                        "a logit of the row at position {} is not finite",
-                        s.n_past + r.run - 1 + row as usize
-                    ));
-                    events.push((s.id, BatchEvent::Failed(e)));
-                    ended.push((r.seq, FinishReason::Cancelled));
+                    all.push(Outcome::NonFinite(s.n_past + (row as usize).saturating_sub(first)));
                     continue;
                 }
                 rows.map(|row| w[MAX_BATCH + 4 * row]).collect()
@@ -425,15 +457,38 @@ pub(super) async fn step(
         if let Some(&bad) = choices.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Gpu(format!("the GPU chose token {bad} of a vocabulary of {vocab}")));
         }
-        if let Some(reason) = commit(s, r, &choices, tokenizer, &mut events) {
+        all.push(Outcome::Chosen(choices));
+    }
+    Ok(all)
+}
+
+/// Commits each sequence's outcome and ends the sequences that are done.
+fn apply(batch: &mut Batch, plan: &[Rows], outcomes: Vec<Outcome>, tokenizer: &Tokenizer) {
+    let mut ended = Vec::new();
+    for (r, outcome) in plan.iter().zip(outcomes) {
+        let s = &mut batch.running[r.seq];
+        s.stats.base.target_forwards += 1;
+        let end = match outcome {
+            Outcome::Prefilled => {
+                s.n_past += r.run;
+                None
+            }
+            Outcome::NonFinite(pos) => {
+                let e = Error::NonFinite(format!("a logit of the row at position {pos} is not finite"));
+                batch.events.push((s.id, BatchEvent::Failed(e)));
+                Some(FinishReason::Cancelled)
+            }
+            Outcome::Chosen(choices) => commit(s, r, &choices, tokenizer, &mut batch.events),
+        };
+        if let Some(reason) = end {
             ended.push((r.seq, reason));
         }
     }
+    // (the plan's sequences ascend: removing from the last keeps the others' indices)
     for &(i, reason) in ended.iter().rev() {
         let s = batch.running.remove(i);
-        finish(batch, s, reason, tokenizer, &mut events);
+        finish(batch, s, reason, tokenizer);
     }
-    Ok(events)
 }
 
 /// What a pass read back: every row's argmax alone (no sampled request ran), or the batch's
@@ -513,7 +568,7 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
         let s = &batch.running[i];
         if s.n_past + 1 == s.tokens.len() {
             let end = s.n_past + 1;
-            if !batch.grow(i, end, true) {
+            if !batch.grow(i, end) {
                 // (the youngest itself, and no other to preempt: it waits for pages)
                 batch.preempt_youngest();
                 break;
@@ -620,9 +675,10 @@ impl PassCosts {
     }
 }
 
-/// Commits a sequence's pass: `out` holds the argmax of its newest token's row, then of its
-/// drafts' rows. Keeps the drafts the argmax agrees with, then the argmax's token; each token
-/// checked as the one-sequence loop checks it. Returns why the sequence ends, if it does.
+/// Commits a sequence's pass: `out` holds the choices (argmax, or draws) of its newest token's
+/// row, then of its drafts' rows. Keeps the drafts the choices agree with, then the choice after
+/// them; each token checked as the one-sequence loop checks it. Returns why the sequence ends,
+/// if it does.
 fn commit(
     s: &mut Seq,
     r: &Rows,
@@ -666,13 +722,8 @@ fn commit(
 
 /// Ends a sequence taken out of the running ones: its pages back to the pool, its text's held
 /// back tail and its completion as events (a failed one has had its event).
-fn finish(
-    batch: &mut Batch,
-    mut s: Seq,
-    reason: FinishReason,
-    tokenizer: &Tokenizer,
-    events: &mut Vec<(SeqId, BatchEvent)>,
-) {
+fn finish(batch: &mut Batch, mut s: Seq, reason: FinishReason, tokenizer: &Tokenizer) {
+    let events = &mut batch.events;
     batch.free.extend(s.pages.drain(..).rev());
     if reason == FinishReason::Cancelled {
         return;
@@ -733,6 +784,7 @@ mod tests {
             text: TextStream::new(&[]),
             ngram: Some(Drafting { ngram: NGram::default(), k_max: 8, fixed: false }),
             rejected,
+            sampling: SamplingParams::default(),
             draw: None,
             stats: SpecStats::default(),
             admitted: None,
@@ -748,6 +800,26 @@ mod tests {
             .collect();
         draft(batch, &mut plan, budget, 1024);
         plan.iter().map(|r| r.drafts.len()).collect()
+    }
+
+    #[test]
+    fn admission_takes_the_pages_of_a_sequence_up_to_the_context() {
+        // (a sequence preempted at the context's end comes back in one context's pages)
+        let mut batch = Batch::new(2);
+        let mut full = seq((0..128).collect(), 0, 0);
+        full.n_past = 0;
+        batch.waiting.push_back(full);
+        batch.admit(128);
+        assert_eq!((batch.running.len(), batch.running[0].pages.len()), (1, 2));
+        // admitted in arrival order; the places are the rows of a pass at most
+        let mut batch = Batch::new(8);
+        batch.limits = BatchLimits { max_seqs: 8, max_rows: 2 };
+        for id in [5, 2, 9] {
+            batch.waiting.push_back(Seq { id: SeqId(id), ..seq(vec![1, 2], 0, 0) });
+        }
+        batch.admit(128);
+        let ids: Vec<u64> = batch.running.iter().map(|s| s.id.0).collect();
+        assert_eq!(ids, [2, 5], "two places, in arrival order");
     }
 
     #[test]

@@ -194,7 +194,7 @@ impl Engine {
             return Err(Error::TokenOutOfRange { id, vocab });
         }
         let kind = req.draft.unwrap_or(self.default_draft);
-        Ok(self.batch.submit(&self.target, prompt, req, kind))
+        Ok(self.batch.submit(prompt, req, kind))
     }
 
     /// Takes a request out of the batch (its client left), its pages back to the pool at once;

@@ -58,12 +58,12 @@ pub async fn run(
             r.1.draft, r.1.top_k
         )));
     }
+    if let Some(n) = levels.iter().find(|n| !(1..=MAX_BATCH).contains(n)) {
+        return Err(Error::InvalidArgument(format!("--concurrency takes 1..={MAX_BATCH}, got {n}")));
+    }
     let mut first: Option<Vec<Vec<u32>>> = None;
     let mut out = Vec::new();
     for &n in levels {
-        if !(1..=MAX_BATCH).contains(&n) {
-            return Err(Error::InvalidArgument(format!("--concurrency takes 1..={MAX_BATCH}, got {n}")));
-        }
         let limits = engine.batch_limits();
         engine.set_batch_limits(BatchLimits { max_seqs: n, ..limits });
         let (level, tokens) = level(engine, requests, n).await?;

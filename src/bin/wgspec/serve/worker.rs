@@ -306,8 +306,12 @@ impl Scheduler {
         }
     }
 
-    /// Takes out of the batch the requests whose clients left (their pages free at once).
+    /// Takes out of the batch the requests whose clients left (their pages free at once), and
+    /// the job waiting to run alone if its client left.
     fn drop_left(&mut self, metrics: &Metrics) {
+        if self.alone.as_ref().is_some_and(|job| job.events.is_closed()) {
+            self.alone = None;
+        }
         let left: Vec<SeqId> =
             (self.served.iter()).filter(|(_, s)| s.events.is_closed()).map(|(&id, _)| id).collect();
         for id in left {
