@@ -821,3 +821,52 @@ fn batched_requests_each_equal_their_run_alone() {
     assert!(matches!(alone_now, Err(Error::InvalidArgument(_))), "not while the batch runs");
     assert!(engine.batch_cancel(id));
 }
+
+#[test]
+fn batched_sampling_draws_each_request_from_its_own_distribution() {
+    // 1000 sampled requests (seeds 0..1000), two prompts taking turns, 32 per pass with n-gram
+    // drafts: each prompt's first tokens follow the softmax of its own last row.
+    use wgspec::engine::{BatchEvent, BatchLimits};
+    let mut r = rng(45);
+    let mut tiny = TinyModel::random(TinySpec::llama(), &mut r);
+    // (flatter logits: a chi-square on several cells)
+    for t in tiny.tensors.iter_mut().filter(|t| t.name == "output_norm.weight") {
+        t.values.iter_mut().for_each(|v| *v *= 0.5);
+    }
+    let mut engine = engine_with_pages(tiny.to_gguf(DType::F32, &mut r), 48);
+    engine.set_batch_limits(BatchLimits { max_seqs: 32, max_rows: 32 });
+    let texts = ["the cat sat", "a b a b"];
+    let mut want = Vec::new();
+    let mut prompts = Vec::new();
+    for text in texts {
+        let mut req = Request::text(text, 2);
+        (req.temperature, req.draft) = (1.0, Some(DraftKind::Ngram));
+        let prompt = engine.prompt_tokens(&req).expect("prompt");
+        let logits = pollster::block_on(engine.target_mut().forward_last(&prompt, 0)).expect("logits");
+        let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
+        let e: Vec<f64> = logits.iter().map(|&x| ((x - max) as f64).exp()).collect();
+        let z: f64 = e.iter().sum();
+        want.push(e.iter().map(|x| x / z).collect::<Vec<f64>>());
+        prompts.push((prompt, req));
+    }
+    let mut ids = std::collections::HashMap::new();
+    for seed in 0..1000u64 {
+        let (prompt, req) = &prompts[seed as usize % 2];
+        let id = engine.batch_submit(prompt.clone(), &Request { seed, ..req.clone() }).expect("submit");
+        ids.insert(id, seed as usize % 2);
+    }
+    let v = want[0].len();
+    let mut counts = vec![vec![0usize; v]; 2];
+    while !engine.batch_idle() {
+        for (id, ev) in pollster::block_on(engine.batch_step()).expect("pass") {
+            if let BatchEvent::Done(c) = ev {
+                counts[ids[&id]][c.tokens[0] as usize] += 1;
+            }
+        }
+    }
+    for i in 0..2 {
+        common::assert_fits(&format!("prompt {:?}: first tokens", texts[i]), &counts[i], &want[i]);
+    }
+    let status = engine.batch_status();
+    assert!(status.rows as f64 > 8.0 * status.passes as f64, "many requests a pass: {status:?}");
+}
