@@ -42,7 +42,7 @@ use super::prompt::TextStream;
 use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
 use crate::generation::FinishReason;
-use crate::gpu::{Gpu, GpuBuffer, Op, SampleRows, SampleSeed, KV_PAGE};
+use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleRows, SampleSeed, KV_PAGE};
 use crate::model::{Model, SeqRows, MAX_BATCH};
 use crate::sampling::SamplingParams;
 use crate::speculative::sampled::target_draws;
@@ -93,6 +93,9 @@ pub struct BatchStatus {
     pub rows: u64,
     pub drafts: u64,
     pub preemptions: u64,
+    /// `k[i]`: how often a sequence's newest token went into a pass with i drafts after it
+    /// (the last: 8 or more), since the engine was made: K per sequence.
+    pub k: [u64; 9],
 }
 
 /// One request's state.
@@ -157,21 +160,27 @@ struct Draw {
 }
 
 /// What a batched pass reads back: each row's argmax, each row's draw words, each sequence's
-/// non-finite flag (sampled ones).
+/// non-finite flag (sampled ones); and the scratch every sampled request's draws share (they
+/// run one after another).
 struct Readback {
     draws: GpuBuffer<u32>,  // [MAX_BATCH, 4] sample.wgsl's words of the sampled rows
     result: GpuBuffer<u32>, // [MAX_BATCH argmax | MAX_BATCH, 4 draws | MAX_BATCH flags]
     no_drafts: GpuBuffer<u32>,
+    scratch: GpuBuffer<u32>, // the draws' (sample_scratch_len of the target's logits rows)
 }
 
 const RESULT_WORDS: usize = MAX_BATCH * 6;
 
 impl Readback {
-    fn new(g: &Gpu) -> Readback {
+    fn new(target: &Model) -> Readback {
+        let g = &**target.gpu();
+        let rows = SampleRows { logits: target.logits_buffer(), top: None };
+        let cfg = target_draws(&SamplingParams::default(), target.config.vocab_size);
         Readback {
             draws: GpuBuffer::<u32>::zeros(g, "batch draws", MAX_BATCH * 4),
             result: GpuBuffer::<u32>::zeros(g, "batch result", RESULT_WORDS),
             no_drafts: GpuBuffer::<u32>::zeros(g, "no drafts", 1),
+            scratch: GpuBuffer::<u32>::zeros(g, "batch sample scratch", sample_scratch_len(rows, cfg)),
         }
     }
 }
@@ -312,7 +321,7 @@ impl Batch {
     /// waiting request holds no GPU memory).
     fn make_draws(&mut self, target: &Model) {
         for s in self.running.iter_mut().filter(|s| !s.sampling.is_greedy() && s.draw.is_none()) {
-            let readback = self.readback.get_or_insert_with(|| Readback::new(target.gpu()));
+            let readback = self.readback.get_or_insert_with(|| Readback::new(target));
             s.draw = Some(draw_ops(target, readback, &s.sampling));
         }
     }
@@ -415,6 +424,9 @@ async fn run(batch: &mut Batch, target: &mut Model, plan: &[Rows]) -> Result<Rea
     batch.status.passes += 1;
     batch.status.rows += n as u64;
     batch.status.drafts += plan.iter().map(|r| r.drafts.len() as u64).sum::<u64>();
+    for r in plan.iter().filter(|r| r.pending) {
+        batch.status.k[r.drafts.len().min(8)] += 1;
+    }
     Ok(out)
 }
 
@@ -543,14 +555,14 @@ fn draw_ops(target: &Model, readback: &Readback, params: &SamplingParams) -> Dra
     let status = GpuBuffer::<u32>::zeros(g, "batch sample status", 1);
     let rows = SampleRows { logits: target.logits_buffer(), top: None };
     let cfg = target_draws(params, target.config.vocab_size);
-    let ops = g.sample(
+    let outs = (&readback.draws, &status);
+    let ops = g.sample_into(
         target.step_buffer(),
         &uniform,
-        rows,
-        None,
+        (rows, None),
         &readback.no_drafts,
-        &readback.draws,
-        &status,
+        outs,
+        &readback.scratch,
         cfg,
     );
     Draw { seed: params.seed, uniform, status, ops }

@@ -351,6 +351,19 @@ gpu_struct! {
     }
 }
 
+/// Words of the scratch of [`Gpu::sample`] drawing from `p` under `cfg`.
+pub fn sample_scratch_len(p: SampleRows, cfg: SampleConfig) -> usize {
+    sample_scratch(sample_slots(p, cfg), reduce_slices(cfg.vocab))
+}
+
+/// Rows a sample op's scratch holds: one for `last_only`, else every row of `p`.
+fn sample_slots(p: SampleRows, cfg: SampleConfig) -> usize {
+    match cfg.last_only {
+        Some(_) => 1,
+        None => (p.logits.len / cfg.vocab.max(1)).max(1),
+    }
+}
+
 /// Words of [`Gpu::sample`]'s scratch for `slots` rows of `slices` slices (the layout in
 /// `shaders/sample.wgsl`: stats, histograms, the levels' picks, the draws, the cuts).
 fn sample_scratch(slots: usize, slices: usize) -> usize {
@@ -1264,16 +1277,30 @@ impl Gpu {
         status: &GpuBuffer<u32>,
         cfg: SampleConfig,
     ) -> Vec<Op> {
+        let scratch = GpuBuffer::<u32>::zeros(self, "sample scratch", sample_scratch_len(p, cfg));
+        self.sample_into(step, seed, (p, q), drafts, (out, status), &scratch, cfg)
+    }
+
+    /// [`Gpu::sample`] with its scratch given (at least [`sample_scratch_len`] words): the
+    /// draws of ops that run one after another may share one.
+    #[allow(clippy::too_many_arguments)]
+    pub fn sample_into(
+        &self,
+        step: &wgpu::Buffer,
+        seed: &wgpu::Buffer,
+        (p, q): (SampleRows, Option<SampleRows>),
+        drafts: &GpuBuffer<u32>,
+        (out, status): (&GpuBuffer<u32>, &GpuBuffer<u32>),
+        scratch: &GpuBuffer<u32>,
+        cfg: SampleConfig,
+    ) -> Vec<Op> {
         debug_assert!(
             cfg.top_k == 0 || (p.top.is_some() && q.is_none_or(|q| q.top.is_some())),
             "a top-k needs each row source's ranked ids"
         );
+        debug_assert!(scratch.len >= sample_scratch_len(p, cfg), "a sample scratch too small");
         let slices = reduce_slices(cfg.vocab);
-        let slots = match cfg.last_only {
-            Some(_) => 1,
-            None => (p.logits.len / cfg.vocab.max(1)).max(1),
-        };
-        let scratch = GpuBuffer::<u32>::zeros(self, "sample scratch", sample_scratch(slots, slices));
+        let slots = sample_slots(p, cfg);
         let top = p.top.unwrap_or(drafts);
         let (q_logits, q_top) = q.map_or((p.logits, top), |q| (q.logits, q.top.unwrap_or(drafts)));
         let storage = [

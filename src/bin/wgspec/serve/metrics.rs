@@ -236,6 +236,14 @@ impl Metrics {
             for (name, help, value) in counters.into_iter().chain(batch_counters) {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
             }
+            let _ = writeln!(
+                out,
+                "# HELP wgspec_batch_draft_k_total Batched requests' newest tokens by the drafts after them in their pass (K; \"8\": 8 or more).\n\
+                 # TYPE wgspec_batch_draft_k_total counter"
+            );
+            for (k, n) in b.k.iter().enumerate() {
+                let _ = writeln!(out, "wgspec_batch_draft_k_total{{k=\"{k}\"}} {n}");
+            }
             let acceptance = if m.drafted > 0 { m.accepted as f64 / m.drafted as f64 } else { 0.0 };
             let tau =
                 if m.decode_forwards > 0.0 { m.generated_tokens as f64 / m.decode_forwards } else { 0.0 };
@@ -313,6 +321,7 @@ mod tests {
             passes: 7,
             rows: 30,
             preemptions: 1,
+            k: [5, 0, 2, 0, 0, 0, 0, 0, 1],
         };
         m.batch(status, Some(3));
         m.batch(status, Some(12));
@@ -325,6 +334,9 @@ mod tests {
             "wgspec_batch_passes_total 7",
             "wgspec_batch_rows_total 30",
             "wgspec_batch_draft_rows_total 4",
+            "wgspec_batch_draft_k_total{k=\"0\"} 5",
+            "wgspec_batch_draft_k_total{k=\"2\"} 2",
+            "wgspec_batch_draft_k_total{k=\"8\"} 1",
             "wgspec_preemptions_total 1",
             "wgspec_batch_pass_rows_bucket{le=\"2\"} 0",
             "wgspec_batch_pass_rows_bucket{le=\"4\"} 1",
