@@ -756,6 +756,18 @@ fn batched_requests_each_equal_their_run_alone() {
     }
     let status = engine.batch_status();
     assert!(status.rows > status.passes, "passes held several rows: {status:?}");
+    // a request with a fixed K alone in the batch drafts as the one-sequence loop does (what
+    // the demo page's answer is compared with the server's by)
+    for i in (0..8).filter(|&i| reqs[i].draft_k.is_some() && reqs[i].temperature == 0.0) {
+        let id = engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit");
+        let done = run_batch(&mut engine, 0, |_, _| {});
+        let (got, want) = (&done[&id].stats, &alone[i].stats);
+        assert_eq!(
+            (got.mean_k, got.drafted, got.accepted, &done[&id].from_draft),
+            (want.mean_k, want.drafted, want.accepted, &alone[i].from_draft),
+            "request {i} alone in the batch"
+        );
+    }
 
     // a pool of 4 pages for 8 requests of up to 2 pages each: they wait, and the youngest
     // running ones are preempted and run again; every one completes exactly

@@ -3,7 +3,7 @@
 //!
 //! ```text
 //!   waiting   requests not yet admitted (or preempted), oldest first
-//!   running   sequences with pages of the target's KV cache pool, in admission order
+//!   running   sequences with pages of the target's KV cache pool, in arrival order
 //!   a pass    1. each decoding sequence: its last token (1 row)
 //!             2. sequences still prefilling: a chunk of their prompt, within the pass's rows
 //!             3. rows left: n-gram drafts after decoding sequences' newest tokens, where the
@@ -22,8 +22,8 @@
 //! serving more requests does, and grows where rows are nearly free (a GPU's few-row passes).
 //! A request that fixes K (`draft_k`) drafts that many where the rows allow.
 //!
-//! A sequence is admitted when the pool has pages for its tokens and it has a place among
-//! `max_seqs`. A decoding sequence that needs a new page and finds none preempts the youngest
+//! A sequence is admitted when the pool has pages for its tokens and it has a place (`max_seqs`,
+//! and no more than a pass has rows: each running sequence takes one). A decoding sequence that needs a new page and finds none preempts the youngest
 //! running sequence: its pages return to the pool and it waits at the head of the queue, to run
 //! its tokens (prompt and generated) again when admitted. Every row of a pass reads only its own
 //! sequence's keys and the kernels are batch-invariant, so a request's tokens are, bit for bit,
@@ -192,6 +192,9 @@ struct Rows {
     run: usize,
     pending: bool,
     drafts: Vec<u32>,
+    /// The K asked of the drafter (a fixed K capped by the context and the tokens still
+    /// wanted, as the one-sequence loop asks it; the drafts may be fewer).
+    asked: usize,
 }
 
 /// The engine's batch of requests ([`Engine::batch_submit`](super::Engine::batch_submit)).
@@ -338,6 +341,15 @@ impl Batch {
             }
         }
         true
+    }
+
+    /// Gives running sequence `i` free pages up to position `end` (exclusive), as far as there
+    /// are free ones.
+    fn take_free(&mut self, i: usize, end: usize) {
+        while self.running[i].pages.len() < Seq::pages_for(end) {
+            let Some(p) = self.free.pop() else { return };
+            self.running[i].pages.push(p);
+        }
     }
 
     /// The youngest running sequence gives its pages back and waits at the head of the queue,
@@ -585,7 +597,7 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
                 batch.preempt_youngest();
                 break;
             }
-            plan.push(Rows { seq: i, run: 1, pending: true, drafts: Vec::new() });
+            plan.push(Rows { seq: i, run: 1, pending: true, drafts: Vec::new(), asked: 0 });
             budget -= 1;
         }
         i += 1;
@@ -596,7 +608,7 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
         if left > 1 && budget > 0 {
             let run = left.min(budget);
             budget -= run;
-            plan.push(Rows { seq: i, run, pending: run == left, drafts: Vec::new() });
+            plan.push(Rows { seq: i, run, pending: run == left, drafts: Vec::new(), asked: 0 });
         }
     }
     draft(batch, &mut plan, budget, context);
@@ -607,7 +619,7 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
 /// Step 3 of [`plan`]: drafts after the newest tokens in at most `budget` rows, as far as each
 /// sequence's pages, the context and its tokens still wanted go: a fixed K's, then one at a time
 /// the likeliest where it pays (see the module's doc).
-fn draft(batch: &Batch, plan: &mut [Rows], mut budget: usize, context: usize) {
+fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize) {
     // (plan entry, the n-gram's proposal, the sequence's acceptance)
     let mut adaptive: Vec<(usize, Vec<u32>, f64)> = Vec::new();
     // the pass's expected tokens: each newest token's, each fixed draft's
@@ -618,13 +630,13 @@ fn draft(batch: &Batch, plan: &mut [Rows], mut budget: usize, context: usize) {
         let Some(d) = &s.ngram else { continue };
         let last = s.n_past + r.run; // the position after the newest token
         let remaining = s.max_tokens.saturating_sub(s.generated());
-        let room = (s.pages.len() * KV_PAGE).min(context).saturating_sub(last);
-        let k = d.k_max.min(room).min(remaining.saturating_sub(1));
+        let k = d.k_max.min(context.saturating_sub(last)).min(remaining.saturating_sub(1));
         if k == 0 {
             continue;
         }
         let proposal = d.ngram.lookup(&s.tokens, k);
         if d.fixed {
+            r.asked = k;
             r.drafts = proposal.into_iter().take(budget).collect();
             budget -= r.drafts.len();
             tokens += (1..=r.drafts.len()).map(|i| s.alpha().powi(i as i32)).sum::<f64>();
@@ -648,9 +660,17 @@ fn draft(batch: &Batch, plan: &mut [Rows], mut budget: usize, context: usize) {
         let (i, proposal, _) = &adaptive[j];
         let r = &mut plan[*i];
         r.drafts.push(proposal[r.drafts.len()]);
+        r.asked = r.drafts.len();
         budget -= 1;
         rows += 1.0;
         tokens += gain;
+    }
+    // the drafts' positions in pages: free ones taken, never a preemption (drafts past the
+    // pages held are dropped)
+    for r in plan.iter_mut().filter(|r| !r.drafts.is_empty()) {
+        let last = batch.running[r.seq].n_past + r.run;
+        batch.take_free(r.seq, last + r.drafts.len());
+        r.drafts.truncate(batch.running[r.seq].pages.len() * KV_PAGE - last);
     }
 }
 
@@ -704,9 +724,7 @@ fn commit(
     st.verify_forwards += 1;
     st.drafted += r.drafts.len();
     st.accepted += accepted;
-    if !r.drafts.is_empty() {
-        st.mean_k += r.drafts.len() as f64; // (a sum until the end)
-    }
+    st.mean_k += r.asked as f64; // (a sum until the end)
     s.n_past = s.tokens.len() + accepted;
     let now = Instant::now();
     s.first_token.get_or_insert(now);
@@ -806,9 +824,9 @@ mod tests {
         s
     }
 
-    fn drafts(batch: &Batch, budget: usize) -> Vec<usize> {
+    fn drafts(batch: &mut Batch, budget: usize) -> Vec<usize> {
         let mut plan: Vec<Rows> = (0..batch.running.len())
-            .map(|i| Rows { seq: i, run: 1, pending: true, drafts: Vec::new() })
+            .map(|i| Rows { seq: i, run: 1, pending: true, drafts: Vec::new(), asked: 0 })
             .collect();
         draft(batch, &mut plan, budget, 1024);
         plan.iter().map(|r| r.drafts.len()).collect()
@@ -858,13 +876,13 @@ mod tests {
         let mut batch = Batch::new(64);
         batch.running = vec![seq(pattern.clone(), 90, 10), seq(pattern.clone(), 1, 30), seq(pattern, 0, 0)];
         // rows free (no measured costs): every proposal, within the budget, likeliest first
-        assert_eq!(drafts(&batch, 24), [8, 8, 8]);
-        assert_eq!(drafts(&batch, 9), [8, 0, 1], "the likely one first, then 1/2 over 1/16");
+        assert_eq!(drafts(&mut batch, 24), [8, 8, 8]);
+        assert_eq!(drafts(&mut batch, 9), [8, 0, 1], "the likely one first, then 1/2 over 1/16");
         // rows cost: a + b R with b = a (a row costs a pass's fixed part)
         for r in [4, 8, 16] {
             batch.costs.observe(r, 1.0 + r as f64);
         }
-        let d = drafts(&batch, 24);
+        let d = drafts(&mut batch, 24);
         assert_eq!(d[1], 0, "an acceptance of 1/16 does not pay: {d:?}");
         assert!(d[0] >= 1 && d[0] > d[2], "{d:?}");
         // rows nearly free: drafts again, as deep as each one's acceptance makes worth it
@@ -872,7 +890,7 @@ mod tests {
         for r in [4, 8, 16] {
             batch.costs.observe(r, 1.0 + 0.001 * r as f64);
         }
-        let d = drafts(&batch, 24);
+        let d = drafts(&mut batch, 24);
         assert_eq!((d[0], d[1]), (8, 1), "0.06^2 = 0.004 does not pay a thousandth of a pass: {d:?}");
         assert!(d[2] >= 3, "{d:?}");
     }

@@ -265,14 +265,16 @@ impl Scheduler {
         }
     }
 
-    /// Takes jobs from the queue while the batch would admit them at once (waiting for one when
-    /// there is nothing to do): into the batch, or to run alone.
+    /// Takes jobs from the queue while the batch has places for them (a burst joins at once;
+    /// waiting for one when there is nothing to do): into the batch, or to run alone.
     fn take_jobs(&mut self, queue: &Queue, metrics: &Metrics) {
+        let limits = self.engine.batch_limits();
+        let places = limits.max_seqs.min(limits.max_rows);
         while self.alone.is_none() {
             let status = self.engine.batch_status();
             let job = if self.engine.batch_idle() {
                 queue.pop()
-            } else if status.waiting == 0 && status.running < self.engine.batch_limits().max_seqs {
+            } else if status.waiting + status.running < places {
                 match queue.try_pop() {
                     Some(job) => job,
                     None => return,
