@@ -98,6 +98,20 @@ pub struct GenerationCounts {
     pub cancelled: bool,
 }
 
+impl GenerationCounts {
+    /// The counts of a generation that ended (cancelled: its client left).
+    pub fn of(c: &wgspec::engine::Completion) -> GenerationCounts {
+        GenerationCounts {
+            prompt_tokens: c.prompt_tokens.len(),
+            generated_tokens: c.tokens.len(),
+            drafted: c.stats.drafted,
+            accepted: c.stats.accepted,
+            tokens_per_target_forward: c.stats.tokens_per_target_forward,
+            cancelled: c.finish_reason == wgspec::generation::FinishReason::Cancelled,
+        }
+    }
+}
+
 impl Metrics {
     pub fn new() -> Metrics {
         Metrics {

@@ -358,14 +358,7 @@ impl Scheduler {
                 }
                 BatchEvent::Done(c) => {
                     let s = self.served.remove(&id);
-                    metrics.generation(&GenerationCounts {
-                        prompt_tokens: c.prompt_tokens.len(),
-                        generated_tokens: c.tokens.len(),
-                        drafted: c.stats.drafted,
-                        accepted: c.stats.accepted,
-                        tokens_per_target_forward: c.stats.tokens_per_target_forward,
-                        cancelled: false,
-                    });
+                    metrics.generation(&GenerationCounts::of(&c));
                     if let Some(s) = s {
                         let _ = s.events.send(Event::Done(Box::new(Reply::from(*c))));
                     }
@@ -392,14 +385,7 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
     );
     match result {
         Ok(c) => {
-            metrics.generation(&GenerationCounts {
-                prompt_tokens: c.prompt_tokens.len(),
-                generated_tokens: c.tokens.len(),
-                drafted: c.stats.drafted,
-                accepted: c.stats.accepted,
-                tokens_per_target_forward: c.stats.tokens_per_target_forward,
-                cancelled: c.finish_reason == FinishReason::Cancelled,
-            });
+            metrics.generation(&GenerationCounts::of(&c));
             // Only a client that went away cancels: nobody is left to tell.
             if c.finish_reason == FinishReason::Cancelled {
                 return;
