@@ -30,6 +30,9 @@ pub enum FinishReason {
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Stats {
     pub prompt_tokens: usize,
+    /// Prompt tokens whose keys and values were found computed (the batch's prefix cache:
+    /// OpenAI's `usage.prompt_tokens_details.cached_tokens`).
+    pub cached_prompt_tokens: usize,
     pub generated_tokens: usize,
     /// Forward passes of the target model (prefill chunks included).
     pub target_forwards: usize,

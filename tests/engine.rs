@@ -835,6 +835,83 @@ fn batched_requests_each_equal_their_run_alone() {
 }
 
 #[test]
+fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
+    // Whole pages of positions (64) that earlier requests computed are found again by their
+    // tokens and the page before them: the requests that reuse them give the tokens they give
+    // alone, and report the prompt tokens they did not compute (OpenAI's `cached_tokens`).
+    use rand::Rng;
+    use wgspec::engine::{BatchLimits, SeqId};
+    let gguf = tiny_gguf(46);
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", gguf).expect("add");
+    let opened = files.open().expect("open");
+    let opts = LoadOptions { context: Some(320), kv_pages: Some(12), ..Default::default() };
+    let model = Model::load(gpu(), &opened.checkpoint, &opts, &mut |_| {}).expect("load");
+    let mut engine = Engine::new(model, opened.tokenizer, opened.chat_template);
+    engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
+    let vocab = engine.target().config.vocab_size as u32;
+    let mut r = rng(47);
+    let mut page = |n: usize| -> Vec<u32> { (0..n).map(|_| r.gen_range(3..vocab)).collect() };
+    let (x, y, z, w, t1, t2) = (page(64), page(64), page(64), page(64), page(9), page(30));
+    let cat = |parts: &[&Vec<u32>]| parts.iter().flat_map(|p| p.iter().copied()).collect::<Vec<u32>>();
+    let greedy = Request { draft: Some(DraftKind::None), ..Request::text("", 12) };
+    let sampled = Request { temperature: 0.8, seed: 5, draft: Some(DraftKind::Ngram), ..greedy.clone() };
+    // (prompt, request, prompt tokens found cached when it runs in the second round)
+    let cases = [
+        (cat(&[&x, &y, &t1]), &greedy, 0),    // first round: computes X, Y
+        (cat(&[&z, &w, &t1]), &greedy, 0),    // first round: computes Z, W
+        (cat(&[&x, &y, &t2]), &sampled, 128), // X, Y found
+        (cat(&[&z, &y, &t1]), &greedy, 64),   // Z found; Y after Z is not Y after X
+        (cat(&[&x, &y]), &greedy, 64),        // Y holds its newest token: computed
+        (cat(&[&x, &y, &t1]), &greedy, 128),  // the first request again
+        (cat(&[&x, &y, &t1, &t2]), &sampled, 128),
+    ];
+    let alone: Vec<Completion> = (cases.iter())
+        .map(|(p, req, _)| {
+            pollster::block_on(engine.generate_from(p.clone(), req, &mut |_| true)).expect("alone")
+        })
+        .collect();
+    let submit = |engine: &mut Engine, i: usize| -> SeqId {
+        engine.batch_submit(cases[i].0.clone(), cases[i].1).expect("submit")
+    };
+    let check = |what: &str, done: &std::collections::HashMap<SeqId, Completion>, ids: &[(usize, SeqId)]| {
+        for &(i, id) in ids {
+            assert_eq!(done[&id].tokens, alone[i].tokens, "{what}: request {i}'s tokens");
+            assert_eq!(alone[i].stats.base.cached_prompt_tokens, 0, "alone: nothing cached");
+        }
+    };
+    // first round: nothing cached yet
+    let first: Vec<(usize, SeqId)> = (0..2).map(|i| (i, submit(&mut engine, i))).collect();
+    let done = run_batch(&mut engine, 0, |_, _| {});
+    check("first round", &done, &first);
+    assert!(first.iter().all(|(_, id)| done[id].stats.base.cached_prompt_tokens == 0));
+    let status = engine.batch_status();
+    assert_eq!((status.pages_used, status.pages_cached, status.pages_free), (0, 4, 12), "{status:?}");
+    // second round, all at once: each finds what it shares
+    let second: Vec<(usize, SeqId)> = (2..cases.len()).map(|i| (i, submit(&mut engine, i))).collect();
+    let done = run_batch(&mut engine, 0, |_, _| {});
+    check("second round", &done, &second);
+    for &(i, id) in &second {
+        assert_eq!(done[&id].stats.base.cached_prompt_tokens, cases[i].2, "request {i}'s cached tokens");
+    }
+    assert_eq!(engine.batch_status().cached_tokens, 128 + 64 + 64 + 128 + 128);
+    // a request run alone writes the pool's first pages: the cache is forgotten, not misread
+    pollster::block_on(engine.generate_from(cases[1].0.clone(), &greedy, &mut |_| true)).expect("alone");
+    let again = [(5, submit(&mut engine, 5))];
+    let done = run_batch(&mut engine, 0, |_, _| {});
+    check("after a request alone", &done, &again);
+    assert_eq!(done[&again[0].1].stats.base.cached_prompt_tokens, 0);
+    // a pool too small for everything cached: the least recently released pages are taken back
+    // (then forgotten), every request exact
+    let ids: Vec<(usize, SeqId)> = (0..cases.len()).rev().map(|i| (i, submit(&mut engine, i))).collect();
+    engine.set_batch_limits(BatchLimits { max_seqs: 3, max_rows: 32 });
+    let done = run_batch(&mut engine, 0, |_, _| {});
+    check("a full pool", &done, &ids);
+    let status = engine.batch_status();
+    assert!(status.pages_cached <= 12 && status.pages_used == 0, "{status:?}");
+}
+
+#[test]
 fn batched_sampling_draws_each_request_from_its_own_distribution() {
     // 1000 sampled requests (seeds 0..1000), two prompts taking turns, 32 per pass with n-gram
     // drafts: each prompt's first tokens follow the softmax of its own last row.

@@ -354,7 +354,8 @@ fn the_api_answers_as_openai_does_and_matches_the_cli() {
     assert_eq!(v["choices"][0]["finish_reason"], "length");
     assert_eq!(
         v["usage"],
-        json!({"prompt_tokens": prompt.len(), "completion_tokens": 12, "total_tokens": prompt.len() + 12})
+        json!({"prompt_tokens": prompt.len(), "completion_tokens": 12, "total_tokens": prompt.len() + 12,
+               "prompt_tokens_details": {"cached_tokens": 0}})
     );
     assert_eq!(v["wgspec"]["draft"], "none");
     assert_eq!(v["wgspec"]["tokens_per_target_forward"], 1.0);

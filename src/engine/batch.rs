@@ -38,6 +38,7 @@ use std::collections::VecDeque;
 use serde::Serialize;
 use web_time::Instant;
 
+use super::pool::Pool;
 use super::prompt::TextStream;
 use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
@@ -84,9 +85,14 @@ impl Default for BatchLimits {
 pub struct BatchStatus {
     pub running: usize,
     pub waiting: usize,
-    /// Pages of the pool held by running sequences, and free.
+    /// Pages of the pool held by running sequences, and those a sequence can take (free, or
+    /// cached and held by none).
     pub pages_used: usize,
     pub pages_free: usize,
+    /// Pages whose keys and values the prefix cache keeps (held or not).
+    pub pages_cached: usize,
+    /// Positions found in the prefix cache at admissions, since the engine was made.
+    pub cached_tokens: u64,
     /// Passes run, rows they held (prompt chunks, decoding tokens, drafts), drafts among them
     /// and sequences preempted, since the engine was made.
     pub passes: u64,
@@ -106,6 +112,12 @@ struct Seq {
     prompt_len: usize,
     n_past: usize,
     pages: Vec<u32>,
+    /// Its first pages that are in the prefix cache (found at admission, or cached since), and
+    /// the entry of the last of them (0: none).
+    cached_pages: usize,
+    entry: u64,
+    /// Prompt tokens found in the prefix cache at its first admission.
+    cached_tokens: Option<usize>,
     max_tokens: usize,
     /// Per generated token: whether it was an accepted draft.
     from_draft: Vec<bool>,
@@ -199,9 +211,8 @@ struct Rows {
 
 /// The engine's batch of requests ([`Engine::batch_submit`](super::Engine::batch_submit)).
 pub(super) struct Batch {
-    /// Free pages of the pool, the lowest last.
-    free: Vec<u32>,
-    pool: usize,
+    /// The pages of the target's pool, and the prefix cache in them.
+    pool: Pool,
     waiting: VecDeque<Seq>,
     running: Vec<Seq>,
     next_id: u64,
@@ -217,8 +228,7 @@ pub(super) struct Batch {
 impl Batch {
     pub(super) fn new(pool: usize) -> Batch {
         Batch {
-            free: (0..pool as u32).rev().collect(),
-            pool,
+            pool: Pool::new(pool),
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
@@ -233,8 +243,13 @@ impl Batch {
     /// A pool of `pool` pages, all free (while idle: no sequence holds any).
     pub(super) fn resize(&mut self, pool: usize) {
         debug_assert!(self.is_idle());
-        self.free = (0..pool as u32).rev().collect();
-        self.pool = pool;
+        self.pool = Pool::new(pool);
+    }
+
+    /// Forgets the prefix cache: a one-sequence pass is about to write the pool's first pages
+    /// as its own cache (while idle).
+    pub(super) fn forget_prefixes(&mut self) {
+        self.pool.forget_all();
     }
 
     /// Whether no request is waiting or running.
@@ -246,8 +261,9 @@ impl Batch {
         BatchStatus {
             running: self.running.len(),
             waiting: self.waiting.len(),
-            pages_used: self.pool - self.free.len(),
-            pages_free: self.free.len(),
+            pages_used: self.pool.held(),
+            pages_free: self.pool.available(),
+            pages_cached: self.pool.cached(),
             ..self.status
         }
     }
@@ -269,6 +285,9 @@ impl Batch {
             tokens: prompt,
             n_past: 0,
             pages: Vec::new(),
+            cached_pages: 0,
+            entry: 0,
+            cached_tokens: None,
             max_tokens: req.max_tokens,
             from_draft: Vec::new(),
             text: TextStream::new(&req.stop),
@@ -292,8 +311,8 @@ impl Batch {
         }
         match self.running.iter().position(|s| s.id == id) {
             Some(i) => {
-                let s = self.running.remove(i);
-                self.free.extend(s.pages.into_iter().rev());
+                let mut s = self.running.remove(i);
+                self.pool.release(&mut s.pages);
                 true
             }
             None => false,
@@ -303,17 +322,28 @@ impl Batch {
     /// Admits waiting sequences, oldest first, while there is a place (each running sequence
     /// has a row of every pass) and the pool holds their tokens and the position after them
     /// (within the context): in arrival order among the running ones, so a preempted sequence
-    /// comes back older than those that arrived after it.
+    /// comes back older than those that arrived after it. The whole pages of its tokens before
+    /// the newest that the prefix cache holds are its first pages, already computed.
     fn admit(&mut self, context: usize) {
         let places = self.limits.max_seqs.min(self.limits.max_rows).clamp(1, MAX_BATCH);
         while self.running.len() < places {
             let Some(s) = self.waiting.front() else { break };
-            let need = Seq::pages_for((s.tokens.len() + 1).min(context));
-            if need > self.free.len() {
+            let found = self.pool.lookup(&s.tokens, (s.tokens.len() - 1) / KV_PAGE);
+            let need = Seq::pages_for((s.tokens.len() + 1).min(context)).saturating_sub(found.len());
+            let idle_found = found.iter().filter(|&&(p, _)| self.pool.is_idle(p)).count();
+            if need > self.pool.available() - idle_found {
                 break;
             }
             let Some(mut s) = self.waiting.pop_front() else { break };
-            s.pages = (0..need).filter_map(|_| self.free.pop()).collect();
+            for &(page, _) in &found {
+                self.pool.hold(page);
+            }
+            s.pages = found.iter().map(|&(page, _)| page).collect();
+            s.pages.extend((0..need).filter_map(|_| self.pool.take()));
+            (s.cached_pages, s.entry) = (found.len(), found.last().map_or(0, |&(_, e)| e));
+            s.n_past = found.len() * KV_PAGE;
+            self.status.cached_tokens += s.n_past as u64;
+            s.cached_tokens.get_or_insert(s.n_past.min(s.prompt_len));
             s.admitted.get_or_insert_with(Instant::now);
             let at = self.running.partition_point(|r| r.id < s.id);
             self.running.insert(at, s);
@@ -334,7 +364,7 @@ impl Batch {
     /// it had).
     fn grow(&mut self, i: usize, end: usize) -> bool {
         while self.running[i].pages.len() < Seq::pages_for(end) {
-            match self.free.pop() {
+            match self.pool.take() {
                 Some(p) => self.running[i].pages.push(p),
                 None if self.running.len() > i + 1 => self.preempt_youngest(),
                 None => return false,
@@ -347,7 +377,7 @@ impl Batch {
     /// are free ones.
     fn take_free(&mut self, i: usize, end: usize) {
         while self.running[i].pages.len() < Seq::pages_for(end) {
-            let Some(p) = self.free.pop() else { return };
+            let Some(p) = self.pool.take() else { return };
             self.running[i].pages.push(p);
         }
     }
@@ -356,8 +386,8 @@ impl Batch {
     /// to run all its tokens again.
     fn preempt_youngest(&mut self) {
         if let Some(mut s) = self.running.pop() {
-            self.free.extend(s.pages.drain(..).rev());
-            s.n_past = 0;
+            self.pool.release(&mut s.pages);
+            (s.n_past, s.cached_pages, s.entry) = (0, 0, 0);
             self.waiting.push_front(s);
             self.status.preemptions += 1;
         }
@@ -374,7 +404,7 @@ pub(super) async fn step(
     target: &mut Model,
     tokenizer: &Tokenizer,
 ) -> Result<Vec<(SeqId, BatchEvent)>> {
-    if batch.pool != target.kv_pages() {
+    if batch.pool.len() != target.kv_pages() {
         if !batch.is_idle() {
             return Err(Error::InvalidArgument(
                 "the target's KV cache pool changed under a running batch".into(),
@@ -504,6 +534,9 @@ fn apply(batch: &mut Batch, plan: &[Rows], outcomes: Vec<Outcome>, tokenizer: &T
             }
             Outcome::Chosen(choices) => commit(s, r, &choices, tokenizer, &mut batch.events),
         };
+        if !matches!(end, Some(FinishReason::Cancelled)) {
+            cache_pages(&mut batch.pool, s);
+        }
         if let Some(reason) = end {
             ended.push((r.seq, reason));
         }
@@ -512,6 +545,15 @@ fn apply(batch: &mut Batch, plan: &[Rows], outcomes: Vec<Outcome>, tokenizer: &T
     for &(i, reason) in ended.iter().rev() {
         let s = batch.running.remove(i);
         finish(batch, s, reason, tokenizer);
+    }
+}
+
+/// Caches the sequence's whole pages of committed positions not cached yet.
+fn cache_pages(pool: &mut Pool, s: &mut Seq) {
+    while (s.cached_pages + 1) * KV_PAGE <= s.n_past {
+        let first = s.cached_pages * KV_PAGE;
+        s.entry = pool.cache(s.pages[s.cached_pages], s.entry, &s.tokens[first..first + KV_PAGE]);
+        s.cached_pages += 1;
     }
 }
 
@@ -754,7 +796,7 @@ fn commit(
 /// back tail and its completion as events (a failed one has had its event).
 fn finish(batch: &mut Batch, mut s: Seq, reason: FinishReason, tokenizer: &Tokenizer) {
     let events = &mut batch.events;
-    batch.free.extend(s.pages.drain(..).rev());
+    batch.pool.release(&mut s.pages);
     if reason == FinishReason::Cancelled {
         return;
     }
@@ -772,6 +814,7 @@ fn finish(batch: &mut Batch, mut s: Seq, reason: FinishReason, tokenizer: &Token
     let generated = s.generated();
     let st = &mut s.stats;
     st.base.prompt_tokens = s.prompt_len;
+    st.base.cached_prompt_tokens = s.cached_tokens.unwrap_or(0);
     st.base.generated_tokens = generated;
     if let (Some(a), Some(f)) = (s.admitted, s.first_token) {
         st.base.prefill_seconds = (f - a).as_secs_f64();
@@ -809,6 +852,9 @@ mod tests {
             prompt_len: 1,
             tokens,
             pages: vec![0, 1],
+            cached_pages: 0,
+            entry: 0,
+            cached_tokens: None,
             max_tokens: 100,
             from_draft: Vec::new(),
             text: TextStream::new(&[]),

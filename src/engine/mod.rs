@@ -28,6 +28,7 @@ pub use crate::speculative::{DraftKind, DraftSpec};
 use crate::tokenizer::{ChatTemplate, Message, Tokenizer};
 
 mod batch;
+mod pool;
 mod prompt;
 mod request;
 pub use batch::{BatchEvent, BatchLimits, BatchStatus, SeqId};
@@ -551,8 +552,10 @@ impl Engine {
     }
 
     /// The target, mutably: harnesses (the roofline, verify costs) run passes on it directly;
-    /// a generation after them starts from its own prefill.
+    /// a generation after them starts from its own prefill, and the batch's prefix cache is
+    /// forgotten (those passes may write any page of the pool).
     pub fn target_mut(&mut self) -> &mut Model {
+        self.batch.forget_prefixes();
         &mut self.target
     }
 
@@ -655,6 +658,7 @@ impl Engine {
             // (a one-sequence pass uses the pool's first pages as its own)
             return Err(Error::InvalidArgument("a request runs alone only while the batch is idle".into()));
         }
+        self.batch.forget_prefixes();
         let kind = req.draft.unwrap_or(self.default_draft);
         if let Some(what) = self.missing(kind) {
             return Err(Error::InvalidArgument(format!("draft {kind} asked for, but {what} not loaded")));

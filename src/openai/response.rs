@@ -30,17 +30,30 @@ pub fn finish_reason(f: FinishReason) -> &'static str {
     }
 }
 
-/// `{prompt_tokens, completion_tokens, total_tokens}`.
+/// `{prompt_tokens, completion_tokens, total_tokens, prompt_tokens_details: {cached_tokens}}`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Usage {
     pub prompt_tokens: usize,
     pub completion_tokens: usize,
     pub total_tokens: usize,
+    pub prompt_tokens_details: PromptTokensDetails,
+}
+
+/// `usage.prompt_tokens_details`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct PromptTokensDetails {
+    /// Prompt tokens whose keys and values were found computed (the server's prefix cache).
+    pub cached_tokens: usize,
 }
 
 impl Usage {
-    pub fn new(prompt_tokens: usize, completion_tokens: usize) -> Usage {
-        Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }
+    pub fn of(reply: &Reply) -> Usage {
+        Usage {
+            prompt_tokens: reply.prompt_tokens,
+            completion_tokens: reply.completion_tokens,
+            total_tokens: reply.prompt_tokens + reply.completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens: reply.cached_tokens },
+        }
     }
 }
 
@@ -67,6 +80,8 @@ pub struct WgspecStats {
 pub struct Reply {
     pub text: String,
     pub prompt_tokens: usize,
+    /// Of them, those found computed (the prefix cache).
+    pub cached_tokens: usize,
     pub completion_tokens: usize,
     pub finish: FinishReason,
     /// One flag per generated token: the target accepted it from the draft.
@@ -90,6 +105,7 @@ impl From<Completion> for Reply {
         };
         Reply {
             prompt_tokens: c.prompt_tokens.len(),
+            cached_tokens: s.base.cached_prompt_tokens,
             completion_tokens: c.tokens.len(),
             finish: c.finish_reason,
             from_draft: c.from_draft,
@@ -232,7 +248,7 @@ impl Shape {
             created: self.created,
             model: self.model.clone(),
             choices: vec![choice],
-            usage: Usage::new(reply.prompt_tokens, reply.completion_tokens),
+            usage: Usage::of(reply),
             wgspec: Wgspec { stats: Some(reply.stats.clone()), from_draft: reply.from_draft.clone() },
         }
     }
@@ -312,7 +328,7 @@ impl Stream {
         let mut last =
             vec![self.shape.chunk(String::new(), false, Some(finish_reason(reply.finish)), wgspec)];
         if self.shape.include_usage {
-            let usage = Usage::new(reply.prompt_tokens, reply.completion_tokens);
+            let usage = Usage::of(reply);
             last.push(Chunk { usage: Some(Some(usage)), ..self.shape.chunk_head() });
         }
         last
@@ -421,6 +437,7 @@ mod tests {
         Reply {
             text: "abc".into(),
             prompt_tokens: 5,
+            cached_tokens: 0,
             completion_tokens: 3,
             finish: FinishReason::Stop,
             from_draft,
@@ -489,7 +506,7 @@ mod tests {
         assert_eq!(last[0]["usage"], Value::Null);
         let usage = without_id(last[1].clone());
         let want = json!({"object": "text_completion", "model": "m", "choices": [],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8}});
+            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8, "prompt_tokens_details": {"cached_tokens": 0}}});
         assert_eq!(usage, want);
         assert_eq!(to_json(&last[0])["id"], chunk["id"], "one id for every chunk");
     }
@@ -503,7 +520,7 @@ mod tests {
         let want = json!({
             "object": "chat.completion", "model": "m",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": "abc"}, "logprobs": null, "finish_reason": "stop"}],
-            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8},
+            "usage": {"prompt_tokens": 5, "completion_tokens": 3, "total_tokens": 8, "prompt_tokens_details": {"cached_tokens": 0}},
             "wgspec": wgspec,
         });
         assert_eq!(chat, want);

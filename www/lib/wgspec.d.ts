@@ -187,6 +187,8 @@ export interface Usage {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
+  /** `cached_tokens`: prompt tokens found computed (the server's prefix cache; 0 in the browser). */
+  prompt_tokens_details: { cached_tokens: number };
 }
 
 /** The speculation figures of one request (the `wgspec` object of an answer's last part). */

@@ -246,6 +246,11 @@ impl Metrics {
                     "Batched requests preempted for KV cache pages (recomputed when admitted again).",
                     b.preemptions,
                 ),
+                (
+                    "wgspec_prefix_cache_hit_tokens_total",
+                    "Positions batched requests found in the prefix cache when admitted (not computed).",
+                    b.cached_tokens,
+                ),
             ];
             for (name, help, value) in counters.into_iter().chain(batch_counters) {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} counter\n{name} {value}");
@@ -276,7 +281,16 @@ impl Metrics {
                     b.waiting as f64,
                 ),
                 ("wgspec_kv_pages_used", "KV cache pages held by batched requests.", b.pages_used as f64),
-                ("wgspec_kv_pages_free", "KV cache pages free.", b.pages_free as f64),
+                (
+                    "wgspec_kv_pages_free",
+                    "KV cache pages a request can take (free, or cached and held by none).",
+                    b.pages_free as f64,
+                ),
+                (
+                    "wgspec_kv_pages_cached",
+                    "KV cache pages the prefix cache keeps (held or not).",
+                    b.pages_cached as f64,
+                ),
             ];
             for (name, help, value) in gauges {
                 let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} gauge\n{name} {value}");
@@ -332,6 +346,8 @@ mod tests {
             drafts: 4,
             pages_used: 5,
             pages_free: 59,
+            pages_cached: 6,
+            cached_tokens: 128,
             passes: 7,
             rows: 30,
             preemptions: 1,
@@ -345,6 +361,8 @@ mod tests {
             "wgspec_waiting_sequences 1",
             "wgspec_kv_pages_used 5",
             "wgspec_kv_pages_free 59",
+            "wgspec_kv_pages_cached 6",
+            "wgspec_prefix_cache_hit_tokens_total 128",
             "wgspec_batch_passes_total 7",
             "wgspec_batch_rows_total 30",
             "wgspec_batch_draft_rows_total 4",

@@ -1,0 +1,235 @@
+//! The pages of the target's KV cache pool that the batch hands out, and the prefix cache in
+//! them: a whole page of committed positions keeps its keys and values after the sequences that
+//! held it end, found again by the tokens that made it and the page before it, so that a later
+//! request whose tokens start the same way (a system prompt, the earlier turns of a chat, a
+//! request run again, a preempted one coming back) does not compute them again (vLLM's
+//! automatic prefix caching).
+//!
+//! ```text
+//!   a page is   held    by 1 or more running sequences (refs)
+//!               idle    cached, held by none: taken (and forgotten) when no page is free,
+//!                       the least recently released first (a sequence's last page first)
+//!               free    neither
+//! ```
+//!
+//! Exact by construction: the keys and values of a position are a function of the tokens up to
+//! it alone (every kernel is batch-invariant: a row's bits depend neither on the other rows of
+//! its pass nor on how its prompt was cut into chunks), so a page found here holds the bits the
+//! request would have computed. Only whole pages below a sequence's newest token are shared, so
+//! a sequence never writes into a page another one reads.
+
+use std::collections::{BTreeSet, HashMap};
+
+use crate::gpu::KV_PAGE;
+
+/// What finds a cached page: the entry of the page before it (0 for a first page) and the
+/// page's tokens (exact: no hash of them stands for them).
+type Key = (u64, Vec<u32>);
+
+/// The batch's pages of the pool.
+pub(super) struct Pool {
+    /// Neither held nor cached, the lowest last.
+    free: Vec<u32>,
+    /// Per page: the running sequences holding it.
+    refs: Vec<u32>,
+    /// The prefix cache: key -> (entry, page).
+    entries: HashMap<Key, (u64, u32)>,
+    /// Per page: its key while cached.
+    keys: Vec<Option<Key>>,
+    /// Cached pages no sequence holds, (when released, page): the oldest first.
+    idle: BTreeSet<(u64, u32)>,
+    /// Per page: when it was last released (its place in `idle`).
+    released: Vec<u64>,
+    tick: u64,
+    last_entry: u64,
+}
+
+impl Pool {
+    /// A pool of `pages` pages, all free.
+    pub(super) fn new(pages: usize) -> Pool {
+        Pool {
+            free: (0..pages as u32).rev().collect(),
+            refs: vec![0; pages],
+            entries: HashMap::new(),
+            keys: vec![None; pages],
+            idle: BTreeSet::new(),
+            released: vec![0; pages],
+            tick: 0,
+            last_entry: 0,
+        }
+    }
+
+    /// Pages of the pool.
+    pub(super) fn len(&self) -> usize {
+        self.refs.len()
+    }
+
+    /// Pages a sequence can take: the free ones and the cached ones no sequence holds.
+    pub(super) fn available(&self) -> usize {
+        self.free.len() + self.idle.len()
+    }
+
+    /// Pages held by running sequences.
+    pub(super) fn held(&self) -> usize {
+        self.len() - self.available()
+    }
+
+    /// Pages in the prefix cache (held or not).
+    pub(super) fn cached(&self) -> usize {
+        self.entries.len()
+    }
+
+    /// A page for one sequence: a free one, else the cached page released longest ago (then
+    /// forgotten); none when every page is held.
+    pub(super) fn take(&mut self) -> Option<u32> {
+        let page = match self.free.pop() {
+            Some(p) => p,
+            None => {
+                let (_, p) = self.idle.pop_first()?;
+                if let Some(key) = self.keys[p as usize].take() {
+                    self.entries.remove(&key);
+                }
+                p
+            }
+        };
+        self.refs[page as usize] = 1;
+        Some(page)
+    }
+
+    /// One more sequence holds cached page `page` (one found by [`Pool::lookup`]).
+    pub(super) fn hold(&mut self, page: u32) {
+        let p = page as usize;
+        if self.refs[p] == 0 {
+            self.idle.remove(&(self.released[p], page));
+        }
+        self.refs[p] += 1;
+    }
+
+    /// A sequence gives its pages back, its last first: a page no sequence holds any more is
+    /// free, or idle if cached (a sequence's last pages are then forgotten before its first ones,
+    /// which more requests share).
+    pub(super) fn release(&mut self, pages: &mut Vec<u32>) {
+        for page in pages.drain(..).rev() {
+            let p = page as usize;
+            self.refs[p] = self.refs[p].saturating_sub(1);
+            if self.refs[p] > 0 {
+                continue;
+            }
+            if self.keys[p].is_some() {
+                self.tick += 1;
+                self.released[p] = self.tick;
+                self.idle.insert((self.tick, page));
+            } else {
+                self.free.push(page);
+            }
+        }
+    }
+
+    /// Whether `page` is cached and held by no sequence (taking it would forget it).
+    pub(super) fn is_idle(&self, page: u32) -> bool {
+        self.refs[page as usize] == 0
+    }
+
+    /// The cached pages that hold the first whole pages of `tokens`, at most `most`, the first
+    /// first: (page, its entry) each.
+    pub(super) fn lookup(&self, tokens: &[u32], most: usize) -> Vec<(u32, u64)> {
+        let mut found = Vec::new();
+        let mut parent = 0;
+        for page_tokens in tokens.chunks_exact(KV_PAGE).take(most) {
+            let Some(&(entry, page)) = self.entries.get(&(parent, page_tokens.to_vec())) else { break };
+            found.push((page, entry));
+            parent = entry;
+        }
+        found
+    }
+
+    /// Caches a held page whose positions are all committed, `tokens` (a whole page) after the
+    /// entry `parent` (0: a first page); returns the entry of these tokens, which the next page
+    /// follows. A page whose tokens another one holds already (computed by another sequence
+    /// meanwhile) stays uncached.
+    pub(super) fn cache(&mut self, page: u32, parent: u64, tokens: &[u32]) -> u64 {
+        debug_assert_eq!(tokens.len(), KV_PAGE);
+        let key = (parent, tokens.to_vec());
+        if let Some(&(entry, _)) = self.entries.get(&key) {
+            return entry;
+        }
+        if self.keys[page as usize].is_some() {
+            // (cached once already: its sequence found it, and caches only past it)
+            return parent;
+        }
+        self.last_entry += 1;
+        self.entries.insert(key.clone(), (self.last_entry, page));
+        self.keys[page as usize] = Some(key);
+        self.last_entry
+    }
+
+    /// Forgets every cached page (a one-sequence pass writes the pool's first pages as its own
+    /// cache): idle ones become free, held ones stay their sequences'.
+    pub(super) fn forget_all(&mut self) {
+        self.free.extend(std::mem::take(&mut self.idle).into_iter().map(|(_, p)| p));
+        self.entries.clear();
+        self.keys.iter_mut().for_each(|k| *k = None);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn page(t: u32) -> Vec<u32> {
+        vec![t; KV_PAGE]
+    }
+
+    #[test]
+    fn a_page_is_found_by_its_tokens_after_the_page_before_it() {
+        let mut pool = Pool::new(4);
+        let tokens = [page(1), page(2), vec![3]].concat();
+        let mut pages: Vec<u32> = (0..3).filter_map(|_| pool.take()).collect();
+        assert_eq!((pool.held(), pool.available()), (3, 1));
+        let e0 = pool.cache(pages[0], 0, &tokens[..KV_PAGE]);
+        let e1 = pool.cache(pages[1], e0, &tokens[KV_PAGE..2 * KV_PAGE]);
+        assert_eq!(pool.lookup(&tokens, 2), [(pages[0], e0), (pages[1], e1)]);
+        assert_eq!(pool.lookup(&tokens, 1), [(pages[0], e0)], "at most `most`");
+        // the same second page after another first one is another page
+        let other = [page(9), page(2)].concat();
+        assert!(pool.lookup(&other, 2).is_empty());
+        // released: cached pages idle (still available), the partial page free
+        pool.release(&mut pages);
+        assert_eq!((pool.held(), pool.available(), pool.cached()), (0, 4, 2));
+        assert_eq!(pool.lookup(&tokens, 2).len(), 2, "found after their sequence ended");
+        // held again by two sequences; released by one, still held
+        pool.hold(0);
+        pool.hold(0);
+        pool.release(&mut vec![0]);
+        assert_eq!(pool.held(), 1);
+        pool.release(&mut vec![0]);
+        // taking every page forgets the cached ones, the last page released first (the second
+        // page, released before the first)
+        let taken: Vec<u32> = (0..3).filter_map(|_| pool.take()).collect();
+        assert_eq!(pool.cached(), 1, "{taken:?}");
+        assert_eq!(pool.lookup(&tokens, 2).len(), 1, "the first page outlives the second");
+        assert!(pool.take().is_some() && pool.take().is_none());
+        assert_eq!(pool.cached(), 0);
+    }
+
+    #[test]
+    fn forgetting_frees_idle_pages_and_keeps_held_ones() {
+        let mut pool = Pool::new(2);
+        let a = pool.take().expect("page");
+        let b = pool.take().expect("page");
+        pool.cache(a, 0, &page(1));
+        pool.cache(b, 0, &page(2));
+        pool.release(&mut vec![a]);
+        pool.forget_all();
+        assert_eq!((pool.cached(), pool.available(), pool.held()), (0, 1, 1));
+        assert!(pool.lookup(&page(2), 1).is_empty());
+        pool.release(&mut vec![b]);
+        assert_eq!(pool.available(), 2, "an uncached page is free when released");
+        // tokens cached twice: the second page stays uncached
+        let (c, d) = (pool.take().expect("page"), pool.take().expect("page"));
+        let e = pool.cache(c, 0, &page(5));
+        assert_eq!(pool.cache(d, 0, &page(5)), e);
+        pool.release(&mut vec![c, d]);
+        assert_eq!(pool.cached(), 1);
+    }
+}
