@@ -431,7 +431,7 @@ impl WebEngine {
             }
         };
         let (parsed, prompt) = self.prepare_openai(endpoint, body_json).map_err(api_err)?;
-        let chunks = Rc::new(RefCell::new(Stream::new(Shape::new(endpoint, model, parsed.include_usage))));
+        let chunks = Rc::new(RefCell::new(Stream::new(Shape::new(endpoint, model, parsed.include_usage), 1)));
         let streamed = parsed.stream;
         let send = move |chunk: Option<&Chunk>| {
             let json = chunk.and_then(|c| serde_json::to_string(c).ok());
@@ -441,13 +441,13 @@ impl WebEngine {
         };
         let send = Rc::new(send);
         if streamed {
-            if let Some(first) = chunks.borrow().start() {
+            for first in chunks.borrow().start() {
                 send(Some(&first));
             }
         }
         let (events, sink) = (chunks.clone(), send.clone());
         let emit = move |ev: &TokenEvent| match streamed {
-            true => sink(events.borrow_mut().token(ev).as_ref()),
+            true => sink(events.borrow_mut().token(0, ev).as_ref()),
             false => sink(None),
         };
         let running = self.run(parsed.request, Some(prompt), Box::new(emit))?;
@@ -460,12 +460,12 @@ impl WebEngine {
             let shape = chunks.borrow().shape.clone();
             let response = match streamed {
                 true => {
-                    for chunk in chunks.borrow_mut().finish(&reply) {
+                    for chunk in chunks.borrow_mut().finish(0, &reply) {
                         send(Some(&chunk));
                     }
                     None
                 }
-                false => Some(shape.response(&reply)),
+                false => Some(shape.response(std::slice::from_ref(&reply))),
             };
             let out = serde_json::json!({ "completion": completion, "response": response });
             Ok(JsValue::from_str(&out.to_string()))
@@ -496,6 +496,14 @@ impl WebEngine {
     /// (the server's sequence: [`crate::openai::Parsed::ready`]).
     fn prepare_openai(&self, endpoint: Endpoint, body_json: &str) -> Result<(Parsed, Vec<u32>), ErrorReply> {
         let parsed = openai::parse(endpoint, body_json.as_bytes(), &[]).map_err(|e| ErrorReply::from(&e))?;
+        if parsed.n > 1 {
+            let message = format!(
+                "`n` must be 1 in the browser (one choice), not {}; `wgspec serve` answers up to {}",
+                parsed.n,
+                openai::MAX_CHOICES
+            );
+            return Err(ErrorReply::from(&Error::Request { message, param: Some("n".into()), code: None }));
+        }
         let mut slot = self.slot.borrow_mut();
         let engine = slot.engine().map_err(|e| ErrorReply::from(&e))?;
         let context = engine.target().context();

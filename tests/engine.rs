@@ -909,6 +909,29 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
     check("a full pool", &done, &ids);
     let status = engine.batch_status();
     assert!(status.pages_cached <= 12 && status.pages_used == 0, "{status:?}");
+
+    // four choices of one new prompt (OpenAI's `n`): choice i is the request of seed + i alone,
+    // and the prompt is computed once (the others compute only the part of its last page)
+    let prompt = cat(&[&w, &t2, &x, &t1]);
+    let plain = Request { draft: Some(DraftKind::None), ..sampled.clone() };
+    let alone: Vec<Completion> = (0..4)
+        .map(|i| {
+            let req = Request { seed: plain.seed + i, ..plain.clone() };
+            pollster::block_on(engine.generate_from(prompt.clone(), &req, &mut |_| true)).expect("alone")
+        })
+        .collect();
+    assert!(alone[0].tokens != alone[1].tokens || alone[0].tokens != alone[2].tokens, "seeds differ");
+    let rows = engine.batch_status().rows;
+    let ids = engine.batch_submit_choices(prompt.clone(), &plain, 4).expect("choices");
+    let done = run_batch(&mut engine, 0, |_, _| {});
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(done[id].tokens, alone[i].tokens, "choice {i}");
+        assert_eq!(done[id].stats.base.cached_prompt_tokens, if i == 0 { 0 } else { 128 }, "choice {i}");
+    }
+    let computed = (engine.batch_status().rows - rows) as usize;
+    let decoded: usize = alone.iter().map(|c| c.tokens.len() - 1).sum();
+    assert_eq!(computed, prompt.len() + 3 * (prompt.len() - 128) + decoded, "rows of the four choices");
+    assert!(matches!(engine.batch_submit_choices(prompt.clone(), &plain, 9), Err(Error::InvalidArgument(_))));
 }
 
 #[test]

@@ -529,7 +529,7 @@ fn bad_requests_get_openai_errors_and_the_server_stays_up() {
             400,
             "max_tokens",
         ),
-        ("POST", "/v1/completions", Some(auth), r#"{"prompt": "a", "n": 3}"#.into(), 400, "n"),
+        ("POST", "/v1/completions", Some(auth), r#"{"prompt": "a", "n": 9}"#.into(), 400, "n"),
         (
             "POST",
             "/v1/completions",
@@ -1213,6 +1213,55 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     assert!(rows > 1.5 * passes, "requests shared passes: {rows} rows in {passes} passes");
     assert_eq!(server.metric("wgspec_kv_pages_used"), 0.0);
     assert_eq!(server.metric("wgspec_kv_pages_free"), 24.0);
+
+    // `n` choices: choice i is the request with seed + i alone; the prompt, computed by those
+    // solo runs, is found in the prefix cache (`cached_tokens`), whole and streamed
+    let choices = |n: usize, stream: bool| {
+        let prompt = "the cat sat on the mat ".repeat(9);
+        json!({"prompt": prompt, "max_tokens": 24, "temperature": 0.9, "seed": 40, "n": n, "stream": stream,
+               "stream_options": if stream { json!({"include_usage": true}) } else { Value::Null }})
+    };
+    let solo: Vec<Value> = (0..3)
+        .map(|i| {
+            let mut one = choices(1, false);
+            one["seed"] = (40 + i).into();
+            completion(&server, one)
+        })
+        .collect();
+    let hits = server.metric("wgspec_prefix_cache_hit_tokens_total");
+    let v = completion(&server, choices(3, false));
+    let got: Vec<String> =
+        (0..3).map(|i| v["choices"][i]["text"].as_str().expect("text").to_string()).collect();
+    assert_eq!(got, solo.iter().map(text).collect::<Vec<_>>(), "each choice is its seed's solo run");
+    assert_ne!(got[0], got[1], "the choices sample with their own seeds");
+    assert!(
+        (0..3).all(|i| v["choices"][i]["index"] == i && v["choices"][i]["wgspec"]["from_draft"].is_array())
+    );
+    let tokens: u64 = solo.iter().map(|s| s["usage"]["completion_tokens"].as_u64().expect("tokens")).sum();
+    assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(tokens));
+    assert_eq!(v["usage"]["prompt_tokens"], solo[0]["usage"]["prompt_tokens"]);
+    let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached");
+    assert!(cached >= 64 && cached.is_multiple_of(64), "the prompt's pages found cached: {v}");
+    assert!(server.metric("wgspec_prefix_cache_hit_tokens_total") >= hits + 3.0 * cached as f64);
+    let r = server.post("/v1/completions", &choices(2, true));
+    assert_eq!(r.status, 200, "{}", r.text());
+    let events = r.events();
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    let chunks: Vec<Value> =
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str(e).expect("JSON")).collect();
+    let mut streamed = [String::new(), String::new()];
+    let mut finished = [0, 0];
+    for c in chunks.iter().filter(|c| c["choices"].as_array().is_some_and(|a| !a.is_empty())) {
+        let i = c["choices"][0]["index"].as_u64().expect("index") as usize;
+        assert_eq!(finished[i], 0, "nothing of choice {i} after its last chunk");
+        streamed[i] += c["choices"][0]["text"].as_str().expect("text");
+        finished[i] += c["choices"][0]["finish_reason"].is_string() as usize;
+    }
+    assert_eq!((finished, streamed.to_vec()), ([1, 1], got[..2].to_vec()), "streamed choices");
+    let usage = &chunks.last().expect("usage chunk")["usage"];
+    let two: u64 = solo[..2].iter().map(|s| s["usage"]["completion_tokens"].as_u64().expect("n")).sum();
+    assert_eq!(usage["completion_tokens"].as_u64(), Some(two), "one usage chunk, last");
+    assert_eq!(server.metric("wgspec_kv_pages_used"), 0.0);
 
     // a long stream beside a long answer; the stream's client leaves
     let long = |prompt: &str| json!({"prompt": prompt, "max_tokens": 700, "temperature": 0});

@@ -118,6 +118,8 @@ struct Seq {
     entry: u64,
     /// Prompt tokens found in the prefix cache at its first admission.
     cached_tokens: Option<usize>,
+    /// The first choice of its request (OpenAI's `n`), whose computed prompt it waits for.
+    after: Option<SeqId>,
     max_tokens: usize,
     /// Per generated token: whether it was an accepted draft.
     from_draft: Vec<bool>,
@@ -270,7 +272,14 @@ impl Batch {
 
     /// Queues a request whose prompt and parameters are checked
     /// ([`Engine::batch_submit`](super::Engine::batch_submit)).
-    pub(super) fn submit(&mut self, prompt: Vec<u32>, req: &Request, draft: DraftKind) -> SeqId {
+    /// (`after`: the first choice of its request, whose prompt it waits for.)
+    pub(super) fn submit(
+        &mut self,
+        prompt: Vec<u32>,
+        req: &Request,
+        draft: DraftKind,
+        after: Option<SeqId>,
+    ) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
         let ngram = (draft == DraftKind::Ngram).then(|| Drafting {
@@ -288,6 +297,7 @@ impl Batch {
             cached_pages: 0,
             entry: 0,
             cached_tokens: None,
+            after,
             max_tokens: req.max_tokens,
             from_draft: Vec::new(),
             text: TextStream::new(&req.stop),
@@ -328,6 +338,9 @@ impl Batch {
         let places = self.limits.max_seqs.min(self.limits.max_rows).clamp(1, MAX_BATCH);
         while self.running.len() < places {
             let Some(s) = self.waiting.front() else { break };
+            if s.after.is_some_and(|first| self.prompt_pending(first)) {
+                break;
+            }
             let found = self.pool.lookup(&s.tokens, (s.tokens.len() - 1) / KV_PAGE);
             let need = Seq::pages_for((s.tokens.len() + 1).min(context)).saturating_sub(found.len());
             let idle_found = found.iter().filter(|&&(p, _)| self.pool.is_idle(p)).count();
@@ -348,6 +361,12 @@ impl Batch {
             let at = self.running.partition_point(|r| r.id < s.id);
             self.running.insert(at, s);
         }
+    }
+
+    /// Whether request `id` waits, or runs with prompt positions (but its newest) not computed.
+    fn prompt_pending(&self, id: SeqId) -> bool {
+        self.waiting.iter().any(|s| s.id == id)
+            || self.running.iter().any(|s| s.id == id && s.n_past + 1 < s.prompt_len)
     }
 
     /// Makes the draws of running sampled sequences that have none yet (at their admission: a
@@ -855,6 +874,7 @@ mod tests {
             cached_pages: 0,
             entry: 0,
             cached_tokens: None,
+            after: None,
             max_tokens: 100,
             from_draft: Vec::new(),
             text: TextStream::new(&[]),

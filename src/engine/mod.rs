@@ -175,6 +175,34 @@ impl Engine {
     /// [`Engine::batchable`] does not take, bad sampling parameters, an empty prompt or one
     /// that fills the context.
     pub fn batch_submit(&mut self, prompt: Vec<u32>, req: &Request) -> Result<SeqId> {
+        self.check_batched(&prompt, req)?;
+        let kind = req.draft.unwrap_or(self.default_draft);
+        Ok(self.batch.submit(prompt, req, kind, None))
+    }
+
+    /// [`Engine::batch_submit`] for `n` choices of one prompt (OpenAI's `n`, 1 to
+    /// [`crate::openai::MAX_CHOICES`]): choice i samples with seed `req.seed + i`, its tokens those
+    /// of a request of that seed alone. The prompt is computed once: the choices after the first
+    /// wait until its prompt is, then find its pages in the prefix cache (all but the part of
+    /// the last page each computes itself).
+    pub fn batch_submit_choices(&mut self, prompt: Vec<u32>, req: &Request, n: usize) -> Result<Vec<SeqId>> {
+        if !(1..=crate::openai::MAX_CHOICES).contains(&n) {
+            let most = crate::openai::MAX_CHOICES;
+            return Err(Error::InvalidArgument(format!("choices: 1 to {most}, not {n}")));
+        }
+        self.check_batched(&prompt, req)?;
+        let kind = req.draft.unwrap_or(self.default_draft);
+        let first = self.batch.submit(prompt.clone(), req, kind, None);
+        let mut ids = vec![first];
+        for i in 1..n as u64 {
+            let choice = Request { seed: req.seed.wrapping_add(i), ..req.clone() };
+            ids.push(self.batch.submit(prompt.clone(), &choice, kind, Some(first)));
+        }
+        Ok(ids)
+    }
+
+    /// What [`Engine::batch_submit`] refuses.
+    fn check_batched(&self, prompt: &[u32], req: &Request) -> Result<()> {
         req.sampling().validate()?;
         if !self.batchable(req) {
             return Err(Error::InvalidArgument(
@@ -194,8 +222,7 @@ impl Engine {
         if let Some(&id) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::TokenOutOfRange { id, vocab });
         }
-        let kind = req.draft.unwrap_or(self.default_draft);
-        Ok(self.batch.submit(prompt, req, kind))
+        Ok(())
     }
 
     /// Takes a request out of the batch (its client left), its pages back to the pool at once;

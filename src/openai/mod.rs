@@ -36,6 +36,9 @@ pub const DEFAULT_TEMPERATURE: f32 = 1.0;
 /// The largest `draft_k` / `max_draft_k` accepted (the engine caps K at its batch size anyway).
 pub const MAX_DRAFT_K: usize = 64;
 
+/// Most choices one request asks for (`n`): each is a sequence of the server's batch.
+pub const MAX_CHOICES: usize = 8;
+
 /// Which completion route a body came to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Endpoint {
@@ -140,6 +143,8 @@ pub struct Parsed {
     pub max_tokens: Option<usize>,
     pub stream: bool,
     pub include_usage: bool,
+    /// Choices asked for (`n`, 1..=[`MAX_CHOICES`]): choice i samples with seed `seed + i`.
+    pub n: usize,
 }
 
 impl Parsed {
@@ -198,11 +203,11 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
             });
         }
     }
-    if let Some(n) = body.n {
-        if n != 1 {
-            return Err(Refusal::field("n", format!("`n` must be 1 (one choice per request), not {n}")));
-        }
-    }
+    let n = match body.n {
+        None => 1,
+        Some(n) if (1..=MAX_CHOICES as u64).contains(&n) => n as usize,
+        Some(n) => return Err(Refusal::field("n", format!("`n` must be in 1..={MAX_CHOICES}, not {n}"))),
+    };
 
     let mut request = engine::Request::text("", 0);
     match endpoint {
@@ -291,7 +296,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     }
     let stream = body.stream.unwrap_or(false);
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
-    Ok(Parsed { request, max_tokens, stream, include_usage })
+    Ok(Parsed { request, max_tokens, stream, include_usage, n })
 }
 
 /// A JSON object body read into `T` field by field, or a 400 naming the field at fault
@@ -543,7 +548,8 @@ mod tests {
             (br#"{"prompt": "a", "top_p": 0}"#, "top_p"),
             (br#"{"prompt": "a", "max_tokens": 0}"#, "max_tokens"),
             (br#"{"prompt": "a", "max_tokens": -3}"#, "max_tokens"),
-            (br#"{"prompt": "a", "n": 2}"#, "n"),
+            (br#"{"prompt": "a", "n": 9}"#, "n"),
+            (br#"{"prompt": "a", "n": 0}"#, "n"),
             (br#"{"prompt": "a", "frequency_penalty": 0.5}"#, "frequency_penalty"),
             (br#"{"prompt": "a", "logprobs": 2}"#, "logprobs"),
             (br#"{"prompt": "a", "bogus": 1}"#, "bogus"),

@@ -5,7 +5,9 @@
 //! - [`Shape::response`]: the whole answer of a request without `stream` ([`Response`]).
 //! - [`Stream`]: the chunks of a streamed one, in order: (chat) a first chunk with the role, a
 //!   chunk per token with text, a last chunk with `finish_reason` and the request's stats, and
-//!   the usage chunk when `stream_options.include_usage` asked for it ([`Chunk`]).
+//!   the usage chunk when `stream_options.include_usage` asked for it ([`Chunk`]). With `n`
+//!   choices each has its own chunks (its `index`), interleaved as their tokens come; the usage
+//!   chunk comes after the last choice's last chunk.
 //! - [`ErrorReply`]: a refusal or failure as OpenAI's `{"error": {message, type, param, code}}`
 //!   with its HTTP status.
 //!
@@ -47,12 +49,17 @@ pub struct PromptTokensDetails {
 }
 
 impl Usage {
-    pub fn of(reply: &Reply) -> Usage {
+    /// A request's usage from its choices' replies: the prompt once (as its first choice found
+    /// it cached), every choice's tokens.
+    pub fn of(replies: &[Reply]) -> Usage {
+        let (prompt_tokens, cached_tokens) =
+            replies.first().map_or((0, 0), |r| (r.prompt_tokens, r.cached_tokens));
+        let completion_tokens = replies.iter().map(|r| r.completion_tokens).sum::<usize>();
         Usage {
-            prompt_tokens: reply.prompt_tokens,
-            completion_tokens: reply.completion_tokens,
-            total_tokens: reply.prompt_tokens + reply.completion_tokens,
-            prompt_tokens_details: PromptTokensDetails { cached_tokens: reply.cached_tokens },
+            prompt_tokens,
+            completion_tokens,
+            total_tokens: prompt_tokens + completion_tokens,
+            prompt_tokens_details: PromptTokensDetails { cached_tokens },
         }
     }
 }
@@ -124,7 +131,8 @@ pub struct Wgspec {
     pub from_draft: Vec<bool>,
 }
 
-/// The whole answer of a request without `stream`.
+/// The whole answer of a request without `stream`. Its `wgspec` is its first choice's; with
+/// several choices (`n`) each carries its own too.
 #[derive(Clone, Debug, Serialize)]
 pub struct Response {
     pub id: String,
@@ -146,6 +154,9 @@ pub struct Choice {
     /// Always null: log-probabilities are not offered.
     pub logprobs: Option<()>,
     pub finish_reason: &'static str,
+    /// This choice's `wgspec` (only with several choices).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub wgspec: Option<Wgspec>,
 }
 
 /// What a choice says: a chat message or a completion's text.
@@ -232,13 +243,22 @@ impl Shape {
         }
     }
 
-    /// The whole answer of a request without `stream`.
-    pub fn response(&self, reply: &Reply) -> Response {
-        let content = match self.endpoint {
-            Endpoint::Chat => Content::Message { role: "assistant", content: reply.text.clone() },
-            Endpoint::Completions => Content::Text(reply.text.clone()),
-        };
-        let choice = Choice { index: 0, content, logprobs: None, finish_reason: finish_reason(reply.finish) };
+    /// The whole answer of a request without `stream`: its choices' replies, in order (one but
+    /// with `n`).
+    pub fn response(&self, replies: &[Reply]) -> Response {
+        let wgspec = |r: &Reply| Wgspec { stats: Some(r.stats.clone()), from_draft: r.from_draft.clone() };
+        let choices = (replies.iter().enumerate())
+            .map(|(i, reply)| Choice {
+                index: i as u32,
+                content: match self.endpoint {
+                    Endpoint::Chat => Content::Message { role: "assistant", content: reply.text.clone() },
+                    Endpoint::Completions => Content::Text(reply.text.clone()),
+                },
+                logprobs: None,
+                finish_reason: finish_reason(reply.finish),
+                wgspec: (replies.len() > 1).then(|| wgspec(reply)),
+            })
+            .collect();
         Response {
             id: self.id.clone(),
             object: match self.endpoint {
@@ -247,15 +267,22 @@ impl Shape {
             },
             created: self.created,
             model: self.model.clone(),
-            choices: vec![choice],
-            usage: Usage::of(reply),
-            wgspec: Wgspec { stats: Some(reply.stats.clone()), from_draft: reply.from_draft.clone() },
+            choices,
+            usage: Usage::of(replies),
+            wgspec: replies.first().map_or(Wgspec { stats: None, from_draft: Vec::new() }, wgspec),
         }
     }
 
-    /// A chunk with one choice: `text` (chat: the role too when `first`; no content in the last
+    /// A chunk of choice `index`: `text` (chat: the role too when `first`; no content in the last
     /// when it has no text), and `finish` in the last.
-    fn chunk(&self, text: String, first: bool, finish: Option<&'static str>, wgspec: Wgspec) -> Chunk {
+    fn chunk(
+        &self,
+        index: usize,
+        text: String,
+        first: bool,
+        finish: Option<&'static str>,
+        wgspec: Wgspec,
+    ) -> Chunk {
         let content = match self.endpoint {
             Endpoint::Chat => ChunkContent::Delta(Delta {
                 role: first.then_some("assistant"),
@@ -263,7 +290,7 @@ impl Shape {
             }),
             Endpoint::Completions => ChunkContent::Text(text),
         };
-        let choice = ChunkChoice { index: 0, content, logprobs: None, finish_reason: finish };
+        let choice = ChunkChoice { index: index as u32, content, logprobs: None, finish_reason: finish };
         Chunk {
             choices: vec![choice],
             usage: self.include_usage.then_some(None),
@@ -288,50 +315,70 @@ impl Shape {
     }
 }
 
-/// The chunks of one streamed answer, built from the engine's token events as they come.
+/// The chunks of one streamed answer of `n` choices, built from the engine's token events as
+/// they come.
 #[derive(Debug)]
 pub struct Stream {
     pub shape: Shape,
-    /// Draft flags of the tokens not yet sent in a chunk (their text was held back).
-    from_draft: Vec<bool>,
+    /// Per choice: the draft flags of its tokens not yet sent in a chunk (their text was held
+    /// back).
+    from_draft: Vec<Vec<bool>>,
+    /// Per choice: its reply once it has ended.
+    replies: Vec<Option<Reply>>,
 }
 
 impl Stream {
-    pub fn new(shape: Shape) -> Stream {
-        Stream { shape, from_draft: Vec::new() }
+    /// The stream of a request of `n` choices (at least 1).
+    pub fn new(shape: Shape, n: usize) -> Stream {
+        let n = n.max(1);
+        Stream { shape, from_draft: vec![Vec::new(); n], replies: vec![None; n] }
     }
 
-    /// The chunk before any token: chat announces the role; completions have none.
-    pub fn start(&self) -> Option<Chunk> {
-        let wgspec = Wgspec { stats: None, from_draft: Vec::new() };
-        (self.shape.endpoint == Endpoint::Chat).then(|| self.shape.chunk(String::new(), true, None, wgspec))
+    /// The chunks before any token: chat announces the role of each choice; completions have
+    /// none.
+    pub fn start(&self) -> Vec<Chunk> {
+        let chat = self.shape.endpoint == Endpoint::Chat;
+        let wgspec = || Wgspec { stats: None, from_draft: Vec::new() };
+        (0..self.replies.len())
+            .filter(|_| chat)
+            .map(|i| self.shape.chunk(i, String::new(), true, None, wgspec()))
+            .collect()
     }
 
-    /// The chunk of a token event: one when it makes text final, carrying the draft flags of the
-    /// tokens since the last chunk.
-    pub fn token(&mut self, ev: &TokenEvent) -> Option<Chunk> {
+    /// The chunk of choice `index`'s token event: one when it makes text final, carrying the
+    /// draft flags of the choice's tokens since its last chunk.
+    pub fn token(&mut self, index: usize, ev: &TokenEvent) -> Option<Chunk> {
+        let flags = self.from_draft.get_mut(index)?;
         if ev.id.is_some() {
-            self.from_draft.push(ev.from_draft);
+            flags.push(ev.from_draft);
         }
         if ev.text.is_empty() {
             return None;
         }
-        let wgspec = Wgspec { stats: None, from_draft: std::mem::take(&mut self.from_draft) };
-        Some(self.shape.chunk(ev.text.clone(), false, None, wgspec))
+        let wgspec = Wgspec { stats: None, from_draft: std::mem::take(flags) };
+        Some(self.shape.chunk(index, ev.text.clone(), false, None, wgspec))
     }
 
-    /// The last chunks: `finish_reason` with the request's figures, then the usage chunk when
-    /// it was asked for.
-    pub fn finish(&mut self, reply: &Reply) -> Vec<Chunk> {
-        let wgspec =
-            Wgspec { stats: Some(reply.stats.clone()), from_draft: std::mem::take(&mut self.from_draft) };
-        let mut last =
-            vec![self.shape.chunk(String::new(), false, Some(finish_reason(reply.finish)), wgspec)];
-        if self.shape.include_usage {
-            let usage = Usage::of(reply);
-            last.push(Chunk { usage: Some(Some(usage)), ..self.shape.chunk_head() });
+    /// Choice `index`'s last chunk: `finish_reason` with its figures; after the last choice's,
+    /// the usage chunk when it was asked for.
+    pub fn finish(&mut self, index: usize, reply: &Reply) -> Vec<Chunk> {
+        let (Some(flags), Some(slot)) = (self.from_draft.get_mut(index), self.replies.get_mut(index)) else {
+            return Vec::new();
+        };
+        let wgspec = Wgspec { stats: Some(reply.stats.clone()), from_draft: std::mem::take(flags) };
+        *slot = Some(reply.clone());
+        let finish = Some(finish_reason(reply.finish));
+        let mut last = vec![self.shape.chunk(index, String::new(), false, finish, wgspec)];
+        if self.ended() && self.shape.include_usage {
+            let replies: Vec<Reply> = self.replies.iter().flatten().cloned().collect();
+            last.push(Chunk { usage: Some(Some(Usage::of(&replies))), ..self.shape.chunk_head() });
         }
         last
+    }
+
+    /// Whether every choice has ended.
+    pub fn ended(&self) -> bool {
+        self.replies.iter().all(Option::is_some)
     }
 }
 
@@ -459,23 +506,23 @@ mod tests {
 
     #[test]
     fn a_chat_stream_announces_the_role_carries_flags_per_text_and_ends_with_the_figures() {
-        let mut s = Stream::new(shape(Endpoint::Chat, false));
-        let first = without_id(to_json(&s.start().expect("chat starts with the role")));
+        let mut s = Stream::new(shape(Endpoint::Chat, false), 1);
+        let first = without_id(to_json(&s.start()[0]));
         let head = json!({"object": "chat.completion.chunk", "model": "m"});
         let mut want = head.clone();
         want["choices"] = json!([{"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": null, "finish_reason": null}]);
         want["wgspec"] = json!({"from_draft": []});
         assert_eq!(first, want);
         // a token whose text is held back sends nothing; its flag goes with the next text
-        assert!(s.token(&token(Some(1), "", true)).is_none());
-        let chunk = without_id(to_json(&s.token(&token(Some(2), "ab", false)).expect("text")));
+        assert!(s.token(0, &token(Some(1), "", true)).is_none());
+        let chunk = without_id(to_json(&s.token(0, &token(Some(2), "ab", false)).expect("text")));
         assert_eq!(chunk["choices"][0]["delta"], json!({"content": "ab"}));
         assert_eq!(chunk["wgspec"], json!({"from_draft": [true, false]}));
         assert!(chunk.get("usage").is_none(), "no usage unless asked: {chunk}");
         // the final flush of held-back text is no token: no flag
-        let flush = to_json(&s.token(&token(None, "c", false)).expect("text"));
+        let flush = to_json(&s.token(0, &token(None, "c", false)).expect("text"));
         assert_eq!(flush["wgspec"], json!({"from_draft": []}));
-        let last = s.finish(&reply());
+        let last = s.finish(0, &reply());
         assert_eq!(last.len(), 1, "no usage chunk unless asked");
         let last = without_id(to_json(&last[0]));
         assert_eq!(
@@ -489,9 +536,9 @@ mod tests {
 
     #[test]
     fn a_completions_stream_has_no_role_and_its_usage_chunk_comes_last_when_asked() {
-        let mut s = Stream::new(shape(Endpoint::Completions, true));
-        assert!(s.start().is_none());
-        let chunk = to_json(&s.token(&token(Some(7), "x", true)).expect("text"));
+        let mut s = Stream::new(shape(Endpoint::Completions, true), 1);
+        assert!(s.start().is_empty());
+        let chunk = to_json(&s.token(0, &token(Some(7), "x", true)).expect("text"));
         assert_eq!(chunk["object"], "text_completion");
         assert_eq!(
             chunk["choices"],
@@ -499,7 +546,7 @@ mod tests {
         );
         assert_eq!(chunk["usage"], Value::Null);
         assert!(chunk.as_object().is_some_and(|m| m.contains_key("usage")));
-        let last: Vec<Value> = s.finish(&reply()).iter().map(to_json).collect();
+        let last: Vec<Value> = s.finish(0, &reply()).iter().map(to_json).collect();
         assert_eq!(last.len(), 2);
         assert_eq!(last[0]["choices"][0]["finish_reason"], "stop");
         assert_eq!(last[0]["choices"][0]["text"], "");
@@ -514,7 +561,7 @@ mod tests {
     #[test]
     fn whole_answers_have_openais_fields_and_every_tokens_flag() {
         let r = reply();
-        let chat = without_id(to_json(&shape(Endpoint::Chat, false).response(&r)));
+        let chat = without_id(to_json(&shape(Endpoint::Chat, false).response(std::slice::from_ref(&r))));
         let mut wgspec = to_json(&r.stats);
         wgspec["from_draft"] = json!([true, false, true]);
         let want = json!({
@@ -525,7 +572,7 @@ mod tests {
         });
         assert_eq!(chat, want);
         let text = to_json(
-            &shape(Endpoint::Completions, true).response(&Reply { finish: FinishReason::Length, ..r }),
+            &shape(Endpoint::Completions, true).response(&[Reply { finish: FinishReason::Length, ..r }]),
         );
         assert!(text["id"].as_str().is_some_and(|id| id.starts_with("cmpl-")));
         assert_eq!(text["object"], "text_completion");
@@ -533,6 +580,47 @@ mod tests {
             text["choices"],
             json!([{"index": 0, "text": "abc", "logprobs": null, "finish_reason": "length"}])
         );
+    }
+
+    #[test]
+    fn several_choices_have_their_indices_flags_and_one_usage() {
+        // a whole answer: each choice its index and its own figures; the prompt counted once
+        let (a, b) = (
+            reply(),
+            Reply { text: "xy".into(), completion_tokens: 2, from_draft: vec![false; 2], ..reply() },
+        );
+        let whole = to_json(&shape(Endpoint::Completions, false).response(&[a.clone(), b.clone()]));
+        assert_eq!(whole["choices"][1]["index"], 1);
+        assert_eq!(whole["choices"][1]["text"], "xy");
+        assert_eq!(whole["choices"][1]["wgspec"]["from_draft"], json!([false, false]));
+        assert_eq!(whole["choices"][0]["wgspec"]["from_draft"], json!([true, false, true]));
+        assert_eq!(whole["usage"]["prompt_tokens"], 5);
+        assert_eq!(whole["usage"]["completion_tokens"], 5);
+        let one = to_json(&shape(Endpoint::Completions, false).response(std::slice::from_ref(&a)));
+        assert!(one["choices"][0].get("wgspec").is_none(), "one choice: the answer's wgspec only");
+        // a stream: a role chunk per choice, chunks by index, the usage after the last choice
+        let mut s = Stream::new(shape(Endpoint::Chat, true), 2);
+        let starts: Vec<Value> = s.start().iter().map(to_json).collect();
+        assert_eq!(starts.len(), 2);
+        assert_eq!(
+            (starts[0]["choices"][0]["index"].clone(), starts[1]["choices"][0]["index"].clone()),
+            (json!(0), json!(1))
+        );
+        let c = to_json(&s.token(1, &token(Some(3), "q", true)).expect("text"));
+        assert_eq!(
+            (c["choices"][0]["index"].clone(), c["wgspec"]["from_draft"].clone()),
+            (json!(1), json!([true]))
+        );
+        assert!(s.token(0, &token(Some(4), "", false)).is_none());
+        let first_done = s.finish(1, &b);
+        assert_eq!(first_done.len(), 1, "no usage before every choice ended");
+        assert!(!s.ended());
+        let last: Vec<Value> = s.finish(0, &a).iter().map(to_json).collect();
+        assert!(s.ended());
+        assert_eq!(last[0]["choices"][0]["index"], 0);
+        assert_eq!(last[0]["wgspec"]["from_draft"], json!([false]));
+        assert_eq!(last[1]["usage"]["completion_tokens"], 5);
+        assert!(s.token(2, &token(Some(1), "z", false)).is_none(), "no such choice");
     }
 
     #[test]

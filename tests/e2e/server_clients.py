@@ -144,13 +144,22 @@ def one_replica(args):
         check(finish in ("stop", "length"), f"finish reason {finish}")
         check(usage is not None and usage.completion_tokens == chat.usage.completion_tokens, "usage chunk")
 
+        # n choices: choice i is the request with seed + i alone; the prompt found cached.
+        sampled = dict(model=model, messages=messages, max_tokens=TOKENS, temperature=0.9)
+        alone = [client.chat.completions.create(**sampled, seed=11 + i).choices[0].message.content for i in range(2)]
+        both = client.chat.completions.create(**sampled, seed=11, n=2)
+        got = [c.message.content for c in sorted(both.choices, key=lambda c: c.index)]
+        check(got == alone, f"n=2: {got!r} != each seed alone {alone!r}")
+        details = both.usage.prompt_tokens_details
+        check(details is not None and details.cached_tokens % 64 == 0, f"cached tokens: {both.usage}")
+
         # A request the server cannot serve: a clear 400 through the client's own error type.
         try:
-            client.chat.completions.create(model=model, messages=messages, max_tokens=TOKENS, n=2)
-            raise Fail("n=2 was accepted")
+            client.chat.completions.create(model=model, messages=messages, max_tokens=TOKENS, n=9)
+            raise Fail("n=9 was accepted")
         except openai.BadRequestError as e:
             check("n" in str(e), f"the error names the field: {e}")
-        log(f"openai {openai.__version__}: models, completions, n-gram, chat, stream, errors: ok")
+        log(f"openai {openai.__version__}: models, completions, n-gram, chat, stream, n, errors: ok")
     finally:
         code = stop(proc, "the replica")
     check(code == 0, f"the replica exited {code} on SIGTERM")

@@ -302,10 +302,10 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<
         Some(format!("`draft` \"{}\": this server runs {why}", asked.name()))
     };
     // (the engine reads the ids: the text need not wait in the queue)
-    let wgspec::openai::Parsed { request, stream: streamed, include_usage, .. } =
+    let wgspec::openai::Parsed { request, stream: streamed, include_usage, n, .. } =
         parsed.ready(&prompt, loaded.context, server_draft, &missing)?;
     let (events, mut rx) = mpsc::unbounded_channel();
-    let job = Job { request, prompt, events };
+    let job = Job { request, prompt, n, events };
     // Dropped when this handler is (its client left): the job leaves the queue with it.
     let _ticket = match model.queue.push(job) {
         Ok(ticket) => ticket,
@@ -331,9 +331,9 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<
     let shape = Shape::new(endpoint, &model.ids[0], include_usage);
     let timing = Timing { arrived, last: None, metrics: app.metrics.clone() };
     if streamed {
-        Ok(stream(shape, rx, timing))
+        Ok(stream(openai::Stream::new(shape, n), rx, timing))
     } else {
-        whole(shape, rx, timing).await
+        whole(shape, n, rx, timing).await
     }
 }
 
@@ -355,20 +355,30 @@ impl Timing {
     }
 }
 
-/// The answer of a request without `stream`.
+/// The answer of a request of `n` choices without `stream`, once every choice has ended.
 async fn whole(
     shape: Shape,
+    n: usize,
     mut rx: mpsc::UnboundedReceiver<Event>,
     mut timing: Timing,
 ) -> Result<Response, ApiError> {
+    let mut replies: Vec<Option<openai::Reply>> = vec![None; n];
     loop {
         match rx.recv().await {
-            Some(Event::Token(ev)) => {
+            Some(Event::Token(_, ev)) => {
                 if ev.id.is_some() {
                     timing.token();
                 }
             }
-            Some(Event::Done(reply)) => return Ok(Json(shape.response(&reply)).into_response()),
+            Some(Event::Done(choice, reply)) => {
+                if let Some(slot) = replies.get_mut(choice) {
+                    *slot = Some(*reply);
+                }
+                if replies.iter().all(Option::is_some) {
+                    let replies: Vec<openai::Reply> = replies.into_iter().flatten().collect();
+                    return Ok(Json(shape.response(&replies)).into_response());
+                }
+            }
             Some(Event::Failed(e)) => return Err(e),
             Some(Event::Started) | None => {
                 return Err(ApiError::internal("the GPU worker stopped in the middle of a request"))
@@ -377,10 +387,10 @@ async fn whole(
     }
 }
 
-/// Server-sent events: the chunks of [`openai::Stream`], then `[DONE]`; an error midway is sent
-/// as its error body, then `[DONE]`.
-fn stream(shape: Shape, rx: mpsc::UnboundedReceiver<Event>, timing: Timing) -> Response {
-    let out = Streamer { chunks: openai::Stream::new(shape), rx, timing, started: false, ended: false };
+/// Server-sent events: the chunks of [`openai::Stream`], then `[DONE]` once every choice has
+/// ended; an error midway is sent as its error body, then `[DONE]`.
+fn stream(chunks: openai::Stream, rx: mpsc::UnboundedReceiver<Event>, timing: Timing) -> Response {
+    let out = Streamer { chunks, rx, timing, started: false, ended: false };
     let body = futures_util::stream::unfold(out, |mut s| async move {
         let piece = s.next_piece().await?;
         Some((Ok::<_, Infallible>(Bytes::from(piece)), s))
@@ -417,24 +427,28 @@ impl Streamer {
         }
         if !self.started {
             self.started = true;
-            if let Some(first) = self.chunks.start() {
-                return Some(sse(&first));
+            let first = self.chunks.start();
+            if !first.is_empty() {
+                return Some(first.iter().map(sse).collect());
             }
         }
         loop {
             match self.rx.recv().await {
-                Some(Event::Token(ev)) => {
+                Some(Event::Token(choice, ev)) => {
                     if ev.id.is_some() {
                         self.timing.token();
                     }
-                    if let Some(chunk) = self.chunks.token(&ev) {
+                    if let Some(chunk) = self.chunks.token(choice, &ev) {
                         return Some(sse(&chunk));
                     }
                 }
-                Some(Event::Done(reply)) => {
+                Some(Event::Done(choice, reply)) => {
+                    let last: String = self.chunks.finish(choice, &reply).iter().map(sse).collect();
+                    if !self.chunks.ended() {
+                        return Some(last);
+                    }
                     self.ended = true;
-                    let last = self.chunks.finish(&reply);
-                    return Some(last.iter().map(sse).collect::<String>() + "data: [DONE]\n\n");
+                    return Some(last + "data: [DONE]\n\n");
                 }
                 other => {
                     self.ended = true;

@@ -62,16 +62,19 @@ pub struct Job {
     pub request: Request,
     /// The request's prompt, tokenized.
     pub prompt: Vec<u32>,
+    /// Choices asked for (OpenAI's `n`): choice i samples with seed `seed + i`.
+    pub n: usize,
     pub events: mpsc::UnboundedSender<Event>,
 }
 
-/// What the worker tells the handler of a job, in this order: `Started`, `Token`s, then `Done`
-/// or `Failed` (or only `Failed`, when the request cannot run).
+/// What the worker tells the handler of a job, in this order: `Started`, then each choice's
+/// `Token`s and `Done` (by its index; those of several choices interleave), or `Failed` (alone,
+/// when the request cannot run; after the others, when a choice fails: the request fails).
 pub enum Event {
     /// The request fits the context and runs.
     Started,
-    Token(TokenEvent),
-    Done(Box<Reply>),
+    Token(usize, TokenEvent),
+    Done(usize, Box<Reply>),
     Failed(ApiError),
 }
 
@@ -234,9 +237,10 @@ pub fn spawn(
     Ok(())
 }
 
-/// A batched request's handler and what it was sent.
+/// A batched request's handler (a choice of one: `choice`) and what it was sent.
 struct Served {
     events: mpsc::UnboundedSender<Event>,
+    choice: usize,
     prompt_tokens: usize,
     tokens: usize,
 }
@@ -290,14 +294,18 @@ impl Scheduler {
                 self.alone = Some(job);
                 return;
             }
-            let Job { request, prompt, events } = job;
+            let Job { request, prompt, n, events } = job;
             let prompt_tokens = prompt.len();
-            match self.engine.batch_submit(prompt, &request) {
-                Ok(id) => {
-                    if events.send(Event::Started).is_ok() {
-                        self.served.insert(id, Served { events, prompt_tokens, tokens: 0 });
-                    } else {
-                        self.engine.batch_cancel(id);
+            match self.engine.batch_submit_choices(prompt, &request, n) {
+                Ok(ids) => {
+                    let started = events.send(Event::Started).is_ok();
+                    for (choice, id) in ids.into_iter().enumerate() {
+                        if started {
+                            let events = events.clone();
+                            self.served.insert(id, Served { events, choice, prompt_tokens, tokens: 0 });
+                        } else {
+                            self.engine.batch_cancel(id);
+                        }
                     }
                 }
                 Err(e) => {
@@ -354,13 +362,13 @@ impl Scheduler {
             match ev {
                 BatchEvent::Token(t) => {
                     s.tokens += t.id.is_some() as usize;
-                    let _ = s.events.send(Event::Token(t));
+                    let _ = s.events.send(Event::Token(s.choice, t));
                 }
                 BatchEvent::Done(c) => {
                     let s = self.served.remove(&id);
                     metrics.generation(&GenerationCounts::of(&c));
                     if let Some(s) = s {
-                        let _ = s.events.send(Event::Done(Box::new(Reply::from(*c))));
+                        let _ = s.events.send(Event::Done(s.choice, Box::new(Reply::from(*c))));
                     }
                 }
                 BatchEvent::Failed(e) => {
@@ -374,27 +382,32 @@ impl Scheduler {
     }
 }
 
-/// Runs one job and counts its generation (a cancelled one too: its tokens were computed).
+/// Runs one job alone, its choices one after another (choice i with seed `seed + i`, as the
+/// batch seeds them), and counts each generation (a cancelled one too: its tokens were computed).
 fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
-    let Job { request, prompt, events } = job;
+    let Job { request, prompt, n, events } = job;
     if events.send(Event::Started).is_err() {
         return;
     }
-    let result = pollster::block_on(
-        engine.generate_from(prompt, &request, &mut |ev| events.send(Event::Token(ev.clone())).is_ok()),
-    );
-    match result {
-        Ok(c) => {
-            metrics.generation(&GenerationCounts::of(&c));
-            // Only a client that went away cancels: nobody is left to tell.
-            if c.finish_reason == FinishReason::Cancelled {
+    for choice in 0..n {
+        let req = Request { seed: request.seed.wrapping_add(choice as u64), ..request.clone() };
+        let result = pollster::block_on(engine.generate_from(prompt.clone(), &req, &mut |ev| {
+            events.send(Event::Token(choice, ev.clone())).is_ok()
+        }));
+        match result {
+            Ok(c) => {
+                metrics.generation(&GenerationCounts::of(&c));
+                // Only a client that went away cancels: nobody is left to tell.
+                if c.finish_reason == FinishReason::Cancelled {
+                    return;
+                }
+                let _ = events.send(Event::Done(choice, Box::new(Reply::from(c))));
+            }
+            Err(e) => {
+                metrics.failed_generation();
+                let _ = events.send(Event::Failed(e.into()));
                 return;
             }
-            let _ = events.send(Event::Done(Box::new(Reply::from(c))));
-        }
-        Err(e) => {
-            metrics.failed_generation();
-            let _ = events.send(Event::Failed(e.into()));
         }
     }
 }
