@@ -618,6 +618,14 @@ fn one_memory_budget_for_the_target_the_draft_and_the_heads() {
     let err = pooled.set_kv_pool(Some(one_context + 11)).expect_err("a page over the budget");
     assert!(matches!(err, Error::GpuLimit(_)), "{err}");
     assert!(matches!(pooled.set_kv_pool(Some(1)), Err(Error::InvalidArgument(_))), "less than one context");
+    // with a draft model: its pool as many pages, both billed
+    let draft_page = free.draft_model().expect("draft").kv_page_bytes();
+    let mut both = engine(Some(target + draft + 10 * (page + draft_page) + page / 2));
+    both.load_draft(opened(&tiny_gguf(43)), &mut |_, _| {}).expect("the draft fits");
+    assert_eq!(both.set_kv_pool(None).expect("the pools"), one_context + 10);
+    assert_eq!(both.draft_model().expect("draft").kv_pages(), one_context + 10);
+    assert_eq!(both.memory_bytes(), target + draft + 10 * (page + draft_page), "both billed");
+    assert!(matches!(both.set_kv_pool(Some(one_context + 11)), Err(Error::GpuLimit(_))));
     // requests run in the new pool, as alone
     let mut req = Request::text("the cat sat on the mat", 12);
     req.draft = Some(DraftKind::None);
@@ -832,6 +840,79 @@ fn batched_requests_each_equal_their_run_alone() {
     let alone_now = pollster::block_on(engine.generate(&reqs[0], &mut |_| true));
     assert!(matches!(alone_now, Err(Error::InvalidArgument(_))), "not while the batch runs");
     assert!(engine.batch_cancel(id));
+}
+
+#[test]
+fn batched_requests_with_the_draft_model_equal_their_run_alone() {
+    // Greedy requests drafting with a draft model share its passes (each drafting sequence
+    // caught up in its pages of the draft's pool, then one row per draft) and the target's: each
+    // one's tokens are its run alone. The draft is the target with its FFN outputs scaled: it
+    // agrees often, not always (drafts kept and rejected, its pages rolled back).
+    use wgspec::engine::BatchLimits;
+    let tiny = || TinyModel::random(TinySpec::llama(), &mut rng(48));
+    let target = tiny().to_gguf(DType::F32, &mut rng(49));
+    let mut near = tiny();
+    for t in near.tensors.iter_mut().filter(|t| t.name.contains("down")) {
+        t.values.iter_mut().for_each(|v| *v *= 0.6);
+    }
+    let mut engine = engine_with_pages(target, 24);
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", near.to_gguf(DType::F32, &mut rng(49))).expect("add");
+    let d = files.open().expect("open");
+    let opts = LoadOptions { context: Some(128), ..Default::default() };
+    let draft = Model::load(gpu(), &d.checkpoint, &opts, &mut |_| {}).expect("load");
+    engine.set_draft(Some((draft, &d.tokenizer))).expect("same tokenizer");
+    assert_eq!(engine.set_kv_pool(Some(24)).expect("pools"), 24);
+    assert_eq!(engine.draft_model().expect("draft").kv_pages(), 24, "a page of the draft's per page");
+    engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
+    let reqs: Vec<Request> = (batch_requests().into_iter().enumerate())
+        .map(|(i, r)| Request {
+            temperature: 0.0,
+            draft: Some(DraftKind::Model),
+            draft_k: [None, Some(3)][i % 2],
+            max_tokens: 20 + 7 * i,
+            stop: Vec::new(),
+            ..r
+        })
+        .collect();
+    let alone: Vec<Completion> = reqs.iter().map(|r| run(&mut engine, r).0).collect();
+    let prompts: Vec<Vec<u32>> = reqs.iter().map(|r| engine.prompt_tokens(r).expect("prompt")).collect();
+    for round in ["all at once", "again (the draft's pages reused)"] {
+        let ids: Vec<_> =
+            (0..8).map(|i| engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
+        let done = run_batch(&mut engine, 0, |_, _| {});
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(done[id].tokens, alone[i].tokens, "{round}: request {i}");
+        }
+        let (drafted, accepted) =
+            done.values().fold((0, 0), |(d, a), c| (d + c.stats.drafted, a + c.stats.accepted));
+        assert!(
+            accepted > 0 && accepted < drafted,
+            "{round}: drafts kept and rejected: {accepted} of {drafted}"
+        );
+        assert!(done.values().any(|c| c.stats.draft == DraftKind::Model));
+        let status = engine.batch_status();
+        assert_eq!((status.running, status.pages_used), (0, 0), "{round}: {status:?}");
+    }
+    // a request of a fixed K alone in the batch drafts the one-sequence loop's chains: the same
+    // drafts kept, cycle by cycle (the draft's pages caught up and rolled back as its cache is)
+    for i in (0..8).filter(|&i| reqs[i].draft_k.is_some()) {
+        let id = engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit");
+        let done = run_batch(&mut engine, 0, |_, _| {});
+        let (got, want) = (&done[&id], &alone[i]);
+        assert_eq!(
+            (got.stats.drafted, got.stats.accepted, &got.from_draft),
+            (want.stats.drafted, want.stats.accepted, &want.from_draft),
+            "request {i} alone in the batch"
+        );
+    }
+    // the one-sequence loop after the batch wrote the draft's pool: the same tokens
+    for i in [0, 5] {
+        assert_eq!(run(&mut engine, &reqs[i]).0.tokens, alone[i].tokens, "request {i} alone again");
+    }
+    // sampled requests with the draft model run alone (the ratio rule against the draft's draws)
+    let sampled = Request { temperature: 0.8, ..reqs[0].clone() };
+    assert!(!engine.batchable(&sampled) && engine.batchable(&reqs[0]));
 }
 
 #[test]

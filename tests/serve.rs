@@ -1303,4 +1303,35 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     assert_eq!(text(&r.json()), alone, "the answer beside a cancelled stream");
     until("every page back", &|| server.metric("wgspec_kv_pages_used") == 0.0);
     assert_eq!(server.metric("wgspec_cancelled_generations_total"), 1.0);
+
+    // a draft model (the target itself: every draft kept): greedy requests share its passes and
+    // the target's, each answer its solo run's
+    let args = ["serve", "--model", m, "--kv-pages", "24", "--draft", m];
+    let drafted = Arc::new(Server::start(&args, &[], dir.join("server-draft.log")));
+    let body = |i: usize| {
+        let prompt = "the cat sat on the mat ".repeat(1 + i % 3) + &format!("request {i}");
+        json!({"prompt": prompt, "max_tokens": 16 + 5 * i, "temperature": 0, "draft_k": 3})
+    };
+    let solo: Vec<Value> = (0..4).map(|i| completion(&drafted, body(i))).collect();
+    assert!(solo.iter().all(|v| v["wgspec"]["draft"] == "model"), "{}", solo[0]);
+    let (passes, draft_rows) =
+        (drafted.metric("wgspec_batch_passes_total"), drafted.metric("wgspec_batch_draft_rows_total"));
+    let handles: Vec<_> = (0..4)
+        .map(|i| {
+            let server = drafted.clone();
+            std::thread::spawn(move || server.post("/v1/completions", &body(i)))
+        })
+        .collect();
+    for (i, h) in handles.into_iter().enumerate() {
+        let r = h.join().expect("client");
+        assert_eq!(r.status, 200, "{}", r.text());
+        let v = r.json();
+        assert_eq!(text(&v), text(&solo[i]), "request {i} beside the others, drafting with the model");
+        assert_eq!(v["wgspec"]["acceptance_rate"], 1.0, "the target as its own draft: {v}");
+    }
+    assert!(drafted.metric("wgspec_batch_passes_total") > passes);
+    assert!(
+        drafted.metric("wgspec_batch_draft_rows_total") > draft_rows,
+        "the draft model's drafts were verified"
+    );
 }

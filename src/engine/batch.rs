@@ -6,8 +6,9 @@
 //!   running   sequences with pages of the target's KV cache pool, in arrival order
 //!   a pass    1. each decoding sequence: its last token (1 row)
 //!             2. sequences still prefilling: a chunk of their prompt, within the pass's rows
-//!             3. rows left: n-gram drafts after decoding sequences' newest tokens, where the
-//!                measured costs say they pay (below)
+//!             3. rows left: drafts after decoding sequences' newest tokens, where the
+//!                measured costs say they pay (below): n-gram drafts, or the draft model's
+//!                chains, made by its passes over the sequences drafting with it (`propose`)
 //!             one target pass over all of them (Model::forward_pages), each row's argmax, and
 //!             each sampled request's draws from its rows (its seed, its rows' positions)
 //!   commit    per sequence: the drafts its rows' choices (argmax or draw) agree with, then the
@@ -20,7 +21,8 @@
 //! through them); it is added, the likeliest first, while α^(i+1) / b is at least the pass's
 //! expected tokens per second T / (a + b R). So drafting shrinks by itself where rows cost what
 //! serving more requests does, and grows where rows are nearly free (a GPU's few-row passes).
-//! A request that fixes K (`draft_k`) drafts that many where the rows allow.
+//! A draft model's draft costs its share of a draft pass too. A request that fixes K (`draft_k`)
+//! drafts that many where the rows allow.
 //!
 //! A sequence is admitted when the pool has pages for its tokens and it has a place (`max_seqs`,
 //! and no more than a pass has rows: each running sequence takes one). A decoding sequence that needs a new page and finds none preempts the youngest
@@ -39,6 +41,8 @@ use serde::Serialize;
 use web_time::Instant;
 
 use super::pool::Pool;
+
+mod propose;
 use super::prompt::TextStream;
 use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
@@ -124,8 +128,8 @@ struct Seq {
     /// Per generated token: whether it was an accepted draft.
     from_draft: Vec<bool>,
     text: TextStream,
-    /// Its n-gram drafter (none: plain decoding).
-    ngram: Option<Drafting>,
+    /// Its drafting (none: plain decoding).
+    drafting: Option<Drafting>,
     /// Verify passes whose drafts were not all accepted (with the accepted drafts: how often a
     /// draft was reached, for its acceptance).
     rejected: usize,
@@ -138,12 +142,27 @@ struct Seq {
     first_token: Option<Instant>,
 }
 
-/// A sequence's n-gram drafting: the most drafts a pass verifies, and whether the request fixed
-/// that K (else the measured costs choose, up to it).
+/// A sequence's drafting: where its drafts come from, the most a pass verifies, and whether the
+/// request fixed that K (else the measured costs choose, up to it).
 struct Drafting {
-    ngram: NGram,
+    source: Source,
     k_max: usize,
     fixed: bool,
+}
+
+/// Where a sequence's drafts come from.
+enum Source {
+    /// The n-gram of its own tokens.
+    NGram(NGram),
+    /// The engine's draft model ([`propose`]): the sequence's pages of the draft's pool, and its
+    /// positions `..past` that the draft has computed (its tokens').
+    Model { pages: Vec<u32>, past: usize },
+}
+
+impl Drafting {
+    fn is_model(&self) -> bool {
+        matches!(self.source, Source::Model { .. })
+    }
 }
 
 impl Seq {
@@ -221,6 +240,11 @@ pub(super) struct Batch {
     pub(super) limits: BatchLimits,
     status: BatchStatus,
     costs: PassCosts,
+    /// The pages of the draft model's pool (no prefix cache: a sequence's own), the costs of its
+    /// passes, and whether a pass of it ran since the one-sequence loop last drafted with it.
+    draft_pool: Pool,
+    draft_costs: PassCosts,
+    pub(super) draft_used: bool,
     /// (made with the first sampled request)
     readback: Option<Readback>,
     /// Events not yet returned by [`step`].
@@ -231,6 +255,9 @@ impl Batch {
     pub(super) fn new(pool: usize) -> Batch {
         Batch {
             pool: Pool::new(pool),
+            draft_pool: Pool::new(0),
+            draft_costs: PassCosts::default(),
+            draft_used: false,
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
@@ -242,9 +269,9 @@ impl Batch {
         }
     }
 
-    /// A pool of `pool` pages, all free (while idle: no sequence holds any).
+    /// A pool of `pool` pages, all free (while no sequence runs: none holds any).
     pub(super) fn resize(&mut self, pool: usize) {
-        debug_assert!(self.is_idle());
+        debug_assert!(self.running.is_empty());
         self.pool = Pool::new(pool);
     }
 
@@ -282,8 +309,13 @@ impl Batch {
     ) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        let ngram = (draft == DraftKind::Ngram).then(|| Drafting {
-            ngram: NGram::default(),
+        let source = match draft {
+            DraftKind::Ngram => Some(Source::NGram(NGram::default())),
+            DraftKind::Model => Some(Source::Model { pages: Vec::new(), past: 0 }),
+            _ => None,
+        };
+        let drafting = source.map(|source| Drafting {
+            source,
             k_max: req.draft_k.unwrap_or(req.max_draft_k).min(MAX_BATCH - 1),
             fixed: req.draft_k.is_some(),
         });
@@ -301,7 +333,7 @@ impl Batch {
             max_tokens: req.max_tokens,
             from_draft: Vec::new(),
             text: TextStream::new(&req.stop),
-            ngram,
+            drafting,
             rejected: 0,
             sampling: req.sampling(),
             draw: None,
@@ -322,7 +354,7 @@ impl Batch {
         match self.running.iter().position(|s| s.id == id) {
             Some(i) => {
                 let mut s = self.running.remove(i);
-                self.pool.release(&mut s.pages);
+                self.give_back(&mut s);
                 true
             }
             None => false,
@@ -405,10 +437,20 @@ impl Batch {
     /// to run all its tokens again.
     fn preempt_youngest(&mut self) {
         if let Some(mut s) = self.running.pop() {
-            self.pool.release(&mut s.pages);
+            self.give_back(&mut s);
             (s.n_past, s.cached_pages, s.entry) = (0, 0, 0);
             self.waiting.push_front(s);
             self.status.preemptions += 1;
+        }
+    }
+
+    /// A sequence leaving the running ones gives its pages back: the target's, and the draft
+    /// model's (which then holds none of its positions).
+    fn give_back(&mut self, s: &mut Seq) {
+        self.pool.release(&mut s.pages);
+        if let Some(Drafting { source: Source::Model { pages, past }, .. }) = &mut s.drafting {
+            self.draft_pool.release(pages);
+            *past = 0;
         }
     }
 }
@@ -421,22 +463,28 @@ impl Batch {
 pub(super) async fn step(
     batch: &mut Batch,
     target: &mut Model,
+    draft: Option<&mut Model>,
     tokenizer: &Tokenizer,
 ) -> Result<Vec<(SeqId, BatchEvent)>> {
-    if batch.pool.len() != target.kv_pages() {
-        if !batch.is_idle() {
-            return Err(Error::InvalidArgument(
-                "the target's KV cache pool changed under a running batch".into(),
-            ));
+    let draft_pages = draft.as_ref().map_or(0, |d| d.kv_pages());
+    if batch.pool.len() != target.kv_pages() || batch.draft_pool.len() != draft_pages {
+        // (waiting sequences hold no pages)
+        if !batch.running.is_empty() {
+            return Err(Error::InvalidArgument("a KV cache pool changed under a running batch".into()));
         }
         batch.resize(target.kv_pages());
+        batch.draft_pool = Pool::new(draft_pages);
     }
     let context = target.context();
     batch.admit(context);
     end_spent(batch, context, tokenizer);
     batch.admit(context);
     batch.make_draws(target);
-    let plan = plan(batch, context);
+    let mut plan = plan(batch, context);
+    if let Some(d) = draft {
+        propose::propose(batch, d, &mut plan).await?;
+    }
+    place_drafts(batch, &mut plan);
     if !plan.is_empty() {
         let out = run(batch, target, &plan).await?;
         let outcomes = outcomes(batch, &plan, &out, target.config.vocab_size)?;
@@ -681,28 +729,41 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
 /// sequence's pages, the context and its tokens still wanted go: a fixed K's, then one at a time
 /// the likeliest where it pays (see the module's doc).
 fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize) {
-    // (plan entry, the n-gram's proposal, the sequence's acceptance)
-    let mut adaptive: Vec<(usize, Vec<u32>, f64)> = Vec::new();
-    // the pass's expected tokens: each newest token's, each fixed draft's
-    let mut tokens = 0.0;
+    // A draft model's draft costs a target row and its share of a draft pass (the pass's fixed
+    // seconds shared by the sequences drafting with it, and a row); its proposals are made after
+    // this plan (`propose`): placeholders until then.
+    let drafting_models = (plan.iter())
+        .filter(|r| r.pending && batch.running[r.seq].drafting.as_ref().is_some_and(Drafting::is_model))
+        .count();
+    let (ad, bd) = batch.draft_costs.line().unwrap_or((0.0, 0.0));
+    let model_draft = ad / drafting_models.max(1) as f64 + bd;
+    // (plan entry, the proposal, the sequence's acceptance, the draft's own seconds)
+    let mut adaptive: Vec<(usize, Vec<u32>, f64, f64)> = Vec::new();
+    // the pass's expected tokens: each newest token's, each fixed draft's; the draft model's
+    // seconds
+    let (mut tokens, mut drafting) = (0.0, 0.0);
     for (i, r) in plan.iter_mut().enumerate().filter(|(_, r)| r.pending) {
         tokens += 1.0;
         let s = &batch.running[r.seq];
-        let Some(d) = &s.ngram else { continue };
+        let Some(d) = &s.drafting else { continue };
         let last = s.n_past + r.run; // the position after the newest token
         let remaining = s.max_tokens.saturating_sub(s.generated());
         let k = d.k_max.min(context.saturating_sub(last)).min(remaining.saturating_sub(1));
         if k == 0 {
             continue;
         }
-        let proposal = d.ngram.lookup(&s.tokens, k);
+        let (proposal, cost) = match &d.source {
+            Source::NGram(ngram) => (ngram.lookup(&s.tokens, k), 0.0),
+            Source::Model { .. } => (vec![0; k], model_draft),
+        };
         if d.fixed {
             r.asked = k;
             r.drafts = proposal.into_iter().take(budget).collect();
             budget -= r.drafts.len();
             tokens += (1..=r.drafts.len()).map(|i| s.alpha().powi(i as i32)).sum::<f64>();
+            drafting += cost * r.drafts.len() as f64;
         } else if !proposal.is_empty() {
-            adaptive.push((i, proposal, s.alpha()));
+            adaptive.push((i, proposal, s.alpha(), cost));
         }
     }
     let mut rows = plan.iter().map(|r| r.run + r.drafts.len()).sum::<usize>() as f64;
@@ -710,24 +771,28 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     while budget > 0 {
         // the likeliest next draft: alpha^(drafts + 1)
         let best = (adaptive.iter().enumerate())
-            .filter(|(_, (i, p, _))| plan[*i].drafts.len() < p.len())
-            .map(|(j, (i, _, alpha))| (j, alpha.powi(plan[*i].drafts.len() as i32 + 1)))
+            .filter(|(_, (i, p, _, _))| plan[*i].drafts.len() < p.len())
+            .map(|(j, (i, _, alpha, _))| (j, alpha.powi(plan[*i].drafts.len() as i32 + 1)))
             .max_by(|x, y| x.1.total_cmp(&y.1));
         let Some((j, gain)) = best else { break };
         // worth a row: its tokens per marginal second at least the pass's tokens per second
-        if gain * (a + b * rows) < b * tokens {
+        let (i, proposal, _, cost) = &adaptive[j];
+        if gain * (a + b * rows + drafting) < (b + cost) * tokens {
             break;
         }
-        let (i, proposal, _) = &adaptive[j];
         let r = &mut plan[*i];
         r.drafts.push(proposal[r.drafts.len()]);
         r.asked = r.drafts.len();
         budget -= 1;
         rows += 1.0;
         tokens += gain;
+        drafting += cost;
     }
-    // the drafts' positions in pages: free ones taken, never a preemption (drafts past the
-    // pages held are dropped)
+}
+
+/// The drafts' positions in the target's pages: free ones taken, never a preemption (drafts
+/// past the pages held are dropped).
+fn place_drafts(batch: &mut Batch, plan: &mut [Rows]) {
     for r in plan.iter_mut().filter(|r| !r.drafts.is_empty()) {
         let last = batch.running[r.seq].n_past + r.run;
         batch.take_free(r.seq, last + r.drafts.len());
@@ -787,6 +852,10 @@ fn commit(
     st.accepted += accepted;
     st.mean_k += r.asked as f64; // (a sum until the end)
     s.n_past = s.tokens.len() + accepted;
+    // (the draft model's positions past the accepted drafts held rejected ones)
+    if let Some(Drafting { source: Source::Model { past, .. }, .. }) = &mut s.drafting {
+        *past = (*past).min(s.n_past);
+    }
     let now = Instant::now();
     s.first_token.get_or_insert(now);
     let new = r.drafts[..accepted].iter().map(|&x| (x, true)).chain([(out[accepted], false)]);
@@ -814,8 +883,8 @@ fn commit(
 /// Ends a sequence taken out of the running ones: its pages back to the pool, its text's held
 /// back tail and its completion as events (a failed one has had its event).
 fn finish(batch: &mut Batch, mut s: Seq, reason: FinishReason, tokenizer: &Tokenizer) {
+    batch.give_back(&mut s);
     let events = &mut batch.events;
-    batch.pool.release(&mut s.pages);
     if reason == FinishReason::Cancelled {
         return;
     }
@@ -878,7 +947,7 @@ mod tests {
             max_tokens: 100,
             from_draft: Vec::new(),
             text: TextStream::new(&[]),
-            ngram: Some(Drafting { ngram: NGram::default(), k_max: 8, fixed: false }),
+            drafting: Some(Drafting { source: Source::NGram(NGram::default()), k_max: 8, fixed: false }),
             rejected,
             sampling: SamplingParams::default(),
             draw: None,

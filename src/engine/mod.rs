@@ -161,12 +161,15 @@ impl Engine {
 
     /// Whether [`Engine::batch_submit`] takes `req`: greedy, or sampled without a top-k (any
     /// temperature and top-p: the GPU draws each request's rows), plain or with n-gram drafts
-    /// (the draft it names, else the default). Others run alone ([`Engine::generate_from`])
-    /// while the batch is idle.
+    /// (the draft it names, else the default); greedy with the draft model too (its proposals
+    /// batched over the requests drafting with it). Others run alone ([`Engine::generate_from`])
+    /// while the batch is idle: a sampled request with the draft model is verified by the ratio
+    /// rule against the draft's own draws, which the batch does not run.
     pub fn batchable(&self, req: &Request) -> bool {
         let kind = req.draft.unwrap_or(self.default_draft);
         let s = req.sampling();
-        (s.is_greedy() || s.top_k == 0) && matches!(kind, DraftKind::None | DraftKind::Ngram)
+        let model = kind == DraftKind::Model && self.draft.is_some() && s.is_greedy();
+        (s.is_greedy() || s.top_k == 0) && (matches!(kind, DraftKind::None | DraftKind::Ngram) || model)
     }
 
     /// Queues a request for the batch, its prompt tokenized ([`Engine::prompt_tokens`]): each
@@ -206,7 +209,7 @@ impl Engine {
         req.sampling().validate()?;
         if !self.batchable(req) {
             return Err(Error::InvalidArgument(
-                "only greedy requests and sampled ones without a top-k, plain or with n-gram drafts, are batched"
+                "only greedy requests and sampled ones without a top-k, plain or with n-gram drafts (greedy ones with the draft model too), are batched"
                     .into(),
             ));
         }
@@ -236,7 +239,8 @@ impl Engine {
     /// the pass's own (the GPU's): every request it held stays where it was.
     pub async fn batch_step(&mut self) -> Result<Vec<(SeqId, BatchEvent)>> {
         let prompter = self.prompter.clone();
-        batch::step(&mut self.batch, &mut self.target, &prompter.tokenizer).await
+        let draft = self.draft.as_mut().map(|(d, _)| d.model_mut());
+        batch::step(&mut self.batch, &mut self.target, draft, &prompter.tokenizer).await
     }
 
     /// The batch in figures.
@@ -269,27 +273,37 @@ impl Engine {
                 "the KV cache pool changes only while the batch is idle".into(),
             ));
         }
+        // (the draft model's pool has as many pages: a page of each per position of a sequence)
         let t = &self.target;
+        let models = [Some(t), self.draft_model()];
+        let page_bytes: u64 = models.iter().flatten().map(|m| m.kv_page_bytes()).sum();
+        let pools: u64 = models.iter().flatten().map(|m| m.kv_page_bytes() * m.kv_pages() as u64).sum();
+        let most = models.iter().flatten().map(|m| m.max_kv_pages()).min().unwrap_or(0);
         let pages = match (pages, self.load_options.max_memory) {
             (Some(p), _) => p,
             (None, None) => t.context().div_ceil(crate::gpu::KV_PAGE),
             (None, Some(budget)) => {
                 let left = budget.saturating_sub(self.memory_bytes());
-                let fits = t.kv_pages() + (left / t.kv_page_bytes().max(1)) as usize;
-                fits.min(t.max_kv_pages()).max(t.context().div_ceil(crate::gpu::KV_PAGE))
+                let fits = ((pools + left) / page_bytes.max(1)) as usize;
+                fits.min(most).max(t.context().div_ceil(crate::gpu::KV_PAGE))
             }
         };
         if let Some(budget) = self.load_options.max_memory {
-            let grows = t.kv_page_bytes() * pages.saturating_sub(t.kv_pages()) as u64;
-            if self.memory_bytes() + grows > budget {
+            let needs = (self.memory_bytes() - pools) + page_bytes * pages as u64;
+            if needs > budget {
                 return Err(Error::GpuLimit(format!(
                     "a KV cache pool of {pages} pages needs {:.1} MB more than the budget of {:.1} MB holds",
-                    (self.memory_bytes() + grows - budget) as f64 / 1e6,
+                    (needs - budget) as f64 / 1e6,
                     budget as f64 / 1e6
                 )));
             }
         }
         self.target.set_kv_pages(pages)?;
+        if let Some((draft, info)) = &mut self.draft {
+            draft.model_mut().set_kv_pages(pages)?;
+            draft.forget();
+            info.gpu_memory_bytes = draft.model().memory_bytes();
+        }
         self.batch.resize(pages);
         self.target_info.gpu_memory_bytes = self.target.memory_bytes();
         Ok(pages)
@@ -686,6 +700,12 @@ impl Engine {
             return Err(Error::InvalidArgument("a request runs alone only while the batch is idle".into()));
         }
         self.batch.forget_prefixes();
+        if std::mem::take(&mut self.batch.draft_used) {
+            // (the batch's draft passes wrote the draft's pool: its cache holds nothing known)
+            if let Some((d, _)) = &mut self.draft {
+                d.forget();
+            }
+        }
         let kind = req.draft.unwrap_or(self.default_draft);
         if let Some(what) = self.missing(kind) {
             return Err(Error::InvalidArgument(format!("draft {kind} asked for, but {what} not loaded")));

@@ -333,9 +333,17 @@ impl DraftModel {
         self.alternatives = alternatives;
     }
 
-    /// The draft model, mutably (a GPU cycle records its passes).
+    /// The draft model, mutably (a GPU cycle records its passes; the engine's batch runs passes
+    /// over its pool, then [`DraftModel::forget`]s).
     pub fn model_mut(&mut self) -> &mut Model {
         &mut self.model
+    }
+
+    /// Forgets what the draft's cache holds (other passes wrote it): the next proposal feeds
+    /// its context from the start.
+    pub fn forget(&mut self) {
+        self.fed.clear();
+        self.model.truncate(0);
     }
 
     /// Readies the cache for drafting up to `k` tokens after `context`: rolls back to the longest

@@ -1,0 +1,232 @@
+//! A draft model's proposals for the batch: its passes over the rows of every sequence that
+//! drafts with it, in pages of its own pool, before the target's pass verifies them.
+//!
+//! ```text
+//!   feeding     while the drafting sequences' unseen tokens (those the draft has not computed)
+//!               are more than a pass holds: passes of their unseen tokens but the newest
+//!   pass 1      each drafting sequence: its unseen tokens, the newest last (its row's argmax:
+//!               x1); then, in the rows left, the unseen tokens of the draft model's other
+//!               sequences (prompts being prefilled, sequences not drafting this time), so
+//!               that they are caught up when they draft
+//!   pass j      each sequence drafting j or more: x_(j-1) (one row; argmax: x_j)
+//! ```
+//!
+//! The plan chose how many drafts each sequence takes (placeholders until here); a sequence
+//! whose draft pages cannot be had drafts none this time. A sequence drafts the chains the
+//! one-sequence loop's draft model proposes (its cache caught up and rolled back the same way). Proposals are greedy chains (argmaxes): deterministic drafts, which greedy rows keep
+//! where they equal their argmax and sampled rows where they equal their draw, so a request's
+//! tokens do not depend on them.
+
+use web_time::Instant;
+
+use super::{Batch, Drafting, PassCosts, Rows, Seq, Source};
+use crate::error::Result;
+use crate::gpu::KV_PAGE;
+use crate::model::{Model, SeqRows, MAX_BATCH};
+
+/// One sequence's rows in pass 1: the plan entry, its positions `start..end` (its tokens'), and
+/// whether its last row gives x1.
+struct CatchUp {
+    entry: usize,
+    start: usize,
+    end: usize,
+    drafts: bool,
+}
+
+/// Fills the plan's draft placeholders of the sequences drafting with `draft` (the engine's
+/// draft model, whose pool `batch.draft_pool` hands out).
+pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Rows]) -> Result<()> {
+    take_pages(batch, plan);
+    feed(batch, draft, plan).await?;
+    let catch_up = pass_one_rows(batch, plan);
+    if catch_up.is_empty() {
+        return Ok(());
+    }
+    batch.draft_used = true;
+    // pass 1
+    let running = &batch.running;
+    let seqs: Vec<SeqRows> = (catch_up.iter())
+        .map(|c| {
+            let s = &running[plan[c.entry].seq];
+            SeqRows { pages: model_pages(s), start_pos: c.start, tokens: &s.tokens[c.start..c.end] }
+        })
+        .collect();
+    let out = timed(&mut batch.draft_costs, draft, &seqs).await?;
+    let mut at = 0;
+    let mut chains: Vec<(usize, Vec<u32>)> = Vec::new();
+    for c in &catch_up {
+        at += c.end - c.start;
+        set_past(batch, plan, c.entry, c.end);
+        if c.drafts {
+            chains.push((c.entry, vec![out[at - 1]]));
+        }
+    }
+    // passes 2..: the chains that want more, one row each
+    loop {
+        let more: Vec<usize> =
+            (0..chains.len()).filter(|&j| chains[j].1.len() < plan[chains[j].0].drafts.len()).collect();
+        if more.is_empty() {
+            break;
+        }
+        let rows: Vec<(usize, usize, u32)> = (more.iter())
+            .map(|&j| {
+                let (entry, chain) = &chains[j];
+                let len = batch.running[plan[*entry].seq].tokens.len();
+                (*entry, len + chain.len() - 1, chain[chain.len() - 1])
+            })
+            .collect();
+        let tokens: Vec<[u32; 1]> = rows.iter().map(|&(_, _, t)| [t]).collect();
+        let running = &batch.running;
+        let seqs: Vec<SeqRows> = (rows.iter().zip(&tokens))
+            .map(|(&(entry, pos, _), t)| SeqRows {
+                pages: model_pages(&running[plan[entry].seq]),
+                start_pos: pos,
+                tokens: t,
+            })
+            .collect();
+        let out = timed(&mut batch.draft_costs, draft, &seqs).await?;
+        for ((&j, &(entry, pos, _)), &next) in more.iter().zip(&rows).zip(&out) {
+            set_past(batch, plan, entry, pos + 1);
+            chains[j].1.push(next);
+        }
+    }
+    for (entry, chain) in chains {
+        plan[entry].drafts = chain;
+    }
+    Ok(())
+}
+
+/// The draft pages of each drafting sequence (the positions its passes write: up to its
+/// newest token and the drafts but the last), or, where the pool has none left, no drafts.
+/// A drafting sequence's newest token's row gives x1, even where the draft ran it ahead of time.
+fn take_pages(batch: &mut Batch, plan: &mut [Rows]) {
+    for r in plan.iter_mut().filter(|r| r.pending && !r.drafts.is_empty()) {
+        let Batch { running, draft_pool, .. } = &mut *batch;
+        let s = &mut running[r.seq];
+        let len = s.tokens.len();
+        if let Some(Drafting { source: Source::Model { pages, past }, .. }) = &mut s.drafting {
+            if grow(draft_pool, pages, len + r.drafts.len() - 1) {
+                *past = (*past).min(len - 1);
+            } else {
+                r.drafts.clear();
+            }
+        }
+    }
+}
+
+/// The drafting sequences (plan entry, their draft's computed positions, their tokens).
+fn drafting<'a>(batch: &'a Batch, plan: &'a [Rows]) -> impl Iterator<Item = (usize, usize, &'a [u32])> + 'a {
+    (plan.iter().enumerate()).filter(|(_, r)| r.pending && !r.drafts.is_empty()).filter_map(|(entry, r)| {
+        let s = &batch.running[r.seq];
+        match &s.drafting {
+            Some(Drafting { source: Source::Model { past, .. }, .. }) => Some((entry, *past, &s.tokens[..])),
+            _ => None,
+        }
+    })
+}
+
+/// Feeding passes (see the module's doc): until the drafting sequences' unseen tokens fit one.
+async fn feed(batch: &mut Batch, draft: &mut Model, plan: &[Rows]) -> Result<()> {
+    loop {
+        let unseen: usize = drafting(batch, plan).map(|(_, past, tokens)| tokens.len() - past).sum();
+        if unseen <= MAX_BATCH {
+            return Ok(());
+        }
+        let mut room = MAX_BATCH;
+        let mut rows = Vec::new();
+        for (entry, past, tokens) in drafting(batch, plan) {
+            let end = (tokens.len() - 1).min(past + room);
+            if end > past {
+                room -= end - past;
+                rows.push((entry, past, end));
+            }
+        }
+        let running = &batch.running;
+        let seqs: Vec<SeqRows> = (rows.iter())
+            .map(|&(entry, start, end)| {
+                let s = &running[plan[entry].seq];
+                SeqRows { pages: model_pages(s), start_pos: start, tokens: &s.tokens[start..end] }
+            })
+            .collect();
+        timed(&mut batch.draft_costs, draft, &seqs).await?;
+        for &(entry, _, end) in &rows {
+            set_past(batch, plan, entry, end);
+        }
+    }
+}
+
+/// The rows of pass 1 (see the module's doc), the draft pages of the sequences not drafting
+/// taken as far as the pool has them.
+fn pass_one_rows(batch: &mut Batch, plan: &mut [Rows]) -> Vec<CatchUp> {
+    let mut budget = MAX_BATCH;
+    let mut rows = Vec::new();
+    for drafting in [true, false] {
+        for (entry, r) in plan.iter_mut().enumerate() {
+            let Batch { running, draft_pool, .. } = &mut *batch;
+            let s = &mut running[r.seq];
+            let len = s.tokens.len();
+            let Some(Drafting { source: Source::Model { pages, past }, .. }) = &mut s.drafting else {
+                // (an n-gram's drafts are made)
+                continue;
+            };
+            let k = if r.pending { r.drafts.len() } else { 0 };
+            if (k > 0) != drafting {
+                continue;
+            }
+            if drafting {
+                // (fed: the drafting sequences' unseen tokens fit)
+                budget -= len - *past;
+                rows.push(CatchUp { entry, start: *past, end: len, drafts: true });
+            } else if *past < len && budget > 0 {
+                let mut end = len.min(*past + budget);
+                if !grow(draft_pool, pages, end) {
+                    end = end.min(pages.len() * KV_PAGE);
+                }
+                if end > *past {
+                    budget -= end - *past;
+                    rows.push(CatchUp { entry, start: *past, end, drafts: false });
+                }
+            }
+        }
+    }
+    rows.sort_by_key(|c| c.entry);
+    rows
+}
+
+/// Gives a sequence draft pages up to position `end` (exclusive) from `pool`; false where they
+/// ran out (it keeps what it took).
+fn grow(pool: &mut super::Pool, pages: &mut Vec<u32>, end: usize) -> bool {
+    while pages.len() < end.div_ceil(KV_PAGE) {
+        match pool.take() {
+            Some(p) => pages.push(p),
+            None => return false,
+        }
+    }
+    true
+}
+
+/// A sequence's draft pages.
+fn model_pages(s: &Seq) -> &[u32] {
+    match &s.drafting {
+        Some(Drafting { source: Source::Model { pages, .. }, .. }) => pages,
+        _ => &[],
+    }
+}
+
+/// The draft has computed the positions of plan entry `entry`'s sequence up to `past`.
+fn set_past(batch: &mut Batch, plan: &[Rows], entry: usize, to: usize) {
+    if let Some(Drafting { source: Source::Model { past, .. }, .. }) =
+        &mut batch.running[plan[entry].seq].drafting
+    {
+        *past = to;
+    }
+}
+
+/// One pass of the draft model over `seqs`: each row's argmax, its seconds measured.
+async fn timed(costs: &mut PassCosts, draft: &mut Model, seqs: &[SeqRows<'_>]) -> Result<Vec<u32>> {
+    let rows = seqs.iter().map(|s| s.tokens.len()).sum();
+    let t0 = Instant::now();
+    let out = draft.forward_pages_argmax(seqs).await?;
+    costs.observe(rows, t0.elapsed().as_secs_f64());
+    Ok(out)
+}
