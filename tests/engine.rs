@@ -916,6 +916,71 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
 }
 
 #[test]
+fn a_request_whose_logits_are_not_finite_fails_alone_in_the_batch() {
+    // A token whose embedding is huge (3e38: the loader refuses a NaN weight) overflows its row's
+    // sums into NaN, in its own sequence only: a sampled request drawing from that row fails (a
+    // typed error naming the position), a greedy one goes on as alone (NaN never wins its
+    // argmax), and the requests sharing their passes are their solo runs.
+    use wgspec::engine::{BatchEvent, BatchLimits};
+    let spec = TinySpec { tied: false, ..TinySpec::llama() };
+    let model = |poison: Option<u32>| {
+        let mut tiny = TinyModel::random(spec, &mut rng(50));
+        if let Some(t) = poison {
+            let e = tiny.tensors.iter_mut().find(|t| t.name == "token_embd.weight").expect("embedding");
+            let dim = e.shape[1];
+            let row = &mut e.values[t as usize * dim..(t as usize + 1) * dim];
+            row.iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 3e38 } else { -3e38 });
+        }
+        engine_with_pages(tiny.to_gguf(DType::F32, &mut rng(51)), 16)
+    };
+    let sampled =
+        Request { temperature: 0.8, seed: 3, draft: Some(DraftKind::Ngram), ..Request::text("", 24) };
+    let greedy = Request { draft: Some(DraftKind::None), ..Request::text("", 24) };
+    let prompts: Vec<Vec<u32>> = vec![(10..40).collect(), (50..60).collect(), (70..95).collect()];
+    let reqs = [&sampled, &greedy, &sampled];
+    // a token none of the healthy requests reads or writes
+    let mut clean = model(None);
+    let healthy: Vec<Completion> = (prompts.iter().zip(reqs))
+        .map(|(p, r)| pollster::block_on(clean.generate_from(p.clone(), r, &mut |_| true)).expect("clean"))
+        .collect();
+    let vocab = clean.target().config.vocab_size as u32;
+    let bad = (100..vocab).find(|t| healthy.iter().all(|c| !c.tokens.contains(t))).expect("a free token");
+    let mut engine = model(Some(bad));
+    engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
+    // (its newest token: the row a draw is made from; rows after it need not stay NaN)
+    let poisoned: Vec<u32> = (20..30).chain([bad]).collect();
+    let alone_err = pollster::block_on(engine.generate_from(poisoned.clone(), &sampled, &mut |_| true));
+    assert!(matches!(alone_err, Err(Error::NonFinite(_))), "alone: {alone_err:?}");
+    let greedy_alone =
+        pollster::block_on(engine.generate_from(poisoned.clone(), &greedy, &mut |_| true)).expect("greedy");
+    let mut ids: Vec<_> =
+        (prompts.iter().zip(reqs)).map(|(p, r)| engine.batch_submit(p.clone(), r).expect("submit")).collect();
+    let bad_sampled = engine.batch_submit(poisoned.clone(), &sampled).expect("submit");
+    let bad_greedy = engine.batch_submit(poisoned, &greedy).expect("submit");
+    ids.push(bad_greedy);
+    let mut done = std::collections::HashMap::new();
+    let mut failed = Vec::new();
+    while !engine.batch_idle() {
+        for (id, ev) in pollster::block_on(engine.batch_step()).expect("the pass itself never fails") {
+            match ev {
+                BatchEvent::Done(c) => {
+                    done.insert(id, c.tokens);
+                }
+                BatchEvent::Failed(e) => failed.push((id, e)),
+                BatchEvent::Token(_) => {}
+            }
+        }
+    }
+    assert_eq!(failed.len(), 1, "{failed:?}");
+    assert!(failed[0].0 == bad_sampled && matches!(failed[0].1, Error::NonFinite(_)), "{failed:?}");
+    for (i, c) in healthy.iter().enumerate() {
+        assert_eq!(done[&ids[i]], c.tokens, "request {i} beside the NaN ones");
+    }
+    assert_eq!(done[&bad_greedy], greedy_alone.tokens, "the greedy NaN request as alone");
+    assert_eq!(engine.batch_status().pages_used, 0);
+}
+
+#[test]
 fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
     // Whole pages of positions (64) that earlier requests computed are found again by their
     // tokens and the page before them: the requests that reuse them give the tokens they give

@@ -1261,6 +1261,23 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     let usage = &chunks.last().expect("usage chunk")["usage"];
     let two: u64 = solo[..2].iter().map(|s| s["usage"]["completion_tokens"].as_u64().expect("n")).sum();
     assert_eq!(usage["completion_tokens"].as_u64(), Some(two), "one usage chunk, last");
+    // the choices of a request the batch does not take (a top-k) run alone, one after another,
+    // each its seed's; the prompt counted once
+    let mut top_k = choices(2, false);
+    top_k["top_k"] = 5.into();
+    let prompts = server.metric("wgspec_prompt_tokens_total");
+    let v = completion(&server, top_k.clone());
+    let counted = server.metric("wgspec_prompt_tokens_total") - prompts;
+    assert_eq!(Some(counted as u64), v["usage"]["prompt_tokens"].as_u64(), "the prompt counted once");
+    for i in 0..2 {
+        let mut one = top_k.clone();
+        (one["n"], one["seed"]) = (1.into(), (40 + i).into());
+        assert_eq!(
+            v["choices"][i]["text"],
+            completion(&server, one)["choices"][0]["text"],
+            "choice {i} alone"
+        );
+    }
     assert_eq!(server.metric("wgspec_kv_pages_used"), 0.0);
 
     // a long stream beside a long answer; the stream's client leaves

@@ -25,10 +25,13 @@
 //! drafts that many where the rows allow.
 //!
 //! A sequence is admitted when the pool has pages for its tokens and it has a place (`max_seqs`,
-//! and no more than a pass has rows: each running sequence takes one). A decoding sequence that needs a new page and finds none preempts the youngest
-//! running sequence: its pages return to the pool and it waits at the head of the queue, to run
-//! its tokens (prompt and generated) again when admitted. Every row of a pass reads only its own
-//! sequence's keys and the kernels are batch-invariant, so a request's tokens are, bit for bit,
+//! and no more than a pass has rows: each running sequence takes one); its first whole pages
+//! that the prefix cache holds are found computed (`super::pool`). A decoding sequence that
+//! needs a new page and finds none preempts the youngest running sequence: its pages return to
+//! the pool and it waits at the head of the queue, to run its tokens (prompt and generated)
+//! again when admitted, but those the prefix cache still holds. Every row of a pass reads only
+//! the keys of its own sequence's tokens (in its own pages, or in cached pages that hold the same
+//! tokens' keys, bit for bit) and the kernels are batch-invariant, so a request's tokens are, bit for bit,
 //! those of its run alone ([`Engine::generate`](super::Engine::generate)) whatever shares its
 //! passes, in whatever order requests arrive, preempted or not: greedy, and sampled too, whose
 //! draws are keyed by the request's seed and each row's position (the noise of plain sampled
@@ -276,7 +279,7 @@ impl Batch {
     }
 
     /// Forgets the prefix cache: a one-sequence pass is about to write the pool's first pages
-    /// as its own cache (while idle).
+    /// as its own cache (only while no sequence runs: their pages would be written too).
     pub(super) fn forget_prefixes(&mut self) {
         self.pool.forget_all();
     }
@@ -368,10 +371,13 @@ impl Batch {
     /// the newest that the prefix cache holds are its first pages, already computed.
     fn admit(&mut self, context: usize) {
         let places = self.limits.max_seqs.min(self.limits.max_rows).clamp(1, MAX_BATCH);
+        let mut at = 0;
         while self.running.len() < places {
-            let Some(s) = self.waiting.front() else { break };
+            let Some(s) = self.waiting.get(at) else { break };
+            // (a later choice of a request whose prompt is being computed lets others pass)
             if s.after.is_some_and(|first| self.prompt_pending(first)) {
-                break;
+                at += 1;
+                continue;
             }
             let found = self.pool.lookup(&s.tokens, (s.tokens.len() - 1) / KV_PAGE);
             let need = Seq::pages_for((s.tokens.len() + 1).min(context)).saturating_sub(found.len());
@@ -379,7 +385,7 @@ impl Batch {
             if need > self.pool.available() - idle_found {
                 break;
             }
-            let Some(mut s) = self.waiting.pop_front() else { break };
+            let Some(mut s) = self.waiting.remove(at) else { break };
             for &(page, _) in &found {
                 self.pool.hold(page);
             }
@@ -730,15 +736,17 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
 /// the likeliest where it pays (see the module's doc).
 fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize) {
     // A draft model's draft costs a target row and its share of a draft pass (the pass's fixed
-    // seconds shared by the sequences drafting with it, and a row); its proposals are made after
-    // this plan (`propose`): placeholders until then.
+    // seconds shared by the sequences drafting with it, and a row), its first one also the rows
+    // of the tokens the draft has not seen; its proposals are made after this plan (`propose`):
+    // placeholders until then.
     let drafting_models = (plan.iter())
         .filter(|r| r.pending && batch.running[r.seq].drafting.as_ref().is_some_and(Drafting::is_model))
         .count();
     let (ad, bd) = batch.draft_costs.line().unwrap_or((0.0, 0.0));
     let model_draft = ad / drafting_models.max(1) as f64 + bd;
-    // (plan entry, the proposal, the sequence's acceptance, the draft's own seconds)
-    let mut adaptive: Vec<(usize, Vec<u32>, f64, f64)> = Vec::new();
+    // (plan entry, the proposal, the sequence's acceptance, the draft's own seconds: each, and
+    // the first's more)
+    let mut adaptive: Vec<(usize, Vec<u32>, f64, f64, f64)> = Vec::new();
     // the pass's expected tokens: each newest token's, each fixed draft's; the draft model's
     // seconds
     let (mut tokens, mut drafting) = (0.0, 0.0);
@@ -752,18 +760,23 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         if k == 0 {
             continue;
         }
-        let (proposal, cost) = match &d.source {
-            Source::NGram(ngram) => (ngram.lookup(&s.tokens, k), 0.0),
-            Source::Model { .. } => (vec![0; k], model_draft),
+        let (proposal, cost, first) = match &d.source {
+            Source::NGram(ngram) => (ngram.lookup(&s.tokens, k), 0.0, 0.0),
+            Source::Model { past, .. } => {
+                // (all of them: spread over the tokens still wanted, the draft caught up for a
+                // few drafts cost more than plain batching on lavapipe's Qwen pair at 4 requests)
+                let unseen = s.tokens.len() - (*past).min(s.tokens.len() - 1);
+                (vec![0; k], model_draft, bd * (unseen - 1) as f64)
+            }
         };
         if d.fixed {
             r.asked = k;
             r.drafts = proposal.into_iter().take(budget).collect();
             budget -= r.drafts.len();
             tokens += (1..=r.drafts.len()).map(|i| s.alpha().powi(i as i32)).sum::<f64>();
-            drafting += cost * r.drafts.len() as f64;
+            drafting += cost * r.drafts.len() as f64 + if r.drafts.is_empty() { 0.0 } else { first };
         } else if !proposal.is_empty() {
-            adaptive.push((i, proposal, s.alpha(), cost));
+            adaptive.push((i, proposal, s.alpha(), cost, first));
         }
     }
     let mut rows = plan.iter().map(|r| r.run + r.drafts.len()).sum::<usize>() as f64;
@@ -771,12 +784,13 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     while budget > 0 {
         // the likeliest next draft: alpha^(drafts + 1)
         let best = (adaptive.iter().enumerate())
-            .filter(|(_, (i, p, _, _))| plan[*i].drafts.len() < p.len())
-            .map(|(j, (i, _, alpha, _))| (j, alpha.powi(plan[*i].drafts.len() as i32 + 1)))
+            .filter(|(_, (i, p, ..))| plan[*i].drafts.len() < p.len())
+            .map(|(j, (i, _, alpha, ..))| (j, alpha.powi(plan[*i].drafts.len() as i32 + 1)))
             .max_by(|x, y| x.1.total_cmp(&y.1));
         let Some((j, gain)) = best else { break };
         // worth a row: its tokens per marginal second at least the pass's tokens per second
-        let (i, proposal, _, cost) = &adaptive[j];
+        let (i, proposal, _, each, first) = &adaptive[j];
+        let cost = each + if plan[*i].drafts.is_empty() { *first } else { 0.0 };
         if gain * (a + b * rows + drafting) < (b + cost) * tokens {
             break;
         }

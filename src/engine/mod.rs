@@ -268,11 +268,7 @@ impl Engine {
     /// everything loaded (at least one context's worth; the adapter's binding limit at most; one
     /// context's worth without a budget). Only while the batch is idle. Returns the pages.
     pub fn set_kv_pool(&mut self, pages: Option<usize>) -> Result<usize> {
-        if !self.batch.is_idle() {
-            return Err(Error::InvalidArgument(
-                "the KV cache pool changes only while the batch is idle".into(),
-            ));
-        }
+        self.check_batch_idle("the KV cache pool changes")?;
         // (the draft model's pool has as many pages: a page of each per position of a sequence)
         let t = &self.target;
         let models = [Some(t), self.draft_model()];
@@ -288,6 +284,13 @@ impl Engine {
                 fits.min(most).max(t.context().div_ceil(crate::gpu::KV_PAGE))
             }
         };
+        let least = t.context().div_ceil(crate::gpu::KV_PAGE);
+        if !(least..=most).contains(&pages) {
+            return Err(Error::InvalidArgument(format!(
+                "a KV cache pool of {pages} pages of {} positions: it takes {least} to {most}",
+                crate::gpu::KV_PAGE
+            )));
+        }
         if let Some(budget) = self.load_options.max_memory {
             let needs = (self.memory_bytes() - pools) + page_bytes * pages as u64;
             if needs > budget {
@@ -307,6 +310,14 @@ impl Engine {
         self.batch.resize(pages);
         self.target_info.gpu_memory_bytes = self.target.memory_bytes();
         Ok(pages)
+    }
+
+    /// Refuses what `what` names unless no request is waiting or running in the batch.
+    fn check_batch_idle(&self, what: &str) -> Result<()> {
+        match self.batch.is_idle() {
+            true => Ok(()),
+            false => Err(Error::InvalidArgument(format!("{what} only while the batch is idle"))),
+        }
     }
 
     /// The draft requests that name none speculate with: the draft model, Medusa heads or EAGLE
@@ -508,6 +519,7 @@ impl Engine {
         draft: OpenedModel,
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&ModelInfo> {
+        self.check_batch_idle("the draft model changes")?;
         self.draft = None; // the old draft's GPU memory goes first
         self.schedules.clear();
         speculative::check_draft(
@@ -540,6 +552,7 @@ impl Engine {
 
     /// Sets an already uploaded draft model (it must share the target's tokenizer) or removes it.
     pub fn set_draft(&mut self, draft: Option<(Model, &Tokenizer)>) -> Result<()> {
+        self.check_batch_idle("the draft model changes")?;
         self.draft = None;
         self.schedules.clear();
         if self.default_draft.base() == DraftKind::Model {
@@ -592,9 +605,9 @@ impl Engine {
         self.prompter.clone()
     }
 
-    /// The target, mutably: harnesses (the roofline, verify costs) run passes on it directly;
-    /// a generation after them starts from its own prefill, and the batch's prefix cache is
-    /// forgotten (those passes may write any page of the pool).
+    /// The target, mutably: harnesses (the roofline, verify costs) run passes on it directly,
+    /// while the batch is idle (those passes may write any page of the pool: the batch's prefix
+    /// cache is forgotten); a generation after them starts from its own prefill.
     pub fn target_mut(&mut self) -> &mut Model {
         self.batch.forget_prefixes();
         &mut self.target

@@ -153,9 +153,11 @@ impl Pool {
         if let Some(&(entry, _)) = self.entries.get(&key) {
             return entry;
         }
-        if self.keys[page as usize].is_some() {
-            // (cached once already: its sequence found it, and caches only past it)
-            return parent;
+        if let Some(own) = &self.keys[page as usize] {
+            // (cached once already under other tokens: its sequence found it, and caches only
+            // past it; never reached)
+            debug_assert!(false, "page {page} cached twice");
+            return self.entries.get(own).map_or(0, |&(entry, _)| entry);
         }
         self.last_entry += 1;
         self.entries.insert(key.clone(), (self.last_entry, page));

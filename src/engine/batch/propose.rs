@@ -1,21 +1,22 @@
 //! A draft model's proposals for the batch: its passes over the rows of every sequence that
-//! drafts with it, in pages of its own pool, before the target's pass verifies them.
+//! drafts with it this time, in pages of its own pool, before the target's pass verifies them.
 //!
 //! ```text
 //!   feeding     while the drafting sequences' unseen tokens (those the draft has not computed)
-//!               are more than a pass holds: passes of their unseen tokens but the newest
-//!   pass 1      each drafting sequence: its unseen tokens, the newest last (its row's argmax:
-//!               x1); then, in the rows left, the unseen tokens of the draft model's other
-//!               sequences (prompts being prefilled, sequences not drafting this time), so
-//!               that they are caught up when they draft
+//!               are more than a pass holds: passes of their unseen tokens but the newest (at
+//!               most FEED_PASSES a step: a sequence still behind then drafts none this time,
+//!               and is fed further the next)
+//!   pass 1      each drafting sequence: its unseen tokens, the newest last (its row's argmax: x1)
 //!   pass j      each sequence drafting j or more: x_(j-1) (one row; argmax: x_j)
 //! ```
 //!
 //! The plan chose how many drafts each sequence takes (placeholders until here); a sequence
-//! whose draft pages cannot be had drafts none this time. A sequence drafts the chains the
-//! one-sequence loop's draft model proposes (its cache caught up and rolled back the same way). Proposals are greedy chains (argmaxes): deterministic drafts, which greedy rows keep
-//! where they equal their argmax and sampled rows where they equal their draw, so a request's
-//! tokens do not depend on them.
+//! whose draft pages cannot be had drafts none this time. Only drafting sequences run: a
+//! sequence that drafts after plain passes first catches up on the tokens it did not see. Its
+//! proposals are the chains of greedy argmaxes the one-sequence loop's draft model proposes (its
+//! cache caught up and rolled back the same way; where that loop drafts the draft's trees,
+//! `tree:N:DRAFT`, the batch still drafts chains). Deterministic drafts: greedy rows keep them
+//! where they equal their argmax, so a request's tokens do not depend on them.
 
 use web_time::Instant;
 
@@ -24,42 +25,38 @@ use crate::error::Result;
 use crate::gpu::KV_PAGE;
 use crate::model::{Model, SeqRows, MAX_BATCH};
 
-/// One sequence's rows in pass 1: the plan entry, its positions `start..end` (its tokens'), and
-/// whether its last row gives x1.
-struct CatchUp {
-    entry: usize,
-    start: usize,
-    end: usize,
-    drafts: bool,
-}
+/// Most feeding passes in one step (each of up to [`MAX_BATCH`] rows): a long prompt found in
+/// the prefix cache, or a sequence that drafts for the first time after a long prompt, is fed
+/// over several steps rather than holding every request's pass back for all of it.
+const FEED_PASSES: usize = 4;
 
 /// Fills the plan's draft placeholders of the sequences drafting with `draft` (the engine's
 /// draft model, whose pool `batch.draft_pool` hands out).
 pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Rows]) -> Result<()> {
     take_pages(batch, plan);
-    feed(batch, draft, plan).await?;
-    let catch_up = pass_one_rows(batch, plan);
-    if catch_up.is_empty() {
+    if drafting(batch, plan).next().is_none() {
         return Ok(());
     }
+    // (from the first pass on, the draft's cache holds nothing the one-sequence loop knows)
     batch.draft_used = true;
-    // pass 1
+    feed(batch, draft, plan).await?;
+    // pass 1: each drafting sequence's unseen tokens; x1 from its last row
+    let rows: Vec<(usize, usize)> = drafting(batch, plan).map(|(entry, past, _)| (entry, past)).collect();
     let running = &batch.running;
-    let seqs: Vec<SeqRows> = (catch_up.iter())
-        .map(|c| {
-            let s = &running[plan[c.entry].seq];
-            SeqRows { pages: model_pages(s), start_pos: c.start, tokens: &s.tokens[c.start..c.end] }
+    let seqs: Vec<SeqRows> = (rows.iter())
+        .map(|&(entry, past)| {
+            let s = &running[plan[entry].seq];
+            SeqRows { pages: model_pages(s), start_pos: past, tokens: &s.tokens[past..] }
         })
         .collect();
     let out = timed(&mut batch.draft_costs, draft, &seqs).await?;
     let mut at = 0;
     let mut chains: Vec<(usize, Vec<u32>)> = Vec::new();
-    for c in &catch_up {
-        at += c.end - c.start;
-        set_past(batch, plan, c.entry, c.end);
-        if c.drafts {
-            chains.push((c.entry, vec![out[at - 1]]));
-        }
+    for &(entry, past) in &rows {
+        let len = batch.running[plan[entry].seq].tokens.len();
+        at += len - past;
+        set_past(batch, plan, entry, len);
+        chains.push((entry, vec![out[at - 1]]));
     }
     // passes 2..: the chains that want more, one row each
     loop {
@@ -98,7 +95,7 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
 
 /// The draft pages of each drafting sequence (the positions its passes write: up to its
 /// newest token and the drafts but the last), or, where the pool has none left, no drafts.
-/// A drafting sequence's newest token's row gives x1, even where the draft ran it ahead of time.
+/// A drafting sequence's newest token's row gives x1, even where the draft ran it before.
 fn take_pages(batch: &mut Batch, plan: &mut [Rows]) {
     for r in plan.iter_mut().filter(|r| r.pending && !r.drafts.is_empty()) {
         let Batch { running, draft_pool, .. } = &mut *batch;
@@ -125,9 +122,10 @@ fn drafting<'a>(batch: &'a Batch, plan: &'a [Rows]) -> impl Iterator<Item = (usi
     })
 }
 
-/// Feeding passes (see the module's doc): until the drafting sequences' unseen tokens fit one.
-async fn feed(batch: &mut Batch, draft: &mut Model, plan: &[Rows]) -> Result<()> {
-    loop {
+/// Feeding passes (see the module's doc), until the drafting sequences' unseen tokens fit one
+/// pass; then, past [`FEED_PASSES`], the sequences furthest behind draft none this time.
+async fn feed(batch: &mut Batch, draft: &mut Model, plan: &mut [Rows]) -> Result<()> {
+    for _ in 0..FEED_PASSES {
         let unseen: usize = drafting(batch, plan).map(|(_, past, tokens)| tokens.len() - past).sum();
         if unseen <= MAX_BATCH {
             return Ok(());
@@ -153,44 +151,16 @@ async fn feed(batch: &mut Batch, draft: &mut Model, plan: &[Rows]) -> Result<()>
             set_past(batch, plan, entry, end);
         }
     }
-}
-
-/// The rows of pass 1 (see the module's doc), the draft pages of the sequences not drafting
-/// taken as far as the pool has them.
-fn pass_one_rows(batch: &mut Batch, plan: &mut [Rows]) -> Vec<CatchUp> {
-    let mut budget = MAX_BATCH;
-    let mut rows = Vec::new();
-    for drafting in [true, false] {
-        for (entry, r) in plan.iter_mut().enumerate() {
-            let Batch { running, draft_pool, .. } = &mut *batch;
-            let s = &mut running[r.seq];
-            let len = s.tokens.len();
-            let Some(Drafting { source: Source::Model { pages, past }, .. }) = &mut s.drafting else {
-                // (an n-gram's drafts are made)
-                continue;
-            };
-            let k = if r.pending { r.drafts.len() } else { 0 };
-            if (k > 0) != drafting {
-                continue;
-            }
-            if drafting {
-                // (fed: the drafting sequences' unseen tokens fit)
-                budget -= len - *past;
-                rows.push(CatchUp { entry, start: *past, end: len, drafts: true });
-            } else if *past < len && budget > 0 {
-                let mut end = len.min(*past + budget);
-                if !grow(draft_pool, pages, end) {
-                    end = end.min(pages.len() * KV_PAGE);
-                }
-                if end > *past {
-                    budget -= end - *past;
-                    rows.push(CatchUp { entry, start: *past, end, drafts: false });
-                }
-            }
-        }
+    let mut behind: Vec<(usize, usize)> =
+        drafting(batch, plan).map(|(entry, past, tokens)| (tokens.len() - past, entry)).collect();
+    behind.sort_unstable();
+    let mut unseen: usize = behind.iter().map(|b| b.0).sum();
+    while unseen > MAX_BATCH {
+        let Some((n, entry)) = behind.pop() else { break };
+        plan[entry].drafts.clear();
+        unseen -= n;
     }
-    rows.sort_by_key(|c| c.entry);
-    rows
+    Ok(())
 }
 
 /// Gives a sequence draft pages up to position `end` (exclusive) from `pool`; false where they

@@ -99,10 +99,11 @@ pub struct GenerationCounts {
 }
 
 impl GenerationCounts {
-    /// The counts of a generation that ended (cancelled: its client left).
-    pub fn of(c: &wgspec::engine::Completion) -> GenerationCounts {
+    /// The counts of a generation that ended (cancelled: its client left), choice `choice` of
+    /// its request (the prompt counted with the first: one request's prompt, whatever its `n`).
+    pub fn of(c: &wgspec::engine::Completion, choice: usize) -> GenerationCounts {
         GenerationCounts {
-            prompt_tokens: c.prompt_tokens.len(),
+            prompt_tokens: if choice == 0 { c.prompt_tokens.len() } else { 0 },
             generated_tokens: c.tokens.len(),
             drafted: c.stats.drafted,
             accepted: c.stats.accepted,

@@ -328,7 +328,7 @@ impl Scheduler {
             self.engine.batch_cancel(id);
             if let Some(s) = self.served.remove(&id) {
                 metrics.generation(&GenerationCounts {
-                    prompt_tokens: s.prompt_tokens,
+                    prompt_tokens: if s.choice == 0 { s.prompt_tokens } else { 0 },
                     generated_tokens: s.tokens,
                     drafted: 0,
                     accepted: 0,
@@ -366,7 +366,7 @@ impl Scheduler {
                 }
                 BatchEvent::Done(c) => {
                     let s = self.served.remove(&id);
-                    metrics.generation(&GenerationCounts::of(&c));
+                    metrics.generation(&GenerationCounts::of(&c, s.as_ref().map_or(0, |s| s.choice)));
                     if let Some(s) = s {
                         let _ = s.events.send(Event::Done(s.choice, Box::new(Reply::from(*c))));
                     }
@@ -396,7 +396,7 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
         }));
         match result {
             Ok(c) => {
-                metrics.generation(&GenerationCounts::of(&c));
+                metrics.generation(&GenerationCounts::of(&c, choice));
                 // Only a client that went away cancels: nobody is left to tell.
                 if c.finish_reason == FinishReason::Cancelled {
                     return;
