@@ -28,7 +28,7 @@
 //! and no more than a pass has rows: each running sequence takes one); its first whole pages
 //! that the prefix cache holds are found computed (`super::pool`). A decoding sequence that
 //! needs a new page and finds none preempts the youngest running sequence: its pages return to
-//! the pool and it waits at the head of the queue, to run its tokens (prompt and generated)
+//! the pool and it waits at the head of the queue (in arrival order), to run its tokens (prompt and generated)
 //! again when admitted, but those the prefix cache still holds. Every row of a pass reads only
 //! the keys of its own sequence's tokens (in its own pages, or in cached pages that hold the same
 //! tokens' keys, bit for bit) and the kernels are batch-invariant, so a request's tokens are, bit for bit,
@@ -367,8 +367,9 @@ impl Batch {
     /// Admits waiting sequences, oldest first, while there is a place (each running sequence
     /// has a row of every pass) and the pool holds their tokens and the position after them
     /// (within the context): in arrival order among the running ones, so a preempted sequence
-    /// comes back older than those that arrived after it. The whole pages of its tokens before
-    /// the newest that the prefix cache holds are its first pages, already computed.
+    /// comes back older than those that arrived after it. A later choice of a request whose
+    /// first choice's prompt is not computed yet lets those after it pass. The whole pages of its
+    /// tokens before the newest that the prefix cache holds are its first pages, already computed.
     fn admit(&mut self, context: usize) {
         let places = self.limits.max_seqs.min(self.limits.max_rows).clamp(1, MAX_BATCH);
         let mut at = 0;
@@ -439,13 +440,16 @@ impl Batch {
         }
     }
 
-    /// The youngest running sequence gives its pages back and waits at the head of the queue,
-    /// to run all its tokens again.
+    /// The youngest running sequence gives its pages back and waits in the queue ahead of every
+    /// younger one (at its head, but for a later choice of an older request still waiting for
+    /// its first's prompt), to run all its tokens again.
     fn preempt_youngest(&mut self) {
         if let Some(mut s) = self.running.pop() {
             self.give_back(&mut s);
             (s.n_past, s.cached_pages, s.entry) = (0, 0, 0);
-            self.waiting.push_front(s);
+            // (ahead of every younger one: a later choice that waited may be older)
+            let at = self.waiting.partition_point(|w| w.id < s.id);
+            self.waiting.insert(at, s);
             self.status.preemptions += 1;
         }
     }

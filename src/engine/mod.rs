@@ -284,7 +284,8 @@ impl Engine {
                 fits.min(most).max(t.context().div_ceil(crate::gpu::KV_PAGE))
             }
         };
-        let least = t.context().div_ceil(crate::gpu::KV_PAGE);
+        let least =
+            models.iter().flatten().map(|m| m.context().div_ceil(crate::gpu::KV_PAGE)).max().unwrap_or(0);
         if !(least..=most).contains(&pages) {
             return Err(Error::InvalidArgument(format!(
                 "a KV cache pool of {pages} pages of {} positions: it takes {least} to {most}",
@@ -609,6 +610,7 @@ impl Engine {
     /// while the batch is idle (those passes may write any page of the pool: the batch's prefix
     /// cache is forgotten); a generation after them starts from its own prefill.
     pub fn target_mut(&mut self) -> &mut Model {
+        debug_assert!(self.batch.is_idle(), "the target's passes would write running requests' pages");
         self.batch.forget_prefixes();
         &mut self.target
     }

@@ -437,7 +437,7 @@ async function caseSameAnswersAsTheServer(page) {
       ["completions", text],
       ["completions", { ...text, stream: true, stream_options: { include_usage: true } }],
       ["completions", { ...text, stream: true, stop: ["\n"] }],
-      ["chat", { ...chat, n: 2 }],
+      ["chat", { ...chat, n: 9 }],
       ["chat", { ...chat, messages: [{ role: "robot", content: "x" }] }],
       ["completions", { ...text, max_tokens: 1 << 20 }],
       ["completions", { ...text, prompt: "" }],

@@ -101,11 +101,11 @@ fn take_pages(batch: &mut Batch, plan: &mut [Rows]) {
         let Batch { running, draft_pool, .. } = &mut *batch;
         let s = &mut running[r.seq];
         let len = s.tokens.len();
-        if let Some(Drafting { source: Source::Model { pages, past }, .. }) = &mut s.drafting {
+        if let Some(Drafting { source: Source::Model { pages, past }, fixed, .. }) = &mut s.drafting {
             if grow(draft_pool, pages, len + r.drafts.len() - 1) {
                 *past = (*past).min(len - 1);
             } else {
-                r.drafts.clear();
+                drop_drafts(r, *fixed);
             }
         }
     }
@@ -157,10 +157,20 @@ async fn feed(batch: &mut Batch, draft: &mut Model, plan: &mut [Rows]) -> Result
     let mut unseen: usize = behind.iter().map(|b| b.0).sum();
     while unseen > MAX_BATCH {
         let Some((n, entry)) = behind.pop() else { break };
-        plan[entry].drafts.clear();
+        let fixed = batch.running[plan[entry].seq].drafting.as_ref().is_some_and(|d| d.fixed);
+        drop_drafts(&mut plan[entry], fixed);
         unseen -= n;
     }
     Ok(())
+}
+
+/// A sequence drafts none this time: an adaptive K asks none (a fixed K is still the K asked,
+/// as where rows or pages cut a fixed K's drafts short).
+fn drop_drafts(r: &mut Rows, fixed: bool) {
+    r.drafts.clear();
+    if !fixed {
+        r.asked = 0;
+    }
 }
 
 /// Gives a sequence draft pages up to position `end` (exclusive) from `pool`; false where they
