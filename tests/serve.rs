@@ -330,6 +330,24 @@ fn check_stream(reply: &Reply, chat: bool, include_usage: bool) -> (String, usiz
     (text, flagged, stats)
 }
 
+/// Completions of `bodies` sent at once, each from its own client thread: their answers, in order
+/// (each a 200).
+fn at_once(server: &Arc<Server>, bodies: Vec<Value>) -> Vec<Value> {
+    let handles: Vec<_> = (bodies.into_iter())
+        .map(|body| {
+            let server = server.clone();
+            std::thread::spawn(move || server.post("/v1/completions", &body))
+        })
+        .collect();
+    (handles.into_iter())
+        .map(|h| {
+            let r = h.join().expect("client");
+            assert_eq!(r.status, 200, "{}", r.text());
+            r.json()
+        })
+        .collect()
+}
+
 fn completion(server: &Server, body: Value) -> Value {
     let r = server.post("/v1/completions", &body);
     assert_eq!(r.status, 200, "{body}: {}", r.text());
@@ -1195,16 +1213,8 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     let solo: Vec<String> = (0..8).map(|i| text(&completion(&server, body(i)))).collect();
     let passes = server.metric("wgspec_batch_passes_total");
     let rows = server.metric("wgspec_batch_rows_total");
-    let handles: Vec<_> = (0..8)
-        .map(|i| {
-            let server = server.clone();
-            std::thread::spawn(move || server.post("/v1/completions", &body(i)))
-        })
-        .collect();
-    for (i, h) in handles.into_iter().enumerate() {
-        let r = h.join().expect("client");
-        assert_eq!(r.status, 200, "{}", r.text());
-        assert_eq!(text(&r.json()), solo[i], "request {i} beside the others");
+    for (i, v) in at_once(&server, (0..8).map(body).collect()).iter().enumerate() {
+        assert_eq!(text(v), solo[i], "request {i} beside the others");
     }
     let (passes, rows) = (
         server.metric("wgspec_batch_passes_total") - passes,
@@ -1333,17 +1343,8 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     assert!(solo.iter().all(|v| v["wgspec"]["draft"] == "model"), "{}", solo[0]);
     let (passes, draft_rows) =
         (drafted.metric("wgspec_batch_passes_total"), drafted.metric("wgspec_batch_draft_rows_total"));
-    let handles: Vec<_> = (0..4)
-        .map(|i| {
-            let server = drafted.clone();
-            std::thread::spawn(move || server.post("/v1/completions", &body(i)))
-        })
-        .collect();
-    for (i, h) in handles.into_iter().enumerate() {
-        let r = h.join().expect("client");
-        assert_eq!(r.status, 200, "{}", r.text());
-        let v = r.json();
-        assert_eq!(text(&v), text(&solo[i]), "request {i} beside the others, drafting with the model");
+    for (i, v) in at_once(&drafted, (0..4).map(body).collect()).iter().enumerate() {
+        assert_eq!(text(v), text(&solo[i]), "request {i} beside the others, drafting with the model");
         assert_eq!(v["wgspec"]["acceptance_rate"], 1.0, "the target as its own draft: {v}");
     }
     assert!(drafted.metric("wgspec_batch_passes_total") > passes);

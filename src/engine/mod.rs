@@ -710,10 +710,8 @@ impl Engine {
             sampling: req.sampling(),
             stop_tokens: self.prompter.tokenizer.eos_ids().to_vec(),
         };
-        if !self.batch.is_idle() {
-            // (a one-sequence pass uses the pool's first pages as its own)
-            return Err(Error::InvalidArgument("a request runs alone only while the batch is idle".into()));
-        }
+        // (a one-sequence pass uses the pool's first pages as its own)
+        self.check_batch_idle("a request runs alone")?;
         self.batch.forget_prefixes();
         if std::mem::take(&mut self.batch.draft_used) {
             // (the batch's draft passes wrote the draft's pool: its cache holds nothing known)

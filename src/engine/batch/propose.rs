@@ -41,21 +41,13 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
     batch.draft_used = true;
     feed(batch, draft, plan).await?;
     // pass 1: each drafting sequence's unseen tokens; x1 from its last row
-    let rows: Vec<(usize, usize)> = drafting(batch, plan).map(|(entry, past, _)| (entry, past)).collect();
-    let running = &batch.running;
-    let seqs: Vec<SeqRows> = (rows.iter())
-        .map(|&(entry, past)| {
-            let s = &running[plan[entry].seq];
-            SeqRows { pages: model_pages(s), start_pos: past, tokens: &s.tokens[past..] }
-        })
-        .collect();
-    let out = timed(&mut batch.draft_costs, draft, &seqs).await?;
+    let rows: Vec<(usize, usize, usize)> =
+        drafting(batch, plan).map(|(entry, past, tokens)| (entry, past, tokens.len())).collect();
+    let out = catch_up(batch, draft, plan, &rows).await?;
     let mut at = 0;
     let mut chains: Vec<(usize, Vec<u32>)> = Vec::new();
-    for &(entry, past) in &rows {
-        let len = batch.running[plan[entry].seq].tokens.len();
+    for &(entry, past, len) in &rows {
         at += len - past;
-        set_past(batch, plan, entry, len);
         chains.push((entry, vec![out[at - 1]]));
     }
     // passes 2..: the chains that want more, one row each
@@ -139,17 +131,7 @@ async fn feed(batch: &mut Batch, draft: &mut Model, plan: &mut [Rows]) -> Result
                 rows.push((entry, past, end));
             }
         }
-        let running = &batch.running;
-        let seqs: Vec<SeqRows> = (rows.iter())
-            .map(|&(entry, start, end)| {
-                let s = &running[plan[entry].seq];
-                SeqRows { pages: model_pages(s), start_pos: start, tokens: &s.tokens[start..end] }
-            })
-            .collect();
-        timed(&mut batch.draft_costs, draft, &seqs).await?;
-        for &(entry, _, end) in &rows {
-            set_past(batch, plan, entry, end);
-        }
+        catch_up(batch, draft, plan, &rows).await?;
     }
     let mut behind: Vec<(usize, usize)> =
         drafting(batch, plan).map(|(entry, past, tokens)| (tokens.len() - past, entry)).collect();
@@ -162,6 +144,28 @@ async fn feed(batch: &mut Batch, draft: &mut Model, plan: &mut [Rows]) -> Result
         unseen -= n;
     }
     Ok(())
+}
+
+/// One pass of the draft over its sequences' own tokens, `rows` (plan entry, first position,
+/// end): each row's argmax; the draft has then computed each sequence's positions up to `end`.
+async fn catch_up(
+    batch: &mut Batch,
+    draft: &mut Model,
+    plan: &[Rows],
+    rows: &[(usize, usize, usize)],
+) -> Result<Vec<u32>> {
+    let running = &batch.running;
+    let seqs: Vec<SeqRows> = (rows.iter())
+        .map(|&(entry, start, end)| {
+            let s = &running[plan[entry].seq];
+            SeqRows { pages: model_pages(s), start_pos: start, tokens: &s.tokens[start..end] }
+        })
+        .collect();
+    let out = timed(&mut batch.draft_costs, draft, &seqs).await?;
+    for &(entry, _, end) in rows {
+        set_past(batch, plan, entry, end);
+    }
+    Ok(out)
 }
 
 /// A sequence drafts none this time: an adaptive K asks none (a fixed K is still the K asked,
