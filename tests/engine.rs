@@ -916,6 +916,86 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
 }
 
 #[test]
+fn batched_requests_with_an_eagle_head_equal_their_run_alone() {
+    // Requests drafting with an EAGLE head share its passes (after each commit one pass over
+    // every such sequence's kept rows, in its pages of the head's pool; then their chains) and
+    // the target's: each one's tokens are its run alone, greedy and sampled (the drafts are
+    // deterministic: kept where a row's choice equals them). EAGLE-1 heads that pass the
+    // target's feature through (their first guess repeats the newest token) and random ones,
+    // and an EAGLE-3 head.
+    use wgspec::engine::BatchLimits;
+    use wgspec::speculative::EagleTree;
+    let tiny = TinyModel::random(TinySpec::llama(), &mut rng(52));
+    let mut engine = engine_with_pages(tiny.to_gguf(DType::F32, &mut rng(53)), 24);
+    engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
+    let reqs: Vec<Request> = (batch_requests().into_iter().enumerate())
+        .map(|(i, r)| Request {
+            draft: Some(DraftKind::Eagle),
+            draft_k: [None, Some(3), Some(2), None][i % 4],
+            max_tokens: 20 + 7 * i,
+            ..r
+        })
+        .collect();
+    let prompts: Vec<Vec<u32>> = reqs.iter().map(|r| engine.prompt_tokens(r).expect("prompt")).collect();
+    let mut r = rng(54);
+    let heads = [
+        ("echo", common::tiny::eagle_head(&tiny.spec, DType::F32, false, true, &mut r)),
+        ("random", common::tiny::eagle_head(&tiny.spec, DType::F16, false, false, &mut r)),
+        ("EAGLE-3", common::tiny::eagle3_head(&tiny, DType::F32, 200, None, false, &mut r)),
+    ];
+    for (name, (head, config)) in heads {
+        let mut files = ModelFiles::new();
+        files.add("model.safetensors", head).expect("add");
+        files.add("config.json", config).expect("add");
+        engine.load_eagle(files, &mut |_, _| {}).expect("EAGLE head");
+        assert_eq!(engine.set_kv_pool(Some(24)).expect("pools"), 24);
+        assert_eq!(engine.eagle().expect("head").kv_pages(), 24, "{name}: a page of the head's per page");
+        // (chains alone too: a fixed K's drafts are then the batch's, cycle by cycle)
+        engine.set_eagle_tree(EagleTree::Chain { siblings: 0 }).expect("a head");
+        let alone: Vec<Completion> = reqs.iter().map(|r| run(&mut engine, r).0).collect();
+        let ids: Vec<_> =
+            (0..8).map(|i| engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
+        let done = run_batch(&mut engine, 0, |_, _| {});
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(done[id].tokens, alone[i].tokens, "{name}: request {i}");
+            assert_eq!(done[id].stats.draft, DraftKind::Eagle);
+        }
+        let (drafted, accepted) =
+            done.values().fold((0, 0), |(d, a), c| (d + c.stats.drafted, a + c.stats.accepted));
+        assert!(drafted > 0, "{name}: the head drafted in the batch");
+        if name == "echo" {
+            assert!(accepted > 0 && accepted < drafted, "{name}: kept and rejected: {accepted} of {drafted}");
+        }
+        let status = engine.batch_status();
+        assert_eq!((status.running, status.pages_used), (0, 0), "{name}: {status:?}");
+        // a greedy request of a fixed K alone in the batch drafts the one-sequence loop's chains:
+        // the same drafts kept, cycle by cycle (the head's features of a pass over several
+        // sequences are those of its one-sequence passes, bit for bit)
+        for i in (0..8).filter(|&i| reqs[i].draft_k.is_some() && reqs[i].temperature == 0.0) {
+            let id = engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit");
+            let done = run_batch(&mut engine, 0, |_, _| {});
+            let (got, want) = (&done[&id], &alone[i]);
+            assert_eq!(
+                (got.stats.drafted, got.stats.accepted, &got.from_draft),
+                (want.stats.drafted, want.stats.accepted, &want.from_draft),
+                "{name}: request {i} alone in the batch"
+            );
+        }
+        // the one-sequence loop after the batch wrote the head's pool: the same tokens
+        for i in [0, 5] {
+            assert_eq!(
+                run(&mut engine, &reqs[i]).0.tokens,
+                alone[i].tokens,
+                "{name}: request {i} alone again"
+            );
+        }
+    }
+    // a top-k, or the ensemble with the n-gram, runs alone
+    assert!(!engine.batchable(&Request { top_k: 5, temperature: 0.8, ..reqs[0].clone() }));
+    assert!(!engine.batchable(&Request { draft: Some(DraftKind::EagleNgram), ..reqs[0].clone() }));
+}
+
+#[test]
 fn a_request_whose_logits_are_not_finite_fails_alone_in_the_batch() {
     // A token whose embedding is huge (3e38: the loader refuses a NaN weight) overflows its row's
     // sums into NaN, in its own sequence only: a sampled request drawing from that row fails (a

@@ -1793,6 +1793,124 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
 }
 
 #[test]
+fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
+    // Sequences share the target's passes and the head's over pools of pages (theirs scattered):
+    // each head row's f^ is its sequence's alone, bit for bit, and each sequence's chain from its
+    // last row (chains of different lengths in one submission) is its one-sequence chain.
+    // Random EAGLE-1 and EAGLE-3 heads (every input of a row counts: its feature, its token,
+    // its keys).
+    use wgspec::gpu::KV_PAGE;
+    use wgspec::model::{HeadChain, HeadRows, SeqRows};
+    for eagle3 in [false, true] {
+        let what = if eagle3 { "EAGLE-3" } else { "EAGLE-1" };
+        let mut r = rng(390 + eagle3 as u64);
+        let tiny = TinyModel::random(TinySpec::llama(), &mut r);
+        let mut target = load(&ckpt_of(&tiny, &mut r), 2 * KV_PAGE);
+        let (file, config) = match eagle3 {
+            true => common::tiny::eagle3_head(&tiny, DType::F32, 200, None, false, &mut r),
+            false => common::tiny::eagle_head(&tiny.spec, DType::F32, false, false, &mut r),
+        };
+        let mut head = load_eagle(&mut target, file, &config, 4).0;
+        let dim = tiny.spec.dim;
+        // each sequence's rows are its positions but the last, whose token is the last row's next
+        let lens = [71usize, 6, 41];
+        let depth = [4usize, 2, 5];
+        let seqs: Vec<Vec<u32>> =
+            lens.iter().map(|&n| (0..n).map(|_| r.gen_range(0..tiny.spec.vocab as u32)).collect()).collect();
+        // alone: one sequence's passes (the pools' first positions), 29 rows at most
+        let mut features = Vec::new();
+        let mut chains = Vec::new();
+        for (s, seq) in seqs.iter().enumerate() {
+            let (n, mut f) = (seq.len() - 1, Vec::new());
+            for start in (0..n).step_by(29) {
+                let end = (start + 29).min(n);
+                pollster::block_on(target.forward(&seq[start..end], start)).expect("target");
+                let rows: Vec<usize> = (0..end - start).collect();
+                head.run_target_rows(&rows, &seq[start + 1..end + 1], start).expect("head");
+                f.extend(pollster::block_on(head.features(end - start)).expect("features"));
+            }
+            features.push(f);
+            let ranked = pollster::block_on(head.draft(depth[s] - 1)).expect("chain");
+            chains.push(ranked.iter().map(|ids| ids[0]).collect::<Vec<u32>>());
+        }
+        // together: pools of 6 pages (each sequence's pages cover its drafts' positions)
+        target.set_kv_pages(6).expect("target pool");
+        head.set_kv_pages(&target, 6).expect("head pool");
+        assert_eq!(head.kv_pages(), 6);
+        let pages: [Vec<u32>; 3] = [vec![4, 1], vec![5], vec![0]];
+        let mut done = [0usize; 3];
+        let mut last = [0usize; 3];
+        let sizes = [9usize, 1, 5, 12];
+        for pass in 0.. {
+            let left: Vec<usize> = (0..3).map(|s| lens[s] - 1 - done[s]).collect();
+            if left.iter().all(|&l| l == 0) {
+                break;
+            }
+            // (the last pass holds each sequence's last row)
+            let ending = left.iter().all(|&l| l <= 1);
+            let mut plan = Vec::new();
+            for s in 0..3 {
+                let take =
+                    if ending { left[s] } else { sizes[(s + pass) % 4].min(left[s].saturating_sub(1)) };
+                if take > 0 {
+                    plan.push((s, done[s], take));
+                }
+            }
+            let tokens: Vec<SeqRows> = (plan.iter())
+                .map(|&(s, at, take)| SeqRows {
+                    pages: &pages[s],
+                    start_pos: at,
+                    tokens: &seqs[s][at..at + take],
+                })
+                .collect();
+            pollster::block_on(target.forward_pages(&tokens)).expect("target pass");
+            let mut first = 0;
+            let mut rows: Vec<Vec<u32>> = Vec::new();
+            for &(s, _, take) in &plan {
+                rows.push((first as u32..(first + take) as u32).collect());
+                last[s] = first + take - 1;
+                first += take;
+            }
+            let head_rows: Vec<HeadRows> = (plan.iter().zip(&rows))
+                .map(|(&(s, at, take), rows)| HeadRows {
+                    pages: &pages[s],
+                    start_pos: at,
+                    rows,
+                    next: &seqs[s][at + 1..at + 1 + take],
+                })
+                .collect();
+            head.run_pages(&head_rows).expect("head pass");
+            let got = pollster::block_on(head.features(first)).expect("features");
+            let mut row = 0;
+            for &(s, at, take) in &plan {
+                for p in at..at + take {
+                    let (g, w) = (&got[row * dim..(row + 1) * dim], &features[s][p * dim..(p + 1) * dim]);
+                    assert!(
+                        g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{what}: sequence {s}'s position {p} in pass {pass} ({plan:?}) differs from its run alone"
+                    );
+                    row += 1;
+                }
+                done[s] += take;
+            }
+        }
+        let asks: Vec<HeadChain> = (0..3)
+            .map(|s| HeadChain { pages: &pages[s], past: lens[s] - 1, row: last[s], drafts: depth[s] })
+            .collect();
+        let got = pollster::block_on(head.draft_pages(&asks)).expect("chains");
+        assert_eq!(got, chains, "{what}: the chains of a batch are each sequence's alone");
+        // chains past their pages, too deep, from no row of the last pass: refused
+        let mut bad = |c: HeadChain| pollster::block_on(head.draft_pages(&[c])).is_err();
+        let ok = HeadChain { pages: &pages[1], past: 5, row: 0, drafts: 2 };
+        assert!(!bad(ok));
+        assert!(!bad(HeadChain { past: 63, ..ok }), "{what}: position 63 is in one page");
+        assert!(bad(HeadChain { past: 63, drafts: 3, ..ok }), "{what}: positions 63 and 64 are not");
+        assert!(bad(HeadChain { drafts: 17, ..ok }) && bad(HeadChain { drafts: 0, ..ok }));
+        assert!(bad(HeadChain { row: 32, ..ok }));
+    }
+}
+
+#[test]
 fn eagle_speculation_equals_greedy_output() {
     // (Gemma: the echo head's guesses go through its output norm and its tied projection)
     for spec in [TinySpec::llama(), TinySpec::qwen2(), TinySpec::gemma3()] {

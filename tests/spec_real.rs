@@ -276,6 +276,64 @@ fn smollm2_trained_eagle_head_is_exact_and_pays_in_tokens_per_pass() {
     engine.load_eagle(files, &mut |_, _| {}).expect("the trained head");
     let tau = trained_heads_tau(&mut engine, "eagle", 7, token_count(24), 8);
     assert!(tau > 1.6, "the trained head gives tau {tau:.2}, not above 1.6");
+    batched_eagle_chains_are_their_solo_chains(&mut engine, token_count(24));
+}
+
+/// The trained head's chains in the batch (4 chat prompts at once, greedy, K = 4): each request's
+/// tokens are its solo run's, and its chains pay as they do alone (a head that read another
+/// row's feature or the wrong next token would fall towards tau 1.0); one request alone in the
+/// batch keeps exactly the drafts its solo chains keep, cycle by cycle.
+fn batched_eagle_chains_are_their_solo_chains(engine: &mut Engine, n: usize) {
+    use wgspec::engine::{BatchEvent, BatchLimits};
+    use wgspec::speculative::EagleTree;
+    engine.set_eagle_tree(EagleTree::Chain { siblings: 0 }).expect("a head");
+    engine.set_kv_pool(None).expect("a pool");
+    engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
+    let all: serde_json::Value =
+        serde_json::from_str(include_str!("../benches/chat_prompts.json")).expect("json");
+    let reqs: Vec<Request> = (all.as_array().expect("prompts").iter().take(4))
+        .map(|p| {
+            let messages = serde_json::json!([{"role": "user", "content": p["prompt"]}]);
+            let json =
+                serde_json::json!({"messages": messages, "max_tokens": n, "draft": "eagle", "draft_k": 4});
+            Request::from_json(&json.to_string()).expect("request")
+        })
+        .collect();
+    let alone: Vec<_> =
+        reqs.iter().map(|r| pollster::block_on(engine.generate(r, &mut |_| true)).expect("alone")).collect();
+    let mut batch = |reqs: &[Request]| {
+        let ids: Vec<_> = (reqs.iter())
+            .map(|r| engine.batch_submit(engine.prompt_tokens(r).expect("prompt"), r).expect("submit"))
+            .collect();
+        let mut done = std::collections::HashMap::new();
+        while !engine.batch_idle() {
+            for (id, ev) in pollster::block_on(engine.batch_step()).expect("pass") {
+                match ev {
+                    BatchEvent::Done(c) => drop(done.insert(id, *c)),
+                    BatchEvent::Failed(e) => panic!("{id:?} failed: {e}"),
+                    BatchEvent::Token(_) => {}
+                }
+            }
+        }
+        ids.iter().map(|id| done.remove(id).expect("done")).collect::<Vec<_>>()
+    };
+    let together = batch(&reqs);
+    let tau = |c: &[wgspec::engine::Completion]| {
+        let tokens: usize = c.iter().map(|c| c.tokens.len()).sum();
+        tokens as f64 / c.iter().map(|c| c.stats.verify_forwards).sum::<usize>() as f64
+    };
+    let (solo, batched) = (tau(&alone), tau(&together));
+    eprintln!("SmolLM2 + trained eagle chains (K = 4): tau {solo:.2} alone, {batched:.2} in the batch");
+    for (i, (got, want)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(got.tokens, want.tokens, "request {i} in the batch");
+    }
+    assert!(batched > 1.3 && batched > solo - 0.25, "tau {batched:.2} in the batch, {solo:.2} alone");
+    let got = batch(&reqs[..1]).remove(0);
+    assert_eq!(
+        (got.stats.drafted, got.stats.accepted, &got.from_draft),
+        (alone[0].stats.drafted, alone[0].stats.accepted, &alone[0].from_draft),
+        "request 0 alone in the batch"
+    );
 }
 
 /// The Medusa heads trained here for SmolLM2-135M (`heads/smollm2-135m-medusa`, made by

@@ -7,12 +7,15 @@
 //!   a pass    1. each decoding sequence: its last token (1 row)
 //!             2. sequences still prefilling: a chunk of their prompt, within the pass's rows
 //!             3. rows left: drafts after decoding sequences' newest tokens, where the
-//!                measured costs say they pay (below): n-gram drafts, or the draft model's
-//!                chains, made by its passes over the sequences drafting with it (`propose`)
+//!                measured costs say they pay (below): n-gram drafts, the draft model's
+//!                chains, made by its passes over the sequences drafting with it, or the EAGLE
+//!                head's chains, made by its passes over theirs (`propose`)
 //!             one target pass over all of them (Model::forward_pages), each row's argmax, and
 //!             each sampled request's draws from its rows (its seed, its rows' positions)
 //!   commit    per sequence: the drafts its rows' choices (argmax or draw) agree with, then the
 //!             choice after them; finished sequences return their pages before the next pass
+//!   follow    one EAGLE head pass over the kept rows of the sequences drafting with it (the
+//!             target's features of the pass, each row's next token): its cache follows theirs
 //! ```
 //!
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
@@ -51,7 +54,7 @@ use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
 use crate::generation::FinishReason;
 use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleRows, SampleSeed, KV_PAGE};
-use crate::model::{Model, SeqRows, MAX_BATCH};
+use crate::model::{EagleHead, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH};
 use crate::sampling::SamplingParams;
 use crate::speculative::sampled::target_draws;
 use crate::speculative::{DraftKind, NGram, SpecStats};
@@ -160,11 +163,19 @@ enum Source {
     /// The engine's draft model ([`propose`]): the sequence's pages of the draft's pool, and its
     /// positions `..past` that the draft has computed (its tokens').
     Model { pages: Vec<u32>, past: usize },
+    /// The engine's EAGLE head ([`propose`]): the sequence's pages of the head's pool, its
+    /// positions `..past` the head has run (the target's features of each, and the next token),
+    /// and its last row in the head's latest pass (none: that pass was not its, it cannot draft).
+    Eagle { pages: Vec<u32>, past: usize, row: Option<usize> },
 }
 
 impl Drafting {
     fn is_model(&self) -> bool {
         matches!(self.source, Source::Model { .. })
+    }
+
+    fn is_eagle(&self) -> bool {
+        matches!(self.source, Source::Eagle { .. })
     }
 }
 
@@ -248,6 +259,11 @@ pub(super) struct Batch {
     draft_pool: Pool,
     draft_costs: PassCosts,
     pub(super) draft_used: bool,
+    /// The same for the EAGLE head: its pool's pages, the costs of its chains (by drafts), and
+    /// whether a pass of it ran since the one-sequence loop last drafted with it.
+    head_pool: Pool,
+    head_costs: PassCosts,
+    pub(super) head_used: bool,
     /// (made with the first sampled request)
     readback: Option<Readback>,
     /// Events not yet returned by [`step`].
@@ -261,6 +277,9 @@ impl Batch {
             draft_pool: Pool::new(0),
             draft_costs: PassCosts::default(),
             draft_used: false,
+            head_pool: Pool::new(0),
+            head_costs: PassCosts::default(),
+            head_used: false,
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
@@ -315,11 +334,14 @@ impl Batch {
         let source = match draft {
             DraftKind::Ngram => Some(Source::NGram(NGram::default())),
             DraftKind::Model => Some(Source::Model { pages: Vec::new(), past: 0 }),
+            DraftKind::Eagle => Some(Source::Eagle { pages: Vec::new(), past: 0, row: None }),
             _ => None,
         };
+        // (a head's chain is at most its deepest tree)
+        let most = if draft == DraftKind::Eagle { MAX_EAGLE_DEPTH } else { MAX_BATCH - 1 };
         let drafting = source.map(|source| Drafting {
             source,
-            k_max: req.draft_k.unwrap_or(req.max_draft_k).min(MAX_BATCH - 1),
+            k_max: req.draft_k.unwrap_or(req.max_draft_k).min(most),
             fixed: req.draft_k.is_some(),
         });
         let stats = SpecStats { draft, base: crate::generation::Stats::default(), ..SpecStats::default() };
@@ -369,7 +391,9 @@ impl Batch {
     /// (within the context): in arrival order among the running ones, so a preempted sequence
     /// comes back older than those that arrived after it. A later choice of a request whose
     /// first choice's prompt is not computed yet lets those after it pass. The whole pages of its
-    /// tokens before the newest that the prefix cache holds are its first pages, already computed.
+    /// tokens before the newest that the prefix cache holds are its first pages, already computed
+    /// (but for a sequence drafting with the EAGLE head, which runs on the target's features of
+    /// every position: it computes them all).
     fn admit(&mut self, context: usize) {
         let places = self.limits.max_seqs.min(self.limits.max_rows).clamp(1, MAX_BATCH);
         let mut at = 0;
@@ -380,7 +404,9 @@ impl Batch {
                 at += 1;
                 continue;
             }
-            let found = self.pool.lookup(&s.tokens, (s.tokens.len() - 1) / KV_PAGE);
+            let eagle = s.drafting.as_ref().is_some_and(Drafting::is_eagle);
+            let whole = if eagle { 0 } else { (s.tokens.len() - 1) / KV_PAGE };
+            let found = self.pool.lookup(&s.tokens, whole);
             let need = Seq::pages_for((s.tokens.len() + 1).min(context)).saturating_sub(found.len());
             let idle_found = found.iter().filter(|&&(p, _)| self.pool.is_idle(p)).count();
             if need > self.pool.available() - idle_found {
@@ -455,12 +481,19 @@ impl Batch {
     }
 
     /// A sequence leaving the running ones gives its pages back: the target's, and the draft
-    /// model's (which then holds none of its positions).
+    /// model's or the EAGLE head's (which then holds none of its positions).
     fn give_back(&mut self, s: &mut Seq) {
         self.pool.release(&mut s.pages);
-        if let Some(Drafting { source: Source::Model { pages, past }, .. }) = &mut s.drafting {
-            self.draft_pool.release(pages);
-            *past = 0;
+        match s.drafting.as_mut().map(|d| &mut d.source) {
+            Some(Source::Model { pages, past }) => {
+                self.draft_pool.release(pages);
+                *past = 0;
+            }
+            Some(Source::Eagle { pages, past, row }) => {
+                self.head_pool.release(pages);
+                (*past, *row) = (0, None);
+            }
+            _ => {}
         }
     }
 }
@@ -473,17 +506,21 @@ impl Batch {
 pub(super) async fn step(
     batch: &mut Batch,
     target: &mut Model,
-    draft: Option<&mut Model>,
+    (draft, mut head): (Option<&mut Model>, Option<&mut EagleHead>),
     tokenizer: &Tokenizer,
 ) -> Result<Vec<(SeqId, BatchEvent)>> {
     let draft_pages = draft.as_ref().map_or(0, |d| d.kv_pages());
-    if batch.pool.len() != target.kv_pages() || batch.draft_pool.len() != draft_pages {
+    let head_pages = head.as_ref().map_or(0, |h| h.kv_pages());
+    let pools =
+        [(&batch.pool, target.kv_pages()), (&batch.draft_pool, draft_pages), (&batch.head_pool, head_pages)];
+    if pools.iter().any(|(pool, pages)| pool.len() != *pages) {
         // (waiting sequences hold no pages)
         if !batch.running.is_empty() {
             return Err(Error::InvalidArgument("a KV cache pool changed under a running batch".into()));
         }
         batch.resize(target.kv_pages());
         batch.draft_pool = Pool::new(draft_pages);
+        batch.head_pool = Pool::new(head_pages);
     }
     let context = target.context();
     batch.admit(context);
@@ -494,11 +531,18 @@ pub(super) async fn step(
     if let Some(d) = draft {
         propose::propose(batch, d, &mut plan).await?;
     }
+    if let Some(h) = head.as_deref_mut() {
+        propose::propose_eagle(batch, h, &mut plan).await?;
+    }
     place_drafts(batch, &mut plan);
     if !plan.is_empty() {
         let out = run(batch, target, &plan).await?;
         let outcomes = outcomes(batch, &plan, &out, target.config.vocab_size)?;
+        let before = propose::before_commit(batch, &plan);
         apply(batch, &plan, outcomes, tokenizer);
+        if let Some(h) = head {
+            propose::follow(batch, h, &before);
+        }
     }
     Ok(std::mem::take(&mut batch.events))
 }
@@ -721,11 +765,14 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
         }
         i += 1;
     }
-    // 2. prompt chunks (their pages were taken at admission)
+    // 2. prompt chunks (their pages were taken at admission); a sequence drafting with the EAGLE
+    // head leaves its newest token to run as a decoding one, with drafts after it (the head
+    // drafts from its rows up to the token before), as the one-sequence loop does
     for (i, s) in batch.running.iter().enumerate() {
         let left = s.tokens.len() - s.n_past;
         if left > 1 && budget > 0 {
-            let run = left.min(budget);
+            let eagle = s.drafting.as_ref().is_some_and(Drafting::is_eagle);
+            let run = (left - eagle as usize).min(budget);
             budget -= run;
             plan.push(Rows { seq: i, run, pending: run == left, drafts: Vec::new(), asked: 0 });
         }
@@ -743,11 +790,16 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     // seconds shared by the sequences drafting with it, and a row), its first one also the rows
     // of the tokens the draft has not seen; its proposals are made after this plan (`propose`):
     // placeholders until then.
-    let drafting_models = (plan.iter())
-        .filter(|r| r.pending && batch.running[r.seq].drafting.as_ref().is_some_and(Drafting::is_model))
-        .count();
+    // An EAGLE head's draft costs a target row and its share of the head's chains (their fixed
+    // seconds shared alike, and a draft's), where the head has run the sequence's last rows.
+    let drafting_with = |is: fn(&Drafting) -> bool| {
+        let with = |r: &&Rows| batch.running[r.seq].drafting.as_ref().is_some_and(is);
+        plan.iter().filter(|r| r.pending).filter(with).count().max(1) as f64
+    };
     let (ad, bd) = batch.draft_costs.line().unwrap_or((0.0, 0.0));
-    let model_draft = ad / drafting_models.max(1) as f64 + bd;
+    let model_draft = ad / drafting_with(Drafting::is_model) + bd;
+    let (ah, bh) = batch.head_costs.line().unwrap_or((0.0, 0.0));
+    let head_draft = ah / drafting_with(Drafting::is_eagle) + bh;
     // (plan entry, the proposal, the sequence's acceptance, the draft's own seconds: each, and
     // the first's more)
     let mut adaptive: Vec<(usize, Vec<u32>, f64, f64, f64)> = Vec::new();
@@ -772,6 +824,10 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
                 let unseen = s.tokens.len() - (*past).min(s.tokens.len() - 1);
                 (vec![0; k], model_draft, bd * (unseen - 1) as f64)
             }
+            Source::Eagle { past, row, .. } if row.is_some() && *past + 1 == s.tokens.len() => {
+                (vec![0; k], head_draft, 0.0)
+            }
+            Source::Eagle { .. } => (Vec::new(), 0.0, 0.0),
         };
         if d.fixed {
             r.asked = k;

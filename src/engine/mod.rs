@@ -161,15 +161,18 @@ impl Engine {
 
     /// Whether [`Engine::batch_submit`] takes `req`: greedy, or sampled without a top-k (any
     /// temperature and top-p: the GPU draws each request's rows), plain or with n-gram drafts
-    /// (the draft it names, else the default); greedy with the draft model too (its proposals
-    /// batched over the requests drafting with it). Others run alone ([`Engine::generate_from`])
-    /// while the batch is idle: a sampled request with the draft model is verified by the ratio
-    /// rule against the draft's own draws, which the batch does not run.
+    /// (the draft it names, else the default) or the EAGLE head's chains (its passes batched
+    /// over the requests drafting with it); greedy with the draft model too (its proposals
+    /// batched alike). Others run alone ([`Engine::generate_from`]) while the batch is idle: a
+    /// sampled request with the draft model is verified by the ratio rule against the draft's
+    /// own draws, which the batch does not run.
     pub fn batchable(&self, req: &Request) -> bool {
         let kind = req.draft.unwrap_or(self.default_draft);
         let s = req.sampling();
         let model = kind == DraftKind::Model && self.draft.is_some() && s.is_greedy();
-        (s.is_greedy() || s.top_k == 0) && (matches!(kind, DraftKind::None | DraftKind::Ngram) || model)
+        let eagle = kind == DraftKind::Eagle && self.eagle.is_some();
+        (s.is_greedy() || s.top_k == 0)
+            && (matches!(kind, DraftKind::None | DraftKind::Ngram) || model || eagle)
     }
 
     /// Queues a request for the batch, its prompt tokenized ([`Engine::prompt_tokens`]): each
@@ -209,7 +212,7 @@ impl Engine {
         req.sampling().validate()?;
         if !self.batchable(req) {
             return Err(Error::InvalidArgument(
-                "only greedy requests and sampled ones without a top-k, plain or with n-gram drafts (greedy ones with the draft model too), are batched"
+                "only greedy requests and sampled ones without a top-k, plain or with n-gram or EAGLE drafts (greedy ones with the draft model too), are batched"
                     .into(),
             ));
         }
@@ -240,7 +243,8 @@ impl Engine {
     pub async fn batch_step(&mut self) -> Result<Vec<(SeqId, BatchEvent)>> {
         let prompter = self.prompter.clone();
         let draft = self.draft.as_mut().map(|(d, _)| d.model_mut());
-        batch::step(&mut self.batch, &mut self.target, draft, &prompter.tokenizer).await
+        let head = self.eagle.as_mut().map(Eagle::head_mut);
+        batch::step(&mut self.batch, &mut self.target, (draft, head), &prompter.tokenizer).await
     }
 
     /// The batch in figures.
@@ -269,12 +273,20 @@ impl Engine {
     /// context's worth without a budget). Only while the batch is idle. Returns the pages.
     pub fn set_kv_pool(&mut self, pages: Option<usize>) -> Result<usize> {
         self.check_batch_idle("the KV cache pool changes")?;
-        // (the draft model's pool has as many pages: a page of each per position of a sequence)
+        // (the draft model's and the EAGLE head's pools have as many pages: a page of each per
+        // position of a sequence)
         let t = &self.target;
         let models = [Some(t), self.draft_model()];
-        let page_bytes: u64 = models.iter().flatten().map(|m| m.kv_page_bytes()).sum();
-        let pools: u64 = models.iter().flatten().map(|m| m.kv_page_bytes() * m.kv_pages() as u64).sum();
-        let most = models.iter().flatten().map(|m| m.max_kv_pages()).min().unwrap_or(0);
+        let head = self.eagle();
+        let head_page = head.map_or(0, |h| h.kv_page_bytes());
+        let page_bytes: u64 = models.iter().flatten().map(|m| m.kv_page_bytes()).sum::<u64>() + head_page;
+        let pools: u64 =
+            models.iter().flatten().map(|m| m.kv_page_bytes() * m.kv_pages() as u64).sum::<u64>()
+                + head.map_or(0, |h| head_page * h.kv_pages() as u64);
+        let most = (models.iter().flatten().map(|m| m.max_kv_pages()))
+            .chain(head.map(EagleHead::max_kv_pages))
+            .min()
+            .unwrap_or(0);
         let pages = match (pages, self.load_options.max_memory) {
             (Some(p), _) => p,
             (None, None) => t.context().div_ceil(crate::gpu::KV_PAGE),
@@ -307,6 +319,10 @@ impl Engine {
             draft.model_mut().set_kv_pages(pages)?;
             draft.forget();
             info.gpu_memory_bytes = draft.model().memory_bytes();
+        }
+        if let Some(eagle) = &mut self.eagle {
+            eagle.head_mut().set_kv_pages(&self.target, pages)?;
+            eagle.forget();
         }
         self.batch.resize(pages);
         self.target_info.gpu_memory_bytes = self.target.memory_bytes();
@@ -444,6 +460,7 @@ impl Engine {
         files: ModelFiles,
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&EagleHead> {
+        self.check_batch_idle("the EAGLE head changes")?;
         self.eagle = None;
         self.schedules.clear();
         let named = files.open_named()?;
@@ -455,8 +472,13 @@ impl Engine {
         let layout = EagleHead::layout_of(&self.target.config, &json, &ckpt)?;
         let opts = &self.load_options;
         let top_k = EAGLE_SIBLINGS + 1;
+        // (its KV cache pool has as many pages as the target's, for the batch; the plan bills one
+        // context's worth)
+        let page_bytes = (crate::gpu::KV_PAGE * 2 * ckpt.config.kv_dim() * 4) as u64;
+        let pages = self.target.kv_pages();
+        let extra = pages.saturating_sub(self.target.context().div_ceil(crate::gpu::KV_PAGE));
         let bytes = EagleHead::plan(&self.target, &ckpt, layout, opts.precision, top_k)?;
-        self.check_budget("the EAGLE head", bytes)?;
+        self.check_budget("the EAGLE head", bytes + extra as u64 * page_bytes)?;
         // an EAGLE-3 head reads three taps of the target's residual stream
         let taps = match layout {
             EagleLayout::Eagle3 { taps, .. } => taps.to_vec(),
@@ -464,7 +486,11 @@ impl Engine {
         };
         self.target.set_feature_taps(&taps)?;
         let progress = &mut |p| progress(Role::Draft, p);
-        let head = EagleHead::load(&self.target, &ckpt, layout, &self.load_options, top_k, progress).await?;
+        let mut head =
+            EagleHead::load(&self.target, &ckpt, layout, &self.load_options, top_k, progress).await?;
+        if head.kv_pages() != pages {
+            head.set_kv_pages(&self.target, pages)?;
+        }
         let shape = EagleTree::Dynamic { width: EAGLE_WIDTH };
         self.default_draft = DraftKind::Eagle;
         Ok(self.eagle.insert(Eagle::with_tree(head, shape)).head())
@@ -717,6 +743,12 @@ impl Engine {
             // (the batch's draft passes wrote the draft's pool: its cache holds nothing known)
             if let Some((d, _)) = &mut self.draft {
                 d.forget();
+            }
+        }
+        if std::mem::take(&mut self.batch.head_used) {
+            // (and the EAGLE head's passes its pool)
+            if let Some(e) = &mut self.eagle {
+                e.forget();
             }
         }
         let kind = req.draft.unwrap_or(self.default_draft);

@@ -121,6 +121,13 @@ impl Eagle {
         &mut self.head
     }
 
+    /// Forgets what the head's cache holds (other passes wrote it): it follows the next
+    /// generation from its start.
+    pub fn forget(&mut self) {
+        (self.synced, self.ready, self.predicted) = (0, false, None);
+        self.head.truncate(0);
+    }
+
     /// The head, to draft with it in another way.
     pub fn into_head(self) -> EagleHead {
         self.head

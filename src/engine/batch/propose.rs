@@ -17,13 +17,22 @@
 //! cache caught up and rolled back the same way; where that loop drafts the draft's trees,
 //! `tree:N:DRAFT`, the batch still drafts chains). Deterministic drafts: greedy rows keep them
 //! where they equal their argmax, so a request's tokens do not depend on them.
+//!
+//! An EAGLE head's proposals for the batch: after each commit, one head pass over the kept rows
+//! of every sequence drafting with it ([`follow`]: the target's features of the pass, each with
+//! the token after it, in pages of the head's own pool); before the next target pass, the chains
+//! of those drafting this time ([`propose_eagle`]: each sequence's last row of that pass projected
+//! and ranked gives x1, then one-row steps per sequence, all in one submission). A sequence the
+//! head has not followed through its newest token (its pages ran out) drafts none. Its chains
+//! are the one-sequence loop's EAGLE chains (its trees, where that loop grows them, are chains
+//! here); deterministic drafts, kept where a row's choice (argmax or draw) equals them.
 
 use web_time::Instant;
 
-use super::{Batch, Drafting, PassCosts, Rows, Seq, Source};
+use super::{Batch, Drafting, PassCosts, Rows, Seq, SeqId, Source};
 use crate::error::Result;
 use crate::gpu::KV_PAGE;
-use crate::model::{Model, SeqRows, MAX_BATCH};
+use crate::model::{EagleHead, HeadChain, HeadRows, Model, SeqRows, MAX_BATCH};
 
 /// Most feeding passes in one step (each of up to [`MAX_BATCH`] rows): a long prompt found in
 /// the prefix cache, or a sequence that drafts for the first time after a long prompt, is fed
@@ -213,4 +222,115 @@ async fn timed(costs: &mut PassCosts, draft: &mut Model, seqs: &[SeqRows<'_>]) -
     let out = draft.forward_pages_argmax(seqs).await?;
     costs.observe(rows, t0.elapsed().as_secs_f64());
     Ok(out)
+}
+
+/// Fills the plan's draft placeholders of the sequences drafting with the EAGLE `head` (the
+/// engine's, whose pool `batch.head_pool` hands out): their chains, from their last rows of the
+/// head's latest pass.
+pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan: &mut [Rows]) -> Result<()> {
+    let mut entries = Vec::new();
+    for (entry, r) in plan.iter_mut().enumerate().filter(|(_, r)| r.pending && !r.drafts.is_empty()) {
+        let Batch { running, head_pool, .. } = &mut *batch;
+        let s = &mut running[r.seq];
+        let n_past = s.n_past;
+        if let Some(Drafting { source: Source::Eagle { pages, past, row }, fixed, .. }) = &mut s.drafting {
+            // (the draft steps' positions: its newest token's and the drafts' but the last)
+            if row.is_some() && *past == n_past && grow(head_pool, pages, n_past + r.drafts.len() - 1) {
+                entries.push(entry);
+            } else {
+                drop_drafts(r, *fixed);
+            }
+        }
+    }
+    if entries.is_empty() {
+        return Ok(());
+    }
+    // (from the first pass on, the head's cache holds nothing the one-sequence loop knows)
+    batch.head_used = true;
+    let chains: Vec<HeadChain> = (entries.iter())
+        .filter_map(|&entry| match &batch.running[plan[entry].seq].drafting {
+            Some(Drafting { source: Source::Eagle { pages, past, row: Some(row) }, .. }) => {
+                Some(HeadChain { pages, past: *past, row: *row, drafts: plan[entry].drafts.len() })
+            }
+            _ => None,
+        })
+        .collect();
+    let drafts = chains.iter().map(|c| c.drafts).sum();
+    let t0 = Instant::now();
+    let out = head.draft_pages(&chains).await?;
+    batch.head_costs.observe(drafts, t0.elapsed().as_secs_f64());
+    for (&entry, chain) in entries.iter().zip(out) {
+        plan[entry].drafts = chain;
+    }
+    Ok(())
+}
+
+/// What [`follow`] needs of a pass before its commit: per sequence drafting with the EAGLE
+/// head, its id, its computed positions and its first row in the pass.
+pub(super) fn before_commit(batch: &Batch, plan: &[Rows]) -> Vec<(SeqId, usize, usize)> {
+    let mut first = 0;
+    let mut before = Vec::new();
+    for r in plan {
+        let s = &batch.running[r.seq];
+        if s.drafting.as_ref().is_some_and(Drafting::is_eagle) {
+            before.push((s.id, s.n_past, first));
+        }
+        first += r.run + r.drafts.len();
+    }
+    before
+}
+
+/// The EAGLE head's pass over the kept rows of the pass just committed, of every running
+/// sequence drafting with it that it has followed so far (`before`: [`before_commit`]'s): each
+/// row the target's feature at a position and the token after it. Each such sequence's last
+/// row of it is where its next chain starts; the others cannot draft until they come back
+/// (preempted ones), or at all (the head's pool ran out for them).
+pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, usize, usize)]) {
+    // (plan entry's sequence, its first kept position and first row, rows kept)
+    let mut kept: Vec<(usize, usize, usize, usize)> = Vec::new();
+    for i in 0..batch.running.len() {
+        let Batch { running, head_pool, .. } = &mut *batch;
+        let s = &mut running[i];
+        let n_past = s.n_past;
+        let Some(Drafting { source: Source::Eagle { pages, past, row }, .. }) = &mut s.drafting else {
+            continue;
+        };
+        // (the head's latest pass will not be this one's for a sequence it does not follow)
+        *row = None;
+        let Some(&(_, old, first)) = before.iter().find(|b| b.0 == s.id) else { continue };
+        if *past == old && n_past > old && grow(head_pool, pages, n_past) {
+            kept.push((i, old, first, n_past - old));
+        }
+    }
+    if kept.is_empty() {
+        return;
+    }
+    batch.head_used = true;
+    let rows: Vec<Vec<u32>> =
+        kept.iter().map(|&(_, _, first, n)| (first..first + n).map(|r| r as u32).collect()).collect();
+    let running = &batch.running;
+    let seqs: Vec<HeadRows> = (kept.iter().zip(&rows))
+        .map(|(&(i, old, _, n), rows)| {
+            let s = &running[i];
+            let pages = match &s.drafting {
+                Some(Drafting { source: Source::Eagle { pages, .. }, .. }) => &pages[..],
+                _ => &[],
+            };
+            HeadRows { pages, start_pos: old, rows, next: &s.tokens[old + 1..old + 1 + n] }
+        })
+        .collect();
+    let ran = head.run_pages(&seqs);
+    // (the rows are the target pass's own and the pages were taken: nothing to refuse)
+    debug_assert!(ran.is_ok(), "{ran:?}");
+    if ran.is_err() {
+        return;
+    }
+    let mut at = 0;
+    for &(i, old, _, n) in &kept {
+        at += n;
+        if let Some(Drafting { source: Source::Eagle { past, row, .. }, .. }) = &mut batch.running[i].drafting
+        {
+            (*past, *row) = (old + n, Some(at - 1));
+        }
+    }
 }

@@ -3,13 +3,13 @@
 //! ([`HeadOps`]); and the memory plan, from the headers alone.
 
 use super::{
-    Eagle3Weights, EagleHead, EagleLayout, HeadOps, HeadState, EAGLE_STORE_SLOTS, MAX_EAGLE_DEPTH,
-    MAX_EAGLE_WIDTH,
+    Eagle3Weights, EagleHead, EagleLayout, HeadOps, HeadState, BATCH_TABLE_BYTES, EAGLE_STORE_SLOTS,
+    MAX_EAGLE_DEPTH, MAX_EAGLE_WIDTH, PROJECTED,
 };
 use crate::error::{Error, Result};
 use crate::gpu::{
     table_bytes, EagleTreeParams, Gpu, GpuBuffer, MatmulOut, Op, SideOutput, TopKScratch, EAGLE_TREE_OUT,
-    EAGLE_TREE_STATE, MAX_TOP_K, MAX_TREE,
+    EAGLE_TREE_STATE, KV_PAGE, MAX_TOP_K, MAX_TREE,
 };
 use crate::model::checkpoint::{hf_name, Checkpoint, Precision};
 use crate::model::config::Config;
@@ -107,19 +107,20 @@ impl EagleTensors {
 /// the ranking scratch its top-k ops allocate): the one table that [`EagleHead::plan`] bills and
 /// [`HeadState::new`] allocates.
 struct HeadSizes {
-    ids: usize,           // [MAX_BATCH] rows and tokens each
-    drafts: usize,        // [MAX_BATCH, top_k]
+    ids: usize,           // [MAX_BATCH] rows, tokens and picks each
+    drafts: usize,        // [MAX_EAGLE_DEPTH, MAX_BATCH, top_k]
     rows: usize,          // [MAX_BATCH, dim] feat, embd, x and xb each
     cat: usize,           // [MAX_BATCH, 2 dim] (EAGLE-3: 3 dim)
     q: usize,             // [MAX_BATCH, q_dim] q and att each
     hb: usize,            // [MAX_BATCH, ffn_dim]
     scores: usize,        // the attention scratch (Gpu::attention_scratch_len)
-    logits: usize,        // [W, out vocab]
-    last: usize,          // [W, dim] (and EAGLE-3's lastn)
-    top: usize,           // [W, top_k] top and logp each
-    ranking: TopKScratch, // each of the one-row and the many-row projections' top-k's
+    logits: usize,        // [PROJECTED, out vocab]
+    last: usize,          // [PROJECTED, dim] (and EAGLE-3's lastn)
+    top: usize,           // [PROJECTED, top_k] top and logp each
+    ranking: TopKScratch, // each of the one-row, the tree's and the batch's projections' top-k's
     store: usize,         // [EAGLE_STORE_SLOTS, dim]
-    kv: usize,            // [context, 2 kv_dim]
+    kv: usize,            // [pages * KV_PAGE, 2 kv_dim]
+    page_table: usize,    // [MAX_BATCH, pages a context takes]
     rope: usize,          // [context, rope_dim / 2, 2]
     d2t: usize,           // (EAGLE-3) [draft vocab]
     eagle3: usize,        // 1 for an EAGLE-3 head (its lastn and d2t), else 0
@@ -128,6 +129,7 @@ struct HeadSizes {
 
 impl HeadSizes {
     fn new(gpu: &Gpu, c: &Config, layout: EagleLayout, context: usize, top_k: usize) -> HeadSizes {
+        let pages = context.div_ceil(KV_PAGE);
         let (cat, out_vocab) = layout.widths(c.dim, c.vocab_size);
         let (d2t, eagle3) = match layout {
             EagleLayout::Eagle1 => (0, 0),
@@ -135,19 +137,20 @@ impl HeadSizes {
         };
         HeadSizes {
             ids: MAX_BATCH,
-            drafts: MAX_BATCH * top_k,
+            drafts: MAX_EAGLE_DEPTH * MAX_BATCH * top_k,
             rows: MAX_BATCH * c.dim,
             cat: MAX_BATCH * cat,
             q: MAX_BATCH * c.q_dim(),
             hb: MAX_BATCH * c.ffn_dim,
             scores: gpu.attention_scratch_len(c.attention_shape(context, false), MAX_BATCH),
-            logits: MAX_EAGLE_WIDTH * out_vocab,
-            last: MAX_EAGLE_WIDTH * c.dim,
-            top: MAX_EAGLE_WIDTH * top_k,
-            // (both projections rank the W rows of `logits`, each into its own scratch)
-            ranking: TopKScratch::new(MAX_EAGLE_WIDTH, out_vocab, top_k, true),
+            logits: PROJECTED * out_vocab,
+            last: PROJECTED * c.dim,
+            top: PROJECTED * top_k,
+            // (each projection ranks the rows of `logits` into its own scratch)
+            ranking: TopKScratch::new(PROJECTED, out_vocab, top_k, true),
             store: EAGLE_STORE_SLOTS * c.dim,
-            kv: context * 2 * c.kv_dim(),
+            kv: pages * KV_PAGE * 2 * c.kv_dim(),
+            page_table: MAX_BATCH * pages,
             rope: context * c.rope_dim,
             d2t,
             eagle3,
@@ -156,9 +159,9 @@ impl HeadSizes {
     }
 
     /// Every buffer: its label, words and how many there are.
-    fn table(&self) -> [(&'static str, usize, usize); 23] {
+    fn table(&self) -> [(&'static str, usize, usize); 24] {
         [
-            ("rows, tokens", self.ids, 2),
+            ("rows, tokens, picks", self.ids, 3),
             ("drafts", self.drafts, 1),
             ("feat, embd, x, xb", self.rows, 4),
             ("cat", self.cat, 1),
@@ -168,19 +171,20 @@ impl HeadSizes {
             ("logits", self.logits, 1),
             ("last", self.last, 1),
             ("top, logp", self.top, 2),
-            ("ranking candidates", self.ranking.candidates, 2),
-            ("ranking sums", self.ranking.sums, 2),
+            ("ranking candidates", self.ranking.candidates, 3),
+            ("ranking sums", self.ranking.sums, 3),
             ("store", self.store, 1),
             ("tree state", EAGLE_TREE_STATE, 1),
             ("tree out", EAGLE_TREE_OUT, 1),
             ("tree rows", MAX_TREE, 1),
             ("tree newest", MAX_EAGLE_WIDTH, 1),
             ("kv", self.kv, 1),
-            ("page table", 1, 1),
+            ("page table", self.page_table, 1),
             ("rope cos/sin", self.rope, 1),
             ("lastn", self.last, self.eagle3),
             ("d2t", self.d2t, self.eagle3),
             ("step table", self.step_table, 1),
+            ("batch step table", BATCH_TABLE_BYTES / 4, 1),
         ]
     }
 
@@ -207,16 +211,22 @@ impl HeadState {
         let z = HeadSizes::new(g, c, layout, context, top_k);
         let one = g.step_buffer();
         g.write_step(&one, 1, 0);
+        let table = |label: &str, size: u64| {
+            g.create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            })
+        };
         HeadState {
             step: g.step_buffer(),
             one,
             many: g.step_buffer(),
-            step_table: g.create_buffer(&wgpu::BufferDescriptor {
-                label: Some("eagle step table"),
-                size: 4 * z.step_table as u64,
-                usage: wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
-                mapped_at_creation: false,
-            }),
+            batch: g.step_buffer(),
+            batch_table: table("eagle batch step table", BATCH_TABLE_BYTES as u64),
+            picks: u32s("eagle picks", z.ids),
+            step_table: table("eagle step table", 4 * z.step_table as u64),
             drafts: u32s("eagle drafts", z.drafts),
             rows: u32s("eagle rows", z.ids),
             tokens: u32s("eagle tokens", z.ids),
@@ -242,7 +252,7 @@ impl HeadState {
                 .map(|_| g.uniform("eagle tree params", bytemuck::bytes_of(&EagleTreeParams::zeroed())))
                 .collect(),
             kv: u32s("eagle kv", z.kv),
-            pages: u32s("eagle page table (unread)", 1),
+            pages: u32s("eagle page table", z.page_table),
             cos_sin: GpuBuffer::<f32>::from_slice(g, "eagle rope cos/sin", rope),
             config: c.clone(),
             fc,
@@ -331,7 +341,7 @@ impl Eagle3Weights {
             norm: GpuBuffer::<f32>::from_slice(g, "norm", &up.vector(norm).await?),
             lm_head: up.matrix(lm_head).await?,
             d2t: GpuBuffer::<u32>::from_slice(g, "d2t", &table),
-            lastn: GpuBuffer::<f32>::zeros(g, "eagle lastn", MAX_EAGLE_WIDTH * c.dim),
+            lastn: GpuBuffer::<f32>::zeros(g, "eagle lastn", PROJECTED * c.dim),
         })
     }
 }
@@ -369,8 +379,10 @@ impl HeadOps {
         // x += attention, mlp: the predicted feature f^                             [n, dim]
         pass.extend(Block { g, c, layer: &s.layer, kv: &s.kv, io: &io, next_norm: None }.record());
         let (_, out_vocab) = layout.widths(c.dim, c.vocab_size);
-        let (project, project_many) =
-            (s.projection(target, &s.one, out_vocab, top_k), s.projection(target, &s.many, out_vocab, top_k));
+        let [project, project_many, project_batch] =
+            [&s.one, &s.many, &s.batch].map(|step| s.projection(target, step, out_vocab, top_k));
+        // the batch's chains: each sequence's feature row of a pass over several to `last`
+        let batch_last = g.gather_rows(&s.batch, &s.x, Some(&s.picks), None, (&s.last, c.dim, 0), c.dim);
         // the draft tree on the GPU: its calls, each pass's features from the store, its newest
         // rows to `last` and to their store slots (expansion e's at 1 + (e - 1) width.. with the
         // largest width: fixed places, so every copy is recorded before the GPU chooses rows)
@@ -388,7 +400,18 @@ impl HeadOps {
                 g.gather_rows(&s.many, &s.x, newest, None, (&s.store, c.dim, at), c.dim)
             })
             .collect();
-        HeadOps { gather, pass, project, project_many, tree_calls, tree_features, tree_last, tree_store }
+        HeadOps {
+            gather,
+            pass,
+            project,
+            project_many,
+            project_batch,
+            batch_last,
+            tree_calls,
+            tree_features,
+            tree_last,
+            tree_store,
+        }
     }
 
     /// The gathering of the target's features, and a pass's ops up to the layer's input (x, and
@@ -539,6 +562,48 @@ impl EagleHead {
         Ok(EagleLayout::Eagle3 { draft_vocab, taps })
     }
 
+    /// Bytes of one page of the head's KV cache pool ([`KV_PAGE`] positions, f32).
+    pub fn kv_page_bytes(&self) -> u64 {
+        (KV_PAGE * 2 * self.config.kv_dim() * 4) as u64
+    }
+
+    /// Pages of its KV cache pool (at first one context's worth).
+    pub fn kv_pages(&self) -> usize {
+        self.kv_pages
+    }
+
+    /// The most pages its pool may have (one binding).
+    pub fn max_kv_pages(&self) -> usize {
+        (self.gpu.max_binding_bytes() / self.kv_page_bytes().max(1)).min(1 << 24) as usize
+    }
+
+    /// Makes the head's KV cache a pool of `pages` pages (at least one context's worth, at most
+    /// [`EagleHead::max_kv_pages`]), as [`Model::set_kv_pages`] does the target's: what was cached
+    /// is gone and the ops are recorded again (`target`: the model it was loaded for).
+    /// [`EagleHead::memory_bytes`] follows.
+    pub fn set_kv_pages(&mut self, target: &Model, pages: usize) -> Result<()> {
+        if pages * KV_PAGE < self.context || pages > self.max_kv_pages() {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE head's KV cache pool of {pages} pages of {KV_PAGE} positions: it takes {} to {}",
+                self.context.div_ceil(KV_PAGE),
+                self.max_kv_pages()
+            )));
+        }
+        let taps = check_load(&self.config, target, self.layout, self.top_k)?;
+        let g = &*self.gpu;
+        let kv = GpuBuffer::<u32>::zeros(g, "eagle kv", pages * KV_PAGE * 2 * self.config.kv_dim());
+        // (an allocation the device could not make fails here, the old pool kept)
+        g.take_error()?;
+        let old = self.kv_page_bytes() * self.kv_pages as u64;
+        self.state.kv = kv;
+        self.memory_bytes = self.memory_bytes - old + self.kv_page_bytes() * pages as u64;
+        self.kv_pages = pages;
+        self.len = 0;
+        self.unprojected = false;
+        self.ops = HeadOps::record(target, &self.state, taps, self.layout, self.top_k);
+        g.take_error()
+    }
+
     /// GPU memory the head takes when loaded with these arguments (weights as kept, cache,
     /// scratch), from the headers alone.
     pub fn plan(
@@ -621,6 +686,7 @@ impl EagleHead {
             ops,
             top_k,
             context: target.context(),
+            kv_pages: target.context().div_ceil(KV_PAGE),
             len: 0,
             unprojected: false,
             memory_bytes,

@@ -57,12 +57,12 @@
 use std::sync::Arc;
 
 use super::config::Config;
-use super::transformer::MAX_BATCH;
+use super::transformer::{paged_step, SeqRows, MAX_BATCH};
 use super::weights::{Layer, Matrix};
 use crate::error::{Error, Result};
 use crate::gpu::{
-    EagleTreeMode, EagleTreeParams, Gpu, GpuBuffer, Op, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT,
-    EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, MAX_TREE,
+    EagleTreeMode, EagleTreeParams, Gpu, GpuBuffer, Op, Step, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST,
+    EAGLE_TREE_OUT, EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, MAX_TREE,
 };
 
 mod build;
@@ -76,6 +76,14 @@ pub const MAX_EAGLE_DEPTH: usize = 16;
 
 /// Slots of the store of expanded nodes' features: the root's, then each pass's expanded nodes.
 pub const EAGLE_STORE_SLOTS: usize = 1 + (MAX_EAGLE_DEPTH - 1) * MAX_EAGLE_WIDTH;
+
+/// The most rows one projection ranks: a tree pass's newest nodes, or one per sequence of a
+/// batch's chains.
+const PROJECTED: usize = MAX_BATCH;
+
+/// Bytes of the batch's step table: per chain step of several sequences a [`Step`], then per
+/// projection 16 bytes (its rows).
+const BATCH_TABLE_BYTES: usize = MAX_EAGLE_DEPTH * (std::mem::size_of::<Step>() + 16);
 
 /// How a draft tree is grown ([`EagleHead::draft_tree`]).
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -91,6 +99,32 @@ pub struct TreeShape {
     /// filling `max_nodes`, each node's chance of acceptance being `calibration * exp(score)`.
     pub costs: Option<([f32; MAX_TREE], f32)>,
     pub calibration: f32,
+}
+
+/// One sequence's rows in a head pass over several ([`EagleHead::run_pages`]).
+#[derive(Clone, Copy, Debug)]
+pub struct HeadRows<'a> {
+    /// The sequence's pages of the head's pool in position order, covering its rows.
+    pub pages: &'a [u32],
+    /// The position of its first row; the head's cache holds its positions before it.
+    pub start_pos: usize,
+    /// The target's rows of its last pass at positions `start_pos..` (their features).
+    pub rows: &'a [u32],
+    /// Each row's next token, t_{p+1}.
+    pub next: &'a [u32],
+}
+
+/// One sequence's chain in a batch's drafting ([`EagleHead::draft_pages`]).
+#[derive(Clone, Copy, Debug)]
+pub struct HeadChain<'a> {
+    /// The sequence's pages of the head's pool, covering `past + drafts - 1` positions.
+    pub pages: &'a [u32],
+    /// Its positions the head has computed: the first draft step's position.
+    pub past: usize,
+    /// Its last row in the latest [`EagleHead::run_pages`] pass (whose f^ ranks the first draft).
+    pub row: usize,
+    /// Drafts wanted (1..=[`MAX_EAGLE_DEPTH`]).
+    pub drafts: usize,
 }
 
 /// A draft tree as the GPU chose it: its nodes by depth (best first within a depth).
@@ -147,7 +181,10 @@ struct HeadState {
     step_table: wgpu::Buffer,        // [MAX_BATCH, 4] u32: (1, position, 0, 0) of each draft step
     one: wgpu::Buffer,               // uniform Step of one row: the last row's projection
     many: wgpu::Buffer,              // uniform Step of a tree pass's projected rows
-    drafts: GpuBuffer<u32>,          // [MAX_BATCH, top_k] the top ids of each draft step
+    batch: wgpu::Buffer,             // uniform Step of the rows a batch's chain step projects
+    batch_table: wgpu::Buffer,       // [BATCH_TABLE_BYTES] a batch's chain steps' Steps, then projections'
+    picks: GpuBuffer<u32>,           // [MAX_BATCH] each batched sequence's row of the last pass
+    drafts: GpuBuffer<u32>,          // [MAX_EAGLE_DEPTH, MAX_BATCH, top_k] the top ids of each draft step
     rows: GpuBuffer<u32>,            // [MAX_BATCH] the target's rows a pass gathers
     tokens: GpuBuffer<u32>,          // [MAX_BATCH] t_{p+1} of each row
     feat: GpuBuffer<f32>,            // [MAX_BATCH, dim] f_p of each row (EAGLE-1)
@@ -159,18 +196,18 @@ struct HeadState {
     att: GpuBuffer<f32>,             // [MAX_BATCH, q_dim]
     scores: GpuBuffer<f32>,          // attention scratch (Gpu::attention_scratch_len for MAX_BATCH rows)
     hb: GpuBuffer<f32>,              // [MAX_BATCH, ffn_dim]
-    logits: GpuBuffer<f32>,          // [W, vocab] the projected rows' (W = MAX_EAGLE_WIDTH)
-    last: GpuBuffer<f32>,            // [W, dim] the projected rows' f^ (row 0: where a chain goes on)
-    top: GpuBuffer<u32>,             // [W, top_k] the projected rows' most likely ids
-    logp: GpuBuffer<f32>,            // [W, top_k] their log-probabilities
+    logits: GpuBuffer<f32>,          // [PROJECTED, vocab] the projected rows'
+    last: GpuBuffer<f32>,            // [PROJECTED, dim] the projected rows' f^ (row 0: where a chain goes on)
+    top: GpuBuffer<u32>,             // [PROJECTED, top_k] the projected rows' most likely ids
+    logp: GpuBuffer<f32>,            // [PROJECTED, top_k] their log-probabilities
     store: GpuBuffer<f32>,           // [EAGLE_STORE_SLOTS, dim] f^ of a draft tree's expanded nodes
     tree_state: GpuBuffer<u32>,      // [EAGLE_TREE_STATE] the draft tree's candidates
     tree_out: GpuBuffer<u32>,        // [EAGLE_TREE_OUT] the next tree pass, the chosen tree
     tree_rows: GpuBuffer<u32>,       // [MAX_TREE] the store slot each tree-pass row reads
-    pages: GpuBuffer<u32>, // [1] the attention's page table, unread: a head's passes are one sequence's
+    pages: GpuBuffer<u32>, // [MAX_BATCH, pages a context takes] the page table of a pass over several sequences
     tree_newest: GpuBuffer<u32>, // [W] the tree pass's rows to project
     tree_params: Vec<wgpu::Buffer>, // [MAX_EAGLE_DEPTH] uniform EagleTreeParams per call
-    kv: GpuBuffer<u32>,    // [context, 2 kv_dim] f32 bits (a head's cache stays f32)
+    kv: GpuBuffer<u32>,    // [kv_pages * KV_PAGE, 2 kv_dim] f32 bits (a head's cache stays f32)
     cos_sin: GpuBuffer<f32>, // [context, rope_dim / 2, 2]
     fc: Matrix,            // [dim, 2 dim] (EAGLE-3: [dim, 3 dim])
     fc_bias: Option<GpuBuffer<f32>>, // [dim]
@@ -201,7 +238,10 @@ pub struct EagleHead {
     ops: HeadOps,
     top_k: usize,
     context: usize,
-    /// Positions in the head's KV cache.
+    /// Pages of its KV cache pool: a one-sequence pass uses its first positions, a pass over
+    /// several sequences ([`EagleHead::run_pages`]) their pages.
+    kv_pages: usize,
+    /// Positions in the head's KV cache (one-sequence passes).
     len: usize,
     /// The last pass's row is in `last` but not yet projected: the next draft projects it first
     /// (a plain cycle, which drafts nothing, then never reads the output matrix).
@@ -220,6 +260,10 @@ struct HeadOps {
     project: Vec<Op>,
     /// A tree pass's projection and top-k (its `many` rows, from `last`).
     project_many: Vec<Op>,
+    /// A batch's chain step's projection and top-k (its `batch` rows, from `last`).
+    project_batch: Vec<Op>,
+    /// The `batch` rows of x that `picks` names to `last`.
+    batch_last: Op,
     /// The draft tree's calls of `eagle_tree.wgsl`: the start, then one per expansion (the last
     /// one also finishes).
     tree_calls: Vec<Op>,
@@ -446,6 +490,143 @@ impl EagleHead {
         let parents =
             r[3 + MAX_TREE..3 + MAX_TREE + n].iter().map(|&p| Some(p as usize).filter(|&p| p < n)).collect();
         Ok(DraftedTree { tokens, parents, predicted: f32::from_bits(r[1]), passes: r[2] as usize })
+    }
+
+    /// A head pass over the rows of several sequences of the target's last pass, as
+    /// [`EagleHead::run_target_rows`] runs one sequence's: each row the target's feature of its
+    /// row and its next token, each sequence's keys and values in its pages of the head's pool
+    /// ([`EagleHead::set_kv_pages`]; the caller owns which pages hold which sequence's
+    /// positions). Submitted without a read-back; each sequence's last row is where its chain
+    /// goes on ([`EagleHead::draft_pages`], naming that row). A row's f^ is the same, bit for bit,
+    /// as in a pass of its sequence alone (batch-invariant kernels, a row reads only its keys).
+    /// The one-sequence cache is gone afterwards (its first positions may have been written).
+    pub fn run_pages(&mut self, seqs: &[HeadRows<'_>]) -> Result<()> {
+        if let Some(s) = seqs.iter().find(|s| s.rows.len() != s.next.len()) {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE pass over several sequences: {} rows with {} next tokens",
+                s.rows.len(),
+                s.next.len()
+            )));
+        }
+        let paged: Vec<SeqRows> = (seqs.iter())
+            .map(|s| SeqRows { pages: s.pages, start_pos: s.start_pos, tokens: s.next })
+            .collect();
+        let (step, table, next) = paged_step(&paged, self.context, self.kv_pages)?;
+        if let Some(&id) = next.iter().find(|&&t| t as usize >= self.config.vocab_size) {
+            return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
+        }
+        let rows: Vec<u32> = seqs.iter().flat_map(|s| s.rows.iter().copied()).collect();
+        if let Some(r) = rows.iter().find(|&&r| r as usize >= MAX_BATCH) {
+            return Err(Error::InvalidArgument(format!(
+                "an EAGLE pass reads the target's row {r} of {MAX_BATCH}"
+            )));
+        }
+        let (g, s) = (&*self.gpu, &self.state);
+        g.queue.write_buffer(&s.rows.raw, 0, bytemuck::cast_slice(&rows));
+        g.queue.write_buffer(&s.tokens.raw, 0, bytemuck::cast_slice(&next));
+        g.queue.write_buffer(&s.step, 0, bytemuck::bytes_of(&step));
+        g.queue.write_buffer(&s.pages.raw, 0, bytemuck::cast_slice(&table));
+        let mut enc = g.encoder();
+        g.encode(&mut enc, &self.ops.gather, next.len() as u32);
+        g.encode(&mut enc, &self.ops.pass, next.len() as u32);
+        g.submit(enc);
+        self.len = 0;
+        self.unprojected = false;
+        Ok(())
+    }
+
+    /// The chains of several sequences, each from its last row of the latest
+    /// [`EagleHead::run_pages`] pass: that row's f^ projected and ranked gives x1, then each
+    /// further step is a pass of one row per sequence still drafting (at its next position, fed
+    /// its previous f^ and most likely id), as [`EagleHead::draft`] drafts one sequence's.
+    /// `[sequence][drafts]` ids. One submission (every step's rows laid out before it), one
+    /// read-back. The draft steps' keys and values go to the sequences' pages past `past`.
+    pub async fn draft_pages(&mut self, seqs: &[HeadChain<'_>]) -> Result<Vec<Vec<u32>>> {
+        let m = seqs.len();
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        if m > PROJECTED
+            || seqs.iter().any(|s| !(1..=MAX_EAGLE_DEPTH).contains(&s.drafts) || s.row >= MAX_BATCH)
+        {
+            return Err(Error::InvalidArgument(format!(
+                "EAGLE chains of {m} sequences (at most {PROJECTED}), each 1..={MAX_EAGLE_DEPTH} \
+                 drafts from a row of the last pass"
+            )));
+        }
+        // the longest chains first: step j's rows are the first `wanting(j)` sequences, whose
+        // features and ids are then the first rows of `last` and `top`
+        let mut order: Vec<usize> = (0..m).collect();
+        order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].drafts));
+        let depth = seqs[order[0]].drafts;
+        let wanting = |j: usize| order.iter().take_while(|&&i| seqs[i].drafts > j).count();
+        // the table: step j's (1..depth) Step at (j - 1) * size, projection j's rows at proj0 + 16 j
+        let size = std::mem::size_of::<Step>();
+        let proj0 = MAX_EAGLE_DEPTH * size;
+        let mut table = vec![0u8; proj0 + 16 * depth];
+        let mut pages = Vec::new();
+        for j in 1..depth {
+            let rows: Vec<SeqRows> = (order[..wanting(j)].iter())
+                .map(|&i| SeqRows { pages: seqs[i].pages, start_pos: seqs[i].past + j - 1, tokens: &[0] })
+                .collect();
+            let (step, table_j, _) = paged_step(&rows, self.context, self.kv_pages)?;
+            table[(j - 1) * size..j * size].copy_from_slice(bytemuck::bytes_of(&step));
+            // (each step's sequences lead the first's: its page table serves them all)
+            if j == 1 {
+                pages = table_j;
+            }
+        }
+        for j in 0..depth {
+            let rows = Step::chain(wanting(j), 0);
+            table[proj0 + 16 * j..proj0 + 16 * (j + 1)].copy_from_slice(&bytemuck::bytes_of(&rows)[..16]);
+        }
+        let g = self.gpu.clone();
+        let s = &self.state;
+        let picks: Vec<u32> = order.iter().map(|&i| seqs[i].row as u32).collect();
+        g.queue.write_buffer(&s.picks.raw, 0, bytemuck::cast_slice(&picks));
+        g.queue.write_buffer(&s.batch_table, 0, &table);
+        if !pages.is_empty() {
+            g.queue.write_buffer(&s.pages.raw, 0, bytemuck::cast_slice(&pages));
+        }
+        let (dim, k, word) = (self.config.dim as u64 * 4, self.top_k as u64, 4u64);
+        let stride = MAX_BATCH as u64 * k * word; // (a step's ids in `drafts`)
+        let mut enc = g.encoder();
+        let project = |enc: &mut wgpu::CommandEncoder, j: usize, rows: usize| {
+            enc.copy_buffer_to_buffer(&s.batch_table, (proj0 + 16 * j) as u64, &s.batch, 0, 16);
+            g.encode(enc, &self.ops.project_batch, rows as u32);
+            enc.copy_buffer_to_buffer(
+                &s.top.raw,
+                0,
+                &s.drafts.raw,
+                j as u64 * stride,
+                rows as u64 * k * word,
+            );
+        };
+        enc.copy_buffer_to_buffer(&s.batch_table, proj0 as u64, &s.batch, 0, 16);
+        g.encode(&mut enc, std::slice::from_ref(&self.ops.batch_last), m as u32);
+        project(&mut enc, 0, m);
+        for j in 1..depth {
+            let rows = wanting(j);
+            // the input: each sequence's previous f^ and most likely id
+            enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.feature_in().raw, 0, rows as u64 * dim);
+            for r in 0..rows as u64 {
+                enc.copy_buffer_to_buffer(&s.top.raw, r * k * word, &s.tokens.raw, r * word, word);
+            }
+            enc.copy_buffer_to_buffer(&s.batch_table, ((j - 1) * size) as u64, &s.step, 0, size as u64);
+            g.encode(&mut enc, &self.ops.pass, rows as u32);
+            enc.copy_buffer_to_buffer(&s.x.raw, 0, &s.last.raw, 0, rows as u64 * dim);
+            project(&mut enc, j, rows);
+        }
+        let raw = g.submit_and_read(enc, &s.drafts.raw, 0, depth as u64 * stride).await?;
+        self.len = 0;
+        self.unprojected = false;
+        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let mut chains = vec![Vec::new(); m];
+        for (r, &i) in order.iter().enumerate() {
+            let at = |j: usize| ids[j * MAX_BATCH * self.top_k + r * self.top_k];
+            chains[i] = (0..seqs[i].drafts).map(at).collect();
+        }
+        Ok(chains)
     }
 
     /// The head's output features of the latest pass's first `n` rows, `[n, dim]` (tests compare

@@ -662,52 +662,55 @@ pub struct SeqRows<'a> {
     pub tokens: &'a [u32],
 }
 
-impl Model {
-    /// Checks the sequences of a paged pass and lays out its step: each row's place (see
-    /// [`Step`]) and the page table.
-    fn paged_step(&self, seqs: &[SeqRows<'_>]) -> Result<(Step, Vec<u32>, Vec<u32>)> {
-        let bad = |why: String| Err(Error::InvalidArgument(format!("a pass over several sequences {why}")));
-        let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
-        if n == 0 || n > MAX_BATCH {
-            return bad(format!("takes 1..={MAX_BATCH} rows, got {n}"));
-        }
-        let mut step = Step::chain(n, 0);
-        step.paged = 1;
-        let (mut table, mut tokens) = (Vec::new(), Vec::with_capacity(n));
-        let mut written = Vec::new();
-        for s in seqs {
-            let end = s.start_pos + s.tokens.len();
-            if s.tokens.is_empty() {
-                return bad("has a sequence of no rows".into());
-            }
-            if end > self.context {
-                return Err(Error::ContextOverflow { needed: end, context: self.context });
-            }
-            if s.pages.len() * KV_PAGE < end || s.pages.len() > self.context.div_ceil(KV_PAGE) {
-                return bad(format!("has a sequence of {} pages for {end} positions", s.pages.len()));
-            }
-            if let Some(p) = s.pages.iter().find(|&&p| p as usize >= self.kv_pages) {
-                return bad(format!("names page {p} of a pool of {}", self.kv_pages));
-            }
-            self.check_ids(s.tokens)?;
-            let (first, base) = (tokens.len(), table.len());
-            for pos in s.start_pos..end {
-                let slot = s.pages[pos / KV_PAGE] as usize * KV_PAGE + pos % KV_PAGE;
-                let r = tokens.len();
-                step.rows[4 * r..4 * r + 4]
-                    .copy_from_slice(&[s.start_pos, first, base, slot].map(|v| v as u32));
-                tokens.push(s.tokens[pos - s.start_pos]);
-            }
-            written.extend_from_slice(&s.pages[s.start_pos / KV_PAGE..end.div_ceil(KV_PAGE)]);
-            table.extend_from_slice(s.pages);
-        }
-        written.sort_unstable();
-        if written.windows(2).any(|w| w[0] == w[1]) {
-            return bad("writes one page for two sequences".into());
-        }
-        Ok((step, table, tokens))
+/// Checks the sequences of a paged pass over a cache of `context` positions per sequence in a
+/// pool of `pool` pages, and lays out its step: each row's place (see [`Step`]), the page
+/// table, and the rows' tokens (ids unchecked). A pass of the target and of an EAGLE head alike.
+pub(crate) fn paged_step(
+    seqs: &[SeqRows<'_>],
+    context: usize,
+    pool: usize,
+) -> Result<(Step, Vec<u32>, Vec<u32>)> {
+    let bad = |why: String| Err(Error::InvalidArgument(format!("a pass over several sequences {why}")));
+    let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
+    if n == 0 || n > MAX_BATCH {
+        return bad(format!("takes 1..={MAX_BATCH} rows, got {n}"));
     }
+    let mut step = Step::chain(n, 0);
+    step.paged = 1;
+    let (mut table, mut tokens) = (Vec::new(), Vec::with_capacity(n));
+    let mut written = Vec::new();
+    for s in seqs {
+        let end = s.start_pos + s.tokens.len();
+        if s.tokens.is_empty() {
+            return bad("has a sequence of no rows".into());
+        }
+        if end > context {
+            return Err(Error::ContextOverflow { needed: end, context });
+        }
+        if s.pages.len() * KV_PAGE < end || s.pages.len() > context.div_ceil(KV_PAGE) {
+            return bad(format!("has a sequence of {} pages for {end} positions", s.pages.len()));
+        }
+        if let Some(p) = s.pages.iter().find(|&&p| p as usize >= pool) {
+            return bad(format!("names page {p} of a pool of {pool}"));
+        }
+        let (first, base) = (tokens.len(), table.len());
+        for pos in s.start_pos..end {
+            let slot = s.pages[pos / KV_PAGE] as usize * KV_PAGE + pos % KV_PAGE;
+            let r = tokens.len();
+            step.rows[4 * r..4 * r + 4].copy_from_slice(&[s.start_pos, first, base, slot].map(|v| v as u32));
+            tokens.push(s.tokens[pos - s.start_pos]);
+        }
+        written.extend_from_slice(&s.pages[s.start_pos / KV_PAGE..end.div_ceil(KV_PAGE)]);
+        table.extend_from_slice(s.pages);
+    }
+    written.sort_unstable();
+    if written.windows(2).any(|w| w[0] == w[1]) {
+        return bad("writes one page for two sequences".into());
+    }
+    Ok((step, table, tokens))
+}
 
+impl Model {
     /// Records a pass over the rows of several sequences (each sequence's rows consecutive, as
     /// `seqs` gives them) into a new encoder, not submitted, up to the logits of every row (and
     /// their argmax with `argmax`). Each sequence's keys and values go to, and come from, its
@@ -717,7 +720,8 @@ impl Model {
     /// to be mixed with the one-sequence passes ([`Model::forward`] ...), which use the pool's
     /// first positions as their own.
     pub fn encode_pages(&mut self, seqs: &[SeqRows<'_>], argmax: bool) -> Result<wgpu::CommandEncoder> {
-        let (step, table, tokens) = self.paged_step(seqs)?;
+        let (step, table, tokens) = paged_step(seqs, self.context, self.kv_pages)?;
+        self.check_ids(&tokens)?;
         let g = &*self.gpu;
         g.queue.write_buffer(&self.state.step, 0, bytemuck::bytes_of(&step));
         g.queue.write_buffer(&self.state.pages.raw, 0, bytemuck::cast_slice(&table));
