@@ -69,7 +69,7 @@ server_clients() {
   cargo build --release --bin wgspec
   target/venv/bin/python tests/e2e/server_clients.py --bin target/release/wgspec \
     --model "$(./target/release/wgspec fetch smollm2-135m)"
-  log "server under load: concurrent clients, every reply its solo run's (batched n-gram greedy and sampled; sampled EAGLE, alone)"
+  log "server under load: concurrent clients, every reply its solo run's (batched n-gram greedy and sampled, and sampled EAGLE)"
   local load=(--bin target/release/wgspec --model smollm2-135m --max-tokens 8)
   target/venv/bin/python scripts/load_test.py "${load[@]}" --concurrency 1,8 --requests 8 --draft ngram \
     --out target/load-greedy.json

@@ -114,6 +114,12 @@ pub struct BatchStatus {
     pub k: [u64; 9],
 }
 
+/// Passes in a row without a draft after which a sequence's adaptive K stops drafting with the
+/// EAGLE head for good: the head's pass over its kept rows, which every pass pays to keep its
+/// cache whole, no longer runs (where rows cost what serving more requests does, or the head
+/// guesses its text badly, that pass is all the head would cost).
+const EAGLE_PATIENCE: usize = 8;
+
 /// One request's state.
 struct Seq {
     id: SeqId,
@@ -165,8 +171,10 @@ enum Source {
     Model { pages: Vec<u32>, past: usize },
     /// The engine's EAGLE head ([`propose`]): the sequence's pages of the head's pool, its
     /// positions `..past` the head has run (the target's features of each, and the next token),
-    /// and its last row in the head's latest pass (none: that pass was not its, it cannot draft).
-    Eagle { pages: Vec<u32>, past: usize, row: Option<usize> },
+    /// its last row in the head's latest pass (none: that pass was not its, it cannot draft), and
+    /// the passes in a row where its adaptive K drafted nothing (at [`EAGLE_PATIENCE`] the head
+    /// stops following it: it decodes plainly from then on).
+    Eagle { pages: Vec<u32>, past: usize, row: Option<usize>, idle: usize },
 }
 
 impl Drafting {
@@ -334,7 +342,7 @@ impl Batch {
         let source = match draft {
             DraftKind::Ngram => Some(Source::NGram(NGram::default())),
             DraftKind::Model => Some(Source::Model { pages: Vec::new(), past: 0 }),
-            DraftKind::Eagle => Some(Source::Eagle { pages: Vec::new(), past: 0, row: None }),
+            DraftKind::Eagle => Some(Source::Eagle { pages: Vec::new(), past: 0, row: None, idle: 0 }),
             _ => None,
         };
         // (a head's chain is at most its deepest tree)
@@ -489,9 +497,9 @@ impl Batch {
                 self.draft_pool.release(pages);
                 *past = 0;
             }
-            Some(Source::Eagle { pages, past, row }) => {
+            Some(Source::Eagle { pages, past, row, idle }) => {
                 self.head_pool.release(pages);
-                (*past, *row) = (0, None);
+                (*past, *row, *idle) = (0, None, 0);
             }
             _ => {}
         }
@@ -862,6 +870,15 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         tokens += gain;
         drafting += cost;
     }
+    // (an adaptive K that drafts nothing with the EAGLE head for long stops following it)
+    for &(i, ..) in &adaptive {
+        let drafted = !plan[i].drafts.is_empty();
+        if let Some(Drafting { source: Source::Eagle { idle, .. }, .. }) =
+            &mut batch.running[plan[i].seq].drafting
+        {
+            *idle = if drafted { 0 } else { *idle + 1 };
+        }
+    }
 }
 
 /// The drafts' positions in the target's pages: free ones taken, never a preemption (drafts
@@ -1039,6 +1056,38 @@ mod tests {
             .collect();
         draft(batch, &mut plan, budget, 1024);
         plan.iter().map(|r| r.drafts.len()).collect()
+    }
+
+    #[test]
+    fn an_adaptive_k_that_drafts_nothing_with_the_eagle_head_for_long_stops_following_it() {
+        // (a sequence the head has followed through the token before its newest: ready to draft)
+        let mut s = seq((1..20).collect(), 0, 10);
+        let ready = Source::Eagle { pages: Vec::new(), past: s.n_past, row: Some(0), idle: 0 };
+        s.drafting = Some(Drafting { source: ready, k_max: 4, fixed: false });
+        let mut batch = Batch::new(64);
+        batch.running = vec![s];
+        let idle = |b: &Batch| match &b.running[0].drafting {
+            Some(Drafting { source: Source::Eagle { idle, .. }, .. }) => *idle,
+            _ => unreachable!("an EAGLE sequence"),
+        };
+        // rows free: it drafts, and its idle passes stay 0
+        assert!(drafts(&mut batch, 24)[0] > 0);
+        assert_eq!(idle(&batch), 0);
+        // rows cost what serving more requests does and 1 in 12 drafts is kept: none pays
+        for r in [4, 8, 16] {
+            batch.costs.observe(r, 1.0 + r as f64);
+        }
+        for pass in 1..=EAGLE_PATIENCE {
+            assert_eq!(drafts(&mut batch, 24), [0]);
+            assert_eq!(idle(&batch), pass, "passes in a row without a draft");
+        }
+        // a fixed K does not count them
+        if let Some(d) = &mut batch.running[0].drafting {
+            (d.fixed, d.source) =
+                (true, Source::Eagle { pages: Vec::new(), past: 18, row: Some(0), idle: 0 });
+        }
+        assert_eq!(drafts(&mut batch, 24), [4]);
+        assert_eq!(idle(&batch), 0);
     }
 
     #[test]

@@ -29,7 +29,7 @@
 
 use web_time::Instant;
 
-use super::{Batch, Drafting, PassCosts, Rows, Seq, SeqId, Source};
+use super::{Batch, Drafting, PassCosts, Rows, Seq, SeqId, Source, EAGLE_PATIENCE};
 use crate::error::Result;
 use crate::gpu::KV_PAGE;
 use crate::model::{EagleHead, HeadChain, HeadRows, Model, SeqRows, MAX_BATCH};
@@ -233,7 +233,8 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
         let Batch { running, head_pool, .. } = &mut *batch;
         let s = &mut running[r.seq];
         let n_past = s.n_past;
-        if let Some(Drafting { source: Source::Eagle { pages, past, row }, fixed, .. }) = &mut s.drafting {
+        if let Some(Drafting { source: Source::Eagle { pages, past, row, .. }, fixed, .. }) = &mut s.drafting
+        {
             // (the draft steps' positions: its newest token's and the drafts' but the last)
             if row.is_some() && *past == n_past && grow(head_pool, pages, n_past + r.drafts.len() - 1) {
                 entries.push(entry);
@@ -249,7 +250,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     batch.head_used = true;
     let chains: Vec<HeadChain> = (entries.iter())
         .filter_map(|&entry| match &batch.running[plan[entry].seq].drafting {
-            Some(Drafting { source: Source::Eagle { pages, past, row: Some(row) }, .. }) => {
+            Some(Drafting { source: Source::Eagle { pages, past, row: Some(row), .. }, .. }) => {
                 Some(HeadChain { pages, past: *past, row: *row, drafts: plan[entry].drafts.len() })
             }
             _ => None,
@@ -284,7 +285,8 @@ pub(super) fn before_commit(batch: &Batch, plan: &[Rows]) -> Vec<(SeqId, usize, 
 /// sequence drafting with it that it has followed so far (`before`: [`before_commit`]'s): each
 /// row the target's feature at a position and the token after it. Each such sequence's last
 /// row of it is where its next chain starts; the others cannot draft until they come back
-/// (preempted ones), or at all (the head's pool ran out for them).
+/// (preempted ones), or at all (the head's pool ran out for them, or their adaptive K drafted
+/// nothing for [`EAGLE_PATIENCE`] passes: their head pages go back at once).
 pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, usize, usize)]) {
     // (plan entry's sequence, its first kept position and first row, rows kept)
     let mut kept: Vec<(usize, usize, usize, usize)> = Vec::new();
@@ -292,11 +294,15 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, 
         let Batch { running, head_pool, .. } = &mut *batch;
         let s = &mut running[i];
         let n_past = s.n_past;
-        let Some(Drafting { source: Source::Eagle { pages, past, row }, .. }) = &mut s.drafting else {
+        let Some(Drafting { source: Source::Eagle { pages, past, row, idle }, .. }) = &mut s.drafting else {
             continue;
         };
         // (the head's latest pass will not be this one's for a sequence it does not follow)
         *row = None;
+        if *idle >= EAGLE_PATIENCE {
+            head_pool.release(pages);
+            continue;
+        }
         let Some(&(_, old, first)) = before.iter().find(|b| b.0 == s.id) else { continue };
         if *past == old && n_past > old && grow(head_pool, pages, n_past) {
             kept.push((i, old, first, n_past - old));
