@@ -916,7 +916,7 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
 }
 
 #[test]
-fn batched_requests_with_an_eagle_head_equal_their_run_alone() {
+fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
     // Requests drafting with an EAGLE head share its passes (after each commit one pass over
     // every such sequence's kept rows, in its pages of the head's pool; then their chains) and
     // the target's: each one's tokens are its run alone, greedy and sampled (the drafts are
@@ -987,6 +987,35 @@ fn batched_requests_with_an_eagle_head_equal_their_run_alone() {
                 run(&mut engine, &reqs[i]).0.tokens,
                 alone[i].tokens,
                 "{name}: request {i} alone again"
+            );
+        }
+    }
+    // Medusa heads in the batch: each drafting request's first guesses from its row of the
+    // pass before, several rows in one run of the heads; each request its run alone (which
+    // verifies Medusa's trees: the tokens are the same)
+    for kind in [common::tiny::MedusaKind::Echo, common::tiny::MedusaKind::Shared] {
+        let (heads, config) = common::tiny::medusa_heads(&tiny, 3, 1, DType::F32, kind, &mut r);
+        let mut files = ModelFiles::new();
+        files.add("medusa_lm_head.safetensors", heads).expect("add");
+        files.add("config.json", config).expect("add");
+        engine.load_medusa(files, &mut |_, _| {}).expect("Medusa heads");
+        let reqs: Vec<Request> =
+            reqs.iter().map(|r| Request { draft: Some(DraftKind::Medusa), ..r.clone() }).collect();
+        let alone: Vec<Completion> = reqs.iter().map(|r| run(&mut engine, r).0).collect();
+        let ids: Vec<_> =
+            (0..8).map(|i| engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
+        let done = run_batch(&mut engine, 0, |_, _| {});
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(done[id].tokens, alone[i].tokens, "Medusa {kind:?}: request {i}");
+            assert_eq!(done[id].stats.draft, DraftKind::Medusa);
+        }
+        let (drafted, accepted) =
+            done.values().fold((0, 0), |(d, a), c| (d + c.stats.drafted, a + c.stats.accepted));
+        assert!(drafted > 0, "Medusa {kind:?}: the heads drafted in the batch");
+        if kind == common::tiny::MedusaKind::Echo {
+            assert!(
+                accepted > 0 && accepted < drafted,
+                "Medusa echo: kept and rejected: {accepted} of {drafted}"
             );
         }
     }

@@ -1315,6 +1315,17 @@ fn medusa_heads_rank_what_the_reference_heads_rank() {
         let get = |name: String, shape: Vec<usize>| {
             values.tensor(&name, &shape, Precision::F32).expect("tensor").to_f32().expect("f32")
         };
+        // several rows at once (the batch's sequences): each row's ids are its own run's
+        let rows = [8usize, 0, 4, 4, 7, 1, 2, 3];
+        let together = pollster::block_on(medusa.top_rows(&rows)).expect("rows");
+        for (&row, got) in rows.iter().zip(&together) {
+            assert_eq!(got, &pollster::block_on(medusa.top(row)).expect("top"), "row {row} among {rows:?}");
+        }
+        let three = pollster::block_on(medusa.top_rows(&rows[2..5])).expect("rows");
+        assert_eq!(three[..], together[2..5], "a run of three rows");
+        for bad in [&[][..], &[0; 9][..], &[32][..]] {
+            assert!(pollster::block_on(medusa.top_rows(bad)).is_err(), "{bad:?} refused");
+        }
         for row in [0, 4, 8] {
             let top = pollster::block_on(medusa.top(row)).expect("top");
             for (h, ids) in top.iter().enumerate() {

@@ -8,8 +8,9 @@
 //!             2. sequences still prefilling: a chunk of their prompt, within the pass's rows
 //!             3. rows left: drafts after decoding sequences' newest tokens, where the
 //!                measured costs say they pay (below): n-gram drafts, the draft model's
-//!                chains, made by its passes over the sequences drafting with it, or the EAGLE
-//!                head's chains, made by its passes over theirs (`propose`)
+//!                chains, made by its passes over the sequences drafting with it, the EAGLE
+//!                head's chains, made by its passes over theirs, or the Medusa heads' first
+//!                guesses, from each one's last row of the pass before (`propose`)
 //!             one target pass over all of them (Model::forward_pages), each row's argmax, and
 //!             each sampled request's draws from its rows (its seed, its rows' positions)
 //!   commit    per sequence: the drafts its rows' choices (argmax or draw) agree with, then the
@@ -54,7 +55,7 @@ use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
 use crate::generation::FinishReason;
 use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleRows, SampleSeed, KV_PAGE};
-use crate::model::{EagleHead, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH};
+use crate::model::{EagleHead, MedusaHeads, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_MEDUSA_HEADS};
 use crate::sampling::SamplingParams;
 use crate::speculative::sampled::target_draws;
 use crate::speculative::{DraftKind, NGram, SpecStats};
@@ -114,9 +115,10 @@ pub struct BatchStatus {
     pub k: [u64; 9],
 }
 
-/// Passes in a row without a draft after which a sequence's adaptive K stops drafting with the
-/// EAGLE head for good: the head's pass over its kept rows, which every pass pays to keep its
-/// cache whole, no longer runs (where rows cost what serving more requests does, or the head
+/// Passes in a row where the measured costs turned its drafts down (rows were left) after which
+/// a sequence's adaptive K stops drafting with the EAGLE head for the rest of its run (a
+/// preempted one starts over): the head's pass over its kept rows, which every pass pays to keep
+/// its cache whole, no longer runs (where rows cost what serving more requests does, or the head
 /// guesses its text badly, that pass is all the head would cost).
 const EAGLE_PATIENCE: usize = 8;
 
@@ -172,9 +174,21 @@ enum Source {
     /// The engine's EAGLE head ([`propose`]): the sequence's pages of the head's pool, its
     /// positions `..past` the head has run (the target's features of each, and the next token),
     /// its last row in the head's latest pass (none: that pass was not its, it cannot draft), and
-    /// the passes in a row where its adaptive K drafted nothing (at [`EAGLE_PATIENCE`] the head
-    /// stops following it: it decodes plainly from then on).
+    /// the passes in a row where the costs turned its adaptive K's drafts down (at
+    /// [`EAGLE_PATIENCE`] the head stops following it, and where the head's pool ran out for it:
+    /// it decodes plainly for the rest of its run, its head pages back).
     Eagle { pages: Vec<u32>, past: usize, row: Option<usize>, idle: usize },
+    /// The engine's Medusa heads ([`propose`]): the sequence's row of the last pass at the
+    /// position before its newest token (whose hidden state the heads read: head i guesses the
+    /// token i + 1 places after the newest; none: that pass had no row of it).
+    Medusa { row: Option<usize> },
+}
+
+/// The drafters the engine has loaded, for the batch's passes.
+pub(super) struct Drafters<'a> {
+    pub model: Option<&'a mut Model>,
+    pub eagle: Option<&'a mut EagleHead>,
+    pub medusa: Option<&'a MedusaHeads>,
 }
 
 impl Drafting {
@@ -184,6 +198,10 @@ impl Drafting {
 
     fn is_eagle(&self) -> bool {
         matches!(self.source, Source::Eagle { .. })
+    }
+
+    fn is_medusa(&self) -> bool {
+        matches!(self.source, Source::Medusa { .. })
     }
 }
 
@@ -272,6 +290,10 @@ pub(super) struct Batch {
     head_pool: Pool,
     head_costs: PassCosts,
     pub(super) head_used: bool,
+    /// The Medusa heads' costs (by drafts), and their number (the most drafts they guess; 0:
+    /// none loaded).
+    medusa_costs: PassCosts,
+    medusa_heads: usize,
     /// (made with the first sampled request)
     readback: Option<Readback>,
     /// Events not yet returned by [`step`].
@@ -288,6 +310,8 @@ impl Batch {
             head_pool: Pool::new(0),
             head_costs: PassCosts::default(),
             head_used: false,
+            medusa_costs: PassCosts::default(),
+            medusa_heads: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
@@ -343,10 +367,15 @@ impl Batch {
             DraftKind::Ngram => Some(Source::NGram(NGram::default())),
             DraftKind::Model => Some(Source::Model { pages: Vec::new(), past: 0 }),
             DraftKind::Eagle => Some(Source::Eagle { pages: Vec::new(), past: 0, row: None, idle: 0 }),
+            DraftKind::Medusa => Some(Source::Medusa { row: None }),
             _ => None,
         };
-        // (a head's chain is at most its deepest tree)
-        let most = if draft == DraftKind::Eagle { MAX_EAGLE_DEPTH } else { MAX_BATCH - 1 };
+        // (an EAGLE chain is at most its deepest tree; Medusa guesses a token per head)
+        let most = match draft {
+            DraftKind::Eagle => MAX_EAGLE_DEPTH,
+            DraftKind::Medusa => MAX_MEDUSA_HEADS,
+            _ => MAX_BATCH - 1,
+        };
         let drafting = source.map(|source| Drafting {
             source,
             k_max: req.draft_k.unwrap_or(req.max_draft_k).min(most),
@@ -407,12 +436,13 @@ impl Batch {
         let mut at = 0;
         while self.running.len() < places {
             let Some(s) = self.waiting.get(at) else { break };
-            // (a later choice of a request whose prompt is being computed lets others pass)
-            if s.after.is_some_and(|first| self.prompt_pending(first)) {
+            // (a later choice of a request whose prompt is being computed lets others pass; one
+            // drafting with the EAGLE head computes its prompt itself: it need not wait)
+            let eagle = s.drafting.as_ref().is_some_and(Drafting::is_eagle);
+            if !eagle && s.after.is_some_and(|first| self.prompt_pending(first)) {
                 at += 1;
                 continue;
             }
-            let eagle = s.drafting.as_ref().is_some_and(Drafting::is_eagle);
             let whole = if eagle { 0 } else { (s.tokens.len() - 1) / KV_PAGE };
             let found = self.pool.lookup(&s.tokens, whole);
             let need = Seq::pages_for((s.tokens.len() + 1).min(context)).saturating_sub(found.len());
@@ -501,6 +531,7 @@ impl Batch {
                 self.head_pool.release(pages);
                 (*past, *row, *idle) = (0, None, 0);
             }
+            Some(Source::Medusa { row }) => *row = None,
             _ => {}
         }
     }
@@ -514,11 +545,13 @@ impl Batch {
 pub(super) async fn step(
     batch: &mut Batch,
     target: &mut Model,
-    (draft, mut head): (Option<&mut Model>, Option<&mut EagleHead>),
+    drafters: Drafters<'_>,
     tokenizer: &Tokenizer,
 ) -> Result<Vec<(SeqId, BatchEvent)>> {
+    let Drafters { model: draft, eagle: mut head, medusa } = drafters;
     let draft_pages = draft.as_ref().map_or(0, |d| d.kv_pages());
     let head_pages = head.as_ref().map_or(0, |h| h.kv_pages());
+    batch.medusa_heads = medusa.map_or(0, |m| m.config.heads);
     let pools =
         [(&batch.pool, target.kv_pages()), (&batch.draft_pool, draft_pages), (&batch.head_pool, head_pages)];
     if pools.iter().any(|(pool, pages)| pool.len() != *pages) {
@@ -542,6 +575,9 @@ pub(super) async fn step(
     if let Some(h) = head.as_deref_mut() {
         propose::propose_eagle(batch, h, &mut plan).await?;
     }
+    if let Some(m) = medusa {
+        propose::propose_medusa(batch, m, &mut plan).await?;
+    }
     place_drafts(batch, &mut plan);
     if !plan.is_empty() {
         let out = run(batch, target, &plan).await?;
@@ -551,6 +587,7 @@ pub(super) async fn step(
         if let Some(h) = head {
             propose::follow(batch, h, &before);
         }
+        propose::medusa_rows(batch, &before);
     }
     Ok(std::mem::take(&mut batch.events))
 }
@@ -808,6 +845,9 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     let model_draft = ad / drafting_with(Drafting::is_model) + bd;
     let (ah, bh) = batch.head_costs.line().unwrap_or((0.0, 0.0));
     let head_draft = ah / drafting_with(Drafting::is_eagle) + bh;
+    // Medusa's: a target row and its share of the heads' runs
+    let (am, bm) = batch.medusa_costs.line().unwrap_or((0.0, 0.0));
+    let medusa_draft = am / drafting_with(Drafting::is_medusa) + bm;
     // (plan entry, the proposal, the sequence's acceptance, the draft's own seconds: each, and
     // the first's more)
     let mut adaptive: Vec<(usize, Vec<u32>, f64, f64, f64)> = Vec::new();
@@ -836,6 +876,10 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
                 (vec![0; k], head_draft, 0.0)
             }
             Source::Eagle { .. } => (Vec::new(), 0.0, 0.0),
+            Source::Medusa { row: Some(_) } if r.run == 1 => {
+                (vec![0; k.min(batch.medusa_heads)], medusa_draft, 0.0)
+            }
+            Source::Medusa { .. } => (Vec::new(), 0.0, 0.0),
         };
         if d.fixed {
             r.asked = k;
@@ -870,13 +914,14 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         tokens += gain;
         drafting += cost;
     }
-    // (an adaptive K that drafts nothing with the EAGLE head for long stops following it)
+    // (an adaptive K whose EAGLE drafts the costs turn down for long stops following the head;
+    // passes whose rows ran out do not count)
     for &(i, ..) in &adaptive {
         let drafted = !plan[i].drafts.is_empty();
         if let Some(Drafting { source: Source::Eagle { idle, .. }, .. }) =
             &mut batch.running[plan[i].seq].drafting
         {
-            *idle = if drafted { 0 } else { *idle + 1 };
+            *idle = if drafted { 0 } else { *idle + (budget > 0) as usize };
         }
     }
 }
@@ -1080,6 +1125,9 @@ mod tests {
         for pass in 1..=EAGLE_PATIENCE {
             assert_eq!(drafts(&mut batch, 24), [0]);
             assert_eq!(idle(&batch), pass, "passes in a row without a draft");
+            // (a pass whose rows ran out does not count)
+            assert_eq!(drafts(&mut batch, 0), [0]);
+            assert_eq!(idle(&batch), pass, "no rows left: not the costs' choice");
         }
         // a fixed K does not count them
         if let Some(d) = &mut batch.running[0].drafting {

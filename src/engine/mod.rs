@@ -161,9 +161,9 @@ impl Engine {
 
     /// Whether [`Engine::batch_submit`] takes `req`: greedy, or sampled without a top-k (any
     /// temperature and top-p: the GPU draws each request's rows), plain or with n-gram drafts
-    /// (the draft it names, else the default) or the EAGLE head's chains (its passes batched
-    /// over the requests drafting with it); greedy with the draft model too (its proposals
-    /// batched alike). Others run alone ([`Engine::generate_from`]) while the batch is idle: a
+    /// (the draft it names, else the default), the EAGLE head's chains (its passes batched over
+    /// the requests drafting with it) or the Medusa heads' first guesses (several requests' rows
+    /// per run of the heads); greedy with the draft model too (its proposals batched alike). Others run alone ([`Engine::generate_from`]) while the batch is idle: a
     /// sampled request with the draft model is verified by the ratio rule against the draft's
     /// own draws, which the batch does not run.
     pub fn batchable(&self, req: &Request) -> bool {
@@ -171,8 +171,9 @@ impl Engine {
         let s = req.sampling();
         let model = kind == DraftKind::Model && self.draft.is_some() && s.is_greedy();
         let eagle = kind == DraftKind::Eagle && self.eagle.is_some();
+        let medusa = kind == DraftKind::Medusa && self.medusa.is_some();
         (s.is_greedy() || s.top_k == 0)
-            && (matches!(kind, DraftKind::None | DraftKind::Ngram) || model || eagle)
+            && (matches!(kind, DraftKind::None | DraftKind::Ngram) || model || eagle || medusa)
     }
 
     /// Queues a request for the batch, its prompt tokenized ([`Engine::prompt_tokens`]): each
@@ -212,7 +213,7 @@ impl Engine {
         req.sampling().validate()?;
         if !self.batchable(req) {
             return Err(Error::InvalidArgument(
-                "only greedy requests and sampled ones without a top-k, plain or with n-gram or EAGLE drafts (greedy ones with the draft model too), are batched"
+                "only greedy requests and sampled ones without a top-k, plain or with n-gram, EAGLE or Medusa drafts (greedy ones with the draft model too), are batched"
                     .into(),
             ));
         }
@@ -242,9 +243,12 @@ impl Engine {
     /// the pass's own (the GPU's): every request it held stays where it was.
     pub async fn batch_step(&mut self) -> Result<Vec<(SeqId, BatchEvent)>> {
         let prompter = self.prompter.clone();
-        let draft = self.draft.as_mut().map(|(d, _)| d.model_mut());
-        let head = self.eagle.as_mut().map(Eagle::head_mut);
-        batch::step(&mut self.batch, &mut self.target, (draft, head), &prompter.tokenizer).await
+        let drafters = batch::Drafters {
+            model: self.draft.as_mut().map(|(d, _)| d.model_mut()),
+            eagle: self.eagle.as_mut().map(Eagle::head_mut),
+            medusa: self.medusa.as_ref().map(Medusa::heads),
+        };
+        batch::step(&mut self.batch, &mut self.target, drafters, &prompter.tokenizer).await
     }
 
     /// The batch in figures.
@@ -418,6 +422,7 @@ impl Engine {
         files: ModelFiles,
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&MedusaHeads> {
+        self.check_batch_idle("the Medusa heads change")?;
         self.medusa = None;
         self.schedules.clear();
         let named = files.open_named()?;
@@ -479,6 +484,12 @@ impl Engine {
         let extra = pages.saturating_sub(self.target.context().div_ceil(crate::gpu::KV_PAGE));
         let bytes = EagleHead::plan(&self.target, &ckpt, layout, opts.precision, top_k)?;
         self.check_budget("the EAGLE head", bytes + extra as u64 * page_bytes)?;
+        let most = self.target.gpu().max_binding_bytes() / page_bytes.max(1);
+        if pages as u64 > most {
+            return Err(Error::GpuLimit(format!(
+                "the EAGLE head's KV cache pool of {pages} pages (the target's) exceeds the {most} one binding holds"
+            )));
+        }
         // an EAGLE-3 head reads three taps of the target's residual stream
         let taps = match layout {
             EagleLayout::Eagle3 { taps, .. } => taps.to_vec(),

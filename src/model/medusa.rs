@@ -17,15 +17,17 @@
 //! `scripts/train/train_medusa.py` trains them), a file of the blocks alone, and one matmul over
 //! `[heads, dim]` reads that matrix once for every head.
 //!
-//! Everything runs in one submission with one small read-back: the target's hidden row (picked by
-//! a row index written before the submission), each head's blocks and projection, and each
-//! head's top-k ids ([`Gpu::top_k`]): `[heads, k]` ids come back, never logits.
+//! Everything runs in one submission with one small read-back: the target's hidden rows (picked
+//! by row indices written before the submission: one for a sequence's draft, up to
+//! [`MEDUSA_ROWS`] for several sequences of a batch), each head's blocks and projection over
+//! them, and each head's top-k ids ([`Gpu::top_k`]): `[heads, rows, k]` ids come back, never
+//! logits. A row's ids do not depend on the other rows (batch-invariant kernels).
 
 use std::sync::Arc;
 
 use super::checkpoint::{Checkpoint, Precision};
 use super::config::Config;
-use super::transformer::{LoadOptions, Model};
+use super::transformer::{LoadOptions, Model, MAX_BATCH};
 use super::weights::{LoadProgress, Matrix, Tally, TensorRole, TensorSpec, Upload};
 use crate::error::{Error, Result};
 use crate::gpu::{table_bytes, Gpu, GpuBuffer, MatmulOut, Op, TopKScratch, MAX_TOP_K};
@@ -44,6 +46,9 @@ pub struct MedusaConfig {
 
 /// The most heads a set may have (a tree is at most this deep).
 pub const MAX_MEDUSA_HEADS: usize = 16;
+
+/// The most target rows one run of the heads reads ([`MedusaHeads::top_rows`]).
+pub const MEDUSA_ROWS: usize = 8;
 
 /// The tensors of one head, in the public layout.
 #[derive(Clone, Debug)]
@@ -139,21 +144,19 @@ impl MedusaConfig {
 struct Head {
     blocks: Vec<(Matrix, GpuBuffer<f32>)>, // per block: W [dim, dim], b [dim]
     out: Option<Matrix>,                   // [vocab, dim] (None: the target's output)
-    state: [GpuBuffer<f32>; 2],            // [dim] each: h_l, then h_{l+1} (ping-pong)
-    logits: Option<GpuBuffer<f32>>,        // [vocab] (own projection)
-    top: Option<GpuBuffer<u32>>,           // [k] the head's most likely ids (own projection)
+    state: [GpuBuffer<f32>; 2],            // [MEDUSA_ROWS, dim] each: h_l, then h_{l+1} (ping-pong)
+    logits: Option<GpuBuffer<f32>>,        // [MEDUSA_ROWS, vocab] (own projection)
+    top: Option<GpuBuffer<u32>>,           // [MEDUSA_ROWS, k] the head's most likely ids (own projection)
 }
 
-/// One step of the heads' submission: a compute pass of ops, or a buffer copy between them.
+/// One step of the heads' submission over n target rows: a compute pass of ops, or a buffer copy
+/// between them.
 enum Action {
-    /// Ops of a pass of `n` rows.
+    /// Ops of a pass of `n` times this many rows.
     Ops(Vec<Op>, u32),
-    Copy {
-        from: wgpu::Buffer,
-        to: wgpu::Buffer,
-        to_offset: u64,
-        bytes: u64,
-    },
+    /// The first n rows of `row_bytes` each of `from` to `to`, at head h's place there (`[heads,
+    /// n, ..]`: h n rows in) or at its start.
+    Copy { from: wgpu::Buffer, to: wgpu::Buffer, head: Option<usize>, row_bytes: u64 },
 }
 
 /// Medusa heads on the GPU, reading one target's hidden states (see the module's doc).
@@ -162,13 +165,13 @@ pub struct MedusaHeads {
     gpu: Arc<Gpu>,
     /// Kept alive for the bind groups that reference them.
     _heads: Vec<Head>,
-    _step: wgpu::Buffer,     // uniform Step: one row
-    _steps: wgpu::Buffer,    // uniform Step: one row per head (the shared projection)
-    _last: GpuBuffer<f32>,   // [heads, dim] every head's h_L (the shared projection)
-    _logits: GpuBuffer<f32>, // [heads, vocab] their logits (the shared projection)
-    row: GpuBuffer<u32>,     // [1] the target's row the heads read
-    _hidden: GpuBuffer<f32>, // [dim] the target's final hidden state at that row
-    top: GpuBuffer<u32>,     // [heads, k] every head's top ids
+    step: wgpu::Buffer,      // uniform Step: n rows
+    steps: wgpu::Buffer,     // uniform Step: n rows per head (the shared projection)
+    _last: GpuBuffer<f32>,   // [heads, MEDUSA_ROWS, dim] every head's h_L (the shared projection)
+    _logits: GpuBuffer<f32>, // [heads, MEDUSA_ROWS, vocab] their logits (the shared projection)
+    rows: GpuBuffer<u32>,    // [MEDUSA_ROWS] the target's rows the heads read
+    _hidden: GpuBuffer<f32>, // [MEDUSA_ROWS, dim] the target's final hidden states at those rows
+    top: GpuBuffer<u32>,     // [heads, n, k] every head's top ids of each row
     top_k: usize,
     program: Vec<Action>,
     gpu_bytes: u64,
@@ -183,9 +186,9 @@ struct MedusaSizes {
     dim: usize,
     vocab: usize,
     top_k: usize,
-    top: usize,    // [heads, top_k] every head's most likely ids
-    last: usize,   // [heads, dim] every head's h_L (shared projection; else one word)
-    logits: usize, // [heads, vocab] their logits (shared projection; else one word)
+    top: usize,    // [heads, MEDUSA_ROWS, top_k] every head's most likely ids
+    last: usize,   // [heads, MEDUSA_ROWS, dim] every head's h_L (shared projection; else one word)
+    logits: usize, // [heads, MEDUSA_ROWS, vocab] their logits (shared projection; else one word)
     heads: usize,
     /// Heads with their own projection (each: logits, top and a one-row top-k), and 1 where
     /// they share the target's (one top-k over every head's row).
@@ -198,19 +201,19 @@ struct MedusaSizes {
 impl MedusaSizes {
     fn new(c: &Config, config: MedusaConfig, top_k: usize) -> MedusaSizes {
         let (dim, vocab, heads) = (c.dim, c.vocab_size, config.heads);
-        let rows = if config.shared_output { heads } else { 0 };
+        let rows = if config.shared_output { heads * MEDUSA_ROWS } else { 0 };
         MedusaSizes {
             dim,
             vocab,
             top_k,
-            top: heads * top_k,
+            top: heads * MEDUSA_ROWS * top_k,
             last: (rows * dim).max(1),
             logits: (rows * vocab).max(1),
             heads,
             own: if config.shared_output { 0 } else { heads },
             shared: config.shared_output as usize,
-            own_ranking: TopKScratch::new(1, vocab, top_k, false),
-            shared_ranking: TopKScratch::new(heads, vocab, top_k, false),
+            own_ranking: TopKScratch::new(MEDUSA_ROWS, vocab, top_k, false),
+            shared_ranking: TopKScratch::new(heads * MEDUSA_ROWS, vocab, top_k, false),
         }
     }
 
@@ -218,14 +221,14 @@ impl MedusaSizes {
     fn table(&self) -> [(&'static str, usize, usize); 14] {
         let (own, shared) = (self.own, self.shared);
         [
-            ("row", 1, 1),
-            ("hidden", self.dim, 1),
+            ("rows", MEDUSA_ROWS, 1),
+            ("hidden", MEDUSA_ROWS * self.dim, 1),
             ("top", self.top, 1),
             ("last", self.last, 1),
             ("logits", self.logits, 1),
-            ("states", self.dim, 2 * self.heads),
-            ("own logits", self.vocab, own),
-            ("own top", self.top_k, own),
+            ("states", MEDUSA_ROWS * self.dim, 2 * self.heads),
+            ("own logits", MEDUSA_ROWS * self.vocab, own),
+            ("own top", MEDUSA_ROWS * self.top_k, own),
             ("own ranking candidates", self.own_ranking.candidates, own),
             ("own ranking sums", self.own_ranking.sums, own),
             ("own ranking placeholder", 1, own * self.own_ranking.placeholder),
@@ -295,18 +298,16 @@ impl MedusaHeads {
         let bytes = all.iter().filter_map(|t| ckpt.stored_bytes(&t.name)).sum();
         let up = Upload::new(g, ckpt, opts, Tally::new(all.len(), bytes, progress));
         let step = g.step_buffer();
-        g.write_step(&step, 1, 0);
         // (the sizes the plan billed)
         let z = MedusaSizes::new(c, config, top_k);
-        let row = GpuBuffer::<u32>::zeros(g, "medusa row", 1);
-        let hidden = GpuBuffer::<f32>::zeros(g, "medusa hidden", dim);
+        let rows = GpuBuffer::<u32>::zeros(g, "medusa rows", MEDUSA_ROWS);
+        let hidden = GpuBuffer::<f32>::zeros(g, "medusa hidden", MEDUSA_ROWS * dim);
         let top = GpuBuffer::<u32>::zeros(g, "medusa top", z.top);
         let steps = g.step_buffer();
-        g.write_step(&steps, config.heads, 0);
         let last = GpuBuffer::<f32>::zeros(g, "medusa last", z.last);
         let all_logits = GpuBuffer::<f32>::zeros(g, "medusa logits", z.logits);
         let (raw, norm) = target.hidden_buffers();
-        let gather = g.gather_rows(&step, raw, Some(&row), Some((norm, c.rms_eps)), (&hidden, dim, 0), dim);
+        let gather = g.gather_rows(&step, raw, Some(&rows), Some((norm, c.rms_eps)), (&hidden, dim, 0), dim);
         let mut program = vec![Action::Ops(vec![gather], 1)];
         let mut heads = Vec::with_capacity(config.heads);
         let mut gpu_bytes = 0;
@@ -317,8 +318,8 @@ impl MedusaHeads {
             gpu_bytes += bytes;
         }
         if config.shared_output {
-            // every head's logits in one pass over the target's output matrix, `[heads, vocab]`,
-            // and their top_k ids: `top` row by row
+            // every head's logits in one pass over the target's output matrix, `[heads, n,
+            // vocab]`, and their top_k ids: `top` row by row
             let out = MatmulOut { ldy: vocab as u32, ..Default::default() };
             let mut ops = target.output_ops(&steps, &last, &all_logits, out);
             ops.extend(g.top_k(&steps, &all_logits, (&top, None), vocab, top_k));
@@ -329,11 +330,11 @@ impl MedusaHeads {
             config,
             gpu,
             _heads: heads,
-            _step: step,
-            _steps: steps,
+            step,
+            steps,
             _last: last,
             _logits: all_logits,
-            row,
+            rows,
             _hidden: hidden,
             top,
             top_k,
@@ -361,30 +362,51 @@ impl MedusaHeads {
     /// Runs every head on row `row` of the target's last pass and returns each head's `top_k`
     /// most likely ids, most likely first: `[heads][top_k]`. One submission, one read-back.
     pub async fn top(&self, row: usize) -> Result<Vec<Vec<u32>>> {
+        let mut all = self.top_rows(&[row]).await?;
+        Ok(all.pop().unwrap_or_default())
+    }
+
+    /// [`MedusaHeads::top`] for up to [`MEDUSA_ROWS`] rows of the target's last pass at once
+    /// (several sequences of a batch): `[rows][heads][top_k]`, each row's ids those it has alone.
+    /// One submission, one read-back.
+    pub async fn top_rows(&self, rows: &[usize]) -> Result<Vec<Vec<Vec<u32>>>> {
+        let n = rows.len();
+        if n == 0 || n > MEDUSA_ROWS || rows.iter().any(|&r| r >= MAX_BATCH) {
+            return Err(Error::InvalidArgument(format!(
+                "Medusa heads read 1..={MEDUSA_ROWS} rows of a pass of at most {MAX_BATCH}, got {rows:?}"
+            )));
+        }
         let g = &*self.gpu;
-        g.queue.write_buffer(&self.row.raw, 0, bytemuck::bytes_of(&(row as u32)));
+        let picks: Vec<u32> = rows.iter().map(|&r| r as u32).collect();
+        g.queue.write_buffer(&self.rows.raw, 0, bytemuck::cast_slice(&picks));
+        g.write_step(&self.step, n, 0);
+        g.write_step(&self.steps, self.config.heads * n, 0);
         let mut enc = g.encoder();
         for action in &self.program {
             match action {
-                Action::Ops(ops, n) => g.encode(&mut enc, ops, *n),
-                Action::Copy { from, to, to_offset, bytes } => {
-                    enc.copy_buffer_to_buffer(from, 0, to, *to_offset, *bytes)
+                Action::Ops(ops, per) => g.encode(&mut enc, ops, per * n as u32),
+                Action::Copy { from, to, head, row_bytes } => {
+                    let at = head.map_or(0, |h| (h * n) as u64 * row_bytes);
+                    enc.copy_buffer_to_buffer(from, 0, to, at, n as u64 * row_bytes)
                 }
             }
         }
-        let bytes = self.top.raw.size();
-        let raw = g.submit_and_read(enc, &self.top.raw, 0, bytes).await?;
+        let (heads, k) = (self.config.heads, self.top_k);
+        let raw = g.submit_and_read(enc, &self.top.raw, 0, (heads * n * k * 4) as u64).await?;
         let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
-        Ok(ids.chunks(self.top_k).map(<[u32]>::to_vec).collect())
+        // (`top` is [heads, n, k])
+        Ok((0..n)
+            .map(|i| (0..heads).map(|h| ids[(h * n + i) * k..(h * n + i + 1) * k].to_vec()).collect())
+            .collect())
     }
 }
 
 /// The buffers every head's program reads or writes.
 struct Shared<'b> {
-    step: &'b wgpu::Buffer,     // uniform Step of one row
-    hidden: &'b GpuBuffer<f32>, // [dim] the target's hidden state of the row drafted from
-    last: &'b GpuBuffer<f32>,   // [heads, dim] each head's h_L (shared output), else unused
-    top: &'b GpuBuffer<u32>,    // [heads, top_k] each head's most likely ids
+    step: &'b wgpu::Buffer,     // uniform Step of n rows
+    hidden: &'b GpuBuffer<f32>, // [MEDUSA_ROWS, dim] the target's hidden states of the rows drafted from
+    last: &'b GpuBuffer<f32>,   // [heads, n, dim] each head's h_L (shared output), else unused
+    top: &'b GpuBuffer<u32>,    // [heads, n, top_k] each head's most likely ids
     top_k: usize,
     /// The target's width and vocabulary.
     dim: usize,
@@ -392,9 +414,9 @@ struct Shared<'b> {
 }
 
 /// Uploads head `h` (its tensors `t`) and records its part of the program: its blocks from
-/// `hidden`, then its own projection and top-k into row h of `top`, or (a shared output
-/// projection, recorded after every head) its h_L into row h of `last`. Returns the head and its
-/// weights' bytes on the GPU.
+/// `hidden`, then its own projection and top-k into rows h n.. of `top`, or (a shared output
+/// projection, recorded after every head) its h_L into rows h n.. of `last`. Returns the head and
+/// its weights' bytes on the GPU.
 async fn load_head(
     up: &Upload<'_>,
     b: &Shared<'_>,
@@ -413,7 +435,8 @@ async fn load_head(
         Some(spec) => Some(up.matrix(spec).await?),
         None => None,
     };
-    let state = [0, 1].map(|i| GpuBuffer::<f32>::zeros(g, &format!("medusa {h} state {i}"), dim));
+    let state =
+        [0, 1].map(|i| GpuBuffer::<f32>::zeros(g, &format!("medusa {h} state {i}"), MEDUSA_ROWS * dim));
     // h_{l+1} = h_l + silu(W h_l + b): the input copied to the output, then the block added by
     // the matmul's epilogue
     let mut input = b.hidden;
@@ -422,8 +445,8 @@ async fn load_head(
         program.push(Action::Copy {
             from: input.raw.clone(),
             to: output.raw.clone(),
-            to_offset: 0,
-            bytes: 4 * dim as u64,
+            head: None,
+            row_bytes: 4 * dim as u64,
         });
         let block = MatmulOut { ldy: dim as u32, accumulate: true, silu: true, ..Default::default() };
         program.push(Action::Ops(w.matmul(g, b.step, input, Some(bias), output, block), 1));
@@ -431,18 +454,18 @@ async fn load_head(
     }
     let mut bytes = blocks.iter().map(|(w, b)| w.gpu_bytes() + b.raw.size()).sum::<u64>();
     let Some(out) = out else {
-        // h_L into row h of `last`, projected with the others' after every head
+        // h_L into rows h n.. of `last`, projected with the others' after every head
         program.push(Action::Copy {
             from: input.raw.clone(),
             to: b.last.raw.clone(),
-            to_offset: (4 * h * dim) as u64,
-            bytes: 4 * dim as u64,
+            head: Some(h),
+            row_bytes: 4 * dim as u64,
         });
         return Ok((Head { blocks, out: None, state, logits: None, top: None }, bytes));
     };
-    // logits = W_out h_L, and their top_k ids into row h of `top`
-    let logits = GpuBuffer::<f32>::zeros(g, &format!("medusa {h} logits"), vocab);
-    let head_top = GpuBuffer::<u32>::zeros(g, &format!("medusa {h} top"), b.top_k);
+    // logits = W_out h_L, and their top_k ids into rows h n.. of `top`
+    let logits = GpuBuffer::<f32>::zeros(g, &format!("medusa {h} logits"), MEDUSA_ROWS * vocab);
+    let head_top = GpuBuffer::<u32>::zeros(g, &format!("medusa {h} top"), MEDUSA_ROWS * b.top_k);
     let mut ops =
         out.matmul(g, b.step, input, None, &logits, MatmulOut { ldy: vocab as u32, ..Default::default() });
     ops.extend(g.top_k(b.step, &logits, (&head_top, None), vocab, b.top_k));
@@ -450,8 +473,8 @@ async fn load_head(
     program.push(Action::Copy {
         from: head_top.raw.clone(),
         to: b.top.raw.clone(),
-        to_offset: (4 * h * b.top_k) as u64,
-        bytes: 4 * b.top_k as u64,
+        head: Some(h),
+        row_bytes: 4 * b.top_k as u64,
     });
     bytes += out.gpu_bytes();
     Ok((Head { blocks, out: Some(out), state, logits: Some(logits), top: Some(head_top) }, bytes))

@@ -15,7 +15,7 @@ pub use eagle::{
     DraftedTree, EagleHead, EagleLayout, HeadChain, HeadRows, TreeShape, EAGLE_STORE_SLOTS, MAX_EAGLE_DEPTH,
     MAX_EAGLE_WIDTH,
 };
-pub use medusa::{MedusaConfig, MedusaHeads, MAX_MEDUSA_HEADS};
+pub use medusa::{MedusaConfig, MedusaHeads, MAX_MEDUSA_HEADS, MEDUSA_ROWS};
 pub use transformer::{
     LoadOptions, MemoryBill, Model, OpProfile, SeqRows, DEFAULT_READ_BYTES, MAX_BATCH, MAX_PASSES,
 };

@@ -54,7 +54,7 @@ pub async fn run(
     if let Some(r) = requests.iter().find(|(_, r)| !engine.batchable(r)) {
         return Err(Error::InvalidArgument(format!(
             "--concurrency batches greedy requests and sampled ones without a top-k, plain or with \
-             n-gram or EAGLE drafts, and greedy ones with a draft model (draft {:?}, top-k {})",
+             n-gram, EAGLE or Medusa drafts, and greedy ones with a draft model (draft {:?}, top-k {})",
             r.1.draft, r.1.top_k
         )));
     }

@@ -32,7 +32,7 @@ use web_time::Instant;
 use super::{Batch, Drafting, PassCosts, Rows, Seq, SeqId, Source, EAGLE_PATIENCE};
 use crate::error::Result;
 use crate::gpu::KV_PAGE;
-use crate::model::{EagleHead, HeadChain, HeadRows, Model, SeqRows, MAX_BATCH};
+use crate::model::{EagleHead, HeadChain, HeadRows, MedusaHeads, Model, SeqRows, MAX_BATCH, MEDUSA_ROWS};
 
 /// Most feeding passes in one step (each of up to [`MAX_BATCH`] rows): a long prompt found in
 /// the prefix cache, or a sequence that drafts for the first time after a long prompt, is fed
@@ -258,7 +258,17 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
         .collect();
     let drafts = chains.iter().map(|c| c.drafts).sum();
     let t0 = Instant::now();
-    let out = head.draft_pages(&chains).await?;
+    let out = head.draft_pages(&chains).await;
+    // (its draft steps wrote over the rows of the head's latest pass: drafting again needs the
+    // next one, whatever happens to this pass)
+    for &entry in &entries {
+        if let Some(Drafting { source: Source::Eagle { row, .. }, .. }) =
+            &mut batch.running[plan[entry].seq].drafting
+        {
+            *row = None;
+        }
+    }
+    let out = out?;
     batch.head_costs.observe(drafts, t0.elapsed().as_secs_f64());
     for (&entry, chain) in entries.iter().zip(out) {
         plan[entry].drafts = chain;
@@ -266,14 +276,15 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     Ok(())
 }
 
-/// What [`follow`] needs of a pass before its commit: per sequence drafting with the EAGLE
-/// head, its id, its computed positions and its first row in the pass.
+/// What [`follow`] and [`medusa_rows`] need of a pass before its commit: per sequence drafting
+/// with the EAGLE head or the Medusa heads, its id, its computed positions and its first row in
+/// the pass.
 pub(super) fn before_commit(batch: &Batch, plan: &[Rows]) -> Vec<(SeqId, usize, usize)> {
     let mut first = 0;
     let mut before = Vec::new();
     for r in plan {
         let s = &batch.running[r.seq];
-        if s.drafting.as_ref().is_some_and(Drafting::is_eagle) {
+        if s.drafting.as_ref().is_some_and(|d| d.is_eagle() || d.is_medusa()) {
             before.push((s.id, s.n_past, first));
         }
         first += r.run + r.drafts.len();
@@ -284,9 +295,10 @@ pub(super) fn before_commit(batch: &Batch, plan: &[Rows]) -> Vec<(SeqId, usize, 
 /// The EAGLE head's pass over the kept rows of the pass just committed, of every running
 /// sequence drafting with it that it has followed so far (`before`: [`before_commit`]'s): each
 /// row the target's feature at a position and the token after it. Each such sequence's last
-/// row of it is where its next chain starts; the others cannot draft until they come back
-/// (preempted ones), or at all (the head's pool ran out for them, or their adaptive K drafted
-/// nothing for [`EAGLE_PATIENCE`] passes: their head pages go back at once).
+/// row of it is where its next chain starts. The others cannot draft until they come back
+/// (preempted ones), or for the rest of their run, their head pages back at once: the head's
+/// pool ran out for them, or the costs turned their adaptive K's drafts down for
+/// [`EAGLE_PATIENCE`] passes.
 pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, usize, usize)]) {
     // (plan entry's sequence, its first kept position and first row, rows kept)
     let mut kept: Vec<(usize, usize, usize, usize)> = Vec::new();
@@ -304,7 +316,11 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, 
             continue;
         }
         let Some(&(_, old, first)) = before.iter().find(|b| b.0 == s.id) else { continue };
-        if *past == old && n_past > old && grow(head_pool, pages, n_past) {
+        if *past != old || !grow(head_pool, pages, n_past) {
+            // (the head cannot follow it any more)
+            head_pool.release(pages);
+            *idle = EAGLE_PATIENCE;
+        } else if n_past > old {
             kept.push((i, old, first, n_past - old));
         }
     }
@@ -339,4 +355,42 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, 
             (*past, *row) = (old + n, Some(at - 1));
         }
     }
+}
+
+/// After a commit: each running sequence drafting with the Medusa heads takes its last kept row
+/// of the pass (`before`: [`before_commit`]'s), the position before its newest token, whose
+/// hidden state the heads read when it drafts next; the others none.
+pub(super) fn medusa_rows(batch: &mut Batch, before: &[(SeqId, usize, usize)]) {
+    for s in batch.running.iter_mut() {
+        let n_past = s.n_past;
+        let Some(Drafting { source: Source::Medusa { row }, .. }) = &mut s.drafting else { continue };
+        *row = (before.iter().find(|b| b.0 == s.id))
+            .filter(|&&(_, old, _)| n_past > old)
+            .map(|&(_, old, first)| first + n_past - old - 1);
+    }
+}
+
+/// Fills the plan's draft placeholders of the sequences drafting with the Medusa `heads`: each
+/// head's most likely id at the sequence's row of the last pass, in runs of up to
+/// [`MEDUSA_ROWS`] rows (before this plan's pass: that pass's hidden states are still there).
+pub(super) async fn propose_medusa(batch: &mut Batch, heads: &MedusaHeads, plan: &mut [Rows]) -> Result<()> {
+    let asks: Vec<(usize, usize)> = (plan.iter().enumerate())
+        .filter(|(_, r)| r.pending && !r.drafts.is_empty())
+        .filter_map(|(entry, r)| match &batch.running[r.seq].drafting {
+            Some(Drafting { source: Source::Medusa { row: Some(row) }, .. }) => Some((entry, *row)),
+            _ => None,
+        })
+        .collect();
+    for run in asks.chunks(MEDUSA_ROWS) {
+        let rows: Vec<usize> = run.iter().map(|&(_, row)| row).collect();
+        let drafts = run.iter().map(|&(entry, _)| plan[entry].drafts.len()).sum();
+        let t0 = Instant::now();
+        let top = heads.top_rows(&rows).await?;
+        batch.medusa_costs.observe(drafts, t0.elapsed().as_secs_f64());
+        for (&(entry, _), guesses) in run.iter().zip(top) {
+            let r = &mut plan[entry];
+            r.drafts = guesses.iter().take(r.drafts.len()).map(|ids| ids[0]).collect();
+        }
+    }
+    Ok(())
 }

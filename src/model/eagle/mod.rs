@@ -51,6 +51,12 @@
 //!   the newest nodes are projected and ranked with the log-probabilities of their ids, by which
 //!   `shaders/eagle_tree.wgsl` chooses the next nodes and the tree on the GPU.
 //!
+//! For a batch of sequences the cache is a pool of pages ([`EagleHead::set_kv_pages`], each
+//! sequence's positions in its own pages, as the target's): a pass over the kept rows of several
+//! sequences ([`EagleHead::run_pages`]), then their chains in one submission
+//! ([`EagleHead::draft_pages`]: each sequence's last row projected and ranked, then one-row steps
+//! per sequence still drafting). One-sequence passes use the pool's first positions.
+//!
 //! Building a head (its tensors, checks, upload, buffers, recorded ops and memory plan) is in
 //! `build.rs`.
 
@@ -301,7 +307,8 @@ impl EagleHead {
         self.len
     }
 
-    /// KV cache positions allocated (the target's context).
+    /// Positions of one sequence's KV cache (the target's context; the pool holds
+    /// [`EagleHead::kv_pages`] pages of them).
     pub fn context(&self) -> usize {
         self.context
     }
