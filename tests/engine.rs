@@ -971,6 +971,8 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
         // a greedy request of a fixed K alone in the batch drafts the one-sequence loop's chains:
         // the same drafts kept, cycle by cycle (the head's features of a pass over several
         // sequences are those of its one-sequence passes, bit for bit)
+        // (its first pages, and their head part, found in the prefix cache: the batch computed them)
+        let mut cached = 0;
         for i in (0..8).filter(|&i| reqs[i].draft_k.is_some() && reqs[i].temperature == 0.0) {
             let id = engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit");
             let done = run_batch(&mut engine, 0, |_, _| {});
@@ -980,7 +982,9 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
                 (want.stats.drafted, want.stats.accepted, &want.from_draft),
                 "{name}: request {i} alone in the batch"
             );
+            cached += got.stats.base.cached_prompt_tokens;
         }
+        assert!(cached >= 64, "{name}: {cached} prompt tokens found cached with their head part");
         // the one-sequence loop after the batch wrote the head's pool: the same tokens
         for i in [0, 5] {
             assert_eq!(

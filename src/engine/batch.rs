@@ -171,13 +171,14 @@ enum Source {
     /// The engine's draft model ([`propose`]): the sequence's pages of the draft's pool, and its
     /// positions `..past` that the draft has computed (its tokens').
     Model { pages: Vec<u32>, past: usize },
-    /// The engine's EAGLE head ([`propose`]): the sequence's pages of the head's pool, its
-    /// positions `..past` the head has run (the target's features of each, and the next token),
+    /// The engine's EAGLE head ([`propose`]): its positions `..past` the head has run (the
+    /// target's features of each, and the next token; in the head's pages of the same ids as the
+    /// sequence's target pages),
     /// its last row in the head's latest pass (none: that pass was not its, it cannot draft), and
     /// the passes in a row where the costs turned its adaptive K's drafts down (at
-    /// [`EAGLE_PATIENCE`] the head stops following it, and where the head's pool ran out for it:
-    /// it decodes plainly for the rest of its run, its head pages back).
-    Eagle { pages: Vec<u32>, past: usize, row: Option<usize>, idle: usize },
+    /// [`EAGLE_PATIENCE`] the head stops following it: it decodes plainly for the rest of its
+    /// run).
+    Eagle { past: usize, row: Option<usize>, idle: usize },
     /// The engine's Medusa heads ([`propose`]): the sequence's row of the last pass at the
     /// position before its newest token (whose hidden state the heads read: head i guesses the
     /// token i + 1 places after the newest; none: that pass had no row of it).
@@ -285,9 +286,9 @@ pub(super) struct Batch {
     draft_pool: Pool,
     draft_costs: PassCosts,
     pub(super) draft_used: bool,
-    /// The same for the EAGLE head: its pool's pages, the costs of its chains (by drafts), and
-    /// whether a pass of it ran since the one-sequence loop last drafted with it.
-    head_pool: Pool,
+    /// The EAGLE head's costs of its chains (by drafts), and whether a pass of it ran since the
+    /// one-sequence loop last drafted with it. (Its pool has the target's pages: a sequence's
+    /// head part is in the head's pages of the same ids as its target pages.)
     head_costs: PassCosts,
     pub(super) head_used: bool,
     /// The Medusa heads' costs (by drafts), and their number (the most drafts they guess; 0:
@@ -307,7 +308,6 @@ impl Batch {
             draft_pool: Pool::new(0),
             draft_costs: PassCosts::default(),
             draft_used: false,
-            head_pool: Pool::new(0),
             head_costs: PassCosts::default(),
             head_used: false,
             medusa_costs: PassCosts::default(),
@@ -366,7 +366,7 @@ impl Batch {
         let source = match draft {
             DraftKind::Ngram => Some(Source::NGram(NGram::default())),
             DraftKind::Model => Some(Source::Model { pages: Vec::new(), past: 0 }),
-            DraftKind::Eagle => Some(Source::Eagle { pages: Vec::new(), past: 0, row: None, idle: 0 }),
+            DraftKind::Eagle => Some(Source::Eagle { past: 0, row: None, idle: 0 }),
             DraftKind::Medusa => Some(Source::Medusa { row: None }),
             _ => None,
         };
@@ -429,22 +429,27 @@ impl Batch {
     /// comes back older than those that arrived after it. A later choice of a request whose
     /// first choice's prompt is not computed yet lets those after it pass. The whole pages of its
     /// tokens before the newest that the prefix cache holds are its first pages, already computed
-    /// (but for a sequence drafting with the EAGLE head, which runs on the target's features of
-    /// every position: it computes them all).
+    /// (for a sequence drafting with the EAGLE head, those whose head part is computed too: the
+    /// head runs on the target's features of every position).
     fn admit(&mut self, context: usize) {
         let places = self.limits.max_seqs.min(self.limits.max_rows).clamp(1, MAX_BATCH);
         let mut at = 0;
         while self.running.len() < places {
             let Some(s) = self.waiting.get(at) else { break };
-            // (a later choice of a request whose prompt is being computed lets others pass; one
-            // drafting with the EAGLE head computes its prompt itself: it need not wait)
-            let eagle = s.drafting.as_ref().is_some_and(Drafting::is_eagle);
-            if !eagle && s.after.is_some_and(|first| self.prompt_pending(first)) {
+            // (a later choice of a request whose prompt is being computed lets others pass)
+            if s.after.is_some_and(|first| self.prompt_pending(first)) {
                 at += 1;
                 continue;
             }
-            let whole = if eagle { 0 } else { (s.tokens.len() - 1) / KV_PAGE };
-            let found = self.pool.lookup(&s.tokens, whole);
+            let mut found = self.pool.lookup(&s.tokens, (s.tokens.len() - 1) / KV_PAGE);
+            let eagle = s.drafting.as_ref().is_some_and(Drafting::is_eagle);
+            if eagle {
+                // (found pages lie below the newest token: the token after each is known)
+                let with_head = (found.iter().enumerate())
+                    .take_while(|&(i, &(page, _))| self.pool.head_found(page, s.tokens[(i + 1) * KV_PAGE]))
+                    .count();
+                found.truncate(with_head);
+            }
             let need = Seq::pages_for((s.tokens.len() + 1).min(context)).saturating_sub(found.len());
             let idle_found = found.iter().filter(|&&(p, _)| self.pool.is_idle(p)).count();
             if need > self.pool.available() - idle_found {
@@ -458,6 +463,9 @@ impl Batch {
             s.pages.extend((0..need).filter_map(|_| self.pool.take()));
             (s.cached_pages, s.entry) = (found.len(), found.last().map_or(0, |&(_, e)| e));
             s.n_past = found.len() * KV_PAGE;
+            if let Some(Drafting { source: Source::Eagle { past, .. }, .. }) = &mut s.drafting {
+                *past = s.n_past;
+            }
             self.status.cached_tokens += s.n_past as u64;
             s.cached_tokens.get_or_insert(s.n_past.min(s.prompt_len));
             s.admitted.get_or_insert_with(Instant::now);
@@ -527,10 +535,7 @@ impl Batch {
                 self.draft_pool.release(pages);
                 *past = 0;
             }
-            Some(Source::Eagle { pages, past, row, idle }) => {
-                self.head_pool.release(pages);
-                (*past, *row, *idle) = (0, None, 0);
-            }
+            Some(Source::Eagle { past, row, idle }) => (*past, *row, *idle) = (0, None, 0),
             Some(Source::Medusa { row }) => *row = None,
             _ => {}
         }
@@ -550,18 +555,20 @@ pub(super) async fn step(
 ) -> Result<Vec<(SeqId, BatchEvent)>> {
     let Drafters { model: draft, eagle: mut head, medusa } = drafters;
     let draft_pages = draft.as_ref().map_or(0, |d| d.kv_pages());
-    let head_pages = head.as_ref().map_or(0, |h| h.kv_pages());
+    let pages = target.kv_pages();
     batch.medusa_heads = medusa.map_or(0, |m| m.config.heads);
-    let pools =
-        [(&batch.pool, target.kv_pages()), (&batch.draft_pool, draft_pages), (&batch.head_pool, head_pages)];
-    if pools.iter().any(|(pool, pages)| pool.len() != *pages) {
+    let head_pages = head.as_ref().map_or(pages, |h| h.kv_pages());
+    if batch.pool.len() != pages || batch.draft_pool.len() != draft_pages || head_pages != pages {
         // (waiting sequences hold no pages)
         if !batch.running.is_empty() {
             return Err(Error::InvalidArgument("a KV cache pool changed under a running batch".into()));
         }
-        batch.resize(target.kv_pages());
+        batch.resize(pages);
         batch.draft_pool = Pool::new(draft_pages);
-        batch.head_pool = Pool::new(head_pages);
+        // (the head's pool follows the target's: page ids are shared)
+        if let Some(h) = head.as_deref_mut().filter(|h| h.kv_pages() != pages) {
+            h.set_kv_pages(target, pages)?;
+        }
     }
     let context = target.context();
     batch.admit(context);
@@ -1107,7 +1114,7 @@ mod tests {
     fn an_adaptive_k_that_drafts_nothing_with_the_eagle_head_for_long_stops_following_it() {
         // (a sequence the head has followed through the token before its newest: ready to draft)
         let mut s = seq((1..20).collect(), 0, 10);
-        let ready = Source::Eagle { pages: Vec::new(), past: s.n_past, row: Some(0), idle: 0 };
+        let ready = Source::Eagle { past: s.n_past, row: Some(0), idle: 0 };
         s.drafting = Some(Drafting { source: ready, k_max: 4, fixed: false });
         let mut batch = Batch::new(64);
         batch.running = vec![s];
@@ -1131,8 +1138,7 @@ mod tests {
         }
         // a fixed K does not count them
         if let Some(d) = &mut batch.running[0].drafting {
-            (d.fixed, d.source) =
-                (true, Source::Eagle { pages: Vec::new(), past: 18, row: Some(0), idle: 0 });
+            (d.fixed, d.source) = (true, Source::Eagle { past: 18, row: Some(0), idle: 0 });
         }
         assert_eq!(drafts(&mut batch, 24), [4]);
         assert_eq!(idle(&batch), 0);

@@ -17,6 +17,12 @@
 //! its pass nor on how its prompt was cut into chunks), so a page found here holds the bits the
 //! request would have computed. Only whole pages below a sequence's newest token are shared, so
 //! a sequence never writes into a page another one reads.
+//!
+//! An EAGLE head's cache has a page of the same id beside each (its pool as large as the
+//! target's). A page's head keys and values are a function of its tokens, those before it and
+//! the first token of the page after (its last position's head row reads the next token): a
+//! page records that token once the head has run all its positions, and a sequence drafting with
+//! the head finds only the cached pages whose head part it can use.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -40,6 +46,8 @@ pub(super) struct Pool {
     idle: BTreeSet<(u64, u32)>,
     /// Per page: when it was last released (its place in `idle`).
     released: Vec<u64>,
+    /// Per page: the token after it for which its EAGLE head part is computed (none: not).
+    head_next: Vec<Option<u32>>,
     tick: u64,
     last_entry: u64,
 }
@@ -54,6 +62,7 @@ impl Pool {
             keys: vec![None; pages],
             idle: BTreeSet::new(),
             released: vec![0; pages],
+            head_next: vec![None; pages],
             tick: 0,
             last_entry: 0,
         }
@@ -93,7 +102,19 @@ impl Pool {
             }
         };
         self.refs[page as usize] = 1;
+        self.head_next[page as usize] = None;
         Some(page)
+    }
+
+    /// The EAGLE head has run every position of held page `page`, the last with the next token
+    /// `next`.
+    pub(super) fn head_computed(&mut self, page: u32, next: u32) {
+        self.head_next[page as usize] = Some(next);
+    }
+
+    /// Whether page `page`'s EAGLE head part is computed with `next` after it.
+    pub(super) fn head_found(&self, page: u32, next: u32) -> bool {
+        self.head_next[page as usize] == Some(next)
     }
 
     /// One more sequence holds cached page `page` (one found by [`Pool::lookup`]).
@@ -171,6 +192,7 @@ impl Pool {
         self.free.extend(std::mem::take(&mut self.idle).into_iter().map(|(_, p)| p));
         self.entries.clear();
         self.keys.iter_mut().for_each(|k| *k = None);
+        self.head_next.iter_mut().for_each(|h| *h = None);
     }
 }
 
@@ -212,6 +234,22 @@ mod tests {
         assert_eq!(pool.lookup(&tokens, 2).len(), 1, "the first page outlives the second");
         assert!(pool.take().is_some() && pool.take().is_none());
         assert_eq!(pool.cached(), 0);
+    }
+
+    #[test]
+    fn a_page_s_head_part_is_known_until_the_page_is_taken_again() {
+        let mut pool = Pool::new(1);
+        let a = pool.take().expect("page");
+        assert!(!pool.head_found(a, 7));
+        pool.head_computed(a, 7);
+        pool.cache(a, 0, &page(1));
+        pool.release(&mut vec![a]);
+        assert!(pool.head_found(a, 7) && !pool.head_found(a, 8), "the token after it counts");
+        assert_eq!(pool.take(), Some(a));
+        assert!(!pool.head_found(a, 7), "taken again: forgotten");
+        pool.head_computed(a, 7);
+        pool.forget_all();
+        assert!(!pool.head_found(a, 7), "forgotten with the cache");
     }
 
     #[test]

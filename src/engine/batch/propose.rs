@@ -225,22 +225,37 @@ async fn timed(costs: &mut PassCosts, draft: &mut Model, seqs: &[SeqRows<'_>]) -
 }
 
 /// Fills the plan's draft placeholders of the sequences drafting with the EAGLE `head` (the
-/// engine's, whose pool `batch.head_pool` hands out): their chains, from their last rows of the
-/// head's latest pass.
+/// engine's): their chains, from their last rows of the head's latest pass, in the head's pages of
+/// the ids of their target pages (free ones taken for the draft steps' positions, never a
+/// preemption: drafts past them are dropped).
 pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan: &mut [Rows]) -> Result<()> {
     let mut entries = Vec::new();
-    for (entry, r) in plan.iter_mut().enumerate().filter(|(_, r)| r.pending && !r.drafts.is_empty()) {
-        let Batch { running, head_pool, .. } = &mut *batch;
-        let s = &mut running[r.seq];
-        let n_past = s.n_past;
-        if let Some(Drafting { source: Source::Eagle { pages, past, row, .. }, fixed, .. }) = &mut s.drafting
-        {
-            // (the draft steps' positions: its newest token's and the drafts' but the last)
-            if row.is_some() && *past == n_past && grow(head_pool, pages, n_past + r.drafts.len() - 1) {
-                entries.push(entry);
-            } else {
-                drop_drafts(r, *fixed);
+    for entry in 0..plan.len() {
+        let r = &plan[entry];
+        let ready = |s: &Seq| match &s.drafting {
+            Some(Drafting { source: Source::Eagle { past, row, .. }, .. }) => {
+                row.is_some() && *past == s.n_past
             }
+            _ => false,
+        };
+        if !r.pending
+            || r.drafts.is_empty()
+            || batch.running[r.seq].drafting.as_ref().is_none_or(|d| !d.is_eagle())
+        {
+            continue;
+        }
+        // (the draft steps' positions: its newest token's and the drafts' but the last)
+        let n_past = batch.running[r.seq].n_past;
+        batch.take_free(r.seq, n_past + r.drafts.len() - 1);
+        let s = &batch.running[r.seq];
+        let room = (s.pages.len() * KV_PAGE + 1).saturating_sub(n_past);
+        let (ok, fixed) = (ready(s), s.drafting.as_ref().is_some_and(|d| d.fixed));
+        let r = &mut plan[entry];
+        r.drafts.truncate(room);
+        if ok && !r.drafts.is_empty() {
+            entries.push(entry);
+        } else {
+            drop_drafts(r, fixed);
         }
     }
     if entries.is_empty() {
@@ -250,7 +265,8 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     batch.head_used = true;
     let chains: Vec<HeadChain> = (entries.iter())
         .filter_map(|&entry| match &batch.running[plan[entry].seq].drafting {
-            Some(Drafting { source: Source::Eagle { pages, past, row: Some(row), .. }, .. }) => {
+            Some(Drafting { source: Source::Eagle { past, row: Some(row), .. }, .. }) => {
+                let pages = &batch.running[plan[entry].seq].pages;
                 Some(HeadChain { pages, past: *past, row: *row, drafts: plan[entry].drafts.len() })
             }
             _ => None,
@@ -295,32 +311,22 @@ pub(super) fn before_commit(batch: &Batch, plan: &[Rows]) -> Vec<(SeqId, usize, 
 /// The EAGLE head's pass over the kept rows of the pass just committed, of every running
 /// sequence drafting with it that it has followed so far (`before`: [`before_commit`]'s): each
 /// row the target's feature at a position and the token after it. Each such sequence's last
-/// row of it is where its next chain starts. The others cannot draft until they come back
-/// (preempted ones), or for the rest of their run, their head pages back at once: the head's
-/// pool ran out for them, or the costs turned their adaptive K's drafts down for
-/// [`EAGLE_PATIENCE`] passes.
+/// row of it is where its next chain starts; each page whose positions it has now all run
+/// records the token after it (the prefix cache can then give its head part too). The others
+/// cannot draft until they come back (preempted ones), or for the rest of their run: the costs
+/// turned their adaptive K's drafts down for [`EAGLE_PATIENCE`] passes.
 pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, usize, usize)]) {
     // (plan entry's sequence, its first kept position and first row, rows kept)
     let mut kept: Vec<(usize, usize, usize, usize)> = Vec::new();
-    for i in 0..batch.running.len() {
-        let Batch { running, head_pool, .. } = &mut *batch;
-        let s = &mut running[i];
+    for (i, s) in batch.running.iter_mut().enumerate() {
         let n_past = s.n_past;
-        let Some(Drafting { source: Source::Eagle { pages, past, row, idle }, .. }) = &mut s.drafting else {
+        let Some(Drafting { source: Source::Eagle { past, row, idle }, .. }) = &mut s.drafting else {
             continue;
         };
         // (the head's latest pass will not be this one's for a sequence it does not follow)
         *row = None;
-        if *idle >= EAGLE_PATIENCE {
-            head_pool.release(pages);
-            continue;
-        }
         let Some(&(_, old, first)) = before.iter().find(|b| b.0 == s.id) else { continue };
-        if *past != old || !grow(head_pool, pages, n_past) {
-            // (the head cannot follow it any more)
-            head_pool.release(pages);
-            *idle = EAGLE_PATIENCE;
-        } else if n_past > old {
+        if *idle < EAGLE_PATIENCE && *past == old && n_past > old {
             kept.push((i, old, first, n_past - old));
         }
     }
@@ -334,15 +340,12 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, 
     let seqs: Vec<HeadRows> = (kept.iter().zip(&rows))
         .map(|(&(i, old, _, n), rows)| {
             let s = &running[i];
-            let pages = match &s.drafting {
-                Some(Drafting { source: Source::Eagle { pages, .. }, .. }) => &pages[..],
-                _ => &[],
-            };
-            HeadRows { pages, start_pos: old, rows, next: &s.tokens[old + 1..old + 1 + n] }
+            HeadRows { pages: &s.pages, start_pos: old, rows, next: &s.tokens[old + 1..old + 1 + n] }
         })
         .collect();
     let ran = head.run_pages(&seqs);
-    // (the rows are the target pass's own and the pages were taken: nothing to refuse)
+    // (the rows are the target pass's own, in the pages of its committed positions: nothing to
+    // refuse)
     debug_assert!(ran.is_ok(), "{ran:?}");
     if ran.is_err() {
         return;
@@ -350,9 +353,13 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, 
     let mut at = 0;
     for &(i, old, _, n) in &kept {
         at += n;
-        if let Some(Drafting { source: Source::Eagle { past, row, .. }, .. }) = &mut batch.running[i].drafting
-        {
+        let s = &mut batch.running[i];
+        if let Some(Drafting { source: Source::Eagle { past, row, .. }, .. }) = &mut s.drafting {
             (*past, *row) = (old + n, Some(at - 1));
+        }
+        // (page j's last position is (j + 1) KV_PAGE - 1; the token after it is known)
+        for j in old / KV_PAGE..(old + n) / KV_PAGE {
+            batch.pool.head_computed(s.pages[j], s.tokens[(j + 1) * KV_PAGE]);
         }
     }
 }
