@@ -229,19 +229,14 @@ async fn timed(costs: &mut PassCosts, draft: &mut Model, seqs: &[SeqRows<'_>]) -
 /// the ids of their target pages (free ones taken for the draft steps' positions, never a
 /// preemption: drafts past them are dropped).
 pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan: &mut [Rows]) -> Result<()> {
+    let ready = |s: &Seq| match &s.drafting {
+        Some(Drafting { source: Source::Eagle { past, row, .. }, .. }) => row.is_some() && *past == s.n_past,
+        _ => false,
+    };
     let mut entries = Vec::new();
-    for entry in 0..plan.len() {
-        let r = &plan[entry];
-        let ready = |s: &Seq| match &s.drafting {
-            Some(Drafting { source: Source::Eagle { past, row, .. }, .. }) => {
-                row.is_some() && *past == s.n_past
-            }
-            _ => false,
-        };
-        if !r.pending
-            || r.drafts.is_empty()
-            || batch.running[r.seq].drafting.as_ref().is_none_or(|d| !d.is_eagle())
-        {
+    for (entry, r) in plan.iter_mut().enumerate() {
+        let eagle = batch.running[r.seq].drafting.as_ref().is_some_and(Drafting::is_eagle);
+        if !r.pending || r.drafts.is_empty() || !eagle {
             continue;
         }
         // (the draft steps' positions: its newest token's and the drafts' but the last)
@@ -250,7 +245,6 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
         let s = &batch.running[r.seq];
         let room = (s.pages.len() * KV_PAGE + 1).saturating_sub(n_past);
         let (ok, fixed) = (ready(s), s.drafting.as_ref().is_some_and(|d| d.fixed));
-        let r = &mut plan[entry];
         r.drafts.truncate(room);
         if ok && !r.drafts.is_empty() {
             entries.push(entry);
