@@ -17,7 +17,7 @@ use std::path::PathBuf;
 use common::goldens::{goldens, model_file, Case};
 use common::gpu;
 use web_time::Instant;
-use wgspec::engine::{Engine, Request};
+use wgspec::engine::{Completion, Engine, Request};
 use wgspec::generation::GenerateOptions;
 use wgspec::model::{Checkpoint, EagleHead, EagleLayout, LoadOptions, Model, MAX_BATCH};
 use wgspec::speculative::{self, DraftModel, Drafter, KPolicy, NGram, SpecGeneration};
@@ -284,56 +284,74 @@ fn smollm2_trained_eagle_head_is_exact_and_pays_in_tokens_per_pass() {
 /// row's feature or the wrong next token would fall towards tau 1.0); one request alone in the
 /// batch keeps exactly the drafts its solo chains keep, cycle by cycle.
 fn batched_eagle_chains_are_their_solo_chains(engine: &mut Engine, n: usize) {
-    use wgspec::engine::{BatchEvent, BatchLimits};
     use wgspec::speculative::EagleTree;
     engine.set_eagle_tree(EagleTree::Chain { siblings: 0 }).expect("a head");
-    engine.set_kv_pool(None).expect("a pool");
-    engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
-    let all: serde_json::Value =
-        serde_json::from_str(include_str!("../benches/chat_prompts.json")).expect("json");
-    let reqs: Vec<Request> = (all.as_array().expect("prompts").iter().take(4))
-        .map(|p| {
-            let messages = serde_json::json!([{"role": "user", "content": p["prompt"]}]);
-            let json =
-                serde_json::json!({"messages": messages, "max_tokens": n, "draft": "eagle", "draft_k": 4});
-            Request::from_json(&json.to_string()).expect("request")
-        })
-        .collect();
-    let alone: Vec<_> =
-        reqs.iter().map(|r| pollster::block_on(engine.generate(r, &mut |_| true)).expect("alone")).collect();
-    let mut batch = |reqs: &[Request]| {
-        let ids: Vec<_> = (reqs.iter())
-            .map(|r| engine.batch_submit(engine.prompt_tokens(r).expect("prompt"), r).expect("submit"))
-            .collect();
-        let mut done = std::collections::HashMap::new();
-        while !engine.batch_idle() {
-            for (id, ev) in pollster::block_on(engine.batch_step()).expect("pass") {
-                match ev {
-                    BatchEvent::Done(c) => drop(done.insert(id, *c)),
-                    BatchEvent::Failed(e) => panic!("{id:?} failed: {e}"),
-                    BatchEvent::Token(_) => {}
-                }
-            }
-        }
-        ids.iter().map(|id| done.remove(id).expect("done")).collect::<Vec<_>>()
-    };
-    let together = batch(&reqs);
-    let tau = |c: &[wgspec::engine::Completion]| {
-        let tokens: usize = c.iter().map(|c| c.tokens.len()).sum();
-        tokens as f64 / c.iter().map(|c| c.stats.verify_forwards).sum::<usize>() as f64
-    };
+    let (alone, together) = alone_and_batched(engine, "eagle", 4, n);
     let (solo, batched) = (tau(&alone), tau(&together));
     eprintln!("SmolLM2 + trained eagle chains (K = 4): tau {solo:.2} alone, {batched:.2} in the batch");
-    for (i, (got, want)) in together.iter().zip(&alone).enumerate() {
-        assert_eq!(got.tokens, want.tokens, "request {i} in the batch");
-    }
     assert!(batched > 1.3 && batched > solo - 0.25, "tau {batched:.2} in the batch, {solo:.2} alone");
-    let got = batch(&reqs[..1]).remove(0);
+    let got = batched_run(engine, &[alone_request(0, "eagle", 4, n)]).remove(0);
     assert_eq!(
         (got.stats.drafted, got.stats.accepted, &got.from_draft),
         (alone[0].stats.drafted, alone[0].stats.accepted, &alone[0].from_draft),
         "request 0 alone in the batch"
     );
+}
+
+/// Chat prompt `i` of `benches/chat_prompts.json` as a greedy request of `n` tokens drafting
+/// with `draft` at K = `k`.
+fn alone_request(i: usize, draft: &str, k: usize, n: usize) -> Request {
+    let all: serde_json::Value =
+        serde_json::from_str(include_str!("../benches/chat_prompts.json")).expect("json");
+    let messages = serde_json::json!([{"role": "user", "content": all[i]["prompt"]}]);
+    let json = serde_json::json!({"messages": messages, "max_tokens": n, "draft": draft, "draft_k": k});
+    Request::from_json(&json.to_string()).expect("request")
+}
+
+/// The first 4 chat prompts drafting with `draft` (K = `k`, `n` tokens), each run alone, then all
+/// four in the batch at once (its pool as the budget leaves it): each batched request's tokens
+/// asserted equal to its run alone. Returns both runs' completions.
+fn alone_and_batched(
+    engine: &mut Engine,
+    draft: &str,
+    k: usize,
+    n: usize,
+) -> (Vec<Completion>, Vec<Completion>) {
+    engine.set_kv_pool(None).expect("a pool");
+    engine.set_batch_limits(wgspec::engine::BatchLimits { max_seqs: 8, max_rows: 32 });
+    let reqs: Vec<Request> = (0..4).map(|i| alone_request(i, draft, k, n)).collect();
+    let alone: Vec<Completion> =
+        reqs.iter().map(|r| pollster::block_on(engine.generate(r, &mut |_| true)).expect("alone")).collect();
+    let together = batched_run(engine, &reqs);
+    for (i, (got, want)) in together.iter().zip(&alone).enumerate() {
+        assert_eq!(got.tokens, want.tokens, "{draft}: request {i} in the batch");
+    }
+    (alone, together)
+}
+
+/// `reqs` submitted to the batch at once and run until it is idle: their completions in order.
+fn batched_run(engine: &mut Engine, reqs: &[Request]) -> Vec<Completion> {
+    use wgspec::engine::BatchEvent;
+    let ids: Vec<_> = (reqs.iter())
+        .map(|r| engine.batch_submit(engine.prompt_tokens(r).expect("prompt"), r).expect("submit"))
+        .collect();
+    let mut done = std::collections::HashMap::new();
+    while !engine.batch_idle() {
+        for (id, ev) in pollster::block_on(engine.batch_step()).expect("pass") {
+            match ev {
+                BatchEvent::Done(c) => drop(done.insert(id, *c)),
+                BatchEvent::Failed(e) => panic!("{id:?} failed: {e}"),
+                BatchEvent::Token(_) => {}
+            }
+        }
+    }
+    ids.iter().map(|id| done.remove(id).expect("done")).collect()
+}
+
+/// Tokens per target pass over `runs`.
+fn tau(runs: &[Completion]) -> f64 {
+    let tokens: usize = runs.iter().map(|c| c.tokens.len()).sum();
+    tokens as f64 / runs.iter().map(|c| c.stats.verify_forwards).sum::<usize>().max(1) as f64
 }
 
 /// The Medusa heads trained here for SmolLM2-135M (`heads/smollm2-135m-medusa`, made by
@@ -350,8 +368,17 @@ fn smollm2_trained_medusa_heads_are_exact_and_pay_in_tokens_per_pass() {
     let loaded = engine.load_medusa(files, &mut |_, _| {}).expect("the trained heads");
     assert!(loaded.config.shared_output && loaded.config.heads == 3, "{:?}", loaded.config);
     // (the four code prompts: lean)
-    let tau = trained_heads_tau(&mut engine, "medusa", 7, token_count(24), 4);
-    assert!(tau > 1.35, "the trained heads give tau {tau:.2}, not above 1.35");
+    let tau_trees = trained_heads_tau(&mut engine, "medusa", 7, token_count(24), 4);
+    assert!(tau_trees > 1.35, "the trained heads give tau {tau_trees:.2}, not above 1.35");
+    // in the batch: the same four at once, each head's first guess from each request's row of
+    // the pass before (K = 3, the heads' depth): each request's tokens its run alone's, and the
+    // chains pay (heads reading another request's row, or a row too early, would give about 1.0)
+    let (alone, together) = alone_and_batched(&mut engine, "medusa", 3, token_count(24));
+    let (solo, batched) = (tau(&alone), tau(&together));
+    eprintln!(
+        "SmolLM2 + trained medusa (K = 3): tau {solo:.2} alone (trees), {batched:.2} in the batch (chains)"
+    );
+    assert!(batched > 1.2, "tau {batched:.2} in the batch, {solo:.2} alone");
 }
 
 /// The shipped head on the GPU against PyTorch: `check.json` (written by the training script from
