@@ -918,7 +918,8 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
 #[test]
 fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
     // Requests drafting with an EAGLE head share its passes (after each commit one pass over
-    // every such sequence's kept rows, in its pages of the head's pool; then their chains) and
+    // every such sequence's kept rows, in the head's pages of its target pages' ids; then their
+    // chains) and
     // the target's: each one's tokens are its run alone, greedy and sampled (the drafts are
     // deterministic: kept where a row's choice equals them). EAGLE-1 heads that pass the
     // target's feature through (their first guess repeats the newest token) and random ones,

@@ -587,8 +587,14 @@ pub(super) async fn step(
     }
     place_drafts(batch, &mut plan);
     if !plan.is_empty() {
-        let out = run(batch, target, &plan).await?;
-        let outcomes = outcomes(batch, &plan, &out, target.config.vocab_size)?;
+        // (a pass that fails has written over the target's hidden states, which the Medusa
+        // heads read)
+        let checked = match run(batch, target, &plan).await {
+            Ok(out) => outcomes(batch, &plan, &out, target.config.vocab_size),
+            Err(e) => Err(e),
+        };
+        let outcomes =
+            checked.inspect_err(|_| propose::forget_rows(batch, |d| d.is_medusa() || d.is_eagle()))?;
         let before = propose::before_commit(batch, &plan);
         apply(batch, &plan, outcomes, tokenizer);
         if let Some(h) = head {
@@ -867,7 +873,11 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         let Some(d) = &s.drafting else { continue };
         let last = s.n_past + r.run; // the position after the newest token
         let remaining = s.max_tokens.saturating_sub(s.generated());
-        let k = d.k_max.min(context.saturating_sub(last)).min(remaining.saturating_sub(1));
+        let mut k = d.k_max.min(context.saturating_sub(last)).min(remaining.saturating_sub(1));
+        if d.is_medusa() {
+            // (a guess per head)
+            k = k.min(batch.medusa_heads);
+        }
         if k == 0 {
             continue;
         }
@@ -999,6 +1009,22 @@ fn commit(
     if let Some(Drafting { source: Source::Model { past, .. }, .. }) = &mut s.drafting {
         *past = (*past).min(s.n_past);
     }
+    let end = push_committed(s, r, out, accepted, tokenizer, events);
+    // (an end among the accepted drafts: the positions of those after it are not the sequence's)
+    s.n_past = s.n_past.min(s.tokens.len());
+    end
+}
+
+/// [`commit`]'s tokens: the `accepted` drafts, then the choice after them, each streamed and
+/// checked for the end as the one-sequence loop checks it (the first that ends it is the last).
+fn push_committed(
+    s: &mut Seq,
+    r: &Rows,
+    out: &[u32],
+    accepted: usize,
+    tokenizer: &Tokenizer,
+    events: &mut Vec<(SeqId, BatchEvent)>,
+) -> Option<FinishReason> {
     let now = Instant::now();
     s.first_token.get_or_insert(now);
     let new = r.drafts[..accepted].iter().map(|&x| (x, true)).chain([(out[accepted], false)]);
@@ -1142,6 +1168,23 @@ mod tests {
         }
         assert_eq!(drafts(&mut batch, 24), [4]);
         assert_eq!(idle(&batch), 0);
+    }
+
+    #[test]
+    fn an_end_among_accepted_drafts_leaves_the_positions_after_it_out() {
+        // 62 tokens (the newest at 61); drafts 1 2 3 all accepted, the first ends the request
+        // (its max_tokens): the positions of 2 and 3 are not the sequence's, and caching its
+        // whole pages reads only its tokens
+        let tokenizer = crate::model::synthetic::byte_tokenizer(256).expect("bytes");
+        let mut s = seq((0..62).map(|i| 97 + i % 20).collect(), 0, 0);
+        (s.prompt_len, s.max_tokens) = (61, 2);
+        let r = Rows { seq: 0, run: 1, pending: true, drafts: vec![1, 2, 3], asked: 3 };
+        let end = commit(&mut s, &r, &[1, 2, 3, 4], &tokenizer, &mut Vec::new());
+        assert_eq!(end, Some(FinishReason::Length));
+        assert_eq!((s.tokens.len(), s.n_past), (63, 63));
+        let mut pool = Pool::new(2);
+        cache_pages(&mut pool, &mut s);
+        assert_eq!(pool.cached(), 0, "no whole page of its tokens");
     }
 
     #[test]

@@ -163,9 +163,10 @@ impl Engine {
     /// temperature and top-p: the GPU draws each request's rows), plain or with n-gram drafts
     /// (the draft it names, else the default), the EAGLE head's chains (its passes batched over
     /// the requests drafting with it) or the Medusa heads' first guesses (several requests' rows
-    /// per run of the heads); greedy with the draft model too (its proposals batched alike). Others run alone ([`Engine::generate_from`]) while the batch is idle: a
-    /// sampled request with the draft model is verified by the ratio rule against the draft's
-    /// own draws, which the batch does not run.
+    /// per run of the heads); greedy with the draft model too (its proposals batched alike).
+    /// Others run alone ([`Engine::generate_from`]) while the batch is idle: a sampled request
+    /// with the draft model is verified by the ratio rule against the draft's own draws, which
+    /// the batch does not run.
     pub fn batchable(&self, req: &Request) -> bool {
         let kind = req.draft.unwrap_or(self.default_draft);
         let s = req.sampling();
@@ -466,6 +467,8 @@ impl Engine {
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&EagleHead> {
         self.check_batch_idle("the EAGLE head changes")?;
+        // (cached pages' head parts were the old head's)
+        self.batch.forget_prefixes();
         self.eagle = None;
         self.schedules.clear();
         let named = files.open_named()?;

@@ -20,12 +20,18 @@
 //!
 //! An EAGLE head's proposals for the batch: after each commit, one head pass over the kept rows
 //! of every sequence drafting with it ([`follow`]: the target's features of the pass, each with
-//! the token after it, in pages of the head's own pool); before the next target pass, the chains
-//! of those drafting this time ([`propose_eagle`]: each sequence's last row of that pass projected
-//! and ranked gives x1, then one-row steps per sequence, all in one submission). A sequence the
-//! head has not followed through its newest token (its pages ran out) drafts none. Its chains
-//! are the one-sequence loop's EAGLE chains (its trees, where that loop grows them, are chains
-//! here); deterministic drafts, kept where a row's choice (argmax or draw) equals them.
+//! the token after it, in the head's pages of the ids of the sequence's target pages); before
+//! the next target pass, the chains of those drafting this time ([`propose_eagle`]: each
+//! sequence's last row of that pass projected and ranked gives x1, then one-row steps per
+//! sequence, all in one submission). A sequence the head has not followed through the token
+//! before its newest drafts none. Its chains are the one-sequence loop's EAGLE chains (its
+//! trees, where that loop grows them, are chains here).
+//!
+//! The Medusa heads' proposals ([`propose_medusa`]): each head's most likely id at every drafting
+//! sequence's row of the pass before (the position before its newest token, [`medusa_rows`]),
+//! up to [`MEDUSA_ROWS`] rows per run of the heads: chains, where the one-sequence loop verifies
+//! Medusa's trees. Both are deterministic drafts, kept where a row's choice (argmax or draw)
+//! equals them.
 
 use web_time::Instant;
 
@@ -271,13 +277,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     let out = head.draft_pages(&chains).await;
     // (its draft steps wrote over the rows of the head's latest pass: drafting again needs the
     // next one, whatever happens to this pass)
-    for &entry in &entries {
-        if let Some(Drafting { source: Source::Eagle { row, .. }, .. }) =
-            &mut batch.running[plan[entry].seq].drafting
-        {
-            *row = None;
-        }
-    }
+    forget_rows(batch, Drafting::is_eagle);
     let out = out?;
     batch.head_costs.observe(drafts, t0.elapsed().as_secs_f64());
     for (&entry, chain) in entries.iter().zip(out) {
@@ -394,4 +394,15 @@ pub(super) async fn propose_medusa(batch: &mut Batch, heads: &MedusaHeads, plan:
         }
     }
     Ok(())
+}
+
+/// Forgets the rows of the last passes that the sequences drafting as `which` says would draft
+/// from (the buffers they name were written over, or are about to be: a failed pass).
+pub(super) fn forget_rows(batch: &mut Batch, which: fn(&Drafting) -> bool) {
+    for d in batch.running.iter_mut().filter_map(|s| s.drafting.as_mut()).filter(|d| which(d)) {
+        match &mut d.source {
+            Source::Eagle { row, .. } | Source::Medusa { row } => *row = None,
+            _ => {}
+        }
+    }
 }
