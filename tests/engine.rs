@@ -959,7 +959,6 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
         let done = run_batch(&mut engine, 0, |_, _| {});
         for (i, id) in ids.iter().enumerate() {
             assert_eq!(done[id].tokens, alone[i].tokens, "{name}: request {i}");
-            assert_eq!(done[id].stats.draft, DraftKind::Eagle);
         }
         let (drafted, accepted) =
             done.values().fold((0, 0), |(d, a), c| (d + c.stats.drafted, a + c.stats.accepted));
@@ -1012,7 +1011,6 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
         let done = run_batch(&mut engine, 0, |_, _| {});
         for (i, id) in ids.iter().enumerate() {
             assert_eq!(done[id].tokens, alone[i].tokens, "Medusa {kind:?}: request {i}");
-            assert_eq!(done[id].stats.draft, DraftKind::Medusa);
         }
         let (drafted, accepted) =
             done.values().fold((0, 0), |(d, a), c| (d + c.stats.drafted, a + c.stats.accepted));

@@ -25,8 +25,9 @@
 //! through them); it is added, the likeliest first, while α^(i+1) / b is at least the pass's
 //! expected tokens per second T / (a + b R). So drafting shrinks by itself where rows cost what
 //! serving more requests does, and grows where rows are nearly free (a GPU's few-row passes).
-//! A draft model's draft costs its share of a draft pass too. A request that fixes K (`draft_k`)
-//! drafts that many where the rows allow.
+//! A draft model's draft costs its share of a draft pass too, and an EAGLE or Medusa draft its
+//! share of the heads' measured runs (their seconds by drafts). A request that fixes K
+//! (`draft_k`) drafts that many where the rows allow.
 //!
 //! A sequence is admitted when the pool has pages for its tokens and it has a place (`max_seqs`,
 //! and no more than a pass has rows: each running sequence takes one); its first whole pages
@@ -215,6 +216,17 @@ impl Seq {
     fn alpha(&self) -> f64 {
         let accepted = self.stats.accepted as f64;
         (accepted + 1.0) / (accepted + self.rejected as f64 + 2.0)
+    }
+
+    /// Whether it drafts with the EAGLE head and can now: decoding, the head has run its
+    /// positions up to its newest token's, the last in the head's latest pass.
+    fn eagle_ready(&self) -> bool {
+        match &self.drafting {
+            Some(Drafting { source: Source::Eagle { past, row: Some(_), .. }, .. }) => {
+                *past == self.n_past && self.n_past + 1 == self.tokens.len()
+            }
+            _ => false,
+        }
     }
 
     /// Pages its positions `..end` take.
@@ -889,13 +901,9 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
                 let unseen = s.tokens.len() - (*past).min(s.tokens.len() - 1);
                 (vec![0; k], model_draft, bd * (unseen - 1) as f64)
             }
-            Source::Eagle { past, row, .. } if row.is_some() && *past + 1 == s.tokens.len() => {
-                (vec![0; k], head_draft, 0.0)
-            }
+            Source::Eagle { .. } if s.eagle_ready() => (vec![0; k], head_draft, 0.0),
             Source::Eagle { .. } => (Vec::new(), 0.0, 0.0),
-            Source::Medusa { row: Some(_) } if r.run == 1 => {
-                (vec![0; k.min(batch.medusa_heads)], medusa_draft, 0.0)
-            }
+            Source::Medusa { row: Some(_) } if r.run == 1 => (vec![0; k], medusa_draft, 0.0),
             Source::Medusa { .. } => (Vec::new(), 0.0, 0.0),
         };
         if d.fixed {
@@ -1162,12 +1170,12 @@ mod tests {
             assert_eq!(drafts(&mut batch, 0), [0]);
             assert_eq!(idle(&batch), pass, "no rows left: not the costs' choice");
         }
-        // a fixed K does not count them
+        // a fixed K's passes neither count nor reset them
         if let Some(d) = &mut batch.running[0].drafting {
-            (d.fixed, d.source) = (true, Source::Eagle { past: 18, row: Some(0), idle: 0 });
+            (d.fixed, d.source) = (true, Source::Eagle { past: 18, row: Some(0), idle: 3 });
         }
         assert_eq!(drafts(&mut batch, 24), [4]);
-        assert_eq!(idle(&batch), 0);
+        assert_eq!(idle(&batch), 3);
     }
 
     #[test]

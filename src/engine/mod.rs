@@ -209,15 +209,23 @@ impl Engine {
         Ok(ids)
     }
 
+    /// [`Engine::batchable`] as an error naming what the batch takes.
+    pub fn check_batchable(&self, req: &Request) -> Result<()> {
+        match self.batchable(req) {
+            true => Ok(()),
+            false => Err(Error::InvalidArgument(format!(
+                "only greedy requests and sampled ones without a top-k, plain or with n-gram, EAGLE or \
+                 Medusa drafts (greedy ones with the draft model too), are batched (draft {:?}, top-k {})",
+                req.draft.unwrap_or(self.default_draft),
+                req.top_k
+            ))),
+        }
+    }
+
     /// What [`Engine::batch_submit`] refuses.
     fn check_batched(&self, prompt: &[u32], req: &Request) -> Result<()> {
         req.sampling().validate()?;
-        if !self.batchable(req) {
-            return Err(Error::InvalidArgument(
-                "only greedy requests and sampled ones without a top-k, plain or with n-gram, EAGLE or Medusa drafts (greedy ones with the draft model too), are batched"
-                    .into(),
-            ));
-        }
+        self.check_batchable(req)?;
         if prompt.is_empty() {
             return Err(Error::InvalidArgument("the prompt has no tokens".into()));
         }
@@ -482,13 +490,13 @@ impl Engine {
         let top_k = EAGLE_SIBLINGS + 1;
         // (its KV cache pool has as many pages as the target's, for the batch; the plan bills one
         // context's worth)
-        let page_bytes = (crate::gpu::KV_PAGE * 2 * ckpt.config.kv_dim() * 4) as u64;
         let pages = self.target.kv_pages();
+        let most = EagleHead::max_kv_pages_of(self.target.gpu(), &ckpt.config);
+        let page_bytes = EagleHead::kv_page_bytes_of(&ckpt.config);
         let extra = pages.saturating_sub(self.target.context().div_ceil(crate::gpu::KV_PAGE));
         let bytes = EagleHead::plan(&self.target, &ckpt, layout, opts.precision, top_k)?;
         self.check_budget("the EAGLE head", bytes + extra as u64 * page_bytes)?;
-        let most = self.target.gpu().max_binding_bytes() / page_bytes.max(1);
-        if pages as u64 > most {
+        if pages > most {
             return Err(Error::GpuLimit(format!(
                 "the EAGLE head's KV cache pool of {pages} pages (the target's) exceeds the {most} one binding holds"
             )));

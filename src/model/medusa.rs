@@ -15,7 +15,7 @@
 //! A file may leave out every head's `{h}.{L}.weight`: the heads then project with the target's
 //! own output matrix (heads trained with the projection frozen at the target's `lm_head`, as
 //! `scripts/train/train_medusa.py` trains them), a file of the blocks alone, and one matmul over
-//! `[heads, dim]` reads that matrix once for every head.
+//! `[heads, n, dim]` reads that matrix once for every head and row.
 //!
 //! Everything runs in one submission with one small read-back: the target's hidden rows (picked
 //! by row indices written before the submission: one for a sequence's draft, up to
@@ -190,8 +190,8 @@ struct MedusaSizes {
     last: usize,   // [heads, MEDUSA_ROWS, dim] every head's h_L (shared projection; else one word)
     logits: usize, // [heads, MEDUSA_ROWS, vocab] their logits (shared projection; else one word)
     heads: usize,
-    /// Heads with their own projection (each: logits, top and a one-row top-k), and 1 where
-    /// they share the target's (one top-k over every head's row).
+    /// Heads with their own projection (each: logits, top and a top-k of MEDUSA_ROWS rows), and
+    /// 1 where they share the target's (one top-k over every head's rows).
     own: usize,
     shared: usize,
     own_ranking: TopKScratch,

@@ -51,12 +51,8 @@ pub async fn run(
     requests: &[(Vec<u32>, Request)],
     levels: &[usize],
 ) -> Result<Vec<Level>> {
-    if let Some(r) = requests.iter().find(|(_, r)| !engine.batchable(r)) {
-        return Err(Error::InvalidArgument(format!(
-            "--concurrency batches greedy requests and sampled ones without a top-k, plain or with \
-             n-gram, EAGLE or Medusa drafts, and greedy ones with a draft model (draft {:?}, top-k {})",
-            r.1.draft, r.1.top_k
-        )));
+    for (_, r) in requests {
+        engine.check_batchable(r)?;
     }
     if let Some(n) = levels.iter().find(|n| !(1..=MAX_BATCH).contains(n)) {
         return Err(Error::InvalidArgument(format!("--concurrency takes 1..={MAX_BATCH}, got {n}")));

@@ -200,8 +200,8 @@ struct ServeArgs {
     #[arg(long, default_value_t = 8)]
     max_queue: usize,
     /// Most requests served together, sharing every forward pass (1..=32; 1: one at a time).
-    /// Greedy requests and sampled ones without a top-k, plain or with n-gram drafts, are
-    /// batched; others run alone between batches.
+    /// Greedy requests and sampled ones without a top-k, plain or with n-gram, EAGLE or Medusa
+    /// drafts, and greedy ones with a draft model, are batched; others run alone between batches.
     #[arg(long, default_value_t = 32)]
     max_batch: usize,
     /// Most rows of one forward pass: prompt chunks, decoding tokens and drafts (1..=32).

@@ -235,11 +235,8 @@ async fn timed(costs: &mut PassCosts, draft: &mut Model, seqs: &[SeqRows<'_>]) -
 /// the ids of their target pages (free ones taken for the draft steps' positions, never a
 /// preemption: drafts past them are dropped).
 pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan: &mut [Rows]) -> Result<()> {
-    let ready = |s: &Seq| match &s.drafting {
-        Some(Drafting { source: Source::Eagle { past, row, .. }, .. }) => row.is_some() && *past == s.n_past,
-        _ => false,
-    };
-    let mut entries = Vec::new();
+    // (plan entry, and the head's row and past of its sequence)
+    let mut asks: Vec<(usize, usize, usize)> = Vec::new();
     for (entry, r) in plan.iter_mut().enumerate() {
         let eagle = batch.running[r.seq].drafting.as_ref().is_some_and(Drafting::is_eagle);
         if !r.pending || r.drafts.is_empty() || !eagle {
@@ -247,29 +244,29 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
         }
         // (the draft steps' positions: its newest token's and the drafts' but the last)
         let n_past = batch.running[r.seq].n_past;
-        batch.take_free(r.seq, n_past + r.drafts.len() - 1);
+        if batch.running[r.seq].eagle_ready() {
+            batch.take_free(r.seq, n_past + r.drafts.len() - 1);
+        }
         let s = &batch.running[r.seq];
-        let room = (s.pages.len() * KV_PAGE + 1).saturating_sub(n_past);
-        let (ok, fixed) = (ready(s), s.drafting.as_ref().is_some_and(|d| d.fixed));
-        r.drafts.truncate(room);
-        if ok && !r.drafts.is_empty() {
-            entries.push(entry);
-        } else {
-            drop_drafts(r, fixed);
+        r.drafts.truncate((s.pages.len() * KV_PAGE + 1).saturating_sub(n_past));
+        match (&s.drafting, s.eagle_ready()) {
+            (Some(Drafting { source: Source::Eagle { row: Some(row), past, .. }, .. }), true)
+                if !r.drafts.is_empty() =>
+            {
+                asks.push((entry, *row, *past))
+            }
+            (d, _) => drop_drafts(r, d.as_ref().is_some_and(|d| d.fixed)),
         }
     }
-    if entries.is_empty() {
+    if asks.is_empty() {
         return Ok(());
     }
     // (from the first pass on, the head's cache holds nothing the one-sequence loop knows)
     batch.head_used = true;
-    let chains: Vec<HeadChain> = (entries.iter())
-        .filter_map(|&entry| match &batch.running[plan[entry].seq].drafting {
-            Some(Drafting { source: Source::Eagle { past, row: Some(row), .. }, .. }) => {
-                let pages = &batch.running[plan[entry].seq].pages;
-                Some(HeadChain { pages, past: *past, row: *row, drafts: plan[entry].drafts.len() })
-            }
-            _ => None,
+    let chains: Vec<HeadChain> = (asks.iter())
+        .map(|&(entry, row, past)| {
+            let (pages, drafts) = (&batch.running[plan[entry].seq].pages, plan[entry].drafts.len());
+            HeadChain { pages, past, row, drafts }
         })
         .collect();
     let drafts = chains.iter().map(|c| c.drafts).sum();
@@ -280,7 +277,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     forget_rows(batch, Drafting::is_eagle);
     let out = out?;
     batch.head_costs.observe(drafts, t0.elapsed().as_secs_f64());
-    for (&entry, chain) in entries.iter().zip(out) {
+    for (&(entry, ..), chain) in asks.iter().zip(out) {
         plan[entry].drafts = chain;
     }
     Ok(())

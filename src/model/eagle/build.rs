@@ -19,6 +19,11 @@ use crate::model::weights::{
 };
 use bytemuck::Zeroable;
 
+/// Words of one page of a head's KV cache pool: [`KV_PAGE`] positions of f32 keys and values.
+fn kv_page_words(c: &Config) -> usize {
+    KV_PAGE * 2 * c.kv_dim()
+}
+
 /// The head's tensors, named as in the public layout.
 struct EagleTensors {
     fc: TensorSpec,
@@ -149,7 +154,7 @@ impl HeadSizes {
             // (each projection ranks the rows of `logits` into its own scratch)
             ranking: TopKScratch::new(PROJECTED, out_vocab, top_k, true),
             store: EAGLE_STORE_SLOTS * c.dim,
-            kv: pages * KV_PAGE * 2 * c.kv_dim(),
+            kv: pages * kv_page_words(c),
             page_table: MAX_BATCH * pages,
             rope: context * c.rope_dim,
             d2t,
@@ -564,7 +569,13 @@ impl EagleHead {
 
     /// Bytes of one page of the head's KV cache pool ([`KV_PAGE`] positions, f32).
     pub fn kv_page_bytes(&self) -> u64 {
-        (KV_PAGE * 2 * self.config.kv_dim() * 4) as u64
+        EagleHead::kv_page_bytes_of(&self.config)
+    }
+
+    /// Bytes of one page of the KV cache pool of a head of config `c` (its
+    /// [`EagleHead::config_for`]).
+    pub fn kv_page_bytes_of(c: &Config) -> u64 {
+        4 * kv_page_words(c) as u64
     }
 
     /// Pages of its KV cache pool (at first one context's worth).
@@ -574,7 +585,13 @@ impl EagleHead {
 
     /// The most pages its pool may have (one binding).
     pub fn max_kv_pages(&self) -> usize {
-        (self.gpu.max_binding_bytes() / self.kv_page_bytes().max(1)).min(1 << 24) as usize
+        EagleHead::max_kv_pages_of(&self.gpu, &self.config)
+    }
+
+    /// The most pages the pool of a head of config `c` (its [`EagleHead::config_for`]) may have
+    /// on `gpu`: one binding holds it.
+    pub fn max_kv_pages_of(gpu: &Gpu, c: &Config) -> usize {
+        (gpu.max_binding_bytes() / EagleHead::kv_page_bytes_of(c).max(1)).min(1 << 24) as usize
     }
 
     /// Makes the head's KV cache a pool of `pages` pages (at least one context's worth, at most
@@ -591,7 +608,7 @@ impl EagleHead {
         }
         let taps = check_load(&self.config, target, self.layout, self.top_k)?;
         let g = &*self.gpu;
-        let kv = GpuBuffer::<u32>::zeros(g, "eagle kv", pages * KV_PAGE * 2 * self.config.kv_dim());
+        let kv = GpuBuffer::<u32>::zeros(g, "eagle kv", pages * kv_page_words(&self.config));
         // (an allocation the device could not make fails here, the old pool kept)
         g.take_error()?;
         let old = self.kv_page_bytes() * self.kv_pages as u64;

@@ -176,7 +176,7 @@ struct Eagle3Weights {
     norm: GpuBuffer<f32>,        // [dim] norm (before lm_head)
     lm_head: Matrix,             // [draft_vocab, dim]
     d2t: GpuBuffer<u32>,         // [draft_vocab] the target's id of each draft id
-    lastn: GpuBuffer<f32>,       // [W, dim] norm(last)
+    lastn: GpuBuffer<f32>,       // [PROJECTED, dim] norm(last)
 }
 
 /// Buffers of the head, each allocated once for [`MAX_BATCH`] rows.
@@ -203,7 +203,7 @@ struct HeadState {
     scores: GpuBuffer<f32>,          // attention scratch (Gpu::attention_scratch_len for MAX_BATCH rows)
     hb: GpuBuffer<f32>,              // [MAX_BATCH, ffn_dim]
     logits: GpuBuffer<f32>,          // [PROJECTED, vocab] the projected rows'
-    last: GpuBuffer<f32>,            // [PROJECTED, dim] the projected rows' f^ (row 0: where a chain goes on)
+    last: GpuBuffer<f32>,            // [PROJECTED, dim] the projected rows' f^ (row i: where chain i goes on)
     top: GpuBuffer<u32>,             // [PROJECTED, top_k] the projected rows' most likely ids
     logp: GpuBuffer<f32>,            // [PROJECTED, top_k] their log-probabilities
     store: GpuBuffer<f32>,           // [EAGLE_STORE_SLOTS, dim] f^ of a draft tree's expanded nodes
