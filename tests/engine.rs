@@ -915,6 +915,27 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
     assert!(!engine.batchable(&sampled) && engine.batchable(&reqs[0]));
 }
 
+/// Runs each of `reqs` alone, then all at once in the batch (`prompts`: their tokens), asserting
+/// each batched request's tokens are its run alone's; returns the runs alone and the batch's
+/// drafts and accepted drafts.
+fn alone_then_batched(
+    engine: &mut Engine,
+    reqs: &[Request],
+    prompts: &[Vec<u32>],
+    what: &str,
+) -> (Vec<Completion>, usize, usize) {
+    let alone: Vec<Completion> = reqs.iter().map(|r| run(engine, r).0).collect();
+    let ids: Vec<_> =
+        (reqs.iter().zip(prompts)).map(|(r, p)| engine.batch_submit(p.clone(), r).expect("submit")).collect();
+    let done = run_batch(engine, 0, |_, _| {});
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(done[id].tokens, alone[i].tokens, "{what}: request {i}");
+    }
+    let (drafted, accepted) =
+        done.values().fold((0, 0), |(d, a), c| (d + c.stats.drafted, a + c.stats.accepted));
+    (alone, drafted, accepted)
+}
+
 #[test]
 fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
     // Requests drafting with an EAGLE head share its passes (after each commit one pass over
@@ -953,15 +974,7 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
         assert_eq!(engine.eagle().expect("head").kv_pages(), 24, "{name}: a page of the head's per page");
         // (chains alone too: a fixed K's drafts are then the batch's, cycle by cycle)
         engine.set_eagle_tree(EagleTree::Chain { siblings: 0 }).expect("a head");
-        let alone: Vec<Completion> = reqs.iter().map(|r| run(&mut engine, r).0).collect();
-        let ids: Vec<_> =
-            (0..8).map(|i| engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
-        let done = run_batch(&mut engine, 0, |_, _| {});
-        for (i, id) in ids.iter().enumerate() {
-            assert_eq!(done[id].tokens, alone[i].tokens, "{name}: request {i}");
-        }
-        let (drafted, accepted) =
-            done.values().fold((0, 0), |(d, a), c| (d + c.stats.drafted, a + c.stats.accepted));
+        let (alone, drafted, accepted) = alone_then_batched(&mut engine, &reqs, &prompts, name);
         assert!(drafted > 0, "{name}: the head drafted in the batch");
         if name == "echo" {
             assert!(accepted > 0 && accepted < drafted, "{name}: kept and rejected: {accepted} of {drafted}");
@@ -1005,15 +1018,8 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
         engine.load_medusa(files, &mut |_, _| {}).expect("Medusa heads");
         let reqs: Vec<Request> =
             reqs.iter().map(|r| Request { draft: Some(DraftKind::Medusa), ..r.clone() }).collect();
-        let alone: Vec<Completion> = reqs.iter().map(|r| run(&mut engine, r).0).collect();
-        let ids: Vec<_> =
-            (0..8).map(|i| engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
-        let done = run_batch(&mut engine, 0, |_, _| {});
-        for (i, id) in ids.iter().enumerate() {
-            assert_eq!(done[id].tokens, alone[i].tokens, "Medusa {kind:?}: request {i}");
-        }
-        let (drafted, accepted) =
-            done.values().fold((0, 0), |(d, a), c| (d + c.stats.drafted, a + c.stats.accepted));
+        let (_, drafted, accepted) =
+            alone_then_batched(&mut engine, &reqs, &prompts, &format!("Medusa {kind:?}"));
         assert!(drafted > 0, "Medusa {kind:?}: the heads drafted in the batch");
         if kind == common::tiny::MedusaKind::Echo {
             assert!(

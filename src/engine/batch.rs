@@ -862,17 +862,18 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     // placeholders until then.
     // An EAGLE head's draft costs a target row and its share of the head's chains (their fixed
     // seconds shared alike, and a draft's), where the head has run the sequence's last rows.
-    let drafting_with = |is: fn(&Drafting) -> bool| {
+    // Medusa's: a target row and its share of the heads' runs. (Each: the fixed seconds of the
+    // drafter's line shared by the sequences drafting with it, and a draft's.)
+    let each = |costs: &PassCosts, is: fn(&Drafting) -> bool| {
         let with = |r: &&Rows| batch.running[r.seq].drafting.as_ref().is_some_and(is);
-        plan.iter().filter(|r| r.pending).filter(with).count().max(1) as f64
+        let drafting = plan.iter().filter(|r| r.pending).filter(with).count().max(1) as f64;
+        let (a, b) = costs.line().unwrap_or((0.0, 0.0));
+        a / drafting + b
     };
-    let (ad, bd) = batch.draft_costs.line().unwrap_or((0.0, 0.0));
-    let model_draft = ad / drafting_with(Drafting::is_model) + bd;
-    let (ah, bh) = batch.head_costs.line().unwrap_or((0.0, 0.0));
-    let head_draft = ah / drafting_with(Drafting::is_eagle) + bh;
-    // Medusa's: a target row and its share of the heads' runs
-    let (am, bm) = batch.medusa_costs.line().unwrap_or((0.0, 0.0));
-    let medusa_draft = am / drafting_with(Drafting::is_medusa) + bm;
+    let model_draft = each(&batch.draft_costs, Drafting::is_model);
+    let head_draft = each(&batch.head_costs, Drafting::is_eagle);
+    let medusa_draft = each(&batch.medusa_costs, Drafting::is_medusa);
+    let bd = batch.draft_costs.line().map_or(0.0, |(_, b)| b);
     // (plan entry, the proposal, the sequence's acceptance, the draft's own seconds: each, and
     // the first's more)
     let mut adaptive: Vec<(usize, Vec<u32>, f64, f64, f64)> = Vec::new();
