@@ -26,8 +26,11 @@
 //! expected tokens per second T / (a + b R). So drafting shrinks by itself where rows cost what
 //! serving more requests does, and grows where rows are nearly free (a GPU's few-row passes).
 //! A draft model's draft costs its share of a draft pass too, and an EAGLE or Medusa draft its
-//! share of the heads' measured runs (their seconds by drafts). A request that fixes K
-//! (`draft_k`) drafts that many where the rows allow.
+//! share of the heads' measured runs (their seconds by drafts). Nothing is free before it is
+//! measured: until two row counts are, a pass of a count measured already takes one draft (the
+//! probe that measures another) and the others none; a drafter not run yet lets each sequence
+//! draft one (its probe). A request that fixes K (`draft_k`) drafts that many where the rows
+//! allow.
 //!
 //! A sequence is admitted when the pool has pages for its tokens and it has a place (`max_seqs`,
 //! and no more than a pass has rows: each running sequence takes one); its first whole pages
@@ -864,16 +867,17 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     // seconds shared alike, and a draft's), where the head has run the sequence's last rows.
     // Medusa's: a target row and its share of the heads' runs. (Each: the fixed seconds of the
     // drafter's line shared by the sequences drafting with it, and a draft's.)
+    // A drafter that has not run yet costs nothing, but its sequences' adaptive K draft one at
+    // most (a probe that measures it).
     let each = |costs: &PassCosts, is: fn(&Drafting) -> bool| {
         let with = |r: &&Rows| batch.running[r.seq].drafting.as_ref().is_some_and(is);
         let drafting = plan.iter().filter(|r| r.pending).filter(with).count().max(1) as f64;
-        let (a, b) = costs.line().unwrap_or((0.0, 0.0));
-        a / drafting + b
+        costs.estimate().map(|(a, b)| a / drafting + b)
     };
     let model_draft = each(&batch.draft_costs, Drafting::is_model);
     let head_draft = each(&batch.head_costs, Drafting::is_eagle);
     let medusa_draft = each(&batch.medusa_costs, Drafting::is_medusa);
-    let bd = batch.draft_costs.line().map_or(0.0, |(_, b)| b);
+    let bd = batch.draft_costs.estimate().map_or(0.0, |(_, b)| b);
     // (plan entry, the proposal, the sequence's acceptance, the draft's own seconds: each, and
     // the first's more)
     let mut adaptive: Vec<(usize, Vec<u32>, f64, f64, f64)> = Vec::new();
@@ -894,8 +898,8 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         if k == 0 {
             continue;
         }
-        let (proposal, cost, first) = match &d.source {
-            Source::NGram(ngram) => (ngram.lookup(&s.tokens, k), 0.0, 0.0),
+        let (mut proposal, cost, first) = match &d.source {
+            Source::NGram(ngram) => (ngram.lookup(&s.tokens, k), Some(0.0), 0.0),
             Source::Model { past, .. } => {
                 // (all of them: spread over the tokens still wanted, the draft caught up for a
                 // few drafts cost more than plain batching on lavapipe's Qwen pair at 4 requests)
@@ -903,10 +907,13 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
                 (vec![0; k], model_draft, bd * (unseen - 1) as f64)
             }
             Source::Eagle { .. } if s.eagle_ready() => (vec![0; k], head_draft, 0.0),
-            Source::Eagle { .. } => (Vec::new(), 0.0, 0.0),
             Source::Medusa { row: Some(_) } if r.run == 1 => (vec![0; k], medusa_draft, 0.0),
-            Source::Medusa { .. } => (Vec::new(), 0.0, 0.0),
+            Source::Eagle { .. } | Source::Medusa { .. } => (Vec::new(), Some(0.0), 0.0),
         };
+        if cost.is_none() && !d.fixed {
+            proposal.truncate(1);
+        }
+        let cost = cost.unwrap_or(0.0);
         if d.fixed {
             r.asked = k;
             r.drafts = proposal.into_iter().take(budget).collect();
@@ -918,7 +925,11 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         }
     }
     let mut rows = plan.iter().map(|r| r.run + r.drafts.len()).sum::<usize>() as f64;
-    let (a, b) = batch.costs.line().unwrap_or((1.0, 0.0));
+    // (until two row counts are measured the marginal row is unknown: a pass of a count measured
+    // already takes one draft, the probe that measures another; the others none)
+    let line = batch.costs.line();
+    let mut probes = (line.is_none() && batch.costs.measured(rows as usize)) as usize;
+    let (a, b) = line.unwrap_or((1.0, 0.0));
     while budget > 0 {
         // the likeliest next draft: alpha^(drafts + 1)
         let best = (adaptive.iter().enumerate())
@@ -929,7 +940,12 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         // worth a row: its tokens per marginal second at least the pass's tokens per second
         let (i, proposal, _, each, first) = &adaptive[j];
         let cost = each + if plan[*i].drafts.is_empty() { *first } else { 0.0 };
-        if gain * (a + b * rows + drafting) < (b + cost) * tokens {
+        if line.is_none() {
+            if probes == 0 {
+                break;
+            }
+            probes -= 1;
+        } else if gain * (a + b * rows + drafting) < (b + cost) * tokens {
             break;
         }
         let r = &mut plan[*i];
@@ -941,13 +957,13 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         drafting += cost;
     }
     // (an adaptive K whose EAGLE drafts the costs turn down for long stops following the head;
-    // passes whose rows ran out do not count)
+    // passes whose rows ran out, or whose costs are unknown, do not count)
     for &(i, ..) in &adaptive {
         let drafted = !plan[i].drafts.is_empty();
         if let Some(Drafting { source: Source::Eagle { idle, .. }, .. }) =
             &mut batch.running[plan[i].seq].drafting
         {
-            *idle = if drafted { 0 } else { *idle + (budget > 0) as usize };
+            *idle = if drafted { 0 } else { *idle + (budget > 0 && line.is_some()) as usize };
         }
     }
 }
@@ -976,6 +992,20 @@ impl PassCosts {
         }
         let c = &mut self.by_rows[rows];
         *c = Some(c.map_or(seconds, |old| 0.8 * old + 0.2 * seconds));
+    }
+
+    /// Whether passes of `rows` rows were measured.
+    fn measured(&self, rows: usize) -> bool {
+        self.by_rows.get(rows).is_some_and(Option::is_some)
+    }
+
+    /// The line, or before two row counts are measured the one through the origin and the
+    /// count measured (all its seconds per row: the most a row can cost); none before any.
+    fn estimate(&self) -> Option<(f64, f64)> {
+        self.line().or_else(|| {
+            let (r, c) = (self.by_rows.iter().enumerate()).find_map(|(r, c)| c.map(|c| (r, c)))?;
+            Some((0.0, c / r.max(1) as f64))
+        })
     }
 
     /// (a, b) of the least-squares line through the measured row counts (each once), b at least
@@ -1157,10 +1187,19 @@ mod tests {
             Some(Drafting { source: Source::Eagle { idle, .. }, .. }) => *idle,
             _ => unreachable!("an EAGLE sequence"),
         };
-        // rows free: it drafts, and its idle passes stay 0
-        assert!(drafts(&mut batch, 24)[0] > 0);
+        // costs unknown: no draft, and no idle pass (not the costs' choice)
+        assert_eq!(drafts(&mut batch, 24), [0]);
+        assert_eq!(idle(&batch), 0);
+        // rows free (a flat line) and the head never run: one draft, the probe of its cost
+        batch.costs.observe(4, 1.0);
+        batch.costs.observe(8, 1.0);
+        assert_eq!(drafts(&mut batch, 24), [1]);
+        // its chain measured nearly free: K's drafts, and its idle passes stay 0
+        batch.head_costs.observe(1, 1e-6);
+        assert_eq!(drafts(&mut batch, 24), [4]);
         assert_eq!(idle(&batch), 0);
         // rows cost what serving more requests does and 1 in 12 drafts is kept: none pays
+        batch.costs = PassCosts::default();
         for r in [4, 8, 16] {
             batch.costs.observe(r, 1.0 + r as f64);
         }
@@ -1221,6 +1260,9 @@ mod tests {
         let mut c = PassCosts::default();
         c.observe(4, 1.0);
         assert!(c.line().is_none(), "one row count: no slope");
+        assert_eq!(c.estimate(), Some((0.0, 0.25)), "through the origin: its seconds per row");
+        assert!(c.measured(4) && !c.measured(8) && !c.measured(400));
+        assert_eq!(PassCosts::default().estimate(), None);
         c.observe(8, 2.0);
         c.observe(8, 2.0);
         let (a, b) = c.line().expect("two row counts");
@@ -1239,10 +1281,21 @@ mod tests {
         let pattern: Vec<u32> = [1, 2, 3].repeat(6);
         let mut batch = Batch::new(64);
         batch.running = vec![seq(pattern.clone(), 90, 10), seq(pattern.clone(), 1, 30), seq(pattern, 0, 0)];
-        // rows free (no measured costs): every proposal, within the budget, likeliest first
+        // costs unknown (no pass measured): no draft, the pass measures its rows
+        assert_eq!(drafts(&mut batch, 24), [0, 0, 0]);
+        // one row count measured, another than this pass's (3 rows): none either
+        batch.costs.observe(5, 1.0);
+        assert_eq!(drafts(&mut batch, 24), [0, 0, 0]);
+        // this pass's: one draft, the likeliest, the probe that measures another count
+        batch.costs = PassCosts::default();
+        batch.costs.observe(3, 1.0);
+        assert_eq!(drafts(&mut batch, 24), [1, 0, 0]);
+        // rows free (a flat line): every proposal, within the budget, likeliest first
+        batch.costs.observe(4, 1.0);
         assert_eq!(drafts(&mut batch, 24), [8, 8, 8]);
         assert_eq!(drafts(&mut batch, 9), [8, 0, 1], "the likely one first, then 1/2 over 1/16");
         // rows cost: a + b R with b = a (a row costs a pass's fixed part)
+        batch.costs = PassCosts::default();
         for r in [4, 8, 16] {
             batch.costs.observe(r, 1.0 + r as f64);
         }
