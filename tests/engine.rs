@@ -671,6 +671,10 @@ fn batch_requests() -> Vec<Request> {
                 req.temperature = 0.8;
                 req.seed = 1000 + i as u64;
                 req.top_p = if i == 4 { 0.9 } else { 1.0 };
+                // (a top-k ranked on the GPU: the most it ranks, and 2 of a flat distribution
+                // with drafts, whose draws its cut keeps out of the rest)
+                req.top_k = [16, 0, 2][i / 3];
+                req.temperature = [0.8, 0.8, 3.0][i / 3];
             }
             req
         })
@@ -830,8 +834,8 @@ fn batched_requests_each_equal_their_run_alone() {
 
     // what the batch refuses, and the one-sequence loop while it runs
     let mut top_k = reqs[1].clone();
-    top_k.top_k = 5;
-    assert!(!engine.batchable(&top_k));
+    top_k.top_k = 17;
+    assert!(!engine.batchable(&top_k), "a top-k the GPU does not rank");
     assert!(matches!(engine.batch_submit(prompts[0].clone(), &top_k), Err(Error::InvalidArgument(_))));
     assert!(matches!(engine.batch_submit(vec![], &reqs[0]), Err(Error::InvalidArgument(_))));
     assert!(matches!(engine.batch_submit(vec![1; 128], &reqs[0]), Err(Error::ContextOverflow { .. })));
@@ -1028,8 +1032,9 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
             );
         }
     }
-    // a top-k, or the ensemble with the n-gram, runs alone
-    assert!(!engine.batchable(&Request { top_k: 5, temperature: 0.8, ..reqs[0].clone() }));
+    // a top-k the GPU does not rank, or the ensemble with the n-gram, runs alone
+    assert!(!engine.batchable(&Request { top_k: 40, temperature: 0.8, ..reqs[0].clone() }));
+    assert!(engine.batchable(&Request { top_k: 16, temperature: 0.8, ..reqs[0].clone() }));
     assert!(!engine.batchable(&Request { draft: Some(DraftKind::EagleNgram), ..reqs[0].clone() }));
 }
 

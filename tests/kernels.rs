@@ -1116,6 +1116,28 @@ fn top_k_ranks_ids_as_the_argmax_breaks_ties() {
             }
         }
     }
+    // one request's rows of a pass over several (the batch's top-k): rows 5 and 6 of 8 ranked at
+    // their places, the others untouched; moved to rows 0..3 for the next submission
+    let (n, vocab, k) = (8, 1500, 4);
+    let logits = adversarial_rows(&mut rng, n, vocab);
+    let lb = GpuBuffer::<f32>::from_slice(&gpu, "logits", &logits);
+    let ob = GpuBuffer::<u32>::from_slice(&gpu, "out", &vec![u32::MAX; n * k]);
+    let top = gpu.top_k_rows(&step, &lb, (&ob, None), vocab, k);
+    for (row0, m) in [(5, 2), (0, 3)] {
+        top.at(&gpu.queue, row0);
+        gpu.write_step(&step, n, 0);
+        let mut enc = gpu.encoder();
+        gpu.encode(&mut enc, &top.ops, m as u32);
+        gpu.submit(enc);
+        let got = read_u32(&gpu, &ob.raw, n * k);
+        for (r, row) in logits.chunks(vocab).enumerate() {
+            let mut ids = ranked(row);
+            ids.resize(ids.len().max(k), ids.last().copied().unwrap_or(vocab as u32 - 1));
+            let (ranked_now, before) = ((row0..row0 + m).contains(&r), (5..7).contains(&r));
+            let want = if ranked_now || before { ids[..k].to_vec() } else { vec![u32::MAX; k] };
+            assert_eq!(&got[r * k..(r + 1) * k], &want[..], "row {r} of the pass, rows {row0}.. ranked");
+        }
+    }
 }
 
 #[test]

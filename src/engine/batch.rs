@@ -58,7 +58,7 @@ use super::prompt::TextStream;
 use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
 use crate::generation::FinishReason;
-use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleRows, SampleSeed, KV_PAGE};
+use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleRows, SampleSeed, TopKRows, KV_PAGE};
 use crate::model::{EagleHead, MedusaHeads, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_MEDUSA_HEADS};
 use crate::sampling::SamplingParams;
 use crate::speculative::sampled::target_draws;
@@ -239,13 +239,14 @@ impl Seq {
 }
 
 /// A sampled request's draws on the GPU: its seed and the uniform keying them (with the pass row
-/// its rows start at), its non-finite flag, and the ops drawing from its rows into the batch's
-/// shared words.
+/// its rows start at), its non-finite flag, the ops drawing from its rows into the batch's
+/// shared words, and with a top-k the ops ranking its rows first.
 struct Draw {
     seed: u64,
     uniform: wgpu::Buffer,
     status: GpuBuffer<u32>, // [1] 1 + its last row with a non-finite logit, or 0
     ops: Vec<Op>,
+    top: Option<(TopKRows, GpuBuffer<u32>)>, // the ranks: [MAX_BATCH, top_k], its rows' places
 }
 
 /// What a batched pass reads back: each row's argmax, each row's draw words, each sequence's
@@ -784,7 +785,12 @@ async fn run_pass(
             let row0 = first + r.run - 1;
             g.queue.write_buffer(&d.uniform, 0, bytemuck::bytes_of(&SampleSeed::at(d.seed, row0)));
             g.queue.write_buffer(&d.status.raw, 0, bytemuck::bytes_of(&0u32));
-            g.encode(&mut enc, &d.ops, (1 + r.drafts.len()) as u32);
+            let n = (1 + r.drafts.len()) as u32;
+            if let Some((top, _)) = &d.top {
+                top.at(&g.queue, row0);
+                g.encode(&mut enc, &top.ops, n);
+            }
+            g.encode(&mut enc, &d.ops, n);
             enc.copy_buffer_to_buffer(&d.status.raw, 0, &rb.result.raw, 4 * (5 * MAX_BATCH + i) as u64, 4);
         }
         first += r.run + r.drafts.len();
@@ -799,10 +805,17 @@ async fn run_pass(
 /// A sampled request's draws (see [`Draw`]), into `readback`'s shared words.
 fn draw_ops(target: &Model, readback: &Readback, params: &SamplingParams) -> Draw {
     let g = &**target.gpu();
+    let vocab = target.config.vocab_size;
     let uniform = g.uniform("batch sample seed", bytemuck::bytes_of(&SampleSeed::new(params.seed)));
     let status = GpuBuffer::<u32>::zeros(g, "batch sample status", 1);
-    let rows = SampleRows { logits: target.logits_buffer(), top: None };
-    let cfg = target_draws(params, target.config.vocab_size);
+    // (a top-k ranks the request's rows at their places in the pass, as its draws read them)
+    let top = (params.top_k > 0).then(|| {
+        let ranks = GpuBuffer::<u32>::zeros(g, "batch top-k ranks", MAX_BATCH * params.top_k);
+        let logits = target.logits_buffer();
+        (g.top_k_rows(target.step_buffer(), logits, (&ranks, None), vocab, params.top_k), ranks)
+    });
+    let rows = SampleRows { logits: target.logits_buffer(), top: top.as_ref().map(|(_, ranks)| ranks) };
+    let cfg = target_draws(params, vocab);
     let outs = (&readback.draws, &status);
     let ops = g.sample_into(
         target.step_buffer(),
@@ -813,7 +826,7 @@ fn draw_ops(target: &Model, readback: &Readback, params: &SamplingParams) -> Dra
         &readback.scratch,
         cfg,
     );
-    Draw { seed: params.seed, uniform, status, ops }
+    Draw { seed: params.seed, uniform, status, ops, top }
 }
 
 /// The rows of the next pass: every decoding sequence's newest token (a new page taken, or the

@@ -159,8 +159,9 @@ impl Engine {
         }
     }
 
-    /// Whether [`Engine::batch_submit`] takes `req`: greedy, or sampled without a top-k (any
-    /// temperature and top-p: the GPU draws each request's rows), plain or with n-gram drafts
+    /// Whether [`Engine::batch_submit`] takes `req`: greedy, or sampled where the GPU draws (any
+    /// temperature and top-p, a top-k of at most [`MAX_TOP_K`](crate::gpu::MAX_TOP_K), ranked on
+    /// the GPU: each request's rows drawn, and ranked, by its own ops), plain or with n-gram drafts
     /// (the draft it names, else the default), the EAGLE head's chains (its passes batched over
     /// the requests drafting with it) or the Medusa heads' first guesses (several requests' rows
     /// per run of the heads); greedy with the draft model too (its proposals batched alike).
@@ -173,7 +174,7 @@ impl Engine {
         let model = kind == DraftKind::Model && self.draft.is_some() && s.is_greedy();
         let eagle = kind == DraftKind::Eagle && self.eagle.is_some();
         let medusa = kind == DraftKind::Medusa && self.medusa.is_some();
-        (s.is_greedy() || s.top_k == 0)
+        (s.is_greedy() || speculative::sampled::gpu_samples(&s))
             && (matches!(kind, DraftKind::None | DraftKind::Ngram) || model || eagle || medusa)
     }
 
@@ -214,8 +215,10 @@ impl Engine {
         match self.batchable(req) {
             true => Ok(()),
             false => Err(Error::InvalidArgument(format!(
-                "only greedy requests and sampled ones without a top-k, plain or with n-gram, EAGLE or \
-                 Medusa drafts (greedy ones with the draft model too), are batched (draft {:?}, top-k {})",
+                "only greedy requests and sampled ones with a top-k of at most {}, plain or with n-gram, \
+                 EAGLE or Medusa drafts (greedy ones with the draft model too), are batched (draft {:?}, \
+                 top-k {})",
+                crate::gpu::MAX_TOP_K,
                 req.draft.unwrap_or(self.default_draft),
                 req.top_k
             ))),

@@ -630,7 +630,27 @@ gpu_struct! {
         slices: u32,
         /// 0: slices of logits into candidates; 1: candidates into out.
         stage: u32,
-        _pad: [u32; 3],
+        /// The pass row of the op's first row (one request's rows in a pass over several:
+        /// [`TopKRows::at`]); 0 for every row of the pass.
+        row0: u32,
+        _pad: [u32; 2],
+    }
+}
+
+/// [`Gpu::top_k`]'s ops, and their stages' parameters to move them to one request's rows of a
+/// pass over several ([`Gpu::top_k_rows`]).
+pub struct TopKRows {
+    pub ops: Vec<Op>,
+    stages: Vec<(wgpu::Buffer, TopKParams)>,
+}
+
+impl TopKRows {
+    /// Ranks rows `row0..` of the pass (as many as the ops are encoded for) from the next
+    /// submission on.
+    pub fn at(&self, queue: &wgpu::Queue, row0: usize) {
+        for (uniform, p) in &self.stages {
+            queue.write_buffer(uniform, 0, bytemuck::bytes_of(&TopKParams { row0: row0 as u32, ..*p }));
+        }
     }
 }
 
@@ -1044,6 +1064,19 @@ impl Gpu {
         vocab: usize,
         k: usize,
     ) -> Vec<Op> {
+        self.top_k_rows(step, logits, (out, logp), vocab, k).ops
+    }
+
+    /// [`Gpu::top_k`] over the rows of the pass from a first row that [`TopKRows::at`] sets
+    /// (0 until then): `out[r, j]` for those rows r, at their places in the pass.
+    pub fn top_k_rows(
+        &self,
+        step: &wgpu::Buffer,
+        logits: &GpuBuffer<f32>,
+        (out, logp): (&GpuBuffer<u32>, Option<&GpuBuffer<f32>>),
+        vocab: usize,
+        k: usize,
+    ) -> TopKRows {
         let k = k.clamp(1, MAX_TOP_K);
         let slices = reduce_slices(vocab);
         let rows = (logits.len / vocab.max(1)).max(1);
@@ -1066,20 +1099,23 @@ impl Gpu {
                 log_probs: logp.is_some() as u32,
                 slices: slices as u32,
                 stage,
-                _pad: [0; 3],
+                row0: 0,
+                _pad: [0; 2],
             };
-            self.uniform("top-k params", bytemuck::bytes_of(&p))
+            (self.uniform("top-k params", bytemuck::bytes_of(&p)), p)
         };
+        let stages = [stage(0), stage(1)];
         let buffers = [&logits.raw, &cand.raw, &lse.raw, &out.raw, logp_raw];
         let passes = (k + logp.is_some() as usize) as u64;
         let cand_bytes = (8 * slices * k) as u64;
-        let slices_op =
-            self.op(Kernel::TopK, step, &stage(0), &buffers, Grid::PerRow(slices as u32)).with_cost(Cost {
+        let slices_op = self
+            .op(Kernel::TopK, step, &stages[0].0, &buffers, Grid::PerRow(slices as u32))
+            .with_cost(Cost {
                 row_bytes: 4 * passes * vocab as u64 + cand_bytes,
                 row_flops: passes * vocab as u64,
                 ..Cost::default()
             });
-        let rows_op = self.op(Kernel::TopK, step, &stage(1), &buffers, Grid::Rows).with_cost(Cost {
+        let rows_op = self.op(Kernel::TopK, step, &stages[1].0, &buffers, Grid::Rows).with_cost(Cost {
             row_bytes: k as u64 * cand_bytes + 8 * k as u64,
             row_flops: k as u64 * (slices * k) as u64,
             ..Cost::default()
@@ -1090,7 +1126,11 @@ impl Gpu {
         let per_slice = (kk + lp) * (REDUCE_SLICE.min(vocab).div_ceil(wg) as u64 + 6);
         let per_row =
             kk * ((slices * k).div_ceil(wg) as u64 + 6) + lp * (slices.div_ceil(wg) as u64 + 6 + kk);
-        vec![slices_op.with_serial(Serial::fixed(per_slice)), rows_op.with_serial(Serial::fixed(per_row))]
+        let ops = vec![
+            slices_op.with_serial(Serial::fixed(per_slice)),
+            rows_op.with_serial(Serial::fixed(per_row)),
+        ];
+        TopKRows { ops, stages: stages.into() }
     }
 
     /// `out[i * ld + offset + j] = src[s][j]`, times `gamma[j] / rms(src[s])` with `norm = (gamma,
