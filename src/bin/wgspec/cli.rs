@@ -200,7 +200,7 @@ struct ServeArgs {
     #[arg(long, default_value_t = 8)]
     max_queue: usize,
     /// Most requests served together, sharing every forward pass (1..=32; 1: one at a time).
-    /// Greedy requests and sampled ones without a top-k, plain or with n-gram, EAGLE or Medusa
+    /// Greedy requests and sampled ones (a top-k of at most 16), plain or with n-gram, EAGLE or Medusa
     /// drafts, and greedy ones with a draft model, are batched; others run alone between batches.
     #[arg(long, default_value_t = 32)]
     max_batch: usize,
