@@ -25,8 +25,9 @@
 //! through them); it is added, the likeliest first, while α^(i+1) / b is at least the pass's
 //! expected tokens per second T / (a + b R). So drafting shrinks by itself where rows cost what
 //! serving more requests does, and grows where rows are nearly free (a GPU's few-row passes).
-//! A draft model's draft costs its share of a draft pass too, and an EAGLE or Medusa draft its
-//! share of the heads' measured runs (their seconds by drafts). Nothing is free before it is
+//! A draft model's draft costs its share of a draft pass too, an EAGLE draft its share of the
+//! head's measured chains (their seconds by drafts), and a request's first Medusa draft its row
+//! of the heads' measured runs (their seconds by rows: every head runs over each row). Nothing is free before it is
 //! measured: until two row counts are, a pass of a count measured already takes one draft (the
 //! probe that measures another) and the others none; a drafter not run yet lets each sequence
 //! draft one (its probe). A request that fixes K (`draft_k`) drafts that many where the rows
@@ -307,7 +308,7 @@ pub(super) struct Batch {
     /// head part is in the head's pages of the same ids as its target pages.)
     head_costs: PassCosts,
     pub(super) head_used: bool,
-    /// The Medusa heads' costs (by drafts), and their number (the most drafts they guess; 0:
+    /// The Medusa heads' costs (by rows), and their number (the most drafts they guess; 0:
     /// none loaded).
     medusa_costs: PassCosts,
     medusa_heads: usize,
@@ -878,8 +879,10 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     // placeholders until then.
     // An EAGLE head's draft costs a target row and its share of the head's chains (their fixed
     // seconds shared alike, and a draft's), where the head has run the sequence's last rows.
-    // Medusa's: a target row and its share of the heads' runs. (Each: the fixed seconds of the
-    // drafter's line shared by the sequences drafting with it, and a draft's.)
+    // Medusa's: a target row, the first also its row of the heads' runs (every head runs over the
+    // rows of the sequences drafting, however many drafts each takes: their line is by rows).
+    // (Each share: the fixed seconds of the drafter's line shared by the sequences drafting with
+    // it, and a draft's, or for Medusa a row's.)
     // A drafter that has not run yet costs nothing, but its sequences' adaptive K draft one at
     // most (a probe that measures it).
     let each = |costs: &PassCosts, is: fn(&Drafting) -> bool| {
@@ -889,7 +892,7 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     };
     let model_draft = each(&batch.draft_costs, Drafting::is_model);
     let head_draft = each(&batch.head_costs, Drafting::is_eagle);
-    let medusa_draft = each(&batch.medusa_costs, Drafting::is_medusa);
+    let medusa_row = each(&batch.medusa_costs, Drafting::is_medusa);
     let bd = batch.draft_costs.estimate().map_or(0.0, |(_, b)| b);
     // (plan entry, the proposal, the sequence's acceptance, the draft's own seconds: each, and
     // the first's more)
@@ -920,7 +923,9 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
                 (vec![0; k], model_draft, bd * (unseen - 1) as f64)
             }
             Source::Eagle { .. } if s.eagle_ready() => (vec![0; k], head_draft, 0.0),
-            Source::Medusa { row: Some(_) } if r.run == 1 => (vec![0; k], medusa_draft, 0.0),
+            Source::Medusa { row: Some(_) } if r.run == 1 => {
+                (vec![0; k], medusa_row.map(|_| 0.0), medusa_row.unwrap_or(0.0))
+            }
             Source::Eagle { .. } | Source::Medusa { .. } => (Vec::new(), Some(0.0), 0.0),
         };
         if cost.is_none() && !d.fixed {
@@ -1229,6 +1234,29 @@ mod tests {
         }
         assert_eq!(drafts(&mut batch, 24), [4]);
         assert_eq!(idle(&batch), 3);
+    }
+
+    #[test]
+    fn a_medusa_sequence_pays_its_row_of_the_heads_run_once() {
+        // (a sequence with its row of the last pass, 9 in 10 drafts kept, 4 heads)
+        let mut s = seq((1..20).collect(), 90, 10);
+        s.drafting = Some(Drafting { source: Source::Medusa { row: Some(0) }, k_max: 8, fixed: false });
+        let mut batch = Batch::new(64);
+        batch.running = vec![s];
+        batch.medusa_heads = 4;
+        // a pass: 1 s and a thousandth per row
+        batch.costs.observe(4, 1.004);
+        batch.costs.observe(8, 1.008);
+        // the heads never run: one draft, the probe of their cost
+        assert_eq!(drafts(&mut batch, 24), [1]);
+        // its row of their run costs 0.6 of a pass: the first draft (0.9 tokens) pays for it, and
+        // the others come at a target row each (charged per draft, the third would not pay)
+        batch.medusa_costs.observe(1, 0.6);
+        assert_eq!(drafts(&mut batch, 24), [4]);
+        // a row costing more than the first draft brings: none
+        batch.medusa_costs = PassCosts::default();
+        batch.medusa_costs.observe(1, 0.95);
+        assert_eq!(drafts(&mut batch, 24), [0]);
     }
 
     #[test]
