@@ -22,12 +22,15 @@
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
 //! i drafts adds the expected tokens α^(i+1) (α: its measured acceptance, from 1/2 before any)
 //! and costs the marginal seconds b of a row (passes measured by their rows, the line a + b R
-//! through them); it is added, the likeliest first, while α^(i+1) / b is at least the pass's
+//! through them); it is added, the likeliest first, where α^(i+1) / b is at least the pass's
 //! expected tokens per second T / (a + b R). So drafting shrinks by itself where rows cost what
 //! serving more requests does, and grows where rows are nearly free (a GPU's few-row passes).
-//! A draft model's draft costs its share of a draft pass too, an EAGLE draft its share of the
+//! A draft model's draft costs its share of a draft pass too (its first one also the draft's
+//! catch-up on the tokens it has not seen), an EAGLE draft its share of the
 //! head's measured chains (their seconds by drafts), and a request's first Medusa draft its row
-//! of the heads' measured runs (their seconds by rows: every head runs over each row). Nothing is free before it is
+//! of the heads' measured runs (their seconds by rows: every head runs over each row); such a
+//! fixed cost of a first draft is paid where it and the drafts after it together pay, and a
+//! sequence whose next draft does not pay leaves the others drafting. Nothing is free before it is
 //! measured: until two row counts are, a pass of a count measured already takes one draft (the
 //! probe that measures another) and the others none; a drafter not run yet lets each sequence
 //! draft one (its probe). A request that fixes K (`draft_k`) drafts that many where the rows
@@ -894,11 +897,8 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     let head_draft = each(&batch.head_costs, Drafting::is_eagle);
     let medusa_row = each(&batch.medusa_costs, Drafting::is_medusa);
     let bd = batch.draft_costs.estimate().map_or(0.0, |(_, b)| b);
-    // (plan entry, the proposal, the sequence's acceptance, the draft's own seconds: each, and
-    // the first's more)
-    let mut adaptive: Vec<(usize, Vec<u32>, f64, f64, f64)> = Vec::new();
-    // the pass's expected tokens: each newest token's, each fixed draft's; the draft model's
-    // seconds
+    let mut adaptive: Vec<Candidate> = Vec::new();
+    // the pass's expected tokens: each newest token's, each fixed draft's; the drafters' seconds
     let (mut tokens, mut drafting) = (0.0, 0.0);
     for (i, r) in plan.iter_mut().enumerate().filter(|(_, r)| r.pending) {
         tokens += 1.0;
@@ -939,51 +939,97 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
             tokens += (1..=r.drafts.len()).map(|i| s.alpha().powi(i as i32)).sum::<f64>();
             drafting += cost * r.drafts.len() as f64 + if r.drafts.is_empty() { 0.0 } else { first };
         } else if !proposal.is_empty() {
-            adaptive.push((i, proposal, s.alpha(), cost, first));
+            adaptive.push(Candidate { entry: i, proposal, alpha: s.alpha(), each: cost, first });
         }
     }
-    let mut rows = plan.iter().map(|r| r.run + r.drafts.len()).sum::<usize>() as f64;
+    let rows = plan.iter().map(|r| r.run + r.drafts.len()).sum::<usize>() as f64;
     // (until two row counts are measured the marginal row is unknown: a pass of a count measured
     // already takes one draft, the probe that measures another; the others none)
     let line = batch.costs.line();
-    let mut probes = (line.is_none() && batch.costs.measured(rows as usize)) as usize;
-    let (a, b) = line.unwrap_or((1.0, 0.0));
-    while budget > 0 {
-        // the likeliest next draft: alpha^(drafts + 1)
-        let best = (adaptive.iter().enumerate())
-            .filter(|(_, (i, p, ..))| plan[*i].drafts.len() < p.len())
-            .map(|(j, (i, _, alpha, ..))| (j, alpha.powi(plan[*i].drafts.len() as i32 + 1)))
-            .max_by(|x, y| x.1.total_cmp(&y.1));
-        let Some((j, gain)) = best else { break };
-        // worth a row: its tokens per marginal second at least the pass's tokens per second
-        let (i, proposal, _, each, first) = &adaptive[j];
-        let cost = each + if plan[*i].drafts.is_empty() { *first } else { 0.0 };
-        if line.is_none() {
-            if probes == 0 {
-                break;
-            }
-            probes -= 1;
-        } else if gain * (a + b * rows + drafting) < (b + cost) * tokens {
-            break;
-        }
-        let r = &mut plan[*i];
-        r.drafts.push(proposal[r.drafts.len()]);
-        r.asked = r.drafts.len();
-        budget -= 1;
-        rows += 1.0;
-        tokens += gain;
-        drafting += cost;
-    }
+    let probes = (line.is_none() && batch.costs.measured(rows as usize)) as usize;
+    let planned = Planned { rows, tokens, drafting };
+    let budget = add_adaptive(plan, &adaptive, budget, (line, probes), planned);
     // (an adaptive K whose EAGLE drafts the costs turn down for long stops following the head;
     // passes whose rows ran out, or whose costs are unknown, do not count)
-    for &(i, ..) in &adaptive {
-        let drafted = !plan[i].drafts.is_empty();
+    for c in &adaptive {
+        let drafted = !plan[c.entry].drafts.is_empty();
         if let Some(Drafting { source: Source::Eagle { idle, .. }, .. }) =
-            &mut batch.running[plan[i].seq].drafting
+            &mut batch.running[plan[c.entry].seq].drafting
         {
             *idle = if drafted { 0 } else { *idle + (budget > 0 && line.is_some()) as usize };
         }
     }
+}
+
+/// An adaptive K's sequence in [`draft`]: its plan entry, its proposal, its acceptance, a
+/// draft's own seconds and its first draft's more (a fixed cost: a draft model's catch-up, a
+/// Medusa row).
+struct Candidate {
+    entry: usize,
+    proposal: Vec<u32>,
+    alpha: f64,
+    each: f64,
+    first: f64,
+}
+
+/// The pass [`draft`] plans, as the cost line sees it: its rows, its expected tokens, the
+/// drafters' seconds of its drafts.
+struct Planned {
+    rows: f64,
+    tokens: f64,
+    drafting: f64,
+}
+
+/// [`draft`]'s adaptive drafts in at most `budget` rows, one at a time the likeliest
+/// (alpha^(drafts + 1)) while its tokens per marginal second are at least the pass's tokens per
+/// second (on the pass line `line`, or, unknown, as many drafts as the probes given). A first
+/// draft with a fixed cost is worth it where it and the drafts after it together are; a
+/// sequence whose next draft is not worth it drafts no more (the pass's rate only grows), the
+/// others go on. Returns the rows left.
+fn add_adaptive(
+    plan: &mut [Rows],
+    cands: &[Candidate],
+    mut budget: usize,
+    (line, mut probes): (Option<(f64, f64)>, usize),
+    mut p: Planned,
+) -> usize {
+    let mut done = vec![false; cands.len()];
+    while budget > 0 {
+        let best = (cands.iter().enumerate())
+            .filter(|(j, c)| !done[*j] && plan[c.entry].drafts.len() < c.proposal.len())
+            .map(|(j, c)| (j, c.alpha.powi(plan[c.entry].drafts.len() as i32 + 1)))
+            .max_by(|x, y| x.1.total_cmp(&y.1));
+        let Some((j, gain)) = best else { break };
+        let c = &cands[j];
+        let n = plan[c.entry].drafts.len();
+        let cost = c.each + if n == 0 { c.first } else { 0.0 };
+        match line {
+            None if probes == 0 => break,
+            None => probes -= 1,
+            Some((a, b)) => {
+                let pays = |g: f64, secs: f64| g * (a + b * p.rows + p.drafting) >= secs * p.tokens;
+                // (a fixed cost shared by the drafts it buys)
+                let bundle = |m: usize| {
+                    let g: f64 = (1..=m).map(|i| c.alpha.powi(i as i32)).sum();
+                    pays(g, m as f64 * (b + c.each) + c.first)
+                };
+                let more = c.proposal.len().min(budget);
+                let shared = n == 0 && c.first > 0.0 && (2..=more).any(bundle);
+                if !(pays(gain, b + cost) || shared) {
+                    done[j] = true;
+                    continue;
+                }
+            }
+        }
+        let r = &mut plan[c.entry];
+        r.drafts.push(c.proposal[n]);
+        r.asked = r.drafts.len();
+        budget -= 1;
+        p.rows += 1.0;
+        p.tokens += gain;
+        p.drafting += cost;
+    }
+    budget
 }
 
 /// The drafts' positions in the target's pages: free ones taken, never a preemption (drafts
@@ -1253,10 +1299,19 @@ mod tests {
         // the others come at a target row each (charged per draft, the third would not pay)
         batch.medusa_costs.observe(1, 0.6);
         assert_eq!(drafts(&mut batch, 24), [4]);
-        // a row costing more than the first draft brings: none
+        // a row costing more than the first draft brings (0.9 of a token) but less than the four
+        // it buys (3.1 tokens): the four; two rows left, two drafts
         batch.medusa_costs = PassCosts::default();
         batch.medusa_costs.observe(1, 0.95);
+        assert_eq!(drafts(&mut batch, 24), [4]);
+        assert_eq!(drafts(&mut batch, 2), [2]);
+        // more than the four bring: none, and a less likely n-gram sequence beside it still drafts
+        batch.medusa_costs = PassCosts::default();
+        batch.medusa_costs.observe(1, 3.5);
         assert_eq!(drafts(&mut batch, 24), [0]);
+        batch.running.push(seq([1, 2, 3].repeat(6), 30, 10));
+        let d = drafts(&mut batch, 24);
+        assert!(d[0] == 0 && d[1] >= 4, "{d:?}");
     }
 
     #[test]
