@@ -8,13 +8,15 @@
 #
 # First it checks that the binaries run there and the adapter is the GPU (else it stops at once).
 # Then, in order, each step under its own time limit (so that one slow step costs only itself, and a
-# lease cut short still has the first), 7 minutes at most in all:
+# lease cut short still has the first), 8½ minutes at most in all:
 #   1. correctness on the real adapter: every kernel against the CPU, batch invariance across
 #      pipelines and row counts, tiny models against the reference, speculative == plain;
 #   2. the roofline of qwen2-1.5b (Q4_K_M's mix) and the Qwen pair's shapes, target-only against
 #      speculative (K = 4), the target as its own draft (tau = K + 1), SmolLM2's shape with its
 #      EAGLE head (the real head beside random target weights: the head's costs per depth, not its
-#      acceptance), llama-8b's roofline, the qwen2-7b / qwen2-0.5b pair, sampled decoding;
+#      acceptance), continuous batching of qwen2-1.5b's shape at 1, 4, 8 and 16 requests at once
+#      (bench --concurrency: the batch's throughput on a GPU, issue 36), llama-8b's roofline, the
+#      qwen2-7b / qwen2-0.5b pair, sampled decoding;
 #   3. the peer in the same run: Hugging Face transformers on the machine's PyTorch, random
 #      weights of the same configs (scripts/hf_peer.py).
 # What comes back ($OUT, or OUT_DIR given; at most 8 files): summary.txt (the table to read
@@ -121,17 +123,20 @@ if [ $DRY = 1 ]; then
     BIG=smollm2-135m
     few=(--limit 1 --max-tokens 12)
     reps=(--reps 2)
+    load=(--concurrency 1,2 --requests 2 --max-tokens 4)
 else
     T=qwen2-1.5b
     D=qwen2-0.5b
     BIG=llama-8b
     few=(--limit 3 --max-tokens 64)
     reps=()
+    load=(--concurrency 1,4,8,16 --requests 16 --max-tokens 32)
 fi
 bench 55 "roofline-$T" --roofline --synthetic "$T" --past 512 "${reps[@]}"
 bench 45 "pair-$T-$D-k4" --synthetic "$T" --draft "$D" --draft-k 4 "${few[@]}"
 bench 30 "self-$T-k4" --synthetic "$T" --draft self --draft-k 4 "${few[@]}"
 bench 30 "eagle-smollm2-135m-k4" --synthetic smollm2-135m --draft eagle:smollm2-135m-eagle --draft-k 4 "${few[@]}"
+bench 45 "batch-$T" --synthetic "$T" "${load[@]}"
 
 # 3. The peer: transformers on the same GPU (where there is PyTorch).
 if python3 -c 'import torch, transformers' 2>/dev/null; then
@@ -153,7 +158,7 @@ bench 30 "pair-$T-$D-k4-sampled" --synthetic "$T" --draft "$D" --draft-k 4 "${fe
 {
     echo
     grep -E '^adapter:' "$LOG" | sort -u
-    grep -E '^== (roofline|pair|self|eagle)|^all:|^verify_cost\(|-row pass:|^ceilings|^hf ' "$LOG"
+    grep -E '^== (roofline|pair|self|eagle|batch)|^all:|^N=|^verify_cost\(|-row pass:|^ceilings|^hf ' "$LOG"
 } | tee -a "$SUMMARY"
 tar -czf "$OUT/results.tar.gz" -C "$RESULTS" .
 say "done in $((SECONDS - T0)) s: $OUT/summary.txt, log.txt, results.tar.gz"
