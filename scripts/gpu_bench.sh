@@ -3,7 +3,7 @@
 # device time in all, one command at most 10). Pack here first (scripts/gpu_pack.sh: the release
 # binary and test binaries, stripped, and the Vulkan loader, in target/gpu-pack), then:
 #
-#   device run:  command "bash scripts/gpu_bench.sh", carry ["target/gpu-pack"], timeout_s 540
+#   device run:  command "bash scripts/gpu_bench.sh", carry ["target/gpu-pack"], timeout_s 570
 #   dry run on lavapipe, the same steps on small shapes:  ./build.sh gpu-dry-run
 #
 # First it checks that the binaries run there and the adapter is the GPU (else it stops at once).

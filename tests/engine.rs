@@ -655,7 +655,8 @@ fn engine_with_pages(gguf: Vec<u8>, pages: usize) -> Engine {
 
 /// Eight requests: prompts of 3 to about 90 tokens (longer than a pass: prefilled in chunks), 1
 /// to 60 tokens wanted, plain and with n-gram drafts (fixed K, adaptive), a stop string; greedy,
-/// and three sampled with their own seeds (one with a top-p).
+/// and three sampled with their own seeds (one with a top-p, two with a top-k: the GPU's most,
+/// and 2 at a temperature of 3).
 fn batch_requests() -> Vec<Request> {
     let words = ["the cat sat on the mat", "a b a b a b", "one two three four", "x"];
     (0..8)
@@ -668,12 +669,11 @@ fn batch_requests() -> Vec<Request> {
                 req.stop = vec!["mat".into()];
             }
             if i % 3 == 1 {
-                req.temperature = 0.8;
                 req.seed = 1000 + i as u64;
                 req.top_p = if i == 4 { 0.9 } else { 1.0 };
                 // (a top-k ranked on the GPU: the most it ranks, and 2 of a flat distribution
                 // with drafts, whose draws its cut keeps out of the rest)
-                req.top_k = [16, 0, 2][i / 3];
+                req.top_k = [wgspec::gpu::MAX_TOP_K, 0, 2][i / 3];
                 req.temperature = [0.8, 0.8, 3.0][i / 3];
             }
             req
@@ -834,7 +834,7 @@ fn batched_requests_each_equal_their_run_alone() {
 
     // what the batch refuses, and the one-sequence loop while it runs
     let mut top_k = reqs[1].clone();
-    top_k.top_k = 17;
+    top_k.top_k = wgspec::gpu::MAX_TOP_K + 1;
     assert!(!engine.batchable(&top_k), "a top-k the GPU does not rank");
     assert!(matches!(engine.batch_submit(prompts[0].clone(), &top_k), Err(Error::InvalidArgument(_))));
     assert!(matches!(engine.batch_submit(vec![], &reqs[0]), Err(Error::InvalidArgument(_))));
@@ -1034,7 +1034,11 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
     }
     // a top-k the GPU does not rank, or the ensemble with the n-gram, runs alone
     assert!(!engine.batchable(&Request { top_k: 40, temperature: 0.8, ..reqs[0].clone() }));
-    assert!(engine.batchable(&Request { top_k: 16, temperature: 0.8, ..reqs[0].clone() }));
+    assert!(engine.batchable(&Request {
+        top_k: wgspec::gpu::MAX_TOP_K,
+        temperature: 0.8,
+        ..reqs[0].clone()
+    }));
     assert!(!engine.batchable(&Request { draft: Some(DraftKind::EagleNgram), ..reqs[0].clone() }));
 }
 

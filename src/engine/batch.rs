@@ -813,6 +813,7 @@ fn draw_ops(target: &Model, readback: &Readback, params: &SamplingParams) -> Dra
     let uniform = g.uniform("batch sample seed", bytemuck::bytes_of(&SampleSeed::new(params.seed)));
     let status = GpuBuffer::<u32>::zeros(g, "batch sample status", 1);
     // (a top-k ranks the request's rows at their places in the pass, as its draws read them)
+    debug_assert!(params.top_k <= crate::gpu::MAX_TOP_K, "a top-k the GPU ranks");
     let top = (params.top_k > 0).then(|| {
         let ranks = GpuBuffer::<u32>::zeros(g, "batch top-k ranks", MAX_BATCH * params.top_k);
         let logits = target.logits_buffer();
@@ -888,9 +889,12 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     // it, and a draft's, or for Medusa a row's.)
     // A drafter that has not run yet costs nothing, but its sequences' adaptive K draft one at
     // most (a probe that measures it).
+    let rooms: Vec<(usize, bool)> = plan.iter().map(|r| room(batch, r, context)).collect();
     let each = |costs: &PassCosts, is: fn(&Drafting) -> bool| {
-        let with = |r: &&Rows| batch.running[r.seq].drafting.as_ref().is_some_and(is);
-        let drafting = plan.iter().filter(|r| r.pending).filter(with).count().max(1) as f64;
+        let with = |(r, room): &(&Rows, &(usize, bool))| {
+            r.pending && room.0 > 0 && room.1 && batch.running[r.seq].drafting.as_ref().is_some_and(is)
+        };
+        let drafting = plan.iter().zip(&rooms).filter(with).count().max(1) as f64;
         costs.estimate().map(|(a, b)| a / drafting + b)
     };
     let model_draft = each(&batch.draft_costs, Drafting::is_model);
@@ -904,17 +908,12 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         tokens += 1.0;
         let s = &batch.running[r.seq];
         let Some(d) = &s.drafting else { continue };
-        let last = s.n_past + r.run; // the position after the newest token
-        let remaining = s.max_tokens.saturating_sub(s.generated());
-        let mut k = d.k_max.min(context.saturating_sub(last)).min(remaining.saturating_sub(1));
-        if d.is_medusa() {
-            // (a guess per head)
-            k = k.min(batch.medusa_heads);
-        }
+        let (k, ready) = rooms[i];
         if k == 0 {
             continue;
         }
         let (mut proposal, cost, first) = match &d.source {
+            _ if !ready => (Vec::new(), Some(0.0), 0.0),
             Source::NGram(ngram) => (ngram.lookup(&s.tokens, k), Some(0.0), 0.0),
             Source::Model { past, .. } => {
                 // (all of them: spread over the tokens still wanted, the draft caught up for a
@@ -922,11 +921,8 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
                 let unseen = s.tokens.len() - (*past).min(s.tokens.len() - 1);
                 (vec![0; k], model_draft, bd * (unseen - 1) as f64)
             }
-            Source::Eagle { .. } if s.eagle_ready() => (vec![0; k], head_draft, 0.0),
-            Source::Medusa { row: Some(_) } if r.run == 1 => {
-                (vec![0; k], medusa_row.map(|_| 0.0), medusa_row.unwrap_or(0.0))
-            }
-            Source::Eagle { .. } | Source::Medusa { .. } => (Vec::new(), Some(0.0), 0.0),
+            Source::Eagle { .. } => (vec![0; k], head_draft, 0.0),
+            Source::Medusa { .. } => (vec![0; k], medusa_row.map(|_| 0.0), medusa_row.unwrap_or(0.0)),
         };
         if cost.is_none() && !d.fixed {
             proposal.truncate(1);
@@ -961,6 +957,23 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     }
 }
 
+/// The most drafts plan entry `r`'s sequence asks after its newest token this pass (its K, as
+/// far as the context and its tokens still wanted go; a Medusa one a guess per head), and whether
+/// its drafter can draft now (an EAGLE head that has run its last rows; the Medusa heads, its row
+/// of the last pass, the position before its newest token).
+fn room(batch: &Batch, r: &Rows, context: usize) -> (usize, bool) {
+    let s = &batch.running[r.seq];
+    let Some(d) = &s.drafting else { return (0, false) };
+    let last = s.n_past + r.run; // the position after the newest token
+    let remaining = s.max_tokens.saturating_sub(s.generated());
+    let k = d.k_max.min(context.saturating_sub(last)).min(remaining.saturating_sub(1));
+    match &d.source {
+        Source::NGram(_) | Source::Model { .. } => (k, true),
+        Source::Eagle { .. } => (k, s.eagle_ready()),
+        Source::Medusa { row } => (k.min(batch.medusa_heads), row.is_some() && r.run == 1),
+    }
+}
+
 /// An adaptive K's sequence in [`draft`]: its plan entry, its proposal, its acceptance, a
 /// draft's own seconds and its first draft's more (a fixed cost: a draft model's catch-up, a
 /// Medusa row).
@@ -984,8 +997,8 @@ struct Planned {
 /// (alpha^(drafts + 1)) while its tokens per marginal second are at least the pass's tokens per
 /// second (on the pass line `line`, or, unknown, as many drafts as the probes given). A first
 /// draft with a fixed cost is worth it where it and the drafts after it together are; a
-/// sequence whose next draft is not worth it drafts no more (the pass's rate only grows), the
-/// others go on. Returns the rows left.
+/// sequence whose next draft is not worth it drafts no more this pass, the others go on.
+/// Returns the rows left.
 fn add_adaptive(
     plan: &mut [Rows],
     cands: &[Candidate],
@@ -1063,13 +1076,11 @@ impl PassCosts {
         self.by_rows.get(rows).is_some_and(Option::is_some)
     }
 
-    /// The line, or before two row counts are measured the one through the origin and the
-    /// count measured (all its seconds per row: the most a row can cost); none before any.
+    /// The line, or before two row counts are measured all the seconds of the count measured
+    /// as fixed (shared by the sequences drafting: a pass of another count gets tried, and
+    /// measures the line); none before any.
     fn estimate(&self) -> Option<(f64, f64)> {
-        self.line().or_else(|| {
-            let (r, c) = (self.by_rows.iter().enumerate()).find_map(|(r, c)| c.map(|c| (r, c)))?;
-            Some((0.0, c / r.max(1) as f64))
-        })
+        self.line().or_else(|| Some((self.by_rows.iter().find_map(|c| *c)?, 0.0)))
     }
 
     /// (a, b) of the least-squares line through the measured row counts (each once), b at least
@@ -1309,6 +1320,15 @@ mod tests {
         batch.medusa_costs = PassCosts::default();
         batch.medusa_costs.observe(1, 3.5);
         assert_eq!(drafts(&mut batch, 24), [0]);
+        // (a Medusa sequence without its row of the last pass runs no row of the heads: the fixed
+        // cost is not shared with it; 2.5 s for 3.1 tokens is below this pass's 2 tokens a second)
+        batch.medusa_costs = PassCosts::default();
+        batch.medusa_costs.observe(1, 2.5);
+        let mut idle = seq((1..20).collect(), 90, 10);
+        idle.drafting = Some(Drafting { source: Source::Medusa { row: None }, k_max: 8, fixed: false });
+        batch.running.push(idle);
+        assert_eq!(drafts(&mut batch, 24), [0, 0], "2.5 s for one row, not 1.25 each for two");
+        batch.running.pop();
         batch.running.push(seq([1, 2, 3].repeat(6), 30, 10));
         let d = drafts(&mut batch, 24);
         assert!(d[0] == 0 && d[1] >= 4, "{d:?}");
@@ -1356,7 +1376,7 @@ mod tests {
         let mut c = PassCosts::default();
         c.observe(4, 1.0);
         assert!(c.line().is_none(), "one row count: no slope");
-        assert_eq!(c.estimate(), Some((0.0, 0.25)), "through the origin: its seconds per row");
+        assert_eq!(c.estimate(), Some((1.0, 0.0)), "its seconds as fixed");
         assert!(c.measured(4) && !c.measured(8) && !c.measured(400));
         assert_eq!(PassCosts::default().estimate(), None);
         c.observe(8, 2.0);

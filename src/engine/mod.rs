@@ -215,7 +215,7 @@ impl Engine {
         match self.batchable(req) {
             true => Ok(()),
             false => Err(Error::InvalidArgument(format!(
-                "only greedy requests and sampled ones with a top-k of at most {}, plain or with n-gram, \
+                "only greedy requests and sampled ones (top-k 0, or at most {}), plain or with n-gram, \
                  EAGLE or Medusa drafts (greedy ones with the draft model too), are batched (draft {:?}, \
                  top-k {})",
                 crate::gpu::MAX_TOP_K,
