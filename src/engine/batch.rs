@@ -885,10 +885,11 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     // seconds shared alike, and a draft's), where the head has run the sequence's last rows.
     // Medusa's: a target row, the first also its row of the heads' runs (every head runs over the
     // rows of the sequences drafting, however many drafts each takes: their line is by rows).
-    // (Each share: the fixed seconds of the drafter's line shared by the sequences drafting with
-    // it, and a draft's, or for Medusa a row's.)
+    // (Each share: the fixed seconds of the drafter's line shared by the sequences that can
+    // draft with it this pass, and a draft's, or for Medusa a row's.)
     // A drafter that has not run yet costs nothing, but its sequences' adaptive K draft one at
-    // most (a probe that measures it).
+    // most (a probe that measures it); one measured at one count only is taken as all fixed
+    // (`PassCosts::estimate`).
     let rooms: Vec<(usize, bool)> = plan.iter().map(|r| room(batch, r, context)).collect();
     let each = |costs: &PassCosts, is: fn(&Drafting) -> bool| {
         let with = |(r, room): &(&Rows, &(usize, bool))| {
