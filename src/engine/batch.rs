@@ -1336,6 +1336,33 @@ mod tests {
     }
 
     #[test]
+    fn a_draft_models_catch_up_is_paid_by_the_drafts_it_buys() {
+        // (a sequence the draft model has seen up to position 10 of 18: its first draft also
+        // costs the catch-up of 8 more rows; 9 in 10 drafts kept)
+        let mut s = seq((1..20).collect(), 90, 10);
+        s.drafting =
+            Some(Drafting { source: Source::Model { pages: Vec::new(), past: 10 }, k_max: 8, fixed: false });
+        let mut batch = Batch::new(64);
+        batch.running = vec![s];
+        // a target pass: 1 s and a thousandth per row; a draft pass: 0.1 s a row
+        batch.costs.observe(4, 1.004);
+        batch.costs.observe(8, 1.008);
+        batch.draft_costs.observe(1, 0.1);
+        batch.draft_costs.observe(9, 0.9);
+        // the first draft alone: 0.89 tokens for 0.1 + 0.8 s (below a pass's 1 token a second);
+        // with the next one, 1.68 tokens for 1 s: taken, and the others after it
+        let d = drafts(&mut batch, 24);
+        assert!(d[0] >= 2, "{d:?}");
+        // a catch-up no bundle pays (198 rows: 8 drafts bring 4.9 tokens for 20.6 s): none
+        if let Some(d) = &mut batch.running[0].drafting {
+            d.source = Source::Model { pages: Vec::new(), past: 0 };
+        }
+        batch.running[0].tokens = (1..200).collect();
+        (batch.running[0].n_past, batch.running[0].max_tokens) = (198, 1000);
+        assert_eq!(drafts(&mut batch, 24), [0]);
+    }
+
+    #[test]
     fn an_end_among_accepted_drafts_leaves_the_positions_after_it_out() {
         // 62 tokens (the newest at 61); drafts 1 2 3 all accepted, the first ends the request
         // (its max_tokens): the positions of 2 and 3 are not the sequence's, and caching its
