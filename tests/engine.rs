@@ -848,10 +848,12 @@ fn batched_requests_each_equal_their_run_alone() {
 
 #[test]
 fn batched_requests_with_the_draft_model_equal_their_run_alone() {
-    // Greedy requests drafting with a draft model share its passes (each drafting sequence
-    // caught up in its pages of the draft's pool, then one row per draft) and the target's: each
-    // one's tokens are its run alone. The draft is the target with its FFN outputs scaled: it
-    // agrees often, not always (drafts kept and rejected, its pages rolled back).
+    // Requests drafting with a draft model share its passes (each drafting sequence caught up in
+    // its pages of the draft's pool, then one row per draft) and the target's: each one's tokens
+    // are its run alone. Five are greedy, three sampled with their seeds (their drafts drawn with
+    // the noise of their target rows: a top-k of 16, a top-p, a top-k of 2 at a temperature of
+    // 3). The draft is the target with its FFN outputs scaled: it agrees often, not always
+    // (drafts kept and rejected, its pages rolled back).
     use wgspec::engine::BatchLimits;
     let tiny = || TinyModel::random(TinySpec::llama(), &mut rng(48));
     let target = tiny().to_gguf(DType::F32, &mut rng(49));
@@ -871,7 +873,6 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
     engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
     let reqs: Vec<Request> = (batch_requests().into_iter().enumerate())
         .map(|(i, r)| Request {
-            temperature: 0.0,
             draft: Some(DraftKind::Model),
             draft_k: [None, Some(3)][i % 2],
             max_tokens: 20 + 7 * i,
@@ -899,7 +900,8 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
         assert_eq!((status.running, status.pages_used), (0, 0), "{round}: {status:?}");
     }
     // a request of a fixed K alone in the batch drafts the one-sequence loop's chains: the same
-    // drafts kept, cycle by cycle (the draft's pages caught up and rolled back as its cache is)
+    // drafts kept, cycle by cycle (the draft's pages caught up and rolled back as its cache is;
+    // a sampled one's drawn with the same noise)
     for i in (0..8).filter(|&i| reqs[i].draft_k.is_some()) {
         let id = engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit");
         let done = run_batch(&mut engine, 0, |_, _| {});
@@ -914,9 +916,10 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
     for i in [0, 5] {
         assert_eq!(run(&mut engine, &reqs[i]).0.tokens, alone[i].tokens, "request {i} alone again");
     }
-    // sampled requests with the draft model run alone (the ratio rule against the draft's draws)
-    let sampled = Request { temperature: 0.8, ..reqs[0].clone() };
-    assert!(!engine.batchable(&sampled) && engine.batchable(&reqs[0]));
+    assert!(reqs.iter().filter(|r| r.temperature > 0.0 && r.draft_k.is_some()).count() > 0);
+    // a top-k the GPU does not rank runs alone (its draft drawn on the host, the ratio rule)
+    let wide = Request { temperature: 0.8, top_k: wgspec::gpu::MAX_TOP_K + 1, ..reqs[0].clone() };
+    assert!(!engine.batchable(&wide) && engine.batchable(&reqs[1]));
 }
 
 /// Runs each of `reqs` alone, then all at once in the batch (`prompts`: their tokens), asserting

@@ -876,12 +876,14 @@ fn sampled_speculation_is_seeded_and_deterministic() {
     assert_eq!(a.tokens.len(), 12);
 }
 
-/// Under sampling, deterministic drafts change nothing but the speed: with the GPU's draws, every
-/// token is the one plain sampled decoding with the same seed gives (an emitted token is the
-/// target's draw at its position, whatever K and whatever was drafted): n-gram chains at fixed
-/// and adaptive K, n-gram trees and an EAGLE head's trees, several seeds and sampling parameters.
+/// Under sampling, drafts change nothing but the speed: with the GPU's draws, every token is the
+/// one plain sampled decoding with the same seed gives (an emitted token is the target's draw at
+/// its position, whatever K and whatever was drafted): n-gram chains at fixed and adaptive K,
+/// n-gram trees and an EAGLE head's trees, and a draft model's chains (drawn with the target's
+/// noise: GPU-resident cycles with the CPU-driven calibrating ones, and CPU-driven steps alone),
+/// several seeds and sampling parameters.
 #[test]
-fn sampled_speculation_with_deterministic_drafts_gives_plain_sampling_tokens() {
+fn sampled_speculation_gives_plain_sampling_tokens() {
     let mut r = rng(660);
     let tiny = TinyModel::random(TinySpec::llama(), &mut r);
     let ckpt = ckpt_of(&tiny, &mut r);
@@ -890,7 +892,18 @@ fn sampled_speculation_with_deterministic_drafts_gives_plain_sampling_tokens() {
     let (file, config) = common::tiny::eagle_head(&tiny.spec, DType::F32, false, true, &mut r);
     let head = load_eagle(&mut target, file, &config, 4).0;
     let ngram = |branches| Owned::Other(Box::new(NGram { max_n: 3, min_n: 1, branches }));
+    // a draft model: the target perturbed (its draws often the target's, not always)
+    let mut draft_model = |gpu_cycle: bool| {
+        let dm = load(&ckpt_of(&perturbed(&tiny, 0.05, &mut r), &mut r), 96);
+        let mut d = DraftModel::new(dm, &ckpt.config).expect("draft");
+        d.set_gpu_cycle(gpu_cycle);
+        Owned::Model(Box::new(d))
+    };
+    let itself = Owned::Model(Box::new(DraftModel::new(load(&ckpt, 96), &ckpt.config).expect("draft")));
     let mut drafts: Vec<(&str, Owned, KPolicy, [usize; 2])> = vec![
+        ("model K=3", draft_model(true), KPolicy::Fixed(3), [0; 2]),
+        ("model CPU-driven K=2", draft_model(false), KPolicy::Fixed(2), [0; 2]),
+        ("the target as its draft", itself, KPolicy::Fixed(3), [0; 2]),
         ("ngram K=1", ngram(1), KPolicy::Fixed(1), [0; 2]),
         ("ngram K=3", ngram(1), KPolicy::Fixed(3), [0; 2]),
         ("ngram adaptive", ngram(1), KPolicy::Adaptive { max: 6 }, [0; 2]),
@@ -903,6 +916,8 @@ fn sampled_speculation_with_deterministic_drafts_gives_plain_sampling_tokens() {
         ),
     ];
     let prompt = [5u32, 9, 2, 7, 5, 9, 2, 7, 5, 9, 2];
+    // the draft model's GPU-resident cycles, and its CPU-driven ones (calibrating)
+    let mut resident = [0usize; 2];
     for params in [
         SamplingParams { temperature: 0.5, top_k: 0, top_p: 1.0, seed: 0 },
         SamplingParams { temperature: 0.9, top_k: 8, top_p: 0.9, seed: 0 },
@@ -918,16 +933,27 @@ fn sampled_speculation_with_deterministic_drafts_gives_plain_sampling_tokens() {
                 let got = speculative(&mut target, draft.drafter(), &prompt, &opts, *k);
                 assert_eq!(got.tokens, want.tokens, "{name} {params:?} seed {seed}: {:?}", got.stats);
                 assert_eq!(got.stats.gpu_sampled, got.stats.verify_forwards, "{name}: drawn on the GPU");
+                if *name == "model K=3" {
+                    resident[0] += got.stats.gpu_cycles;
+                    resident[1] += got.stats.verify_forwards - got.stats.gpu_cycles;
+                }
                 counts[0] += got.stats.accepted;
                 counts[1] += got.stats.drafted - got.stats.accepted;
             }
         }
     }
-    // (each draft had drafts kept, and rejected: both sides of the rule were taken)
+    // (each draft had drafts kept, and rejected: both sides of the rule were taken; but the
+    // target as its own draft model, whose draws with the same noise are the target's: none
+    // rejected, in the resident cycles and the CPU-driven ones alike)
     for (name, _, _, [kept, rejected]) in &drafts {
         eprintln!("{name}: {kept} drafts kept, {rejected} rejected");
-        assert!(*kept > 0 && *rejected > 0, "{name}: {kept} kept, {rejected} rejected");
+        match *name == "the target as its draft" {
+            true => assert!(*kept > 0 && *rejected == 0, "{name}: {kept} kept, {rejected} rejected"),
+            false => assert!(*kept > 0 && *rejected > 0, "{name}: {kept} kept, {rejected} rejected"),
+        }
     }
+    eprintln!("the draft model's cycles: {} resident, {} others", resident[0], resident[1]);
+    assert!(resident[0] > 0 && resident[1] > 0, "both kinds of cycles ran: {resident:?}");
 }
 
 /// First- and second-token frequencies under speculative sampling on the GPU converge to the

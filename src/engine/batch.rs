@@ -155,9 +155,12 @@ struct Seq {
     /// Verify passes whose drafts were not all accepted (with the accepted drafts: how often a
     /// draft was reached, for its acceptance).
     rejected: usize,
-    /// Its sampling, and a sampled request's draws once admitted (none: greedy, the argmax).
+    /// Its sampling, and a sampled request's draws once admitted (none: greedy, the argmax):
+    /// from the target's rows, and (drafting with the draft model) from the draft's rows, with
+    /// the same noise.
     sampling: SamplingParams,
     draw: Option<Draw>,
+    draft_draw: Option<Draw>,
     stats: SpecStats,
     /// When it was first admitted, and when its first token came.
     admitted: Option<Instant>,
@@ -315,8 +318,10 @@ pub(super) struct Batch {
     /// none loaded).
     medusa_costs: PassCosts,
     medusa_heads: usize,
-    /// (made with the first sampled request)
+    /// (made with the first sampled request: the target's; the draft model's with the first
+    /// that drafts with it)
     readback: Option<Readback>,
+    draft_readback: Option<Readback>,
     /// Events not yet returned by [`step`].
     events: Vec<(SeqId, BatchEvent)>,
 }
@@ -339,6 +344,7 @@ impl Batch {
             status: BatchStatus::default(),
             costs: PassCosts::default(),
             readback: None,
+            draft_readback: None,
             events: Vec::new(),
         }
     }
@@ -419,6 +425,7 @@ impl Batch {
             rejected: 0,
             sampling: req.sampling(),
             draw: None,
+            draft_draw: None,
             stats,
             admitted: None,
             first_token: None,
@@ -501,11 +508,18 @@ impl Batch {
     }
 
     /// Makes the draws of running sampled sequences that have none yet (at their admission: a
-    /// waiting request holds no GPU memory).
-    fn make_draws(&mut self, target: &Model) {
-        for s in self.running.iter_mut().filter(|s| !s.sampling.is_greedy() && s.draw.is_none()) {
-            let readback = self.readback.get_or_insert_with(|| Readback::new(target));
-            s.draw = Some(draw_ops(target, readback, &s.sampling));
+    /// waiting request holds no GPU memory), on the draft model too where they draft with it.
+    fn make_draws(&mut self, target: &Model, draft: Option<&Model>) {
+        for s in self.running.iter_mut().filter(|s| !s.sampling.is_greedy()) {
+            if s.draw.is_none() {
+                let readback = self.readback.get_or_insert_with(|| Readback::new(target));
+                s.draw = Some(draw_ops(target, readback, &s.sampling));
+            }
+            let model = matches!(s.drafting, Some(Drafting { source: Source::Model { .. }, .. }));
+            if let (Some(dm), true, None) = (draft, model, &s.draft_draw) {
+                let readback = self.draft_readback.get_or_insert_with(|| Readback::new(dm));
+                s.draft_draw = Some(draw_ops(dm, readback, &s.sampling));
+            }
         }
     }
 
@@ -594,7 +608,7 @@ pub(super) async fn step(
     batch.admit(context);
     end_spent(batch, context, tokenizer);
     batch.admit(context);
-    batch.make_draws(target);
+    batch.make_draws(target, draft.as_deref());
     let mut plan = plan(batch, context);
     if let Some(d) = draft {
         propose::propose(batch, d, &mut plan).await?;
@@ -763,44 +777,79 @@ enum Readout {
     Draws(Vec<u32>),
 }
 
+impl Readout {
+    /// Row `row`'s argmax.
+    fn argmax(&self, row: usize) -> u32 {
+        match self {
+            Readout::Argmax(a) | Readout::Draws(a) => a[row],
+        }
+    }
+
+    /// Row `row`'s draw (a row some request's draws ran over).
+    fn draw(&self, row: usize) -> Option<u32> {
+        match self {
+            Readout::Draws(w) => Some(w[MAX_BATCH + 4 * row]),
+            Readout::Argmax(_) => None,
+        }
+    }
+}
+
 /// Runs the pass recorded in `enc` (`n` rows), each pending sampled request's draws from its
 /// newest token's row and its drafts' rows after it, and reads back what the commits need in
 /// one read-back.
 async fn run_pass(
     batch: &Batch,
     target: &Model,
-    mut enc: wgpu::CommandEncoder,
+    enc: wgpu::CommandEncoder,
     plan: &[Rows],
     n: usize,
 ) -> Result<Readout> {
-    let g = target.gpu().clone();
-    let Some(rb) = batch
-        .readback
-        .as_ref()
-        .filter(|_| plan.iter().any(|r| r.pending && batch.running[r.seq].draw.is_some()))
-    else {
-        let raw = g.submit_and_read(enc, &target.argmax_buffer().raw, 0, 4 * n as u64).await?;
-        return Ok(Readout::Argmax(bytemuck::pod_collect_to_vec(&raw)));
-    };
     let mut first = 0;
+    let mut draws = Vec::new();
     for (i, r) in plan.iter().enumerate() {
-        let s = &batch.running[r.seq];
-        if let (Some(d), true) = (&s.draw, r.pending) {
-            let row0 = first + r.run - 1;
-            g.queue.write_buffer(&d.uniform, 0, bytemuck::bytes_of(&SampleSeed::at(d.seed, row0)));
-            g.queue.write_buffer(&d.status.raw, 0, bytemuck::bytes_of(&0u32));
-            let n = (1 + r.drafts.len()) as u32;
-            if let Some((top, _)) = &d.top {
-                top.at(&g.queue, row0);
-                g.encode(&mut enc, &top.ops, n);
-            }
-            g.encode(&mut enc, &d.ops, n);
-            enc.copy_buffer_to_buffer(&d.status.raw, 0, &rb.result.raw, 4 * (5 * MAX_BATCH + i) as u64, 4);
+        if let (Some(d), true) = (&batch.running[r.seq].draw, r.pending) {
+            draws.push(DrawAt { draw: d, row0: first + r.run - 1, rows: 1 + r.drafts.len(), slot: i });
         }
         first += r.run + r.drafts.len();
     }
+    read_pass(target, batch.readback.as_ref(), enc, &draws, n).await
+}
+
+/// Where one request's draws run in a pass: its draws, its first row and rows, its flag's slot.
+struct DrawAt<'a> {
+    draw: &'a Draw,
+    row0: usize,
+    rows: usize,
+    slot: usize,
+}
+
+/// Records `draws` (each request's, over its rows of the pass of `n` rows recorded in `enc` on
+/// `model`, into `readback`'s words: the model's) and runs the pass: one read-back of every
+/// row's argmax, and with draws of their words and each request's non-finite flag (at its slot).
+async fn read_pass(
+    model: &Model,
+    readback: Option<&Readback>,
+    mut enc: wgpu::CommandEncoder,
+    draws: &[DrawAt<'_>],
+    n: usize,
+) -> Result<Readout> {
+    let g = model.gpu().clone();
+    let Some(rb) = readback.filter(|_| !draws.is_empty()) else {
+        let raw = g.submit_and_read(enc, &model.argmax_buffer().raw, 0, 4 * n as u64).await?;
+        return Ok(Readout::Argmax(bytemuck::pod_collect_to_vec(&raw)));
+    };
+    for &DrawAt { draw: d, row0, rows, slot } in draws {
+        g.queue.write_buffer(&d.uniform, 0, bytemuck::bytes_of(&SampleSeed::at(d.seed, row0)));
+        g.queue.write_buffer(&d.status.raw, 0, bytemuck::bytes_of(&0u32));
+        if let Some((top, _)) = &d.top {
+            top.at(&g.queue, row0);
+            g.encode(&mut enc, &top.ops, rows as u32);
+        }
+        g.encode(&mut enc, &d.ops, rows as u32);
+        enc.copy_buffer_to_buffer(&d.status.raw, 0, &rb.result.raw, 4 * (5 * MAX_BATCH + slot) as u64, 4);
+    }
     let word = 4u64;
-    enc.copy_buffer_to_buffer(&target.argmax_buffer().raw, 0, &rb.result.raw, 0, n as u64 * word);
+    enc.copy_buffer_to_buffer(&model.argmax_buffer().raw, 0, &rb.result.raw, 0, n as u64 * word);
     enc.copy_buffer_to_buffer(&rb.draws.raw, 0, &rb.result.raw, MAX_BATCH as u64 * word, 4 * n as u64 * word);
     let raw = g.submit_and_read(enc, &rb.result.raw, 0, RESULT_WORDS as u64 * word).await?;
     Ok(Readout::Draws(bytemuck::pod_collect_to_vec(&raw)))
@@ -1235,6 +1284,7 @@ mod tests {
             rejected,
             sampling: SamplingParams::default(),
             draw: None,
+            draft_draw: None,
             stats: SpecStats::default(),
             admitted: None,
             first_token: None,

@@ -164,14 +164,14 @@ impl Engine {
     /// the GPU: each request's rows drawn, and ranked, by its own ops), plain or with n-gram drafts
     /// (the draft it names, else the default), the EAGLE head's chains (its passes batched over
     /// the requests drafting with it) or the Medusa heads' first guesses (several requests' rows
-    /// per run of the heads); greedy with the draft model too (its proposals batched alike).
-    /// Others run alone ([`Engine::generate_from`]) while the batch is idle: a sampled request
-    /// with the draft model is verified by the ratio rule against the draft's own draws, which
-    /// the batch does not run.
+    /// per run of the heads), or the draft model's chains (its passes batched alike; a sampled
+    /// request's drawn with the noise its target rows draw with). Others (a wider top-k, an
+    /// ensemble with the n-gram, trees of the draft model's) run alone
+    /// ([`Engine::generate_from`]) while the batch is idle.
     pub fn batchable(&self, req: &Request) -> bool {
         let kind = req.draft.unwrap_or(self.default_draft);
         let s = req.sampling();
-        let model = kind == DraftKind::Model && self.draft.is_some() && s.is_greedy();
+        let model = kind == DraftKind::Model && self.draft.is_some();
         let eagle = kind == DraftKind::Eagle && self.eagle.is_some();
         let medusa = kind == DraftKind::Medusa && self.medusa.is_some();
         (s.is_greedy() || speculative::sampled::gpu_samples(&s))
@@ -215,9 +215,8 @@ impl Engine {
         match self.batchable(req) {
             true => Ok(()),
             false => Err(Error::InvalidArgument(format!(
-                "only greedy requests and sampled ones (top-k 0, or at most {}), plain or with n-gram, \
-                 EAGLE or Medusa drafts (greedy ones with the draft model too), are batched (draft {:?}, \
-                 top-k {})",
+                "only greedy requests and sampled ones (top-k 0, or at most {}), plain or with the draft \
+                 model, n-gram, EAGLE or Medusa drafts, are batched (draft {:?}, top-k {})",
                 crate::gpu::MAX_TOP_K,
                 req.draft.unwrap_or(self.default_draft),
                 req.top_k

@@ -16,11 +16,12 @@
 use std::future::Future;
 use std::pin::Pin;
 
+use super::sampled::{gpu_samples, DraftDraws};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
 use super::verify::Dist;
 use crate::error::{Error, Result};
-use crate::gpu::{MAX_TOP_K, MAX_TREE};
+use crate::gpu::{GpuBuffer, SampleSeed, MAX_TOP_K, MAX_TREE};
 use crate::model::{Config, Model, MAX_BATCH};
 use crate::sampling::{Rng, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -296,10 +297,13 @@ pub fn check_draft(target: (&Config, &Tokenizer), draft: (&Config, &Tokenizer)) 
 /// go), catches up on the tokens it has not seen in the same pass as its first draft step, then
 /// runs one step per further draft token.
 ///
-/// Greedy cycles run on the GPU (see [`super::cycle`]): each step feeds its own argmax to the next
-/// one and the verify pass reads the drafts from a GPU buffer, one submission per cycle. Through
-/// [`Draft::propose`] (sampling, or with the GPU cycle turned off) each step is its own submission
-/// with a small read-back: the argmax id, or one row of logits when sampling.
+/// Cycles run on the GPU (see [`super::cycle`], [`super::sampled`]): each step feeds its own
+/// argmax (or draw) to the next one and the verify pass reads the drafts from a GPU buffer, one
+/// submission per cycle. Through [`Draft::propose`] (calibrating cycles, or with the GPU cycle
+/// turned off) each step is its own submission with a small read-back: the argmax id; sampling,
+/// the draw on its GPU with the target's noise at its position ([`DraftDraws`]: a chain without
+/// q, kept where the target's row draws the same), or where the GPU does not draw (a top-k
+/// above [`MAX_TOP_K`]) one row of logits, drawn from on the host with its q.
 pub struct DraftModel {
     model: Model,
     /// The tokens in the model's KV cache, in order (`fed.len() == model.len()`).
@@ -309,18 +313,29 @@ pub struct DraftModel {
     /// Greedy drafts as a token tree: besides its argmax, each step's next `alternatives` most
     /// likely tokens become siblings of the chain's node at that depth (0: a chain).
     alternatives: usize,
+    /// Its sampled steps' draws on its GPU (made with the first, remade for other parameters).
+    draws: Option<StepDraws>,
+}
+
+/// A draft model's draws in its CPU-driven steps: the parameters they were made for, the seed
+/// uniform, the ops, the read-back words.
+struct StepDraws {
+    params: SamplingParams,
+    seed: wgpu::Buffer,
+    ops: DraftDraws,
+    status: GpuBuffer<u32>, // [1] 1 + the row of a non-finite logit, or 0
+    result: GpuBuffer<u32>, // [2] the draw, the status
 }
 
 impl DraftModel {
     /// Wraps `model` as a draft for a target with config `target`; refuses a different vocabulary.
     pub fn new(model: Model, target: &Config) -> Result<DraftModel> {
         check_vocab(target, &model.config)?;
-        Ok(DraftModel { model, fed: Vec::new(), gpu_cycle: true, alternatives: 0 })
+        Ok(DraftModel { model, fed: Vec::new(), gpu_cycle: true, alternatives: 0, draws: None })
     }
 
     /// Turns the GPU-resident cycles on (the default) or off (every draft step its own submission
-    /// and read-back): greedy, the two give the same tokens; sampling, the same distribution
-    /// (the GPU draws with noise of its own).
+    /// and read-back): the two give the same tokens (sampling: where the GPU draws).
     pub fn set_gpu_cycle(&mut self, on: bool) {
         self.gpu_cycle = on;
     }
@@ -402,6 +417,8 @@ impl DraftModel {
             let ids = self.model.forward_argmax(tokens, pos).await?;
             let id = ids.last().copied().ok_or_else(|| Error::Gpu("empty argmax read-back".into()))?;
             (id, None)
+        } else if gpu_samples(sampling) {
+            (self.draw(tokens, pos, sampling).await?, None)
         } else {
             let logits = self.model.forward_last(tokens, pos).await?;
             let q = Dist::from_logits(&logits, sampling);
@@ -409,6 +426,47 @@ impl DraftModel {
         };
         self.fed.extend_from_slice(tokens);
         Ok(out)
+    }
+
+    /// Runs `tokens` at `pos` and draws the next token on the GPU from the last row's sampling
+    /// distribution, with the noise the target's row at that position draws with.
+    async fn draw(&mut self, tokens: &[u32], pos: usize, sampling: &SamplingParams) -> Result<u32> {
+        let gpu = self.model.gpu().clone();
+        let same = |d: &StepDraws| {
+            let (a, b) = (&d.params, sampling);
+            (a.temperature, a.top_k, a.top_p) == (b.temperature, b.top_k, b.top_p)
+        };
+        if !self.draws.as_ref().is_some_and(same) {
+            let seed = gpu.uniform("draft step seed", bytemuck::bytes_of(&SampleSeed::new(sampling.seed)));
+            let status = GpuBuffer::<u32>::zeros(&gpu, "draft step status", 1);
+            let result = GpuBuffer::<u32>::zeros(&gpu, "draft step result", 2);
+            let ops = DraftDraws::new(&self.model, &seed, &status, sampling);
+            self.draws = Some(StepDraws { params: *sampling, seed, ops, status, result });
+        }
+        let Some(d) = self.draws.as_ref() else {
+            return Err(Error::Gpu("the draft's draws were not made".into()));
+        };
+        gpu.queue.write_buffer(&d.seed, 0, bytemuck::bytes_of(&SampleSeed::new(sampling.seed)));
+        gpu.queue.write_buffer(&d.status.raw, 0, bytemuck::bytes_of(&0u32));
+        let mut enc = gpu.encoder();
+        self.model.record(&mut enc, 0, tokens, tokens.len(), pos)?;
+        d.ops.encode(&gpu, &mut enc, tokens.len());
+        enc.copy_buffer_to_buffer(&d.ops.draw.raw, 0, &d.result.raw, 0, 4);
+        enc.copy_buffer_to_buffer(&d.status.raw, 0, &d.result.raw, 4, 4);
+        let raw = gpu.submit_and_read(enc, &d.result.raw, 0, 8).await?;
+        let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let (draw, status) = (out.first().copied(), out.get(1).copied());
+        match (draw, status) {
+            (_, Some(s)) if s > 0 => Err(Error::NonFinite(format!(
+                "a logit of row {} of the draft model's pass at position {pos} is not finite",
+                s - 1
+            ))),
+            (Some(x), Some(_)) if (x as usize) < self.model.config.vocab_size => Ok(x),
+            _ => Err(Error::Gpu(format!(
+                "the draft's GPU drew {draw:?} from {} tokens",
+                self.model.config.vocab_size
+            ))),
+        }
     }
 
     /// Feeds `tokens` without using their outputs (no output projection, no read-back), in
@@ -439,7 +497,9 @@ impl DraftModel {
         sampling: &SamplingParams,
         rng: &mut Rng,
     ) -> Result<Proposal> {
-        let (mut tokens, mut qs) = (Vec::new(), (!sampling.is_greedy()).then(Vec::new));
+        // (q only where the host draws: the GPU's draws are kept by the target's)
+        let host_draws = !sampling.is_greedy() && !gpu_samples(sampling);
+        let (mut tokens, mut qs) = (Vec::new(), host_draws.then(Vec::new));
         let (mut input, k, mut steps) = self.catch_up(context, budget.depth).await?;
         // (a tree draft) per depth, the tokens ranked after the chain's
         let mut siblings: Vec<Vec<u32>> = Vec::new();

@@ -112,8 +112,10 @@ fn add_breadth_first(tree: &mut TokenTree, paths: &[Vec<u32>], budget: usize) {
 /// verified in one tree pass. The n-gram takes up to K nodes more than the draft's proposal
 /// holds (or the budget's other nodes, if more). A draft that sized its tree from the measured
 /// costs (EAGLE's) keeps it as sized, with the n-gram's nodes beside it; other merged trees are
-/// sized by the loop. With a draft that samples (its proposal carries q), its proposal alone
-/// (its tokens are drawn from its q, which a merged tree would not keep).
+/// sized by the loop. With a draft that samples on the host (its proposal carries q: a top-k the
+/// GPU does not draw from), its proposal alone (its tokens are drawn from its q, which a merged
+/// tree would not keep); a draft model's chain drawn on the GPU (with the target's noise) merges
+/// as a greedy one does.
 pub struct Ensemble<'a> {
     pub draft: &'a mut dyn Draft,
     pub ngram: NGram,

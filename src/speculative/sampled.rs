@@ -12,19 +12,21 @@
 //!
 //! Draws use the Gumbel-max trick with noise hashed from the generation's seed, the op's stream,
 //! the row's position and the token: the draw from p at a position is the same in a plain step,
-//! a chain's verify row and a tree's node. Deterministic drafts (n-gram, heads, host-given
-//! chains and trees) are kept while the draw from p is the draft ([`AcceptRule::Equal`]: the
-//! ratio rule against a one-hot q, probability p(x)), and the draw is emitted where it is not:
-//! every token is the one plain sampled decoding with the same seed gives, whatever K and
-//! whatever drafted. A draft model's chain keeps the ratio rule of
-//! [`verify_sampled`](super::verify_sampled) against its q (its drafts' noise is its own, so its
-//! tokens depend on K). Either way the output has the target's sampling distribution (tested by
-//! frequencies against exact marginals). The CPU-driven path (whole
-//! logits rows read back) stays for what the GPU does not draw from, a top-k above
-//! [`MAX_TOP_K`], and for chains whose draft distribution q is on the host: a draft model's
-//! calibrating cycles (the first two and every 16th, timed apart), and the chains of a draft
-//! model on another GPU, drafting trees, or with its GPU cycles off (see
-//! [`Drafter::resident`](super::Drafter::resident)).
+//! a chain's verify row and a tree's node. Drafts are kept while the draw from p is the draft
+//! ([`AcceptRule::Equal`]), and the draw is emitted where it is not: every token is the one
+//! plain sampled decoding with the same seed gives, whatever K and whatever drafted, so the
+//! output has the target's sampling distribution (tested by frequencies against exact
+//! marginals too). Deterministic drafts (n-gram, heads, host-given chains and trees) are kept
+//! with probability p(x) (the ratio rule against a one-hot q). A draft model draws its chain
+//! with the same noise as the target's rows at the same positions ([`DraftDraws`], in the
+//! resident cycle and in its CPU-driven steps alike): a drawn x_i is kept with the probability
+//! that the two Gumbel-max draws agree, at least (1 - TV) / (1 + TV) where the ratio rule of
+//! [`verify_sampled`](super::verify_sampled) keeps 1 - TV (TV the total variation between p
+//! and q; the Qwen2.5-Coder pair accepted as many either way, BENCHMARKS.md), and its tokens no
+//! longer depend on K: a request's output is the same alone, in a batch, whatever the load.
+//! The CPU-driven path (whole logits rows read back, the ratio rule against the draft's q
+//! drawn with the host's RNG) stays for what the GPU does not draw from, a top-k above
+//! [`MAX_TOP_K`].
 //!
 //! ```text
 //!   token tree   : the tree pass -> sample.wgsl: a draw y_i from p_i at every node i (at its
@@ -44,12 +46,10 @@ use crate::gpu::{AcceptRule, Gpu, GpuBuffer, Op, SampleConfig, SampleRows, Sampl
 use crate::model::{Model, MAX_BATCH};
 use crate::sampling::SamplingParams;
 
-/// Noise streams of the generation's draws (a sample op's two Gumbel streams are 2s and 2s + 1;
-/// the ratio rule's uniforms hash STREAM_ACCEPT itself): the draft model's draws, the target's
-/// (plain steps, chains and trees alike), the ratio rule's uniforms.
-const STREAM_DRAFT: u32 = 1;
+/// The noise stream of the generation's draws (a sample op's two Gumbel streams are 2s and
+/// 2s + 1): the target's rows (plain steps, chains and trees alike) and a draft model's, which
+/// draws with the target's noise at each position.
 const STREAM_VERIFY: u32 = 2;
-const STREAM_ACCEPT: u32 = 6;
 
 /// Whether the GPU draws from `params`' distribution: sampling with a top-k of at most
 /// [`MAX_TOP_K`] (the top-k ranks on the GPU), any top-p.
@@ -59,7 +59,8 @@ pub fn gpu_samples(params: &SamplingParams) -> bool {
 
 /// The draws of the target's rows under `params` (plain steps, chains and trees, one request or
 /// one request's rows of a batched pass: the same noise stream, so the same token at the same
-/// position): no draft's token scored.
+/// position), and a draft model's (the same noise: its draw is the target's where the two
+/// distributions put it on the same token): no draft's token scored.
 pub(crate) fn target_draws(params: &SamplingParams, vocab: usize) -> SampleConfig {
     SampleConfig {
         vocab,
@@ -72,11 +73,46 @@ pub(crate) fn target_draws(params: &SamplingParams, vocab: usize) -> SampleConfi
     }
 }
 
-/// The draft model's side: its ranked ids, the op drawing from its last row, the draw.
-struct DraftSide {
-    top: Option<(Vec<Op>, GpuBuffer<u32>)>, // ranks of its pass's rows, [MAX_BATCH, top_k]
+/// A draft model's draws on its GPU: the ops ranking (with a top-k) its pass's rows and drawing
+/// from the last one with the target's noise (the draws of [`target_draws`], keyed by the
+/// uniform `seed`), the draw, the non-finite flag.
+pub(crate) struct DraftDraws {
+    top: Option<Vec<Op>>,
     sample: Vec<Op>,
-    draw: GpuBuffer<u32>, // [4] the draw of the step's last row
+    pub draw: GpuBuffer<u32>, // [4] sample.wgsl's words of the pass's last row: the draw first
+    // kept alive for the ops' bind groups
+    _ranks: Option<GpuBuffer<u32>>, // [MAX_BATCH, top_k] its pass's rows' ranked ids
+}
+
+impl DraftDraws {
+    /// The draws of `dm`'s passes under `params` (which [`gpu_samples`]), keyed by `seed` (a
+    /// uniform [`SampleSeed`] on `dm`'s GPU), a non-finite logit flagged in `status`.
+    pub fn new(
+        dm: &Model,
+        seed: &wgpu::Buffer,
+        status: &GpuBuffer<u32>,
+        params: &SamplingParams,
+    ) -> DraftDraws {
+        let g: &Gpu = dm.gpu();
+        let (vocab, top_k) = (dm.config.vocab_size, params.top_k);
+        let ranks = (top_k > 0).then(|| GpuBuffer::<u32>::zeros(g, "draft step ranks", MAX_BATCH * top_k));
+        let top =
+            ranks.as_ref().map(|r| g.top_k(dm.step_buffer(), dm.logits_buffer(), (r, None), vocab, top_k));
+        let draw = GpuBuffer::<u32>::zeros(g, "draft draw", 4);
+        let rows = SampleRows { logits: dm.logits_buffer(), top: ranks.as_ref() };
+        let cfg = SampleConfig { last_only: Some(0), ..target_draws(params, vocab) };
+        let none = GpuBuffer::<u32>::zeros(g, "no drafts", 1);
+        let sample = g.sample(dm.step_buffer(), seed, rows, None, &none, &draw, status, cfg);
+        DraftDraws { top, sample, draw, _ranks: ranks }
+    }
+
+    /// Records the draw from the last of the `rows` rows of `dm`'s pass just recorded.
+    pub fn encode(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, rows: usize) {
+        if let Some(ops) = &self.top {
+            gpu.encode(enc, ops, rows as u32);
+        }
+        gpu.encode(enc, &self.sample, rows as u32);
+    }
 }
 
 /// Buffers and ops of sampled verification on the GPU for one target (and at most one draft model).
@@ -85,17 +121,13 @@ pub struct SampledCycle {
     vocab: usize,
     seed: wgpu::Buffer,          // uniform SampleSeed: the generation's seed
     drafts: GpuBuffer<u32>,      // [MAX_BATCH] x1..xK
-    q_logits: GpuBuffer<f32>,    // [MAX_BATCH, vocab] the draft model's rows q_1..q_K (or [1])
-    q_top: GpuBuffer<u32>,       // [MAX_BATCH, top_k] their ranked ids (or [1])
     status: GpuBuffer<u32>,      // [1] 1: a non-finite logit
     result: GpuBuffer<u32>,      // [2 + MAX_BATCH + 1] a, next, x1..xK, status
     target_top: Option<Vec<Op>>, // ranks the verify rows into p_top
     draws: Vec<Op>,              // a draw from every row of the pass (a chain's or a tree's)
     tree_result: GpuBuffer<u32>, // [MAX_BATCH, 4] a tree's rows' words, then [1] the status
-    against_q: Option<Vec<Op>>,  // the verify rows' draws against the draft model's rows
-    accept_equal: Op,            // deterministic drafts: kept where the draw is the draft
-    accept_ratio: Op,            // a draft model's: the ratio rule against its q
-    draft: Option<DraftSide>,
+    accept: Op,                  // drafts kept where the row's draw is the draft
+    draft: Option<DraftDraws>,
     // kept alive for the ops' bind groups
     _p_top: GpuBuffer<u32>,
     samples: GpuBuffer<u32>, // [MAX_BATCH, 4] sample.wgsl's words per verify (or tree) row
@@ -115,9 +147,6 @@ impl SampledCycle {
         let seed = g.uniform("sample seed", bytemuck::bytes_of(&SampleSeed::new(params.seed)));
         let words = |label: &str, len: usize| GpuBuffer::<u32>::zeros(g, label, len.max(1));
         let drafts = words("sampled drafts", MAX_BATCH);
-        let q_rows = if draft.is_some() { MAX_BATCH } else { 0 };
-        let q_logits = GpuBuffer::<f32>::zeros(g, "draft rows", (q_rows * vocab).max(1));
-        let q_top = words("draft ranks", q_rows * top_k);
         let p_top = words("verify ranks", MAX_BATCH * top_k);
         let samples = words("verify draws", MAX_BATCH * 4);
         let status = words("sample status", 1);
@@ -130,40 +159,19 @@ impl SampledCycle {
         let cfg = target_draws(params, vocab);
         let draws = g.sample(step, &seed, p_rows, None, &drafts, &samples, &status, cfg);
         let tree_result = words("tree draws", MAX_BATCH * 4 + 1);
-        let q = SampleRows { logits: &q_logits, top: (top_k > 0).then_some(&q_top) };
-        let scored = SampleConfig { drafts: MAX_BATCH - 1, ..cfg };
-        let against_q = draft
-            .is_some()
-            .then(|| g.sample(step, &seed, p_rows, Some(q), &drafts, &samples, &status, scored));
-        let accept = |rule| g.accept_sampled(step, &seed, &drafts, &samples, &status, &result, rule);
-        let accept_equal = accept(AcceptRule::Equal);
-        let accept_ratio = accept(AcceptRule::Ratio { stream: STREAM_ACCEPT });
-        let draft = draft.map(|dm| {
-            let top = (top_k > 0).then(|| {
-                let ranks = words("draft step ranks", MAX_BATCH * top_k);
-                (g.top_k(dm.step_buffer(), dm.logits_buffer(), (&ranks, None), vocab, top_k), ranks)
-            });
-            let draw = words("draft draw", 4);
-            let rows = SampleRows { logits: dm.logits_buffer(), top: top.as_ref().map(|t| &t.1) };
-            let cfg = SampleConfig { drafts: 0, last_only: Some(0), stream: STREAM_DRAFT, ..cfg };
-            let sample = g.sample(dm.step_buffer(), &seed, rows, None, &drafts, &draw, &status, cfg);
-            DraftSide { top, sample, draw }
-        });
+        let accept = g.accept_sampled(step, &seed, &drafts, &samples, &status, &result, AcceptRule::Equal);
+        let draft = draft.map(|dm| DraftDraws::new(dm, &seed, &status, params));
         Ok(SampledCycle {
             params: *params,
             vocab,
             seed,
             drafts,
-            q_logits,
-            q_top,
             status,
             result,
             target_top,
             draws,
             tree_result,
-            against_q,
-            accept_equal,
-            accept_ratio,
+            accept,
             draft,
             _p_top: p_top,
             samples,
@@ -211,13 +219,14 @@ impl SampledCycle {
         batch.extend_from_slice(xs);
         let mut enc = gpu.encoder();
         target.record(&mut enc, 0, &batch, k + 1, n_past)?;
-        self.encode_verify(&gpu, &mut enc, k, false);
+        self.encode_verify(&gpu, &mut enc, k);
         self.finish(&gpu, enc, k, 0, n_past).await
     }
 
     /// Drafts up to `at.k` tokens with `at.draft`, each drawn on the GPU from its sampling
-    /// distribution, and verifies them with `at.target` (see [`CycleAt`]): one submission, one
-    /// read-back. Leaves the target's cache at `n_past + 1 + K` positions.
+    /// distribution with the target's noise at its position, and verifies them with `at.target`
+    /// (see [`CycleAt`]): one submission, one read-back. Leaves the target's cache at
+    /// `n_past + 1 + K` positions.
     pub async fn run(&self, mut at: CycleAt<'_>) -> Result<CycleOutcome> {
         let side = self
             .draft
@@ -225,30 +234,15 @@ impl SampledCycle {
             .ok_or_else(|| Error::InvalidArgument("a sampled cycle built without a draft model".into()))?;
         let gpu = at.target.gpu().clone();
         self.begin(&gpu);
-        let (word, row) = (4u64, (self.vocab * 4) as u64);
-        let top_k = self.params.top_k as u64;
-        let (drafts, q_logits, q_top) = (&self.drafts, &self.q_logits, &self.q_top);
-        let draw = |enc: &mut wgpu::CommandEncoder, dm: &Model, i: usize, rows: usize| {
-            // x_{i+1}: a draw from the step's last row q_{i+1}, which (with its ranks) the
-            // verify pass's residual draws read
-            let last = rows as u64 - 1;
-            if let Some((op, ranks)) = &side.top {
-                gpu.encode(enc, op, rows as u32);
-                let bytes = top_k * word;
-                enc.copy_buffer_to_buffer(&ranks.raw, last * bytes, &q_top.raw, i as u64 * bytes, bytes);
-            }
-            gpu.encode(enc, &side.sample, rows as u32);
-            enc.copy_buffer_to_buffer(&side.draw.raw, 0, &drafts.raw, i as u64 * word, word);
-            enc.copy_buffer_to_buffer(
-                &dm.logits_buffer().raw,
-                last * row,
-                &q_logits.raw,
-                i as u64 * row,
-                row,
-            );
+        let drafts = &self.drafts;
+        let draw = |enc: &mut wgpu::CommandEncoder, _: &Model, i: usize, rows: usize| {
+            // x_{i+1}: a draw from the step's last row q_{i+1}, with the noise the verify pass's
+            // row at its position draws with
+            side.encode(&gpu, enc, rows);
+            enc.copy_buffer_to_buffer(&side.draw.raw, 0, &drafts.raw, i as u64 * 4, 4);
         };
         let mut rec = at.record(drafts, draw).await?;
-        self.encode_verify(&gpu, &mut rec.enc, rec.k, true);
+        self.encode_verify(&gpu, &mut rec.enc, rec.k);
         let out = self.finish(&gpu, rec.enc, rec.k, rec.draft_steps, at.n_past).await?;
         at.commit(&rec.first, &out.drafts);
         Ok(out)
@@ -297,17 +291,13 @@ impl SampledCycle {
     }
 
     /// The verify pass's ranks, draws and the acceptance (a pass of K + 1 rows).
-    fn encode_verify(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, k: usize, against_q: bool) {
+    fn encode_verify(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, k: usize) {
         let n = (k + 1) as u32;
         if let Some(ops) = &self.target_top {
             gpu.encode(enc, ops, n);
         }
-        let (sample, accept) = match (&self.against_q, against_q && k > 0) {
-            (Some(ops), true) => (ops, &self.accept_ratio),
-            _ => (&self.draws, &self.accept_equal),
-        };
-        gpu.encode(enc, sample, n);
-        gpu.encode(enc, std::slice::from_ref(accept), n);
+        gpu.encode(enc, &self.draws, n);
+        gpu.encode(enc, std::slice::from_ref(&self.accept), n);
     }
 
     /// Submits, reads back `[a, next, x1..xK]` and the status word.

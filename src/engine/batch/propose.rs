@@ -6,17 +6,20 @@
 //!               are more than a pass holds: passes of their unseen tokens but the newest (at
 //!               most FEED_PASSES a step: a sequence still behind then drafts none this time,
 //!               and is fed further the next)
-//!   pass 1      each drafting sequence: its unseen tokens, the newest last (its row's argmax: x1)
-//!   pass j      each sequence drafting j or more: x_(j-1) (one row; argmax: x_j)
+//!   pass 1      each drafting sequence: its unseen tokens, the newest last (its row's argmax,
+//!               or a sampled request's draw: x1)
+//!   pass j      each sequence drafting j or more: x_(j-1) (one row; argmax or draw: x_j)
 //! ```
 //!
 //! The plan chose how many drafts each sequence takes (placeholders until here); a sequence
 //! whose draft pages cannot be had drafts none this time. Only drafting sequences run: a
 //! sequence that drafts after plain passes first catches up on the tokens it did not see. Its
-//! proposals are the chains of greedy argmaxes the one-sequence loop's draft model proposes (its
-//! cache caught up and rolled back the same way; where that loop drafts the draft's trees,
-//! `tree:N:DRAFT`, the batch still drafts chains). Deterministic drafts: greedy rows keep them
-//! where they equal their argmax, so a request's tokens do not depend on them.
+//! proposals are the chains the one-sequence loop's draft model proposes (its cache caught up and
+//! rolled back the same way; where that loop drafts the draft's trees, `tree:N:DRAFT`, the batch
+//! still drafts chains): greedy argmaxes, or a sampled request's draws with the noise its target
+//! rows draw with at the same positions (its draws on the draft's rows, `Seq::draft_draw`).
+//! Either way the target's rows keep them where they equal their argmax or draw, so a request's
+//! tokens do not depend on them.
 //!
 //! An EAGLE head's proposals for the batch: after each commit, one head pass over the kept rows
 //! of every sequence drafting with it ([`follow`]: the target's features of the pass, each with
@@ -35,7 +38,9 @@
 
 use web_time::Instant;
 
-use super::{Batch, Drafting, PassCosts, Rows, Seq, SeqId, Source, EAGLE_PATIENCE};
+use super::{
+    read_pass, Batch, Drafting, Draw, DrawAt, PassCosts, Readback, Rows, Seq, SeqId, Source, EAGLE_PATIENCE,
+};
 use crate::error::Result;
 use crate::gpu::KV_PAGE;
 use crate::model::{EagleHead, HeadChain, HeadRows, MedusaHeads, Model, SeqRows, MAX_BATCH, MEDUSA_ROWS};
@@ -58,17 +63,19 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
     // pass 1: each drafting sequence's unseen tokens; x1 from its last row
     let rows: Vec<(usize, usize, usize)> =
         drafting(batch, plan).map(|(entry, past, tokens)| (entry, past, tokens.len())).collect();
-    let out = catch_up(batch, draft, plan, &rows).await?;
+    let out = catch_up(batch, draft, plan, &rows, true).await?;
     let mut at = 0;
     let mut chains: Vec<(usize, Vec<u32>)> = Vec::new();
     for &(entry, past, len) in &rows {
         at += len - past;
-        chains.push((entry, vec![out[at - 1]]));
+        chains.push((entry, out[at - 1].into_iter().collect()));
     }
     // passes 2..: the chains that want more, one row each
     loop {
-        let more: Vec<usize> =
-            (0..chains.len()).filter(|&j| chains[j].1.len() < plan[chains[j].0].drafts.len()).collect();
+        // (a chain cut short by a draw outside the vocabulary stays so)
+        let more: Vec<usize> = (0..chains.len())
+            .filter(|&j| !chains[j].1.is_empty() && chains[j].1.len() < plan[chains[j].0].drafts.len())
+            .collect();
         if more.is_empty() {
             break;
         }
@@ -88,13 +95,24 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
                 tokens: t,
             })
             .collect();
-        let out = timed(&mut batch.draft_costs, draft, &seqs).await?;
-        for ((&j, &(entry, pos, _)), &next) in more.iter().zip(&rows).zip(&out) {
+        let draws: Vec<Option<&Draw>> =
+            rows.iter().map(|&(entry, ..)| running[plan[entry].seq].draft_draw.as_ref()).collect();
+        let rb = batch.draft_readback.as_ref();
+        let out = timed(&mut batch.draft_costs, (draft, rb), &seqs, &draws).await?;
+        for ((&j, &(entry, pos, _)), next) in more.iter().zip(&rows).zip(out) {
             set_past(batch, plan, entry, pos + 1);
-            chains[j].1.push(next);
+            match next {
+                Some(x) => chains[j].1.push(x),
+                None => plan[chains[j].0].drafts.truncate(chains[j].1.len()),
+            }
         }
     }
     for (entry, chain) in chains {
+        if chain.is_empty() {
+            let fixed = batch.running[plan[entry].seq].drafting.as_ref().is_some_and(|d| d.fixed);
+            drop_drafts(&mut plan[entry], fixed);
+            continue;
+        }
         plan[entry].drafts = chain;
     }
     Ok(())
@@ -146,7 +164,7 @@ async fn feed(batch: &mut Batch, draft: &mut Model, plan: &mut [Rows]) -> Result
                 rows.push((entry, past, end));
             }
         }
-        catch_up(batch, draft, plan, &rows).await?;
+        catch_up(batch, draft, plan, &rows, false).await?;
     }
     let mut behind: Vec<(usize, usize)> =
         drafting(batch, plan).map(|(entry, past, tokens)| (tokens.len() - past, entry)).collect();
@@ -162,13 +180,15 @@ async fn feed(batch: &mut Batch, draft: &mut Model, plan: &mut [Rows]) -> Result
 }
 
 /// One pass of the draft over its sequences' own tokens, `rows` (plan entry, first position,
-/// end): each row's argmax; the draft has then computed each sequence's positions up to `end`.
+/// end): each row's argmax, and with `draws` each sampled sequence's draw in its last row (see
+/// [`timed`]); the draft has then computed each sequence's positions up to `end`.
 async fn catch_up(
     batch: &mut Batch,
     draft: &mut Model,
     plan: &[Rows],
     rows: &[(usize, usize, usize)],
-) -> Result<Vec<u32>> {
+    draws: bool,
+) -> Result<Vec<Option<u32>>> {
     let running = &batch.running;
     let seqs: Vec<SeqRows> = (rows.iter())
         .map(|&(entry, start, end)| {
@@ -176,7 +196,12 @@ async fn catch_up(
             SeqRows { pages: model_pages(s), start_pos: start, tokens: &s.tokens[start..end] }
         })
         .collect();
-    let out = timed(&mut batch.draft_costs, draft, &seqs).await?;
+    let draws: Vec<Option<&Draw>> = match draws {
+        true => rows.iter().map(|&(entry, ..)| running[plan[entry].seq].draft_draw.as_ref()).collect(),
+        false => Vec::new(),
+    };
+    let rb = batch.draft_readback.as_ref();
+    let out = timed(&mut batch.draft_costs, (draft, rb), &seqs, &draws).await?;
     for &(entry, _, end) in rows {
         set_past(batch, plan, entry, end);
     }
@@ -221,13 +246,34 @@ fn set_past(batch: &mut Batch, plan: &[Rows], entry: usize, to: usize) {
     }
 }
 
-/// One pass of the draft model over `seqs`: each row's argmax, its seconds measured.
-async fn timed(costs: &mut PassCosts, draft: &mut Model, seqs: &[SeqRows<'_>]) -> Result<Vec<u32>> {
+/// One pass of the draft model over `seqs`, its seconds measured: each row's argmax, but in the
+/// last row of a sequence with a draw in `draws` (by sequence; none past its end) that draw
+/// (none where it is outside the vocabulary: the draft's logits were not finite).
+async fn timed(
+    costs: &mut PassCosts,
+    (draft, readback): (&mut Model, Option<&Readback>),
+    seqs: &[SeqRows<'_>],
+    draws: &[Option<&Draw>],
+) -> Result<Vec<Option<u32>>> {
     let rows = seqs.iter().map(|s| s.tokens.len()).sum();
+    let mut at = Vec::new();
+    let mut end = 0;
+    for (slot, s) in seqs.iter().enumerate() {
+        end += s.tokens.len();
+        if let Some(&Some(draw)) = draws.get(slot) {
+            at.push(DrawAt { draw, row0: end - 1, rows: 1, slot });
+        }
+    }
     let t0 = Instant::now();
-    let out = draft.forward_pages_argmax(seqs).await?;
+    let enc = draft.encode_pages(seqs, true)?;
+    let out = read_pass(draft, readback, enc, &at, rows).await?;
     costs.observe(rows, t0.elapsed().as_secs_f64());
-    Ok(out)
+    let vocab = draft.config.vocab_size as u32;
+    let mut ids: Vec<Option<u32>> = (0..rows).map(|row| Some(out.argmax(row))).collect();
+    for a in &at {
+        ids[a.row0] = out.draw(a.row0).filter(|&x| x < vocab);
+    }
+    Ok(ids)
 }
 
 /// Fills the plan's draft placeholders of the sequences drafting with the EAGLE `head` (the
