@@ -1,5 +1,5 @@
-// Sampling on the GPU: each row of logits drawn from by the Gumbel-max trick, and what speculative
-// sampling's acceptance needs from the row, so that only a few words go back to the host.
+// Sampling on the GPU: each row of logits drawn from by the Gumbel-max trick, so that only a word
+// per row goes back to the host.
 //
 // A row's sampling distribution is p_j = exp((l_j - m) / T) / Z over the kept tokens j (all of
 // them, or with top_k > 0 those ranked at most top_k: larger logits first, equal ones by lower id,
@@ -8,35 +8,27 @@
 // src/sampling.rs, computed in f32. Per row r of the pass (or only its last row, `last_only`; or,
 // in a pass over several requests, rows seed.row0.. of one request, as many as the op is encoded
 // for):
-//   out[4 o + 0] = a draw from p: argmax_j (l_j - m) / T + G_j over the kept j
-//   out[4 o + 1] = a draw from norm(max(0, p - q)), the recovered-token rule of speculative
-//                  sampling, against the draft's distribution q of the same row: argmax_j
-//                  log(p_j - q_j) + G'_j over the j with p_j > q_j; q is the one-hot of x_r when
-//                  no q rows are bound (a deterministic draft), else the q row's own softmax at T
-//                  over its own kept tokens; with no such j (p = q), the draw from p. (Rows from
-//                  p.drafts on, and the pass's last row, check no draft: their q rows are not
-//                  read, and this word repeats the draw from p.)
-//   out[4 o + 2] = bits of p(x_r)   (rows r < p.drafts but the pass's last; x_r = drafts[r], the
-//                                    token row r checks)
-//   out[4 o + 3] = bits of q(x_r)   (1.0 for a one-hot q)
-// with o = r (or p.out_row for `last_only`). G_j, G'_j are independent standard Gumbel variables
-// hashed from (the generation's seed, the op's stream, the row's position -- a tree node's: its
-// depth's -- and j): argmax of log-weight + Gumbel is an exact draw from the normalised weights. A non-finite logit in row r sets status[0]
-// to at least r + 1.
+//   out[o] = a draw from p: argmax_j (l_j - m) / T + G_j over the kept j
+// with o = r (or p.out_row for `last_only`). G_j are independent standard Gumbel variables hashed
+// from (the generation's seed, the op's stream, the row's position -- a tree node's: its depth's
+// -- and j): argmax of log-weight + Gumbel is an exact draw from the normalised weights. Two
+// models' rows at one position (a target's and its draft model's) drawn with one stream share
+// their noise: their draws agree where the two distributions put their maxima on one token.
+// Speculative sampling's acceptance keeps a draft where its row's draw is the draft
+// (accept_sampled.wgsl). A non-finite logit in row r sets status[0] to at least r + 1.
 //
 // No row is searched by one workgroup: a row is cut into slices of SLICE logits (the argmax's),
 // one workgroup each, and the kernel runs in stages, one dispatch each (p.stage):
-//   stage 0      each slice of each p row (and of each q row it checks against): its largest
-//                kept logit m_s and z_s = sum of exp((l - m_s) / T) over its kept tokens; with a
+//   stage 0      each slice of each row: its largest kept logit m_s and z_s = sum of exp((l - m_s) / T) over its kept tokens; with a
 //                top-p, its histogram of the nucleus' first level (below)
 //   stages 1-7   (a top-p only) the nucleus' last value, by a radix select over the
 //                order-preserving keys, 4 bits a level: each workgroup combines the row's
 //                histograms of the level before (each slice's masses and counts in 16 bins),
 //                picks the bin as every workgroup of the row does, then histograms its slice
 //                under the longer prefix
-//   stage DRAW   each slice's best draw from p and from the residual (every workgroup derives
-//                the row's m, Z and cut from the slices' stats and histograms: the same bits)
-//   stage FINISH one workgroup per row: the slices' draws in slice order, p(x) and q(x)
+//   stage DRAW   each slice's best draw from p (every workgroup derives the row's m, Z and cut
+//                from the slices' stats and histograms: the same bits)
+//   stage FINISH one workgroup per row: the slices' draws in slice order
 // The row's m is the largest m_s; Z = sum over s of z_s exp((m_s - m) / T) in a fixed order,
 // whatever the rows of the pass. The draws are maxima of one total order (a larger value, then
 // a lower id), the same whatever the slicing.
@@ -55,21 +47,17 @@ const FINISH: u32 = 9u;   // the stage that combines the draws
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<uniform> seed: Seed;                      // the generation's, written by the host
-@group(0) @binding(3) var<storage, read> logits: array<f32>;        // [n, vocab] the target's p rows
+@group(0) @binding(3) var<storage, read> logits: array<f32>;        // [n, vocab] the rows p
 @group(0) @binding(4) var<storage, read> top: array<u32>;           // [n, top_k] (top_k > 0)
-@group(0) @binding(5) var<storage, read> q_logits: array<f32>;      // [n, vocab] (has_q)
-@group(0) @binding(6) var<storage, read> q_top: array<u32>;         // [n, top_k] (has_q, top_k > 0)
-@group(0) @binding(7) var<storage, read> drafts: array<u32>;        // [drafts] x_r
-@group(0) @binding(8) var<storage, read_write> out: array<u32>;     // [rows, 4]
-@group(0) @binding(9) var<storage, read_write> status: array<atomic<u32>>; // [1] 1 + the last row with a
+@group(0) @binding(5) var<storage, read_write> out: array<u32>;     // [rows]
+@group(0) @binding(6) var<storage, read_write> status: array<atomic<u32>>; // [1] 1 + the last row with a
                                                                           // non-finite logit, or 0
-// The stages' words, for p.slots rows and p.slices slices (side u: 0 the p rows, 1 the q rows):
-//   stats   [2, slots, slices, 2]           m_s, z_s (bits)
-//   hist    [2, 2, slots, slices, 2 BINS]   a level's masses (bits), then counts, by its parity
-//   state   [2, 2, slots, 2]                the prefix picked so far, the mass above it (bits)
-//   draws   [slots, slices, 4]              the slice's best draw from p and from the residual
-//   cuts    [2, slots, 4]                   the row's m, Z, the cut's value (bits) and id
-@group(0) @binding(10) var<storage, read_write> scratch: array<u32>;
+// The stages' words, for p.slots rows and p.slices slices:
+//   stats   [slots, slices, 2]           m_s, z_s (bits)
+//   hist    [2, slots, slices, 2 BINS]   a level's masses (bits), then counts, by its parity
+//   state   [2, slots, 2]                the prefix picked so far, the mass above it (bits)
+//   draws   [slots, slices, 2]           the slice's best draw from p (value bits, id)
+@group(0) @binding(7) var<storage, read_write> scratch: array<u32>;
 
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
@@ -79,28 +67,23 @@ var<workgroup> tot_m: array<f32, BINS>;
 var<workgroup> tot_c: array<u32, BINS>;
 var<workgroup> shared_word: u32;
 
-fn stats_at(u: u32, slot: u32, s: u32) -> u32 {
-    return 2u * ((u * p.slots + slot) * p.slices + s);
+fn stats_at(slot: u32, s: u32) -> u32 {
+    return 2u * (slot * p.slices + s);
 }
 
-fn hist_at(level: u32, u: u32, slot: u32, s: u32) -> u32 {
-    let base = 4u * p.slots * p.slices;
-    return base + 2u * BINS * ((((level & 1u) * 2u + u) * p.slots + slot) * p.slices + s);
+fn hist_at(level: u32, slot: u32, s: u32) -> u32 {
+    let base = 2u * p.slots * p.slices;
+    return base + 2u * BINS * (((level & 1u) * p.slots + slot) * p.slices + s);
 }
 
-fn state_at(level: u32, u: u32, slot: u32) -> u32 {
-    let base = (4u + 8u * BINS) * p.slots * p.slices;
-    return base + 2u * (((level & 1u) * 2u + u) * p.slots + slot);
+fn state_at(level: u32, slot: u32) -> u32 {
+    let base = (2u + 4u * BINS) * p.slots * p.slices;
+    return base + 2u * ((level & 1u) * p.slots + slot);
 }
 
 fn draws_at(slot: u32, s: u32) -> u32 {
-    let base = (4u + 8u * BINS) * p.slots * p.slices + 8u * p.slots;
-    return base + 4u * (slot * p.slices + s);
-}
-
-fn cut_at(u: u32, slot: u32) -> u32 {
-    let base = (8u + 8u * BINS) * p.slots * p.slices + 8u * p.slots;
-    return base + 4u * (u * p.slots + slot);
+    let base = (2u + 4u * BINS) * p.slots * p.slices + 4u * p.slots;
+    return base + 2u * (slot * p.slices + s);
 }
 
 fn word_f(at: u32) -> f32 {
@@ -194,36 +177,29 @@ fn value(k: u32) -> f32 {
     return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
-// logit idx of the p rows, or of the q rows (side 1)
-fn logit(u: u32, idx: u32) -> f32 {
-    if (u == 1u) { return q_logits[idx]; }
-    return logits[idx];
-}
-
 // A row's kept tokens, those ranking at least (v, i) (a larger logit, or v with an id <= i), its
 // largest logit m and the normaliser z = sum of exp((l - m) / T) over them.
 struct Cut { v: f32, i: u32, m: f32, z: f32 }
 
-// The top-k's cut of row r of side u: its top_k-th ranked token (every token without a top-k).
-fn top_cut(u: u32, r: u32) -> Cut {
+// The top-k's cut of row r: its top_k-th ranked token (every token without a top-k).
+fn top_cut(r: u32) -> Cut {
     var c = Cut(LOWEST, NONE, LOWEST, 0.0);
     if (p.top_k > 0u) {
-        let at = r * p.top_k + p.top_k - 1u;
-        c.i = select(top[at], q_top[at], u == 1u);
-        c.v = logit(u, r * p.vocab + c.i);
+        c.i = top[r * p.top_k + p.top_k - 1u];
+        c.v = logits[r * p.vocab + c.i];
     }
     return c;
 }
 
 // The row's largest kept logit m and Z = sum of z_s exp((m_s - m) / T), from the slices' stats.
-fn row_stats(t: u32, u: u32, slot: u32) -> vec2<f32> {
+fn row_stats(t: u32, slot: u32) -> vec2<f32> {
     let inv_t = 1.0 / p.temperature;
     var m = LOWEST;
-    for (var s = t; s < p.slices; s += WG) { m = max(m, word_f(stats_at(u, slot, s))); }
+    for (var s = t; s < p.slices; s += WG) { m = max(m, word_f(stats_at(slot, s))); }
     m = reduce_max(t, m);
     var z = 0.0;
     for (var s = t; s < p.slices; s += WG) {
-        let at = stats_at(u, slot, s);
+        let at = stats_at(slot, s);
         z = fma(word_f(at + 1u), exp((word_f(at) - m) * inv_t), z);
     }
     return vec2<f32>(m, reduce_sum(t, z));
@@ -237,15 +213,15 @@ struct Level { prefix: u32, above: f32, count: u32 }
 // slice's masses times exp((m_s - m) / T), in a fixed order), then from the highest bin down the
 // first whose mass, with all above it, reaches `need`; none reaching it (a rounding), the lowest
 // nonempty one. Every workgroup of the row picks the same.
-fn pick_bin(t: u32, at: Level, level: u32, need: f32, u: u32, slot: u32, m: f32) -> Level {
+fn pick_bin(t: u32, at: Level, level: u32, need: f32, slot: u32, m: f32) -> Level {
     let inv_t = 1.0 / p.temperature;
     // invocation t: bin t / 4 of a quarter of the slices
     let b = t / 4u;
     var acc = 0.0;
     var cnt = 0u;
     for (var s = t % 4u; s < p.slices; s += 4u) {
-        let h = hist_at(level, u, slot, s);
-        acc = fma(word_f(h + b), exp((word_f(stats_at(u, slot, s)) - m) * inv_t), acc);
+        let h = hist_at(level, slot, s);
+        acc = fma(word_f(h + b), exp((word_f(stats_at(slot, s)) - m) * inv_t), acc);
         cnt += scratch[h + BINS + b];
     }
     red_v[t] = acc;
@@ -270,10 +246,10 @@ fn pick_bin(t: u32, at: Level, level: u32, need: f32, u: u32, slot: u32, m: f32)
     return pick;
 }
 
-// Slice s of row r (side u): per bin of the key's 4 bits at `level`, the kept tokens whose keys
-// start with `prefix` (the bits of the levels above): the sum of their exp((l - m_s) / T) and
-// their count. Each invocation fills its own column, then each bin's columns are added in order.
-fn histogram(t: u32, u: u32, at: vec3<u32>, level: u32, prefix: u32, ms: f32, cut: Cut) {
+// Slice s of row r: per bin of the key's 4 bits at `level`, the kept tokens whose keys start with
+// `prefix` (the bits of the levels above): the sum of their exp((l - m_s) / T) and their count.
+// Each invocation fills its own column, then each bin's columns are added in order.
+fn histogram(t: u32, at: vec3<u32>, level: u32, prefix: u32, ms: f32, cut: Cut) {
     let r = at.x;
     let slot = at.y;
     let s = at.z;
@@ -284,7 +260,7 @@ fn histogram(t: u32, u: u32, at: vec3<u32>, level: u32, prefix: u32, ms: f32, cu
     }
     let end = min((s + 1u) * SLICE, p.vocab);
     for (var j = s * SLICE + t; j < end; j += WG) {
-        let v = logit(u, r * p.vocab + j);
+        let v = logits[r * p.vocab + j];
         let k = key(v);
         if (!at_least(v, j, cut.v, cut.i) || (level > 0u && (k >> (32u - 4u * level)) != prefix)) {
             continue;
@@ -307,27 +283,27 @@ fn histogram(t: u32, u: u32, at: vec3<u32>, level: u32, prefix: u32, ms: f32, cu
     workgroupBarrier();
     if (t < BINS) {
         let q = 4u * t;
-        let h = hist_at(level, u, slot, s);
+        let h = hist_at(level, slot, s);
         scratch[h + t] = bitcast<u32>(((red_v[q] + red_v[q + 1u]) + red_v[q + 2u]) + red_v[q + 3u]);
         scratch[h + BINS + t] = red_i[q] + red_i[q + 1u] + red_i[q + 2u] + red_i[q + 3u];
     }
     workgroupBarrier();
 }
 
-// Stages 0 to LEVELS - 1 for slice s of row r (side u): the slice's stats (stage 0), then the
-// prefix picked from the level before and the slice's histogram of this level (a top-p only).
-fn level_stage(t: u32, u: u32, at: vec3<u32>, level: u32) {
+// Stages 0 to LEVELS - 1 for slice s of row r: the slice's stats (stage 0), then the prefix
+// picked from the level before and the slice's histogram of this level (a top-p only).
+fn level_stage(t: u32, at: vec3<u32>, level: u32) {
     let r = at.x;
     let slot = at.y;
     let s = at.z;
     let inv_t = 1.0 / p.temperature;
-    let cut = top_cut(u, r);
+    let cut = top_cut(r);
     if (level == 0u) {
         let end = min((s + 1u) * SLICE, p.vocab);
         var m = LOWEST;
         var bad = false;
         for (var j = s * SLICE + t; j < end; j += WG) {
-            let v = logit(u, r * p.vocab + j);
+            let v = logits[r * p.vocab + j];
             bad = bad || !finite(v);
             if (at_least(v, j, cut.v, cut.i)) { m = max(m, v); }
         }
@@ -335,40 +311,40 @@ fn level_stage(t: u32, u: u32, at: vec3<u32>, level: u32) {
         let ms = reduce_max(t, m);
         var z = 0.0;
         for (var j = s * SLICE + t; j < end; j += WG) {
-            let v = logit(u, r * p.vocab + j);
+            let v = logits[r * p.vocab + j];
             if (at_least(v, j, cut.v, cut.i)) { z += exp((v - ms) * inv_t); }
         }
         z = reduce_sum(t, z);
         if (t == 0u) {
-            scratch[stats_at(u, slot, s)] = bitcast<u32>(ms);
-            scratch[stats_at(u, slot, s) + 1u] = bitcast<u32>(z);
+            scratch[stats_at(slot, s)] = bitcast<u32>(ms);
+            scratch[stats_at(slot, s) + 1u] = bitcast<u32>(z);
             if (s == 0u) { // the empty prefix, nothing above it
-                scratch[state_at(0u, u, slot)] = 0u;
-                scratch[state_at(0u, u, slot) + 1u] = 0u;
+                scratch[state_at(0u, slot)] = 0u;
+                scratch[state_at(0u, slot) + 1u] = 0u;
             }
         }
-        if (p.top_p < 1.0) { histogram(t, u, at, 0u, 0u, ms, cut); }
+        if (p.top_p < 1.0) { histogram(t, at, 0u, 0u, ms, cut); }
         return;
     }
-    let mz = row_stats(t, u, slot);
-    let was = state_at(level - 1u, u, slot);
-    let now = pick_bin(t, Level(scratch[was], word_f(was + 1u), 0u), level - 1u, p.top_p * mz.y, u, slot, mz.x);
+    let mz = row_stats(t, slot);
+    let was = state_at(level - 1u, slot);
+    let now = pick_bin(t, Level(scratch[was], word_f(was + 1u), 0u), level - 1u, p.top_p * mz.y, slot, mz.x);
     if (s == 0u && t == 0u) {
-        scratch[state_at(level, u, slot)] = now.prefix;
-        scratch[state_at(level, u, slot) + 1u] = bitcast<u32>(now.above);
+        scratch[state_at(level, slot)] = now.prefix;
+        scratch[state_at(level, slot) + 1u] = bitcast<u32>(now.above);
     }
-    histogram(t, u, at, level, now.prefix, word_f(stats_at(u, slot, s)), cut);
+    histogram(t, at, level, now.prefix, word_f(stats_at(slot, s)), cut);
 }
 
-// The id of the n-th (from 1) kept token of row r (side u) at the value vs, in id order: the
-// slice holding it from the slices' counts in the last level's bin `bin` (a run of slices per
+// The id of the n-th (from 1) kept token of row r at the value vs, in id order: the slice
+// holding it from the slices' counts in the last level's bin `bin` (a run of slices per
 // invocation), then that slice's runs of SLICE / WG ids counted (one per invocation).
-fn nth_tied(t: u32, u: u32, r: u32, slot: u32, vs: f32, top: Cut, n: u32, bin: u32) -> u32 {
+fn nth_tied(t: u32, r: u32, slot: u32, vs: f32, top: Cut, n: u32, bin: u32) -> u32 {
     let per = (p.slices + WG - 1u) / WG;
     let last = LEVELS - 1u;
     var c = 0u;
     for (var s = t * per; s < min((t + 1u) * per, p.slices); s++) {
-        c += scratch[hist_at(last, u, slot, s) + BINS + bin];
+        c += scratch[hist_at(last, slot, s) + BINS + bin];
     }
     red_i[t] = c;
     workgroupBarrier();
@@ -380,7 +356,7 @@ fn nth_tied(t: u32, u: u32, r: u32, slot: u32, vs: f32, top: Cut, n: u32, bin: u
     }
     var s = run * per;
     for (; s + 1u < min((run + 1u) * per, p.slices); s++) {
-        let k = scratch[hist_at(last, u, slot, s) + BINS + bin];
+        let k = scratch[hist_at(last, slot, s) + BINS + bin];
         if (left <= k) { break; }
         left -= k;
     }
@@ -390,7 +366,7 @@ fn nth_tied(t: u32, u: u32, r: u32, slot: u32, vs: f32, top: Cut, n: u32, bin: u
     let hi = min(lo + SLICE / WG, p.vocab);
     c = 0u;
     for (var j = lo; j < hi; j++) {
-        let v = logit(u, r * p.vocab + j);
+        let v = logits[r * p.vocab + j];
         if (v == vs && at_least(v, j, top.v, top.i)) { c += 1u; }
     }
     red_i[t] = c;
@@ -403,7 +379,7 @@ fn nth_tied(t: u32, u: u32, r: u32, slot: u32, vs: f32, top: Cut, n: u32, bin: u
     if (t == holder) {
         var k = 0u;
         for (var j = lo; j < hi; j++) {
-            let v = logit(u, r * p.vocab + j);
+            let v = logits[r * p.vocab + j];
             if (v == vs && at_least(v, j, top.v, top.i)) {
                 k += 1u;
                 if (k == left) {
@@ -416,18 +392,18 @@ fn nth_tied(t: u32, u: u32, r: u32, slot: u32, vs: f32, top: Cut, n: u32, bin: u
     return workgroupUniformLoad(&shared_word);
 }
 
-// Row r's kept tokens of side u, its m and Z: the top-k's, then with top_p < 1 the smallest
-// prefix of them in rank order whose mass reaches top_p. The nucleus' last value v* is the
+// Row r's kept tokens, its m and Z: the top-k's, then with top_p < 1 the smallest prefix of them
+// in rank order whose mass reaches top_p. The nucleus' last value v* is the
 // largest value whose tokens at or above it hold the mass (the radix select's last pick); of the
 // tokens tied at v*, the lowest ids are kept until the mass is reached, as the ranking orders them.
-fn final_cut(t: u32, u: u32, r: u32, slot: u32) -> Cut {
+fn final_cut(t: u32, r: u32, slot: u32) -> Cut {
     let inv_t = 1.0 / p.temperature;
-    let top = top_cut(u, r);
-    let mz = row_stats(t, u, slot);
+    let top = top_cut(r);
+    let mz = row_stats(t, slot);
     if (p.top_p >= 1.0) { return Cut(top.v, top.i, mz.x, mz.y); }
-    let was = state_at(LEVELS - 1u, u, slot);
+    let was = state_at(LEVELS - 1u, slot);
     let at = Level(scratch[was], word_f(was + 1u), 0u);
-    let last = pick_bin(t, at, LEVELS - 1u, p.top_p * mz.y, u, slot, mz.x);
+    let last = pick_bin(t, at, LEVELS - 1u, p.top_p * mz.y, slot, mz.x);
     let vs = value(last.prefix);
     let tied = f32(last.count);
     let ws = exp((vs - mz.x) * inv_t);
@@ -436,12 +412,12 @@ fn final_cut(t: u32, u: u32, r: u32, slot: u32) -> Cut {
     var c = Cut(vs, select(NONE, top.i, vs == top.v), mz.x, fma(want, ws, last.above));
     if (t == 0u) { shared_word = u32(want < tied); }
     if (workgroupUniformLoad(&shared_word) == 1u) {
-        c.i = nth_tied(t, u, r, slot, vs, top, u32(want), last.prefix & (BINS - 1u));
+        c.i = nth_tied(t, r, slot, vs, top, u32(want), last.prefix & (BINS - 1u));
     }
     return c;
 }
 
-// Stage DRAW for slice s of row r: its best draw from p and from the residual max(0, p - q).
+// Stage DRAW for slice s of row r: its best draw from p.
 fn draw_stage(t: u32, at: vec3<u32>) {
     let r = at.x;
     let slot = at.y;
@@ -451,107 +427,38 @@ fn draw_stage(t: u32, at: vec3<u32>) {
     // depth (the noise of a position is the same in a plain step, a chain and a tree)
     let pos = row_pos(r);
     let inv_t = 1.0 / p.temperature;
-    let has_x = r < p.drafts && r + 1u < step.n;  // (the pass's last row checks no draft)
-    let x = select(NONE, drafts[min(r, max(p.drafts, 1u) - 1u)], has_x);
-    let use_q = p.has_q == 1u && has_x;          // (the q rows past the drafts are not read)
-    let cp = final_cut(t, 0u, r, slot);
-    var cq = Cut(LOWEST, NONE, LOWEST, 1.0);
-    if (use_q) { cq = final_cut(t, 1u, r, slot); }
-
-    // (Each product that meets an add is an explicit fused multiply-add, a division by Z a
-    // multiply by 1 / Z: a compiler may contract either differently from pipeline to pipeline:
-    // shaders/matmul.wgsl, dots.)
-    let inv_zp = 1.0 / cp.z;
-    let inv_zq = 1.0 / cq.z;
+    let cp = final_cut(t, r, slot);
+    // (the product meets the add in an explicit fused multiply-add: a compiler may contract it
+    // differently from pipeline to pipeline, shaders/matmul.wgsl)
     var bv = LOWEST;
     var bi = NONE;
-    var rv = LOWEST;
-    var ri = NONE;
     let end = min((s + 1u) * SLICE, p.vocab);
     for (var j = s * SLICE + t; j < end; j += WG) {
         let v = logits[base + j];
         if (!at_least(v, j, cp.v, cp.i)) { continue; }
-        let lw = (v - cp.m) * inv_t;            // log of p_j * Z
-        let g = fma(v - cp.m, inv_t, gumbel(hash(2u * p.stream, pos, j))); // lw + the noise
-
+        let g = fma(v - cp.m, inv_t, gumbel(hash(2u * p.stream, pos, j))); // log of p_j * Z + the noise
         if (bi == NONE || g > bv) { bv = g; bi = j; }
-        if (!has_x) { continue; }               // (no draft checked: no residual drawn)
-        // the log of the residual's weight (times Z) + its noise: with a one-hot q, lw's
-        let noise = gumbel(hash(2u * p.stream + 1u, pos, j));
-        var gr = fma(v - cp.m, inv_t, noise);
-        if (use_q) {
-            let pj = exp(lw) * inv_zp;
-            let u = q_logits[base + j];
-            let qj = select(0.0, exp((u - cq.m) * inv_t) * inv_zq, at_least(u, j, cq.v, cq.i));
-            if (pj <= qj) { continue; }
-            gr = log(fma(exp(lw), inv_zp, -qj)) + noise; // log(pj - qj) + the noise
-        } else if (j == x) {
-            continue;                           // max(0, p_x - 1) = 0
-        }
-        if (ri == NONE || gr > rv) { rv = gr; ri = j; }
     }
     let sample = reduce_best(t, bv, bi);
-    let residual = reduce_best(t, rv, ri);
     if (t == 0u) {
         let d = draws_at(slot, s);
         scratch[d] = sample.x;
         scratch[d + 1u] = sample.y;
-        scratch[d + 2u] = residual.x;
-        scratch[d + 3u] = residual.y;
-        if (s == 0u) {
-            write_cut(0u, slot, cp);
-            write_cut(1u, slot, cq);
-        }
     }
 }
 
-fn write_cut(u: u32, slot: u32, c: Cut) {
-    let w = cut_at(u, slot);
-    scratch[w] = bitcast<u32>(c.m);
-    scratch[w + 1u] = bitcast<u32>(c.z);
-    scratch[w + 2u] = bitcast<u32>(c.v);
-    scratch[w + 3u] = c.i;
-}
-
-// p(x) of the row under side u's cut (written by stage DRAW), x's logit l
-fn prob(u: u32, slot: u32, l: f32, x: u32) -> f32 {
-    let w = cut_at(u, slot);
-    let m = word_f(w);
-    let in_cut = at_least(l, x, word_f(w + 2u), scratch[w + 3u]);
-    return select(0.0, exp((l - m) * (1.0 / p.temperature)) / word_f(w + 1u), in_cut);
-}
-
-// Stage FINISH for row r: the slices' draws combined in slice order, and the row's words.
-fn finish_stage(t: u32, r: u32, slot: u32, o: u32) {
+// Stage FINISH for row r: the slices' draws combined in slice order.
+fn finish_stage(t: u32, slot: u32, o: u32) {
     var bv = LOWEST;
     var bi = NONE;
-    var rv = LOWEST;
-    var ri = NONE;
     for (var s = t; s < p.slices; s += WG) {
         let d = draws_at(slot, s);
         let v = word_f(d);
         let i = scratch[d + 1u];
         if (i != NONE && (bi == NONE || v > bv)) { bv = v; bi = i; }
-        let w = word_f(d + 2u);
-        let k = scratch[d + 3u];
-        if (k != NONE && (ri == NONE || w > rv)) { rv = w; ri = k; }
     }
     let sample = reduce_best(t, bv, bi).y;
-    let residual = reduce_best(t, rv, ri).y;
-    if (t == 0u) {
-        let has_x = r < p.drafts && r + 1u < step.n;
-        var px = 0.0;
-        var qx = 1.0;
-        if (has_x) {
-            let x = drafts[min(r, max(p.drafts, 1u) - 1u)];
-            px = prob(0u, slot, logits[r * p.vocab + x], x);
-            if (p.has_q == 1u) { qx = prob(1u, slot, q_logits[r * p.vocab + x], x); }
-        }
-        out[4u * o] = min(sample, p.vocab - 1u);
-        out[4u * o + 1u] = select(residual, sample, residual == NONE);
-        out[4u * o + 2u] = bitcast<u32>(px);
-        out[4u * o + 3u] = bitcast<u32>(qx);
-    }
+    if (t == 0u) { out[o] = min(sample, p.vocab - 1u); }
 }
 
 @compute @workgroup_size(WG)
@@ -570,16 +477,13 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         return;
     }
     if (p.stage == FINISH) {
-        finish_stage(t, r, slot, o);
+        finish_stage(t, slot, o);
         return;
     }
-    let u = wid.x / p.slices;
-    let at = vec3<u32>(r, slot, wid.x % p.slices);
+    let at = vec3<u32>(r, slot, wid.x);
     if (p.stage == DRAW) {
         draw_stage(t, at);
         return;
     }
-    // (a q row is read only where it checks a draft)
-    if (u == 1u && !(p.has_q == 1u && r < p.drafts && r + 1u < step.n)) { return; }
-    level_stage(t, u, at, p.stage);
+    level_stage(t, at, p.stage);
 }

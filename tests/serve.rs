@@ -1332,13 +1332,16 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     until("every page back", &|| server.metric("wgspec_kv_pages_used") == 0.0);
     assert_eq!(server.metric("wgspec_cancelled_generations_total"), 1.0);
 
-    // a draft model (the target itself: every draft kept): greedy requests share its passes and
-    // the target's, each answer its solo run's
+    // a draft model (the target itself: every draft kept, sampled ones too, drawn with the noise
+    // of the target's rows): greedy and sampled requests share its passes and the target's, each
+    // answer its solo run's
     let args = ["serve", "--model", m, "--kv-pages", "24", "--draft", m];
     let drafted = Arc::new(Server::start(&args, &[], dir.join("server-draft.log")));
     let body = |i: usize| {
         let prompt = "the cat sat on the mat ".repeat(1 + i % 3) + &format!("request {i}");
-        json!({"prompt": prompt, "max_tokens": 16 + 5 * i, "temperature": 0, "draft_k": 3})
+        let (temperature, top_k) = [(0.0, 0), (0.8, 0), (0.0, 0), (1.0, 16)][i];
+        json!({"prompt": prompt, "max_tokens": 16 + 5 * i, "temperature": temperature, "top_k": top_k,
+               "seed": 100 + i, "draft_k": 3})
     };
     let solo: Vec<Value> = (0..4).map(|i| completion(&drafted, body(i))).collect();
     assert!(solo.iter().all(|v| v["wgspec"]["draft"] == "model"), "{}", solo[0]);

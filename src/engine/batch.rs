@@ -260,13 +260,15 @@ struct Draw {
 /// non-finite flag (sampled ones); and the scratch every sampled request's draws share (they
 /// run one after another).
 struct Readback {
-    draws: GpuBuffer<u32>,  // [MAX_BATCH, 4] sample.wgsl's words of the sampled rows
-    result: GpuBuffer<u32>, // [MAX_BATCH argmax | MAX_BATCH, 4 draws | MAX_BATCH flags]
-    no_drafts: GpuBuffer<u32>,
-    scratch: GpuBuffer<u32>, // the draws' (sample_scratch_len of the target's logits rows)
+    draws: GpuBuffer<u32>,   // [MAX_BATCH] the sampled rows' draws
+    result: GpuBuffer<u32>,  // [MAX_BATCH argmax | MAX_BATCH draws | MAX_BATCH flags]
+    scratch: GpuBuffer<u32>, // the draws' (sample_scratch_len of the model's logits rows)
 }
 
-const RESULT_WORDS: usize = MAX_BATCH * 6;
+/// Where the draws and the flags start in a [`Readback`]'s result words, and their number.
+const DRAWS_AT: usize = MAX_BATCH;
+const FLAGS_AT: usize = 2 * MAX_BATCH;
+const RESULT_WORDS: usize = 3 * MAX_BATCH;
 
 impl Readback {
     fn new(target: &Model) -> Readback {
@@ -274,9 +276,8 @@ impl Readback {
         let rows = SampleRows { logits: target.logits_buffer(), top: None };
         let cfg = target_draws(&SamplingParams::default(), target.config.vocab_size);
         Readback {
-            draws: GpuBuffer::<u32>::zeros(g, "batch draws", MAX_BATCH * 4),
+            draws: GpuBuffer::<u32>::zeros(g, "batch draws", MAX_BATCH),
             result: GpuBuffer::<u32>::zeros(g, "batch result", RESULT_WORDS),
-            no_drafts: GpuBuffer::<u32>::zeros(g, "no drafts", 1),
             scratch: GpuBuffer::<u32>::zeros(g, "batch sample scratch", sample_scratch_len(rows, cfg)),
         }
     }
@@ -712,11 +713,11 @@ fn outcomes(batch: &Batch, plan: &[Rows], out: &Readout, vocab: usize) -> Result
         let choices: Vec<u32> = match (&s.draw, out) {
             (Some(_), Readout::Draws(w)) => {
                 // (the flag: 1 + the last pass row with a non-finite logit)
-                if let Some(row) = w[5 * MAX_BATCH + i].checked_sub(1) {
+                if let Some(row) = w[FLAGS_AT + i].checked_sub(1) {
                     all.push(Outcome::NonFinite(s.n_past + (row as usize).saturating_sub(first)));
                     continue;
                 }
-                rows.map(|row| w[MAX_BATCH + 4 * row]).collect()
+                w[DRAWS_AT + rows.start..DRAWS_AT + rows.end].to_vec()
             }
             (_, Readout::Draws(w)) => w[rows].to_vec(),
             (_, Readout::Argmax(a)) => a[rows].to_vec(),
@@ -788,7 +789,7 @@ impl Readout {
     /// Row `row`'s draw (a row some request's draws ran over).
     fn draw(&self, row: usize) -> Option<u32> {
         match self {
-            Readout::Draws(w) => Some(w[MAX_BATCH + 4 * row]),
+            Readout::Draws(w) => Some(w[DRAWS_AT + row]),
             Readout::Argmax(_) => None,
         }
     }
@@ -846,11 +847,11 @@ async fn read_pass(
             g.encode(&mut enc, &top.ops, rows as u32);
         }
         g.encode(&mut enc, &d.ops, rows as u32);
-        enc.copy_buffer_to_buffer(&d.status.raw, 0, &rb.result.raw, 4 * (5 * MAX_BATCH + slot) as u64, 4);
+        enc.copy_buffer_to_buffer(&d.status.raw, 0, &rb.result.raw, 4 * (FLAGS_AT + slot) as u64, 4);
     }
     let word = 4u64;
     enc.copy_buffer_to_buffer(&model.argmax_buffer().raw, 0, &rb.result.raw, 0, n as u64 * word);
-    enc.copy_buffer_to_buffer(&rb.draws.raw, 0, &rb.result.raw, MAX_BATCH as u64 * word, 4 * n as u64 * word);
+    enc.copy_buffer_to_buffer(&rb.draws.raw, 0, &rb.result.raw, DRAWS_AT as u64 * word, n as u64 * word);
     let raw = g.submit_and_read(enc, &rb.result.raw, 0, RESULT_WORDS as u64 * word).await?;
     Ok(Readout::Draws(bytemuck::pod_collect_to_vec(&raw)))
 }
@@ -871,15 +872,7 @@ fn draw_ops(target: &Model, readback: &Readback, params: &SamplingParams) -> Dra
     let rows = SampleRows { logits: target.logits_buffer(), top: top.as_ref().map(|(_, ranks)| ranks) };
     let cfg = target_draws(params, vocab);
     let outs = (&readback.draws, &status);
-    let ops = g.sample_into(
-        target.step_buffer(),
-        &uniform,
-        (rows, None),
-        &readback.no_drafts,
-        outs,
-        &readback.scratch,
-        cfg,
-    );
+    let ops = g.sample_into(target.step_buffer(), &uniform, rows, outs, &readback.scratch, cfg);
     Draw { seed: params.seed, uniform, status, ops, top }
 }
 

@@ -171,7 +171,7 @@ impl Kernel {
             Kernel::BenchFma => BenchFmaParams::layout(),
         };
         let mut all = vec![Step::layout(), params];
-        if matches!(self, Kernel::Sample | Kernel::AcceptSampled) {
+        if self == Kernel::Sample {
             all.push(SampleSeed::layout());
         }
         all

@@ -312,13 +312,12 @@ pub struct SampleConfig {
     pub top_k: usize,
     /// 1: no nucleus; else the smallest most likely set (after the top-k) holding this mass.
     pub top_p: f32,
-    /// Rows that check a drafted token (`drafts[r]`).
-    pub drafts: usize,
     /// Only the pass's last row, written to this row of `out` (a draft step's draw).
     pub last_only: Option<usize>,
-    /// The op's noise stream (its draws' and residual draws' noise: 2 stream and 2 stream + 1,
-    /// hashed with the seed, the row's position and the token): ops whose draws must be
-    /// independent at one position need distinct ones; ops that draw the same thing share one.
+    /// The op's noise stream (its draws' noise: 2 stream, hashed with the seed, the row's
+    /// position and the token): ops whose draws must be independent at one position need
+    /// distinct ones; ops that draw the same thing, or must draw alike (a target's rows and its
+    /// draft model's), share one.
     pub stream: u32,
 }
 
@@ -326,16 +325,12 @@ gpu_struct! {
     /// `shaders/sample.wgsl`'s parameters.
     pub(super) struct SampleParams => Params {
         vocab: u32,
-        /// 0: every token kept; else the ranked ids in `top` / `q_top`: `[rows, top_k]`.
+        /// 0: every token kept; else the ranked ids in `top`: `[rows, top_k]`.
         top_k: u32,
         /// Above 0.
         temperature: f32,
         /// 1: no nucleus cut.
         top_p: f32,
-        /// 1: q rows bound (the draft's logits, row r for pass row r).
-        has_q: u32,
-        /// Rows with a drafted token x_r to score.
-        drafts: u32,
         /// 1: only the pass's last row, written to out row out_row.
         last_only: u32,
         out_row: u32,
@@ -348,6 +343,7 @@ gpu_struct! {
         slices: u32,
         /// Rows the scratch holds (1 for `last_only`).
         slots: u32,
+        _pad: [u32; 2],
     }
 }
 
@@ -365,10 +361,10 @@ fn sample_slots(p: SampleRows, cfg: SampleConfig) -> usize {
 }
 
 /// Words of [`Gpu::sample`]'s scratch for `slots` rows of `slices` slices (the layout in
-/// `shaders/sample.wgsl`: stats, histograms, the levels' picks, the draws, the cuts).
+/// `shaders/sample.wgsl`: stats, histograms, the levels' picks, the draws).
 fn sample_scratch(slots: usize, slices: usize) -> usize {
     const BINS: usize = 16;
-    (8 + 8 * BINS) * slots * slices + 16 * slots
+    (4 + 4 * BINS) * slots * slices + 4 * slots
 }
 
 /// [`Gpu::sample`]'s stages (`shaders/sample.wgsl`): the nucleus' radix levels (the first also
@@ -433,24 +429,8 @@ gpu_struct! {
     pub(super) struct AcceptSampledParams => Params {
         /// Drafts the buffers hold (K is clamped to it).
         capacity: u32,
-        /// The uniforms' noise stream (the ratio rule).
-        stream: u32,
-        /// 1: a draft is kept when the row's draw from p is that token ([`AcceptRule::Equal`]).
-        equal: u32,
-        _pad: u32,
+        _pad: [u32; 3],
     }
-}
-
-/// How [`Gpu::accept_sampled`] keeps a draft x_i.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum AcceptRule {
-    /// Deterministic drafts: kept when the row's draw from p is x_i (probability p(x_i), as the
-    /// ratio rule against a one-hot q), the first other draw emitted. Every emitted token is then
-    /// the target's draw at its position, whatever was drafted.
-    Equal,
-    /// Speculative sampling against the draft's q: kept while u_i < p(x_i) / q(x_i), u_i uniform
-    /// from this noise stream, the residual draw emitted at the first rejection.
-    Ratio { stream: u32 },
 }
 
 gpu_struct! {
@@ -1295,79 +1275,57 @@ impl Gpu {
     }
 
     /// Draws from the sampling distribution of rows of `p.logits` (`[n, vocab]`, the pass of
-    /// `step`) on the GPU and scores drafted tokens, as `shaders/sample.wgsl` says: `out` gets
-    /// per row `[draw, residual draw, p(x) bits, q(x) bits]` (`[rows, 4]`). `q`: the draft's
-    /// rows, one per drafted token (else a one-hot q on each drafted token); `drafts`: x_r for
-    /// the first `cfg.drafts` rows; `seed`: the generation's [`SampleSeed`] uniform; `status: [1]`
-    /// becomes at least r + 1 where row r holds a logit that is not finite. Under a top-k
-    /// (`cfg.top_k > 0`) both row sources must bind their ranked ids.
+    /// `step`) on the GPU, as `shaders/sample.wgsl` says: `out` gets each row's draw (`[rows]`);
+    /// `seed`: the generation's [`SampleSeed`] uniform; `status: [1]` becomes at least r + 1
+    /// where row r holds a logit that is not finite. Under a top-k (`cfg.top_k > 0`) `p` must
+    /// bind its rows' ranked ids.
     ///
     /// Every stage runs a workgroup per slice of [`REDUCE_SLICE`] logits of each row: the slices'
     /// stats, with a top-p 7 more levels of the nucleus' radix select, the draws, then one
     /// workgroup per row combining them: 3 dispatches, 10 with a top-p.
-    #[allow(clippy::too_many_arguments)]
     pub fn sample(
         &self,
         step: &wgpu::Buffer,
         seed: &wgpu::Buffer,
         p: SampleRows,
-        q: Option<SampleRows>,
-        drafts: &GpuBuffer<u32>,
-        out: &GpuBuffer<u32>,
-        status: &GpuBuffer<u32>,
+        (out, status): (&GpuBuffer<u32>, &GpuBuffer<u32>),
         cfg: SampleConfig,
     ) -> Vec<Op> {
         let scratch = GpuBuffer::<u32>::zeros(self, "sample scratch", sample_scratch_len(p, cfg));
-        self.sample_into(step, seed, (p, q), drafts, (out, status), &scratch, cfg)
+        self.sample_into(step, seed, p, (out, status), &scratch, cfg)
     }
 
     /// [`Gpu::sample`] with its scratch given (at least [`sample_scratch_len`] words): the
     /// draws of ops that run one after another may share one.
-    #[allow(clippy::too_many_arguments)]
     pub fn sample_into(
         &self,
         step: &wgpu::Buffer,
         seed: &wgpu::Buffer,
-        (p, q): (SampleRows, Option<SampleRows>),
-        drafts: &GpuBuffer<u32>,
+        p: SampleRows,
         (out, status): (&GpuBuffer<u32>, &GpuBuffer<u32>),
         scratch: &GpuBuffer<u32>,
         cfg: SampleConfig,
     ) -> Vec<Op> {
-        debug_assert!(
-            cfg.top_k == 0 || (p.top.is_some() && q.is_none_or(|q| q.top.is_some())),
-            "a top-k needs each row source's ranked ids"
-        );
+        debug_assert!(cfg.top_k == 0 || p.top.is_some(), "a top-k needs the rows' ranked ids");
         debug_assert!(scratch.len >= sample_scratch_len(p, cfg), "a sample scratch too small");
         let slices = reduce_slices(cfg.vocab);
         let slots = sample_slots(p, cfg);
-        let top = p.top.unwrap_or(drafts);
-        let (q_logits, q_top) = q.map_or((p.logits, top), |q| (q.logits, q.top.unwrap_or(drafts)));
-        let storage = [
-            &p.logits.raw,
-            &top.raw,
-            &q_logits.raw,
-            &q_top.raw,
-            &drafts.raw,
-            &out.raw,
-            &status.raw,
-            &scratch.raw,
-        ];
-        let sides = 1 + q.is_some() as u32;
+        // (without a top-k its binding is not read: the logits, bound read-only twice)
+        let top = p.top.map_or(&p.logits.raw, |t| &t.raw);
+        let storage = [&p.logits.raw, top, &out.raw, &status.raw, &scratch.raw];
         let op = |stage: u32, grid: Grid| {
             let params = SampleParams {
                 vocab: cfg.vocab as u32,
                 top_k: cfg.top_k as u32,
                 temperature: cfg.temperature,
                 top_p: cfg.top_p,
-                has_q: q.is_some() as u32,
-                drafts: cfg.drafts as u32,
                 last_only: cfg.last_only.is_some() as u32,
                 out_row: cfg.last_only.unwrap_or(0) as u32,
                 stream: cfg.stream,
                 stage,
                 slices: slices as u32,
                 slots: slots as u32,
+                _pad: [0; 2],
             };
             let params = self.uniform("sample params", bytemuck::bytes_of(&params));
             self.op_with_uniform(Kernel::Sample, step, &params, seed, &storage, grid)
@@ -1385,14 +1343,14 @@ impl Gpu {
         let histogram = scan + wg / 4 + 4;
         let nucleus = cfg.top_p < 1.0;
         let levels = if nucleus { SAMPLE_LEVELS } else { 1 };
-        let row_bytes = 4 * cfg.vocab as u64 * sides as u64;
+        let row_bytes = 4 * cfg.vocab as u64;
         let mut ops: Vec<Op> = (0..levels)
             .map(|level| {
                 let serial = match level {
                     0 => 2 * (scan + 6) + if nucleus { histogram } else { 0 },
                     _ => 2 * across + bins + histogram,
                 };
-                op(level, per_row(slices as u32 * sides))
+                op(level, per_row(slices as u32))
                     .with_cost(Cost { row_bytes, ..Cost::default() })
                     .with_serial(Serial::fixed(serial))
             })
@@ -1403,42 +1361,36 @@ impl Gpu {
         let cut = 2 * across + if nucleus { bins + ties } else { 0 };
         let draw = op(SAMPLE_DRAW, per_row(slices as u32))
             .with_cost(Cost { row_bytes, ..Cost::default() })
-            .with_serial(Serial::fixed(sides as u64 * cut + scan + 12));
+            .with_serial(Serial::fixed(cut + scan + 12));
         let finish_grid = match cfg.last_only {
             Some(_) => Grid::Fixed([1, 1, 1]),
             None => Grid::Rows,
         };
         let finish = op(SAMPLE_FINISH, finish_grid)
-            .with_cost(Cost { row_bytes: 16 * slices as u64 + 48, ..Cost::default() })
+            .with_cost(Cost { row_bytes: 8 * slices as u64 + 4, ..Cost::default() })
             .with_serial(Serial::fixed(across + 6));
         ops.extend([draw, finish]);
         ops
     }
 
-    /// Speculative sampling's acceptance of a verify pass (`step`: K + 1 rows) from the rows
-    /// [`Gpu::sample`] wrote into `samples`, by `rule`: `out` (`[2 + capacity + 1]`) gets the
-    /// accepted count, the next token, the drafts, and the status word.
-    #[allow(clippy::too_many_arguments)]
+    /// Speculative sampling's acceptance of a verify pass (`step`: K + 1 rows) from the draws
+    /// [`Gpu::sample`] wrote into `samples` (`[K + 1]`): drafts x_i kept while row i drew x_i
+    /// (`shaders/accept_sampled.wgsl`); `out` (`[2 + capacity + 1]`) gets the accepted count,
+    /// the next token, the drafts, and the status word.
     pub fn accept_sampled(
         &self,
         step: &wgpu::Buffer,
-        seed: &wgpu::Buffer,
         drafts: &GpuBuffer<u32>,
         samples: &GpuBuffer<u32>,
         status: &GpuBuffer<u32>,
         out: &GpuBuffer<u32>,
-        rule: AcceptRule,
     ) -> Op {
         let capacity = drafts.len.min(out.len.saturating_sub(3)) as u32;
-        let (stream, equal) = match rule {
-            AcceptRule::Equal => (0, 1),
-            AcceptRule::Ratio { stream } => (stream, 0),
-        };
-        let p = AcceptSampledParams { capacity, stream, equal, _pad: 0 };
+        let p = AcceptSampledParams { capacity, _pad: [0; 3] };
         let params = self.uniform("accept sampled params", bytemuck::bytes_of(&p));
         let storage = [&drafts.raw, &samples.raw, &status.raw, &out.raw];
-        // one invocation: each draft's test (four hashes), then the copies (capacity at most)
-        self.op_with_uniform(Kernel::AcceptSampled, step, &params, seed, &storage, Grid::Fixed([1, 1, 1]))
+        // one invocation: each draft compared, then the copies (capacity at most)
+        self.op(Kernel::AcceptSampled, step, &params, &storage, Grid::Fixed([1, 1, 1]))
             .with_serial(Serial::fixed(2 * capacity as u64))
     }
 

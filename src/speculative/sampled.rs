@@ -2,18 +2,18 @@
 //! sampling's acceptance run on the GPU, so that a cycle reads back a few words, not logits rows.
 //!
 //! ```text
-//!   draft step i : (a draft model) its pass, then sample.wgsl draws x_i from its last row q_i;
-//!                  x_i is copied into the next step's input, q_i into the verify's q rows
-//!   verify       : [id_last (host), x1..xK] -> sample.wgsl per row: a draw from p_i (and,
-//!                  against a draft model's q_i: a draw from norm(max(0, p_i - q_i)), p_i(x_i),
-//!                  q_i(x_i))
-//!   accept       : accept_sampled.wgsl -> [a, next, x1..xK, status]   (read back)
+//!   draft step i : (a draft model) its pass, then sample.wgsl draws x_i from its last row q_i
+//!                  with the noise of the target's row at that position; x_i is copied into the
+//!                  next step's input
+//!   verify       : [id_last (host), x1..xK] -> sample.wgsl per row: a draw y_i from p_i
+//!   accept       : accept_sampled.wgsl: x_i kept while y_i = x_i -> [a, next, x1..xK, status]
+//!                  (read back)
 //! ```
 //!
 //! Draws use the Gumbel-max trick with noise hashed from the generation's seed, the op's stream,
 //! the row's position and the token: the draw from p at a position is the same in a plain step,
 //! a chain's verify row and a tree's node. Drafts are kept while the draw from p is the draft
-//! ([`AcceptRule::Equal`]), and the draw is emitted where it is not: every token is the one
+//! (`shaders/accept_sampled.wgsl`), and the draw is emitted where it is not: every token is the one
 //! plain sampled decoding with the same seed gives, whatever K and whatever drafted, so the
 //! output has the target's sampling distribution (tested by frequencies against exact
 //! marginals too). Deterministic drafts (n-gram, heads, host-given chains and trees) are kept
@@ -42,7 +42,7 @@
 use super::cycle::{CycleAt, CycleOutcome};
 use super::tree::{TokenTree, TreeVerdict};
 use crate::error::{Error, Result};
-use crate::gpu::{AcceptRule, Gpu, GpuBuffer, Op, SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
+use crate::gpu::{Gpu, GpuBuffer, Op, SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
 use crate::model::{Model, MAX_BATCH};
 use crate::sampling::SamplingParams;
 
@@ -60,14 +60,13 @@ pub fn gpu_samples(params: &SamplingParams) -> bool {
 /// The draws of the target's rows under `params` (plain steps, chains and trees, one request or
 /// one request's rows of a batched pass: the same noise stream, so the same token at the same
 /// position), and a draft model's (the same noise: its draw is the target's where the two
-/// distributions put it on the same token): no draft's token scored.
+/// distributions put it on the same token).
 pub(crate) fn target_draws(params: &SamplingParams, vocab: usize) -> SampleConfig {
     SampleConfig {
         vocab,
         temperature: params.temperature,
         top_k: params.top_k,
         top_p: params.top_p,
-        drafts: 0,
         last_only: None,
         stream: STREAM_VERIFY,
     }
@@ -79,7 +78,7 @@ pub(crate) fn target_draws(params: &SamplingParams, vocab: usize) -> SampleConfi
 pub(crate) struct DraftDraws {
     top: Option<Vec<Op>>,
     sample: Vec<Op>,
-    pub draw: GpuBuffer<u32>, // [4] sample.wgsl's words of the pass's last row: the draw first
+    pub draw: GpuBuffer<u32>, // [1] the draw from the pass's last row
     // kept alive for the ops' bind groups
     _ranks: Option<GpuBuffer<u32>>, // [MAX_BATCH, top_k] its pass's rows' ranked ids
 }
@@ -98,11 +97,10 @@ impl DraftDraws {
         let ranks = (top_k > 0).then(|| GpuBuffer::<u32>::zeros(g, "draft step ranks", MAX_BATCH * top_k));
         let top =
             ranks.as_ref().map(|r| g.top_k(dm.step_buffer(), dm.logits_buffer(), (r, None), vocab, top_k));
-        let draw = GpuBuffer::<u32>::zeros(g, "draft draw", 4);
+        let draw = GpuBuffer::<u32>::zeros(g, "draft draw", 1);
         let rows = SampleRows { logits: dm.logits_buffer(), top: ranks.as_ref() };
         let cfg = SampleConfig { last_only: Some(0), ..target_draws(params, vocab) };
-        let none = GpuBuffer::<u32>::zeros(g, "no drafts", 1);
-        let sample = g.sample(dm.step_buffer(), seed, rows, None, &none, &draw, status, cfg);
+        let sample = g.sample(dm.step_buffer(), seed, rows, (&draw, status), cfg);
         DraftDraws { top, sample, draw, _ranks: ranks }
     }
 
@@ -125,12 +123,12 @@ pub struct SampledCycle {
     result: GpuBuffer<u32>,      // [2 + MAX_BATCH + 1] a, next, x1..xK, status
     target_top: Option<Vec<Op>>, // ranks the verify rows into p_top
     draws: Vec<Op>,              // a draw from every row of the pass (a chain's or a tree's)
-    tree_result: GpuBuffer<u32>, // [MAX_BATCH, 4] a tree's rows' words, then [1] the status
+    tree_result: GpuBuffer<u32>, // [MAX_BATCH] a tree's rows' draws, then [1] the status
     accept: Op,                  // drafts kept where the row's draw is the draft
     draft: Option<DraftDraws>,
     // kept alive for the ops' bind groups
     _p_top: GpuBuffer<u32>,
-    samples: GpuBuffer<u32>, // [MAX_BATCH, 4] sample.wgsl's words per verify (or tree) row
+    samples: GpuBuffer<u32>, // [MAX_BATCH] the draw of each verify (or tree) row
 }
 
 impl SampledCycle {
@@ -148,18 +146,16 @@ impl SampledCycle {
         let words = |label: &str, len: usize| GpuBuffer::<u32>::zeros(g, label, len.max(1));
         let drafts = words("sampled drafts", MAX_BATCH);
         let p_top = words("verify ranks", MAX_BATCH * top_k);
-        let samples = words("verify draws", MAX_BATCH * 4);
+        let samples = words("verify draws", MAX_BATCH);
         let status = words("sample status", 1);
         let result = words("sampled result", 2 + MAX_BATCH + 1);
         let step = target.step_buffer();
         let target_top =
             (top_k > 0).then(|| g.top_k(step, target.logits_buffer(), (&p_top, None), vocab, top_k));
         let p_rows = SampleRows { logits: target.logits_buffer(), top: (top_k > 0).then_some(&p_top) };
-        // (the draws alone: no row scores a draft's token)
-        let cfg = target_draws(params, vocab);
-        let draws = g.sample(step, &seed, p_rows, None, &drafts, &samples, &status, cfg);
-        let tree_result = words("tree draws", MAX_BATCH * 4 + 1);
-        let accept = g.accept_sampled(step, &seed, &drafts, &samples, &status, &result, AcceptRule::Equal);
+        let draws = g.sample(step, &seed, p_rows, (&samples, &status), target_draws(params, vocab));
+        let tree_result = words("tree draws", MAX_BATCH + 1);
+        let accept = g.accept_sampled(step, &drafts, &samples, &status, &result);
         let draft = draft.map(|dm| DraftDraws::new(dm, &seed, &status, params));
         Ok(SampledCycle {
             params: *params,
@@ -194,8 +190,8 @@ impl SampledCycle {
         gpu.queue.write_buffer(&self.seed, 0, bytemuck::bytes_of(&SampleSeed::new(seed)));
     }
 
-    /// Verifies host-given drafts `xs` (a deterministic draft: [`AcceptRule::Equal`]; none for a
-    /// plain decoding step) after `id_last` at `n_past`, drawing on the GPU: one submission, one
+    /// Verifies host-given drafts `xs` (a deterministic draft, or a draft model's drawn with the
+    /// target's noise; none for a plain decoding step) after `id_last` at `n_past`, drawing on the GPU: one submission, one
     /// read-back of `2 + K + 1` words. Leaves the target's cache at `n_past + 1 + K` positions.
     pub async fn check(
         &self,
@@ -250,7 +246,7 @@ impl SampledCycle {
 
     /// Verifies a token tree of deterministic drafts (its root the last token, at `n_past`) with
     /// the multi-candidate rule, drawing on the GPU (see the module's doc): one submission, one
-    /// read-back of `4 n + 1` words for `n` nodes. Leaves the target's cache holding every node
+    /// read-back of `n + 1` words for `n` nodes. Leaves the target's cache holding every node
     /// ([`Model::keep_path`] keeps the verdict's path).
     pub async fn check_tree(
         &self,
@@ -266,23 +262,23 @@ impl SampledCycle {
             gpu.encode(&mut enc, ops, n as u32);
         }
         gpu.encode(&mut enc, &self.draws, n as u32);
-        let words = (n * 4 * 4) as u64;
+        let words = (n * 4) as u64;
         enc.copy_buffer_to_buffer(&self.samples.raw, 0, &self.tree_result.raw, 0, words);
         enc.copy_buffer_to_buffer(&self.status.raw, 0, &self.tree_result.raw, words, 4);
         let raw = gpu.submit_and_read(enc, &self.tree_result.raw, 0, words + 4).await?;
         let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         let short = || Error::Gpu("a short tree read-back".into());
-        let status = *out.get(4 * n).ok_or_else(short)?;
+        let status = *out.get(n).ok_or_else(short)?;
         if let Some(row) = status.checked_sub(1) {
             return Err(Error::NonFinite(format!(
                 "a logit of node {row} of a token tree (at position {n_past}) is not finite"
             )));
         }
-        let draws: Vec<u32> = out.chunks_exact(4).take(n).map(|w| w[0]).collect();
+        let draws = &out[..n];
         if let Some(&bad) = draws.iter().find(|&&d| d as usize >= self.vocab) {
             return Err(Error::Gpu(format!("the GPU drew token {bad} from a vocabulary of {}", self.vocab)));
         }
-        tree.verify_greedy(&draws)
+        tree.verify_greedy(draws)
     }
 
     /// A new cycle: the status cleared.

@@ -1,25 +1,15 @@
-// Sampling on the GPU: each row of logits drawn from by the Gumbel-max trick, and what speculative
-// sampling's acceptance needs from the row, so that only a few words go back to the host.
+// Sampling on the GPU: each row of logits drawn from by the Gumbel-max trick. (The kernel as it
+// was, less the draft's q rows, residual draws and probabilities it also computed then.)
 //
 // A row's sampling distribution is p_j = exp((l_j - m) / T) / Z over the kept tokens j (all of
 // them, or with top_k > 0 those ranked at most top_k: larger logits first, equal ones by lower id,
 // as top_k.wgsl ranks; `top` holds each row's ranked ids; then with top_p < 1 the nucleus, see
 // cut_of), m their largest logit, Z the sum (reduced in a fixed order) -- the distribution of
 // src/sampling.rs, computed in f32. Per row r of the pass (or only its last row, `last_only`):
-//   out[4 o + 0] = a draw from p: argmax_j (l_j - m) / T + G_j over the kept j
-//   out[4 o + 1] = a draw from norm(max(0, p - q)), the recovered-token rule of speculative
-//                  sampling, against the draft's distribution q of the same row: argmax_j
-//                  log(p_j - q_j) + G'_j over the j with p_j > q_j; q is the one-hot of x_r when
-//                  no q rows are bound (a deterministic draft), else the q row's own softmax at T
-//                  over its own kept tokens; with no such j (p = q), the draw from p. (Rows from
-//                  p.drafts on, and the pass's last row, check no draft: their q rows are not
-//                  read, and this word repeats the draw from p.)
-//   out[4 o + 2] = bits of p(x_r)   (rows r < p.drafts but the pass's last; x_r = drafts[r], the
-//                                    token row r checks)
-//   out[4 o + 3] = bits of q(x_r)   (1.0 for a one-hot q)
-// with o = r (or p.out_row for `last_only`). G_j, G'_j are independent standard Gumbel variables
-// hashed from (the cycle's seed, the op's stream, the row's position, j): argmax of log-weight +
-// Gumbel is an exact draw from the normalised weights. A non-finite logit in row r sets status[0]
+//   out[o] = a draw from p: argmax_j (l_j - m) / T + G_j over the kept j
+// with o = r (or p.out_row for `last_only`). G_j are independent standard Gumbel variables hashed
+// from (the cycle's seed, the op's stream, the row's position, j): argmax of log-weight + Gumbel
+// is an exact draw from the normalised weights. A non-finite logit in row r sets status[0]
 // to at least r + 1.
 
 // The uniforms Step and Params (SampleParams), Seed (SampleSeed) are declared in Rust (src/gpu/ops.rs) and written
@@ -34,11 +24,8 @@ const NONE: u32 = 0xffffffffu;
 @group(0) @binding(2) var<uniform> seed: Seed;                      // written by the host each cycle
 @group(0) @binding(3) var<storage, read> logits: array<f32>;        // [n, vocab] the target's p rows
 @group(0) @binding(4) var<storage, read> top: array<u32>;           // [n, top_k] (top_k > 0)
-@group(0) @binding(5) var<storage, read> q_logits: array<f32>;      // [n, vocab] (has_q)
-@group(0) @binding(6) var<storage, read> q_top: array<u32>;         // [n, top_k] (has_q, top_k > 0)
-@group(0) @binding(7) var<storage, read> drafts: array<u32>;        // [drafts] x_r
-@group(0) @binding(8) var<storage, read_write> out: array<u32>;     // [rows, 4]
-@group(0) @binding(9) var<storage, read_write> status: array<atomic<u32>>; // [1] 1 + the last row with a
+@group(0) @binding(5) var<storage, read_write> out: array<u32>;     // [rows]
+@group(0) @binding(6) var<storage, read_write> status: array<atomic<u32>>; // [1] 1 + the last row with a
                                                                           // non-finite logit, or 0
 
 var<workgroup> red_v: array<f32, WG>;
@@ -130,9 +117,8 @@ fn value(k: u32) -> f32 {
     return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
-// logit idx of the p rows, or of the q rows
+// logit idx of the p rows (there are no others now)
 fn logit(q_row: bool, idx: u32) -> f32 {
-    if (q_row) { return q_logits[idx]; }
     return logits[idx];
 }
 
@@ -153,7 +139,7 @@ fn cut_of(t: u32, q_row: bool, r: u32, base: u32) -> Cut {
     var c = Cut(LOWEST, NONE, LOWEST, 0.0);
     if (p.top_k > 0u) {
         let at = r * p.top_k + p.top_k - 1u;
-        c.i = select(top[at], q_top[at], q_row);
+        c.i = top[at];
         c.v = logit(q_row, base + c.i);
     }
     var m = LOWEST;
@@ -240,65 +226,21 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
     let base = r * p.vocab;
     let pos = step.start_pos + r;
     let inv_t = 1.0 / p.temperature;
-    let has_x = r < p.drafts && r + 1u < step.n;  // (the pass's last row checks no draft)
-    let x = select(NONE, drafts[min(r, max(p.drafts, 1u) - 1u)], has_x);
-    let use_q = p.has_q == 1u && has_x;          // (the q rows past the drafts are not read)
 
-    // 1. the kept tokens of p (and of q), their largest logits and normalisers
+    // 1. the kept tokens of p, their largest logit and normaliser
     bad = false;
     let cp = cut_of(t, false, r, base);
-    var cq = Cut(LOWEST, NONE, LOWEST, 1.0);
-    if (use_q) { cq = cut_of(t, true, r, base); }
     if (bad) { atomicMax(&status[0], r + 1u); }
 
-    // 2. the draws: from p, and from the residual max(0, p - q). (Each product that meets an add
-    //    is an explicit fused multiply-add, a division by Z a multiply by 1 / Z: a compiler may
-    //    contract either differently from pipeline to pipeline: shaders/matmul.wgsl, dots.)
-    let inv_zp = 1.0 / cp.z;
-    let inv_zq = 1.0 / cq.z;
+    // 2. the draw from p (the product that meets the add an explicit fused multiply-add)
     var bv = LOWEST;
     var bi = NONE;
-    var rv = LOWEST;
-    var ri = NONE;
     for (var j = t; j < p.vocab; j += WG) {
         let v = logits[base + j];
         if (!at_least(v, j, cp.v, cp.i)) { continue; }
-        let lw = (v - cp.m) * inv_t;            // log of p_j * Z
-        let g = fma(v - cp.m, inv_t, gumbel(hash(2u * p.stream, pos, j))); // lw + the noise
-
+        let g = fma(v - cp.m, inv_t, gumbel(hash(2u * p.stream, pos, j))); // log of p_j * Z + the noise
         if (bi == NONE || g > bv) { bv = g; bi = j; }
-        if (!has_x) { continue; }               // (no draft checked: no residual drawn)
-        // the log of the residual's weight (times Z) + its noise: with a one-hot q, lw's
-        let noise = gumbel(hash(2u * p.stream + 1u, pos, j));
-        var gr = fma(v - cp.m, inv_t, noise);
-        if (use_q) {
-            let pj = exp(lw) * inv_zp;
-            let u = q_logits[base + j];
-            let qj = select(0.0, exp((u - cq.m) * inv_t) * inv_zq, at_least(u, j, cq.v, cq.i));
-            if (pj <= qj) { continue; }
-            gr = log(fma(exp(lw), inv_zp, -qj)) + noise; // log(pj - qj) + the noise
-        } else if (j == x) {
-            continue;                           // max(0, p_x - 1) = 0
-        }
-        if (ri == NONE || gr > rv) { rv = gr; ri = j; }
     }
     let sample = reduce_best(t, bv, bi);
-    let residual = reduce_best(t, rv, ri);
-
-    if (t == 0u) {
-        var px = 0.0;
-        var qx = 1.0;
-        if (has_x) {
-            let v = logits[base + x];
-            px = select(0.0, exp((v - cp.m) * inv_t) / cp.z, at_least(v, x, cp.v, cp.i));
-            if (use_q) {
-                let u = q_logits[base + x];
-                qx = select(0.0, exp((u - cq.m) * inv_t) / cq.z, at_least(u, x, cq.v, cq.i));
-            }
-        }
-        out[4u * o] = min(sample, p.vocab - 1u);
-        out[4u * o + 1u] = select(residual, sample, residual == NONE);
-        out[4u * o + 2u] = bitcast<u32>(px);
-        out[4u * o + 3u] = bitcast<u32>(qx);
-    }
+    if (t == 0u) { out[o] = min(sample, p.vocab - 1u); }
 }

@@ -51,7 +51,7 @@ enum Command {
 #[derive(clap::Args)]
 pub(crate) struct SamplingArgs {
     /// 0 = greedy; above 0, sampling. The GPU draws under a top-k of at most 16 (any top-p); a
-    /// larger top-k, and a draft model's calibrating cycles, read logits rows back to the CPU.
+    /// larger top-k reads logits rows back to the CPU.
     #[arg(long, default_value_t = 0.0)]
     pub(crate) temperature: f32,
     /// 0 = no top-k cut.
