@@ -166,7 +166,7 @@ impl Engine {
     /// the requests drafting with it) or the Medusa heads' first guesses (several requests' rows
     /// per run of the heads), or the draft model's chains (its passes batched alike; a sampled
     /// request's drawn with the noise its target rows draw with). Others (a wider top-k, an
-    /// ensemble with the n-gram, trees of the draft model's) run alone
+    /// ensemble with the n-gram) run alone
     /// ([`Engine::generate_from`]) while the batch is idle.
     pub fn batchable(&self, req: &Request) -> bool {
         let kind = req.draft.unwrap_or(self.default_draft);
