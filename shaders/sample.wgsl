@@ -19,8 +19,9 @@
 //
 // No row is searched by one workgroup: a row is cut into slices of SLICE logits (the argmax's),
 // one workgroup each, and the kernel runs in stages, one dispatch each (p.stage):
-//   stage 0      each slice of each row: its largest kept logit m_s and z_s = sum of exp((l - m_s) / T) over its kept tokens; with a
-//                top-p, its histogram of the nucleus' first level (below)
+//   stage 0      each slice of each row: its largest kept logit m_s and z_s = sum of
+//                exp((l - m_s) / T) over its kept tokens; with a top-p, its histogram of the
+//                nucleus' first level (below)
 //   stages 1-7   (a top-p only) the nucleus' last value, by a radix select over the
 //                order-preserving keys, 4 bits a level: each workgroup combines the row's
 //                histograms of the level before (each slice's masses and counts in 16 bins),

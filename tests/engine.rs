@@ -899,6 +899,7 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
         let status = engine.batch_status();
         assert_eq!((status.running, status.pages_used), (0, 0), "{round}: {status:?}");
     }
+    let mut sampled_drafts = 0;
     // a request of a fixed K alone in the batch drafts the one-sequence loop's chains: the same
     // drafts kept, cycle by cycle (the draft's pages caught up and rolled back as its cache is;
     // a sampled one's drawn with the same noise)
@@ -911,15 +912,50 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
             (want.stats.drafted, want.stats.accepted, &want.from_draft),
             "request {i} alone in the batch"
         );
+        sampled_drafts += (reqs[i].temperature > 0.0) as usize * got.stats.drafted;
     }
+    assert!(sampled_drafts > 0, "the sampled requests of a fixed K drafted");
     // the one-sequence loop after the batch wrote the draft's pool: the same tokens
     for i in [0, 5] {
         assert_eq!(run(&mut engine, &reqs[i]).0.tokens, alone[i].tokens, "request {i} alone again");
     }
-    assert!(reqs.iter().filter(|r| r.temperature > 0.0 && r.draft_k.is_some()).count() > 0);
     // a top-k the GPU does not rank runs alone (its draft drawn on the host, the ratio rule)
     let wide = Request { temperature: 0.8, top_k: wgspec::gpu::MAX_TOP_K + 1, ..reqs[0].clone() };
     assert!(!engine.batchable(&wide) && engine.batchable(&reqs[1]));
+}
+
+#[test]
+fn a_draft_models_non_finite_logits_fail_no_request() {
+    // A draft model whose logits are not finite (its final norm's weights overflow f32) proposes
+    // tokens all the same, in the batch and alone, greedy and sampled: every request completes
+    // with the tokens it has without a draft (the target's rows decide them).
+    let tiny = || TinyModel::random(TinySpec::llama(), &mut rng(48));
+    let target = tiny().to_gguf(DType::F32, &mut rng(49));
+    let mut broken = tiny();
+    for t in broken.tensors.iter_mut().filter(|t| t.name == "output_norm.weight") {
+        t.values.iter_mut().for_each(|v| *v = 3e38);
+    }
+    let mut engine = engine_with_pages(target, 24);
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", broken.to_gguf(DType::F32, &mut rng(49))).expect("add");
+    let d = files.open().expect("open");
+    let opts = LoadOptions { context: Some(128), ..Default::default() };
+    let draft = Model::load(gpu(), &d.checkpoint, &opts, &mut |_| {}).expect("load");
+    engine.set_draft(Some((draft, &d.tokenizer))).expect("same tokenizer");
+    assert_eq!(engine.set_kv_pool(Some(24)).expect("pools"), 24);
+    // requests 1 and 4 sampled (a top-k of 16, a top-p)
+    let reqs: Vec<Request> = (batch_requests().into_iter().take(5))
+        .map(|r| Request { draft: Some(DraftKind::Model), draft_k: Some(2), stop: Vec::new(), ..r })
+        .collect();
+    let plain: Vec<Vec<u32>> = (reqs.iter())
+        .map(|r| run(&mut engine, &Request { draft: Some(DraftKind::None), ..r.clone() }).0.tokens)
+        .collect();
+    let prompts: Vec<Vec<u32>> = reqs.iter().map(|r| engine.prompt_tokens(r).expect("prompt")).collect();
+    let (alone, drafted, accepted) = alone_then_batched(&mut engine, &reqs, &prompts, "a broken draft");
+    for (i, c) in alone.iter().enumerate() {
+        assert_eq!(c.tokens, plain[i], "request {i} alone with the broken draft");
+    }
+    assert!(drafted > 0, "the broken draft drafted ({accepted} kept)");
 }
 
 /// Runs each of `reqs` alone, then all at once in the batch (`prompts`: their tokens), asserting

@@ -256,7 +256,7 @@ struct Draw {
     top: Option<(TopKRows, GpuBuffer<u32>)>, // the ranks: [MAX_BATCH, top_k], its rows' places
 }
 
-/// What a batched pass reads back: each row's argmax, each row's draw words, each sequence's
+/// What a batched pass reads back: each row's argmax, each row's draw, each sequence's
 /// non-finite flag (sampled ones); and the scratch every sampled request's draws share (they
 /// run one after another).
 struct Readback {
@@ -360,6 +360,12 @@ impl Batch {
     /// as its own cache (only while no sequence runs: their pages would be written too).
     pub(super) fn forget_prefixes(&mut self) {
         self.pool.forget_all();
+    }
+
+    /// The draft model changes (the batch idle): its read-back words go with it.
+    pub(super) fn forget_draft(&mut self) {
+        debug_assert!(self.is_idle());
+        self.draft_readback = None;
     }
 
     /// Whether no request is waiting or running.

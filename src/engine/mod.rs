@@ -572,6 +572,7 @@ impl Engine {
     ) -> Result<&ModelInfo> {
         self.check_batch_idle("the draft model changes")?;
         self.draft = None; // the old draft's GPU memory goes first
+        self.batch.forget_draft();
         self.schedules.clear();
         speculative::check_draft(
             (&self.target.config, &self.prompter.tokenizer),
@@ -605,6 +606,7 @@ impl Engine {
     pub fn set_draft(&mut self, draft: Option<(Model, &Tokenizer)>) -> Result<()> {
         self.check_batch_idle("the draft model changes")?;
         self.draft = None;
+        self.batch.forget_draft();
         self.schedules.clear();
         if self.default_draft.base() == DraftKind::Model {
             self.default_draft = DraftKind::None;

@@ -334,7 +334,7 @@ gpu_struct! {
         /// 1: only the pass's last row, written to out row out_row.
         last_only: u32,
         out_row: u32,
-        /// The op's own noise stream (a draft step's draw, the verify rows', ...).
+        /// The op's noise stream (the verify rows' and their draft model's share one).
         stream: u32,
         /// The dispatch's stage (`shaders/sample.wgsl`: 0 to 7 the slices' stats and the
         /// nucleus' levels, 8 the draws, 9 their combination).
@@ -374,8 +374,8 @@ const SAMPLE_DRAW: u32 = 8;
 const SAMPLE_FINISH: u32 = 9;
 
 gpu_struct! {
-    /// The seed of the GPU's draws (a generation's) (`Seed` in `shaders/sample.wgsl` and
-    /// `shaders/accept_sampled.wgsl`), written by the host; and the pass row of a draw op's
+    /// The seed of the GPU's draws (a generation's) (`Seed` in `shaders/sample.wgsl`), written
+    /// by the host; and the pass row of a draw op's
     /// first row (one request's rows in a pass over several: [`SampleSeed::at`]).
     pub struct SampleSeed => Seed {
         pub lo: u32,

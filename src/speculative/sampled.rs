@@ -30,7 +30,7 @@
 //!
 //! ```text
 //!   token tree   : the tree pass -> sample.wgsl: a draw y_i from p_i at every node i (at its
-//!                  depth's position: the noise of the verify rows) (read back: 4n + 1 words,
+//!                  depth's position: the noise of the verify rows) (read back: n + 1 words,
 //!                  the rows' draws and the status) -> follow the child holding y_i
 //! ```
 //!
@@ -46,9 +46,9 @@ use crate::gpu::{Gpu, GpuBuffer, Op, SampleConfig, SampleRows, SampleSeed, MAX_T
 use crate::model::{Model, MAX_BATCH};
 use crate::sampling::SamplingParams;
 
-/// The noise stream of the generation's draws (a sample op's two Gumbel streams are 2s and
-/// 2s + 1): the target's rows (plain steps, chains and trees alike) and a draft model's, which
-/// draws with the target's noise at each position.
+/// The noise stream of the generation's draws (a sample op's Gumbel noise is hashed with 2s):
+/// the target's rows (plain steps, chains and trees alike) and a draft model's, which draws with
+/// the target's noise at each position.
 const STREAM_VERIFY: u32 = 2;
 
 /// Whether the GPU draws from `params`' distribution: sampling with a top-k of at most
@@ -85,7 +85,8 @@ pub(crate) struct DraftDraws {
 
 impl DraftDraws {
     /// The draws of `dm`'s passes under `params` (which [`gpu_samples`]), keyed by `seed` (a
-    /// uniform [`SampleSeed`] on `dm`'s GPU), a non-finite logit flagged in `status`.
+    /// uniform [`SampleSeed`] on `dm`'s GPU), a non-finite logit flagged in `status` (a draw is
+    /// a token of the vocabulary all the same).
     pub fn new(
         dm: &Model,
         seed: &wgpu::Buffer,
@@ -156,7 +157,9 @@ impl SampledCycle {
         let draws = g.sample(step, &seed, p_rows, (&samples, &status), target_draws(params, vocab));
         let tree_result = words("tree draws", MAX_BATCH + 1);
         let accept = g.accept_sampled(step, &drafts, &samples, &status, &result);
-        let draft = draft.map(|dm| DraftDraws::new(dm, &seed, &status, params));
+        // (its own flag, which nothing reads: a draft's non-finite logits fail no cycle, as its
+        // argmax does not; the target's rows decide every token)
+        let draft = draft.map(|dm| DraftDraws::new(dm, &seed, &words("draft status", 1), params));
         Ok(SampledCycle {
             params: *params,
             vocab,
@@ -262,10 +265,10 @@ impl SampledCycle {
             gpu.encode(&mut enc, ops, n as u32);
         }
         gpu.encode(&mut enc, &self.draws, n as u32);
-        let words = (n * 4) as u64;
-        enc.copy_buffer_to_buffer(&self.samples.raw, 0, &self.tree_result.raw, 0, words);
-        enc.copy_buffer_to_buffer(&self.status.raw, 0, &self.tree_result.raw, words, 4);
-        let raw = gpu.submit_and_read(enc, &self.tree_result.raw, 0, words + 4).await?;
+        let bytes = (n * 4) as u64;
+        enc.copy_buffer_to_buffer(&self.samples.raw, 0, &self.tree_result.raw, 0, bytes);
+        enc.copy_buffer_to_buffer(&self.status.raw, 0, &self.tree_result.raw, bytes, 4);
+        let raw = gpu.submit_and_read(enc, &self.tree_result.raw, 0, bytes + 4).await?;
         let out: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         let short = || Error::Gpu("a short tree read-back".into());
         let status = *out.get(n).ok_or_else(short)?;

@@ -117,8 +117,8 @@ fn value(k: u32) -> f32 {
     return bitcast<f32>(select(~k, k & 0x7fffffffu, (k & 0x80000000u) != 0u));
 }
 
-// logit idx of the p rows (there are no others now)
-fn logit(q_row: bool, idx: u32) -> f32 {
+// logit idx of the rows
+fn logit(idx: u32) -> f32 {
     return logits[idx];
 }
 
@@ -128,30 +128,30 @@ struct Cut { v: f32, i: u32, m: f32, z: f32 }
 
 var<private> bad: bool; // a non-finite logit was read
 
-// The kept tokens of row r (base: its first logit) of the p or q rows: its top_k ranked (all
+// The kept tokens of row r (base: its first logit): its top_k ranked (all
 // without a top-k), then with top_p < 1 the smallest prefix of them in rank order whose mass
 // reaches top_p. The nucleus' last value v* (the largest value whose tokens at or above it hold
 // the mass) is found by bisection over the order-preserving keys, each step a pass over the row;
 // of the tokens tied at v*, the lowest ids are kept until the mass is reached, as the ranking
 // orders them. Every invocation of the workgroup calls it (its reductions have barriers).
-fn cut_of(t: u32, q_row: bool, r: u32, base: u32) -> Cut {
+fn cut_of(t: u32, r: u32, base: u32) -> Cut {
     let inv_t = 1.0 / p.temperature;
     var c = Cut(LOWEST, NONE, LOWEST, 0.0);
     if (p.top_k > 0u) {
         let at = r * p.top_k + p.top_k - 1u;
         c.i = top[at];
-        c.v = logit(q_row, base + c.i);
+        c.v = logit(base + c.i);
     }
     var m = LOWEST;
     for (var j = t; j < p.vocab; j += WG) {
-        let v = logit(q_row, base + j);
+        let v = logit(base + j);
         bad = bad || !finite(v);
         if (at_least(v, j, c.v, c.i)) { m = max(m, v); }
     }
     c.m = reduce_max(t, m);
     var z = 0.0;
     for (var j = t; j < p.vocab; j += WG) {
-        let v = logit(q_row, base + j);
+        let v = logit(base + j);
         if (at_least(v, j, c.v, c.i)) { z += exp((v - c.m) * inv_t); }
     }
     c.z = reduce_sum(t, z);
@@ -165,7 +165,7 @@ fn cut_of(t: u32, q_row: bool, r: u32, base: u32) -> Cut {
         let v_mid = value(mid);
         var s = 0.0;
         for (var j = t; j < p.vocab; j += WG) {
-            let v = logit(q_row, base + j);
+            let v = logit(base + j);
             if (v >= v_mid && at_least(v, j, c.v, c.i)) { s += exp((v - c.m) * inv_t); }
         }
         if (reduce_sum(t, s) >= need) { lo = mid; } else { hi = mid - 1u; }
@@ -174,7 +174,7 @@ fn cut_of(t: u32, q_row: bool, r: u32, base: u32) -> Cut {
     var gt = 0.0;
     var tied = 0.0;
     for (var j = t; j < p.vocab; j += WG) {
-        let v = logit(q_row, base + j);
+        let v = logit(base + j);
         if (at_least(v, j, c.v, c.i)) {
             if (v > vs) { gt += exp((v - c.m) * inv_t); }
             if (v == vs) { tied += 1.0; }
@@ -194,7 +194,7 @@ fn cut_of(t: u32, q_row: bool, r: u32, base: u32) -> Cut {
             let mid = (a + b) / 2u;
             var n = 0.0;
             for (var j = t; j <= mid; j += WG) {
-                let v = logit(q_row, base + j);
+                let v = logit(base + j);
                 if (v == vs && at_least(v, j, c.v, c.i)) { n += 1.0; }
             }
             if (reduce_sum(t, n) >= f32(want)) { b = mid; } else { a = mid + 1u; }
@@ -205,7 +205,7 @@ fn cut_of(t: u32, q_row: bool, r: u32, base: u32) -> Cut {
     c.i = ti;
     z = 0.0;
     for (var j = t; j < p.vocab; j += WG) {
-        let v = logit(q_row, base + j);
+        let v = logit(base + j);
         if (at_least(v, j, c.v, c.i)) { z += exp((v - c.m) * inv_t); }
     }
     c.z = reduce_sum(t, z);
@@ -229,7 +229,7 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
 
     // 1. the kept tokens of p, their largest logit and normaliser
     bad = false;
-    let cp = cut_of(t, false, r, base);
+    let cp = cut_of(t, r, base);
     if (bad) { atomicMax(&status[0], r + 1u); }
 
     // 2. the draw from p (the product that meets the add an explicit fused multiply-add)

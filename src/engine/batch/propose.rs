@@ -41,7 +41,7 @@ use web_time::Instant;
 use super::{
     read_pass, Batch, Drafting, Draw, DrawAt, PassCosts, Readback, Rows, Seq, SeqId, Source, EAGLE_PATIENCE,
 };
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::KV_PAGE;
 use crate::model::{EagleHead, HeadChain, HeadRows, MedusaHeads, Model, SeqRows, MAX_BATCH, MEDUSA_ROWS};
 
@@ -68,14 +68,12 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
     let mut chains: Vec<(usize, Vec<u32>)> = Vec::new();
     for &(entry, past, len) in &rows {
         at += len - past;
-        chains.push((entry, out[at - 1].into_iter().collect()));
+        chains.push((entry, vec![out[at - 1]]));
     }
     // passes 2..: the chains that want more, one row each
     loop {
-        // (a chain cut short by a draw outside the vocabulary stays so)
-        let more: Vec<usize> = (0..chains.len())
-            .filter(|&j| !chains[j].1.is_empty() && chains[j].1.len() < plan[chains[j].0].drafts.len())
-            .collect();
+        let more: Vec<usize> =
+            (0..chains.len()).filter(|&j| chains[j].1.len() < plan[chains[j].0].drafts.len()).collect();
         if more.is_empty() {
             break;
         }
@@ -99,20 +97,12 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
             rows.iter().map(|&(entry, ..)| running[plan[entry].seq].draft_draw.as_ref()).collect();
         let rb = batch.draft_readback.as_ref();
         let out = timed(&mut batch.draft_costs, (draft, rb), &seqs, &draws).await?;
-        for ((&j, &(entry, pos, _)), next) in more.iter().zip(&rows).zip(out) {
+        for ((&j, &(entry, pos, _)), &next) in more.iter().zip(&rows).zip(&out) {
             set_past(batch, plan, entry, pos + 1);
-            match next {
-                Some(x) => chains[j].1.push(x),
-                None => plan[chains[j].0].drafts.truncate(chains[j].1.len()),
-            }
+            chains[j].1.push(next);
         }
     }
     for (entry, chain) in chains {
-        if chain.is_empty() {
-            let fixed = batch.running[plan[entry].seq].drafting.as_ref().is_some_and(|d| d.fixed);
-            drop_drafts(&mut plan[entry], fixed);
-            continue;
-        }
         plan[entry].drafts = chain;
     }
     Ok(())
@@ -188,7 +178,7 @@ async fn catch_up(
     plan: &[Rows],
     rows: &[(usize, usize, usize)],
     draws: bool,
-) -> Result<Vec<Option<u32>>> {
+) -> Result<Vec<u32>> {
     let running = &batch.running;
     let seqs: Vec<SeqRows> = (rows.iter())
         .map(|&(entry, start, end)| {
@@ -247,33 +237,37 @@ fn set_past(batch: &mut Batch, plan: &[Rows], entry: usize, to: usize) {
 }
 
 /// One pass of the draft model over `seqs`, its seconds measured: each row's argmax, but in the
-/// last row of a sequence with a draw in `draws` (by sequence; none past its end) that draw
-/// (none where it is outside the vocabulary: the draft's logits were not finite).
+/// last row of a sequence with a draw in `draws` (by sequence; none past its end) that draw. (A
+/// draft row's non-finite logits fail no request, as its argmax does not: the target's rows
+/// decide every token; the draw is still a token of the vocabulary.)
 async fn timed(
     costs: &mut PassCosts,
     (draft, readback): (&mut Model, Option<&Readback>),
     seqs: &[SeqRows<'_>],
     draws: &[Option<&Draw>],
-) -> Result<Vec<Option<u32>>> {
+) -> Result<Vec<u32>> {
     let rows = seqs.iter().map(|s| s.tokens.len()).sum();
     let mut at = Vec::new();
     let mut end = 0;
     for (slot, s) in seqs.iter().enumerate() {
         end += s.tokens.len();
-        if let Some(&Some(draw)) = draws.get(slot) {
-            at.push(DrawAt { draw, row0: end - 1, rows: 1, slot });
+        if let (Some(&Some(draw)), Some(row0)) = (draws.get(slot), end.checked_sub(1)) {
+            at.push(DrawAt { draw, row0, rows: 1, slot });
         }
     }
     let t0 = Instant::now();
     let enc = draft.encode_pages(seqs, true)?;
     let out = read_pass(draft, readback, enc, &at, rows).await?;
     costs.observe(rows, t0.elapsed().as_secs_f64());
-    let vocab = draft.config.vocab_size as u32;
-    let mut ids: Vec<Option<u32>> = (0..rows).map(|row| Some(out.argmax(row))).collect();
+    let mut ids: Vec<u32> = (0..rows).map(|row| out.argmax(row)).collect();
     for a in &at {
-        ids[a.row0] = out.draw(a.row0).filter(|&x| x < vocab);
+        ids[a.row0] = out.draw(a.row0).unwrap_or(ids[a.row0]);
     }
-    Ok(ids)
+    let vocab = draft.config.vocab_size;
+    match ids.iter().find(|&&x| x as usize >= vocab) {
+        Some(bad) => Err(Error::Gpu(format!("the draft's GPU chose token {bad} of a vocabulary of {vocab}"))),
+        None => Ok(ids),
+    }
 }
 
 /// Fills the plan's draft placeholders of the sequences drafting with the EAGLE `head` (the
