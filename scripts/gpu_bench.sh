@@ -8,14 +8,16 @@
 #
 # First it checks that the binaries run there and the adapter is the GPU (else it stops at once).
 # Then, in order, each step under its own time limit (so that one slow step costs only itself, and a
-# lease cut short still has the first), 8½ minutes at most in all:
+# lease cut short still has the first), 8¾ minutes at most in all:
 #   1. correctness on the real adapter: every kernel against the CPU, batch invariance across
 #      pipelines and row counts, tiny models against the reference, speculative == plain;
 #   2. the roofline of qwen2-1.5b (Q4_K_M's mix) and the Qwen pair's shapes, target-only against
 #      speculative (K = 4), the target as its own draft (tau = K + 1), SmolLM2's shape with its
 #      EAGLE head (the real head beside random target weights: the head's costs per depth, not its
 #      acceptance), continuous batching of qwen2-1.5b's shape at 1, 4, 8 and 16 requests at once
-#      (bench --concurrency: the batch's throughput on a GPU, issue 36), llama-8b's roofline, the
+#      (bench --concurrency: the batch's throughput on a GPU, issue 36), plain and sampled with
+#      the target as its own draft model (what the batch drafts where drafts are cheap),
+#      llama-8b's roofline, the
 #      qwen2-7b / qwen2-0.5b pair, sampled decoding;
 #   3. the peer in the same run: Hugging Face transformers on the machine's PyTorch, random
 #      weights of the same configs (scripts/hf_peer.py).
@@ -137,6 +139,9 @@ bench 45 "pair-$T-$D-k4" --synthetic "$T" --draft "$D" --draft-k 4 "${few[@]}"
 bench 30 "self-$T-k4" --synthetic "$T" --draft self --draft-k 4 "${few[@]}"
 bench 30 "eagle-smollm2-135m-k4" --synthetic smollm2-135m --draft eagle:smollm2-135m-eagle --draft-k 4 "${few[@]}"
 bench 45 "batch-$T" --synthetic "$T" "${load[@]}"
+# (sampled, the target as its own draft model: every draft kept, what the batch's cost model
+# drafts where draft passes are cheap)
+bench 30 "batch-$T-self-sampled" --synthetic "$T" --draft self "${load[@]}" --temperature 1 --seed 1
 
 # 3. The peer: transformers on the same GPU (where there is PyTorch).
 if python3 -c 'import torch, transformers' 2>/dev/null; then
