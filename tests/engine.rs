@@ -846,6 +846,24 @@ fn batched_requests_each_equal_their_run_alone() {
     assert!(engine.batch_cancel(id));
 }
 
+/// An engine of a tiny target with pools of 24 pages, and as its draft model the same weights,
+/// each tensor changed by `change`.
+fn engine_with_draft(change: impl Fn(&mut common::tiny::TinyTensor)) -> Engine {
+    let tiny = || TinyModel::random(TinySpec::llama(), &mut rng(48));
+    let target = tiny().to_gguf(DType::F32, &mut rng(49));
+    let mut draft = tiny();
+    draft.tensors.iter_mut().for_each(change);
+    let mut engine = engine_with_pages(target, 24);
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", draft.to_gguf(DType::F32, &mut rng(49))).expect("add");
+    let d = files.open().expect("open");
+    let opts = LoadOptions { context: Some(128), ..Default::default() };
+    let draft = Model::load(gpu(), &d.checkpoint, &opts, &mut |_| {}).expect("load");
+    engine.set_draft(Some((draft, &d.tokenizer))).expect("same tokenizer");
+    assert_eq!(engine.set_kv_pool(Some(24)).expect("pools"), 24);
+    engine
+}
+
 #[test]
 fn batched_requests_with_the_draft_model_equal_their_run_alone() {
     // Requests drafting with a draft model share its passes (each drafting sequence caught up in
@@ -855,20 +873,11 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
     // 3). The draft is the target with its FFN outputs scaled: it agrees often, not always
     // (drafts kept and rejected, its pages rolled back).
     use wgspec::engine::BatchLimits;
-    let tiny = || TinyModel::random(TinySpec::llama(), &mut rng(48));
-    let target = tiny().to_gguf(DType::F32, &mut rng(49));
-    let mut near = tiny();
-    for t in near.tensors.iter_mut().filter(|t| t.name.contains("down")) {
-        t.values.iter_mut().for_each(|v| *v *= 0.6);
-    }
-    let mut engine = engine_with_pages(target, 24);
-    let mut files = ModelFiles::new();
-    files.add("model.gguf", near.to_gguf(DType::F32, &mut rng(49))).expect("add");
-    let d = files.open().expect("open");
-    let opts = LoadOptions { context: Some(128), ..Default::default() };
-    let draft = Model::load(gpu(), &d.checkpoint, &opts, &mut |_| {}).expect("load");
-    engine.set_draft(Some((draft, &d.tokenizer))).expect("same tokenizer");
-    assert_eq!(engine.set_kv_pool(Some(24)).expect("pools"), 24);
+    let mut engine = engine_with_draft(|t| {
+        if t.name.contains("down") {
+            t.values.iter_mut().for_each(|v| *v *= 0.6);
+        }
+    });
     assert_eq!(engine.draft_model().expect("draft").kv_pages(), 24, "a page of the draft's per page");
     engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
     let reqs: Vec<Request> = (batch_requests().into_iter().enumerate())
@@ -929,20 +938,11 @@ fn a_draft_models_non_finite_logits_fail_no_request() {
     // A draft model whose logits are not finite (its final norm's weights overflow f32) proposes
     // tokens all the same, in the batch and alone, greedy and sampled: every request completes
     // with the tokens it has without a draft (the target's rows decide them).
-    let tiny = || TinyModel::random(TinySpec::llama(), &mut rng(48));
-    let target = tiny().to_gguf(DType::F32, &mut rng(49));
-    let mut broken = tiny();
-    for t in broken.tensors.iter_mut().filter(|t| t.name == "output_norm.weight") {
-        t.values.iter_mut().for_each(|v| *v = 3e38);
-    }
-    let mut engine = engine_with_pages(target, 24);
-    let mut files = ModelFiles::new();
-    files.add("model.gguf", broken.to_gguf(DType::F32, &mut rng(49))).expect("add");
-    let d = files.open().expect("open");
-    let opts = LoadOptions { context: Some(128), ..Default::default() };
-    let draft = Model::load(gpu(), &d.checkpoint, &opts, &mut |_| {}).expect("load");
-    engine.set_draft(Some((draft, &d.tokenizer))).expect("same tokenizer");
-    assert_eq!(engine.set_kv_pool(Some(24)).expect("pools"), 24);
+    let mut engine = engine_with_draft(|t| {
+        if t.name == "output_norm.weight" {
+            t.values.iter_mut().for_each(|v| *v = 3e38);
+        }
+    });
     // requests 1 and 4 sampled (a top-k of 16, a top-p)
     let reqs: Vec<Request> = (batch_requests().into_iter().take(5))
         .map(|r| Request { draft: Some(DraftKind::Model), draft_k: Some(2), stop: Vec::new(), ..r })

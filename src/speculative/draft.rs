@@ -21,7 +21,7 @@ use super::spec::DraftKind;
 use super::tree::TokenTree;
 use super::verify::Dist;
 use crate::error::{Error, Result};
-use crate::gpu::{GpuBuffer, SampleSeed, MAX_TOP_K, MAX_TREE};
+use crate::gpu::{SampleSeed, MAX_TOP_K, MAX_TREE};
 use crate::model::{Config, Model, MAX_BATCH};
 use crate::sampling::{Rng, SamplingParams};
 use crate::tokenizer::Tokenizer;
@@ -318,14 +318,11 @@ pub struct DraftModel {
 }
 
 /// A draft model's draws in its CPU-driven steps: the parameters they were made for, the seed
-/// uniform, the ops, the read-back words.
+/// uniform, the ops.
 struct StepDraws {
     params: SamplingParams,
     seed: wgpu::Buffer,
     ops: DraftDraws,
-    result: GpuBuffer<u32>, // [1] the draw
-    // kept alive for the ops' bind groups
-    _status: GpuBuffer<u32>, // [1] the draws' non-finite flag (not read: see DraftModel::draw)
 }
 
 impl DraftModel {
@@ -439,10 +436,8 @@ impl DraftModel {
         };
         if !self.draws.as_ref().is_some_and(same) {
             let seed = gpu.uniform("draft step seed", bytemuck::bytes_of(&SampleSeed::new(sampling.seed)));
-            let status = GpuBuffer::<u32>::zeros(&gpu, "draft step status", 1);
-            let result = GpuBuffer::<u32>::zeros(&gpu, "draft step result", 1);
-            let ops = DraftDraws::new(&self.model, &seed, &status, sampling);
-            self.draws = Some(StepDraws { params: *sampling, seed, ops, result, _status: status });
+            let ops = DraftDraws::new(&self.model, &seed, sampling);
+            self.draws = Some(StepDraws { params: *sampling, seed, ops });
         }
         let Some(d) = self.draws.as_ref() else {
             return Err(Error::Gpu("the draft's draws were not made".into()));
@@ -451,10 +446,8 @@ impl DraftModel {
         let mut enc = gpu.encoder();
         self.model.record(&mut enc, 0, tokens, tokens.len(), pos)?;
         d.ops.encode(&gpu, &mut enc, tokens.len());
-        enc.copy_buffer_to_buffer(&d.ops.draw.raw, 0, &d.result.raw, 0, 4);
-        let raw = gpu.submit_and_read(enc, &d.result.raw, 0, 4).await?;
-        // (a draft's non-finite logits fail nothing, as its argmax does not: the draw is still a
-        // token of the vocabulary, which the target's row keeps or not)
+        // (a draft's non-finite logits fail nothing: see DraftDraws)
+        let raw = gpu.submit_and_read(enc, &d.ops.draw.raw, 0, 4).await?;
         let draw = bytemuck::pod_collect_to_vec::<u8, u32>(&raw).first().copied();
         let vocab = self.model.config.vocab_size;
         draw.filter(|&x| (x as usize) < vocab)

@@ -74,7 +74,9 @@ pub(crate) fn target_draws(params: &SamplingParams, vocab: usize) -> SampleConfi
 
 /// A draft model's draws on its GPU: the ops ranking (with a top-k) its pass's rows and drawing
 /// from the last one with the target's noise (the draws of [`target_draws`], keyed by the
-/// uniform `seed`), the draw, the non-finite flag.
+/// uniform `seed`), and the draw. Their non-finite flag is their own, and nothing reads it: a
+/// draft's non-finite logits fail nothing, as its argmax does not (the draw is a token of the
+/// vocabulary all the same, which the target's row keeps or not).
 pub(crate) struct DraftDraws {
     top: Option<Vec<Op>>,
     sample: Vec<Op>,
@@ -85,14 +87,8 @@ pub(crate) struct DraftDraws {
 
 impl DraftDraws {
     /// The draws of `dm`'s passes under `params` (which [`gpu_samples`]), keyed by `seed` (a
-    /// uniform [`SampleSeed`] on `dm`'s GPU), a non-finite logit flagged in `status` (a draw is
-    /// a token of the vocabulary all the same).
-    pub fn new(
-        dm: &Model,
-        seed: &wgpu::Buffer,
-        status: &GpuBuffer<u32>,
-        params: &SamplingParams,
-    ) -> DraftDraws {
+    /// uniform [`SampleSeed`] on `dm`'s GPU).
+    pub fn new(dm: &Model, seed: &wgpu::Buffer, params: &SamplingParams) -> DraftDraws {
         let g: &Gpu = dm.gpu();
         let (vocab, top_k) = (dm.config.vocab_size, params.top_k);
         let ranks = (top_k > 0).then(|| GpuBuffer::<u32>::zeros(g, "draft step ranks", MAX_BATCH * top_k));
@@ -101,7 +97,8 @@ impl DraftDraws {
         let draw = GpuBuffer::<u32>::zeros(g, "draft draw", 1);
         let rows = SampleRows { logits: dm.logits_buffer(), top: ranks.as_ref() };
         let cfg = SampleConfig { last_only: Some(0), ..target_draws(params, vocab) };
-        let sample = g.sample(dm.step_buffer(), seed, rows, (&draw, status), cfg);
+        let status = GpuBuffer::<u32>::zeros(g, "draft draw status", 1);
+        let sample = g.sample(dm.step_buffer(), seed, rows, (&draw, &status), cfg);
         DraftDraws { top, sample, draw, _ranks: ranks }
     }
 
@@ -157,9 +154,7 @@ impl SampledCycle {
         let draws = g.sample(step, &seed, p_rows, (&samples, &status), target_draws(params, vocab));
         let tree_result = words("tree draws", MAX_BATCH + 1);
         let accept = g.accept_sampled(step, &drafts, &samples, &status, &result);
-        // (its own flag, which nothing reads: a draft's non-finite logits fail no cycle, as its
-        // argmax does not; the target's rows decide every token)
-        let draft = draft.map(|dm| DraftDraws::new(dm, &seed, &words("draft status", 1), params));
+        let draft = draft.map(|dm| DraftDraws::new(dm, &seed, params));
         Ok(SampledCycle {
             params: *params,
             vocab,

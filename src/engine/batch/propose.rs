@@ -93,8 +93,7 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
                 tokens: t,
             })
             .collect();
-        let draws: Vec<Option<&Draw>> =
-            rows.iter().map(|&(entry, ..)| running[plan[entry].seq].draft_draw.as_ref()).collect();
+        let draws = draft_draws(running, plan, rows.iter().map(|r| r.0));
         let rb = batch.draft_readback.as_ref();
         let out = timed(&mut batch.draft_costs, (draft, rb), &seqs, &draws).await?;
         for ((&j, &(entry, pos, _)), &next) in more.iter().zip(&rows).zip(&out) {
@@ -186,8 +185,8 @@ async fn catch_up(
             SeqRows { pages: model_pages(s), start_pos: start, tokens: &s.tokens[start..end] }
         })
         .collect();
-    let draws: Vec<Option<&Draw>> = match draws {
-        true => rows.iter().map(|&(entry, ..)| running[plan[entry].seq].draft_draw.as_ref()).collect(),
+    let draws = match draws {
+        true => draft_draws(running, plan, rows.iter().map(|r| r.0)),
         false => Vec::new(),
     };
     let rb = batch.draft_readback.as_ref();
@@ -234,6 +233,15 @@ fn set_past(batch: &mut Batch, plan: &[Rows], entry: usize, to: usize) {
     {
         *past = to;
     }
+}
+
+/// The draws on the draft's rows of the sequences of plan entries `entries` (none: greedy).
+fn draft_draws<'a>(
+    running: &'a [Seq],
+    plan: &[Rows],
+    entries: impl Iterator<Item = usize>,
+) -> Vec<Option<&'a Draw>> {
+    entries.map(|entry| running[plan[entry].seq].draft_draw.as_ref()).collect()
 }
 
 /// One pass of the draft model over `seqs`, its seconds measured: each row's argmax, but in the
