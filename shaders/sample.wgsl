@@ -2,9 +2,9 @@
 // per row goes back to the host.
 //
 // A row's sampling distribution is p_j = exp((l_j - m) / T) / Z over the kept tokens j (all of
-// them, or with top_k > 0 those ranked at most top_k: larger logits first, equal ones by lower id,
-// as top_k.wgsl ranks; `top` holds each row's ranked ids; then with top_p < 1 the nucleus, see
-// final_cut), m their largest logit, Z the sum (reduced in a fixed order) -- the distribution of
+// them, or with 0 < top_k < vocab those ranked at most top_k: larger logits first, equal ones by
+// lower id, -0.0 as +0.0, as top_k.wgsl ranks; then with top_p < 1 the nucleus, see final_cut),
+// m their largest logit, Z the sum (reduced in a fixed order) -- the distribution of
 // src/sampling.rs, computed in f32. Per row r of the pass (or only its last row, `last_only`; or,
 // in a pass over several requests, rows seed.row0.. of one request, as many as the op is encoded
 // for):
@@ -19,14 +19,20 @@
 //
 // No row is searched by one workgroup: a row is cut into slices of SLICE logits (the argmax's),
 // one workgroup each, and the kernel runs in stages, one dispatch each (p.stage):
-//   stage 0      each slice of each row: its largest kept logit m_s and z_s = sum of
+//   stages 0-7   (a top-k only) the top_k-th ranked key, by a radix select over the
+//                order-preserving keys, 4 bits a level: each workgroup combines the row's counts
+//                of the level before (each slice's counts of its keys in 16 bins), picks the bin
+//                where the counts from the top reach top_k, as every workgroup of the row does,
+//                then counts its slice under the longer prefix
+//   stage 8      each slice of each row: the top-k's cut (the last level's pick; of the tokens
+//                tied at its key, the lowest ids up to top_k, as the ranking orders them, kept
+//                for the later stages), its largest kept logit m_s and z_s = sum of
 //                exp((l - m_s) / T) over its kept tokens; with a top-p, its histogram of the
 //                nucleus' first level (below)
-//   stages 1-7   (a top-p only) the nucleus' last value, by a radix select over the
-//                order-preserving keys, 4 bits a level: each workgroup combines the row's
-//                histograms of the level before (each slice's masses and counts in 16 bins),
-//                picks the bin as every workgroup of the row does, then histograms its slice
-//                under the longer prefix
+//   stages 9-15  (a top-p only) the nucleus' last value, by a radix select of the same kind
+//                weighed by mass: each workgroup combines the row's histograms of the level
+//                before (each slice's masses and counts in 16 bins), picks the bin as every
+//                workgroup of the row does, then histograms its slice under the longer prefix
 //   stage DRAW   each slice's best draw from p (every workgroup derives the row's m, Z and cut
 //                from the slices' stats and histograms: the same bits)
 //   stage FINISH one workgroup per row: the slices' draws in slice order
@@ -42,23 +48,26 @@ const LOWEST: f32 = -0x1.fffffep+127f; // the lowest finite f32, written exactly
 const NONE: u32 = 0xffffffffu;
 const BINS: u32 = 16u;    // a level's bins: 4 bits of the key
 const LEVELS: u32 = 8u;   // the levels of a 32-bit key
-const DRAW: u32 = 8u;     // the stage that draws
-const FINISH: u32 = 9u;   // the stage that combines the draws
+const NUCLEUS: u32 = 8u;  // the stats' stage, the nucleus' first level (the top-k's before it)
+const DRAW: u32 = 16u;    // the stage that draws
+const FINISH: u32 = 17u;  // the stage that combines the draws
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
 @group(0) @binding(2) var<uniform> seed: Seed;                      // the generation's, written by the host
 @group(0) @binding(3) var<storage, read> logits: array<f32>;        // [n, vocab] the rows p
-@group(0) @binding(4) var<storage, read> top: array<u32>;           // [n, top_k] (top_k > 0)
-@group(0) @binding(5) var<storage, read_write> out: array<u32>;     // [rows]
-@group(0) @binding(6) var<storage, read_write> status: array<atomic<u32>>; // [1] 1 + the last row with a
+@group(0) @binding(4) var<storage, read_write> out: array<u32>;     // [rows]
+@group(0) @binding(5) var<storage, read_write> status: array<atomic<u32>>; // [1] 1 + the last row with a
                                                                           // non-finite logit, or 0
 // The stages' words, for p.slots rows and p.slices slices:
 //   stats   [slots, slices, 2]           m_s, z_s (bits)
-//   hist    [2, slots, slices, 2 BINS]   a level's masses (bits), then counts, by its parity
-//   state   [2, slots, 2]                the prefix picked so far, the mass above it (bits)
+//   hist    [2, slots, slices, 2 BINS]   a level's masses (bits; the top-k's: unused), then
+//                                        counts, by its parity
+//   state   [2, slots, 2]                the prefix picked so far, the mass (bits; the top-k's:
+//                                        the count) above it
 //   draws   [slots, slices, 2]           the slice's best draw from p (value bits, id)
-@group(0) @binding(7) var<storage, read_write> scratch: array<u32>;
+//   cut     [slots, 2]                   the top-k's cut (value bits, id)
+@group(0) @binding(6) var<storage, read_write> scratch: array<u32>;
 
 var<workgroup> red_v: array<f32, WG>;
 var<workgroup> red_i: array<u32, WG>;
@@ -85,6 +94,11 @@ fn state_at(level: u32, slot: u32) -> u32 {
 fn draws_at(slot: u32, s: u32) -> u32 {
     let base = (2u + 4u * BINS) * p.slots * p.slices + 4u * p.slots;
     return base + 2u * (slot * p.slices + s);
+}
+
+fn cut_at(slot: u32) -> u32 {
+    let base = (4u + 4u * BINS) * p.slots * p.slices + 4u * p.slots;
+    return base + 2u * slot;
 }
 
 fn word_f(at: u32) -> f32 {
@@ -182,12 +196,17 @@ fn value(k: u32) -> f32 {
 // largest logit m and the normaliser z = sum of exp((l - m) / T) over them.
 struct Cut { v: f32, i: u32, m: f32, z: f32 }
 
-// The top-k's cut of row r: its top_k-th ranked token (every token without a top-k).
-fn top_cut(r: u32) -> Cut {
-    var c = Cut(LOWEST, NONE, LOWEST, 0.0);
+// Every token kept.
+fn all_kept() -> Cut {
+    return Cut(LOWEST, NONE, LOWEST, 0.0);
+}
+
+// The top-k's cut of the row in `slot` (every token without a top-k), after stage NUCLEUS.
+fn top_cut(slot: u32) -> Cut {
+    var c = all_kept();
     if (p.top_k > 0u) {
-        c.i = top[r * p.top_k + p.top_k - 1u];
-        c.v = logits[r * p.vocab + c.i];
+        c.v = word_f(cut_at(slot));
+        c.i = scratch[cut_at(slot) + 1u];
     }
     return c;
 }
@@ -248,9 +267,10 @@ fn pick_bin(t: u32, at: Level, level: u32, need: f32, slot: u32, m: f32) -> Leve
 }
 
 // Slice s of row r: per bin of the key's 4 bits at `level`, the kept tokens whose keys start with
-// `prefix` (the bits of the levels above): the sum of their exp((l - m_s) / T) and their count.
-// Each invocation fills its own column, then each bin's columns are added in order.
-fn histogram(t: u32, at: vec3<u32>, level: u32, prefix: u32, ms: f32, cut: Cut) {
+// `prefix` (the bits of the levels above): the sum of their exp((l - m_s) / T) (with `masses`)
+// and their count. Each invocation fills its own column, then each bin's columns are added in
+// order.
+fn histogram(t: u32, at: vec3<u32>, level: u32, prefix: u32, ms: f32, cut: Cut, masses: bool) {
     let r = at.x;
     let slot = at.y;
     let s = at.z;
@@ -267,7 +287,7 @@ fn histogram(t: u32, at: vec3<u32>, level: u32, prefix: u32, ms: f32, cut: Cut) 
             continue;
         }
         let b = (k >> (28u - 4u * level)) & (BINS - 1u);
-        bin_m[b * WG + t] += exp((v - ms) * inv_t);
+        if (masses) { bin_m[b * WG + t] += exp((v - ms) * inv_t); }
         bin_c[b * WG + t] += 1u;
     }
     workgroupBarrier();
@@ -291,14 +311,91 @@ fn histogram(t: u32, at: vec3<u32>, level: u32, prefix: u32, ms: f32, cut: Cut) 
     workgroupBarrier();
 }
 
-// Stages 0 to LEVELS - 1 for slice s of row r: the slice's stats (stage 0), then the prefix
-// picked from the level before and the slice's histogram of this level (a top-p only).
+// A level of the top-k's radix select: the key prefix picked so far (4 bits a level), the count
+// of the tokens whose keys are above it, and (once picked) the count of those within it.
+struct Rank { prefix: u32, above: u32, count: u32 }
+
+// The next 4 bits of the top_k-th ranked key: the row's counts of `level` combined, then from
+// the highest bin down the first where the count with all above it reaches top_k; none reaching
+// it (fewer ranked tokens: NaN and -inf never rank), the lowest nonempty one. Every workgroup of
+// the row picks the same.
+fn pick_rank(t: u32, at: Rank, level: u32, slot: u32) -> Rank {
+    // invocation t: bin t / 4 of a quarter of the slices
+    let b = t / 4u;
+    var cnt = 0u;
+    for (var s = t % 4u; s < p.slices; s += 4u) {
+        cnt += scratch[hist_at(level, slot, s) + BINS + b];
+    }
+    red_i[t] = cnt;
+    workgroupBarrier();
+    if (t < BINS) {
+        let q = 4u * t;
+        tot_c[t] = red_i[q] + red_i[q + 1u] + red_i[q + 2u] + red_i[q + 3u];
+    }
+    workgroupBarrier();
+    var pick = Rank(at.prefix * BINS, at.above, 0u);
+    var above = at.above;
+    for (var i = 0u; i < BINS; i++) {
+        let bin = BINS - 1u - i;
+        if (tot_c[bin] == 0u) { continue; }
+        pick = Rank(at.prefix * BINS + bin, above, tot_c[bin]);
+        above += tot_c[bin];
+        if (above >= p.top_k) { break; }
+    }
+    workgroupBarrier(); // every invocation has read the totals before their next use writes
+    return pick;
+}
+
+// Stages 0 to LEVELS - 1 (a top-k) for slice s of row r: the prefix picked from the level
+// before, then the slice's counts of this level under it.
+fn select_stage(t: u32, at: vec3<u32>, level: u32) {
+    let slot = at.y;
+    var now = Rank(0u, 0u, 0u);
+    if (level > 0u) {
+        let was = state_at(level - 1u, slot);
+        now = pick_rank(t, Rank(scratch[was], scratch[was + 1u], 0u), level - 1u, slot);
+    }
+    if (at.z == 0u && t == 0u) {
+        scratch[state_at(level, slot)] = now.prefix;
+        scratch[state_at(level, slot) + 1u] = now.above;
+    }
+    histogram(t, at, level, now.prefix, 0.0, all_kept(), false);
+}
+
+// Row r's top-k cut from the select's last level: the top_k-th ranked key's value v* and, where
+// fewer than the tokens tied at v* are kept, the last kept one's id (the lowest ids of a tie rank
+// first).
+fn select_cut(t: u32, r: u32, slot: u32) -> Cut {
+    let was = state_at(LEVELS - 1u, slot);
+    let last = pick_rank(t, Rank(scratch[was], scratch[was + 1u], 0u), LEVELS - 1u, slot);
+    var c = all_kept();
+    c.v = value(last.prefix);
+    let want = p.top_k - min(last.above, p.top_k); // the tied tokens kept
+    if (t == 0u) { shared_word = u32(want < last.count); }
+    if (workgroupUniformLoad(&shared_word) == 1u) {
+        c.i = nth_tied(t, r, slot, c.v, all_kept(), want, last.prefix & (BINS - 1u));
+    }
+    return c;
+}
+
+// Stages NUCLEUS + level for slice s of row r: the top-k's cut and the slice's stats (level 0),
+// then the prefix picked from the level before and the slice's histogram of this level (a top-p
+// only).
 fn level_stage(t: u32, at: vec3<u32>, level: u32) {
     let r = at.x;
     let slot = at.y;
     let s = at.z;
     let inv_t = 1.0 / p.temperature;
-    let cut = top_cut(r);
+    var cut = all_kept();
+    if (level > 0u) {
+        cut = top_cut(slot);
+    } else if (p.top_k > 0u) { // (stored for the stages after this one)
+        cut = select_cut(t, r, slot);
+        if (s == 0u && t == 0u) {
+            scratch[cut_at(slot)] = bitcast<u32>(cut.v);
+            scratch[cut_at(slot) + 1u] = cut.i;
+        }
+    }
     if (level == 0u) {
         let end = min((s + 1u) * SLICE, p.vocab);
         var m = LOWEST;
@@ -324,7 +421,7 @@ fn level_stage(t: u32, at: vec3<u32>, level: u32) {
                 scratch[state_at(0u, slot) + 1u] = 0u;
             }
         }
-        if (p.top_p < 1.0) { histogram(t, at, 0u, 0u, ms, cut); }
+        if (p.top_p < 1.0) { histogram(t, at, 0u, 0u, ms, cut, true); }
         return;
     }
     let mz = row_stats(t, slot);
@@ -334,7 +431,7 @@ fn level_stage(t: u32, at: vec3<u32>, level: u32) {
         scratch[state_at(level, slot)] = now.prefix;
         scratch[state_at(level, slot) + 1u] = bitcast<u32>(now.above);
     }
-    histogram(t, at, level, now.prefix, word_f(stats_at(slot, s)), cut);
+    histogram(t, at, level, now.prefix, word_f(stats_at(slot, s)), cut, true);
 }
 
 // The id of the n-th (from 1) kept token of row r at the value vs, in id order: the slice
@@ -399,7 +496,7 @@ fn nth_tied(t: u32, r: u32, slot: u32, vs: f32, top: Cut, n: u32, bin: u32) -> u
 // tokens tied at v*, the lowest ids are kept until the mass is reached, as the ranking orders them.
 fn final_cut(t: u32, r: u32, slot: u32) -> Cut {
     let inv_t = 1.0 / p.temperature;
-    let top = top_cut(r);
+    let top = top_cut(slot);
     let mz = row_stats(t, slot);
     if (p.top_p >= 1.0) { return Cut(top.v, top.i, mz.x, mz.y); }
     let was = state_at(LEVELS - 1u, slot);
@@ -486,5 +583,9 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         draw_stage(t, at);
         return;
     }
-    level_stage(t, at, p.stage);
+    if (p.stage < NUCLEUS) {
+        select_stage(t, at, p.stage);
+        return;
+    }
+    level_stage(t, at, p.stage - NUCLEUS);
 }

@@ -9,8 +9,6 @@
 //   stage 1: one workgroup per row ranks the row's slices x k candidates the same way. The k
 //            best of a row are the k best of its slices' k best, so the ids do not depend on
 //            the slicing.
-// The op's rows are rows p.row0.. of the pass (one request's in a pass over several; 0 for all),
-// as many as it is dispatched for; each at its own place of cand, lse, out and logp.
 // With p.log_probs = 1, logp[r, j] = the log-softmax of that id's logit:
 //   logits[r, id] - (m + log(sum_s exp(m_s - m) * sum_{i in s} exp(logits[r, i] - m_s))),
 // m = the row's maximum, m_s slice s's; each sum in a fixed order (a strided sum per
@@ -64,8 +62,6 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         begin = s * SLICE;
         count = min(begin + SLICE, p.vocab) - begin;
     }
-    // (the op's rows: from p.row0 of the pass)
-    r += p.row0;
     if (r >= step.n) { return; }
     // the previous round's pick: only entries after it compete (none before round 0)
     var prev_v = 0x1.fffffep+127f;

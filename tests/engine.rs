@@ -671,9 +671,9 @@ fn batch_requests() -> Vec<Request> {
             if i % 3 == 1 {
                 req.seed = 1000 + i as u64;
                 req.top_p = if i == 4 { 0.9 } else { 1.0 };
-                // (a top-k ranked on the GPU: the most it ranks, and 2 of a flat distribution
-                // with drafts, whose draws its cut keeps out of the rest)
-                req.top_k = [wgspec::gpu::MAX_TOP_K, 0, 2][i / 3];
+                // (a top-k of 40, above the 16 ids top_k.wgsl ranks, and 2 of a flat
+                // distribution with drafts, whose draws its cut keeps out of the rest)
+                req.top_k = [40, 0, 2][i / 3];
                 req.temperature = [0.8, 0.8, 3.0][i / 3];
             }
             req
@@ -833,10 +833,9 @@ fn batched_requests_each_equal_their_run_alone() {
     }
 
     // what the batch refuses, and the one-sequence loop while it runs
-    let mut top_k = reqs[1].clone();
-    top_k.top_k = wgspec::gpu::MAX_TOP_K + 1;
-    assert!(!engine.batchable(&top_k), "a top-k the GPU does not rank");
-    assert!(matches!(engine.batch_submit(prompts[0].clone(), &top_k), Err(Error::InvalidArgument(_))));
+    let ensemble = Request { draft: Some(DraftKind::EagleNgram), ..reqs[1].clone() };
+    assert!(!engine.batchable(&ensemble), "an ensemble with the n-gram");
+    assert!(matches!(engine.batch_submit(prompts[0].clone(), &ensemble), Err(Error::InvalidArgument(_))));
     assert!(matches!(engine.batch_submit(vec![], &reqs[0]), Err(Error::InvalidArgument(_))));
     assert!(matches!(engine.batch_submit(vec![1; 128], &reqs[0]), Err(Error::ContextOverflow { .. })));
     assert!(matches!(engine.batch_submit(vec![1_000_000], &reqs[0]), Err(Error::TokenOutOfRange { .. })));
@@ -869,7 +868,7 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
     // Requests drafting with a draft model share its passes (each drafting sequence caught up in
     // its pages of the draft's pool, then one row per draft) and the target's: each one's tokens
     // are its run alone. Five are greedy, three sampled with their seeds (their drafts drawn with
-    // the noise of their target rows: a top-k of 16, a top-p, a top-k of 2 at a temperature of
+    // the noise of their target rows: a top-k of 40, a top-p, a top-k of 2 at a temperature of
     // 3). The draft is the target with its FFN outputs scaled: it agrees often, not always
     // (drafts kept and rejected, its pages rolled back).
     use wgspec::engine::BatchLimits;
@@ -928,9 +927,9 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
     for i in [0, 5] {
         assert_eq!(run(&mut engine, &reqs[i]).0.tokens, alone[i].tokens, "request {i} alone again");
     }
-    // a top-k the GPU does not rank runs alone (its draft drawn on the host, the ratio rule)
-    let wide = Request { temperature: 0.8, top_k: wgspec::gpu::MAX_TOP_K + 1, ..reqs[0].clone() };
-    assert!(!engine.batchable(&wide) && engine.batchable(&reqs[1]));
+    // any top-k is batched (request 1's is 40)
+    let wide = Request { temperature: 0.8, top_k: 1000, ..reqs[0].clone() };
+    assert!(engine.batchable(&wide) && engine.batchable(&reqs[1]));
 }
 
 #[test]
@@ -943,7 +942,7 @@ fn a_draft_models_non_finite_logits_fail_no_request() {
             t.values.iter_mut().for_each(|v| *v = 3e38);
         }
     });
-    // requests 1 and 4 sampled (a top-k of 16, a top-p)
+    // requests 1 and 4 sampled (a top-k of 40, a top-p)
     let reqs: Vec<Request> = (batch_requests().into_iter().take(5))
         .map(|r| Request { draft: Some(DraftKind::Model), draft_k: Some(2), stop: Vec::new(), ..r })
         .collect();
@@ -1071,13 +1070,8 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
             );
         }
     }
-    // a top-k the GPU does not rank, or the ensemble with the n-gram, runs alone
-    assert!(!engine.batchable(&Request { top_k: 40, temperature: 0.8, ..reqs[0].clone() }));
-    assert!(engine.batchable(&Request {
-        top_k: wgspec::gpu::MAX_TOP_K,
-        temperature: 0.8,
-        ..reqs[0].clone()
-    }));
+    // the ensemble with the n-gram runs alone; any top-k is batched
+    assert!(engine.batchable(&Request { top_k: 40, temperature: 0.8, ..reqs[0].clone() }));
     assert!(!engine.batchable(&Request { draft: Some(DraftKind::EagleNgram), ..reqs[0].clone() }));
 }
 

@@ -1116,28 +1116,6 @@ fn top_k_ranks_ids_as_the_argmax_breaks_ties() {
             }
         }
     }
-    // one request's rows of a pass over several (the batch's top-k): rows 5 and 6 of 8 ranked at
-    // their places, the others untouched; moved to rows 0..3 for the next submission
-    let (n, vocab, k) = (8, 1500, 4);
-    let logits = adversarial_rows(&mut rng, n, vocab);
-    let lb = GpuBuffer::<f32>::from_slice(&gpu, "logits", &logits);
-    let ob = GpuBuffer::<u32>::from_slice(&gpu, "out", &vec![u32::MAX; n * k]);
-    let top = gpu.top_k_rows(&step, &lb, (&ob, None), vocab, k);
-    for (row0, m) in [(5, 2), (0, 3)] {
-        top.at(&gpu.queue, row0);
-        gpu.write_step(&step, n, 0);
-        let mut enc = gpu.encoder();
-        gpu.encode(&mut enc, &top.ops, m as u32);
-        gpu.submit(enc);
-        let got = read_u32(&gpu, &ob.raw, n * k);
-        for (r, row) in logits.chunks(vocab).enumerate() {
-            let mut ids = ranked(row);
-            ids.resize(ids.len().max(k), ids.last().copied().unwrap_or(vocab as u32 - 1));
-            let (ranked_now, before) = ((row0..row0 + m).contains(&r), (5..7).contains(&r));
-            let want = if ranked_now || before { ids[..k].to_vec() } else { vec![u32::MAX; k] };
-            assert_eq!(&got[r * k..(r + 1) * k], &want[..], "row {r} of the pass, rows {row0}.. ranked");
-        }
-    }
 }
 
 #[test]
@@ -1251,7 +1229,7 @@ fn matmul_with_silu_epilogue_adds_a_residual_block() {
 
 #[test]
 fn gpu_draws_follow_the_sampling_distribution() {
-    use wgspec::gpu::{SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
+    use wgspec::gpu::{SampleConfig, SampleSeed};
     use wgspec::sampling::{distribution, Rng, SamplingParams};
     use wgspec::speculative::Dist;
     let gpu = gpu();
@@ -1276,7 +1254,6 @@ fn gpu_draws_follow_the_sampling_distribution() {
     let tie_all: Vec<f32> = (0..rows).flat_map(|_| tie_row.clone()).collect();
     let p_buf = GpuBuffer::<f32>::from_slice(&gpu, "p", &p_all);
     let tie_buf = GpuBuffer::<f32>::from_slice(&gpu, "tied p", &tie_all);
-    let p_top = GpuBuffer::<u32>::zeros(&gpu, "p top", rows * MAX_TOP_K);
     let out = GpuBuffer::<u32>::zeros(&gpu, "out", rows);
     let status = GpuBuffer::<u32>::zeros(&gpu, "status", 1);
     let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
@@ -1289,6 +1266,9 @@ fn gpu_draws_follow_the_sampling_distribution() {
         (1.2, 5, 0.6, false),
         (1.0, 0, 0.55, true),
         (1.0, 6, 0.55, true),
+        (0.9, 40, 1.0, false), // (a top-k above the 16 that top_k.wgsl ranks)
+        (1.0, 40, 0.8, false),
+        (1.0, 3, 1.0, true), // a top-k that ends inside the tied group
     ] {
         let params = SamplingParams { temperature, top_k, top_p, seed: 0 };
         let what = format!("T={temperature} top-k={top_k} top-p={top_p} tied={tied}");
@@ -1297,15 +1277,10 @@ fn gpu_draws_follow_the_sampling_distribution() {
         assert_eq!(Dist::from_pairs(distribution(p_row, &params)), p);
         if tied {
             let kept: Vec<u32> = p.pairs().iter().map(|&(t, _)| t).collect();
-            assert_eq!(kept, [3, 40, 70], "{what}: the nucleus ends inside the tied group");
-        }
-        let mut ops = Vec::new();
-        if top_k > 0 {
-            ops.extend(gpu.top_k(&step, p_buf, (&p_top, None), v, top_k));
+            assert_eq!(kept, [3, 40, 70], "{what}: the cut ends inside the tied group");
         }
         let cfg = SampleConfig { vocab: v, temperature, top_k, top_p, last_only: None, stream: 3 };
-        let p_rows = SampleRows { logits: p_buf, top: (top_k > 0).then_some(&p_top) };
-        ops.extend(gpu.sample(&step, &seed, p_rows, (&out, &status), cfg));
+        let ops = gpu.sample(&step, &seed, p_buf, (&out, &status), cfg);
         let mut draws = vec![0usize; v];
         for s in 0..150 {
             gpu.queue.write_buffer(&seed, 0, bytemuck::bytes_of(&SampleSeed::new(seeds.next_u64())));
@@ -1326,7 +1301,7 @@ fn gpu_draws_follow_the_sampling_distribution() {
     bad[3 * v + 17] = f32::NAN;
     let bad = GpuBuffer::<f32>::from_slice(&gpu, "bad", &bad);
     let cfg = SampleConfig { vocab: v, temperature: 1.0, top_k: 0, top_p: 1.0, last_only: None, stream: 3 };
-    let ops = gpu.sample(&step, &seed, SampleRows { logits: &bad, top: None }, (&out, &status), cfg);
+    let ops = gpu.sample(&step, &seed, &bad, (&out, &status), cfg);
     run(&gpu, &step, &ops, rows, 0);
     assert_eq!(read_u32(&gpu, &status.raw, 1), [4], "a NaN logit in row 3");
 }
@@ -1407,8 +1382,8 @@ impl Replaced {
 }
 
 /// The one-workgroup sampling kernel that `shaders/sample.wgsl` replaced (a row searched by 256
-/// invocations, a nucleus by about 35 passes over it), on the new kernel's uniforms: its bindings
-/// are the new kernel's but the scratch.
+/// invocations, a nucleus by about 35 passes over it, a top-k cut read from ranked ids), on the
+/// new kernel's uniforms.
 fn one_workgroup_sample(gpu: &Gpu) -> Replaced {
     let new = wgspec::gpu::Kernel::Sample.source(false);
     let prelude = new.strip_suffix(include_str!("../shaders/sample.wgsl")).expect("the prelude");
@@ -1419,12 +1394,12 @@ fn one_workgroup_sample(gpu: &Gpu) -> Replaced {
 #[test]
 fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
     // Rows of several slices of 1,024 logits (and of less than one), random and adversarial (few
-    // distinct values: ties across slices, -0.0 beside +0.0, nuclei that end inside a group of
-    // tied logits), every sampling configuration, against the kernel that searched each row in
-    // one workgroup: the same draw in every row. And a row's draw does not depend on the rows of
-    // its pass.
+    // distinct values: ties across slices, -0.0 beside +0.0, nuclei and top-k cuts that end
+    // inside a group of tied logits), every sampling configuration, against the kernel that
+    // searched each row in one workgroup (its top-k cut from the rows ranked here): the same draw
+    // in every row. And a row's draw does not depend on the rows of its pass.
     use rand::Rng;
-    use wgspec::gpu::{SampleConfig, SampleRows, SampleSeed};
+    use wgspec::gpu::{SampleConfig, SampleSeed};
     let gpu = gpu();
     let old = one_workgroup_sample(&gpu);
     let step = gpu.step_buffer();
@@ -1452,7 +1427,6 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                 _ => tied(&mut r, &zeros),
             };
             let p_buf = GpuBuffer::<f32>::from_slice(&gpu, "p", &p_row);
-            let p_top = GpuBuffer::<u32>::zeros(&gpu, "p top", rows * 40);
             let status = GpuBuffer::<u32>::zeros(&gpu, "status", 1);
             let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
             for (temperature, top_k, top_p, last_only) in [
@@ -1464,24 +1438,26 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                 (0.9, 0, 0.61, None),
                 (1.2, 25, 0.7, None),
                 (0.8, 0, 0.9, Some(2)),
+                (1.1, 700, 0.9, None), // (above some vocabularies: every token kept)
+                (1.0, 1, 1.0, None),
+                (0.9, 3, 1.0, Some(1)),
             ] {
                 let what = format!(
                     "vocab {v} {rows_of} rows T={temperature} top-k={top_k} top-p={top_p} \
                      last_only={last_only:?}"
                 );
-                let mut ops = Vec::new();
-                if top_k > 0 {
-                    ops.extend(gpu.top_k(&step, &p_buf, (&p_top, None), v, top_k));
-                }
                 let cfg = SampleConfig { vocab: v, temperature, top_k, top_p, last_only, stream: 5 };
-                let p_rows = SampleRows { logits: &p_buf, top: (top_k > 0).then_some(&p_top) };
                 let (new_out, old_out) =
                     (GpuBuffer::<u32>::zeros(&gpu, "new", rows), GpuBuffer::<u32>::zeros(&gpu, "old", rows));
-                ops.extend(gpu.sample(&step, &seed, p_rows, (&new_out, &status), cfg));
+                let ops = gpu.sample(&step, &seed, &p_buf, (&new_out, &status), cfg);
+                // the old kernel's ranked ids (a top-k below the vocabulary's size; else none)
+                let old_k = if top_k < v { top_k } else { 0 };
+                let ranks: Vec<u32> = p_row.chunks(v).flat_map(|row| ranked(row)[..old_k].to_vec()).collect();
+                let p_top = GpuBuffer::<u32>::from_slice(&gpu, "p top", &[&ranks[..], &[0]].concat());
                 // the old kernel's parameters: the new ones' words, its stage and slices unread
                 let words: [u32; 12] = [
                     v as u32,
-                    top_k as u32,
+                    old_k as u32,
                     temperature.to_bits(),
                     top_p.to_bits(),
                     last_only.is_some() as u32,
@@ -1494,8 +1470,7 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                     0,
                 ];
                 let params = gpu.uniform("old sample params", bytemuck::cast_slice(&words));
-                let top_buf = if top_k > 0 { &p_top.raw } else { &p_buf.raw };
-                let buffers = [&step, &params, &seed, &p_buf.raw, top_buf, &old_out.raw, &status.raw];
+                let buffers = [&step, &params, &seed, &p_buf.raw, &p_top.raw, &old_out.raw, &status.raw];
                 let bind = old.bind(&gpu, &buffers);
                 for s in 0..if wide { 1 } else { 3u64 } {
                     gpu.queue.write_buffer(
@@ -1530,30 +1505,33 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
 fn sampling_spreads_each_row_over_its_slices() {
     // The shape facts of the sampling ops over Qwen2.5's 151,936 logits in a 5-row pass (nothing
     // run): every stage but the last a workgroup per slice of each row, the last one per row
-    // reading the slices' 8 bytes; 3 dispatches, 10 with a top-p; no invocation walks a row (the
-    // one-workgroup kernel walked it 3 to about 110 times with a stride of 256: 1,800 to 65,000
-    // iterations).
-    use wgspec::gpu::{SampleConfig, SampleRows, SampleSeed};
+    // reading the slices' 8 bytes; 3 dispatches, 10 with a top-p or a top-k (of any size), 18 with
+    // both; no invocation walks a row (the one-workgroup kernel walked it 3 to about 110 times
+    // with a stride of 256: 1,800 to 65,000 iterations; top_k.wgsl, which ranked a top-k for it,
+    // walks a slice k times).
+    use wgspec::gpu::{SampleConfig, SampleSeed};
     let gpu = gpu();
     let (v, rows) = (151_936usize, 5usize);
     let slices = v.div_ceil(wgspec::gpu::REDUCE_SLICE) as u64;
     let logits = GpuBuffer::<f32>::zeros(&gpu, "logits", rows * v);
-    let top = GpuBuffer::<u32>::zeros(&gpu, "top", rows * 16);
     let words = GpuBuffer::<u32>::zeros(&gpu, "words", rows);
     let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
     let step = gpu.step_buffer();
-    for (top_k, top_p) in [(0usize, 1.0f32), (16, 1.0), (0, 0.9), (16, 0.95)] {
+    for (top_k, top_p) in [(0usize, 1.0f32), (16, 1.0), (0, 0.9), (40, 0.95), (100_000, 1.0), (v, 1.0)] {
         let cfg = SampleConfig { vocab: v, temperature: 1.0, top_k, top_p, last_only: None, stream: 0 };
-        let rows_of = SampleRows { logits: &logits, top: (top_k > 0).then_some(&top) };
-        let ops = gpu.sample(&step, &seed, rows_of, (&words, &words), cfg);
-        assert_eq!(ops.len(), if top_p < 1.0 { 10 } else { 3 }, "top-p {top_p}");
+        let ops = gpu.sample(&step, &seed, &logits, (&words, &words), cfg);
+        let (cut, nucleus) = (top_k > 0 && top_k < v, top_p < 1.0);
+        assert_eq!(ops.len(), 3 + 8 * cut as usize + 7 * nucleus as usize, "top-k {top_k} top-p {top_p}");
+        // (the stats' stage: the first after the top-k's levels)
+        let stats = 8 * cut as usize;
         for (i, op) in ops.iter().enumerate() {
             let s = gpu.shape(op, rows, 0).expect("dispatched");
             eprintln!("top-k {top_k} top-p {top_p}: stage {i}: {s:?}");
             assert_eq!(s.invocations, 64, "{s:?}");
             let (want, most) = match ops.len() - i {
-                1 => (rows as u64, 16),           // the finish: the slices' draws
+                1 => (rows as u64, 16),                                // the finish: the slices' draws
                 2 => (slices * rows as u64, 512), // the draws: the cuts (and ties) per workgroup
+                _ if i == stats && cut => (slices * rows as u64, 512), // the top-k's cut
                 _ => (slices * rows as u64, 128),
             };
             assert_eq!(s.workgroups, want, "stage {i}: {s:?}");

@@ -1271,11 +1271,11 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     let usage = &chunks.last().expect("usage chunk")["usage"];
     let two: u64 = solo[..2].iter().map(|s| s["usage"]["completion_tokens"].as_u64().expect("n")).sum();
     assert_eq!(usage["completion_tokens"].as_u64(), Some(two), "one usage chunk, last");
-    // the choices of a request the batch does not take (a top-k above the GPU's 16) run alone,
-    // one after another, each its seed's; the prompt counted once. (Plain: drafting on the
-    // host's draws, its tokens would depend on the K that each run's timings choose.)
+    // a top-k of 40 (above the 16 ids top_k.wgsl ranks) with the server's n-gram drafts: the
+    // batch takes its choices, each its seed's alone whatever K each run's timings choose (the
+    // GPU draws the cut as every other sampled token); the prompt counted once
     let mut top_k = choices(2, false);
-    (top_k["top_k"], top_k["draft"]) = (40.into(), "none".into());
+    top_k["top_k"] = 40.into();
     let prompts = server.metric("wgspec_prompt_tokens_total");
     let v = completion(&server, top_k.clone());
     let counted = server.metric("wgspec_prompt_tokens_total") - prompts;
@@ -1339,7 +1339,7 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     let drafted = Arc::new(Server::start(&args, &[], dir.join("server-draft.log")));
     let body = |i: usize| {
         let prompt = "the cat sat on the mat ".repeat(1 + i % 3) + &format!("request {i}");
-        let (temperature, top_k) = [(0.0, 0), (0.8, 0), (0.0, 0), (1.0, 16)][i];
+        let (temperature, top_k) = [(0.0, 0), (0.8, 0), (0.0, 0), (1.0, 40)][i];
         json!({"prompt": prompt, "max_tokens": 16 + 5 * i, "temperature": temperature, "top_k": top_k,
                "seed": 100 + i, "draft_k": 3})
     };
@@ -1356,4 +1356,22 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
         drafted.metric("wgspec_batch_draft_rows_total") > draft_rows,
         "the draft model's drafts were verified"
     );
+
+    // the choices of a request the batch does not take (the draft model's ensemble with the
+    // n-gram) run alone, one after another, each its seed's; the prompt counted once
+    let ensemble = json!({"prompt": "the cat sat on the mat ".repeat(3), "max_tokens": 12, "temperature": 0.9,
+                          "top_k": 40, "seed": 7, "n": 2, "draft": "model+ngram", "draft_k": 2});
+    let (prompts, passes) =
+        (drafted.metric("wgspec_prompt_tokens_total"), drafted.metric("wgspec_batch_passes_total"));
+    let v = completion(&drafted, ensemble.clone());
+    let counted = drafted.metric("wgspec_prompt_tokens_total") - prompts;
+    assert_eq!(Some(counted as u64), v["usage"]["prompt_tokens"].as_u64(), "the prompt counted once");
+    assert_eq!(drafted.metric("wgspec_batch_passes_total"), passes, "not batched");
+    for i in 0..2 {
+        let mut one = ensemble.clone();
+        (one["n"], one["seed"]) = (1.into(), (7 + i).into());
+        let alone = completion(&drafted, one);
+        assert_eq!(v["choices"][i]["text"], alone["choices"][0]["text"], "choice {i} alone");
+        assert_eq!(alone["wgspec"]["draft"], "model+ngram", "{alone}");
+    }
 }

@@ -62,7 +62,7 @@ use super::prompt::TextStream;
 use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
 use crate::generation::FinishReason;
-use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleRows, SampleSeed, TopKRows, KV_PAGE};
+use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleSeed, KV_PAGE};
 use crate::model::{EagleHead, MedusaHeads, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_MEDUSA_HEADS};
 use crate::sampling::SamplingParams;
 use crate::speculative::sampled::target_draws;
@@ -247,13 +247,12 @@ impl Seq {
 
 /// A sampled request's draws on the GPU: its seed and the uniform keying them (with the pass row
 /// its rows start at), its non-finite flag, the ops drawing from its rows into the batch's
-/// shared words, and with a top-k the ops ranking its rows first.
+/// shared words.
 struct Draw {
     seed: u64,
     uniform: wgpu::Buffer,
     status: GpuBuffer<u32>, // [1] 1 + its last row with a non-finite logit, or 0
     ops: Vec<Op>,
-    top: Option<(TopKRows, GpuBuffer<u32>)>, // the ranks: [MAX_BATCH, top_k], its rows' places
 }
 
 /// What a batched pass reads back: each row's argmax, each row's draw, each sequence's
@@ -273,12 +272,12 @@ const RESULT_WORDS: usize = 3 * MAX_BATCH;
 impl Readback {
     fn new(target: &Model) -> Readback {
         let g = &**target.gpu();
-        let rows = SampleRows { logits: target.logits_buffer(), top: None };
         let cfg = target_draws(&SamplingParams::default(), target.config.vocab_size);
+        let words = sample_scratch_len(target.logits_buffer(), cfg);
         Readback {
             draws: GpuBuffer::<u32>::zeros(g, "batch draws", MAX_BATCH),
             result: GpuBuffer::<u32>::zeros(g, "batch result", RESULT_WORDS),
-            scratch: GpuBuffer::<u32>::zeros(g, "batch sample scratch", sample_scratch_len(rows, cfg)),
+            scratch: GpuBuffer::<u32>::zeros(g, "batch sample scratch", words),
         }
     }
 }
@@ -848,10 +847,6 @@ async fn read_pass(
     for &DrawAt { draw: d, row0, rows, slot } in draws {
         g.queue.write_buffer(&d.uniform, 0, bytemuck::bytes_of(&SampleSeed::at(d.seed, row0)));
         g.queue.write_buffer(&d.status.raw, 0, bytemuck::bytes_of(&0u32));
-        if let Some((top, _)) = &d.top {
-            top.at(&g.queue, row0);
-            g.encode(&mut enc, &top.ops, rows as u32);
-        }
         g.encode(&mut enc, &d.ops, rows as u32);
         enc.copy_buffer_to_buffer(&d.status.raw, 0, &rb.result.raw, 4 * (FLAGS_AT + slot) as u64, 4);
     }
@@ -868,18 +863,11 @@ fn draw_ops(target: &Model, readback: &Readback, params: &SamplingParams) -> Dra
     let vocab = target.config.vocab_size;
     let uniform = g.uniform("batch sample seed", bytemuck::bytes_of(&SampleSeed::new(params.seed)));
     let status = GpuBuffer::<u32>::zeros(g, "batch sample status", 1);
-    // (a top-k ranks the request's rows at their places in the pass, as its draws read them)
-    debug_assert!(params.top_k <= crate::gpu::MAX_TOP_K, "a top-k the GPU ranks");
-    let top = (params.top_k > 0).then(|| {
-        let ranks = GpuBuffer::<u32>::zeros(g, "batch top-k ranks", MAX_BATCH * params.top_k);
-        let logits = target.logits_buffer();
-        (g.top_k_rows(target.step_buffer(), logits, (&ranks, None), vocab, params.top_k), ranks)
-    });
-    let rows = SampleRows { logits: target.logits_buffer(), top: top.as_ref().map(|(_, ranks)| ranks) };
     let cfg = target_draws(params, vocab);
     let outs = (&readback.draws, &status);
-    let ops = g.sample_into(target.step_buffer(), &uniform, rows, outs, &readback.scratch, cfg);
-    Draw { seed: params.seed, uniform, status, ops, top }
+    let logits = target.logits_buffer();
+    let ops = g.sample_into(target.step_buffer(), &uniform, logits, outs, &readback.scratch, cfg);
+    Draw { seed: params.seed, uniform, status, ops }
 }
 
 /// The rows of the next pass: every decoding sequence's newest token (a new page taken, or the

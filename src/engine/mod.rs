@@ -159,23 +159,19 @@ impl Engine {
         }
     }
 
-    /// Whether [`Engine::batch_submit`] takes `req`: greedy, or sampled where the GPU draws (any
-    /// temperature and top-p, a top-k of at most [`MAX_TOP_K`](crate::gpu::MAX_TOP_K), ranked on
-    /// the GPU: each request's rows drawn, and ranked, by its own ops), plain or with n-gram drafts
-    /// (the draft it names, else the default), the EAGLE head's chains (its passes batched over
-    /// the requests drafting with it) or the Medusa heads' first guesses (several requests' rows
-    /// per run of the heads), or the draft model's chains (its passes batched alike; a sampled
-    /// request's drawn with the noise its target rows draw with). Others (a wider top-k, an
-    /// ensemble with the n-gram) run alone
+    /// Whether [`Engine::batch_submit`] takes `req`: greedy or sampled (each request's rows
+    /// drawn on the GPU by its own ops), plain or with n-gram drafts (the draft it names, else
+    /// the default), the EAGLE head's chains (its passes batched over the requests drafting with
+    /// it) or the Medusa heads' first guesses (several requests' rows per run of the heads), or
+    /// the draft model's chains (its passes batched alike; a sampled request's drawn with the
+    /// noise its target rows draw with). Others (an ensemble with the n-gram) run alone
     /// ([`Engine::generate_from`]) while the batch is idle.
     pub fn batchable(&self, req: &Request) -> bool {
         let kind = req.draft.unwrap_or(self.default_draft);
-        let s = req.sampling();
         let model = kind == DraftKind::Model && self.draft.is_some();
         let eagle = kind == DraftKind::Eagle && self.eagle.is_some();
         let medusa = kind == DraftKind::Medusa && self.medusa.is_some();
-        (s.is_greedy() || speculative::sampled::gpu_samples(&s))
-            && (matches!(kind, DraftKind::None | DraftKind::Ngram) || model || eagle || medusa)
+        matches!(kind, DraftKind::None | DraftKind::Ngram) || model || eagle || medusa
     }
 
     /// Queues a request for the batch, its prompt tokenized ([`Engine::prompt_tokens`]): each
@@ -215,11 +211,9 @@ impl Engine {
         match self.batchable(req) {
             true => Ok(()),
             false => Err(Error::InvalidArgument(format!(
-                "only greedy requests and sampled ones (top-k 0, or at most {}), plain or with the draft \
-                 model, n-gram, EAGLE or Medusa drafts, are batched (draft {:?}, top-k {})",
-                crate::gpu::MAX_TOP_K,
+                "only requests plain or with the draft model, n-gram, EAGLE or Medusa drafts (of this \
+                 engine) are batched, not draft {:?}",
                 req.draft.unwrap_or(self.default_draft),
-                req.top_k
             ))),
         }
     }

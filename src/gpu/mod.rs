@@ -17,10 +17,10 @@ pub(crate) use kernel::row_group;
 pub use kernel::{matmul_lanes, Kernel, Pipelines, MATMUL_WORKGROUPS, MAX_MATMUL_LANES};
 pub use ops::{
     argmax_scratch, reduce_slices, sample_scratch_len, AttentionShape, EagleTreeMode, EagleTreeParams,
-    HeadNormIo, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, SampleConfig, SampleRows,
-    SampleSeed, SideOutput, Step, TopKRows, TopKScratch, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT,
-    EAGLE_TREE_RESULT, EAGLE_TREE_SLOTS, EAGLE_TREE_STATE, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, KV_PAGE,
-    MATMUL_ROW_STEP, MAX_NORMED_HEAD, MAX_TOP_K, MAX_TREE, PASS_ROWS, REDUCE_SLICE,
+    HeadNormIo, KeepParams, KvOut, MatmulOut, NormIn, RopeLayout, RopeOut, SampleConfig, SampleSeed,
+    SideOutput, Step, TopKScratch, EAGLE_TREE_MANY, EAGLE_TREE_NEWEST, EAGLE_TREE_OUT, EAGLE_TREE_RESULT,
+    EAGLE_TREE_SLOTS, EAGLE_TREE_STATE, EAGLE_TREE_STEP, EAGLE_TREE_TOKENS, KV_PAGE, MATMUL_ROW_STEP,
+    MAX_NORMED_HEAD, MAX_TOP_K, MAX_TREE, PASS_ROWS, REDUCE_SLICE,
 };
 pub use roofline::{wall_clock, Ceilings, Clock};
 

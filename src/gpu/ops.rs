@@ -295,20 +295,13 @@ gpu_struct! {
     }
 }
 
-/// A row source of [`Gpu::sample`]: logits `[n, vocab]` and, under a top-k, each row's ranked
-/// ids `[n, top_k]` ([`Gpu::top_k`]).
-#[derive(Clone, Copy)]
-pub struct SampleRows<'a> {
-    pub logits: &'a GpuBuffer<f32>,
-    pub top: Option<&'a GpuBuffer<u32>>,
-}
-
 /// What [`Gpu::sample`] draws from and where it writes.
 #[derive(Clone, Copy, Debug)]
 pub struct SampleConfig {
     pub vocab: usize,
     pub temperature: f32,
-    /// 0: every token; else at most [`MAX_TOP_K`], with the ranked ids bound.
+    /// 0 (or the vocabulary's size, or more): every token; else the `top_k` ranked first
+    /// (larger logits, equal ones by lower id).
     pub top_k: usize,
     /// 1: no nucleus; else the smallest most likely set (after the top-k) holding this mass.
     pub top_p: f32,
@@ -325,7 +318,7 @@ gpu_struct! {
     /// `shaders/sample.wgsl`'s parameters.
     pub(super) struct SampleParams => Params {
         vocab: u32,
-        /// 0: every token kept; else the ranked ids in `top`: `[rows, top_k]`.
+        /// 0: every token kept; else (below vocab) the top_k ranked first.
         top_k: u32,
         /// Above 0.
         temperature: f32,
@@ -336,8 +329,8 @@ gpu_struct! {
         out_row: u32,
         /// The op's noise stream (the verify rows' and their draft model's share one).
         stream: u32,
-        /// The dispatch's stage (`shaders/sample.wgsl`: 0 to 7 the slices' stats and the
-        /// nucleus' levels, 8 the draws, 9 their combination).
+        /// The dispatch's stage (`shaders/sample.wgsl`: 0 to 7 the top-k's levels, 8 to 15 the
+        /// slices' stats and the nucleus' levels, 16 the draws, 17 their combination).
         stage: u32,
         /// ceil(vocab / SLICE): the workgroups of a row's side.
         slices: u32,
@@ -347,31 +340,33 @@ gpu_struct! {
     }
 }
 
-/// Words of the scratch of [`Gpu::sample`] drawing from `p` under `cfg`.
-pub fn sample_scratch_len(p: SampleRows, cfg: SampleConfig) -> usize {
-    sample_scratch(sample_slots(p, cfg), reduce_slices(cfg.vocab))
+/// Words of the scratch of [`Gpu::sample`] drawing from `logits` under `cfg`.
+pub fn sample_scratch_len(logits: &GpuBuffer<f32>, cfg: SampleConfig) -> usize {
+    sample_scratch(sample_slots(logits, cfg), reduce_slices(cfg.vocab))
 }
 
-/// Rows a sample op's scratch holds: one for `last_only`, else every row of `p`.
-fn sample_slots(p: SampleRows, cfg: SampleConfig) -> usize {
+/// Rows a sample op's scratch holds: one for `last_only`, else every row of `logits`.
+fn sample_slots(logits: &GpuBuffer<f32>, cfg: SampleConfig) -> usize {
     match cfg.last_only {
         Some(_) => 1,
-        None => (p.logits.len / cfg.vocab.max(1)).max(1),
+        None => (logits.len / cfg.vocab.max(1)).max(1),
     }
 }
 
 /// Words of [`Gpu::sample`]'s scratch for `slots` rows of `slices` slices (the layout in
-/// `shaders/sample.wgsl`: stats, histograms, the levels' picks, the draws).
+/// `shaders/sample.wgsl`: stats, histograms, the levels' picks, the draws, the top-k's cuts).
 fn sample_scratch(slots: usize, slices: usize) -> usize {
     const BINS: usize = 16;
-    (4 + 4 * BINS) * slots * slices + 4 * slots
+    (4 + 4 * BINS) * slots * slices + 6 * slots
 }
 
-/// [`Gpu::sample`]'s stages (`shaders/sample.wgsl`): the nucleus' radix levels (the first also
-/// the slices' stats), the draws, their combination.
+/// [`Gpu::sample`]'s stages (`shaders/sample.wgsl`): the radix levels (of a key: 8 of 4 bits)
+/// of the top-k's select, then from SAMPLE_NUCLEUS the nucleus' (the first also the slices'
+/// stats), the draws, their combination.
 const SAMPLE_LEVELS: u32 = 8;
-const SAMPLE_DRAW: u32 = 8;
-const SAMPLE_FINISH: u32 = 9;
+const SAMPLE_NUCLEUS: u32 = 8;
+const SAMPLE_DRAW: u32 = 16;
+const SAMPLE_FINISH: u32 = 17;
 
 gpu_struct! {
     /// The seed of the GPU's draws (a generation's) (`Seed` in `shaders/sample.wgsl`), written
@@ -610,27 +605,7 @@ gpu_struct! {
         slices: u32,
         /// 0: slices of logits into candidates; 1: candidates into out.
         stage: u32,
-        /// The pass row of the op's first row (one request's rows in a pass over several:
-        /// [`TopKRows::at`]); 0 for every row of the pass.
-        row0: u32,
-        _pad: [u32; 2],
-    }
-}
-
-/// [`Gpu::top_k`]'s ops, and their stages' parameters to move them to one request's rows of a
-/// pass over several ([`Gpu::top_k_rows`]).
-pub struct TopKRows {
-    pub ops: Vec<Op>,
-    stages: Vec<(wgpu::Buffer, TopKParams)>,
-}
-
-impl TopKRows {
-    /// Ranks rows `row0..` of the pass (as many as the ops are encoded for) from the next
-    /// submission on.
-    pub fn at(&self, queue: &wgpu::Queue, row0: usize) {
-        for (uniform, p) in &self.stages {
-            queue.write_buffer(uniform, 0, bytemuck::bytes_of(&TopKParams { row0: row0 as u32, ..*p }));
-        }
+        _pad: [u32; 3],
     }
 }
 
@@ -1044,19 +1019,6 @@ impl Gpu {
         vocab: usize,
         k: usize,
     ) -> Vec<Op> {
-        self.top_k_rows(step, logits, (out, logp), vocab, k).ops
-    }
-
-    /// [`Gpu::top_k`] over the rows of the pass from a first row that [`TopKRows::at`] sets
-    /// (0 until then): `out[r, j]` for those rows r, at their places in the pass.
-    pub fn top_k_rows(
-        &self,
-        step: &wgpu::Buffer,
-        logits: &GpuBuffer<f32>,
-        (out, logp): (&GpuBuffer<u32>, Option<&GpuBuffer<f32>>),
-        vocab: usize,
-        k: usize,
-    ) -> TopKRows {
         let k = k.clamp(1, MAX_TOP_K);
         let slices = reduce_slices(vocab);
         let rows = (logits.len / vocab.max(1)).max(1);
@@ -1079,23 +1041,21 @@ impl Gpu {
                 log_probs: logp.is_some() as u32,
                 slices: slices as u32,
                 stage,
-                row0: 0,
-                _pad: [0; 2],
+                _pad: [0; 3],
             };
-            (self.uniform("top-k params", bytemuck::bytes_of(&p)), p)
+            self.uniform("top-k params", bytemuck::bytes_of(&p))
         };
         let stages = [stage(0), stage(1)];
         let buffers = [&logits.raw, &cand.raw, &lse.raw, &out.raw, logp_raw];
         let passes = (k + logp.is_some() as usize) as u64;
         let cand_bytes = (8 * slices * k) as u64;
-        let slices_op = self
-            .op(Kernel::TopK, step, &stages[0].0, &buffers, Grid::PerRow(slices as u32))
-            .with_cost(Cost {
+        let slices_op =
+            self.op(Kernel::TopK, step, &stages[0], &buffers, Grid::PerRow(slices as u32)).with_cost(Cost {
                 row_bytes: 4 * passes * vocab as u64 + cand_bytes,
                 row_flops: passes * vocab as u64,
                 ..Cost::default()
             });
-        let rows_op = self.op(Kernel::TopK, step, &stages[1].0, &buffers, Grid::Rows).with_cost(Cost {
+        let rows_op = self.op(Kernel::TopK, step, &stages[1], &buffers, Grid::Rows).with_cost(Cost {
             row_bytes: k as u64 * cand_bytes + 8 * k as u64,
             row_flops: k as u64 * (slices * k) as u64,
             ..Cost::default()
@@ -1106,11 +1066,7 @@ impl Gpu {
         let per_slice = (kk + lp) * (REDUCE_SLICE.min(vocab).div_ceil(wg) as u64 + 6);
         let per_row =
             kk * ((slices * k).div_ceil(wg) as u64 + 6) + lp * (slices.div_ceil(wg) as u64 + 6 + kk);
-        let ops = vec![
-            slices_op.with_serial(Serial::fixed(per_slice)),
-            rows_op.with_serial(Serial::fixed(per_row)),
-        ];
-        TopKRows { ops, stages: stages.into() }
+        vec![slices_op.with_serial(Serial::fixed(per_slice)), rows_op.with_serial(Serial::fixed(per_row))]
     }
 
     /// `out[i * ld + offset + j] = src[s][j]`, times `gamma[j] / rms(src[s])` with `norm = (gamma,
@@ -1274,25 +1230,25 @@ impl Gpu {
             .with_serial(Serial::fixed(2 * p.capacity as u64))
     }
 
-    /// Draws from the sampling distribution of rows of `p.logits` (`[n, vocab]`, the pass of
+    /// Draws from the sampling distribution of rows of `logits` (`[n, vocab]`, the pass of
     /// `step`) on the GPU, as `shaders/sample.wgsl` says: `out` gets each row's draw (`[rows]`);
     /// `seed`: the generation's [`SampleSeed`] uniform; `status: [1]` becomes at least r + 1
-    /// where row r holds a logit that is not finite. Under a top-k (`cfg.top_k > 0`) `p` must
-    /// bind its rows' ranked ids.
+    /// where row r holds a logit that is not finite.
     ///
-    /// Every stage runs a workgroup per slice of [`REDUCE_SLICE`] logits of each row: the slices'
-    /// stats, with a top-p 7 more levels of the nucleus' radix select, the draws, then one
-    /// workgroup per row combining them: 3 dispatches, 10 with a top-p.
+    /// Every stage runs a workgroup per slice of [`REDUCE_SLICE`] logits of each row: with a
+    /// top-k the 8 levels of its radix select, the slices' stats, with a top-p 7 more levels of
+    /// the nucleus' radix select, the draws, then one workgroup per row combining them: 3
+    /// dispatches, 10 with a top-p or a top-k, 18 with both.
     pub fn sample(
         &self,
         step: &wgpu::Buffer,
         seed: &wgpu::Buffer,
-        p: SampleRows,
+        logits: &GpuBuffer<f32>,
         (out, status): (&GpuBuffer<u32>, &GpuBuffer<u32>),
         cfg: SampleConfig,
     ) -> Vec<Op> {
-        let scratch = GpuBuffer::<u32>::zeros(self, "sample scratch", sample_scratch_len(p, cfg));
-        self.sample_into(step, seed, p, (out, status), &scratch, cfg)
+        let scratch = GpuBuffer::<u32>::zeros(self, "sample scratch", sample_scratch_len(logits, cfg));
+        self.sample_into(step, seed, logits, (out, status), &scratch, cfg)
     }
 
     /// [`Gpu::sample`] with its scratch given (at least [`sample_scratch_len`] words): the
@@ -1301,22 +1257,21 @@ impl Gpu {
         &self,
         step: &wgpu::Buffer,
         seed: &wgpu::Buffer,
-        p: SampleRows,
+        logits: &GpuBuffer<f32>,
         (out, status): (&GpuBuffer<u32>, &GpuBuffer<u32>),
         scratch: &GpuBuffer<u32>,
         cfg: SampleConfig,
     ) -> Vec<Op> {
-        debug_assert!(cfg.top_k == 0 || p.top.is_some(), "a top-k needs the rows' ranked ids");
-        debug_assert!(scratch.len >= sample_scratch_len(p, cfg), "a sample scratch too small");
+        debug_assert!(scratch.len >= sample_scratch_len(logits, cfg), "a sample scratch too small");
         let slices = reduce_slices(cfg.vocab);
-        let slots = sample_slots(p, cfg);
-        // (without a top-k its binding is not read: the logits, bound read-only twice)
-        let top = p.top.map_or(&p.logits.raw, |t| &t.raw);
-        let storage = [&p.logits.raw, top, &out.raw, &status.raw, &scratch.raw];
+        let slots = sample_slots(logits, cfg);
+        // (a top-k of the whole vocabulary keeps every token: no cut)
+        let top_k = if cfg.top_k < cfg.vocab { cfg.top_k } else { 0 };
+        let storage = [&logits.raw, &out.raw, &status.raw, &scratch.raw];
         let op = |stage: u32, grid: Grid| {
             let params = SampleParams {
                 vocab: cfg.vocab as u32,
-                top_k: cfg.top_k as u32,
+                top_k: top_k as u32,
                 temperature: cfg.temperature,
                 top_p: cfg.top_p,
                 last_only: cfg.last_only.is_some() as u32,
@@ -1334,34 +1289,40 @@ impl Gpu {
             Some(_) => Grid::Fixed([x, 1, 1]),
             None => Grid::PerRow(x),
         };
+        let row_bytes = 4 * cfg.vocab as u64;
+        let slice_op = |stage: u32, serial: u64| {
+            op(stage, per_row(slices as u32))
+                .with_cost(Cost { row_bytes, ..Cost::default() })
+                .with_serial(Serial::fixed(serial))
+        };
         // the serial loops of an invocation: a slice's SLICE / WG logits, the row's slices
-        // (SLICE / WG at most each for the stats, a quarter of them for a level's bins), trees
+        // (SLICE / WG at most each for the stats, a quarter of them for a level's bins), trees;
+        // a cut inside tied tokens: their slice (runs of slices, then slices) and its runs of ids
         let wg = Kernel::invocations(Kernel::Sample) as u64;
         let scan = (REDUCE_SLICE.min(cfg.vocab) as u64).div_ceil(wg);
         let across = (slices as u64).div_ceil(wg) + 6;
         let bins = (slices as u64).div_ceil(4) + 4 + 16;
         let histogram = scan + wg / 4 + 4;
-        let nucleus = cfg.top_p < 1.0;
-        let levels = if nucleus { SAMPLE_LEVELS } else { 1 };
-        let row_bytes = 4 * cfg.vocab as u64;
-        let mut ops: Vec<Op> = (0..levels)
-            .map(|level| {
-                let serial = match level {
-                    0 => 2 * (scan + 6) + if nucleus { histogram } else { 0 },
-                    _ => 2 * across + bins + histogram,
-                };
-                op(level, per_row(slices as u32))
-                    .with_cost(Cost { row_bytes, ..Cost::default() })
-                    .with_serial(Serial::fixed(serial))
-            })
-            .collect();
-        // a cut: the row's stats; with a nucleus the last level's pick, and where it ends
-        // inside tied tokens their slice (runs of slices, then slices) and its runs of ids
         let ties = (slices as u64).div_ceil(wg) + wg + 2 * scan + wg;
+        let nucleus = cfg.top_p < 1.0;
+        let mut ops = Vec::new();
+        if top_k > 0 {
+            ops.extend(
+                (0..SAMPLE_LEVELS).map(|level| slice_op(level, bins * (level > 0) as u64 + histogram)),
+            );
+        }
+        let top_cut = if top_k > 0 { bins + ties } else { 0 };
+        let levels = if nucleus { SAMPLE_LEVELS } else { 1 };
+        ops.extend((0..levels).map(|level| {
+            let serial = match level {
+                0 => top_cut + 2 * (scan + 6) + if nucleus { histogram } else { 0 },
+                _ => 2 * across + bins + histogram,
+            };
+            slice_op(SAMPLE_NUCLEUS + level, serial)
+        }));
+        // a cut: the row's stats; with a nucleus the last level's pick, and its ties
         let cut = 2 * across + if nucleus { bins + ties } else { 0 };
-        let draw = op(SAMPLE_DRAW, per_row(slices as u32))
-            .with_cost(Cost { row_bytes, ..Cost::default() })
-            .with_serial(Serial::fixed(cut + scan + 12));
+        let draw = slice_op(SAMPLE_DRAW, cut + scan + 12);
         let finish_grid = match cfg.last_only {
             Some(_) => Grid::Fixed([1, 1, 1]),
             None => Grid::Rows,

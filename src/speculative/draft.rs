@@ -16,10 +16,9 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use super::sampled::{gpu_samples, DraftDraws};
+use super::sampled::DraftDraws;
 use super::spec::DraftKind;
 use super::tree::TokenTree;
-use super::verify::Dist;
 use crate::error::{Error, Result};
 use crate::gpu::{SampleSeed, MAX_TOP_K, MAX_TREE};
 use crate::model::{Config, Model, MAX_BATCH};
@@ -32,12 +31,11 @@ pub type LocalFuture<'a, T> = Pin<Box<dyn Future<Output = T> + 'a>>;
 /// What a draft proposes for the positions after the context: a chain, or a token tree.
 #[derive(Clone, Debug)]
 pub enum Proposal {
-    /// `tokens` x1..xk' (k' <= the budget's depth, possibly none), in order.
+    /// `tokens` x1..xk' (k' <= the budget's depth, possibly none), in order. Under sampling
+    /// each is kept where the target's draw at its position is that token (a draft model draws
+    /// them with the target's noise).
     Chain {
         tokens: Vec<u32>,
-        /// `[k']` distributions the tokens were drawn from (after temperature / top-k / top-p);
-        /// `None` when the proposals are deterministic (one-hot q: n-gram, greedy draft model).
-        q: Option<Vec<Dist>>,
         /// Draft forward passes this proposal ran (0 for drafts without a model).
         steps: usize,
     },
@@ -56,14 +54,14 @@ pub enum Proposal {
 
 impl Default for Proposal {
     fn default() -> Self {
-        Proposal::Chain { tokens: Vec::new(), q: None, steps: 0 }
+        Proposal::Chain { tokens: Vec::new(), steps: 0 }
     }
 }
 
 impl Proposal {
-    /// Deterministic `tokens`, proposed in `steps` draft passes.
+    /// `tokens`, proposed in `steps` draft passes.
     pub fn chain(tokens: Vec<u32>, steps: usize) -> Proposal {
-        Proposal::Chain { tokens, q: None, steps }
+        Proposal::Chain { tokens, steps }
     }
 
     /// `tree` proposed in `steps` draft passes: a [`Proposal::Chain`] of its tokens below the root
@@ -392,15 +390,15 @@ impl DraftModel {
         &self.model
     }
 
-    /// Runs `tokens` at `pos` and returns the next token after them, with its distribution when
-    /// sampling, and (greedy, a tree draft) the next most likely tokens in `alternatives`.
+    /// Runs `tokens` at `pos` and returns the next token after them (sampling: drawn with the
+    /// target's noise at its position), and (greedy, a tree draft) the next most likely tokens
+    /// in `alternatives`.
     async fn step(
         &mut self,
         tokens: &[u32],
         sampling: &SamplingParams,
-        rng: &mut Rng,
         alternatives: &mut Vec<u32>,
-    ) -> Result<(u32, Option<Dist>)> {
+    ) -> Result<u32> {
         let pos = self.fed.len();
         alternatives.clear();
         let out = if sampling.is_greedy() && self.alternatives > 0 {
@@ -410,17 +408,12 @@ impl DraftModel {
             let id = top.first().copied().ok_or_else(|| Error::Gpu("empty top-k read-back".into()))?;
             top.remove(0);
             *alternatives = top;
-            (id, None)
+            id
         } else if sampling.is_greedy() {
             let ids = self.model.forward_argmax(tokens, pos).await?;
-            let id = ids.last().copied().ok_or_else(|| Error::Gpu("empty argmax read-back".into()))?;
-            (id, None)
-        } else if gpu_samples(sampling) {
-            (self.draw(tokens, pos, sampling).await?, None)
+            ids.last().copied().ok_or_else(|| Error::Gpu("empty argmax read-back".into()))?
         } else {
-            let logits = self.model.forward_last(tokens, pos).await?;
-            let q = Dist::from_logits(&logits, sampling);
-            (q.draw(rng), Some(q))
+            self.draw(tokens, pos, sampling).await?
         };
         self.fed.extend_from_slice(tokens);
         Ok(out)
@@ -480,23 +473,17 @@ impl DraftModel {
         context: &[u32],
         budget: DraftBudget,
         sampling: &SamplingParams,
-        rng: &mut Rng,
     ) -> Result<Proposal> {
-        // (q only where the host draws: the GPU's draws are kept by the target's)
-        let host_draws = !sampling.is_greedy() && !gpu_samples(sampling);
-        let (mut tokens, mut qs) = (Vec::new(), host_draws.then(Vec::new));
+        let mut tokens = Vec::new();
         let (mut input, k, mut steps) = self.catch_up(context, budget.depth).await?;
         // (a tree draft) per depth, the tokens ranked after the chain's
         let mut siblings: Vec<Vec<u32>> = Vec::new();
         let mut alternatives = Vec::new();
         for _ in 0..k {
-            let (x, q) = self.step(&input, sampling, rng, &mut alternatives).await?;
+            let x = self.step(&input, sampling, &mut alternatives).await?;
             siblings.push(alternatives.clone());
             steps += 1;
             tokens.push(x);
-            if let (Some(qs), Some(q)) = (qs.as_mut(), q) {
-                qs.push(q);
-            }
             if tokens.len() == k {
                 break;
             }
@@ -507,7 +494,7 @@ impl DraftModel {
             let tree = TokenTree::chain_with_siblings(root, &tokens, &siblings, budget.nodes + 1);
             return Ok(Proposal::tree(tree, false, steps));
         }
-        Ok(Proposal::Chain { tokens, q: qs, steps })
+        Ok(Proposal::Chain { tokens, steps })
     }
 }
 
@@ -529,7 +516,7 @@ impl Draft for DraftModel {
     }
 
     fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>> {
-        let Ask { context, budget, sampling, rng } = ask;
-        Box::pin(self.propose_impl(context, budget, sampling, rng))
+        let Ask { context, budget, sampling, .. } = ask;
+        Box::pin(self.propose_impl(context, budget, sampling))
     }
 }

@@ -28,7 +28,6 @@ use super::schedule::{KPolicy, Schedule};
 use super::spec::DraftKind;
 use super::tree::TokenTree;
 use super::verifier::{Checked, Verifier};
-use super::verify::Dist;
 use crate::error::{Error, Result};
 use crate::generation::{FinishReason, GenerateOptions, Stats};
 use crate::gpu::RoundTrips;
@@ -219,7 +218,7 @@ struct Loop<'o> {
 /// What a cycle verifies: a chain, or a token tree; and, for a tree the loop sized or a draft
 /// sized (a chain when that is all it kept), its nodes' rank paths for the schedule.
 enum Planned {
-    Chain { xs: Vec<u32>, q: Option<Vec<Dist>>, slots: Option<Vec<Vec<u8>>> },
+    Chain { xs: Vec<u32>, slots: Option<Vec<Vec<u8>>> },
     Tree { tree: TokenTree, slots: Vec<Vec<u8>> },
 }
 
@@ -392,11 +391,11 @@ impl<'o> Loop<'o> {
         let (checked, rows, slots) = match plan {
             Planned::Tree { tree, slots } => {
                 self.stats.tree_cycles += 1;
-                (verifier.tree(target, &tree, n_past, &mut self.rng).await?, tree.len(), Some(slots))
+                (verifier.tree(target, &tree, n_past).await?, tree.len(), Some(slots))
             }
-            Planned::Chain { xs, q, slots } => {
+            Planned::Chain { xs, slots } => {
                 let rows = xs.len() + 1;
-                (verifier.chain(target, id_last, xs, q, n_past, &mut self.rng).await?, rows, slots)
+                (verifier.chain(target, id_last, xs, n_past).await?, rows, slots)
             }
         };
         let verify_time = tv.elapsed().as_secs_f64();
@@ -475,9 +474,9 @@ fn plan(
     draft_time: f64,
 ) -> Planned {
     let (tree, sized) = match proposal {
-        Proposal::Chain { mut tokens, q, .. } => {
+        Proposal::Chain { mut tokens, .. } => {
             tokens.truncate(k);
-            return Planned::Chain { xs: tokens, q, slots: None };
+            return Planned::Chain { xs: tokens, slots: None };
         }
         Proposal::Tree { tree, sized, .. } => (tree, sized),
     };
@@ -489,7 +488,7 @@ fn plan(
     if tree.tokens().first() != Some(&id_last) || tree.max_depth() > cap {
         let mut xs = tree.first_branch();
         xs.truncate(k);
-        return Planned::Chain { xs, q: None, slots: None };
+        return Planned::Chain { xs, slots: None };
     }
     let (tree, slots) = match sized {
         true => {
@@ -499,7 +498,7 @@ fn plan(
         false => schedule.size_tree(&tree, draft_time),
     };
     match tree.is_chain() {
-        true => Planned::Chain { xs: tree.tokens()[1..].to_vec(), q: None, slots: Some(slots) },
+        true => Planned::Chain { xs: tree.tokens()[1..].to_vec(), slots: Some(slots) },
         false => Planned::Tree { tree, slots },
     }
 }

@@ -39,7 +39,7 @@ pub use eagle::{Eagle, EagleTree, EAGLE_SIBLINGS, EAGLE_WIDTH};
 pub use generate::{generate, generate_with, CycleTrace, SpecGeneration, SpecStats};
 pub use medusa::{Medusa, MEDUSA_CHOICES};
 pub use ngram::{Ensemble, NGram, TREE_BRANCHES};
-pub use sampled::{gpu_samples, SampledCycle};
+pub use sampled::SampledCycle;
 pub use schedule::{KPolicy, Schedule, DEFAULT_MAX_DRAFT_K};
 pub use spec::{DraftKind, DraftSpec};
 pub use tree::{TokenTree, TreeVerdict};

@@ -140,7 +140,6 @@ impl Draft for Ensemble<'_> {
             let proposal = self.draft.propose(Ask { context, budget, sampling, rng }).await?;
             let root = context.last().copied().unwrap_or(0);
             let (mut tree, sized, steps) = match proposal {
-                Proposal::Chain { q: Some(_), .. } => return Ok(proposal),
                 Proposal::Chain { tokens, steps, .. } => (TokenTree::chain(root, &tokens), false, steps),
                 Proposal::Tree { tree, sized, steps } => (tree, sized, steps),
             };

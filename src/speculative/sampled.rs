@@ -24,9 +24,8 @@
 //! [`verify_sampled`](super::verify_sampled) keeps 1 - TV (TV the total variation between p
 //! and q; the Qwen2.5-Coder pair accepted as many either way, BENCHMARKS.md), and its tokens no
 //! longer depend on K: a request's output is the same alone, in a batch, whatever the load.
-//! The CPU-driven path (whole logits rows read back, the ratio rule against the draft's q
-//! drawn with the host's RNG) stays for what the GPU does not draw from, a top-k above
-//! [`MAX_TOP_K`].
+//! Every sampling configuration draws this way (any temperature, top-k and top-p: `sample.wgsl`
+//! cuts the top-k itself); the host's rules of [`super::verify`] stay as tested references.
 //!
 //! ```text
 //!   token tree   : the tree pass -> sample.wgsl: a draw y_i from p_i at every node i (at its
@@ -42,7 +41,7 @@
 use super::cycle::{CycleAt, CycleOutcome};
 use super::tree::{TokenTree, TreeVerdict};
 use crate::error::{Error, Result};
-use crate::gpu::{Gpu, GpuBuffer, Op, SampleConfig, SampleRows, SampleSeed, MAX_TOP_K};
+use crate::gpu::{Gpu, GpuBuffer, Op, SampleConfig, SampleSeed};
 use crate::model::{Model, MAX_BATCH};
 use crate::sampling::SamplingParams;
 
@@ -50,12 +49,6 @@ use crate::sampling::SamplingParams;
 /// the target's rows (plain steps, chains and trees alike) and a draft model's, which draws with
 /// the target's noise at each position.
 const STREAM_VERIFY: u32 = 2;
-
-/// Whether the GPU draws from `params`' distribution: sampling with a top-k of at most
-/// [`MAX_TOP_K`] (the top-k ranks on the GPU), any top-p.
-pub fn gpu_samples(params: &SamplingParams) -> bool {
-    !params.is_greedy() && params.top_k <= MAX_TOP_K
-}
 
 /// The draws of the target's rows under `params` (plain steps, chains and trees, one request or
 /// one request's rows of a batched pass: the same noise stream, so the same token at the same
@@ -72,41 +65,30 @@ pub(crate) fn target_draws(params: &SamplingParams, vocab: usize) -> SampleConfi
     }
 }
 
-/// A draft model's draws on its GPU: the ops ranking (with a top-k) its pass's rows and drawing
-/// from the last one with the target's noise (the draws of [`target_draws`], keyed by the
+/// A draft model's draws on its GPU: the ops drawing from its pass's last row with the target's
+/// noise (the draws of [`target_draws`], keyed by the
 /// uniform `seed`), and the draw. Their non-finite flag is their own, and nothing reads it: a
 /// draft's non-finite logits fail nothing, as its argmax does not (the draw is a token of the
 /// vocabulary all the same, which the target's row keeps or not).
 pub(crate) struct DraftDraws {
-    top: Option<Vec<Op>>,
     sample: Vec<Op>,
     pub draw: GpuBuffer<u32>, // [1] the draw from the pass's last row
-    // kept alive for the ops' bind groups
-    _ranks: Option<GpuBuffer<u32>>, // [MAX_BATCH, top_k] its pass's rows' ranked ids
 }
 
 impl DraftDraws {
-    /// The draws of `dm`'s passes under `params` (which [`gpu_samples`]), keyed by `seed` (a
+    /// The draws of `dm`'s passes under `params` (sampling), keyed by `seed` (a
     /// uniform [`SampleSeed`] on `dm`'s GPU).
     pub fn new(dm: &Model, seed: &wgpu::Buffer, params: &SamplingParams) -> DraftDraws {
         let g: &Gpu = dm.gpu();
-        let (vocab, top_k) = (dm.config.vocab_size, params.top_k);
-        let ranks = (top_k > 0).then(|| GpuBuffer::<u32>::zeros(g, "draft step ranks", MAX_BATCH * top_k));
-        let top =
-            ranks.as_ref().map(|r| g.top_k(dm.step_buffer(), dm.logits_buffer(), (r, None), vocab, top_k));
         let draw = GpuBuffer::<u32>::zeros(g, "draft draw", 1);
-        let rows = SampleRows { logits: dm.logits_buffer(), top: ranks.as_ref() };
-        let cfg = SampleConfig { last_only: Some(0), ..target_draws(params, vocab) };
+        let cfg = SampleConfig { last_only: Some(0), ..target_draws(params, dm.config.vocab_size) };
         let status = GpuBuffer::<u32>::zeros(g, "draft draw status", 1);
-        let sample = g.sample(dm.step_buffer(), seed, rows, (&draw, &status), cfg);
-        DraftDraws { top, sample, draw, _ranks: ranks }
+        let sample = g.sample(dm.step_buffer(), seed, dm.logits_buffer(), (&draw, &status), cfg);
+        DraftDraws { sample, draw }
     }
 
     /// Records the draw from the last of the `rows` rows of `dm`'s pass just recorded.
     pub fn encode(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, rows: usize) {
-        if let Some(ops) = &self.top {
-            gpu.encode(enc, ops, rows as u32);
-        }
         gpu.encode(enc, &self.sample, rows as u32);
     }
 }
@@ -119,39 +101,32 @@ pub struct SampledCycle {
     drafts: GpuBuffer<u32>,      // [MAX_BATCH] x1..xK
     status: GpuBuffer<u32>,      // [1] 1: a non-finite logit
     result: GpuBuffer<u32>,      // [2 + MAX_BATCH + 1] a, next, x1..xK, status
-    target_top: Option<Vec<Op>>, // ranks the verify rows into p_top
     draws: Vec<Op>,              // a draw from every row of the pass (a chain's or a tree's)
     tree_result: GpuBuffer<u32>, // [MAX_BATCH] a tree's rows' draws, then [1] the status
     accept: Op,                  // drafts kept where the row's draw is the draft
     draft: Option<DraftDraws>,
-    // kept alive for the ops' bind groups
-    _p_top: GpuBuffer<u32>,
     samples: GpuBuffer<u32>, // [MAX_BATCH] the draw of each verify (or tree) row
 }
 
 impl SampledCycle {
     /// The cycle's buffers for `target`, and for drawing from `draft`'s steps when given (on the
-    /// same GPU). `params` must pass [`gpu_samples`]; its seed keys the noise of every draw
+    /// same GPU). `params` must sample (not greedy); its seed keys the noise of every draw
     /// ([`SampledCycle::reseed`] changes it).
     pub fn new(target: &Model, draft: Option<&Model>, params: &SamplingParams) -> Result<SampledCycle> {
-        if !gpu_samples(params) {
-            return Err(Error::InvalidArgument(format!("the GPU does not draw from {params:?}")));
+        if params.is_greedy() {
+            return Err(Error::InvalidArgument("a sampled cycle of greedy decoding".into()));
         }
         let g: &Gpu = target.gpu();
         let vocab = target.config.vocab_size;
-        let top_k = params.top_k;
         let seed = g.uniform("sample seed", bytemuck::bytes_of(&SampleSeed::new(params.seed)));
         let words = |label: &str, len: usize| GpuBuffer::<u32>::zeros(g, label, len.max(1));
         let drafts = words("sampled drafts", MAX_BATCH);
-        let p_top = words("verify ranks", MAX_BATCH * top_k);
         let samples = words("verify draws", MAX_BATCH);
         let status = words("sample status", 1);
         let result = words("sampled result", 2 + MAX_BATCH + 1);
         let step = target.step_buffer();
-        let target_top =
-            (top_k > 0).then(|| g.top_k(step, target.logits_buffer(), (&p_top, None), vocab, top_k));
-        let p_rows = SampleRows { logits: target.logits_buffer(), top: (top_k > 0).then_some(&p_top) };
-        let draws = g.sample(step, &seed, p_rows, (&samples, &status), target_draws(params, vocab));
+        let draws =
+            g.sample(step, &seed, target.logits_buffer(), (&samples, &status), target_draws(params, vocab));
         let tree_result = words("tree draws", MAX_BATCH + 1);
         let accept = g.accept_sampled(step, &drafts, &samples, &status, &result);
         let draft = draft.map(|dm| DraftDraws::new(dm, &seed, params));
@@ -162,12 +137,10 @@ impl SampledCycle {
             drafts,
             status,
             result,
-            target_top,
             draws,
             tree_result,
             accept,
             draft,
-            _p_top: p_top,
             samples,
         })
     }
@@ -256,9 +229,6 @@ impl SampledCycle {
         let gpu = target.gpu().clone();
         let mut enc = target.tree_encoder(tree.tokens(), &tree.ancestors(), n_past)?;
         self.begin(&gpu);
-        if let Some(ops) = &self.target_top {
-            gpu.encode(&mut enc, ops, n as u32);
-        }
         gpu.encode(&mut enc, &self.draws, n as u32);
         let bytes = (n * 4) as u64;
         enc.copy_buffer_to_buffer(&self.samples.raw, 0, &self.tree_result.raw, 0, bytes);
@@ -284,12 +254,9 @@ impl SampledCycle {
         gpu.queue.write_buffer(&self.status.raw, 0, bytemuck::bytes_of(&0u32));
     }
 
-    /// The verify pass's ranks, draws and the acceptance (a pass of K + 1 rows).
+    /// The verify pass's draws and the acceptance (a pass of K + 1 rows).
     fn encode_verify(&self, gpu: &Gpu, enc: &mut wgpu::CommandEncoder, k: usize) {
         let n = (k + 1) as u32;
-        if let Some(ops) = &self.target_top {
-            gpu.encode(enc, ops, n);
-        }
         gpu.encode(enc, &self.draws, n);
         gpu.encode(enc, std::slice::from_ref(&self.accept), n);
     }

@@ -15,7 +15,7 @@
 //!   child is tried; when none is accepted, the next token is drawn from what is left of p. This
 //!   is sampling from p one question at a time ("x1? else x2? ..."), so every emitted token has
 //!   exactly the target's distribution; for a chain it is [`verify_sampled`](super::verify_sampled)
-//!   with one-hot q, using the same uniforms. Where the GPU draws (a top-k of at most 16),
+//!   with one-hot q, using the same uniforms. The decode loop runs it on the GPU:
 //!   [`SampledCycle::check_tree`](super::SampledCycle::check_tree) runs the same rule as one draw
 //!   from p per node, followed down the tree by the greedy rule's walk.
 

@@ -2,15 +2,13 @@
 //! draft:
 //!
 //! ```text
-//!   greedy                     -> Greedy      argmax ids read back; with a draft model on the
-//!                                             target's GPU, resident cycles (super::cycle)
-//!   sampling, top-k <= 16      -> GpuSampled  draws and acceptance on the GPU, a few words read
-//!                                             back; resident cycles with a draft model there
-//!                                             (super::sampled)
-//!   sampling, a wider top-k    -> Host        logits rows read back, the rules of super::verify
+//!   greedy     -> Greedy      argmax ids read back; with a draft model on the target's GPU,
+//!                             resident cycles (super::cycle)
+//!   sampling   -> GpuSampled  draws and acceptance on the GPU, a few words read back; resident
+//!                             cycles with a draft model there (super::sampled)
 //!
 //!   cycle : a resident cycle (K draft steps + verify pass + acceptance, one read-back)
-//!   chain : host-given drafts [id_last, x1..xK] (with the draft's q when it sampled)
+//!   chain : host-given drafts [id_last, x1..xK]
 //!   tree  : a token tree (greedy, or the multi-candidate rule), its accepted path kept
 //! ```
 //!
@@ -20,21 +18,19 @@
 use super::cycle::{CycleAt, CycleOutcome, GreedyCycle};
 use super::draft::DraftModel;
 use super::generate::CycleTrace;
-use super::sampled::{gpu_samples, SampledCycle};
+use super::sampled::SampledCycle;
 use super::tree::TokenTree;
-use super::verify::{verify_greedy, verify_sampled, Dist, NextKind, Verdict};
+use super::verify::{verify_greedy, NextKind, Verdict};
 use crate::error::{Error, Result};
 use crate::model::Model;
-use crate::sampling::{Rng, SamplingParams};
+use crate::sampling::SamplingParams;
 
 /// How a generation's verify passes run (see the module's doc).
 pub(crate) enum Verifier {
     /// Greedy; the resident cycle's buffers when a draft model on the target's GPU may use them.
     Greedy(Option<GreedyCycle>),
-    /// Sampling the GPU draws from (with the draft model's side when it may run resident cycles).
+    /// Sampling, drawn on the GPU (with the draft model's side when it may run resident cycles).
     GpuSampled(Box<SampledCycle>),
-    /// Sampling the host draws from.
-    Host(SamplingParams),
 }
 
 /// What one verify pass decided.
@@ -74,10 +70,8 @@ impl Verifier {
         let model = resident.map(|d| d.model()).filter(|m| std::sync::Arc::ptr_eq(m.gpu(), target.gpu()));
         Ok(if params.is_greedy() {
             Verifier::Greedy(model.map(|_| GreedyCycle::new(target)))
-        } else if gpu_samples(params) {
-            Verifier::GpuSampled(Box::new(SampledCycle::new(target, model, params)?))
         } else {
-            Verifier::Host(*params)
+            Verifier::GpuSampled(Box::new(SampledCycle::new(target, model, params)?))
         })
     }
 
@@ -86,7 +80,6 @@ impl Verifier {
         match self {
             Verifier::Greedy(cycle) => cycle.is_some(),
             Verifier::GpuSampled(sc) => sc.has_draft(),
-            Verifier::Host(_) => false,
         }
     }
 
@@ -101,41 +94,23 @@ impl Verifier {
     }
 
     /// One target pass over `[id_last, xs..]` at `n_past` and the chain's rule: greedy, or
-    /// speculative sampling against the draft's `q` (one-hot when the draft gave none: drawn on
-    /// the GPU where it draws).
+    /// drafts kept while the GPU's draws are them.
     pub async fn chain(
         &self,
         target: &mut Model,
         id_last: u32,
         xs: Vec<u32>,
-        q: Option<Vec<Dist>>,
         n_past: usize,
-        rng: &mut Rng,
     ) -> Result<Checked> {
-        let params = match self {
-            Verifier::GpuSampled(sc) if q.is_none() => {
-                let out = sc.check(target, id_last, &xs, n_past).await?;
-                return Ok(Checked::from_outcome(id_last, out, true));
-            }
-            Verifier::GpuSampled(sc) => *sc.params(),
-            Verifier::Host(params) => *params,
-            Verifier::Greedy(_) => SamplingParams::greedy(),
-        };
+        if let Verifier::GpuSampled(sc) = self {
+            let out = sc.check(target, id_last, &xs, n_past).await?;
+            return Ok(Checked::from_outcome(id_last, out, true));
+        }
         let mut batch = Vec::with_capacity(xs.len() + 1);
         batch.push(id_last);
         batch.extend_from_slice(&xs);
-        let verdict = if params.is_greedy() {
-            let ids = target.forward_argmax(&batch, n_past).await?;
-            verify_greedy(&xs, &ids)?
-        } else {
-            let logits = target.forward(&batch, n_past).await?;
-            let p = distributions(&logits, target.config.vocab_size, &params, n_past)?;
-            let q: Vec<Dist> = match q {
-                Some(q) if q.len() >= xs.len() => q.into_iter().take(xs.len()).collect(),
-                _ => xs.iter().map(|&x| Dist::one_hot(x)).collect(),
-            };
-            verify_sampled(&xs, &q, &p, rng)?
-        };
+        let ids = target.forward_argmax(&batch, n_past).await?;
+        let verdict = verify_greedy(&xs, &ids)?;
         let k = xs.len();
         let rows = (0..=verdict.accepted).collect();
         let trace = CycleTrace::chain(id_last, &xs, verdict.accepted);
@@ -143,14 +118,8 @@ impl Verifier {
     }
 
     /// One tree pass over `tree` at `n_past`, the greedy or multi-candidate rule down the tree
-    /// (drawn on the GPU where it draws), and the accepted path kept in the target's cache.
-    pub async fn tree(
-        &self,
-        target: &mut Model,
-        tree: &TokenTree,
-        n_past: usize,
-        rng: &mut Rng,
-    ) -> Result<Checked> {
+    /// (drawn on the GPU), and the accepted path kept in the target's cache.
+    pub async fn tree(&self, target: &mut Model, tree: &TokenTree, n_past: usize) -> Result<Checked> {
         let ancestors = tree.ancestors();
         let (v, drew_on_gpu) = match self {
             Verifier::Greedy(_) => {
@@ -158,11 +127,6 @@ impl Verifier {
                 (tree.verify_greedy(&ids)?, false)
             }
             Verifier::GpuSampled(sc) => (sc.check_tree(target, tree, n_past).await?, true),
-            Verifier::Host(params) => {
-                let logits = target.forward_tree(tree.tokens(), &ancestors, n_past).await?;
-                let p = distributions(&logits, target.config.vocab_size, params, n_past)?;
-                (tree.verify_sampled(&p, rng)?, false)
-            }
         };
         target.keep_path(n_past, &v.path)?;
         let xs: Vec<u32> = v.path[1..].iter().map(|&i| tree.tokens()[i]).collect();
@@ -178,18 +142,4 @@ impl Verifier {
         let (drafted, depth) = (tree.len() - 1, tree.max_depth());
         Ok(Checked { xs, verdict, drafted, depth, rows: v.path, trace, drew_on_gpu })
     }
-}
-
-/// The target's sampling distribution of every row of `logits` (`[rows, vocab]`, a pass at
-/// `n_past`); a non-finite logit is an error naming it.
-fn distributions(logits: &[f32], vocab: usize, params: &SamplingParams, n_past: usize) -> Result<Vec<Dist>> {
-    if let Some(i) = logits.iter().position(|v| !v.is_finite()) {
-        return Err(Error::NonFinite(format!(
-            "logit {} of row {} at position {n_past} is {}",
-            i % vocab,
-            i / vocab,
-            logits[i]
-        )));
-    }
-    Ok(logits.chunks_exact(vocab).map(|row| Dist::from_logits(row, params)).collect())
 }

@@ -122,8 +122,8 @@ pub struct BenchArgs {
     pub verify_ks: Vec<usize>,
     /// Instead of speculation against target-only decoding: the engine's batch under load, for
     /// each N listed (1..=32) the same requests with at most N served together (`--draft none`,
-    /// `ngram`, a draft model, an EAGLE head or Medusa heads; greedy, or sampled with a top-k of at
-    /// most 16): tokens/s, time to first token, time per
+    /// `ngram`, a draft model, an EAGLE head or Medusa heads; greedy or sampled): tokens/s, time
+    /// to first token, time per
     /// output token, rows per pass, and the requests whose tokens differ from the first N's.
     #[arg(long, value_delimiter = ',', conflicts_with = "roofline")]
     pub concurrency: Vec<usize>,

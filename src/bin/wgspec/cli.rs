@@ -50,8 +50,7 @@ enum Command {
 /// How generate and bench pick tokens.
 #[derive(clap::Args)]
 pub(crate) struct SamplingArgs {
-    /// 0 = greedy; above 0, sampling. The GPU draws under a top-k of at most 16 (any top-p); a
-    /// larger top-k reads logits rows back to the CPU.
+    /// 0 = greedy; above 0, sampling (drawn on the GPU, any top-k and top-p).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) temperature: f32,
     /// 0 = no top-k cut.
@@ -200,8 +199,8 @@ struct ServeArgs {
     #[arg(long, default_value_t = 8)]
     max_queue: usize,
     /// Most requests served together, sharing every forward pass (1..=32; 1: one at a time).
-    /// Greedy requests and sampled ones (a top-k of at most 16), plain or with n-gram, EAGLE or Medusa
-    /// drafts, and greedy ones with a draft model, are batched; others run alone between batches.
+    /// Greedy and sampled requests, plain or with the draft model, n-gram, EAGLE or Medusa drafts,
+    /// are batched; others (an ensemble with the n-gram) run alone between batches.
     #[arg(long, default_value_t = 32)]
     max_batch: usize,
     /// Most rows of one forward pass: prompt chunks, decoding tokens and drafts (1..=32).
