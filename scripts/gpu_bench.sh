@@ -139,9 +139,9 @@ bench 45 "pair-$T-$D-k4" --synthetic "$T" --draft "$D" --draft-k 4 "${few[@]}"
 bench 30 "self-$T-k4" --synthetic "$T" --draft self --draft-k 4 "${few[@]}"
 bench 30 "eagle-smollm2-135m-k4" --synthetic smollm2-135m --draft eagle:smollm2-135m-eagle --draft-k 4 "${few[@]}"
 bench 45 "batch-$T" --synthetic "$T" "${load[@]}"
-# (sampled, the target as its own draft model: every draft kept, what the batch's cost model
-# drafts where draft passes are cheap)
-bench 30 "batch-$T-self-sampled" --synthetic "$T" --draft self "${load[@]}" --temperature 1 --seed 1
+# (sampled with llama.cpp's default top-k of 40, the target as its own draft model: every draft
+# kept, what the batch's cost model drafts where draft passes are cheap)
+bench 30 "batch-$T-self-sampled" --synthetic "$T" --draft self "${load[@]}" --temperature 1 --top-k 40 --seed 1
 
 # 3. The peer: transformers on the same GPU (where there is PyTorch).
 if python3 -c 'import torch, transformers' 2>/dev/null; then
