@@ -33,8 +33,9 @@
 //                weighed by mass: each workgroup combines the row's histograms of the level
 //                before (each slice's masses and counts in 16 bins), picks the bin as every
 //                workgroup of the row does, then histograms its slice under the longer prefix
-//   stage DRAW   each slice's best draw from p (every workgroup derives the row's m, Z and cut
-//                from the slices' stats and histograms: the same bits)
+//   stage DRAW   each slice's best draw from p (every workgroup derives the row's m, Z and
+//                nucleus from the slices' stats and histograms, and reads its top-k cut: the
+//                same bits)
 //   stage FINISH one workgroup per row: the slices' draws in slice order
 // The row's m is the largest m_s; Z = sum over s of z_s exp((m_s - m) / T) in a fixed order,
 // whatever the rows of the pass. The draws are maxima of one total order (a larger value, then

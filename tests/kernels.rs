@@ -1505,8 +1505,8 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
 fn sampling_spreads_each_row_over_its_slices() {
     // The shape facts of the sampling ops over Qwen2.5's 151,936 logits in a 5-row pass (nothing
     // run): every stage but the last a workgroup per slice of each row, the last one per row
-    // reading the slices' 8 bytes; 3 dispatches, 10 with a top-p or a top-k (of any size), 18 with
-    // both; no invocation walks a row (the one-workgroup kernel walked it 3 to about 110 times
+    // reading the slices' 8 bytes; 3 dispatches, 10 with a top-p, 11 with a top-k (of any size),
+    // 18 with both; no invocation walks a row (the one-workgroup kernel walked it 3 to about 110 times
     // with a stride of 256: 1,800 to 65,000 iterations; top_k.wgsl, which ranked a top-k for it,
     // walks a slice k times).
     use wgspec::gpu::{SampleConfig, SampleSeed};

@@ -518,9 +518,8 @@ fn propose(
     context: &[u32],
     budget: DraftBudget,
     sampling: &SamplingParams,
-    rng: &mut Rng,
 ) -> speculative::Proposal {
-    pollster::block_on(draft.propose(Ask { context, budget, sampling, rng })).expect("propose")
+    pollster::block_on(draft.propose(Ask { context, budget, sampling })).expect("propose")
 }
 
 fn greedy_opts(n: usize) -> GenerateOptions {
@@ -627,13 +626,12 @@ fn draft_model_rolls_back_and_catches_up() {
     let mut draft = DraftModel::new(load(&ckpt, 64), &target_cfg).expect("draft");
     let mut fresh = load(&ckpt, 64);
     let params = SamplingParams::greedy();
-    let mut g = Rng::new(0);
     let mut context: Vec<u32> = vec![5, 6, 7, 8];
     pollster::block_on(draft.prefill(&context)).expect("prefill");
     for (k, a, replace_next) in
         [(4usize, 2usize, true), (3, 3, false), (5, 0, true), (2, 2, false), (6, 1, true)]
     {
-        let p = propose(&mut draft, &context, DraftBudget::chain(k), &params, &mut g);
+        let p = propose(&mut draft, &context, DraftBudget::chain(k), &params);
         let want = common::plain(&mut fresh, &context, &greedy_opts(k)).expect("fresh").tokens;
         assert_eq!(p.tokens(), want, "context {context:?}");
         assert_eq!(p.steps(), k);
@@ -1427,9 +1425,9 @@ impl Draft for Recording<'_> {
         &'a mut self,
         ask: Ask<'a>,
     ) -> speculative::draft::LocalFuture<'a, wgspec::Result<speculative::Proposal>> {
-        let Ask { context, budget, sampling, rng } = ask;
+        let Ask { context, budget, sampling } = ask;
         Box::pin(async move {
-            let p = self.draft.propose(Ask { context, budget, sampling, rng }).await?;
+            let p = self.draft.propose(Ask { context, budget, sampling }).await?;
             if let (Some(&last), Some(&first)) = (context.last(), p.tokens().first()) {
                 self.guesses.push((last, first));
             }
@@ -1727,9 +1725,9 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         }
         // a proposal of depth 4: the last row's most likely id, then 3 draft steps, each fed its
         // feature and its most likely id
-        let (params, mut g) = (SamplingParams::greedy(), Rng::new(1));
+        let params = SamplingParams::greedy();
         let budget = DraftBudget::tree(4, 4);
-        let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
+        let p = propose(&mut eagle, &prompt, budget, &params);
         assert_eq!(
             (p.tokens().len(), p.steps(), p.as_tree().is_none()),
             (4, 3, true),
@@ -1744,7 +1742,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         }
         assert_eq!(eagle.head().cached(), 12, "9 positions and 3 draft steps");
         // drafting again needs the target's next pass first
-        let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
+        let p = propose(&mut eagle, &prompt, budget, &params);
         assert!(p.tokens().is_empty(), "no features, no proposal");
         // siblings: a tree of the chain and each depth's next most likely ids
         let mut eagle = Eagle::new(
@@ -1764,7 +1762,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         }))
         .expect("pass");
         let budget = DraftBudget::tree(3, 9);
-        let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
+        let p = propose(&mut eagle, &prompt, budget, &params);
         let tree = p.as_tree().expect("a tree").clone();
         assert_eq!((tree.len(), tree.max_depth()), (10, 3), "3 chain nodes, 2 siblings at each depth");
         // EAGLE-2's dynamic tree against the reference's: each node's ranks from its path alone
@@ -1788,7 +1786,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
                     .expect("pass");
             }
             let budget = DraftBudget::tree(depth, nodes);
-            let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
+            let p = propose(&mut eagle, &prompt, budget, &params);
             let tree = p.as_tree().expect("a tree").clone();
             let want = reference_dynamic_tree(&mut ref_head, &root.0, &root.1, prompt[9], budget, 3, 4);
             let what = format!("{what}: dynamic tree, depth {depth}, {nodes} nodes");
@@ -1805,11 +1803,11 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let flat = TreeCosts { verify: [1.0; 32], ..steep };
         pollster::block_on(eagle.target_pass(Kept { context: &prompt, first: 8, rows: &[8] })).expect("pass");
         let budget = DraftBudget { costs: Some(steep), ..DraftBudget::tree(4, 10) };
-        let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
+        let p = propose(&mut eagle, &prompt, budget, &params);
         assert_eq!((p.tokens().len(), p.as_tree()), (1, None), "{what}: steep costs, one node");
         pollster::block_on(eagle.target_pass(Kept { context: &prompt, first: 8, rows: &[8] })).expect("pass");
         let budget = DraftBudget { costs: Some(flat), ..DraftBudget::tree(4, 10) };
-        let p = propose(&mut eagle, &prompt, budget, &params, &mut g);
+        let p = propose(&mut eagle, &prompt, budget, &params);
         let tree = p.as_tree().expect("a tree").clone();
         let want = reference_dynamic_tree(
             &mut ref_head,
@@ -1836,7 +1834,7 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
         let passes = pollster::block_on(eagle.target_pass(Kept { context: &prompt, first: 3, rows: &[0] }))
             .expect("gap");
         assert_eq!(passes, 0);
-        let p = propose(&mut eagle, &prompt[..5], budget, &params, &mut g);
+        let p = propose(&mut eagle, &prompt[..5], budget, &params);
         assert!(p.tokens().is_empty() && p.as_tree().is_none());
     }
 }
@@ -2042,8 +2040,8 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
             check_ranks(&format!("{what}: position {last}"), &top, &want[last].1);
         }
         // EAGLE-2's tree from the draft vocabulary, against the reference's
-        let (params, mut g) = (SamplingParams::greedy(), Rng::new(1));
-        let p = propose(&mut eagle, &prompt, DraftBudget::tree(4, 10), &params, &mut g);
+        let params = SamplingParams::greedy();
+        let p = propose(&mut eagle, &prompt, DraftBudget::tree(4, 10), &params);
         let tree = p.as_tree().expect("a tree").clone();
         let root = &want[8];
         let want_tree = reference_dynamic_tree(
@@ -2064,7 +2062,7 @@ fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
             rows: &(0..9).collect::<Vec<_>>(),
         }))
         .expect("pass");
-        let p = propose(&mut eagle, &prompt, DraftBudget::chain(4), &params, &mut g);
+        let p = propose(&mut eagle, &prompt, DraftBudget::chain(4), &params);
         assert_eq!(p.tokens()[0], reference_argmax(&root.1), "{what}: first draft");
         ref_head.truncate(9);
         let (mut feature, mut token) = (root.0.clone(), p.tokens()[0]);

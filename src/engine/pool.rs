@@ -22,7 +22,8 @@
 //! target's). A page's head keys and values are a function of its tokens, those before it and
 //! the first token of the page after (its last position's head row reads the next token): a
 //! page records that token once the head has run all its positions, and a sequence drafting with
-//! the head finds only the cached pages whose head part it can use.
+//! the head finds only the cached pages whose head part it can use. Where two sequences computed
+//! the same page, the cache keeps the copy whose head part is computed.
 
 use std::collections::{BTreeSet, HashMap};
 
@@ -48,6 +49,10 @@ pub(super) struct Pool {
     released: Vec<u64>,
     /// Per page: the token after it for which its EAGLE head part is computed (none: not).
     head_next: Vec<Option<u32>>,
+    /// Per uncached page: the key of the cached page holding the same tokens (both computed
+    /// meanwhile by two sequences), which it replaces in the cache if its head part is computed
+    /// and the cached one's is not.
+    twins: Vec<Option<Key>>,
     tick: u64,
     last_entry: u64,
 }
@@ -63,6 +68,7 @@ impl Pool {
             idle: BTreeSet::new(),
             released: vec![0; pages],
             head_next: vec![None; pages],
+            twins: vec![None; pages],
             tick: 0,
             last_entry: 0,
         }
@@ -103,13 +109,28 @@ impl Pool {
         };
         self.refs[page as usize] = 1;
         self.head_next[page as usize] = None;
+        self.twins[page as usize] = None;
         Some(page)
     }
 
     /// The EAGLE head has run every position of held page `page`, the last with the next token
-    /// `next`.
+    /// `next`. If the page is the twin of a cached page whose head part is not computed, it takes
+    /// that page's place in the cache (the same entry: the pages after it are still found), and
+    /// that page is no longer cached (free once no sequence holds it).
     pub(super) fn head_computed(&mut self, page: u32, next: u32) {
         self.head_next[page as usize] = Some(next);
+        let Some(key) = self.twins[page as usize].take() else { return };
+        let Some(&(entry, other)) = self.entries.get(&key) else { return };
+        if other == page || self.head_next[other as usize].is_some() {
+            return;
+        }
+        self.entries.insert(key.clone(), (entry, page));
+        self.keys[page as usize] = Some(key.clone());
+        self.keys[other as usize] = None;
+        self.twins[other as usize] = Some(key);
+        if self.refs[other as usize] == 0 && self.idle.remove(&(self.released[other as usize], other)) {
+            self.free.push(other);
+        }
     }
 
     /// Whether page `page`'s EAGLE head part is computed with `next` after it.
@@ -171,7 +192,10 @@ impl Pool {
     pub(super) fn cache(&mut self, page: u32, parent: u64, tokens: &[u32]) -> u64 {
         debug_assert_eq!(tokens.len(), KV_PAGE);
         let key = (parent, tokens.to_vec());
-        if let Some(&(entry, _)) = self.entries.get(&key) {
+        if let Some(&(entry, cached)) = self.entries.get(&key) {
+            if cached != page {
+                self.twins[page as usize] = Some(key);
+            }
             return entry;
         }
         if let Some(own) = &self.keys[page as usize] {
@@ -193,6 +217,7 @@ impl Pool {
         self.entries.clear();
         self.keys.iter_mut().for_each(|k| *k = None);
         self.head_next.iter_mut().for_each(|h| *h = None);
+        self.twins.iter_mut().for_each(|t| *t = None);
     }
 }
 
@@ -250,6 +275,35 @@ mod tests {
         pool.head_computed(a, 7);
         pool.forget_all();
         assert!(!pool.head_found(a, 7), "forgotten with the cache");
+    }
+
+    #[test]
+    fn of_two_copies_of_a_page_the_cache_keeps_the_one_with_its_head_part() {
+        // Two sequences computed the same two pages: the first's copies are cached, the
+        // second's are twins. The second's head part of the first page computed: its copy is
+        // found in the cache instead (the second page after it still found), the first's copy,
+        // released, is free; a twin's mark does not displace a copy that has one.
+        let mut pool = Pool::new(6);
+        let tokens = [page(1), page(2)].concat();
+        let a: Vec<u32> = (0..2).filter_map(|_| pool.take()).collect();
+        let b: Vec<u32> = (0..2).filter_map(|_| pool.take()).collect();
+        let e0 = pool.cache(a[0], 0, &tokens[..KV_PAGE]);
+        let e1 = pool.cache(a[1], e0, &tokens[KV_PAGE..]);
+        assert_eq!(pool.cache(b[0], 0, &tokens[..KV_PAGE]), e0, "the same entry");
+        assert_eq!(pool.cache(b[1], e0, &tokens[KV_PAGE..]), e1);
+        assert_eq!(pool.lookup(&tokens, 2), [(a[0], e0), (a[1], e1)]);
+        pool.head_computed(a[1], 5);
+        pool.head_computed(b[0], 2);
+        pool.head_computed(b[1], 5);
+        assert_eq!(pool.lookup(&tokens, 2), [(b[0], e0), (a[1], e1)], "b's first page, a's second");
+        assert!(pool.head_found(b[0], 2));
+        pool.release(&mut a.clone());
+        assert_eq!((pool.available(), pool.cached()), (4, 2), "a's first page free, its second idle");
+        pool.release(&mut b.clone());
+        assert_eq!(pool.lookup(&tokens, 2), [(b[0], e0), (a[1], e1)], "found after both ended");
+        // the free pages (a's first and b's second among them) are taken before the cached ones
+        let taken: Vec<u32> = (0..4).filter_map(|_| pool.take()).collect();
+        assert_eq!(pool.cached(), 2, "free pages taken first: {taken:?}");
     }
 
     #[test]

@@ -1238,7 +1238,7 @@ impl Gpu {
     /// Every stage runs a workgroup per slice of [`REDUCE_SLICE`] logits of each row: with a
     /// top-k the 8 levels of its radix select, the slices' stats, with a top-p 7 more levels of
     /// the nucleus' radix select, the draws, then one workgroup per row combining them: 3
-    /// dispatches, 10 with a top-p or a top-k, 18 with both.
+    /// dispatches, 10 with a top-p, 11 with a top-k, 18 with both.
     pub fn sample(
         &self,
         step: &wgpu::Buffer,

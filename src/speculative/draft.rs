@@ -22,7 +22,7 @@ use super::tree::TokenTree;
 use crate::error::{Error, Result};
 use crate::gpu::{SampleSeed, MAX_TOP_K, MAX_TREE};
 use crate::model::{Config, Model, MAX_BATCH};
-use crate::sampling::{Rng, SamplingParams};
+use crate::sampling::SamplingParams;
 use crate::tokenizer::Tokenizer;
 
 /// A boxed future that need not be `Send` (wasm futures are not).
@@ -142,10 +142,9 @@ pub struct Ask<'a> {
     pub context: &'a [u32],
     /// How many tokens at most: a chain's depth, or a tree's nodes.
     pub budget: DraftBudget,
-    /// The generation's sampling: a draft with distributions samples its chain from them when
-    /// it is not greedy, with `rng`.
+    /// The generation's sampling: a draft model draws its chain with the target's noise when it
+    /// is not greedy (the draft kept where the target's row draws the same).
     pub sampling: &'a SamplingParams,
-    pub rng: &'a mut Rng,
 }
 
 /// A target pass whose rows the loop keeps ([`Draft::target_pass`]): rows `rows` of it hold the
@@ -174,9 +173,9 @@ pub trait Draft {
     }
 
     /// Proposes up to `ask.budget.depth` tokens following `ask.context`, or a tree of up to
-    /// `ask.budget.nodes` tokens no deeper than that. With non-greedy `ask.sampling`, a draft
-    /// that has distributions samples from them with `ask.rng` and returns them with the chain
-    /// ([`Proposal::Chain`]'s `q`).
+    /// `ask.budget.nodes` tokens no deeper than that. Under sampling any tokens are exact (each
+    /// kept where the target's draw at its position is that token): a draft that has
+    /// distributions does best to draw from them with the target's noise, as a draft model does.
     fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>>;
 
     /// After every target pass whose tokens the loop keeps (prefill chunks, verify passes, before
@@ -299,14 +298,13 @@ pub fn check_draft(target: (&Config, &Tokenizer), draft: (&Config, &Tokenizer)) 
 /// argmax (or draw) to the next one and the verify pass reads the drafts from a GPU buffer, one
 /// submission per cycle. Through [`Draft::propose`] (calibrating cycles, or with the GPU cycle
 /// turned off) each step is its own submission with a small read-back: the argmax id; sampling,
-/// the draw on its GPU with the target's noise at its position ([`DraftDraws`]: a chain without
-/// q, kept where the target's row draws the same), or where the GPU does not draw (a top-k
-/// above [`MAX_TOP_K`]) one row of logits, drawn from on the host with its q.
+/// the draw on its GPU with the target's noise at its position ([`DraftDraws`]: kept where the
+/// target's row draws the same).
 pub struct DraftModel {
     model: Model,
     /// The tokens in the model's KV cache, in order (`fed.len() == model.len()`).
     fed: Vec<u32>,
-    /// Whether cycles (greedy, or sampled where the GPU draws) may run on the GPU.
+    /// Whether cycles (greedy or sampled) may run on the GPU.
     gpu_cycle: bool,
     /// Greedy drafts as a token tree: besides its argmax, each step's next `alternatives` most
     /// likely tokens become siblings of the chain's node at that depth (0: a chain).
@@ -331,7 +329,7 @@ impl DraftModel {
     }
 
     /// Turns the GPU-resident cycles on (the default) or off (every draft step its own submission
-    /// and read-back): the two give the same tokens (sampling: where the GPU draws).
+    /// and read-back): the two give the same tokens.
     pub fn set_gpu_cycle(&mut self, on: bool) {
         self.gpu_cycle = on;
     }

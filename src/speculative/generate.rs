@@ -8,12 +8,13 @@
 //!   draft    x1..xK proposed to follow tokens (a chain), or a token tree below id_last
 //!
 //!   verify : target.forward([id_last, x1..xK], n_past) -> K+1 rows (argmax ids when greedy)
-//!   accept : verify::{verify_greedy, verify_sampled} -> a accepted + 1 recovered/bonus token
+//!   accept : greedy: verify::verify_greedy; sampled: drafts kept while the GPU's draws are
+//!            them (super::sampled) -> a accepted + 1 recovered/bonus token
 //!   commit : target.truncate(n_past + 1 + a); n_past += 1 + a; id_last = recovered/bonus
 //! ```
 //!
-//! How the verify pass runs is chosen once per generation (`Verifier`: greedy, sampled on the
-//! GPU, sampled on the host); a draft model on the target's GPU runs whole cycles GPU-resident
+//! How the verify pass runs is chosen once per generation (`Verifier`: greedy, or sampled on the
+//! GPU); a draft model on the target's GPU runs whole cycles GPU-resident
 //! there, but for calibrating cycles timed apart. The draft's own cache is rolled back inside the
 //! draft (see [`DraftModel`]), which catches up on the one token it has not seen in its next
 //! first step. Stop conditions (stop tokens, `max_tokens`, the callback, the
@@ -32,7 +33,6 @@ use crate::error::{Error, Result};
 use crate::generation::{FinishReason, GenerateOptions, Stats};
 use crate::gpu::RoundTrips;
 use crate::model::{Model, MAX_BATCH};
-use crate::sampling::Rng;
 
 /// Counters and timings of one speculative generation.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -210,8 +210,6 @@ struct Loop<'o> {
     after_plain: bool,
     /// The K asked for, summed over cycles (the stats' mean K).
     k_sum: usize,
-    /// The generation's random numbers (its seed: the sampling parameters').
-    rng: Rng,
     stats: SpecStats,
 }
 
@@ -237,7 +235,6 @@ impl<'o> Loop<'o> {
             timed: 0,
             after_plain: false,
             k_sum: 0,
-            rng: Rng::new(opts.sampling.seed),
             stats,
         }
     }
@@ -368,13 +365,7 @@ impl<'o> Loop<'o> {
                 // under an adaptive K, the whole tree (sized below)
                 let nodes = costs.map_or(schedule.tree_nodes(k), |c| c.max_nodes).min(room);
                 let budget = DraftBudget { depth: k, nodes, costs };
-                d.propose(Ask {
-                    context: &self.tokens,
-                    budget,
-                    sampling: &self.opts.sampling,
-                    rng: &mut self.rng,
-                })
-                .await?
+                d.propose(Ask { context: &self.tokens, budget, sampling: &self.opts.sampling }).await?
             }
             _ => Proposal::default(),
         };

@@ -13,8 +13,8 @@
 //! - [`sampled`]: sampling on the GPU (draws and the acceptance rule; a few words read back)
 //! - [`tree`]: token trees (several continuations verified in one pass) and their greedy rule
 //! - [`schedule`]: the choice of K (fixed, or adaptive from measured acceptance and costs)
-//! - `verifier`: the verify side of a cycle, chosen once per generation (greedy, sampled on the
-//!   GPU, sampled on the host)
+//! - `verifier`: the verify side of a cycle, chosen once per generation (greedy, or sampled on
+//!   the GPU)
 //! - [`generate`](mod@generate): the loop, with per-generation [`SpecStats`]
 
 pub mod cycle;

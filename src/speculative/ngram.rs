@@ -112,10 +112,8 @@ fn add_breadth_first(tree: &mut TokenTree, paths: &[Vec<u32>], budget: usize) {
 /// verified in one tree pass. The n-gram takes up to K nodes more than the draft's proposal
 /// holds (or the budget's other nodes, if more). A draft that sized its tree from the measured
 /// costs (EAGLE's) keeps it as sized, with the n-gram's nodes beside it; other merged trees are
-/// sized by the loop. With a draft that samples on the host (its proposal carries q: a top-k the
-/// GPU does not draw from), its proposal alone (its tokens are drawn from its q, which a merged
-/// tree would not keep); a draft model's chain drawn on the GPU (with the target's noise) merges
-/// as a greedy one does.
+/// sized by the loop. A draft model's sampled chain (drawn with the target's noise) merges as a
+/// greedy one does.
 pub struct Ensemble<'a> {
     pub draft: &'a mut dyn Draft,
     pub ngram: NGram,
@@ -135,9 +133,9 @@ impl Draft for Ensemble<'_> {
     }
 
     fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>> {
-        let Ask { context, budget, sampling, rng } = ask;
+        let Ask { context, budget, sampling } = ask;
         Box::pin(async move {
-            let proposal = self.draft.propose(Ask { context, budget, sampling, rng }).await?;
+            let proposal = self.draft.propose(Ask { context, budget, sampling }).await?;
             let root = context.last().copied().unwrap_or(0);
             let (mut tree, sized, steps) = match proposal {
                 Proposal::Chain { tokens, steps, .. } => (TokenTree::chain(root, &tokens), false, steps),
@@ -173,7 +171,7 @@ impl Draft for NGram {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::sampling::{Rng, SamplingParams};
+    use crate::sampling::SamplingParams;
 
     #[test]
     fn ngram_proposes_the_continuation_of_the_latest_match() {
@@ -213,14 +211,9 @@ mod tests {
         let propose = |draft: &mut dyn Draft, budget| {
             let mut ensemble = Ensemble { draft, ngram: NGram { branches: 4, ..NGram::default() } };
             assert_eq!(ensemble.kind(), DraftKind::EagleNgram);
-            let (params, mut rng) = (SamplingParams::greedy(), Rng::new(0));
-            pollster::block_on(ensemble.propose(Ask {
-                context: &context,
-                budget,
-                sampling: &params,
-                rng: &mut rng,
-            }))
-            .expect("propose")
+            let params = SamplingParams::greedy();
+            pollster::block_on(ensemble.propose(Ask { context: &context, budget, sampling: &params }))
+                .expect("propose")
         };
         let p = propose(&mut Fixed(vec![4, 5, 6], None), DraftBudget::chain(3));
         assert_eq!(p.tokens(), [4, 5, 6], "the draft's chain is the first branch");
