@@ -99,11 +99,12 @@ pub struct GenerationCounts {
 }
 
 impl GenerationCounts {
-    /// The counts of a generation that ended (cancelled: its client left), choice `choice` of
-    /// its request (the prompt counted with the first: one request's prompt, whatever its `n`).
-    pub fn of(c: &wgspec::engine::Completion, choice: usize) -> GenerationCounts {
+    /// The counts of a generation that ended (cancelled: its client left), counting
+    /// `prompt_tokens` of its prompt (a request's prompt counts once, whatever its `n`: with the
+    /// first of its choices counted).
+    pub fn of(c: &wgspec::engine::Completion, prompt_tokens: usize) -> GenerationCounts {
         GenerationCounts {
-            prompt_tokens: if choice == 0 { c.prompt_tokens.len() } else { 0 },
+            prompt_tokens,
             generated_tokens: c.tokens.len(),
             drafted: c.stats.drafted,
             accepted: c.stats.accepted,

@@ -7,6 +7,7 @@
 //! its next token; a job whose client leaves while it waits leaves the queue at once.
 
 use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 
 use tokio::sync::{mpsc, oneshot};
@@ -241,7 +242,9 @@ pub fn spawn(
 struct Served {
     events: mpsc::UnboundedSender<Event>,
     choice: usize,
-    prompt_tokens: usize,
+    /// The request's prompt tokens while none of its choices is counted: the first counted
+    /// (done, or its client gone) takes them, whichever choice it is.
+    prompt: Arc<AtomicUsize>,
     tokens: usize,
 }
 
@@ -295,14 +298,14 @@ impl Scheduler {
                 return;
             }
             let Job { request, prompt, n, events } = job;
-            let prompt_tokens = prompt.len();
+            let uncounted = Arc::new(AtomicUsize::new(prompt.len()));
             match self.engine.batch_submit_choices(prompt, &request, n) {
                 Ok(ids) => {
                     let started = events.send(Event::Started).is_ok();
                     for (choice, id) in ids.into_iter().enumerate() {
                         if started {
-                            let events = events.clone();
-                            self.served.insert(id, Served { events, choice, prompt_tokens, tokens: 0 });
+                            let (events, prompt) = (events.clone(), uncounted.clone());
+                            self.served.insert(id, Served { events, choice, prompt, tokens: 0 });
                         } else {
                             self.engine.batch_cancel(id);
                         }
@@ -328,7 +331,7 @@ impl Scheduler {
             self.engine.batch_cancel(id);
             if let Some(s) = self.served.remove(&id) {
                 metrics.generation(&GenerationCounts {
-                    prompt_tokens: if s.choice == 0 { s.prompt_tokens } else { 0 },
+                    prompt_tokens: s.prompt.swap(0, Ordering::Relaxed),
                     generated_tokens: s.tokens,
                     drafted: 0,
                     accepted: 0,
@@ -366,7 +369,8 @@ impl Scheduler {
                 }
                 BatchEvent::Done(c) => {
                     let s = self.served.remove(&id);
-                    metrics.generation(&GenerationCounts::of(&c, s.as_ref().map_or(0, |s| s.choice)));
+                    let prompt = s.as_ref().map_or(0, |s| s.prompt.swap(0, Ordering::Relaxed));
+                    metrics.generation(&GenerationCounts::of(&c, prompt));
                     if let Some(s) = s {
                         let _ = s.events.send(Event::Done(s.choice, Box::new(Reply::from(*c))));
                     }
@@ -396,7 +400,9 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
         }));
         match result {
             Ok(c) => {
-                metrics.generation(&GenerationCounts::of(&c, choice));
+                // (a choice that fails ends the job: the prompt counts with the first)
+                let prompt = if choice == 0 { c.prompt_tokens.len() } else { 0 };
+                metrics.generation(&GenerationCounts::of(&c, prompt));
                 // Only a client that went away cancels: nobody is left to tell.
                 if c.finish_reason == FinishReason::Cancelled {
                     return;
