@@ -39,7 +39,7 @@
 //
 // Batch-invariant: the order of every sum depends on k and LANES only (fixed per device and
 // weight matrix): a row
-// is computed by the same operations in the same order whether the pass holds 1 row or 32 (and
+// is computed by the same operations in the same order whether the pass holds 1 row or 64 (and
 // whichever of a GPU's two pipelines runs it), so its bits are the same. And no compiler can
 // round them differently: a GPU compiler may contract `a * b + c` into a fused multiply-add in
 // one pipeline or branch and not in another, so no float add here is fed by a multiply (or a

@@ -741,10 +741,12 @@ fn batched_requests_each_equal_their_run_alone() {
                 assert_eq!(got.prompt_tokens, prompts[i]);
             }
         };
-    // all at once, three then five more in a later pass, and in reverse order; passes of 32
-    // rows, of 7 rows (prompt chunks of a few rows beside the decoding ones), 3 sequences at once
+    // all at once, three then five more in a later pass, and in reverse order; passes of up to a
+    // pass's most rows (64: the first ones full of prompt chunks), of 7 rows (prompt chunks of a
+    // few rows beside the decoding ones), 3 sequences at once
+    let most = wgspec::model::MAX_BATCH;
     for (what, limits, after) in [
-        ("8 at once", BatchLimits { max_seqs: 8, max_rows: 32 }, 0),
+        ("8 at once", BatchLimits { max_seqs: 8, max_rows: most }, 0),
         ("3, then 5", BatchLimits { max_seqs: 8, max_rows: 7 }, 4),
         ("3 running at once", BatchLimits { max_seqs: 3, max_rows: 32 }, 0),
     ] {
@@ -754,7 +756,10 @@ fn batched_requests_each_equal_their_run_alone() {
         for i in 0..first {
             ids.push(engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit"));
         }
+        let (mut widest, mut rows) = (0, engine.batch_status().rows);
         let done = run_batch(&mut engine, after + 1, |pass, engine| {
+            let now = engine.batch_status().rows;
+            (widest, rows) = (widest.max(now - rows), now);
             if pass == after {
                 for i in first..8 {
                     ids.push(engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit"));
@@ -762,6 +767,10 @@ fn batched_requests_each_equal_their_run_alone() {
             }
         });
         check(what, &done, &ids);
+        assert!(widest as usize <= limits.max_rows, "{what}: a pass of {widest} rows");
+        if limits.max_rows == most {
+            assert_eq!(widest as usize, most, "{what}: passes of a pass's most rows");
+        }
         assert!(done.values().any(|c| c.stats.accepted > 0), "{what}: n-gram drafts kept in the batch");
         let status = engine.batch_status();
         assert_eq!((status.running, status.waiting, status.pages_used), (0, 0, 0), "{what}: {status:?}");

@@ -326,8 +326,9 @@ fn matmul_with_glu_epilogues_matches_reference() {
 #[test]
 fn matmul_rows_are_batch_invariant() {
     for gpu in gpus() {
-        // Row r of a pass over n rows must equal, bit for bit, the same row computed alone, for the
-        // float and the block formats, in every kind of row group (CPU adapters: 8 x 4, 8 + 5 in
+        // Row r of a pass over n rows (up to a pass's most, 64) must equal, bit for bit, the same
+        // row computed alone, for the float and the block formats, in every kind of row group
+        // (CPU adapters: 8 x 8, 8 x 6 + 1, 8 x 4 + 1, 8 x 4, 8 + 5 in
         // a group of six, 7 in a group of eight, 6, 4, 3, 2; the GPU shape: 16 x 2, 13 and 9 in a
         // group of sixteen, 8 and 7 of eight, 6 and 5 of six (its wide pipeline), 4, 3, 2, and
         // 16 + 13, 16 + 6, 16 + 1). F32 also with a k that is no multiple of 32, whose last unit
@@ -347,12 +348,13 @@ fn matmul_rows_are_batch_invariant() {
             (DType::Q6_K, 768, 4240),
         ];
         let mut lanes_seen = std::collections::BTreeSet::new();
+        let most = wgspec::model::MAX_BATCH; // (a pass's most rows: 64)
         for (dtype, k, cols) in cases {
-            let x = rand_vec(&mut rng, 32 * k, 1.0);
+            let x = rand_vec(&mut rng, most * k, 1.0);
             let (bytes, _) = random_weights(&mut rng, dtype, cols, k);
             let wb = upload(&gpu, dtype, &bytes, cols, k);
             let full_x = GpuBuffer::<f32>::from_slice(&gpu, "x", &x);
-            let full_y = GpuBuffer::<f32>::zeros(&gpu, "y", 32 * cols);
+            let full_y = GpuBuffer::<f32>::zeros(&gpu, "y", most * cols);
             let out = MatmulOut { ldy: cols as u32, ..Default::default() };
             let op = gpu.matmul(&step, &full_x, &wb, None, &full_y, out);
             lanes_seen.insert(op.lanes());
@@ -363,7 +365,14 @@ fn matmul_rows_are_batch_invariant() {
                 run(&gpu, &step, &[gpu.matmul(&step, &xr, &wb, None, &yr, out)], 1, 0);
                 singles.push(read_f32(&gpu, &yr.raw, cols));
             }
-            for n in [32usize, 29, 22, 17, 13, 9, 8, 7, 6, 5, 4, 3, 2] {
+            // (rows 32.. as the first rows of a pass of 32: lean; the rows of a 32-row pass are
+            // their single-row passes' below)
+            let (xs, ys) = (&x[32 * k..], GpuBuffer::<f32>::zeros(&gpu, "ys", (most - 32) * cols));
+            let xs = GpuBuffer::<f32>::from_slice(&gpu, "xs", xs);
+            run(&gpu, &step, &[gpu.matmul(&step, &xs, &wb, None, &ys, out)], most - 32, 0);
+            let rest = read_f32(&gpu, &ys.raw, (most - 32) * cols);
+            singles.extend(rest.chunks(cols).map(|r| r.to_vec()));
+            for n in [most, 49, 33, 32, 29, 22, 17, 13, 9, 8, 7, 6, 5, 4, 3, 2] {
                 run(&gpu, &step, std::slice::from_ref(&op), n, 0);
                 let batch = read_f32(&gpu, &full_y.raw, n * cols);
                 for (r, single) in singles.iter().enumerate().take(n) {

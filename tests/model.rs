@@ -482,7 +482,7 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
             .iter()
             .map(|&n| (0..n).map(|_| rand::Rng::gen_range(&mut r, 0..v as u32)).collect())
             .collect();
-        // alone: one sequence's passes (the pool's first positions), in passes of up to 32 rows
+        // alone: one sequence's passes (the pool's first positions), in passes of 29 rows
         let alone: Vec<Vec<f32>> = seqs
             .iter()
             .map(|s| {
@@ -500,13 +500,14 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
             .iter()
             .map(|&n| (0..n.div_ceil(PAGE)).map(|_| free.next().expect("page")).collect())
             .collect();
-        // passes: each sequence with rows left gives a chunk of its own size, within 32 rows
-        let sizes = [9usize, 1, 5, 12];
+        // passes: each sequence with rows left gives a chunk of its own size, within a pass's
+        // most rows (64: passes of up to 59 rows)
+        let sizes = [29usize, 1, 17, 12];
         let mut done = [0usize; 4];
         let mut passes = 0;
         while done.iter().zip(&lens).any(|(d, n)| d < n) {
             let mut rows = Vec::new();
-            let mut budget = 32;
+            let mut budget = wgspec::model::MAX_BATCH;
             for i in 0..seqs.len() {
                 let take = sizes[(i + passes) % 4].min(lens[i] - done[i]).min(budget);
                 if take == 0 {
@@ -557,7 +558,8 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
         bad("one page written for two sequences", &[twice, twice]);
         bad("rows past the pages", &[SeqRows { pages: &[1], start_pos: PAGE - 2, tokens: s }]);
         bad("rows past the context", &[SeqRows { pages: &[1, 2, 3], start_pos: 3 * PAGE - 2, tokens: s }]);
-        bad("33 rows", &[SeqRows { pages: &[1], start_pos: 0, tokens: &seqs[0][..33] }]);
+        let over = [1u32; wgspec::model::MAX_BATCH + 1];
+        bad("rows past a pass's", &[SeqRows { pages: &[1, 2], start_pos: 0, tokens: &over }]);
         bad("no rows", &[SeqRows { pages: &[1], start_pos: 0, tokens: &[] }]);
         bad("a token past the vocabulary", &[SeqRows { pages: &[1], start_pos: 0, tokens: &[v as u32] }]);
     }
@@ -1006,7 +1008,7 @@ fn bad_model_input_gives_typed_errors() {
     assert!(matches!(err, Error::TokenOutOfRange { .. }), "{err}");
     let err = pollster::block_on(m.forward(&[], 0)).expect_err("must fail");
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
-    let err = pollster::block_on(m.forward(&[1; 33], 0)).expect_err("must fail");
+    let err = pollster::block_on(m.forward(&[1; wgspec::model::MAX_BATCH + 1], 0)).expect_err("must fail");
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");
     let err = pollster::block_on(m.forward(&[1], 12)).expect_err("a gap in the cache");
     assert!(matches!(err, Error::InvalidArgument(_)), "{err}");

@@ -1359,7 +1359,7 @@ fn medusa_heads_rank_what_the_reference_heads_rank() {
         }
         let three = pollster::block_on(medusa.top_rows(&rows[2..5])).expect("rows");
         assert_eq!(three[..], together[2..5], "a run of three rows");
-        for bad in [&[][..], &[0; 9][..], &[32][..]] {
+        for bad in [&[][..], &[0; 9][..], &[wgspec::model::MAX_BATCH][..]] {
             assert!(pollster::block_on(medusa.top_rows(bad)).is_err(), "{bad:?} refused");
         }
         for row in [0, 4, 8] {
@@ -1953,7 +1953,7 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         assert!(!bad(HeadChain { past: 63, ..ok }), "{what}: position 63 is in one page");
         assert!(bad(HeadChain { past: 63, drafts: 3, ..ok }), "{what}: positions 63 and 64 are not");
         assert!(bad(HeadChain { drafts: 17, ..ok }) && bad(HeadChain { drafts: 0, ..ok }));
-        assert!(bad(HeadChain { row: 32, ..ok }));
+        assert!(bad(HeadChain { row: wgspec::model::MAX_BATCH, ..ok }));
     }
 }
 

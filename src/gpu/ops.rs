@@ -47,8 +47,12 @@ gpu_struct! {
 /// (`ATTENTION_BLOCK`), so a chunk of keys spans whole pages.
 pub const KV_PAGE: usize = ATTENTION_BLOCK as usize;
 
-/// The most rows of one pass.
-pub const PASS_ROWS: usize = 32;
+/// The most rows of one pass (a token tree's: [`MAX_TREE`]). 64: every kernel is batch-invariant
+/// at any count (a row's bits are the same in a pass of 1 row or 64), and the buffers that grow
+/// with it stay within WebGPU's default binding of 128 MiB: the logits of 64 rows of a
+/// 262,144-token vocabulary are 64 MiB, the split attention's scratch of a 32-head model at
+/// 4,096 positions 65 MiB (at 128 rows both would reach the limit).
+pub const PASS_ROWS: usize = 64;
 
 impl Step {
     /// A one-sequence chain pass: row r at position start_pos + r.

@@ -121,7 +121,7 @@ pub struct BenchArgs {
     #[arg(long, value_delimiter = ',', default_value = "1,2,4,8,16")]
     pub verify_ks: Vec<usize>,
     /// Instead of speculation against target-only decoding: the engine's batch under load, for
-    /// each N listed (1..=32) the same requests with at most N served together (`--draft none`,
+    /// each N listed (1..=64) the same requests with at most N served together (`--draft none`,
     /// `ngram`, a draft model, an EAGLE head or Medusa heads; greedy or sampled): tokens/s, time
     /// to first token, time per
     /// output token, rows per pass, and the requests whose tokens differ from the first N's.
@@ -234,7 +234,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
         }
     };
     let mut ks: Vec<usize> =
-        args.verify_ks.iter().copied().chain([k_runs]).filter(|k| (1..32).contains(k)).collect();
+        args.verify_ks.iter().copied().chain([k_runs]).filter(|k| (1..MAX_BATCH).contains(k)).collect();
     ks.sort_unstable();
     ks.dedup();
     let costs = verify_costs_filled(engine.target_mut(), &ks).await?;

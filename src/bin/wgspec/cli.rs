@@ -198,12 +198,12 @@ struct ServeArgs {
     /// Requests that may wait for the GPU beyond those it serves; more are answered 429 at once.
     #[arg(long, default_value_t = 8)]
     max_queue: usize,
-    /// Most requests served together, sharing every forward pass (1..=32; 1: one at a time).
+    /// Most requests served together, sharing every forward pass (1..=64; 1: one at a time).
     /// Greedy and sampled requests, plain or with the draft model, n-gram, EAGLE or Medusa drafts,
     /// are batched; others (an ensemble with the n-gram) run alone between batches.
     #[arg(long, default_value_t = 32)]
     max_batch: usize,
-    /// Most rows of one forward pass: prompt chunks, decoding tokens and drafts (1..=32).
+    /// Most rows of one forward pass: prompt chunks, decoding tokens and drafts (1..=64).
     #[arg(long, default_value_t = 32)]
     max_batch_tokens: usize,
     /// Pages of 64 positions in the KV cache pool the batched requests share (default: with

@@ -20,8 +20,8 @@ const TTFT_BOUNDS: &[f64] = &[0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5
 /// Time between consecutive tokens of a stream (seconds); tokens accepted from one draft arrive
 /// together, so speculation shows as many near-zero latencies.
 const TOKEN_BOUNDS: &[f64] = &[0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5];
-/// Rows of a batched pass (prompt chunks, decoding tokens, drafts): at most 32.
-const ROWS_BOUNDS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0];
+/// Rows of a batched pass (prompt chunks, decoding tokens, drafts): at most 64.
+const ROWS_BOUNDS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0];
 
 /// Cumulative buckets over fixed upper bounds.
 struct Histogram {
