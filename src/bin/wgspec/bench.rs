@@ -9,7 +9,7 @@ use std::sync::Arc;
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
-use wgspec::engine::{DraftKind, DraftSpec, Engine, Request};
+use wgspec::engine::{BatchLimits, DraftKind, DraftSpec, Engine, Request};
 use wgspec::gpu::{Gpu, KernelShape};
 use wgspec::model::{synthetic, LoadOptions, Model, Precision, MAX_BATCH};
 use wgspec::sampling::SamplingParams;
@@ -130,6 +130,10 @@ pub struct BenchArgs {
     /// With --concurrency: requests per level, prompt i mod the set (default: the set's size).
     #[arg(long, requires = "concurrency")]
     pub requests: Option<usize>,
+    /// With --concurrency: most rows of one pass, as `serve --max-batch-tokens` (1..=64; default
+    /// 64).
+    #[arg(long, requires = "concurrency")]
+    pub max_batch_tokens: Option<usize>,
     /// With --concurrency: pages of 64 positions in the KV cache pool (default: the largest N
     /// times the pages of a 512-token prompt and --max-tokens, at least one context).
     #[arg(long, requires = "concurrency")]
@@ -202,12 +206,21 @@ pub async fn run(args: BenchArgs) -> Result<()> {
                 Ok((engine.prompt_tokens(&req)?, req))
             })
             .collect::<Result<Vec<_>>>()?;
+        if let Some(rows) = args.max_batch_tokens {
+            if !(1..=MAX_BATCH).contains(&rows) {
+                return Err(Error::InvalidArgument(format!(
+                    "--max-batch-tokens takes 1..={MAX_BATCH}, got {rows}"
+                )));
+            }
+            engine.set_batch_limits(BatchLimits { max_rows: rows, ..engine.batch_limits() });
+        }
         let levels = crate::bench_batch::run(&mut engine, &requests, &args.concurrency).await?;
         let report = serde_json::json!({
             "adapter": gpu.describe(),
             "target": target_name,
             "draft": spec.to_string(),
             "max_tokens": args.max_tokens,
+            "max_batch_tokens": engine.batch_limits().max_rows,
             "levels": levels,
         });
         let text = serde_json::to_string_pretty(&report)

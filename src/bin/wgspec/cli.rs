@@ -201,10 +201,10 @@ struct ServeArgs {
     /// Most requests served together, sharing every forward pass (1..=64; 1: one at a time).
     /// Greedy and sampled requests, plain or with the draft model, n-gram, EAGLE or Medusa drafts,
     /// are batched; others (an ensemble with the n-gram) run alone between batches.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = MAX_BATCH)]
     max_batch: usize,
     /// Most rows of one forward pass: prompt chunks, decoding tokens and drafts (1..=64).
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = MAX_BATCH)]
     max_batch_tokens: usize,
     /// Pages of 64 positions in the KV cache pool the batched requests share (default: with
     /// --max-memory-mb, as many as the budget leaves beside the models; else one context's
