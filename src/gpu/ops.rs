@@ -51,7 +51,9 @@ pub const KV_PAGE: usize = ATTENTION_BLOCK as usize;
 /// at any count (a row's bits are the same in a pass of 1 row or 64), and the buffers that grow
 /// with it stay within WebGPU's default binding of 128 MiB: the logits of 64 rows of a
 /// 262,144-token vocabulary are 64 MiB, the split attention's scratch of a 32-head model at
-/// 4,096 positions 65 MiB (at 128 rows both would reach the limit).
+/// 4,096 positions 65 MiB (at 128 rows both would reach the limit). The one-pass attention of
+/// CPU adapters keeps rows x heads x context scores: 64 rows of a 9-head model fit up to about
+/// 58,000 positions (a longer context is refused at load, by the adapter's limit, naming it).
 pub const PASS_ROWS: usize = 64;
 
 impl Step {

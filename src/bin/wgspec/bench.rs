@@ -131,7 +131,7 @@ pub struct BenchArgs {
     #[arg(long, requires = "concurrency")]
     pub requests: Option<usize>,
     /// With --concurrency: most rows of one pass, as `serve --max-batch-tokens` (1..=64; default
-    /// 64).
+    /// 64; below a level's N, at most that many requests run at once).
     #[arg(long, requires = "concurrency")]
     pub max_batch_tokens: Option<usize>,
     /// With --concurrency: pages of 64 positions in the KV cache pool (default: the largest N
