@@ -10,7 +10,8 @@
 // share their loads of q and of the scores by shuffles (a workgroup's invocations all need them).
 // Every reduction runs in a fixed order that depends only on pos, never on n, so a verify pass
 // over K+1 rows reproduces single-row steps bit for bit.
-// A token-tree pass (step.tree = 1): row r is a node at depth d = popcount(ancestors[r]) - 1,
+// A token-tree pass (step.tree = 1): row r, a tree's node (row_tree(r) != 0; a paged pass may
+// hold trees beside other rows), is at depth d = popcount(its ancestor bits) - 1,
 // pos = start + d (start: its tree's first position), and its keys j >= start are its ancestors'
 // cache rows in depth order, itself last. The keys are the ones its root-to-node path would have
 // alone, in the same order, so a node's output equals that path's last row bit for bit.
@@ -127,7 +128,7 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     // head_dim it sums the last dimension again and stores nothing); the scores of the direct
     // keys are read in runs of 8, each invocation loading one with SHARE (past the direct keys:
     // never used).
-    let direct = max(lo, select(len, min(len, row_start(r)), step.tree != 0u));
+    let direct = max(lo, select(len, min(len, row_start(r)), row_tree(r) != 0u));
     for (var d0 = 0u; d0 < p.head_dim; d0 += WG) {
         if (share_any(d0 + t < p.head_dim)) {
             let d = min(d0 + t, p.head_dim - 1u);

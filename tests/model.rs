@@ -455,6 +455,92 @@ fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
 }
 
 #[test]
+fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
+    // A paged pass holds two sequences' token trees beside a chain and a prompt chunk (the trees'
+    // rows 29 to 60 of 61, past the 32 a one-sequence tree holds): every node's logits are the bits
+    // of its tree run alone after the same prefix (`forward_tree`), every chain row's those of its
+    // chain alone; in the one-pass attention and in the GPU shape's split one.
+    use wgspec::model::SeqRows;
+    const PAGE: usize = wgspec::gpu::KV_PAGE;
+    for (spec, gpu) in [(TinySpec::llama(), gpu()), (TinySpec::qwen3(), gpu_shaped())] {
+        let mut r = rng(78);
+        let tiny = TinyModel::random(spec, &mut r);
+        let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F16, &mut r)).expect("gguf");
+        let context = Some(3 * PAGE);
+        let opts = LoadOptions { context, kv_pages: Some(11), ..Default::default() };
+        let mut m = Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {}).expect("load");
+        let mut alone = Model::load(gpu, &ckpt, &LoadOptions { context, ..Default::default() }, &mut |_| {})
+            .expect("load");
+        let v = spec.vocab;
+        let mut tokens =
+            |n: usize| -> Vec<u32> { (0..n).map(|_| rand::Rng::gen_range(&mut r, 0..v as u32)).collect() };
+        // sequence 0: 60 committed, a tree of 12 at 60; 1: 20, a chain of 10; 2: 30, a chunk of
+        // 19 and a tree of 20 rooted at 49 (its last prompt token)
+        let seqs = [tokens(61), tokens(30), tokens(50)];
+        let nodes = [tokens(11), vec![], tokens(19)];
+        let mut shape = |n: usize| -> Vec<u32> {
+            let mut masks = vec![1u32];
+            for i in 1..n {
+                let parent = rand::Rng::gen_range(&mut r, 0..i);
+                masks.push(masks[parent] | 1 << i);
+            }
+            masks
+        };
+        let masks = [shape(12), vec![], shape(20)];
+        let pages: [&[u32]; 3] = [&[3, 7], &[5], &[0, 9]];
+        // the committed prefixes, in chain passes
+        for batch in [[(0, 0, 40), (1, 0, 20)], [(0, 40, 60), (2, 0, 30)]] {
+            let rows: Vec<SeqRows> = (batch.iter())
+                .map(|&(s, a, b)| SeqRows {
+                    pages: pages[s],
+                    start_pos: a,
+                    tokens: &seqs[s][a..b],
+                    tree: None,
+                })
+                .collect();
+            pollster::block_on(m.forward_pages(&rows)).expect("prefix pass");
+        }
+        // the pass: the chain, the chunk and its tree, the other tree
+        let tree_tokens = |s: usize, root: usize| [&seqs[s][root..root + 1], &nodes[s][..]].concat();
+        let (t0, t2) = (tree_tokens(0, 60), tree_tokens(2, 49));
+        let chunk2 = [&seqs[2][30..49], &t2[..]].concat();
+        let pass = [
+            SeqRows { pages: pages[1], start_pos: 20, tokens: &seqs[1][20..30], tree: None },
+            SeqRows { pages: pages[2], start_pos: 30, tokens: &chunk2, tree: Some(&masks[2]) },
+            SeqRows { pages: pages[0], start_pos: 60, tokens: &t0, tree: Some(&masks[0]) },
+        ];
+        let got = pollster::block_on(m.forward_pages(&pass)).expect("paged pass with trees");
+        assert_eq!(got.len(), 61 * v);
+        // each part alone: its prefix, then its chain or tree
+        let mut want = Vec::new();
+        alone.truncate(0);
+        forward(&mut alone, &seqs[1][..20], 0);
+        want.extend(forward(&mut alone, &seqs[1][20..30], 20));
+        alone.truncate(0);
+        forward(&mut alone, &seqs[2][..30], 0);
+        want.extend(forward(&mut alone, &seqs[2][30..49], 30));
+        want.extend(pollster::block_on(alone.forward_tree(&t2, &masks[2], 49)).expect("tree alone"));
+        alone.truncate(0);
+        forward(&mut alone, &seqs[0][..60], 0);
+        want.extend(pollster::block_on(alone.forward_tree(&t0, &masks[0], 60)).expect("tree alone"));
+        for (row, (g, w)) in got.chunks(v).zip(want.chunks(v)).enumerate() {
+            assert!(
+                g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits()),
+                "{:?}: row {row} of the pass differs from its run alone",
+                ckpt.config.arch
+            );
+        }
+        // a tree that is not one (node 1 without the root), or past its rows: refused
+        let bad = [1u32, 2];
+        let rows = [SeqRows { pages: pages[1], start_pos: 30, tokens: &seqs[1][..2], tree: Some(&bad) }];
+        assert!(matches!(pollster::block_on(m.forward_pages(&rows)), Err(Error::InvalidArgument(_))));
+        let rows =
+            [SeqRows { pages: pages[1], start_pos: 30, tokens: &seqs[1][..1], tree: Some(&masks[0][..2]) }];
+        assert!(matches!(pollster::block_on(m.forward_pages(&rows)), Err(Error::InvalidArgument(_))));
+    }
+}
+
+#[test]
 fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
     // Sequences of different lengths share passes over a pool of pages, each at its own
     // position, its pages scattered and interleaved with the others': every row's logits are the
@@ -522,6 +608,7 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
                     pages: &pages[i],
                     start_pos: at,
                     tokens: &seqs[i][at..at + take],
+                    tree: None,
                 })
                 .collect();
             let logits = pollster::block_on(m.forward_pages(&batch)).expect("paged pass");
@@ -553,15 +640,21 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
             );
             assert!(typed, "{what}: {got:?}");
         };
-        bad("a page past the pool", &[SeqRows { pages: &[11], start_pos: 0, tokens: s }]);
-        let twice = SeqRows { pages: &[1], start_pos: 0, tokens: s };
+        bad("a page past the pool", &[SeqRows { pages: &[11], start_pos: 0, tokens: s, tree: None }]);
+        let twice = SeqRows { pages: &[1], start_pos: 0, tokens: s, tree: None };
         bad("one page written for two sequences", &[twice, twice]);
-        bad("rows past the pages", &[SeqRows { pages: &[1], start_pos: PAGE - 2, tokens: s }]);
-        bad("rows past the context", &[SeqRows { pages: &[1, 2, 3], start_pos: 3 * PAGE - 2, tokens: s }]);
+        bad("rows past the pages", &[SeqRows { pages: &[1], start_pos: PAGE - 2, tokens: s, tree: None }]);
+        bad(
+            "rows past the context",
+            &[SeqRows { pages: &[1, 2, 3], start_pos: 3 * PAGE - 2, tokens: s, tree: None }],
+        );
         let over = [1u32; wgspec::model::MAX_BATCH + 1];
-        bad("rows past a pass's", &[SeqRows { pages: &[1, 2], start_pos: 0, tokens: &over }]);
-        bad("no rows", &[SeqRows { pages: &[1], start_pos: 0, tokens: &[] }]);
-        bad("a token past the vocabulary", &[SeqRows { pages: &[1], start_pos: 0, tokens: &[v as u32] }]);
+        bad("rows past a pass's", &[SeqRows { pages: &[1, 2], start_pos: 0, tokens: &over, tree: None }]);
+        bad("no rows", &[SeqRows { pages: &[1], start_pos: 0, tokens: &[], tree: None }]);
+        bad(
+            "a token past the vocabulary",
+            &[SeqRows { pages: &[1], start_pos: 0, tokens: &[v as u32], tree: None }],
+        );
     }
 }
 

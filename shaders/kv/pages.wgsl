@@ -4,15 +4,15 @@
                                                               //   each sequence's pages, in position order
 
 // The cache row of key j (at most its position) of pass row r: a tree node's keys from its tree's
-// first position on are its ancestors' rows in depth order (the (j - start)-th set bit of
-// ancestors[r]); every other key is position j of r's sequence: cache row j (one sequence), or
-// row j % PAGE of the sequence's page j / PAGE.
+// first position on are its ancestors' rows in depth order (row row_first(r) + the (j - start)-th
+// set bit of its ancestor bits); every other key is position j of r's sequence: cache row j (one
+// sequence), or row j % PAGE of the sequence's page j / PAGE.
 fn key_row(r: u32, j: u32) -> u32 {
     let start = row_start(r);
-    if (step.tree != 0u && j >= start) {
-        var m = step.ancestors[r / 4u][r % 4u];
+    var m = row_tree(r);
+    if (m != 0u && j >= start) {
         for (var i = start; i < j; i++) { m &= m - 1u; }
-        return cache_row(firstTrailingBit(m));
+        return cache_row(row_first(r) + firstTrailingBit(m));
     }
     if (step.paged == 0u) { return j; }
     return pages[step.rows[r].z + j / PAGE] * PAGE + j % PAGE;

@@ -6,8 +6,12 @@
 // A pass over several sequences of a pool of pages of PAGE positions (step.paged == 1): rows of
 // one sequence are consecutive, and step.rows[r] = (start, first, table, slot): the position of
 // the sequence's first row in the pass, that row's index, where the sequence's pages begin in the
-// pass's page table (shaders/kv/pages.wgsl), and the cache row that r's k/v go to. A tree node's
-// ancestors are rows of the pass (its sequence's, from `first` on).
+// pass's page table (shaders/kv/pages.wgsl), and the cache row that r's k/v go to; a token tree's
+// node has its tree's root as its first row, the root's position as its start, and its cache row
+// at the root's position + its index in the tree (scratch positions, compacted after).
+// A tree pass (step.tree == 1): step.ancestors[r] the bits of r's tree's rows (bit j: row
+// row_first(r) + j) that are r or its ancestors; 0 for a row that is no tree's node (a paged
+// pass holds trees beside chains).
 // Nothing here depends on the other rows of the pass: a row's keys and their order are those of
 // its own sequence, whatever shares the pass.
 
@@ -17,11 +21,23 @@ fn row_start(r: u32) -> u32 {
     return step.rows[r].x;
 }
 
+// The pass row of the first row of r's sequence (a tree node's: its tree's root).
+fn row_first(r: u32) -> u32 {
+    if (step.paged == 0u) { return 0u; }
+    return step.rows[r].y;
+}
+
+// Row r's ancestor bits if it is a tree's node, else 0.
+fn row_tree(r: u32) -> u32 {
+    if (step.tree == 0u) { return 0u; }
+    return step.ancestors[r / 4u][r % 4u];
+}
+
 // Row r's offset from row_start: its index among its sequence's rows, or a tree node's depth.
 fn row_depth(r: u32) -> u32 {
-    if (step.tree != 0u) { return countOneBits(step.ancestors[r / 4u][r % 4u]) - 1u; }
-    if (step.paged == 0u) { return r; }
-    return r - step.rows[r].y;
+    let tree = row_tree(r);
+    if (tree != 0u) { return countOneBits(tree) - 1u; }
+    return r - row_first(r);
 }
 
 // Row r's position in its sequence.

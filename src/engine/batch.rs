@@ -674,7 +674,7 @@ async fn run(batch: &mut Batch, target: &mut Model, plan: &[Rows]) -> Result<Rea
     let seqs: Vec<SeqRows> = (plan.iter().zip(&rows))
         .map(|(r, tokens)| {
             let s = &batch.running[r.seq];
-            SeqRows { pages: &s.pages, start_pos: s.n_past, tokens }
+            SeqRows { pages: &s.pages, start_pos: s.n_past, tokens, tree: None }
         })
         .collect();
     let enc = target.encode_pages(&seqs, true)?;

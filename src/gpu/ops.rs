@@ -34,8 +34,10 @@ gpu_struct! {
         pub tree: u32,
         /// 1 for a pass over pages of a pool: the rows' places are in `rows`.
         pub paged: u32,
-        /// `[MAX_TREE]` (a tree pass) bit j of `ancestors[r]`: row j is r or an ancestor of r.
-        pub ancestors: [u32; MAX_TREE],
+        /// `[PASS_ROWS]` (a tree pass) row r's tree: bit j of `ancestors[r]`: row first + j is r
+        /// or an ancestor of r, `first` the row of its tree's root (0 in a one-sequence pass,
+        /// `rows[r].y` in a paged one); 0: row r is no tree's node (a paged pass's other rows).
+        pub ancestors: [u32; PASS_ROWS],
         /// `[PASS_ROWS, 4]` (a paged pass) row r's (start, first, table, slot): the position of
         /// its sequence's first row in the pass, that row's index, where the sequence's pages
         /// begin in the pass's page table, and the cache row its k/v go to.
@@ -64,7 +66,7 @@ impl Step {
             start_pos: start_pos as u32,
             tree: 0,
             paged: 0,
-            ancestors: [0; MAX_TREE],
+            ancestors: [0; PASS_ROWS],
             rows: [0; 4 * PASS_ROWS],
         }
     }

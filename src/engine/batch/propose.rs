@@ -91,6 +91,7 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
                 pages: model_pages(&running[plan[entry].seq]),
                 start_pos: pos,
                 tokens: t,
+                tree: None,
             })
             .collect();
         let draws = draft_draws(running, plan, rows.iter().map(|r| r.0));
@@ -182,7 +183,7 @@ async fn catch_up(
     let seqs: Vec<SeqRows> = (rows.iter())
         .map(|&(entry, start, end)| {
             let s = &running[plan[entry].seq];
-            SeqRows { pages: model_pages(s), start_pos: start, tokens: &s.tokens[start..end] }
+            SeqRows { pages: model_pages(s), start_pos: start, tokens: &s.tokens[start..end], tree: None }
         })
         .collect();
     let draws = match draws {

@@ -516,7 +516,7 @@ impl EagleHead {
             )));
         }
         let paged: Vec<SeqRows> = (seqs.iter())
-            .map(|s| SeqRows { pages: s.pages, start_pos: s.start_pos, tokens: s.next })
+            .map(|s| SeqRows { pages: s.pages, start_pos: s.start_pos, tokens: s.next, tree: None })
             .collect();
         let (step, table, next) = paged_step(&paged, self.context, self.kv_pages)?;
         if let Some(&id) = next.iter().find(|&&t| t as usize >= self.config.vocab_size) {
@@ -574,7 +574,12 @@ impl EagleHead {
         let mut pages = Vec::new();
         for j in 1..depth {
             let rows: Vec<SeqRows> = (order[..wanting(j)].iter())
-                .map(|&i| SeqRows { pages: seqs[i].pages, start_pos: seqs[i].past + j - 1, tokens: &[0] })
+                .map(|&i| SeqRows {
+                    pages: seqs[i].pages,
+                    start_pos: seqs[i].past + j - 1,
+                    tokens: &[0],
+                    tree: None,
+                })
                 .collect();
             let (step, table_j, _) = paged_step(&rows, self.context, self.kv_pages)?;
             table[(j - 1) * size..j * size].copy_from_slice(bytemuck::bytes_of(&step));

@@ -83,15 +83,15 @@ pub struct MemoryBill {
 
 /// Activations and caches, each allocated once for [`MAX_BATCH`] rows.
 struct RunState {
-    step: wgpu::Buffer,       // uniform Step: [n, start_pos, tree, 0, ancestors[MAX_TREE]]
+    step: wgpu::Buffer, // uniform Step: [n, start_pos, tree, paged, ancestors[PASS_ROWS], rows[PASS_ROWS, 4]]
     step_table: wgpu::Buffer, // [MAX_PASSES, 4] u32: (n, start_pos, 0, 0) of each recorded pass
-    keep: wgpu::Buffer,       // uniform KeepParams: the rows of a tree pass to keep
-    tokens: GpuBuffer<u32>,   // [MAX_BATCH]
-    x: GpuBuffer<f32>,        // [MAX_BATCH, dim] residual stream
-    xb: GpuBuffer<f32>,       // [MAX_BATCH, dim] normed input of a sub-block
-    q: GpuBuffer<f32>,        // [MAX_BATCH, q_dim]
-    att: GpuBuffer<f32>,      // [MAX_BATCH, q_dim] attention output
-    scores: GpuBuffer<f32>,   // attention scratch: [MAX_BATCH, n_heads, context] scores, or
+    keep: wgpu::Buffer, // uniform KeepParams: the rows of a tree pass to keep
+    tokens: GpuBuffer<u32>, // [MAX_BATCH]
+    x: GpuBuffer<f32>,  // [MAX_BATCH, dim] residual stream
+    xb: GpuBuffer<f32>, // [MAX_BATCH, dim] normed input of a sub-block
+    q: GpuBuffer<f32>,  // [MAX_BATCH, q_dim]
+    att: GpuBuffer<f32>, // [MAX_BATCH, q_dim] attention output
+    scores: GpuBuffer<f32>, // attention scratch: [MAX_BATCH, n_heads, context] scores, or
     // [MAX_BATCH, n_heads, chunks, head_dim + 2] (split attention)
     hb: GpuBuffer<f32>,                 // [MAX_BATCH, ffn_dim] silu(gate) * up
     qkv: Option<GpuBuffer<f32>>, // [MAX_BATCH, q_dim + 2 kv_dim] raw q|k|v (models that norm each head)
@@ -660,6 +660,11 @@ pub struct SeqRows<'a> {
     pub start_pos: usize,
     /// Its tokens at `start_pos..`.
     pub tokens: &'a [u32],
+    /// A token tree in its last rows: `ancestors` of its nodes as [`Model::forward_tree`] takes
+    /// them (node 0, the root, at `start_pos + tokens.len() - ancestors.len()`); node i at its
+    /// root's position plus its depth, its keys and values at the root's plus i (positions past
+    /// the committed ones, in the sequence's pages). None: a chain.
+    pub tree: Option<&'a [u32]>,
 }
 
 /// Checks the sequences of a paged pass over a cache of `context` positions per sequence in a
@@ -693,11 +698,29 @@ pub(crate) fn paged_step(
         if let Some(p) = s.pages.iter().find(|&&p| p as usize >= pool) {
             return bad(format!("names page {p} of a pool of {pool}"));
         }
+        let tree = s.tree.unwrap_or(&[]);
+        if tree.len() > s.tokens.len() {
+            return bad(format!("has a tree of {} nodes in {} rows", tree.len(), s.tokens.len()));
+        }
+        if !tree.is_empty() {
+            check_tree(tree, tree.len())?;
+            step.tree = 1;
+        }
         let (first, base) = (tokens.len(), table.len());
+        // (the tree's root: its row and position)
+        let root = s.tokens.len() - tree.len();
+        let (root_row, root_pos) = (first + root, s.start_pos + root);
         for pos in s.start_pos..end {
             let slot = s.pages[pos / KV_PAGE] as usize * KV_PAGE + pos % KV_PAGE;
             let r = tokens.len();
-            step.rows[4 * r..4 * r + 4].copy_from_slice(&[s.start_pos, first, base, slot].map(|v| v as u32));
+            let place = match pos >= root_pos && !tree.is_empty() {
+                true => {
+                    step.ancestors[r] = tree[pos - root_pos];
+                    [root_pos, root_row, base, slot]
+                }
+                false => [s.start_pos, first, base, slot],
+            };
+            step.rows[4 * r..4 * r + 4].copy_from_slice(&place.map(|v| v as u32));
             tokens.push(s.tokens[pos - s.start_pos]);
         }
         written.extend_from_slice(&s.pages[s.start_pos / KV_PAGE..end.div_ceil(KV_PAGE)]);
