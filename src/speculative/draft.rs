@@ -514,7 +514,7 @@ impl Draft for DraftModel {
     }
 
     fn propose<'a>(&'a mut self, ask: Ask<'a>) -> LocalFuture<'a, Result<Proposal>> {
-        let Ask { context, budget, sampling, .. } = ask;
+        let Ask { context, budget, sampling } = ask;
         Box::pin(self.propose_impl(context, budget, sampling))
     }
 }
