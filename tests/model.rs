@@ -478,6 +478,7 @@ fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
         // 19 and a tree of 20 rooted at 49 (its last prompt token)
         let seqs = [tokens(61), tokens(30), tokens(50)];
         let nodes = [tokens(11), vec![], tokens(19)];
+        let next = tokens(2);
         let mut shape = |n: usize| -> Vec<u32> {
             let mut masks = vec![1u32];
             for i in 1..n {
@@ -530,6 +531,39 @@ fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
                 ckpt.config.arch
             );
         }
+        // each tree keeps its deepest node's path (nodes out of place, tree 0's across a page's
+        // end): a row after it then has the logits of the prefix and the path run as a chain
+        let deepest = |masks: &[u32]| -> Vec<usize> {
+            let node = (0..masks.len()).max_by_key(|&i| (masks[i].count_ones(), i)).expect("nodes");
+            (0..32).filter(|&j| masks[node] >> j & 1 == 1).collect()
+        };
+        let (p0, p2) = (deepest(&masks[0]), deepest(&masks[2]));
+        let moves = |p: &[usize]| p.iter().enumerate().any(|(d, &n)| n != d);
+        assert!(moves(&p0) && moves(&p2), "a path whose nodes are in place already: {p0:?} {p2:?}");
+        let keep = [(pages[0], 60, &p0[..]), (pages[2], 49, &p2[..])];
+        m.keep_paths_in_pages(&keep).expect("keep the paths");
+        let after = |s: usize, root: usize, path: &[usize], tree: &[u32], t: u32| -> Vec<u32> {
+            [&seqs[s][..root], &path.iter().map(|&n| tree[n]).collect::<Vec<_>>(), &[t][..]].concat()
+        };
+        let (c0, c2) = (after(0, 60, &p0, &t0, next[0]), after(2, 49, &p2, &t2, next[1]));
+        let rows = [
+            SeqRows { pages: pages[2], start_pos: c2.len() - 1, tokens: &c2[c2.len() - 1..], tree: None },
+            SeqRows { pages: pages[0], start_pos: c0.len() - 1, tokens: &c0[c0.len() - 1..], tree: None },
+        ];
+        let got = pollster::block_on(m.forward_pages(&rows)).expect("a pass after the kept paths");
+        for (row, (chain, root)) in [(&c2, 49), (&c0, 60)].into_iter().enumerate() {
+            alone.truncate(0);
+            forward(&mut alone, &chain[..root], 0);
+            let want = forward(&mut alone, &chain[root..], root);
+            let (g, w) = (&got[row * v..(row + 1) * v], &want[want.len() - v..]);
+            let same = g.iter().zip(w).all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same, "{:?}: the row after kept path {row} differs from its chain", ckpt.config.arch);
+        }
+        let too_long: Vec<usize> = (0..40).collect();
+        let refused = m.keep_paths_in_pages(&[(pages[0], 0, &too_long[..])]);
+        assert!(matches!(refused, Err(Error::InvalidArgument(_))));
+        let unordered = m.keep_paths_in_pages(&[(pages[0], 60, &[0, 3, 2][..])]);
+        assert!(matches!(unordered, Err(Error::InvalidArgument(_))));
         // a tree that is not one (node 1 without the root), or past its rows: refused
         let bad = [1u32, 2];
         let rows = [SeqRows { pages: pages[1], start_pos: 30, tokens: &seqs[1][..2], tree: Some(&bad) }];

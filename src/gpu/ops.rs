@@ -73,17 +73,16 @@ impl Step {
 }
 
 gpu_struct! {
-    /// The parameters of `shaders/kv_keep.wgsl`: the rows of a tree pass to keep, by depth.
+    /// The parameters of `shaders/kv_keep.wgsl`: the cache rows a pass's token trees keep.
     pub struct KeepParams => Keep {
-        /// The pass's first position (its rows' cache rows start there).
-        pub start_pos: u32,
-        /// Rows kept (the path's length).
+        /// Pairs copied (at most [`PASS_ROWS`]: a pass's rows).
         pub count: u32,
         /// 32-bit words per cache row (2 kv_dim f32, or kv_dim f16 pairs).
         pub width: u32,
-        pub _pad: u32,
-        /// `[MAX_TREE]` the path's rows in the pass, by depth.
-        pub slots: [u32; MAX_TREE],
+        pub _pad: [u32; 2],
+        /// `[PASS_ROWS, 2]` (dst, src) cache rows, copied in order: each tree's by depth, from
+        /// its accepted node's scratch row to the row of the node's position.
+        pub pairs: [u32; 2 * PASS_ROWS],
     }
 }
 
@@ -1383,11 +1382,11 @@ impl Gpu {
         self.queue.write_buffer(step, 0, bytemuck::bytes_of(&s));
     }
 
-    /// Copies rows `start_pos + keep.slots[i]` of `kv: [ctx, width]` to rows `start_pos + i`
-    /// (`keep`: a [`KeepParams`] uniform written before the op runs).
+    /// Copies the cache rows of `kv: [cache rows, width]` that `keep` pairs (`keep`: a
+    /// [`KeepParams`] uniform written before the op runs).
     pub fn kv_keep(&self, step: &wgpu::Buffer, keep: &wgpu::Buffer, kv: &GpuBuffer<u32>, width: u32) -> Op {
         let grid = Grid::Fixed([width.div_ceil(Kernel::WORKGROUP), 1, 1]);
-        // one word of each kept row per invocation (a tree's depth at most)
-        self.op(Kernel::KvKeep, step, keep, &[&kv.raw], grid).with_serial(Serial::fixed(MAX_TREE as u64))
+        // one word of each kept row per invocation (a pass's rows at most)
+        self.op(Kernel::KvKeep, step, keep, &[&kv.raw], grid).with_serial(Serial::fixed(PASS_ROWS as u64))
     }
 }

@@ -8,7 +8,7 @@ use super::config::Config;
 use super::weights::Weights;
 use crate::error::{Error, Result};
 use crate::gpu::{
-    Clock, Gpu, GpuBuffer, KeepParams, MatmulOut, Op, OpShape, Step, KV_PAGE, MAX_TOP_K, MAX_TREE,
+    Clock, Gpu, GpuBuffer, KeepParams, MatmulOut, Op, OpShape, Step, KV_PAGE, MAX_TOP_K, MAX_TREE, PASS_ROWS,
 };
 use bytemuck::Zeroable;
 
@@ -631,23 +631,68 @@ impl Model {
                 "a kept path must be ascending rows of the last tree pass from its root, got {path:?}"
             )));
         }
-        if path.iter().enumerate().any(|(i, &s)| s != i) {
-            let mut keep = KeepParams::zeroed();
-            keep.start_pos = start_pos as u32;
-            keep.count = path.len() as u32;
-            keep.width = kv_words(&self.config, self.state.kv_f16) as u32;
-            for (slot, &s) in keep.slots.iter_mut().zip(path) {
-                *slot = s as u32;
-            }
-            let g = &*self.gpu;
-            g.queue.write_buffer(&self.state.keep, 0, bytemuck::bytes_of(&keep));
-            let mut enc = g.encoder();
-            g.encode(&mut enc, &self.keep_ops, 1);
-            g.submit(enc);
-        }
+        // (the one-sequence cache: position p in cache row p)
+        let pairs = kept_pairs(path, |depth| (start_pos + depth) as u32);
+        self.copy_cache_rows(&pairs);
         self.len = start_pos + path.len();
         Ok(())
     }
+
+    /// After a pass over several sequences ([`Model::encode_pages`]) that held token trees, keeps
+    /// in each tree's sequence the nodes of its `path` (as [`Model::keep_path`] takes it) as its
+    /// positions from the root's on, `(pages, root position, path)` a tree's: its sequence's
+    /// pages then hold what running the path as a chain would have left. Submitted, not awaited
+    /// (the next pass comes after it).
+    pub fn keep_paths_in_pages(&mut self, trees: &[(&[u32], usize, &[usize])]) -> Result<()> {
+        let mut pairs = Vec::new();
+        for &(pages, root_pos, path) in trees {
+            let ordered = path.first() == Some(&0) && path.windows(2).all(|w| w[0] < w[1]);
+            let end = root_pos + path.last().map_or(0, |&l| l + 1);
+            let bad_page = pages.iter().any(|&p| p as usize >= self.kv_pages);
+            if !ordered || path.len() > MAX_TREE || pages.len() * KV_PAGE < end || bad_page {
+                return Err(Error::InvalidArgument(format!(
+                    "a kept path must be ascending rows of a tree from its root in its pages, got \
+                     {path:?} at position {root_pos} of {} pages",
+                    pages.len()
+                )));
+            }
+            let row = |depth: usize| {
+                let pos = root_pos + depth;
+                (pages[pos / KV_PAGE] as usize * KV_PAGE + pos % KV_PAGE) as u32
+            };
+            pairs.extend(kept_pairs(path, row));
+        }
+        if pairs.len() > PASS_ROWS {
+            return Err(Error::InvalidArgument(format!("{} kept rows, a pass has {PASS_ROWS}", pairs.len())));
+        }
+        self.copy_cache_rows(&pairs);
+        Ok(())
+    }
+
+    /// Copies cache rows `(dst, src)` in every layer, in order (none: nothing runs).
+    fn copy_cache_rows(&self, pairs: &[(u32, u32)]) {
+        if pairs.is_empty() {
+            return;
+        }
+        let mut keep = KeepParams::zeroed();
+        keep.count = pairs.len() as u32;
+        keep.width = kv_words(&self.config, self.state.kv_f16) as u32;
+        for (i, &(dst, src)) in pairs.iter().enumerate() {
+            keep.pairs[2 * i..2 * i + 2].copy_from_slice(&[dst, src]);
+        }
+        let g = &*self.gpu;
+        g.queue.write_buffer(&self.state.keep, 0, bytemuck::bytes_of(&keep));
+        let mut enc = g.encoder();
+        g.encode(&mut enc, &self.keep_ops, 1);
+        g.submit(enc);
+    }
+}
+
+/// The (dst, src) cache rows that keep a tree's accepted `path` (node indices by depth), `row`
+/// giving the cache row of the position at the root's plus a depth or an index: the nodes not
+/// in their place already.
+fn kept_pairs(path: &[usize], row: impl Fn(usize) -> u32) -> Vec<(u32, u32)> {
+    (path.iter().enumerate()).filter(|&(d, &node)| node != d).map(|(d, &node)| (row(d), row(node))).collect()
 }
 
 /// One sequence's rows in a pass over several ([`Model::forward_pages`]).
