@@ -854,6 +854,40 @@ fn batched_requests_each_equal_their_run_alone() {
     assert!(engine.batch_cancel(id));
 }
 
+#[test]
+fn batched_ngram_trees_equal_their_run_alone() {
+    // With the continuations of 4 earlier n-gram matches a request's drafts are a token tree:
+    // the batch verifies several requests' trees in one pass (each node sees its ancestors
+    // alone; the accepted path's keys and values are moved to their positions in the request's
+    // pages), greedy and sampled, with a fixed K and adaptive; each request's tokens are its run
+    // alone's (the one-sequence loop's trees).
+    let mut engine = engine_with_pages(tiny_gguf(44), 24);
+    engine.set_ngram_branches(4, 4);
+    let mut reqs = batch_requests();
+    for (i, r) in reqs.iter_mut().enumerate() {
+        r.draft = Some(DraftKind::Ngram);
+        r.draft_k = Some([6, 3, 8, 4][i % 4]);
+        r.max_tokens = r.max_tokens.max(48);
+        let stems = ["ab ac ad ae ", "the cat, the dog, the cow, the ", "1 2 1 3 1 4 1 5 1 ", "xa xb xc x"];
+        r.prompt = Some(stems[i % 4].repeat(1 + i % 3));
+    }
+    let prompts: Vec<Vec<u32>> = reqs.iter().map(|r| engine.prompt_tokens(r).expect("prompt")).collect();
+    let before = engine.batch_status();
+    let (alone, _, accepted) = alone_then_batched(&mut engine, &reqs, &prompts, "n-gram trees");
+    let status = engine.batch_status();
+    assert!(status.trees > before.trees, "trees in the batch's passes: {status:?}");
+    assert!(accepted > 0 && alone.iter().any(|c| c.stats.accepted > 0), "drafts kept");
+    // an adaptive K takes each tree's likeliest nodes where they pay (how many: the measured
+    // costs); the tokens are the same
+    let adaptive: Vec<Request> = reqs.iter().map(|r| Request { draft_k: None, ..r.clone() }).collect();
+    alone_then_batched(&mut engine, &adaptive, &prompts, "adaptive n-gram trees");
+    // plain n-gram drafts (one continuation) stay chains
+    engine.set_ngram_branches(1, 4);
+    let trees = engine.batch_status().trees;
+    alone_then_batched(&mut engine, &reqs[..2], &prompts[..2], "n-gram chains");
+    assert_eq!(engine.batch_status().trees, trees);
+}
+
 /// An engine of a tiny target with pools of 24 pages, and as its draft model the same weights,
 /// each tensor changed by `change`.
 fn engine_with_draft(change: impl Fn(&mut common::tiny::TinyTensor)) -> Engine {

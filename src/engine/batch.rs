@@ -62,11 +62,11 @@ use super::prompt::TextStream;
 use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
 use crate::generation::FinishReason;
-use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleSeed, KV_PAGE};
+use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleSeed, KV_PAGE, MAX_TREE};
 use crate::model::{EagleHead, MedusaHeads, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_MEDUSA_HEADS};
 use crate::sampling::SamplingParams;
 use crate::speculative::sampled::target_draws;
-use crate::speculative::{DraftKind, NGram, SpecStats};
+use crate::speculative::{DraftBudget, DraftKind, NGram, SpecStats, TokenTree};
 use crate::tokenizer::Tokenizer;
 
 /// A request in the batch.
@@ -118,6 +118,9 @@ pub struct BatchStatus {
     pub rows: u64,
     pub drafts: u64,
     pub preemptions: u64,
+    /// Sequences whose drafts in a pass were a token tree (n-gram continuations of several
+    /// matches), since the engine was made.
+    pub trees: u64,
     /// `k[i]`: how often a sequence's newest token went into a pass with i drafts after it
     /// (the last: 8 or more), since the engine was made: K per sequence.
     pub k: [u64; 9],
@@ -283,7 +286,8 @@ impl Readback {
 }
 
 /// The rows one sequence has in a pass: its tokens `n_past..n_past + run` (`pending`: all it has
-/// not run, the last of them its newest token), then `drafts`.
+/// not run, the last of them its newest token), then `drafts`: a chain after the newest token,
+/// or the nodes of `tree` after its root, the newest token.
 struct Rows {
     seq: usize,
     run: usize,
@@ -292,6 +296,20 @@ struct Rows {
     /// The K asked of the drafter (a fixed K capped by the context and the tokens still
     /// wanted, as the one-sequence loop asks it; the drafts may be fewer).
     asked: usize,
+    /// While planned, a token tree's proposal (n-gram continuations of several matches): the
+    /// tree and its nodes in the order drafts are taken (each after its parent), `drafts`
+    /// holding the first of them's tokens. Once the drafts are placed ([`place_drafts`]) it is
+    /// gone, and `tree` is the tree of the nodes taken (none: they are a chain), `drafts` its
+    /// nodes after the root.
+    proposed: Option<(TokenTree, Vec<usize>)>,
+    tree: Option<TokenTree>,
+}
+
+impl Rows {
+    /// `run` of the sequence's tokens not run yet, no drafts.
+    fn new(seq: usize, run: usize, pending: bool) -> Rows {
+        Rows { seq, run, pending, drafts: Vec::new(), asked: 0, proposed: None, tree: None }
+    }
 }
 
 /// The engine's batch of requests ([`Engine::batch_submit`](super::Engine::batch_submit)).
@@ -302,6 +320,9 @@ pub(super) struct Batch {
     running: Vec<Seq>,
     next_id: u64,
     pub(super) limits: BatchLimits,
+    /// The n-gram's continuations per proposal of the requests submitted from now on (1: the
+    /// latest match's chain; more: a token tree).
+    pub(super) ngram_branches: usize,
     status: BatchStatus,
     costs: PassCosts,
     /// The pages of the draft model's pool (no prefix cache: a sequence's own), the costs of its
@@ -341,6 +362,7 @@ impl Batch {
             running: Vec::new(),
             next_id: 0,
             limits: BatchLimits::default(),
+            ngram_branches: 1,
             status: BatchStatus::default(),
             costs: PassCosts::default(),
             readback: None,
@@ -396,7 +418,9 @@ impl Batch {
         let id = SeqId(self.next_id);
         self.next_id += 1;
         let source = match draft {
-            DraftKind::Ngram => Some(Source::NGram(NGram::default())),
+            DraftKind::Ngram => {
+                Some(Source::NGram(NGram { branches: self.ngram_branches, ..NGram::default() }))
+            }
             DraftKind::Model => Some(Source::Model { pages: Vec::new(), past: 0 }),
             DraftKind::Eagle => Some(Source::Eagle { past: 0, row: None, idle: 0 }),
             DraftKind::Medusa => Some(Source::Medusa { row: None }),
@@ -636,7 +660,10 @@ pub(super) async fn step(
         let outcomes =
             checked.inspect_err(|_| propose::forget_rows(batch, |d| d.is_medusa() || d.is_eagle()))?;
         let before = propose::before_commit(batch, &plan);
-        apply(batch, &plan, outcomes, tokenizer);
+        let kept = apply(batch, &plan, outcomes, tokenizer);
+        let trees: Vec<(&[u32], usize, &[usize])> =
+            kept.iter().map(|(pages, root, path)| (&pages[..], *root, &path[..])).collect();
+        target.keep_paths_in_pages(&trees)?;
         if let Some(h) = head {
             propose::follow(batch, h, &before);
         }
@@ -671,10 +698,12 @@ async fn run(batch: &mut Batch, target: &mut Model, plan: &[Rows]) -> Result<Rea
             s.tokens[s.n_past..s.n_past + r.run].iter().chain(&r.drafts).copied().collect()
         })
         .collect();
-    let seqs: Vec<SeqRows> = (plan.iter().zip(&rows))
-        .map(|(r, tokens)| {
+    let masks: Vec<Option<Vec<u32>>> =
+        plan.iter().map(|r| r.tree.as_ref().map(TokenTree::ancestors)).collect();
+    let seqs: Vec<SeqRows> = (plan.iter().zip(&rows).zip(&masks))
+        .map(|((r, tokens), tree)| {
             let s = &batch.running[r.seq];
-            SeqRows { pages: &s.pages, start_pos: s.n_past, tokens, tree: None }
+            SeqRows { pages: &s.pages, start_pos: s.n_past, tokens, tree: tree.as_deref() }
         })
         .collect();
     let enc = target.encode_pages(&seqs, true)?;
@@ -687,6 +716,7 @@ async fn run(batch: &mut Batch, target: &mut Model, plan: &[Rows]) -> Result<Rea
     batch.status.drafts += plan.iter().map(|r| r.drafts.len() as u64).sum::<u64>();
     for r in plan.iter().filter(|r| r.pending) {
         batch.status.k[r.drafts.len().min(8)] += 1;
+        batch.status.trees += r.tree.is_some() as u64;
     }
     Ok(out)
 }
@@ -695,10 +725,49 @@ async fn run(batch: &mut Batch, target: &mut Model, plan: &[Rows]) -> Result<Rea
 enum Outcome {
     /// A prompt chunk ran: nothing to commit.
     Prefilled,
-    /// The choices (argmax, or draws) of its newest token's row and its drafts' rows.
-    Chosen(Vec<u32>),
+    /// Its drafts verified by the choices (argmax, or draws) of its newest token's row and its
+    /// drafts' rows.
+    Chosen(Verdict),
     /// A logit of its row at this position is not finite (a sampled request: it fails alone).
     NonFinite(usize),
+}
+
+/// What a sequence's choices keep of its drafts: the drafts accepted (a chain's first ones, or
+/// the nodes of its tree's accepted path after the root), the choices along them (the newest
+/// token's row's, then each accepted draft's: the last is the token after them), whether a draft
+/// was rejected (the chain's next, or a child of the path's last node), and a tree's accepted
+/// path (node indices from the root) to keep in its pages.
+#[derive(Debug)]
+struct Verdict {
+    kept: Vec<u32>,
+    choices: Vec<u32>,
+    rejected: bool,
+    path: Option<Vec<usize>>,
+}
+
+impl Verdict {
+    /// The verdict of `choices` (one per row from the newest token's) on `r`'s drafts: a chain's
+    /// drafts the choices agree with, a tree's path by the greedy rule (given draws, the sampling
+    /// rule for deterministic drafts: [`TokenTree::verify_greedy`]).
+    fn of(r: &Rows, choices: &[u32]) -> Result<Verdict> {
+        let Some(tree) = &r.tree else {
+            let accepted = r.drafts.iter().zip(choices).take_while(|(d, o)| d == o).count();
+            return Ok(Verdict {
+                kept: r.drafts[..accepted].to_vec(),
+                choices: choices[..=accepted].to_vec(),
+                rejected: accepted < r.drafts.len(),
+                path: None,
+            });
+        };
+        let v = tree.verify_greedy(choices)?;
+        let last = v.path.last().copied().unwrap_or(0);
+        Ok(Verdict {
+            kept: v.path[1..].iter().map(|&n| tree.tokens()[n]).collect(),
+            choices: v.path.iter().map(|&n| choices[n]).collect(),
+            rejected: tree.children(last).next().is_some(),
+            path: Some(v.path),
+        })
+    }
 }
 
 /// Every plan entry's outcome, checked before anything is committed: a choice outside the
@@ -719,7 +788,13 @@ fn outcomes(batch: &Batch, plan: &[Rows], out: &Readout, vocab: usize) -> Result
             (Some(_), Readout::Draws(w)) => {
                 // (the flag: 1 + the last pass row with a non-finite logit)
                 if let Some(row) = w[FLAGS_AT + i].checked_sub(1) {
-                    all.push(Outcome::NonFinite(s.n_past + (row as usize).saturating_sub(first)));
+                    let mut at = (row as usize).saturating_sub(first);
+                    // (a tree's node: at its root's position plus its depth)
+                    if let Some(t) = r.tree.as_ref().filter(|_| at >= r.run) {
+                        let depth = t.ancestors().get(at + 1 - r.run).map_or(0, |a| a.count_ones() - 1);
+                        at = r.run - 1 + depth as usize;
+                    }
+                    all.push(Outcome::NonFinite(s.n_past + at));
                     continue;
                 }
                 w[DRAWS_AT + rows.start..DRAWS_AT + rows.end].to_vec()
@@ -730,14 +805,20 @@ fn outcomes(batch: &Batch, plan: &[Rows], out: &Readout, vocab: usize) -> Result
         if let Some(&bad) = choices.iter().find(|&&t| t as usize >= vocab) {
             return Err(Error::Gpu(format!("the GPU chose token {bad} of a vocabulary of {vocab}")));
         }
-        all.push(Outcome::Chosen(choices));
+        all.push(Outcome::Chosen(Verdict::of(r, &choices)?));
     }
     Ok(all)
 }
 
-/// Commits each sequence's outcome and ends the sequences that are done.
-fn apply(batch: &mut Batch, plan: &[Rows], outcomes: Vec<Outcome>, tokenizer: &Tokenizer) {
+/// A tree's accepted path to keep in its sequence's pages: the pages, the root's position, the
+/// path ([`Model::keep_paths_in_pages`]).
+type Kept = (Vec<u32>, usize, Vec<usize>);
+
+/// Commits each sequence's outcome and ends the sequences that are done. Returns the trees'
+/// paths to keep (a pass's rows read the sequences' pages only after they are kept).
+fn apply(batch: &mut Batch, plan: &[Rows], outcomes: Vec<Outcome>, tokenizer: &Tokenizer) -> Vec<Kept> {
     let mut ended = Vec::new();
+    let mut kept = Vec::new();
     for (r, outcome) in plan.iter().zip(outcomes) {
         let s = &mut batch.running[r.seq];
         s.stats.base.target_forwards += 1;
@@ -751,7 +832,12 @@ fn apply(batch: &mut Batch, plan: &[Rows], outcomes: Vec<Outcome>, tokenizer: &T
                 batch.events.push((s.id, BatchEvent::Failed(e)));
                 Some(FinishReason::Cancelled)
             }
-            Outcome::Chosen(choices) => commit(s, r, &choices, tokenizer, &mut batch.events),
+            Outcome::Chosen(v) => {
+                if let Some(path) = &v.path {
+                    kept.push((s.pages.clone(), s.n_past + r.run - 1, path.clone()));
+                }
+                commit(s, r, &v, tokenizer, &mut batch.events)
+            }
         };
         if !matches!(end, Some(FinishReason::Cancelled)) {
             cache_pages(&mut batch.pool, s);
@@ -765,6 +851,7 @@ fn apply(batch: &mut Batch, plan: &[Rows], outcomes: Vec<Outcome>, tokenizer: &T
         let s = batch.running.remove(i);
         finish(batch, s, reason, tokenizer);
     }
+    kept
 }
 
 /// Caches the sequence's whole pages of committed positions not cached yet.
@@ -887,7 +974,7 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
                 batch.preempt_youngest();
                 break;
             }
-            plan.push(Rows { seq: i, run: 1, pending: true, drafts: Vec::new(), asked: 0 });
+            plan.push(Rows::new(i, 1, true));
             budget -= 1;
         }
         i += 1;
@@ -901,7 +988,7 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
             let eagle = s.drafting.as_ref().is_some_and(Drafting::is_eagle);
             let run = (left - eagle as usize).min(budget);
             budget -= run;
-            plan.push(Rows { seq: i, run, pending: run == left, drafts: Vec::new(), asked: 0 });
+            plan.push(Rows::new(i, run, run == left));
         }
     }
     draft(batch, &mut plan, budget, context);
@@ -949,9 +1036,19 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         if k == 0 {
             continue;
         }
+        let nodes = if d.fixed { k } else { room_for_nodes(s, r, context) };
         let (mut proposal, cost, first) = match &d.source {
             _ if !ready => (Vec::new(), Some(0.0), 0.0),
-            Source::NGram(ngram) => (ngram.lookup(&s.tokens, k), Some(0.0), 0.0),
+            Source::NGram(ngram) => {
+                match ngram_tree(ngram, &s.tokens, k, nodes, (!d.fixed).then(|| s.alpha())) {
+                    Some((tree, order)) => {
+                        let tokens = order.iter().map(|&n| tree.tokens()[n]).collect();
+                        r.proposed = Some((tree, order));
+                        (tokens, Some(0.0), 0.0)
+                    }
+                    None => (ngram.lookup(&s.tokens, k), Some(0.0), 0.0),
+                }
+            }
             Source::Model { past, .. } => {
                 // (all of them: spread over the tokens still wanted, the draft caught up for a
                 // few drafts cost more than plain batching on lavapipe's Qwen pair at 4 requests)
@@ -965,14 +1062,18 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
             proposal.truncate(1);
         }
         let cost = cost.unwrap_or(0.0);
+        let gains = match &r.proposed {
+            Some((tree, order)) => order.iter().map(|&n| node_chances(tree, s.alpha())[n]).collect(),
+            None => (1..=proposal.len()).map(|i| s.alpha().powi(i as i32)).collect::<Vec<f64>>(),
+        };
         if d.fixed {
             r.asked = k;
             r.drafts = proposal.into_iter().take(budget).collect();
             budget -= r.drafts.len();
-            tokens += (1..=r.drafts.len()).map(|i| s.alpha().powi(i as i32)).sum::<f64>();
+            tokens += gains[..r.drafts.len()].iter().sum::<f64>();
             drafting += cost * r.drafts.len() as f64 + if r.drafts.is_empty() { 0.0 } else { first };
         } else if !proposal.is_empty() {
-            adaptive.push(Candidate { entry: i, proposal, alpha: s.alpha(), each: cost, first });
+            adaptive.push(Candidate { entry: i, proposal, gains, each: cost, first });
         }
     }
     let rows = plan.iter().map(|r| r.run + r.drafts.len()).sum::<usize>() as f64;
@@ -1011,15 +1112,63 @@ fn room(batch: &Batch, r: &Rows, context: usize) -> (usize, bool) {
     }
 }
 
-/// An adaptive K's sequence in [`draft`]: its plan entry, its proposal, its acceptance, a
-/// draft's own seconds and its first draft's more (a fixed cost: a draft model's catch-up, a
-/// Medusa row).
+/// An adaptive K's sequence in [`draft`]: its plan entry, its proposal, each draft's chance of
+/// being accepted (a chain's α^(i+1); see [`node_chances`] for a tree's), a draft's own seconds
+/// and its first draft's more (a fixed cost: a draft model's catch-up, a Medusa row).
 struct Candidate {
     entry: usize,
     proposal: Vec<u32>,
-    alpha: f64,
+    gains: Vec<f64>,
     each: f64,
     first: f64,
+}
+
+/// The most nodes a token tree of plan entry `r`'s sequence may hold after its root: a tree's
+/// (its rows' ancestors are one word) within the context (its nodes' keys go to the positions
+/// after the root's).
+fn room_for_nodes(s: &Seq, r: &Rows, context: usize) -> usize {
+    (MAX_TREE - 1).min(context.saturating_sub(s.n_past + r.run))
+}
+
+/// A sequence's n-gram proposal as a token tree below its newest token (the last of `tokens`):
+/// the continuations of several matches (`ngram.branches` > 1), `depth` deep and `nodes` nodes
+/// after the root at most, and its nodes in the order drafts are taken: with an adaptive K by
+/// their chance ([`node_chances`] at acceptance `alpha`; a parent before its children), the
+/// earlier first among equals; with a fixed one as the tree has them (breadth first, as the
+/// one-sequence loop takes them). None: one continuation (a chain: [`NGram::lookup`]'s).
+fn ngram_tree(
+    ngram: &NGram,
+    tokens: &[u32],
+    depth: usize,
+    nodes: usize,
+    alpha: Option<f64>,
+) -> Option<(TokenTree, Vec<usize>)> {
+    if ngram.branches < 2 || depth == 0 {
+        return None;
+    }
+    let tree = ngram.lookup_tree(tokens, DraftBudget::tree(depth, nodes.max(depth).min(MAX_TREE - 1)));
+    if tree.is_chain() {
+        return None;
+    }
+    let mut order: Vec<usize> = (1..tree.len()).collect();
+    if let Some(alpha) = alpha {
+        let chance = node_chances(&tree, alpha);
+        order.sort_by(|&a, &b| chance[b].total_cmp(&chance[a]).then(a.cmp(&b)));
+    }
+    Some((tree, order))
+}
+
+/// Each node's chance of being accepted under a sequence's acceptance `alpha` (the root's 1):
+/// its parent's times α for a first child, and for a later one times the chance the earlier
+/// siblings were not (α (1 - α)^rank): an alternative continuation is tried where the first
+/// failed. Below its parent's, so taking nodes by chance takes parents first.
+fn node_chances(tree: &TokenTree, alpha: f64) -> Vec<f64> {
+    let mut chance = vec![1.0; tree.len()];
+    for (n, &p) in tree.parents().iter().enumerate().skip(1) {
+        let rank = tree.children(p).position(|c| c == n).unwrap_or(0);
+        chance[n] = chance[p] * alpha * (1.0 - alpha).powi(rank as i32);
+    }
+    chance
 }
 
 /// The pass [`draft`] plans, as the cost line sees it: its rows, its expected tokens, the
@@ -1047,7 +1196,7 @@ fn add_adaptive(
     while budget > 0 {
         let best = (cands.iter().enumerate())
             .filter(|(j, c)| !done[*j] && plan[c.entry].drafts.len() < c.proposal.len())
-            .map(|(j, c)| (j, c.alpha.powi(plan[c.entry].drafts.len() as i32 + 1)))
+            .map(|(j, c)| (j, c.gains[plan[c.entry].drafts.len()]))
             .max_by(|x, y| x.1.total_cmp(&y.1));
         let Some((j, gain)) = best else { break };
         let c = &cands[j];
@@ -1059,10 +1208,7 @@ fn add_adaptive(
             Some((a, b)) => {
                 let pays = |g: f64, secs: f64| g * (a + b * p.rows + p.drafting) >= secs * p.tokens;
                 // (a fixed cost shared by the drafts it buys)
-                let bundle = |m: usize| {
-                    let g: f64 = (1..=m).map(|i| c.alpha.powi(i as i32)).sum();
-                    pays(g, m as f64 * (b + c.each) + c.first)
-                };
+                let bundle = |m: usize| pays(c.gains[..m].iter().sum(), m as f64 * (b + c.each) + c.first);
                 let more = c.proposal.len().min(budget);
                 let shared = n == 0 && c.first > 0.0 && (2..=more).any(bundle);
                 if !(pays(gain, b + cost) || shared) {
@@ -1083,12 +1229,23 @@ fn add_adaptive(
 }
 
 /// The drafts' positions in the target's pages: free ones taken, never a preemption (drafts
-/// past the pages held are dropped).
+/// past the pages held are dropped); a tree proposal becomes the tree of the nodes taken.
 fn place_drafts(batch: &mut Batch, plan: &mut [Rows]) {
     for r in plan.iter_mut().filter(|r| !r.drafts.is_empty()) {
         let last = batch.running[r.seq].n_past + r.run;
         batch.take_free(r.seq, last + r.drafts.len());
         r.drafts.truncate(batch.running[r.seq].pages.len() * KV_PAGE - last);
+    }
+    for r in plan.iter_mut() {
+        let Some((tree, order)) = r.proposed.take() else { continue };
+        let mut keep = vec![false; tree.len()];
+        keep[0] = true;
+        for &n in &order[..r.drafts.len()] {
+            keep[n] = true;
+        }
+        let taken = tree.subtree(&keep);
+        r.drafts = taken.tokens()[1..].to_vec();
+        r.tree = (!taken.is_chain()).then_some(taken);
     }
 }
 
@@ -1137,19 +1294,18 @@ impl PassCosts {
     }
 }
 
-/// Commits a sequence's pass: `out` holds the choices (argmax, or draws) of its newest token's
-/// row, then of its drafts' rows. Keeps the drafts the choices agree with, then the choice after
-/// them; each token checked as the one-sequence loop checks it. Returns why the sequence ends,
-/// if it does.
+/// Commits a sequence's pass by its verdict `v`: the drafts kept, then the choice after them;
+/// each token checked as the one-sequence loop checks it. Returns why the sequence ends, if it
+/// does.
 fn commit(
     s: &mut Seq,
     r: &Rows,
-    out: &[u32],
+    v: &Verdict,
     tokenizer: &Tokenizer,
     events: &mut Vec<(SeqId, BatchEvent)>,
 ) -> Option<FinishReason> {
-    let accepted = r.drafts.iter().zip(out).take_while(|(d, o)| d == o).count();
-    s.rejected += (accepted < r.drafts.len()) as usize;
+    let accepted = v.kept.len();
+    s.rejected += v.rejected as usize;
     let st = &mut s.stats;
     st.verify_forwards += 1;
     st.drafted += r.drafts.len();
@@ -1160,25 +1316,24 @@ fn commit(
     if let Some(Drafting { source: Source::Model { past, .. }, .. }) = &mut s.drafting {
         *past = (*past).min(s.n_past);
     }
-    let end = push_committed(s, r, out, accepted, tokenizer, events);
+    let end = push_committed(s, v, tokenizer, events);
     // (an end among the accepted drafts: the positions of those after it are not the sequence's)
     s.n_past = s.n_past.min(s.tokens.len());
     end
 }
 
-/// [`commit`]'s tokens: the `accepted` drafts, then the choice after them, each streamed and
-/// checked for the end as the one-sequence loop checks it (the first that ends it is the last).
+/// [`commit`]'s tokens: the kept drafts, then the choice after them, each streamed and checked
+/// for the end as the one-sequence loop checks it (the first that ends it is the last).
 fn push_committed(
     s: &mut Seq,
-    r: &Rows,
-    out: &[u32],
-    accepted: usize,
+    v: &Verdict,
     tokenizer: &Tokenizer,
     events: &mut Vec<(SeqId, BatchEvent)>,
 ) -> Option<FinishReason> {
     let now = Instant::now();
     s.first_token.get_or_insert(now);
-    let new = r.drafts[..accepted].iter().map(|&x| (x, true)).chain([(out[accepted], false)]);
+    let after = v.choices[v.kept.len()];
+    let new = v.kept.iter().map(|&x| (x, true)).chain([(after, false)]);
     for (tok, drafted) in new {
         s.tokens.push(tok);
         s.from_draft.push(drafted);
@@ -1281,9 +1436,7 @@ mod tests {
     }
 
     fn drafts(batch: &mut Batch, budget: usize) -> Vec<usize> {
-        let mut plan: Vec<Rows> = (0..batch.running.len())
-            .map(|i| Rows { seq: i, run: 1, pending: true, drafts: Vec::new(), asked: 0 })
-            .collect();
+        let mut plan: Vec<Rows> = (0..batch.running.len()).map(|i| Rows::new(i, 1, true)).collect();
         draft(batch, &mut plan, budget, 1024);
         plan.iter().map(|r| r.drafts.len()).collect()
     }
@@ -1407,13 +1560,55 @@ mod tests {
         let tokenizer = crate::model::synthetic::byte_tokenizer(256).expect("bytes");
         let mut s = seq((0..62).map(|i| 97 + i % 20).collect(), 0, 0);
         (s.prompt_len, s.max_tokens) = (61, 2);
-        let r = Rows { seq: 0, run: 1, pending: true, drafts: vec![1, 2, 3], asked: 3 };
-        let end = commit(&mut s, &r, &[1, 2, 3, 4], &tokenizer, &mut Vec::new());
+        let r = Rows { drafts: vec![1, 2, 3], asked: 3, ..Rows::new(0, 1, true) };
+        let v = Verdict::of(&r, &[1, 2, 3, 4]).expect("a chain's verdict");
+        let end = commit(&mut s, &r, &v, &tokenizer, &mut Vec::new());
         assert_eq!(end, Some(FinishReason::Length));
         assert_eq!((s.tokens.len(), s.n_past), (63, 63));
         let mut pool = Pool::new(2);
         cache_pages(&mut pool, &mut s);
         assert_eq!(pool.cached(), 0, "no whole page of its tokens");
+    }
+
+    #[test]
+    fn a_token_tree_is_taken_likeliest_first_and_keeps_the_path_its_choices_follow() {
+        // "1" was followed by "8 9 1", "6 1 8" and "5 7 1": three branches below the root 1
+        let context = [1, 5, 7, 1, 6, 1, 8, 9, 1];
+        let ngram = NGram { branches: 3, ..NGram::default() };
+        let (tree, order) = ngram_tree(&ngram, &context, 3, 31, Some(0.5)).expect("a tree");
+        assert_eq!(tree.tokens(), &[1, 8, 6, 5, 9, 1, 7, 1, 8, 1]);
+        // chances: 8 1/2, 6 1/4, 5 1/8; 9 1/4, 1 (after 6) 1/16, ...: parents first
+        assert_eq!(&order[..4], &[1, 2, 4, 3]);
+        let chance = node_chances(&tree, 0.5);
+        assert!(order.windows(2).all(|w| chance[w[0]] >= chance[w[1]]));
+        // a fixed K takes the nodes as the tree has them; one continuation is a chain
+        assert_eq!(ngram_tree(&ngram, &context, 3, 3, None).expect("a tree").1, [1, 2, 3]);
+        assert!(ngram_tree(&ngram, &[1, 2, 3, 1, 2], 3, 31, Some(0.5)).is_none());
+        assert!(ngram_tree(&NGram::default(), &context, 3, 31, Some(0.5)).is_none());
+        // the plan takes the first 3 of the order: the tree 1 -> (8 -> 9, 6)
+        let mut batch = Batch::new(4);
+        batch.running = vec![seq(context.to_vec(), 0, 0)];
+        let drafts = order[..3].iter().map(|&n| tree.tokens()[n]).collect();
+        let mut plan = vec![Rows { drafts, proposed: Some((tree, order)), ..Rows::new(0, 1, true) }];
+        place_drafts(&mut batch, &mut plan);
+        let r = &plan[0];
+        let taken = r.tree.as_ref().expect("a tree");
+        assert_eq!(
+            (taken.tokens(), taken.parents(), &r.drafts[..]),
+            (&[1, 8, 6, 9][..], &[0, 0, 0, 1][..], &[8, 6, 9][..])
+        );
+        // the choices follow 8 then 9: its path, the choice after it; node 2 was not reached
+        let v = Verdict::of(r, &[8, 9, 4, 3]).expect("verdict");
+        assert_eq!((&v.kept[..], &v.choices[..], v.rejected), (&[8, 9][..], &[8, 9, 3][..], false));
+        assert_eq!(v.path, Some(vec![0, 1, 3]));
+        // 6 (node 2, a leaf): kept; 8 then not 9: a child of the path's end was rejected
+        let v = Verdict::of(r, &[6, 2, 4, 3]).expect("verdict");
+        assert_eq!(
+            (&v.kept[..], &v.choices[..], v.rejected, v.path),
+            (&[6][..], &[6, 4][..], false, Some(vec![0, 2]))
+        );
+        let v = Verdict::of(r, &[8, 7, 4, 3]).expect("verdict");
+        assert_eq!((&v.kept[..], &v.choices[..], v.rejected), (&[8][..], &[8, 7][..], true));
     }
 
     #[test]

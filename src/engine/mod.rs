@@ -367,6 +367,7 @@ impl Engine {
     /// [`TREE_BRANCHES`]); at least 1 each.
     pub fn set_ngram_branches(&mut self, alone: usize, merged: usize) {
         self.ngram_branches = (alone.max(1), merged.max(1));
+        self.batch.ngram_branches = alone.max(1);
         self.schedules.retain(|((kind, _), _)| *kind != DraftKind::Ngram && !kind.is_ensemble());
     }
 

@@ -244,6 +244,11 @@ impl Metrics {
                 ),
                 ("wgspec_batch_draft_rows_total", "Draft rows of those passes.", b.drafts),
                 (
+                    "wgspec_batch_draft_trees_total",
+                    "Batched requests' newest tokens whose drafts after them in their pass were a token tree.",
+                    b.trees,
+                ),
+                (
                     "wgspec_preemptions_total",
                     "Batched requests preempted for KV cache pages (recomputed when admitted again).",
                     b.preemptions,
@@ -346,6 +351,7 @@ mod tests {
             running: 2,
             waiting: 1,
             drafts: 4,
+            trees: 2,
             pages_used: 5,
             pages_free: 59,
             pages_cached: 6,
@@ -368,6 +374,7 @@ mod tests {
             "wgspec_batch_passes_total 7",
             "wgspec_batch_rows_total 30",
             "wgspec_batch_draft_rows_total 4",
+            "wgspec_batch_draft_trees_total 2",
             "wgspec_batch_draft_k_total{k=\"0\"} 5",
             "wgspec_batch_draft_k_total{k=\"2\"} 2",
             "wgspec_batch_draft_k_total{k=\"8\"} 1",
