@@ -877,6 +877,7 @@ fn batched_ngram_trees_equal_their_run_alone() {
     let status = engine.batch_status();
     assert!(status.trees > before.trees, "trees in the batch's passes: {status:?}");
     assert!(accepted > 0 && alone.iter().any(|c| c.stats.accepted > 0), "drafts kept");
+    drafts_alone_in_the_batch_as_alone(&mut engine, &reqs, &prompts, &alone, "n-gram trees");
     // an adaptive K takes each tree's likeliest nodes where they pay (how many: the measured
     // costs); the tokens are the same
     let adaptive: Vec<Request> = reqs.iter().map(|r| Request { draft_k: None, ..r.clone() }).collect();
@@ -1000,6 +1001,29 @@ fn a_draft_models_non_finite_logits_fail_no_request() {
     assert!(drafted > 0, "the broken draft drafted ({accepted} kept)");
 }
 
+/// Each greedy request of `reqs` with a fixed K, alone in the batch, drafts what it drafts alone
+/// (`alone`: its runs through the one-sequence loop): the same drafts kept, cycle by cycle (the
+/// drafts' count may differ near the end: where a tree of K deep would pass the tokens wanted,
+/// the one-sequence loop drafts its first branch, the batch a shallower tree).
+fn drafts_alone_in_the_batch_as_alone(
+    engine: &mut Engine,
+    reqs: &[Request],
+    prompts: &[Vec<u32>],
+    alone: &[Completion],
+    what: &str,
+) {
+    for i in (0..reqs.len()).filter(|&i| reqs[i].draft_k.is_some() && reqs[i].temperature == 0.0) {
+        let id = engine.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit");
+        let done = run_batch(engine, 0, |_, _| {});
+        let (got, want) = (&done[&id], &alone[i]);
+        assert_eq!(
+            (got.stats.accepted, &got.from_draft),
+            (want.stats.accepted, &want.from_draft),
+            "{what}: request {i} alone in the batch"
+        );
+    }
+}
+
 /// Runs each of `reqs` alone, then all at once in the batch (`prompts`: their tokens), asserting
 /// each batched request's tokens are its run alone's; returns the runs alone and the batch's
 /// drafts and accepted drafts.
@@ -1092,9 +1116,10 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
             );
         }
     }
-    // Medusa heads in the batch: each drafting request's first guesses from its row of the
-    // pass before, several rows in one run of the heads; each request its run alone (which
-    // verifies Medusa's trees: the tokens are the same)
+    // Medusa heads in the batch: each drafting request's tree of their guesses (Medusa's paths,
+    // its likeliest nodes or a fixed K's first ones) from its row of the pass before (a tree's:
+    // its accepted path's last node's), several rows in one run of the heads; each request its
+    // run alone
     for kind in [common::tiny::MedusaKind::Echo, common::tiny::MedusaKind::Shared] {
         let (heads, config) = common::tiny::medusa_heads(&tiny, 3, 1, DType::F32, kind, &mut r);
         let mut files = ModelFiles::new();
@@ -1103,9 +1128,12 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
         engine.load_medusa(files, &mut |_, _| {}).expect("Medusa heads");
         let reqs: Vec<Request> =
             reqs.iter().map(|r| Request { draft: Some(DraftKind::Medusa), ..r.clone() }).collect();
-        let (_, drafted, accepted) =
-            alone_then_batched(&mut engine, &reqs, &prompts, &format!("Medusa {kind:?}"));
+        let trees = engine.batch_status().trees;
+        let what = format!("Medusa {kind:?}");
+        let (alone, drafted, accepted) = alone_then_batched(&mut engine, &reqs, &prompts, &what);
         assert!(drafted > 0, "Medusa {kind:?}: the heads drafted in the batch");
+        assert!(engine.batch_status().trees > trees, "Medusa {kind:?}: trees in the batch");
+        drafts_alone_in_the_batch_as_alone(&mut engine, &reqs, &prompts, &alone, &what);
         if kind == common::tiny::MedusaKind::Echo {
             assert!(
                 accepted > 0 && accepted < drafted,

@@ -63,10 +63,11 @@ use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
 use crate::generation::FinishReason;
 use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleSeed, KV_PAGE, MAX_TREE};
-use crate::model::{EagleHead, MedusaHeads, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_MEDUSA_HEADS};
+use crate::model::{EagleHead, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_MEDUSA_HEADS};
 use crate::sampling::SamplingParams;
 use crate::speculative::sampled::target_draws;
-use crate::speculative::{DraftBudget, DraftKind, NGram, SpecStats, TokenTree};
+use crate::speculative::schedule::tree_nodes;
+use crate::speculative::{DraftBudget, DraftKind, Medusa, NGram, SpecStats, TokenTree};
 use crate::tokenizer::Tokenizer;
 
 /// A request in the batch.
@@ -203,7 +204,7 @@ enum Source {
 pub(super) struct Drafters<'a> {
     pub model: Option<&'a mut Model>,
     pub eagle: Option<&'a mut EagleHead>,
-    pub medusa: Option<&'a MedusaHeads>,
+    pub medusa: Option<&'a Medusa>,
 }
 
 impl Drafting {
@@ -339,6 +340,8 @@ pub(super) struct Batch {
     /// none loaded).
     medusa_costs: PassCosts,
     medusa_heads: usize,
+    /// Their tree's paths (ranks per head: [`Medusa::choices`]; none: first guesses alone).
+    medusa_choices: Vec<Vec<usize>>,
     /// (made with the first sampled request: the target's; the draft model's with the first
     /// that drafts with it)
     readback: Option<Readback>,
@@ -358,6 +361,7 @@ impl Batch {
             head_used: false,
             medusa_costs: PassCosts::default(),
             medusa_heads: 0,
+            medusa_choices: Vec::new(),
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
@@ -620,7 +624,10 @@ pub(super) async fn step(
     let Drafters { model: draft, eagle: mut head, medusa } = drafters;
     let draft_pages = draft.as_ref().map_or(0, |d| d.kv_pages());
     let pages = target.kv_pages();
-    batch.medusa_heads = medusa.map_or(0, |m| m.config.heads);
+    batch.medusa_heads = medusa.map_or(0, |m| m.heads().config.heads);
+    if medusa.map_or(&[][..], Medusa::choices) != batch.medusa_choices {
+        batch.medusa_choices = medusa.map_or(Vec::new(), |m| m.choices().to_vec());
+    }
     let head_pages = head.as_ref().map_or(pages, |h| h.kv_pages());
     if batch.pool.len() != pages || batch.draft_pool.len() != draft_pages || head_pages != pages {
         // (waiting sequences hold no pages)
@@ -659,7 +666,7 @@ pub(super) async fn step(
         };
         let outcomes =
             checked.inspect_err(|_| propose::forget_rows(batch, |d| d.is_medusa() || d.is_eagle()))?;
-        let before = propose::before_commit(batch, &plan);
+        let before = propose::before_commit(batch, &plan, &outcomes);
         let kept = apply(batch, &plan, outcomes, tokenizer);
         let trees: Vec<(&[u32], usize, &[usize])> =
             kept.iter().map(|(pages, root, path)| (&pages[..], *root, &path[..])).collect();
@@ -1036,7 +1043,9 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         if k == 0 {
             continue;
         }
-        let nodes = if d.fixed { k } else { room_for_nodes(s, r, context) };
+        // (a fixed K's tree: the one-sequence loop's nodes; an adaptive one's: as many as pay)
+        let room = room_for_nodes(s, r, context);
+        let nodes = if d.fixed { tree_nodes(k).min(room) } else { room };
         let (mut proposal, cost, first) = match &d.source {
             _ if !ready => (Vec::new(), Some(0.0), 0.0),
             Source::NGram(ngram) => {
@@ -1056,7 +1065,17 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
                 (vec![0; k], model_draft, bd * (unseen - 1) as f64)
             }
             Source::Eagle { .. } => (vec![0; k], head_draft, 0.0),
-            Source::Medusa { .. } => (vec![0; k], medusa_row.map(|_| 0.0), medusa_row.unwrap_or(0.0)),
+            Source::Medusa { .. } => {
+                let placeholders = match medusa_shape(&batch.medusa_choices, k, nodes) {
+                    Some(shape) => {
+                        let (n, order) = (shape.len() - 1, take_order(&shape, (!d.fixed).then(|| s.alpha())));
+                        r.proposed = Some((shape, order));
+                        vec![0; n]
+                    }
+                    None => vec![0; k],
+                };
+                (placeholders, medusa_row.map(|_| 0.0), medusa_row.unwrap_or(0.0))
+            }
         };
         if cost.is_none() && !d.fixed {
             proposal.truncate(1);
@@ -1150,12 +1169,45 @@ fn ngram_tree(
     if tree.is_chain() {
         return None;
     }
+    let order = take_order(&tree, alpha);
+    Some((tree, order))
+}
+
+/// A token tree's nodes after its root in the order drafts are taken: with an acceptance `alpha`
+/// (an adaptive K) by their chance ([`node_chances`]; a parent before its children), the earlier
+/// first among equals; without (a fixed K) as the tree has them.
+fn take_order(tree: &TokenTree, alpha: Option<f64>) -> Vec<usize> {
     let mut order: Vec<usize> = (1..tree.len()).collect();
     if let Some(alpha) = alpha {
-        let chance = node_chances(&tree, alpha);
+        let chance = node_chances(tree, alpha);
         order.sort_by(|&a, &b| chance[b].total_cmp(&chance[a]).then(a.cmp(&b)));
     }
-    Some((tree, order))
+    order
+}
+
+/// The shape of the Medusa heads' tree of `choices` (their paths: [`Medusa::tree`]) at most
+/// `depth` deep and `nodes` nodes after the root, each node's token its rank among its head's
+/// ids (the heads' ids fill it in once they ran: [`medusa_tree`]). None: a chain (first
+/// guesses alone), or no paths.
+fn medusa_shape(choices: &[Vec<usize>], depth: usize, nodes: usize) -> Option<TokenTree> {
+    let ranks = choices.iter().flatten().max().map_or(0, |&r| r + 1);
+    let top = vec![(0..ranks as u32).collect::<Vec<u32>>(); depth];
+    let shape = Medusa::tree_of(choices, 0, &top, DraftBudget::tree(depth, nodes.min(MAX_TREE - 1)));
+    (!shape.is_chain()).then_some(shape)
+}
+
+/// The Medusa tree of shape `shape` ([`medusa_shape`]) below `root` from the heads' ranked ids
+/// `top[head][rank]`: node i holds its head's id of its rank (ids of one head are distinct, so
+/// the tree keeps the shape's nodes and their order).
+fn medusa_tree(shape: &TokenTree, root: u32, top: &[Vec<u32>]) -> TokenTree {
+    let mut tree = TokenTree::new(root);
+    let depths = shape.ancestors();
+    for (n, &p) in shape.parents().iter().enumerate().skip(1) {
+        let head = depths[n].count_ones() as usize - 2;
+        let id = top.get(head).and_then(|ids| ids.get(shape.tokens()[n] as usize)).copied().unwrap_or(0);
+        tree.child(p, id);
+    }
+    tree
 }
 
 /// Each node's chance of being accepted under a sequence's acceptance `alpha` (the root's 1):

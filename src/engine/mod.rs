@@ -251,7 +251,7 @@ impl Engine {
         let drafters = batch::Drafters {
             model: self.draft.as_mut().map(|(d, _)| d.model_mut()),
             eagle: self.eagle.as_mut().map(Eagle::head_mut),
-            medusa: self.medusa.as_ref().map(Medusa::heads),
+            medusa: self.medusa.as_ref(),
         };
         batch::step(&mut self.batch, &mut self.target, drafters, &prompter.tokenizer).await
     }

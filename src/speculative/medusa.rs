@@ -100,11 +100,21 @@ impl Medusa {
         &self.heads
     }
 
+    /// The tree's paths, in the order they fill a budget.
+    pub fn choices(&self) -> &[Vec<usize>] {
+        &self.choices
+    }
+
     /// The tree for `context` from the heads' ranked ids `top[head][rank]`: the paths no deeper
     /// than `budget.depth`, in order, until `budget.nodes` drafted nodes.
     pub fn tree(&self, root: u32, top: &[Vec<u32>], budget: DraftBudget) -> TokenTree {
+        Medusa::tree_of(&self.choices, root, top, budget)
+    }
+
+    /// [`Medusa::tree`] of the paths `choices`.
+    pub fn tree_of(choices: &[Vec<usize>], root: u32, top: &[Vec<u32>], budget: DraftBudget) -> TokenTree {
         let mut tree = TokenTree::new(root);
-        for path in self.choices.iter().filter(|p| p.len() <= budget.depth) {
+        for path in choices.iter().filter(|p| p.len() <= budget.depth) {
             let tokens: Vec<u32> = path.iter().zip(top).map(|(&rank, ids)| ids[rank]).collect();
             if tree.len() > budget.nodes {
                 break;

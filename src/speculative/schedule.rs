@@ -173,8 +173,7 @@ impl Schedule {
     /// costs its arithmetic; under an adaptive K trees are sized by the measured costs instead,
     /// [`Schedule::tree_costs`]).
     pub fn tree_nodes(&self, k: usize) -> usize {
-        let rows = (k + 1).next_multiple_of(MATMUL_ROW_STEP as usize).min(MAX_TREE);
-        rows - 1
+        tree_nodes(k)
     }
 
     /// Under an adaptive K, the measured costs a draft that scores its nodes sizes its tree with
@@ -399,6 +398,12 @@ impl Schedule {
             }
         }
     }
+}
+
+/// [`Schedule::tree_nodes`]: the drafted nodes of a fixed K's token tree (the batch's too).
+pub fn tree_nodes(k: usize) -> usize {
+    let rows = (k + 1).next_multiple_of(MATMUL_ROW_STEP as usize).min(MAX_TREE);
+    rows - 1
 }
 
 #[cfg(test)]

@@ -2,7 +2,8 @@
 //! N the same R requests (prompt i mod the set) run through [`Engine::batch_step`] with at most N
 //! in the batch at once, a request taking the place of one that ended (N clients sending one
 //! after another). Per level: output tokens/s, time to first token and time per output token
-//! (p50, p99, in passes' wall time), the passes and their rows, preemptions, and the requests
+//! (p50, p99, in passes' wall time), the passes and their rows, the drafts among them (and the
+//! token trees), preemptions, and the requests
 //! whose tokens differ from the first level's (a request's output must not depend on who else is
 //! served).
 
@@ -28,6 +29,8 @@ pub struct Level {
     pub passes: u64,
     pub rows_per_pass: f64,
     pub draft_rows: u64,
+    /// Requests' newest tokens whose drafts in their pass were a token tree.
+    pub trees: u64,
     pub preemptions: u64,
     /// Requests whose tokens differ from the first level's.
     pub differ: Vec<usize>,
@@ -74,13 +77,15 @@ pub async fn run(
         first.get_or_insert(tokens);
         eprintln!(
             "N={:<3} {:8.2} tok/s  TTFT p50 {:.0} ms p99 {:.0} ms  TPOT p50 {:.1} ms  {:.1} rows/pass  \
-             {} preempted  {} of {} differ",
+             {} drafts ({} trees)  {} preempted  {} of {} differ",
             n,
             level.output_tokens_per_second,
             level.ttft_ms.0,
             level.ttft_ms.1,
             level.tpot_ms.0,
             level.rows_per_pass,
+            level.draft_rows,
+            level.trees,
             level.preemptions,
             level.differ.len(),
             requests.len()
@@ -152,6 +157,7 @@ async fn level(
         passes,
         rows_per_pass: (after.rows - before.rows) as f64 / passes.max(1) as f64,
         draft_rows: after.drafts - before.drafts,
+        trees: after.trees - before.trees,
         preemptions: after.preemptions - before.preemptions,
         differ: Vec::new(),
     };

@@ -39,11 +39,13 @@
 use web_time::Instant;
 
 use super::{
-    read_pass, Batch, Drafting, Draw, DrawAt, PassCosts, Readback, Rows, Seq, SeqId, Source, EAGLE_PATIENCE,
+    medusa_tree, read_pass, Batch, Drafting, Draw, DrawAt, Outcome, PassCosts, Readback, Rows, Seq, SeqId,
+    Source, Verdict, EAGLE_PATIENCE,
 };
 use crate::error::{Error, Result};
 use crate::gpu::KV_PAGE;
-use crate::model::{EagleHead, HeadChain, HeadRows, MedusaHeads, Model, SeqRows, MAX_BATCH, MEDUSA_ROWS};
+use crate::model::{EagleHead, HeadChain, HeadRows, Model, SeqRows, MAX_BATCH, MEDUSA_ROWS};
+use crate::speculative::Medusa;
 
 /// Most feeding passes in one step (each of up to [`MAX_BATCH`] rows): a long prompt found in
 /// the prefix cache, or a sequence that drafts for the first time after a long prompt, is fed
@@ -333,20 +335,32 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
 }
 
 /// What [`follow`] and [`medusa_rows`] need of a pass before its commit: per sequence drafting
-/// with the EAGLE head or the Medusa heads, its id, its computed positions and its first row in
-/// the pass.
-pub(super) fn before_commit(batch: &Batch, plan: &[Rows]) -> Vec<(SeqId, usize, usize)> {
+/// with the EAGLE head or the Medusa heads, its id, its computed positions, and the pass rows of
+/// its positions from there on that its commit may keep (its tokens run, then its chain's
+/// drafts, or its tree's accepted path: `outcomes`, each plan entry's).
+pub(super) fn before_commit(batch: &Batch, plan: &[Rows], outcomes: &[Outcome]) -> Vec<Before> {
     let mut first = 0;
     let mut before = Vec::new();
-    for r in plan {
+    for (r, outcome) in plan.iter().zip(outcomes) {
         let s = &batch.running[r.seq];
         if s.drafting.as_ref().is_some_and(|d| d.is_eagle() || d.is_medusa()) {
-            before.push((s.id, s.n_past, first));
+            let rows: Vec<u32> = match outcome {
+                Outcome::Chosen(Verdict { path: Some(path), .. }) => (first..first + r.run - 1)
+                    .chain(path.iter().map(|&n| first + r.run - 1 + n))
+                    .map(|row| row as u32)
+                    .collect(),
+                _ => (first..first + r.run + r.drafts.len()).map(|row| row as u32).collect(),
+            };
+            before.push((s.id, s.n_past, rows));
         }
         first += r.run + r.drafts.len();
     }
     before
 }
+
+/// A sequence's id, its computed positions before a commit, and the pass rows of its positions
+/// from there on ([`before_commit`]).
+pub(super) type Before = (SeqId, usize, Vec<u32>);
 
 /// The EAGLE head's pass over the kept rows of the pass just committed, of every running
 /// sequence drafting with it that it has followed so far (`before`: [`before_commit`]'s): each
@@ -355,9 +369,9 @@ pub(super) fn before_commit(batch: &Batch, plan: &[Rows]) -> Vec<(SeqId, usize, 
 /// records the token after it (the prefix cache can then give its head part too). The others
 /// cannot draft until they come back (preempted ones), or for the rest of their run: the costs
 /// turned their adaptive K's drafts down for [`EAGLE_PATIENCE`] passes.
-pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, usize, usize)]) {
-    // (plan entry's sequence, its first kept position and first row, rows kept)
-    let mut kept: Vec<(usize, usize, usize, usize)> = Vec::new();
+pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before]) {
+    // (plan entry's sequence, its first kept position, its rows of the pass, rows kept)
+    let mut kept: Vec<(usize, usize, &[u32], usize)> = Vec::new();
     for (i, s) in batch.running.iter_mut().enumerate() {
         let n_past = s.n_past;
         let Some(Drafting { source: Source::Eagle { past, row, idle }, .. }) = &mut s.drafting else {
@@ -365,22 +379,25 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, 
         };
         // (the head's latest pass will not be this one's for a sequence it does not follow)
         *row = None;
-        let Some(&(_, old, first)) = before.iter().find(|b| b.0 == s.id) else { continue };
-        if *idle < EAGLE_PATIENCE && *past == old && n_past > old {
-            kept.push((i, old, first, n_past - old));
+        let Some((_, old, rows)) = before.iter().find(|b| b.0 == s.id) else { continue };
+        if *idle < EAGLE_PATIENCE && *past == *old && n_past > *old {
+            kept.push((i, *old, rows, n_past - old));
         }
     }
     if kept.is_empty() {
         return;
     }
     batch.head_used = true;
-    let rows: Vec<Vec<u32>> =
-        kept.iter().map(|&(_, _, first, n)| (first..first + n).map(|r| r as u32).collect()).collect();
     let running = &batch.running;
-    let seqs: Vec<HeadRows> = (kept.iter().zip(&rows))
-        .map(|(&(i, old, _, n), rows)| {
+    let seqs: Vec<HeadRows> = (kept.iter())
+        .map(|&(i, old, rows, n)| {
             let s = &running[i];
-            HeadRows { pages: &s.pages, start_pos: old, rows, next: &s.tokens[old + 1..old + 1 + n] }
+            HeadRows {
+                pages: &s.pages,
+                start_pos: old,
+                rows: &rows[..n],
+                next: &s.tokens[old + 1..old + 1 + n],
+            }
         })
         .collect();
     let ran = head.run_pages(&seqs);
@@ -407,20 +424,22 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[(SeqId, 
 /// After a commit: each running sequence drafting with the Medusa heads takes its last kept row
 /// of the pass (`before`: [`before_commit`]'s), the position before its newest token, whose
 /// hidden state the heads read when it drafts next; the others none.
-pub(super) fn medusa_rows(batch: &mut Batch, before: &[(SeqId, usize, usize)]) {
+pub(super) fn medusa_rows(batch: &mut Batch, before: &[Before]) {
     for s in batch.running.iter_mut() {
         let n_past = s.n_past;
         let Some(Drafting { source: Source::Medusa { row }, .. }) = &mut s.drafting else { continue };
         *row = (before.iter().find(|b| b.0 == s.id))
-            .filter(|&&(_, old, _)| n_past > old)
-            .map(|&(_, old, first)| first + n_past - old - 1);
+            .filter(|(_, old, _)| n_past > *old)
+            .and_then(|(_, old, rows)| rows.get(n_past - old - 1))
+            .map(|&r| r as usize);
     }
 }
 
 /// Fills the plan's draft placeholders of the sequences drafting with the Medusa `heads`: each
 /// head's most likely id at the sequence's row of the last pass, in runs of up to
 /// [`MEDUSA_ROWS`] rows (before this plan's pass: that pass's hidden states are still there).
-pub(super) async fn propose_medusa(batch: &mut Batch, heads: &MedusaHeads, plan: &mut [Rows]) -> Result<()> {
+pub(super) async fn propose_medusa(batch: &mut Batch, medusa: &Medusa, plan: &mut [Rows]) -> Result<()> {
+    let heads = medusa.heads();
     let asks: Vec<(usize, usize)> = (plan.iter().enumerate())
         .filter(|(_, r)| r.pending && !r.drafts.is_empty())
         .filter_map(|(entry, r)| match &batch.running[r.seq].drafting {
@@ -435,7 +454,16 @@ pub(super) async fn propose_medusa(batch: &mut Batch, heads: &MedusaHeads, plan:
         batch.medusa_costs.observe(rows.len(), t0.elapsed().as_secs_f64());
         for (&(entry, _), guesses) in run.iter().zip(top) {
             let r = &mut plan[entry];
-            r.drafts = guesses.iter().take(r.drafts.len()).map(|ids| ids[0]).collect();
+            match r.proposed.take() {
+                // (a tree: its shape's nodes get the heads' ids, the plan's first ones are taken)
+                Some((shape, order)) => {
+                    let root = batch.running[r.seq].tokens.last().copied().unwrap_or(0);
+                    let tree = medusa_tree(&shape, root, &guesses);
+                    r.drafts = order.iter().take(r.drafts.len()).map(|&n| tree.tokens()[n]).collect();
+                    r.proposed = Some((tree, order));
+                }
+                None => r.drafts = guesses.iter().take(r.drafts.len()).map(|ids| ids[0]).collect(),
+            }
         }
     }
     Ok(())
