@@ -1115,6 +1115,16 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
                 "{name}: request {i} alone again"
             );
         }
+        // chains with 2 siblings at each depth: trees in the batch (the accepted path's rows feed
+        // the head's next pass), the same tokens, and a fixed K alone drafts as alone
+        if name != "random" {
+            engine.set_eagle_tree(EagleTree::Chain { siblings: 2 }).expect("a head");
+            let trees = engine.batch_status().trees;
+            let what = format!("{name} with siblings");
+            let (alone, drafted, _) = alone_then_batched(&mut engine, &reqs, &prompts, &what);
+            assert!(drafted > 0 && engine.batch_status().trees > trees, "{what}: trees in the batch");
+            drafts_alone_in_the_batch_as_alone(&mut engine, &reqs, &prompts, &alone, &what);
+        }
     }
     // Medusa heads in the batch: each drafting request's tree of their guesses (Medusa's paths,
     // its likeliest nodes or a fixed K's first ones) from its row of the pass before (a tree's:

@@ -1877,8 +1877,7 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
                 f.extend(pollster::block_on(head.features(end - start)).expect("features"));
             }
             features.push(f);
-            let ranked = pollster::block_on(head.draft(depth[s] - 1)).expect("chain");
-            chains.push(ranked.iter().map(|ids| ids[0]).collect::<Vec<u32>>());
+            chains.push(pollster::block_on(head.draft(depth[s] - 1)).expect("chain"));
         }
         // together: pools of 6 pages (each sequence's pages cover its drafts' positions)
         target.set_kv_pages(6).expect("target pool");
@@ -1946,7 +1945,10 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
             .map(|s| HeadChain { pages: &pages[s], past: lens[s] - 1, row: last[s], drafts: depth[s] })
             .collect();
         let got = pollster::block_on(head.draft_pages(&asks)).expect("chains");
-        assert_eq!(got, chains, "{what}: the chains of a batch are each sequence's alone");
+        assert_eq!(
+            got, chains,
+            "{what}: the chains of a batch (each step's ranked ids) are each sequence's alone"
+        );
         // chains past their pages, too deep, from no row of the last pass: refused
         let mut bad = |c: HeadChain| pollster::block_on(head.draft_pages(&[c])).is_err();
         let ok = HeadChain { pages: &pages[1], past: 5, row: 0, drafts: 2 };

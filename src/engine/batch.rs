@@ -205,6 +205,8 @@ pub(super) struct Drafters<'a> {
     pub model: Option<&'a mut Model>,
     pub eagle: Option<&'a mut EagleHead>,
     pub medusa: Option<&'a Medusa>,
+    /// Siblings beside each depth of the EAGLE head's chains ([`Eagle::batch_siblings`]).
+    pub eagle_siblings: usize,
 }
 
 impl Drafting {
@@ -342,6 +344,8 @@ pub(super) struct Batch {
     medusa_heads: usize,
     /// Their tree's paths (ranks per head: [`Medusa::choices`]; none: first guesses alone).
     medusa_choices: Vec<Vec<usize>>,
+    /// Siblings beside each depth of the EAGLE head's chains (0: chains alone).
+    eagle_siblings: usize,
     /// (made with the first sampled request: the target's; the draft model's with the first
     /// that drafts with it)
     readback: Option<Readback>,
@@ -362,6 +366,7 @@ impl Batch {
             medusa_costs: PassCosts::default(),
             medusa_heads: 0,
             medusa_choices: Vec::new(),
+            eagle_siblings: 0,
             waiting: VecDeque::new(),
             running: Vec::new(),
             next_id: 0,
@@ -621,7 +626,8 @@ pub(super) async fn step(
     drafters: Drafters<'_>,
     tokenizer: &Tokenizer,
 ) -> Result<Vec<(SeqId, BatchEvent)>> {
-    let Drafters { model: draft, eagle: mut head, medusa } = drafters;
+    let Drafters { model: draft, eagle: mut head, medusa, eagle_siblings } = drafters;
+    batch.eagle_siblings = eagle_siblings;
     let draft_pages = draft.as_ref().map_or(0, |d| d.kv_pages());
     let pages = target.kv_pages();
     batch.medusa_heads = medusa.map_or(0, |m| m.heads().config.heads);
@@ -1064,7 +1070,19 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
                 let unseen = s.tokens.len() - (*past).min(s.tokens.len() - 1);
                 (vec![0; k], model_draft, bd * (unseen - 1) as f64)
             }
-            Source::Eagle { .. } => (vec![0; k], head_draft, 0.0),
+            Source::Eagle { .. } => {
+                let siblings: Vec<Vec<u32>> = vec![(1..=batch.eagle_siblings as u32).collect(); k];
+                let shape = TokenTree::chain_with_siblings(0, &vec![0; k], &siblings, nodes + 1);
+                let placeholders = match shape.is_chain() {
+                    true => vec![0; k],
+                    false => {
+                        let (n, order) = (shape.len() - 1, take_order(&shape, (!d.fixed).then(|| s.alpha())));
+                        r.proposed = Some((shape, order));
+                        vec![0; n]
+                    }
+                };
+                (placeholders, head_draft, 0.0)
+            }
             Source::Medusa { .. } => {
                 let placeholders = match medusa_shape(&batch.medusa_choices, k, nodes) {
                     Some(shape) => {
@@ -1187,7 +1205,7 @@ fn take_order(tree: &TokenTree, alpha: Option<f64>) -> Vec<usize> {
 
 /// The shape of the Medusa heads' tree of `choices` (their paths: [`Medusa::tree`]) at most
 /// `depth` deep and `nodes` nodes after the root, each node's token its rank among its head's
-/// ids (the heads' ids fill it in once they ran: [`medusa_tree`]). None: a chain (first
+/// ids (the heads' ids fill it in once they ran: [`ranked_tree`]). None: a chain (first
 /// guesses alone), or no paths.
 fn medusa_shape(choices: &[Vec<usize>], depth: usize, nodes: usize) -> Option<TokenTree> {
     let ranks = choices.iter().flatten().max().map_or(0, |&r| r + 1);
@@ -1196,16 +1214,16 @@ fn medusa_shape(choices: &[Vec<usize>], depth: usize, nodes: usize) -> Option<To
     (!shape.is_chain()).then_some(shape)
 }
 
-/// The Medusa tree of shape `shape` ([`medusa_shape`]) below `root` from the heads' ranked ids
-/// `top[head][rank]`: node i holds its head's id of its rank (ids of one head are distinct, so
-/// the tree keeps the shape's nodes and their order).
-fn medusa_tree(shape: &TokenTree, root: u32, top: &[Vec<u32>]) -> TokenTree {
+/// The tree of shape `shape` (a node's token its rank among the ids ranked at its depth: a
+/// Medusa shape, [`medusa_shape`], or an EAGLE chain with siblings) below `root` from the ranked
+/// ids `top[depth - 1][rank]` (a Medusa head's, an EAGLE draft step's): node i holds the id of
+/// its rank at its depth (the ids of one ranking are distinct, so the tree keeps the shape's
+/// nodes and their order).
+fn ranked_tree(shape: &TokenTree, root: u32, top: &[Vec<u32>]) -> TokenTree {
     let mut tree = TokenTree::new(root);
-    let depths = shape.ancestors();
     for (n, &p) in shape.parents().iter().enumerate().skip(1) {
-        let head = depths[n].count_ones() as usize - 2;
-        let id = top.get(head).and_then(|ids| ids.get(shape.tokens()[n] as usize)).copied().unwrap_or(0);
-        tree.child(p, id);
+        let ranked = top.get(shape.depth(n) - 1);
+        tree.child(p, ranked.and_then(|ids| ids.get(shape.tokens()[n] as usize)).copied().unwrap_or(0));
     }
     tree
 }

@@ -248,7 +248,9 @@ impl Engine {
     /// the pass's own (the GPU's): every request it held stays where it was.
     pub async fn batch_step(&mut self) -> Result<Vec<(SeqId, BatchEvent)>> {
         let prompter = self.prompter.clone();
+        let eagle_siblings = self.eagle.as_ref().map_or(0, Eagle::batch_siblings);
         let drafters = batch::Drafters {
+            eagle_siblings,
             model: self.draft.as_mut().map(|(d, _)| d.model_mut()),
             eagle: self.eagle.as_mut().map(Eagle::head_mut),
             medusa: self.medusa.as_ref(),

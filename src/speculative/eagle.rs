@@ -104,6 +104,16 @@ impl Eagle {
         self.shape
     }
 
+    /// The siblings beside each depth's chain token that a batch's trees hold: the chain's
+    /// ([`EagleTree::Chain`]), or a dynamic tree's width less one (where a request alone grows
+    /// EAGLE-2's tree, in the batch the head drafts its chain with siblings).
+    pub fn batch_siblings(&self) -> usize {
+        match self.shape {
+            EagleTree::Chain { siblings } => siblings,
+            EagleTree::Dynamic { width } => width.saturating_sub(1).min(self.head.top_k().saturating_sub(1)),
+        }
+    }
+
     /// The factor on a node's path probability that estimates its chance of acceptance: accepted
     /// over predicted nodes in recent verify passes (1 before any), within 0.05..=2.
     pub fn calibration(&self) -> f64 {

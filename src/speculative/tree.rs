@@ -106,6 +106,11 @@ impl TokenTree {
         path.len()
     }
 
+    /// Node `node`'s depth (the root's 0; 0 for no node).
+    pub fn depth(&self, node: usize) -> usize {
+        self.depth.get(node).copied().unwrap_or(0)
+    }
+
     /// Nodes, the root included.
     pub fn len(&self) -> usize {
         self.tokens.len()

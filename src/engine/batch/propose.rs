@@ -39,7 +39,7 @@
 use web_time::Instant;
 
 use super::{
-    medusa_tree, read_pass, Batch, Drafting, Draw, DrawAt, Outcome, PassCosts, Readback, Rows, Seq, SeqId,
+    ranked_tree, read_pass, Batch, Drafting, Draw, DrawAt, Outcome, PassCosts, Readback, Rows, Seq, SeqId,
     Source, Verdict, EAGLE_PATIENCE,
 };
 use crate::error::{Error, Result};
@@ -293,13 +293,19 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
         if !r.pending || r.drafts.is_empty() || !eagle {
             continue;
         }
-        // (the draft steps' positions: its newest token's and the drafts' but the last)
+        // (the draft steps' positions: its newest token's and the chain's but the last)
         let n_past = batch.running[r.seq].n_past;
         if batch.running[r.seq].eagle_ready() {
-            batch.take_free(r.seq, n_past + r.drafts.len() - 1);
+            batch.take_free(r.seq, n_past + steps(r) - 1);
         }
         let s = &batch.running[r.seq];
-        r.drafts.truncate((s.pages.len() * KV_PAGE + 1).saturating_sub(n_past));
+        let room = (s.pages.len() * KV_PAGE + 1).saturating_sub(n_past);
+        let cut = match &r.proposed {
+            // (a tree's nodes up to the first deeper than the steps the pages hold)
+            Some((shape, order)) => order.iter().take_while(|&&n| shape.depth(n) <= room).count(),
+            None => room,
+        };
+        r.drafts.truncate(cut);
         match (&s.drafting, s.eagle_ready()) {
             (Some(Drafting { source: Source::Eagle { row: Some(row), past, .. }, .. }), true)
                 if !r.drafts.is_empty() =>
@@ -316,7 +322,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     batch.head_used = true;
     let chains: Vec<HeadChain> = (asks.iter())
         .map(|&(entry, row, past)| {
-            let (pages, drafts) = (&batch.running[plan[entry].seq].pages, plan[entry].drafts.len());
+            let (pages, drafts) = (&batch.running[plan[entry].seq].pages, steps(&plan[entry]));
             HeadChain { pages, past, row, drafts }
         })
         .collect();
@@ -328,10 +334,29 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     forget_rows(batch, Drafting::is_eagle);
     let out = out?;
     batch.head_costs.observe(drafts, t0.elapsed().as_secs_f64());
-    for (&(entry, ..), chain) in asks.iter().zip(out) {
-        plan[entry].drafts = chain;
+    for (&(entry, ..), ranked) in asks.iter().zip(out) {
+        let r = &mut plan[entry];
+        match r.proposed.take() {
+            // (a tree: its shape's nodes get the steps' ids, the plan's first ones are taken)
+            Some((shape, order)) => {
+                let root = batch.running[r.seq].tokens.last().copied().unwrap_or(0);
+                let tree = ranked_tree(&shape, root, &ranked);
+                r.drafts = order.iter().take(r.drafts.len()).map(|&n| tree.tokens()[n]).collect();
+                r.proposed = Some((tree, order));
+            }
+            None => r.drafts = ranked.iter().map(|ids| ids[0]).collect(),
+        }
     }
     Ok(())
+}
+
+/// The EAGLE draft steps plan entry `r`'s drafts take: a chain's drafts, or its tree's deepest
+/// node taken.
+fn steps(r: &Rows) -> usize {
+    match &r.proposed {
+        Some((shape, order)) => order.iter().take(r.drafts.len()).map(|&n| shape.depth(n)).max().unwrap_or(0),
+        None => r.drafts.len(),
+    }
 }
 
 /// What [`follow`] and [`medusa_rows`] need of a pass before its commit: per sequence drafting
@@ -458,7 +483,7 @@ pub(super) async fn propose_medusa(batch: &mut Batch, medusa: &Medusa, plan: &mu
                 // (a tree: its shape's nodes get the heads' ids, the plan's first ones are taken)
                 Some((shape, order)) => {
                     let root = batch.running[r.seq].tokens.last().copied().unwrap_or(0);
-                    let tree = medusa_tree(&shape, root, &guesses);
+                    let tree = ranked_tree(&shape, root, &guesses);
                     r.drafts = order.iter().take(r.drafts.len()).map(|&n| tree.tokens()[n]).collect();
                     r.proposed = Some((tree, order));
                 }

@@ -546,9 +546,10 @@ impl EagleHead {
     /// [`EagleHead::run_pages`] pass: that row's f^ projected and ranked gives x1, then each
     /// further step is a pass of one row per sequence still drafting (at its next position, fed
     /// its previous f^ and most likely id), as [`EagleHead::draft`] drafts one sequence's.
-    /// `[sequence][drafts]` ids. One submission (every step's rows laid out before it), one
+    /// `[sequence][drafts][top_k]`: each step's ranked ids, most likely first (the chain's token,
+    /// then its siblings'). One submission (every step's rows laid out before it), one
     /// read-back. The draft steps' keys and values go to the sequences' pages past `past`.
-    pub async fn draft_pages(&mut self, seqs: &[HeadChain<'_>]) -> Result<Vec<Vec<u32>>> {
+    pub async fn draft_pages(&mut self, seqs: &[HeadChain<'_>]) -> Result<Vec<Vec<Vec<u32>>>> {
         let m = seqs.len();
         if m == 0 {
             return Ok(Vec::new());
@@ -633,12 +634,13 @@ impl EagleHead {
         self.len = 0;
         self.unprojected = false;
         let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
-        let mut chains = vec![Vec::new(); m];
+        let k = self.top_k;
+        let mut ranked = vec![Vec::new(); m];
         for (r, &i) in order.iter().enumerate() {
-            let at = |j: usize| ids[j * MAX_BATCH * self.top_k + r * self.top_k];
-            chains[i] = (0..seqs[i].drafts).map(at).collect();
+            let at = |j: usize| ids[(j * MAX_BATCH + r) * k..(j * MAX_BATCH + r + 1) * k].to_vec();
+            ranked[i] = (0..seqs[i].drafts).map(at).collect();
         }
-        Ok(chains)
+        Ok(ranked)
     }
 
     /// The head's output features of the latest pass's first `n` rows, `[n, dim]` (tests compare
