@@ -843,7 +843,7 @@ fn batched_requests_each_equal_their_run_alone() {
 
     // what the batch refuses, and the one-sequence loop while it runs
     let ensemble = Request { draft: Some(DraftKind::EagleNgram), ..reqs[1].clone() };
-    assert!(!engine.batchable(&ensemble), "an ensemble with the n-gram");
+    assert!(!engine.batchable(&ensemble), "an ensemble with a draft not loaded");
     assert!(matches!(engine.batch_submit(prompts[0].clone(), &ensemble), Err(Error::InvalidArgument(_))));
     assert!(matches!(engine.batch_submit(vec![], &reqs[0]), Err(Error::InvalidArgument(_))));
     assert!(matches!(engine.batch_submit(vec![1; 128], &reqs[0]), Err(Error::ContextOverflow { .. })));
@@ -974,6 +974,15 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
     // any top-k is batched (request 1's is 40)
     let wide = Request { temperature: 0.8, top_k: 1000, ..reqs[0].clone() };
     assert!(engine.batchable(&wide) && engine.batchable(&reqs[1]));
+    // the ensemble with the n-gram: the draft's chain with the n-gram's continuations beside it,
+    // one tree (the draft's pages rolled back to where the accepted path leaves its chain)
+    let reqs: Vec<Request> =
+        reqs.iter().map(|r| Request { draft: Some(DraftKind::ModelNgram), ..r.clone() }).collect();
+    let trees = engine.batch_status().trees;
+    let (alone, drafted, accepted) = alone_then_batched(&mut engine, &reqs, &prompts, "model+ngram");
+    assert!(accepted > 0 && accepted < drafted, "model+ngram: {accepted} of {drafted}");
+    drafts_alone_in_the_batch_as_alone(&mut engine, &reqs, &prompts, &alone, "model+ngram");
+    assert!(engine.batch_status().trees > trees, "model+ngram: trees in the batch");
 }
 
 #[test]
@@ -1124,6 +1133,12 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
             let (alone, drafted, _) = alone_then_batched(&mut engine, &reqs, &prompts, &what);
             assert!(drafted > 0 && engine.batch_status().trees > trees, "{what}: trees in the batch");
             drafts_alone_in_the_batch_as_alone(&mut engine, &reqs, &prompts, &alone, &what);
+            // merged with the n-gram's continuations: one tree, the same tokens
+            let ensemble: Vec<Request> =
+                reqs.iter().map(|r| Request { draft: Some(DraftKind::EagleNgram), ..r.clone() }).collect();
+            let trees = engine.batch_status().trees;
+            alone_then_batched(&mut engine, &ensemble, &prompts, &format!("{name}+ngram"));
+            assert!(engine.batch_status().trees > trees, "{name}+ngram: trees in the batch");
         }
     }
     // Medusa heads in the batch: each drafting request's tree of their guesses (Medusa's paths,
@@ -1145,15 +1160,19 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
         assert!(engine.batch_status().trees > trees, "Medusa {kind:?}: trees in the batch");
         drafts_alone_in_the_batch_as_alone(&mut engine, &reqs, &prompts, &alone, &what);
         if kind == common::tiny::MedusaKind::Echo {
+            let ensemble: Vec<Request> =
+                reqs.iter().map(|r| Request { draft: Some(DraftKind::MedusaNgram), ..r.clone() }).collect();
+            let trees = engine.batch_status().trees;
+            alone_then_batched(&mut engine, &ensemble, &prompts, "Medusa echo+ngram");
+            assert!(engine.batch_status().trees > trees, "Medusa echo+ngram: trees in the batch");
             assert!(
                 accepted > 0 && accepted < drafted,
                 "Medusa echo: kept and rejected: {accepted} of {drafted}"
             );
         }
     }
-    // the ensemble with the n-gram runs alone; any top-k is batched
+    // any top-k is batched
     assert!(engine.batchable(&Request { top_k: 40, temperature: 0.8, ..reqs[0].clone() }));
-    assert!(!engine.batchable(&Request { draft: Some(DraftKind::EagleNgram), ..reqs[0].clone() }));
 }
 
 #[test]

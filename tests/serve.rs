@@ -1357,8 +1357,8 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
         "the draft model's drafts were verified"
     );
 
-    // the choices of a request the batch does not take (the draft model's ensemble with the
-    // n-gram) run alone, one after another, each its seed's; the prompt counted once
+    // the choices of a request drafting with the draft model's ensemble with the n-gram (one
+    // token tree each) are batched too, each its seed's alone; the prompt counted once
     let ensemble = json!({"prompt": "the cat sat on the mat ".repeat(3), "max_tokens": 12, "temperature": 0.9,
                           "top_k": 40, "seed": 7, "n": 2, "draft": "model+ngram", "draft_k": 2});
     let (prompts, passes) =
@@ -1366,7 +1366,7 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     let v = completion(&drafted, ensemble.clone());
     let counted = drafted.metric("wgspec_prompt_tokens_total") - prompts;
     assert_eq!(Some(counted as u64), v["usage"]["prompt_tokens"].as_u64(), "the prompt counted once");
-    assert_eq!(drafted.metric("wgspec_batch_passes_total"), passes, "not batched");
+    assert!(drafted.metric("wgspec_batch_passes_total") > passes, "batched");
     for i in 0..2 {
         let mut one = ensemble.clone();
         (one["n"], one["seed"]) = (1.into(), (7 + i).into());

@@ -7,21 +7,28 @@
 //!   a pass    1. each decoding sequence: its last token (1 row)
 //!             2. sequences still prefilling: a chunk of their prompt, within the pass's rows
 //!             3. rows left: drafts after decoding sequences' newest tokens, where the
-//!                measured costs say they pay (below): n-gram drafts, the draft model's
-//!                chains, made by its passes over the sequences drafting with it, the EAGLE
-//!                head's chains, made by its passes over theirs, or the Medusa heads' first
-//!                guesses, from each one's last row of the pass before (`propose`)
-//!             one target pass over all of them (Model::forward_pages), each row's argmax, and
-//!             each sampled request's draws from its rows (its seed, its rows' positions)
-//!   commit    per sequence: the drafts its rows' choices (argmax or draw) agree with, then the
-//!             choice after them; finished sequences return their pages before the next pass
+//!                measured costs say they pay (below): n-gram drafts (a chain, or with the
+//!                continuations of several matches a token tree), the draft model's chains,
+//!                made by its passes over the sequences drafting with it, the EAGLE head's
+//!                chains with each depth's next likeliest ids beside them, made by its passes
+//!                over theirs, or the Medusa heads' trees of their ranked guesses, from each
+//!                one's last row of the pass before (`propose`); an ensemble's with the
+//!                n-gram's continuations merged beside them (one tree)
+//!             one target pass over all of them (Model::forward_pages: a tree's nodes see their
+//!             ancestors alone), each row's argmax, and each sampled request's draws from its
+//!             rows (its seed, its rows' positions: a tree node's, its root's plus its depth)
+//!   commit    per sequence: the drafts its rows' choices (argmax or draw) agree with (a tree:
+//!             the path they follow from the root), then the choice after them; a tree's path
+//!             moved to its positions in the sequence's pages (Model::keep_paths_in_pages);
+//!             finished sequences return their pages before the next pass
 //!   follow    one EAGLE head pass over the kept rows of the sequences drafting with it (the
 //!             target's features of the pass, each row's next token): its cache follows theirs
 //! ```
 //!
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
-//! i drafts adds the expected tokens α^(i+1) (α: its measured acceptance, from 1/2 before any)
-//! and costs the marginal seconds b of a row (passes measured by their rows, the line a + b R
+//! i drafts adds the expected tokens α^(i+1) (α: its measured acceptance, from 1/2 before any;
+//! a tree's node its chance, [`node_chances`], its nodes taken likeliest first, each after its
+//! parent) and costs the marginal seconds b of a row (passes measured by their rows, the line a + b R
 //! through them); it is added, the likeliest first, where α^(i+1) / b is at least the pass's
 //! expected tokens per second T / (a + b R). So drafting shrinks by itself where rows cost what
 //! serving more requests does, and grows where rows are nearly free (a GPU's few-row passes).
@@ -34,7 +41,7 @@
 //! measured: until two row counts are, a pass of a count measured already takes one draft (the
 //! probe that measures another) and the others none; a drafter not run yet lets each sequence
 //! draft one (its probe). A request that fixes K (`draft_k`) drafts that many where the rows
-//! allow.
+//! allow (a tree: the one-sequence loop's nodes for that K, in the tree's order).
 //!
 //! A sequence is admitted when the pool has pages for its tokens and it has a place (`max_seqs`,
 //! and no more than a pass has rows: each running sequence takes one); its first whole pages
@@ -67,7 +74,7 @@ use crate::model::{EagleHead, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_ME
 use crate::sampling::SamplingParams;
 use crate::speculative::sampled::target_draws;
 use crate::speculative::schedule::tree_nodes;
-use crate::speculative::{DraftBudget, DraftKind, Medusa, NGram, SpecStats, TokenTree};
+use crate::speculative::{DraftBudget, DraftKind, Medusa, NGram, SpecStats, TokenTree, TREE_BRANCHES};
 use crate::tokenizer::Tokenizer;
 
 /// A request in the batch.
@@ -171,10 +178,12 @@ struct Seq {
     first_token: Option<Instant>,
 }
 
-/// A sequence's drafting: where its drafts come from, the most a pass verifies, and whether the
-/// request fixed that K (else the measured costs choose, up to it).
+/// A sequence's drafting: where its drafts come from (an ensemble's: with the n-gram's
+/// continuations merged beside them), the most a pass verifies, and whether the request fixed
+/// that K (else the measured costs choose, up to it).
 struct Drafting {
     source: Source,
+    ngram: Option<NGram>,
     k_max: usize,
     fixed: bool,
 }
@@ -205,7 +214,8 @@ pub(super) struct Drafters<'a> {
     pub model: Option<&'a mut Model>,
     pub eagle: Option<&'a mut EagleHead>,
     pub medusa: Option<&'a Medusa>,
-    /// Siblings beside each depth of the EAGLE head's chains ([`Eagle::batch_siblings`]).
+    /// Siblings beside each depth of the EAGLE head's chains
+    /// ([`crate::speculative::Eagle::batch_siblings`]).
     pub eagle_siblings: usize,
 }
 
@@ -299,12 +309,11 @@ struct Rows {
     /// The K asked of the drafter (a fixed K capped by the context and the tokens still
     /// wanted, as the one-sequence loop asks it; the drafts may be fewer).
     asked: usize,
-    /// While planned, a token tree's proposal (n-gram continuations of several matches): the
-    /// tree and its nodes in the order drafts are taken (each after its parent), `drafts`
-    /// holding the first of them's tokens. Once the drafts are placed ([`place_drafts`]) it is
-    /// gone, and `tree` is the tree of the nodes taken (none: they are a chain), `drafts` its
-    /// nodes after the root.
-    proposed: Option<(TokenTree, Vec<usize>)>,
+    /// While planned, a token tree's proposal ([`Proposed`]), `drafts` holding as many
+    /// placeholders as nodes are taken (its first ones in its order). Once the drafts are placed
+    /// ([`place_drafts`]) it is gone, and `tree` is the tree of the nodes taken (none: they are a
+    /// chain), `drafts` its nodes after the root.
+    proposed: Option<Proposed>,
     tree: Option<TokenTree>,
 }
 
@@ -323,9 +332,9 @@ pub(super) struct Batch {
     running: Vec<Seq>,
     next_id: u64,
     pub(super) limits: BatchLimits,
-    /// The n-gram's continuations per proposal of the requests submitted from now on (1: the
-    /// latest match's chain; more: a token tree).
-    pub(super) ngram_branches: usize,
+    /// The n-gram's continuations per proposal of the requests submitted from now on: drafting
+    /// alone (1: the latest match's chain; more: a token tree), and beside an ensemble's draft.
+    pub(super) ngram_branches: (usize, usize),
     status: BatchStatus,
     costs: PassCosts,
     /// The pages of the draft model's pool (no prefix cache: a sequence's own), the costs of its
@@ -371,7 +380,7 @@ impl Batch {
             running: Vec::new(),
             next_id: 0,
             limits: BatchLimits::default(),
-            ngram_branches: 1,
+            ngram_branches: (1, TREE_BRANCHES),
             status: BatchStatus::default(),
             costs: PassCosts::default(),
             readback: None,
@@ -426,23 +435,23 @@ impl Batch {
     ) -> SeqId {
         let id = SeqId(self.next_id);
         self.next_id += 1;
-        let source = match draft {
-            DraftKind::Ngram => {
-                Some(Source::NGram(NGram { branches: self.ngram_branches, ..NGram::default() }))
-            }
+        let ngram = |branches: usize| NGram { branches, ..NGram::default() };
+        let source = match draft.base() {
+            DraftKind::Ngram => Some(Source::NGram(ngram(self.ngram_branches.0))),
             DraftKind::Model => Some(Source::Model { pages: Vec::new(), past: 0 }),
             DraftKind::Eagle => Some(Source::Eagle { past: 0, row: None, idle: 0 }),
             DraftKind::Medusa => Some(Source::Medusa { row: None }),
             _ => None,
         };
         // (an EAGLE chain is at most its deepest tree; Medusa guesses a token per head)
-        let most = match draft {
+        let most = match draft.base() {
             DraftKind::Eagle => MAX_EAGLE_DEPTH,
             DraftKind::Medusa => MAX_MEDUSA_HEADS,
             _ => MAX_BATCH - 1,
         };
         let drafting = source.map(|source| Drafting {
             source,
+            ngram: draft.is_ensemble().then(|| ngram(self.ngram_branches.1)),
             k_max: req.draft_k.unwrap_or(req.max_draft_k).min(most),
             fixed: req.draft_k.is_some(),
         });
@@ -1052,57 +1061,48 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         // (a fixed K's tree: the one-sequence loop's nodes; an adaptive one's: as many as pay)
         let room = room_for_nodes(s, r, context);
         let nodes = if d.fixed { tree_nodes(k).min(room) } else { room };
-        let (mut proposal, cost, first) = match &d.source {
-            _ if !ready => (Vec::new(), Some(0.0), 0.0),
-            Source::NGram(ngram) => {
-                match ngram_tree(ngram, &s.tokens, k, nodes, (!d.fixed).then(|| s.alpha())) {
-                    Some((tree, order)) => {
-                        let tokens = order.iter().map(|&n| tree.tokens()[n]).collect();
-                        r.proposed = Some((tree, order));
-                        (tokens, Some(0.0), 0.0)
-                    }
-                    None => (ngram.lookup(&s.tokens, k), Some(0.0), 0.0),
-                }
-            }
+        // (a drafter's proposal: a chain, or a tree's shape; an ensemble's with the n-gram's
+        // continuations beside it)
+        let ((shape, cost, first), merged) = match &d.source {
+            _ if !ready => ((Shape::Chain(Vec::new()), Some(0.0), 0.0), None),
+            Source::NGram(ngram) => ((ngram_shape(ngram, &s.tokens, k, nodes), Some(0.0), 0.0), None),
             Source::Model { past, .. } => {
                 // (all of them: spread over the tokens still wanted, the draft caught up for a
                 // few drafts cost more than plain batching on lavapipe's Qwen pair at 4 requests)
                 let unseen = s.tokens.len() - (*past).min(s.tokens.len() - 1);
-                (vec![0; k], model_draft, bd * (unseen - 1) as f64)
+                ((Shape::Chain(vec![0; k]), model_draft, bd * (unseen - 1) as f64), d.ngram.as_ref())
             }
             Source::Eagle { .. } => {
-                let siblings: Vec<Vec<u32>> = vec![(1..=batch.eagle_siblings as u32).collect(); k];
-                let shape = TokenTree::chain_with_siblings(0, &vec![0; k], &siblings, nodes + 1);
-                let placeholders = match shape.is_chain() {
-                    true => vec![0; k],
-                    false => {
-                        let (n, order) = (shape.len() - 1, take_order(&shape, (!d.fixed).then(|| s.alpha())));
-                        r.proposed = Some((shape, order));
-                        vec![0; n]
-                    }
-                };
-                (placeholders, head_draft, 0.0)
+                ((eagle_shape(k, batch.eagle_siblings, nodes), head_draft, 0.0), d.ngram.as_ref())
             }
             Source::Medusa { .. } => {
-                let placeholders = match medusa_shape(&batch.medusa_choices, k, nodes) {
-                    Some(shape) => {
-                        let (n, order) = (shape.len() - 1, take_order(&shape, (!d.fixed).then(|| s.alpha())));
-                        r.proposed = Some((shape, order));
-                        vec![0; n]
-                    }
-                    None => vec![0; k],
-                };
-                (placeholders, medusa_row.map(|_| 0.0), medusa_row.unwrap_or(0.0))
+                let shape = medusa_shape(&batch.medusa_choices, k, nodes);
+                ((shape, medusa_row.map(|_| 0.0), medusa_row.unwrap_or(0.0)), d.ngram.as_ref())
+            }
+        };
+        let shape = match merged {
+            Some(ngram) => shape.with_ngram(ngram, &s.tokens, k, room),
+            None => shape,
+        };
+        let alpha = s.alpha();
+        let (mut proposal, gains) = match shape {
+            Shape::Chain(chain) => {
+                let gains = (1..=chain.len()).map(|i| alpha.powi(i as i32)).collect::<Vec<f64>>();
+                (chain, gains)
+            }
+            Shape::Tree(shape) => {
+                let p = Proposed::new(shape, (!d.fixed).then_some(alpha));
+                let chance = node_chances(&p.shape, alpha);
+                let gains = p.order.iter().map(|&n| chance[n]).collect();
+                let placeholders = vec![0; p.order.len()];
+                r.proposed = Some(p);
+                (placeholders, gains)
             }
         };
         if cost.is_none() && !d.fixed {
             proposal.truncate(1);
         }
         let cost = cost.unwrap_or(0.0);
-        let gains = match &r.proposed {
-            Some((tree, order)) => order.iter().map(|&n| node_chances(tree, s.alpha())[n]).collect(),
-            None => (1..=proposal.len()).map(|i| s.alpha().powi(i as i32)).collect::<Vec<f64>>(),
-        };
         if d.fixed {
             r.asked = k;
             r.drafts = proposal.into_iter().take(budget).collect();
@@ -1167,28 +1167,124 @@ fn room_for_nodes(s: &Seq, r: &Rows, context: usize) -> usize {
     (MAX_TREE - 1).min(context.saturating_sub(s.n_past + r.run))
 }
 
-/// A sequence's n-gram proposal as a token tree below its newest token (the last of `tokens`):
-/// the continuations of several matches (`ngram.branches` > 1), `depth` deep and `nodes` nodes
-/// after the root at most, and its nodes in the order drafts are taken: with an adaptive K by
-/// their chance ([`node_chances`] at acceptance `alpha`; a parent before its children), the
-/// earlier first among equals; with a fixed one as the tree has them (breadth first, as the
-/// one-sequence loop takes them). None: one continuation (a chain: [`NGram::lookup`]'s).
-fn ngram_tree(
-    ngram: &NGram,
-    tokens: &[u32],
-    depth: usize,
-    nodes: usize,
-    alpha: Option<f64>,
-) -> Option<(TokenTree, Vec<usize>)> {
+/// A sequence's n-gram proposal below its newest token (the last of `tokens`): with the
+/// continuations of several matches (`ngram.branches` > 1) a token tree, `depth` deep and
+/// `nodes` nodes after the root at most; with one (or one found) a chain ([`NGram::lookup`]'s).
+fn ngram_shape(ngram: &NGram, tokens: &[u32], depth: usize, nodes: usize) -> Shape {
     if ngram.branches < 2 || depth == 0 {
-        return None;
+        return Shape::Chain(ngram.lookup(tokens, depth));
     }
     let tree = ngram.lookup_tree(tokens, DraftBudget::tree(depth, nodes.max(depth).min(MAX_TREE - 1)));
-    if tree.is_chain() {
-        return None;
+    match tree.is_chain() {
+        true => Shape::Chain(ngram.lookup(tokens, depth)),
+        false => Shape::Tree(tree),
     }
-    let order = take_order(&tree, alpha);
-    Some((tree, order))
+}
+
+/// A drafter's proposal as planned: a chain (an n-gram's tokens, or as many placeholders as
+/// drafts its drafter makes), or a tree's shape ([`Proposed`]).
+enum Shape {
+    Chain(Vec<u32>),
+    Tree(TokenTree),
+}
+
+impl Shape {
+    /// An ensemble's proposal (a drafter that ranks ids, and the n-gram): the drafter's chain or
+    /// tree with up to `k` nodes of the n-gram's continuations of `tokens` beside it (breadth
+    /// first, `k` deep), as the one-sequence loop's [`crate::speculative::Ensemble`] merges them
+    /// (a continuation whose tokens the drafter proposes too shares its nodes once both ran),
+    /// `room` nodes after the root at most.
+    fn with_ngram(self, ngram: &NGram, tokens: &[u32], k: usize, room: usize) -> Shape {
+        let mut tree = match self {
+            Shape::Chain(chain) => TokenTree::chain(0, &vec![ranked(0); chain.len().min(MAX_TREE - 1)]),
+            Shape::Tree(tree) => tree,
+        };
+        let budget = (tree.len() + k).min(MAX_TREE).min(room + 1);
+        crate::speculative::ngram::add_breadth_first(&mut tree, &ngram.continuations(tokens, k), budget);
+        match tree.is_chain() {
+            true => Shape::Chain(vec![0; tree.len() - 1]),
+            false => Shape::Tree(tree),
+        }
+    }
+}
+
+/// A token tree planned before its drafter ran ([`Rows::proposed`]): its shape, whose tokens are
+/// known (an n-gram's) or ranks among the ids its drafter ranks at the node's depth ([`ranked`]:
+/// a Medusa head's, an EAGLE or draft model step's), its nodes in the order drafts are taken
+/// ([`take_order`]), and each node's token once the drafter ran.
+struct Proposed {
+    shape: TokenTree,
+    order: Vec<usize>,
+    ids: Vec<u32>,
+}
+
+/// A rank's token in a [`Proposed`] shape (beyond every vocabulary).
+fn ranked(rank: usize) -> u32 {
+    u32::MAX - rank as u32
+}
+
+/// The rank a [`Proposed`] shape's token stands for (none: a known token).
+fn rank_of(token: u32) -> Option<usize> {
+    (token > u32::MAX - MAX_TREE as u32 * 64).then(|| (u32::MAX - token) as usize)
+}
+
+impl Proposed {
+    fn new(shape: TokenTree, alpha: Option<f64>) -> Proposed {
+        let order = take_order(&shape, alpha);
+        let ids = shape.tokens().to_vec();
+        Proposed { shape, order, ids }
+    }
+
+    /// The drafter's ranked ids `top[depth - 1][rank]` into the nodes that stand for them.
+    fn fill(&mut self, top: &[Vec<u32>]) {
+        for n in 1..self.shape.len() {
+            let rank = rank_of(self.shape.tokens()[n]);
+            let ids = top.get(self.shape.depth(n) - 1);
+            if let Some(&id) = rank.and_then(|rank| ids.and_then(|ids| ids.get(rank))) {
+                self.ids[n] = id;
+            }
+        }
+    }
+
+    /// The drafter's steps its first `taken` nodes need: their deepest ranked node's depth.
+    fn steps(&self, taken: usize) -> usize {
+        let ranked = |&&n: &&usize| rank_of(self.shape.tokens()[n]).is_some();
+        let first = &self.order[..taken.min(self.order.len())];
+        first.iter().filter(ranked).map(|&n| self.shape.depth(n)).max().unwrap_or(0)
+    }
+
+    /// The tree below `root` of its first `taken` nodes with their tokens (a drafter's id equal
+    /// to a known token beside it shares that node; a node whose drafter did not run ends the
+    /// nodes taken).
+    fn tree(&self, root: u32, taken: usize) -> TokenTree {
+        let filled = |&n: &usize| rank_of(self.ids[n]).is_none();
+        let taken = self.order.iter().take(taken).take_while(|n| filled(n)).count();
+        let mut keep = vec![false; self.shape.len()];
+        for &n in &self.order[..taken] {
+            keep[n] = true;
+        }
+        let mut tree = TokenTree::new(root);
+        let mut at: Vec<Option<usize>> = vec![Some(0); self.shape.len()];
+        for n in 1..self.shape.len() {
+            at[n] = match (keep[n], at[self.shape.parents()[n]]) {
+                (true, Some(p)) => tree.child(p, self.ids[n]),
+                _ => None,
+            };
+        }
+        tree
+    }
+}
+
+/// The EAGLE head's proposal: its chain `k` deep with up to `siblings` of each depth's next
+/// likeliest ids beside it, `nodes` nodes after the root at most
+/// ([`TokenTree::chain_with_siblings`]).
+fn eagle_shape(k: usize, siblings: usize, nodes: usize) -> Shape {
+    let ranks: Vec<Vec<u32>> = vec![(1..=siblings).map(ranked).collect(); k];
+    let shape = TokenTree::chain_with_siblings(0, &vec![ranked(0); k], &ranks, nodes + 1);
+    match shape.is_chain() {
+        true => Shape::Chain(vec![0; k]),
+        false => Shape::Tree(shape),
+    }
 }
 
 /// A token tree's nodes after its root in the order drafts are taken: with an acceptance `alpha`
@@ -1203,29 +1299,17 @@ fn take_order(tree: &TokenTree, alpha: Option<f64>) -> Vec<usize> {
     order
 }
 
-/// The shape of the Medusa heads' tree of `choices` (their paths: [`Medusa::tree`]) at most
-/// `depth` deep and `nodes` nodes after the root, each node's token its rank among its head's
-/// ids (the heads' ids fill it in once they ran: [`ranked_tree`]). None: a chain (first
-/// guesses alone), or no paths.
-fn medusa_shape(choices: &[Vec<usize>], depth: usize, nodes: usize) -> Option<TokenTree> {
+/// The Medusa heads' proposal: their tree of `choices` (their paths: [`Medusa::tree`]) at most
+/// `depth` deep and `nodes` nodes after the root (each node a rank among its head's ids), or
+/// without paths the heads' first guesses (a chain).
+fn medusa_shape(choices: &[Vec<usize>], depth: usize, nodes: usize) -> Shape {
     let ranks = choices.iter().flatten().max().map_or(0, |&r| r + 1);
-    let top = vec![(0..ranks as u32).collect::<Vec<u32>>(); depth];
+    let top = vec![(0..ranks).map(ranked).collect::<Vec<u32>>(); depth];
     let shape = Medusa::tree_of(choices, 0, &top, DraftBudget::tree(depth, nodes.min(MAX_TREE - 1)));
-    (!shape.is_chain()).then_some(shape)
-}
-
-/// The tree of shape `shape` (a node's token its rank among the ids ranked at its depth: a
-/// Medusa shape, [`medusa_shape`], or an EAGLE chain with siblings) below `root` from the ranked
-/// ids `top[depth - 1][rank]` (a Medusa head's, an EAGLE draft step's): node i holds the id of
-/// its rank at its depth (the ids of one ranking are distinct, so the tree keeps the shape's
-/// nodes and their order).
-fn ranked_tree(shape: &TokenTree, root: u32, top: &[Vec<u32>]) -> TokenTree {
-    let mut tree = TokenTree::new(root);
-    for (n, &p) in shape.parents().iter().enumerate().skip(1) {
-        let ranked = top.get(shape.depth(n) - 1);
-        tree.child(p, ranked.and_then(|ids| ids.get(shape.tokens()[n] as usize)).copied().unwrap_or(0));
+    match shape.is_chain() {
+        true => Shape::Chain(vec![0; depth]),
+        false => Shape::Tree(shape),
     }
-    tree
 }
 
 /// Each node's chance of being accepted under a sequence's acceptance `alpha` (the root's 1):
@@ -1307,13 +1391,9 @@ fn place_drafts(batch: &mut Batch, plan: &mut [Rows]) {
         r.drafts.truncate(batch.running[r.seq].pages.len() * KV_PAGE - last);
     }
     for r in plan.iter_mut() {
-        let Some((tree, order)) = r.proposed.take() else { continue };
-        let mut keep = vec![false; tree.len()];
-        keep[0] = true;
-        for &n in &order[..r.drafts.len()] {
-            keep[n] = true;
-        }
-        let taken = tree.subtree(&keep);
+        let Some(p) = r.proposed.take() else { continue };
+        let root = batch.running[r.seq].tokens.last().copied().unwrap_or(0);
+        let taken = p.tree(root, r.drafts.len());
         r.drafts = taken.tokens()[1..].to_vec();
         r.tree = (!taken.is_chain()).then_some(taken);
     }
@@ -1381,11 +1461,16 @@ fn commit(
     st.drafted += r.drafts.len();
     st.accepted += accepted;
     st.mean_k += r.asked as f64; // (a sum until the end)
-    s.n_past = s.tokens.len() + accepted;
-    // (the draft model's positions past the accepted drafts held rejected ones)
+                                 // (the draft model's positions past the accepted drafts of its chain held rejected ones: in
+                                 // an ensemble's tree its chain is the first branch, the n-gram's nodes after it)
+    let chain = match &r.tree {
+        Some(t) => v.kept.iter().zip(t.first_branch()).take_while(|(a, b)| **a == *b).count(),
+        None => accepted,
+    };
     if let Some(Drafting { source: Source::Model { past, .. }, .. }) = &mut s.drafting {
-        *past = (*past).min(s.n_past);
+        *past = (*past).min(s.tokens.len() + chain);
     }
+    s.n_past = s.tokens.len() + accepted;
     let end = push_committed(s, v, tokenizer, events);
     // (an end among the accepted drafts: the positions of those after it are not the sequence's)
     s.n_past = s.n_past.min(s.tokens.len());
@@ -1492,7 +1577,12 @@ mod tests {
             max_tokens: 100,
             from_draft: Vec::new(),
             text: TextStream::new(&[]),
-            drafting: Some(Drafting { source: Source::NGram(NGram::default()), k_max: 8, fixed: false }),
+            drafting: Some(Drafting {
+                source: Source::NGram(NGram::default()),
+                ngram: None,
+                k_max: 8,
+                fixed: false,
+            }),
             rejected,
             sampling: SamplingParams::default(),
             draw: None,
@@ -1516,7 +1606,7 @@ mod tests {
         // (a sequence the head has followed through the token before its newest: ready to draft)
         let mut s = seq((1..20).collect(), 0, 10);
         let ready = Source::Eagle { past: s.n_past, row: Some(0), idle: 0 };
-        s.drafting = Some(Drafting { source: ready, k_max: 4, fixed: false });
+        s.drafting = Some(Drafting { source: ready, ngram: None, k_max: 4, fixed: false });
         let mut batch = Batch::new(64);
         batch.running = vec![s];
         let idle = |b: &Batch| match &b.running[0].drafting {
@@ -1558,7 +1648,8 @@ mod tests {
     fn a_medusa_sequence_pays_its_row_of_the_heads_run_once() {
         // (a sequence with its row of the last pass, 9 in 10 drafts kept, 4 heads)
         let mut s = seq((1..20).collect(), 90, 10);
-        s.drafting = Some(Drafting { source: Source::Medusa { row: Some(0) }, k_max: 8, fixed: false });
+        s.drafting =
+            Some(Drafting { source: Source::Medusa { row: Some(0) }, ngram: None, k_max: 8, fixed: false });
         let mut batch = Batch::new(64);
         batch.running = vec![s];
         batch.medusa_heads = 4;
@@ -1586,7 +1677,8 @@ mod tests {
         batch.medusa_costs = PassCosts::default();
         batch.medusa_costs.observe(1, 2.5);
         let mut idle = seq((1..20).collect(), 90, 10);
-        idle.drafting = Some(Drafting { source: Source::Medusa { row: None }, k_max: 8, fixed: false });
+        idle.drafting =
+            Some(Drafting { source: Source::Medusa { row: None }, ngram: None, k_max: 8, fixed: false });
         batch.running.push(idle);
         assert_eq!(drafts(&mut batch, 24), [0, 0], "2.5 s for one row, not 1.25 each for two");
         batch.running.pop();
@@ -1600,8 +1692,12 @@ mod tests {
         // (a sequence the draft model has seen up to position 10 of 18: its first draft also
         // costs the catch-up of 8 more rows; 9 in 10 drafts kept)
         let mut s = seq((1..20).collect(), 90, 10);
-        s.drafting =
-            Some(Drafting { source: Source::Model { pages: Vec::new(), past: 10 }, k_max: 8, fixed: false });
+        s.drafting = Some(Drafting {
+            source: Source::Model { pages: Vec::new(), past: 10 },
+            ngram: None,
+            k_max: 8,
+            fixed: false,
+        });
         let mut batch = Batch::new(64);
         batch.running = vec![s];
         // a target pass: 1 s and a thousandth per row; a draft pass: 0.1 s a row
@@ -1645,21 +1741,25 @@ mod tests {
         // "1" was followed by "8 9 1", "6 1 8" and "5 7 1": three branches below the root 1
         let context = [1, 5, 7, 1, 6, 1, 8, 9, 1];
         let ngram = NGram { branches: 3, ..NGram::default() };
-        let (tree, order) = ngram_tree(&ngram, &context, 3, 31, Some(0.5)).expect("a tree");
-        assert_eq!(tree.tokens(), &[1, 8, 6, 5, 9, 1, 7, 1, 8, 1]);
+        let tree = |shape: Shape| match shape {
+            Shape::Tree(t) => t,
+            Shape::Chain(c) => panic!("a chain: {c:?}"),
+        };
+        let shape = tree(ngram_shape(&ngram, &context, 3, 31));
+        assert_eq!(shape.tokens(), &[1, 8, 6, 5, 9, 1, 7, 1, 8, 1]);
         // chances: 8 1/2, 6 1/4, 5 1/8; 9 1/4, 1 (after 6) 1/16, ...: parents first
-        assert_eq!(&order[..4], &[1, 2, 4, 3]);
-        let chance = node_chances(&tree, 0.5);
-        assert!(order.windows(2).all(|w| chance[w[0]] >= chance[w[1]]));
+        let p = Proposed::new(shape.clone(), Some(0.5));
+        assert_eq!(&p.order[..4], &[1, 2, 4, 3]);
+        let chance = node_chances(&shape, 0.5);
+        assert!(p.order.windows(2).all(|w| chance[w[0]] >= chance[w[1]]));
         // a fixed K takes the nodes as the tree has them; one continuation is a chain
-        assert_eq!(ngram_tree(&ngram, &context, 3, 3, None).expect("a tree").1, [1, 2, 3]);
-        assert!(ngram_tree(&ngram, &[1, 2, 3, 1, 2], 3, 31, Some(0.5)).is_none());
-        assert!(ngram_tree(&NGram::default(), &context, 3, 31, Some(0.5)).is_none());
+        assert_eq!(Proposed::new(tree(ngram_shape(&ngram, &context, 3, 3)), None).order, [1, 2, 3]);
+        assert!(matches!(ngram_shape(&ngram, &[1, 2, 3, 1, 2], 3, 31), Shape::Chain(c) if c == [3, 1, 2]));
+        assert!(matches!(ngram_shape(&NGram::default(), &context, 3, 31), Shape::Chain(_)));
         // the plan takes the first 3 of the order: the tree 1 -> (8 -> 9, 6)
         let mut batch = Batch::new(4);
         batch.running = vec![seq(context.to_vec(), 0, 0)];
-        let drafts = order[..3].iter().map(|&n| tree.tokens()[n]).collect();
-        let mut plan = vec![Rows { drafts, proposed: Some((tree, order)), ..Rows::new(0, 1, true) }];
+        let mut plan = vec![Rows { drafts: vec![0; 3], proposed: Some(p), ..Rows::new(0, 1, true) }];
         place_drafts(&mut batch, &mut plan);
         let r = &plan[0];
         let taken = r.tree.as_ref().expect("a tree");
@@ -1679,6 +1779,26 @@ mod tests {
         );
         let v = Verdict::of(r, &[8, 7, 4, 3]).expect("verdict");
         assert_eq!((&v.kept[..], &v.choices[..], v.rejected), (&[8][..], &[8, 7][..], true));
+
+        // an ensemble: the EAGLE head's chain 2 deep with a sibling at each depth (ranks), then
+        // the n-gram's continuations 8 and 6 (2 more nodes)
+        let shape = tree(eagle_shape(2, 1, 31).with_ngram(&ngram, &context, 2, 31));
+        assert_eq!(shape.tokens(), &[0, ranked(0), ranked(0), ranked(1), ranked(1), 8, 6]);
+        assert_eq!(shape.parents(), &[0, 0, 1, 0, 1, 0, 0]);
+        let mut p = Proposed::new(shape, None);
+        assert_eq!((p.steps(3), p.steps(1), p.steps(6)), (2, 1, 2), "the head's steps");
+        // the head's ids: 8 then 9, 4 and 3 beside them; the n-gram's 8 shares the chain's node
+        p.fill(&[vec![8, 4], vec![9, 3]]);
+        let t = p.tree(1, 6);
+        assert_eq!((t.tokens(), t.parents()), (&[1, 8, 9, 4, 3, 6][..], &[0, 0, 1, 0, 1, 0][..]));
+        // nodes the drafter did not fill (its steps ran out) end the nodes taken
+        let mut p = Proposed::new(tree(eagle_shape(2, 1, 31)), None);
+        p.fill(&[vec![8, 4]]);
+        assert_eq!(p.tree(1, 4).tokens(), &[1, 8]);
+        // the room: no more nodes than the context holds after the root
+        assert!(
+            matches!(eagle_shape(1, 1, 2).with_ngram(&ngram, &context, 2, 2), Shape::Tree(t) if t.len() == 3)
+        );
     }
 
     #[test]

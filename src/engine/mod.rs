@@ -161,13 +161,14 @@ impl Engine {
 
     /// Whether [`Engine::batch_submit`] takes `req`: greedy or sampled (each request's rows
     /// drawn on the GPU by its own ops), plain or with n-gram drafts (the draft it names, else
-    /// the default), the EAGLE head's chains (its passes batched over the requests drafting with
-    /// it) or the Medusa heads' first guesses (several requests' rows per run of the heads), or
-    /// the draft model's chains (its passes batched alike; a sampled request's drawn with the
-    /// noise its target rows draw with). Others (an ensemble with the n-gram) run alone
-    /// ([`Engine::generate_from`]) while the batch is idle.
+    /// the default; token trees with [`Engine::set_ngram_branches`]), the EAGLE head's chains
+    /// with siblings (its passes batched over the requests drafting with it) or the Medusa
+    /// heads' trees (several requests' rows per run of the heads), or the draft model's chains
+    /// (its passes batched alike; a sampled request's drawn with the noise its target rows draw
+    /// with), each alone or merged with the n-gram's continuations (an ensemble: one token
+    /// tree). Not: a draft this engine has not loaded.
     pub fn batchable(&self, req: &Request) -> bool {
-        let kind = req.draft.unwrap_or(self.default_draft);
+        let kind = req.draft.unwrap_or(self.default_draft).base();
         let model = kind == DraftKind::Model && self.draft.is_some();
         let eagle = kind == DraftKind::Eagle && self.eagle.is_some();
         let medusa = kind == DraftKind::Medusa && self.medusa.is_some();
@@ -212,7 +213,7 @@ impl Engine {
             true => Ok(()),
             false => Err(Error::InvalidArgument(format!(
                 "only requests plain or with the draft model, n-gram, EAGLE or Medusa drafts (of this \
-                 engine) are batched, not draft {:?}",
+                 engine, alone or with the n-gram) are batched, not draft {:?}",
                 req.draft.unwrap_or(self.default_draft),
             ))),
         }
@@ -365,11 +366,11 @@ impl Engine {
     }
 
     /// The n-gram's continuations per proposal (from the latest matches): `alone` drafting with
-    /// the n-gram (default 1, a chain) and `merged` beside an ensemble's draft (default
-    /// [`TREE_BRANCHES`]); at least 1 each.
+    /// the n-gram (default 1, a chain; the batch's requests submitted from now on too) and
+    /// `merged` beside an ensemble's draft (default [`TREE_BRANCHES`]); at least 1 each.
     pub fn set_ngram_branches(&mut self, alone: usize, merged: usize) {
         self.ngram_branches = (alone.max(1), merged.max(1));
-        self.batch.ngram_branches = alone.max(1);
+        self.batch.ngram_branches = self.ngram_branches;
         self.schedules.retain(|((kind, _), _)| *kind != DraftKind::Ngram && !kind.is_ensemble());
     }
 

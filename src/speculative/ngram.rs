@@ -98,7 +98,7 @@ pub const TREE_BRANCHES: usize = 4;
 
 /// Inserts `paths` below `tree`'s root breadth first (every path's first token, then the second
 /// ones, ...) until the tree holds `budget` nodes.
-fn add_breadth_first(tree: &mut TokenTree, paths: &[Vec<u32>], budget: usize) {
+pub(crate) fn add_breadth_first(tree: &mut TokenTree, paths: &[Vec<u32>], budget: usize) {
     let longest = paths.iter().map(Vec::len).max().unwrap_or(0);
     for depth in 1..=longest {
         for p in paths.iter().filter(|p| p.len() >= depth) {

@@ -199,8 +199,8 @@ struct ServeArgs {
     #[arg(long, default_value_t = 8)]
     max_queue: usize,
     /// Most requests served together, sharing every forward pass (1..=64; 1: one at a time).
-    /// Greedy and sampled requests, plain or with the draft model, n-gram, EAGLE or Medusa drafts,
-    /// are batched; others (an ensemble with the n-gram) run alone between batches.
+    /// Greedy and sampled requests, plain or with the draft model, n-gram, EAGLE or Medusa drafts
+    /// (alone or merged with the n-gram's), are batched.
     #[arg(long, default_value_t = MAX_BATCH)]
     max_batch: usize,
     /// Most rows of one forward pass: prompt chunks, decoding tokens and drafts (1..=64).

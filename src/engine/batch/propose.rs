@@ -26,21 +26,24 @@
 //! the token after it, in the head's pages of the ids of the sequence's target pages); before
 //! the next target pass, the chains of those drafting this time ([`propose_eagle`]: each
 //! sequence's last row of that pass projected and ranked gives x1, then one-row steps per
-//! sequence, all in one submission). A sequence the head has not followed through the token
-//! before its newest drafts none. Its chains are the one-sequence loop's EAGLE chains (its
-//! trees, where that loop grows them, are chains here).
+//! sequence, all in one submission, each step's ranked ids read back). A sequence the head has
+//! not followed through the token before its newest drafts none. Its chains are the
+//! one-sequence loop's EAGLE chains, with up to [`super::Drafters::eagle_siblings`] of each
+//! step's next likeliest ids beside them (a tree: the loop's `EagleTree::Chain`; where that loop
+//! grows EAGLE-2's dynamic trees, the batch grows these); a tree's accepted path gives the rows
+//! the head's next pass follows ([`before_commit`]).
 //!
-//! The Medusa heads' proposals ([`propose_medusa`]): each head's most likely id at every drafting
-//! sequence's row of the pass before (the position before its newest token, [`medusa_rows`]),
-//! up to [`MEDUSA_ROWS`] rows per run of the heads: chains, where the one-sequence loop verifies
-//! Medusa's trees. Both are deterministic drafts, kept where a row's choice (argmax or draw)
-//! equals them.
+//! The Medusa heads' proposals ([`propose_medusa`]): each head's ranked ids at every drafting
+//! sequence's row of the pass before (the position before its newest token, [`medusa_rows`]: a
+//! tree's accepted path's last node's), up to [`MEDUSA_ROWS`] rows per run of the heads, in
+//! Medusa's tree of their paths (its nodes the plan took). Both are deterministic drafts, kept
+//! where a row's choice (argmax or draw) equals them.
 
 use web_time::Instant;
 
 use super::{
-    ranked_tree, read_pass, Batch, Drafting, Draw, DrawAt, Outcome, PassCosts, Readback, Rows, Seq, SeqId,
-    Source, Verdict, EAGLE_PATIENCE,
+    read_pass, Batch, Drafting, Draw, DrawAt, Outcome, PassCosts, Readback, Rows, Seq, SeqId, Source,
+    Verdict, EAGLE_PATIENCE,
 };
 use crate::error::{Error, Result};
 use crate::gpu::KV_PAGE;
@@ -75,7 +78,7 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
     // passes 2..: the chains that want more, one row each
     loop {
         let more: Vec<usize> =
-            (0..chains.len()).filter(|&j| chains[j].1.len() < plan[chains[j].0].drafts.len()).collect();
+            (0..chains.len()).filter(|&j| chains[j].1.len() < steps(&plan[chains[j].0])).collect();
         if more.is_empty() {
             break;
         }
@@ -105,7 +108,12 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
         }
     }
     for (entry, chain) in chains {
-        plan[entry].drafts = chain;
+        let r = &mut plan[entry];
+        match &mut r.proposed {
+            // (an ensemble's tree: its chain's nodes get the draft's tokens)
+            Some(p) => p.fill(&chain.iter().map(|&x| vec![x]).collect::<Vec<_>>()),
+            None => r.drafts = chain,
+        }
     }
     Ok(())
 }
@@ -119,7 +127,7 @@ fn take_pages(batch: &mut Batch, plan: &mut [Rows]) {
         let s = &mut running[r.seq];
         let len = s.tokens.len();
         if let Some(Drafting { source: Source::Model { pages, past }, fixed, .. }) = &mut s.drafting {
-            if grow(draft_pool, pages, len + r.drafts.len() - 1) {
+            if grow(draft_pool, pages, len + steps(r).max(1) - 1) {
                 *past = (*past).min(len - 1);
             } else {
                 drop_drafts(r, *fixed);
@@ -302,15 +310,18 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
         let room = (s.pages.len() * KV_PAGE + 1).saturating_sub(n_past);
         let cut = match &r.proposed {
             // (a tree's nodes up to the first deeper than the steps the pages hold)
-            Some((shape, order)) => order.iter().take_while(|&&n| shape.depth(n) <= room).count(),
+            Some(p) => p.order.iter().take_while(|&&n| p.shape.depth(n) <= room).count(),
             None => room,
         };
         r.drafts.truncate(cut);
         match (&s.drafting, s.eagle_ready()) {
+            // (an ensemble's tree of the n-gram's nodes alone needs no step of the head)
             (Some(Drafting { source: Source::Eagle { row: Some(row), past, .. }, .. }), true)
                 if !r.drafts.is_empty() =>
             {
-                asks.push((entry, *row, *past))
+                if steps(r) > 0 {
+                    asks.push((entry, *row, *past))
+                }
             }
             (d, _) => drop_drafts(r, d.as_ref().is_some_and(|d| d.fixed)),
         }
@@ -336,14 +347,9 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     batch.head_costs.observe(drafts, t0.elapsed().as_secs_f64());
     for (&(entry, ..), ranked) in asks.iter().zip(out) {
         let r = &mut plan[entry];
-        match r.proposed.take() {
-            // (a tree: its shape's nodes get the steps' ids, the plan's first ones are taken)
-            Some((shape, order)) => {
-                let root = batch.running[r.seq].tokens.last().copied().unwrap_or(0);
-                let tree = ranked_tree(&shape, root, &ranked);
-                r.drafts = order.iter().take(r.drafts.len()).map(|&n| tree.tokens()[n]).collect();
-                r.proposed = Some((tree, order));
-            }
+        match &mut r.proposed {
+            // (a tree: its shape's nodes get the steps' ids)
+            Some(p) => p.fill(&ranked),
             None => r.drafts = ranked.iter().map(|ids| ids[0]).collect(),
         }
     }
@@ -354,7 +360,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
 /// node taken.
 fn steps(r: &Rows) -> usize {
     match &r.proposed {
-        Some((shape, order)) => order.iter().take(r.drafts.len()).map(|&n| shape.depth(n)).max().unwrap_or(0),
+        Some(p) => p.steps(r.drafts.len()),
         None => r.drafts.len(),
     }
 }
@@ -479,14 +485,9 @@ pub(super) async fn propose_medusa(batch: &mut Batch, medusa: &Medusa, plan: &mu
         batch.medusa_costs.observe(rows.len(), t0.elapsed().as_secs_f64());
         for (&(entry, _), guesses) in run.iter().zip(top) {
             let r = &mut plan[entry];
-            match r.proposed.take() {
-                // (a tree: its shape's nodes get the heads' ids, the plan's first ones are taken)
-                Some((shape, order)) => {
-                    let root = batch.running[r.seq].tokens.last().copied().unwrap_or(0);
-                    let tree = ranked_tree(&shape, root, &guesses);
-                    r.drafts = order.iter().take(r.drafts.len()).map(|&n| tree.tokens()[n]).collect();
-                    r.proposed = Some((tree, order));
-                }
+            match &mut r.proposed {
+                // (a tree: its shape's nodes get the heads' ids)
+                Some(p) => p.fill(&guesses),
                 None => r.drafts = guesses.iter().take(r.drafts.len()).map(|ids| ids[0]).collect(),
             }
         }
