@@ -1,7 +1,8 @@
 //! The GPU worker: one thread that loads the engine and then serves the jobs of the bounded
 //! [`Queue`], streaming token events back to the HTTP handler that queued each job. Jobs the
 //! engine batches ([`Engine::batchable`]) join the batch while it has places for them, and
-//! every pass serves them all ([`Engine::batch_step`]); any other job runs alone once the batch is
+//! every pass serves them all ([`Engine::batch_step`]); any other job (every job under
+//! `--max-batch 1`; one naming a draft not loaded fails there) runs alone once the batch is
 //! idle, and no later job passes it. When a handler is gone (its client disconnected), its
 //! request leaves the batch (its pages free) before the next pass, or a job running alone stops at
 //! its next token; a job whose client leaves while it waits leaves the queue at once.
