@@ -127,7 +127,8 @@ pub struct BatchStatus {
     pub drafts: u64,
     pub preemptions: u64,
     /// Sequences whose drafts in a pass were a token tree (n-gram continuations of several
-    /// matches), since the engine was made.
+    /// matches, an EAGLE chain with siblings, Medusa's tree, an ensemble's), since the engine
+    /// was made.
     pub trees: u64,
     /// `k[i]`: how often a sequence's newest token went into a pass with i drafts after it
     /// (the last: 8 or more), since the engine was made: K per sequence.
@@ -1081,7 +1082,7 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
             }
         };
         let shape = match merged {
-            Some(ngram) => shape.with_ngram(ngram, &s.tokens, k, room),
+            Some(ngram) => shape.with_ngram(ngram, &s.tokens, (k, nodes), room),
             None => shape,
         };
         let alpha = s.alpha();
@@ -1190,16 +1191,17 @@ enum Shape {
 
 impl Shape {
     /// An ensemble's proposal (a drafter that ranks ids, and the n-gram): the drafter's chain or
-    /// tree with up to `k` nodes of the n-gram's continuations of `tokens` beside it (breadth
-    /// first, `k` deep), as the one-sequence loop's [`crate::speculative::Ensemble`] merges them
-    /// (a continuation whose tokens the drafter proposes too shares its nodes once both ran),
-    /// `room` nodes after the root at most.
-    fn with_ngram(self, ngram: &NGram, tokens: &[u32], k: usize, room: usize) -> Shape {
+    /// tree with the n-gram's continuations of `tokens` beside it (breadth first, `k` deep), up to
+    /// `k` nodes more or `nodes` in all, as the one-sequence loop's
+    /// [`crate::speculative::Ensemble`] merges them, `room` nodes after the root at most. (A
+    /// continuation whose tokens the drafter proposes too shares its nodes once both ran: the
+    /// rows planned for it go unused, where alone the loop merges first and fills them.)
+    fn with_ngram(self, ngram: &NGram, tokens: &[u32], (k, nodes): (usize, usize), room: usize) -> Shape {
         let mut tree = match self {
             Shape::Chain(chain) => TokenTree::chain(0, &vec![ranked(0); chain.len().min(MAX_TREE - 1)]),
             Shape::Tree(tree) => tree,
         };
-        let budget = (tree.len() + k).min(MAX_TREE).min(room + 1);
+        let budget = (tree.len() + k).max(nodes + 1).min(MAX_TREE).min(room + 1);
         crate::speculative::ngram::add_breadth_first(&mut tree, &ngram.continuations(tokens, k), budget);
         match tree.is_chain() {
             true => Shape::Chain(vec![0; tree.len() - 1]),
@@ -1782,7 +1784,7 @@ mod tests {
 
         // an ensemble: the EAGLE head's chain 2 deep with a sibling at each depth (ranks), then
         // the n-gram's continuations 8 and 6 (2 more nodes)
-        let shape = tree(eagle_shape(2, 1, 31).with_ngram(&ngram, &context, 2, 31));
+        let shape = tree(eagle_shape(2, 1, 31).with_ngram(&ngram, &context, (2, 4), 31));
         assert_eq!(shape.tokens(), &[0, ranked(0), ranked(0), ranked(1), ranked(1), 8, 6]);
         assert_eq!(shape.parents(), &[0, 0, 1, 0, 1, 0, 0]);
         let mut p = Proposed::new(shape, None);
@@ -1797,7 +1799,7 @@ mod tests {
         assert_eq!(p.tree(1, 4).tokens(), &[1, 8]);
         // the room: no more nodes than the context holds after the root
         assert!(
-            matches!(eagle_shape(1, 1, 2).with_ngram(&ngram, &context, 2, 2), Shape::Tree(t) if t.len() == 3)
+            matches!(eagle_shape(1, 1, 2).with_ngram(&ngram, &context, (2, 2), 2), Shape::Tree(t) if t.len() == 3)
         );
     }
 

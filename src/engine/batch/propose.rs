@@ -119,7 +119,8 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
 }
 
 /// The draft pages of each drafting sequence (the positions its passes write: up to its
-/// newest token and the drafts but the last), or, where the pool has none left, no drafts.
+/// newest token and its chain's drafts but the last), or, where the pool has none left, no
+/// drafts.
 /// A drafting sequence's newest token's row gives x1, even where the draft ran it before.
 fn take_pages(batch: &mut Batch, plan: &mut [Rows]) {
     for r in plan.iter_mut().filter(|r| r.pending && !r.drafts.is_empty()) {
@@ -290,7 +291,7 @@ async fn timed(
 }
 
 /// Fills the plan's draft placeholders of the sequences drafting with the EAGLE `head` (the
-/// engine's): their chains, from their last rows of the head's latest pass, in the head's pages of
+/// engine's): their chains and the siblings beside them, from their last rows of the head's latest pass, in the head's pages of
 /// the ids of their target pages (free ones taken for the draft steps' positions, never a
 /// preemption: drafts past them are dropped).
 pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan: &mut [Rows]) -> Result<()> {
@@ -466,8 +467,9 @@ pub(super) fn medusa_rows(batch: &mut Batch, before: &[Before]) {
     }
 }
 
-/// Fills the plan's draft placeholders of the sequences drafting with the Medusa `heads`: each
-/// head's most likely id at the sequence's row of the last pass, in runs of up to
+/// Fills the plan's draft placeholders of the sequences drafting with the Medusa heads: each
+/// head's ranked ids at the sequence's row of the last pass (its tree's nodes; without
+/// Medusa's paths each head's most likely id, a chain), in runs of up to
 /// [`MEDUSA_ROWS`] rows (before this plan's pass: that pass's hidden states are still there).
 pub(super) async fn propose_medusa(batch: &mut Batch, medusa: &Medusa, plan: &mut [Rows]) -> Result<()> {
     let heads = medusa.heads();

@@ -138,7 +138,8 @@ pub struct Model {
     /// ([`Model::forward_top_k`]) k, the k most likely ids of every row `[MAX_BATCH, k]`, and
     /// the op ranking them; made on first use.
     top_k: Option<(usize, GpuBuffer<u32>, Vec<Op>)>,
-    /// Per layer: keeps a tree pass's accepted path in the KV cache ([`Model::keep_path`]).
+    /// Per layer: keeps a tree pass's accepted path in the KV cache ([`Model::keep_path`],
+    /// [`Model::keep_paths_in_pages`]).
     keep_ops: Vec<Op>,
     /// The longest sequence, in positions.
     context: usize,
