@@ -36,7 +36,9 @@
 //! catch-up on the tokens it has not seen), an EAGLE draft its share of the
 //! head's measured chains (their seconds by drafts), and a request's first Medusa draft its row
 //! of the heads' measured runs (their seconds by rows: every head runs over each row); such a
-//! fixed cost of a first draft is paid where it and the drafts after it together pay, and a
+//! fixed cost of a first draft is paid where it and the drafts after it together pay (a tree's
+//! node that needs no step of its drafter beyond those taken, an EAGLE sibling or an ensemble's
+//! n-gram node, costs its target row alone), and a
 //! sequence whose next draft does not pay leaves the others drafting. Nothing is free before it is
 //! measured: until two row counts are, a pass of a count measured already takes one draft (the
 //! probe that measures another) and the others none; a drafter not run yet lets each sequence
@@ -1104,14 +1106,22 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
             proposal.truncate(1);
         }
         let cost = cost.unwrap_or(0.0);
+        // (the drafter's steps the first i + 1 drafts need: a chain's each, a tree's deepest
+        // ranked node; an EAGLE sibling or an n-gram node beside a drafter's costs a row alone)
+        let steps: Vec<usize> = match &r.proposed {
+            Some(p) => (1..=proposal.len()).map(|i| p.steps(i)).collect(),
+            None => (1..=proposal.len()).collect(),
+        };
         if d.fixed {
             r.asked = k;
             r.drafts = proposal.into_iter().take(budget).collect();
             budget -= r.drafts.len();
             tokens += gains[..r.drafts.len()].iter().sum::<f64>();
-            drafting += cost * r.drafts.len() as f64 + if r.drafts.is_empty() { 0.0 } else { first };
+            if let Some(&n) = r.drafts.len().checked_sub(1).and_then(|last| steps.get(last)) {
+                drafting += cost * n as f64 + first;
+            }
         } else if !proposal.is_empty() {
-            adaptive.push(Candidate { entry: i, proposal, gains, each: cost, first });
+            adaptive.push(Candidate { entry: i, proposal, gains, steps, each: cost, first });
         }
     }
     let rows = plan.iter().map(|r| r.run + r.drafts.len()).sum::<usize>() as f64;
@@ -1151,14 +1161,24 @@ fn room(batch: &Batch, r: &Rows, context: usize) -> (usize, bool) {
 }
 
 /// An adaptive K's sequence in [`draft`]: its plan entry, its proposal, each draft's chance of
-/// being accepted (a chain's α^(i+1); see [`node_chances`] for a tree's), a draft's own seconds
-/// and its first draft's more (a fixed cost: a draft model's catch-up, a Medusa row).
+/// being accepted (a chain's α^(i+1); see [`node_chances`] for a tree's), the drafter's steps
+/// its first i + 1 drafts need, a step's own seconds and its first draft's more (a fixed cost: a
+/// draft model's catch-up, a Medusa row).
 struct Candidate {
     entry: usize,
     proposal: Vec<u32>,
     gains: Vec<f64>,
+    steps: Vec<usize>,
     each: f64,
     first: f64,
+}
+
+impl Candidate {
+    /// The drafter's seconds of its first `m` drafts (none: 0).
+    fn drafting(&self, m: usize) -> f64 {
+        let steps = m.checked_sub(1).and_then(|last| self.steps.get(last)).copied().unwrap_or(0);
+        self.each * steps as f64 + if m > 0 { self.first } else { 0.0 }
+    }
 }
 
 /// The most nodes a token tree of plan entry `r`'s sequence may hold after its root: a tree's
@@ -1335,8 +1355,8 @@ struct Planned {
     drafting: f64,
 }
 
-/// [`draft`]'s adaptive drafts in at most `budget` rows, one at a time the likeliest
-/// (alpha^(drafts + 1)) while its tokens per marginal second are at least the pass's tokens per
+/// [`draft`]'s adaptive drafts in at most `budget` rows, one at a time the likeliest (its next
+/// draft's chance) while its tokens per marginal second are at least the pass's tokens per
 /// second (on the pass line `line`, or, unknown, as many drafts as the probes given). A first
 /// draft with a fixed cost is worth it where it and the drafts after it together are; a
 /// sequence whose next draft is not worth it drafts no more this pass, the others go on.
@@ -1357,14 +1377,14 @@ fn add_adaptive(
         let Some((j, gain)) = best else { break };
         let c = &cands[j];
         let n = plan[c.entry].drafts.len();
-        let cost = c.each + if n == 0 { c.first } else { 0.0 };
+        let cost = c.drafting(n + 1) - c.drafting(n);
         match line {
             None if probes == 0 => break,
             None => probes -= 1,
             Some((a, b)) => {
                 let pays = |g: f64, secs: f64| g * (a + b * p.rows + p.drafting) >= secs * p.tokens;
                 // (a fixed cost shared by the drafts it buys)
-                let bundle = |m: usize| pays(c.gains[..m].iter().sum(), m as f64 * (b + c.each) + c.first);
+                let bundle = |m: usize| pays(c.gains[..m].iter().sum(), m as f64 * b + c.drafting(m));
                 let more = c.proposal.len().min(budget);
                 let shared = n == 0 && c.first > 0.0 && (2..=more).any(bundle);
                 if !(pays(gain, b + cost) || shared) {
@@ -1801,6 +1821,28 @@ mod tests {
         assert!(
             matches!(eagle_shape(1, 1, 2).with_ngram(&ngram, &context, (2, 2), 2), Shape::Tree(t) if t.len() == 3)
         );
+    }
+
+    #[test]
+    fn a_trees_nodes_beside_a_drafters_steps_cost_a_row_alone() {
+        // an EAGLE chain node (a head step of half a pass) and two siblings its step ranked, of
+        // chances 0.9, 0.05 and 0.05; a pass of 1 s and a thousandth per row
+        let cand = |steps: Vec<usize>| Candidate {
+            entry: 0,
+            proposal: vec![0; 3],
+            gains: vec![0.9, 0.05, 0.05],
+            steps,
+            each: 0.5,
+            first: 0.0,
+        };
+        let taken = |c: Candidate| {
+            let mut plan = vec![Rows::new(0, 1, true)];
+            let p = Planned { rows: 1.0, tokens: 1.0, drafting: 0.0 };
+            add_adaptive(&mut plan, &[c], 8, (Some((1.0, 0.001)), 0), p);
+            plan[0].drafts.len()
+        };
+        assert_eq!(taken(cand(vec![1, 1, 1])), 3, "0.05 tokens for a row's thousandth of a pass");
+        assert_eq!(taken(cand(vec![1, 2, 3])), 1, "each a step: 0.05 tokens for half a pass");
     }
 
     #[test]
