@@ -1067,7 +1067,14 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         // (a drafter's proposal: a chain, or a tree's shape; an ensemble's with the n-gram's
         // continuations beside it)
         let ((shape, cost, first), merged) = match &d.source {
-            _ if !ready => ((Shape::Chain(Vec::new()), Some(0.0), 0.0), None),
+            // (an ensemble whose drafter cannot draft yet drafts the n-gram's continuations)
+            _ if !ready => {
+                let shape = d
+                    .ngram
+                    .as_ref()
+                    .map_or(Shape::Chain(Vec::new()), |ngram| ngram_alone(ngram, &s.tokens, k, nodes));
+                ((shape, Some(0.0), 0.0), None)
+            }
             Source::NGram(ngram) => ((ngram_shape(ngram, &s.tokens, k, nodes), Some(0.0), 0.0), None),
             Source::Model { past, .. } => {
                 // (all of them: spread over the tokens still wanted, the draft caught up for a
@@ -1199,6 +1206,18 @@ fn ngram_shape(ngram: &NGram, tokens: &[u32], depth: usize, nodes: usize) -> Sha
     match tree.is_chain() {
         true => Shape::Chain(ngram.lookup(tokens, depth)),
         false => Shape::Tree(tree),
+    }
+}
+
+/// An ensemble's proposal while its drafter cannot draft (an EAGLE head that has not followed
+/// its sequence's last rows, Medusa heads without its row of the last pass): the n-gram's
+/// continuations alone (see [`ngram_shape`]), planned as a tree's shape (its tokens known, so
+/// the drafter's proposing leaves them).
+fn ngram_alone(ngram: &NGram, tokens: &[u32], depth: usize, nodes: usize) -> Shape {
+    match ngram_shape(ngram, tokens, depth, nodes) {
+        Shape::Chain(chain) if chain.is_empty() => Shape::Chain(chain),
+        Shape::Chain(chain) => Shape::Tree(TokenTree::chain(0, &chain[..chain.len().min(nodes)])),
+        tree => tree,
     }
 }
 
@@ -1821,6 +1840,21 @@ mod tests {
         assert!(
             matches!(eagle_shape(1, 1, 2).with_ngram(&ngram, &context, (2, 2), 2), Shape::Tree(t) if t.len() == 3)
         );
+    }
+
+    #[test]
+    fn an_ensemble_whose_drafter_cannot_draft_yet_drafts_the_ngrams_continuations() {
+        // (an EAGLE head that has not followed the sequence: it cannot draft)
+        let mut s = seq([1, 2, 3].repeat(6), 90, 10);
+        let waiting = Source::Eagle { past: 0, row: None, idle: 0 };
+        s.drafting = Some(Drafting { source: waiting, ngram: None, k_max: 4, fixed: true });
+        let mut batch = Batch::new(64);
+        batch.running = vec![s];
+        assert_eq!(drafts(&mut batch, 24), [0], "the head alone: nothing");
+        if let Some(d) = &mut batch.running[0].drafting {
+            d.ngram = Some(NGram { branches: 4, ..NGram::default() });
+        }
+        assert_eq!(drafts(&mut batch, 24), [4], "with the n-gram: its continuation, K deep");
     }
 
     #[test]

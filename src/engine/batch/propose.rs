@@ -324,6 +324,8 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
                     asks.push((entry, *row, *past))
                 }
             }
+            // (an ensemble's n-gram nodes while the head cannot draft: kept)
+            _ if r.proposed.is_some() && steps(r) == 0 => {}
             (d, _) => drop_drafts(r, d.as_ref().is_some_and(|d| d.fixed)),
         }
     }
