@@ -28,8 +28,8 @@
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
 //! i drafts adds the expected tokens α^(i+1) (α: its measured acceptance, from 1/2 before any;
 //! a tree's node its chance, [`node_chances`], its nodes taken likeliest first, each after its
-//! parent) and costs the marginal seconds b of a row (passes measured by their rows, the line a + b R
-//! through them); it is added, the likeliest first, where α^(i+1) / b is at least the pass's
+//! parent) and costs the marginal seconds b of a row (passes measured by their rows, the line
+//! a + b R through them); it is added, the likeliest first, where α^(i+1) / b is at least the pass's
 //! expected tokens per second T / (a + b R). So drafting shrinks by itself where rows cost what
 //! serving more requests does, and grows where rows are nearly free (a GPU's few-row passes).
 //! A draft model's draft costs its share of a draft pass too (its first one also the draft's
@@ -1501,9 +1501,10 @@ fn commit(
     st.verify_forwards += 1;
     st.drafted += r.drafts.len();
     st.accepted += accepted;
-    st.mean_k += r.asked as f64; // (a sum until the end)
-                                 // (the draft model's positions past the accepted drafts of its chain held rejected ones: in
-                                 // an ensemble's tree its chain is the first branch, the n-gram's nodes after it)
+    // (a sum until the end)
+    st.mean_k += r.asked as f64;
+    // (the draft model's positions past the accepted drafts of its chain held rejected ones: in
+    // an ensemble's tree its chain is the first branch, the n-gram's nodes after it)
     let chain = match &r.tree {
         Some(t) => v.kept.iter().zip(t.first_branch()).take_while(|(a, b)| **a == *b).count(),
         None => accepted,

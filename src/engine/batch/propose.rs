@@ -291,9 +291,9 @@ async fn timed(
 }
 
 /// Fills the plan's draft placeholders of the sequences drafting with the EAGLE `head` (the
-/// engine's): their chains and the siblings beside them, from their last rows of the head's latest pass, in the head's pages of
-/// the ids of their target pages (free ones taken for the draft steps' positions, never a
-/// preemption: drafts past them are dropped).
+/// engine's): their chains and the siblings beside them, from their last rows of the head's
+/// latest pass, in the head's pages of the ids of their target pages (free ones taken for the
+/// draft steps' positions, never a preemption: drafts past them are dropped).
 pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan: &mut [Rows]) -> Result<()> {
     // (plan entry, and the head's row and past of its sequence)
     let mut asks: Vec<(usize, usize, usize)> = Vec::new();
