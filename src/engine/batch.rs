@@ -816,8 +816,7 @@ fn outcomes(batch: &Batch, plan: &[Rows], out: &Readout, vocab: usize) -> Result
                     let mut at = (row as usize).saturating_sub(first);
                     // (a tree's node: at its root's position plus its depth)
                     if let Some(t) = r.tree.as_ref().filter(|_| at >= r.run) {
-                        let depth = t.ancestors().get(at + 1 - r.run).map_or(0, |a| a.count_ones() - 1);
-                        at = r.run - 1 + depth as usize;
+                        at = r.run - 1 + t.depth(at + 1 - r.run);
                     }
                     all.push(Outcome::NonFinite(s.n_past + at));
                     continue;
