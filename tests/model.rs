@@ -489,7 +489,7 @@ fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
         };
         let masks = [shape(12), vec![], shape(20)];
         let pages: [&[u32]; 3] = [&[3, 7], &[5], &[0, 9]];
-        // the committed prefixes, in chain passes
+        // the committed prefixes, in chain passes that want no logits (their keys and values)
         for batch in [[(0, 0, 40), (1, 0, 20)], [(0, 40, 60), (2, 0, 30)]] {
             let rows: Vec<SeqRows> = (batch.iter())
                 .map(|&(s, a, b)| SeqRows {
@@ -497,21 +497,24 @@ fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
                     start_pos: a,
                     tokens: &seqs[s][a..b],
                     tree: None,
+                    logits: 0,
                 })
                 .collect();
-            pollster::block_on(m.forward_pages(&rows)).expect("prefix pass");
+            let none = pollster::block_on(m.forward_pages(&rows)).expect("prefix pass");
+            assert!(none.is_empty());
         }
-        // the pass: the chain, the chunk and its tree, the other tree
+        // the pass: the chain, the chunk and its tree (its tree's rows want logits, the chunk's
+        // none: the rows that do are gathered), the other tree
         let tree_tokens = |s: usize, root: usize| [&seqs[s][root..root + 1], &nodes[s][..]].concat();
         let (t0, t2) = (tree_tokens(0, 60), tree_tokens(2, 49));
         let chunk2 = [&seqs[2][30..49], &t2[..]].concat();
         let pass = [
-            SeqRows { pages: pages[1], start_pos: 20, tokens: &seqs[1][20..30], tree: None },
-            SeqRows { pages: pages[2], start_pos: 30, tokens: &chunk2, tree: Some(&masks[2]) },
-            SeqRows { pages: pages[0], start_pos: 60, tokens: &t0, tree: Some(&masks[0]) },
+            SeqRows { pages: pages[1], start_pos: 20, tokens: &seqs[1][20..30], tree: None, logits: 10 },
+            SeqRows { pages: pages[2], start_pos: 30, tokens: &chunk2, tree: Some(&masks[2]), logits: 20 },
+            SeqRows { pages: pages[0], start_pos: 60, tokens: &t0, tree: Some(&masks[0]), logits: 12 },
         ];
         let got = pollster::block_on(m.forward_pages(&pass)).expect("paged pass with trees");
-        assert_eq!(got.len(), 61 * v);
+        assert_eq!(got.len(), 42 * v);
         // each part alone: its prefix, then its chain or tree
         let mut want = Vec::new();
         alone.truncate(0);
@@ -519,7 +522,7 @@ fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
         want.extend(forward(&mut alone, &seqs[1][20..30], 20));
         alone.truncate(0);
         forward(&mut alone, &seqs[2][..30], 0);
-        want.extend(forward(&mut alone, &seqs[2][30..49], 30));
+        forward(&mut alone, &seqs[2][30..49], 30);
         want.extend(pollster::block_on(alone.forward_tree(&t2, &masks[2], 49)).expect("tree alone"));
         alone.truncate(0);
         forward(&mut alone, &seqs[0][..60], 0);
@@ -546,10 +549,10 @@ fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
             [&seqs[s][..root], &path.iter().map(|&n| tree[n]).collect::<Vec<_>>(), &[t][..]].concat()
         };
         let (c0, c2) = (after(0, 60, &p0, &t0, next[0]), after(2, 49, &p2, &t2, next[1]));
-        let rows = [
-            SeqRows { pages: pages[2], start_pos: c2.len() - 1, tokens: &c2[c2.len() - 1..], tree: None },
-            SeqRows { pages: pages[0], start_pos: c0.len() - 1, tokens: &c0[c0.len() - 1..], tree: None },
-        ];
+        fn last<'a>(c: &'a [u32], pages: &'a [u32]) -> SeqRows<'a> {
+            SeqRows { pages, start_pos: c.len() - 1, tokens: &c[c.len() - 1..], tree: None, logits: 1 }
+        }
+        let rows = [last(&c2[..], pages[2]), last(&c0[..], pages[0])];
         let got = pollster::block_on(m.forward_pages(&rows)).expect("a pass after the kept paths");
         for (row, (chain, root)) in [(&c2, 49), (&c0, 60)].into_iter().enumerate() {
             alone.truncate(0);
@@ -566,10 +569,11 @@ fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
         assert!(matches!(unordered, Err(Error::InvalidArgument(_))));
         // a tree that is not one (node 1 without the root), or past its rows: refused
         let bad = [1u32, 2];
-        let rows = [SeqRows { pages: pages[1], start_pos: 30, tokens: &seqs[1][..2], tree: Some(&bad) }];
+        let tokens = &seqs[1][..2];
+        let rows = [SeqRows { pages: pages[1], start_pos: 30, tokens, tree: Some(&bad), logits: 2 }];
         assert!(matches!(pollster::block_on(m.forward_pages(&rows)), Err(Error::InvalidArgument(_))));
-        let rows =
-            [SeqRows { pages: pages[1], start_pos: 30, tokens: &seqs[1][..1], tree: Some(&masks[0][..2]) }];
+        let (tokens, tree) = (&seqs[1][..1], Some(&masks[0][..2]));
+        let rows = [SeqRows { pages: pages[1], start_pos: 30, tokens, tree, logits: 1 }];
         assert!(matches!(pollster::block_on(m.forward_pages(&rows)), Err(Error::InvalidArgument(_))));
     }
 }
@@ -578,7 +582,8 @@ fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
 fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
     // Sequences of different lengths share passes over a pool of pages, each at its own
     // position, its pages scattered and interleaved with the others': every row's logits are the
-    // bits of its sequence run alone. Llama (the one-pass attention), Qwen3 (per-head norms: the
+    // bits of its sequence run alone. Passes whose rows all want logits, some (each sequence's
+    // last few or none: the rows that do are gathered), or none (a pass of keys and values). Llama (the one-pass attention), Qwen3 (per-head norms: the
     // KV written by head_norm) and Gemma 3 (sliding windows, their own RoPE) in the GPU shape
     // (the split attention), f16 and f32 caches; sequences that cross pages.
     use wgspec::model::SeqRows;
@@ -634,21 +639,29 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
                     continue;
                 }
                 budget -= take;
-                rows.push((i, done[i], take));
+                let want = match passes {
+                    1 => 0,
+                    _ if passes % 2 == 0 => take,
+                    _ => [take, 0, 1, 3][(i + passes) % 4].min(take),
+                };
+                rows.push((i, done[i], take, want));
             }
             let batch: Vec<SeqRows> = rows
                 .iter()
-                .map(|&(i, at, take)| SeqRows {
+                .map(|&(i, at, take, want)| SeqRows {
                     pages: &pages[i],
                     start_pos: at,
                     tokens: &seqs[i][at..at + take],
                     tree: None,
+                    logits: want,
                 })
                 .collect();
             let logits = pollster::block_on(m.forward_pages(&batch)).expect("paged pass");
+            let wanted: usize = rows.iter().map(|r| r.3).sum();
+            assert_eq!(logits.len(), wanted * v);
             let mut row = 0;
-            for &(i, at, take) in &rows {
-                for p in at..at + take {
+            for &(i, at, take, want) in &rows {
+                for p in at + take - want..at + take {
                     let got = &logits[row * v..(row + 1) * v];
                     let want = &alone[i][p * v..(p + 1) * v];
                     assert!(
@@ -674,21 +687,18 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
             );
             assert!(typed, "{what}: {got:?}");
         };
-        bad("a page past the pool", &[SeqRows { pages: &[11], start_pos: 0, tokens: s, tree: None }]);
-        let twice = SeqRows { pages: &[1], start_pos: 0, tokens: s, tree: None };
+        let rows = |pages, start_pos, tokens| SeqRows { pages, start_pos, tokens, tree: None, logits: 1 };
+        bad("a page past the pool", &[rows(&[11], 0, s)]);
+        let twice = rows(&[1], 0, s);
         bad("one page written for two sequences", &[twice, twice]);
-        bad("rows past the pages", &[SeqRows { pages: &[1], start_pos: PAGE - 2, tokens: s, tree: None }]);
-        bad(
-            "rows past the context",
-            &[SeqRows { pages: &[1, 2, 3], start_pos: 3 * PAGE - 2, tokens: s, tree: None }],
-        );
+        bad("rows past the pages", &[rows(&[1], PAGE - 2, s)]);
+        bad("rows past the context", &[rows(&[1, 2, 3], 3 * PAGE - 2, s)]);
         let over = [1u32; wgspec::model::MAX_BATCH + 1];
-        bad("rows past a pass's", &[SeqRows { pages: &[1, 2], start_pos: 0, tokens: &over, tree: None }]);
-        bad("no rows", &[SeqRows { pages: &[1], start_pos: 0, tokens: &[], tree: None }]);
-        bad(
-            "a token past the vocabulary",
-            &[SeqRows { pages: &[1], start_pos: 0, tokens: &[v as u32], tree: None }],
-        );
+        bad("rows past a pass's", &[rows(&[1, 2], 0, &over)]);
+        bad("no rows", &[SeqRows { logits: 0, ..rows(&[1], 0, &[]) }]);
+        let past_vocabulary = [v as u32];
+        bad("a token past the vocabulary", &[rows(&[1], 0, &past_vocabulary)]);
+        bad("the logits of more rows than it has", &[SeqRows { logits: 5, ..rows(&[1], 0, s) }]);
     }
 }
 

@@ -1908,6 +1908,7 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
                     start_pos: at,
                     tokens: &seqs[s][at..at + take],
                     tree: None,
+                    logits: 0,
                 })
                 .collect();
             pollster::block_on(target.forward_pages(&tokens)).expect("target pass");

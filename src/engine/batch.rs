@@ -728,13 +728,15 @@ async fn run(batch: &mut Batch, target: &mut Model, plan: &[Rows]) -> Result<Rea
     let seqs: Vec<SeqRows> = (plan.iter().zip(&rows).zip(&masks))
         .map(|((r, tokens), tree)| {
             let s = &batch.running[r.seq];
-            SeqRows { pages: &s.pages, start_pos: s.n_past, tokens, tree: tree.as_deref() }
+            // (a pending sequence's newest token and drafts want logits, a prompt's chunk none)
+            let logits = if r.pending { 1 + r.drafts.len() } else { 0 };
+            SeqRows { pages: &s.pages, start_pos: s.n_past, tokens, tree: tree.as_deref(), logits }
         })
         .collect();
     let enc = target.encode_pages(&seqs, true)?;
     let n = rows.iter().map(Vec::len).sum::<usize>();
     let t0 = Instant::now();
-    let out = run_pass(batch, target, enc, plan, n).await?;
+    let out = run_pass(batch, target, enc, plan).await?;
     batch.costs.observe(n, t0.elapsed().as_secs_f64());
     batch.status.passes += 1;
     batch.status.rows += n as u64;
@@ -798,22 +800,23 @@ impl Verdict {
 /// Every plan entry's outcome, checked before anything is committed: a choice outside the
 /// vocabulary is the GPU's error.
 fn outcomes(batch: &Batch, plan: &[Rows], out: &Readout, vocab: usize) -> Result<Vec<Outcome>> {
+    // (the pass's rows with logits: each pending sequence's newest token's and drafts')
     let mut at = 0;
     let mut all = Vec::with_capacity(plan.len());
     for (i, r) in plan.iter().enumerate() {
-        let first = at;
-        at += r.run + r.drafts.len();
         let s = &batch.running[r.seq];
         if !r.pending {
             all.push(Outcome::Prefilled);
             continue;
         }
-        let rows = first + r.run - 1..at;
+        let rows = at..at + 1 + r.drafts.len();
+        at = rows.end;
         let choices: Vec<u32> = match (&s.draw, out) {
             (Some(_), Readout::Draws(w)) => {
-                // (the flag: 1 + the last pass row with a non-finite logit)
+                // (the flag: 1 + the last row with logits with a non-finite one; at its
+                // sequence's newest token's row plus)
                 if let Some(row) = w[FLAGS_AT + i].checked_sub(1) {
-                    let mut at = (row as usize).saturating_sub(first);
+                    let mut at = r.run - 1 + (row as usize).saturating_sub(rows.start);
                     // (a tree's node: at its root's position plus its depth)
                     if let Some(t) = r.tree.as_ref().filter(|_| at >= r.run) {
                         at = r.run - 1 + t.depth(at + 1 - r.run);
@@ -911,28 +914,25 @@ impl Readout {
     }
 }
 
-/// Runs the pass recorded in `enc` (`n` rows), each pending sampled request's draws from its
-/// newest token's row and its drafts' rows after it, and reads back what the commits need in
-/// one read-back.
-async fn run_pass(
-    batch: &Batch,
-    target: &Model,
-    enc: wgpu::CommandEncoder,
-    plan: &[Rows],
-    n: usize,
-) -> Result<Readout> {
+/// Runs the pass recorded in `enc`, each pending sampled request's draws from its newest
+/// token's row and its drafts' rows after it, and reads back what the commits need in one
+/// read-back.
+async fn run_pass(batch: &Batch, target: &Model, enc: wgpu::CommandEncoder, plan: &[Rows]) -> Result<Readout> {
+    // (rows with logits: each pending sequence's newest token's and drafts')
     let mut first = 0;
     let mut draws = Vec::new();
-    for (i, r) in plan.iter().enumerate() {
-        if let (Some(d), true) = (&batch.running[r.seq].draw, r.pending) {
-            draws.push(DrawAt { draw: d, row0: first + r.run - 1, rows: 1 + r.drafts.len(), slot: i });
+    for (i, r) in plan.iter().enumerate().filter(|(_, r)| r.pending) {
+        let rows = 1 + r.drafts.len();
+        if let Some(d) = &batch.running[r.seq].draw {
+            draws.push(DrawAt { draw: d, row0: first, rows, slot: i });
         }
-        first += r.run + r.drafts.len();
+        first += rows;
     }
-    read_pass(target, batch.readback.as_ref(), enc, &draws, n).await
+    read_pass(target, batch.readback.as_ref(), enc, &draws, first).await
 }
 
-/// Where one request's draws run in a pass: its draws, its first row and rows, its flag's slot.
+/// Where one request's draws run in a pass: its draws, its first row and rows (of the rows with
+/// logits), its flag's slot.
 struct DrawAt<'a> {
     draw: &'a Draw,
     row0: usize,
@@ -940,9 +940,10 @@ struct DrawAt<'a> {
     slot: usize,
 }
 
-/// Records `draws` (each request's, over its rows of the pass of `n` rows recorded in `enc` on
-/// `model`, into `readback`'s words: the model's) and runs the pass: one read-back of every
-/// row's argmax, and with draws of their words and each request's non-finite flag (at its slot).
+/// Records `draws` (each request's, over its rows of the pass recorded in `enc` on `model`,
+/// whose `n` rows with logits they index, into `readback`'s words: the model's) and runs the
+/// pass: one read-back of those rows' argmax (none: the pass is waited for), and with draws of
+/// their words and each request's non-finite flag (at its slot).
 async fn read_pass(
     model: &Model,
     readback: Option<&Readback>,
@@ -951,6 +952,10 @@ async fn read_pass(
     n: usize,
 ) -> Result<Readout> {
     let g = model.gpu().clone();
+    if n == 0 {
+        g.submit(enc);
+        return model.sync().await.map(|_| Readout::Argmax(Vec::new()));
+    }
     let Some(rb) = readback.filter(|_| !draws.is_empty()) else {
         let raw = g.submit_and_read(enc, &model.argmax_buffer().raw, 0, 4 * n as u64).await?;
         return Ok(Readout::Argmax(bytemuck::pod_collect_to_vec(&raw)));

@@ -69,12 +69,7 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
     let rows: Vec<(usize, usize, usize)> =
         drafting(batch, plan).map(|(entry, past, tokens)| (entry, past, tokens.len())).collect();
     let out = catch_up(batch, draft, plan, &rows, true).await?;
-    let mut at = 0;
-    let mut chains: Vec<(usize, Vec<u32>)> = Vec::new();
-    for &(entry, past, len) in &rows {
-        at += len - past;
-        chains.push((entry, vec![out[at - 1]]));
-    }
+    let mut chains: Vec<(usize, Vec<u32>)> = rows.iter().zip(out).map(|(r, x1)| (r.0, vec![x1])).collect();
     // passes 2..: the chains that want more, one row each
     loop {
         let more: Vec<usize> =
@@ -97,6 +92,7 @@ pub(super) async fn propose(batch: &mut Batch, draft: &mut Model, plan: &mut [Ro
                 start_pos: pos,
                 tokens: t,
                 tree: None,
+                logits: 1,
             })
             .collect();
         let draws = draft_draws(running, plan, rows.iter().map(|r| r.0));
@@ -181,23 +177,25 @@ async fn feed(batch: &mut Batch, draft: &mut Model, plan: &mut [Rows]) -> Result
 }
 
 /// One pass of the draft over its sequences' own tokens, `rows` (plan entry, first position,
-/// end): each row's argmax, and with `draws` each sampled sequence's draw in its last row (see
-/// [`timed`]); the draft has then computed each sequence's positions up to `end`.
+/// end): with `last`, each sequence's last row's argmax, or its draw where it samples (see
+/// [`timed`]; without, no logits); the draft has then computed each sequence's positions up to
+/// `end`.
 async fn catch_up(
     batch: &mut Batch,
     draft: &mut Model,
     plan: &[Rows],
     rows: &[(usize, usize, usize)],
-    draws: bool,
+    last: bool,
 ) -> Result<Vec<u32>> {
     let running = &batch.running;
     let seqs: Vec<SeqRows> = (rows.iter())
         .map(|&(entry, start, end)| {
             let s = &running[plan[entry].seq];
-            SeqRows { pages: model_pages(s), start_pos: start, tokens: &s.tokens[start..end], tree: None }
+            let (tokens, logits) = (&s.tokens[start..end], last as usize);
+            SeqRows { pages: model_pages(s), start_pos: start, tokens, tree: None, logits }
         })
         .collect();
-    let draws = match draws {
+    let draws = match last {
         true => draft_draws(running, plan, rows.iter().map(|r| r.0)),
         false => Vec::new(),
     };
@@ -256,10 +254,11 @@ fn draft_draws<'a>(
     entries.map(|entry| running[plan[entry].seq].draft_draw.as_ref()).collect()
 }
 
-/// One pass of the draft model over `seqs`, its seconds measured: each row's argmax, but in the
-/// last row of a sequence with a draw in `draws` (by sequence; none past its end) that draw. (A
-/// draft row's non-finite logits fail no request, as its argmax does not: the target's rows
-/// decide every token; the draw is still a token of the vocabulary.)
+/// One pass of the draft model over `seqs`, its seconds measured: the argmax of each row that
+/// wants logits (each sequence's last, or none), but where a sequence has a draw in `draws` (by
+/// sequence; none past its end) that draw. (A draft row's non-finite logits fail no request, as
+/// its argmax does not: the target's rows decide every token; the draw is still a token of the
+/// vocabulary.)
 async fn timed(
     costs: &mut PassCosts,
     (draft, readback): (&mut Model, Option<&Readback>),
@@ -267,19 +266,20 @@ async fn timed(
     draws: &[Option<&Draw>],
 ) -> Result<Vec<u32>> {
     let rows = seqs.iter().map(|s| s.tokens.len()).sum();
+    // (the rows with logits: each sequence's last `logits`; a draw in its last)
     let mut at = Vec::new();
     let mut end = 0;
     for (slot, s) in seqs.iter().enumerate() {
-        end += s.tokens.len();
-        if let (Some(&Some(draw)), Some(row0)) = (draws.get(slot), end.checked_sub(1)) {
-            at.push(DrawAt { draw, row0, rows: 1, slot });
+        end += s.logits;
+        if let (Some(&Some(draw)), true) = (draws.get(slot), s.logits > 0) {
+            at.push(DrawAt { draw, row0: end - 1, rows: 1, slot });
         }
     }
     let t0 = Instant::now();
     let enc = draft.encode_pages(seqs, true)?;
-    let out = read_pass(draft, readback, enc, &at, rows).await?;
+    let out = read_pass(draft, readback, enc, &at, end).await?;
     costs.observe(rows, t0.elapsed().as_secs_f64());
-    let mut ids: Vec<u32> = (0..rows).map(|row| out.argmax(row)).collect();
+    let mut ids: Vec<u32> = (0..end).map(|row| out.argmax(row)).collect();
     for a in &at {
         ids[a.row0] = out.draw(a.row0).unwrap_or(ids[a.row0]);
     }

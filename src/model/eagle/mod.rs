@@ -63,7 +63,7 @@
 use std::sync::Arc;
 
 use super::config::Config;
-use super::transformer::{paged_step, SeqRows, MAX_BATCH};
+use super::transformer::{paged_step, PagedStep, SeqRows, MAX_BATCH};
 use super::weights::{Layer, Matrix};
 use crate::error::{Error, Result};
 use crate::gpu::{
@@ -516,9 +516,9 @@ impl EagleHead {
             )));
         }
         let paged: Vec<SeqRows> = (seqs.iter())
-            .map(|s| SeqRows { pages: s.pages, start_pos: s.start_pos, tokens: s.next, tree: None })
+            .map(|s| SeqRows { pages: s.pages, start_pos: s.start_pos, tokens: s.next, tree: None, logits: 0 })
             .collect();
-        let (step, table, next) = paged_step(&paged, self.context, self.kv_pages)?;
+        let PagedStep { step, table, tokens: next, .. } = paged_step(&paged, self.context, self.kv_pages)?;
         if let Some(&id) = next.iter().find(|&&t| t as usize >= self.config.vocab_size) {
             return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
         }
@@ -580,9 +580,10 @@ impl EagleHead {
                     start_pos: seqs[i].past + j - 1,
                     tokens: &[0],
                     tree: None,
+                    logits: 0,
                 })
                 .collect();
-            let (step, table_j, _) = paged_step(&rows, self.context, self.kv_pages)?;
+            let PagedStep { step, table: table_j, .. } = paged_step(&rows, self.context, self.kv_pages)?;
             table[(j - 1) * size..j * size].copy_from_slice(bytemuck::bytes_of(&step));
             // (each step's sequences lead the first's: its page table serves them all)
             if j == 1 {

@@ -136,6 +136,10 @@ impl Model {
             }),
             logits: f32s("logits", b.logits),
             argmax: GpuBuffer::<u32>::zeros(g, "argmax", b.ids),
+            out_step: g.step_buffer(),
+            out_rows: GpuBuffer::<u32>::zeros(g, "output rows", b.ids),
+            x_out: f32s("output rows' x", b.x),
+            xb_out: f32s("output rows' xb", b.x),
             kv_cache: (0..b.layers)
                 .map(|i| GpuBuffer::<u32>::zeros(g, &format!("kv_cache {i}"), b.kv))
                 .collect(),
@@ -150,6 +154,8 @@ impl Model {
         let scope = g.build_scope();
         let (forward_ops, body_ops, layer_ops) = record_forward(g, &c, &weights, &state, context);
         let argmax_ops = g.argmax(&state.step, &state.logits, &state.argmax, c.vocab_size);
+        let out_ops = record_gathered_output(g, &c, &weights, &state);
+        let out_argmax_ops = g.argmax(&state.out_step, &state.logits, &state.argmax, c.vocab_size);
         let width = kv_words(&c, kv_f16) as u32;
         let keep_ops =
             state.kv_cache.iter().map(|kv| g.kv_keep(&state.step, &state.keep, kv, width)).collect();
@@ -163,6 +169,8 @@ impl Model {
             body_ops,
             layer_ops,
             argmax_ops,
+            out_ops,
+            out_argmax_ops,
             top_k: None,
             keep_ops,
             context,
@@ -178,7 +186,7 @@ impl Model {
 /// argmax's pairs, which [`Gpu::argmax`] allocates): the one table that [`Model::plan`] bills and
 /// checks against the adapter's binding limit, and that the load allocates.
 struct Buffers {
-    x: usize,          // [MAX_BATCH, dim] x and xb each
+    x: usize,          // [MAX_BATCH, dim] x and xb each, and the output rows' copies of them
     q: usize,          // [MAX_BATCH, q_dim] q and att each
     hb: usize,         // [MAX_BATCH, ffn_dim]
     qkv: usize,        // [MAX_BATCH, q_dim + 2 kv_dim] the raw q|k|v of models that norm each head, else 0
@@ -217,10 +225,13 @@ impl Buffers {
     }
 
     /// Every buffer: its label, words and how many there are.
-    fn table(&self) -> [(&'static str, usize, usize); 17] {
+    fn table(&self) -> [(&'static str, usize, usize); 20] {
         [
             ("x", self.x, 1),
             ("xb", self.x, 1),
+            ("output rows' x", self.x, 1),
+            ("output rows' xb", self.x, 1),
+            ("output rows", self.ids, 1),
             ("q", self.q, 1),
             ("att", self.q, 1),
             ("hb", self.hb, 1),
@@ -229,7 +240,8 @@ impl Buffers {
             ("local rope cos/sin", self.local_rope, (self.local_rope > 0) as usize),
             ("attention scratch", self.scores, 1),
             ("logits", self.logits, 1),
-            ("argmax pairs", self.pairs, 1),
+            // (a pass's argmax, and a paged pass's over the rows that want logits)
+            ("argmax pairs", self.pairs, 2),
             ("tokens", self.ids, 1),
             ("argmax", self.ids, 1),
             ("kv_cache", self.kv, self.layers),
@@ -465,4 +477,24 @@ pub(super) fn record_forward(
     };
     ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, normed));
     (ops, body, per_layer)
+}
+
+/// The output of a paged pass's rows that want logits, under `out_step` (m rows): their rows
+/// of x and xb gathered (`out_rows`), then the output projection as [`record_forward`]'s, over
+/// the copies (the same bits: a row's logits do not depend on its place in a pass).
+/// logits[i] = rmsnorm(x[out_rows[i]]) * output_norm . output^T      [m, vocab]
+fn record_gathered_output(g: &Gpu, c: &Config, w: &Weights, s: &RunState) -> Vec<Op> {
+    let st = &s.out_step;
+    let output = w.output.as_ref().unwrap_or(&w.token_embd);
+    let normed = MatmulOut {
+        ldy: c.vocab_size as u32,
+        norm: Some(NormIn { raw: &s.x_out, eps: c.rms_eps }),
+        ..Default::default()
+    };
+    let mut ops = vec![
+        g.gather_rows(st, &s.x, Some(&s.out_rows), None, (&s.x_out, c.dim, 0), c.dim),
+        g.gather_rows(st, &s.xb, Some(&s.out_rows), None, (&s.xb_out, c.dim, 0), c.dim),
+    ];
+    ops.extend(output.matmul(g, st, &s.xb_out, None, &s.logits, normed));
+    ops
 }

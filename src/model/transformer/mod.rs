@@ -99,6 +99,11 @@ struct RunState {
     local_rope: Option<GpuBuffer<f32>>, // [context, rope_dim / 2, 2] the local layers' RoPE (Gemma)
     logits: GpuBuffer<f32>,      // [MAX_BATCH, vocab]
     argmax: GpuBuffer<u32>,      // [MAX_BATCH]
+    // (a paged pass's output over the rows that want logits, [`Model::encode_pages`])
+    out_step: wgpu::Buffer,    // uniform Step: [m] the rows that want logits
+    out_rows: GpuBuffer<u32>,  // [MAX_BATCH] their rows of the pass
+    x_out: GpuBuffer<f32>,     // [MAX_BATCH, dim] their residual rows
+    xb_out: GpuBuffer<f32>,    // [MAX_BATCH, dim] their rows of xb (x times output_norm)
     kv_cache: Vec<GpuBuffer<u32>>, // per layer [kv_pages * KV_PAGE, 2 kv_dim]: each cache row's k,
     // then v, as f16 pairs ([.., kv_dim] words) or f32 bits: a pool of pages (one sequence's
     // passes use its first `context` rows as positions)
@@ -135,6 +140,10 @@ pub struct Model {
     layer_ops: usize,
     /// Argmax of every logits row.
     argmax_ops: Vec<Op>,
+    /// A paged pass's output when some rows want no logits: the rows that do gathered
+    /// (`out_rows`), their logits and argmax under `out_step` ([`Model::encode_pages`]).
+    out_ops: Vec<Op>,
+    out_argmax_ops: Vec<Op>,
     /// ([`Model::forward_top_k`]) k, the k most likely ids of every row `[MAX_BATCH, k]`, and
     /// the op ranking them; made on first use.
     top_k: Option<(usize, GpuBuffer<u32>, Vec<Op>)>,
@@ -711,16 +720,25 @@ pub struct SeqRows<'a> {
     /// root's position plus its depth, its keys and values at the root's plus i (positions past
     /// the committed ones, in the sequence's pages). None: a chain.
     pub tree: Option<&'a [u32]>,
+    /// How many of its last rows want logits (`tokens.len()` at most): a prompt's chunk before
+    /// its last token wants none (its rows run for their keys and values), a newest token and
+    /// its drafts want theirs. The pass computes the output of these rows only.
+    pub logits: usize,
+}
+
+/// A paged pass laid out: its [`Step`] (each row's place), its page table, its rows' tokens
+/// (ids unchecked) and the rows that want logits, ascending.
+pub(crate) struct PagedStep {
+    pub step: Step,
+    pub table: Vec<u32>,
+    pub tokens: Vec<u32>,
+    pub out: Vec<u32>,
 }
 
 /// Checks the sequences of a paged pass over a cache of `context` positions per sequence in a
-/// pool of `pool` pages, and lays out its step: each row's place (see [`Step`]), the page
-/// table, and the rows' tokens (ids unchecked). A pass of the target and of an EAGLE head alike.
-pub(crate) fn paged_step(
-    seqs: &[SeqRows<'_>],
-    context: usize,
-    pool: usize,
-) -> Result<(Step, Vec<u32>, Vec<u32>)> {
+/// pool of `pool` pages, and lays out its step. A pass of the target and of an EAGLE head alike
+/// (which computes no logits: it ignores `out`).
+pub(crate) fn paged_step(seqs: &[SeqRows<'_>], context: usize, pool: usize) -> Result<PagedStep> {
     let bad = |why: String| Err(Error::InvalidArgument(format!("a pass over several sequences {why}")));
     let n: usize = seqs.iter().map(|s| s.tokens.len()).sum();
     if n == 0 || n > MAX_BATCH {
@@ -728,12 +746,15 @@ pub(crate) fn paged_step(
     }
     let mut step = Step::chain(n, 0);
     step.paged = 1;
-    let (mut table, mut tokens) = (Vec::new(), Vec::with_capacity(n));
+    let (mut table, mut tokens, mut out) = (Vec::new(), Vec::with_capacity(n), Vec::new());
     let mut written = Vec::new();
     for s in seqs {
         let end = s.start_pos + s.tokens.len();
         if s.tokens.is_empty() {
             return bad("has a sequence of no rows".into());
+        }
+        if s.logits > s.tokens.len() {
+            return bad(format!("wants the logits of {} of a sequence's {} rows", s.logits, s.tokens.len()));
         }
         if end > context {
             return Err(Error::ContextOverflow { needed: end, context });
@@ -769,6 +790,7 @@ pub(crate) fn paged_step(
             step.rows[4 * r..4 * r + 4].copy_from_slice(&place.map(|v| v as u32));
             tokens.push(s.tokens[pos - s.start_pos]);
         }
+        out.extend((tokens.len() - s.logits..tokens.len()).map(|r| r as u32));
         written.extend_from_slice(&s.pages[s.start_pos / KV_PAGE..end.div_ceil(KV_PAGE)]);
         table.extend_from_slice(s.pages);
     }
@@ -776,46 +798,59 @@ pub(crate) fn paged_step(
     if written.windows(2).any(|w| w[0] == w[1]) {
         return bad("writes one page for two sequences".into());
     }
-    Ok((step, table, tokens))
+    Ok(PagedStep { step, table, tokens, out })
 }
 
 impl Model {
     /// Records a pass over the rows of several sequences (each sequence's rows consecutive, as
-    /// `seqs` gives them) into a new encoder, not submitted, up to the logits of every row (and
-    /// their argmax with `argmax`). Each sequence's keys and values go to, and come from, its
-    /// pages of the pool; the caller owns the pool (which pages hold which sequence's positions).
-    /// A row's logits are the same, bit for bit, as in a pass of its sequence alone, whatever
-    /// else shares the pass (the kernels are batch-invariant and a row reads only its keys). Not
-    /// to be mixed with the one-sequence passes ([`Model::forward`] ...), which use the pool's
-    /// first positions as their own.
+    /// `seqs` gives them) into a new encoder, not submitted, up to the logits of the rows that
+    /// want them (and their argmax with `argmax`): row i of the logits and argmax buffers is the
+    /// i-th such row of the pass (its sequences' [`SeqRows::logits`] last rows, in order); a
+    /// pass where none does ends at the hidden states. Each sequence's keys and values go to,
+    /// and come from, its pages of the pool; the caller owns the pool (which pages hold which
+    /// sequence's positions). A row's logits are the same, bit for bit, as in a pass of its
+    /// sequence alone, whatever else shares the pass (the kernels are batch-invariant and a row
+    /// reads only its keys). Not to be mixed with the one-sequence passes ([`Model::forward`]
+    /// ...), which use the pool's first positions as their own.
     pub fn encode_pages(&mut self, seqs: &[SeqRows<'_>], argmax: bool) -> Result<wgpu::CommandEncoder> {
-        let (step, table, tokens) = paged_step(seqs, self.context, self.kv_pages)?;
+        let PagedStep { step, table, tokens, out } = paged_step(seqs, self.context, self.kv_pages)?;
         self.check_ids(&tokens)?;
         let g = &*self.gpu;
-        g.queue.write_buffer(&self.state.step, 0, bytemuck::bytes_of(&step));
-        g.queue.write_buffer(&self.state.pages.raw, 0, bytemuck::cast_slice(&table));
-        g.queue.write_buffer(&self.state.tokens.raw, 0, bytemuck::cast_slice(&tokens));
+        let (s, n, m) = (&self.state, tokens.len(), out.len());
+        g.queue.write_buffer(&s.step, 0, bytemuck::bytes_of(&step));
+        g.queue.write_buffer(&s.pages.raw, 0, bytemuck::cast_slice(&table));
+        g.queue.write_buffer(&s.tokens.raw, 0, bytemuck::cast_slice(&tokens));
         let mut enc = g.encoder();
-        g.encode(&mut enc, &self.forward_ops, tokens.len() as u32);
-        if argmax {
-            g.encode(&mut enc, &self.argmax_ops, tokens.len() as u32);
+        // (every row: the one-sequence passes' output ops)
+        if m == n {
+            g.encode(&mut enc, &self.forward_ops, n as u32);
+            if argmax {
+                g.encode(&mut enc, &self.argmax_ops, n as u32);
+            }
+            return Ok(enc);
+        }
+        g.encode(&mut enc, &self.forward_ops[..self.body_ops], n as u32);
+        if m > 0 {
+            g.write_step(&s.out_step, m, 0);
+            g.queue.write_buffer(&s.out_rows.raw, 0, bytemuck::cast_slice(&out));
+            g.encode(&mut enc, &self.out_ops, m as u32);
+            if argmax {
+                g.encode(&mut enc, &self.out_argmax_ops, m as u32);
+            }
         }
         Ok(enc)
     }
 
     /// Runs the rows of several sequences in one pass ([`Model::encode_pages`]) and returns the
-    /// logits of every row, `[rows, vocab]`, in `seqs`' order.
+    /// logits of the rows that want them, `[rows, vocab]`, in `seqs`' order.
     pub async fn forward_pages(&mut self, seqs: &[SeqRows<'_>]) -> Result<Vec<f32>> {
-        let rows = seqs.iter().map(|s| s.tokens.len()).sum();
+        let rows = seqs.iter().map(|s| s.logits).sum();
         let enc = self.encode_pages(seqs, false)?;
+        if rows == 0 {
+            self.gpu.submit(enc);
+            return self.sync().await.map(|_| Vec::new());
+        }
         self.read_logits(enc, rows).await
-    }
-
-    /// As [`Model::forward_pages`], but returns only the argmax of every row.
-    pub async fn forward_pages_argmax(&mut self, seqs: &[SeqRows<'_>]) -> Result<Vec<u32>> {
-        let rows = seqs.iter().map(|s| s.tokens.len()).sum();
-        let enc = self.encode_pages(seqs, true)?;
-        self.read_argmax(enc, rows).await
     }
 }
 
