@@ -982,7 +982,7 @@ fn draw_ops(target: &Model, readback: &Readback, params: &SamplingParams) -> Dra
     let cfg = target_draws(params, vocab);
     let outs = (&readback.draws, &status);
     let logits = target.logits_buffer();
-    let ops = g.sample_into(target.step_buffer(), &uniform, logits, outs, &readback.scratch, cfg);
+    let ops = g.sample_into(target.logits_step_buffer(), &uniform, logits, outs, &readback.scratch, cfg);
     Draw { seed: params.seed, uniform, status, ops }
 }
 

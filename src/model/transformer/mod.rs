@@ -100,7 +100,7 @@ struct RunState {
     logits: GpuBuffer<f32>,      // [MAX_BATCH, vocab]
     argmax: GpuBuffer<u32>,      // [MAX_BATCH]
     // (a paged pass's output over the rows that want logits, [`Model::encode_pages`])
-    out_step: wgpu::Buffer,    // uniform Step: [m] the rows that want logits
+    out_step: wgpu::Buffer,    // uniform Step: the places of the [m] rows that want logits
     out_rows: GpuBuffer<u32>,  // [MAX_BATCH] their rows of the pass
     x_out: GpuBuffer<f32>,     // [MAX_BATCH, dim] their residual rows
     xb_out: GpuBuffer<f32>,    // [MAX_BATCH, dim] their rows of xb (x times output_norm)
@@ -484,6 +484,13 @@ impl Model {
         &self.state.step
     }
 
+    /// The uniform of the rows with logits of the last paged pass ([`Model::encode_pages`]):
+    /// their places (each row's position), row i for the i-th of them; what ops over those
+    /// logits bind (a batch's draws).
+    pub fn logits_step_buffer(&self) -> &wgpu::Buffer {
+        &self.state.out_step
+    }
+
     /// Records a pass over `tokens` at `start_pos` (a token tree when `ancestors` is given, see
     /// [`Model::forward_tree`]), as far as `until` says (the hidden states only, the logits, or
     /// the argmax of every row too).
@@ -735,6 +742,27 @@ pub(crate) struct PagedStep {
     pub out: Vec<u32>,
 }
 
+impl PagedStep {
+    /// The [`Step`] of the rows that want logits, row i the pass's row `out[i]`: its position
+    /// (a chain's row its own start, a tree's node its root's and its ancestor bits), cache row
+    /// and page table, for the ops over those rows (a draw keyed by each row's position).
+    fn out_step(&self) -> Step {
+        let s = &self.step;
+        let mut o = Step::chain(self.out.len(), 0);
+        (o.tree, o.paged) = (s.tree, s.paged);
+        for (i, &r) in self.out.iter().enumerate() {
+            let r = r as usize;
+            let [start, first, table, slot] = [0, 1, 2, 3].map(|j| s.rows[4 * r + j]);
+            let tree = s.ancestors[r];
+            // (a chain's row: its own position, as the first of its rows here)
+            let start = if tree == 0 { start + (r as u32 - first) } else { start };
+            o.rows[4 * i..4 * i + 4].copy_from_slice(&[start, i as u32, table, slot]);
+            o.ancestors[i] = tree;
+        }
+        o
+    }
+}
+
 /// Checks the sequences of a paged pass over a cache of `context` positions per sequence in a
 /// pool of `pool` pages, and lays out its step. A pass of the target and of an EAGLE head alike
 /// (which computes no logits: it ignores `out`).
@@ -813,13 +841,15 @@ impl Model {
     /// reads only its keys). Not to be mixed with the one-sequence passes ([`Model::forward`]
     /// ...), which use the pool's first positions as their own.
     pub fn encode_pages(&mut self, seqs: &[SeqRows<'_>], argmax: bool) -> Result<wgpu::CommandEncoder> {
-        let PagedStep { step, table, tokens, out } = paged_step(seqs, self.context, self.kv_pages)?;
-        self.check_ids(&tokens)?;
+        let paged = paged_step(seqs, self.context, self.kv_pages)?;
+        self.check_ids(&paged.tokens)?;
         let g = &*self.gpu;
+        let PagedStep { step, table, tokens, out } = &paged;
         let (s, n, m) = (&self.state, tokens.len(), out.len());
-        g.queue.write_buffer(&s.step, 0, bytemuck::bytes_of(&step));
-        g.queue.write_buffer(&s.pages.raw, 0, bytemuck::cast_slice(&table));
-        g.queue.write_buffer(&s.tokens.raw, 0, bytemuck::cast_slice(&tokens));
+        g.queue.write_buffer(&s.step, 0, bytemuck::bytes_of(step));
+        g.queue.write_buffer(&s.out_step, 0, bytemuck::bytes_of(&paged.out_step()));
+        g.queue.write_buffer(&s.pages.raw, 0, bytemuck::cast_slice(table));
+        g.queue.write_buffer(&s.tokens.raw, 0, bytemuck::cast_slice(tokens));
         let mut enc = g.encoder();
         // (every row: the one-sequence passes' output ops)
         if m == n {
@@ -831,8 +861,7 @@ impl Model {
         }
         g.encode(&mut enc, &self.forward_ops[..self.body_ops], n as u32);
         if m > 0 {
-            g.write_step(&s.out_step, m, 0);
-            g.queue.write_buffer(&s.out_rows.raw, 0, bytemuck::cast_slice(&out));
+            g.queue.write_buffer(&s.out_rows.raw, 0, bytemuck::cast_slice(out));
             g.encode(&mut enc, &self.out_ops, m as u32);
             if argmax {
                 g.encode(&mut enc, &self.out_argmax_ops, m as u32);
