@@ -119,20 +119,21 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     let inv_l = 1.0 / partial[0];
     storageBarrier();
 
-    // 3. weighted sum of values, one output dimension per thread
-    let kv_row = 2u * p.kv_heads * p.head_dim;
-    let v_base = p.kv_heads * p.head_dim + kvh * p.head_dim;
+    // 3. weighted sum of values, four consecutive output dimensions per thread (one load of
+    //    four values: a CPU adapter's lanes each load and widen their own, so a thread per
+    //    dimension cost four times the instructions); each dimension's sum runs in key order
+    let v_base4 = p.kv_heads * hd4 + kvh * hd4;
     let o_base = (r * p.heads + h) * p.head_dim;
     // the sequence's keys before a tree's, then (a tree pass) the ancestors': one sum in key order.
     // Every invocation of a subgroup with dimensions left runs each round (as in 1: past
-    // head_dim it sums the last dimension again and stores nothing); the scores of the direct
-    // keys are read in runs of 8, each invocation loading one with SHARE (past the direct keys:
-    // never used).
+    // head_dim it sums the last four dimensions again and stores nothing); the scores of the
+    // direct keys are read in runs of 8, each invocation loading one with SHARE (past the direct
+    // keys: never used).
     let direct = max(lo, select(len, min(len, row_start(r)), row_tree(r) != 0u));
-    for (var d0 = 0u; d0 < p.head_dim; d0 += WG) {
-        if (share_any(d0 + t < p.head_dim)) {
-            let d = min(d0 + t, p.head_dim - 1u);
-            var acc = 0.0;
+    for (var d0 = 0u; d0 < hd4; d0 += WG) {
+        if (share_any(d0 + t < hd4)) {
+            let d = min(d0 + t, hd4 - 1u);
+            var acc = vec4<f32>(0.0);
             var page = 0xffffffffu;
             var base = 0u; // (the keys' cache rows: j + base within a page)
             for (var j0 = lo; j0 < direct; j0 += 8u) {
@@ -142,13 +143,17 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
                         page = j / PAGE;
                         base = page_base(r, page);
                     }
-                    acc = fma(score_at(s_base + j, j - j0, own), kv_value((j + base) * kv_row + v_base + d), acc);
+                    let s = vec4<f32>(score_at(s_base + j, j - j0, own));
+                    acc = fma(s, kv_vec4((j + base) * kv_row4 + v_base4 + d), acc);
                 }
             }
             for (var j = direct; j < len; j++) {
-                acc = fma(scores[s_base + j], kv_value(key_row(r, j) * kv_row + v_base + d), acc);
+                acc = fma(vec4<f32>(scores[s_base + j]), kv_vec4(key_row(r, j) * kv_row4 + v_base4 + d), acc);
             }
-            if (d0 + t < p.head_dim) { out[o_base + d] = acc * inv_l; }
+            if (d0 + t < hd4) {
+                let o = acc * inv_l;
+                for (var c = 0u; c < 4u; c++) { out[o_base + 4u * d + c] = o[c]; }
+            }
         }
     }
 }
