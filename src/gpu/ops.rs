@@ -903,10 +903,10 @@ impl Gpu {
                 Grid::PerRow(shape.heads),
             );
             // per 64 cached positions: the scores (head_dim / 4 each), the softmax, the values
-            // (64 positions times head_dim / 64 columns); two trees
+            // (64 positions times head_dim / 256 rounds of four columns); two trees
             let hd4 = hd.div_ceil(4);
             let serial =
-                Serial { fixed: 12, per_step: hd4 + 1 + 64 * hd.div_ceil(64), positions_per_step: 64 };
+                Serial { fixed: 12, per_step: hd4 + 1 + 64 * hd4.div_ceil(64), positions_per_step: 64 };
             return vec![op.with_cost(cost).with_serial(serial)];
         }
         let (span, chunks) = attention_chunks(shape.ctx);
