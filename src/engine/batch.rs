@@ -14,9 +14,11 @@
 //!                over theirs, or the Medusa heads' trees of their ranked guesses, from each
 //!                one's last row of the pass before (`propose`); an ensemble's with the
 //!                n-gram's continuations merged beside them (one tree)
-//!             one target pass over all of them (Model::forward_pages: a tree's nodes see their
-//!             ancestors alone), each row's argmax, and each sampled request's draws from its
-//!             rows (its seed, its rows' positions: a tree node's, its root's plus its depth)
+//!             one target pass over all of them (Model::encode_pages: a tree's nodes see their
+//!             ancestors alone), the argmax of each row that wants logits (a newest token's and
+//!             its drafts', never a prompt chunk's before its last token, whose rows run for
+//!             their keys and values only), and each sampled request's draws from its rows (its
+//!             seed, its rows' positions: a tree node's, its root's plus its depth)
 //!   commit    per sequence: the drafts its rows' choices (argmax or draw) agree with (a tree:
 //!             the path they follow from the root), then the choice after them; a tree's path
 //!             moved to its positions in the sequence's pages (Model::keep_paths_in_pages);
@@ -917,7 +919,12 @@ impl Readout {
 /// Runs the pass recorded in `enc`, each pending sampled request's draws from its newest
 /// token's row and its drafts' rows after it, and reads back what the commits need in one
 /// read-back.
-async fn run_pass(batch: &Batch, target: &Model, enc: wgpu::CommandEncoder, plan: &[Rows]) -> Result<Readout> {
+async fn run_pass(
+    batch: &Batch,
+    target: &Model,
+    enc: wgpu::CommandEncoder,
+    plan: &[Rows],
+) -> Result<Readout> {
     // (rows with logits: each pending sequence's newest token's and drafts')
     let mut first = 0;
     let mut draws = Vec::new();

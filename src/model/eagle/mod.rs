@@ -516,7 +516,13 @@ impl EagleHead {
             )));
         }
         let paged: Vec<SeqRows> = (seqs.iter())
-            .map(|s| SeqRows { pages: s.pages, start_pos: s.start_pos, tokens: s.next, tree: None, logits: 0 })
+            .map(|s| SeqRows {
+                pages: s.pages,
+                start_pos: s.start_pos,
+                tokens: s.next,
+                tree: None,
+                logits: 0,
+            })
             .collect();
         let PagedStep { step, table, tokens: next, .. } = paged_step(&paged, self.context, self.kv_pages)?;
         if let Some(&id) = next.iter().find(|&&t| t as usize >= self.config.vocab_size) {

@@ -100,10 +100,10 @@ struct RunState {
     logits: GpuBuffer<f32>,      // [MAX_BATCH, vocab]
     argmax: GpuBuffer<u32>,      // [MAX_BATCH]
     // (a paged pass's output over the rows that want logits, [`Model::encode_pages`])
-    out_step: wgpu::Buffer,    // uniform Step: the places of the [m] rows that want logits
-    out_rows: GpuBuffer<u32>,  // [MAX_BATCH] their rows of the pass
-    x_out: GpuBuffer<f32>,     // [MAX_BATCH, dim] their residual rows
-    xb_out: GpuBuffer<f32>,    // [MAX_BATCH, dim] their rows of xb (x times output_norm)
+    out_step: wgpu::Buffer, // uniform Step: the places of the [m] rows that want logits
+    out_rows: GpuBuffer<u32>, // [MAX_BATCH] their rows of the pass
+    x_out: GpuBuffer<f32>,  // [MAX_BATCH, dim] their residual rows
+    xb_out: GpuBuffer<f32>, // [MAX_BATCH, dim] their rows of xb (x times output_norm)
     kv_cache: Vec<GpuBuffer<u32>>, // per layer [kv_pages * KV_PAGE, 2 kv_dim]: each cache row's k,
     // then v, as f16 pairs ([.., kv_dim] words) or f32 bits: a pool of pages (one sequence's
     // passes use its first `context` rows as positions)
@@ -440,13 +440,14 @@ impl Model {
         &self.state.tokens
     }
 
-    /// The logits of every row of the last pass that computed them (not a prefill),
-    /// `[MAX_BATCH, vocab]`.
+    /// The logits of every row of the last pass that computed them (not a prefill; a paged
+    /// pass's: of its rows that want them, [`Model::encode_pages`]), `[MAX_BATCH, vocab]`.
     pub fn logits_buffer(&self) -> &GpuBuffer<f32> {
         &self.state.logits
     }
 
-    /// The argmax of every row of the last pass that computed it, `[MAX_BATCH]`.
+    /// The argmax of every row of the last pass that computed it (as [`Model::logits_buffer`]),
+    /// `[MAX_BATCH]`.
     pub fn argmax_buffer(&self) -> &GpuBuffer<u32> {
         &self.state.argmax
     }
