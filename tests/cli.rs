@@ -63,6 +63,10 @@ fn generate_json_prints_one_object_with_tokens_text_and_stats() {
     assert_eq!(tree["tokens"], v["tokens"], "speculation on trees changed the tokens");
     assert_eq!(tree["stats"]["draft"], "model");
     assert!(tree["stats"]["tree_cycles"].as_u64().is_some_and(|n| n > 0), "{}", tree["stats"]);
+    // the n-gram's trees (`--tree`, as bench and serve take it): the target's greedy tokens
+    let ngram =
+        json_of(&wgspec(&[&args[..], &["--draft", "ngram", "--tree", "4", "--draft-k", "3"]].concat()));
+    assert_eq!((&ngram["tokens"], &ngram["stats"]["draft"]), (&v["tokens"], &"ngram".into()));
 
     // --compare: the target-only run of the same request beside the speculative one, the same
     // tokens; as text, the verdict line names both speeds, the speedup and tau
@@ -223,6 +227,17 @@ fn bad_input_gives_a_clear_error_and_a_failing_exit_code() {
         (vec!["--model".into(), "m.gguf".into(), "--draft".into(), "tree:0:m.gguf".into()], "1 to 16"),
         (vec!["--model".into(), "m.gguf".into(), "--draft".into(), "medusa:".into()], "names no file"),
         (vec!["--model".into(), "m.gguf".into(), "--draft".into(), "ngram+ngram".into()], "follows a draft"),
+        (
+            vec![
+                "--model".into(),
+                "m.gguf".into(),
+                "--draft".into(),
+                "m.gguf".into(),
+                "--tree".into(),
+                "2".into(),
+            ],
+            "--tree with a draft model alone",
+        ),
     ];
     for (args, needle) in cases {
         let mut full = vec!["generate".to_string(), "--prompt".into(), "hello there".into()];

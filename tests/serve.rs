@@ -1195,13 +1195,14 @@ fn work_before_admission_is_bounded_whatever_the_bodies() {
 #[test]
 fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() {
     // Eight requests at once (different prompts and lengths, plain and with n-gram drafts, greedy
-    // and sampled with seeds) share the server's passes: each answer is the one it got alone. A stream whose client leaves
+    // and sampled with seeds, the n-gram's trees of up to 4 continuations: `--tree 4`) share the
+    // server's passes: each answer is the one it got alone. A stream whose client leaves
     // mid-batch gives its KV cache pages back (the metrics show it) and the request beside it
     // finishes exactly.
     let dir = temp_dir("batch");
     let model = tiny_model(&dir, 1024, false);
     let m = model.to_str().expect("utf8 path");
-    let args = ["serve", "--model", m, "--kv-pages", "24", "--draft", "ngram"];
+    let args = ["serve", "--model", m, "--kv-pages", "24", "--draft", "ngram", "--tree", "4"];
     let server = Arc::new(Server::start(&args, &[], dir.join("server.log")));
     let body = |i: usize| {
         let draft = ["none", "ngram"][i % 2];
@@ -1223,6 +1224,15 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     assert!(rows > 1.5 * passes, "requests shared passes: {rows} rows in {passes} passes");
     assert_eq!(server.metric("wgspec_kv_pages_used"), 0.0);
     assert_eq!(server.metric("wgspec_kv_pages_free"), 24.0);
+    // a fixed K over a prompt whose earlier matches continue differently: its drafts are a tree
+    // (`--tree 4`), its text the plain request's
+    let trees = server.metric("wgspec_batch_draft_trees_total");
+    let branching =
+        json!({"prompt": "a b a c a d a b a c a d a", "max_tokens": 16, "temperature": 0, "draft_k": 4});
+    let plain =
+        json!({"prompt": "a b a c a d a b a c a d a", "max_tokens": 16, "temperature": 0, "draft": "none"});
+    assert_eq!(text(&completion(&server, branching)), text(&completion(&server, plain)));
+    assert!(server.metric("wgspec_batch_draft_trees_total") > trees, "no tree drafted under --tree 4");
 
     // `n` choices: choice i is the request with seed + i alone; the prompt, computed by those
     // solo runs, is found in the prefix cache (`cached_tokens`), whole and streamed

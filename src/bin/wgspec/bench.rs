@@ -13,12 +13,12 @@ use wgspec::engine::{BatchLimits, DraftKind, DraftSpec, Engine, Request};
 use wgspec::gpu::{Gpu, KernelShape};
 use wgspec::model::{synthetic, LoadOptions, Model, Precision, MAX_BATCH};
 use wgspec::sampling::SamplingParams;
-use wgspec::speculative::{self, KPolicy, SpecStats};
+use wgspec::speculative::{KPolicy, SpecStats};
 use wgspec::tokenizer::Message;
 use wgspec::{Error, Result};
 
 use crate::cli::{KArgs, SamplingArgs};
-use crate::load::load_engine;
+use crate::load::{load_engine, TreeArgs};
 
 /// The prompt set kept in the repository (`benches/prompts.json`): code and prose.
 pub const DEFAULT_PROMPTS: &str = include_str!("../../../benches/prompts.json");
@@ -42,13 +42,8 @@ pub struct BenchArgs {
     /// the real shapes).
     #[arg(long, required_unless_present_any = ["roofline", "concurrency"])]
     pub draft: Option<DraftSpec>,
-    /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
-    /// earlier matches (default 1, the latest match's chain); `MODEL+ngram`, up to N n-gram
-    /// continuations beside the model's chain (default 4; with heads+ngram always 4);
-    /// `eagle:PATH`, the nodes its dynamic tree expands per depth (default 4; 0: the head's chain
-    /// with 3 next guesses beside each depth). (A draft model's own trees: `tree:N:MODEL`.)
-    #[arg(long)]
-    pub tree: Option<usize>,
+    #[command(flatten)]
+    pub trees: TreeArgs,
     /// Instead of speculation: the adapter's bandwidth and arithmetic ceilings, then every kernel
     /// of the target's decode step (and of a verify pass of `--draft-k` + 1 rows, default 4 + 1)
     /// timed alone against them.
@@ -179,7 +174,8 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             }
         };
     }
-    set_trees(&mut engine, &args, spec.kind())?;
+    args.trees.apply(&mut engine, &spec)?;
+    engine.set_default_draft(spec.kind())?;
     let sampling = args.sampling.params();
     sampling.validate()?;
     if args.chat && !engine.has_chat_template() {
@@ -304,12 +300,7 @@ fn bench_engine(
             "bench compares speculation with target-only decoding: give a --draft".into(),
         ));
     }
-    if matches!(spec, DraftSpec::Model { ngram: false, .. }) && args.tree.is_some() {
-        return Err(Error::InvalidArgument(format!(
-            "--tree with a draft model alone: its top-k trees are `--draft tree:N:{}`",
-            spec.source().unwrap_or("MODEL")
-        )));
-    }
+    args.trees.check(spec)?;
     let Some(shape_name) = &args.synthetic else {
         if spec.source() == Some("self") {
             return Err(Error::InvalidArgument(
@@ -349,21 +340,6 @@ fn bench_engine(
         crate::load::attach_draft(&mut engine, spec, false)?;
     }
     Ok((engine, format!("synthetic {shape_name}")))
-}
-
-/// The trees `--tree` asks for: the n-gram's continuations (alone, or beside a draft model's
-/// chain), the EAGLE head's nodes per depth (0: its chain with siblings); and `kind` as the
-/// requests' draft.
-fn set_trees(engine: &mut Engine, args: &BenchArgs, kind: DraftKind) -> Result<()> {
-    let merged = if kind == DraftKind::ModelNgram { args.tree } else { None };
-    engine.set_ngram_branches(args.tree.unwrap_or(1), merged.unwrap_or(speculative::TREE_BRANCHES));
-    if kind.base() == DraftKind::Eagle {
-        engine.set_eagle_tree(match args.tree {
-            Some(0) => speculative::EagleTree::Chain { siblings: speculative::EAGLE_SIBLINGS },
-            w => speculative::EagleTree::Dynamic { width: w.unwrap_or(speculative::EAGLE_WIDTH) },
-        })?;
-    }
-    engine.set_default_draft(kind)
 }
 
 /// One benchmark prompt.

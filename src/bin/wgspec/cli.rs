@@ -16,7 +16,7 @@ use wgspec::sampling::SamplingParams;
 use wgspec::speculative::{self, KPolicy};
 
 use crate::fetch;
-use crate::load::load_engine;
+use crate::load::{load_engine, TreeArgs};
 use crate::{bench, serve};
 use wgspec::tokenizer::Message;
 use wgspec::{Error, Result};
@@ -115,6 +115,8 @@ struct GenerateArgs {
     #[arg(long, default_value = "none")]
     draft: DraftSpec,
     #[command(flatten)]
+    trees: TreeArgs,
+    #[command(flatten)]
     k: KArgs,
     /// Stop when the text contains this string (repeatable); the text ends before it.
     #[arg(long)]
@@ -185,6 +187,8 @@ struct ServeArgs {
     /// this loads.
     #[arg(long, default_value = "none")]
     draft: DraftSpec,
+    #[command(flatten)]
+    trees: TreeArgs,
     /// KV cache positions: prompt and reply of one request together (default: min(model context, 4096)).
     #[arg(long)]
     context: Option<usize>,
@@ -300,7 +304,9 @@ fn serve_cmd(args: ServeArgs) -> Result<()> {
         max_memory: args.max_memory_mb.map(|mb| mb * 1_000_000),
         kv_pages: args.kv_pages,
         batch: BatchLimits { max_seqs: args.max_batch, max_rows: args.max_batch_tokens },
+        trees: args.trees,
     };
+    model.trees.check(&model.draft)?;
     if !(1..=MAX_BATCH).contains(&args.max_batch) || !(1..=MAX_BATCH).contains(&args.max_batch_tokens) {
         return Err(Error::InvalidArgument(format!(
             "--max-batch and --max-batch-tokens take 1..={MAX_BATCH}, got {} and {}",
@@ -364,6 +370,7 @@ async fn generate(args: GenerateArgs) -> Result<()> {
     if args.compare && args.draft == DraftSpec::None {
         return Err(Error::InvalidArgument("--compare compares with a draft: give --draft".into()));
     }
+    args.trees.check(&args.draft)?;
     let gpu = Arc::new(Gpu::new().await?);
     if !args.json {
         eprintln!("adapter: {}", gpu.describe());
@@ -375,6 +382,7 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         ..Default::default()
     };
     let mut engine = load_engine(&gpu, &args.model, &args.draft, &opts, args.json)?;
+    args.trees.apply(&mut engine, &args.draft)?;
     let info = engine.target_info().clone();
     if !args.json {
         eprintln!(

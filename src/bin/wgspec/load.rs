@@ -4,11 +4,12 @@
 
 use std::sync::Arc;
 
-use wgspec::engine::{DraftSpec, Engine, Role};
+use wgspec::engine::{DraftKind, DraftSpec, Engine, Role};
 use wgspec::files::OpenedModel;
 use wgspec::gpu::Gpu;
 use wgspec::model::{LoadOptions, LoadProgress};
-use wgspec::Result;
+use wgspec::speculative;
+use wgspec::{Error, Result};
 
 use crate::fetch;
 
@@ -47,6 +48,49 @@ pub fn load_engine(
     let mut engine = Engine::load(gpu.clone(), open(model)?, opts, &mut progress_bar(quiet))?;
     attach_draft(&mut engine, draft, quiet)?;
     Ok(engine)
+}
+
+/// `--tree`: the token trees of the drafts that grow them (bench, generate and serve alike).
+#[derive(clap::Args, Clone, Debug, Default)]
+pub struct TreeArgs {
+    /// Token trees verified in one tree pass: `--draft ngram`, the continuations of up to N
+    /// earlier matches (default 1, the latest match's chain); `MODEL+ngram`, up to N n-gram
+    /// continuations beside the model's chain (default 4; with heads+ngram always 4);
+    /// `eagle:PATH`, the nodes its dynamic tree expands per depth (default 4; 0: the head's chain
+    /// with 3 next guesses beside each depth). (A draft model's own trees: `tree:N:MODEL`.)
+    #[arg(long)]
+    pub tree: Option<usize>,
+}
+
+impl TreeArgs {
+    /// Refuses `--tree` with a draft model alone (its trees are `tree:N:MODEL`): before
+    /// anything is loaded.
+    pub fn check(&self, draft: &DraftSpec) -> Result<()> {
+        if matches!(draft, DraftSpec::Model { ngram: false, .. }) && self.tree.is_some() {
+            return Err(Error::InvalidArgument(format!(
+                "--tree with a draft model alone: its top-k trees are `--draft tree:N:{}`",
+                draft.source().unwrap_or("MODEL")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Sets the trees asked for on `engine`, whose default draft is `draft`'s: the n-gram's
+    /// continuations (alone, or beside a draft model's chain), the EAGLE head's nodes per depth
+    /// (0: its chain with siblings). Checked first ([`TreeArgs::check`]).
+    pub fn apply(&self, engine: &mut Engine, draft: &DraftSpec) -> Result<()> {
+        self.check(draft)?;
+        let kind = draft.kind();
+        let merged = if kind == DraftKind::ModelNgram { self.tree } else { None };
+        engine.set_ngram_branches(self.tree.unwrap_or(1), merged.unwrap_or(speculative::TREE_BRANCHES));
+        if kind.base() == DraftKind::Eagle {
+            engine.set_eagle_tree(match self.tree {
+                Some(0) => speculative::EagleTree::Chain { siblings: speculative::EAGLE_SIBLINGS },
+                w => speculative::EagleTree::Dynamic { width: w.unwrap_or(speculative::EAGLE_WIDTH) },
+            })?;
+        }
+        Ok(())
+    }
 }
 
 /// Loads what `draft` names beside `engine`'s target (a draft model sharing its tokenizer, Medusa

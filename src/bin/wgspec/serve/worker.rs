@@ -39,6 +39,8 @@ pub struct ModelConfig {
     pub kv_pages: Option<usize>,
     /// Requests served together and rows of a pass (`--max-batch`, `--max-batch-tokens`).
     pub batch: BatchLimits,
+    /// The token trees of the drafts that grow them (`--tree`).
+    pub trees: crate::load::TreeArgs,
 }
 
 impl ModelConfig {
@@ -197,6 +199,7 @@ fn load_engine(cfg: &ModelConfig) -> wgspec::Result<Engine> {
     eprintln!("adapter: {}", gpu.describe());
     let opts = LoadOptions { context: cfg.context, max_memory: cfg.max_memory, ..Default::default() };
     let mut engine = crate::load::load_engine(&gpu, &cfg.model, &cfg.draft, &opts, false)?;
+    cfg.trees.apply(&mut engine, &cfg.draft)?;
     engine.set_batch_limits(cfg.batch);
     if cfg.kv_pages.is_some() || cfg.max_memory.is_some() {
         engine.set_kv_pool(cfg.kv_pages)?;
