@@ -1,6 +1,6 @@
 // Causal multi-head attention with grouped KV heads over the KV cache (one workgroup per head and row).
 // The cache holds each position's k row then its v row: [ctx, 2 * kv_heads * head_dim], in the
-// format of the file placed ahead of this one (shaders/kv/: f32 or f16), read by kv_vec4/kv_value.
+// format of the file placed ahead of this one (shaders/kv/: f32 or f16), read by kv_vec4.
 // Row r of the pass sits at position pos (shaders/share/rows.wgsl: start_pos + r in a pass of one
 // sequence) and attends to its sequence's positions 0..=pos, found by key_row (shaders/kv/pages.wgsl)
 // (with a sliding window, the last `window` of them: pos - window + 1 ..= pos):

@@ -583,8 +583,8 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
     // Sequences of different lengths share passes over a pool of pages, each at its own
     // position, its pages scattered and interleaved with the others': every row's logits are the
     // bits of its sequence run alone. Passes whose rows all want logits, some (each sequence's
-    // last few or none: the rows that do are gathered), or none (a pass of keys and values). Llama (the one-pass attention), Qwen3 (per-head norms: the
-    // KV written by head_norm) and Gemma 3 (sliding windows, their own RoPE) in the GPU shape
+    // last few or none: the rows that do are gathered), or none (a pass of keys and values).
+    // Llama (the one-pass attention), Qwen3 (per-head norms: the KV written by head_norm) and Gemma 3 (sliding windows, their own RoPE) in the GPU shape
     // (the split attention), f16 and f32 caches; sequences that cross pages.
     use wgspec::model::SeqRows;
     const PAGE: usize = wgspec::gpu::KV_PAGE;

@@ -266,9 +266,9 @@ impl Seq {
     }
 }
 
-/// A sampled request's draws on the GPU: its seed and the uniform keying them (with the pass row
-/// its rows start at), its non-finite flag, the ops drawing from its rows into the batch's
-/// shared words.
+/// A sampled request's draws on the GPU: its seed and the uniform keying them (with the row its
+/// rows start at among the pass's rows with logits: a row of [`Model::logits_step_buffer`]), its
+/// non-finite flag, the ops drawing from its rows into the batch's shared words.
 struct Draw {
     seed: u64,
     uniform: wgpu::Buffer,

@@ -57,7 +57,8 @@ pub struct TreeArgs {
     /// earlier matches (default 1, the latest match's chain); `MODEL+ngram`, up to N n-gram
     /// continuations beside the model's chain (default 4; with heads+ngram always 4);
     /// `eagle:PATH`, the nodes its dynamic tree expands per depth (default 4; 0: the head's chain
-    /// with 3 next guesses beside each depth). (A draft model's own trees: `tree:N:MODEL`.)
+    /// with 3 next guesses beside each depth; in a server's batch, its chain with N - 1 next
+    /// guesses beside each depth). (A draft model's own trees: `tree:N:MODEL`.)
     #[arg(long)]
     pub tree: Option<usize>,
 }

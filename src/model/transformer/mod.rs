@@ -746,7 +746,9 @@ pub(crate) struct PagedStep {
 impl PagedStep {
     /// The [`Step`] of the rows that want logits, row i the pass's row `out[i]`: its position
     /// (a chain's row its own start, a tree's node its root's and its ancestor bits), cache row
-    /// and page table, for the ops over those rows (a draw keyed by each row's position).
+    /// and page table, for the ops over those rows that read a row's position (a draw keyed by
+    /// it). Not for an op that walks a node's ancestors through its first row (attention): the
+    /// bits still count from the root's row of the pass.
     fn out_step(&self) -> Step {
         let s = &self.step;
         let mut o = Step::chain(self.out.len(), 0);
