@@ -469,14 +469,28 @@ pub(super) fn record_forward(
     }
     let body = ops.len();
     // logits = rmsnorm(x) * output_norm . output^T                   [n, vocab]
+    ops.extend(output_projection(g, c, w, st, (&s.xb, &s.x), &s.logits));
+    (ops, body, per_layer)
+}
+
+/// The output projection under `st`, RMSNorm folded in: `logits = rmsnorm(x) * output_norm .
+/// output^T` from `xb` (x times output_norm, `[n, dim]`) and `x` itself (`[n, dim]`), into
+/// `logits` (`[n, vocab]`).
+fn output_projection(
+    g: &Gpu,
+    c: &Config,
+    w: &Weights,
+    st: &wgpu::Buffer,
+    (xb, x): (&GpuBuffer<f32>, &GpuBuffer<f32>),
+    logits: &GpuBuffer<f32>,
+) -> Vec<Op> {
     let output = w.output.as_ref().unwrap_or(&w.token_embd);
     let normed = MatmulOut {
         ldy: c.vocab_size as u32,
-        norm: Some(NormIn { raw: &s.x, eps: c.rms_eps }),
+        norm: Some(NormIn { raw: x, eps: c.rms_eps }),
         ..Default::default()
     };
-    ops.extend(output.matmul(g, st, &s.xb, None, &s.logits, normed));
-    (ops, body, per_layer)
+    output.matmul(g, st, xb, None, logits, normed)
 }
 
 /// The output of a paged pass's rows that want logits, under `out_step` (m rows): their rows
@@ -485,16 +499,10 @@ pub(super) fn record_forward(
 /// logits[i] = rmsnorm(x[out_rows[i]]) * output_norm . output^T      [m, vocab]
 fn record_gathered_output(g: &Gpu, c: &Config, w: &Weights, s: &RunState) -> Vec<Op> {
     let st = &s.out_step;
-    let output = w.output.as_ref().unwrap_or(&w.token_embd);
-    let normed = MatmulOut {
-        ldy: c.vocab_size as u32,
-        norm: Some(NormIn { raw: &s.x_out, eps: c.rms_eps }),
-        ..Default::default()
-    };
     let mut ops = vec![
         g.gather_rows(st, &s.x, Some(&s.out_rows), None, (&s.x_out, c.dim, 0), c.dim),
         g.gather_rows(st, &s.xb, Some(&s.out_rows), None, (&s.xb_out, c.dim, 0), c.dim),
     ];
-    ops.extend(output.matmul(g, st, &s.xb_out, None, &s.logits, normed));
+    ops.extend(output_projection(g, c, w, st, (&s.xb_out, &s.x_out), &s.logits));
     ops
 }
