@@ -10,6 +10,7 @@ use common::{gpu, rng};
 use wgspec::engine::{Completion, DraftKind, Engine, Request, TokenEvent};
 use wgspec::files::ModelFiles;
 use wgspec::generation::FinishReason;
+use wgspec::gpu::KV_PAGE;
 use wgspec::loader::DType;
 use wgspec::model::{EagleLayout, LoadOptions, Model};
 use wgspec::tokenizer::{ChatTemplate, Message};
@@ -643,8 +644,10 @@ fn one_memory_budget_for_the_target_the_draft_and_the_heads() {
     assert_eq!(tokens, alone.tokens);
 }
 
-/// An engine on `gguf` whose KV cache pool holds `pages` pages (of sequences of 128 positions).
-fn engine_with_pages(gguf: Vec<u8>, pages: usize) -> Engine {
+/// An engine on `gguf` whose KV cache pool holds `positions` positions in whole pages (of
+/// sequences of 128 positions).
+fn engine_with_positions(gguf: Vec<u8>, positions: usize) -> Engine {
+    let pages = positions / KV_PAGE;
     let mut files = ModelFiles::new();
     files.add("model.gguf", gguf).expect("add");
     let opened = files.open().expect("open");
@@ -723,7 +726,7 @@ fn batched_requests_each_equal_their_run_alone() {
     let gguf = tiny_gguf(44);
     let reqs = batch_requests();
     // alone, through the one-sequence loop
-    let mut engine = engine_with_pages(gguf.clone(), 24);
+    let mut engine = engine_with_positions(gguf.clone(), 1536);
     let alone: Vec<Completion> = reqs.iter().map(|r| run(&mut engine, r).0).collect();
     assert!(alone.iter().any(|c| c.stats.accepted > 0), "n-gram drafts were accepted somewhere");
     let prompts: Vec<Vec<u32>> = reqs.iter().map(|r| engine.prompt_tokens(r).expect("prompt")).collect();
@@ -790,22 +793,22 @@ fn batched_requests_each_equal_their_run_alone() {
         );
     }
 
-    // a pool of 4 pages for 8 requests of up to 2 pages each: they wait, and the youngest
+    // a pool of 256 positions for 8 requests of up to 128 each: they wait, and the youngest
     // running ones are preempted and run again; every one completes exactly
-    let mut small = engine_with_pages(gguf.clone(), 4);
+    let mut small = engine_with_positions(gguf.clone(), 256);
     small.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
     let ids: Vec<_> =
         (0..8).map(|i| small.batch_submit(prompts[i].clone(), &reqs[i]).expect("submit")).collect();
     let done = run_batch(&mut small, 0, |_, _| {});
-    check("a pool of 4 pages", &done, &ids);
+    check("a pool of 256 positions", &done, &ids);
     let status = small.batch_status();
     assert!(status.preemptions > 0, "the small pool preempted: {status:?}");
     assert_eq!(status.pages_used, 0);
 
     // a pool of one context for three requests that run to the context's end, and one that
     // wants no token: each as alone
-    let mut tight = engine_with_pages(gguf.clone(), 2);
-    // (prompts of one page each: two run at once, and the older one's growth preempts the other)
+    let mut tight = engine_with_positions(gguf.clone(), 128);
+    // (prompts of up to 64 tokens: two run at once, and the older one's growth preempts the other)
     let mut long: Vec<Request> = [0, 2, 3].iter().map(|&i| reqs[i].clone()).collect();
     for r in &mut long {
         r.max_tokens = 300;
@@ -861,7 +864,7 @@ fn batched_ngram_trees_equal_their_run_alone() {
     // alone; the accepted path's keys and values are moved to their positions in the request's
     // pages), greedy and sampled, with a fixed K and adaptive; each request's tokens are its run
     // alone's (the one-sequence loop's trees).
-    let mut engine = engine_with_pages(tiny_gguf(44), 24);
+    let mut engine = engine_with_positions(tiny_gguf(44), 1536);
     engine.set_ngram_branches(4, 4);
     let mut reqs = batch_requests();
     for (i, r) in reqs.iter_mut().enumerate() {
@@ -889,21 +892,21 @@ fn batched_ngram_trees_equal_their_run_alone() {
     assert_eq!(engine.batch_status().trees, trees);
 }
 
-/// An engine of a tiny target with pools of 24 pages, and as its draft model the same weights,
+/// An engine of a tiny target with pools of 1536 positions, and as its draft model the same weights,
 /// each tensor changed by `change`.
 fn engine_with_draft(change: impl Fn(&mut common::tiny::TinyTensor)) -> Engine {
     let tiny = || TinyModel::random(TinySpec::llama(), &mut rng(48));
     let target = tiny().to_gguf(DType::F32, &mut rng(49));
     let mut draft = tiny();
     draft.tensors.iter_mut().for_each(change);
-    let mut engine = engine_with_pages(target, 24);
+    let mut engine = engine_with_positions(target, 1536);
     let mut files = ModelFiles::new();
     files.add("model.gguf", draft.to_gguf(DType::F32, &mut rng(49))).expect("add");
     let d = files.open().expect("open");
     let opts = LoadOptions { context: Some(128), ..Default::default() };
     let draft = Model::load(gpu(), &d.checkpoint, &opts, &mut |_| {}).expect("load");
     engine.set_draft(Some((draft, &d.tokenizer))).expect("same tokenizer");
-    assert_eq!(engine.set_kv_pool(Some(24)).expect("pools"), 24);
+    assert_eq!(engine.set_kv_pool(Some(1536 / KV_PAGE)).expect("pools"), 1536 / KV_PAGE);
     engine
 }
 
@@ -921,7 +924,11 @@ fn batched_requests_with_the_draft_model_equal_their_run_alone() {
             t.values.iter_mut().for_each(|v| *v *= 0.6);
         }
     });
-    assert_eq!(engine.draft_model().expect("draft").kv_pages(), 24, "a page of the draft's per page");
+    assert_eq!(
+        engine.draft_model().expect("draft").kv_pages(),
+        1536 / KV_PAGE,
+        "a page of the draft's per page"
+    );
     engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
     let reqs: Vec<Request> = (batch_requests().into_iter().enumerate())
         .map(|(i, r)| Request {
@@ -1066,7 +1073,7 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
     use wgspec::engine::BatchLimits;
     use wgspec::speculative::EagleTree;
     let tiny = TinyModel::random(TinySpec::llama(), &mut rng(52));
-    let mut engine = engine_with_pages(tiny.to_gguf(DType::F32, &mut rng(53)), 24);
+    let mut engine = engine_with_positions(tiny.to_gguf(DType::F32, &mut rng(53)), 1536);
     engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
     let reqs: Vec<Request> = (batch_requests().into_iter().enumerate())
         .map(|(i, r)| Request {
@@ -1088,8 +1095,9 @@ fn batched_requests_with_eagle_and_medusa_heads_equal_their_run_alone() {
         files.add("model.safetensors", head).expect("add");
         files.add("config.json", config).expect("add");
         engine.load_eagle(files, &mut |_, _| {}).expect("EAGLE head");
-        assert_eq!(engine.set_kv_pool(Some(24)).expect("pools"), 24);
-        assert_eq!(engine.eagle().expect("head").kv_pages(), 24, "{name}: a page of the head's per page");
+        let pool = 1536 / KV_PAGE;
+        assert_eq!(engine.set_kv_pool(Some(pool)).expect("pools"), pool);
+        assert_eq!(engine.eagle().expect("head").kv_pages(), pool, "{name}: a page of the head's per page");
         // (chains alone too: a fixed K's drafts are then the batch's, cycle by cycle)
         engine.set_eagle_tree(EagleTree::Chain { siblings: 0 }).expect("a head");
         let (alone, drafted, accepted) = alone_then_batched(&mut engine, &reqs, &prompts, name);
@@ -1191,7 +1199,7 @@ fn a_request_whose_logits_are_not_finite_fails_alone_in_the_batch() {
             let row = &mut e.values[t as usize * dim..(t as usize + 1) * dim];
             row.iter_mut().enumerate().for_each(|(i, v)| *v = if i % 2 == 0 { 3e38 } else { -3e38 });
         }
-        engine_with_pages(tiny.to_gguf(DType::F32, &mut rng(51)), 16)
+        engine_with_positions(tiny.to_gguf(DType::F32, &mut rng(51)), 1024)
     };
     let sampled =
         Request { temperature: 0.8, seed: 3, draft: Some(DraftKind::Ngram), ..Request::text("", 24) };
@@ -1242,34 +1250,39 @@ fn a_request_whose_logits_are_not_finite_fails_alone_in_the_batch() {
 
 #[test]
 fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
-    // Whole pages of positions (64) that earlier requests computed are found again by their
+    // Whole pages of positions (KV_PAGE) that earlier requests computed are found again by their
     // tokens and the page before them: the requests that reuse them give the tokens they give
     // alone, and report the prompt tokens they did not compute (OpenAI's `cached_tokens`).
+    // Prompts are made of parts of 64 tokens (whole pages), and shorter tails.
     use rand::Rng;
     use wgspec::engine::{BatchLimits, SeqId};
     let gguf = tiny_gguf(46);
     let mut files = ModelFiles::new();
     files.add("model.gguf", gguf).expect("add");
     let opened = files.open().expect("open");
-    let opts = LoadOptions { context: Some(320), kv_pages: Some(12), ..Default::default() };
+    // (a pool of 768 positions: 12 parts)
+    let pool = 768 / KV_PAGE;
+    let opts = LoadOptions { context: Some(320), kv_pages: Some(pool), ..Default::default() };
     let model = Model::load(gpu(), &opened.checkpoint, &opts, &mut |_| {}).expect("load");
     let mut engine = Engine::new(model, opened.tokenizer, opened.chat_template);
     engine.set_batch_limits(BatchLimits { max_seqs: 8, max_rows: 32 });
     let vocab = engine.target().config.vocab_size as u32;
     let mut r = rng(47);
-    let mut page = |n: usize| -> Vec<u32> { (0..n).map(|_| r.gen_range(3..vocab)).collect() };
-    let (x, y, z, w, t1, t2) = (page(64), page(64), page(64), page(64), page(9), page(30));
+    let mut part = |n: usize| -> Vec<u32> { (0..n).map(|_| r.gen_range(3..vocab)).collect() };
+    let (x, y, z, w, t1, t2) = (part(64), part(64), part(64), part(64), part(9), part(30));
+    // the positions below a prompt's newest token in its whole pages: the most it can find
+    let below = |prompt: &[u32]| (prompt.len() - 1) / KV_PAGE * KV_PAGE;
     let cat = |parts: &[&Vec<u32>]| parts.iter().flat_map(|p| p.iter().copied()).collect::<Vec<u32>>();
     let greedy = Request { draft: Some(DraftKind::None), ..Request::text("", 12) };
     let sampled = Request { temperature: 0.8, seed: 5, draft: Some(DraftKind::Ngram), ..greedy.clone() };
     // (prompt, request, prompt tokens found cached when it runs in the second round)
     let cases = [
-        (cat(&[&x, &y, &t1]), &greedy, 0),    // first round: computes X, Y
-        (cat(&[&z, &w, &t1]), &greedy, 0),    // first round: computes Z, W
-        (cat(&[&x, &y, &t2]), &sampled, 128), // X, Y found
-        (cat(&[&z, &y, &t1]), &greedy, 64),   // Z found; Y after Z is not Y after X
-        (cat(&[&x, &y]), &greedy, 64),        // Y holds its newest token: computed
-        (cat(&[&x, &y, &t1]), &greedy, 128),  // the first request again
+        (cat(&[&x, &y, &t1]), &greedy, 0),        // first round: computes X, Y
+        (cat(&[&z, &w, &t1]), &greedy, 0),        // first round: computes Z, W
+        (cat(&[&x, &y, &t2]), &sampled, 128),     // X, Y found
+        (cat(&[&z, &y, &t1]), &greedy, 64),       // Z found; Y after Z is not Y after X
+        (cat(&[&x, &y]), &greedy, 128 - KV_PAGE), // its last page holds its newest token: computed
+        (cat(&[&x, &y, &t1]), &greedy, 128),      // the first request again
         (cat(&[&x, &y, &t1, &t2]), &sampled, 128),
     ];
     let alone: Vec<Completion> = (cases.iter())
@@ -1292,7 +1305,9 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
     check("first round", &done, &first);
     assert!(first.iter().all(|(_, id)| done[id].stats.base.cached_prompt_tokens == 0));
     let status = engine.batch_status();
-    assert_eq!((status.pages_used, status.pages_cached, status.pages_free), (0, 4, 12), "{status:?}");
+    // (each request's committed positions in whole pages: its prompt's and its tokens' but the last)
+    let cached: usize = (0..2).map(|i| (cases[i].0.len() + alone[i].tokens.len() - 1) / KV_PAGE).sum();
+    assert_eq!((status.pages_used, status.pages_cached, status.pages_free), (0, cached, pool), "{status:?}");
     // second round, all at once: each finds what it shares
     let second: Vec<(usize, SeqId)> = (2..cases.len()).map(|i| (i, submit(&mut engine, i))).collect();
     let done = run_batch(&mut engine, 0, |_, _| {});
@@ -1300,7 +1315,7 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
     for &(i, id) in &second {
         assert_eq!(done[&id].stats.base.cached_prompt_tokens, cases[i].2, "request {i}'s cached tokens");
     }
-    assert_eq!(engine.batch_status().cached_tokens, 128 + 64 + 64 + 128 + 128);
+    assert_eq!(engine.batch_status().cached_tokens, (128 + 64 + (128 - KV_PAGE) + 128 + 128) as u64);
     // a request run alone writes the pool's first pages: the cache is forgotten, not misread
     pollster::block_on(engine.generate_from(cases[1].0.clone(), &greedy, &mut |_| true)).expect("alone");
     let again = [(5, submit(&mut engine, 5))];
@@ -1314,7 +1329,7 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
     let done = run_batch(&mut engine, 0, |_, _| {});
     check("a full pool", &done, &ids);
     let status = engine.batch_status();
-    assert!(status.pages_cached <= 12 && status.pages_used == 0, "{status:?}");
+    assert!(status.pages_cached <= pool && status.pages_used == 0, "{status:?}");
 
     // four choices of one new prompt (OpenAI's `n`): choice i is the request of seed + i alone,
     // and the prompt is computed once (the others compute only the part of its last page)
@@ -1332,12 +1347,32 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
     let done = run_batch(&mut engine, 0, |_, _| {});
     for (i, id) in ids.iter().enumerate() {
         assert_eq!(done[id].tokens, alone[i].tokens, "choice {i}");
-        assert_eq!(done[id].stats.base.cached_prompt_tokens, if i == 0 { 0 } else { 128 }, "choice {i}");
+        let found = if i == 0 { 0 } else { below(&prompt) };
+        assert_eq!(done[id].stats.base.cached_prompt_tokens, found, "choice {i}");
     }
     let computed = (engine.batch_status().rows - rows) as usize;
     let decoded: usize = alone.iter().map(|c| c.tokens.len() - 1).sum();
-    assert_eq!(computed, prompt.len() + 3 * (prompt.len() - 128) + decoded, "rows of the four choices");
+    assert_eq!(
+        computed,
+        prompt.len() + 3 * (prompt.len() - below(&prompt)) + decoded,
+        "rows of the four choices"
+    );
     assert!(matches!(engine.batch_submit_choices(prompt.clone(), &plain, 9), Err(Error::InvalidArgument(_))));
+
+    // prefixes not shared between requests: a prompt the cache holds is computed again, and
+    // the choices of one request still share theirs (the first choice's pages)
+    engine.set_prefix_sharing(false);
+    let again = [(5, submit(&mut engine, 5))];
+    let done = run_batch(&mut engine, 0, |_, _| {});
+    check("not shared", &done, &again);
+    assert_eq!(done[&again[0].1].stats.base.cached_prompt_tokens, 0, "another request's pages");
+    let ids = engine.batch_submit_choices(prompt.clone(), &plain, 4).expect("choices");
+    let done = run_batch(&mut engine, 0, |_, _| {});
+    for (i, id) in ids.iter().enumerate() {
+        assert_eq!(done[id].tokens, alone[i].tokens, "choice {i}, not shared");
+        let found = if i == 0 { 0 } else { below(&prompt) };
+        assert_eq!(done[id].stats.base.cached_prompt_tokens, found, "choice {i}, not shared");
+    }
 }
 
 #[test]
@@ -1351,7 +1386,7 @@ fn batched_sampling_draws_each_request_from_its_own_distribution() {
     for t in tiny.tensors.iter_mut().filter(|t| t.name == "output_norm.weight") {
         t.values.iter_mut().for_each(|v| *v *= 0.5);
     }
-    let mut engine = engine_with_pages(tiny.to_gguf(DType::F32, &mut r), 48);
+    let mut engine = engine_with_positions(tiny.to_gguf(DType::F32, &mut r), 3072);
     engine.set_batch_limits(BatchLimits { max_seqs: 32, max_rows: 32 });
     let texts = ["the cat sat", "a b a b"];
     let mut want = Vec::new();

@@ -454,6 +454,29 @@ fn every_row_of_a_batch_equals_single_token_steps_bit_for_bit() {
     }
 }
 
+/// Pages of a pool of `pool` for sequences reaching `lens` positions: none shared, each
+/// sequence's scattered among the pool's and interleaved with the others'.
+fn scattered_pages(lens: &[usize], pool: usize, r: &mut impl rand::Rng) -> Vec<Vec<u32>> {
+    let mut ids: Vec<u32> = (0..pool as u32).collect();
+    rand::seq::SliceRandom::shuffle(&mut ids[..], r);
+    let mut free = ids.into_iter();
+    let mut pages: Vec<Vec<u32>> = lens.iter().map(|_| Vec::new()).collect();
+    // (a page for each sequence in turn, while it needs more)
+    for round in 0.. {
+        let mut took = false;
+        for (p, &n) in pages.iter_mut().zip(lens) {
+            if round < n.div_ceil(wgspec::gpu::KV_PAGE) {
+                p.push(free.next().expect("a pool as large as the sequences"));
+                took = true;
+            }
+        }
+        if !took {
+            break;
+        }
+    }
+    pages
+}
+
 #[test]
 fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
     // A paged pass holds two sequences' token trees beside a chain and a prompt chunk (the trees'
@@ -466,8 +489,9 @@ fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
         let mut r = rng(78);
         let tiny = TinyModel::random(spec, &mut r);
         let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F16, &mut r)).expect("gguf");
-        let context = Some(3 * PAGE);
-        let opts = LoadOptions { context, kv_pages: Some(11), ..Default::default() };
+        let context = Some(192);
+        let pool = 704 / PAGE;
+        let opts = LoadOptions { context, kv_pages: Some(pool), ..Default::default() };
         let mut m = Model::load(gpu.clone(), &ckpt, &opts, &mut |_| {}).expect("load");
         let mut alone = Model::load(gpu, &ckpt, &LoadOptions { context, ..Default::default() }, &mut |_| {})
             .expect("load");
@@ -488,7 +512,9 @@ fn trees_of_several_sequences_in_one_paged_pass_equal_each_tree_alone() {
             masks
         };
         let masks = [shape(12), vec![], shape(20)];
-        let pages: [&[u32]; 3] = [&[3, 7], &[5], &[0, 9]];
+        // (positions each sequence's rows reach: 72, 30, 69)
+        let pages = scattered_pages(&[72, 30, 69], pool, &mut r);
+        let pages: Vec<&[u32]> = pages.iter().map(|p| &p[..]).collect();
         // the committed prefixes, in chain passes that want no logits (their keys and values)
         for batch in [[(0, 0, 40), (1, 0, 20)], [(0, 40, 60), (2, 0, 30)]] {
             let rows: Vec<SeqRows> = (batch.iter())
@@ -597,10 +623,12 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
         let mut r = rng(77);
         let tiny = TinyModel::random(spec, &mut r);
         let ckpt = Checkpoint::from_gguf(tiny.to_gguf(DType::F16, &mut r)).expect("gguf");
+        const CONTEXT: usize = 192;
+        let pool = 704 / PAGE;
         let opts =
-            LoadOptions { context: Some(3 * PAGE), kv_pages: Some(11), precision, ..Default::default() };
+            LoadOptions { context: Some(CONTEXT), kv_pages: Some(pool), precision, ..Default::default() };
         let mut m = Model::load(gpu, &ckpt, &opts, &mut |_| {}).expect("load");
-        assert_eq!(m.kv_pages(), 11);
+        assert_eq!(m.kv_pages(), pool);
         let v = spec.vocab;
         let lens = [150usize, 70, 5, 100];
         let seqs: Vec<Vec<u32>> = lens
@@ -618,13 +646,8 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
                 out
             })
             .collect();
-        // the pages each sequence takes, scattered: 3 + 2 + 1 + 2 of the 11, interleaved
-        let order = [7u32, 2, 9, 0, 5, 10, 3, 8, 1, 6, 4];
-        let mut free = order.iter().copied();
-        let pages: Vec<Vec<u32>> = lens
-            .iter()
-            .map(|&n| (0..n.div_ceil(PAGE)).map(|_| free.next().expect("page")).collect())
-            .collect();
+        // the pages each sequence takes, scattered among the pool's and interleaved
+        let pages = scattered_pages(&lens, pool, &mut r);
         // passes: each sequence with rows left gives a chunk of its own size, within a pass's
         // most rows (64: passes of up to 59 rows)
         let sizes = [29usize, 1, 17, 12];
@@ -688,13 +711,15 @@ fn rows_of_several_sequences_in_one_pass_equal_each_sequence_alone() {
             assert!(typed, "{what}: {got:?}");
         };
         let rows = |pages, start_pos, tokens| SeqRows { pages, start_pos, tokens, tree: None, logits: 1 };
-        bad("a page past the pool", &[rows(&[11], 0, s)]);
+        let all: Vec<u32> = (0..(CONTEXT / PAGE) as u32).collect();
+        let past_pool = [pool as u32];
+        bad("a page past the pool", &[rows(&past_pool, 0, s)]);
         let twice = rows(&[1], 0, s);
         bad("one page written for two sequences", &[twice, twice]);
         bad("rows past the pages", &[rows(&[1], PAGE - 2, s)]);
-        bad("rows past the context", &[rows(&[1, 2, 3], 3 * PAGE - 2, s)]);
+        bad("rows past the context", &[rows(&all, CONTEXT - 2, s)]);
         let over = [1u32; wgspec::model::MAX_BATCH + 1];
-        bad("rows past a pass's", &[rows(&[1, 2], 0, &over)]);
+        bad("rows past a pass's", &[rows(&all, 0, &over)]);
         bad("no rows", &[SeqRows { logits: 0, ..rows(&[1], 0, &[]) }]);
         let past_vocabulary = [v as u32];
         bad("a token past the vocabulary", &[rows(&[1], 0, &past_vocabulary)]);

@@ -1202,7 +1202,7 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     let dir = temp_dir("batch");
     let model = tiny_model(&dir, 1024, false);
     let m = model.to_str().expect("utf8 path");
-    let args = ["serve", "--model", m, "--kv-pages", "24", "--draft", "ngram", "--tree", "4"];
+    let args = ["serve", "--model", m, "--kv-pages", "96", "--draft", "ngram", "--tree", "4"];
     let server = Arc::new(Server::start(&args, &[], dir.join("server.log")));
     let body = |i: usize| {
         let draft = ["none", "ngram"][i % 2];
@@ -1223,7 +1223,7 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     );
     assert!(rows > 1.5 * passes, "requests shared passes: {rows} rows in {passes} passes");
     assert_eq!(server.metric("wgspec_kv_pages_used"), 0.0);
-    assert_eq!(server.metric("wgspec_kv_pages_free"), 24.0);
+    assert_eq!(server.metric("wgspec_kv_pages_free"), 96.0);
     // a fixed K over a prompt whose earlier matches continue differently: its drafts are a tree
     // (`--tree 4`), its text the plain request's
     let trees = server.metric("wgspec_batch_draft_trees_total");
@@ -1261,7 +1261,10 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     assert_eq!(v["usage"]["completion_tokens"].as_u64(), Some(tokens));
     assert_eq!(v["usage"]["prompt_tokens"], solo[0]["usage"]["prompt_tokens"]);
     let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached");
-    assert!(cached >= 64 && cached.is_multiple_of(64), "the prompt's pages found cached: {v}");
+    let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().expect("prompt tokens");
+    let page = wgspec::gpu::KV_PAGE as u64;
+    assert!(prompt_tokens > page, "a prompt of whole pages: {v}");
+    assert_eq!(cached, (prompt_tokens - 1) / page * page, "the prompt's whole pages found cached: {v}");
     assert!(server.metric("wgspec_prefix_cache_hit_tokens_total") >= hits + 3.0 * cached as f64);
     let r = server.post("/v1/completions", &choices(2, true));
     assert_eq!(r.status, 200, "{}", r.text());
@@ -1344,8 +1347,9 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
 
     // a draft model (the target itself: every draft kept, sampled ones too, drawn with the noise
     // of the target's rows): greedy and sampled requests share its passes and the target's, each
-    // answer its solo run's
-    let args = ["serve", "--model", m, "--kv-pages", "24", "--draft", m];
+    // answer its solo run's. Prefixes not shared between requests: none finds the prompt its
+    // solo run computed (the choices of one request share theirs).
+    let args = ["serve", "--model", m, "--kv-pages", "96", "--draft", m, "--no-prefix-sharing"];
     let drafted = Arc::new(Server::start(&args, &[], dir.join("server-draft.log")));
     let body = |i: usize| {
         let prompt = "the cat sat on the mat ".repeat(1 + i % 3) + &format!("request {i}");
@@ -1357,10 +1361,14 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     assert!(solo.iter().all(|v| v["wgspec"]["draft"] == "model"), "{}", solo[0]);
     let (passes, draft_rows) =
         (drafted.metric("wgspec_batch_passes_total"), drafted.metric("wgspec_batch_draft_rows_total"));
+    let page = wgspec::gpu::KV_PAGE as u64;
+    assert!(solo[2]["usage"]["prompt_tokens"].as_u64().is_some_and(|n| n > page), "{}", solo[2]);
     for (i, v) in at_once(&drafted, (0..4).map(body).collect()).iter().enumerate() {
         assert_eq!(text(v), text(&solo[i]), "request {i} beside the others, drafting with the model");
         assert_eq!(v["wgspec"]["acceptance_rate"], 1.0, "the target as its own draft: {v}");
+        assert_eq!(v["usage"]["prompt_tokens_details"]["cached_tokens"], 0, "request {i}: not shared");
     }
+    assert_eq!(drafted.metric("wgspec_prefix_cache_hit_tokens_total"), 0.0);
     assert!(drafted.metric("wgspec_batch_passes_total") > passes);
     assert!(
         drafted.metric("wgspec_batch_draft_rows_total") > draft_rows,

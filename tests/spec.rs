@@ -1852,7 +1852,7 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         let what = if eagle3 { "EAGLE-3" } else { "EAGLE-1" };
         let mut r = rng(390 + eagle3 as u64);
         let tiny = TinyModel::random(TinySpec::llama(), &mut r);
-        let mut target = load(&ckpt_of(&tiny, &mut r), 2 * KV_PAGE);
+        let mut target = load(&ckpt_of(&tiny, &mut r), 128);
         let (file, config) = match eagle3 {
             true => common::tiny::eagle3_head(&tiny, DType::F32, 200, None, false, &mut r),
             false => common::tiny::eagle_head(&tiny.spec, DType::F32, false, false, &mut r),
@@ -1879,11 +1879,21 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
             features.push(f);
             chains.push(pollster::block_on(head.draft(depth[s] - 1)).expect("chain"));
         }
-        // together: pools of 6 pages (each sequence's pages cover its drafts' positions)
-        target.set_kv_pages(6).expect("target pool");
-        head.set_kv_pages(&target, 6).expect("head pool");
-        assert_eq!(head.kv_pages(), 6);
-        let pages: [Vec<u32>; 3] = [vec![4, 1], vec![5], vec![0]];
+        // together: pools of 384 positions (each sequence's pages cover its drafts' positions,
+        // scattered)
+        let pool = 384 / KV_PAGE;
+        target.set_kv_pages(pool).expect("target pool");
+        head.set_kv_pages(&target, pool).expect("head pool");
+        assert_eq!(head.kv_pages(), pool);
+        let mut ids: Vec<u32> = (0..pool as u32).collect();
+        rand::seq::SliceRandom::shuffle(&mut ids[..], &mut r);
+        let mut free = ids.into_iter();
+        let pages: Vec<Vec<u32>> = (0..3)
+            .map(|s| {
+                (0..(lens[s] + depth[s]).div_ceil(KV_PAGE)).map(|_| free.next().expect("page")).collect()
+            })
+            .collect();
+        assert_eq!(pages[1].len(), 1);
         let mut done = [0usize; 3];
         let mut last = [0usize; 3];
         let sizes = [9usize, 1, 5, 12];
@@ -1954,8 +1964,9 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         let mut bad = |c: HeadChain| pollster::block_on(head.draft_pages(&[c])).is_err();
         let ok = HeadChain { pages: &pages[1], past: 5, row: 0, drafts: 2 };
         assert!(!bad(ok));
-        assert!(!bad(HeadChain { past: 63, ..ok }), "{what}: position 63 is in one page");
-        assert!(bad(HeadChain { past: 63, drafts: 3, ..ok }), "{what}: positions 63 and 64 are not");
+        let end = KV_PAGE - 1;
+        assert!(!bad(HeadChain { past: end, ..ok }), "{what}: position {end} is in one page");
+        assert!(bad(HeadChain { past: end, drafts: 3, ..ok }), "{what}: positions {end} and after are not");
         assert!(bad(HeadChain { drafts: 17, ..ok }) && bad(HeadChain { drafts: 0, ..ok }));
         assert!(bad(HeadChain { row: wgspec::model::MAX_BATCH, ..ok }));
     }

@@ -146,6 +146,10 @@ pub struct BatchStatus {
 /// guesses its text badly, that pass is all the head would cost).
 const EAGLE_PATIENCE: usize = 8;
 
+/// The prefix cache's root of a request that finds only its own pages: this bit and the id of
+/// its first choice (the pool's entries count up from 1, never reaching it).
+const OWN_ROOT: u64 = 1 << 63;
+
 /// One request's state.
 struct Seq {
     id: SeqId,
@@ -155,9 +159,12 @@ struct Seq {
     n_past: usize,
     pages: Vec<u32>,
     /// Its first pages that are in the prefix cache (found at admission, or cached since), and
-    /// the entry of the last of them (0: none).
+    /// the entry of the last of them (`root`: none).
     cached_pages: usize,
     entry: u64,
+    /// The entry its first page follows in the prefix cache: 0, shared by every request, or
+    /// its request's own ([`OWN_ROOT`]: requests do not share prefixes).
+    root: u64,
     /// Prompt tokens found in the prefix cache at its first admission.
     cached_tokens: Option<usize>,
     /// The first choice of its request (OpenAI's `n`), whose computed prompt it waits for.
@@ -340,6 +347,9 @@ pub(super) struct Batch {
     /// The n-gram's continuations per proposal of the requests submitted from now on: drafting
     /// alone (1: the latest match's chain; more: a token tree), and beside an ensemble's draft.
     pub(super) ngram_branches: (usize, usize),
+    /// Whether the requests submitted from now on find other requests' pages in the prefix
+    /// cache ([`Engine::set_prefix_sharing`](super::Engine::set_prefix_sharing)).
+    pub(super) share_prefixes: bool,
     status: BatchStatus,
     costs: PassCosts,
     /// The pages of the draft model's pool (no prefix cache: a sequence's own), the costs of its
@@ -386,6 +396,7 @@ impl Batch {
             next_id: 0,
             limits: BatchLimits::default(),
             ngram_branches: (1, TREE_BRANCHES),
+            share_prefixes: true,
             status: BatchStatus::default(),
             costs: PassCosts::default(),
             readback: None,
@@ -461,6 +472,7 @@ impl Batch {
             fixed: req.draft_k.is_some(),
         });
         let stats = SpecStats { draft, base: crate::generation::Stats::default(), ..SpecStats::default() };
+        let root = if self.share_prefixes { 0 } else { OWN_ROOT | after.unwrap_or(id).0 };
         self.waiting.push_back(Seq {
             id,
             prompt_len: prompt.len(),
@@ -468,7 +480,8 @@ impl Batch {
             n_past: 0,
             pages: Vec::new(),
             cached_pages: 0,
-            entry: 0,
+            entry: root,
+            root,
             cached_tokens: None,
             after,
             max_tokens: req.max_tokens,
@@ -521,7 +534,7 @@ impl Batch {
                 at += 1;
                 continue;
             }
-            let mut found = self.pool.lookup(&s.tokens, (s.tokens.len() - 1) / KV_PAGE);
+            let mut found = self.pool.lookup(s.root, &s.tokens, (s.tokens.len() - 1) / KV_PAGE);
             let eagle = s.drafting.as_ref().is_some_and(Drafting::is_eagle);
             if eagle {
                 // (found pages lie below the newest token: the token after each is known)
@@ -541,7 +554,7 @@ impl Batch {
             }
             s.pages = found.iter().map(|&(page, _)| page).collect();
             s.pages.extend((0..need).filter_map(|_| self.pool.take()));
-            (s.cached_pages, s.entry) = (found.len(), found.last().map_or(0, |&(_, e)| e));
+            (s.cached_pages, s.entry) = (found.len(), found.last().map_or(s.root, |&(_, e)| e));
             s.n_past = found.len() * KV_PAGE;
             if let Some(Drafting { source: Source::Eagle { past, .. }, .. }) = &mut s.drafting {
                 *past = s.n_past;
@@ -605,7 +618,7 @@ impl Batch {
     fn preempt_youngest(&mut self) {
         if let Some(mut s) = self.running.pop() {
             self.give_back(&mut s);
-            (s.n_past, s.cached_pages, s.entry) = (0, 0, 0);
+            (s.n_past, s.cached_pages, s.entry) = (0, 0, s.root);
             // (ahead of every younger one: a later choice that waited may be older)
             let at = self.waiting.partition_point(|w| w.id < s.id);
             self.waiting.insert(at, s);
@@ -1625,6 +1638,7 @@ mod tests {
             pages: vec![0, 1],
             cached_pages: 0,
             entry: 0,
+            root: 0,
             cached_tokens: None,
             after: None,
             max_tokens: 100,
@@ -1773,17 +1787,19 @@ mod tests {
 
     #[test]
     fn an_end_among_accepted_drafts_leaves_the_positions_after_it_out() {
-        // 62 tokens (the newest at 61); drafts 1 2 3 all accepted, the first ends the request
-        // (its max_tokens): the positions of 2 and 3 are not the sequence's, and caching its
-        // whole pages reads only its tokens
+        // a page's positions but two (the newest just before them); drafts 1 2 3 all accepted,
+        // the first ends the request (its max_tokens): the positions of 2 and 3 (the page's last
+        // and the next page's first) are not the sequence's, and caching its whole pages reads
+        // only its tokens
         let tokenizer = crate::model::synthetic::byte_tokenizer(256).expect("bytes");
-        let mut s = seq((0..62).map(|i| 97 + i % 20).collect(), 0, 0);
-        (s.prompt_len, s.max_tokens) = (61, 2);
+        let n = KV_PAGE - 2;
+        let mut s = seq((0..n as u32).map(|i| 97 + i % 20).collect(), 0, 0);
+        (s.prompt_len, s.max_tokens) = (n - 1, 2);
         let r = Rows { drafts: vec![1, 2, 3], asked: 3, ..Rows::new(0, 1, true) };
         let v = Verdict::of(&r, &[1, 2, 3, 4]).expect("a chain's verdict");
         let end = commit(&mut s, &r, &v, &tokenizer, &mut Vec::new());
         assert_eq!(end, Some(FinishReason::Length));
-        assert_eq!((s.tokens.len(), s.n_past), (63, 63));
+        assert_eq!((s.tokens.len(), s.n_past), (n + 1, n + 1));
         let mut pool = Pool::new(2);
         cache_pages(&mut pool, &mut s);
         assert_eq!(pool.cached(), 0, "no whole page of its tokens");
@@ -1894,12 +1910,12 @@ mod tests {
     #[test]
     fn admission_takes_the_pages_of_a_sequence_up_to_the_context() {
         // (a sequence preempted at the context's end comes back in one context's pages)
-        let mut batch = Batch::new(2);
+        let mut batch = Batch::new(128 / KV_PAGE);
         let mut full = seq((0..128).collect(), 0, 0);
         full.n_past = 0;
         batch.waiting.push_back(full);
         batch.admit(128);
-        assert_eq!((batch.running.len(), batch.running[0].pages.len()), (1, 2));
+        assert_eq!((batch.running.len(), batch.running[0].pages.len()), (1, 128 / KV_PAGE));
         // admitted in arrival order; the places are the rows of a pass at most
         let mut batch = Batch::new(8);
         batch.limits = BatchLimits { max_seqs: 8, max_rows: 2 };

@@ -279,6 +279,15 @@ impl Engine {
         self.batch.limits
     }
 
+    /// Whether the requests submitted from now on find the pages other requests computed in the
+    /// prefix cache (the default), or only their own: the choices of one request still share its
+    /// prompt, and a preempted request finds its own pages, but no request's time to first token
+    /// tells whether another one's prompt began as its own (vLLM's `cache_salt`, for every
+    /// request).
+    pub fn set_prefix_sharing(&mut self, share: bool) {
+        self.batch.share_prefixes = share;
+    }
+
     /// Makes the target's KV cache a pool of `pages` pages for the batch
     /// ([`Model::set_kv_pages`]), or with `None` as many as the memory budget leaves beside
     /// everything loaded (at least one context's worth; the adapter's binding limit at most; one

@@ -29,8 +29,8 @@ use std::collections::{BTreeSet, HashMap};
 
 use crate::gpu::KV_PAGE;
 
-/// What finds a cached page: the entry of the page before it (0 for a first page) and the
-/// page's tokens (exact: no hash of them stands for them).
+/// What finds a cached page: the entry of the page before it (for a first page its sequence's
+/// root: 0, or its request's own) and the page's tokens (exact: no hash of them stands for them).
 type Key = (u64, Vec<u32>);
 
 /// The batch's pages of the pool.
@@ -172,11 +172,11 @@ impl Pool {
         self.refs[page as usize] == 0
     }
 
-    /// The cached pages that hold the first whole pages of `tokens`, at most `most`, the first
-    /// first: (page, its entry) each.
-    pub(super) fn lookup(&self, tokens: &[u32], most: usize) -> Vec<(u32, u64)> {
+    /// The cached pages that hold the first whole pages of `tokens` after the entry `root`, at
+    /// most `most`, the first first: (page, its entry) each.
+    pub(super) fn lookup(&self, root: u64, tokens: &[u32], most: usize) -> Vec<(u32, u64)> {
         let mut found = Vec::new();
-        let mut parent = 0;
+        let mut parent = root;
         for page_tokens in tokens.chunks_exact(KV_PAGE).take(most) {
             let Some(&(entry, page)) = self.entries.get(&(parent, page_tokens.to_vec())) else { break };
             found.push((page, entry));
@@ -186,7 +186,7 @@ impl Pool {
     }
 
     /// Caches a held page whose positions are all committed, `tokens` (a whole page) after the
-    /// entry `parent` (0: a first page); returns the entry of these tokens, which the next page
+    /// entry `parent` (a first page: its sequence's root); returns the entry of these tokens, which the next page
     /// follows. A page whose tokens another one holds already (computed by another sequence
     /// meanwhile) stays uncached, that page's twin (it takes its place if its EAGLE head part is
     /// computed first: [`Pool::head_computed`]).
@@ -238,15 +238,15 @@ mod tests {
         assert_eq!((pool.held(), pool.available()), (3, 1));
         let e0 = pool.cache(pages[0], 0, &tokens[..KV_PAGE]);
         let e1 = pool.cache(pages[1], e0, &tokens[KV_PAGE..2 * KV_PAGE]);
-        assert_eq!(pool.lookup(&tokens, 2), [(pages[0], e0), (pages[1], e1)]);
-        assert_eq!(pool.lookup(&tokens, 1), [(pages[0], e0)], "at most `most`");
+        assert_eq!(pool.lookup(0, &tokens, 2), [(pages[0], e0), (pages[1], e1)]);
+        assert_eq!(pool.lookup(0, &tokens, 1), [(pages[0], e0)], "at most `most`");
         // the same second page after another first one is another page
         let other = [page(9), page(2)].concat();
-        assert!(pool.lookup(&other, 2).is_empty());
+        assert!(pool.lookup(0, &other, 2).is_empty());
         // released: cached pages idle (still available), the partial page free
         pool.release(&mut pages);
         assert_eq!((pool.held(), pool.available(), pool.cached()), (0, 4, 2));
-        assert_eq!(pool.lookup(&tokens, 2).len(), 2, "found after their sequence ended");
+        assert_eq!(pool.lookup(0, &tokens, 2).len(), 2, "found after their sequence ended");
         // held again by two sequences; released by one, still held
         pool.hold(0);
         pool.hold(0);
@@ -257,9 +257,25 @@ mod tests {
         // page, released before the first)
         let taken: Vec<u32> = (0..3).filter_map(|_| pool.take()).collect();
         assert_eq!(pool.cached(), 1, "{taken:?}");
-        assert_eq!(pool.lookup(&tokens, 2).len(), 1, "the first page outlives the second");
+        assert_eq!(pool.lookup(0, &tokens, 2).len(), 1, "the first page outlives the second");
         assert!(pool.take().is_some() && pool.take().is_none());
         assert_eq!(pool.cached(), 0);
+    }
+
+    #[test]
+    fn a_page_cached_after_a_request_s_own_root_is_found_from_that_root_only() {
+        let mut pool = Pool::new(3);
+        let tokens = [page(1), page(2)].concat();
+        let pages: Vec<u32> = (0..3).filter_map(|_| pool.take()).collect();
+        let shared = pool.cache(pages[0], 0, &tokens[..KV_PAGE]);
+        let own = (1 << 63) | 7;
+        assert!(pool.lookup(own, &tokens, 2).is_empty(), "the shared page is not the request's");
+        let e0 = pool.cache(pages[1], own, &tokens[..KV_PAGE]);
+        let e1 = pool.cache(pages[2], e0, &tokens[KV_PAGE..]);
+        assert_eq!(pool.lookup(own, &tokens, 2), [(pages[1], e0), (pages[2], e1)]);
+        assert_eq!(pool.lookup(0, &tokens, 2), [(pages[0], shared)], "nor the request's shared");
+        assert!(pool.lookup((1 << 63) | 8, &tokens, 2).is_empty(), "nor another request's");
+        assert_eq!(pool.cached(), 3);
     }
 
     #[test]
@@ -292,16 +308,16 @@ mod tests {
         let e1 = pool.cache(a[1], e0, &tokens[KV_PAGE..]);
         assert_eq!(pool.cache(b[0], 0, &tokens[..KV_PAGE]), e0, "the same entry");
         assert_eq!(pool.cache(b[1], e0, &tokens[KV_PAGE..]), e1);
-        assert_eq!(pool.lookup(&tokens, 2), [(a[0], e0), (a[1], e1)]);
+        assert_eq!(pool.lookup(0, &tokens, 2), [(a[0], e0), (a[1], e1)]);
         pool.head_computed(a[1], 5);
         pool.head_computed(b[0], 2);
         pool.head_computed(b[1], 5);
-        assert_eq!(pool.lookup(&tokens, 2), [(b[0], e0), (a[1], e1)], "b's first page, a's second");
+        assert_eq!(pool.lookup(0, &tokens, 2), [(b[0], e0), (a[1], e1)], "b's first page, a's second");
         assert!(pool.head_found(b[0], 2));
         pool.release(&mut a.clone());
         assert_eq!((pool.available(), pool.cached()), (4, 2), "a's first page free, its second idle");
         pool.release(&mut b.clone());
-        assert_eq!(pool.lookup(&tokens, 2), [(b[0], e0), (a[1], e1)], "found after both ended");
+        assert_eq!(pool.lookup(0, &tokens, 2), [(b[0], e0), (a[1], e1)], "found after both ended");
         // the free pages (a's first and b's second among them) are taken before the cached ones
         let taken: Vec<u32> = (0..4).filter_map(|_| pool.take()).collect();
         assert_eq!(pool.cached(), 2, "free pages taken first: {taken:?}");
@@ -317,7 +333,7 @@ mod tests {
         pool.release(&mut vec![a]);
         pool.forget_all();
         assert_eq!((pool.cached(), pool.available(), pool.held()), (0, 1, 1));
-        assert!(pool.lookup(&page(2), 1).is_empty());
+        assert!(pool.lookup(0, &page(2), 1).is_empty());
         pool.release(&mut vec![b]);
         assert_eq!(pool.available(), 2, "an uncached page is free when released");
         // tokens cached twice: the second page stays uncached

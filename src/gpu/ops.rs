@@ -45,9 +45,12 @@ gpu_struct! {
     }
 }
 
-/// Positions in one page of a paged KV cache pool: a block of keys of the split attention
-/// (`ATTENTION_BLOCK`), so a chunk of keys spans whole pages.
-pub const KV_PAGE: usize = ATTENTION_BLOCK as usize;
+/// Positions in one page of a paged KV cache pool. 16 (vLLM's block): the prefix cache shares
+/// whole pages, so a repeated prompt or system prompt of a few dozen tokens finds all but its
+/// last few positions computed, and a sequence's last page leaves at most 15 positions unused.
+/// The kernels look a position's cache row up in its sequence's page table, whatever the page's
+/// size (a chunk of keys of the split attention spans several pages).
+pub const KV_PAGE: usize = 16;
 
 /// The most rows of one pass (a token tree's: [`MAX_TREE`]). 64: every kernel is batch-invariant
 /// at any count (a row's bits are the same in a pass of 1 row or 64), and the buffers that grow

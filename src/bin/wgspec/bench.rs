@@ -129,7 +129,7 @@ pub struct BenchArgs {
     /// 64; below a level's N, at most that many requests run at once).
     #[arg(long, requires = "concurrency")]
     pub max_batch_tokens: Option<usize>,
-    /// With --concurrency: pages of 64 positions in the KV cache pool (default: the largest N
+    /// With --concurrency: pages of 16 positions in the KV cache pool (default: the largest N
     /// times the pages of a 512-token prompt and --max-tokens, at least one context).
     #[arg(long, requires = "concurrency")]
     pub kv_pages: Option<usize>,

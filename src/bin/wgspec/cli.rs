@@ -210,12 +210,18 @@ struct ServeArgs {
     /// Most rows of one forward pass: prompt chunks, decoding tokens and drafts (1..=64).
     #[arg(long, default_value_t = MAX_BATCH)]
     max_batch_tokens: usize,
-    /// Pages of 64 positions in the KV cache pool the batched requests share (default: with
+    /// Pages of 16 positions in the KV cache pool the batched requests share (default: with
     /// --max-memory-mb, as many as the budget leaves beside the models; else one context's
     /// worth). A request waits for pages, or the youngest running one is preempted and later
     /// recomputed.
     #[arg(long)]
     kv_pages: Option<usize>,
+    /// Requests never find other requests' pages in the prefix cache, only their own (the
+    /// choices of one request still share its prompt): no request's time to first token tells
+    /// whether another one's prompt began as its own. Default: shared (a repeated system prompt
+    /// is computed once).
+    #[arg(long)]
+    no_prefix_sharing: bool,
     #[command(flatten)]
     listen: ListenArgs,
 }
@@ -304,6 +310,7 @@ fn serve_cmd(args: ServeArgs) -> Result<()> {
         max_memory: args.max_memory_mb.map(|mb| mb * 1_000_000),
         kv_pages: args.kv_pages,
         batch: BatchLimits { max_seqs: args.max_batch, max_rows: args.max_batch_tokens },
+        share_prefixes: !args.no_prefix_sharing,
         trees: args.trees,
     };
     model.trees.check(&model.draft)?;

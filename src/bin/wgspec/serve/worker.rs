@@ -39,6 +39,9 @@ pub struct ModelConfig {
     pub kv_pages: Option<usize>,
     /// Requests served together and rows of a pass (`--max-batch`, `--max-batch-tokens`).
     pub batch: BatchLimits,
+    /// Whether requests find other requests' pages in the prefix cache (not with
+    /// `--no-prefix-sharing`).
+    pub share_prefixes: bool,
     /// The token trees of the drafts that grow them (`--tree`).
     pub trees: crate::load::TreeArgs,
 }
@@ -201,6 +204,7 @@ fn load_engine(cfg: &ModelConfig) -> wgspec::Result<Engine> {
     let mut engine = crate::load::load_engine(&gpu, &cfg.model, &cfg.draft, &opts, false)?;
     cfg.trees.apply(&mut engine, &cfg.draft)?;
     engine.set_batch_limits(cfg.batch);
+    engine.set_prefix_sharing(cfg.share_prefixes);
     if cfg.kv_pages.is_some() || cfg.max_memory.is_some() {
         engine.set_kv_pool(cfg.kv_pages)?;
     }
