@@ -1359,8 +1359,11 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
     );
     assert!(matches!(engine.batch_submit_choices(prompt.clone(), &plain, 9), Err(Error::InvalidArgument(_))));
 
-    // prefixes not shared between requests: a prompt the cache holds is computed again, and
-    // the choices of one request still share theirs (the first choice's pages)
+    // prefixes not shared between requests: a prompt the cache holds (run just before) is
+    // computed again, and the choices of one request still share theirs (the first choice's
+    // pages)
+    let before = [(5, submit(&mut engine, 5))];
+    check("shared", &run_batch(&mut engine, 0, |_, _| {}), &before);
     engine.set_prefix_sharing(false);
     let again = [(5, submit(&mut engine, 5))];
     let done = run_batch(&mut engine, 0, |_, _| {});
