@@ -11,7 +11,10 @@ must not depend on who else is served.
         --concurrency 1,2,4,8,16 --requests 16 --max-tokens 32 [--draft ngram] [--out load.json]
 
 It starts its own server (`--bin`, `--model`, `--draft`, and `--server-arg` for more), or loads
-one already running (`--url`). The solo runs come first, one request at a time. Every wait is
+one already running (`--url`). The solo runs come first, one request at a time; then each level
+runs on a server of its own, started afresh, so that it finds in the prefix cache only what its
+own requests computed (not the solo runs' prompts, nor an earlier level's): each level reports
+the prompt positions its requests found cached (a request repeating an earlier one's prompt). Every wait is
 bounded; a failure exits non-zero with the reason, and the server it started is stopped.
 """
 
@@ -53,6 +56,23 @@ def start_server(args, stderr):
         stderr.seek(0)
         raise Fail(f"wgspec serve printed {line!r} first; its stderr ends: {stderr.read()[-2000:]!r}")
     return proc, m.group(1).rstrip("/")
+
+
+def stop_server(proc):
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+def cached_tokens(url):
+    """The prompt positions the server's requests found in its prefix cache so far (/metrics)."""
+    with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("wgspec_prefix_cache_hit_tokens_total "):
+                return int(float(line.split()[1]))
+    raise Fail("/metrics has no wgspec_prefix_cache_hit_tokens_total")
 
 
 def percentile(values, q):
@@ -201,13 +221,21 @@ def main():
         log(f"{len(solo)} solo runs")
         results = []
         for n, reqs in levels.items():
+            if proc is not None:
+                # (a fresh server: its prefix cache empty)
+                stop_server(proc)
+                proc = None
+                proc, url = start_server(args, stderr)
+                wait_ready(url, 300)
+            hits = cached_tokens(url)
             wall = asyncio.run(run_level(url, n, reqs, args.timeout))
             s = summary(n, wall, reqs, solo)
+            s["prompt_tokens_cached"] = cached_tokens(url) - hits
             results.append(s)
             log(
                 f"N={n:<3} {s['output_tokens_per_second']:8.2f} tok/s  TTFT p50 {s['ttft_ms']['p50']} ms "
                 f"p99 {s['ttft_ms']['p99']} ms  ITL p50 {s['itl_ms']['p50']} ms p99 {s['itl_ms']['p99']} ms  "
-                f"{len(s['differ_from_solo'])} of {len(reqs)} differ from solo"
+                f"{s['prompt_tokens_cached']} cached  {len(s['differ_from_solo'])} of {len(reqs)} differ from solo"
             )
         out = {"url": url, "model": args.model, "draft": args.draft, "max_tokens": args.max_tokens,
                "temperature": args.temperature, "levels": results}
@@ -224,11 +252,7 @@ def main():
         sys.exit(1)
     finally:
         if proc is not None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop_server(proc)
 
 
 if __name__ == "__main__":

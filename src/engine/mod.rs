@@ -674,6 +674,18 @@ impl Engine {
         &mut self.target
     }
 
+    /// Forgets every page of the prefix cache (a benchmark's level that must not find an earlier
+    /// one's prompts computed). Only while no request is waiting or running.
+    pub fn forget_prefix_cache(&mut self) -> Result<()> {
+        if !self.batch.is_idle() {
+            return Err(Error::InvalidArgument(
+                "the prefix cache is forgotten only while the batch is idle".into(),
+            ));
+        }
+        self.batch.forget_prefixes();
+        Ok(())
+    }
+
     pub fn has_chat_template(&self) -> bool {
         self.prompter.has_chat_template()
     }

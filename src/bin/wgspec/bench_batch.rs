@@ -3,9 +3,10 @@
 //! in the batch at once, a request taking the place of one that ended (N clients sending one
 //! after another). Per level: output tokens/s, time to first token and time per output token
 //! (p50, p99, in passes' wall time), the passes and their rows, the drafts among them (and the
-//! token trees), preemptions, and the requests
+//! token trees), preemptions, the prompt positions found in the prefix cache, and the requests
 //! whose tokens differ from the first level's (a request's output must not depend on who else is
-//! served).
+//! served). Each level starts with an empty prefix cache (an earlier level's prompts would be
+//! found computed): it finds only what its own requests computed.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -32,6 +33,8 @@ pub struct Level {
     /// Requests' newest tokens whose drafts in their pass were a token tree.
     pub trees: u64,
     pub preemptions: u64,
+    /// Prompt positions its requests found in the prefix cache (computed by its earlier ones).
+    pub cached_tokens: u64,
     /// Requests whose tokens differ from the first level's.
     pub differ: Vec<usize>,
 }
@@ -65,6 +68,7 @@ pub async fn run(
     for &n in levels {
         let limits = engine.batch_limits();
         engine.set_batch_limits(BatchLimits { max_seqs: n, ..limits });
+        engine.forget_prefix_cache()?;
         let (level, tokens) = level(engine, requests, n).await?;
         engine.set_batch_limits(limits);
         let level = match &first {
@@ -77,7 +81,7 @@ pub async fn run(
         first.get_or_insert(tokens);
         eprintln!(
             "N={:<3} {:8.2} tok/s  TTFT p50 {:.0} ms p99 {:.0} ms  TPOT p50 {:.1} ms  {:.1} rows/pass  \
-             {} drafts ({} trees)  {} preempted  {} of {} differ",
+             {} drafts ({} trees)  {} preempted  {} cached  {} of {} differ",
             n,
             level.output_tokens_per_second,
             level.ttft_ms.0,
@@ -87,6 +91,7 @@ pub async fn run(
             level.draft_rows,
             level.trees,
             level.preemptions,
+            level.cached_tokens,
             level.differ.len(),
             requests.len()
         );
@@ -159,6 +164,7 @@ async fn level(
         draft_rows: after.drafts - before.drafts,
         trees: after.trees - before.trees,
         preemptions: after.preemptions - before.preemptions,
+        cached_tokens: after.cached_tokens - before.cached_tokens,
         differ: Vec::new(),
     };
     Ok((level, tokens))
