@@ -12,9 +12,11 @@ must not depend on who else is served.
 
 It starts its own server (`--bin`, `--model`, `--draft`, and `--server-arg` for more), or loads
 one already running (`--url`). The solo runs come first, one request at a time; then each level
-runs on a server of its own, started afresh, so that it finds in the prefix cache only what its
-own requests computed (not the solo runs' prompts, nor an earlier level's): each level reports
-the prompt positions its requests found cached (a request repeating an earlier one's prompt). Every wait is
+runs on a server of its own, started afresh and warmed by one request of another prompt, so that
+it finds in the prefix cache only what its own requests computed (not the solo runs' prompts,
+nor an earlier level's; with `--url` the levels share the running server): each level reports
+the positions its requests found cached (a request repeating an earlier one's prompt, or a
+preempted one coming back). Every wait is
 bounded; a failure exits non-zero with the reason, and the server it started is stopped.
 """
 
@@ -227,6 +229,10 @@ def main():
                 proc = None
                 proc, url = start_server(args, stderr)
                 wait_ready(url, 300)
+                # (its first passes, lazily made buffers and measured pass costs: as the solo
+                # runs left the first server)
+                warm = Request(0, {"name": "warm-up", "prompt": "A warm-up request."}, args)
+                asyncio.run(run_level(url, 1, [warm], args.timeout))
             hits = cached_tokens(url)
             wall = asyncio.run(run_level(url, n, reqs, args.timeout))
             s = summary(n, wall, reqs, solo)

@@ -808,7 +808,7 @@ fn batched_requests_each_equal_their_run_alone() {
     // a pool of one context for three requests that run to the context's end, and one that
     // wants no token: each as alone
     let mut tight = engine_with_positions(gguf.clone(), 128);
-    // (prompts of up to 64 tokens: two run at once, and the older one's growth preempts the other)
+    // (short prompts: they run at once, and the older ones' growth preempts the younger)
     let mut long: Vec<Request> = [0, 2, 3].iter().map(|&i| reqs[i].clone()).collect();
     for r in &mut long {
         r.max_tokens = 300;
@@ -1322,14 +1322,20 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
     let done = run_batch(&mut engine, 0, |_, _| {});
     check("after a request alone", &done, &again);
     assert_eq!(done[&again[0].1].stats.base.cached_prompt_tokens, 0);
-    // a pool too small for everything cached: the least recently released pages are taken back
-    // (then forgotten), every request exact
+    // a pool too small for everything cached (one context: the seven requests compute more whole
+    // pages than it holds, and three need more than it has): the least recently released pages
+    // are taken back (then forgotten), every request exact
+    assert_eq!(engine.set_kv_pool(Some(320 / KV_PAGE)).expect("a smaller pool"), 320 / KV_PAGE);
     let ids: Vec<(usize, SeqId)> = (0..cases.len()).rev().map(|i| (i, submit(&mut engine, i))).collect();
     engine.set_batch_limits(BatchLimits { max_seqs: 3, max_rows: 32 });
     let done = run_batch(&mut engine, 0, |_, _| {});
     check("a full pool", &done, &ids);
     let status = engine.batch_status();
-    assert!(status.pages_cached <= pool && status.pages_used == 0, "{status:?}");
+    let computed: usize =
+        (0..cases.len()).map(|i| (cases[i].0.len() + alone[i].tokens.len() - 1) / KV_PAGE).sum();
+    assert!(computed > 2 * 320 / KV_PAGE, "{computed} pages computed");
+    assert!(status.pages_cached <= 320 / KV_PAGE && status.pages_used == 0, "{status:?}");
+    assert_eq!(engine.set_kv_pool(Some(pool)).expect("the pool again"), pool);
 
     // four choices of one new prompt (OpenAI's `n`): choice i is the request of seed + i alone,
     // and the prompt is computed once (the others compute only the part of its last page)

@@ -1263,7 +1263,7 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
     let cached = v["usage"]["prompt_tokens_details"]["cached_tokens"].as_u64().expect("cached");
     let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().expect("prompt tokens");
     let page = wgspec::gpu::KV_PAGE as u64;
-    assert!(prompt_tokens > page, "a prompt of whole pages: {v}");
+    assert!(prompt_tokens > page, "a prompt over a page: {v}");
     assert_eq!(cached, (prompt_tokens - 1) / page * page, "the prompt's whole pages found cached: {v}");
     assert!(server.metric("wgspec_prefix_cache_hit_tokens_total") >= hits + 3.0 * cached as f64);
     let r = server.post("/v1/completions", &choices(2, true));

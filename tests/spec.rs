@@ -1967,7 +1967,11 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         let end = KV_PAGE - 1;
         assert!(!bad(HeadChain { past: end, ..ok }), "{what}: position {end} is in one page");
         assert!(bad(HeadChain { past: end, drafts: 3, ..ok }), "{what}: positions {end} and after are not");
-        assert!(bad(HeadChain { drafts: 17, ..ok }) && bad(HeadChain { drafts: 0, ..ok }));
+        // (the depths in sequence 0's pages, which hold 17 drafts)
+        let deep = HeadChain { pages: &pages[0], ..ok };
+        assert!(pages[0].len() * KV_PAGE >= 5 + 17);
+        assert!(bad(HeadChain { drafts: 17, ..deep }) && bad(HeadChain { drafts: 0, ..deep }));
+        assert!(!bad(HeadChain { drafts: 16, ..deep }));
         assert!(bad(HeadChain { row: wgspec::model::MAX_BATCH, ..ok }));
     }
 }

@@ -677,11 +677,7 @@ impl Engine {
     /// Forgets every page of the prefix cache (a benchmark's level that must not find an earlier
     /// one's prompts computed). Only while no request is waiting or running.
     pub fn forget_prefix_cache(&mut self) -> Result<()> {
-        if !self.batch.is_idle() {
-            return Err(Error::InvalidArgument(
-                "the prefix cache is forgotten only while the batch is idle".into(),
-            ));
-        }
+        self.check_batch_idle("the prefix cache is forgotten")?;
         self.batch.forget_prefixes();
         Ok(())
     }

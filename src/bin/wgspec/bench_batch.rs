@@ -3,7 +3,7 @@
 //! in the batch at once, a request taking the place of one that ended (N clients sending one
 //! after another). Per level: output tokens/s, time to first token and time per output token
 //! (p50, p99, in passes' wall time), the passes and their rows, the drafts among them (and the
-//! token trees), preemptions, the prompt positions found in the prefix cache, and the requests
+//! token trees), preemptions, the positions found in the prefix cache, and the requests
 //! whose tokens differ from the first level's (a request's output must not depend on who else is
 //! served). Each level starts with an empty prefix cache (an earlier level's prompts would be
 //! found computed): it finds only what its own requests computed.
@@ -33,7 +33,8 @@ pub struct Level {
     /// Requests' newest tokens whose drafts in their pass were a token tree.
     pub trees: u64,
     pub preemptions: u64,
-    /// Prompt positions its requests found in the prefix cache (computed by its earlier ones).
+    /// Positions its requests found in the prefix cache when admitted: computed by its earlier
+    /// requests, or (a preempted request coming back) by themselves.
     pub cached_tokens: u64,
     /// Requests whose tokens differ from the first level's.
     pub differ: Vec<usize>,
