@@ -1367,9 +1367,13 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
 
     // prefixes not shared between requests: a prompt the cache holds (run just before) is
     // computed again, and the choices of one request still share theirs (the first choice's
-    // pages)
+    // pages); a request's own pages are forgotten when its last choice ends (nothing else could
+    // find them)
+    engine.forget_prefix_cache().expect("idle");
     let before = [(5, submit(&mut engine, 5))];
     check("shared", &run_batch(&mut engine, 0, |_, _| {}), &before);
+    let shared = engine.batch_status().pages_cached;
+    assert!(shared > 0);
     engine.set_prefix_sharing(false);
     let again = [(5, submit(&mut engine, 5))];
     let done = run_batch(&mut engine, 0, |_, _| {});
@@ -1382,6 +1386,8 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
         let found = if i == 0 { 0 } else { below(&prompt) };
         assert_eq!(done[id].stats.base.cached_prompt_tokens, found, "choice {i}, not shared");
     }
+    let status = engine.batch_status();
+    assert_eq!((status.pages_cached, status.pages_free), (shared, pool), "only the shared pages cached");
 }
 
 #[test]

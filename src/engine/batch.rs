@@ -502,17 +502,28 @@ impl Batch {
     /// Takes a request out, waiting or running, its pages back to the pool; false if it is not
     /// there (it ended).
     pub(super) fn cancel(&mut self, id: SeqId) -> bool {
-        if let Some(i) = self.waiting.iter().position(|s| s.id == id) {
-            self.waiting.remove(i);
+        if let Some(mut s) = self.waiting.iter().position(|s| s.id == id).and_then(|i| self.waiting.remove(i))
+        {
+            self.leave(&mut s);
             return true;
         }
         match self.running.iter().position(|s| s.id == id) {
             Some(i) => {
                 let mut s = self.running.remove(i);
-                self.give_back(&mut s);
+                self.leave(&mut s);
                 true
             }
             None => false,
+        }
+    }
+
+    /// A sequence leaves the batch for good: its pages go back, and with the last sequence of a
+    /// request's own root (`--no-prefix-sharing`) the pages cached from that root, which nothing
+    /// else can find, are forgotten (free, not idle).
+    fn leave(&mut self, s: &mut Seq) {
+        self.give_back(s);
+        if s.root != 0 && !self.running.iter().chain(&self.waiting).any(|o| o.root == s.root) {
+            self.pool.forget_from(s.root);
         }
     }
 
@@ -1579,7 +1590,7 @@ fn push_committed(
 /// Ends a sequence taken out of the running ones: its pages back to the pool, its text's held
 /// back tail and its completion as events (a failed one has had its event).
 fn finish(batch: &mut Batch, mut s: Seq, reason: FinishReason, tokenizer: &Tokenizer) {
-    batch.give_back(&mut s);
+    batch.leave(&mut s);
     let events = &mut batch.events;
     if reason == FinishReason::Cancelled {
         return;

@@ -211,6 +211,28 @@ impl Pool {
         self.last_entry
     }
 
+    /// Forgets the cached pages found from entry `root` (a request's own root, once no sequence
+    /// of the request is left: nothing else can find them): idle ones become free, held ones
+    /// (none, then) stay their sequences'.
+    pub(super) fn forget_from(&mut self, root: u64) {
+        let mut children: HashMap<u64, Vec<Key>> = HashMap::new();
+        for key in self.entries.keys() {
+            children.entry(key.0).or_default().push(key.clone());
+        }
+        let mut parents = vec![root];
+        while let Some(parent) = parents.pop() {
+            for key in children.remove(&parent).unwrap_or_default() {
+                let Some((entry, page)) = self.entries.remove(&key) else { continue };
+                parents.push(entry);
+                let p = page as usize;
+                self.keys[p] = None;
+                if self.refs[p] == 0 && self.idle.remove(&(self.released[p], page)) {
+                    self.free.push(page);
+                }
+            }
+        }
+    }
+
     /// Forgets every cached page (a one-sequence pass writes the pool's first pages as its own
     /// cache): idle ones become free, held ones stay their sequences'.
     pub(super) fn forget_all(&mut self) {
@@ -276,6 +298,31 @@ mod tests {
         assert_eq!(pool.lookup(0, &tokens, 2), [(pages[0], shared)], "nor the request's shared");
         assert!(pool.lookup((1 << 63) | 8, &tokens, 2).is_empty(), "nor another request's");
         assert_eq!(pool.cached(), 3);
+    }
+
+    #[test]
+    fn the_pages_found_from_a_root_are_forgotten_with_it() {
+        let mut pool = Pool::new(5);
+        let tokens = [page(1), page(2)].concat();
+        let (own, other) = ((1 << 63) | 7, (1 << 63) | 8);
+        let mut a: Vec<u32> = (0..2).filter_map(|_| pool.take()).collect();
+        let mut b: Vec<u32> = (0..2).filter_map(|_| pool.take()).collect();
+        let e0 = pool.cache(a[0], own, &tokens[..KV_PAGE]);
+        pool.cache(a[1], e0, &tokens[KV_PAGE..]);
+        // a second chain from the same root (another choice's tokens after the first page)
+        pool.cache(b[0], own, &page(3));
+        let kept = pool.cache(b[1], other, &tokens[..KV_PAGE]);
+        pool.release(&mut a);
+        assert_eq!((pool.cached(), pool.available()), (4, 3));
+        pool.forget_from(own);
+        assert_eq!(pool.cached(), 1, "the other root's page stays");
+        assert_eq!(pool.lookup(other, &tokens, 1), [(b[1], kept)]);
+        assert!(pool.lookup(own, &tokens, 2).is_empty());
+        // idle ones free (no longer cached), the held one uncached and its sequence's
+        assert_eq!((pool.available(), pool.held()), (3, 2));
+        pool.release(&mut b);
+        assert_eq!((pool.available(), pool.cached()), (5, 1));
+        assert_eq!(pool.free.len(), 4, "the forgotten pages free, the other root's idle");
     }
 
     #[test]
