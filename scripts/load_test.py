@@ -69,7 +69,7 @@ def stop_server(proc):
 
 
 def cached_tokens(url):
-    """The prompt positions the server's requests found in its prefix cache so far (/metrics)."""
+    """The positions the server's requests found in its prefix cache so far (/metrics)."""
     with urllib.request.urlopen(f"{url}/metrics", timeout=30) as r:
         for line in r.read().decode().splitlines():
             if line.startswith("wgspec_prefix_cache_hit_tokens_total "):

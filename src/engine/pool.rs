@@ -186,10 +186,10 @@ impl Pool {
     }
 
     /// Caches a held page whose positions are all committed, `tokens` (a whole page) after the
-    /// entry `parent` (a first page: its sequence's root); returns the entry of these tokens, which the next page
-    /// follows. A page whose tokens another one holds already (computed by another sequence
-    /// meanwhile) stays uncached, that page's twin (it takes its place if its EAGLE head part is
-    /// computed first: [`Pool::head_computed`]).
+    /// entry `parent` (a first page: its sequence's root); returns the entry of these tokens,
+    /// which the next page follows. A page whose tokens another one holds already (computed by
+    /// another sequence meanwhile) stays uncached, that page's twin (it takes its place if its
+    /// EAGLE head part is computed first: [`Pool::head_computed`]).
     pub(super) fn cache(&mut self, page: u32, parent: u64, tokens: &[u32]) -> u64 {
         debug_assert_eq!(tokens.len(), KV_PAGE);
         let key = (parent, tokens.to_vec());
