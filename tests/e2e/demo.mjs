@@ -489,8 +489,13 @@ async function caseSameAnswersAsTheServer(page) {
   log("case 1a passed");
 }
 
-/** Fields whose values belong to one run (ids, clocks, timings, the name a model is served by). */
-const PER_RUN = new Set(["id", "created", "model", "prefill_seconds", "decode_seconds", "tokens_per_second"]);
+/**
+ * Fields whose values belong to one run (ids, clocks, timings, the name a model is served by, the
+ * prompt positions the server's prefix cache held from its earlier requests).
+ */
+const PER_RUN = new Set([
+  "id", "created", "model", "prefill_seconds", "decode_seconds", "tokens_per_second", "cached_tokens",
+]);
 
 /**
  * Compares two JSON values field by field into `diffs`: the same keys, the same types, the same

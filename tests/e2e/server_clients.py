@@ -151,7 +151,9 @@ def one_replica(args):
         got = [c.message.content for c in sorted(both.choices, key=lambda c: c.index)]
         check(got == alone, f"n=2: {got!r} != each seed alone {alone!r}")
         details = both.usage.prompt_tokens_details
-        check(details is not None and details.cached_tokens % 64 == 0, f"cached tokens: {both.usage}")
+        # (the solo runs computed the prompt: its whole pages below its newest token are found)
+        cached = details.cached_tokens if details is not None else 0
+        check(0 < cached < both.usage.prompt_tokens, f"cached tokens: {both.usage}")
 
         # A request the server cannot serve: a clear 400 through the client's own error type.
         try:
