@@ -1348,14 +1348,19 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
         })
         .collect();
     assert!(alone[0].tokens != alone[1].tokens || alone[0].tokens != alone[2].tokens, "seeds differ");
+    // (the four choices batched: each its seed's alone; the first finds nothing, the others its
+    // prompt's whole pages)
+    let choices = |engine: &mut Engine, what: &str| {
+        let ids = engine.batch_submit_choices(prompt.clone(), &plain, 4).expect("choices");
+        let done = run_batch(engine, 0, |_, _| {});
+        for (i, id) in ids.iter().enumerate() {
+            assert_eq!(done[id].tokens, alone[i].tokens, "choice {i}{what}");
+            let found = if i == 0 { 0 } else { below(&prompt) };
+            assert_eq!(done[id].stats.base.cached_prompt_tokens, found, "choice {i}{what}");
+        }
+    };
     let rows = engine.batch_status().rows;
-    let ids = engine.batch_submit_choices(prompt.clone(), &plain, 4).expect("choices");
-    let done = run_batch(&mut engine, 0, |_, _| {});
-    for (i, id) in ids.iter().enumerate() {
-        assert_eq!(done[id].tokens, alone[i].tokens, "choice {i}");
-        let found = if i == 0 { 0 } else { below(&prompt) };
-        assert_eq!(done[id].stats.base.cached_prompt_tokens, found, "choice {i}");
-    }
+    choices(&mut engine, "");
     let computed = (engine.batch_status().rows - rows) as usize;
     let decoded: usize = alone.iter().map(|c| c.tokens.len() - 1).sum();
     assert_eq!(
@@ -1379,13 +1384,7 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
     let done = run_batch(&mut engine, 0, |_, _| {});
     check("not shared", &done, &again);
     assert_eq!(done[&again[0].1].stats.base.cached_prompt_tokens, 0, "another request's pages");
-    let ids = engine.batch_submit_choices(prompt.clone(), &plain, 4).expect("choices");
-    let done = run_batch(&mut engine, 0, |_, _| {});
-    for (i, id) in ids.iter().enumerate() {
-        assert_eq!(done[id].tokens, alone[i].tokens, "choice {i}, not shared");
-        let found = if i == 0 { 0 } else { below(&prompt) };
-        assert_eq!(done[id].stats.base.cached_prompt_tokens, found, "choice {i}, not shared");
-    }
+    choices(&mut engine, ", not shared");
     let status = engine.batch_status();
     assert_eq!((status.pages_cached, status.pages_free), (shared, pool), "only the shared pages cached");
 }
