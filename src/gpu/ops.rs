@@ -256,7 +256,10 @@ gpu_struct! {
         /// Keys a query sees at most (sliding-window attention: the last `window` positions,
         /// its own included); 0: all of them.
         window: u32,
-        _pad: [u32; 2],
+        /// Workgroups per KV head, each taking up to [`ONE_PASS_HEAD_BLOCK`] of its query heads:
+        /// ceil(heads / kv_heads / 4).
+        blocks: u32,
+        _pad: u32,
     }
 }
 
@@ -409,6 +412,9 @@ const ATTENTION_BLOCK: u32 = 64;
 const ATTENTION_MAX_CHUNKS: u32 = 64;
 /// Query heads one workgroup of the split attention serves (`HB` in `attention_chunks.wgsl`).
 const ATTENTION_HEAD_BLOCK: u32 = 8;
+/// Query heads one workgroup of the one-pass attention serves (the components of its per-head
+/// vectors in `attention.wgsl`).
+const ONE_PASS_HEAD_BLOCK: u32 = 4;
 /// Largest head dimension of the split attention (`4 * WG` in `attention_chunks.wgsl`: a key
 /// group's invocation holds one vec4 of a head's dimensions).
 pub const MAX_SPLIT_HEAD_DIM: u32 = 256;
@@ -881,6 +887,7 @@ impl Gpu {
         let (h, kvh, hd) = (shape.heads as u64, shape.kv_heads as u64, shape.head_dim as u64);
         let scale = 1.0 / (shape.head_dim as f32).sqrt();
         if !self.split_attention(shape) {
+            let blocks = (shape.heads / shape.kv_heads).div_ceil(ONE_PASS_HEAD_BLOCK);
             let p = AttentionParams {
                 heads: shape.heads,
                 kv_heads: shape.kv_heads,
@@ -888,13 +895,15 @@ impl Gpu {
                 ctx: shape.ctx,
                 scale,
                 window: shape.window,
-                _pad: [0; 2],
+                blocks,
+                _pad: 0,
             };
             let params = self.uniform("attention params", bytemuck::bytes_of(&p));
             let cost = Cost {
                 row_bytes: 8 * h * hd,
-                // each position's K and V rows (read once per query head in this kernel), its scores
-                pos_row_bytes: 2 * h * hd * shape.kv_value_bytes() + 12 * h,
+                // each position's K and V rows (read once per block of query heads in this
+                // kernel), its scores
+                pos_row_bytes: 2 * kvh * blocks as u64 * hd * shape.kv_value_bytes() + 12 * h,
                 pos_row_flops: 4 * h * hd + 4 * h,
                 ..Cost::default()
             };
@@ -903,10 +912,11 @@ impl Gpu {
                 step,
                 &params,
                 &[&q.raw, &kv.raw, &pages.raw, &scratch.raw, &out.raw],
-                Grid::PerRow(shape.heads),
+                Grid::PerRow(shape.kv_heads * blocks),
             );
-            // per 64 cached positions: the scores (head_dim / 4 each), the softmax, the values
-            // (64 positions times head_dim / 256 rounds of four columns); two trees
+            // per 64 cached positions: the scores (head_dim / 4 iterations, each the block's
+            // heads' dots), the softmax, the values (64 positions times head_dim / 256 rounds of
+            // four columns, each the block's heads' sums); two trees
             let hd4 = hd.div_ceil(4);
             let serial =
                 Serial { fixed: 12, per_step: hd4 + 1 + 64 * hd4.div_ceil(64), positions_per_step: 64 };
