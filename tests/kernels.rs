@@ -897,13 +897,15 @@ fn head_norm_normalises_each_head_rotates_and_routes_q_k_v() {
 
 #[test]
 fn attention_matches_reference() {
-    // Both shapes: the one-pass kernel (CPU adapters) and the split one (GPUs), which cuts the
-    // keys into chunks of 64 (128 past 4096 cached positions, where each chunk takes two blocks
-    // of keys with a running maximum) and serves up to 8 query heads of a KV group per workgroup.
+    // Both shapes: the one-pass kernel (CPU adapters), which serves up to 4 query heads of a KV
+    // group per workgroup, and the split one (GPUs), which cuts the keys into chunks of 64 (128
+    // past 4096 cached positions, where each chunk takes two blocks of keys with a running
+    // maximum) and serves up to 8 query heads of a KV group per workgroup.
     for gpu in gpus() {
         let step = gpu.step_buffer();
         let mut rng = rng(7);
-        // GQA groups of 1, 2, 3, 4 and 18 query heads, passes that start past 64 and 128
+        // GQA groups of 1, 2, 3, 4 and 18 query heads (the one-pass kernel's blocks of 4: one
+        // partial, whole, and four whole and one of 2), passes that start past 64 and 128
         // positions, head dims that are no multiple of 64 (and 132 and 256: the split kernel's
         // third and fourth dimensions per invocation), a long cache
         for &(n, heads, kv_heads, hd, start, ctx) in &[

@@ -301,7 +301,8 @@ pub struct KernelShape {
     pub matmul_lanes: Option<u32>,
     /// Attention split over the cache in chunks of keys, the query heads of a KV group sharing
     /// each load (`attention_chunks.wgsl` + `attention_merge.wgsl`): on by default on GPUs. Off:
-    /// one workgroup per query head and row walks every key (`attention.wgsl`), CPU adapters' default.
+    /// one workgroup per row and block of up to 4 query heads of a KV group walks every key,
+    /// loading each once for the block (`attention.wgsl`), CPU adapters' default.
     pub split_attention: Option<bool>,
     /// The invocations of a subgroup load each value they all need once and pass it on by a
     /// subgroup shuffle (`shaders/share/shuffle.wgsl`: the matmul's x, the one-pass attention's

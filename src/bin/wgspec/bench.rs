@@ -85,8 +85,9 @@ pub struct BenchArgs {
     /// whose subgroups wgpu's WebGPU backend does not expose): to compare the two on one adapter.
     #[arg(long, value_parser = ["on", "off"])]
     pub shuffle_loads: Option<String>,
-    /// `split` (chunks of keys, then a merge: GPUs' default) or `one-pass` (a workgroup per query
-    /// head and row walks every key: CPU adapters' default) instead of the adapter's default.
+    /// `split` (chunks of keys, then a merge: GPUs' default) or `one-pass` (a workgroup per row
+    /// and block of up to 4 query heads of a KV group walks every key: CPU adapters' default)
+    /// instead of the adapter's default.
     #[arg(long, value_parser = ["split", "one-pass"])]
     pub attention: Option<String>,
     #[command(flatten)]
