@@ -19,7 +19,8 @@
 // alone, in the same order, so a node's output equals that path's last row bit for bit.
 
 // The uniforms Step and Params (AttentionParams) are declared in Rust (src/gpu/ops.rs) and written
-// ahead of this file by Kernel::source.
+// ahead of this file by Kernel::source, with the host's constants PAGE (positions per page of the
+// cache) and HB (query heads per workgroup: 4, the components of the per-head vectors below).
 
 const WG: u32 = 64u;
 
@@ -66,13 +67,13 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     // (sliding-window attention: the row's first key; the loops below start there)
     let lo = select(0u, len - p.window, p.window != 0u && len > p.window);
     let hd4 = p.head_dim / 4u;
-    // the block's query heads: up to 4 of one KV head's group, h0 .. h0 + nh - 1 (the vectors'
-    // components past nh repeat the last head, computed and never stored)
+    // the block's query heads: up to HB (4) of one KV head's group, h0 .. h0 + nh - 1 (the
+    // vectors' components past nh repeat the last head, computed and never stored)
     let group = p.heads / p.kv_heads;
     let kvh = wid.x / p.blocks;
     let b = wid.x % p.blocks;
-    let h0 = kvh * group + 4u * b;
-    let nh = min(4u, group - 4u * b);
+    let h0 = kvh * group + HB * b;
+    let nh = min(HB, group - HB * b);
     let hs = min(vec4<u32>(h0, h0 + 1u, h0 + 2u, h0 + 3u), vec4<u32>(h0 + nh - 1u));
     let q_base = (vec4<u32>(r * p.heads) + hs) * hd4;
     let kv_row4 = 2u * p.kv_heads * hd4; // a cache row: k then v

@@ -190,6 +190,9 @@ impl Kernel {
         if matches!(self, Kernel::Attention(_) | Kernel::AttentionChunks(_)) {
             s.push_str(&wgsl_constants(&[("PAGE", KV_PAGE as u64)]));
         }
+        if matches!(self, Kernel::Attention(_)) {
+            s.push_str(&wgsl_constants(&[("HB", ONE_PASS_HEAD_BLOCK as u64)]));
+        }
         if self == Kernel::EagleTree {
             s.push_str(&wgsl_constants(&[
                 ("O_STEP", EAGLE_TREE_STEP),

@@ -412,9 +412,9 @@ const ATTENTION_BLOCK: u32 = 64;
 const ATTENTION_MAX_CHUNKS: u32 = 64;
 /// Query heads one workgroup of the split attention serves (`HB` in `attention_chunks.wgsl`).
 const ATTENTION_HEAD_BLOCK: u32 = 8;
-/// Query heads one workgroup of the one-pass attention serves (the components of its per-head
-/// vectors in `attention.wgsl`).
-const ONE_PASS_HEAD_BLOCK: u32 = 4;
+/// Query heads one workgroup of the one-pass attention serves (`HB` in `attention.wgsl`: the
+/// components of its per-head vectors, so exactly 4).
+pub(super) const ONE_PASS_HEAD_BLOCK: u32 = 4;
 /// Largest head dimension of the split attention (`4 * WG` in `attention_chunks.wgsl`: a key
 /// group's invocation holds one vec4 of a head's dimensions).
 pub const MAX_SPLIT_HEAD_DIM: u32 = 256;
