@@ -2,8 +2,8 @@
 //! N the same R requests (prompt i mod the set) run through [`Engine::batch_step`] with at most N
 //! in the batch at once, a request taking the place of one that ended (N clients sending one
 //! after another). Per level: output tokens/s, time to first token and time per output token
-//! (p50, p99, in passes' wall time), the passes and their rows, the drafts among them (and the
-//! token trees), preemptions, the positions found in the prefix cache, and the requests
+//! (p50, p99, in passes' wall time), the passes and their rows, the drafts among them (those
+//! accepted, and the token trees), preemptions, the positions found in the prefix cache, and the requests
 //! whose tokens differ from the first level's (a request's output must not depend on who else is
 //! served). Each level starts with an empty prefix cache (an earlier level's prompts would be
 //! found computed): it finds only what its own requests computed.
@@ -30,6 +30,8 @@ pub struct Level {
     pub passes: u64,
     pub rows_per_pass: f64,
     pub draft_rows: u64,
+    /// Output tokens that were drafts the target accepted.
+    pub accepted_drafts: usize,
     /// Requests' newest tokens whose drafts in their pass were a token tree.
     pub trees: u64,
     pub preemptions: u64,
@@ -82,7 +84,7 @@ pub async fn run(
         first.get_or_insert(tokens);
         eprintln!(
             "N={:<3} {:8.2} tok/s  TTFT p50 {:.0} ms p99 {:.0} ms  TPOT p50 {:.1} ms  {:.1} rows/pass  \
-             {} drafts ({} trees)  {} preempted  {} cached  {} of {} differ",
+             {} drafts ({} accepted, {} trees)  {} preempted  {} cached  {} of {} differ",
             n,
             level.output_tokens_per_second,
             level.ttft_ms.0,
@@ -90,6 +92,7 @@ pub async fn run(
             level.tpot_ms.0,
             level.rows_per_pass,
             level.draft_rows,
+            level.accepted_drafts,
             level.trees,
             level.preemptions,
             level.cached_tokens,
@@ -111,6 +114,7 @@ async fn level(
     let before = engine.batch_status();
     let mut tokens = vec![Vec::new(); requests.len()];
     let (mut ttft, mut tpot) = (Vec::new(), Vec::new());
+    let mut accepted_drafts = 0;
     // request index of each id, its submission time and its first token's
     let mut live: HashMap<SeqId, (usize, Instant, Option<Instant>)> = HashMap::new();
     let mut next = 0;
@@ -135,6 +139,7 @@ async fn level(
                 }
                 BatchEvent::Done(c) => {
                     let (i, sent, first) = entry.to_owned();
+                    accepted_drafts += c.from_draft.iter().filter(|&&d| d).count();
                     live.remove(&id);
                     if let Some(first) = first {
                         ttft.push((first - sent).as_secs_f64() * 1e3);
@@ -163,6 +168,7 @@ async fn level(
         passes,
         rows_per_pass: (after.rows - before.rows) as f64 / passes.max(1) as f64,
         draft_rows: after.drafts - before.drafts,
+        accepted_drafts,
         trees: after.trees - before.trees,
         preemptions: after.preemptions - before.preemptions,
         cached_tokens: after.cached_tokens - before.cached_tokens,
