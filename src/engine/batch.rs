@@ -30,10 +30,15 @@
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
 //! i drafts adds the expected tokens α^(i+1) (α: its measured acceptance, from 1/2 before any;
 //! a tree's node its chance, [`node_chances`], its nodes taken likeliest first, each after its
-//! parent) and costs the marginal seconds b of a row (passes measured by their rows, the line
-//! a + b R through them); it is added, the likeliest first, where α^(i+1) / b is at least the pass's
-//! expected tokens per second T / (a + b R). So drafting shrinks by itself where rows cost what
-//! serving more requests does, and grows where rows are nearly free (a GPU's few-row passes).
+//! parent) and costs the marginal seconds of its row, S(R + 1) - S(R): a pass's seconds by its
+//! rows R are measured and fitted as S(R) = a + b R + c G(R), G(R) the target's matmul row
+//! groups in it ([`Gpu::matmul_row_groups`](crate::gpu::Gpu::matmul_row_groups): each reads every
+//! weight once, so the row that starts a group costs c more; a line where the passes measured
+//! do not tell c apart). It is added, the likeliest first, where α^(i+1) over its seconds is at
+//! least the pass's expected tokens per second T / S(R). So drafting shrinks by itself where rows
+//! cost what serving more requests does (never into a group of its own: on lavapipe a ninth row
+//! after 8 decoding ones cost 40% of the pass), and grows where rows are nearly free (a GPU's
+//! few-row passes).
 //! A draft model's draft costs its share of a draft pass too (its first one also the draft's
 //! catch-up on the tokens it has not seen), an EAGLE draft its share of the
 //! head's measured chains (their seconds by drafts), and a request's first Medusa draft its row
@@ -666,6 +671,11 @@ pub(super) async fn step(
 ) -> Result<Vec<(SeqId, BatchEvent)>> {
     let Drafters { model: draft, eagle: mut head, medusa, eagle_siblings } = drafters;
     batch.eagle_siblings = eagle_siblings;
+    if batch.costs.groups.is_empty() {
+        // (G(R) of the passes' costs: the target's matmul row groups; its device never changes)
+        let gpu = target.gpu();
+        batch.costs.groups = (0..=MAX_BATCH).map(|n| gpu.matmul_row_groups(n) as f64).collect();
+    }
     let draft_pages = draft.as_ref().map_or(0, |d| d.kv_pages());
     let pages = target.kv_pages();
     batch.medusa_heads = medusa.map_or(0, |m| m.heads().config.heads);
@@ -1169,10 +1179,11 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     let rows = plan.iter().map(|r| r.run + r.drafts.len()).sum::<usize>() as f64;
     // (until two row counts are measured the marginal row is unknown: a pass of a count measured
     // already takes one draft, the probe that measures another; the others none)
-    let line = batch.costs.line();
-    let probes = (line.is_none() && batch.costs.measured(rows as usize)) as usize;
+    let fit = batch.costs.fit();
+    let probes = (fit.is_none() && batch.costs.measured(rows as usize)) as usize;
+    let known = fit.is_some();
     let planned = Planned { rows, tokens, drafting };
-    let budget = add_adaptive(plan, &adaptive, budget, (line, probes), planned);
+    let budget = add_adaptive(plan, &adaptive, budget, (fit, probes), planned);
     // (an adaptive K whose EAGLE drafts the costs turn down for long stops following the head;
     // passes whose rows ran out, or whose costs are unknown, do not count)
     for c in &adaptive {
@@ -1180,7 +1191,7 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         if let Some(Drafting { source: Source::Eagle { idle, .. }, .. }) =
             &mut batch.running[plan[c.entry].seq].drafting
         {
-            *idle = if drafted { 0 } else { *idle + (budget > 0 && line.is_some()) as usize };
+            *idle = if drafted { 0 } else { *idle + (budget > 0 && known) as usize };
         }
     }
 }
@@ -1401,8 +1412,8 @@ fn node_chances(tree: &TokenTree, alpha: f64) -> Vec<f64> {
     chance
 }
 
-/// The pass [`draft`] plans, as the cost line sees it: its rows, its expected tokens, the
-/// drafters' seconds of its drafts.
+/// The pass [`draft`] plans, as the costs see it: its rows, its expected tokens, the drafters'
+/// seconds of its drafts.
 struct Planned {
     rows: f64,
     tokens: f64,
@@ -1411,7 +1422,7 @@ struct Planned {
 
 /// [`draft`]'s adaptive drafts in at most `budget` rows, one at a time the likeliest (its next
 /// draft's chance) while its tokens per marginal second are at least the pass's tokens per
-/// second (on the pass line `line`, or, unknown, as many drafts as the probes given). A first
+/// second (by the passes' fit, or, unknown, as many drafts as the probes given). A first
 /// draft with a fixed cost is worth it where it and the drafts after it together are; a
 /// sequence whose next draft is not worth it drafts no more this pass, the others go on.
 /// Returns the rows left.
@@ -1419,7 +1430,7 @@ fn add_adaptive(
     plan: &mut [Rows],
     cands: &[Candidate],
     mut budget: usize,
-    (line, mut probes): (Option<(f64, f64)>, usize),
+    (fit, mut probes): (Option<Fit<'_>>, usize),
     mut p: Planned,
 ) -> usize {
     let mut done = vec![false; cands.len()];
@@ -1432,16 +1443,19 @@ fn add_adaptive(
         let c = &cands[j];
         let n = plan[c.entry].drafts.len();
         let cost = c.drafting(n + 1) - c.drafting(n);
-        match line {
+        match &fit {
             None if probes == 0 => break,
             None => probes -= 1,
-            Some((a, b)) => {
-                let pays = |g: f64, secs: f64| g * (a + b * p.rows + p.drafting) >= secs * p.tokens;
+            Some(fit) => {
+                // (the target's seconds of the pass, and of m more rows in it)
+                let (rows, pass) = (p.rows as usize, fit.seconds(p.rows as usize));
+                let rows_cost = |m: usize| fit.seconds(rows + m) - pass;
+                let pays = |g: f64, secs: f64| g * (pass + p.drafting) >= secs * p.tokens;
                 // (a fixed cost shared by the drafts it buys)
-                let bundle = |m: usize| pays(c.gains[..m].iter().sum(), m as f64 * b + c.drafting(m));
+                let bundle = |m: usize| pays(c.gains[..m].iter().sum(), rows_cost(m) + c.drafting(m));
                 let more = c.proposal.len().min(budget);
                 let shared = n == 0 && c.first > 0.0 && (2..=more).any(bundle);
-                if !(pays(gain, b + cost) || shared) {
+                if !(pays(gain, rows_cost(1) + cost) || shared) {
                     done[j] = true;
                     continue;
                 }
@@ -1476,10 +1490,30 @@ fn place_drafts(batch: &mut Batch, plan: &mut [Rows]) {
 }
 
 /// Seconds of the batch's passes by their rows: an average per row count (recent passes
-/// weigh more), and the line a + b R through them.
+/// weigh more), and the line a + b R through them (a drafter's), or (the target's, with its
+/// matmul row groups) a + b R + c G(R) ([`PassCosts::fit`]).
 #[derive(Default)]
 struct PassCosts {
     by_rows: Vec<Option<f64>>,
+    /// `groups[R]`: the target's matmul row groups in a pass of R rows (G(R):
+    /// [`Gpu::matmul_row_groups`](crate::gpu::Gpu::matmul_row_groups)); empty for a drafter's.
+    groups: Vec<f64>,
+}
+
+/// A pass's seconds by its rows R: a + b R + c G(R) (c = 0: a line).
+struct Fit<'a> {
+    a: f64,
+    b: f64,
+    c: f64,
+    groups: &'a [f64],
+}
+
+impl Fit<'_> {
+    fn seconds(&self, rows: usize) -> f64 {
+        // (a pass never takes more rows than the table's; past it, a group per row: the dearest)
+        let g = self.groups.get(rows).copied().unwrap_or(rows as f64);
+        self.a + self.b * rows as f64 + self.c * g
+    }
 }
 
 impl PassCosts {
@@ -1501,6 +1535,32 @@ impl PassCosts {
     /// measures the line); none before any.
     fn estimate(&self) -> Option<(f64, f64)> {
         self.line().or_else(|| Some((self.by_rows.iter().find_map(|c| *c)?, 0.0)))
+    }
+
+    /// The least-squares fit a + b R + c G(R) through the measured row counts (each once), where
+    /// they tell the groups' c apart from the line (row counts in two groups or more) and give b
+    /// and c at least 0; else the line's. None until two row counts are measured.
+    fn fit(&self) -> Option<Fit<'_>> {
+        let (a, b) = self.line()?;
+        let line = Fit { a, b, c: 0.0, groups: &self.groups };
+        let points: Vec<[f64; 3]> = (self.by_rows.iter().enumerate())
+            .filter_map(|(r, c)| Some([r as f64, *self.groups.get(r)?, (*c)?]))
+            .collect();
+        let n = points.len() as f64;
+        let mean = |i: usize| points.iter().map(|p| p[i]).sum::<f64>() / n;
+        let m = [mean(0), mean(1), mean(2)];
+        // (the centred normal equations of b and c)
+        let s = |i: usize, j: usize| points.iter().map(|p| (p[i] - m[i]) * (p[j] - m[j])).sum::<f64>();
+        let (srr, sgg, srg, sry, sgy) = (s(0, 0), s(1, 1), s(0, 1), s(0, 2), s(1, 2));
+        let det = srr * sgg - srg * srg;
+        if points.len() < 3 || det <= 1e-9 * srr * sgg {
+            return Some(line);
+        }
+        let (b, c) = ((sgg * sry - srg * sgy) / det, (srr * sgy - srg * sry) / det);
+        if b < 0.0 || c <= 0.0 {
+            return Some(line);
+        }
+        Some(Fit { a: (m[2] - b * m[0] - c * m[1]).max(1e-9), b, c, groups: &self.groups })
     }
 
     /// (a, b) of the least-squares line through the measured row counts (each once), b at least
@@ -1911,7 +1971,7 @@ mod tests {
         let taken = |c: Candidate| {
             let mut plan = vec![Rows::new(0, 1, true)];
             let p = Planned { rows: 1.0, tokens: 1.0, drafting: 0.0 };
-            add_adaptive(&mut plan, &[c], 8, (Some((1.0, 0.001)), 0), p);
+            add_adaptive(&mut plan, &[c], 8, (Some(Fit { a: 1.0, b: 0.001, c: 0.0, groups: &[] }), 0), p);
             plan[0].drafts.len()
         };
         assert_eq!(taken(cand(vec![1, 1, 1])), 3, "0.05 tokens for a row's thousandth of a pass");
@@ -1956,6 +2016,59 @@ mod tests {
         c.observe(16, 0.1);
         c.observe(16, 0.1);
         assert!(c.line().expect("line").1 >= 0.0);
+    }
+
+    #[test]
+    fn pass_costs_fit_the_row_groups_where_passes_tell_them_apart() {
+        let groups: Vec<f64> = (0..=MAX_BATCH).map(|r| r.div_ceil(8) as f64).collect();
+        let secs = |r: usize| 0.002 + 0.012 * r as f64 + 0.05 * groups[r];
+        let mut c = PassCosts { groups: groups.clone(), ..PassCosts::default() };
+        // row counts of one group: the line (the groups' c is not told apart from a)
+        for r in [2, 4, 8] {
+            c.observe(r, secs(r));
+        }
+        let f = c.fit().expect("a fit");
+        assert!(f.c == 0.0 && (f.b - 0.012).abs() < 1e-9, "{} {}", f.b, f.c);
+        // and a second group: a, b and c, the ninth row dearer than the eighth by a group
+        for r in [16, 64] {
+            c.observe(r, secs(r));
+        }
+        let f = c.fit().expect("a fit");
+        assert!((f.a - 0.002).abs() < 1e-9 && (f.b - 0.012).abs() < 1e-9 && (f.c - 0.05).abs() < 1e-9);
+        assert!((f.seconds(9) - f.seconds(8) - 0.062).abs() < 1e-9 && (f.seconds(8) - secs(8)).abs() < 1e-9);
+        // a pass measured costing less with more groups (noise): the line
+        c.observe(24, 0.1);
+        assert_eq!(c.fit().expect("a fit").c, 0.0);
+        // a drafter's costs (no groups): the line
+        let mut d = PassCosts::default();
+        for r in [2, 16] {
+            d.observe(r, secs(r));
+        }
+        assert_eq!(d.fit().expect("a line").c, 0.0);
+    }
+
+    #[test]
+    fn drafts_never_open_a_row_group_that_costs_more_than_they_bring() {
+        // (a CPU adapter's groups of 8 rows; a pass 2 ms, 12 ms a row, 50 a group: lavapipe's
+        // SmolLM2 measured 74 ms at 2 rows, 146 at 8, 207 at 9)
+        let pattern: Vec<u32> = [1, 2, 3].repeat(6);
+        let groups: Vec<f64> = (0..=MAX_BATCH).map(|r| r.div_ceil(8) as f64).collect();
+        let mut batch = Batch::new(64);
+        batch.costs.groups = groups.clone();
+        for r in [2, 4, 6, 8, 16, 64] {
+            batch.costs.observe(r, 0.002 + 0.012 * r as f64 + 0.05 * groups[r]);
+        }
+        // 8 decoding sequences keeping 99 drafts in 100: a ninth row costs 62 ms for 0.99 of a
+        // token where the pass makes 8 in 148 ms: none
+        batch.running = (0..8).map(|_| seq(pattern.clone(), 990, 10)).collect();
+        assert_eq!(drafts(&mut batch, 56), [0; 8]);
+        // the line through the same passes (18 ms a row and 20 a pass) took it
+        let fit = std::mem::take(&mut batch.costs.groups);
+        assert!(drafts(&mut batch, 56).iter().sum::<usize>() > 0);
+        // 4: drafts fill their group (12 ms for 0.99 of a token each) and stop there
+        batch.costs.groups = fit;
+        batch.running.truncate(4);
+        assert_eq!(drafts(&mut batch, 60), [1; 4]);
     }
 
     #[test]

@@ -454,7 +454,12 @@ impl Pipelines {
 
     /// Whether `kernel` has a [`Pipelines::wide`] pipeline on this device (without compiling it).
     pub fn has_wide(&self, kernel: Kernel) -> bool {
-        matches!(kernel, Kernel::Matmul(_)) && self.matmul_layout.is_some()
+        matches!(kernel, Kernel::Matmul(_)) && self.matmul_wide()
+    }
+
+    /// Whether the matmuls have [`Pipelines::wide`] pipelines on this device (GPUs).
+    pub fn matmul_wide(&self) -> bool {
+        self.matmul_layout.is_some()
     }
 
     /// The kernels compiled so far (any of their pipelines), in [`Kernel::all`]'s order.

@@ -167,6 +167,16 @@ impl Grid {
     }
 }
 
+/// Rows one matmul workgroup takes in a pass of `n` rows, a pipeline's groups being of `rows`:
+/// past them, on a device with wide pipelines (`wide`: GPUs), the wide one's [`kernel::WIDE_ROWS`].
+fn group_rows(rows: u32, wide: bool, n: u32) -> u32 {
+    if wide && n > rows {
+        kernel::WIDE_ROWS
+    } else {
+        rows
+    }
+}
+
 /// One dispatch of one kernel over buffers bound once. Built at model load, replayed every pass.
 pub struct Op {
     kernel: Kernel,
@@ -481,6 +491,14 @@ impl Gpu {
         kernel::matmul_rows(self.matmul_lanes)
     }
 
+    /// The groups of rows each matmul of a pass of `n` rows runs, each reading every weight once
+    /// (what [`Gpu::dispatch`] launches): on a CPU adapter groups of [`Gpu::matmul_rows`] (8); on
+    /// a GPU one group up to its decode pipeline's rows (4), then the wide pipeline's groups of
+    /// [`kernel::WIDE_ROWS`] (16). A pass's cost steps up where its rows need one more.
+    pub fn matmul_row_groups(&self, n: usize) -> usize {
+        n.div_ceil(group_rows(self.matmul_rows(), self.pipelines.matmul_wide(), n as u32) as usize)
+    }
+
     /// Output columns one matmul workgroup computes with the device's own lanes (4 per
     /// invocation, 64 / lanes invocations), the most of any of its matmuls.
     pub fn matmul_columns_per_group(&self) -> usize {
@@ -661,8 +679,9 @@ impl Gpu {
         let (wide, grid) = match (op.grid, self.pipelines.has_wide(op.kernel)) {
             // (GPUs) a pass of more rows than a matmul group takes: the pipeline whose groups
             // take WIDE_ROWS (the same bits for every row)
-            (Grid::RowGroups { y, rows }, true) if n > rows => {
-                (true, Grid::RowGroups { y, rows: kernel::WIDE_ROWS })
+            (Grid::RowGroups { y, rows }, wide) => {
+                let group = group_rows(rows, wide, n);
+                (group != rows, Grid::RowGroups { y, rows: group })
             }
             (grid, _) => (false, grid),
         };
