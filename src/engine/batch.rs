@@ -28,7 +28,8 @@
 //! ```
 //!
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
-//! i drafts adds the expected tokens α^(i+1) (α: its measured acceptance, from 1/2 before any;
+//! i drafts adds the expected tokens α^(i+1) (α: its measured acceptance, starting from its
+//! drafter's over the batch's sequences, 1/2 before any;
 //! a tree's node its chance, [`node_chances`], its nodes taken likeliest first, each after its
 //! parent) and costs the marginal seconds of its row, S(R + 1) - S(R): a pass's seconds by its
 //! rows R are measured and fitted as S(R) = a + b R + c G(R), G(R) the target's matmul row
@@ -248,6 +249,16 @@ impl Drafting {
     fn is_medusa(&self) -> bool {
         matches!(self.source, Source::Medusa { .. })
     }
+
+    /// Its drafter's index in [`Batch::acceptance`] (an ensemble's: its drafter's).
+    fn drafter(&self) -> usize {
+        match self.source {
+            Source::NGram(_) => 0,
+            Source::Model { .. } => 1,
+            Source::Eagle { .. } => 2,
+            Source::Medusa { .. } => 3,
+        }
+    }
 }
 
 impl Seq {
@@ -255,10 +266,13 @@ impl Seq {
         self.tokens.len() - self.prompt_len
     }
 
-    /// Its measured acceptance: accepted drafts of those reached, from 1/2 (one of two) before any.
-    fn alpha(&self) -> f64 {
+    /// Its measured acceptance: accepted drafts of those reached, from its drafter's across
+    /// the batch's sequences (`pooled`: drafts kept and passes that rejected one; from 1/2, one
+    /// of two, before any) as two drafts' worth before any of its own.
+    fn alpha(&self, (kept, rejected): (usize, usize)) -> f64 {
+        let prior = (kept as f64 + 1.0) / ((kept + rejected) as f64 + 2.0);
         let accepted = self.stats.accepted as f64;
-        (accepted + 1.0) / (accepted + self.rejected as f64 + 2.0)
+        (accepted + 2.0 * prior) / (accepted + self.rejected as f64 + 2.0)
     }
 
     /// Whether it drafts with the EAGLE head and can now: decoding, the head has run its
@@ -357,6 +371,10 @@ pub(super) struct Batch {
     pub(super) share_prefixes: bool,
     status: BatchStatus,
     costs: PassCosts,
+    /// Per drafter ([`Drafting::drafter`]: the n-gram, the draft model, the EAGLE head, the
+    /// Medusa heads), the drafts its sequences' passes kept and the passes that rejected one:
+    /// where a new sequence's acceptance starts ([`Seq::alpha`]).
+    acceptance: [(usize, usize); 4],
     /// The pages of the draft model's pool (no prefix cache: a sequence's own), the costs of its
     /// passes, and whether a pass of it ran since the one-sequence loop last drafted with it.
     draft_pool: Pool,
@@ -404,6 +422,7 @@ impl Batch {
             share_prefixes: true,
             status: BatchStatus::default(),
             costs: PassCosts::default(),
+            acceptance: [(0, 0); 4],
             readback: None,
             draft_readback: None,
             events: Vec::new(),
@@ -896,6 +915,10 @@ fn apply(batch: &mut Batch, plan: &[Rows], outcomes: Vec<Outcome>, tokenizer: &T
                 Some(FinishReason::Cancelled)
             }
             Outcome::Chosen(v) => {
+                if let Some(d) = s.drafting.as_ref().filter(|_| !r.drafts.is_empty()) {
+                    let pooled = &mut batch.acceptance[d.drafter()];
+                    (pooled.0, pooled.1) = (pooled.0 + v.kept.len(), pooled.1 + v.rejected as usize);
+                }
                 if let Some(path) = &v.path {
                     kept.push((s.pages.clone(), s.n_past + r.run - 1, path.clone()));
                 }
@@ -1139,7 +1162,7 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
             Some(ngram) => shape.with_ngram(ngram, &s.tokens, (k, nodes), room),
             None => shape,
         };
-        let alpha = s.alpha();
+        let alpha = s.alpha(batch.acceptance[d.drafter()]);
         let (mut proposal, gains) = match shape {
             Shape::Chain(chain) => {
                 let gains = (1..=chain.len()).map(|i| alpha.powi(i as i32)).collect::<Vec<f64>>();
@@ -2016,6 +2039,27 @@ mod tests {
         c.observe(16, 0.1);
         c.observe(16, 0.1);
         assert!(c.line().expect("line").1 >= 0.0);
+    }
+
+    #[test]
+    fn a_new_sequence_starts_from_its_drafters_acceptance() {
+        let pattern: Vec<u32> = [1, 2, 3].repeat(6);
+        let mut batch = Batch::new(64);
+        // a pass: 1 s and 0.15 s a row: a first draft pays at an acceptance of 0.13 or more
+        batch.costs.observe(4, 1.6);
+        batch.costs.observe(8, 2.2);
+        batch.running = vec![seq(pattern.clone(), 0, 0)];
+        assert_eq!(drafts(&mut batch, 24)[0].min(1), 1, "from 1/2");
+        // the n-gram's drafts kept 10 times in 100 across the batch: 0.11, none
+        batch.acceptance[0] = (10, 90);
+        assert_eq!(drafts(&mut batch, 24), [0]);
+        // (another drafter's record is not the n-gram's)
+        batch.acceptance = [(0, 0), (10, 90), (10, 90), (10, 90)];
+        assert_eq!(drafts(&mut batch, 24)[0].min(1), 1);
+        // a sequence's own record outweighs its drafter's
+        batch.acceptance[0] = (10, 90);
+        batch.running = vec![seq(pattern, 90, 10)];
+        assert!(drafts(&mut batch, 24)[0] >= 2);
     }
 
     #[test]
