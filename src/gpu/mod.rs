@@ -492,7 +492,7 @@ impl Gpu {
     }
 
     /// The groups of rows each matmul of a pass of `n` rows runs, each reading every weight once
-    /// (what [`Gpu::dispatch`] launches): on a CPU adapter groups of [`Gpu::matmul_rows`] (8); on
+    /// (what a pass's matmuls are dispatched with): on a CPU adapter groups of [`Gpu::matmul_rows`] (8); on
     /// a GPU one group up to its decode pipeline's rows (4), then the wide pipeline's groups of
     /// [`kernel::WIDE_ROWS`] (16). A pass's cost steps up where its rows need one more.
     pub fn matmul_row_groups(&self, n: usize) -> usize {
