@@ -32,7 +32,8 @@
 //! drafter's over the batch's sequences, 1/2 before any;
 //! a tree's node its chance, [`node_chances`], its nodes taken likeliest first, each after its
 //! parent) and costs the marginal seconds of its row, S(R + 1) - S(R): a pass's seconds by its
-//! rows R are measured and fitted as S(R) = a + b R + c G(R), G(R) the target's matmul row
+//! rows R are measured (passes whose rows all want logits, as a draft's does: a prompt chunk's
+//! skip the output projection) and fitted as S(R) = a + b R + c G(R), G(R) the target's matmul row
 //! groups in it ([`Gpu::matmul_row_groups`](crate::gpu::Gpu::matmul_row_groups): each reads every
 //! weight once, so the row that starts a group costs c more; a line where the passes measured
 //! do not tell c apart). It is added, the likeliest first, where α^(i+1) over its seconds is at
