@@ -267,13 +267,18 @@ impl Seq {
         self.tokens.len() - self.prompt_len
     }
 
-    /// Its measured acceptance: accepted drafts of those reached, from its drafter's across
-    /// the batch's sequences (`pooled`: drafts kept and passes that rejected one; from 1/2, one
-    /// of two, before any) as two drafts' worth before any of its own.
+    /// Its acceptance as drafts are judged by: a lower bound (the mean less one standard
+    /// deviation) of the accepted drafts among those reached, its own counted after its
+    /// drafter's across the batch's sequences (`pooled`: drafts kept and passes that rejected
+    /// one; from 1/2 before any), which weigh as 2 drafts and up to 16 more as they are measured.
+    /// A mean from a few dozen drafts, taken where it looks best, overstated what drafts kept.
     fn alpha(&self, (kept, rejected): (usize, usize)) -> f64 {
         let prior = (kept as f64 + 1.0) / ((kept + rejected) as f64 + 2.0);
+        let weight = ((kept + rejected).min(16) + 2) as f64;
         let accepted = self.stats.accepted as f64;
-        (accepted + 2.0 * prior) / (accepted + self.rejected as f64 + 2.0)
+        let reached = accepted + self.rejected as f64 + weight;
+        let mean = (accepted + weight * prior) / reached;
+        (mean - (mean * (1.0 - mean) / (reached + 1.0)).sqrt()).max(0.0)
     }
 
     /// Whether it drafts with the EAGLE head and can now: decoding, the head has run its
@@ -1789,7 +1794,7 @@ mod tests {
         batch.costs.observe(8, 1.0);
         assert_eq!(drafts(&mut batch, 24), [1]);
         // its chain measured nearly free: K's drafts, and its idle passes stay 0
-        batch.head_costs.observe(1, 1e-6);
+        batch.head_costs.observe(1, 1e-12);
         assert_eq!(drafts(&mut batch, 24), [4]);
         assert_eq!(idle(&batch), 0);
         // rows cost what serving more requests does and 1 in 12 drafts is kept: none pays
