@@ -28,8 +28,8 @@
 //! ```
 //!
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
-//! i drafts adds the expected tokens α^(i+1) (α: its measured acceptance, starting from its
-//! drafter's over the batch's sequences, 1/2 before any;
+//! i drafts adds the expected tokens α^(i+1) (α: a lower bound of its measured acceptance,
+//! counted after its drafter's over the batch's sequences, 1/2 before any: [`Seq::alpha`];
 //! a tree's node its chance, [`node_chances`], its nodes taken likeliest first, each after its
 //! parent) and costs the marginal seconds of its row, S(R + 1) - S(R): a pass's seconds by its
 //! rows R are measured (passes whose rows all want logits, as a draft's does: a prompt chunk's
