@@ -2062,7 +2062,7 @@ mod tests {
         batch.costs.observe(8, 2.2);
         batch.running = vec![seq(pattern.clone(), 0, 0)];
         assert_eq!(drafts(&mut batch, 24)[0].min(1), 1, "from 1/2");
-        // the n-gram's drafts kept 10 times in 100 across the batch: 0.11, none
+        // the n-gram's drafts kept 10 times in 100 across the batch: a bound of 0.04, none
         batch.acceptance[0] = (10, 90);
         assert_eq!(drafts(&mut batch, 24), [0]);
         // (another drafter's record is not the n-gram's)
