@@ -29,8 +29,9 @@
 //!
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
 //! i drafts adds the expected tokens α^(i+1) (α: a lower bound of its measured acceptance,
-//! counted after its drafter's over the batch's sequences, 1/2 before any: [`Seq::alpha`];
-//! a tree's node its chance, [`node_chances`], its nodes taken likeliest first, each after its
+//! counted after its drafter's over the batch's sequences, 1/2 before any: [`Seq::chances`];
+//! a tree's node its chance, [`node_chances`], from a first child's acceptance α and a later
+//! sibling's, each measured apart ([`Tally`]), its nodes taken likeliest first, each after its
 //! parent) and costs the marginal seconds of its row, S(R + 1) - S(R): a pass's seconds by its
 //! rows R are measured (passes whose rows all want logits, as a draft's does: a prompt chunk's
 //! skip the output projection) and fitted as S(R) = a + b R + c G(R), G(R) the target's matmul row
@@ -182,9 +183,8 @@ struct Seq {
     text: TextStream,
     /// Its drafting (none: plain decoding).
     drafting: Option<Drafting>,
-    /// Verify passes whose drafts were not all accepted (with the accepted drafts: how often a
-    /// draft was reached, for its acceptance).
-    rejected: usize,
+    /// Its drafts' outcomes, for its acceptance ([`Seq::chances`]).
+    tally: Tally,
     /// Its sampling, and a sampled request's draws once admitted (none: greedy, the argmax):
     /// from the target's rows, and (drafting with the draft model) from the draft's rows, with
     /// the same noise.
@@ -267,18 +267,12 @@ impl Seq {
         self.tokens.len() - self.prompt_len
     }
 
-    /// Its acceptance as drafts are judged by: a lower bound (the mean less one standard
-    /// deviation) of the accepted drafts among those reached, its own counted after its
-    /// drafter's across the batch's sequences (`pooled`: drafts kept and passes that rejected
-    /// one; from 1/2 before any), which weigh as 2 drafts and up to 16 more as they are measured.
-    /// A mean from a few dozen drafts, taken where it looks best, overstated what drafts kept.
-    fn alpha(&self, (kept, rejected): (usize, usize)) -> f64 {
-        let prior = (kept as f64 + 1.0) / ((kept + rejected) as f64 + 2.0);
-        let weight = ((kept + rejected).min(16) + 2) as f64;
-        let accepted = self.stats.accepted as f64;
-        let reached = accepted + self.rejected as f64 + weight;
-        let mean = (accepted + weight * prior) / reached;
-        (mean - (mean * (1.0 - mean) / (reached + 1.0)).sqrt()).max(0.0)
+    /// Its acceptances as drafts are judged by ([`node_chances`]): a first child's (a chain's
+    /// next draft's) once its parent is kept, and a later sibling's once those before it are
+    /// rejected, from its own tally counted after its drafter's across the batch's sequences
+    /// (`pooled`), each a lower bound ([`Tally::bound`]).
+    fn chances(&self, pooled: &Tally) -> (f64, f64) {
+        (Tally::bound(self.tally.first, pooled.first), Tally::bound(self.tally.later, pooled.later))
     }
 
     /// Whether it drafts with the EAGLE head and can now: decoding, the head has run its
@@ -378,9 +372,9 @@ pub(super) struct Batch {
     status: BatchStatus,
     costs: PassCosts,
     /// Per drafter ([`Drafting::drafter`]: the n-gram, the draft model, the EAGLE head, the
-    /// Medusa heads), the drafts its sequences' passes kept and the passes that rejected one:
-    /// where a new sequence's acceptance starts ([`Seq::alpha`]).
-    acceptance: [(usize, usize); 4],
+    /// Medusa heads), its sequences' drafts' outcomes: where a new sequence's acceptance starts
+    /// ([`Seq::chances`]).
+    acceptance: [Tally; 4],
     /// The pages of the draft model's pool (no prefix cache: a sequence's own), the costs of its
     /// passes, and whether a pass of it ran since the one-sequence loop last drafted with it.
     draft_pool: Pool,
@@ -428,7 +422,7 @@ impl Batch {
             share_prefixes: true,
             status: BatchStatus::default(),
             costs: PassCosts::default(),
-            acceptance: [(0, 0); 4],
+            acceptance: [Tally::default(); 4],
             readback: None,
             draft_readback: None,
             events: Vec::new(),
@@ -518,7 +512,7 @@ impl Batch {
             from_draft: Vec::new(),
             text: TextStream::new(&req.stop),
             drafting,
-            rejected: 0,
+            tally: Tally::default(),
             sampling: req.sampling(),
             draw: None,
             draft_draw: None,
@@ -828,15 +822,63 @@ enum Outcome {
 
 /// What a sequence's choices keep of its drafts: the drafts accepted (a chain's first ones, or
 /// the nodes of its tree's accepted path after the root), the choices along them (the newest
-/// token's row's, then each accepted draft's: the last is the token after them), whether a draft
-/// was rejected (the chain's next, or a child of the path's last node), and a tree's accepted
+/// token's row's, then each accepted draft's: the last is the token after them), the drafts'
+/// outcomes ([`Tally`]), and a tree's accepted
 /// path (node indices from the root) to keep in its pages.
 #[derive(Debug)]
 struct Verdict {
     kept: Vec<u32>,
     choices: Vec<u32>,
-    rejected: bool,
+    tally: Tally,
     path: Option<Vec<usize>>,
+}
+
+/// Drafts' outcomes as the costs judge them: each first child of a node reached (a chain's
+/// next draft) kept or rejected, and each later sibling tried where those before it were
+/// rejected, kept or rejected. (A tree's depth counted kept where any of its nodes was would
+/// credit a first child with its siblings' acceptance, and its siblings again.)
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Tally {
+    first: (usize, usize),
+    later: (usize, usize),
+}
+
+impl Tally {
+    /// The tally of a tree's verified `path` (from its root; the nodes after it rejected).
+    fn of_path(tree: &TokenTree, path: &[usize]) -> Tally {
+        let mut t = Tally::default();
+        for (i, &n) in path.iter().enumerate() {
+            let children: Vec<usize> = tree.children(n).collect();
+            // (the child kept, if any: its rank; none: every child was rejected)
+            let rank = path.get(i + 1).and_then(|next| children.iter().position(|c| c == next));
+            match rank {
+                Some(0) => t.first.0 += 1,
+                Some(r) => {
+                    (t.first.1, t.later.0, t.later.1) = (t.first.1 + 1, t.later.0 + 1, t.later.1 + r - 1)
+                }
+                None if children.is_empty() => {}
+                None => (t.first.1, t.later.1) = (t.first.1 + 1, t.later.1 + children.len() - 1),
+            }
+        }
+        t
+    }
+
+    fn add(&mut self, other: &Tally) {
+        self.first = (self.first.0 + other.first.0, self.first.1 + other.first.1);
+        self.later = (self.later.0 + other.later.0, self.later.1 + other.later.1);
+    }
+
+    /// A lower bound (the mean less one standard deviation) of the share kept among `own`'s
+    /// (kept, rejected) counted after `pooled`'s (its drafter's across the batch; from 1/2
+    /// before any), which weigh as 2 and up to 16 more as they are measured. A mean from a few
+    /// dozen drafts, taken where it looks best, overstated what drafts kept.
+    fn bound((kept, rejected): (usize, usize), (p_kept, p_rejected): (usize, usize)) -> f64 {
+        let prior = (p_kept as f64 + 1.0) / ((p_kept + p_rejected) as f64 + 2.0);
+        let weight = ((p_kept + p_rejected).min(16) + 2) as f64;
+        let reached = (kept + rejected) as f64 + weight;
+        let mean = (kept as f64 + weight * prior) / reached;
+        (mean - (mean * (1.0 - mean) / (reached + 1.0)).sqrt()).max(0.0)
+    }
 }
 
 impl Verdict {
@@ -846,19 +888,19 @@ impl Verdict {
     fn of(r: &Rows, choices: &[u32]) -> Result<Verdict> {
         let Some(tree) = &r.tree else {
             let accepted = r.drafts.iter().zip(choices).take_while(|(d, o)| d == o).count();
+            let first = (accepted, (accepted < r.drafts.len()) as usize);
             return Ok(Verdict {
                 kept: r.drafts[..accepted].to_vec(),
                 choices: choices[..=accepted].to_vec(),
-                rejected: accepted < r.drafts.len(),
+                tally: Tally { first, later: (0, 0) },
                 path: None,
             });
         };
         let v = tree.verify_greedy(choices)?;
-        let last = v.path.last().copied().unwrap_or(0);
         Ok(Verdict {
             kept: v.path[1..].iter().map(|&n| tree.tokens()[n]).collect(),
             choices: v.path.iter().map(|&n| choices[n]).collect(),
-            rejected: tree.children(last).next().is_some(),
+            tally: Tally::of_path(tree, &v.path),
             path: Some(v.path),
         })
     }
@@ -928,8 +970,7 @@ fn apply(batch: &mut Batch, plan: &[Rows], outcomes: Vec<Outcome>, tokenizer: &T
             }
             Outcome::Chosen(v) => {
                 if let Some(d) = s.drafting.as_ref().filter(|_| !r.drafts.is_empty()) {
-                    let pooled = &mut batch.acceptance[d.drafter()];
-                    (pooled.0, pooled.1) = (pooled.0 + v.kept.len(), pooled.1 + v.rejected as usize);
+                    batch.acceptance[d.drafter()].add(&v.tally);
                 }
                 if let Some(path) = &v.path {
                     kept.push((s.pages.clone(), s.n_past + r.run - 1, path.clone()));
@@ -1174,10 +1215,10 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
             Some(ngram) => shape.with_ngram(ngram, &s.tokens, (k, nodes), room),
             None => shape,
         };
-        let alpha = s.alpha(batch.acceptance[d.drafter()]);
+        let alpha = s.chances(&batch.acceptance[d.drafter()]);
         let (mut proposal, gains) = match shape {
             Shape::Chain(chain) => {
-                let gains = (1..=chain.len()).map(|i| alpha.powi(i as i32)).collect::<Vec<f64>>();
+                let gains = (1..=chain.len()).map(|i| alpha.0.powi(i as i32)).collect::<Vec<f64>>();
                 (chain, gains)
             }
             Shape::Tree(shape) => {
@@ -1351,7 +1392,7 @@ fn rank_of(token: u32) -> Option<usize> {
 }
 
 impl Proposed {
-    fn new(shape: TokenTree, alpha: Option<f64>) -> Proposed {
+    fn new(shape: TokenTree, alpha: Option<(f64, f64)>) -> Proposed {
         let order = take_order(&shape, alpha);
         let ids = shape.tokens().to_vec();
         Proposed { shape, order, ids }
@@ -1409,10 +1450,10 @@ fn eagle_shape(k: usize, siblings: usize, nodes: usize) -> Shape {
     }
 }
 
-/// A token tree's nodes after its root in the order drafts are taken: with an acceptance `alpha`
+/// A token tree's nodes after its root in the order drafts are taken: with acceptances `alpha`
 /// (an adaptive K) by their chance ([`node_chances`]; a parent before its children), the earlier
 /// first among equals; without (a fixed K) as the tree has them.
-fn take_order(tree: &TokenTree, alpha: Option<f64>) -> Vec<usize> {
+fn take_order(tree: &TokenTree, alpha: Option<(f64, f64)>) -> Vec<usize> {
     let mut order: Vec<usize> = (1..tree.len()).collect();
     if let Some(alpha) = alpha {
         let chance = node_chances(tree, alpha);
@@ -1434,15 +1475,21 @@ fn medusa_shape(choices: &[Vec<usize>], depth: usize, nodes: usize) -> Shape {
     }
 }
 
-/// Each node's chance of being accepted under a sequence's acceptance `alpha` (the root's 1):
-/// its parent's times α for a first child, and for a later one times the chance the earlier
-/// siblings were not (α (1 - α)^rank): an alternative continuation is tried where the first
-/// failed. Below its parent's, so taking nodes by chance takes parents first.
-fn node_chances(tree: &TokenTree, alpha: f64) -> Vec<f64> {
+/// Each node's chance of being accepted under a sequence's acceptances `(α, β)` (the root's 1):
+/// its parent's times α for a first child, and for a later one of rank r times the chance the
+/// first child was rejected, the r - 1 siblings after it too, and it kept ((1 - α)(1 - β)^(r-1)
+/// β): an alternative continuation is tried where the ones before it failed, each with its own
+/// measured acceptance ([`Tally`]). Below its parent's, so taking nodes by chance takes parents
+/// first.
+fn node_chances(tree: &TokenTree, (alpha, beta): (f64, f64)) -> Vec<f64> {
     let mut chance = vec![1.0; tree.len()];
     for (n, &p) in tree.parents().iter().enumerate().skip(1) {
-        let rank = tree.children(p).position(|c| c == n).unwrap_or(0);
-        chance[n] = chance[p] * alpha * (1.0 - alpha).powi(rank as i32);
+        let rank = tree.children(p).position(|c| c == n).unwrap_or(0) as i32;
+        chance[n] = chance[p]
+            * match rank {
+                0 => alpha,
+                r => (1.0 - alpha) * (1.0 - beta).powi(r - 1) * beta,
+            };
     }
     chance
 }
@@ -1626,7 +1673,7 @@ fn commit(
     events: &mut Vec<(SeqId, BatchEvent)>,
 ) -> Option<FinishReason> {
     let accepted = v.kept.len();
-    s.rejected += v.rejected as usize;
+    s.tally.add(&v.tally);
     let st = &mut s.stats;
     st.verify_forwards += 1;
     st.drafted += r.drafts.len();
@@ -1734,7 +1781,7 @@ mod tests {
     use super::*;
 
     /// A decoding sequence of `tokens` with n-gram drafting (adaptive up to 8), `accepted` of
-    /// its drafts kept and `rejected` passes that rejected one.
+    /// its chains' drafts kept and `rejected` passes that rejected one.
     fn seq(tokens: Vec<u32>, accepted: usize, rejected: usize) -> Seq {
         let mut s = Seq {
             id: SeqId(0),
@@ -1756,7 +1803,7 @@ mod tests {
                 k_max: 8,
                 fixed: false,
             }),
-            rejected,
+            tally: Tally { first: (accepted, rejected), later: (0, 0) },
             sampling: SamplingParams::default(),
             draw: None,
             draft_draw: None,
@@ -1923,9 +1970,9 @@ mod tests {
         let shape = tree(ngram_shape(&ngram, &context, 3, 31));
         assert_eq!(shape.tokens(), &[1, 8, 6, 5, 9, 1, 7, 1, 8, 1]);
         // chances: 8 1/2, 6 1/4, 5 1/8; 9 1/4, 1 (after 6) 1/16, ...: parents first
-        let p = Proposed::new(shape.clone(), Some(0.5));
+        let p = Proposed::new(shape.clone(), Some((0.5, 0.5)));
         assert_eq!(&p.order[..4], &[1, 2, 4, 3]);
-        let chance = node_chances(&shape, 0.5);
+        let chance = node_chances(&shape, (0.5, 0.5));
         assert!(p.order.windows(2).all(|w| chance[w[0]] >= chance[w[1]]));
         // a fixed K takes the nodes as the tree has them; one continuation is a chain
         assert_eq!(Proposed::new(tree(ngram_shape(&ngram, &context, 3, 3)), None).order, [1, 2, 3]);
@@ -1944,16 +1991,34 @@ mod tests {
         );
         // the choices follow 8 then 9: its path, the choice after it; node 2 was not reached
         let v = Verdict::of(r, &[8, 9, 4, 3]).expect("verdict");
-        assert_eq!((&v.kept[..], &v.choices[..], v.rejected), (&[8, 9][..], &[8, 9, 3][..], false));
+        // (the tally: two first children kept)
+        let tally = |first, later| Tally { first, later };
+        assert_eq!(
+            (&v.kept[..], &v.choices[..], v.tally),
+            (&[8, 9][..], &[8, 9, 3][..], tally((2, 0), (0, 0)))
+        );
         assert_eq!(v.path, Some(vec![0, 1, 3]));
-        // 6 (node 2, a leaf): kept; 8 then not 9: a child of the path's end was rejected
+        // 6 (node 2, a leaf): kept, the root's first child 8 rejected before it; 8 then not 9:
+        // a first child of the path's end was rejected; neither: both of the root's children
         let v = Verdict::of(r, &[6, 2, 4, 3]).expect("verdict");
         assert_eq!(
-            (&v.kept[..], &v.choices[..], v.rejected, v.path),
-            (&[6][..], &[6, 4][..], false, Some(vec![0, 2]))
+            (&v.kept[..], &v.choices[..], v.tally, v.path),
+            (&[6][..], &[6, 4][..], tally((0, 1), (1, 0)), Some(vec![0, 2]))
         );
         let v = Verdict::of(r, &[8, 7, 4, 3]).expect("verdict");
-        assert_eq!((&v.kept[..], &v.choices[..], v.rejected), (&[8][..], &[8, 7][..], true));
+        assert_eq!((&v.kept[..], &v.choices[..], v.tally), (&[8][..], &[8, 7][..], tally((1, 1), (0, 0))));
+        let v = Verdict::of(r, &[5, 7, 4, 3]).expect("verdict");
+        assert_eq!((&v.kept[..], v.tally), (&[][..], tally((0, 1), (0, 1))));
+        // a sibling of rank 2 kept: the first child and the rank 1 sibling before it rejected
+        let mut t = TokenTree::new(1);
+        for x in [4, 5, 6] {
+            t.child(0, x);
+        }
+        assert_eq!(Tally::of_path(&t, &[0, 3]), tally((0, 1), (1, 1)));
+        // a chain: its first children
+        let chain = Rows { drafts: vec![4, 5, 6], ..Rows::new(0, 1, true) };
+        assert_eq!(Verdict::of(&chain, &[4, 5, 9, 9]).expect("verdict").tally, tally((2, 1), (0, 0)));
+        assert_eq!(Verdict::of(&chain, &[4, 5, 6, 9]).expect("verdict").tally, tally((3, 0), (0, 0)));
 
         // an ensemble: the EAGLE head's chain 2 deep with a sibling at each depth (ranks), then
         // the n-gram's continuations 8 and 6 (2 more nodes)
@@ -2063,15 +2128,43 @@ mod tests {
         batch.running = vec![seq(pattern.clone(), 0, 0)];
         assert_eq!(drafts(&mut batch, 24)[0].min(1), 1, "from 1/2");
         // the n-gram's drafts kept 10 times in 100 across the batch: a bound of 0.04, none
-        batch.acceptance[0] = (10, 90);
+        let record = Tally { first: (10, 90), later: (0, 0) };
+        batch.acceptance[0] = record;
         assert_eq!(drafts(&mut batch, 24), [0]);
         // (another drafter's record is not the n-gram's)
-        batch.acceptance = [(0, 0), (10, 90), (10, 90), (10, 90)];
+        batch.acceptance = [Tally::default(), record, record, record];
         assert_eq!(drafts(&mut batch, 24)[0].min(1), 1);
         // a sequence's own record outweighs its drafter's
-        batch.acceptance[0] = (10, 90);
+        batch.acceptance[0] = record;
         batch.running = vec![seq(pattern, 90, 10)];
         assert!(drafts(&mut batch, 24)[0] >= 2);
+    }
+
+    #[test]
+    fn a_trees_later_siblings_are_judged_by_their_own_acceptance() {
+        // "1" was followed by "8 9 1", "6 1 8" and "5 7 1": three continuations of the newest 1
+        let context = vec![1, 5, 7, 1, 6, 1, 8, 9, 1];
+        // (a pass: 1 s and 0.15 s a row)
+        let mut batch = Batch::new(64);
+        batch.costs.observe(4, 1.6);
+        batch.costs.observe(8, 2.2);
+        let taken = |batch: &mut Batch, later: (usize, usize)| {
+            let mut s = seq(context.clone(), 60, 40);
+            let ngram = NGram { branches: 3, ..NGram::default() };
+            s.drafting = Some(Drafting { source: Source::NGram(ngram), ngram: None, k_max: 3, fixed: false });
+            s.tally.later = later;
+            batch.running = vec![s];
+            let mut plan = vec![Rows::new(0, 1, true)];
+            draft(batch, &mut plan, 24, 1024);
+            place_drafts(batch, &mut plan);
+            plan[0].drafts.clone()
+        };
+        // first children kept 60 times in 100, later siblings once in 50: the first branch alone
+        // (a sibling credited with the first child's acceptance, 0.55 x 0.45, was taken)
+        let chain = taken(&mut batch, (1, 49));
+        assert_eq!(chain, [8, 9]);
+        // later siblings kept 50 times in 60: the first child's sibling 6 too
+        assert!(taken(&mut batch, (50, 10)).contains(&6));
     }
 
     #[test]
