@@ -154,6 +154,11 @@ pub struct BatchStatus {
 /// guesses its text badly, that pass is all the head would cost).
 const EAGLE_PATIENCE: usize = 8;
 
+/// A row count of the target's passes is stale once this many passes of other counts have been
+/// measured since its latest: a plan of that many rows whose drafts are all adaptive runs
+/// without them, and its pass refreshes the count ([`PassCosts::stale`]).
+const STALE_PASSES: u64 = 16;
+
 /// The prefix cache's root of a request that finds only its own pages: this bit and the id of
 /// its first choice (the pool's entries count up from 1, never reaching it).
 const OWN_ROOT: u64 = 1 << 63;
@@ -1259,7 +1264,11 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     let probes = (fit.is_none() && batch.costs.measured(rows as usize)) as usize;
     let known = fit.is_some();
     let planned = Planned { rows, tokens, drafting };
-    let budget = add_adaptive(plan, &adaptive, budget, (fit, probes), planned);
+    // (a pass whose row count without its adaptive drafts is stale, measured as every row
+    // wants logits, runs without them: it refreshes the count the drafts' costs are told from)
+    let refresh = batch.costs.stale(rows as usize) && plan.iter().all(|r| r.pending);
+    let adaptive_budget = if refresh { 0 } else { budget };
+    let budget = add_adaptive(plan, &adaptive, adaptive_budget, (fit, probes), planned);
     // (an adaptive K whose EAGLE drafts the costs turn down for long stops following the head;
     // passes whose rows ran out, or whose costs are unknown, do not count)
     for c in &adaptive {
@@ -1577,6 +1586,9 @@ fn place_drafts(batch: &mut Batch, plan: &mut [Rows]) {
 #[derive(Default)]
 struct PassCosts {
     by_rows: Vec<Option<f64>>,
+    /// The passes measured, and per row count the number of its latest one.
+    passes: u64,
+    latest: Vec<u64>,
     /// `groups[R]`: the target's matmul row groups in a pass of R rows (G(R):
     /// [`Gpu::matmul_row_groups`](crate::gpu::Gpu::matmul_row_groups)); empty for a drafter's.
     groups: Vec<f64>,
@@ -1599,12 +1611,27 @@ impl Fit<'_> {
 }
 
 impl PassCosts {
+    /// A pass of `rows` rows took `seconds`: the count's average moves a fifth of the way to
+    /// it, half the way where the count was stale.
     fn observe(&mut self, rows: usize, seconds: f64) {
         if self.by_rows.len() <= rows {
             self.by_rows.resize(rows + 1, None);
+            self.latest.resize(rows + 1, 0);
         }
+        let new = if self.stale(rows) { 0.5 } else { 0.2 };
         let c = &mut self.by_rows[rows];
-        *c = Some(c.map_or(seconds, |old| 0.8 * old + 0.2 * seconds));
+        *c = Some(c.map_or(seconds, |old| (1.0 - new) * old + new * seconds));
+        self.passes += 1;
+        self.latest[rows] = self.passes;
+    }
+
+    /// Whether passes of `rows` rows were measured, but not in the latest [`STALE_PASSES`].
+    /// (Drafting in every pass leaves the count without drafts unmeasured while lavapipe's pass
+    /// times drift between a fast and a slow regime for 8-15 passes at a time: its old average
+    /// against the drafts' recent ones made a row look nearly free, and the EAGLE head drafted
+    /// 1,008 times at N = 1 where 47 paid.)
+    fn stale(&self, rows: usize) -> bool {
+        self.measured(rows) && self.passes - self.latest[rows] >= STALE_PASSES
     }
 
     /// Whether passes of `rows` rows were measured.
@@ -2218,6 +2245,29 @@ mod tests {
         batch.costs.groups = fit;
         batch.running.truncate(4);
         assert_eq!(drafts(&mut batch, 60), [1; 4]);
+    }
+
+    #[test]
+    fn a_row_count_unmeasured_for_long_runs_without_drafts_and_is_refreshed() {
+        let pattern: Vec<u32> = [1, 2, 3].repeat(6);
+        let mut batch = Batch::new(64);
+        batch.running = vec![seq(pattern, 90, 10)];
+        // a pass: 1 s and 0.1 s a row; then passes of 2 and 3 rows only (its drafts')
+        batch.costs.observe(1, 1.1);
+        batch.costs.observe(2, 1.2);
+        for i in 2..STALE_PASSES {
+            batch.costs.observe(2 + (i % 2) as usize, 1.0 + 0.1 * (2 + i % 2) as f64);
+            assert!(drafts(&mut batch, 24)[0] > 0, "pass {i}");
+        }
+        // the count without drafts is stale: this plan drafts nothing, and its pass refreshes
+        // it, half the way to its seconds
+        batch.costs.observe(2, 1.2);
+        assert!(batch.costs.stale(1));
+        assert_eq!(drafts(&mut batch, 24), [0]);
+        batch.costs.observe(1, 1.3);
+        assert!(!batch.costs.stale(1));
+        assert!((batch.costs.by_rows[1].expect("measured") - 1.2).abs() < 1e-12);
+        assert!(drafts(&mut batch, 24)[0] > 0);
     }
 
     #[test]
