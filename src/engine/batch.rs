@@ -37,7 +37,9 @@
 //! skip the output projection) and fitted as S(R) = a + b R + c G(R), G(R) the target's matmul row
 //! groups in it ([`Gpu::matmul_row_groups`](crate::gpu::Gpu::matmul_row_groups): each reads every
 //! weight once, so the row that starts a group costs c more; a line where the passes measured
-//! do not tell c apart). It is added, the likeliest first, where α^(i+1) over its seconds is at
+//! do not tell c apart; a row count not measured in the latest 16 passes, as drafting in every
+//! pass leaves the count without drafts, is refreshed by a pass without adaptive drafts). It is
+//! added, the likeliest first, where α^(i+1) over its seconds is at
 //! least the pass's expected tokens per second T / S(R). So drafting shrinks by itself where rows
 //! cost what serving more requests does (never into a group of its own: on lavapipe a ninth row
 //! after 8 decoding ones cost 40% of the pass), and grows where rows are nearly free (a GPU's
@@ -158,6 +160,11 @@ const EAGLE_PATIENCE: usize = 8;
 /// measured since its latest: a plan of that many rows whose drafts are all adaptive runs
 /// without them, and its pass refreshes the count ([`PassCosts::stale`]).
 const STALE_PASSES: u64 = 16;
+
+/// The marginal rows measured between consecutive passes that the target's fit takes its b
+/// from (their median, once there are [`MIN_PAIRS`]; [`PassCosts::fit`]): the latest this many.
+const PAIRS: usize = 15;
+const MIN_PAIRS: usize = 5;
 
 /// The prefix cache's root of a request that finds only its own pages: this bit and the id of
 /// its first choice (the pool's entries count up from 1, never reaching it).
@@ -1589,6 +1596,10 @@ struct PassCosts {
     /// The passes measured, and per row count the number of its latest one.
     passes: u64,
     latest: Vec<u64>,
+    /// The latest pass (rows, seconds), and the seconds a row took between consecutive passes
+    /// of different row counts in the same row groups (the target's; the latest [`PAIRS`]).
+    last: Option<(usize, f64)>,
+    pairs: VecDeque<f64>,
     /// `groups[R]`: the target's matmul row groups in a pass of R rows (G(R):
     /// [`Gpu::matmul_row_groups`](crate::gpu::Gpu::matmul_row_groups)); empty for a drafter's.
     groups: Vec<f64>,
@@ -1618,6 +1629,16 @@ impl PassCosts {
             self.by_rows.resize(rows + 1, None);
             self.latest.resize(rows + 1, 0);
         }
+        let group = |r: usize| self.groups.get(r).copied();
+        if let Some((r0, s0)) = self.last.filter(|&(r0, _)| r0 != rows && group(r0).is_some()) {
+            if group(r0) == group(rows) {
+                if self.pairs.len() == PAIRS {
+                    self.pairs.pop_front();
+                }
+                self.pairs.push_back((seconds - s0) / (rows as f64 - r0 as f64));
+            }
+        }
+        self.last = Some((rows, seconds));
         let new = if self.stale(rows) { 0.5 } else { 0.2 };
         let c = &mut self.by_rows[rows];
         *c = Some(c.map_or(seconds, |old| (1.0 - new) * old + new * seconds));
@@ -1648,7 +1669,12 @@ impl PassCosts {
 
     /// The least-squares fit a + b R + c G(R) through the measured row counts (each once), where
     /// they tell the groups' c apart from the line (row counts in two groups or more) and give b
-    /// and c at least 0; else the line's. None until two row counts are measured.
+    /// and c at least 0; else the line's. With [`MIN_PAIRS`] marginal rows measured between
+    /// consecutive passes, b is their median (at least 0), a and c fitted after it: the row
+    /// counts' averages are measured at different times (the count without drafts rarely where
+    /// every pass drafts), and lavapipe's pass times drift between regimes by more than a row
+    /// costs, where consecutive passes mostly share theirs. None until two row counts are
+    /// measured.
     fn fit(&self) -> Option<Fit<'_>> {
         let (a, b) = self.line()?;
         let line = Fit { a, b, c: 0.0, groups: &self.groups };
@@ -1657,6 +1683,15 @@ impl PassCosts {
             .collect();
         let n = points.len() as f64;
         let mean = |i: usize| points.iter().map(|p| p[i]).sum::<f64>() / n;
+        if let Some(b) = self.paired() {
+            // (a and c of the seconds less b R: c by least squares where two groups are measured)
+            let y = |p: &[f64; 3]| p[2] - b * p[0];
+            let (mg, my) = (mean(1), points.iter().map(y).sum::<f64>() / n);
+            let sgg: f64 = points.iter().map(|p| (p[1] - mg) * (p[1] - mg)).sum();
+            let sgy: f64 = points.iter().map(|p| (p[1] - mg) * (y(p) - my)).sum();
+            let c = if sgg > 0.0 { (sgy / sgg).max(0.0) } else { 0.0 };
+            return Some(Fit { a: (my - c * mg).max(1e-9), b, c, groups: &self.groups });
+        }
         let m = [mean(0), mean(1), mean(2)];
         // (the centred normal equations of b and c)
         let s = |i: usize, j: usize| points.iter().map(|p| (p[i] - m[i]) * (p[j] - m[j])).sum::<f64>();
@@ -1670,6 +1705,19 @@ impl PassCosts {
             return Some(line);
         }
         Some(Fit { a: (m[2] - b * m[0] - c * m[1]).max(1e-9), b, c, groups: &self.groups })
+    }
+
+    /// The median of the marginal rows measured between consecutive passes (at least 0), once
+    /// there are [`MIN_PAIRS`].
+    fn paired(&self) -> Option<f64> {
+        let mut v: Vec<f64> = self.pairs.iter().copied().collect();
+        if v.len() < MIN_PAIRS {
+            return None;
+        }
+        v.sort_by(f64::total_cmp);
+        let mid = v.len() / 2;
+        let median = if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 };
+        Some(median.max(0.0))
     }
 
     /// (a, b) of the least-squares line through the measured row counts (each once), b at least
@@ -2192,6 +2240,30 @@ mod tests {
         assert_eq!(chain, [8, 9]);
         // later siblings kept 50 times in 60: the first child's sibling 6 too
         assert!(taken(&mut batch, (50, 10)).contains(&6));
+    }
+
+    #[test]
+    fn the_marginal_row_is_measured_between_consecutive_passes() {
+        let groups: Vec<f64> = (0..=MAX_BATCH).map(|r| r.div_ceil(8) as f64).collect();
+        let mut c = PassCosts { groups, ..PassCosts::default() };
+        // 1 s and 0.1 s a row; 1 row measured in a slow regime (1.5 times), then passes of 2
+        // and 3 rows in a fast one: the averages' line makes a row free
+        let secs = |r: usize, regime: f64| regime * (1.0 + 0.1 * r as f64);
+        c.observe(1, secs(1, 1.5));
+        for r in [2, 3, 2, 3] {
+            c.observe(r, secs(r, 1.0));
+        }
+        assert_eq!(c.fit().expect("a fit").b, 0.0);
+        // 5 consecutive pairs (one across the regimes): their median, the row's 0.1 s
+        c.observe(2, secs(2, 1.0));
+        let f = c.fit().expect("a fit");
+        assert!((f.b - 0.1).abs() < 1e-9 && f.c == 0.0, "{} {}", f.b, f.c);
+        // passes in different row groups make no pair; the second group's c is fitted after b
+        c.observe(9, secs(9, 1.0) + 0.5);
+        c.observe(16, secs(16, 1.0) + 0.5);
+        let f = c.fit().expect("a fit");
+        assert!((f.b - 0.1).abs() < 1e-9 && f.c > 0.0, "{} {}", f.b, f.c);
+        assert_eq!(c.pairs.len(), 6);
     }
 
     #[test]
