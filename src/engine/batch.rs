@@ -1270,7 +1270,7 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     let fit = batch.costs.fit();
     let probes = (fit.is_none() && batch.costs.measured(rows as usize)) as usize;
     let known = fit.is_some();
-    let planned = Planned { rows, tokens, drafting };
+    let planned = Planned { rows, tokens, drafting, measured: batch.costs.average(rows as usize) };
     // (a pass whose row count without its adaptive drafts is stale, measured as every row
     // wants logits, runs without them: it refreshes the count the drafts' costs are told from)
     let refresh = batch.costs.stale(rows as usize) && plan.iter().all(|r| r.pending);
@@ -1511,16 +1511,20 @@ fn node_chances(tree: &TokenTree, (alpha, beta): (f64, f64)) -> Vec<f64> {
 }
 
 /// The pass [`draft`] plans, as the costs see it: its rows, its expected tokens, the drafters'
-/// seconds of its drafts.
+/// seconds of its drafts, and the measured seconds of a pass of its rows before the adaptive
+/// drafts (none: not measured).
 struct Planned {
     rows: f64,
     tokens: f64,
     drafting: f64,
+    measured: Option<f64>,
 }
 
 /// [`draft`]'s adaptive drafts in at most `budget` rows, one at a time the likeliest (its next
 /// draft's chance) while its tokens per marginal second are at least the pass's tokens per
-/// second (by the passes' fit, or, unknown, as many drafts as the probes given). A first
+/// second (the marginal seconds by the passes' fit; the pass's own by its row count's measured
+/// average where there is one, which a fit pinned by other counts can miss by half; unknown, as
+/// many drafts as the probes given). A first
 /// draft with a fixed cost is worth it where it and the drafts after it together are; a
 /// sequence whose next draft is not worth it drafts no more this pass, the others go on.
 /// Returns the rows left.
@@ -1532,6 +1536,7 @@ fn add_adaptive(
     mut p: Planned,
 ) -> usize {
     let mut done = vec![false; cands.len()];
+    let before = p.rows as usize;
     while budget > 0 {
         let best = (cands.iter().enumerate())
             .filter(|(j, c)| !done[*j] && plan[c.entry].drafts.len() < c.proposal.len())
@@ -1545,9 +1550,12 @@ fn add_adaptive(
             None if probes == 0 => break,
             None => probes -= 1,
             Some(fit) => {
-                // (the target's seconds of the pass, and of m more rows in it)
-                let (rows, pass) = (p.rows as usize, fit.seconds(p.rows as usize));
-                let rows_cost = |m: usize| fit.seconds(rows + m) - pass;
+                // (the target's seconds of the pass: its rows' before the adaptive drafts as
+                // measured, where they are, and the fit's for the rows after; of m more rows in it)
+                let rows = p.rows as usize;
+                let measured = p.measured.map_or(0.0, |m| m - fit.seconds(before));
+                let pass = (fit.seconds(rows) + measured).max(1e-9);
+                let rows_cost = |m: usize| fit.seconds(rows + m) - fit.seconds(rows);
                 let pays = |g: f64, secs: f64| g * (pass + p.drafting) >= secs * p.tokens;
                 // (a fixed cost shared by the drafts it buys)
                 let bundle = |m: usize| pays(c.gains[..m].iter().sum(), rows_cost(m) + c.drafting(m));
@@ -1653,6 +1661,11 @@ impl PassCosts {
     /// 1,008 times at N = 1 where 47 paid.)
     fn stale(&self, rows: usize) -> bool {
         self.measured(rows) && self.passes - self.latest[rows] >= STALE_PASSES
+    }
+
+    /// The average seconds of the passes of `rows` rows measured.
+    fn average(&self, rows: usize) -> Option<f64> {
+        self.by_rows.get(rows).copied().flatten()
     }
 
     /// Whether passes of `rows` rows were measured.
@@ -2145,7 +2158,7 @@ mod tests {
         };
         let taken = |c: Candidate| {
             let mut plan = vec![Rows::new(0, 1, true)];
-            let p = Planned { rows: 1.0, tokens: 1.0, drafting: 0.0 };
+            let p = Planned { rows: 1.0, tokens: 1.0, drafting: 0.0, measured: None };
             add_adaptive(&mut plan, &[c], 8, (Some(Fit { a: 1.0, b: 0.001, c: 0.0, groups: &[] }), 0), p);
             plan[0].drafts.len()
         };
@@ -2317,6 +2330,29 @@ mod tests {
         batch.costs.groups = fit;
         batch.running.truncate(4);
         assert_eq!(drafts(&mut batch, 60), [1; 4]);
+    }
+
+    #[test]
+    fn a_pass_is_priced_by_its_measured_seconds_and_its_drafts_by_the_fit() {
+        let cand = Candidate {
+            entry: 0,
+            proposal: vec![0],
+            gains: vec![0.07],
+            steps: vec![0],
+            each: 0.0,
+            first: 0.0,
+        };
+        let taken = |measured: Option<f64>| {
+            let mut plan = vec![Rows::new(0, 1, true)];
+            let p = Planned { rows: 1.0, tokens: 1.0, drafting: 0.0, measured };
+            let fit = Fit { a: 1.0, b: 0.1, c: 0.0, groups: &[] };
+            add_adaptive(&mut plan, std::slice::from_ref(&cand), 8, (Some(fit), 0), p);
+            plan[0].drafts.len()
+        };
+        // the fit's pass of 1.1 s: 0.07 tokens for a row's 0.1 s do not pay
+        assert_eq!(taken(None), 0);
+        // the pass measured at 2 s (the fit's line pinned by other row counts): they do
+        assert_eq!(taken(Some(2.0)), 1);
     }
 
     #[test]
