@@ -1671,7 +1671,7 @@ impl PassCosts {
 
     /// Whether passes of `rows` rows were measured.
     fn measured(&self, rows: usize) -> bool {
-        self.by_rows.get(rows).is_some_and(Option::is_some)
+        self.average(rows).is_some()
     }
 
     /// The line, or before two row counts are measured all the seconds of the count measured
