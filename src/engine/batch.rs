@@ -151,12 +151,20 @@ pub struct BatchStatus {
     pub k: [u64; 9],
 }
 
-/// Passes in a row where the measured costs turned its drafts down (rows were left) after which
-/// a sequence's adaptive K stops drafting with the EAGLE head for the rest of its run (a
-/// preempted one starts over): the head's pass over its kept rows, which every pass pays to keep
-/// its cache whole, no longer runs (where rows cost what serving more requests does, or the head
-/// guesses its text badly, that pass is all the head would cost).
+/// The head's passes over a sequence's kept rows (its follows) that its drafts have not paid
+/// for, net, after which a sequence's adaptive K stops drafting with the EAGLE head for the rest
+/// of its run (a preempted one starts over): that pass, which every pass pays to keep the head's
+/// cache whole, no longer runs. Each pass where the measured costs chose (rows were left, or it
+/// drafted) adds one, less the surplus of its drafts (their expected tokens at the pass's
+/// tokens per second, less their seconds) in follows' measured seconds ([`draft`]). Where rows
+/// cost what serving more requests does, or the head guesses its text badly, the follows are
+/// all the head would cost: on lavapipe a few marginal drafts a request kept the head following
+/// every pass (4-7 ms of a 60-90 ms pass at N = 1), 5-20 % below plain decoding.
 const EAGLE_PATIENCE: usize = 8;
+
+/// The head's follows timed (one waits for the GPU after it): every one until two row counts
+/// are measured, then one in this many.
+const FOLLOW_TIMED: u64 = 16;
 
 /// The records of a sequence's drafts and of its drafter's ([`Drafting::record`]): an n-gram's
 /// drafts after a match of 1, 2, and 3 or more words are tallied apart (on SmolLM2-135M a first
@@ -239,10 +247,10 @@ enum Source {
     /// target's features of each, and the next token; in the head's pages of the same ids as the
     /// sequence's target pages),
     /// its last row in the head's latest pass (none: that pass was not its, it cannot draft), and
-    /// the passes in a row where the costs turned its adaptive K's drafts down (at
+    /// the head's passes over its rows that its adaptive K's drafts have not paid for, net (at
     /// [`EAGLE_PATIENCE`] the head stops following it: it decodes plainly for the rest of its
     /// run).
-    Eagle { past: usize, row: Option<usize>, idle: usize },
+    Eagle { past: usize, row: Option<usize>, idle: f64 },
     /// The engine's Medusa heads ([`propose`]): the sequence's row of the last pass at the
     /// position before its newest token (whose hidden state the heads read: head i guesses the
     /// token i + 1 places after the newest; none: that pass had no row of it).
@@ -420,6 +428,10 @@ pub(super) struct Batch {
     /// head part is in the head's pages of the same ids as its target pages.)
     head_costs: PassCosts,
     pub(super) head_used: bool,
+    /// The seconds of the head's passes over the kept rows of the sequences it follows (by rows;
+    /// [`FOLLOW_TIMED`]), and the passes it ran.
+    follow_costs: PassCosts,
+    follows: u64,
     /// The Medusa heads' costs (by rows), and their number (the most drafts they guess; 0:
     /// none loaded).
     medusa_costs: PassCosts,
@@ -445,6 +457,8 @@ impl Batch {
             draft_used: false,
             head_costs: PassCosts::default(),
             head_used: false,
+            follow_costs: PassCosts::default(),
+            follows: 0,
             medusa_costs: PassCosts::default(),
             medusa_heads: 0,
             medusa_choices: Vec::new(),
@@ -514,7 +528,7 @@ impl Batch {
         let source = match draft.base() {
             DraftKind::Ngram => Some(Source::NGram(ngram(self.ngram_branches.0))),
             DraftKind::Model => Some(Source::Model { pages: Vec::new(), past: 0 }),
-            DraftKind::Eagle => Some(Source::Eagle { past: 0, row: None, idle: 0 }),
+            DraftKind::Eagle => Some(Source::Eagle { past: 0, row: None, idle: 0.0 }),
             DraftKind::Medusa => Some(Source::Medusa { row: None }),
             _ => None,
         };
@@ -705,7 +719,7 @@ impl Batch {
                 self.draft_pool.release(pages);
                 *past = 0;
             }
-            Some(Source::Eagle { past, row, idle }) => (*past, *row, *idle) = (0, None, 0),
+            Some(Source::Eagle { past, row, idle }) => (*past, *row, *idle) = (0, None, 0.0),
             Some(Source::Medusa { row }) => *row = None,
             _ => {}
         }
@@ -780,7 +794,16 @@ pub(super) async fn step(
             kept.iter().map(|(pages, root, path)| (&pages[..], *root, &path[..])).collect();
         target.keep_paths_in_pages(&trees)?;
         if let Some(h) = head {
-            propose::follow(batch, h, &before);
+            // (timed by waiting for the GPU after it; a failure shows in the next pass)
+            let timed = batch.follows % FOLLOW_TIMED == 0 || batch.follow_costs.line().is_none();
+            let t0 = Instant::now();
+            let rows = propose::follow(batch, h, &before);
+            if rows > 0 {
+                batch.follows += 1;
+                if timed && target.gpu().finish().await.is_ok() {
+                    batch.follow_costs.observe(rows, t0.elapsed().as_secs_f64());
+                }
+            }
         }
         propose::medusa_rows(batch, &before);
     }
@@ -1299,16 +1322,36 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     // wants logits, runs without them: it refreshes the count the drafts' costs are told from)
     let refresh = batch.costs.stale(rows as usize) && plan.iter().all(|r| r.pending);
     let adaptive_budget = if refresh { 0 } else { budget };
-    let budget = add_adaptive(plan, &adaptive, adaptive_budget, (fit, probes), planned);
-    // (an adaptive K whose EAGLE drafts the costs turn down for long stops following the head;
-    // passes whose rows ran out, whose costs are unknown, or that refresh a count, do not count)
-    for c in &adaptive {
+    let (budget, surplus) = add_adaptive(plan, &adaptive, adaptive_budget, (fit, probes), planned);
+    follow_paid(batch, plan, &adaptive, &surplus, known && budget > 0);
+}
+
+/// Counts each EAGLE sequence's follow of this pass against its adaptive K's drafts
+/// ([`EAGLE_PATIENCE`]): one follow more, less its drafts' `surplus` (seconds) in a follow's
+/// measured seconds (its row's, and its share of a pass's fixed seconds; not measured yet: its
+/// drafts pay for them all). Passes whose costs are unknown, or that drafted nothing where no
+/// rows were left or a count was refreshed (`chose`: false), do not count.
+fn follow_paid(batch: &mut Batch, plan: &[Rows], adaptive: &[Candidate], surplus: &[f64], chose: bool) {
+    let is_eagle =
+        |c: &&Candidate| batch.running[plan[c.entry].seq].drafting.as_ref().is_some_and(Drafting::is_eagle);
+    let followed = adaptive.iter().filter(is_eagle).count().max(1) as f64;
+    let follow = batch.follow_costs.estimate().map(|(a, b)| a / followed + b).filter(|&f| f > 0.0);
+    for (c, &gained) in adaptive.iter().zip(surplus) {
         let drafted = !plan[c.entry].drafts.is_empty();
-        if let Some(Drafting { source: Source::Eagle { idle, .. }, .. }) =
+        let Some(Drafting { source: Source::Eagle { idle, .. }, .. }) =
             &mut batch.running[plan[c.entry].seq].drafting
-        {
-            *idle = if drafted { 0 } else { *idle + (budget > 0 && known) as usize };
+        else {
+            continue;
+        };
+        if !(chose || drafted && batch.costs.fit().is_some()) {
+            continue;
         }
+        let paid = match follow {
+            Some(f) => gained / f,
+            None if drafted => EAGLE_PATIENCE as f64,
+            None => 0.0,
+        };
+        *idle = (*idle + 1.0 - paid).max(0.0);
     }
 }
 
@@ -1551,15 +1594,17 @@ struct Planned {
 /// many drafts as the probes given). A first
 /// draft with a fixed cost is worth it where it and the drafts after it together are; a
 /// sequence whose next draft is not worth it drafts no more this pass, the others go on.
-/// Returns the rows left.
+/// Returns the rows left, and each candidate's surplus: its drafts' expected tokens at the
+/// pass's tokens per second less their seconds (0 where the costs are unknown).
 fn add_adaptive(
     plan: &mut [Rows],
     cands: &[Candidate],
     mut budget: usize,
     (fit, mut probes): (Option<Fit<'_>>, usize),
     mut p: Planned,
-) -> usize {
+) -> (usize, Vec<f64>) {
     let mut done = vec![false; cands.len()];
+    let mut surplus = vec![0.0; cands.len()];
     let before = p.rows as usize;
     while budget > 0 {
         let best = (cands.iter().enumerate())
@@ -1589,6 +1634,7 @@ fn add_adaptive(
                     done[j] = true;
                     continue;
                 }
+                surplus[j] += gain * (pass + p.drafting) / p.tokens - (rows_cost(1) + cost);
             }
         }
         let r = &mut plan[c.entry];
@@ -1599,7 +1645,7 @@ fn add_adaptive(
         p.tokens += gain;
         p.drafting += cost;
     }
-    budget
+    (budget, surplus)
 }
 
 /// The drafts' positions in the target's pages: free ones taken, never a preemption (drafts
@@ -1935,10 +1981,10 @@ mod tests {
     }
 
     #[test]
-    fn an_adaptive_k_that_drafts_nothing_with_the_eagle_head_for_long_stops_following_it() {
+    fn an_adaptive_k_whose_eagle_drafts_do_not_pay_for_the_heads_follows_stops_following_it() {
         // (a sequence the head has followed through the token before its newest: ready to draft)
         let mut s = seq((1..20).collect(), 0, 10);
-        let ready = Source::Eagle { past: s.n_past, row: Some(0), idle: 0 };
+        let ready = Source::Eagle { past: s.n_past, row: Some(0), idle: 0.0 };
         s.drafting = Some(Drafting { source: ready, ngram: None, k_max: 4, fixed: false });
         let mut batch = Batch::new(64);
         batch.running = vec![s];
@@ -1948,7 +1994,7 @@ mod tests {
         };
         // costs unknown: no draft, and no idle pass (not the costs' choice)
         assert_eq!(drafts(&mut batch, 24), [0]);
-        assert_eq!(idle(&batch), 0);
+        assert_eq!(idle(&batch), 0.0);
         // rows free (a flat line) and the head never run: one draft, the probe of its cost
         batch.costs.observe(4, 1.0);
         batch.costs.observe(8, 1.0);
@@ -1956,7 +2002,20 @@ mod tests {
         // its chain measured nearly free: K's drafts, and its idle passes stay 0
         batch.head_costs.observe(1, 1e-12);
         assert_eq!(drafts(&mut batch, 24), [4]);
-        assert_eq!(idle(&batch), 0);
+        assert_eq!(idle(&batch), 0.0);
+        // the head's follows measured: 1 s each, more than its drafts' surplus (1 in 12 drafts
+        // kept, a lower bound of 0.006: 0.006 tokens of a 1 s pass): they count, drafts or not
+        batch.follow_costs.observe(1, 1.0);
+        batch.follow_costs.observe(2, 1.0);
+        assert_eq!(drafts(&mut batch, 24), [4]);
+        let unpaid = idle(&batch);
+        assert!(unpaid > 0.99 && unpaid < 1.0, "a follow less its drafts' surplus: {unpaid}");
+        // a microsecond each: its drafts pay for them
+        batch.follow_costs = PassCosts::default();
+        batch.follow_costs.observe(1, 1e-6);
+        batch.follow_costs.observe(2, 1e-6);
+        assert_eq!(drafts(&mut batch, 24), [4]);
+        assert_eq!(idle(&batch), 0.0);
         // rows cost what serving more requests does and 1 in 12 drafts is kept: none pays
         batch.costs = PassCosts::default();
         for r in [4, 8, 16] {
@@ -1964,17 +2023,17 @@ mod tests {
         }
         for pass in 1..=EAGLE_PATIENCE {
             assert_eq!(drafts(&mut batch, 24), [0]);
-            assert_eq!(idle(&batch), pass, "passes in a row without a draft");
+            assert_eq!(idle(&batch), pass as f64, "passes in a row without a draft");
             // (a pass whose rows ran out does not count)
             assert_eq!(drafts(&mut batch, 0), [0]);
-            assert_eq!(idle(&batch), pass, "no rows left: not the costs' choice");
+            assert_eq!(idle(&batch), pass as f64, "no rows left: not the costs' choice");
         }
         // a fixed K's passes neither count nor reset them
         if let Some(d) = &mut batch.running[0].drafting {
-            (d.fixed, d.source) = (true, Source::Eagle { past: 18, row: Some(0), idle: 3 });
+            (d.fixed, d.source) = (true, Source::Eagle { past: 18, row: Some(0), idle: 3.0 });
         }
         assert_eq!(drafts(&mut batch, 24), [4]);
-        assert_eq!(idle(&batch), 3);
+        assert_eq!(idle(&batch), 3.0);
     }
 
     #[test]
@@ -2158,7 +2217,7 @@ mod tests {
     fn an_ensemble_whose_drafter_cannot_draft_yet_drafts_the_ngrams_continuations() {
         // (an EAGLE head that has not followed the sequence: it cannot draft)
         let mut s = seq([1, 2, 3].repeat(6), 90, 10);
-        let waiting = Source::Eagle { past: 0, row: None, idle: 0 };
+        let waiting = Source::Eagle { past: 0, row: None, idle: 0.0 };
         s.drafting = Some(Drafting { source: waiting, ngram: None, k_max: 4, fixed: true });
         let mut batch = Batch::new(64);
         batch.running = vec![s];

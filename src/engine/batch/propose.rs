@@ -401,9 +401,9 @@ pub(super) type Before = (SeqId, usize, Vec<u32>);
 /// row the target's feature at a position and the token after it. Each such sequence's last
 /// row of it is where its next chain starts; each page whose positions it has now all run
 /// records the token after it (the prefix cache can then give its head part too). The others
-/// cannot draft until they come back (preempted ones), or for the rest of their run: the costs
-/// turned their adaptive K's drafts down for [`EAGLE_PATIENCE`] passes.
-pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before]) {
+/// cannot draft until they come back (preempted ones), or for the rest of their run: their
+/// adaptive K's drafts did not pay for [`EAGLE_PATIENCE`] such passes. Returns the rows it ran.
+pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before]) -> usize {
     // (plan entry's sequence, its first kept position, its rows of the pass, rows kept)
     let mut kept: Vec<(usize, usize, &[u32], usize)> = Vec::new();
     for (i, s) in batch.running.iter_mut().enumerate() {
@@ -414,12 +414,12 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before])
         // (the head's latest pass will not be this one's for a sequence it does not follow)
         *row = None;
         let Some((_, old, rows)) = before.iter().find(|b| b.0 == s.id) else { continue };
-        if *idle < EAGLE_PATIENCE && *past == *old && n_past > *old {
+        if *idle < EAGLE_PATIENCE as f64 && *past == *old && n_past > *old {
             kept.push((i, *old, rows, n_past - old));
         }
     }
     if kept.is_empty() {
-        return;
+        return 0;
     }
     batch.head_used = true;
     let running = &batch.running;
@@ -439,7 +439,7 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before])
     // refuse)
     debug_assert!(ran.is_ok(), "{ran:?}");
     if ran.is_err() {
-        return;
+        return 0;
     }
     let mut at = 0;
     for &(i, old, _, n) in &kept {
@@ -453,6 +453,7 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before])
             batch.pool.head_computed(s.pages[j], s.tokens[(j + 1) * KV_PAGE]);
         }
     }
+    at
 }
 
 /// After a commit: each running sequence drafting with the Medusa heads takes its last kept row
