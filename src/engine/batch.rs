@@ -276,6 +276,11 @@ impl Drafting {
         matches!(self.source, Source::Eagle { .. })
     }
 
+    /// Whether it drafts with the EAGLE head and the head follows it ([`EAGLE_PATIENCE`]).
+    fn is_followed(&self) -> bool {
+        matches!(self.source, Source::Eagle { idle, .. } if idle < EAGLE_PATIENCE as f64)
+    }
+
     fn is_medusa(&self) -> bool {
         matches!(self.source, Source::Medusa { .. })
     }
@@ -432,6 +437,10 @@ pub(super) struct Batch {
     /// [`FOLLOW_TIMED`]), and the passes it ran.
     follow_costs: PassCosts,
     follows: u64,
+    /// The acceptance a first EAGLE draft needed to pay in the latest pass that priced one (its
+    /// row's and its chain's seconds against the pass's tokens per second): a new sequence
+    /// whose drafter's record is below it is not followed ([`Batch::head_follows`]).
+    eagle_price: Option<f64>,
     /// The Medusa heads' costs (by rows), and their number (the most drafts they guess; 0:
     /// none loaded).
     medusa_costs: PassCosts,
@@ -459,6 +468,7 @@ impl Batch {
             head_used: false,
             follow_costs: PassCosts::default(),
             follows: 0,
+            eagle_price: None,
             medusa_costs: PassCosts::default(),
             medusa_heads: 0,
             medusa_choices: Vec::new(),
@@ -600,6 +610,18 @@ impl Batch {
         }
     }
 
+    /// Whether the EAGLE head should follow a new sequence drafting with it: a fixed K's
+    /// always; an adaptive one's unless the latest pass that priced a first EAGLE draft asked
+    /// more acceptance of it than the lower bound of the head's record across the batch
+    /// ([`Batch::eagle_price`], [`Tally::bound`]; none priced yet: it follows, and measures).
+    /// Followed, it pays the head's pass over its prompt and over its kept rows each pass, and
+    /// its first token waits a pass (its last prompt token runs with the head's drafts); where
+    /// rows cost what serving more requests does those passes would buy nothing.
+    fn head_follows(&self, d: &Drafting) -> bool {
+        let bound = Tally::bound((0, 0), self.acceptance[d.drafter()][0].first);
+        d.fixed || self.eagle_price.is_none_or(|price| bound >= price)
+    }
+
     /// Admits waiting sequences, oldest first, while there is a place (each running sequence
     /// has a row of every pass) and the pool holds their tokens and the position after them
     /// (within the context): in arrival order among the running ones, so a preempted sequence
@@ -609,6 +631,8 @@ impl Batch {
     /// (for a sequence drafting with the EAGLE head, those whose head part is computed too: the
     /// head runs on the target's features of every position).
     fn admit(&mut self, context: usize) {
+        // (a sequence the EAGLE head will not follow decodes plainly: its whole prompt runs, any
+        // cached page serves it)
         let places = self.limits.max_seqs.min(self.limits.max_rows).clamp(1, MAX_BATCH);
         let mut at = 0;
         while self.running.len() < places {
@@ -619,7 +643,7 @@ impl Batch {
                 continue;
             }
             let mut found = self.pool.lookup(s.root, &s.tokens, (s.tokens.len() - 1) / KV_PAGE);
-            let eagle = s.drafting.as_ref().is_some_and(Drafting::is_eagle);
+            let eagle = s.drafting.as_ref().is_some_and(|d| d.is_followed() && self.head_follows(d));
             if eagle {
                 // (found pages lie below the newest token: the token after each is known)
                 let with_head = (found.iter().enumerate())
@@ -640,8 +664,11 @@ impl Batch {
             s.pages.extend((0..need).filter_map(|_| self.pool.take()));
             (s.cached_pages, s.entry) = (found.len(), found.last().map_or(s.root, |&(_, e)| e));
             s.n_past = found.len() * KV_PAGE;
-            if let Some(Drafting { source: Source::Eagle { past, .. }, .. }) = &mut s.drafting {
+            if let Some(Drafting { source: Source::Eagle { past, idle, .. }, .. }) = &mut s.drafting {
                 *past = s.n_past;
+                if !eagle {
+                    *idle = EAGLE_PATIENCE as f64;
+                }
             }
             self.status.cached_tokens += s.n_past as u64;
             s.cached_tokens.get_or_insert(s.n_past.min(s.prompt_len));
@@ -801,6 +828,9 @@ pub(super) async fn step(
             if rows > 0 {
                 batch.follows += 1;
                 if timed && target.gpu().finish().await.is_ok() {
+                    if std::env::var_os("WGSPEC_TRACE").is_some() {
+                        eprintln!("TIMED rows={rows} secs={:.4}", t0.elapsed().as_secs_f64());
+                    }
                     batch.follow_costs.observe(rows, t0.elapsed().as_secs_f64());
                 }
             }
@@ -1189,7 +1219,7 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
     for (i, s) in batch.running.iter().enumerate() {
         let left = s.tokens.len() - s.n_past;
         if left > 1 && budget > 0 {
-            let eagle = s.drafting.as_ref().is_some_and(Drafting::is_eagle);
+            let eagle = s.drafting.as_ref().is_some_and(Drafting::is_followed);
             let run = (left - eagle as usize).min(budget);
             budget -= run;
             plan.push(Rows::new(i, run, run == left));
@@ -1318,6 +1348,13 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     let probes = (fit.is_none() && batch.costs.measured(rows as usize)) as usize;
     let known = fit.is_some();
     let planned = Planned { rows, tokens, drafting, measured: batch.costs.average(rows as usize) };
+    if let (Some(fit), Some(chain)) = (fit.as_ref().filter(|_| tokens > 0.0), head_draft) {
+        // (what a first EAGLE draft needs in this pass: new sequences are followed where the
+        // head's record reaches it)
+        let pass = planned.measured.unwrap_or_else(|| fit.seconds(rows as usize));
+        let row = fit.seconds(rows as usize + 1) - fit.seconds(rows as usize);
+        batch.eagle_price = Some((row + chain) * tokens / (pass + drafting).max(1e-9));
+    }
     // (a pass whose row count without its adaptive drafts is stale, measured as every row
     // wants logits, runs without them: it refreshes the count the drafts' costs are told from)
     let refresh = batch.costs.stale(rows as usize) && plan.iter().all(|r| r.pending);
@@ -1352,6 +1389,9 @@ fn follow_paid(batch: &mut Batch, plan: &[Rows], adaptive: &[Candidate], surplus
             None => 0.0,
         };
         *idle = (*idle + 1.0 - paid).max(0.0);
+        if std::env::var_os("WGSPEC_TRACE").is_some() {
+            eprintln!("FOLLOW idle={:.2} gained={gained:.4} f={follow:?} drafted={drafted}", *idle);
+        }
     }
 }
 
@@ -2034,6 +2074,44 @@ mod tests {
         }
         assert_eq!(drafts(&mut batch, 24), [4]);
         assert_eq!(idle(&batch), 3.0);
+    }
+
+    #[test]
+    fn a_new_eagle_sequence_is_followed_where_its_drafters_record_pays_for_a_draft() {
+        let eagle = |fixed: bool| {
+            let mut s = seq((1..20).collect(), 0, 0);
+            (s.n_past, s.prompt_len) = (0, 19);
+            let source = Source::Eagle { past: 0, row: None, idle: 0.0 };
+            s.drafting = Some(Drafting { source, ngram: None, k_max: 4, fixed });
+            s
+        };
+        // (the prompt's rows of the first pass, and whether the head follows it)
+        let first_pass = |batch: &mut Batch, s: Seq| {
+            batch.running.clear();
+            batch.waiting.push_back(s);
+            batch.admit(1024);
+            let followed = batch.running[0].drafting.as_ref().is_some_and(Drafting::is_followed);
+            (plan(batch, 1024)[0].run, followed)
+        };
+        let mut batch = Batch::new(64);
+        // nothing priced yet: followed (its last prompt token runs with the head's drafts)
+        assert_eq!(first_pass(&mut batch, eagle(false)), (18, true));
+        // a pass of one decoding row: 1 s and 0.15 s a row, a chain 0.05 s: a first draft pays
+        // at an acceptance of 0.2 / 1.15
+        batch.costs.observe(4, 1.6);
+        batch.costs.observe(8, 2.2);
+        batch.head_costs.observe(1, 0.05);
+        batch.running = vec![seq((1..20).collect(), 0, 0)];
+        drafts(&mut batch, 24);
+        let price = batch.eagle_price.expect("priced");
+        assert!((price - 0.2 / 1.15).abs() < 1e-9, "{price}");
+        // the head's drafts kept 10 times in 100 across the batch (a bound of 0.04): not followed,
+        // its whole prompt runs; kept 90 times in 100: followed
+        batch.acceptance[2][0] = Tally { first: (10, 90), later: (0, 0) };
+        assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
+        assert_eq!(first_pass(&mut batch, eagle(true)), (18, true), "a fixed K is followed");
+        batch.acceptance[2][0] = Tally { first: (90, 10), later: (0, 0) };
+        assert_eq!(first_pass(&mut batch, eagle(false)), (18, true));
     }
 
     #[test]
