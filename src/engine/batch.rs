@@ -439,7 +439,7 @@ pub(super) struct Batch {
     follows: u64,
     /// The acceptance a first EAGLE draft needed to pay in the latest pass that priced one (its
     /// row's and its chain's seconds against the pass's tokens per second): a new sequence
-    /// whose drafter's record is below it is not followed ([`Batch::head_follows`]).
+    /// whose drafter's record keeps less is not followed ([`Batch::head_follows`]).
     eagle_price: Option<f64>,
     /// The Medusa heads' costs (by rows), and their number (the most drafts they guess; 0:
     /// none loaded).
@@ -612,14 +612,16 @@ impl Batch {
 
     /// Whether the EAGLE head should follow a new sequence drafting with it: a fixed K's
     /// always; an adaptive one's unless the latest pass that priced a first EAGLE draft asked
-    /// more acceptance of it than the lower bound of the head's record across the batch
-    /// ([`Batch::eagle_price`], [`Tally::bound`]; none priced yet: it follows, and measures).
-    /// Followed, it pays the head's pass over its prompt and over its kept rows each pass, and
-    /// its first token waits a pass (its last prompt token runs with the head's drafts); where
+    /// more acceptance of it than the head's record across the batch keeps
+    /// ([`Batch::eagle_price`], [`Tally::mean`]; none priced yet: it follows, and measures).
+    /// (The mean, not a draft's lower bound: a new sequence is not chosen where it looks best,
+    /// and a bound from a few early drafts kept every later sequence from being followed, and
+    /// from measuring more.)
+    /// Followed, it pays the head's pass over its prompt and over its kept rows each pass; where
     /// rows cost what serving more requests does those passes would buy nothing.
     fn head_follows(&self, d: &Drafting) -> bool {
-        let bound = Tally::bound((0, 0), self.acceptance[d.drafter()][0].first);
-        d.fixed || self.eagle_price.is_none_or(|price| bound >= price)
+        let (mean, _) = Tally::mean((0, 0), self.acceptance[d.drafter()][0].first);
+        d.fixed || self.eagle_price.is_none_or(|price| mean >= price)
     }
 
     /// Admits waiting sequences, oldest first, while there is a place (each running sequence
@@ -822,15 +824,12 @@ pub(super) async fn step(
         target.keep_paths_in_pages(&trees)?;
         if let Some(h) = head {
             // (timed by waiting for the GPU after it; a failure shows in the next pass)
-            let timed = batch.follows % FOLLOW_TIMED == 0 || batch.follow_costs.line().is_none();
+            let timed = batch.follows.is_multiple_of(FOLLOW_TIMED) || batch.follow_costs.line().is_none();
             let t0 = Instant::now();
             let rows = propose::follow(batch, h, &before);
             if rows > 0 {
                 batch.follows += 1;
                 if timed && target.gpu().finish().await.is_ok() {
-                    if std::env::var_os("WGSPEC_TRACE").is_some() {
-                        eprintln!("TIMED rows={rows} secs={:.4}", t0.elapsed().as_secs_f64());
-                    }
                     batch.follow_costs.observe(rows, t0.elapsed().as_secs_f64());
                 }
             }
@@ -960,12 +959,18 @@ impl Tally {
     /// (kept, rejected) counted after `pooled`'s (its drafter's across the batch; from 1/2
     /// before any), which weigh as 2 and up to 16 more as they are measured. A mean from a few
     /// dozen drafts, taken where it looks best, overstated what drafts kept.
-    fn bound((kept, rejected): (usize, usize), (p_kept, p_rejected): (usize, usize)) -> f64 {
+    fn bound(own: (usize, usize), pooled: (usize, usize)) -> f64 {
+        let (mean, reached) = Tally::mean(own, pooled);
+        (mean - (mean * (1.0 - mean) / (reached + 1.0)).sqrt()).max(0.0)
+    }
+
+    /// The share kept among `own`'s (kept, rejected) counted after `pooled`'s, as
+    /// [`Tally::bound`] weighs them, and the drafts it weighs as.
+    fn mean((kept, rejected): (usize, usize), (p_kept, p_rejected): (usize, usize)) -> (f64, f64) {
         let prior = (p_kept as f64 + 1.0) / ((p_kept + p_rejected) as f64 + 2.0);
         let weight = ((p_kept + p_rejected).min(16) + 2) as f64;
         let reached = (kept + rejected) as f64 + weight;
-        let mean = (kept as f64 + weight * prior) / reached;
-        (mean - (mean * (1.0 - mean) / (reached + 1.0)).sqrt()).max(0.0)
+        ((kept as f64 + weight * prior) / reached, reached)
     }
 }
 
@@ -1213,13 +1218,17 @@ fn plan(batch: &mut Batch, context: usize) -> Vec<Rows> {
         }
         i += 1;
     }
-    // 2. prompt chunks (their pages were taken at admission); a sequence drafting with the EAGLE
-    // head leaves its newest token to run as a decoding one, with drafts after it (the head
-    // drafts from its rows up to the token before), as the one-sequence loop does
+    // 2. prompt chunks (their pages were taken at admission); a fixed K's sequence that the
+    // EAGLE head follows leaves its newest token to run as a decoding one, with drafts after it
+    // (the head drafts from its rows up to the token before), as the one-sequence loop does.
+    // (An adaptive K's runs its whole prompt: its first token comes a pass earlier, and the
+    // head's pass over the prompt's rows, the token after the last one included, lets it draft
+    // from the next; on lavapipe at 8 requests that extra pass was another prompt's 64-row
+    // chunk, and the time to the first token of an EAGLE request twice plain's.)
     for (i, s) in batch.running.iter().enumerate() {
         let left = s.tokens.len() - s.n_past;
         if left > 1 && budget > 0 {
-            let eagle = s.drafting.as_ref().is_some_and(Drafting::is_followed);
+            let eagle = s.drafting.as_ref().is_some_and(|d| d.fixed && d.is_followed());
             let run = (left - eagle as usize).min(budget);
             budget -= run;
             plan.push(Rows::new(i, run, run == left));
@@ -1389,9 +1398,6 @@ fn follow_paid(batch: &mut Batch, plan: &[Rows], adaptive: &[Candidate], surplus
             None => 0.0,
         };
         *idle = (*idle + 1.0 - paid).max(0.0);
-        if std::env::var_os("WGSPEC_TRACE").is_some() {
-            eprintln!("FOLLOW idle={:.2} gained={gained:.4} f={follow:?} drafted={drafted}", *idle);
-        }
     }
 }
 
@@ -2094,8 +2100,10 @@ mod tests {
             (plan(batch, 1024)[0].run, followed)
         };
         let mut batch = Batch::new(64);
-        // nothing priced yet: followed (its last prompt token runs with the head's drafts)
-        assert_eq!(first_pass(&mut batch, eagle(false)), (18, true));
+        // nothing priced yet: followed, its whole prompt runs (a fixed K's leaves its last token
+        // to run with the head's drafts, as the one-sequence loop does)
+        assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
+        assert_eq!(first_pass(&mut batch, eagle(true)), (18, true));
         // a pass of one decoding row: 1 s and 0.15 s a row, a chain 0.05 s: a first draft pays
         // at an acceptance of 0.2 / 1.15
         batch.costs.observe(4, 1.6);
@@ -2105,13 +2113,13 @@ mod tests {
         drafts(&mut batch, 24);
         let price = batch.eagle_price.expect("priced");
         assert!((price - 0.2 / 1.15).abs() < 1e-9, "{price}");
-        // the head's drafts kept 10 times in 100 across the batch (a bound of 0.04): not followed,
-        // its whole prompt runs; kept 90 times in 100: followed
+        // the head's drafts kept 10 times in 100 across the batch (a mean of 0.11): not followed;
+        // kept 90 times in 100: followed
         batch.acceptance[2][0] = Tally { first: (10, 90), later: (0, 0) };
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
         assert_eq!(first_pass(&mut batch, eagle(true)), (18, true), "a fixed K is followed");
         batch.acceptance[2][0] = Tally { first: (90, 10), later: (0, 0) };
-        assert_eq!(first_pass(&mut batch, eagle(false)), (18, true));
+        assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
     }
 
     #[test]
