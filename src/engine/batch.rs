@@ -23,8 +23,9 @@
 //!             the path they follow from the root), then the choice after them; a tree's path
 //!             moved to its positions in the sequence's pages (Model::keep_paths_in_pages);
 //!             finished sequences return their pages before the next pass
-//!   follow    one EAGLE head pass over the kept rows of the sequences drafting with it (the
+//!   follow    one EAGLE head pass over the kept rows of the sequences it follows (the
 //!             target's features of the pass, each row's next token): its cache follows theirs
+//!             (timed once in 16: [`EAGLE_PATIENCE`], [`Batch::head_follows`])
 //! ```
 //!
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
