@@ -646,7 +646,8 @@ impl Batch {
                 continue;
             }
             let mut found = self.pool.lookup(s.root, &s.tokens, (s.tokens.len() - 1) / KV_PAGE);
-            let eagle = s.drafting.as_ref().is_some_and(|d| d.is_followed() && self.head_follows(d));
+            // (a waiting sequence's follows start afresh)
+            let eagle = s.drafting.as_ref().is_some_and(|d| d.is_eagle() && self.head_follows(d));
             if eagle {
                 // (found pages lie below the newest token: the token after each is known)
                 let with_head = (found.iter().enumerate())
@@ -1361,24 +1362,30 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     if let (Some(fit), Some(chain)) = (fit.as_ref().filter(|_| tokens > 0.0), head_draft) {
         // (what a first EAGLE draft needs in this pass: new sequences are followed where the
         // head's record reaches it)
-        let pass = planned.measured.unwrap_or_else(|| fit.seconds(rows as usize));
+        let pass = planned.seconds(fit, rows as usize);
         let row = fit.seconds(rows as usize + 1) - fit.seconds(rows as usize);
-        batch.eagle_price = Some((row + chain) * tokens / (pass + drafting).max(1e-9));
+        batch.eagle_price = Some((row + chain) * tokens / (pass + drafting));
     }
     // (a pass whose row count without its adaptive drafts is stale, measured as every row
     // wants logits, runs without them: it refreshes the count the drafts' costs are told from)
     let refresh = batch.costs.stale(rows as usize) && plan.iter().all(|r| r.pending);
     let adaptive_budget = if refresh { 0 } else { budget };
     let (budget, surplus) = add_adaptive(plan, &adaptive, adaptive_budget, (fit, probes), planned);
-    follow_paid(batch, plan, &adaptive, &surplus, known && budget > 0);
+    follow_paid(batch, plan, &adaptive, &surplus, (known, budget > 0));
 }
 
 /// Counts each EAGLE sequence's follow of this pass against its adaptive K's drafts
 /// ([`EAGLE_PATIENCE`]): one follow more, less its drafts' `surplus` (seconds) in a follow's
 /// measured seconds (its row's, and its share of a pass's fixed seconds; not measured yet: its
-/// drafts pay for them all). Passes whose costs are unknown, or that drafted nothing where no
-/// rows were left or a count was refreshed (`chose`: false), do not count.
-fn follow_paid(batch: &mut Batch, plan: &[Rows], adaptive: &[Candidate], surplus: &[f64], chose: bool) {
+/// drafts pay for them all). Passes whose costs are unknown (`known`), or that drafted nothing
+/// where no rows were left or a count was refreshed (`rows_left`), do not count.
+fn follow_paid(
+    batch: &mut Batch,
+    plan: &[Rows],
+    adaptive: &[Candidate],
+    surplus: &[f64],
+    (known, rows_left): (bool, bool),
+) {
     let is_eagle =
         |c: &&Candidate| batch.running[plan[c.entry].seq].drafting.as_ref().is_some_and(Drafting::is_eagle);
     let followed = adaptive.iter().filter(is_eagle).count().max(1) as f64;
@@ -1390,7 +1397,7 @@ fn follow_paid(batch: &mut Batch, plan: &[Rows], adaptive: &[Candidate], surplus
         else {
             continue;
         };
-        if !(chose || drafted && batch.costs.fit().is_some()) {
+        if !(known && (rows_left || drafted)) {
             continue;
         }
         let paid = match follow {
@@ -1634,6 +1641,15 @@ struct Planned {
     measured: Option<f64>,
 }
 
+impl Planned {
+    /// The target's seconds of the pass: its rows' before the adaptive drafts (`before` of
+    /// them) as measured, where they are, and the fit's for the rows after.
+    fn seconds(&self, fit: &Fit<'_>, before: usize) -> f64 {
+        let measured = self.measured.map_or(0.0, |m| m - fit.seconds(before));
+        (fit.seconds(self.rows as usize) + measured).max(1e-9)
+    }
+}
+
 /// [`draft`]'s adaptive drafts in at most `budget` rows, one at a time the likeliest (its next
 /// draft's chance) while its tokens per marginal second are at least the pass's tokens per
 /// second (the marginal seconds by the passes' fit; the pass's own by its row count's measured
@@ -1666,11 +1682,9 @@ fn add_adaptive(
             None if probes == 0 => break,
             None => probes -= 1,
             Some(fit) => {
-                // (the target's seconds of the pass: its rows' before the adaptive drafts as
-                // measured, where they are, and the fit's for the rows after; of m more rows in it)
+                // (the pass's seconds; of m more rows in it)
                 let rows = p.rows as usize;
-                let measured = p.measured.map_or(0.0, |m| m - fit.seconds(before));
-                let pass = (fit.seconds(rows) + measured).max(1e-9);
+                let pass = p.seconds(fit, before);
                 let rows_cost = |m: usize| fit.seconds(rows + m) - fit.seconds(rows);
                 let pays = |g: f64, secs: f64| g * (pass + p.drafting) >= secs * p.tokens;
                 // (a fixed cost shared by the drafts it buys)
