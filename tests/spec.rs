@@ -1859,7 +1859,8 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         };
         let mut head = load_eagle(&mut target, file, &config, 4).0;
         let dim = tiny.spec.dim;
-        // each sequence's rows are its positions but the last, whose token is the last row's next
+        // each sequence's rows are its positions but the last, whose token is the last row's next;
+        // its first draft ranked from its last row, with the head's log-probability of it
         let lens = [71usize, 6, 41];
         let depth = [4usize, 2, 5];
         let seqs: Vec<Vec<u32>> =
@@ -1896,6 +1897,7 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         assert_eq!(pages[1].len(), 1);
         let mut done = [0usize; 3];
         let mut last = [0usize; 3];
+        let mut firsts = vec![None; 3];
         let sizes = [9usize, 1, 5, 12];
         for pass in 0.. {
             let left: Vec<usize> = (0..3).map(|s| lens[s] - 1 - done[s]).collect();
@@ -1937,7 +1939,11 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
                     next: &seqs[s][at + 1..at + 1 + take],
                 })
                 .collect();
-            head.run_pages(&head_rows).expect("head pass");
+            let ranked = pollster::block_on(head.run_pages(&head_rows)).expect("head pass");
+            assert_eq!(ranked.len(), plan.len(), "{what}: a first draft per sequence");
+            for (&(s, ..), f) in plan.iter().zip(ranked) {
+                firsts[s] = Some(f);
+            }
             let got = pollster::block_on(head.features(first)).expect("features");
             let mut row = 0;
             for &(s, at, take) in &plan {
@@ -1952,8 +1958,21 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
                 done[s] += take;
             }
         }
+        let firsts: Vec<_> = firsts.into_iter().map(|f| f.expect("each sequence's last pass")).collect();
+        let vocab = tiny.spec.vocab as f32;
+        for (s, f) in firsts.iter().enumerate() {
+            assert_eq!(f.ids, chains[s][0], "{what}: sequence {s}'s first draft is its chain's");
+            let p = f.log_prob.exp();
+            assert!(p <= 1.0 && p >= 1.0 / vocab, "{what}: the top of a softmax of {vocab}: {p}");
+        }
         let asks: Vec<HeadChain> = (0..3)
-            .map(|s| HeadChain { pages: &pages[s], past: lens[s] - 1, row: last[s], drafts: depth[s] })
+            .map(|s| HeadChain {
+                pages: &pages[s],
+                past: lens[s] - 1,
+                row: last[s],
+                first: &firsts[s].ids,
+                drafts: depth[s],
+            })
             .collect();
         let got = pollster::block_on(head.draft_pages(&asks)).expect("chains");
         assert_eq!(
@@ -1962,8 +1981,11 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         );
         // chains past their pages, too deep, from no row of the last pass: refused
         let mut bad = |c: HeadChain| pollster::block_on(head.draft_pages(&[c])).is_err();
-        let ok = HeadChain { pages: &pages[1], past: 5, row: 0, drafts: 2 };
+        let ok = HeadChain { pages: &pages[1], past: 5, row: 0, first: &firsts[1].ids, drafts: 2 };
         assert!(!bad(ok));
+        let out_of_vocab = [tiny.spec.vocab as u32; 4];
+        assert!(bad(HeadChain { first: &firsts[1].ids[..3], ..ok }), "{what}: its ranks are top_k ids");
+        assert!(bad(HeadChain { first: &out_of_vocab, ..ok }), "{what}: ids in the vocabulary");
         let end = KV_PAGE - 1;
         assert!(!bad(HeadChain { past: end, ..ok }), "{what}: position {end} is in one page");
         assert!(bad(HeadChain { past: end, drafts: 3, ..ok }), "{what}: positions {end} and after are not");

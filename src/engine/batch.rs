@@ -24,8 +24,9 @@
 //!             moved to its positions in the sequence's pages (Model::keep_paths_in_pages);
 //!             finished sequences return their pages before the next pass
 //!   follow    one EAGLE head pass over the kept rows of the sequences it follows (the
-//!             target's features of the pass, each row's next token): its cache follows theirs
-//!             (timed once in 16: [`EAGLE_PATIENCE`], [`Batch::head_follows`])
+//!             target's features of the pass, each row's next token): its cache follows theirs,
+//!             and each one's last row ranks its next first draft, read back with the head's
+//!             probability of it (its record); timed ([`EAGLE_PATIENCE`], [`Batch::head_follows`])
 //! ```
 //!
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
@@ -87,7 +88,7 @@ use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
 use crate::generation::FinishReason;
 use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleSeed, KV_PAGE, MAX_TREE};
-use crate::model::{EagleHead, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_MEDUSA_HEADS};
+use crate::model::{EagleHead, FirstDraft, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_MEDUSA_HEADS};
 use crate::sampling::SamplingParams;
 use crate::speculative::sampled::target_draws;
 use crate::speculative::schedule::tree_nodes;
@@ -163,15 +164,19 @@ pub struct BatchStatus {
 /// every pass (4-7 ms of a 60-90 ms pass at N = 1), 5-20 % below plain decoding.
 const EAGLE_PATIENCE: usize = 8;
 
-/// The head's follows timed (one waits for the GPU after it): every one until two row counts
-/// are measured, then one in this many.
-const FOLLOW_TIMED: u64 = 16;
-
 /// The records of a sequence's drafts and of its drafter's ([`Drafting::record`]): an n-gram's
 /// drafts after a match of 1, 2, and 3 or more words are tallied apart (on SmolLM2-135M a first
 /// draft after each was kept 24 %, 41 % and 84 % of the time: the mean of all, below what a row
-/// costs on lavapipe, kept every one from drafting); another drafter's are one record.
+/// costs on lavapipe, kept every one from drafting); the EAGLE head's by its probability of its
+/// first draft ([`EAGLE_CONFIDENCE`]); another drafter's are one record.
 const RECORDS: usize = 3;
+
+/// The head's probabilities of its first draft from which an EAGLE sequence's drafts go to
+/// records 1 and 2 (below the first: record 0). EAGLE-2's finding: a draft head's confidence
+/// tells how often the target takes its draft. SmolLM2-135M's head over the bench's prompts
+/// (584 first drafts, each pass drafting): below 0.3, 67 % of them, 21 % kept; 0.3-0.6, 23 %,
+/// 40 % kept; from 0.6 on, 10 %, 72 % kept.
+const EAGLE_CONFIDENCE: [f32; RECORDS - 1] = [0.3, 0.6];
 
 /// A row count of the target's passes is stale once this many passes of other counts have been
 /// measured since its latest: a plan of that many rows whose drafts are all adaptive runs
@@ -248,10 +253,11 @@ enum Source {
     /// target's features of each, and the next token; in the head's pages of the same ids as the
     /// sequence's target pages),
     /// its last row in the head's latest pass (none: that pass was not its, it cannot draft), and
-    /// the head's passes over its rows that its adaptive K's drafts have not paid for, net (at
-    /// [`EAGLE_PATIENCE`] the head stops following it: it decodes plainly for the rest of its
+    /// with its first draft ranked there ([`EagleHead::run_pages`]),
+    /// and the head's passes over its rows that its adaptive K's drafts have not paid for, net
+    /// (at [`EAGLE_PATIENCE`] the head stops following it: it decodes plainly for the rest of its
     /// run).
-    Eagle { past: usize, row: Option<usize>, idle: f64 },
+    Eagle { past: usize, row: Option<(usize, FirstDraft)>, idle: f64 },
     /// The engine's Medusa heads ([`propose`]): the sequence's row of the last pass at the
     /// position before its newest token (whose hidden state the heads read: head i guesses the
     /// token i + 1 places after the newest; none: that pass had no row of it).
@@ -288,11 +294,15 @@ impl Drafting {
 
     /// The record its drafts after `tokens` go to and are judged by (an index of
     /// [`Seq::tally`] and of its drafter's [`Batch::acceptance`]): an n-gram's by the words of
-    /// its match, 1, 2, and 3 or more ([`NGram::matched`]; [`RECORDS`]); another drafter's (an
-    /// ensemble's too) the first.
+    /// its match, 1, 2, and 3 or more ([`NGram::matched`]; [`RECORDS`]); the EAGLE head's (an
+    /// ensemble's too) by the head's probability of its first draft ([`EAGLE_CONFIDENCE`]);
+    /// another drafter's the first.
     fn record(&self, tokens: &[u32]) -> usize {
         match &self.source {
             Source::NGram(ngram) => ngram.matched(tokens).clamp(1, RECORDS) - 1,
+            Source::Eagle { row: Some((_, first)), .. } => {
+                EAGLE_CONFIDENCE.iter().filter(|&&p| first.log_prob >= p.ln()).count()
+            }
             _ => 0,
         }
     }
@@ -434,14 +444,17 @@ pub(super) struct Batch {
     /// head part is in the head's pages of the same ids as its target pages.)
     head_costs: PassCosts,
     pub(super) head_used: bool,
-    /// The seconds of the head's passes over the kept rows of the sequences it follows (by rows;
-    /// [`FOLLOW_TIMED`]), and the passes it ran.
+    /// The seconds of the head's passes over the kept rows of the sequences it follows, with
+    /// their first drafts read back (by rows).
     follow_costs: PassCosts,
-    follows: u64,
     /// The acceptance a first EAGLE draft needed to pay in the latest pass that priced one (its
-    /// row's and its chain's seconds against the pass's tokens per second): a new sequence
-    /// whose drafter's record keeps less is not followed ([`Batch::head_follows`]).
+    /// row's and its chain's seconds against the pass's tokens per second), and the tokens one
+    /// more sequence's follow cost at that pace (none: not measured yet); how often a first draft
+    /// of a sequence ready to draft fell in each record ([`EAGLE_CONFIDENCE`]): a new sequence
+    /// is followed where the drafts it can expect pay for its follows ([`Batch::head_follows`]).
     eagle_price: Option<f64>,
+    follow_price: Option<f64>,
+    eagle_records: [u64; RECORDS],
     /// The Medusa heads' costs (by rows), and their number (the most drafts they guess; 0:
     /// none loaded).
     medusa_costs: PassCosts,
@@ -468,8 +481,9 @@ impl Batch {
             head_costs: PassCosts::default(),
             head_used: false,
             follow_costs: PassCosts::default(),
-            follows: 0,
             eagle_price: None,
+            follow_price: None,
+            eagle_records: [0; RECORDS],
             medusa_costs: PassCosts::default(),
             medusa_heads: 0,
             medusa_choices: Vec::new(),
@@ -612,17 +626,26 @@ impl Batch {
     }
 
     /// Whether the EAGLE head should follow a new sequence drafting with it: a fixed K's
-    /// always; an adaptive one's unless the latest pass that priced a first EAGLE draft asked
-    /// more acceptance of it than the head's record across the batch keeps
-    /// ([`Batch::eagle_price`], [`Tally::mean`]; none priced yet: it follows, and measures).
-    /// (The mean, not a draft's lower bound: a new sequence is not chosen where it looks best,
-    /// and a bound from a few early drafts kept every later sequence from being followed, and
-    /// from measuring more.)
-    /// Followed, it pays the head's pass over its prompt and over its kept rows each pass; where
-    /// rows cost what serving more requests does those passes would buy nothing.
+    /// always; an adaptive one's where the first drafts it can expect pay for its follows, as
+    /// the latest pass that priced a first EAGLE draft priced them: per pass, the surplus over
+    /// that price of each record's acceptance across the batch, weighed by how often first
+    /// drafts fell in it, reaches a follow's price ([`Batch::eagle_price`], [`Tally::mean`]);
+    /// nothing priced or measured yet: it follows, and measures. (The mean, not a draft's lower
+    /// bound: a new sequence is not chosen where it looks best, and a bound from a few early
+    /// drafts kept every later sequence from being followed, and from measuring more.)
+    /// Followed, it pays the head's pass over its prompt and over its kept rows each pass; on
+    /// lavapipe each pass's ranking of the first draft costs a fifth of a target pass, and with
+    /// SmolLM2-135M's head one first draft in ten was likely enough to pay a row.
     fn head_follows(&self, d: &Drafting) -> bool {
-        let (mean, _) = Tally::mean((0, 0), self.acceptance[d.drafter()][0].first);
-        d.fixed || self.eagle_price.is_none_or(|price| mean >= price)
+        let seen = self.eagle_records.iter().sum::<u64>();
+        let (Some(price), Some(follow), false, 1..) = (self.eagle_price, self.follow_price, d.fixed, seen)
+        else {
+            return true;
+        };
+        let surplus: f64 = (self.acceptance[d.drafter()].iter().zip(&self.eagle_records))
+            .map(|(t, &n)| n as f64 / seen as f64 * (Tally::mean((0, 0), t.first).0 - price).max(0.0))
+            .sum();
+        surplus >= follow
     }
 
     /// Admits waiting sequences, oldest first, while there is a place (each running sequence
@@ -825,15 +848,11 @@ pub(super) async fn step(
             kept.iter().map(|(pages, root, path)| (&pages[..], *root, &path[..])).collect();
         target.keep_paths_in_pages(&trees)?;
         if let Some(h) = head {
-            // (timed by waiting for the GPU after it; a failure shows in the next pass)
-            let timed = batch.follows.is_multiple_of(FOLLOW_TIMED) || batch.follow_costs.line().is_none();
+            // (a failure shows in the next pass)
             let t0 = Instant::now();
-            let rows = propose::follow(batch, h, &before);
+            let rows = propose::follow(batch, h, &before).await;
             if rows > 0 {
-                batch.follows += 1;
-                if timed && target.gpu().finish().await.is_ok() {
-                    batch.follow_costs.observe(rows, t0.elapsed().as_secs_f64());
-                }
+                batch.follow_costs.observe(rows, t0.elapsed().as_secs_f64());
             }
         }
         propose::medusa_rows(batch, &before);
@@ -1273,6 +1292,7 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     let mut adaptive: Vec<Candidate> = Vec::new();
     // the pass's expected tokens: each newest token's, each fixed draft's; the drafters' seconds
     let (mut tokens, mut drafting) = (0.0, 0.0);
+    let mut eagle_records = [0; RECORDS];
     for (i, r) in plan.iter_mut().enumerate().filter(|(_, r)| r.pending) {
         tokens += 1.0;
         let s = &batch.running[r.seq];
@@ -1315,6 +1335,9 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
             None => shape,
         };
         r.record = d.record(&s.tokens);
+        if ready && d.is_eagle() {
+            eagle_records[r.record] += 1;
+        }
         let alpha = s.chances(r.record, &batch.acceptance[d.drafter()][r.record]);
         let (mut proposal, gains) = match shape {
             Shape::Chain(chain) => {
@@ -1352,6 +1375,7 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
             adaptive.push(Candidate { entry: i, proposal, gains, steps, each: cost, first });
         }
     }
+    (batch.eagle_records.iter_mut().zip(eagle_records)).for_each(|(seen, n)| *seen += n);
     let rows = plan.iter().map(|r| r.run + r.drafts.len()).sum::<usize>() as f64;
     // (until two row counts are measured the marginal row is unknown: a pass of a count measured
     // already takes one draft, the probe that measures another; the others none)
@@ -1365,6 +1389,11 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         let pass = planned.seconds(fit, rows as usize);
         let row = fit.seconds(rows as usize + 1) - fit.seconds(rows as usize);
         batch.eagle_price = Some((row + chain) * tokens / (pass + drafting));
+        let followed =
+            batch.running.iter().filter(|s| s.drafting.as_ref().is_some_and(Drafting::is_followed));
+        let one_more = followed.count() as f64 + 1.0;
+        batch.follow_price =
+            batch.follow_costs.estimate().map(|(a, b)| (a / one_more + b) * tokens / (pass + drafting));
     }
     // (a pass whose row count without its adaptive drafts is stale, measured as every row
     // wants logits, runs without them: it refreshes the count the drafts' costs are told from)
@@ -2045,7 +2074,7 @@ mod tests {
     fn an_adaptive_k_whose_eagle_drafts_do_not_pay_for_the_heads_follows_stops_following_it() {
         // (a sequence the head has followed through the token before its newest: ready to draft)
         let mut s = seq((1..20).collect(), 0, 10);
-        let ready = Source::Eagle { past: s.n_past, row: Some(0), idle: 0.0 };
+        let ready = Source::Eagle { past: s.n_past, row: Some((0, first(0.5))), idle: 0.0 };
         s.drafting = Some(Drafting { source: ready, ngram: None, k_max: 4, fixed: false });
         let mut batch = Batch::new(64);
         batch.running = vec![s];
@@ -2091,7 +2120,7 @@ mod tests {
         }
         // a fixed K's passes neither count nor reset them
         if let Some(d) = &mut batch.running[0].drafting {
-            (d.fixed, d.source) = (true, Source::Eagle { past: 18, row: Some(0), idle: 3.0 });
+            (d.fixed, d.source) = (true, Source::Eagle { past: 18, row: Some((0, first(0.5))), idle: 3.0 });
         }
         assert_eq!(drafts(&mut batch, 24), [4]);
         assert_eq!(idle(&batch), 3.0);
@@ -2128,13 +2157,33 @@ mod tests {
         drafts(&mut batch, 24);
         let price = batch.eagle_price.expect("priced");
         assert!((price - 0.2 / 1.15).abs() < 1e-9, "{price}");
-        // the head's drafts kept 10 times in 100 across the batch (a mean of 0.11): not followed;
-        // kept 90 times in 100: followed
-        batch.acceptance[2][0] = Tally { first: (10, 90), later: (0, 0) };
+        // its follows not measured yet: followed
+        assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
+        // a follow 0.023 s, 0.02 of a token at the pass's pace; first drafts seen 80 times in
+        // the least confident record, 10 in each other
+        batch.running = vec![seq((1..20).collect(), 0, 0)];
+        batch.follow_costs.observe(1, 0.023);
+        batch.follow_costs.observe(2, 0.023);
+        drafts(&mut batch, 24);
+        let follow = batch.follow_price.expect("priced");
+        assert!((follow - 0.023 / 1.15).abs() < 1e-9, "{follow}");
+        batch.eagle_records = [80, 10, 10];
+        // the head's drafts of every confidence kept 10 times in 100 across the batch (a mean of
+        // 0.11): not followed; its most confident ones kept 90 times in 100 (a surplus of 0.07
+        // tokens a pass): followed
+        let kept = |k: usize| Tally { first: (k, 100 - k), later: (0, 0) };
+        batch.acceptance[2] = [kept(10); RECORDS];
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
         assert_eq!(first_pass(&mut batch, eagle(true)), (18, true), "a fixed K is followed");
-        batch.acceptance[2][0] = Tally { first: (90, 10), later: (0, 0) };
+        batch.acceptance[2][RECORDS - 1] = kept(90);
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
+        // a record not measured yet (1/2 before any: a surplus of 0.03): followed, to measure it
+        batch.acceptance[2] = [kept(10), Tally::default(), kept(10)];
+        assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
+        // follows ten times dearer: confident drafts one pass in ten do not pay for them
+        batch.acceptance[2][RECORDS - 1] = kept(90);
+        batch.follow_price = Some(10.0 * follow);
+        assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
     }
 
     #[test]
@@ -2438,6 +2487,42 @@ mod tests {
         batch.acceptance[0] = [kept(80), kept(50), kept(20)];
         assert_eq!(drafts(&mut batch, 24)[0], 0);
         assert!(drafts(&mut batch, 24)[1] > 0);
+    }
+
+    /// The first draft the head ranked at a sequence's last row, of probability `p`.
+    fn first(p: f32) -> FirstDraft {
+        FirstDraft { ids: vec![7, 8, 9], log_prob: p.ln() }
+    }
+
+    #[test]
+    fn an_eagle_draft_is_judged_by_the_heads_probability_of_it() {
+        let eagle = |p: f32| {
+            let mut s = seq((1..20).collect(), 0, 0);
+            let source = Source::Eagle { past: s.n_past, row: Some((0, first(p))), idle: 0.0 };
+            s.drafting = Some(Drafting { source, ngram: None, k_max: 4, fixed: false });
+            s
+        };
+        let mut batch = Batch::new(64);
+        // (a pass: 1 s and 0.15 s a row; the head's chain nearly free)
+        batch.costs.observe(4, 1.6);
+        batch.costs.observe(8, 2.2);
+        batch.head_costs.observe(1, 1e-12);
+        batch.running = vec![eagle(0.95), eagle(0.1), eagle(0.5)];
+        // the head's drafts below 0.4 kept 20 times in 100 across the batch, from 0.8 on 80: the
+        // first drafts, the second none, the third by its record of 50 (their mean would have
+        // drafted all or none)
+        let kept = |k: usize| Tally { first: (k, 100 - k), later: (0, 0) };
+        batch.acceptance[2] = [kept(20), kept(50), kept(80)];
+        let mut plan: Vec<Rows> = (0..3).map(|i| Rows::new(i, 1, true)).collect();
+        draft(&mut batch, &mut plan, 24, 1024);
+        let records: Vec<usize> = plan.iter().map(|r| r.record).collect();
+        assert_eq!(records, [2, 0, 1], "the records its outcomes go to");
+        let drafted: Vec<usize> = plan.iter().map(|r| r.drafts.len()).collect();
+        assert!(drafted[0] > drafted[2] && drafted[2] > 0 && drafted[1] == 0, "{drafted:?}");
+        // the records swapped: the other way round
+        batch.acceptance[2] = [kept(80), kept(50), kept(20)];
+        let drafted = drafts(&mut batch, 24);
+        assert!(drafted[1] > drafted[2] && drafted[2] > 0 && drafted[0] == 0, "{drafted:?}");
     }
 
     #[test]

@@ -753,16 +753,6 @@ impl Gpu {
         Ok(out)
     }
 
-    /// Waits until the work submitted so far has run (a point to time it by; no read-back).
-    pub async fn finish(&self) -> Result<()> {
-        let (tx, rx) = futures_channel::oneshot::channel();
-        self.queue.on_submitted_work_done(move || {
-            let _ = tx.send(());
-        });
-        self.wait()?;
-        rx.await.map_err(|_| Error::Gpu("waiting for the GPU: cancelled".into()))
-    }
-
     /// Submits `encoder` without reading anything back.
     pub fn submit(&self, encoder: wgpu::CommandEncoder) {
         let start = web_time::Instant::now();

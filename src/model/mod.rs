@@ -12,8 +12,8 @@ pub mod weights;
 pub use checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 pub use config::{Arch, Config, RopeScaling};
 pub use eagle::{
-    DraftedTree, EagleHead, EagleLayout, HeadChain, HeadRows, TreeShape, EAGLE_STORE_SLOTS, MAX_EAGLE_DEPTH,
-    MAX_EAGLE_WIDTH,
+    DraftedTree, EagleHead, EagleLayout, FirstDraft, HeadChain, HeadRows, TreeShape, EAGLE_STORE_SLOTS,
+    MAX_EAGLE_DEPTH, MAX_EAGLE_WIDTH,
 };
 pub use medusa::{MedusaConfig, MedusaHeads, MAX_MEDUSA_HEADS, MEDUSA_ROWS};
 pub use transformer::{

@@ -23,10 +23,11 @@
 //!
 //! An EAGLE head's proposals for the batch: after each commit, one head pass over the kept rows
 //! of every sequence drafting with it ([`follow`]: the target's features of the pass, each with
-//! the token after it, in the head's pages of the ids of the sequence's target pages); before
-//! the next target pass, the chains of those drafting this time ([`propose_eagle`]: each
-//! sequence's last row of that pass projected and ranked gives x1, then one-row steps per
-//! sequence, all in one submission, each step's ranked ids read back). A sequence the head has
+//! the token after it, in the head's pages of the ids of the sequence's target pages; each
+//! sequence's last row projected and ranked in the same submission, read back: x1 and the
+//! head's probability of it, which the plan judges its drafts by); before the next target
+//! pass, the chains of those drafting this time ([`propose_eagle`]: from x1, one-row steps per
+//! sequence drafting more than one, all in one submission, each step's ranked ids read back). A sequence the head has
 //! not followed through the token before its newest drafts none. Its chains are the
 //! one-sequence loop's EAGLE chains, with up to [`super::Drafters::eagle_siblings`] of each
 //! step's next likeliest ids beside them (a tree: the loop's `EagleTree::Chain`; where that loop
@@ -295,8 +296,8 @@ async fn timed(
 /// latest pass, in the head's pages of the ids of their target pages (free ones taken for the
 /// draft steps' positions, never a preemption: drafts past them are dropped).
 pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan: &mut [Rows]) -> Result<()> {
-    // (plan entry, and the head's row and past of its sequence)
-    let mut asks: Vec<(usize, usize, usize)> = Vec::new();
+    // (plan entry, and the head's row, past and first draft's ranks of its sequence)
+    let mut asks: Vec<(usize, usize, usize, Vec<u32>)> = Vec::new();
     for (entry, r) in plan.iter_mut().enumerate() {
         let eagle = batch.running[r.seq].drafting.as_ref().is_some_and(Drafting::is_eagle);
         if !r.pending || r.drafts.is_empty() || !eagle {
@@ -317,11 +318,11 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
         r.drafts.truncate(cut);
         match (&s.drafting, s.eagle_ready()) {
             // (an ensemble's tree of the n-gram's nodes alone needs no step of the head)
-            (Some(Drafting { source: Source::Eagle { row: Some(row), past, .. }, .. }), true)
+            (Some(Drafting { source: Source::Eagle { row: Some((row, first)), past, .. }, .. }), true)
                 if !r.drafts.is_empty() =>
             {
                 if steps(r) > 0 {
-                    asks.push((entry, *row, *past))
+                    asks.push((entry, *row, *past, first.ids.clone()))
                 }
             }
             // (an ensemble's n-gram nodes while the head cannot draft: kept)
@@ -335,9 +336,9 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     // (from the first pass on, the head's cache holds nothing the one-sequence loop knows)
     batch.head_used = true;
     let chains: Vec<HeadChain> = (asks.iter())
-        .map(|&(entry, row, past)| {
-            let (pages, drafts) = (&batch.running[plan[entry].seq].pages, steps(&plan[entry]));
-            HeadChain { pages, past, row, drafts }
+        .map(|(entry, row, past, first)| {
+            let (pages, drafts) = (&batch.running[plan[*entry].seq].pages, steps(&plan[*entry]));
+            HeadChain { pages, past: *past, row: *row, first, drafts }
         })
         .collect();
     let drafts = chains.iter().map(|c| c.drafts).sum();
@@ -399,11 +400,13 @@ pub(super) type Before = (SeqId, usize, Vec<u32>);
 /// The EAGLE head's pass over the kept rows of the pass just committed, of every running
 /// sequence drafting with it that it has followed so far (`before`: [`before_commit`]'s): each
 /// row the target's feature at a position and the token after it. Each such sequence's last
-/// row of it is where its next chain starts; each page whose positions it has now all run
+/// row of it is where its next chain starts, its first draft ranked there (with the head's
+/// log-probability of it, the record its drafts go to: [`Drafting::record`]); each page whose positions it has now all run
 /// records the token after it (the prefix cache can then give its head part too). The others
 /// cannot draft until they come back (preempted ones), or for the rest of their run: their
-/// adaptive K's drafts did not pay for [`EAGLE_PATIENCE`] such passes. Returns the rows it ran.
-pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before]) -> usize {
+/// adaptive K's drafts did not pay for [`EAGLE_PATIENCE`] such passes. Returns the rows it ran
+/// (waiting for the GPU: the first drafts are read back).
+pub(super) async fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before]) -> usize {
     // (plan entry's sequence, its first kept position, its rows of the pass, rows kept)
     let mut kept: Vec<(usize, usize, &[u32], usize)> = Vec::new();
     for (i, s) in batch.running.iter_mut().enumerate() {
@@ -434,19 +437,17 @@ pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before])
             }
         })
         .collect();
-    let ran = head.run_pages(&seqs);
     // (the rows are the target pass's own, in the pages of its committed positions: nothing to
-    // refuse)
-    debug_assert!(ran.is_ok(), "{ran:?}");
-    if ran.is_err() {
-        return 0;
-    }
+    // refuse; the read-back may fail, the GPU's error, which the next pass shows)
+    let firsts = head.run_pages(&seqs).await;
+    debug_assert!(firsts.is_ok(), "{firsts:?}");
+    let Ok(firsts) = firsts else { return 0 };
     let mut at = 0;
-    for &(i, old, _, n) in &kept {
+    for (&(i, old, _, n), first) in kept.iter().zip(firsts) {
         at += n;
         let s = &mut batch.running[i];
         if let Some(Drafting { source: Source::Eagle { past, row, .. }, .. }) = &mut s.drafting {
-            (*past, *row) = (old + n, Some(at - 1));
+            (*past, *row) = (old + n, Some((at - 1, first)));
         }
         // (page j's last position is (j + 1) KV_PAGE - 1; the token after it is known)
         for j in old / KV_PAGE..(old + n) / KV_PAGE {
@@ -505,7 +506,8 @@ pub(super) async fn propose_medusa(batch: &mut Batch, medusa: &Medusa, plan: &mu
 pub(super) fn forget_rows(batch: &mut Batch, which: fn(&Drafting) -> bool) {
     for d in batch.running.iter_mut().filter_map(|s| s.drafting.as_mut()).filter(|d| which(d)) {
         match &mut d.source {
-            Source::Eagle { row, .. } | Source::Medusa { row } => *row = None,
+            Source::Eagle { row, .. } => *row = None,
+            Source::Medusa { row } => *row = None,
             _ => {}
         }
     }

@@ -53,9 +53,10 @@
 //!
 //! For a batch of sequences the cache is a pool of pages ([`EagleHead::set_kv_pages`], each
 //! sequence's positions in its own pages, as the target's): a pass over the kept rows of several
-//! sequences ([`EagleHead::run_pages`]), then their chains in one submission
-//! ([`EagleHead::draft_pages`]: each sequence's last row projected and ranked, then one-row steps
-//! per sequence still drafting). One-sequence passes use the pool's first positions.
+//! sequences ([`EagleHead::run_pages`], each sequence's last row projected and ranked with it:
+//! its first draft and the head's log-probability of it, which tells how likely the target is
+//! to take it before anything is drafted), then their chains in one submission
+//! ([`EagleHead::draft_pages`]: one-row steps per sequence drafting more than one). One-sequence passes use the pool's first positions.
 //!
 //! Building a head (its tensors, checks, upload, buffers, recorded ops and memory plan) is in
 //! `build.rs`.
@@ -127,10 +128,22 @@ pub struct HeadChain<'a> {
     pub pages: &'a [u32],
     /// Its positions the head has computed: the first draft step's position.
     pub past: usize,
-    /// Its last row in the latest [`EagleHead::run_pages`] pass (whose f^ ranks the first draft).
+    /// Its last row in the latest [`EagleHead::run_pages`] pass (whose f^ the next step reads).
     pub row: usize,
+    /// That row's ranked ids, the first draft's and its siblings' ([`FirstDraft::ids`]).
+    pub first: &'a [u32],
     /// Drafts wanted (1..=[`MAX_EAGLE_DEPTH`]).
     pub drafts: usize,
+}
+
+/// A sequence's first draft as a head pass over several ranks it ([`EagleHead::run_pages`]):
+/// from its last row's f^, the head's `top_k` ids, most likely first, and the head's
+/// log-probability of the first (EAGLE-2's confidence: how often the target takes a draft
+/// follows it).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FirstDraft {
+    pub ids: Vec<u32>,
+    pub log_prob: f32,
 }
 
 /// A draft tree as the GPU chose it: its nodes by depth (best first within a depth).
@@ -503,11 +516,16 @@ impl EagleHead {
     /// [`EagleHead::run_target_rows`] runs one sequence's: each row the target's feature of its
     /// row and its next token, each sequence's keys and values in its pages of the head's pool
     /// ([`EagleHead::set_kv_pages`]; the caller owns which pages hold which sequence's
-    /// positions). Submitted without a read-back; each sequence's last row is where its chain
-    /// goes on ([`EagleHead::draft_pages`], naming that row). A row's f^ is the same, bit for bit,
+    /// positions). Each sequence's last row is projected and ranked in the same submission, and
+    /// read back: its first draft (one per sequence, in order); its chain goes on from that row
+    /// ([`EagleHead::draft_pages`], naming it). A row's f^ and ranks are the same, bit for bit,
     /// as in a pass of its sequence alone (batch-invariant kernels, a row reads only its keys).
     /// The one-sequence cache is gone afterwards (its first positions may have been written).
-    pub fn run_pages(&mut self, seqs: &[HeadRows<'_>]) -> Result<()> {
+    pub async fn run_pages(&mut self, seqs: &[HeadRows<'_>]) -> Result<Vec<FirstDraft>> {
+        let m = seqs.len();
+        if m == 0 {
+            return Ok(Vec::new());
+        }
         if let Some(s) = seqs.iter().find(|s| s.rows.len() != s.next.len()) {
             return Err(Error::InvalidArgument(format!(
                 "an EAGLE pass over several sequences: {} rows with {} next tokens",
@@ -534,45 +552,80 @@ impl EagleHead {
                 "an EAGLE pass reads the target's row {r} of {MAX_BATCH}"
             )));
         }
-        let (g, s) = (&*self.gpu, &self.state);
+        // (each sequence's last row of the pass)
+        let picks: Vec<u32> = (seqs.iter())
+            .scan(0, |end, s| {
+                *end += s.rows.len();
+                Some(*end as u32 - 1)
+            })
+            .collect();
+        let g = self.gpu.clone();
+        let s = &self.state;
         g.queue.write_buffer(&s.rows.raw, 0, bytemuck::cast_slice(&rows));
         g.queue.write_buffer(&s.tokens.raw, 0, bytemuck::cast_slice(&next));
         g.queue.write_buffer(&s.step, 0, bytemuck::bytes_of(&step));
         g.queue.write_buffer(&s.pages.raw, 0, bytemuck::cast_slice(&table));
+        g.queue.write_buffer(&s.picks.raw, 0, bytemuck::cast_slice(&picks));
+        g.queue.write_buffer(&s.batch, 0, &bytemuck::bytes_of(&Step::chain(m, 0))[..16]);
+        let (k, word) = (self.top_k as u64, 4u64);
         let mut enc = g.encoder();
         g.encode(&mut enc, &self.ops.gather, next.len() as u32);
         g.encode(&mut enc, &self.ops.pass, next.len() as u32);
-        g.submit(enc);
+        g.encode(&mut enc, std::slice::from_ref(&self.ops.batch_last), m as u32);
+        g.encode(&mut enc, &self.ops.project_batch, m as u32);
+        // (the ranks, then their log-probabilities, read back from `drafts`)
+        let bytes = m as u64 * k * word;
+        enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, 0, bytes);
+        enc.copy_buffer_to_buffer(&s.logp.raw, 0, &s.drafts.raw, bytes, bytes);
         self.len = 0;
         self.unprojected = false;
-        Ok(())
+        let raw = g.submit_and_read(enc, &s.drafts.raw, 0, 2 * bytes).await?;
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let (ids, logp) = words.split_at(m * self.top_k);
+        Ok((0..m)
+            .map(|i| FirstDraft {
+                ids: ids[i * self.top_k..(i + 1) * self.top_k].to_vec(),
+                log_prob: f32::from_bits(logp[i * self.top_k]),
+            })
+            .collect())
     }
 
     /// The chains of several sequences, each from its last row of the latest
-    /// [`EagleHead::run_pages`] pass: that row's f^ projected and ranked gives x1, then each
+    /// [`EagleHead::run_pages`] pass: that row's ranks (x1, [`HeadChain::first`]), then each
     /// further step is a pass of one row per sequence still drafting (at its next position, fed
     /// its previous f^ and most likely id), as [`EagleHead::draft`] drafts one sequence's.
     /// `[sequence][drafts][top_k]`: each step's ranked ids, most likely first (the chain's token,
     /// then its siblings'). One submission (every step's rows laid out before it), one
-    /// read-back. The draft steps' keys and values go to the sequences' pages past `past`.
+    /// read-back; none where every chain is its first draft. The draft steps' keys and values go
+    /// to the sequences' pages past `past`.
     pub async fn draft_pages(&mut self, seqs: &[HeadChain<'_>]) -> Result<Vec<Vec<Vec<u32>>>> {
         let m = seqs.len();
         if m == 0 {
             return Ok(Vec::new());
         }
+        let k = self.top_k;
         if m > PROJECTED
-            || seqs.iter().any(|s| !(1..=MAX_EAGLE_DEPTH).contains(&s.drafts) || s.row >= MAX_BATCH)
+            || (seqs.iter()).any(|s| {
+                !(1..=MAX_EAGLE_DEPTH).contains(&s.drafts) || s.row >= MAX_BATCH || s.first.len() != k
+            })
         {
             return Err(Error::InvalidArgument(format!(
                 "EAGLE chains of {m} sequences (at most {PROJECTED}), each 1..={MAX_EAGLE_DEPTH} \
-                 drafts from a row of the last pass"
+                 drafts from a row of the last pass and its {k} ranked ids"
             )));
+        }
+        if let Some(&id) = seqs.iter().flat_map(|s| s.first).find(|&&t| t as usize >= self.config.vocab_size)
+        {
+            return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
         }
         // the longest chains first: step j's rows are the first `wanting(j)` sequences, whose
         // features and ids are then the first rows of `last` and `top`
         let mut order: Vec<usize> = (0..m).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].drafts));
         let depth = seqs[order[0]].drafts;
+        if depth == 1 {
+            return Ok(seqs.iter().map(|s| vec![s.first.to_vec()]).collect());
+        }
         let wanting = |j: usize| order.iter().take_while(|&&i| seqs[i].drafts > j).count();
         // the table: step j's (1..depth) Step at (j - 1) * size, projection j's rows at proj0 + 16 j
         let size = std::mem::size_of::<Step>();
@@ -603,7 +656,9 @@ impl EagleHead {
         let g = self.gpu.clone();
         let s = &self.state;
         let picks: Vec<u32> = order.iter().map(|&i| seqs[i].row as u32).collect();
+        let x1: Vec<u32> = order.iter().map(|&i| seqs[i].first[0]).collect();
         g.queue.write_buffer(&s.picks.raw, 0, bytemuck::cast_slice(&picks));
+        g.queue.write_buffer(&s.tokens.raw, 0, bytemuck::cast_slice(&x1));
         g.queue.write_buffer(&s.batch_table, 0, &table);
         if !pages.is_empty() {
             g.queue.write_buffer(&s.pages.raw, 0, bytemuck::cast_slice(&pages));
@@ -624,12 +679,11 @@ impl EagleHead {
         };
         enc.copy_buffer_to_buffer(&s.batch_table, proj0 as u64, &s.batch, 0, 16);
         g.encode(&mut enc, std::slice::from_ref(&self.ops.batch_last), m as u32);
-        project(&mut enc, 0, m);
         for j in 1..depth {
             let rows = wanting(j);
-            // the input: each sequence's previous f^ and most likely id
+            // the input: each sequence's previous f^ and most likely id (x1's written above)
             enc.copy_buffer_to_buffer(&s.last.raw, 0, &s.feature_in().raw, 0, rows as u64 * dim);
-            for r in 0..rows as u64 {
+            for r in (0..rows as u64).filter(|_| j > 1) {
                 enc.copy_buffer_to_buffer(&s.top.raw, r * k * word, &s.tokens.raw, r * word, word);
             }
             enc.copy_buffer_to_buffer(&s.batch_table, ((j - 1) * size) as u64, &s.step, 0, size as u64);
@@ -637,15 +691,17 @@ impl EagleHead {
             enc.copy_buffer_to_buffer(&s.x.raw, 0, &s.last.raw, 0, rows as u64 * dim);
             project(&mut enc, j, rows);
         }
-        let raw = g.submit_and_read(enc, &s.drafts.raw, 0, depth as u64 * stride).await?;
+        // (steps 1.. of `drafts`)
+        let raw = g.submit_and_read(enc, &s.drafts.raw, stride, (depth as u64 - 1) * stride).await?;
         self.len = 0;
         self.unprojected = false;
         let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         let k = self.top_k;
         let mut ranked = vec![Vec::new(); m];
         for (r, &i) in order.iter().enumerate() {
-            let at = |j: usize| ids[(j * MAX_BATCH + r) * k..(j * MAX_BATCH + r + 1) * k].to_vec();
-            ranked[i] = (0..seqs[i].drafts).map(at).collect();
+            let at =
+                |j: usize| ids[((j - 1) * MAX_BATCH + r) * k..((j - 1) * MAX_BATCH + r + 1) * k].to_vec();
+            ranked[i] = std::iter::once(seqs[i].first.to_vec()).chain((1..seqs[i].drafts).map(at)).collect();
         }
         Ok(ranked)
     }
