@@ -1898,6 +1898,7 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         let mut done = [0usize; 3];
         let mut last = [0usize; 3];
         let mut firsts = vec![None; 3];
+        let mut latest = Vec::new();
         let sizes = [9usize, 1, 5, 12];
         for pass in 0.. {
             let left: Vec<usize> = (0..3).map(|s| lens[s] - 1 - done[s]).collect();
@@ -1939,11 +1940,13 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
                     next: &seqs[s][at + 1..at + 1 + take],
                 })
                 .collect();
-            let ranked = pollster::block_on(head.run_pages(&head_rows)).expect("head pass");
+            head.run_pages(&head_rows).expect("head pass");
+            let ranked = pollster::block_on(head.first_drafts()).expect("first drafts");
             assert_eq!(ranked.len(), plan.len(), "{what}: a first draft per sequence");
-            for (&(s, ..), f) in plan.iter().zip(ranked) {
-                firsts[s] = Some(f);
+            for (&(s, ..), f) in plan.iter().zip(&ranked) {
+                firsts[s] = Some(f.clone());
             }
+            latest = ranked;
             let got = pollster::block_on(head.features(first)).expect("features");
             let mut row = 0;
             for &(s, at, take) in &plan {
@@ -1979,6 +1982,8 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
             got, chains,
             "{what}: the chains of a batch (each step's ranked ids) are each sequence's alone"
         );
+        let kept = pollster::block_on(head.first_drafts()).expect("first drafts");
+        assert_eq!(kept, latest, "{what}: the chains leave the latest pass's first drafts");
         // chains past their pages, too deep, from no row of the last pass: refused
         let mut bad = |c: HeadChain| pollster::block_on(head.draft_pages(&[c])).is_err();
         let ok = HeadChain { pages: &pages[1], past: 5, row: 0, first: &firsts[1].ids, drafts: 2 };

@@ -164,6 +164,11 @@ pub struct BatchStatus {
 /// every pass (4-7 ms of a 60-90 ms pass at N = 1), 5-20 % below plain decoding.
 const EAGLE_PATIENCE: usize = 8;
 
+/// The head's follows timed (their first drafts read back at once, waiting for the GPU; the
+/// others' are read before the next plan, the GPU running the follow meanwhile): every one
+/// until two row counts are measured, then one in this many.
+const FOLLOW_TIMED: u64 = 16;
+
 /// The records of a sequence's drafts and of its drafter's ([`Drafting::record`]): an n-gram's
 /// drafts after a match of 1, 2, and 3 or more words are tallied apart (on SmolLM2-135M a first
 /// draft after each was kept 24 %, 41 % and 84 % of the time: the mean of all, below what a row
@@ -445,8 +450,12 @@ pub(super) struct Batch {
     head_costs: PassCosts,
     pub(super) head_used: bool,
     /// The seconds of the head's passes over the kept rows of the sequences it follows, with
-    /// their first drafts read back (by rows).
+    /// their first drafts read back (by rows; [`FOLLOW_TIMED`]), and the passes it ran; the
+    /// sequences of the latest whose first drafts are not read yet, each with its last row
+    /// ([`propose::take_firsts`]).
     follow_costs: PassCosts,
+    follows: u64,
+    firsts_pending: Vec<(SeqId, usize)>,
     /// The acceptance a first EAGLE draft needed to pay in the latest pass that priced one (its
     /// row's and its chain's seconds against the pass's tokens per second), and the tokens one
     /// more sequence's follow cost at that pace (none: not measured yet); how often a first draft
@@ -483,6 +492,8 @@ impl Batch {
             follow_costs: PassCosts::default(),
             eagle_price: None,
             follow_price: None,
+            follows: 0,
+            firsts_pending: Vec::new(),
             eagle_records: [0; RECORDS],
             medusa_costs: PassCosts::default(),
             medusa_heads: 0,
@@ -817,6 +828,11 @@ pub(super) async fn step(
             h.set_kv_pages(target, pages)?;
         }
     }
+    // (the first drafts of the head's latest follow, before anything is admitted or planned)
+    match head.as_deref() {
+        Some(h) => propose::take_firsts(batch, h).await,
+        None => batch.firsts_pending.clear(),
+    }
     let context = target.context();
     batch.admit(context);
     end_spent(batch, context, tokenizer);
@@ -848,11 +864,16 @@ pub(super) async fn step(
             kept.iter().map(|(pages, root, path)| (&pages[..], *root, &path[..])).collect();
         target.keep_paths_in_pages(&trees)?;
         if let Some(h) = head {
-            // (a failure shows in the next pass)
+            // (timed by reading its first drafts at once; a failure shows in the next pass)
+            let timed = batch.follows.is_multiple_of(FOLLOW_TIMED) || batch.follow_costs.line().is_none();
             let t0 = Instant::now();
-            let rows = propose::follow(batch, h, &before).await;
+            let rows = propose::follow(batch, h, &before);
             if rows > 0 {
-                batch.follow_costs.observe(rows, t0.elapsed().as_secs_f64());
+                batch.follows += 1;
+                if timed {
+                    propose::take_firsts(batch, h).await;
+                    batch.follow_costs.observe(rows, t0.elapsed().as_secs_f64());
+                }
             }
         }
         propose::medusa_rows(batch, &before);

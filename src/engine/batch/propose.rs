@@ -401,12 +401,12 @@ pub(super) type Before = (SeqId, usize, Vec<u32>);
 /// sequence drafting with it that it has followed so far (`before`: [`before_commit`]'s): each
 /// row the target's feature at a position and the token after it. Each such sequence's last
 /// row of it is where its next chain starts, its first draft ranked there (with the head's
-/// log-probability of it, the record its drafts go to: [`Drafting::record`]); each page whose positions it has now all run
+/// log-probability of it, the record its drafts go to: [`Drafting::record`]; read by
+/// [`take_firsts`], the GPU running the pass meanwhile); each page whose positions it has now all run
 /// records the token after it (the prefix cache can then give its head part too). The others
 /// cannot draft until they come back (preempted ones), or for the rest of their run: their
-/// adaptive K's drafts did not pay for [`EAGLE_PATIENCE`] such passes. Returns the rows it ran
-/// (waiting for the GPU: the first drafts are read back).
-pub(super) async fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before]) -> usize {
+/// adaptive K's drafts did not pay for [`EAGLE_PATIENCE`] such passes. Returns the rows it ran.
+pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before]) -> usize {
     // (plan entry's sequence, its first kept position, its rows of the pass, rows kept)
     let mut kept: Vec<(usize, usize, &[u32], usize)> = Vec::new();
     for (i, s) in batch.running.iter_mut().enumerate() {
@@ -437,17 +437,20 @@ pub(super) async fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Be
             }
         })
         .collect();
+    let ran = head.run_pages(&seqs);
     // (the rows are the target pass's own, in the pages of its committed positions: nothing to
-    // refuse; the read-back may fail, the GPU's error, which the next pass shows)
-    let firsts = head.run_pages(&seqs).await;
-    debug_assert!(firsts.is_ok(), "{firsts:?}");
-    let Ok(firsts) = firsts else { return 0 };
+    // refuse)
+    debug_assert!(ran.is_ok(), "{ran:?}");
+    if ran.is_err() {
+        return 0;
+    }
     let mut at = 0;
-    for (&(i, old, _, n), first) in kept.iter().zip(firsts) {
+    for &(i, old, _, n) in &kept {
         at += n;
         let s = &mut batch.running[i];
-        if let Some(Drafting { source: Source::Eagle { past, row, .. }, .. }) = &mut s.drafting {
-            (*past, *row) = (old + n, Some((at - 1, first)));
+        if let Some(Drafting { source: Source::Eagle { past, .. }, .. }) = &mut s.drafting {
+            *past = old + n;
+            batch.firsts_pending.push((s.id, at - 1));
         }
         // (page j's last position is (j + 1) KV_PAGE - 1; the token after it is known)
         for j in old / KV_PAGE..(old + n) / KV_PAGE {
@@ -455,6 +458,26 @@ pub(super) async fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Be
         }
     }
     at
+}
+
+/// The first drafts of the head's latest [`follow`] (waiting for its pass): each sequence it
+/// followed that is still running takes its last row of that pass and its first draft, and
+/// can draft. A failed read-back (the GPU's error, which the next pass shows) leaves them
+/// unable to draft until the next follow.
+pub(super) async fn take_firsts(batch: &mut Batch, head: &EagleHead) {
+    if batch.firsts_pending.is_empty() {
+        return;
+    }
+    let pending = std::mem::take(&mut batch.firsts_pending);
+    let firsts = head.first_drafts().await;
+    debug_assert!(firsts.as_ref().is_ok_and(|f| f.len() == pending.len()), "{firsts:?}");
+    let Ok(firsts) = firsts else { return };
+    for ((id, at), first) in pending.into_iter().zip(firsts) {
+        let Some(s) = batch.running.iter_mut().find(|s| s.id == id) else { continue };
+        if let Some(Drafting { source: Source::Eagle { row, .. }, .. }) = &mut s.drafting {
+            *row = Some((at, first));
+        }
+    }
 }
 
 /// After a commit: each running sequence drafting with the Medusa heads takes its last kept row

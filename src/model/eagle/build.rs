@@ -121,7 +121,7 @@ struct HeadSizes {
     scores: usize,        // the attention scratch (Gpu::attention_scratch_len)
     logits: usize,        // [PROJECTED, out vocab]
     last: usize,          // [PROJECTED, dim] (and EAGLE-3's lastn)
-    top: usize,           // [PROJECTED, top_k] top and logp each
+    top: usize,           // [PROJECTED, top_k] top and logp each, firsts twice
     ranking: TopKScratch, // each of the one-row, the tree's and the batch's projections' top-k's
     store: usize,         // [EAGLE_STORE_SLOTS, dim]
     kv: usize,            // [pages * KV_PAGE, 2 kv_dim]
@@ -175,7 +175,7 @@ impl HeadSizes {
             ("scores", self.scores, 1),
             ("logits", self.logits, 1),
             ("last", self.last, 1),
-            ("top, logp", self.top, 2),
+            ("top, logp, firsts (2)", self.top, 4),
             ("ranking candidates", self.ranking.candidates, 3),
             ("ranking sums", self.ranking.sums, 3),
             ("store", self.store, 1),
@@ -248,6 +248,7 @@ impl HeadState {
             last: f32s("eagle last", z.last),
             top: u32s("eagle top", z.top),
             logp: f32s("eagle logp", z.top),
+            firsts: u32s("eagle firsts", 2 * z.top),
             store: f32s("eagle store", z.store),
             tree_state: u32s("eagle tree state", EAGLE_TREE_STATE),
             tree_out: u32s("eagle tree out", EAGLE_TREE_OUT),
@@ -706,6 +707,7 @@ impl EagleHead {
             kv_pages: target.context().div_ceil(KV_PAGE),
             len: 0,
             unprojected: false,
+            ranked: 0,
             memory_bytes,
         })
     }

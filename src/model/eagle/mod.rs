@@ -54,8 +54,9 @@
 //! For a batch of sequences the cache is a pool of pages ([`EagleHead::set_kv_pages`], each
 //! sequence's positions in its own pages, as the target's): a pass over the kept rows of several
 //! sequences ([`EagleHead::run_pages`], each sequence's last row projected and ranked with it:
-//! its first draft and the head's log-probability of it, which tells how likely the target is
-//! to take it before anything is drafted), then their chains in one submission
+//! its first draft and the head's log-probability of it, read when wanted
+//! ([`EagleHead::first_drafts`]), which tells how likely the target is to take it before
+//! anything is drafted), then their chains in one submission
 //! ([`EagleHead::draft_pages`]: one-row steps per sequence drafting more than one). One-sequence passes use the pool's first positions.
 //!
 //! Building a head (its tensors, checks, upload, buffers, recorded ops and memory plan) is in
@@ -219,6 +220,7 @@ struct HeadState {
     last: GpuBuffer<f32>,            // [PROJECTED, dim] the projected rows' f^ (row i: where chain i goes on)
     top: GpuBuffer<u32>,             // [PROJECTED, top_k] the projected rows' most likely ids
     logp: GpuBuffer<f32>,            // [PROJECTED, top_k] their log-probabilities
+    firsts: GpuBuffer<u32>,          // [2, PROJECTED, top_k] run_pages' ranks: ids, then log-prob bits
     store: GpuBuffer<f32>,           // [EAGLE_STORE_SLOTS, dim] f^ of a draft tree's expanded nodes
     tree_state: GpuBuffer<u32>,      // [EAGLE_TREE_STATE] the draft tree's candidates
     tree_out: GpuBuffer<u32>,        // [EAGLE_TREE_OUT] the next tree pass, the chosen tree
@@ -262,6 +264,8 @@ pub struct EagleHead {
     kv_pages: usize,
     /// Positions in the head's KV cache (one-sequence passes).
     len: usize,
+    /// Sequences ranked in `firsts` by the latest [`EagleHead::run_pages`].
+    ranked: usize,
     /// The last pass's row is in `last` but not yet projected: the next draft projects it first
     /// (a plain cycle, which drafts nothing, then never reads the output matrix).
     unprojected: bool,
@@ -516,15 +520,17 @@ impl EagleHead {
     /// [`EagleHead::run_target_rows`] runs one sequence's: each row the target's feature of its
     /// row and its next token, each sequence's keys and values in its pages of the head's pool
     /// ([`EagleHead::set_kv_pages`]; the caller owns which pages hold which sequence's
-    /// positions). Each sequence's last row is projected and ranked in the same submission, and
-    /// read back: its first draft (one per sequence, in order); its chain goes on from that row
-    /// ([`EagleHead::draft_pages`], naming it). A row's f^ and ranks are the same, bit for bit,
-    /// as in a pass of its sequence alone (batch-invariant kernels, a row reads only its keys).
-    /// The one-sequence cache is gone afterwards (its first positions may have been written).
-    pub async fn run_pages(&mut self, seqs: &[HeadRows<'_>]) -> Result<Vec<FirstDraft>> {
+    /// positions). Each sequence's last row is projected and ranked in the same submission (its
+    /// first draft: [`EagleHead::first_drafts`] reads them); its chain goes on from that row
+    /// ([`EagleHead::draft_pages`], naming it). Submitted without a read-back. A row's f^ and
+    /// ranks are the same, bit for bit, as in a pass of its sequence alone (batch-invariant
+    /// kernels, a row reads only its keys). The one-sequence cache is gone afterwards (its first
+    /// positions may have been written).
+    pub fn run_pages(&mut self, seqs: &[HeadRows<'_>]) -> Result<()> {
         let m = seqs.len();
+        self.ranked = 0;
         if m == 0 {
-            return Ok(Vec::new());
+            return Ok(());
         }
         if let Some(s) = seqs.iter().find(|s| s.rows.len() != s.next.len()) {
             return Err(Error::InvalidArgument(format!(
@@ -573,19 +579,33 @@ impl EagleHead {
         g.encode(&mut enc, &self.ops.pass, next.len() as u32);
         g.encode(&mut enc, std::slice::from_ref(&self.ops.batch_last), m as u32);
         g.encode(&mut enc, &self.ops.project_batch, m as u32);
-        // (the ranks, then their log-probabilities, read back from `drafts`)
+        // (the ranks, then their log-probabilities, kept in `firsts`)
         let bytes = m as u64 * k * word;
-        enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, 0, bytes);
-        enc.copy_buffer_to_buffer(&s.logp.raw, 0, &s.drafts.raw, bytes, bytes);
+        enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.firsts.raw, 0, bytes);
+        enc.copy_buffer_to_buffer(&s.logp.raw, 0, &s.firsts.raw, PROJECTED as u64 * k * word, bytes);
+        g.submit(enc);
         self.len = 0;
         self.unprojected = false;
-        let raw = g.submit_and_read(enc, &s.drafts.raw, 0, 2 * bytes).await?;
+        self.ranked = m;
+        Ok(())
+    }
+
+    /// The first drafts of the sequences of the latest [`EagleHead::run_pages`] pass, one per
+    /// sequence in its order (waiting for that pass; none if it ranked none). The one-sequence
+    /// passes and [`EagleHead::draft_pages`] leave them; the next `run_pages` replaces them.
+    pub async fn first_drafts(&self) -> Result<Vec<FirstDraft>> {
+        let (m, k) = (self.ranked, self.top_k);
+        if m == 0 {
+            return Ok(Vec::new());
+        }
+        let words = (PROJECTED * k) as u64 * 4;
+        let raw = self.gpu.submit_and_read(self.gpu.encoder(), &self.state.firsts.raw, 0, 2 * words).await?;
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
-        let (ids, logp) = words.split_at(m * self.top_k);
+        let (ids, logp) = words.split_at(PROJECTED * k);
         Ok((0..m)
             .map(|i| FirstDraft {
-                ids: ids[i * self.top_k..(i + 1) * self.top_k].to_vec(),
-                log_prob: f32::from_bits(logp[i * self.top_k]),
+                ids: ids[i * k..(i + 1) * k].to_vec(),
+                log_prob: f32::from_bits(logp[i * k]),
             })
             .collect())
     }
