@@ -24,12 +24,12 @@
 //! An EAGLE head's proposals for the batch: after each commit, one head pass over the kept rows
 //! of every sequence drafting with it ([`follow`]: the target's features of the pass, each with
 //! the token after it, in the head's pages of the ids of the sequence's target pages; each
-//! sequence's last row projected and ranked in the same submission, read back: x1 and the
-//! head's probability of it, which the plan judges its drafts by); before the next target
-//! pass, the chains of those drafting this time ([`propose_eagle`]: from x1, one-row steps per
-//! sequence drafting more than one, all in one submission, each step's ranked ids read back). A sequence the head has
-//! not followed through the token before its newest drafts none. Its chains are the
-//! one-sequence loop's EAGLE chains, with up to [`super::Drafters::eagle_siblings`] of each
+//! sequence's last row projected and ranked in the same submission: x1 and the head's
+//! probability of it, read before the next plan ([`take_firsts`]), which judges its drafts by
+//! it); before the next target pass, the chains of those drafting this time
+//! ([`propose_eagle`]: from x1, one-row steps per sequence drafting more than one, all in one
+//! submission, each step's ranked ids read back). A sequence the head has not followed through
+//! the token before its newest drafts none. Its chains are the one-sequence loop's EAGLE chains, with up to [`super::Drafters::eagle_siblings`] of each
 //! step's next likeliest ids beside them (a tree: the loop's `EagleTree::Chain`; where that loop
 //! grows EAGLE-2's dynamic trees, the batch grows these); a tree's accepted path gives the rows
 //! the head's next pass follows ([`before_commit`]).
@@ -402,8 +402,8 @@ pub(super) type Before = (SeqId, usize, Vec<u32>);
 /// row the target's feature at a position and the token after it. Each such sequence's last
 /// row of it is where its next chain starts, its first draft ranked there (with the head's
 /// log-probability of it, the record its drafts go to: [`Drafting::record`]; read by
-/// [`take_firsts`], the GPU running the pass meanwhile); each page whose positions it has now all run
-/// records the token after it (the prefix cache can then give its head part too). The others
+/// [`take_firsts`], the GPU running the pass meanwhile); each page whose positions it has now
+/// all run records the token after it (the prefix cache can then give its head part too). The others
 /// cannot draft until they come back (preempted ones), or for the rest of their run: their
 /// adaptive K's drafts did not pay for [`EAGLE_PATIENCE`] such passes. Returns the rows it ran.
 pub(super) fn follow(batch: &mut Batch, head: &mut EagleHead, before: &[Before]) -> usize {

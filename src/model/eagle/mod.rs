@@ -57,7 +57,8 @@
 //! its first draft and the head's log-probability of it, read when wanted
 //! ([`EagleHead::first_drafts`]), which tells how likely the target is to take it before
 //! anything is drafted), then their chains in one submission
-//! ([`EagleHead::draft_pages`]: one-row steps per sequence drafting more than one). One-sequence passes use the pool's first positions.
+//! ([`EagleHead::draft_pages`]: one-row steps per sequence drafting more than one).
+//! One-sequence passes use the pool's first positions.
 //!
 //! Building a head (its tensors, checks, upload, buffers, recorded ops and memory plan) is in
 //! `build.rs`.
