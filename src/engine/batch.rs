@@ -25,8 +25,9 @@
 //!             finished sequences return their pages before the next pass
 //!   follow    one EAGLE head pass over the kept rows of the sequences it follows (the
 //!             target's features of the pass, each row's next token): its cache follows theirs,
-//!             and each one's last row ranks its next first draft, read back with the head's
-//!             probability of it (its record); timed ([`EAGLE_PATIENCE`], [`Batch::head_follows`])
+//!             and each one's last row ranks its next first draft, read with the head's
+//!             probability of it (its record) before the next plan; timed one in 16
+//!             ([`FOLLOW_TIMED`], [`EAGLE_PATIENCE`], [`Batch::head_follows`])
 //! ```
 //!
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
@@ -256,10 +257,9 @@ enum Source {
     Model { pages: Vec<u32>, past: usize },
     /// The engine's EAGLE head ([`propose`]): its positions `..past` the head has run (the
     /// target's features of each, and the next token; in the head's pages of the same ids as the
-    /// sequence's target pages),
-    /// its last row in the head's latest pass (none: that pass was not its, it cannot draft), and
-    /// with its first draft ranked there ([`EagleHead::run_pages`]),
-    /// and the head's passes over its rows that its adaptive K's drafts have not paid for, net
+    /// sequence's target pages), its last row in the head's latest pass with its first draft
+    /// ranked there (none: that pass was not its, or its ranks are not read yet: it cannot draft;
+    /// [`EagleHead::run_pages`], [`propose::take_firsts`]), and the head's passes over its rows that its adaptive K's drafts have not paid for, net
     /// (at [`EAGLE_PATIENCE`] the head stops following it: it decodes plainly for the rest of its
     /// run).
     Eagle { past: usize, row: Option<(usize, FirstDraft)>, idle: f64 },
