@@ -259,9 +259,9 @@ enum Source {
     /// target's features of each, and the next token; in the head's pages of the same ids as the
     /// sequence's target pages), its last row in the head's latest pass with its first draft
     /// ranked there (none: that pass was not its, or its ranks are not read yet: it cannot draft;
-    /// [`EagleHead::run_pages`], [`propose::take_firsts`]), and the head's passes over its rows that its adaptive K's drafts have not paid for, net
-    /// (at [`EAGLE_PATIENCE`] the head stops following it: it decodes plainly for the rest of its
-    /// run).
+    /// [`EagleHead::run_pages`], [`propose::take_firsts`]), and the head's passes over its rows
+    /// that its adaptive K's drafts have not paid for, net (at [`EAGLE_PATIENCE`] the head stops
+    /// following it: it decodes plainly for the rest of its run).
     Eagle { past: usize, row: Option<(usize, FirstDraft)>, idle: f64 },
     /// The engine's Medusa heads ([`propose`]): the sequence's row of the last pass at the
     /// position before its newest token (whose hidden state the heads read: head i guesses the
