@@ -636,6 +636,12 @@ impl Batch {
         }
     }
 
+    /// One sequence's share of a follow shared by `followed` sequences, in seconds: the follow's
+    /// fixed seconds shared, and a row's (none: not measured yet).
+    fn follow_seconds(&self, followed: f64) -> Option<f64> {
+        self.follow_costs.estimate().map(|(a, b)| a / followed + b)
+    }
+
     /// Whether the EAGLE head should follow a new sequence drafting with it: a fixed K's
     /// always; an adaptive one's where the first drafts it can expect pay for its follows, as
     /// the latest pass that priced a first EAGLE draft priced them: per pass, the surplus over
@@ -1413,8 +1419,7 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
         let followed =
             batch.running.iter().filter(|s| s.drafting.as_ref().is_some_and(Drafting::is_followed));
         let one_more = followed.count() as f64 + 1.0;
-        batch.follow_price =
-            batch.follow_costs.estimate().map(|(a, b)| (a / one_more + b) * tokens / (pass + drafting));
+        batch.follow_price = batch.follow_seconds(one_more).map(|f| f * tokens / (pass + drafting));
     }
     // (a pass whose row count without its adaptive drafts is stale, measured as every row
     // wants logits, runs without them: it refreshes the count the drafts' costs are told from)
@@ -1439,7 +1444,7 @@ fn follow_paid(
     let is_eagle =
         |c: &&Candidate| batch.running[plan[c.entry].seq].drafting.as_ref().is_some_and(Drafting::is_eagle);
     let followed = adaptive.iter().filter(is_eagle).count().max(1) as f64;
-    let follow = batch.follow_costs.estimate().map(|(a, b)| a / followed + b).filter(|&f| f > 0.0);
+    let follow = batch.follow_seconds(followed).filter(|&f| f > 0.0);
     for (c, &gained) in adaptive.iter().zip(surplus) {
         let drafted = !plan[c.entry].drafts.is_empty();
         let Some(Drafting { source: Source::Eagle { idle, .. }, .. }) =
@@ -2529,7 +2534,7 @@ mod tests {
         batch.costs.observe(8, 2.2);
         batch.head_costs.observe(1, 1e-12);
         batch.running = vec![eagle(0.95), eagle(0.1), eagle(0.5)];
-        // the head's drafts below 0.4 kept 20 times in 100 across the batch, from 0.8 on 80: the
+        // the head's drafts below 0.3 kept 20 times in 100 across the batch, from 0.6 on 80: the
         // first drafts, the second none, the third by its record of 50 (their mean would have
         // drafted all or none)
         let kept = |k: usize| Tally { first: (k, 100 - k), later: (0, 0) };
