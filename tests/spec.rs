@@ -1899,6 +1899,8 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         let mut last = [0usize; 3];
         let mut firsts = vec![None; 3];
         let mut latest = Vec::new();
+        // (the last pass's rows of each sequence: its start, and the pass's rows)
+        let mut last_pass: Vec<(usize, usize, Vec<u32>)> = Vec::new();
         let sizes = [9usize, 1, 5, 12];
         for pass in 0.. {
             let left: Vec<usize> = (0..3).map(|s| lens[s] - 1 - done[s]).collect();
@@ -1941,6 +1943,7 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
                 })
                 .collect();
             head.run_pages(&head_rows).expect("head pass");
+            last_pass = plan.iter().zip(&rows).map(|(&(s, at, _), rows)| (s, at, rows.clone())).collect();
             let ranked = pollster::block_on(head.first_drafts()).expect("first drafts");
             assert_eq!(ranked.len(), plan.len(), "{what}: a first draft per sequence");
             for (&(s, ..), f) in plan.iter().zip(&ranked) {
@@ -1973,23 +1976,52 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
                 pages: &pages[s],
                 past: lens[s] - 1,
                 row: last[s],
-                first: &firsts[s].ids,
+                first: &firsts[s],
                 drafts: depth[s],
             })
             .collect();
         let got = pollster::block_on(head.draft_pages(&asks)).expect("chains");
+        let ids: Vec<Vec<Vec<u32>>> =
+            got.iter().map(|c| c.iter().map(|step| step.ids.clone()).collect()).collect();
         assert_eq!(
-            got, chains,
+            ids, chains,
             "{what}: the chains of a batch (each step's ranked ids) are each sequence's alone"
         );
+        for (s, chain) in got.iter().enumerate() {
+            assert_eq!(chain[0], firsts[s], "{what}: sequence {s}'s chain starts from its first draft");
+            for (j, step) in chain.iter().enumerate() {
+                let p = step.log_prob.exp();
+                assert!(p <= 1.0 && p >= 1.0 / vocab, "{what}: step {j}'s top of a softmax of {vocab}: {p}");
+            }
+        }
         let kept = pollster::block_on(head.first_drafts()).expect("first drafts");
         assert_eq!(kept, latest, "{what}: the chains leave the latest pass's first drafts");
+        // each sequence's chain alone, after the head's last pass again (its rows and keys the
+        // same): every step's ranks and confidence, bit for bit
+        let rerun: Vec<HeadRows> = (last_pass.iter())
+            .map(|(s, at, rows)| HeadRows {
+                pages: &pages[*s],
+                start_pos: *at,
+                rows,
+                next: &seqs[*s][at + 1..at + 1 + rows.len()],
+            })
+            .collect();
+        for s in 0..3 {
+            head.run_pages(&rerun).expect("the last head pass again");
+            let alone = pollster::block_on(head.draft_pages(&asks[s..s + 1])).expect("a chain alone");
+            let bits = |c: &[wgspec::model::Ranked]| -> Vec<(Vec<u32>, u32)> {
+                c.iter().map(|step| (step.ids.clone(), step.log_prob.to_bits())).collect()
+            };
+            assert_eq!(bits(&alone[0]), bits(&got[s]), "{what}: sequence {s}'s chain alone and in the batch");
+        }
         // chains past their pages, too deep, from no row of the last pass: refused
         let mut bad = |c: HeadChain| pollster::block_on(head.draft_pages(&[c])).is_err();
-        let ok = HeadChain { pages: &pages[1], past: 5, row: 0, first: &firsts[1].ids, drafts: 2 };
+        let ok = HeadChain { pages: &pages[1], past: 5, row: 0, first: &firsts[1], drafts: 2 };
         assert!(!bad(ok));
-        let out_of_vocab = [tiny.spec.vocab as u32; 4];
-        assert!(bad(HeadChain { first: &firsts[1].ids[..3], ..ok }), "{what}: its ranks are top_k ids");
+        let short = wgspec::model::Ranked { ids: firsts[1].ids[..3].to_vec(), ..firsts[1].clone() };
+        let out_of_vocab =
+            wgspec::model::Ranked { ids: vec![tiny.spec.vocab as u32; 4], ..firsts[1].clone() };
+        assert!(bad(HeadChain { first: &short, ..ok }), "{what}: its ranks are top_k ids");
         assert!(bad(HeadChain { first: &out_of_vocab, ..ok }), "{what}: ids in the vocabulary");
         let end = KV_PAGE - 1;
         assert!(!bad(HeadChain { past: end, ..ok }), "{what}: position {end} is in one page");

@@ -33,7 +33,9 @@
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
 //! i drafts adds the expected tokens α^(i+1) (α: a lower bound of its measured acceptance,
 //! counted after its drafter's over the batch's sequences, 1/2 before any: [`Seq::chances`];
-//! an n-gram's apart by the words its match has, [`Drafting::record`];
+//! an n-gram's apart by the words its match has, an EAGLE head's by its confidence in its first
+//! draft, [`Drafting::record`]; once the head has drafted, each depth's nodes are judged again
+//! by that step's confidence, and stay where they still pay, [`confident_nodes`];
 //! a tree's node its chance, [`node_chances`], from a first child's acceptance α and a later
 //! sibling's, each measured apart ([`Tally`]), its nodes taken likeliest first, each after its
 //! parent) and costs the marginal seconds of its row, S(R + 1) - S(R): a pass's seconds by its
@@ -89,7 +91,7 @@ use super::request::{Completion, Request, TokenEvent};
 use crate::error::{Error, Result};
 use crate::generation::FinishReason;
 use crate::gpu::{sample_scratch_len, GpuBuffer, Op, SampleSeed, KV_PAGE, MAX_TREE};
-use crate::model::{EagleHead, FirstDraft, Model, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_MEDUSA_HEADS};
+use crate::model::{EagleHead, Model, Ranked, SeqRows, MAX_BATCH, MAX_EAGLE_DEPTH, MAX_MEDUSA_HEADS};
 use crate::sampling::SamplingParams;
 use crate::speculative::sampled::target_draws;
 use crate::speculative::schedule::tree_nodes;
@@ -174,15 +176,45 @@ const FOLLOW_TIMED: u64 = 16;
 /// drafts after a match of 1, 2, and 3 or more words are tallied apart (on SmolLM2-135M a first
 /// draft after each was kept 24 %, 41 % and 84 % of the time: the mean of all, below what a row
 /// costs on lavapipe, kept every one from drafting); the EAGLE head's by its probability of its
-/// first draft ([`EAGLE_CONFIDENCE`]); another drafter's are one record.
+/// draft at each depth ([`EAGLE_CONFIDENCE`]); another drafter's are one record.
 const RECORDS: usize = 3;
 
-/// The head's probabilities of its first draft from which an EAGLE sequence's drafts go to
-/// records 1 and 2 (below the first: record 0). EAGLE-2's finding: a draft head's confidence
-/// tells how often the target takes its draft. SmolLM2-135M's head over the bench's prompts
-/// (584 first drafts, each pass drafting): below 0.3, 67 % of them, 21 % kept; 0.3-0.6, 23 %,
-/// 40 % kept; from 0.6 on, 10 %, 72 % kept.
+/// The head's probabilities of its draft from which an EAGLE draft goes to records 1 and 2
+/// (below the first: record 0), a sequence's plan by its first draft's, each depth's outcomes
+/// by its own step's. EAGLE-2's finding: a draft head's confidence tells how often the target
+/// takes its draft, at any depth. SmolLM2-135M's head over the bench's prompts (584 first
+/// drafts, each pass drafting): below 0.3, 67 % of them, 21 % kept; 0.3-0.6, 23 %, 40 % kept;
+/// from 0.6 on, 10 %, 72 % kept. Its second drafts whose first was kept (161, K = 4 at 4
+/// requests): below 0.3, 11 % kept (135); 0.3-0.6, 73 % (26).
 const EAGLE_CONFIDENCE: [f32; RECORDS - 1] = [0.3, 0.6];
+
+/// The record of an EAGLE draft the head ranked with log-probability `log_prob`
+/// ([`EAGLE_CONFIDENCE`]).
+fn confident(log_prob: f32) -> usize {
+    EAGLE_CONFIDENCE.iter().filter(|&&p| log_prob >= p.ln()).count()
+}
+
+/// Which nodes of an adaptive EAGLE proposal stay once the head has drafted them, by each
+/// step's confidence (EAGLE-2's dynamic depth). The plan took them (`taken`, nodes of `shape` in
+/// the order taken, each at its price in tokens: `prices`, [`add_adaptive`]'s) at the chances
+/// of its first draft's record at every depth; drafted, a node's chance is taken with the
+/// acceptances of its own depth's record (`at(depth)`: the record of that step's confidence,
+/// [`Seq::chances`]; [`node_chances`]), and a node stays where that is still its price or more
+/// and its parent stayed. Depth 1's all stay (the plan judged them by their own record).
+fn confident_nodes(
+    shape: &TokenTree,
+    taken: &[usize],
+    prices: &[f64],
+    at: impl Fn(usize) -> (f64, f64),
+) -> Vec<bool> {
+    let chance = node_chances(shape, at);
+    let mut stays = vec![false; shape.len()];
+    stays[0] = true;
+    for (&n, &price) in taken.iter().zip(prices) {
+        stays[n] = stays[shape.parents()[n]] && (shape.depth(n) == 1 || chance[n] >= price);
+    }
+    taken.iter().map(|&n| stays[n]).collect()
+}
 
 /// A row count of the target's passes is stale once this many passes of other counts have been
 /// measured since its latest: a plan of that many rows whose drafts are all adaptive runs
@@ -262,7 +294,7 @@ enum Source {
     /// [`EagleHead::run_pages`], [`propose::take_firsts`]), and the head's passes over its rows
     /// that its adaptive K's drafts have not paid for, net (at [`EAGLE_PATIENCE`] the head stops
     /// following it: it decodes plainly for the rest of its run).
-    Eagle { past: usize, row: Option<(usize, FirstDraft)>, idle: f64 },
+    Eagle { past: usize, row: Option<(usize, Ranked)>, idle: f64 },
     /// The engine's Medusa heads ([`propose`]): the sequence's row of the last pass at the
     /// position before its newest token (whose hidden state the heads read: head i guesses the
     /// token i + 1 places after the newest; none: that pass had no row of it).
@@ -300,14 +332,12 @@ impl Drafting {
     /// The record its drafts after `tokens` go to and are judged by (an index of
     /// [`Seq::tally`] and of its drafter's [`Batch::acceptance`]): an n-gram's by the words of
     /// its match, 1, 2, and 3 or more ([`NGram::matched`]; [`RECORDS`]); the EAGLE head's (an
-    /// ensemble's too) by the head's probability of its first draft ([`EAGLE_CONFIDENCE`]);
-    /// another drafter's the first.
+    /// ensemble's too) by the head's probability of its first draft ([`EAGLE_CONFIDENCE`]; once
+    /// drafted, each depth's by its own step's: [`Rows::records`]); another drafter's the first.
     fn record(&self, tokens: &[u32]) -> usize {
         match &self.source {
             Source::NGram(ngram) => ngram.matched(tokens).clamp(1, RECORDS) - 1,
-            Source::Eagle { row: Some((_, first)), .. } => {
-                EAGLE_CONFIDENCE.iter().filter(|&&p| first.log_prob >= p.ln()).count()
-            }
+            Source::Eagle { row: Some((_, first)), .. } => confident(first.log_prob),
             _ => 0,
         }
     }
@@ -408,14 +438,44 @@ struct Rows {
     /// chain), `drafts` its nodes after the root.
     proposed: Option<Proposed>,
     tree: Option<TokenTree>,
-    /// The record its drafts go to ([`Drafting::record`]).
+    /// The record its drafts go to ([`Drafting::record`]), and once the EAGLE head has drafted
+    /// them, each depth's own (by the confidence of its step: [`confident`]; none, or deeper
+    /// than its steps: `record`).
     record: usize,
+    records: Vec<usize>,
+    /// The tokens each adaptive draft had to be worth to be taken ([`add_adaptive`]; 0: a probe
+    /// or a fixed cost's bundle); none for a fixed K.
+    prices: Vec<f64>,
 }
 
 impl Rows {
     /// `run` of the sequence's tokens not run yet, no drafts.
     fn new(seq: usize, run: usize, pending: bool) -> Rows {
-        Rows { seq, run, pending, drafts: Vec::new(), asked: 0, proposed: None, tree: None, record: 0 }
+        let (drafts, records, prices) = (Vec::new(), Vec::new(), Vec::new());
+        Rows { seq, run, pending, drafts, asked: 0, proposed: None, tree: None, record: 0, records, prices }
+    }
+
+    /// The records its drafts' outcomes by `v` go to, each with its tally: by the depth of the
+    /// nodes tried ([`Rows::records`]; a chain's drafts kept and its first rejected, a tree's
+    /// children of its path's nodes: [`Tally::by_depth`]), or all to [`Rows::record`].
+    fn tallies(&self, v: &Verdict) -> Vec<(usize, Tally)> {
+        if self.records.is_empty() {
+            return vec![(self.record, v.tally)];
+        }
+        let by_depth = match (&self.tree, &v.path) {
+            (Some(tree), Some(path)) => Tally::by_depth(tree, path),
+            _ => {
+                let kept = v.kept.len();
+                let outcome =
+                    |j: usize| Tally { first: ((j < kept) as usize, (j == kept) as usize), later: (0, 0) };
+                (0..self.drafts.len().min(kept + 1)).map(outcome).collect()
+            }
+        };
+        let record = |depth: usize| self.records.get(depth).copied().unwrap_or(self.record);
+        (by_depth.into_iter().enumerate())
+            .filter(|(_, t)| *t != Tally::default())
+            .map(|(j, t)| (record(j), t))
+            .collect()
     }
 }
 
@@ -982,20 +1042,28 @@ impl Tally {
     /// The tally of a tree's verified `path` (from its root; the nodes after it rejected).
     fn of_path(tree: &TokenTree, path: &[usize]) -> Tally {
         let mut t = Tally::default();
+        Tally::by_depth(tree, path).iter().for_each(|d| t.add(d));
+        t
+    }
+
+    /// [`Tally::of_path`] by depth: entry i, the outcomes of the children of the path's node
+    /// at depth i (the nodes of depth i + 1 tried).
+    fn by_depth(tree: &TokenTree, path: &[usize]) -> Vec<Tally> {
+        let mut by_depth = Vec::with_capacity(path.len());
         for (i, &n) in path.iter().enumerate() {
+            let mut t = Tally::default();
             let children: Vec<usize> = tree.children(n).collect();
             // (the child kept, if any: its rank; none: every child was rejected)
             let rank = path.get(i + 1).and_then(|next| children.iter().position(|c| c == next));
             match rank {
                 Some(0) => t.first.0 += 1,
-                Some(r) => {
-                    (t.first.1, t.later.0, t.later.1) = (t.first.1 + 1, t.later.0 + 1, t.later.1 + r - 1)
-                }
+                Some(r) => (t.first.1, t.later.0, t.later.1) = (1, 1, r - 1),
                 None if children.is_empty() => {}
-                None => (t.first.1, t.later.1) = (t.first.1 + 1, t.later.1 + children.len() - 1),
+                None => (t.first.1, t.later.1) = (1, children.len() - 1),
             }
+            by_depth.push(t);
         }
-        t
+        by_depth
     }
 
     fn add(&mut self, other: &Tally) {
@@ -1111,7 +1179,9 @@ fn apply(batch: &mut Batch, plan: &[Rows], outcomes: Vec<Outcome>, tokenizer: &T
             }
             Outcome::Chosen(v) => {
                 if let Some(d) = s.drafting.as_ref().filter(|_| !r.drafts.is_empty()) {
-                    batch.acceptance[d.drafter()][r.record].add(&v.tally);
+                    for (record, t) in r.tallies(&v) {
+                        batch.acceptance[d.drafter()][record].add(&t);
+                    }
                 }
                 if let Some(path) = &v.path {
                     kept.push((s.pages.clone(), s.n_past + r.run - 1, path.clone()));
@@ -1373,7 +1443,7 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
             }
             Shape::Tree(shape) => {
                 let p = Proposed::new(shape, (!d.fixed).then_some(alpha));
-                let chance = node_chances(&p.shape, alpha);
+                let chance = node_chances(&p.shape, |_| alpha);
                 let gains = p.order.iter().map(|&n| chance[n]).collect();
                 let placeholders = vec![0; p.order.len()];
                 r.proposed = Some(p);
@@ -1648,7 +1718,7 @@ fn eagle_shape(k: usize, siblings: usize, nodes: usize) -> Shape {
 fn take_order(tree: &TokenTree, alpha: Option<(f64, f64)>) -> Vec<usize> {
     let mut order: Vec<usize> = (1..tree.len()).collect();
     if let Some(alpha) = alpha {
-        let chance = node_chances(tree, alpha);
+        let chance = node_chances(tree, |_| alpha);
         order.sort_by(|&a, &b| chance[b].total_cmp(&chance[a]).then(a.cmp(&b)));
     }
     order
@@ -1667,16 +1737,17 @@ fn medusa_shape(choices: &[Vec<usize>], depth: usize, nodes: usize) -> Shape {
     }
 }
 
-/// Each node's chance of being accepted under a sequence's acceptances `(α, β)` (the root's 1):
-/// its parent's times α for a first child, and for a later one of rank r times the chance the
-/// first child was rejected, the r - 1 siblings after it too, and it kept ((1 - α)(1 - β)^(r-1)
-/// β): an alternative continuation is tried where the ones before it failed, each with its own
-/// measured acceptance ([`Tally`]). Below its parent's, so taking nodes by chance takes parents
-/// first.
-fn node_chances(tree: &TokenTree, (alpha, beta): (f64, f64)) -> Vec<f64> {
+/// Each node's chance of being accepted under a sequence's acceptances `(α, β)` at its depth
+/// (`at(depth)`; the root's 1): its parent's times α for a first child, and for a later one of
+/// rank r times the chance the first child was rejected, the r - 1 siblings after it too, and it
+/// kept ((1 - α)(1 - β)^(r-1) β): an alternative continuation is tried where the ones before it
+/// failed, each with its own measured acceptance ([`Tally`]). Below its parent's, so taking
+/// nodes by chance takes parents first.
+fn node_chances(tree: &TokenTree, at: impl Fn(usize) -> (f64, f64)) -> Vec<f64> {
     let mut chance = vec![1.0; tree.len()];
     for (n, &p) in tree.parents().iter().enumerate().skip(1) {
         let rank = tree.children(p).position(|c| c == n).unwrap_or(0) as i32;
+        let (alpha, beta) = at(tree.depth(n));
         chance[n] = chance[p]
             * match rank {
                 0 => alpha,
@@ -1733,6 +1804,7 @@ fn add_adaptive(
         let c = &cands[j];
         let n = plan[c.entry].drafts.len();
         let cost = c.drafting(n + 1) - c.drafting(n);
+        let mut price = 0.0;
         match &fit {
             None if probes == 0 => break,
             None => probes -= 1,
@@ -1746,14 +1818,17 @@ fn add_adaptive(
                 let bundle = |m: usize| pays(c.gains[..m].iter().sum(), rows_cost(m) + c.drafting(m));
                 let more = c.proposal.len().min(budget);
                 let shared = n == 0 && c.first > 0.0 && (2..=more).any(bundle);
-                if !(pays(gain, rows_cost(1) + cost) || shared) {
+                let alone = pays(gain, rows_cost(1) + cost);
+                if !(alone || shared) {
                     done[j] = true;
                     continue;
                 }
                 surplus[j] += gain * (pass + p.drafting) / p.tokens - (rows_cost(1) + cost);
+                price = if alone { (rows_cost(1) + cost) * p.tokens / (pass + p.drafting) } else { 0.0 };
             }
         }
         let r = &mut plan[c.entry];
+        r.prices.push(price);
         r.drafts.push(c.proposal[n]);
         r.asked = r.drafts.len();
         budget -= 1;
@@ -1947,7 +2022,9 @@ fn commit(
     events: &mut Vec<(SeqId, BatchEvent)>,
 ) -> Option<FinishReason> {
     let accepted = v.kept.len();
-    s.tally[r.record].add(&v.tally);
+    for (record, t) in r.tallies(v) {
+        s.tally[record].add(&t);
+    }
     let st = &mut s.stats;
     st.verify_forwards += 1;
     st.drafted += r.drafts.len();
@@ -2320,7 +2397,7 @@ mod tests {
         // chances: 8 1/2, 6 1/4, 5 1/8; 9 1/4, 1 (after 6) 1/16, ...: parents first
         let p = Proposed::new(shape.clone(), Some((0.5, 0.5)));
         assert_eq!(&p.order[..4], &[1, 2, 4, 3]);
-        let chance = node_chances(&shape, (0.5, 0.5));
+        let chance = node_chances(&shape, |_| (0.5, 0.5));
         assert!(p.order.windows(2).all(|w| chance[w[0]] >= chance[w[1]]));
         // a fixed K takes the nodes as the tree has them; one continuation is a chain
         assert_eq!(Proposed::new(tree(ngram_shape(&ngram, &context, 3, 3)), None).order, [1, 2, 3]);
@@ -2516,8 +2593,8 @@ mod tests {
     }
 
     /// The first draft the head ranked at a sequence's last row, of probability `p`.
-    fn first(p: f32) -> FirstDraft {
-        FirstDraft { ids: vec![7, 8, 9], log_prob: p.ln() }
+    fn first(p: f32) -> Ranked {
+        Ranked { ids: vec![7, 8, 9], log_prob: p.ln() }
     }
 
     #[test]
@@ -2549,6 +2626,84 @@ mod tests {
         batch.acceptance[2] = [kept(80), kept(50), kept(20)];
         let drafted = drafts(&mut batch, 24);
         assert!(drafted[1] > drafted[2] && drafted[2] > 0 && drafted[0] == 0, "{drafted:?}");
+    }
+
+    #[test]
+    fn an_eagle_proposal_is_as_deep_as_its_steps_confidences_pay() {
+        // (a record's chances of a first child and of a later sibling: below 0.3, 0.2 and 0.1;
+        // 0.3-0.6, 0.5 and 0.2; from 0.6, 0.9 and 0.3)
+        let chances = [(0.2, 0.1), (0.5, 0.2), (0.9, 0.3)];
+        let records = |p: &[f32]| -> Vec<usize> { p.iter().map(|p| confident(p.ln())).collect() };
+        let stays = |shape: &TokenTree, taken: &[usize], p: &[f32], prices: &[f64]| {
+            let records = records(p);
+            confident_nodes(shape, taken, prices, |depth| chances[records[depth - 1]])
+        };
+        let chain = |p: &[f32], prices: &[f64]| {
+            let n = prices.len();
+            stays(&TokenTree::chain(1, &[5, 6, 7, 8][..n]), &[1, 2, 3, 4][..n], p, prices)
+        };
+        // a chain of 4 taken by its first draft's record (0.9 to the depth), each draft at 0.4
+        let prices = [0.4; 4];
+        // every step confident: 0.9, 0.81, 0.73, 0.66, all of it
+        assert_eq!(records(&[0.95, 0.7, 0.5, 0.1]), [2, 2, 1, 0]);
+        assert_eq!(chain(&[0.95, 0.7, 0.8, 0.99], &prices), [true; 4]);
+        // the third step unsure: 0.9 x 0.9 x 0.2 = 0.16 is not worth 0.4, nor anything below it
+        assert_eq!(chain(&[0.95, 0.7, 0.1, 0.99], &prices), [true, true, false, false]);
+        // a middling second step: 0.45, then 0.405 pay; 0.36 does not
+        assert_eq!(chain(&[0.95, 0.4, 0.9, 0.9], &prices), [true, true, true, false]);
+        // depth 1 stays whatever its price (the plan judged it by its own record); a probe's
+        // (price 0) too
+        assert_eq!(chain(&[0.1, 0.1], &[0.5, 0.0]), [true, true]);
+        assert_eq!(chain(&[0.95, 0.1, 0.1], &[0.4, 0.5, 0.0]), [true, false, false]);
+        // the head's chain 2 deep with a sibling at each depth: the second step unsure, its
+        // draft's chance 0.9 x 0.2 = 0.18 pays 0.1, not 0.2; its sibling's 0.9 x 0.8 x 0.1 =
+        // 0.072 does not pay 0.1; the first step's sibling (0.1 x 0.3) stays (depth 1)
+        let shape = TokenTree::chain_with_siblings(1, &[5, 6], &[vec![9], vec![3]], 31);
+        assert_eq!(shape.parents(), &[0, 0, 1, 0, 1]);
+        let taken = [1, 2, 3, 4];
+        assert_eq!(stays(&shape, &taken, &[0.95, 0.1], &[0.1, 0.1, 0.5, 0.1]), [true, true, true, false]);
+        assert_eq!(stays(&shape, &taken, &[0.95, 0.1], &[0.1, 0.2, 0.5, 0.07]), [true, false, true, true]);
+        // a confident second step: its draft 0.81 pays 0.2, its sibling 0.9 x 0.1 x 0.3 not 0.1
+        assert_eq!(stays(&shape, &taken, &[0.95, 0.95], &[0.1, 0.2, 0.5, 0.1]), [true, true, true, false]);
+        // a sibling whose parent went goes too
+        let below = TokenTree::chain_with_siblings(1, &[5, 6, 7], &[vec![], vec![], vec![3]], 31);
+        assert_eq!(below.parents(), &[0, 0, 1, 2, 2]);
+        assert_eq!(
+            stays(&below, &taken, &[0.95, 0.1, 0.95], &[0.1, 0.2, 0.0, 0.0]),
+            [true, false, false, false]
+        );
+    }
+
+    #[test]
+    fn an_eagle_chains_drafts_go_to_their_own_records() {
+        let first = |kept: usize, rejected: usize| Tally { first: (kept, rejected), later: (0, 0) };
+        let mut r =
+            Rows { drafts: vec![4, 5, 6], records: vec![2, 0, 1], record: 2, ..Rows::new(0, 1, true) };
+        let outcome = |r: &Rows, choices: &[u32]| {
+            let v = Verdict::of(r, choices).expect("a verdict");
+            let tallies = r.tallies(&v);
+            let mut sum = Tally::default();
+            tallies.iter().for_each(|(_, t)| sum.add(t));
+            assert_eq!(sum, v.tally, "{tallies:?}: the verdict's tally, split");
+            tallies
+        };
+        // the first kept, the second rejected: nothing of the third
+        assert_eq!(outcome(&r, &[4, 9, 7, 8]), [(2, first(1, 0)), (0, first(0, 1))]);
+        assert_eq!(outcome(&r, &[4, 5, 6, 1]), [(2, first(1, 0)), (0, first(1, 0)), (1, first(1, 0))]);
+        assert_eq!(outcome(&r, &[3, 5, 6, 1]), [(2, first(0, 1))]);
+        // a chain without its steps' records (another drafter's): all to its record
+        r.records.clear();
+        assert_eq!(outcome(&r, &[4, 9, 7, 8]), [(2, first(1, 1))]);
+        // a tree, the head's chain 2 deep with a sibling at each depth (depth 1's record 2, depth
+        // 2's 0): the first draft kept, then the second's sibling (a first child rejected, a
+        // later one kept at depth 2)
+        let shape = TokenTree::chain_with_siblings(1, &[5, 6], &[vec![9], vec![3]], 31);
+        let tree = Rows { drafts: vec![5, 6, 9, 3], tree: Some(shape), records: vec![2, 0], ..r };
+        let second = Tally { first: (0, 1), later: (1, 0) };
+        assert_eq!(outcome(&tree, &[5, 3, 8, 8, 7]), [(2, first(1, 0)), (0, second)]);
+        // nothing kept: depth 1's first child and its sibling rejected
+        let none = Tally { first: (0, 1), later: (0, 1) };
+        assert_eq!(outcome(&tree, &[4, 3, 8, 8, 7]), [(2, none)]);
     }
 
     #[test]

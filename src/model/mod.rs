@@ -12,7 +12,7 @@ pub mod weights;
 pub use checkpoint::{Checkpoint, HostData, HostTensor, Precision};
 pub use config::{Arch, Config, RopeScaling};
 pub use eagle::{
-    DraftedTree, EagleHead, EagleLayout, FirstDraft, HeadChain, HeadRows, TreeShape, EAGLE_STORE_SLOTS,
+    DraftedTree, EagleHead, EagleLayout, HeadChain, HeadRows, Ranked, TreeShape, EAGLE_STORE_SLOTS,
     MAX_EAGLE_DEPTH, MAX_EAGLE_WIDTH,
 };
 pub use medusa::{MedusaConfig, MedusaHeads, MAX_MEDUSA_HEADS, MEDUSA_ROWS};

@@ -28,11 +28,13 @@
 //! probability of it, read before the next plan ([`take_firsts`]), which judges its drafts by
 //! it); before the next target pass, the chains of those drafting this time
 //! ([`propose_eagle`]: from x1, one-row steps per sequence drafting more than one, all in one
-//! submission, each step's ranked ids read back). A sequence the head has not followed through
-//! the token before its newest drafts none. Its chains are the one-sequence loop's EAGLE chains, with up to [`super::Drafters::eagle_siblings`] of each
-//! step's next likeliest ids beside them (a tree: the loop's `EagleTree::Chain`; where that loop
-//! grows EAGLE-2's dynamic trees, the batch grows these); a tree's accepted path gives the rows
-//! the head's next pass follows ([`before_commit`]).
+//! submission, each step's ranked ids and the head's probability of the first read back). A
+//! sequence the head has not followed through the token before its newest drafts none. Its chains
+//! are the one-sequence loop's EAGLE chains, with up to [`super::Drafters::eagle_siblings`] of
+//! each step's next likeliest ids beside them (a tree: the loop's `EagleTree::Chain`; where that
+//! loop grows EAGLE-2's dynamic trees, the batch grows these), as deep as each step's
+//! confidence still pays for an adaptive K (EAGLE-2's dynamic depth: [`super::confident_nodes`]);
+//! a tree's accepted path gives the rows the head's next pass follows ([`before_commit`]).
 //!
 //! The Medusa heads' proposals ([`propose_medusa`]): each head's ranked ids at every drafting
 //! sequence's row of the pass before (the position before its newest token, [`medusa_rows`]: a
@@ -43,13 +45,13 @@
 use web_time::Instant;
 
 use super::{
-    read_pass, Batch, Drafting, Draw, DrawAt, Outcome, PassCosts, Readback, Rows, Seq, SeqId, Source,
-    Verdict, EAGLE_PATIENCE,
+    confident, confident_nodes, read_pass, Batch, Drafting, Draw, DrawAt, Outcome, PassCosts, Readback, Rows,
+    Seq, SeqId, Source, Verdict, EAGLE_PATIENCE,
 };
 use crate::error::{Error, Result};
 use crate::gpu::KV_PAGE;
-use crate::model::{EagleHead, HeadChain, HeadRows, Model, SeqRows, MAX_BATCH, MEDUSA_ROWS};
-use crate::speculative::Medusa;
+use crate::model::{EagleHead, HeadChain, HeadRows, Model, Ranked, SeqRows, MAX_BATCH, MEDUSA_ROWS};
+use crate::speculative::{Medusa, TokenTree};
 
 /// Most feeding passes in one step (each of up to [`MAX_BATCH`] rows): a long prompt found in
 /// the prefix cache, or a sequence that drafts for the first time after a long prompt, is fed
@@ -297,7 +299,7 @@ async fn timed(
 /// draft steps' positions, never a preemption: drafts past them are dropped).
 pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan: &mut [Rows]) -> Result<()> {
     // (plan entry, and the head's row, past and first draft's ranks of its sequence)
-    let mut asks: Vec<(usize, usize, usize, Vec<u32>)> = Vec::new();
+    let mut asks: Vec<(usize, usize, usize, Ranked)> = Vec::new();
     for (entry, r) in plan.iter_mut().enumerate() {
         let eagle = batch.running[r.seq].drafting.as_ref().is_some_and(Drafting::is_eagle);
         if !r.pending || r.drafts.is_empty() || !eagle {
@@ -322,7 +324,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
                 if !r.drafts.is_empty() =>
             {
                 if steps(r) > 0 {
-                    asks.push((entry, *row, *past, first.ids.clone()))
+                    asks.push((entry, *row, *past, first.clone()))
                 }
             }
             // (an ensemble's n-gram nodes while the head cannot draft: kept)
@@ -351,10 +353,41 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     batch.head_costs.observe(drafts, t0.elapsed().as_secs_f64());
     for (&(entry, ..), ranked) in asks.iter().zip(out) {
         let r = &mut plan[entry];
+        let s = &batch.running[r.seq];
+        let Some(d) = &s.drafting else { continue };
+        // (each depth's record by the confidence of its step: its nodes' chances now, and where
+        // their outcomes go; an adaptive K's nodes stay where they still pay: confident_nodes)
+        r.records = ranked.iter().map(|step| confident(step.log_prob)).collect();
+        let (records, first, pooled) = (&r.records, r.record, &batch.acceptance[d.drafter()]);
+        let at = |depth: usize| {
+            let record = records.get(depth - 1).copied().unwrap_or(first);
+            s.chances(record, &pooled[record])
+        };
+        let adaptive = !r.prices.is_empty();
         match &mut r.proposed {
-            // (a tree: its shape's nodes get the steps' ids)
-            Some(p) => p.fill(&ranked),
-            None => r.drafts = ranked.iter().map(|ids| ids[0]).collect(),
+            // (a tree: its shape's nodes get the steps' ids; those that stay are taken first)
+            Some(p) => {
+                p.fill(&ranked.iter().map(|step| step.ids.clone()).collect::<Vec<_>>());
+                let n = r.drafts.len().min(p.order.len());
+                if adaptive {
+                    let stays = confident_nodes(&p.shape, &p.order[..n], &r.prices, at);
+                    let (kept, dropped): (Vec<(usize, bool)>, _) =
+                        p.order[..n].iter().copied().zip(stays).partition(|&(_, stays)| stays);
+                    let rest = p.order.split_off(n);
+                    p.order = kept.iter().chain(&dropped).map(|&(n, _)| n).chain(rest).collect();
+                    r.drafts.truncate(kept.len());
+                }
+            }
+            None => {
+                let chain: Vec<u32> = ranked.iter().map(|step| step.ids[0]).collect();
+                let taken: Vec<usize> = (1..=chain.len()).collect();
+                let stays = match adaptive {
+                    true => confident_nodes(&TokenTree::chain(0, &chain), &taken, &r.prices, at),
+                    false => vec![true; chain.len()],
+                };
+                r.drafts =
+                    chain.into_iter().zip(stays).take_while(|&(_, stays)| stays).map(|(t, _)| t).collect();
+            }
         }
     }
     Ok(())

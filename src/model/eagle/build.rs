@@ -113,7 +113,7 @@ impl EagleTensors {
 /// [`HeadState::new`] allocates.
 struct HeadSizes {
     ids: usize,           // [MAX_BATCH] rows, tokens and picks each
-    drafts: usize,        // [MAX_EAGLE_DEPTH, MAX_BATCH, top_k]
+    drafts: usize,        // [MAX_EAGLE_DEPTH, 2, MAX_BATCH, top_k] ids, then log-probabilities
     rows: usize,          // [MAX_BATCH, dim] feat, embd, x and xb each
     cat: usize,           // [MAX_BATCH, 2 dim] (EAGLE-3: 3 dim)
     q: usize,             // [MAX_BATCH, q_dim] q and att each
@@ -142,7 +142,7 @@ impl HeadSizes {
         };
         HeadSizes {
             ids: MAX_BATCH,
-            drafts: MAX_EAGLE_DEPTH * MAX_BATCH * top_k,
+            drafts: MAX_EAGLE_DEPTH * 2 * MAX_BATCH * top_k,
             rows: MAX_BATCH * c.dim,
             cat: MAX_BATCH * cat,
             q: MAX_BATCH * c.q_dim(),

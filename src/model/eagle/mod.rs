@@ -132,18 +132,20 @@ pub struct HeadChain<'a> {
     pub past: usize,
     /// Its last row in the latest [`EagleHead::run_pages`] pass (whose f^ the next step reads).
     pub row: usize,
-    /// That row's ranked ids, the first draft's and its siblings' ([`FirstDraft::ids`]).
-    pub first: &'a [u32],
+    /// That row's ranks: the first draft, its siblings and the head's log-probability of it
+    /// ([`EagleHead::first_drafts`]'s).
+    pub first: &'a Ranked,
     /// Drafts wanted (1..=[`MAX_EAGLE_DEPTH`]).
     pub drafts: usize,
 }
 
-/// A sequence's first draft as a head pass over several ranks it ([`EagleHead::run_pages`]):
-/// from its last row's f^, the head's `top_k` ids, most likely first, and the head's
-/// log-probability of the first (EAGLE-2's confidence: how often the target takes a draft
-/// follows it).
+/// A draft step's ranking of one sequence's next token (its first draft's, as a head pass over
+/// several ranks it: [`EagleHead::run_pages`]; each step of its chain's:
+/// [`EagleHead::draft_pages`]): from the f^ before it, the head's `top_k` ids, most likely
+/// first, and the head's log-probability of the first (EAGLE-2's confidence: how often the
+/// target takes a draft follows it, at any depth).
 #[derive(Clone, Debug, PartialEq)]
-pub struct FirstDraft {
+pub struct Ranked {
     pub ids: Vec<u32>,
     pub log_prob: f32,
 }
@@ -205,7 +207,7 @@ struct HeadState {
     batch: wgpu::Buffer,             // uniform Step of the rows a batch's chain step projects
     batch_table: wgpu::Buffer,       // [BATCH_TABLE_BYTES] a batch's chain steps' Steps, then projections'
     picks: GpuBuffer<u32>,           // [MAX_BATCH] each batched sequence's row of the last pass
-    drafts: GpuBuffer<u32>,          // [MAX_EAGLE_DEPTH, MAX_BATCH, top_k] the top ids of each draft step
+    drafts: GpuBuffer<u32>,          // [MAX_EAGLE_DEPTH, 2, MAX_BATCH, top_k] each step's ids, logp bits
     rows: GpuBuffer<u32>,            // [MAX_BATCH] the target's rows a pass gathers
     tokens: GpuBuffer<u32>,          // [MAX_BATCH] t_{p+1} of each row
     feat: GpuBuffer<f32>,            // [MAX_BATCH, dim] f_p of each row (EAGLE-1)
@@ -594,7 +596,7 @@ impl EagleHead {
     /// The first drafts of the sequences of the latest [`EagleHead::run_pages`] pass, one per
     /// sequence in its order (waiting for that pass; none if it ranked none). The one-sequence
     /// passes and [`EagleHead::draft_pages`] leave them; the next `run_pages` replaces them.
-    pub async fn first_drafts(&self) -> Result<Vec<FirstDraft>> {
+    pub async fn first_drafts(&self) -> Result<Vec<Ranked>> {
         let (m, k) = (self.ranked, self.top_k);
         if m == 0 {
             return Ok(Vec::new());
@@ -604,10 +606,7 @@ impl EagleHead {
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         let (ids, logp) = words.split_at(PROJECTED * k);
         Ok((0..m)
-            .map(|i| FirstDraft {
-                ids: ids[i * k..(i + 1) * k].to_vec(),
-                log_prob: f32::from_bits(logp[i * k]),
-            })
+            .map(|i| Ranked { ids: ids[i * k..(i + 1) * k].to_vec(), log_prob: f32::from_bits(logp[i * k]) })
             .collect())
     }
 
@@ -615,11 +614,12 @@ impl EagleHead {
     /// [`EagleHead::run_pages`] pass: that row's ranks (x1, [`HeadChain::first`]), then each
     /// further step is a pass of one row per sequence still drafting (at its next position, fed
     /// its previous f^ and most likely id), as [`EagleHead::draft`] drafts one sequence's.
-    /// `[sequence][drafts][top_k]`: each step's ranked ids, most likely first (the chain's token,
-    /// then its siblings'). One submission (every step's rows laid out before it), one
+    /// `[sequence][drafts]`: each step's ranks, its ids most likely first (the chain's token,
+    /// then its siblings') and the head's log-probability of the first (the first step's is
+    /// [`HeadChain::first`]). One submission (every step's rows laid out before it), one
     /// read-back; none where every chain is its first draft. The draft steps' keys and values go
     /// to the sequences' pages past `past`.
-    pub async fn draft_pages(&mut self, seqs: &[HeadChain<'_>]) -> Result<Vec<Vec<Vec<u32>>>> {
+    pub async fn draft_pages(&mut self, seqs: &[HeadChain<'_>]) -> Result<Vec<Vec<Ranked>>> {
         let m = seqs.len();
         if m == 0 {
             return Ok(Vec::new());
@@ -627,7 +627,7 @@ impl EagleHead {
         let k = self.top_k;
         if m > PROJECTED
             || (seqs.iter()).any(|s| {
-                !(1..=MAX_EAGLE_DEPTH).contains(&s.drafts) || s.row >= MAX_BATCH || s.first.len() != k
+                !(1..=MAX_EAGLE_DEPTH).contains(&s.drafts) || s.row >= MAX_BATCH || s.first.ids.len() != k
             })
         {
             return Err(Error::InvalidArgument(format!(
@@ -635,7 +635,8 @@ impl EagleHead {
                  drafts from a row of the last pass and its {k} ranked ids"
             )));
         }
-        if let Some(&id) = seqs.iter().flat_map(|s| s.first).find(|&&t| t as usize >= self.config.vocab_size)
+        if let Some(&id) =
+            seqs.iter().flat_map(|s| &s.first.ids).find(|&&t| t as usize >= self.config.vocab_size)
         {
             return Err(Error::TokenOutOfRange { id, vocab: self.config.vocab_size });
         }
@@ -645,7 +646,7 @@ impl EagleHead {
         order.sort_by_key(|&i| std::cmp::Reverse(seqs[i].drafts));
         let depth = seqs[order[0]].drafts;
         if depth == 1 {
-            return Ok(seqs.iter().map(|s| vec![s.first.to_vec()]).collect());
+            return Ok(seqs.iter().map(|s| vec![s.first.clone()]).collect());
         }
         let wanting = |j: usize| order.iter().take_while(|&&i| seqs[i].drafts > j).count();
         // the table: step j's (1..depth) Step at (j - 1) * size, projection j's rows at proj0 + 16 j
@@ -677,7 +678,7 @@ impl EagleHead {
         let g = self.gpu.clone();
         let s = &self.state;
         let picks: Vec<u32> = order.iter().map(|&i| seqs[i].row as u32).collect();
-        let x1: Vec<u32> = order.iter().map(|&i| seqs[i].first[0]).collect();
+        let x1: Vec<u32> = order.iter().map(|&i| seqs[i].first.ids[0]).collect();
         g.queue.write_buffer(&s.picks.raw, 0, bytemuck::cast_slice(&picks));
         g.queue.write_buffer(&s.tokens.raw, 0, bytemuck::cast_slice(&x1));
         g.queue.write_buffer(&s.batch_table, 0, &table);
@@ -685,18 +686,16 @@ impl EagleHead {
             g.queue.write_buffer(&s.pages.raw, 0, bytemuck::cast_slice(&pages));
         }
         let (dim, k, word) = (self.config.dim as u64 * 4, self.top_k as u64, 4u64);
-        let stride = MAX_BATCH as u64 * k * word; // (a step's ids in `drafts`)
+        // (a step's ids in `drafts`, then their log-probabilities)
+        let half = MAX_BATCH as u64 * k * word;
+        let stride = 2 * half;
         let mut enc = g.encoder();
         let project = |enc: &mut wgpu::CommandEncoder, j: usize, rows: usize| {
             enc.copy_buffer_to_buffer(&s.batch_table, (proj0 + 16 * j) as u64, &s.batch, 0, 16);
             g.encode(enc, &self.ops.project_batch, rows as u32);
-            enc.copy_buffer_to_buffer(
-                &s.top.raw,
-                0,
-                &s.drafts.raw,
-                j as u64 * stride,
-                rows as u64 * k * word,
-            );
+            let (at, bytes) = (j as u64 * stride, rows as u64 * k * word);
+            enc.copy_buffer_to_buffer(&s.top.raw, 0, &s.drafts.raw, at, bytes);
+            enc.copy_buffer_to_buffer(&s.logp.raw, 0, &s.drafts.raw, at + half, bytes);
         };
         enc.copy_buffer_to_buffer(&s.batch_table, proj0 as u64, &s.batch, 0, 16);
         g.encode(&mut enc, std::slice::from_ref(&self.ops.batch_last), m as u32);
@@ -716,13 +715,17 @@ impl EagleHead {
         let raw = g.submit_and_read(enc, &s.drafts.raw, stride, (depth as u64 - 1) * stride).await?;
         self.len = 0;
         self.unprojected = false;
-        let ids: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
+        let words: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
         let k = self.top_k;
         let mut ranked = vec![Vec::new(); m];
         for (r, &i) in order.iter().enumerate() {
-            let at =
-                |j: usize| ids[((j - 1) * MAX_BATCH + r) * k..((j - 1) * MAX_BATCH + r + 1) * k].to_vec();
-            ranked[i] = std::iter::once(seqs[i].first.to_vec()).chain((1..seqs[i].drafts).map(at)).collect();
+            // (step j's ids of row r, then its log-probabilities MAX_BATCH k words on)
+            let at = |j: usize| {
+                let ids = (2 * (j - 1) * MAX_BATCH + r) * k;
+                let logp = ids + MAX_BATCH * k;
+                Ranked { ids: words[ids..ids + k].to_vec(), log_prob: f32::from_bits(words[logp]) }
+            };
+            ranked[i] = std::iter::once(seqs[i].first.clone()).chain((1..seqs[i].drafts).map(at)).collect();
         }
         Ok(ranked)
     }
