@@ -1671,6 +1671,17 @@ impl Proposed {
         }
     }
 
+    /// Of its first nodes taken, those that `stays` (one per node) keeps first, in their order,
+    /// then the others: returns how many stay (the nodes to take now).
+    fn keep(&mut self, stays: &[bool]) -> usize {
+        let n = stays.len().min(self.order.len());
+        let rest = self.order.split_off(n);
+        let (kept, dropped): (Vec<(usize, bool)>, _) =
+            self.order.iter().copied().zip(stays.iter().copied()).partition(|&(_, stays)| stays);
+        self.order = kept.iter().chain(&dropped).map(|&(node, _)| node).chain(rest).collect();
+        kept.len()
+    }
+
     /// The drafter's steps its first `taken` nodes need: their deepest ranked node's depth.
     fn steps(&self, taken: usize) -> usize {
         let ranked = |&&n: &&usize| rank_of(self.shape.tokens()[n]).is_some();
@@ -2456,6 +2467,15 @@ mod tests {
         p.fill(&[vec![8, 4], vec![9, 3]]);
         let t = p.tree(1, 6);
         assert_eq!((t.tokens(), t.parents()), (&[1, 8, 9, 4, 3, 6][..], &[0, 0, 1, 0, 1, 0][..]));
+        // the nodes a judgement keeps of the first 5 taken (not the head's second draft, 9, nor
+        // the n-gram's 8): taken first, the tree of those alone
+        let mut kept =
+            Proposed::new(tree(eagle_shape(2, 1, 31).with_ngram(&ngram, &context, (2, 4), 31)), None);
+        kept.fill(&[vec![8, 4], vec![9, 3]]);
+        assert_eq!(kept.keep(&[true, false, true, true, false]), 3);
+        assert_eq!(kept.order, [1, 3, 4, 2, 5, 6]);
+        let t = kept.tree(1, 3);
+        assert_eq!((t.tokens(), t.parents()), (&[1, 8, 4, 3][..], &[0, 0, 0, 1][..]));
         // nodes the drafter did not fill (its steps ran out) end the nodes taken
         let mut p = Proposed::new(tree(eagle_shape(2, 1, 31)), None);
         p.fill(&[vec![8, 4]]);

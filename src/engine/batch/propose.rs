@@ -371,11 +371,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
                 let n = r.drafts.len().min(p.order.len());
                 if adaptive {
                     let stays = confident_nodes(&p.shape, &p.order[..n], &r.prices, at);
-                    let (kept, dropped): (Vec<(usize, bool)>, _) =
-                        p.order[..n].iter().copied().zip(stays).partition(|&(_, stays)| stays);
-                    let rest = p.order.split_off(n);
-                    p.order = kept.iter().chain(&dropped).map(|&(n, _)| n).chain(rest).collect();
-                    r.drafts.truncate(kept.len());
+                    r.drafts.truncate(p.keep(&stays));
                 }
             }
             None => {
