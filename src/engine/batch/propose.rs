@@ -368,8 +368,8 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
             // (a tree: its shape's nodes get the steps' ids; those that stay are taken first)
             Some(p) => {
                 p.fill(&ranked.iter().map(|step| step.ids.clone()).collect::<Vec<_>>());
-                let n = r.drafts.len().min(p.order.len());
                 if adaptive {
+                    let n = r.drafts.len().min(p.order.len());
                     let stays = confident_nodes(&p.shape, &p.order[..n], &r.prices, at);
                     r.drafts.truncate(p.keep(&stays));
                 }

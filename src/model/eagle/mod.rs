@@ -150,6 +150,14 @@ pub struct Ranked {
     pub log_prob: f32,
 }
 
+impl Ranked {
+    /// A ranking in read-back `words`: its `k` ids at word `ids`, the log-probability bits of
+    /// the first at word `logp` (the top-k's `top` and `logp` rows, copied side by side).
+    fn read(words: &[u32], ids: usize, logp: usize, k: usize) -> Ranked {
+        Ranked { ids: words[ids..ids + k].to_vec(), log_prob: f32::from_bits(words[logp]) }
+    }
+}
+
 /// A draft tree as the GPU chose it: its nodes by depth (best first within a depth).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct DraftedTree {
@@ -604,10 +612,7 @@ impl EagleHead {
         let words = (PROJECTED * k) as u64 * 4;
         let raw = self.gpu.submit_and_read(self.gpu.encoder(), &self.state.firsts.raw, 0, 2 * words).await?;
         let words: Vec<u32> = bytemuck::pod_collect_to_vec(&raw);
-        let (ids, logp) = words.split_at(PROJECTED * k);
-        Ok((0..m)
-            .map(|i| Ranked { ids: ids[i * k..(i + 1) * k].to_vec(), log_prob: f32::from_bits(logp[i * k]) })
-            .collect())
+        Ok((0..m).map(|i| Ranked::read(&words, i * k, (PROJECTED + i) * k, k)).collect())
     }
 
     /// The chains of several sequences, each from its last row of the latest
@@ -722,8 +727,7 @@ impl EagleHead {
             // (step j's ids of row r, then its log-probabilities MAX_BATCH k words on)
             let at = |j: usize| {
                 let ids = (2 * (j - 1) * MAX_BATCH + r) * k;
-                let logp = ids + MAX_BATCH * k;
-                Ranked { ids: words[ids..ids + k].to_vec(), log_prob: f32::from_bits(words[logp]) }
+                Ranked::read(&words, ids, ids + MAX_BATCH * k, k)
             };
             ranked[i] = std::iter::once(seqs[i].first.clone()).chain((1..seqs[i].drafts).map(at)).collect();
         }
