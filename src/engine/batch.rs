@@ -504,7 +504,8 @@ pub(super) struct Batch {
     draft_pool: Pool,
     draft_costs: PassCosts,
     pub(super) draft_used: bool,
-    /// The EAGLE head's costs of its chains (by drafts), and whether a pass of it ran since the
+    /// The EAGLE head's costs of its chains' steps (by step rows: a chain's drafts after the
+    /// first, which the head's follow ranked), and whether a pass of it ran since the
     /// one-sequence loop last drafted with it. (Its pool has the target's pages: a sequence's
     /// head part is in the head's pages of the same ids as its target pages.)
     head_costs: PassCosts,
@@ -517,7 +518,7 @@ pub(super) struct Batch {
     follows: u64,
     firsts_pending: Vec<(SeqId, usize)>,
     /// The acceptance a first EAGLE draft needed to pay in the latest pass that priced one (its
-    /// row's and its chain's seconds against the pass's tokens per second), and the tokens one
+    /// row's seconds against the pass's tokens per second: the head's follow ranked it), and the tokens one
     /// more sequence's follow cost at that pace (none: not measured yet); how often a first draft
     /// of a sequence ready to draft fell in each record ([`EAGLE_CONFIDENCE`]): a new sequence
     /// is followed where the drafts it can expect pay for its follows ([`Batch::head_follows`]).
@@ -1365,8 +1366,9 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     // seconds shared by the sequences drafting with it, and a row), its first one also the rows
     // of the tokens the draft has not seen; its proposals are made after this plan (`propose`):
     // placeholders until then.
-    // An EAGLE head's draft costs a target row and its share of the head's chains (their fixed
-    // seconds shared alike, and a draft's), where the head has run the sequence's last rows.
+    // An EAGLE head's draft costs a target row, and past the first (ranked in the head's follow)
+    // its share of the head's steps (their fixed seconds shared alike, and a step row's), where
+    // the head has run the sequence's last rows.
     // Medusa's: a target row, the first also its row of the heads' runs (every head runs over the
     // rows of the sequences drafting, however many drafts each takes: their line is by rows).
     // (Each share: the fixed seconds of the drafter's line shared by the sequences that can
@@ -1450,16 +1452,20 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
                 (placeholders, gains)
             }
         };
+        // (the drafter's steps the first i + 1 drafts need: a chain's each, a tree's deepest
+        // ranked node; an EAGLE sibling or an n-gram node beside a drafter's costs a row alone,
+        // and the head's first draft none: its follow ranked it)
+        let ranked = usize::from(d.is_eagle());
+        let steps: Vec<usize> = match &r.proposed {
+            Some(p) => (1..=proposal.len()).map(|i| p.steps(i).saturating_sub(ranked)).collect(),
+            None => (1..=proposal.len()).map(|i| i - ranked).collect(),
+        };
+        // (a drafter not measured yet: an adaptive K's drafts up to the first that needs a step,
+        // the probe that measures it)
         if cost.is_none() && !d.fixed {
-            proposal.truncate(1);
+            proposal.truncate(steps.iter().position(|&n| n > 0).map_or(proposal.len(), |i| i + 1));
         }
         let cost = cost.unwrap_or(0.0);
-        // (the drafter's steps the first i + 1 drafts need: a chain's each, a tree's deepest
-        // ranked node; an EAGLE sibling or an n-gram node beside a drafter's costs a row alone)
-        let steps: Vec<usize> = match &r.proposed {
-            Some(p) => (1..=proposal.len()).map(|i| p.steps(i)).collect(),
-            None => (1..=proposal.len()).collect(),
-        };
         if d.fixed {
             r.asked = k;
             r.drafts = proposal.into_iter().take(budget).collect();
@@ -1480,12 +1486,12 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     let probes = (fit.is_none() && batch.costs.measured(rows as usize)) as usize;
     let known = fit.is_some();
     let planned = Planned { rows, tokens, drafting, measured: batch.costs.average(rows as usize) };
-    if let (Some(fit), Some(chain)) = (fit.as_ref().filter(|_| tokens > 0.0), head_draft) {
-        // (what a first EAGLE draft needs in this pass: new sequences are followed where the
-        // head's record reaches it)
+    if let Some(fit) = fit.as_ref().filter(|_| tokens > 0.0) {
+        // (what a first EAGLE draft needs in this pass, its row's seconds (the head's follow
+        // ranked it): new sequences are followed where the head's record reaches it)
         let pass = planned.seconds(fit, rows as usize);
         let row = fit.seconds(rows as usize + 1) - fit.seconds(rows as usize);
-        batch.eagle_price = Some((row + chain) * tokens / (pass + drafting));
+        batch.eagle_price = Some(row * tokens / (pass + drafting));
         let followed =
             batch.running.iter().filter(|s| s.drafting.as_ref().is_some_and(Drafting::is_followed));
         let one_more = followed.count() as f64 + 1.0;
@@ -2199,11 +2205,16 @@ mod tests {
         // costs unknown: no draft, and no idle pass (not the costs' choice)
         assert_eq!(drafts(&mut batch, 24), [0]);
         assert_eq!(idle(&batch), 0.0);
-        // rows free (a flat line) and the head never run: one draft, the probe of its cost
+        // rows free (a flat line) and the head's steps never run: two drafts, the first ranked
+        // in its follow, the second the probe of a step's cost
         batch.costs.observe(4, 1.0);
         batch.costs.observe(8, 1.0);
+        assert_eq!(drafts(&mut batch, 24), [2]);
+        // its steps measured dear (10 s each): the first draft alone, which needs none
+        batch.head_costs.observe(1, 10.0);
         assert_eq!(drafts(&mut batch, 24), [1]);
-        // its chain measured nearly free: K's drafts, and its idle passes stay 0
+        batch.head_costs = PassCosts::default();
+        // its step measured nearly free: K's drafts, and its idle passes stay 0
         batch.head_costs.observe(1, 1e-12);
         assert_eq!(drafts(&mut batch, 24), [4]);
         assert_eq!(idle(&batch), 0.0);
@@ -2262,15 +2273,15 @@ mod tests {
         // to run with the head's drafts, as the one-sequence loop does)
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
         assert_eq!(first_pass(&mut batch, eagle(true)), (18, true));
-        // a pass of one decoding row: 1 s and 0.15 s a row, a chain 0.05 s: a first draft pays
-        // at an acceptance of 0.2 / 1.15
+        // a pass of one decoding row: 1 s and 0.15 s a row: a first draft (ranked in the
+        // head's follow, no step of it) pays at an acceptance of 0.15 / 1.15, the head's steps
+        // not measured yet
         batch.costs.observe(4, 1.6);
         batch.costs.observe(8, 2.2);
-        batch.head_costs.observe(1, 0.05);
         batch.running = vec![seq((1..20).collect(), 0, 0)];
         drafts(&mut batch, 24);
         let price = batch.eagle_price.expect("priced");
-        assert!((price - 0.2 / 1.15).abs() < 1e-9, "{price}");
+        assert!((price - 0.15 / 1.15).abs() < 1e-9, "{price}");
         // its follows not measured yet: followed
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
         // a follow 0.023 s, 0.02 of a token at the pass's pace; first drafts seen 80 times in
@@ -2283,7 +2294,7 @@ mod tests {
         assert!((follow - 0.023 / 1.15).abs() < 1e-9, "{follow}");
         batch.eagle_records = [80, 10, 10];
         // the head's drafts of every confidence kept 10 times in 100 across the batch (a mean of
-        // 0.11): not followed; its most confident ones kept 90 times in 100 (a surplus of 0.07
+        // 0.11): not followed; its most confident ones kept 90 times in 100 (a surplus of 0.08
         // tokens a pass): followed
         let kept = |k: usize| Tally { first: (k, 100 - k), later: (0, 0) };
         batch.acceptance[2] = [kept(10); RECORDS];
@@ -2291,7 +2302,7 @@ mod tests {
         assert_eq!(first_pass(&mut batch, eagle(true)), (18, true), "a fixed K is followed");
         batch.acceptance[2][RECORDS - 1] = kept(90);
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
-        // a record not measured yet (1/2 before any: a surplus of 0.03): followed, to measure it
+        // a record not measured yet (1/2 before any: a surplus of 0.04): followed, to measure it
         batch.acceptance[2] = [kept(10), Tally::default(), kept(10)];
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
         // follows ten times dearer: confident drafts one pass in ten do not pay for them

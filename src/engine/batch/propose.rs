@@ -343,14 +343,18 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
             HeadChain { pages, past: *past, row: *row, first, drafts }
         })
         .collect();
-    let drafts = chains.iter().map(|c| c.drafts).sum();
+    // (the head's step rows: a chain's first draft was ranked in its follow, and a chain of one
+    // needs no submission)
+    let steps: usize = chains.iter().map(|c| c.drafts - 1).sum();
     let t0 = Instant::now();
     let out = head.draft_pages(&chains).await;
     // (its draft steps wrote over the rows of the head's latest pass: drafting again needs the
     // next one, whatever happens to this pass)
     forget_rows(batch, Drafting::is_eagle);
     let out = out?;
-    batch.head_costs.observe(drafts, t0.elapsed().as_secs_f64());
+    if steps > 0 {
+        batch.head_costs.observe(steps, t0.elapsed().as_secs_f64());
+    }
     for (&(entry, ..), ranked) in asks.iter().zip(out) {
         let r = &mut plan[entry];
         let s = &batch.running[r.seq];
