@@ -128,6 +128,20 @@ impl Default for BatchLimits {
     }
 }
 
+/// Costs the batch's plans take as measured, fixed until [`Engine::set_batch_costs`]
+/// (super::Engine::set_batch_costs) is given none: tests that need the plan's choices made
+/// (the measured ones come from timings), and plans reproduced from a run's figures.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct FixedCosts {
+    /// Seconds of a target pass of one row, and of each row more.
+    pub pass: f64,
+    pub row: f64,
+    /// Seconds of the EAGLE head's follow (its pass over the kept rows and its first drafts),
+    /// shared by the sequences it follows, and of each row of its chains' steps.
+    pub follow: f64,
+    pub head_step: f64,
+}
+
 /// The batch in figures (the server's `/metrics`).
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct BatchStatus {
@@ -147,6 +161,10 @@ pub struct BatchStatus {
     pub rows: u64,
     pub drafts: u64,
     pub preemptions: u64,
+    /// Drafts an adaptive K's proposal lost once its drafter ranked them, below a step too
+    /// unsure to pay for them (the EAGLE head's: EAGLE-2's dynamic depth), since the engine was
+    /// made.
+    pub drafts_cut: u64,
     /// Sequences whose drafts in a pass were a token tree (n-gram continuations of several
     /// matches, an EAGLE chain with siblings, Medusa's tree, an ensemble's), since the engine
     /// was made.
@@ -587,15 +605,45 @@ impl Batch {
         self.pool.forget_all();
     }
 
-    /// The draft model changes (the batch idle): its read-back words go with it.
-    pub(super) fn forget_draft(&mut self) {
+    /// A drafter changes (the batch idle: `kind`'s base, the draft model, the EAGLE head or the
+    /// Medusa heads): what was measured of the old one goes with it, its acceptance records
+    /// across requests and its costs (fixed ones stay: [`FixedCosts`]), and the draft model's
+    /// read-back words. (A head is judged by its own drafts: one that guessed badly kept the
+    /// next from drafting at all.)
+    pub(super) fn forget_drafter(&mut self, kind: DraftKind) {
         debug_assert!(self.is_idle());
-        self.draft_readback = None;
+        let drafter = match kind.base() {
+            DraftKind::Model => {
+                self.draft_readback = None;
+                self.draft_costs.forget();
+                1
+            }
+            DraftKind::Eagle => {
+                self.head_costs.forget();
+                self.follow_costs.forget();
+                (self.eagle_price, self.follow_price, self.eagle_records) = (None, None, [0; RECORDS]);
+                2
+            }
+            DraftKind::Medusa => {
+                self.medusa_costs.forget();
+                3
+            }
+            _ => return,
+        };
+        self.acceptance[drafter] = Default::default();
     }
 
     /// Whether no request is waiting or running.
     pub(super) fn is_idle(&self) -> bool {
         self.waiting.is_empty() && self.running.is_empty()
+    }
+
+    /// Fixes the target's and the EAGLE head's costs the plans take ([`FixedCosts`]), or
+    /// (none) has them measured again from the next pass.
+    pub(super) fn fix_costs(&mut self, costs: Option<FixedCosts>) {
+        self.costs.fix(costs.map(|c| (c.pass - c.row, c.row)));
+        self.head_costs.fix(costs.map(|c| (0.0, c.head_step)));
+        self.follow_costs.fix(costs.map(|c| (c.follow, 0.0)));
     }
 
     pub(super) fn status(&self) -> BatchStatus {
@@ -1889,6 +1937,8 @@ struct PassCosts {
     /// `groups[R]`: the target's matmul row groups in a pass of R rows (G(R):
     /// [`Gpu::matmul_row_groups`](crate::gpu::Gpu::matmul_row_groups)); empty for a drafter's.
     groups: Vec<f64>,
+    /// Whether the seconds are fixed ([`PassCosts::fix`]): passes do not change them.
+    fixed: bool,
 }
 
 /// A pass's seconds by its rows R: a + b R + c G(R) (c = 0: a line).
@@ -1911,6 +1961,9 @@ impl PassCosts {
     /// A pass of `rows` rows took `seconds`: the count's average moves a fifth of the way to
     /// it, half the way where the count was stale.
     fn observe(&mut self, rows: usize, seconds: f64) {
+        if self.fixed {
+            return;
+        }
         if self.by_rows.len() <= rows {
             self.by_rows.resize(rows + 1, None);
             self.latest.resize(rows + 1, 0);
@@ -1930,6 +1983,25 @@ impl PassCosts {
         *c = Some(c.map_or(seconds, |old| (1.0 - new) * old + new * seconds));
         self.passes += 1;
         self.latest[rows] = self.passes;
+    }
+
+    /// Every row count's seconds fixed at a + b R ([`FixedCosts`]), as measured, from now on;
+    /// none: measured again from the next pass.
+    fn fix(&mut self, fixed: Option<(f64, f64)>) {
+        let groups = std::mem::take(&mut self.groups);
+        *self = PassCosts { groups, ..PassCosts::default() };
+        if let Some((a, b)) = fixed {
+            self.by_rows = (0..=MAX_BATCH).map(|r| (r > 0).then_some(a + b * r as f64)).collect();
+            self.latest = vec![0; MAX_BATCH + 1];
+            self.fixed = true;
+        }
+    }
+
+    /// The seconds measured forgotten, unless they are fixed.
+    fn forget(&mut self) {
+        if !self.fixed {
+            self.fix(None);
+        }
     }
 
     /// Whether passes of `rows` rows were measured, but not in the latest [`STALE_PASSES`].
@@ -2309,6 +2381,65 @@ mod tests {
         batch.acceptance[2][RECORDS - 1] = kept(90);
         batch.follow_price = Some(10.0 * follow);
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
+    }
+
+    #[test]
+    fn a_new_drafter_is_judged_by_its_own_drafts() {
+        // what was measured of the heads and the draft model: records across requests, costs,
+        // the EAGLE head's first drafts' records and prices
+        let mut batch = Batch::new(64);
+        let kept = |k: usize| Tally { first: (k, 100 - k), later: (0, 0) };
+        batch.acceptance = [[kept(50); RECORDS]; 4];
+        for costs in
+            [&mut batch.draft_costs, &mut batch.head_costs, &mut batch.follow_costs, &mut batch.medusa_costs]
+        {
+            costs.observe(1, 0.1);
+        }
+        (batch.eagle_price, batch.follow_price, batch.eagle_records) = (Some(0.1), Some(0.2), [1; RECORDS]);
+        // another EAGLE head (an ensemble's kind names it too): its measures start afresh, the
+        // other drafters' stay
+        batch.forget_drafter(DraftKind::EagleNgram);
+        let none = [Tally::default(); RECORDS];
+        assert_eq!(batch.acceptance, [[kept(50); RECORDS], [kept(50); RECORDS], none, [kept(50); RECORDS]]);
+        assert!(!batch.head_costs.measured(1) && !batch.follow_costs.measured(1));
+        assert!(batch.draft_costs.measured(1) && batch.medusa_costs.measured(1));
+        assert_eq!((batch.eagle_price, batch.follow_price, batch.eagle_records), (None, None, [0; RECORDS]));
+        // new Medusa heads, a new draft model alike; the n-gram's records stay
+        batch.forget_drafter(DraftKind::MedusaNgram);
+        batch.forget_drafter(DraftKind::Model);
+        batch.forget_drafter(DraftKind::Ngram);
+        assert_eq!(batch.acceptance, [[kept(50); RECORDS], none, none, none]);
+        assert!(!batch.draft_costs.measured(1) && !batch.medusa_costs.measured(1));
+        // fixed costs stay fixed
+        batch.fix_costs(Some(FixedCosts { pass: 1.0, row: 0.1, follow: 0.2, head_step: 0.3 }));
+        batch.forget_drafter(DraftKind::Eagle);
+        let (a, b) = batch.head_costs.estimate().expect("fixed");
+        assert!(a < 1e-6 && (b - 0.3).abs() < 1e-12, "{a} {b}");
+    }
+
+    #[test]
+    fn fixed_costs_are_the_plans_measures_until_measured_again() {
+        let mut batch = Batch::new(64);
+        batch.costs.groups = (0..=MAX_BATCH).map(|r| r.div_ceil(8) as f64).collect();
+        batch.fix_costs(Some(FixedCosts { pass: 1.0, row: 0.1, follow: 0.2, head_step: 0.3 }));
+        // every row count measured at 0.9 + 0.1 R, whatever passes take; never stale
+        for _ in 0..2 * STALE_PASSES {
+            batch.costs.observe(4, 100.0);
+            batch.follow_costs.observe(2, 100.0);
+        }
+        for r in 1..=MAX_BATCH {
+            assert!((batch.costs.average(r).expect("fixed") - (0.9 + 0.1 * r as f64)).abs() < 1e-12);
+            assert!(!batch.costs.stale(r));
+        }
+        let fit = batch.costs.fit().expect("a fit");
+        assert!((fit.seconds(5) - fit.seconds(4) - 0.1).abs() < 1e-9 && (fit.seconds(1) - 1.0).abs() < 1e-9);
+        assert!((batch.follow_seconds(2.0).expect("fixed") - 0.1).abs() < 1e-12, "a follow shared by two");
+        // measured again: nothing until passes run, and the target's row groups kept
+        batch.fix_costs(None);
+        assert!(batch.costs.fit().is_none() && batch.follow_seconds(1.0).is_none());
+        assert_eq!(batch.costs.groups.len(), MAX_BATCH + 1);
+        batch.costs.observe(4, 2.0);
+        assert_eq!(batch.costs.average(4), Some(2.0));
     }
 
     #[test]

@@ -31,7 +31,7 @@ mod batch;
 mod pool;
 mod prompt;
 mod request;
-pub use batch::{BatchEvent, BatchLimits, BatchStatus, SeqId};
+pub use batch::{BatchEvent, BatchLimits, BatchStatus, FixedCosts, SeqId};
 pub use prompt::Prompter;
 use prompt::TextStream;
 pub use request::{Completion, Request, TokenEvent};
@@ -274,6 +274,12 @@ impl Engine {
         self.batch.limits = limits;
     }
 
+    /// Fixes the costs the batch's plans take as measured ([`FixedCosts`]: the target's passes,
+    /// the EAGLE head's follows and steps), or (none) has them measured again from the next pass.
+    pub fn set_batch_costs(&mut self, costs: Option<FixedCosts>) {
+        self.batch.fix_costs(costs);
+    }
+
     /// The sequences and rows one pass takes.
     pub fn batch_limits(&self) -> BatchLimits {
         self.batch.limits
@@ -441,6 +447,7 @@ impl Engine {
         progress: &mut dyn FnMut(Role, LoadProgress),
     ) -> Result<&MedusaHeads> {
         self.check_batch_idle("the Medusa heads change")?;
+        self.batch.forget_drafter(DraftKind::Medusa);
         self.medusa = None;
         self.schedules.clear();
         let named = files.open_named()?;
@@ -486,6 +493,7 @@ impl Engine {
         self.check_batch_idle("the EAGLE head changes")?;
         // (cached pages' head parts were the old head's)
         self.batch.forget_prefixes();
+        self.batch.forget_drafter(DraftKind::Eagle);
         self.eagle = None;
         self.schedules.clear();
         let named = files.open_named()?;
@@ -579,7 +587,7 @@ impl Engine {
     ) -> Result<&ModelInfo> {
         self.check_batch_idle("the draft model changes")?;
         self.draft = None; // the old draft's GPU memory goes first
-        self.batch.forget_draft();
+        self.batch.forget_drafter(DraftKind::Model);
         self.schedules.clear();
         speculative::check_draft(
             (&self.target.config, &self.prompter.tokenizer),
@@ -613,7 +621,7 @@ impl Engine {
     pub fn set_draft(&mut self, draft: Option<(Model, &Tokenizer)>) -> Result<()> {
         self.check_batch_idle("the draft model changes")?;
         self.draft = None;
-        self.batch.forget_draft();
+        self.batch.forget_drafter(DraftKind::Model);
         self.schedules.clear();
         if self.default_draft.base() == DraftKind::Model {
             self.default_draft = DraftKind::None;

@@ -367,7 +367,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
             let record = records.get(depth - 1).copied().unwrap_or(first);
             s.chances(record, &pooled[record])
         };
-        let adaptive = !r.prices.is_empty();
+        let (adaptive, asked) = (!r.prices.is_empty(), r.drafts.len());
         match &mut r.proposed {
             // (a tree: its shape's nodes get the steps' ids; those that stay are taken first)
             Some(p) => {
@@ -389,6 +389,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
                     chain.into_iter().zip(stays).take_while(|&(_, stays)| stays).map(|(t, _)| t).collect();
             }
         }
+        batch.status.drafts_cut += (asked - r.drafts.len()) as u64;
     }
     Ok(())
 }

@@ -244,6 +244,11 @@ impl Metrics {
                 ),
                 ("wgspec_batch_draft_rows_total", "Draft rows of those passes.", b.drafts),
                 (
+                    "wgspec_batch_drafts_cut_total",
+                    "Drafts dropped before their pass once ranked, below a step too unsure to pay for them.",
+                    b.drafts_cut,
+                ),
+                (
                     "wgspec_batch_draft_trees_total",
                     "Batched requests' newest tokens whose drafts after them in their pass were a token tree.",
                     b.trees,
@@ -351,6 +356,7 @@ mod tests {
             running: 2,
             waiting: 1,
             drafts: 4,
+            drafts_cut: 3,
             trees: 2,
             pages_used: 5,
             pages_free: 59,
@@ -374,6 +380,7 @@ mod tests {
             "wgspec_batch_passes_total 7",
             "wgspec_batch_rows_total 30",
             "wgspec_batch_draft_rows_total 4",
+            "wgspec_batch_drafts_cut_total 3",
             "wgspec_batch_draft_trees_total 2",
             "wgspec_batch_draft_k_total{k=\"0\"} 5",
             "wgspec_batch_draft_k_total{k=\"2\"} 2",
