@@ -3,7 +3,7 @@
 //! in the batch at once, a request taking the place of one that ended (N clients sending one
 //! after another). Per level: output tokens/s, time to first token and time per output token
 //! (p50, p99, in passes' wall time), the passes and their rows, the drafts among them (those
-//! accepted, and the token trees), preemptions, the positions found in the prefix cache, and the requests
+//! accepted, the token trees, and those cut once ranked), preemptions, the positions found in the prefix cache, and the requests
 //! whose tokens differ from the first level's (a request's output must not depend on who else is
 //! served). Each level starts with an empty prefix cache (an earlier level's prompts would be
 //! found computed): it finds only what its own requests computed.
@@ -34,6 +34,9 @@ pub struct Level {
     pub accepted_drafts: usize,
     /// Requests' newest tokens whose drafts in their pass were a token tree.
     pub trees: u64,
+    /// Drafts dropped once ranked, below a step too unsure to pay for them
+    /// ([`wgspec::engine::BatchStatus::drafts_cut`]).
+    pub drafts_cut: u64,
     pub preemptions: u64,
     /// Positions its requests found in the prefix cache when admitted: computed by its earlier
     /// requests, or (a preempted request coming back) by themselves.
@@ -84,7 +87,7 @@ pub async fn run(
         first.get_or_insert(tokens);
         eprintln!(
             "N={:<3} {:8.2} tok/s  TTFT p50 {:.0} ms p99 {:.0} ms  TPOT p50 {:.1} ms  {:.1} rows/pass  \
-             {} drafts ({} accepted, {} trees)  {} preempted  {} cached  {} of {} differ",
+             {} drafts ({} accepted, {} trees, {} cut)  {} preempted  {} cached  {} of {} differ",
             n,
             level.output_tokens_per_second,
             level.ttft_ms.0,
@@ -94,6 +97,7 @@ pub async fn run(
             level.draft_rows,
             level.accepted_drafts,
             level.trees,
+            level.drafts_cut,
             level.preemptions,
             level.cached_tokens,
             level.differ.len(),
@@ -170,6 +174,7 @@ async fn level(
         draft_rows: after.drafts - before.drafts,
         accepted_drafts,
         trees: after.trees - before.trees,
+        drafts_cut: after.drafts_cut - before.drafts_cut,
         preemptions: after.preemptions - before.preemptions,
         cached_tokens: after.cached_tokens - before.cached_tokens,
         differ: Vec::new(),
