@@ -1839,6 +1839,16 @@ fn eagle_head_runs_target_features_and_drafts_as_the_reference_does() {
     }
 }
 
+/// Asserts `log_probs` are the top of a softmax over `vocab` ids, most likely first: each at
+/// most 0 and non-increasing, the first at least 1 / vocab, their probabilities summing to at
+/// most 1 (f32's rounding aside).
+fn softmax_top(log_probs: &[f32], vocab: f32, what: &str) {
+    let p: Vec<f32> = log_probs.iter().map(|l| l.exp()).collect();
+    assert!(!p.is_empty() && p[0] >= 1.0 / vocab, "{what}: the top of a softmax of {vocab}: {p:?}");
+    assert!(p.windows(2).all(|w| w[1] <= w[0]) && p[0] <= 1.0, "{what}: most likely first: {p:?}");
+    assert!(p.iter().sum::<f32>() <= 1.0 + 1e-5, "{what}: a softmax's part: {p:?}");
+}
+
 #[test]
 fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
     // Sequences share the target's passes and the head's over pools of pages (theirs scattered):
@@ -1968,8 +1978,7 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         let vocab = tiny.spec.vocab as f32;
         for (s, f) in firsts.iter().enumerate() {
             assert_eq!(f.ids, chains[s][0], "{what}: sequence {s}'s first draft is its chain's");
-            let p = f.log_prob.exp();
-            assert!(p <= 1.0 && p >= 1.0 / vocab, "{what}: the top of a softmax of {vocab}: {p}");
+            softmax_top(&f.log_probs, vocab, &format!("{what}: sequence {s}'s first draft"));
         }
         let asks: Vec<HeadChain> = (0..3)
             .map(|s| HeadChain {
@@ -1990,8 +1999,7 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         for (s, chain) in got.iter().enumerate() {
             assert_eq!(chain[0], firsts[s], "{what}: sequence {s}'s chain starts from its first draft");
             for (j, step) in chain.iter().enumerate() {
-                let p = step.log_prob.exp();
-                assert!(p <= 1.0 && p >= 1.0 / vocab, "{what}: step {j}'s top of a softmax of {vocab}: {p}");
+                softmax_top(&step.log_probs, vocab, &format!("{what}: sequence {s}'s step {j}"));
             }
         }
         let kept = pollster::block_on(head.first_drafts()).expect("first drafts");
@@ -2009,8 +2017,10 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         for s in 0..3 {
             head.run_pages(&rerun).expect("the last head pass again");
             let alone = pollster::block_on(head.draft_pages(&asks[s..s + 1])).expect("a chain alone");
-            let bits = |c: &[wgspec::model::Ranked]| -> Vec<(Vec<u32>, u32)> {
-                c.iter().map(|step| (step.ids.clone(), step.log_prob.to_bits())).collect()
+            let bits = |c: &[wgspec::model::Ranked]| -> Vec<(Vec<u32>, Vec<u32>)> {
+                c.iter()
+                    .map(|step| (step.ids.clone(), step.log_probs.iter().map(|p| p.to_bits()).collect()))
+                    .collect()
             };
             assert_eq!(bits(&alone[0]), bits(&got[s]), "{what}: sequence {s}'s chain alone and in the batch");
         }

@@ -355,7 +355,7 @@ impl Drafting {
     fn record(&self, tokens: &[u32]) -> usize {
         match &self.source {
             Source::NGram(ngram) => ngram.matched(tokens).clamp(1, RECORDS) - 1,
-            Source::Eagle { row: Some((_, first)), .. } => confident(first.log_prob),
+            Source::Eagle { row: Some((_, first)), .. } => confident(first.confidence()),
             _ => 0,
         }
     }
@@ -2756,7 +2756,7 @@ mod tests {
 
     /// The first draft the head ranked at a sequence's last row, of probability `p`.
     fn first(p: f32) -> Ranked {
-        Ranked { ids: vec![7, 8, 9], log_prob: p.ln() }
+        Ranked { ids: vec![7, 8, 9], log_probs: vec![p.ln(), ((1.0 - p) / 2.0).ln(), ((1.0 - p) / 2.0).ln()] }
     }
 
     #[test]

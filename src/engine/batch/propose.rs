@@ -361,7 +361,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
         let Some(d) = &s.drafting else { continue };
         // (each depth's record by the confidence of its step: its nodes' chances now, and where
         // their outcomes go; an adaptive K's nodes stay where they still pay: confident_nodes)
-        r.records = ranked.iter().map(|step| confident(step.log_prob)).collect();
+        r.records = ranked.iter().map(|step| confident(step.confidence())).collect();
         let (records, first, pooled) = (&r.records, r.record, &batch.acceptance[d.drafter()]);
         let at = |depth: usize| {
             let record = records.get(depth - 1).copied().unwrap_or(first);

@@ -142,19 +142,25 @@ pub struct HeadChain<'a> {
 /// A draft step's ranking of one sequence's next token (its first draft's, as a head pass over
 /// several ranks it: [`EagleHead::run_pages`]; each step of its chain's:
 /// [`EagleHead::draft_pages`]): from the f^ before it, the head's `top_k` ids, most likely
-/// first, and the head's log-probability of the first (EAGLE-2's confidence: how often the
-/// target takes a draft follows it, at any depth).
+/// first, and the head's log-probability of each (EAGLE-2's confidence: how often the target
+/// takes a draft follows it, at any depth).
 #[derive(Clone, Debug, PartialEq)]
 pub struct Ranked {
     pub ids: Vec<u32>,
-    pub log_prob: f32,
+    pub log_probs: Vec<f32>,
 }
 
 impl Ranked {
-    /// A ranking in read-back `words`: its `k` ids at word `ids`, the log-probability bits of
-    /// the first at word `logp` (the top-k's `top` and `logp` rows, copied side by side).
+    /// A ranking in read-back `words`: its `k` ids at word `ids`, their log-probabilities' bits
+    /// at word `logp` (the top-k's `top` and `logp` rows, copied side by side).
     fn read(words: &[u32], ids: usize, logp: usize, k: usize) -> Ranked {
-        Ranked { ids: words[ids..ids + k].to_vec(), log_prob: f32::from_bits(words[logp]) }
+        let log_probs = words[logp..logp + k].iter().map(|&w| f32::from_bits(w)).collect();
+        Ranked { ids: words[ids..ids + k].to_vec(), log_probs }
+    }
+
+    /// The head's log-probability of its first id (none ranked: minus infinity).
+    pub fn confidence(&self) -> f32 {
+        self.log_probs.first().copied().unwrap_or(f32::NEG_INFINITY)
     }
 }
 
