@@ -639,11 +639,14 @@ impl Batch {
     }
 
     /// Fixes the target's and the EAGLE head's costs the plans take ([`FixedCosts`]), or
-    /// (none) has them measured again from the next pass.
+    /// (none) has them measured again from the next pass; the prices of a first EAGLE draft and
+    /// of a follow are the next plan's (the measured ones decided which new sequences the head
+    /// follows, by timings).
     pub(super) fn fix_costs(&mut self, costs: Option<FixedCosts>) {
         self.costs.fix(costs.map(|c| (c.pass - c.row, c.row)));
         self.head_costs.fix(costs.map(|c| (0.0, c.head_step)));
         self.follow_costs.fix(costs.map(|c| (c.follow, 0.0)));
+        (self.eagle_price, self.follow_price) = (None, None);
     }
 
     pub(super) fn status(&self) -> BatchStatus {
@@ -2421,7 +2424,9 @@ mod tests {
     fn fixed_costs_are_the_plans_measures_until_measured_again() {
         let mut batch = Batch::new(64);
         batch.costs.groups = (0..=MAX_BATCH).map(|r| r.div_ceil(8) as f64).collect();
+        (batch.eagle_price, batch.follow_price) = (Some(0.1), Some(0.2));
         batch.fix_costs(Some(FixedCosts { pass: 1.0, row: 0.1, follow: 0.2, head_step: 0.3 }));
+        assert_eq!((batch.eagle_price, batch.follow_price), (None, None), "the next plan's");
         // every row count measured at 0.9 + 0.1 R, whatever passes take; never stale
         for _ in 0..2 * STALE_PASSES {
             batch.costs.observe(4, 100.0);
