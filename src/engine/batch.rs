@@ -128,9 +128,10 @@ impl Default for BatchLimits {
     }
 }
 
-/// Costs the batch's plans take as measured, fixed until [`Engine::set_batch_costs`]
-/// (super::Engine::set_batch_costs) is given none: tests that need the plan's choices made
-/// (the measured ones come from timings), and plans reproduced from a run's figures.
+/// Costs the batch's plans take as measured, fixed until
+/// [`Engine::set_batch_costs`](super::Engine::set_batch_costs) is given none: for tests that
+/// need the plan's choices made (the measured ones come from timings), and plans reproduced
+/// from a run's figures.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct FixedCosts {
     /// Seconds of a target pass of one row, and of each row more.
@@ -536,8 +537,8 @@ pub(super) struct Batch {
     follows: u64,
     firsts_pending: Vec<(SeqId, usize)>,
     /// The acceptance a first EAGLE draft needed to pay in the latest pass that priced one (its
-    /// row's seconds against the pass's tokens per second: the head's follow ranked it), and the tokens one
-    /// more sequence's follow cost at that pace (none: not measured yet); how often a first draft
+    /// row's seconds against the pass's tokens per second: the head's follow ranked it), and the
+    /// tokens one more sequence's follow cost at that pace (none: not measured yet); how often a first draft
     /// of a sequence ready to draft fell in each record ([`EAGLE_CONFIDENCE`]): a new sequence
     /// is followed where the drafts it can expect pay for its follows ([`Batch::head_follows`]).
     eagle_price: Option<f64>,
@@ -2759,7 +2760,8 @@ mod tests {
         assert!(drafts(&mut batch, 24)[1] > 0);
     }
 
-    /// The first draft the head ranked at a sequence's last row, of probability `p`.
+    /// The first draft the head ranked at a sequence's last row, of probability `p` (the two
+    /// ids after it share the rest).
     fn first(p: f32) -> Ranked {
         Ranked { ids: vec![7, 8, 9], log_probs: vec![p.ln(), ((1.0 - p) / 2.0).ln(), ((1.0 - p) / 2.0).ln()] }
     }
