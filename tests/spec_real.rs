@@ -333,8 +333,8 @@ fn alone_request(i: usize, draft: &str, k: Option<usize>, n: usize) -> Request {
     Request::from_json(&json.to_string()).expect("request")
 }
 
-/// The first 4 chat prompts drafting with `draft` (K = `k`, none: adaptive; `n` tokens), each run alone, then all
-/// four in the batch at once (its pool as the budget leaves it): each batched request's tokens
+/// The first 4 chat prompts drafting with `draft` (K = `k`, none: adaptive; `n` tokens), each
+/// run alone, then all four in the batch at once (its pool as the budget leaves it): each batched request's tokens
 /// asserted equal to its run alone. Returns both runs' completions.
 fn alone_and_batched(
     engine: &mut Engine,

@@ -3,9 +3,9 @@
 //! in the batch at once, a request taking the place of one that ended (N clients sending one
 //! after another). Per level: output tokens/s, time to first token and time per output token
 //! (p50, p99, in passes' wall time), the passes and their rows, the drafts among them (those
-//! accepted, the token trees, and those cut once ranked), preemptions, the positions found in the prefix cache, and the requests
-//! whose tokens differ from the first level's (a request's output must not depend on who else is
-//! served). Each level starts with an empty prefix cache (an earlier level's prompts would be
+//! accepted, the token trees, and those cut once ranked), preemptions, the positions found in
+//! the prefix cache, and the requests whose tokens differ from the first level's (a request's
+//! output must not depend on who else is served). Each level starts with an empty prefix cache (an earlier level's prompts would be
 //! found computed): it finds only what its own requests computed.
 
 use std::collections::HashMap;
