@@ -538,9 +538,10 @@ pub(super) struct Batch {
     firsts_pending: Vec<(SeqId, usize)>,
     /// The acceptance a first EAGLE draft needed to pay in the latest pass that priced one (its
     /// row's seconds against the pass's tokens per second: the head's follow ranked it), and the
-    /// tokens one more sequence's follow cost at that pace (none: not measured yet); how often a first draft
-    /// of a sequence ready to draft fell in each record ([`EAGLE_CONFIDENCE`]): a new sequence
-    /// is followed where the drafts it can expect pay for its follows ([`Batch::head_follows`]).
+    /// tokens one more sequence's follow cost at that pace (none: not measured yet); how often a
+    /// first draft of a sequence ready to draft fell in each record ([`EAGLE_CONFIDENCE`]): a
+    /// new sequence is followed where the drafts it can expect pay for its follows
+    /// ([`Batch::head_follows`]).
     eagle_price: Option<f64>,
     follow_price: Option<f64>,
     eagle_records: [u64; RECORDS],
@@ -613,6 +614,7 @@ impl Batch {
     /// next from drafting at all.)
     pub(super) fn forget_drafter(&mut self, kind: DraftKind) {
         debug_assert!(self.is_idle());
+        // (its index in `acceptance`: Drafting::drafter's)
         let drafter = match kind.base() {
             DraftKind::Model => {
                 self.draft_readback = None;
