@@ -213,13 +213,50 @@ fn confident(log_prob: f32) -> usize {
     EAGLE_CONFIDENCE.iter().filter(|&&p| log_prob >= p.ln()).count()
 }
 
+/// The head's probabilities of a later sibling (one of a step's next likeliest ids beside its
+/// draft) from which it goes to records 1 and 2 (below the first: record 0), each sibling judged
+/// by its own probability and its outcome tallied there ([`Tally::later`] of the EAGLE head's
+/// records). SmolLM2-135M's head over the bench's prompts (`--draft-k 4`, 4 requests), siblings
+/// kept where those before them were rejected: below 0.02, 7 %; 0.02-0.05, 10 %; 0.05-0.1, 11 %;
+/// 0.1-0.2, 27 %; 0.2-0.3, 38 %; 0.3-0.6, 50 %. By rank alone: 15 %, 15 %, 12 %.
+const SIBLING_CONFIDENCE: [f32; RECORDS - 1] = [0.1, 0.2];
+
+/// The record of an EAGLE sibling the head ranked with log-probability `log_prob`
+/// ([`SIBLING_CONFIDENCE`]).
+fn sibling_record(log_prob: f32) -> usize {
+    SIBLING_CONFIDENCE.iter().filter(|&&p| log_prob >= p.ln()).count()
+}
+
+/// The acceptances each node of an EAGLE proposal's `shape` is judged by ([`node_chances`]), by
+/// the head's probability of it (`log_probs`, per node; none: not known, a step not run yet or
+/// an ensemble's n-gram node): a first child by its record's ([`confident`]; unknown: its depth's
+/// record, `depth_record(depth)`), a later sibling by its sibling record's ([`sibling_record`];
+/// unknown: every sibling record's together), each from `s`'s tallies counted after its
+/// drafter's (`pooled`: [`Seq::chances`]).
+fn eagle_acceptances(
+    s: &Seq,
+    pooled: &[Tally; RECORDS],
+    shape: &TokenTree,
+    log_probs: &[Option<f32>],
+    depth_record: impl Fn(usize) -> usize,
+) -> Vec<(f64, f64)> {
+    let at = |n: usize| {
+        let log_prob = log_probs.get(n).copied().flatten();
+        let first = log_prob.map_or_else(|| depth_record(shape.depth(n)), confident);
+        let later = log_prob.map_or(0..RECORDS, |p| sibling_record(p)..sibling_record(p) + 1);
+        (s.chances(first, &pooled[first]).0, s.sibling_chance(later, pooled))
+    };
+    // (the root is no one's sibling: never judged)
+    std::iter::once((1.0, 1.0)).chain((1..shape.len()).map(at)).collect()
+}
+
 /// Which nodes of an adaptive EAGLE proposal stay once the head has drafted them, by each
 /// step's confidence (EAGLE-2's dynamic depth). The plan took them (`taken`, nodes of `shape` in
 /// the order taken, each at its price in tokens: `prices`, [`add_adaptive`]'s) at the chances
-/// of its first draft's record at every depth; drafted, a node's chance is taken with the
-/// acceptances of its own depth's record (`at(depth)`: the record of that step's confidence,
-/// [`Seq::chances`]; [`node_chances`]), and a node stays where that is still its price or more
-/// and its parent stayed. Depth 1's all stay (the plan judged them by their own record).
+/// of its first draft's record below depth 1; drafted, a node's chance is taken with the
+/// acceptances of its own probability (`at(node)`: [`eagle_acceptances`]; [`node_chances`]),
+/// and a node stays where that is still its price or more and its parent stayed. Depth 1's all
+/// stay (the plan judged them by their own probabilities, from the head's follow).
 fn confident_nodes(
     shape: &TokenTree,
     taken: &[usize],
@@ -386,6 +423,14 @@ impl Seq {
         (Tally::bound(own.first, pooled.first), Tally::bound(own.later, pooled.later))
     }
 
+    /// A later sibling's acceptance from the `records` together (their later siblings' tallies,
+    /// its own counted after its drafter's, `pooled`: [`Seq::chances`]).
+    fn sibling_chance(&self, records: std::ops::Range<usize>, pooled: &[Tally; RECORDS]) -> f64 {
+        let later =
+            |tallies: &[Tally]| tallies.iter().fold((0, 0), |(k, r), t| (k + t.later.0, r + t.later.1));
+        Tally::bound(later(&self.tally[records.clone()]), later(&pooled[records]))
+    }
+
     /// Whether it drafts with the EAGLE head and can now: decoding, the head has run its
     /// positions up to its newest token's, the last in the head's latest pass.
     fn eagle_ready(&self) -> bool {
@@ -462,6 +507,10 @@ struct Rows {
     /// than its steps: `record`).
     record: usize,
     records: Vec<usize>,
+    /// Once placed, per node of `tree`, the EAGLE head's log-probability of it where the head
+    /// ranked it (none: another drafter's node, or an ensemble's n-gram node): a node's outcome
+    /// goes to the record of its own probability ([`Rows::tallies`]).
+    log_probs: Vec<Option<f32>>,
     /// The tokens each adaptive draft had to be worth to be taken ([`add_adaptive`]; 0: a probe
     /// or a fixed cost's bundle); none for a fixed K.
     prices: Vec<f64>,
@@ -470,30 +519,36 @@ struct Rows {
 impl Rows {
     /// `run` of the sequence's tokens not run yet, no drafts.
     fn new(seq: usize, run: usize, pending: bool) -> Rows {
-        let (drafts, records, prices) = (Vec::new(), Vec::new(), Vec::new());
-        Rows { seq, run, pending, drafts, asked: 0, proposed: None, tree: None, record: 0, records, prices }
+        let (drafts, records, log_probs, prices) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (proposed, tree) = (None, None);
+        Rows { seq, run, pending, drafts, asked: 0, proposed, tree, record: 0, records, log_probs, prices }
     }
 
-    /// The records its drafts' outcomes by `v` go to, each with its tally: by the depth of the
-    /// nodes tried ([`Rows::records`]; a chain's drafts kept and its first rejected, a tree's
-    /// children of its path's nodes: [`Tally::by_depth`]), or all to [`Rows::record`].
+    /// The records its drafts' outcomes by `v` go to, each with its tally: once the EAGLE head
+    /// has drafted them, each node tried by the head's probability of it (a chain's drafts kept
+    /// and its first rejected, a tree's children of its path's nodes: [`Tally::tried`]), a first
+    /// child's [`confident`], a later sibling's [`sibling_record`] ([`Rows::log_probs`]; unknown:
+    /// a first child's by its depth's record, [`Rows::records`], a sibling's nowhere: it is
+    /// judged as the head's siblings together are), or all to [`Rows::record`].
     fn tallies(&self, v: &Verdict) -> Vec<(usize, Tally)> {
         if self.records.is_empty() {
             return vec![(self.record, v.tally)];
         }
-        let by_depth = match (&self.tree, &v.path) {
-            (Some(tree), Some(path)) => Tally::by_depth(tree, path),
-            _ => {
-                let kept = v.kept.len();
-                let outcome =
-                    |j: usize| Tally { first: ((j < kept) as usize, (j == kept) as usize), later: (0, 0) };
-                (0..self.drafts.len().min(kept + 1)).map(outcome).collect()
-            }
+        let record = |depth: usize| self.records.get(depth - 1).copied().unwrap_or(self.record);
+        let (Some(tree), Some(path)) = (&self.tree, &v.path) else {
+            let kept = v.kept.len();
+            let outcome =
+                |j: usize| Tally { first: ((j < kept) as usize, (j == kept) as usize), later: (0, 0) };
+            return (0..self.drafts.len().min(kept + 1)).map(|j| (record(j + 1), outcome(j))).collect();
         };
-        let record = |depth: usize| self.records.get(depth).copied().unwrap_or(self.record);
-        (by_depth.into_iter().enumerate())
-            .filter(|(_, t)| *t != Tally::default())
-            .map(|(j, t)| (record(j), t))
+        let own = |n: usize| self.log_probs.get(n).copied().flatten();
+        (Tally::tried(tree, path).into_iter())
+            .filter_map(|(n, first, t)| match (own(n), first) {
+                (Some(p), true) => Some((confident(p), t)),
+                (Some(p), false) => Some((sibling_record(p), t)),
+                (None, true) => Some((record(tree.depth(n)), t)),
+                (None, false) => None,
+            })
             .collect()
     }
 }
@@ -1097,28 +1152,29 @@ impl Tally {
     /// The tally of a tree's verified `path` (from its root; the nodes after it rejected).
     fn of_path(tree: &TokenTree, path: &[usize]) -> Tally {
         let mut t = Tally::default();
-        Tally::by_depth(tree, path).iter().for_each(|d| t.add(d));
+        Tally::tried(tree, path).iter().for_each(|(_, _, one)| t.add(one));
         t
     }
 
-    /// [`Tally::of_path`] by depth: entry i, the outcomes of the children of the path's node
-    /// at depth i (the nodes of depth i + 1 tried).
-    fn by_depth(tree: &TokenTree, path: &[usize]) -> Vec<Tally> {
-        let mut by_depth = Vec::with_capacity(path.len());
+    /// [`Tally::of_path`] by node: each child of the path's nodes tried (in the tree's order, up
+    /// to the one kept), whether it is its parent's first, and its outcome.
+    fn tried(tree: &TokenTree, path: &[usize]) -> Vec<(usize, bool, Tally)> {
+        let mut tried = Vec::new();
         for (i, &n) in path.iter().enumerate() {
-            let mut t = Tally::default();
-            let children: Vec<usize> = tree.children(n).collect();
-            // (the child kept, if any: its rank; none: every child was rejected)
-            let rank = path.get(i + 1).and_then(|next| children.iter().position(|c| c == next));
-            match rank {
-                Some(0) => t.first.0 += 1,
-                Some(r) => (t.first.1, t.later.0, t.later.1) = (1, 1, r - 1),
-                None if children.is_empty() => {}
-                None => (t.first.1, t.later.1) = (1, children.len() - 1),
+            for (rank, child) in tree.children(n).enumerate() {
+                let kept = path.get(i + 1) == Some(&child);
+                let outcome = (kept as usize, !kept as usize);
+                let t = match rank {
+                    0 => Tally { first: outcome, later: (0, 0) },
+                    _ => Tally { first: (0, 0), later: outcome },
+                };
+                tried.push((child, rank == 0, t));
+                if kept {
+                    break;
+                }
             }
-            by_depth.push(t);
         }
-        by_depth
+        tried
     }
 
     fn add(&mut self, other: &Tally) {
@@ -1498,8 +1554,18 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
                 (chain, gains)
             }
             Shape::Tree(shape) => {
-                let p = Proposed::new(shape, (!d.fixed).then_some(alpha));
-                let chance = node_chances(&p.shape, |_| alpha);
+                // (an EAGLE tree's nodes each by the head's probability of it where known: depth
+                // 1's from the follow's ranking; deeper, its first draft's record)
+                let at = match (&d.source, ready) {
+                    (Source::Eagle { row: Some((_, first)), .. }, true) => {
+                        let log_probs = Proposed::ranked_log_probs(&shape, std::slice::from_ref(first));
+                        let pooled = &batch.acceptance[d.drafter()];
+                        eagle_acceptances(s, pooled, &shape, &log_probs, |_| r.record)
+                    }
+                    _ => vec![alpha; shape.len()],
+                };
+                let chance = node_chances(&shape, |n| at[n]);
+                let p = Proposed::new(shape, (!d.fixed).then_some(&chance[..]));
                 let gains = p.order.iter().map(|&n| chance[n]).collect();
                 let placeholders = vec![0; p.order.len()];
                 r.proposed = Some(p);
@@ -1696,11 +1762,13 @@ impl Shape {
 /// A token tree planned before its drafter ran ([`Rows::proposed`]): its shape, whose tokens are
 /// known (an n-gram's) or ranks among the ids its drafter ranks at the node's depth ([`ranked`]:
 /// a Medusa head's, an EAGLE or draft model step's), its nodes in the order drafts are taken
-/// ([`take_order`]), and each node's token once the drafter ran.
+/// ([`take_order`]), and each node's token once the drafter ran, with the EAGLE head's
+/// log-probability of it where the head ranked it (none: not yet, or another drafter's).
 struct Proposed {
     shape: TokenTree,
     order: Vec<usize>,
     ids: Vec<u32>,
+    log_probs: Vec<Option<f32>>,
 }
 
 /// A rank's token in a [`Proposed`] shape (beyond every vocabulary).
@@ -1714,10 +1782,22 @@ fn rank_of(token: u32) -> Option<usize> {
 }
 
 impl Proposed {
-    fn new(shape: TokenTree, alpha: Option<(f64, f64)>) -> Proposed {
-        let order = take_order(&shape, alpha);
+    /// Its nodes taken by their `chance`s (an adaptive K's; none: as the tree has them).
+    fn new(shape: TokenTree, chance: Option<&[f64]>) -> Proposed {
+        let order = take_order(&shape, chance);
         let ids = shape.tokens().to_vec();
-        Proposed { shape, order, ids }
+        let log_probs = vec![None; shape.len()];
+        Proposed { shape, order, ids, log_probs }
+    }
+
+    /// The EAGLE head's log-probabilities of the nodes that stand for its ranked ids
+    /// (`top[depth - 1]`, of the steps that ran: depth 1's ranked in its follow), per node.
+    fn ranked_log_probs(shape: &TokenTree, top: &[Ranked]) -> Vec<Option<f32>> {
+        let at = |n: usize| {
+            let ranked = top.get(shape.depth(n).checked_sub(1)?)?;
+            ranked.log_probs.get(rank_of(shape.tokens()[n])?).copied()
+        };
+        (0..shape.len()).map(at).collect()
     }
 
     /// The drafter's ranked ids `top[depth - 1][rank]` into the nodes that stand for them.
@@ -1751,8 +1831,8 @@ impl Proposed {
 
     /// The tree below `root` of its first `taken` nodes with their tokens (a drafter's id equal
     /// to a known token beside it shares that node; a node whose drafter did not run ends the
-    /// nodes taken).
-    fn tree(&self, root: u32, taken: usize) -> TokenTree {
+    /// nodes taken), and per node of it the head's log-probability of it, where known.
+    fn tree(&self, root: u32, taken: usize) -> (TokenTree, Vec<Option<f32>>) {
         let filled = |&n: &usize| rank_of(self.ids[n]).is_none();
         let taken = self.order.iter().take(taken).take_while(|n| filled(n)).count();
         let mut keep = vec![false; self.shape.len()];
@@ -1760,14 +1840,19 @@ impl Proposed {
             keep[n] = true;
         }
         let mut tree = TokenTree::new(root);
+        let mut log_probs = vec![None];
         let mut at: Vec<Option<usize>> = vec![Some(0); self.shape.len()];
         for n in 1..self.shape.len() {
             at[n] = match (keep[n], at[self.shape.parents()[n]]) {
                 (true, Some(p)) => tree.child(p, self.ids[n]),
                 _ => None,
             };
+            if let Some(node) = at[n] {
+                log_probs.resize(tree.len(), None);
+                log_probs[node] = log_probs[node].or(self.log_probs[n]);
+            }
         }
-        tree
+        (tree, log_probs)
     }
 }
 
@@ -1783,13 +1868,12 @@ fn eagle_shape(k: usize, siblings: usize, nodes: usize) -> Shape {
     }
 }
 
-/// A token tree's nodes after its root in the order drafts are taken: with acceptances `alpha`
-/// (an adaptive K) by their chance ([`node_chances`]; a parent before its children), the earlier
-/// first among equals; without (a fixed K) as the tree has them.
-fn take_order(tree: &TokenTree, alpha: Option<(f64, f64)>) -> Vec<usize> {
+/// A token tree's nodes after its root in the order drafts are taken: with their `chance`s (an
+/// adaptive K's, [`node_chances`]: a parent's above its children's) the likeliest first, the
+/// earlier first among equals; without (a fixed K) as the tree has them.
+fn take_order(tree: &TokenTree, chance: Option<&[f64]>) -> Vec<usize> {
     let mut order: Vec<usize> = (1..tree.len()).collect();
-    if let Some(alpha) = alpha {
-        let chance = node_chances(tree, |_| alpha);
+    if let Some(chance) = chance {
         order.sort_by(|&a, &b| chance[b].total_cmp(&chance[a]).then(a.cmp(&b)));
     }
     order
@@ -1808,22 +1892,21 @@ fn medusa_shape(choices: &[Vec<usize>], depth: usize, nodes: usize) -> Shape {
     }
 }
 
-/// Each node's chance of being accepted under a sequence's acceptances `(α, β)` at its depth
-/// (`at(depth)`; the root's 1): its parent's times α for a first child, and for a later one of
-/// rank r times the chance the first child was rejected, the r - 1 siblings after it too, and it
-/// kept ((1 - α)(1 - β)^(r-1) β): an alternative continuation is tried where the ones before it
-/// failed, each with its own measured acceptance ([`Tally`]). Below its parent's, so taking
-/// nodes by chance takes parents first.
+/// Each node's chance of being accepted under a sequence's acceptances `(α, β)` of it
+/// (`at(node)`; the root's 1): its parent's times α for a first child, and for a later one times
+/// the chance the siblings before it were rejected, and it kept (with one α and β for all:
+/// (1 - α)(1 - β)^(r-1) β at rank r): an alternative continuation is tried where the ones
+/// before it failed, each with its own measured acceptance ([`Tally`]). Below its parent's, so
+/// taking nodes by chance takes parents first.
 fn node_chances(tree: &TokenTree, at: impl Fn(usize) -> (f64, f64)) -> Vec<f64> {
     let mut chance = vec![1.0; tree.len()];
+    // (per node, the chance its children so far were all rejected)
+    let mut missed = vec![1.0; tree.len()];
     for (n, &p) in tree.parents().iter().enumerate().skip(1) {
-        let rank = tree.children(p).position(|c| c == n).unwrap_or(0) as i32;
-        let (alpha, beta) = at(tree.depth(n));
-        chance[n] = chance[p]
-            * match rank {
-                0 => alpha,
-                r => (1.0 - alpha) * (1.0 - beta).powi(r - 1) * beta,
-            };
+        let (alpha, beta) = at(n);
+        let accept = if tree.children(p).next() == Some(n) { alpha } else { beta };
+        chance[n] = chance[p] * missed[p] * accept;
+        missed[p] *= 1.0 - accept;
     }
     chance
 }
@@ -1921,9 +2004,10 @@ fn place_drafts(batch: &mut Batch, plan: &mut [Rows]) {
     for r in plan.iter_mut() {
         let Some(p) = r.proposed.take() else { continue };
         let root = batch.running[r.seq].tokens.last().copied().unwrap_or(0);
-        let taken = p.tree(root, r.drafts.len());
+        let (taken, log_probs) = p.tree(root, r.drafts.len());
         r.drafts = taken.tokens()[1..].to_vec();
         r.tree = (!taken.is_chain()).then_some(taken);
+        r.log_probs = log_probs;
     }
 }
 
@@ -2556,9 +2640,9 @@ mod tests {
         let shape = tree(ngram_shape(&ngram, &context, 3, 31));
         assert_eq!(shape.tokens(), &[1, 8, 6, 5, 9, 1, 7, 1, 8, 1]);
         // chances: 8 1/2, 6 1/4, 5 1/8; 9 1/4, 1 (after 6) 1/16, ...: parents first
-        let p = Proposed::new(shape.clone(), Some((0.5, 0.5)));
-        assert_eq!(&p.order[..4], &[1, 2, 4, 3]);
         let chance = node_chances(&shape, |_| (0.5, 0.5));
+        let p = Proposed::new(shape.clone(), Some(&chance));
+        assert_eq!(&p.order[..4], &[1, 2, 4, 3]);
         assert!(p.order.windows(2).all(|w| chance[w[0]] >= chance[w[1]]));
         // a fixed K takes the nodes as the tree has them; one continuation is a chain
         assert_eq!(Proposed::new(tree(ngram_shape(&ngram, &context, 3, 3)), None).order, [1, 2, 3]);
@@ -2615,8 +2699,17 @@ mod tests {
         assert_eq!((p.steps(3), p.steps(1), p.steps(6)), (2, 1, 2), "the head's steps");
         // the head's ids: 8 then 9, 4 and 3 beside them; the n-gram's 8 shares the chain's node
         p.fill(&[vec![8, 4], vec![9, 3]]);
-        let t = p.tree(1, 6);
+        // (the head's probabilities of its ids: the n-gram's nodes have none)
+        let ranking =
+            |ids: [u32; 2], p: [f32; 2]| Ranked { ids: ids.to_vec(), log_probs: p.map(f32::ln).to_vec() };
+        p.log_probs = Proposed::ranked_log_probs(
+            &p.shape,
+            &[ranking([8, 4], [0.5, 0.25]), ranking([9, 3], [0.75, 0.125])],
+        );
+        let (t, log_probs) = p.tree(1, 6);
         assert_eq!((t.tokens(), t.parents()), (&[1, 8, 9, 4, 3, 6][..], &[0, 0, 1, 0, 1, 0][..]));
+        let p_of = |p: f32| Some(p.ln());
+        assert_eq!(log_probs, [None, p_of(0.5), p_of(0.75), p_of(0.25), p_of(0.125), None]);
         // the nodes a judgement keeps of the first 5 taken (not the head's second draft, 9, nor
         // the n-gram's 8): taken first, the tree of those alone
         let mut kept =
@@ -2624,12 +2717,12 @@ mod tests {
         kept.fill(&[vec![8, 4], vec![9, 3]]);
         assert_eq!(kept.keep(&[true, false, true, true, false]), 3);
         assert_eq!(kept.order, [1, 3, 4, 2, 5, 6]);
-        let t = kept.tree(1, 3);
+        let (t, _) = kept.tree(1, 3);
         assert_eq!((t.tokens(), t.parents()), (&[1, 8, 4, 3][..], &[0, 0, 0, 1][..]));
         // nodes the drafter did not fill (its steps ran out) end the nodes taken
         let mut p = Proposed::new(tree(eagle_shape(2, 1, 31)), None);
         p.fill(&[vec![8, 4]]);
-        assert_eq!(p.tree(1, 4).tokens(), &[1, 8]);
+        assert_eq!(p.tree(1, 4).0.tokens(), &[1, 8]);
         // the room: no more nodes than the context holds after the root
         assert!(
             matches!(eagle_shape(1, 1, 2).with_ngram(&ngram, &context, (2, 2), 2), Shape::Tree(t) if t.len() == 3)
@@ -2807,7 +2900,7 @@ mod tests {
         let records = |p: &[f32]| -> Vec<usize> { p.iter().map(|p| confident(p.ln())).collect() };
         let stays = |shape: &TokenTree, taken: &[usize], p: &[f32], prices: &[f64]| {
             let records = records(p);
-            confident_nodes(shape, taken, prices, |depth| chances[records[depth - 1]])
+            confident_nodes(shape, taken, prices, |n| chances[records[shape.depth(n) - 1]])
         };
         let chain = |p: &[f32], prices: &[f64]| {
             let n = prices.len();
@@ -2846,6 +2939,59 @@ mod tests {
     }
 
     #[test]
+    fn an_eagle_sibling_is_judged_by_the_heads_probability_of_it() {
+        // (node_chances: a later sibling's chance is its own acceptance after the rejection of
+        // each sibling before it, at theirs)
+        let mut fan = TokenTree::new(1);
+        [4, 5, 6].iter().for_each(|&x| _ = fan.child(0, x));
+        let chance = node_chances(&fan, |n| [(1.0, 1.0), (0.5, 0.0), (0.0, 0.25), (0.0, 0.5)][n]);
+        assert_eq!(chance, [1.0, 0.5, 0.5 * 0.25, 0.5 * 0.75 * 0.5]);
+        // the head's records across the batch: first drafts of 0.3-0.6 kept 50 times in 100;
+        // siblings from 0.2 kept 60 times in 100, below 0.1 5 times in 100
+        let mut batch = Batch::new(64);
+        let kept = |k: usize| (k, 100 - k);
+        batch.acceptance[2][1].first = kept(50);
+        (batch.acceptance[2][0].later, batch.acceptance[2][2].later) = (kept(5), kept(60));
+        // (a pass: 1 s and 0.15 s a row; the head's chain nearly free; 2 siblings beside a step)
+        batch.costs.observe(4, 1.6);
+        batch.costs.observe(8, 2.2);
+        batch.head_costs.observe(1, 1e-12);
+        batch.eagle_siblings = 2;
+        // the depth 1 siblings the plan takes, by the head's probabilities of its first ranks
+        let siblings_taken = |batch: &mut Batch, p: [f32; 3]| {
+            let mut s = seq((1..20).collect(), 0, 0);
+            let first = Ranked { ids: vec![7, 8, 9], log_probs: p.map(f32::ln).to_vec() };
+            let source = Source::Eagle { past: s.n_past, row: Some((0, first)), idle: 0.0 };
+            s.drafting = Some(Drafting { source, ngram: None, k_max: 4, fixed: false });
+            batch.running = vec![s];
+            let mut plan = vec![Rows::new(0, 1, true)];
+            draft(batch, &mut plan, 24, 1024);
+            let p = plan[0].proposed.as_ref().expect("a tree");
+            let sibling = |&&n: &&usize| p.shape.depth(n) == 1 && p.shape.tokens()[n] != ranked(0);
+            let taken = &p.order[..plan[0].drafts.len()];
+            taken.iter().filter(sibling).map(|&n| rank_of(p.shape.tokens()[n])).collect::<Vec<_>>()
+        };
+        // a sibling of 0.3 taken (about 0.55 x 0.55), not one of 0.01 beside it; one of 0.05 not
+        assert_eq!(siblings_taken(&mut batch, [0.5, 0.3, 0.01]), [Some(1)]);
+        assert_eq!(siblings_taken(&mut batch, [0.5, 0.05, 0.01]), []);
+
+        // once drafted: the chain 2 deep, two siblings beside its second draft (0.25 and 0.05;
+        // depth 2's record 1, 0.5): the likelier sibling stays at 0.1 a node, the other goes
+        let shape = TokenTree::chain_with_siblings(1, &[5, 6], &[vec![], vec![3, 4]], 31);
+        assert_eq!(shape.parents(), &[0, 0, 1, 1, 1]);
+        let s = &batch.running[0];
+        let log_probs = [None, Some(0.5f32), Some(0.5), Some(0.25), Some(0.05)].map(|p| p.map(f32::ln));
+        let at = eagle_acceptances(s, &batch.acceptance[2], &shape, &log_probs, |_| 1);
+        let stays = confident_nodes(&shape, &[1, 2, 3, 4], &[0.1; 4], |n| at[n]);
+        assert_eq!(stays, [true, true, true, false]);
+        // not knowing the siblings' probabilities: every sibling record's together (65 in 200),
+        // the same for both, between their records'
+        let unknown = [None, Some(0.5f32.ln()), Some(0.5f32.ln()), None, None];
+        let both = eagle_acceptances(s, &batch.acceptance[2], &shape, &unknown, |_| 1);
+        assert!(both[3] == both[4] && both[3].1 > at[4].1 && both[3].1 < at[3].1, "{both:?} {at:?}");
+    }
+
+    #[test]
     fn an_eagle_chains_drafts_go_to_their_own_records() {
         let first = |kept: usize, rejected: usize| Tally { first: (kept, rejected), later: (0, 0) };
         let mut r =
@@ -2855,26 +3001,45 @@ mod tests {
             let tallies = r.tallies(&v);
             let mut sum = Tally::default();
             tallies.iter().for_each(|(_, t)| sum.add(t));
-            assert_eq!(sum, v.tally, "{tallies:?}: the verdict's tally, split");
+            (tallies, sum == v.tally)
+        };
+        let outcome_split = |r: &Rows, choices: &[u32]| {
+            let (tallies, split) = outcome(r, choices);
+            assert!(split, "{tallies:?}: the verdict's tally, split");
             tallies
         };
         // the first kept, the second rejected: nothing of the third
-        assert_eq!(outcome(&r, &[4, 9, 7, 8]), [(2, first(1, 0)), (0, first(0, 1))]);
-        assert_eq!(outcome(&r, &[4, 5, 6, 1]), [(2, first(1, 0)), (0, first(1, 0)), (1, first(1, 0))]);
-        assert_eq!(outcome(&r, &[3, 5, 6, 1]), [(2, first(0, 1))]);
+        assert_eq!(outcome_split(&r, &[4, 9, 7, 8]), [(2, first(1, 0)), (0, first(0, 1))]);
+        assert_eq!(outcome_split(&r, &[4, 5, 6, 1]), [(2, first(1, 0)), (0, first(1, 0)), (1, first(1, 0))]);
+        assert_eq!(outcome_split(&r, &[3, 5, 6, 1]), [(2, first(0, 1))]);
         // a chain without its steps' records (another drafter's): all to its record
         r.records.clear();
-        assert_eq!(outcome(&r, &[4, 9, 7, 8]), [(2, first(1, 1))]);
-        // a tree, the head's chain 2 deep with a sibling at each depth (depth 1's record 2, depth
-        // 2's 0): the first draft kept, then the second's sibling (a first child rejected, a
-        // later one kept at depth 2)
+        assert_eq!(outcome_split(&r, &[4, 9, 7, 8]), [(2, first(1, 1))]);
+        // a tree, the head's chain 2 deep with a sibling at each depth, each node by the head's
+        // probability of it: the chain's 0.95 and 0.1 (records 2 and 0), the siblings' 0.15 and
+        // 0.05 (sibling records 1 and 0)
         let shape = TokenTree::chain_with_siblings(1, &[5, 6], &[vec![9], vec![3]], 31);
-        let tree = Rows { drafts: vec![5, 6, 9, 3], tree: Some(shape), records: vec![2, 0], ..r };
-        let second = Tally { first: (0, 1), later: (1, 0) };
-        assert_eq!(outcome(&tree, &[5, 3, 8, 8, 7]), [(2, first(1, 0)), (0, second)]);
-        // nothing kept: depth 1's first child and its sibling rejected
-        let none = Tally { first: (0, 1), later: (0, 1) };
-        assert_eq!(outcome(&tree, &[4, 3, 8, 8, 7]), [(2, none)]);
+        let log_probs = [None, Some(0.95f32), Some(0.1), Some(0.15), Some(0.05)];
+        let log_probs = log_probs.iter().map(|p| p.map(f32::ln)).collect();
+        let tree = Rows { drafts: vec![5, 6, 9, 3], tree: Some(shape), records: vec![2, 0], log_probs, ..r };
+        let later = |kept: usize, rejected: usize| Tally { first: (0, 0), later: (kept, rejected) };
+        // the first draft kept, then the second's sibling: a first child rejected, a later one kept
+        let kept_sibling = [(2, first(1, 0)), (0, first(0, 1)), (0, later(1, 0))];
+        assert_eq!(outcome_split(&tree, &[5, 3, 8, 8, 7]), kept_sibling);
+        // nothing kept: depth 1's first child and its sibling (of record 1) rejected
+        assert_eq!(outcome_split(&tree, &[4, 3, 8, 8, 7]), [(2, first(0, 1)), (1, later(0, 1))]);
+        // the second's sibling at 0.25: its own record 2, not its depth's (0)
+        let mut likelier = Rows { log_probs: tree.log_probs.clone(), ..tree };
+        likelier.log_probs[4] = Some(0.25f32.ln());
+        let kept_sibling = [(2, first(1, 0)), (0, first(0, 1)), (2, later(1, 0))];
+        assert_eq!(outcome_split(&likelier, &[5, 3, 8, 8, 7]), kept_sibling);
+        // a sibling of no known probability (an ensemble's n-gram node): its outcome nowhere
+        likelier.log_probs[4] = None;
+        assert_eq!(outcome(&likelier, &[5, 3, 8, 8, 7]), (kept_sibling[..2].to_vec(), false));
+        // a first child of none (an n-gram node below the head's): its depth's record
+        likelier.log_probs[2] = None;
+        likelier.records = vec![2, 1];
+        assert_eq!(outcome(&likelier, &[5, 3, 8, 8, 7]).0, [(2, first(1, 0)), (1, first(0, 1))]);
     }
 
     #[test]

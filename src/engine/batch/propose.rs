@@ -45,8 +45,8 @@
 use web_time::Instant;
 
 use super::{
-    confident, confident_nodes, read_pass, Batch, Drafting, Draw, DrawAt, Outcome, PassCosts, Readback, Rows,
-    Seq, SeqId, Source, Verdict, EAGLE_PATIENCE,
+    confident, confident_nodes, eagle_acceptances, read_pass, Batch, Drafting, Draw, DrawAt, Outcome,
+    PassCosts, Proposed, Readback, Rows, Seq, SeqId, Source, Verdict, EAGLE_PATIENCE,
 };
 use crate::error::{Error, Result};
 use crate::gpu::KV_PAGE;
@@ -359,30 +359,36 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
         let r = &mut plan[entry];
         let s = &batch.running[r.seq];
         let Some(d) = &s.drafting else { continue };
-        // (each depth's record by the confidence of its step: its nodes' chances now, and where
-        // their outcomes go; an adaptive K's nodes stay where they still pay: confident_nodes)
+        // (each depth's record by the confidence of its step, and each node's probability: its
+        // chances now, and where its outcome goes; an adaptive K's nodes stay where they still
+        // pay: confident_nodes)
         r.records = ranked.iter().map(|step| confident(step.confidence())).collect();
         let (records, first, pooled) = (&r.records, r.record, &batch.acceptance[d.drafter()]);
-        let at = |depth: usize| {
-            let record = records.get(depth - 1).copied().unwrap_or(first);
-            s.chances(record, &pooled[record])
-        };
+        let depth_record = |depth: usize| records.get(depth - 1).copied().unwrap_or(first);
         let (adaptive, asked) = (!r.prices.is_empty(), r.drafts.len());
         match &mut r.proposed {
             // (a tree: its shape's nodes get the steps' ids; those that stay are taken first)
             Some(p) => {
                 p.fill(&ranked.iter().map(|step| step.ids.clone()).collect::<Vec<_>>());
+                p.log_probs = Proposed::ranked_log_probs(&p.shape, &ranked);
                 if adaptive {
                     let n = r.drafts.len().min(p.order.len());
-                    let stays = confident_nodes(&p.shape, &p.order[..n], &r.prices, at);
+                    let at = eagle_acceptances(s, pooled, &p.shape, &p.log_probs, depth_record);
+                    let stays = confident_nodes(&p.shape, &p.order[..n], &r.prices, |n| at[n]);
                     r.drafts.truncate(p.keep(&stays));
                 }
             }
             None => {
                 let chain: Vec<u32> = ranked.iter().map(|step| step.ids[0]).collect();
                 let taken: Vec<usize> = (1..=chain.len()).collect();
+                let shape = TokenTree::chain(0, &chain);
+                let log_probs: Vec<Option<f32>> =
+                    std::iter::once(None).chain(ranked.iter().map(|step| Some(step.confidence()))).collect();
                 let stays = match adaptive {
-                    true => confident_nodes(&TokenTree::chain(0, &chain), &taken, &r.prices, at),
+                    true => {
+                        let at = eagle_acceptances(s, pooled, &shape, &log_probs, depth_record);
+                        confident_nodes(&shape, &taken, &r.prices, |n| at[n])
+                    }
                     false => vec![true; chain.len()],
                 };
                 r.drafts =
