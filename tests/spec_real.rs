@@ -316,8 +316,21 @@ fn batched_eagle_chains_end_below_unsure_steps(engine: &mut Engine, n: usize) {
         "SmolLM2 + trained eagle, adaptive K, fixed costs: {drafts} drafts verified, {cut} cut, tau {:.2}",
         tau(&together)
     );
-    engine.set_batch_costs(None);
     assert!(drafts > 0 && cut > 0, "{drafts} drafts verified, {cut} cut");
+    // with 3 siblings beside each step, each judged by the head's probability of it: trees
+    engine.set_eagle_tree(wgspec::speculative::EagleTree::Chain { siblings: 3 }).expect("a head");
+    let before = engine.batch_status();
+    let (_, together) = alone_and_batched(engine, "eagle", None, n);
+    let after = engine.batch_status();
+    let (drafts, cut) = (after.drafts - before.drafts, after.drafts_cut - before.drafts_cut);
+    let trees = after.trees - before.trees;
+    eprintln!(
+        "SmolLM2 + trained eagle with siblings, adaptive K, fixed costs: {drafts} drafts verified in {trees} \
+         trees and chains, {cut} cut, tau {:.2}",
+        tau(&together)
+    );
+    engine.set_batch_costs(None);
+    assert!(trees > 0 && cut > 0, "{trees} trees, {cut} drafts cut");
 }
 
 /// Chat prompt `i` of `benches/chat_prompts.json` as a greedy request of `n` tokens drafting

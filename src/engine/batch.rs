@@ -34,8 +34,9 @@
 //! i drafts adds the expected tokens α^(i+1) (α: a lower bound of its measured acceptance,
 //! counted after its drafter's over the batch's sequences, 1/2 before any: [`Seq::chances`];
 //! an n-gram's apart by the words its match has, an EAGLE head's by its confidence in its first
-//! draft, [`Drafting::record`]; once the head has drafted, each depth's nodes are judged again
-//! by that step's confidence, and stay where they still pay, [`confident_nodes`];
+//! draft, [`Drafting::record`], a sibling beside it by its own probability, [`sibling_record`];
+//! once the head has drafted, each node is judged again by the head's probability of it, and
+//! stays where it still pays, [`confident_nodes`];
 //! a tree's node its chance, [`node_chances`], from a first child's acceptance α and a later
 //! sibling's, each measured apart ([`Tally`]), its nodes taken likeliest first, each after its
 //! parent) and costs the marginal seconds of its row, S(R + 1) - S(R): a pass's seconds by its
@@ -166,6 +167,11 @@ pub struct BatchStatus {
     /// unsure to pay for them (the EAGLE head's: EAGLE-2's dynamic depth), since the engine was
     /// made.
     pub drafts_cut: u64,
+    /// The EAGLE head's follows (its passes over the kept rows of the sequences it follows) and
+    /// the rows of its chains' steps (a chain's drafts after the first), since the engine was
+    /// made.
+    pub head_follows: u64,
+    pub head_step_rows: u64,
     /// Sequences whose drafts in a pass were a token tree (n-gram continuations of several
     /// matches, an EAGLE chain with siblings, Medusa's tree, an ensemble's), since the engine
     /// was made.
@@ -714,6 +720,7 @@ impl Batch {
             pages_used: self.pool.held(),
             pages_free: self.pool.available(),
             pages_cached: self.pool.cached(),
+            head_follows: self.follows,
             ..self.status
         }
     }

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use clap::Parser;
 use serde::{Deserialize, Serialize};
 use web_time::Instant;
-use wgspec::engine::{BatchLimits, DraftKind, DraftSpec, Engine, Request};
+use wgspec::engine::{BatchLimits, DraftKind, DraftSpec, Engine, FixedCosts, Request};
 use wgspec::gpu::{Gpu, KernelShape};
 use wgspec::model::{synthetic, LoadOptions, Model, Precision, MAX_BATCH};
 use wgspec::sampling::SamplingParams;
@@ -134,6 +134,13 @@ pub struct BenchArgs {
     /// times the pages of a 512-token prompt and --max-tokens, at least one context).
     #[arg(long, requires = "concurrency")]
     pub kv_pages: Option<usize>,
+    /// With --concurrency: costs in seconds that the batch's plans take instead of measured ones,
+    /// `PASS,ROW,FOLLOW,STEP` (a target pass of one row, each row more, the EAGLE head's follow,
+    /// each row of its steps; `Engine::set_batch_costs`): what another adapter's costs would
+    /// draft, here. Each level then also reports its tokens per second at those costs (its
+    /// passes, rows, follows and step rows priced so), deterministic where the outputs are.
+    #[arg(long, value_delimiter = ',', requires = "concurrency")]
+    pub batch_costs: Vec<f64>,
     /// Where to write the JSON result.
     #[arg(long, default_value = "bench-spec.json")]
     pub out: PathBuf,
@@ -211,13 +218,27 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             }
             engine.set_batch_limits(BatchLimits { max_rows: rows, ..engine.batch_limits() });
         }
-        let levels = crate::bench_batch::run(&mut engine, &requests, &args.concurrency).await?;
+        let costs = match args.batch_costs[..] {
+            [] => None,
+            [pass, row, follow, head_step] if args.batch_costs.iter().all(|c| c.is_finite() && *c >= 0.0) => {
+                Some(FixedCosts { pass, row, follow, head_step })
+            }
+            _ => {
+                return Err(Error::InvalidArgument(format!(
+                    "--batch-costs takes PASS,ROW,FOLLOW,STEP: four seconds, none negative; got {:?}",
+                    args.batch_costs
+                )))
+            }
+        };
+        engine.set_batch_costs(costs);
+        let levels = crate::bench_batch::run(&mut engine, &requests, &args.concurrency, costs).await?;
         let report = serde_json::json!({
             "adapter": gpu.describe(),
             "target": target_name,
             "draft": spec.to_string(),
             "max_tokens": args.max_tokens,
             "max_batch_tokens": engine.batch_limits().max_rows,
+            "batch_costs": costs.map(|c| [c.pass, c.row, c.follow, c.head_step]),
             "levels": levels,
         });
         let text = serde_json::to_string_pretty(&report)

@@ -5,14 +5,15 @@
 //! (p50, p99, in passes' wall time), the passes and their rows, the drafts among them (those
 //! accepted, the token trees, and those cut once ranked), preemptions, the positions found in
 //! the prefix cache, and the requests whose tokens differ from the first level's (a request's
-//! output must not depend on who else is served). Each level starts with an empty prefix cache (an earlier level's prompts would be
+//! output must not depend on who else is served), and with costs fixed (`--batch-costs`) its
+//! tokens per second at those costs. Each level starts with an empty prefix cache (an earlier level's prompts would be
 //! found computed): it finds only what its own requests computed.
 
 use std::collections::HashMap;
 use std::time::Instant;
 
 use serde::Serialize;
-use wgspec::engine::{BatchEvent, BatchLimits, Engine, Request, SeqId};
+use wgspec::engine::{BatchEvent, BatchLimits, Engine, FixedCosts, Request, SeqId};
 use wgspec::model::MAX_BATCH;
 use wgspec::{Error, Result};
 
@@ -43,6 +44,9 @@ pub struct Level {
     pub cached_tokens: u64,
     /// Requests whose tokens differ from the first level's.
     pub differ: Vec<usize>,
+    /// With costs fixed: its output tokens over the seconds its passes, their rows, the EAGLE
+    /// head's follows and its steps' rows take at those costs.
+    pub modelled_tokens_per_second: Option<f64>,
 }
 
 /// The q-th percentile (0-100) of `v`, by linear interpolation (0 for none).
@@ -62,6 +66,7 @@ pub async fn run(
     engine: &mut Engine,
     requests: &[(Vec<u32>, Request)],
     levels: &[usize],
+    costs: Option<FixedCosts>,
 ) -> Result<Vec<Level>> {
     for (_, r) in requests {
         engine.check_batchable(r)?;
@@ -75,7 +80,7 @@ pub async fn run(
         let limits = engine.batch_limits();
         engine.set_batch_limits(BatchLimits { max_seqs: n, ..limits });
         engine.forget_prefix_cache()?;
-        let (level, tokens) = level(engine, requests, n).await?;
+        let (level, tokens) = level(engine, requests, n, costs).await?;
         engine.set_batch_limits(limits);
         let level = match &first {
             None => level,
@@ -103,6 +108,9 @@ pub async fn run(
             level.differ.len(),
             requests.len()
         );
+        if let Some(t) = level.modelled_tokens_per_second {
+            eprintln!("      {t:8.2} tok/s at the fixed costs");
+        }
         out.push(level);
     }
     Ok(out)
@@ -114,6 +122,7 @@ async fn level(
     engine: &mut Engine,
     requests: &[(Vec<u32>, Request)],
     n: usize,
+    costs: Option<FixedCosts>,
 ) -> Result<(Level, Vec<Vec<u32>>)> {
     let before = engine.batch_status();
     let mut tokens = vec![Vec::new(); requests.len()];
@@ -178,6 +187,16 @@ async fn level(
         preemptions: after.preemptions - before.preemptions,
         cached_tokens: after.cached_tokens - before.cached_tokens,
         differ: Vec::new(),
+        modelled_tokens_per_second: costs.map(|c| {
+            let rows = after.rows - before.rows;
+            let follows = after.head_follows - before.head_follows;
+            let steps = after.head_step_rows - before.head_step_rows;
+            let seconds = passes as f64 * (c.pass - c.row)
+                + rows as f64 * c.row
+                + follows as f64 * c.follow
+                + steps as f64 * c.head_step;
+            output_tokens as f64 / seconds.max(1e-12)
+        }),
     };
     Ok((level, tokens))
 }
