@@ -303,8 +303,9 @@ fn batched_eagle_chains_are_their_solo_chains(engine: &mut Engine, n: usize) {
 /// pass 1 s, a row 0.05 s more, the head's follows and steps free: measured ones come from
 /// timings): once drafted, a chain is judged again by the head's confidence of each of its steps
 /// (EAGLE-2's dynamic depth), and its drafts below a step too unsure to pay for them are dropped
-/// before the pass (29 drafts verified and 89 cut over the 4 prompts x 24 tokens). Each
-/// request's tokens are its run alone.
+/// before the pass (29 drafts verified and 89 cut over the 4 prompts x 24 tokens). Then with 3
+/// siblings beside each step, each judged by the head's probability of it: token trees verified,
+/// and drafts cut. Each request's tokens are its run alone.
 fn batched_eagle_chains_end_below_unsure_steps(engine: &mut Engine, n: usize) {
     use wgspec::engine::FixedCosts;
     engine.set_batch_costs(Some(FixedCosts { pass: 1.0, row: 0.05, follow: 0.0, head_step: 0.0 }));
@@ -325,8 +326,8 @@ fn batched_eagle_chains_end_below_unsure_steps(engine: &mut Engine, n: usize) {
     let (drafts, cut) = (after.drafts - before.drafts, after.drafts_cut - before.drafts_cut);
     let trees = after.trees - before.trees;
     eprintln!(
-        "SmolLM2 + trained eagle with siblings, adaptive K, fixed costs: {drafts} drafts verified in {trees} \
-         trees and chains, {cut} cut, tau {:.2}",
+        "SmolLM2 + trained eagle with siblings, adaptive K, fixed costs: {drafts} drafts verified, {trees} \
+         proposals trees, {cut} cut, tau {:.2}",
         tau(&together)
     );
     engine.set_batch_costs(None);

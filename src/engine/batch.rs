@@ -201,7 +201,8 @@ const FOLLOW_TIMED: u64 = 16;
 /// drafts after a match of 1, 2, and 3 or more words are tallied apart (on SmolLM2-135M a first
 /// draft after each was kept 24 %, 41 % and 84 % of the time: the mean of all, below what a row
 /// costs on lavapipe, kept every one from drafting); the EAGLE head's by its probability of its
-/// draft at each depth ([`EAGLE_CONFIDENCE`]); another drafter's are one record.
+/// draft at each depth ([`EAGLE_CONFIDENCE`]), its siblings' by its probability of each
+/// ([`SIBLING_CONFIDENCE`]); another drafter's are one record.
 const RECORDS: usize = 3;
 
 /// The head's probabilities of its draft from which an EAGLE draft goes to records 1 and 2

@@ -38,6 +38,10 @@ pub struct Level {
     /// Drafts dropped once ranked, below a step too unsure to pay for them
     /// ([`wgspec::engine::BatchStatus::drafts_cut`]).
     pub drafts_cut: u64,
+    /// The EAGLE head's follows and its steps' rows
+    /// ([`wgspec::engine::BatchStatus::head_follows`]).
+    pub head_follows: u64,
+    pub head_step_rows: u64,
     pub preemptions: u64,
     /// Positions its requests found in the prefix cache when admitted: computed by its earlier
     /// requests, or (a preempted request coming back) by themselves.
@@ -109,7 +113,10 @@ pub async fn run(
             requests.len()
         );
         if let Some(t) = level.modelled_tokens_per_second {
-            eprintln!("      {t:8.2} tok/s at the fixed costs");
+            eprintln!(
+                "      {t:8.2} tok/s at the fixed costs  ({} passes, {} head follows, {} head step rows)",
+                level.passes, level.head_follows, level.head_step_rows
+            );
         }
         out.push(level);
     }
@@ -170,6 +177,8 @@ async fn level(
     let after = engine.batch_status();
     let output_tokens = tokens.iter().map(Vec::len).sum();
     let passes = after.passes - before.passes;
+    let (level_follows, level_steps) =
+        (after.head_follows - before.head_follows, after.head_step_rows - before.head_step_rows);
     let level = Level {
         concurrency: n,
         requests: requests.len(),
@@ -184,13 +193,14 @@ async fn level(
         accepted_drafts,
         trees: after.trees - before.trees,
         drafts_cut: after.drafts_cut - before.drafts_cut,
+        head_follows: level_follows,
+        head_step_rows: level_steps,
         preemptions: after.preemptions - before.preemptions,
         cached_tokens: after.cached_tokens - before.cached_tokens,
         differ: Vec::new(),
         modelled_tokens_per_second: costs.map(|c| {
             let rows = after.rows - before.rows;
-            let follows = after.head_follows - before.head_follows;
-            let steps = after.head_step_rows - before.head_step_rows;
+            let (follows, steps) = (level_follows, level_steps);
             let seconds = passes as f64 * (c.pass - c.row)
                 + rows as f64 * c.row
                 + follows as f64 * c.follow
