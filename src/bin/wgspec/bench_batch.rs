@@ -200,11 +200,10 @@ async fn level(
         differ: Vec::new(),
         modelled_tokens_per_second: costs.map(|c| {
             let rows = after.rows - before.rows;
-            let (follows, steps) = (level_follows, level_steps);
             let seconds = passes as f64 * (c.pass - c.row)
                 + rows as f64 * c.row
-                + follows as f64 * c.follow
-                + steps as f64 * c.head_step;
+                + level_follows as f64 * c.follow
+                + level_steps as f64 * c.head_step;
             output_tokens as f64 / seconds.max(1e-12)
         }),
     };

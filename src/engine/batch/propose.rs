@@ -383,11 +383,10 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
                 let chain: Vec<u32> = ranked.iter().map(|step| step.ids[0]).collect();
                 let taken: Vec<usize> = (1..=chain.len()).collect();
                 let shape = TokenTree::chain(0, &chain);
-                let log_probs: Vec<Option<f32>> =
-                    std::iter::once(None).chain(ranked.iter().map(|step| Some(step.confidence()))).collect();
                 let stays = match adaptive {
+                    // (a chain's nodes are its steps' drafts: each depth's record is its own)
                     true => {
-                        let at = eagle_acceptances(s, pooled, &shape, &log_probs, depth_record);
+                        let at = eagle_acceptances(s, pooled, &shape, &[], depth_record);
                         confident_nodes(&shape, &taken, &r.prices, |n| at[n])
                     }
                     false => vec![true; chain.len()],
