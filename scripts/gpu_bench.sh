@@ -16,7 +16,10 @@
 #      EAGLE head (the real head beside random target weights: the head's costs per depth, not its
 #      acceptance), continuous batching of qwen2-1.5b's shape at 1, 4, 8 and 16 requests at once
 #      (bench --concurrency: the batch's throughput on a GPU, issue 36), plain and sampled with
-#      the target as its own draft model (what the batch drafts where drafts are cheap),
+#      the target as its own draft model (what the batch drafts where drafts are cheap), the
+#      batch's costs on SmolLM2's shape with its EAGLE head (every level prints the costs its
+#      plans took, `costs: --batch-costs ...`: given to `bench --batch-costs` on the real
+#      SmolLM2 and head elsewhere, they replay this GPU's plans with real acceptance),
 #      llama-8b's roofline, the
 #      qwen2-7b / qwen2-0.5b pair, sampled decoding;
 #   3. the peer in the same run: Hugging Face transformers on the machine's PyTorch, random
@@ -126,6 +129,7 @@ if [ $DRY = 1 ]; then
     few=(--limit 1 --max-tokens 12)
     reps=(--reps 2)
     load=(--concurrency 1,2 --requests 2 --max-tokens 4)
+    load_eagle=(--concurrency 1,2 --requests 2 --max-tokens 4)
 else
     T=qwen2-1.5b
     D=qwen2-0.5b
@@ -133,15 +137,18 @@ else
     few=(--limit 3 --max-tokens 64)
     reps=()
     load=(--concurrency 1,4,8,16 --requests 16 --max-tokens 32)
+    load_eagle=(--concurrency 1,4,8 --requests 8 --max-tokens 32)
 fi
 bench 55 "roofline-$T" --roofline --synthetic "$T" --past 512 "${reps[@]}"
 bench 45 "pair-$T-$D-k4" --synthetic "$T" --draft "$D" --draft-k 4 "${few[@]}"
 bench 30 "self-$T-k4" --synthetic "$T" --draft self --draft-k 4 "${few[@]}"
 bench 30 "eagle-smollm2-135m-k4" --synthetic smollm2-135m --draft eagle:smollm2-135m-eagle --draft-k 4 "${few[@]}"
-bench 45 "batch-$T" --synthetic "$T" "${load[@]}"
+bench 35 "batch-$T" --synthetic "$T" "${load[@]}"
 # (sampled with llama.cpp's default top-k of 40, the target as its own draft model: every draft
 # kept, what the batch's cost model drafts where draft passes are cheap)
-bench 30 "batch-$T-self-sampled" --synthetic "$T" --draft self "${load[@]}" --temperature 1 --top-k 40 --seed 1
+bench 25 "batch-$T-self-sampled" --synthetic "$T" --draft self "${load[@]}" --temperature 1 --top-k 40 --seed 1
+# (a fixed K of 3: the head follows and steps every pass, so all six costs are measured)
+bench 25 "batch-eagle-smollm2-135m" --synthetic smollm2-135m --draft eagle:smollm2-135m-eagle --draft-k 3 "${load_eagle[@]}"
 
 # 3. The peer: transformers on the same GPU (where there is PyTorch).
 if python3 -c 'import torch, transformers' 2>/dev/null; then
@@ -153,17 +160,17 @@ else
     python3 -m py_compile scripts/hf_peer.py && say "hf-peer: scripts/hf_peer.py compiles"
 fi
 
-bench 55 "roofline-$BIG" --roofline --synthetic "$BIG" --past 512 "${reps[@]}"
+bench 50 "roofline-$BIG" --roofline --synthetic "$BIG" --past 512 "${reps[@]}"
 if [ $DRY = 0 ]; then
     bench 45 "pair-qwen2-7b-$D-k4" --synthetic qwen2-7b --draft "$D" --draft-k 4 "${few[@]}"
 fi
-bench 30 "pair-$T-$D-k4-sampled" --synthetic "$T" --draft "$D" --draft-k 4 "${few[@]}" --temperature 1 --seed 1
+bench 25 "pair-$T-$D-k4-sampled" --synthetic "$T" --draft "$D" --draft-k 4 "${few[@]}" --temperature 1 --seed 1
 
 # The figures to read first (the summary's end), then the files.
 {
     echo
     grep -E '^adapter:' "$LOG" | sort -u
-    grep -E '^== (roofline|pair|self|eagle|batch)|^all:|^N=|^verify_cost\(|-row pass:|^ceilings|^hf ' "$LOG"
+    grep -E '^== (roofline|pair|self|eagle|batch)|^all:|^N=|costs: --batch-costs|^verify_cost\(|-row pass:|^ceilings|^hf ' "$LOG"
 } | tee -a "$SUMMARY"
 tar -czf "$OUT/results.tar.gz" -C "$RESULTS" .
 say "done in $((SECONDS - T0)) s: $OUT/summary.txt, log.txt, results.tar.gz"

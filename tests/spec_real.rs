@@ -309,7 +309,7 @@ fn batched_eagle_chains_are_their_solo_chains(engine: &mut Engine, n: usize) {
 /// tokens are its run alone.
 fn batched_eagle_chains_end_below_unsure_steps(engine: &mut Engine, n: usize) {
     use wgspec::engine::FixedCosts;
-    engine.set_batch_costs(Some(FixedCosts { pass: 1.0, row: 0.05, follow: 0.0, head_step: 0.0 }));
+    engine.set_batch_costs(Some(FixedCosts { pass: 1.0, row: 0.05, ..FixedCosts::default() }));
     let before = engine.batch_status();
     let (_, together) = alone_and_batched(engine, "eagle", None, n);
     let after = engine.batch_status();
@@ -322,7 +322,7 @@ fn batched_eagle_chains_end_below_unsure_steps(engine: &mut Engine, n: usize) {
     // with 3 siblings beside each step, each judged by the head's probability of it, a row at
     // 0.02 s (a GPU's few-row passes): trees
     engine.set_eagle_tree(wgspec::speculative::EagleTree::Chain { siblings: 3 }).expect("a head");
-    engine.set_batch_costs(Some(FixedCosts { pass: 1.0, row: 0.02, follow: 0.0, head_step: 0.0 }));
+    engine.set_batch_costs(Some(FixedCosts { pass: 1.0, row: 0.02, ..FixedCosts::default() }));
     let before = engine.batch_status();
     let (_, together) = alone_and_batched(engine, "eagle", None, n);
     let after = engine.batch_status();

@@ -132,15 +132,19 @@ impl Default for BatchLimits {
 /// Costs the batch's plans take as measured, fixed until
 /// [`Engine::set_batch_costs`](super::Engine::set_batch_costs) is given none: for tests that
 /// need the plan's choices made (the measured ones come from timings), and plans reproduced
-/// from a run's figures.
-#[derive(Clone, Copy, Debug, PartialEq)]
+/// from a run's figures ([`BatchStatus::measured_costs`]: another adapter's, a GPU's).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Serialize)]
 pub struct FixedCosts {
     /// Seconds of a target pass of one row, and of each row more.
     pub pass: f64,
     pub row: f64,
     /// Seconds of the EAGLE head's follow (its pass over the kept rows and its first drafts),
-    /// shared by the sequences it follows, and of each row of its chains' steps.
+    /// shared by the sequences it follows, and of each row it runs.
     pub follow: f64,
+    pub follow_row: f64,
+    /// Seconds of a submission of the EAGLE head's chains' steps (every chain drafting past its
+    /// first draft in a pass: their fixed seconds, shared), and of each row of those steps.
+    pub head_pass: f64,
     pub head_step: f64,
 }
 
@@ -172,6 +176,15 @@ pub struct BatchStatus {
     /// made.
     pub head_follows: u64,
     pub head_step_rows: u64,
+    /// The rows of those follows (the kept rows the head ran: a followed prompt's too), and the
+    /// submissions of those steps, since the engine was made.
+    pub head_follow_rows: u64,
+    pub head_step_passes: u64,
+    /// The costs the plans take now, as [`FixedCosts`]: the target's pass of one row and its
+    /// marginal row (the fit's mean over the row counts measured), the head's follow and its
+    /// steps (0 where not measured: no EAGLE head); none before two row counts are measured.
+    /// Given to `--batch-costs`, this machine replays another adapter's plans (a GPU's).
+    pub measured_costs: Option<FixedCosts>,
     /// Sequences whose drafts in a pass were a token tree (n-gram continuations of several
     /// matches, an EAGLE chain with siblings, Medusa's tree, an ensemble's), since the engine
     /// was made.
@@ -709,8 +722,8 @@ impl Batch {
     /// follows, by timings).
     pub(super) fn fix_costs(&mut self, costs: Option<FixedCosts>) {
         self.costs.fix(costs.map(|c| (c.pass - c.row, c.row)));
-        self.head_costs.fix(costs.map(|c| (0.0, c.head_step)));
-        self.follow_costs.fix(costs.map(|c| (c.follow, 0.0)));
+        self.head_costs.fix(costs.map(|c| (c.head_pass, c.head_step)));
+        self.follow_costs.fix(costs.map(|c| (c.follow, c.follow_row)));
         (self.eagle_price, self.follow_price) = (None, None);
     }
 
@@ -722,8 +735,19 @@ impl Batch {
             pages_free: self.pool.available(),
             pages_cached: self.pool.cached(),
             head_follows: self.follows,
+            measured_costs: self.measured_costs(),
             ..self.status
         }
+    }
+
+    /// The costs the plans take now, as [`FixedCosts`] ([`BatchStatus::measured_costs`]).
+    fn measured_costs(&self) -> Option<FixedCosts> {
+        let fit = self.costs.fit()?;
+        let most = self.costs.by_rows.iter().rposition(Option::is_some).filter(|&r| r > 1)?;
+        let row = (fit.seconds(most) - fit.seconds(1)) / (most - 1) as f64;
+        let (follow, follow_row) = self.follow_costs.estimate().unwrap_or_default();
+        let (head_pass, head_step) = self.head_costs.estimate().unwrap_or_default();
+        Some(FixedCosts { pass: fit.seconds(1), row, follow, follow_row, head_pass, head_step })
     }
 
     /// Queues a request whose prompt and parameters are checked
@@ -1054,6 +1078,7 @@ pub(super) async fn step(
             let rows = propose::follow(batch, h, &before);
             if rows > 0 {
                 batch.follows += 1;
+                batch.status.head_follow_rows += rows as u64;
                 if timed {
                     propose::take_firsts(batch, h).await;
                     batch.follow_costs.observe(rows, t0.elapsed().as_secs_f64());
@@ -2521,7 +2546,13 @@ mod tests {
         assert_eq!(batch.acceptance, [[kept(50); RECORDS], none, none, none]);
         assert!(!batch.draft_costs.measured(1) && !batch.medusa_costs.measured(1));
         // fixed costs stay fixed
-        batch.fix_costs(Some(FixedCosts { pass: 1.0, row: 0.1, follow: 0.2, head_step: 0.3 }));
+        batch.fix_costs(Some(FixedCosts {
+            pass: 1.0,
+            row: 0.1,
+            follow: 0.2,
+            head_step: 0.3,
+            ..Default::default()
+        }));
         batch.forget_drafter(DraftKind::Eagle);
         let (a, b) = batch.head_costs.estimate().expect("fixed");
         assert!(a < 1e-6 && (b - 0.3).abs() < 1e-12, "{a} {b}");
@@ -2532,7 +2563,13 @@ mod tests {
         let mut batch = Batch::new(64);
         batch.costs.groups = (0..=MAX_BATCH).map(|r| r.div_ceil(8) as f64).collect();
         (batch.eagle_price, batch.follow_price) = (Some(0.1), Some(0.2));
-        batch.fix_costs(Some(FixedCosts { pass: 1.0, row: 0.1, follow: 0.2, head_step: 0.3 }));
+        batch.fix_costs(Some(FixedCosts {
+            pass: 1.0,
+            row: 0.1,
+            follow: 0.2,
+            head_step: 0.3,
+            ..Default::default()
+        }));
         assert_eq!((batch.eagle_price, batch.follow_price), (None, None), "the next plan's");
         // every row count measured at 0.9 + 0.1 R, whatever passes take; never stale
         for _ in 0..2 * STALE_PASSES {
@@ -2546,12 +2583,23 @@ mod tests {
         let fit = batch.costs.fit().expect("a fit");
         assert!((fit.seconds(5) - fit.seconds(4) - 0.1).abs() < 1e-9 && (fit.seconds(1) - 1.0).abs() < 1e-9);
         assert!((batch.follow_seconds(2.0).expect("fixed") - 0.1).abs() < 1e-12, "a follow shared by two");
+        // what the status tells is what was fixed: another adapter's costs replayed exactly
+        let told = batch.status().measured_costs.expect("measured");
+        let want = [1.0, 0.1, 0.2, 0.0, 0.0, 0.3];
+        let got = [told.pass, told.row, told.follow, told.follow_row, told.head_pass, told.head_step];
+        // (a line's fixed seconds are at least 1e-9)
+        assert!(got.iter().zip(want).all(|(g, w)| (g - w).abs() < 1e-8), "{got:?}");
         // measured again: nothing until passes run, and the target's row groups kept
         batch.fix_costs(None);
         assert!(batch.costs.fit().is_none() && batch.follow_seconds(1.0).is_none());
         assert_eq!(batch.costs.groups.len(), MAX_BATCH + 1);
         batch.costs.observe(4, 2.0);
         assert_eq!(batch.costs.average(4), Some(2.0));
+        assert_eq!(batch.status().measured_costs, None, "one row count: no marginal row");
+        batch.costs.observe(8, 2.4);
+        let told = batch.status().measured_costs.expect("two row counts");
+        assert!((told.pass - 1.7).abs() < 1e-9 && (told.row - 0.1).abs() < 1e-9, "{told:?}");
+        assert_eq!((told.follow, told.head_step), (0.0, 0.0), "no head measured");
     }
 
     #[test]

@@ -136,9 +136,11 @@ pub struct BenchArgs {
     pub kv_pages: Option<usize>,
     /// With --concurrency: costs in seconds that the batch's plans take instead of measured ones,
     /// `PASS,ROW,FOLLOW,STEP` (a target pass of one row, each row more, the EAGLE head's follow,
-    /// each row of its steps; `Engine::set_batch_costs`): what another adapter's costs would
-    /// draft, here. Each level then also reports its tokens per second at those costs (its
-    /// passes, rows, follows and step rows priced so), deterministic where the outputs are.
+    /// each row of its steps), or `PASS,ROW,FOLLOW,FOLLOW_ROW,HEAD_PASS,STEP` (a follow's fixed
+    /// seconds and each row it runs, a submission of the head's steps and each step row), as
+    /// every level prints what it measured (`Engine::set_batch_costs`): what another adapter's
+    /// costs would draft, here. Each level then also reports its tokens per second at those
+    /// costs (its passes, rows, follows and steps priced so), deterministic where the outputs are.
     #[arg(long, value_delimiter = ',', requires = "concurrency")]
     pub batch_costs: Vec<f64>,
     /// Where to write the JSON result.
@@ -218,18 +220,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             }
             engine.set_batch_limits(BatchLimits { max_rows: rows, ..engine.batch_limits() });
         }
-        let costs = match args.batch_costs[..] {
-            [] => None,
-            [pass, row, follow, head_step] if args.batch_costs.iter().all(|c| c.is_finite() && *c >= 0.0) => {
-                Some(FixedCosts { pass, row, follow, head_step })
-            }
-            _ => {
-                return Err(Error::InvalidArgument(format!(
-                    "--batch-costs takes PASS,ROW,FOLLOW,STEP: four seconds, none negative; got {:?}",
-                    args.batch_costs
-                )))
-            }
-        };
+        let costs = batch_costs(&args.batch_costs)?;
         engine.set_batch_costs(costs);
         let levels = crate::bench_batch::run(&mut engine, &requests, &args.concurrency, costs).await?;
         let report = serde_json::json!({
@@ -238,7 +229,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             "draft": spec.to_string(),
             "max_tokens": args.max_tokens,
             "max_batch_tokens": engine.batch_limits().max_rows,
-            "batch_costs": costs.map(|c| [c.pass, c.row, c.follow, c.head_step]),
+            "batch_costs": costs,
             "levels": levels,
         });
         let text = serde_json::to_string_pretty(&report)
@@ -296,6 +287,28 @@ pub async fn run(args: BenchArgs) -> Result<()> {
     println!("{text}");
     eprintln!("wrote {}", args.out.display());
     Ok(())
+}
+
+/// `--batch-costs`' seconds: none, four (the head's follow and steps by their fixed seconds
+/// and their rows alone) or six, each finite and not negative.
+fn batch_costs(c: &[f64]) -> Result<Option<FixedCosts>> {
+    let costs = match *c {
+        [] => return Ok(None),
+        [pass, row, follow, head_step] => {
+            FixedCosts { pass, row, follow, head_step, ..FixedCosts::default() }
+        }
+        [pass, row, follow, follow_row, head_pass, head_step] => {
+            FixedCosts { pass, row, follow, follow_row, head_pass, head_step }
+        }
+        _ => FixedCosts { pass: f64::NAN, ..FixedCosts::default() },
+    };
+    if !c.iter().chain([&costs.pass]).all(|c| c.is_finite() && *c >= 0.0) {
+        return Err(Error::InvalidArgument(format!(
+            "--batch-costs takes PASS,ROW,FOLLOW,STEP or PASS,ROW,FOLLOW,FOLLOW_ROW,HEAD_PASS,STEP: \
+             seconds, none negative; got {c:?}"
+        )));
+    }
+    Ok(Some(costs))
 }
 
 /// The kernel shape `--shape`, `--matmul-lanes`, `--attention` and `--shuffle-loads` ask for.
@@ -684,5 +697,23 @@ mod tests {
     fn the_prompt_set_parses_and_has_code_and_prose() {
         let p = parse_prompts(DEFAULT_PROMPTS).unwrap_or_else(|e| panic!("{e}"));
         assert!(p.iter().any(|x| x.kind == "code") && p.iter().any(|x| x.kind == "prose"));
+    }
+
+    #[test]
+    fn batch_costs_take_four_or_six_seconds() {
+        assert_eq!(batch_costs(&[]).ok(), Some(None));
+        let four = batch_costs(&[1.0, 0.02, 0.15, 0.1]).ok().flatten();
+        let want = FixedCosts { pass: 1.0, row: 0.02, follow: 0.15, head_step: 0.1, ..FixedCosts::default() };
+        assert_eq!(four, Some(want));
+        let six = batch_costs(&[1.0, 0.02, 0.15, 0.01, 0.05, 0.1]).ok().flatten();
+        assert_eq!(six, Some(FixedCosts { follow_row: 0.01, head_pass: 0.05, ..want }));
+        for bad in [
+            &[1.0, 0.02][..],
+            &[1.0, 0.02, 0.1, 0.1, 0.1],
+            &[1.0, -0.1, 0.0, 0.0],
+            &[f64::NAN, 0.0, 0.0, 0.0],
+        ] {
+            assert!(matches!(batch_costs(bad), Err(Error::InvalidArgument(_))), "{bad:?}");
+        }
     }
 }

@@ -5,8 +5,9 @@
 //! (p50, p99, in passes' wall time), the passes and their rows, the drafts among them (those
 //! accepted, the token trees, and those cut once ranked), preemptions, the positions found in
 //! the prefix cache, and the requests whose tokens differ from the first level's (a request's
-//! output must not depend on who else is served), and with costs fixed (`--batch-costs`) its
-//! tokens per second at those costs. Each level starts with an empty prefix cache (an earlier level's prompts would be
+//! output must not depend on who else is served), the costs its plans took at its end (as
+//! `--batch-costs` takes them: a run on another adapter, a GPU, replayed here), and with costs
+//! fixed (`--batch-costs`) its tokens per second at those costs. Each level starts with an empty prefix cache (an earlier level's prompts would be
 //! found computed): it finds only what its own requests computed.
 
 use std::collections::HashMap;
@@ -38,18 +39,23 @@ pub struct Level {
     /// Drafts dropped once ranked, below a step too unsure to pay for them
     /// ([`wgspec::engine::BatchStatus::drafts_cut`]).
     pub drafts_cut: u64,
-    /// The EAGLE head's follows and its steps' rows
+    /// The EAGLE head's follows, its steps' rows, the follows' rows and the steps' submissions
     /// ([`wgspec::engine::BatchStatus::head_follows`]).
     pub head_follows: u64,
     pub head_step_rows: u64,
+    pub head_follow_rows: u64,
+    pub head_step_passes: u64,
     pub preemptions: u64,
     /// Positions its requests found in the prefix cache when admitted: computed by its earlier
     /// requests, or (a preempted request coming back) by themselves.
     pub cached_tokens: u64,
     /// Requests whose tokens differ from the first level's.
     pub differ: Vec<usize>,
+    /// The costs its plans took at its end, measured or fixed
+    /// ([`wgspec::engine::BatchStatus::measured_costs`]).
+    pub measured_costs: Option<FixedCosts>,
     /// With costs fixed: its output tokens over the seconds its passes, their rows, the EAGLE
-    /// head's follows and its steps' rows take at those costs.
+    /// head's follows and its steps take at those costs.
     pub modelled_tokens_per_second: Option<f64>,
 }
 
@@ -118,6 +124,12 @@ pub async fn run(
                 level.passes, level.head_follows, level.head_step_rows
             );
         }
+        if let Some(c) = level.measured_costs {
+            eprintln!(
+                "      costs: --batch-costs {:.4e},{:.4e},{:.4e},{:.4e},{:.4e},{:.4e}",
+                c.pass, c.row, c.follow, c.follow_row, c.head_pass, c.head_step
+            );
+        }
         out.push(level);
     }
     Ok(out)
@@ -179,6 +191,8 @@ async fn level(
     let passes = after.passes - before.passes;
     let (level_follows, level_steps) =
         (after.head_follows - before.head_follows, after.head_step_rows - before.head_step_rows);
+    let follow_rows = after.head_follow_rows - before.head_follow_rows;
+    let step_passes = after.head_step_passes - before.head_step_passes;
     let level = Level {
         concurrency: n,
         requests: requests.len(),
@@ -195,14 +209,19 @@ async fn level(
         drafts_cut: after.drafts_cut - before.drafts_cut,
         head_follows: level_follows,
         head_step_rows: level_steps,
+        head_follow_rows: follow_rows,
+        head_step_passes: step_passes,
         preemptions: after.preemptions - before.preemptions,
         cached_tokens: after.cached_tokens - before.cached_tokens,
         differ: Vec::new(),
+        measured_costs: after.measured_costs,
         modelled_tokens_per_second: costs.map(|c| {
             let rows = after.rows - before.rows;
             let seconds = passes as f64 * (c.pass - c.row)
                 + rows as f64 * c.row
                 + level_follows as f64 * c.follow
+                + follow_rows as f64 * c.follow_row
+                + step_passes as f64 * c.head_pass
                 + level_steps as f64 * c.head_step;
             output_tokens as f64 / seconds.max(1e-12)
         }),

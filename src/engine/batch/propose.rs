@@ -355,6 +355,7 @@ pub(super) async fn propose_eagle(batch: &mut Batch, head: &mut EagleHead, plan:
     if steps > 0 {
         batch.head_costs.observe(steps, t0.elapsed().as_secs_f64());
         batch.status.head_step_rows += steps as u64;
+        batch.status.head_step_passes += 1;
     }
     for (&(entry, ..), ranked) in asks.iter().zip(out) {
         let r = &mut plan[entry];
