@@ -544,8 +544,8 @@ fn main(inv: Invocation, @builtin(workgroup_id) wid: vec3<u32>) {
     if (r0 >= step.n) { return; }
     let nr = min(ROWS, step.n - r0); // rows of this group
     let k4 = p.k / 4u;
-    // columns past the chunk read the last one (their sums are never stored)
-    let last = p.cols - 1u;
+    // columns past the chunk's stored ones read the last of them (their sums are never stored)
+    let last = p.stored - 1u;
     let cs = vec4<u32>(min(c0, last), min(c0 + 1u, last), min(c0 + 2u, last), min(c0 + 3u, last));
 
     // 0. (norm) 1 / rms of each row of the group: the workgroup's invocations take strided vec4s

@@ -1574,7 +1574,7 @@ fn load_eagle(target: &mut Model, file: Vec<u8>, config: &[u8], top_k: usize) ->
     let layout = EagleHead::layout_of(&target.config, config, &ckpt).expect("layout");
     let taps = match layout {
         EagleLayout::Eagle3 { taps, .. } => taps.to_vec(),
-        EagleLayout::Eagle1 => Vec::new(),
+        EagleLayout::Eagle1 { .. } => Vec::new(),
     };
     target.set_feature_taps(&taps).expect("taps");
     let opts = LoadOptions::default();
@@ -2080,6 +2080,85 @@ fn eagle_speculation_equals_greedy_output() {
     }
 }
 
+/// `config` with `draft_vocab_size` set to `value`.
+fn with_draft_vocab(config: &[u8], value: serde_json::Value) -> Vec<u8> {
+    let mut json: serde_json::Value = serde_json::from_slice(config).expect("config json");
+    json["draft_vocab_size"] = value;
+    json.to_string().into_bytes()
+}
+
+#[test]
+fn an_eagle1_head_with_a_draft_vocabulary_ranks_its_first_ids_alone() {
+    // (the first 100 of the target's 300 ids: the output matrix's rows after them are not read)
+    let spec = TinySpec::llama();
+    let mut r = rng(386);
+    let tiny = TinyModel::random(spec, &mut r);
+    let ckpt = ckpt_of(&tiny, &mut r);
+    let mut target = load(&ckpt, 64);
+    let (file, config) = common::tiny::eagle_head(&tiny.spec, DType::F16, false, false, &mut r);
+    let first_100 = with_draft_vocab(&config, 100.into());
+    let (head, head_ckpt) = load_eagle(&mut target, file.clone(), &first_100, 4);
+    assert_eq!(head.layout(), EagleLayout::Eagle1 { draft_vocab: 100 });
+    let mut eagle = Eagle::new(head, 0);
+    let mut reference = reference::RefModel::new(&ckpt, Precision::Auto);
+    let mut ref_head = reference::RefEagle::new(&head_ckpt, &reference);
+    let prompt: Vec<u32> = (0..10).map(|_| r.gen_range(0..spec.vocab as u32)).collect();
+    pollster::block_on(target.forward(&prompt[..9], 0)).expect("forward");
+    reference.forward(&prompt[..9], 0);
+    let mut want_logits = Vec::new();
+    for p in 0..9 {
+        want_logits.push(ref_head.step(prompt[p + 1], &reference.hidden[p]).1);
+    }
+    let rows: Vec<usize> = (0..9).collect();
+    pollster::block_on(eagle.target_pass(Kept { context: &prompt, first: 0, rows: &rows })).expect("pass");
+    let top = pollster::block_on(eagle.head_mut().top_ids()).expect("top");
+    assert!(top.iter().all(|&id| id < 100), "ids past the draft vocabulary: {top:?}");
+    check_ranks("the first 100 ids", &top, &want_logits[8][..100]);
+    // in the GPU shape (16 lanes), the output matrix cut into small buffers: the first 100 ids
+    // end inside one of them
+    let opts = LoadOptions { context: Some(64), max_chunk_bytes: Some(4096), ..Default::default() };
+    let mut split = Model::load(common::gpu_shaped(), &ckpt, &opts, &mut |_| {}).expect("load split");
+    let mut shaped = Eagle::new(load_eagle(&mut split, file.clone(), &first_100, 4).0, 0);
+    pollster::block_on(split.forward(&prompt[..9], 0)).expect("forward");
+    pollster::block_on(shaped.target_pass(Kept { context: &prompt, first: 0, rows: &rows })).expect("pass");
+    let top = pollster::block_on(shaped.head_mut().top_ids()).expect("top");
+    assert!(top.iter().all(|&id| id < 100), "GPU shape: ids past the draft vocabulary: {top:?}");
+    check_ranks("GPU shape, split output: the first 100 ids", &top, &want_logits[8][..100]);
+    // speculation with it is exact: a random head, and one that echoes the last token (whose
+    // guesses past the first 100 ids cannot be drafted)
+    let mut random = Eagle::with_tree(
+        load_eagle(&mut target, file, &first_100, 4).0,
+        EagleTree::Dynamic { width: 3 },
+    );
+    let (echo_file, echo_config) = common::tiny::eagle_head(&tiny.spec, DType::F32, false, true, &mut r);
+    let echo_first = with_draft_vocab(&echo_config, 150.into());
+    let mut echo = Eagle::new(load_eagle(&mut target, echo_file.clone(), &echo_first, 4).0, 2);
+    let prompts: [Vec<u32>; 3] = [vec![7], vec![3; 6], (0..40).map(|_| r.gen_range(0..300)).collect()];
+    let mut accepted = 0;
+    for prompt in &prompts {
+        let want = plain(&mut target, prompt, &greedy_opts(24));
+        for k in [KPolicy::Fixed(3), KPolicy::default()] {
+            for (name, draft) in [("random, 100 ids", &mut random as &mut dyn Draft), ("echo, 150 ids", &mut echo)] {
+                let got = speculative(&mut target, Drafter::Other(draft), prompt, &greedy_opts(24), k);
+                assert_eq!(got.tokens, want.tokens, "{name} {k:?} {prompt:?}");
+                let ids = (got.tokens.iter().zip(&got.from_draft)).filter(|&(_, &d)| d).map(|(&t, _)| t);
+                let limit = if name.starts_with("echo") { 150 } else { 100 };
+                assert!(ids.clone().all(|t| t < limit), "{name}: a draft past the first {limit} ids");
+                accepted += usize::from(name.starts_with("echo")) * ids.count();
+            }
+        }
+    }
+    assert!(accepted > 0, "the echo head's drafts of the first 150 ids were never kept");
+    // a count that is not one of the vocabulary's ids: a typed error naming the key
+    let cfg = EagleHead::config_for(&target.config, &echo_config).expect("config");
+    let head = Checkpoint::from_named_safetensors(cfg, vec![Box::new(echo_file)]).expect("head");
+    for bad in [0.into(), 301.into(), "all".into(), (-5).into()] {
+        let bad_config = with_draft_vocab(&echo_config, bad);
+        let err = EagleHead::layout_of(&target.config, &bad_config, &head).expect_err("refused");
+        assert!(matches!(&err, Error::Metadata { key, .. } if key.contains("draft_vocab_size")), "{err}");
+    }
+}
+
 #[test]
 fn eagle3_head_reads_the_target_taps_and_drafts_as_the_reference_does() {
     for (spec, dtype, draft_vocab, taps) in [
@@ -2246,7 +2325,7 @@ fn heads_allocate_what_their_bills_say() {
             let layout = EagleHead::layout_of(&target.config, &config, &ckpt).expect("layout");
             let taps = match layout {
                 EagleLayout::Eagle3 { taps, .. } => taps.to_vec(),
-                EagleLayout::Eagle1 => Vec::new(),
+                EagleLayout::Eagle1 { .. } => Vec::new(),
             };
             target.set_feature_taps(&taps).expect("taps");
             let before = g.billed_bytes();

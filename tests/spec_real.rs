@@ -444,7 +444,7 @@ fn the_shipped_eagle_head_computes_what_pytorch_computed() {
     let mut head = pollster::block_on(EagleHead::load(
         &target,
         &ckpt,
-        EagleLayout::Eagle1,
+        EagleLayout::Eagle1 { draft_vocab: target.config.vocab_size },
         &LoadOptions::default(),
         5,
         &mut |_| {},

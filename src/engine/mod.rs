@@ -521,7 +521,7 @@ impl Engine {
         // an EAGLE-3 head reads three taps of the target's residual stream
         let taps = match layout {
             EagleLayout::Eagle3 { taps, .. } => taps.to_vec(),
-            EagleLayout::Eagle1 => Vec::new(),
+            EagleLayout::Eagle1 { .. } => Vec::new(),
         };
         self.target.set_feature_taps(&taps)?;
         let progress = &mut |p| progress(Role::Draft, p);

@@ -122,6 +122,11 @@ pub struct MatmulOut<'a> {
     /// matmul's lanes follow the run ([`Gpu::matmul_lanes_for`]), so a column's bits do not
     /// depend on the limit.
     pub matrix_rows: u32,
+    /// Only this buffer's first `stored` output columns (0: all; set by
+    /// [`crate::model::Matrix::matmul_first`]): a draft head ranking the first ids of a
+    /// vocabulary reads those weight rows alone. Each column's bits are what the whole matmul
+    /// gives it (the lanes follow `matrix_rows`, not this).
+    pub stored: u32,
 }
 
 /// The raw rows whose RMS a normed matmul divides by: `[n, k]`, and the norm's epsilon.
@@ -215,7 +220,10 @@ gpu_struct! {
         kv_f16: u32,
         /// (glu) 1: GeGLU, gelu(gate) * up with GELU's tanh approximation (Gemma); 0: SwiGLU.
         gelu: u32,
-        _pad: [u32; 3],
+        /// Output columns of this chunk computed and stored: its first `stored` (at most cols;
+        /// each column's bits as when all are).
+        stored: u32,
+        _pad: [u32; 2],
     }
 }
 
@@ -747,6 +755,7 @@ impl Gpu {
         );
         // Unused bindings still need buffers: x serves for the read-only ones (never read then),
         // a small buffer of the GPU's own for the writable one.
+        let stored = if out.stored > 0 { (out.stored as usize).min(w.rows) } else { w.rows };
         let (kv, scaled, second_raw, gamma_raw) = match out.second {
             Some(SideOutput::Kv(kv)) => (Some(kv), false, &kv.cache.raw, &x.raw),
             Some(SideOutput::Scaled { out, gamma }) => (None, true, &out.raw, &gamma.raw),
@@ -777,7 +786,8 @@ impl Gpu {
             silu: out.silu as u32,
             kv_f16: kv.is_some_and(|kv| kv.f16) as u32,
             gelu: out.gelu as u32,
-            _pad: [0; 3],
+            stored: stored as u32,
+            _pad: [0; 2],
         };
         let params = self.uniform("matmul params", bytemuck::bytes_of(&p));
         let bias_raw = bias.map(|b| &b.raw).unwrap_or(&x.raw);
@@ -789,16 +799,16 @@ impl Gpu {
         // (its pipelines compiled now, inside the caller's error scopes: Gpu::build_scope)
         self.pipelines.get_with(Kernel::Matmul(w.dtype), lanes);
         let grid = Grid::RowGroups {
-            y: w.rows.div_ceil(super::kernel::matmul_columns_per_group(lanes)) as u32,
+            y: stored.div_ceil(super::kernel::matmul_columns_per_group(lanes)) as u32,
             rows: self.matmul_rows(),
         };
-        let (k, cols) = (w.k as u64, w.rows as u64);
+        let (k, cols) = (w.k as u64, stored as u64);
         // per row: x (and x_raw), each output column read (accumulate) and written (twice with
         // a scaled copy)
         let outs = cols / (1 + out.glu as u64);
         let copies = 1 + out.accumulate as u64 + scaled as u64;
         let cost = Cost {
-            fixed_bytes: w.bytes() + if bias.is_some() { 4 * cols } else { 0 },
+            fixed_bytes: w.bytes() * cols / w.rows.max(1) as u64 + if bias.is_some() { 4 * cols } else { 0 },
             row_bytes: 4 * (k * (1 + out.norm.is_some() as u64) + outs * copies),
             row_flops: 2 * k * cols,
             ..Cost::default()

@@ -290,6 +290,20 @@ impl Matrix {
         y: &GpuBuffer<f32>,
         out: MatmulOut,
     ) -> Vec<Op> {
+        self.matmul_first(gpu, step, (x, bias, y), out, self.rows)
+    }
+
+    /// [`Matrix::matmul`]'s first `first` output columns alone (`y[r, :first]`; its row stride
+    /// `out.ldy`), each with the bits the whole matmul gives it: the weight rows after them are
+    /// not read (a draft head ranking the first ids of a vocabulary).
+    pub fn matmul_first(
+        &self,
+        gpu: &Gpu,
+        step: &wgpu::Buffer,
+        (x, bias, y): (&GpuBuffer<f32>, Option<&GpuBuffer<f32>>, &GpuBuffer<f32>),
+        out: MatmulOut,
+        first: usize,
+    ) -> Vec<Op> {
         // each chunk's matmul sized by the rows of its run of one stored type (the buffers a
         // size limit split it into, together: its bits do not depend on that limit)
         let run_rows = |i: usize| {
@@ -299,12 +313,15 @@ impl Matrix {
             let after = self.chunks[i..].iter().take_while(same).map(|c| c.data.rows).sum::<usize>();
             before + after
         };
-        self.chunks
-            .iter()
-            .enumerate()
+        (self.chunks.iter().enumerate())
+            .filter(|(_, c)| c.row_start < first)
             .map(|(i, c)| {
-                let out =
-                    MatmulOut { col_offset: c.row_start as u32, matrix_rows: run_rows(i) as u32, ..out };
+                let out = MatmulOut {
+                    col_offset: c.row_start as u32,
+                    matrix_rows: run_rows(i) as u32,
+                    stored: (first - c.row_start).min(c.data.rows) as u32,
+                    ..out
+                };
                 gpu.matmul(step, x, &c.data, bias, y, out)
             })
             .collect()

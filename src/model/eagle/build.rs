@@ -39,7 +39,7 @@ impl EagleTensors {
         // `model.layers.0.*` of a Hugging Face model is `layers.0.*` in an EAGLE-1 head's file,
         // `midlayer.*` in an EAGLE-3 head's
         let prefix = match layout {
-            EagleLayout::Eagle1 => "layers.0.",
+            EagleLayout::Eagle1 { .. } => "layers.0.",
             EagleLayout::Eagle3 { .. } => "midlayer.",
         };
         let rename = |t: &mut TensorSpec| {
@@ -65,7 +65,7 @@ impl EagleTensors {
         }
         let spec = |name: &str, shape: Vec<usize>, role| TensorSpec { name: name.into(), shape, role };
         let (fc_in, eagle3) = match layout {
-            EagleLayout::Eagle1 => (2 * c.dim, None),
+            EagleLayout::Eagle1 { .. } => (2 * c.dim, None),
             EagleLayout::Eagle3 { draft_vocab, .. } => {
                 // q, k and v read [embedding | feature], both normalised: 2 dim wide
                 for t in [&mut layer.q, &mut layer.k, &mut layer.v] {
@@ -137,7 +137,7 @@ impl HeadSizes {
         let pages = context.div_ceil(KV_PAGE);
         let (cat, out_vocab) = layout.widths(c.dim, c.vocab_size);
         let (d2t, eagle3) = match layout {
-            EagleLayout::Eagle1 => (0, 0),
+            EagleLayout::Eagle1 { .. } => (0, 0),
             EagleLayout::Eagle3 { draft_vocab, .. } => (draft_vocab, 1),
         };
         HeadSizes {
@@ -302,7 +302,7 @@ fn check_load<'t>(
         )));
     }
     match layout {
-        EagleLayout::Eagle1 => Ok(None),
+        EagleLayout::Eagle1 { .. } => Ok(None),
         EagleLayout::Eagle3 { taps, .. } => match target.feature_taps() {
             Some((layers, buf)) if layers == taps => Ok(Some(buf)),
             _ => Err(Error::InvalidArgument(format!(
@@ -485,7 +485,7 @@ impl HeadState {
                 ops.extend(e3.lm_head.matmul(g, step, &e3.lastn, None, &self.logits, out));
                 ops
             }
-            None => target.output_ops(step, &self.last, &self.logits, out),
+            None => target.output_first_ops(step, &self.last, &self.logits, out, out_vocab),
         };
         ops.extend(g.top_k(step, &self.logits, (&self.top, Some(&self.logp)), out_vocab, top_k));
         if let Some(e3) = &self.eagle3 {
@@ -524,14 +524,29 @@ impl EagleHead {
     }
 
     /// The layout of the head in `ckpt` (EAGLE-3 when it has `midlayer.*` tensors), with an
-    /// EAGLE-3 head's draft vocabulary (its `lm_head` rows) and feature taps: `config.json`'s
+    /// EAGLE-1 head's draft vocabulary (`config.json`'s `draft_vocab_size`, the first ids it
+    /// ranks; else the whole vocabulary), an EAGLE-3 head's (its `lm_head` rows) and feature taps: `config.json`'s
     /// `eagle_aux_hidden_state_layer_ids` (top level or in `eagle_config`; vLLM's meaning: the
     /// residual stream after that many target layers), else the default after 2, N / 2 and
     /// N - 3 of the target's N layers.
     pub fn layout_of(target: &Config, config_json: &[u8], ckpt: &Checkpoint) -> Result<EagleLayout> {
         let shapes = ckpt.tensor_shapes();
+        let json: serde_json::Value = serde_json::from_slice(config_json)
+            .map_err(|e| Error::Metadata { key: "config.json".into(), message: e.to_string() })?;
         if !shapes.iter().any(|(name, _)| name.starts_with("midlayer.")) {
-            return Ok(EagleLayout::Eagle1);
+            let draft_vocab = match json.get("draft_vocab_size") {
+                None => target.vocab_size,
+                Some(v) => match v.as_u64().map(|n| n as usize) {
+                    Some(n @ 1..) if n <= target.vocab_size => n,
+                    _ => {
+                        return Err(Error::Metadata {
+                            key: "config.json draft_vocab_size".into(),
+                            message: format!("{v} is not a count of ids up to the vocabulary's {}", target.vocab_size),
+                        })
+                    }
+                },
+            };
+            return Ok(EagleLayout::Eagle1 { draft_vocab });
         }
         let lm_head = shapes.iter().find(|(name, _)| *name == "lm_head.weight");
         let draft_vocab = match lm_head.map(|(_, shape)| *shape) {
@@ -544,8 +559,6 @@ impl EagleHead {
             }
             None => return Err(Error::MissingTensor { name: "lm_head.weight".into() }),
         };
-        let json: serde_json::Value = serde_json::from_slice(config_json)
-            .map_err(|e| Error::Metadata { key: "config.json".into(), message: e.to_string() })?;
         let ids = json
             .pointer("/eagle_config/eagle_aux_hidden_state_layer_ids")
             .or_else(|| json.get("eagle_aux_hidden_state_layer_ids"));

@@ -12,7 +12,8 @@
 //!                                               `input_layernorm` is used when present)
 //!   f^    = h + mlp(rmsnorm(h))                 `layers.0.post_attention_layernorm.weight`,
 //!                                               `layers.0.mlp.{gate,up,down}_proj.weight`
-//!   logits = the target's output projection of f^ (no norm): t^_{p+2}
+//!   logits = the target's output projection of f^ (no norm): t^_{p+2}; with `draft_vocab_size`
+//!            in config.json, of its first rows only (the head ranks the first ids alone)
 //! ```
 //!
 //! The public EAGLE-3 layout (Li et al., arXiv 2503.01840; `LlamaForCausalLMEagle3`, as
@@ -180,8 +181,11 @@ pub struct DraftedTree {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum EagleLayout {
     /// EAGLE-1/2: `fc` over [embedding | the target's final hidden state], `layers.0.*`, the
-    /// target's output projection.
-    Eagle1,
+    /// target's output projection, of its first `draft_vocab` rows: the head ranks those ids
+    /// alone (all of them unless `config.json` has a smaller `draft_vocab_size`; BPE
+    /// vocabularies number their tokens about in order of frequency, so the first ids hold most
+    /// of what a head guesses right, and the rows after them are never read).
+    Eagle1 { draft_vocab: usize },
     /// EAGLE-3: `fc` over three taps of the target's residual stream (after `taps[i]` layers),
     /// `midlayer.*` attending over [input_layernorm(embedding) | hidden_norm(feature)], its own
     /// `norm` and `lm_head` over `draft_vocab` ids, the target's id of draft id d being
@@ -194,7 +198,7 @@ impl EagleLayout {
     /// for a vocabulary of `vocab` ids.
     fn widths(self, dim: usize, vocab: usize) -> (usize, usize) {
         match self {
-            EagleLayout::Eagle1 => (2 * dim, vocab),
+            EagleLayout::Eagle1 { draft_vocab } => (2 * dim, draft_vocab.min(vocab)),
             EagleLayout::Eagle3 { draft_vocab, .. } => (3 * dim, draft_vocab),
         }
     }

@@ -480,6 +480,20 @@ impl Model {
         output.matmul(&self.gpu, step, x, None, y, out)
     }
 
+    /// [`Model::output_ops`]' first `first` logits alone (`y: [n, out.ldy]`), each with the bits
+    /// the whole projection gives it: an EAGLE-1 head ranking the first ids of the vocabulary.
+    pub fn output_first_ops(
+        &self,
+        step: &wgpu::Buffer,
+        x: &GpuBuffer<f32>,
+        y: &GpuBuffer<f32>,
+        out: MatmulOut,
+        first: usize,
+    ) -> Vec<Op> {
+        let output = self.weights.output.as_ref().unwrap_or(&self.weights.token_embd);
+        output.matmul_first(&self.gpu, step, (x, None, y), out, first)
+    }
+
     /// The pass uniform `[n, start_pos]` (ops that follow a pass may bind it).
     pub fn step_buffer(&self) -> &wgpu::Buffer {
         &self.state.step
