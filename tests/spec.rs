@@ -1855,7 +1855,8 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
     // each head row's f^ is its sequence's alone, bit for bit, and each sequence's chain from its
     // last row (chains of different lengths in one submission) is its one-sequence chain.
     // Random EAGLE-1 and EAGLE-3 heads (every input of a row counts: its feature, its token,
-    // its keys).
+    // its keys); the EAGLE-1 one ranks the first 150 of the 300 ids (`draft_vocab_size`: each
+    // row of a projection of several stores its own first 150 logits alone).
     use wgspec::gpu::KV_PAGE;
     use wgspec::model::{HeadChain, HeadRows, SeqRows};
     for eagle3 in [false, true] {
@@ -1865,7 +1866,10 @@ fn eagle_head_passes_over_several_sequences_equal_each_sequence_alone() {
         let mut target = load(&ckpt_of(&tiny, &mut r), 128);
         let (file, config) = match eagle3 {
             true => common::tiny::eagle3_head(&tiny, DType::F32, 200, None, false, &mut r),
-            false => common::tiny::eagle_head(&tiny.spec, DType::F32, false, false, &mut r),
+            false => {
+                let (file, config) = common::tiny::eagle_head(&tiny.spec, DType::F32, false, false, &mut r);
+                (file, with_draft_vocab(&config, 150.into()))
+            }
         };
         let mut head = load_eagle(&mut target, file, &config, 4).0;
         let dim = tiny.spec.dim;
@@ -2126,10 +2130,8 @@ fn an_eagle1_head_with_a_draft_vocabulary_ranks_its_first_ids_alone() {
     check_ranks("GPU shape, split output: the first 100 ids", &top, &want_logits[8][..100]);
     // speculation with it is exact: a random head, and one that echoes the last token (whose
     // guesses past the first 100 ids cannot be drafted)
-    let mut random = Eagle::with_tree(
-        load_eagle(&mut target, file, &first_100, 4).0,
-        EagleTree::Dynamic { width: 3 },
-    );
+    let mut random =
+        Eagle::with_tree(load_eagle(&mut target, file, &first_100, 4).0, EagleTree::Dynamic { width: 3 });
     let (echo_file, echo_config) = common::tiny::eagle_head(&tiny.spec, DType::F32, false, true, &mut r);
     let echo_first = with_draft_vocab(&echo_config, 150.into());
     let mut echo = Eagle::new(load_eagle(&mut target, echo_file.clone(), &echo_first, 4).0, 2);
@@ -2138,7 +2140,9 @@ fn an_eagle1_head_with_a_draft_vocabulary_ranks_its_first_ids_alone() {
     for prompt in &prompts {
         let want = plain(&mut target, prompt, &greedy_opts(24));
         for k in [KPolicy::Fixed(3), KPolicy::default()] {
-            for (name, draft) in [("random, 100 ids", &mut random as &mut dyn Draft), ("echo, 150 ids", &mut echo)] {
+            for (name, draft) in
+                [("random, 100 ids", &mut random as &mut dyn Draft), ("echo, 150 ids", &mut echo)]
+            {
                 let got = speculative(&mut target, Drafter::Other(draft), prompt, &greedy_opts(24), k);
                 assert_eq!(got.tokens, want.tokens, "{name} {k:?} {prompt:?}");
                 let ids = (got.tokens.iter().zip(&got.from_draft)).filter(|&(_, &d)| d).map(|(&t, _)| t);
@@ -2157,6 +2161,12 @@ fn an_eagle1_head_with_a_draft_vocabulary_ranks_its_first_ids_alone() {
         let err = EagleHead::layout_of(&target.config, &bad_config, &head).expect_err("refused");
         assert!(matches!(&err, Error::Metadata { key, .. } if key.contains("draft_vocab_size")), "{err}");
     }
+    // fewer ids than a step ranks
+    let three = EagleHead::layout_of(&target.config, &with_draft_vocab(&echo_config, 3.into()), &head);
+    let opts = LoadOptions::default();
+    let load = EagleHead::load(&target, &head, three.expect("3 ids"), &opts, 4, &mut |_| {});
+    let err = pollster::block_on(load).err().expect("4 of 3 ids");
+    assert!(matches!(&err, Error::InvalidArgument(m) if m.contains("of its 3")), "{err}");
 }
 
 #[test]

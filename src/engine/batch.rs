@@ -205,6 +205,10 @@ pub struct BatchStatus {
 /// every pass (4-7 ms of a 60-90 ms pass at N = 1), 5-20 % below plain decoding.
 const EAGLE_PATIENCE: usize = 8;
 
+/// Drafts of a record across the batch (its drafter's, of one confidence or match length)
+/// below which it is judged by its mean, not its lower bound ([`Tally::young`]).
+const YOUNG: usize = 8;
+
 /// The head's follows timed (their first drafts read back at once, waiting for the GPU; the
 /// others' are read before the next plan, the GPU running the follow meanwhile): every one
 /// until two row counts are measured, then one in this many.
@@ -848,10 +852,13 @@ impl Batch {
     /// always; an adaptive one's where the first drafts it can expect pay for its follows, as
     /// the latest pass that priced a first EAGLE draft priced them: per pass, the surplus over
     /// that price of each record's acceptance across the batch, weighed by how often first
-    /// drafts fell in it, reaches a follow's price ([`Batch::eagle_price`], [`Tally::mean`]);
-    /// nothing priced or measured yet: it follows, and measures. (The mean, not a draft's lower
-    /// bound: a new sequence is not chosen where it looks best, and a bound from a few early
-    /// drafts kept every later sequence from being followed, and from measuring more.)
+    /// drafts fell in it, reaches a follow's price ([`Batch::eagle_price`]); nothing priced or
+    /// measured yet: it follows, and measures. Each record's acceptance is what a new
+    /// sequence's first draft is judged by ([`Tally::bound`], its mean while the record is
+    /// young): judged by the mean of a grown record, a sequence was followed where its drafts
+    /// were never taken (at a row of 22 % of a pass, its bound below the price and the mean
+    /// above: every request paid 7 follows for nothing). (A young record's mean keeps a few early
+    /// rejected drafts from leaving every later sequence unfollowed, and from measuring more.)
     /// Followed, it pays the head's pass over its prompt and over its kept rows each pass; on
     /// lavapipe each pass's ranking of the first draft costs a fifth of a target pass, and with
     /// SmolLM2-135M's head one first draft in ten was likely enough to pay a row.
@@ -862,7 +869,7 @@ impl Batch {
             return true;
         };
         let surplus: f64 = (self.acceptance[d.drafter()].iter().zip(&self.eagle_records))
-            .map(|(t, &n)| n as f64 / seen as f64 * (Tally::mean((0, 0), t.first).0 - price).max(0.0))
+            .map(|(t, &n)| n as f64 / seen as f64 * (Tally::bound((0, 0), t.first) - price).max(0.0))
             .sum();
         surplus >= follow
     }
@@ -1218,10 +1225,24 @@ impl Tally {
     /// A lower bound (the mean less one standard deviation) of the share kept among `own`'s
     /// (kept, rejected) counted after `pooled`'s (its drafter's across the batch; from 1/2
     /// before any), which weigh as 2 and up to 16 more as they are measured. A mean from a few
-    /// dozen drafts, taken where it looks best, overstated what drafts kept.
+    /// dozen drafts, taken where it looks best, overstated what drafts kept. While the record
+    /// counts fewer than [`YOUNG`] drafts, the mean ([`Tally::young`]).
     fn bound(own: (usize, usize), pooled: (usize, usize)) -> f64 {
         let (mean, reached) = Tally::mean(own, pooled);
+        if Tally::young(own, pooled) {
+            return mean;
+        }
         (mean - (mean * (1.0 - mean) / (reached + 1.0)).sqrt()).max(0.0)
+    }
+
+    /// Whether a record's drafts across the batch are too few to bound it below: its drafts
+    /// are then judged by their mean, so that they get tried. (Bounded from nothing, 0.21, a
+    /// draft never paid a row of 22 % of a pass, as on lavapipe: no record ever grew, and the
+    /// EAGLE head, whose follows are judged by the same records, followed requests that it
+    /// never drafted for.)
+    fn young(own: (usize, usize), pooled: (usize, usize)) -> bool {
+        // (the batch's counts a sequence's own: the larger of the two)
+        (own.0 + own.1).max(pooled.0 + pooled.1) < YOUNG
     }
 
     /// [`Tally::bound`] of a record whose drafts a sequence tries few of, judged mostly by its
@@ -1232,6 +1253,9 @@ impl Tally {
     /// fewer drafts than judging all siblings as one.)
     fn pooled_bound(own: (usize, usize), pooled: (usize, usize)) -> f64 {
         let (mean, _) = Tally::mean(own, pooled);
+        if Tally::young(own, pooled) {
+            return mean;
+        }
         let drafts = (pooled.0 + pooled.1) as f64 + 2.0;
         (mean - (mean * (1.0 - mean) / (drafts + 1.0)).sqrt()).max(0.0)
     }
@@ -2516,6 +2540,42 @@ mod tests {
         batch.acceptance[2][RECORDS - 1] = kept(90);
         batch.follow_price = Some(10.0 * follow);
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
+        // every record kept 22 times in 100, a mean (0.23) above the price of 0.15 / 1.15 and a
+        // new sequence's first draft's bound (0.13) below it: that draft would never be taken,
+        // so the sequence is not followed (judged by the mean, it paid its follows for nothing)
+        // (the prices as a pass of one decoding row sets them; a prompt's pass set others)
+        (batch.eagle_price, batch.follow_price) = (Some(price), Some(follow));
+        batch.acceptance[2] = [kept(22); RECORDS];
+        assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
+        (batch.eagle_price, batch.follow_price) = (Some(price), Some(follow));
+        batch.acceptance[2] = [kept(35); RECORDS];
+        assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
+    }
+
+    #[test]
+    fn a_young_record_is_judged_by_its_mean_a_grown_one_by_its_bound() {
+        // (a pass: 1 s and 0.25 s a row: a first draft pays at an acceptance of 0.2; the n-gram's
+        // continuation "7 1 5" of the newest 5)
+        let mut batch = Batch::new(64);
+        batch.costs.observe(4, 1.75);
+        batch.costs.observe(8, 2.75);
+        let context = vec![1, 5, 7, 1, 5, 7, 1, 5];
+        let mut taken = |kept: usize, rejected: usize| {
+            batch.running = vec![seq(context.clone(), kept, rejected)];
+            batch.acceptance[0] = [Tally { first: (kept, rejected), later: (0, 0) }; RECORDS];
+            drafts(&mut batch, 24)[0]
+        };
+        // nothing drafted yet: 1/2, tried (bounded below from nothing, 0.21 was near the price:
+        // on lavapipe's rows of 22 % of a pass no record ever grew)
+        assert!(taken(0, 0) > 0);
+        // 1 kept of 4: the mean (1/3) still
+        assert!(taken(1, 3) > 0);
+        assert_eq!(Tally::bound((1, 3), (1, 3)), Tally::mean((1, 3), (1, 3)).0);
+        // 2 kept of 10 (a bound of 0.14): none
+        assert_eq!(taken(2, 8), 0);
+        assert!(Tally::bound((2, 8), (2, 8)) < 0.15);
+        // a sequence's own drafts count with the batch's (its own 10 drafts: grown)
+        assert!(Tally::bound((2, 8), (0, 0)) < Tally::mean((2, 8), (0, 0)).0);
     }
 
     #[test]

@@ -292,8 +292,12 @@ fn check_load<'t>(
     layout: EagleLayout,
     top_k: usize,
 ) -> Result<Option<&'t GpuBuffer<f32>>> {
-    if top_k == 0 || top_k > MAX_TOP_K {
-        return Err(Error::InvalidArgument(format!("an EAGLE head ranks 1..={MAX_TOP_K} ids, not {top_k}")));
+    let (_, ranked) = layout.widths(c.dim, c.vocab_size);
+    if top_k == 0 || top_k > MAX_TOP_K.min(ranked) {
+        return Err(Error::InvalidArgument(format!(
+            "an EAGLE head ranks 1..={} ids (of its {ranked}), not {top_k}",
+            MAX_TOP_K.min(ranked)
+        )));
     }
     if c.n_layers != 1 {
         return Err(Error::InvalidArgument(format!(
@@ -472,8 +476,8 @@ impl HeadOps {
 
 impl HeadState {
     /// The projected rows' (`step`: one or a tree pass's many, their f^ in `last`) logits,
-    /// top-k ids and log-probabilities. EAGLE-1: last . the target's output^T (no norm)
-    /// `[rows, vocab]`; EAGLE-3: norm(last) . lm_head^T, ids renamed by d2t `[rows, draft vocab]`.
+    /// top-k ids and log-probabilities. EAGLE-1: last . the target's output^T (no norm), of its
+    /// first draft vocabulary's rows `[rows, draft vocab]`; EAGLE-3: norm(last) . lm_head^T, ids renamed by d2t `[rows, draft vocab]`.
     fn projection(&self, target: &Model, step: &wgpu::Buffer, out_vocab: usize, top_k: usize) -> Vec<Op> {
         let (g, c) = (&**target.gpu(), &self.config);
         let out = MatmulOut { ldy: out_vocab as u32, ..Default::default() };
@@ -541,7 +545,10 @@ impl EagleHead {
                     _ => {
                         return Err(Error::Metadata {
                             key: "config.json draft_vocab_size".into(),
-                            message: format!("{v} is not a count of ids up to the vocabulary's {}", target.vocab_size),
+                            message: format!(
+                                "{v} is not a count of ids up to the vocabulary's {}",
+                                target.vocab_size
+                            ),
                         })
                     }
                 },
