@@ -32,8 +32,7 @@
 //!
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
 //! i drafts adds the expected tokens α^(i+1) (α: a lower bound of its measured acceptance,
-//! counted after its drafter's over the batch's sequences, 1/2 before any, its mean while
-//! young: [`Seq::chances`], [`Tally::young`];
+//! counted after its drafter's over the batch's sequences, 1/2 before any: [`Seq::chances`];
 //! an n-gram's apart by the words its match has, an EAGLE head's by its confidence in its first
 //! draft, [`Drafting::record`], a sibling beside it by its own probability, [`sibling_record`];
 //! once the head has drafted, each node is judged again by the head's probability of it, and
@@ -850,11 +849,10 @@ impl Batch {
     }
 
     /// Whether the EAGLE head should follow a new sequence drafting with it: a fixed K's
-    /// always; an adaptive one's where the drafts it can expect pay for its follows, as the
-    /// latest pass that priced a first EAGLE draft priced them: per pass, the surplus over that
-    /// price of a chain of up to K drafts at each record's acceptance across the batch, weighed
-    /// by how often first drafts fell in it, reaches a follow's price ([`Batch::eagle_price`]; the
-    /// head's steps are not counted: a step costs each depth of the chain); nothing priced or
+    /// always; an adaptive one's where the first drafts it can expect pay for its follows, as
+    /// the latest pass that priced a first EAGLE draft priced them: per pass, the surplus over
+    /// that price of each record's acceptance across the batch, weighed by how often first
+    /// drafts fell in it, reaches a follow's price ([`Batch::eagle_price`]); nothing priced or
     /// measured yet: it follows, and measures. Each record's acceptance is what a new
     /// sequence's first draft is judged by ([`Tally::bound`], its mean while the record is
     /// young): judged by the mean of a grown record, a sequence was followed where its drafts
@@ -870,11 +868,8 @@ impl Batch {
         else {
             return true;
         };
-        // (a chain of up to K drafts at the record's acceptance: where rows cost a few percent of
-        // a pass, its later drafts pay too, and follows judged by the first alone were dropped)
-        let chain = |a: f64| (1..=d.k_max as i32).map(|i| (a.powi(i) - price).max(0.0)).sum::<f64>();
         let surplus: f64 = (self.acceptance[d.drafter()].iter().zip(&self.eagle_records))
-            .map(|(t, &n)| n as f64 / seen as f64 * chain(Tally::bound((0, 0), t.first)))
+            .map(|(t, &n)| n as f64 / seen as f64 * (Tally::bound((0, 0), t.first) - price).max(0.0))
             .sum();
         surplus >= follow
     }
@@ -2530,22 +2525,20 @@ mod tests {
         assert!((follow - 0.023 / 1.15).abs() < 1e-9, "{follow}");
         batch.eagle_records = [80, 10, 10];
         // the head's drafts of every confidence kept 10 times in 100 across the batch (a mean of
-        // 0.11): not followed; its most confident ones kept 90 times in 100 (chains of 4 with a
-        // surplus of 0.2 tokens a pass): followed
+        // 0.11): not followed; its most confident ones kept 90 times in 100 (a surplus of 0.08
+        // tokens a pass): followed
         let kept = |k: usize| Tally { first: (k, 100 - k), later: (0, 0) };
         batch.acceptance[2] = [kept(10); RECORDS];
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
         assert_eq!(first_pass(&mut batch, eagle(true)), (18, true), "a fixed K is followed");
         batch.acceptance[2][RECORDS - 1] = kept(90);
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
-        // a record not measured yet (1/2 before any: chains with a surplus of 0.05): followed, to
-        // measure it
+        // a record not measured yet (1/2 before any: a surplus of 0.04): followed, to measure it
         batch.acceptance[2] = [kept(10), Tally::default(), kept(10)];
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
-        // follows twenty times dearer: chains of confident drafts one pass in ten (a surplus of
-        // 0.2 tokens a pass) do not pay for them
+        // follows ten times dearer: confident drafts one pass in ten do not pay for them
         batch.acceptance[2][RECORDS - 1] = kept(90);
-        batch.follow_price = Some(20.0 * follow);
+        batch.follow_price = Some(10.0 * follow);
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
         // every record kept 22 times in 100, a mean (0.23) above the price of 0.15 / 1.15 and a
         // new sequence's first draft's bound (0.13) below it: that draft would never be taken,
