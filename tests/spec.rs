@@ -2164,8 +2164,10 @@ fn an_eagle1_head_with_a_draft_vocabulary_ranks_its_first_ids_alone() {
     // fewer ids than a step ranks
     let three = EagleHead::layout_of(&target.config, &with_draft_vocab(&echo_config, 3.into()), &head);
     let opts = LoadOptions::default();
-    let load = EagleHead::load(&target, &head, three.expect("3 ids"), &opts, 4, &mut |_| {});
-    let err = pollster::block_on(load).err().expect("4 of 3 ids");
+    let err =
+        pollster::block_on(EagleHead::load(&target, &head, three.expect("3 ids"), &opts, 4, &mut |_| {}))
+            .err()
+            .expect("4 of 3 ids");
     assert!(matches!(&err, Error::InvalidArgument(m) if m.contains("of its 3")), "{err}");
 }
 

@@ -32,7 +32,8 @@
 //!
 //! Drafts take the rows left where they pay for themselves: one more draft after a sequence's
 //! i drafts adds the expected tokens α^(i+1) (α: a lower bound of its measured acceptance,
-//! counted after its drafter's over the batch's sequences, 1/2 before any: [`Seq::chances`];
+//! counted after its drafter's over the batch's sequences, 1/2 before any, its mean while
+//! young: [`Seq::chances`], [`Tally::young`];
 //! an n-gram's apart by the words its match has, an EAGLE head's by its confidence in its first
 //! draft, [`Drafting::record`], a sibling beside it by its own probability, [`sibling_record`];
 //! once the head has drafted, each node is judged again by the head's probability of it, and
@@ -2525,8 +2526,8 @@ mod tests {
         assert!((follow - 0.023 / 1.15).abs() < 1e-9, "{follow}");
         batch.eagle_records = [80, 10, 10];
         // the head's drafts of every confidence kept 10 times in 100 across the batch (a mean of
-        // 0.11): not followed; its most confident ones kept 90 times in 100 (a surplus of 0.08
-        // tokens a pass): followed
+        // 0.11): not followed; its most confident ones kept 90 times in 100 (a bound of 0.82, a
+        // surplus of 0.07 tokens a pass): followed
         let kept = |k: usize| Tally { first: (k, 100 - k), later: (0, 0) };
         batch.acceptance[2] = [kept(10); RECORDS];
         assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
