@@ -303,10 +303,10 @@ fn batched_eagle_chains_are_their_solo_chains(engine: &mut Engine, n: usize) {
 /// pass 1 s, a row 0.05 s more, the head's follows and steps free: measured ones come from
 /// timings): once drafted, a chain is judged again by the head's confidence of each of its steps
 /// (EAGLE-2's dynamic depth), and its drafts below a step too unsure to pay for them are dropped
-/// before the pass (34 drafts verified and 55 cut over the 4 prompts x 24 tokens, the head
-/// ranking its first 8,192 ids). Then with 3 siblings beside each step, each judged by the head's
-/// probability of it, and a row at 0.02 s: token trees verified, and drafts cut (95 verified, 23
-/// proposals trees, 80 cut). Each request's tokens are its run alone.
+/// before the pass (29 drafts verified and 89 cut over the 4 prompts x 24 tokens). Then with 3
+/// siblings beside each step, each judged by the head's probability of it, and a row at 0.02 s:
+/// token trees verified, and drafts cut (79 verified, 17 proposals trees, 85 cut). Each request's
+/// tokens are its run alone.
 fn batched_eagle_chains_end_below_unsure_steps(engine: &mut Engine, n: usize) {
     use wgspec::engine::FixedCosts;
     engine.set_batch_costs(Some(FixedCosts { pass: 1.0, row: 0.05, ..FixedCosts::default() }));

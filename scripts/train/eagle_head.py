@@ -147,9 +147,6 @@ def head_config(eps: float, theta: float) -> dict:
         "tie_word_embeddings": True,
         "bias": True,
         "torch_dtype": "float16",
-        # wgspec ranks the first 8192 ids alone (BPE ids run about in order of frequency): a
-        # sixth of the output matrix read per draft step; trained over the whole vocabulary
-        "draft_vocab_size": 8192,
     }
 
 
