@@ -476,8 +476,9 @@ impl HeadOps {
 
 impl HeadState {
     /// The projected rows' (`step`: one or a tree pass's many, their f^ in `last`) logits,
-    /// top-k ids and log-probabilities. EAGLE-1: last . the target's output^T (no norm), of its
-    /// first draft vocabulary's rows `[rows, draft vocab]`; EAGLE-3: norm(last) . lm_head^T, ids renamed by d2t `[rows, draft vocab]`.
+    /// top-k ids and log-probabilities. EAGLE-1: last . the target's output^T (no norm), its
+    /// first draft vocabulary's rows `[rows, draft vocab]`; EAGLE-3: norm(last) . lm_head^T,
+    /// ids renamed by d2t `[rows, draft vocab]`.
     fn projection(&self, target: &Model, step: &wgpu::Buffer, out_vocab: usize, top_k: usize) -> Vec<Op> {
         let (g, c) = (&**target.gpu(), &self.config);
         let out = MatmulOut { ldy: out_vocab as u32, ..Default::default() };
@@ -529,10 +530,10 @@ impl EagleHead {
 
     /// The layout of the head in `ckpt` (EAGLE-3 when it has `midlayer.*` tensors), with an
     /// EAGLE-1 head's draft vocabulary (`config.json`'s `draft_vocab_size`, the first ids it
-    /// ranks; else the whole vocabulary), an EAGLE-3 head's (its `lm_head` rows) and feature taps: `config.json`'s
-    /// `eagle_aux_hidden_state_layer_ids` (top level or in `eagle_config`; vLLM's meaning: the
-    /// residual stream after that many target layers), else the default after 2, N / 2 and
-    /// N - 3 of the target's N layers.
+    /// ranks; else the whole vocabulary), an EAGLE-3 head's (its `lm_head` rows) and feature
+    /// taps: `config.json`'s `eagle_aux_hidden_state_layer_ids` (top level or in `eagle_config`;
+    /// vLLM's meaning: the residual stream after that many target layers), else the default
+    /// after 2, N / 2 and N - 3 of the target's N layers.
     pub fn layout_of(target: &Config, config_json: &[u8], ckpt: &Checkpoint) -> Result<EagleLayout> {
         let shapes = ckpt.tensor_shapes();
         let json: serde_json::Value = serde_json::from_slice(config_json)
