@@ -293,23 +293,25 @@ pub async fn run(args: BenchArgs) -> Result<()> {
 /// `--batch-costs`' seconds: none, four (the head's follow and steps by their fixed seconds
 /// and their rows alone) or six, each finite and not negative.
 fn batch_costs(c: &[f64]) -> Result<Option<FixedCosts>> {
-    let costs = match *c {
-        [] => return Ok(None),
-        [pass, row, follow, head_step] => {
-            FixedCosts { pass, row, follow, head_step, ..FixedCosts::default() }
-        }
-        [pass, row, follow, follow_row, head_pass, head_step] => {
-            FixedCosts { pass, row, follow, follow_row, head_pass, head_step }
-        }
-        _ => FixedCosts { pass: f64::NAN, ..FixedCosts::default() },
-    };
-    if !c.iter().chain([&costs.pass]).all(|c| c.is_finite() && *c >= 0.0) {
-        return Err(Error::InvalidArgument(format!(
+    let bad = || {
+        Error::InvalidArgument(format!(
             "--batch-costs takes PASS,ROW,FOLLOW,STEP or PASS,ROW,FOLLOW,FOLLOW_ROW,HEAD_PASS,STEP: \
              seconds, none negative; got {c:?}"
-        )));
+        ))
+    };
+    if !c.iter().all(|c| c.is_finite() && *c >= 0.0) {
+        return Err(bad());
     }
-    Ok(Some(costs))
+    Ok(match *c {
+        [] => None,
+        [pass, row, follow, head_step] => {
+            Some(FixedCosts { pass, row, follow, head_step, ..FixedCosts::default() })
+        }
+        [pass, row, follow, follow_row, head_pass, head_step] => {
+            Some(FixedCosts { pass, row, follow, follow_row, head_pass, head_step })
+        }
+        _ => return Err(bad()),
+    })
 }
 
 /// The kernel shape `--shape`, `--matmul-lanes`, `--attention` and `--shuffle-loads` ask for.
