@@ -2607,16 +2607,15 @@ mod tests {
         assert_eq!(batch.acceptance, [[kept(50); RECORDS], none, none, none]);
         assert!(!batch.draft_costs.measured(1) && !batch.medusa_costs.measured(1));
         // fixed costs stay fixed
-        batch.fix_costs(Some(FixedCosts {
-            pass: 1.0,
-            row: 0.1,
-            follow: 0.2,
-            head_step: 0.3,
-            ..Default::default()
-        }));
+        batch.fix_costs(Some(fixed_costs()));
         batch.forget_drafter(DraftKind::Eagle);
         let (a, b) = batch.head_costs.estimate().expect("fixed");
         assert!(a < 1e-6 && (b - 0.3).abs() < 1e-12, "{a} {b}");
+    }
+
+    /// Costs fixed by the tests: a pass 1 s, a row 0.1 s, a follow 0.2 s, a head step row 0.3 s.
+    fn fixed_costs() -> FixedCosts {
+        FixedCosts { pass: 1.0, row: 0.1, follow: 0.2, head_step: 0.3, ..Default::default() }
     }
 
     #[test]
@@ -2624,13 +2623,7 @@ mod tests {
         let mut batch = Batch::new(64);
         batch.costs.groups = (0..=MAX_BATCH).map(|r| r.div_ceil(8) as f64).collect();
         (batch.eagle_price, batch.follow_price) = (Some(0.1), Some(0.2));
-        batch.fix_costs(Some(FixedCosts {
-            pass: 1.0,
-            row: 0.1,
-            follow: 0.2,
-            head_step: 0.3,
-            ..Default::default()
-        }));
+        batch.fix_costs(Some(fixed_costs()));
         assert_eq!((batch.eagle_price, batch.follow_price), (None, None), "the next plan's");
         // every row count measured at 0.9 + 0.1 R, whatever passes take; never stale
         for _ in 0..2 * STALE_PASSES {

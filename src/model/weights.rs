@@ -594,6 +594,11 @@ impl TensorTable {
 }
 
 impl Weights {
+    /// The output projection's matrix: its own, or the tied embedding table.
+    pub fn output_matrix(&self) -> &Matrix {
+        self.output.as_ref().unwrap_or(&self.token_embd)
+    }
+
     /// Bytes of GPU memory every weight takes.
     pub fn gpu_bytes(&self) -> u64 {
         let v = |b: &GpuBuffer<f32>| b.raw.size();

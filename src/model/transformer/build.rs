@@ -484,7 +484,7 @@ fn output_projection(
     (xb, x): (&GpuBuffer<f32>, &GpuBuffer<f32>),
     logits: &GpuBuffer<f32>,
 ) -> Vec<Op> {
-    let output = w.output.as_ref().unwrap_or(&w.token_embd);
+    let output = w.output_matrix();
     let normed = MatmulOut {
         ldy: c.vocab_size as u32,
         norm: Some(NormIn { raw: x, eps: c.rms_eps }),

@@ -476,8 +476,7 @@ impl Model {
         y: &GpuBuffer<f32>,
         out: MatmulOut,
     ) -> Vec<Op> {
-        let output = self.weights.output.as_ref().unwrap_or(&self.weights.token_embd);
-        output.matmul(&self.gpu, step, x, None, y, out)
+        self.weights.output_matrix().matmul(&self.gpu, step, x, None, y, out)
     }
 
     /// [`Model::output_ops`]' first `first` logits alone (`y: [n, out.ldy]`), each with the bits
@@ -490,8 +489,7 @@ impl Model {
         out: MatmulOut,
         first: usize,
     ) -> Vec<Op> {
-        let output = self.weights.output.as_ref().unwrap_or(&self.weights.token_embd);
-        output.matmul_first(&self.gpu, step, (x, None, y), out, first)
+        self.weights.output_matrix().matmul_first(&self.gpu, step, (x, None, y), out, first)
     }
 
     /// The pass uniform `[n, start_pos]` (ops that follow a pass may bind it).
