@@ -616,14 +616,9 @@ pub(super) struct Batch {
     follow_costs: PassCosts,
     follows: u64,
     firsts_pending: Vec<(SeqId, usize)>,
-    /// The acceptance a first EAGLE draft needed to pay in the latest pass that priced one (its
-    /// row's seconds against the pass's tokens per second: the head's follow ranked it), and the
-    /// tokens one more sequence's follow cost at that pace (none: not measured yet); how often a
-    /// first draft of a sequence ready to draft fell in each record ([`EAGLE_CONFIDENCE`]): a
-    /// new sequence is followed where the drafts it can expect pay for its follows
-    /// ([`Batch::head_follows`]).
-    eagle_price: Option<f64>,
-    follow_price: Option<f64>,
+    /// How often a first draft of a sequence ready to draft fell in each record
+    /// ([`EAGLE_CONFIDENCE`]): a new sequence is followed where the drafts it can expect pay
+    /// for its follows ([`Batch::head_follows`]).
     eagle_records: [u64; RECORDS],
     /// The Medusa heads' costs (by rows), and their number (the most drafts they guess; 0:
     /// none loaded).
@@ -651,8 +646,6 @@ impl Batch {
             head_costs: PassCosts::default(),
             head_used: false,
             follow_costs: PassCosts::default(),
-            eagle_price: None,
-            follow_price: None,
             follows: 0,
             firsts_pending: Vec::new(),
             eagle_records: [0; RECORDS],
@@ -704,7 +697,7 @@ impl Batch {
             DraftKind::Eagle => {
                 self.head_costs.forget();
                 self.follow_costs.forget();
-                (self.eagle_price, self.follow_price, self.eagle_records) = (None, None, [0; RECORDS]);
+                self.eagle_records = [0; RECORDS];
                 2
             }
             DraftKind::Medusa => {
@@ -722,14 +715,11 @@ impl Batch {
     }
 
     /// Fixes the target's and the EAGLE head's costs the plans take ([`FixedCosts`]), or
-    /// (none) has them measured again from the next pass; the prices of a first EAGLE draft and
-    /// of a follow are the next plan's (the measured ones decided which new sequences the head
-    /// follows, by timings).
+    /// (none) has them measured again from the next pass.
     pub(super) fn fix_costs(&mut self, costs: Option<FixedCosts>) {
         self.costs.fix(costs.map(|c| (c.pass - c.row, c.row)));
         self.head_costs.fix(costs.map(|c| (c.head_pass, c.head_step)));
         self.follow_costs.fix(costs.map(|c| (c.follow, c.follow_row)));
-        (self.eagle_price, self.follow_price) = (None, None);
     }
 
     pub(super) fn status(&self) -> BatchStatus {
@@ -849,11 +839,33 @@ impl Batch {
         self.follow_costs.estimate().map(|(a, b)| a / followed + b)
     }
 
-    /// Whether the EAGLE head should follow a new sequence drafting with it: a fixed K's
-    /// always; an adaptive one's where the first drafts it can expect pay for its follows, as
-    /// the latest pass that priced a first EAGLE draft priced them: per pass, the surplus over
-    /// that price of each record's acceptance across the batch, weighed by how often first
-    /// drafts fell in it, reaches a follow's price ([`Batch::eagle_price`]); nothing priced or
+    /// What a new sequence's following would be paid in and cost, in tokens, in a decoding
+    /// pass of the running sequences and the new one (its tokens per second the exchange
+    /// rate): a first EAGLE draft's row (the head's follow ranked it), the sequence's share of
+    /// a follow (as if the head followed every EAGLE sequence running: shared by the followed
+    /// ones alone, one the head stopped following left the next request the whole follow to
+    /// pay, and it went unfollowed too), and a row of the head's pass (over its prompt); none:
+    /// not measured yet. (The
+    /// prices of the latest pass, a prompt's included, decided it before: a pass of 20 prompt
+    /// rows priced a draft at a fifth of a decoding pass's price, and the head followed a
+    /// request for 21 passes whose drafts did not pay.)
+    fn follow_prices(&self) -> Option<(f64, f64, f64)> {
+        let fit = self.costs.fit()?;
+        let (_, follow_row) = self.follow_costs.estimate()?;
+        let n = self.running.len() + 1;
+        let pace = n as f64 / fit.seconds(n);
+        let followed =
+            self.running.iter().filter(|s| s.drafting.as_ref().is_some_and(Drafting::is_eagle)).count();
+        let follow = self.follow_seconds(followed as f64 + 1.0)?;
+        Some(((fit.seconds(n + 1) - fit.seconds(n)) * pace, follow * pace, follow_row * pace))
+    }
+
+    /// Whether the EAGLE head should follow a new sequence drafting with it, which wants
+    /// `wanted` tokens more and whose `prompt` rows the head would run first: a fixed K's
+    /// always; an adaptive one's where the first drafts it can expect pay for its follows
+    /// ([`Batch::follow_prices`]): per pass, the surplus over a draft's price of each record's
+    /// acceptance across the batch, weighed by how often first drafts fell in it, reaches the
+    /// price of a follow and of the prompt's rows spread over a pass a token; nothing priced or
     /// measured yet: it follows, and measures. Each record's acceptance is what a new
     /// sequence's first draft is judged by ([`Tally::bound`], its mean while the record is
     /// young): judged by the mean of a grown record, a sequence was followed where its drafts
@@ -863,12 +875,12 @@ impl Batch {
     /// Followed, it pays the head's pass over its prompt and over its kept rows each pass; on
     /// lavapipe each pass's ranking of the first draft costs a fifth of a target pass, and with
     /// SmolLM2-135M's head one first draft in ten was likely enough to pay a row.
-    fn head_follows(&self, d: &Drafting) -> bool {
+    fn head_follows(&self, d: &Drafting, (wanted, prompt): (usize, usize)) -> bool {
         let seen = self.eagle_records.iter().sum::<u64>();
-        let (Some(price), Some(follow), false, 1..) = (self.eagle_price, self.follow_price, d.fixed, seen)
-        else {
+        let (Some((price, follow, row)), false, 1..) = (self.follow_prices(), d.fixed, seen) else {
             return true;
         };
+        let follow = follow + row * prompt as f64 / wanted.max(1) as f64;
         let surplus: f64 = (self.acceptance[d.drafter()].iter().zip(&self.eagle_records))
             .map(|(t, &n)| n as f64 / seen as f64 * (Tally::bound((0, 0), t.first) - price).max(0.0))
             .sum();
@@ -896,13 +908,19 @@ impl Batch {
                 continue;
             }
             let mut found = self.pool.lookup(s.root, &s.tokens, (s.tokens.len() - 1) / KV_PAGE);
-            // (a waiting sequence's follows start afresh)
-            let eagle = s.drafting.as_ref().is_some_and(|d| d.is_eagle() && self.head_follows(d));
+            // (found pages lie below the newest token: the token after each is known)
+            let with_head = (found.iter().enumerate())
+                .take_while(|&(i, &(page, _))| self.pool.head_found(page, s.tokens[(i + 1) * KV_PAGE]))
+                .count();
+            // (a waiting sequence's follows start afresh; the head's prompt rows: those before
+            // its newest token that the cache has no head part of)
+            let head_rows = (s.tokens.len() - 1).saturating_sub(with_head * KV_PAGE);
+            let wanted = s.max_tokens.saturating_sub(s.generated());
+            let eagle = s
+                .drafting
+                .as_ref()
+                .is_some_and(|d| d.is_eagle() && self.head_follows(d, (wanted, head_rows)));
             if eagle {
-                // (found pages lie below the newest token: the token after each is known)
-                let with_head = (found.iter().enumerate())
-                    .take_while(|&(i, &(page, _))| self.pool.head_found(page, s.tokens[(i + 1) * KV_PAGE]))
-                    .count();
                 found.truncate(with_head);
             }
             let need = Seq::pages_for((s.tokens.len() + 1).min(context)).saturating_sub(found.len());
@@ -1676,17 +1694,6 @@ fn draft(batch: &mut Batch, plan: &mut [Rows], mut budget: usize, context: usize
     let probes = (fit.is_none() && batch.costs.measured(rows as usize)) as usize;
     let known = fit.is_some();
     let planned = Planned { rows, tokens, drafting, measured: batch.costs.average(rows as usize) };
-    if let Some(fit) = fit.as_ref().filter(|_| tokens > 0.0) {
-        // (what a first EAGLE draft needs in this pass, its row's seconds (the head's follow
-        // ranked it): new sequences are followed where the head's record reaches it)
-        let pass = planned.seconds(fit, rows as usize);
-        let row = fit.seconds(rows as usize + 1) - fit.seconds(rows as usize);
-        batch.eagle_price = Some(row * tokens / (pass + drafting));
-        let followed =
-            batch.running.iter().filter(|s| s.drafting.as_ref().is_some_and(Drafting::is_followed));
-        let one_more = followed.count() as f64 + 1.0;
-        batch.follow_price = batch.follow_seconds(one_more).map(|f| f * tokens / (pass + drafting));
-    }
     // (a pass whose row count without its adaptive drafts is stale, measured as every row
     // wants logits, runs without them: it refreshes the count the drafts' costs are told from)
     let refresh = batch.costs.stale(rows as usize) && plan.iter().all(|r| r.pending);
@@ -2485,9 +2492,10 @@ mod tests {
 
     #[test]
     fn a_new_eagle_sequence_is_followed_where_its_drafters_record_pays_for_a_draft() {
-        let eagle = |fixed: bool| {
+        // (a prompt of 19 tokens, `wanted` more)
+        let eagle = |fixed: bool, wanted: usize| {
             let mut s = seq((1..20).collect(), 0, 0);
-            (s.n_past, s.prompt_len) = (0, 19);
+            (s.n_past, s.prompt_len, s.max_tokens) = (0, 19, wanted);
             let source = Source::Eagle { past: 0, row: None, idle: 0.0 };
             s.drafting = Some(Drafting { source, ngram: None, k_max: 4, fixed });
             s
@@ -2503,54 +2511,88 @@ mod tests {
         let mut batch = Batch::new(64);
         // nothing priced yet: followed, its whole prompt runs (a fixed K's leaves its last token
         // to run with the head's drafts, as the one-sequence loop does)
-        assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
-        assert_eq!(first_pass(&mut batch, eagle(true)), (18, true));
-        // a pass of one decoding row: 1 s and 0.15 s a row: a first draft (ranked in the
-        // head's follow, no step of it) pays at an acceptance of 0.15 / 1.15, the head's steps
-        // not measured yet
+        assert_eq!(first_pass(&mut batch, eagle(false, 100)), (19, true));
+        assert_eq!(first_pass(&mut batch, eagle(true, 100)), (18, true));
+        // a pass of one decoding row: 1 s and 0.15 s a row; its follows not measured yet:
+        // followed
         batch.costs.observe(4, 1.6);
         batch.costs.observe(8, 2.2);
-        batch.running = vec![seq((1..20).collect(), 0, 0)];
-        drafts(&mut batch, 24);
-        let price = batch.eagle_price.expect("priced");
-        assert!((price - 0.15 / 1.15).abs() < 1e-9, "{price}");
-        // its follows not measured yet: followed
-        assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
-        // a follow 0.023 s, 0.02 of a token at the pass's pace; first drafts seen 80 times in
-        // the least confident record, 10 in each other
-        batch.running = vec![seq((1..20).collect(), 0, 0)];
+        batch.eagle_records = [80, 10, 10];
+        assert!(batch.follow_prices().is_none());
+        assert_eq!(first_pass(&mut batch, eagle(false, 100)), (19, true));
+        // a follow 0.023 s; at a decoding pass's pace (one row: 1 / 1.15 tokens a second) a
+        // first draft (ranked in the head's follow, no step of it) pays at an acceptance of
+        // 0.15 / 1.15, the follow at 0.02 tokens
         batch.follow_costs.observe(1, 0.023);
         batch.follow_costs.observe(2, 0.023);
-        drafts(&mut batch, 24);
-        let follow = batch.follow_price.expect("priced");
+        batch.running.clear();
+        let (price, follow, row) = batch.follow_prices().expect("priced");
+        assert!((price - 0.15 / 1.15).abs() < 1e-9, "{price}");
         assert!((follow - 0.023 / 1.15).abs() < 1e-9, "{follow}");
-        batch.eagle_records = [80, 10, 10];
-        // the head's drafts of every confidence kept 10 times in 100 across the batch (a mean of
+        assert_eq!(row, 0.0);
+        // first drafts seen 80 times in the least confident record, 10 in each other; the
+        // head's drafts of every confidence kept 10 times in 100 across the batch (a mean of
         // 0.11): not followed; its most confident ones kept 90 times in 100 (a bound of 0.82, a
         // surplus of 0.07 tokens a pass): followed
         let kept = |k: usize| Tally { first: (k, 100 - k), later: (0, 0) };
         batch.acceptance[2] = [kept(10); RECORDS];
-        assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
-        assert_eq!(first_pass(&mut batch, eagle(true)), (18, true), "a fixed K is followed");
+        assert_eq!(first_pass(&mut batch, eagle(false, 100)), (19, false));
+        assert_eq!(first_pass(&mut batch, eagle(true, 100)), (18, true), "a fixed K is followed");
         batch.acceptance[2][RECORDS - 1] = kept(90);
-        assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
+        assert_eq!(first_pass(&mut batch, eagle(false, 100)), (19, true));
         // a record not measured yet (1/2 before any: a surplus of 0.04): followed, to measure it
         batch.acceptance[2] = [kept(10), Tally::default(), kept(10)];
-        assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
-        // follows ten times dearer: confident drafts one pass in ten do not pay for them
-        batch.acceptance[2][RECORDS - 1] = kept(90);
-        batch.follow_price = Some(10.0 * follow);
-        assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
-        // every record kept 22 times in 100, a mean (0.23) above the price of 0.15 / 1.15 and a
-        // new sequence's first draft's bound (0.13) below it: that draft would never be taken,
-        // so the sequence is not followed (judged by the mean, it paid its follows for nothing)
-        // (the prices as a pass of one decoding row sets them; a prompt's pass set others)
-        (batch.eagle_price, batch.follow_price) = (Some(price), Some(follow));
+        assert_eq!(first_pass(&mut batch, eagle(false, 100)), (19, true));
+        // every record kept 22 times in 100, a mean (0.23) above the price and a new sequence's
+        // first draft's bound (0.13) below it: that draft would never be taken, so the sequence
+        // is not followed (judged by the mean, it paid its follows for nothing); 35 in 100:
+        // followed
         batch.acceptance[2] = [kept(22); RECORDS];
-        assert_eq!(first_pass(&mut batch, eagle(false)), (19, false));
-        (batch.eagle_price, batch.follow_price) = (Some(price), Some(follow));
+        assert_eq!(first_pass(&mut batch, eagle(false, 100)), (19, false));
         batch.acceptance[2] = [kept(35); RECORDS];
-        assert_eq!(first_pass(&mut batch, eagle(false)), (19, true));
+        assert_eq!(first_pass(&mut batch, eagle(false, 100)), (19, true));
+        // the prices are a decoding pass's, whatever pass came last (a pass of a prompt's 19
+        // rows, whose one token cost 3.85 s, priced a draft at a quarter of that)
+        batch.running.clear();
+        batch.waiting.push_back(eagle(false, 100));
+        batch.admit(1024);
+        assert_eq!(plan(&mut batch, 1024)[0].run, 19);
+        batch.acceptance[2] = [kept(22); RECORDS];
+        assert_eq!(first_pass(&mut batch, eagle(false, 100)), (19, false));
+        // beside a running sequence: a pass of two rows (2 / 1.3 tokens a second), and the
+        // follow shared by the EAGLE sequences, followed or not (as if the head followed each:
+        // shared by the followed ones alone, a request beside one the head stopped following
+        // paid the whole follow and was not followed, nor the next: at two requests on the
+        // GPU-like costs 337 drafts where 807 were taken, 1.98 tokens a modelled second
+        // against 2.07)
+        batch.running = vec![seq((1..20).collect(), 0, 0)];
+        let (price, follow, _) = batch.follow_prices().expect("priced");
+        assert!((price - 0.15 * 2.0 / 1.3).abs() < 1e-9 && (follow - 0.023 * 2.0 / 1.3).abs() < 1e-9);
+        for idle in [0.0, EAGLE_PATIENCE as f64] {
+            batch.running = vec![eagle(false, 100)];
+            if let Some(Drafting { source: Source::Eagle { idle: i, .. }, .. }) =
+                &mut batch.running[0].drafting
+            {
+                *i = idle;
+            }
+            let (_, follow, _) = batch.follow_prices().expect("priced");
+            assert!((follow - 0.0115 * 2.0 / 1.3).abs() < 1e-9, "{follow}");
+        }
+        // follows ten times dearer: confident drafts one pass in ten do not pay for them
+        batch.acceptance[2] = [kept(10), kept(10), kept(90)];
+        batch.follow_costs = PassCosts::default();
+        batch.follow_costs.observe(1, 0.23);
+        batch.follow_costs.observe(2, 0.23);
+        assert_eq!(first_pass(&mut batch, eagle(false, 100)), (19, false));
+        // a row of the head 0.05 s (a follow of one row 0.063 s): a sequence that wants 100
+        // tokens pays its prompt's 18 rows a hundredth a pass, one that wants one token all of
+        // them in its one pass (0.78 tokens, above its drafts' surplus)
+        batch.acceptance[2] = [kept(90); RECORDS];
+        batch.follow_costs = PassCosts::default();
+        batch.follow_costs.observe(1, 0.063);
+        batch.follow_costs.observe(2, 0.113);
+        assert_eq!(first_pass(&mut batch, eagle(false, 100)), (19, true));
+        assert_eq!(first_pass(&mut batch, eagle(false, 1)), (19, false));
     }
 
     #[test]
@@ -2591,7 +2633,7 @@ mod tests {
         {
             costs.observe(1, 0.1);
         }
-        (batch.eagle_price, batch.follow_price, batch.eagle_records) = (Some(0.1), Some(0.2), [1; RECORDS]);
+        batch.eagle_records = [1; RECORDS];
         // another EAGLE head (an ensemble's kind names it too): its measures start afresh, the
         // other drafters' stay
         batch.forget_drafter(DraftKind::EagleNgram);
@@ -2599,7 +2641,7 @@ mod tests {
         assert_eq!(batch.acceptance, [[kept(50); RECORDS], [kept(50); RECORDS], none, [kept(50); RECORDS]]);
         assert!(!batch.head_costs.measured(1) && !batch.follow_costs.measured(1));
         assert!(batch.draft_costs.measured(1) && batch.medusa_costs.measured(1));
-        assert_eq!((batch.eagle_price, batch.follow_price, batch.eagle_records), (None, None, [0; RECORDS]));
+        assert_eq!(batch.eagle_records, [0; RECORDS]);
         // new Medusa heads, a new draft model alike; the n-gram's records stay
         batch.forget_drafter(DraftKind::MedusaNgram);
         batch.forget_drafter(DraftKind::Model);
@@ -2622,9 +2664,11 @@ mod tests {
     fn fixed_costs_are_the_plans_measures_until_measured_again() {
         let mut batch = Batch::new(64);
         batch.costs.groups = (0..=MAX_BATCH).map(|r| r.div_ceil(8) as f64).collect();
-        (batch.eagle_price, batch.follow_price) = (Some(0.1), Some(0.2));
+        assert!(batch.follow_prices().is_none());
         batch.fix_costs(Some(fixed_costs()));
-        assert_eq!((batch.eagle_price, batch.follow_price), (None, None), "the next plan's");
+        // a new EAGLE sequence's follow priced at once (a one-row pass 1 s: a row 0.1 token)
+        let (price, follow, _) = batch.follow_prices().expect("fixed");
+        assert!((price - 0.1).abs() < 1e-12 && (follow - 0.2).abs() < 1e-12, "{price} {follow}");
         // every row count measured at 0.9 + 0.1 R, whatever passes take; never stale
         for _ in 0..2 * STALE_PASSES {
             batch.costs.observe(4, 100.0);
