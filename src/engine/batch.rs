@@ -845,10 +845,9 @@ impl Batch {
     /// a follow (as if the head followed every EAGLE sequence running: shared by the followed
     /// ones alone, one the head stopped following left the next request the whole follow to
     /// pay, and it went unfollowed too), and a row of the head's pass (over its prompt); none:
-    /// not measured yet. (The
-    /// prices of the latest pass, a prompt's included, decided it before: a pass of 20 prompt
-    /// rows priced a draft at a fifth of a decoding pass's price, and the head followed a
-    /// request for 21 passes whose drafts did not pay.)
+    /// not measured yet. (The prices of the latest pass, a prompt's included, decided it
+    /// before: a pass of 20 prompt rows priced a draft at a fifth of a decoding pass's price,
+    /// and the head followed a request for 21 passes whose drafts did not pay.)
     fn follow_prices(&self) -> Option<(f64, f64, f64)> {
         let fit = self.costs.fit()?;
         let (_, follow_row) = self.follow_costs.estimate()?;
