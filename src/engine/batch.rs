@@ -853,9 +853,8 @@ impl Batch {
         let (_, follow_row) = self.follow_costs.estimate()?;
         let n = self.running.len() + 1;
         let pace = n as f64 / fit.seconds(n);
-        let followed =
-            self.running.iter().filter(|s| s.drafting.as_ref().is_some_and(Drafting::is_eagle)).count();
-        let follow = self.follow_seconds(followed as f64 + 1.0)?;
+        let eagle = self.running.iter().filter(|s| s.drafting.as_ref().is_some_and(Drafting::is_eagle));
+        let follow = self.follow_seconds(eagle.count() as f64 + 1.0)?;
         Some(((fit.seconds(n + 1) - fit.seconds(n)) * pace, follow * pace, follow_row * pace))
     }
 

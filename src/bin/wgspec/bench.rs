@@ -140,8 +140,8 @@ pub struct BenchArgs {
     /// seconds and each row it runs, a submission of the head's steps and each step row), as
     /// every level prints what it measured (`Engine::set_batch_costs`): what another adapter's
     /// costs would draft, here. Each level then also reports its tokens per second at those
-    /// costs (its passes, rows, follows and steps priced so), nearly reproducible (two runs of
-    /// the same plans differed by 3 % in drafts: BENCHMARKS.md).
+    /// costs (its passes, rows, follows and steps priced so), deterministic where the outputs
+    /// are (five runs gave the same plans: BENCHMARKS.md).
     #[arg(long, value_delimiter = ',', requires = "concurrency")]
     pub batch_costs: Vec<f64>,
     /// Where to write the JSON result.
