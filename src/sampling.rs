@@ -3,10 +3,15 @@
 
 use crate::error::{Error, Result};
 
+/// Temperatures below this are greedy, as in vLLM: their 1 / T stays finite in f32 and clear of
+/// subnormals (which a GPU may flush to 0), and they differ from the argmax only among logits
+/// within about 1e-4 of the largest.
+pub const MIN_TEMPERATURE: f32 = 1e-5;
+
 /// How to pick the next token.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct SamplingParams {
-    /// 0 means greedy (argmax).
+    /// 0 (or below [`MIN_TEMPERATURE`]) means greedy (argmax).
     pub temperature: f32,
     /// Keep only the k most likely tokens (0 = all).
     pub top_k: usize,
@@ -28,7 +33,7 @@ impl SamplingParams {
     }
 
     pub fn is_greedy(&self) -> bool {
-        self.temperature == 0.0
+        self.temperature < MIN_TEMPERATURE
     }
 
     /// Rejects values that cannot mean anything.

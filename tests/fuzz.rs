@@ -14,6 +14,7 @@ use std::alloc::{GlobalAlloc, Layout, System};
 use std::collections::BTreeMap;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use common::tiny::{TinyModel, TinySpec};
@@ -22,6 +23,7 @@ use rand::rngs::SmallRng;
 use rand::Rng;
 use wgspec::files::{ModelFiles, OpenedModel};
 use wgspec::loader::gguf::{Gguf, Value};
+use wgspec::loader::gguf_writer::GgufWriter;
 use wgspec::loader::DType;
 use wgspec::model::{LoadOptions, Model, Precision, TensorTable};
 use wgspec::tokenizer::{ChatTemplate, Message, Tokenizer};
@@ -72,6 +74,9 @@ unsafe impl GlobalAlloc for Counting {
 
 #[global_allocator]
 static ALLOC: Counting = Counting;
+
+/// Held by each test while it counts: the counters are the process's, and tests run in threads.
+static COUNTING: Mutex<()> = Mutex::new(());
 
 /// The most one case may allocate on top of what was live before it (the files are ~100 kB; a
 /// loader that trusts a declared size allocates gigabytes).
@@ -392,6 +397,7 @@ fn report(outcome: &BTreeMap<&'static str, (usize, usize)>, seconds: f64) {
 
 #[test]
 fn mutated_model_files_and_templates_load_or_fail_cleanly() {
+    let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let t = Instant::now();
     let (outcome, for_gpu) = run(2026, CASES, GPU_CASES);
     report(&outcome, t.elapsed().as_secs_f64());
@@ -422,7 +428,142 @@ fn mutated_model_files_and_templates_load_or_fail_cleanly() {
 #[test]
 #[ignore = "the long run before a release: cargo test --release --test fuzz -- --ignored"]
 fn long_fuzz_run() {
+    let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
     let t = Instant::now();
     let (outcome, _) = run(7, LONG_CASES, 0);
     report(&outcome, t.elapsed().as_secs_f64());
+}
+
+/// The size of an input's files.
+fn input_len(input: &Input) -> usize {
+    match input {
+        Input::Gguf(bytes) => bytes.len(),
+        Input::Folder { config, safetensors, tokenizer } => {
+            config.len() + safetensors.len() + tokenizer.len()
+        }
+        Input::Template(t) => t.len(),
+    }
+}
+
+/// A GGUF of the tiny llama's metadata, `extra` keys added, its tensors or `tensors` alone.
+fn gguf_with(base: &[u8], extra: Vec<(String, Value)>, tensors: Option<usize>) -> Vec<u8> {
+    let g = Gguf::parse(base, base.len() as u64).expect("base gguf");
+    let mut w = GgufWriter::new();
+    for (k, v) in g.metadata.iter().filter(|(k, _)| !extra.iter().any(|(e, _)| e == k)).chain(&extra) {
+        w.add(k, v.clone());
+    }
+    match tensors {
+        // (distinct names at distinct offsets: a well-formed table, only long)
+        Some(n) => (0..n).for_each(|i| w.add_tensor(&format!("x.{i}"), DType::F32, &[1], vec![0; 4])),
+        None => {
+            for t in &g.tensors {
+                let at = t.offset as usize;
+                w.add_tensor(&t.name, t.dtype, &t.shape, base[at..at + t.n_bytes as usize].to_vec());
+            }
+        }
+    }
+    w.to_bytes()
+}
+
+/// A SentencePiece vocabulary of `tokens` (the first three `<unk>`, `<s>`, `</s>`), scored in
+/// their order.
+fn spm_vocab(tokens: Vec<String>) -> Vec<(String, Value)> {
+    let n = tokens.len();
+    let types = (0..n).map(|i| Value::I32([2, 3, 3].get(i).copied().unwrap_or(1))).collect();
+    vec![
+        ("tokenizer.ggml.model".into(), Value::String("llama".into())),
+        ("tokenizer.ggml.tokens".into(), Value::Array(tokens.into_iter().map(Value::String).collect())),
+        ("tokenizer.ggml.token_type".into(), Value::Array(types)),
+        ("tokenizer.ggml.scores".into(), Value::Array((0..n).map(|i| Value::F32(-(i as f32))).collect())),
+        ("tokenizer.ggml.eos_token_id".into(), Value::U32(2)),
+    ]
+}
+
+/// Inputs at the scale a header may reach (megabytes), each aimed at a cost that grows faster
+/// than the file: a duplicate check over every earlier key or tensor, the merges of a long
+/// SentencePiece token or of every prefix of one, a value table many times its bytes, added
+/// tokens by the hundred thousand, a tokenizer.json id that sizes a table.
+#[test]
+fn header_scale_inputs_end_within_their_time_and_memory() {
+    let _counting = COUNTING.lock().unwrap_or_else(|e| e.into_inner());
+    let mut r = rng(31);
+    let llama = TinyModel::random(TinySpec::llama(), &mut r);
+    let base = llama.to_gguf(DType::F32, &mut r);
+    let (config, safetensors) = llama.to_safetensors(DType::F32);
+    let tokenizer_json = |edit: &dyn Fn(&mut serde_json::Value)| {
+        let header = Gguf::parse(&base, base.len() as u64).expect("base gguf");
+        let json = Tokenizer::from_gguf(&header).expect("tokenizer").inner().to_string(false).expect("json");
+        let mut json: serde_json::Value = serde_json::from_str(&json).expect("json");
+        edit(&mut json);
+        Input::Folder {
+            config: config.clone(),
+            safetensors: safetensors.clone(),
+            tokenizer: serde_json::to_vec(&json).expect("json"),
+        }
+    };
+    let added = |id: u64, content: &str| {
+        serde_json::json!({"id": id, "content": content, "single_word": false, "lstrip": false,
+            "rstrip": false, "normalized": false, "special": true})
+    };
+    let keys = (0..300_000).map(|i| (format!("x.k{i:06}"), Value::U8(0))).collect();
+    let spm = |long: String| spm_vocab(vec!["<unk>".into(), "<s>".into(), "</s>".into(), long]);
+    let pyramid =
+        ["<unk>", "<s>", "</s>"].map(String::from).into_iter().chain((1..=1000).map(|l| "a".repeat(l)));
+    let controls = |n: usize| {
+        let mut v = spm_vocab((0..n).map(|i| format!("<c{i}>")).collect());
+        v[2].1 = Value::Array(vec![Value::I32(3); n]);
+        Input::Gguf(gguf_with(&base, v, None))
+    };
+    let bytes = vec![("x.bytes".to_string(), Value::Array(vec![Value::U8(0); 9_000_000]))];
+    // (what each must end in: loaded, or refused with these words)
+    let cases: Vec<(&str, Input, Result<(), &str>)> = vec![
+        ("300,000 metadata keys", Input::Gguf(gguf_with(&base, keys, None)), Ok(())),
+        ("300,000 tensors", Input::Gguf(gguf_with(&base, vec![], Some(300_000))), Err("missing tensor")),
+        ("a u8 array of 9,000,000 values", Input::Gguf(gguf_with(&base, bytes, None)), Err("array values")),
+        (
+            "a 1 MB SentencePiece token",
+            Input::Gguf(gguf_with(&base, spm("a".repeat(1 << 20)), None)),
+            Err("too long"),
+        ),
+        (
+            "every prefix of a 1000-byte SentencePiece token",
+            Input::Gguf(gguf_with(&base, spm_vocab(pyramid.collect()), None)),
+            Err("merges"),
+        ),
+        ("65,536 control tokens", controls(65_536), Ok(())),
+        ("65,537 control tokens", controls(65_537), Err("control and user-defined tokens")),
+        (
+            "a tokenizer.json id of 4,000,000,000",
+            tokenizer_json(&|j| {
+                j["model"]["vocab"]["zzz"] = serde_json::json!(4_000_000_000u64);
+                j["added_tokens"].as_array_mut().expect("added tokens").push(added(0, "zzz"));
+            }),
+            Err("beyond the largest vocabulary"),
+        ),
+        (
+            "100,000 tokenizer.json added tokens",
+            tokenizer_json(&|j| {
+                let list = j["added_tokens"].as_array_mut().expect("added tokens");
+                list.extend((0..100_000).map(|i| added(1000 + i, &format!("<a{i}>"))));
+            }),
+            Err("added tokens"),
+        ),
+    ];
+    for (name, input, expected) in cases {
+        let size = input_len(&input);
+        let before = LIVE.load(Relaxed);
+        PEAK.store(before, Relaxed);
+        let t = Instant::now();
+        let result = catch_unwind(AssertUnwindSafe(|| load_on_cpu(&input)));
+        let (took, peak) = (t.elapsed(), PEAK.load(Relaxed).saturating_sub(before));
+        let Ok(result) = result else { panic!("{name}: panicked") };
+        eprintln!("{name}: {size} bytes, {took:?}, {peak} bytes allocated: {result:?}");
+        match (&result, expected) {
+            (Ok(()), Ok(())) => {}
+            (Err(e), Err(words)) if e.to_string().contains(words) => {}
+            _ => panic!("{name}: {result:?}, expected {expected:?}"),
+        }
+        assert!(peak <= CEILING + 4 * size, "{name}: allocated {peak} bytes for {size}");
+        assert!(took <= SLOW, "{name}: took {took:?}");
+    }
 }

@@ -14,6 +14,8 @@
 //! Every count and length is checked against the bytes that could hold it before anything is
 //! allocated, so a hostile header yields an error, never a panic or a huge allocation.
 
+use std::collections::HashSet;
+
 use super::DType;
 use crate::{Error, Result};
 
@@ -27,6 +29,10 @@ pub const ALIGNMENT_KEY: &str = "general.alignment";
 pub const MAX_DIMS: usize = 4;
 /// Deepest nesting of arrays accepted (real files use 1; this bounds the recursion).
 const MAX_ARRAY_DEPTH: usize = 8;
+/// The most array values one header may hold, all arrays together: 32 bytes each in memory
+/// (256 MiB at most) for as little as 1 byte each in the file. A 262,144-token vocabulary with
+/// its scores, types and merges holds about a million.
+pub const MAX_ARRAY_VALUES: usize = 1 << 23;
 /// The longest metadata key or tensor name (ggml's tensor names hold 64 bytes; keys are short).
 const MAX_NAME_BYTES: usize = 1024;
 
@@ -245,6 +251,8 @@ struct Reader<'a> {
     pos: usize,
     /// Length of the whole file: lengths beyond it are corrupt, lengths beyond `buf` are truncation.
     file_len: u64,
+    /// Array values read so far (at most [`MAX_ARRAY_VALUES`]).
+    values: usize,
 }
 
 impl<'a> Reader<'a> {
@@ -372,6 +380,13 @@ impl<'a> Reader<'a> {
                     ValueType::from_id(elem_type).ok_or_else(|| bad_value_type(key, elem_type))?.min_bytes();
                 let count = self.u64(key)?;
                 let n = self.check_count(count, min, &format!("metadata {key}: array length"))?;
+                self.values = self.values.saturating_add(n);
+                if self.values > MAX_ARRAY_VALUES {
+                    return Err(Error::corrupt(
+                        FORMAT,
+                        format!("metadata {key}: more than {MAX_ARRAY_VALUES} array values in the header"),
+                    ));
+                }
                 let mut items = Vec::with_capacity(self.capacity(n, min));
                 for _ in 0..n {
                     items.push(self.value(elem_type, key, depth + 1)?);
@@ -435,7 +450,7 @@ impl Gguf {
     pub fn parse(header: &[u8], file_len: u64) -> Result<Gguf> {
         // A file is at least as long as the part of it we were given.
         let file_len = file_len.max(header.len() as u64);
-        let mut r = Reader { buf: header, pos: 0, file_len };
+        let mut r = Reader { buf: header, pos: 0, file_len, values: 0 };
         let magic: [u8; 4] = r.array("magic")?;
         if magic != MAGIC {
             return Err(Error::BadMagic { expected: FORMAT, found: magic });
@@ -458,10 +473,11 @@ impl Gguf {
             let key = r.name("metadata key")?;
             let type_id = r.u32(&key)?;
             let value = r.value(type_id, &key, 0)?;
-            if metadata.iter().any(|(k, _)| *k == key) {
-                return Err(Error::corrupt(FORMAT, format!("duplicate metadata key {key}")));
-            }
             metadata.push((key, value));
+        }
+        let mut seen = HashSet::with_capacity(metadata.len());
+        if let Some((key, _)) = metadata.iter().find(|(k, _)| !seen.insert(k.as_str())) {
+            return Err(Error::corrupt(FORMAT, format!("duplicate metadata key {key}")));
         }
 
         let alignment = match metadata.iter().find(|(k, _)| k == ALIGNMENT_KEY) {
@@ -489,6 +505,10 @@ impl Gguf {
             align_up(header_end, alignment).ok_or_else(|| Error::corrupt(FORMAT, "data offset overflows"))?;
 
         let mut tensors: Vec<TensorInfo> = Vec::with_capacity(raw.len());
+        let mut seen = HashSet::with_capacity(raw.len());
+        if let Some((name, ..)) = raw.iter().find(|(name, ..)| !seen.insert(name.as_str())) {
+            return Err(Error::corrupt(FORMAT, format!("duplicate tensor name {name}")));
+        }
         for (name, dtype, shape, rel, n_bytes) in raw {
             if !rel.is_multiple_of(alignment) {
                 return Err(Error::corrupt(
@@ -510,9 +530,6 @@ impl Gguf {
                     ))
                 }
             };
-            if tensors.iter().any(|t| t.name == name) {
-                return Err(Error::corrupt(FORMAT, format!("duplicate tensor name {name}")));
-            }
             tensors.push(TensorInfo { name, dtype, shape, offset, n_bytes });
         }
         check_no_overlap(&tensors, FORMAT)?;

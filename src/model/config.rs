@@ -257,7 +257,8 @@ impl RopeScaling {
 /// Upper bounds that keep a corrupt header from asking for absurd allocations.
 const MAX_DIM: usize = 1 << 16;
 const MAX_LAYERS: usize = 1024;
-const MAX_VOCAB: usize = 1 << 22;
+/// The largest vocabulary a model or tokenizer may declare (real ones: up to 262,144).
+pub const MAX_VOCAB: usize = 1 << 22;
 /// The longest context a model may declare (real ones: up to 1 M).
 const MAX_CONTEXT: usize = 1 << 24;
 

@@ -260,7 +260,8 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     }
     request.temperature = temperature as f32;
     if let Some(p) = body.top_p {
-        if !(p > 0.0 && p <= 1.0) {
+        // (checked as the engine will hold it: a positive f64 may round to an f32 0)
+        if !(p as f32 > 0.0 && p <= 1.0) {
             return Err(Refusal::field("top_p", format!("`top_p` must be in (0, 1], not {p}")));
         }
         request.top_p = p as f32;
@@ -506,6 +507,12 @@ mod tests {
         assert_eq!(p.request.temperature, 0.0);
         // Without model ids (the browser package) any `model` is taken.
         assert!(parse(Endpoint::Chat, body, &[]).is_ok());
+        // A temperature whose 1 / T a GPU cannot hold decodes greedily; the least that samples.
+        for (t, greedy) in [("1e-39", true), ("9.99e-6", true), ("1e-5", false)] {
+            let body = format!(r#"{{"prompt": "a", "temperature": {t}}}"#);
+            let p = parse(Endpoint::Completions, body.as_bytes(), &[]).unwrap_or_else(|e| panic!("{e}"));
+            assert_eq!(p.request.sampling().is_greedy(), greedy, "temperature {t}");
+        }
     }
 
     #[test]
@@ -546,6 +553,7 @@ mod tests {
             (br#"{"prompt": "a", "temperature": "hot"}"#, "temperature"),
             (br#"{"prompt": "a", "temperature": -1}"#, "temperature"),
             (br#"{"prompt": "a", "top_p": 0}"#, "top_p"),
+            (br#"{"prompt": "a", "top_p": 1e-46}"#, "top_p"),
             (br#"{"prompt": "a", "max_tokens": 0}"#, "max_tokens"),
             (br#"{"prompt": "a", "max_tokens": -3}"#, "max_tokens"),
             (br#"{"prompt": "a", "n": 9}"#, "n"),

@@ -22,6 +22,10 @@ pub const TOKEN_TYPE_USER_DEFINED: i32 = 4;
 pub const TOKEN_TYPE_UNKNOWN: i32 = 2;
 /// GGUF token type BYTE: a SentencePiece byte-fallback token, `<0xXX>`.
 pub const TOKEN_TYPE_BYTE: i32 = 6;
+/// The most added tokens (GGUF's control and user-defined ones, tokenizer.json's
+/// `added_tokens`) a vocabulary may hold: Gemma 3 has 6,414; matching them in the text costs
+/// about 1 kB of memory each.
+pub const MAX_ADDED_TOKENS: usize = 1 << 16;
 
 /// A GGUF-embedded vocabulary, as read from the `tokenizer.ggml.*` metadata keys.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -219,6 +223,14 @@ pub(super) fn check_sizes(v: &GgufVocab) -> Result<()> {
     }
     if u32::try_from(n).is_err() {
         return bad("tokenizer.ggml.tokens", format!("{n} tokens do not fit u32 ids"));
+    }
+    let added =
+        v.token_types.iter().filter(|&&t| matches!(t, TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED)).count();
+    if added > MAX_ADDED_TOKENS {
+        return bad(
+            "tokenizer.ggml.token_type",
+            format!("{added} control and user-defined tokens (at most {MAX_ADDED_TOKENS})"),
+        );
     }
     Ok(())
 }

@@ -132,10 +132,18 @@ fn hf_err(context: &str) -> impl Fn(tokenizers::Error) -> Error + '_ {
 /// A `tokenizer.json` as the `tokenizers` library reads it. That library panics (an `expect`)
 /// on some malformed files instead of returning an error, so the JSON syntax is checked first and
 /// the library only ever sees well-formed JSON; natively its remaining panics are caught too.
+/// More than [`gguf_vocab::MAX_ADDED_TOKENS`] added tokens are refused before it sees them.
 fn parse_tokenizer_json(bytes: &[u8]) -> Result<tokenizers::Tokenizer> {
     let err =
         |e: serde_json::Error| Error::Tokenizer(crate::error::printable(&format!("tokenizer.json: {e}")));
     let value: serde_json::Value = serde_json::from_slice(bytes).map_err(err)?;
+    let added = value.get("added_tokens").and_then(serde_json::Value::as_array).map_or(0, Vec::len);
+    if added > gguf_vocab::MAX_ADDED_TOKENS {
+        return Err(Error::Tokenizer(format!(
+            "tokenizer.json: {added} added tokens (at most {})",
+            gguf_vocab::MAX_ADDED_TOKENS
+        )));
+    }
     let parse = move || serde_json::from_value::<tokenizers::Tokenizer>(value);
     #[cfg(not(target_arch = "wasm32"))]
     let parsed = std::panic::catch_unwind(parse)
@@ -153,6 +161,13 @@ impl Tokenizer {
         let hf = parse_tokenizer_json(tokenizer_json)?;
         let added = hf.get_added_tokens_decoder();
         let max_added = added.keys().max().map_or(0, |&id| id as usize + 1);
+        if max_added > crate::model::config::MAX_VOCAB {
+            return Err(Error::Tokenizer(format!(
+                "tokenizer.json: added token id {} is beyond the largest vocabulary ({})",
+                max_added - 1,
+                crate::model::config::MAX_VOCAB
+            )));
+        }
         let vocab_size = hf.get_model().get_vocab_size().max(max_added);
 
         let detok = match hf.get_decoder() {

@@ -28,12 +28,27 @@ use crate::error::{Error, Result};
 /// SentencePiece's escaped space.
 const SPACE: &str = "\u{2581}";
 
+/// The most bytes [`merges`] may hash looking for cuts (a token of b bytes and c characters
+/// costs b * c): Gemma 3's 262,144 tokens cost 15.6 million, a hostile 1 MB token 10^12.
+const MAX_CUT_BYTES: usize = 1 << 30;
+/// The most bytes the merges may hold: Gemma 3's 514,847 merges hold 4.6 million, every prefix
+/// of a 1,000-byte token 333 million.
+const MAX_MERGE_BYTES: usize = 1 << 27;
+
 /// The merges that rebuild each token from two others: every cut of a token into two pieces
 /// that are both tokens, the highest-scoring merged token first (a token's cuts in the order of
-/// their pieces' ids).
-fn merges(tokens: &[String], scores: &[f32], ids: &HashMap<&str, u32>) -> Vec<(String, String)> {
+/// their pieces' ids). A vocabulary past [`MAX_CUT_BYTES`] or [`MAX_MERGE_BYTES`] is refused.
+fn merges(tokens: &[String], scores: &[f32], ids: &HashMap<&str, u32>) -> Result<Vec<(String, String)>> {
+    let too_big = |what: String| Err(Error::Metadata { key: "tokenizer.ggml.tokens".into(), message: what });
+    let work = tokens.iter().fold(0usize, |w, t| w.saturating_add(t.len().saturating_mul(t.chars().count())));
+    if work > MAX_CUT_BYTES {
+        return too_big(format!(
+            "tokens too long: cutting each in two would hash {work} bytes (at most {MAX_CUT_BYTES})"
+        ));
+    }
     // (score, token id, byte offset of the cut)
     let mut all: Vec<(f32, usize, usize)> = Vec::new();
+    let mut bytes = 0usize;
     for (id, token) in tokens.iter().enumerate() {
         let score = scores.get(id).copied().unwrap_or(0.0);
         let mut cuts: Vec<(u32, u32, usize)> = token
@@ -42,11 +57,20 @@ fn merges(tokens: &[String], scores: &[f32], ids: &HashMap<&str, u32>) -> Vec<(S
             .filter_map(|(at, _)| Some((*ids.get(&token[..at])?, *ids.get(&token[at..])?, at)))
             .collect();
         cuts.sort_unstable();
+        bytes += cuts.len() * token.len();
+        if bytes > MAX_MERGE_BYTES {
+            return too_big(format!(
+                "the merges that rebuild the tokens from two others hold over {MAX_MERGE_BYTES} bytes"
+            ));
+        }
         all.extend(cuts.into_iter().map(|(_, _, at)| (score, id, at)));
     }
     // (stable: a token's cuts keep their order; equal scores keep the tokens' order)
     all.sort_by(|a, b| b.0.total_cmp(&a.0));
-    all.into_iter().map(|(_, id, at)| (tokens[id][..at].to_string(), tokens[id][at..].to_string())).collect()
+    Ok(all
+        .into_iter()
+        .map(|(_, id, at)| (tokens[id][..at].to_string(), tokens[id][at..].to_string()))
+        .collect())
 }
 
 /// The bytes a token stands for: its text with `▁` as a space; a byte token's byte; SentencePiece's
@@ -74,7 +98,7 @@ pub(super) fn build(v: GgufVocab) -> Result<Tokenizer> {
         // (a repeated entry keeps its first id, as llama.cpp's token_to_id)
         ids.entry(t.as_str()).or_insert(i as u32);
     }
-    let merges = merges(&v.tokens, &v.scores, &ids);
+    let merges = merges(&v.tokens, &v.scores, &ids)?;
     let vocab: Vocab = ids.iter().map(|(t, &i)| (t.to_string(), i)).collect();
     let unk = v.token_types.iter().position(|&t| t == TOKEN_TYPE_UNKNOWN).map(|i| v.tokens[i].clone());
     let mut bpe = BPE::builder().vocab_and_merges(vocab, merges).byte_fallback(true);

@@ -437,7 +437,7 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         })
         .await?;
     if let Some(plain) = &baseline {
-        if req.temperature == 0.0 && plain.tokens != out.tokens {
+        if req.sampling().is_greedy() && plain.tokens != out.tokens {
             return Err(Error::Gpu(format!(
                 "greedy speculation changed the text: {:?} target-only, {:?} speculative",
                 plain.text, out.text
@@ -487,7 +487,7 @@ async fn generate(args: GenerateArgs) -> Result<()> {
             );
         }
         if let Some(plain) = &baseline {
-            eprintln!("{}", comparison(plain, &out, req.temperature == 0.0));
+            eprintln!("{}", comparison(plain, &out, req.sampling().is_greedy()));
         }
     }
     Ok(())
