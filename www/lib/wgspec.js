@@ -358,7 +358,7 @@ export class WgSpec {
    *
    * @typedef {object} GenerateOptions
    * @property {number} [maxTokens=128]
-   * @property {number} [temperature=0] 0 = greedy
+   * @property {number} [temperature=0] 0 (or below 1e-5) = greedy
    * @property {number} [topK]
    * @property {number} [topP]
    * @property {number} [seed]
