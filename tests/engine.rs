@@ -567,6 +567,37 @@ fn a_hugging_face_folder_brings_its_chat_template() {
     assert_eq!(opened.checkpoint.config.n_layers, 2);
 }
 
+/// A model with more output rows than its tokenizer has ids (Qwen2.5's Hugging Face files: 151,936
+/// rows, 151,665 ids): a sampled row beyond the ids is generated as no text, not an error.
+#[test]
+fn rows_beyond_the_tokenizers_ids_are_sampled_as_no_text() {
+    let mut r = rng(45);
+    let small = TinyModel::random(TinySpec::qwen2(), &mut r);
+    let mut g = ModelFiles::new();
+    g.add("model.gguf", small.to_gguf(DType::F32, &mut r)).expect("add");
+    let tokenizer_json = g.open().expect("open").tokenizer.inner().to_string(false).expect("json");
+    let ids = small.spec.vocab;
+    // the same shape with 100 rows more (a third of the draws land there)
+    let tiny = TinyModel::random(TinySpec { vocab: ids + 100, ..TinySpec::qwen2() }, &mut r);
+    let (config, weights) = tiny.to_safetensors(DType::F32);
+    let mut files = ModelFiles::new();
+    files.add("config.json", config).expect("add");
+    files.add("tokenizer.json", tokenizer_json.into_bytes()).expect("add");
+    files.add("model.safetensors", weights).expect("add");
+    let opened = files.open().expect("open");
+    assert_eq!(opened.tokenizer.vocab_size(), ids + 100, "every row decodes");
+    let opts = LoadOptions { context: Some(128), ..Default::default() };
+    let mut engine = Engine::load(gpu(), opened, &opts, &mut |_, _| {}).expect("load");
+    let mut req = Request::text("a b", 48);
+    (req.temperature, req.seed, req.draft) = (1.0, 7, Some(DraftKind::None));
+    let (out, events) = run(&mut engine, &req);
+    let beyond = out.tokens.iter().filter(|&&t| t as usize >= ids).count();
+    assert!(beyond > 0 && beyond < out.tokens.len(), "{beyond} of {:?} beyond the ids", out.tokens);
+    let within: Vec<u32> = out.tokens.iter().copied().filter(|&t| (t as usize) < ids).collect();
+    assert_eq!(out.text, engine.tokenizer().decode(&within).expect("decode"), "rows beyond: no text");
+    assert_eq!(streamed(&events), out.text);
+}
+
 /// One GPU memory budget for the target, the draft model and the heads: each is checked against
 /// what the others already take (their bills), to the byte, before anything of it is allocated.
 #[test]

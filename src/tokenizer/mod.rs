@@ -332,6 +332,19 @@ impl Tokenizer {
         Ok(())
     }
 
+    /// Makes every id of a model with `model_vocab` output rows decodable. Where the rows
+    /// outnumber the tokenizer's ids (Qwen2.5's Hugging Face files: 151,936 rows, 151,665 ids in
+    /// tokenizer.json), sampling may draw a row beyond: it decodes as no text, as `tokenizers`
+    /// and vLLM decode it, instead of failing the generation.
+    pub fn cover(&mut self, model_vocab: usize) {
+        if model_vocab > self.vocab_size {
+            if let Detok::Bytes(pieces) = &mut self.detok {
+                pieces.resize(model_vocab, Box::default());
+            }
+            self.vocab_size = model_vocab;
+        }
+    }
+
     /// The vocabulary entry of `id` as stored (byte-level BPE: `"Ġhello"` for `" hello"`).
     pub fn token_text(&self, id: u32) -> Option<String> {
         self.hf.id_to_token(id)
