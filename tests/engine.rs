@@ -340,6 +340,39 @@ fn stop_strings_end_the_text_before_them_with_and_without_speculation() {
     }
 }
 
+/// An end-of-generation token (`<|im_end|>`, `<|eot_id|>`) ends the generation: its id is the
+/// last of the tokens, its text no part of the answer (as in vLLM and llama.cpp), alone or
+/// speculating, one request or in the batch.
+#[test]
+fn an_end_token_ends_the_text_without_its_own() {
+    let gguf = tiny_gguf(46);
+    let mut req = Request::text("the cat sat on the mat", 12);
+    req.draft = Some(DraftKind::None);
+    let (plain, _) = run(&mut engine_of(gguf.clone(), None), &req);
+    // the first token not seen before it, made an end token
+    let i = (1..plain.tokens.len()).find(|&i| !plain.tokens[..i].contains(&plain.tokens[i])).expect("new");
+    let end = plain.tokens[i];
+    let mut files = ModelFiles::new();
+    files.add("model.gguf", gguf).expect("add");
+    let mut opened = files.open().expect("open");
+    opened.tokenizer.add_eos_ids(&[end]).expect("an id of the vocabulary");
+    assert!(!opened.tokenizer.decode(&[end]).expect("decode").is_empty(), "the end token has text");
+    let opts = LoadOptions { context: Some(128), ..Default::default() };
+    let mut engine = Engine::load(gpu(), opened, &opts, &mut |_, _| {}).expect("load");
+    let want = engine.tokenizer().decode(&plain.tokens[..i]).expect("decode");
+    for draft in [DraftKind::None, DraftKind::Ngram] {
+        req.draft = Some(draft);
+        let (out, events) = run(&mut engine, &req);
+        assert_eq!(out.tokens, plain.tokens[..=i], "{draft:?}: the end token is the last");
+        assert_eq!(out.finish_reason, FinishReason::Stop);
+        assert_eq!(out.text, want, "{draft:?}: the text before the end token");
+        assert_eq!(streamed(&events), out.text, "{draft:?}: streamed");
+    }
+    let id = engine.batch_submit(engine.prompt_tokens(&req).expect("prompt"), &req).expect("submit");
+    let done = run_batch(&mut engine, 0, |_, _| {});
+    assert_eq!((&done[&id].tokens[..], &done[&id].text), (&plain.tokens[..=i], &want), "in the batch");
+}
+
 #[test]
 fn speculation_through_the_engine_equals_plain_decoding() {
     let target_file = tiny_gguf(41);

@@ -17,8 +17,13 @@ impl TextStream {
         TextStream { decoder: StreamDecoder::new(), filter: StopFilter::new(stops) }
     }
 
-    /// The text that token `id` makes final (possibly empty).
+    /// The text that token `id` makes final (possibly empty). An end-of-generation token ends
+    /// the generation without text: `<|im_end|>` is no part of the answer (as in vLLM and
+    /// llama.cpp), its id is still among the tokens.
     pub(super) fn push(&mut self, tokenizer: &Tokenizer, id: u32) -> Result<String> {
+        if tokenizer.eos_ids().contains(&id) {
+            return Ok(String::new());
+        }
         let piece = self.decoder.push(tokenizer, id)?;
         Ok(self.filter.push(&piece))
     }
