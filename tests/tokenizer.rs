@@ -573,6 +573,21 @@ fn stream_decoder_non_byte_level_json() {
     let (streamed, held) = stream(&tok, &ids);
     assert_eq!(streamed, full);
     assert!(held >= 2, "the bytes of 你 must be held back");
+    // After a prompt, the ids' text is what they add to it: the first one's space is kept
+    // (decoding them alone strips it), the last few prompt ids are the context, and byte-level
+    // vocabularies decode as before.
+    let prompt = tok.encode("hi hi hi hi hi", false).unwrap();
+    for (t, ids, want) in [(&tok, &ids, " hi 你 hi"), (&tok, &vec![5, 1, 2, 3], " 你")] {
+        let mut dec = StreamDecoder::after(&prompt);
+        let mut out: String = ids.iter().map(|&id| dec.push(t, id).unwrap()).collect();
+        out.push_str(&dec.finish(t).unwrap());
+        assert_eq!(out, want);
+    }
+    let qwen = gguf_tokenizer("qwen2");
+    let ids = qwen.encode(" Paris 你好", false).unwrap();
+    let mut dec = StreamDecoder::after(&qwen.encode("The capital of France is", false).unwrap());
+    let out: String = ids.iter().map(|&id| dec.push(&qwen, id).unwrap()).collect();
+    assert_eq!(out + &dec.finish(&qwen).unwrap(), " Paris 你好");
     assert!(tok.eos_ids().is_empty());
     assert!(matches!(tok.decode(&[9]), Err(Error::TokenOutOfRange { id: 9, vocab: 9 })));
 }

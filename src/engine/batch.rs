@@ -779,6 +779,7 @@ impl Batch {
         });
         let stats = SpecStats { draft, base: crate::generation::Stats::default(), ..SpecStats::default() };
         let root = if self.share_prefixes { 0 } else { OWN_ROOT | after.unwrap_or(id).0 };
+        let text = TextStream::new(&req.stop, &prompt);
         self.waiting.push_back(Seq {
             id,
             prompt_len: prompt.len(),
@@ -792,7 +793,7 @@ impl Batch {
             after,
             max_tokens: req.max_tokens,
             from_draft: Vec::new(),
-            text: TextStream::new(&req.stop),
+            text,
             drafting,
             tally: [Tally::default(); RECORDS],
             sampling: req.sampling(),
@@ -2401,7 +2402,7 @@ mod tests {
             after: None,
             max_tokens: 100,
             from_draft: Vec::new(),
-            text: TextStream::new(&[]),
+            text: TextStream::new(&[], &[]),
             drafting: Some(Drafting {
                 source: Source::NGram(NGram::default()),
                 ngram: None,

@@ -727,7 +727,7 @@ impl Engine {
     ) -> Result<Completion> {
         let prompter = self.prompter.clone();
         let tokenizer = &prompter.tokenizer;
-        let mut stream = TextStream::new(&req.stop);
+        let mut stream = TextStream::new(&req.stop, &prompt);
         let mut stream_err = None;
         let mut on_commit = |id: u32, from_draft: bool| -> bool {
             let text = match stream.push(tokenizer, id) {

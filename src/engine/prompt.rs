@@ -13,8 +13,9 @@ pub(super) struct TextStream {
 }
 
 impl TextStream {
-    pub(super) fn new(stops: &[String]) -> TextStream {
-        TextStream { decoder: StreamDecoder::new(), filter: StopFilter::new(stops) }
+    /// The text of the tokens after `prompt`, cut at the first of `stops`.
+    pub(super) fn new(stops: &[String], prompt: &[u32]) -> TextStream {
+        TextStream { decoder: StreamDecoder::after(prompt), filter: StopFilter::new(stops) }
     }
 
     /// The text that token `id` makes final (possibly empty). An end-of-generation token ends

@@ -4,7 +4,8 @@ use super::Tokenizer;
 use crate::error::Result;
 
 /// Incremental detokenizer: push ids, get the newly completed text. The concatenation of every
-/// `push` and the final `finish` equals `Tokenizer::decode` of all the ids.
+/// `push` and the final `finish` equals `Tokenizer::decode` of all the ids (after
+/// [`StreamDecoder::after`], what they add to the decoded prompt).
 ///
 /// Byte-level tokenizers: bytes of an incomplete UTF-8 sequence are held back until the
 /// sequence completes (an invalid sequence becomes U+FFFD, as in `decode`). Other tokenizers:
@@ -22,9 +23,21 @@ pub struct StreamDecoder {
     read: usize,
 }
 
+/// Prompt ids a continuation is decoded after ([`StreamDecoder::after`]).
+const CONTEXT: usize = 4;
+
 impl StreamDecoder {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// A decoder of the ids that continue `prompt`: their text is what they add to the prompt's.
+    /// Other than byte-level tokenizers decode the first id after the prompt's last few: a
+    /// SentencePiece decoder strips a leading space only at the start of a text, so "▁Paris"
+    /// after "The capital of France is" is " Paris", as a GGUF vocabulary decodes it.
+    pub fn after(prompt: &[u32]) -> Self {
+        let ids = prompt[prompt.len().saturating_sub(CONTEXT)..].to_vec();
+        StreamDecoder { read: ids.len(), ids, ..Self::default() }
     }
 
     /// Appends `id`; returns the text completed by it (possibly empty).
