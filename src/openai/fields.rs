@@ -98,7 +98,7 @@ impl<'de> Deserialize<'de> for Messages {
 }
 
 /// A message's content: a string, or a list of text parts (`{"type": "text", "text": ...}`),
-/// joined.
+/// joined by newlines (as vLLM joins them).
 pub struct Content(pub String);
 
 impl<'de> Deserialize<'de> for Content {
@@ -118,9 +118,16 @@ impl<'de> Deserialize<'de> for Content {
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Content, A::Error> {
                 let mut text = String::new();
+                let mut first = true;
                 while let Some(part) = seq.next_element::<Part>()? {
                     match part {
-                        Part { kind: Some(k), text: Some(t) } if k == "text" => text.push_str(&t),
+                        Part { kind: Some(k), text: Some(t) } if k == "text" => {
+                            // (the parts' texts on lines of their own, as vLLM joins them)
+                            if !std::mem::take(&mut first) {
+                                text.push('\n');
+                            }
+                            text.push_str(&t)
+                        }
                         _ => return Err(de::Error::custom(PARTS)),
                     }
                 }

@@ -139,8 +139,9 @@ struct StreamOptions {
 pub struct Parsed {
     /// The engine's request; its `max_tokens` is set once the prompt's length is known.
     pub request: engine::Request,
-    /// The `max_tokens` asked for (`None`: up to the end of the context).
-    pub max_tokens: Option<usize>,
+    /// The `max_tokens` asked for and the field that asked (`max_tokens` or
+    /// `max_completion_tokens`; `None`: up to the end of the context).
+    pub max_tokens: Option<(&'static str, usize)>,
     pub stream: bool,
     pub include_usage: bool,
     /// Choices asked for (`n`, 1..=[`MAX_CHOICES`]): choice i samples with seed `seed + i`.
@@ -247,7 +248,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     };
     let max_tokens = match max_tokens {
         Some((field, 0)) => return Err(Refusal::field(field, format!("`{field}` must be at least 1"))),
-        Some((_, n)) => Some(usize::try_from(n).unwrap_or(usize::MAX)),
+        Some((field, n)) => Some((field, usize::try_from(n).unwrap_or(usize::MAX))),
         None => None,
     };
 
@@ -434,11 +435,11 @@ pub fn random_u64() -> u64 {
 }
 
 /// The `max_tokens` a request of `prompt` tokens runs with in `context` positions: the one asked
-/// for when prompt + max_tokens fit, else a refusal naming the limit (code
-/// `context_length_exceeded`); without one, the rest of the context.
+/// for (by the field named with it) when prompt + max_tokens fit, else a refusal naming the
+/// limit and the field (code `context_length_exceeded`); without one, the rest of the context.
 pub fn fit_context(
     prompt: usize,
-    max_tokens: Option<usize>,
+    max_tokens: Option<(&str, usize)>,
     context: usize,
     prompt_field: &str,
 ) -> Result<usize> {
@@ -461,11 +462,11 @@ pub fn fit_context(
     }
     match max_tokens {
         None => Ok(context - prompt),
-        Some(n) if n <= context - prompt => Ok(n),
-        Some(n) => Err(over(
-            "max_tokens",
+        Some((_, n)) if n <= context - prompt => Ok(n),
+        Some((field, n)) => Err(over(
+            field,
             format!(
-                "max_tokens {n} + the prompt's {prompt} tokens exceed the context of {context} tokens \
+                "{field} {n} + the prompt's {prompt} tokens exceed the context of {context} tokens \
                  (at most {} for this prompt)",
                 context - prompt
             ),
@@ -497,7 +498,7 @@ mod tests {
             "draft": "ngram", "draft_k": 3, "tools": [], "tool_choice": "auto", "logit_bias": {},
             "response_format": {"type": "text"}, "parallel_tool_calls": true, "metadata": {"a": [1]}}"#;
         let p = parse(Endpoint::Chat, body, &ids()).unwrap_or_else(|e| panic!("{e}"));
-        assert_eq!(p.max_tokens, Some(5));
+        assert_eq!(p.max_tokens, Some(("max_completion_tokens", 5)));
         assert!(p.stream && p.include_usage);
         assert_eq!(p.request.messages.as_ref().map(|m| m[0].content.as_str()), Some("hi"));
         assert_eq!(p.request.stop, ["x"]);
@@ -507,6 +508,11 @@ mod tests {
         assert_eq!(p.request.temperature, 0.0);
         // Without model ids (the browser package) any `model` is taken.
         assert!(parse(Endpoint::Chat, body, &[]).is_ok());
+        // Text parts are joined by newlines, as vLLM joins them.
+        let parts = br#"{"messages": [{"role": "user", "content": [{"type": "text", "text": "Sum up:"},
+            {"type": "text", "text": ""}, {"type": "text", "text": "the cat"}]}]}"#;
+        let p = parse(Endpoint::Chat, parts, &[]).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(p.request.messages.as_ref().map(|m| m[0].content.as_str()), Some("Sum up:\n\nthe cat"));
         // A temperature whose 1 / T a GPU cannot hold decodes greedily; the least that samples.
         for (t, greedy) in [("1e-39", true), ("9.99e-6", true), ("1e-5", false)] {
             let body = format!(r#"{{"prompt": "a", "temperature": {t}}}"#);
@@ -599,9 +605,11 @@ mod tests {
     #[test]
     fn requests_fit_the_context_or_name_the_limit() {
         assert_eq!(fit_context(10, None, 64, "prompt").ok(), Some(54));
-        assert_eq!(fit_context(10, Some(54), 64, "prompt").ok(), Some(54));
-        let e = fit_context(10, Some(55), 64, "prompt").err().map(refusal);
-        assert_eq!(e, Some((Some("max_tokens".into()), Some("context_length_exceeded"))));
+        assert_eq!(fit_context(10, Some(("max_tokens", 54)), 64, "prompt").ok(), Some(54));
+        for field in ["max_tokens", "max_completion_tokens"] {
+            let e = fit_context(10, Some((field, 55)), 64, "prompt").err().map(refusal);
+            assert_eq!(e, Some((Some(field.into()), Some("context_length_exceeded"))), "{field}");
+        }
         let e = fit_context(64, None, 64, "messages").err().map(refusal);
         assert_eq!(e.and_then(|e| e.0).as_deref(), Some("messages"));
         assert!(fit_context(0, None, 64, "prompt").is_err());
