@@ -105,8 +105,7 @@ impl ModelFiles {
                 let file = self.take(name).ok_or_else(|| Error::io(name, "missing"))?;
                 let mut checkpoint = Checkpoint::from_gguf_source(file)?;
                 let gguf = checkpoint.gguf().ok_or_else(|| Error::corrupt("gguf", "no header"))?;
-                let mut tokenizer = Tokenizer::from_gguf(gguf)?;
-                tokenizer.cover(checkpoint.config.vocab_size);
+                let tokenizer = Tokenizer::from_gguf(gguf)?;
                 let chat_template = gguf
                     .get("tokenizer.chat_template")
                     .and_then(|v| v.as_str())
@@ -152,8 +151,7 @@ impl ModelFiles {
         }
         let shards = self.files.into_iter().map(|(_, b)| b).collect();
         let checkpoint = Checkpoint::from_safetensors_sources(&config, shards)?;
-        let mut tokenizer = Tokenizer::from_json(&tokenizer_json)?;
-        tokenizer.cover(checkpoint.config.vocab_size);
+        let tokenizer = Tokenizer::from_json(&tokenizer_json)?;
         let chat_template = match tokenizer_config {
             Some(bytes) => {
                 let v: serde_json::Value =

@@ -577,8 +577,16 @@ fn stream_decoder_non_byte_level_json() {
     // (decoding them alone strips it), the last few prompt ids are the context, and byte-level
     // vocabularies decode as before.
     let prompt = tok.encode("hi hi hi hi hi", false).unwrap();
-    for (t, ids, want) in [(&tok, &ids, " hi 你 hi"), (&tok, &vec![5, 1, 2, 3], " 你")] {
-        let mut dec = StreamDecoder::after(&prompt);
+    // (a prompt whose last 4 ids start inside a character spelled in byte tokens)
+    let cjk = tok.encode("hi 你你", false).unwrap();
+    assert_eq!(cjk[cjk.len() - 4..], [3, 1, 2, 3]);
+    for (prompt, ids, want) in [
+        (&prompt, &ids, " hi 你 hi"),
+        (&prompt, &vec![5, 1, 2, 3], " 你"),
+        (&cjk, &vec![1, 2, 3, 4], "你 hi"),
+    ] {
+        let t = &tok;
+        let mut dec = StreamDecoder::after(prompt);
         let mut out: String = ids.iter().map(|&id| dec.push(t, id).unwrap()).collect();
         out.push_str(&dec.finish(t).unwrap());
         assert_eq!(out, want);

@@ -139,8 +139,10 @@ impl Engine {
         Ok(engine)
     }
 
-    /// An engine on an already uploaded target (tests, random-weight models).
-    pub fn new(target: Model, tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Engine {
+    /// An engine on an already uploaded target (tests, random-weight models). Every row of the
+    /// target's output decodes ([`Tokenizer::cover`]).
+    pub fn new(target: Model, mut tokenizer: Tokenizer, chat_template: Option<ChatTemplate>) -> Engine {
+        tokenizer.cover(target.config.vocab_size);
         let target_info = ModelInfo::of(&target, 0, chat_template.as_ref());
         let target_pages = target.kv_pages();
         let load_options = LoadOptions { context: Some(target.context()), ..Default::default() };

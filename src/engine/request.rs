@@ -32,7 +32,7 @@ pub struct Request {
     pub messages: Option<Vec<Message>>,
     #[serde(default = "default_max_tokens")]
     pub max_tokens: usize,
-    /// 0 = greedy.
+    /// 0 (or below [`crate::sampling::MIN_TEMPERATURE`]) = greedy.
     #[serde(default)]
     pub temperature: f32,
     /// 0 = no top-k cut.

@@ -30,8 +30,8 @@ pub const MAX_DIMS: usize = 4;
 /// Deepest nesting of arrays accepted (real files use 1; this bounds the recursion).
 const MAX_ARRAY_DEPTH: usize = 8;
 /// The most array values one header may hold, all arrays together: 32 bytes each in memory
-/// (256 MiB at most) for as little as 1 byte each in the file. A 262,144-token vocabulary with
-/// its scores, types and merges holds about a million.
+/// (256 MiB at most, a string's own bytes besides) for as little as 1 byte each in the file. A
+/// 262,144-token vocabulary with its scores, types and merges holds about a million.
 pub const MAX_ARRAY_VALUES: usize = 1 << 23;
 /// The longest metadata key or tensor name (ggml's tensor names hold 64 bytes; keys are short).
 const MAX_NAME_BYTES: usize = 1024;

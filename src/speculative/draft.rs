@@ -260,18 +260,11 @@ pub fn check_vocab(target: &Config, draft: &Config) -> Result<()> {
     Ok(())
 }
 
-/// Checks that two tokenizers are the same vocabulary: the same ids, each with the same entry.
+/// Checks that two tokenizers are the same vocabulary: the same ids, each with the same entry
+/// (ids one covers for its model's rows and the other lacks have no entry in either).
 pub fn check_tokenizers(target: &Tokenizer, draft: &Tokenizer) -> Result<()> {
-    if target.vocab_size() != draft.vocab_size() {
-        return Err(Error::InvalidArgument(format!(
-            "the draft's tokenizer has {} ids and the target's {}: a draft must share the target's tokenizer",
-            draft.vocab_size(),
-            target.vocab_size()
-        )));
-    }
-    if let Some(id) =
-        (0..target.vocab_size() as u32).find(|&id| target.token_text(id) != draft.token_text(id))
-    {
+    let ids = target.vocab_size().max(draft.vocab_size()) as u32;
+    if let Some(id) = (0..ids).find(|&id| target.token_text(id) != draft.token_text(id)) {
         return Err(Error::InvalidArgument(format!(
             "the draft's tokenizer differs from the target's at id {id} ({:?} vs {:?}): a draft must \
              share the target's tokenizer",

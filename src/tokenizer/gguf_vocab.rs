@@ -23,9 +23,9 @@ pub const TOKEN_TYPE_UNKNOWN: i32 = 2;
 /// GGUF token type BYTE: a SentencePiece byte-fallback token, `<0xXX>`.
 pub const TOKEN_TYPE_BYTE: i32 = 6;
 /// The most added tokens (GGUF's control and user-defined ones, tokenizer.json's
-/// `added_tokens`) a vocabulary may hold: Gemma 3 has 6,414; matching them in the text costs
-/// about 1 kB of memory each.
-pub const MAX_ADDED_TOKENS: usize = 1 << 16;
+/// `added_tokens`) a vocabulary may hold: Gemma 3 has 6,414, Llasa's speech vocabulary 65,536
+/// and more; matching them in the text costs about 1 kB of memory each.
+pub const MAX_ADDED_TOKENS: usize = 1 << 18;
 
 /// A GGUF-embedded vocabulary, as read from the `tokenizer.ggml.*` metadata keys.
 #[derive(Debug, Clone, Default, PartialEq)]

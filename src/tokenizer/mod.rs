@@ -306,7 +306,8 @@ impl Tokenizer {
         self.derived.max_bytes_per_token
     }
 
-    /// Number of ids (the largest id + 1); it can be smaller than a model's embedding rows.
+    /// Number of ids (the largest id + 1), or a model's output rows where they are more
+    /// ([`Tokenizer::cover`]).
     pub fn vocab_size(&self) -> usize {
         self.vocab_size
     }

@@ -21,6 +21,8 @@ pub struct StreamDecoder {
     prefix: usize,
     /// Start of the ids whose text has not been returned yet.
     read: usize,
+    /// Other tokenizers: the window holds a prompt's last ids, not yet cut to a whole character.
+    cut: bool,
 }
 
 /// Prompt ids a continuation is decoded after ([`StreamDecoder::after`]).
@@ -37,7 +39,7 @@ impl StreamDecoder {
     /// after "The capital of France is" is " Paris", as a GGUF vocabulary decodes it.
     pub fn after(prompt: &[u32]) -> Self {
         let ids = prompt[prompt.len().saturating_sub(CONTEXT)..].to_vec();
-        StreamDecoder { read: ids.len(), ids, ..Self::default() }
+        StreamDecoder { read: ids.len(), ids, cut: true, ..Self::default() }
     }
 
     /// Appends `id`; returns the text completed by it (possibly empty).
@@ -48,6 +50,15 @@ impl StreamDecoder {
                 Ok(self.take_complete())
             }
             None => {
+                if std::mem::take(&mut self.cut) {
+                    // (the context starts at a whole character: byte-fallback tokens `<0xXX>`
+                    // at its start may be the end of one, and a run of them decodes whole)
+                    let byte =
+                        |id: u32| tok.token_text(id).is_some_and(|t| t.len() == 6 && t.starts_with("<0x"));
+                    while self.prefix < self.read && byte(self.ids[self.prefix]) {
+                        self.prefix += 1;
+                    }
+                }
                 self.ids.push(id);
                 let before = tok.decode(&self.ids[self.prefix..self.read])?;
                 let now = tok.decode(&self.ids[self.prefix..])?;
