@@ -129,6 +129,14 @@ fn hf_err(context: &str) -> impl Fn(tokenizers::Error) -> Error + '_ {
     move |e| Error::Tokenizer(crate::error::printable(&format!("{context}: {e}")))
 }
 
+/// What is read of a tokenizer.json before the `tokenizers` library reads it: the whole file's
+/// syntax, and how many added tokens it holds (nothing else is kept: a `serde_json::Value` of
+/// the file took 7 times its bytes).
+#[derive(serde::Deserialize)]
+struct Outline {
+    added_tokens: Option<Vec<serde::de::IgnoredAny>>,
+}
+
 /// A `tokenizer.json` as the `tokenizers` library reads it. That library panics (an `expect`)
 /// on some malformed files instead of returning an error, so the JSON syntax is checked first and
 /// the library only ever sees well-formed JSON; natively its remaining panics are caught too.
@@ -136,15 +144,15 @@ fn hf_err(context: &str) -> impl Fn(tokenizers::Error) -> Error + '_ {
 fn parse_tokenizer_json(bytes: &[u8]) -> Result<tokenizers::Tokenizer> {
     let err =
         |e: serde_json::Error| Error::Tokenizer(crate::error::printable(&format!("tokenizer.json: {e}")));
-    let value: serde_json::Value = serde_json::from_slice(bytes).map_err(err)?;
-    let added = value.get("added_tokens").and_then(serde_json::Value::as_array).map_or(0, Vec::len);
+    let outline: Outline = serde_json::from_slice(bytes).map_err(err)?;
+    let added = outline.added_tokens.map_or(0, |a| a.len());
     if added > gguf_vocab::MAX_ADDED_TOKENS {
         return Err(Error::Tokenizer(format!(
             "tokenizer.json: {added} added tokens (at most {})",
             gguf_vocab::MAX_ADDED_TOKENS
         )));
     }
-    let parse = move || serde_json::from_value::<tokenizers::Tokenizer>(value);
+    let parse = move || serde_json::from_slice::<tokenizers::Tokenizer>(bytes);
     #[cfg(not(target_arch = "wasm32"))]
     let parsed = std::panic::catch_unwind(parse)
         .map_err(|_| Error::Tokenizer("tokenizer.json: the tokenizers library could not read it".into()))?;
