@@ -397,6 +397,12 @@ impl<'a> Reader<'a> {
     }
 }
 
+/// The first name that comes a second time (hashed: a header may hold millions of names).
+fn first_repeat<'a>(names: impl ExactSizeIterator<Item = &'a str>) -> Option<&'a str> {
+    let mut seen = HashSet::with_capacity(names.len());
+    names.into_iter().find(|name| !seen.insert(*name))
+}
+
 fn bad_value_type(key: &str, type_id: u32) -> Error {
     Error::corrupt(FORMAT, format!("metadata {key}: unknown value type {type_id}"))
 }
@@ -475,8 +481,7 @@ impl Gguf {
             let value = r.value(type_id, &key, 0)?;
             metadata.push((key, value));
         }
-        let mut seen = HashSet::with_capacity(metadata.len());
-        if let Some((key, _)) = metadata.iter().find(|(k, _)| !seen.insert(k.as_str())) {
+        if let Some(key) = first_repeat(metadata.iter().map(|(k, _)| k.as_str())) {
             return Err(Error::corrupt(FORMAT, format!("duplicate metadata key {key}")));
         }
 
@@ -505,8 +510,7 @@ impl Gguf {
             align_up(header_end, alignment).ok_or_else(|| Error::corrupt(FORMAT, "data offset overflows"))?;
 
         let mut tensors: Vec<TensorInfo> = Vec::with_capacity(raw.len());
-        let mut seen = HashSet::with_capacity(raw.len());
-        if let Some((name, ..)) = raw.iter().find(|(name, ..)| !seen.insert(name.as_str())) {
+        if let Some(name) = first_repeat(raw.iter().map(|(name, ..)| name.as_str())) {
             return Err(Error::corrupt(FORMAT, format!("duplicate tensor name {name}")));
         }
         for (name, dtype, shape, rel, n_bytes) in raw {

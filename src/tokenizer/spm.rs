@@ -73,17 +73,20 @@ fn merges(tokens: &[String], scores: &[f32], ids: &HashMap<&str, u32>) -> Result
         .collect())
 }
 
+/// The byte of a byte-fallback token's text, `<0xXX>`.
+pub(super) fn byte_token(text: &str) -> Option<u8> {
+    let hex = text.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'))?;
+    u8::from_str_radix(hex, 16).ok()
+}
+
 /// The bytes a token stands for: its text with `▁` as a space; a byte token's byte; SentencePiece's
 /// unknown token as llama.cpp shows it (▅); control and user-defined tokens as their text.
 fn piece(token: &str, ty: i32) -> Box<[u8]> {
     match ty {
-        TOKEN_TYPE_BYTE => {
-            let hex = token.strip_prefix("<0x").and_then(|h| h.strip_suffix('>'));
-            match hex.and_then(|h| u8::from_str_radix(h, 16).ok()) {
-                Some(b) => Box::new([b]),
-                None => token.as_bytes().into(),
-            }
-        }
+        TOKEN_TYPE_BYTE => match byte_token(token) {
+            Some(b) => Box::new([b]),
+            None => token.as_bytes().into(),
+        },
         TOKEN_TYPE_UNKNOWN => "\u{2585}".as_bytes().into(),
         TOKEN_TYPE_CONTROL | TOKEN_TYPE_USER_DEFINED => token.as_bytes().into(),
         _ => token.replace(SPACE, " ").into_bytes().into(),

@@ -54,7 +54,7 @@ impl StreamDecoder {
                     // (the context starts at a whole character: byte-fallback tokens `<0xXX>`
                     // at its start may be the end of one, and a run of them decodes whole)
                     let byte =
-                        |id: u32| tok.token_text(id).is_some_and(|t| t.len() == 6 && t.starts_with("<0x"));
+                        |id: u32| tok.token_text(id).and_then(|t| super::spm::byte_token(&t)).is_some();
                     while self.prefix < self.read && byte(self.ids[self.prefix]) {
                         self.prefix += 1;
                     }
