@@ -460,6 +460,15 @@ fn the_api_answers_as_openai_does_and_matches_the_cli() {
     assert_eq!(models["object"], "list");
     assert_eq!(models["data"][0]["id"], "tiny");
     assert_eq!(models["data"][0]["object"], "model");
+    // One model by any name a request's `model` may give (the --model path has slashes).
+    for name in ["tiny", m] {
+        let one = server.get(&format!("/v1/models/{name}"));
+        assert_eq!(one.status, 200, "{name}: {}", one.text());
+        assert_eq!(one.json(), models["data"][0], "{name}");
+    }
+    let e = check_error(&server.get("/v1/models/gpt-4o"), 404, "model_not_found", "another model");
+    assert!(e["message"].as_str().is_some_and(|m| m.contains("`tiny`")), "{e}");
+    check_error(&server.get("/v1/models/%FF"), 400, "", "a name that is not UTF-8");
     assert_eq!(server.get("/health").status, 200);
     let page = server.get("/");
     assert_eq!((page.status, page.header("content-type")), (200, Some("text/html; charset=utf-8")));
@@ -1392,4 +1401,94 @@ fn batched_requests_equal_their_solo_runs_and_a_cancelled_one_frees_its_pages() 
         assert_eq!(v["choices"][i]["text"], alone["choices"][0]["text"], "choice {i} alone");
         assert_eq!(alone["wgspec"]["draft"], "model+ngram", "{alone}");
     }
+}
+
+/// Whether an answer's `Vary` names `Origin`.
+fn varies_by_origin(r: &Reply) -> bool {
+    r.headers.iter().any(|(k, v)| k.eq_ignore_ascii_case("vary") && v.contains("Origin"))
+}
+
+#[test]
+fn browser_origins_need_allowing_and_get_cors_answers() {
+    const APP: &str = "http://app.example:5173";
+    const EXTENSION: &str = "chrome-extension://abcdefghijklmnop";
+    let allowed = format!("{APP},{EXTENSION}");
+    let server = serve_tiny("origins", 64, &["--api-key", "sk-test", "--allow-origin", &allowed]);
+    let own = format!("http://{}", server.addr);
+    let key = ("Authorization", "Bearer sk-test");
+    let body = json!({"prompt": "ab", "max_tokens": 2, "temperature": 0}).to_string();
+    let post = |origin: Option<&str>, content_type: &str, key: Option<(&str, &str)>| {
+        let mut headers = vec![("Content-Type", content_type)];
+        headers.extend(origin.map(|o| ("Origin", o)));
+        headers.extend(key);
+        server.request("POST", "/v1/completions", &headers, body.as_bytes())
+    };
+    let completions = || server.metric("wgspec_completions_total");
+
+    // A page on another site posts a "simple" request (no preflight): refused before it runs.
+    let before = completions();
+    for origin in ["http://evil.example", "null", "http://app.example:5174", "https://app.example:5173"] {
+        let r = post(Some(origin), "text/plain", Some(key));
+        let e = check_error(&r, 403, "origin_not_allowed", origin);
+        assert!(e["message"].as_str().is_some_and(|m| m.contains("--allow-origin")), "{e}");
+        assert_eq!(r.header("access-control-allow-origin"), None, "{origin}");
+        assert!(varies_by_origin(&r), "{origin}: {:?}", r.headers);
+    }
+    let r = server.request("GET", "/v1/models", &[("Origin", "http://evil.example"), key], b"");
+    check_error(&r, 403, "origin_not_allowed", "a cross-site GET of the models");
+    assert_eq!(completions(), before, "a refused origin ran a generation");
+    assert_eq!(server.requests_counted("/v1/completions", 403), 4);
+
+    // The allowed origin: its preflight needs no key and names what the request will send.
+    let preflight = |origin: &str| {
+        server.request(
+            "OPTIONS",
+            "/v1/completions",
+            &[
+                ("Origin", origin),
+                ("Access-Control-Request-Method", "POST"),
+                ("Access-Control-Request-Headers", "authorization,content-type,x-stainless-os"),
+                ("Access-Control-Request-Private-Network", "true"),
+            ],
+            b"",
+        )
+    };
+    let r = preflight(APP);
+    assert_eq!(r.status, 204, "{}", r.text());
+    assert_eq!(r.header("access-control-allow-origin"), Some(APP));
+    assert!(r.header("access-control-allow-methods").is_some_and(|m| m.contains("POST")), "{:?}", r.headers);
+    assert_eq!(r.header("access-control-allow-headers"), Some("authorization,content-type,x-stainless-os"));
+    assert_eq!(r.header("access-control-allow-private-network"), Some("true"));
+    check_error(&preflight("http://evil.example"), 403, "origin_not_allowed", "another site's preflight");
+    // Its answers name it, errors included, so that the page can read them.
+    let r = post(Some(APP), "application/json", Some(key));
+    assert_eq!(r.status, 200, "{}", r.text());
+    assert_eq!(r.json()["usage"]["completion_tokens"], 2);
+    assert_eq!(r.header("access-control-allow-origin"), Some(APP));
+    assert!(varies_by_origin(&r));
+    let r = post(Some(EXTENSION), "application/json", Some(key));
+    assert_eq!((r.status, r.header("access-control-allow-origin")), (200, Some(EXTENSION)), "{}", r.text());
+    let r = post(Some(APP), "application/json", None);
+    check_error(&r, 401, "invalid_api_key", "the allowed origin without its key");
+    assert_eq!(r.header("access-control-allow-origin"), Some(APP));
+
+    // The server's own pages and clients that are not browsers (no Origin) are served as before.
+    let from_own =
+        [("Origin", own.as_str()), ("Host", server.addr.as_str()), ("Content-Type", "text/plain"), key];
+    assert_eq!(server.request("POST", "/v1/completions", &from_own, body.as_bytes()).status, 200);
+    let r = post(None, "application/json", Some(key));
+    assert_eq!(r.status, 200);
+    assert!(varies_by_origin(&r), "an answer that would differ with an Origin says so: {:?}", r.headers);
+    assert_eq!(completions(), before + 4.0);
+    // Static files and health stay open to every page.
+    assert_eq!(server.request("GET", "/health", &[("Origin", "http://evil.example")], b"").status, 200);
+
+    // A malformed --allow-origin stops the server before it starts.
+    let out = Command::new(env!("CARGO_BIN_EXE_wgspec"))
+        .args(["serve", "--model", "none.gguf", "--allow-origin", "app.example:5173"])
+        .output()
+        .expect("run wgspec");
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--allow-origin \"app.example:5173\""), "{err}");
 }

@@ -183,6 +183,22 @@ impl Parsed {
     }
 }
 
+/// Whether `model` is one of `model_ids` (the names the loaded model answers to, its id first);
+/// else 404 `model_not_found` naming the model this server runs.
+pub fn known_model(model: &str, model_ids: &[String]) -> Result<()> {
+    if model_ids.iter().any(|id| id == model) {
+        return Ok(());
+    }
+    Err(Error::Request {
+        message: format!(
+            "the model `{model}` does not exist; this server runs `{}`",
+            model_ids.first().map(String::as_str).unwrap_or("")
+        ),
+        param: Some("model".into()),
+        code: Some("model_not_found"),
+    })
+}
+
 /// Reads a completion body for `endpoint`. `model_ids` are the names the loaded model answers to
 /// (empty: any `model` is taken, as the browser package serves whatever it loaded).
 pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<Parsed> {
@@ -193,15 +209,8 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     check_harmless(&body)?;
 
     if let Some(model) = &body.model {
-        if !model_ids.is_empty() && !model_ids.iter().any(|id| id == model) {
-            return Err(Error::Request {
-                message: format!(
-                    "the model `{model}` does not exist; this server runs `{}`",
-                    model_ids.first().map(String::as_str).unwrap_or("")
-                ),
-                param: Some("model".into()),
-                code: Some("model_not_found"),
-            });
+        if !model_ids.is_empty() {
+            known_model(model, model_ids)?;
         }
     }
     let n = match body.n {

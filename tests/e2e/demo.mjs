@@ -406,6 +406,7 @@ async function caseGenerate(context, baseUrl, modelUrl, nativeText, requests) {
   log(`case 1 passed: ${show(result.text)}`);
 
   await caseSameAnswersAsTheServer(page);
+  await caseAborts(page);
   await page.close();
   return figures;
 }
@@ -419,7 +420,8 @@ async function caseGenerate(context, baseUrl, modelUrl, nativeText, requests) {
  */
 async function caseSameAnswersAsTheServer(page) {
   log("case 1a: OpenAI answers in the page and from wgspec serve, field by field");
-  const server = await startServer(["serve", "--model", MODEL]);
+  const pageOrigin = new URL(page.url()).origin;
+  const server = await startServer(["serve", "--model", MODEL, "--allow-origin", pageOrigin]);
   try {
     for (let i = 0; ; i++) {
       const ready = await fetch(`${server.url}ready`).then((r) => r.status, () => 0);
@@ -482,11 +484,105 @@ async function caseSameAnswersAsTheServer(page) {
         Array.isArray(fromServer) ? `${fromServer.length} chunks` : "whole";
       log(`same answer: ${label}: ${kind}`);
     }
+    await caseOrigins(page, server.url);
   } finally {
     server.child.removeAllListeners("exit");
     server.child.kill("SIGTERM");
   }
   log("case 1a passed");
+}
+
+/**
+ * The OpenAI-style calls stop as openai-node's do: the second argument's `signal` (aborted before
+ * the call or while it streams or runs) and a stream's `controller`. A call rejects with an
+ * AbortError; a stream ends quietly, long before its max_tokens; the next call is answered whole.
+ */
+async function caseAborts(page) {
+  const outcome = await page.evaluate(async () => {
+    const api = window.wgspec.chat.completions;
+    const body = { messages: [{ role: "user", content: "Count to fifty." }], max_tokens: 48, temperature: 0 };
+    const settle = (promise) => promise.then((value) => ({ value }), (e) => ({ name: e.name, message: e.message }));
+    const drain = async (stream, abortAt, abort) => {
+      let chunks = 0;
+      const end = await settle((async () => {
+        for await (const _ of stream) if (++chunks === abortAt) abort();
+      })());
+      return { ...end, chunks };
+    };
+    const before = await settle(api.create(body, { signal: AbortSignal.abort() }));
+    const c1 = new AbortController();
+    const optionSignal = await drain(await api.create({ ...body, stream: true }, { signal: c1.signal }), 2, () => c1.abort());
+    const s2 = await api.create({ ...body, stream: true });
+    const controller = await drain(s2, 2, () => s2.controller.abort());
+    const c3 = new AbortController();
+    const running = settle(api.create(body, { signal: c3.signal }));
+    c3.abort();
+    const whole = await running;
+    const next = await settle(api.create({ ...body, max_tokens: 3 }));
+    return { before, optionSignal, controller, whole, next: next.value?.choices?.[0]?.finish_reason ?? next };
+  });
+  const show = JSON.stringify(outcome);
+  check(outcome.before.name === "AbortError" && outcome.whole.name === "AbortError", `aborted calls: ${show}`);
+  for (const s of [outcome.optionSignal, outcome.controller]) {
+    check(s.name === undefined && s.chunks >= 2 && s.chunks < 40, `an aborted stream: ${show}`);
+  }
+  check(outcome.next === "length", `the call after the aborted ones: ${show}`);
+  log(`case 1c passed: create(params, { signal }) and stream.controller abort (${outcome.optionSignal.chunks} and ` +
+    `${outcome.controller.chunks} chunks)`);
+}
+
+/**
+ * The page's origin, allowed by --allow-origin, calls the server's API from the browser (a
+ * preflighted, streamed request); a page on another origin (localhost for 127.0.0.1) can neither
+ * read an answer nor start a generation with a "simple" request that needs no preflight.
+ */
+async function caseOrigins(page, serverUrl) {
+  const chat = { messages: [{ role: "user", content: "Name a prime number." }], max_tokens: 4, temperature: 0 };
+  // In the page: fetches each request, giving status, response type and text, or what it threw.
+  const fetchAll = ({ url, requests }) =>
+    Promise.all(
+      requests.map((init) =>
+        fetch(url, init).then(
+          async (r) => ({ status: r.status, type: r.type, text: await r.text() }),
+          (e) => ({ thrown: String(e) }),
+        ),
+      ),
+    );
+  const url = `${serverUrl}v1/chat/completions`;
+  const [allowed] = await page.evaluate(fetchAll, {
+    url,
+    requests: [{
+      method: "POST",
+      headers: { "content-type": "application/json", "x-stainless-os": "Linux" },
+      body: JSON.stringify({ ...chat, stream: true }),
+    }],
+  });
+  check(allowed.status === 200 && allowed.text.trim().endsWith("data: [DONE]"),
+    `the allowed origin's streamed request: ${JSON.stringify(allowed).slice(0, 300)}`);
+
+  const metrics = () => fetch(`${serverUrl}metrics`).then((r) => r.text());
+  const sum = (text, start) =>
+    text.split("\n").filter((l) => l.startsWith(start)).reduce((s, l) => s + Number(l.split(" ").pop()), 0);
+  const refusals = (t) => sum(t, 'wgspec_requests_total{route="/v1/chat/completions",status="403"} ');
+  const completions = (t) => sum(t, "wgspec_completions_total ");
+  const before = await metrics();
+  const other = await page.context().newPage();
+  await other.goto(page.url().replace("127.0.0.1", "localhost"));
+  const [readable, simple] = await other.evaluate(fetchAll, {
+    url,
+    requests: [
+      { method: "POST", headers: { "content-type": "application/json" }, body: JSON.stringify(chat) },
+      { method: "POST", mode: "no-cors", headers: { "content-type": "text/plain" }, body: JSON.stringify(chat) },
+    ],
+  });
+  await other.close();
+  const after = await metrics();
+  check(readable.thrown && simple.type === "opaque",
+    `another origin's requests: ${JSON.stringify({ readable, simple }).slice(0, 300)}`);
+  check(refusals(after) - refusals(before) === 2 && completions(after) === completions(before),
+    `another origin: ${refusals(after) - refusals(before)} refusals (expected 2: the preflight and the simple POST), ` +
+      `${completions(after) - completions(before)} generations run (expected 0)`);
+  log("case 1a: the allowed origin calls the API from the page; another origin is refused");
 }
 
 /**

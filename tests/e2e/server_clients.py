@@ -101,6 +101,13 @@ def one_replica(args):
         ids = [m.id for m in client.models.list().data]
         check(len(ids) == 1, f"one model listed: {ids}")
         model = ids[0]
+        retrieved = client.models.retrieve(model)
+        check(retrieved.id == model and retrieved.object == "model", f"models.retrieve: {retrieved}")
+        try:
+            client.models.retrieve("no-such-model")
+            raise Fail("models.retrieve of an unknown model must fail")
+        except openai.NotFoundError as e:
+            check(e.code == "model_not_found", f"an unknown model: {e}")
 
         # Completions: greedy text equals the CLI's.
         want = cli_json(args, "--prompt", PROMPT)["text"]

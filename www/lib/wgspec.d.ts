@@ -167,10 +167,22 @@ export interface CompletionParamsBase {
   draft?: DraftKind;
   draft_k?: number | null;
   max_draft_k?: number;
-  /** Aborts: the call rejects (or its stream ends) with an `AbortError` (not an OpenAI field). */
+  /** Aborts: the call rejects with an `AbortError`, or its stream ends (not an OpenAI field). */
   signal?: AbortSignal;
   /** Ignored (the loaded model answers). */
   model?: string;
+}
+
+/** openai-node's second argument to `create`; only `signal` means something here (no HTTP). */
+export interface RequestOptions {
+  /** Aborts: the call rejects with an `AbortError`, or its stream ends. */
+  signal?: AbortSignal | null;
+  [other: string]: unknown;
+}
+
+/** A streamed answer's chunks, with openai-node's `controller`: its `abort()` ends the stream. */
+export interface ChunkStream<T> extends AsyncIterable<T> {
+  readonly controller: AbortController;
 }
 
 /** `chat.completions.create`'s body. */
@@ -319,19 +331,22 @@ export class WgSpec {
   /** OpenAI's chat completions; refusals reject with an APIError. */
   readonly chat: {
     completions: {
-      create(params: ChatCompletionParams & { stream: true }): Promise<AsyncIterable<ChatCompletionChunk>>;
-      create(params: ChatCompletionParams & { stream?: false }): Promise<ChatCompletion>;
+      create(
+        params: ChatCompletionParams & { stream: true },
+        options?: RequestOptions,
+      ): Promise<ChunkStream<ChatCompletionChunk>>;
+      create(params: ChatCompletionParams & { stream?: false }, options?: RequestOptions): Promise<ChatCompletion>;
     };
   };
   /** OpenAI's completions of a plain prompt; refusals reject with an APIError. */
   readonly completions: {
-    create(params: CompletionParams & { stream: true }): Promise<AsyncIterable<CompletionChunk>>;
-    create(params: CompletionParams & { stream?: false }): Promise<Completion>;
+    create(params: CompletionParams & { stream: true }, options?: RequestOptions): Promise<ChunkStream<CompletionChunk>>;
+    create(params: CompletionParams & { stream?: false }, options?: RequestOptions): Promise<Completion>;
   };
 
   /**
    * Stops every running or queued generation: `generate`/`complete` finish with finish_reason
-   * "cancelled", OpenAI-style calls reject (or end their stream) with an `AbortError`.
+   * "cancelled", OpenAI-style calls reject with an `AbortError` (streams end).
    */
   abort(): void;
   /** Frees GPU memory and terminates the worker. */

@@ -244,9 +244,9 @@ export class WgSpec {
     /** The last finished generation's whole result. @type {object|null} */
     this.lastResult = null;
     /** OpenAI-style chat completions (`POST /v1/chat/completions` of `wgspec serve`). */
-    this.chat = { completions: { create: (params) => this._openai("chat", params) } };
+    this.chat = { completions: { create: (params, options) => this._openai("chat", params, options) } };
     /** OpenAI-style completions of a plain prompt (`POST /v1/completions`). */
-    this.completions = { create: (params) => this._openai("completions", params) };
+    this.completions = { create: (params, options) => this._openai("completions", params, options) };
   }
 
   /**
@@ -384,9 +384,10 @@ export class WgSpec {
    * @private Starts one generation in the worker: `call` is `{request}` (the engine's request) or
    * `{openai: {endpoint, body, model}}` (an OpenAI body, read and answered by the engine's OpenAI
    * code). `toItem` turns the call's messages into the items `items` yields (undefined: none).
-   * @returns {{items: AsyncGenerator<any, any, void>, started: Promise<void>}} `items` ends with
-   *   the worker's result; `started` resolves once the worker accepted the request (rejects with
-   *   its refusal). Leaving `items` early aborts the generation.
+   * @returns {{items: AsyncGenerator<any, any, void>, started: Promise<void>, settled: Promise<void>}}
+   *   `items` ends with the worker's result; `started` resolves once the worker accepted the
+   *   request (rejects with its refusal); `settled` once the worker is done with it, however it
+   *   ended. Leaving `items` early aborts the generation.
    */
   _start(call, signal, toItem) {
     const queue = [];
@@ -433,7 +434,11 @@ export class WgSpec {
       }
     }
     // a refusal settles the call before it starts: `started` rejects with it
-    return { items: items(), started: started.then(() => (settled ? promise.then(() => {}) : undefined)) };
+    return {
+      items: items(),
+      started: started.then(() => (settled ? promise.then(() => {}) : undefined)),
+      settled: promise.then(() => {}, () => {}),
+    };
   }
 
   /** @private Records a finished generation's result. */
@@ -471,7 +476,7 @@ export class WgSpec {
 
   /**
    * Stops every running or queued generation: `generate`/`complete` finish with finish_reason
-   * "cancelled", OpenAI-style calls reject (or end their stream) with an `AbortError`.
+   * "cancelled", OpenAI-style calls reject with an `AbortError` (streams end).
    */
   abort() {
     this._abortIds([...this._active]);
@@ -503,20 +508,38 @@ export class WgSpec {
    * run and answered by the engine's OpenAI code, the very code of `wgspec serve` (fields,
    * defaults such as temperature 1, refusals naming the field, the answer and chunk shapes).
    * Resolves to the answer, or with `stream: true` (once the request is accepted) to an async
-   * iterable of its chunks. A refusal rejects with an {@link APIError}; `signal` (not OpenAI's)
-   * aborts, rejecting (or ending the stream) with an `AbortError`.
+   * iterable of its chunks with openai-node's `controller` (an `AbortController` whose `abort()`
+   * stops it). A refusal rejects with an {@link APIError}. The second argument's `signal`, as
+   * openai-node's request options give it, aborts, as does a `signal` in the body (not OpenAI's)
+   * or `abort()`: the call rejects with an `AbortError`, or, as openai-node's streams do, the
+   * stream ends after the chunks it has given. The options' other fields are HTTP's (headers,
+   * retries, timeouts) and mean nothing here.
    */
-  async _openai(endpoint, params = {}) {
+  async _openai(endpoint, params = {}, options = {}) {
     const { signal, ...body } = params;
+    const controller = new AbortController();
+    const release = follow(controller, [signal, options?.signal]);
     const call = { openai: { endpoint, body, model: this.model } };
-    const run = this._start(call, signal, (msg) => (msg.type === "chunk" ? JSON.parse(msg.chunk) : undefined));
+    let run;
+    try {
+      run = this._start(call, controller.signal, (msg) => (msg.type === "chunk" ? JSON.parse(msg.chunk) : undefined));
+    } finally {
+      if (!run) release();
+    }
+    run.settled.then(release);
     await run.started;
     if (body.stream) {
       const finished = (result) => this._finished(result);
-      return (async function* chunks() {
-        const { completion } = yield* run.items;
-        finished(completion);
+      const chunks = (async function* chunks() {
+        try {
+          const { completion } = yield* run.items;
+          finished(completion);
+        } catch (e) {
+          if (e?.name !== "AbortError") throw e;
+        }
       })();
+      chunks.controller = controller;
+      return chunks;
     }
     let step = await run.items.next();
     while (!step.done) step = await run.items.next();
@@ -524,6 +547,18 @@ export class WgSpec {
     this._finished(completion);
     return response;
   }
+}
+
+/**
+ * Aborts `controller` when any of `signals` (undefined ones skipped) aborts, at once if one has.
+ * @returns {() => void} stops following them.
+ */
+function follow(controller, signals) {
+  const given = signals.filter(Boolean);
+  const abort = () => controller.abort();
+  if (given.some((s) => s.aborted)) abort();
+  for (const s of given) s.addEventListener("abort", abort, { once: true });
+  return () => given.forEach((s) => s.removeEventListener("abort", abort));
 }
 
 export default WgSpec;

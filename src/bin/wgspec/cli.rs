@@ -199,6 +199,11 @@ struct ServeArgs {
     /// The API (`/v1/*`, `/tokenize`, `/detokenize`) wants `Authorization: Bearer KEY`.
     #[arg(long, env = "WGSPEC_API_KEY", hide_env_values = true)]
     api_key: Option<String>,
+    /// A web page's origin (`http(s)://HOST[:PORT]`, `null`, or `*` for any) whose requests to
+    /// the API are answered, with CORS headers; repeat it or separate origins by commas. Pages
+    /// on other origins than the server's own are refused (403) by default.
+    #[arg(long, value_delimiter = ',')]
+    allow_origin: Vec<String>,
     /// Requests that may wait for the GPU beyond those it serves; more are answered 429 at once.
     #[arg(long, default_value_t = 8)]
     max_queue: usize,
@@ -231,12 +236,14 @@ impl ListenArgs {
         self,
         model: Option<serve::ModelConfig>,
         api_key: Option<String>,
+        allow_origins: serve::Origins,
         max_queue: usize,
     ) -> serve::ServerConfig {
         serve::ServerConfig {
             host: self.host,
             port: self.port,
             api_key,
+            allow_origins,
             max_queue,
             model,
             roots: serve::Roots { www: self.www, pkg: self.pkg, models: fetch::cache_dir().join("models") },
@@ -299,7 +306,7 @@ fn web_cmd(args: WebArgs) -> Result<()> {
             eprintln!("warning: the head {}: {e}", head.name);
         }
     }
-    serve::run(args.listen.config(None, None, 1))
+    serve::run(args.listen.config(None, None, serve::Origins::default(), 1))
 }
 
 fn serve_cmd(args: ServeArgs) -> Result<()> {
@@ -320,7 +327,8 @@ fn serve_cmd(args: ServeArgs) -> Result<()> {
             args.max_batch, args.max_batch_tokens
         )));
     }
-    serve::run(args.listen.config(Some(model), args.api_key, args.max_queue))
+    let origins = serve::Origins::parse(&args.allow_origin)?;
+    serve::run(args.listen.config(Some(model), args.api_key, origins, args.max_queue))
 }
 
 fn fetch_cmd(name: &str) -> Result<()> {

@@ -6,6 +6,7 @@ import WgSpecDefault, {
   type ChatCompletion,
   type ChatCompletionChunk,
   type ChatMessage,
+  type ChunkStream,
   type Completion,
   type CompletionChunk,
   type DraftKind,
@@ -15,6 +16,7 @@ import WgSpecDefault, {
   type LoadOptions,
   type ModelInfo,
   type ProgressEvent,
+  type RequestOptions,
   type TokenEvent,
   type Usage,
   type WgspecStats,
@@ -54,7 +56,9 @@ export async function everything(): Promise<string> {
     if (usage) return String(usage.total_tokens);
   }
   const plain: Completion = await llm.completions.create({ prompt: "x", max_tokens: 2 });
-  const chunks: AsyncIterable<CompletionChunk> = await llm.completions.create({ prompt: ["x"], stream: true });
+  const stopper: RequestOptions = { signal: new AbortController().signal, maxRetries: 0 };
+  const chunks: ChunkStream<CompletionChunk> = await llm.completions.create({ prompt: ["x"], stream: true }, stopper);
+  chunks.controller.abort();
   for await (const c of chunks) if (c.choices[0]?.finish_reason === "length") break;
   const figures: WgspecStats = plain.wgspec;
   try {

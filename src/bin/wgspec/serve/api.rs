@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use axum::body::{Body, Bytes};
-use axum::extract::{FromRequest, Request, State};
+use axum::extract::rejection::PathRejection;
+use axum::extract::{FromRequest, Path, Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -182,23 +183,41 @@ fn loaded(app: &App) -> Result<(&ModelInfo, &Loaded), ApiError> {
     Ok((model, loaded))
 }
 
+/// `GET /v1/models`: the served model in a list.
 pub async fn models(State(app): State<Arc<App>>) -> Result<Json<Value>, ApiError> {
+    Ok(Json(json!({"object": "list", "data": [model_object(&app)?]})))
+}
+
+/// `GET /v1/models/{model}`: the served model by any name a request's `model` may give (404
+/// `model_not_found` for others), as OpenAI's `models.retrieve` asks.
+pub async fn model(
+    State(app): State<Arc<App>>,
+    name: Result<Path<String>, PathRejection>,
+) -> Result<Json<Value>, ApiError> {
+    let object = model_object(&app)?;
+    let Path(name) =
+        name.map_err(|e| ApiError::invalid(format!("the model's name: {e}")).with_param("model"))?;
+    let ids = app.model.as_ref().map_or(&[][..], |m| &m.ids[..]);
+    openai::known_model(&name, ids).map_err(|e| ApiError::from(e).with_param_if_none("model"))?;
+    Ok(Json(object))
+}
+
+/// The served model as OpenAI's model object (created: when the server started), with its
+/// context (null while loading) and default draft.
+fn model_object(app: &App) -> Result<Value, ApiError> {
     let model = app.model.as_ref().ok_or_else(|| ApiError::not_found("this server has no model"))?;
     let created = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_secs().saturating_sub(app.started.elapsed().as_secs()))
         .unwrap_or(0);
     let context = model.loaded.get().map(|l| l.context);
-    Ok(Json(json!({
-        "object": "list",
-        "data": [{
-            "id": model.ids[0],
-            "object": "model",
-            "created": created,
-            "owned_by": "wgspec",
-            "wgspec": {"context": context, "draft": model.default_draft.name()},
-        }],
-    })))
+    Ok(json!({
+        "id": model.ids[0],
+        "object": "model",
+        "created": created,
+        "owned_by": "wgspec",
+        "wgspec": {"context": context, "draft": model.default_draft.name()},
+    }))
 }
 
 #[derive(Deserialize)]

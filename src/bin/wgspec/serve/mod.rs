@@ -9,7 +9,8 @@
 //! connections included), a bounded head, a write stall timeout, JSON bodies on hyper's own
 //! error answers ([`net`]) and a place under a cap on open connections. A request carries one
 //! `Host`; on a loopback bind it must name a loopback host (DNS rebinding); with `--api-key` the
-//! API wants `Authorization: Bearer KEY`. Every request is counted once, when its answer has
+//! API wants `Authorization: Bearer KEY`; a browser's request to the API must come from the
+//! server's own origin or one `--allow-origin` names, which get CORS answers ([`origin`]). Every request is counted once, when its answer has
 //! been sent or its client has left ([`metrics`]).
 
 mod api;
@@ -17,6 +18,7 @@ mod error;
 mod files;
 mod metrics;
 mod net;
+mod origin;
 mod worker;
 
 use std::net::{IpAddr, SocketAddr};
@@ -39,6 +41,7 @@ use wgspec::engine::DraftKind;
 use wgspec::Error;
 
 pub use files::Roots;
+pub use origin::Origins;
 pub use worker::ModelConfig;
 
 use error::{ApiError, ErrorKind};
@@ -67,6 +70,8 @@ pub struct ServerConfig {
     pub port: u16,
     /// The API wants `Authorization: Bearer KEY` when set.
     pub api_key: Option<String>,
+    /// The origins besides its own whose pages may call the API.
+    pub allow_origins: Origins,
     /// Requests waiting for the GPU worker at most (the running one not counted).
     pub max_queue: usize,
     /// The model to serve; `None` serves the static files only (`wgspec web`).
@@ -95,6 +100,8 @@ pub struct App {
     pub metrics: Arc<Metrics>,
     pub roots: Roots,
     pub api_key: Option<String>,
+    /// The origins besides its own whose pages may call the API.
+    pub origins: Origins,
     /// Bound to a loopback address: requests must name a loopback host.
     pub loopback: bool,
     pub started: Instant,
@@ -184,6 +191,7 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
         metrics,
         roots: cfg.roots.clone(),
         api_key: cfg.api_key.clone(),
+        origins: cfg.allow_origins.clone(),
         loopback: cfg.host.is_loopback(),
         started: Instant::now(),
         bodies: Arc::new(Semaphore::new(api::BODY_BUDGET)),
@@ -299,6 +307,7 @@ fn router(app: Arc<App>) -> Router {
             .route("/v1/chat/completions", post(api::chat_completions))
             .route("/v1/completions", post(api::completions))
             .route("/v1/models", get(api::models))
+            .route("/v1/models/{*model}", get(api::model))
             .route("/tokenize", post(api::tokenize))
             .route("/detokenize", post(api::detokenize));
     }
@@ -306,6 +315,7 @@ fn router(app: Arc<App>) -> Router {
     r.method_not_allowed_fallback(api::method_not_allowed)
         .fallback(move |req: Request| files::serve(roots.clone(), req))
         .layer(middleware::from_fn_with_state(app.clone(), authorize))
+        .layer(middleware::from_fn_with_state(app.clone(), origin::check_origin))
         .layer(middleware::from_fn_with_state(app.clone(), check_host))
         .layer(middleware::from_fn_with_state(app.clone(), count))
         .with_state(app)
@@ -479,9 +489,7 @@ async fn check_host(State(app): State<Arc<App>>, req: Request, next: Next) -> Re
 /// With `--api-key`, the API routes want `Authorization: Bearer KEY` (health, readiness,
 /// metrics and the static files stay open).
 async fn authorize(State(app): State<Arc<App>>, req: Request, next: Next) -> Response {
-    let path = req.uri().path();
-    let protected = path.starts_with("/v1/") || path == "/tokenize" || path == "/detokenize";
-    if let (Some(key), true) = (&app.api_key, protected) {
+    if let (Some(key), true) = (&app.api_key, origin::api_route(req.uri().path())) {
         let given = req.headers().get(header::AUTHORIZATION).and_then(|h| h.to_str().ok());
         let token = given.and_then(|g| g.strip_prefix("Bearer ")).map(str::trim);
         if !token.is_some_and(|t| same_secret(t.as_bytes(), key.as_bytes())) {
