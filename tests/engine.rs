@@ -345,12 +345,20 @@ fn stop_strings_end_the_text_before_them_with_and_without_speculation() {
 /// speculating, one request or in the batch.
 #[test]
 fn an_end_token_ends_the_text_without_its_own() {
-    let gguf = tiny_gguf(46);
     let mut req = Request::text("the cat sat on the mat", 12);
     req.draft = Some(DraftKind::None);
-    let (plain, _) = run(&mut engine_of(gguf.clone(), None), &req);
-    // the first token not seen before it, made an end token
-    let i = (1..plain.tokens.len()).find(|&i| !plain.tokens[..i].contains(&plain.tokens[i])).expect("new");
+    // A tiny model whose greedy tokens have a new one (not seen before it, made an end token)
+    // with text before it and another token after it (for `ignore_eos`).
+    let (gguf, plain, i) = (46..64)
+        .find_map(|seed| {
+            let gguf = tiny_gguf(seed);
+            let (plain, _) = run(&mut engine_of(gguf.clone(), None), &req);
+            let t = &plain.tokens;
+            let i =
+                (1..t.len()).find(|&i| !t[..i].contains(&t[i]) && t[i + 1..].iter().any(|&x| x != t[i]))?;
+            Some((gguf, plain, i))
+        })
+        .expect("a model with such tokens");
     let end = plain.tokens[i];
     let mut files = ModelFiles::new();
     files.add("model.gguf", gguf).expect("add");
@@ -371,6 +379,29 @@ fn an_end_token_ends_the_text_without_its_own() {
     let id = engine.batch_submit(engine.prompt_tokens(&req).expect("prompt"), &req).expect("submit");
     let done = run_batch(&mut engine, 0, |_, _| {});
     assert_eq!((&done[&id].tokens[..], &done[&id].text), (&plain.tokens[..=i], &want), "in the batch");
+
+    // `ignore_eos` (vLLM's): the end token neither ends the generation nor adds text.
+    let without_end: Vec<u32> = plain.tokens.iter().copied().filter(|&t| t != end).collect();
+    let want = engine.tokenizer().decode(&without_end).expect("decode");
+    req.ignore_eos = true;
+    for draft in [DraftKind::None, DraftKind::Ngram] {
+        req.draft = Some(draft);
+        let (out, events) = run(&mut engine, &req);
+        assert_eq!(out.tokens, plain.tokens, "{draft:?}: ignore_eos runs to max_tokens");
+        assert_eq!(out.finish_reason, FinishReason::Length);
+        assert_eq!(
+            (&out.text, &streamed(&events)),
+            (&want, &want),
+            "{draft:?}: the text without the end token's"
+        );
+        let id = engine.batch_submit(engine.prompt_tokens(&req).expect("prompt"), &req).expect("submit");
+        let done = run_batch(&mut engine, 0, |_, _| {});
+        assert_eq!(
+            (&done[&id].tokens[..], &done[&id].text),
+            (&plain.tokens[..], &want),
+            "{draft:?}: in the batch"
+        );
+    }
 }
 
 #[test]

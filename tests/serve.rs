@@ -449,6 +449,17 @@ fn the_api_answers_as_openai_does_and_matches_the_cli() {
     assert_eq!(text, reply);
     assert_eq!(flagged as u64, v["usage"]["completion_tokens"].as_u64().expect("completion tokens"));
 
+    // vLLM's `ignore_eos` runs to max_tokens.
+    let v = completion(
+        &server,
+        json!({"prompt": prompt, "max_tokens": 40, "temperature": 0, "ignore_eos": true, "draft": "ngram"}),
+    );
+    assert_eq!(
+        (&v["usage"]["completion_tokens"], &v["choices"][0]["finish_reason"]),
+        (&json!(40), &json!("length")),
+        "{v}"
+    );
+
     // Tokenize / detokenize round trip, the model list, health, the page.
     let t = server.post("/tokenize", &json!({"content": "héllo"}));
     assert_eq!(t.status, 200, "{}", t.text());

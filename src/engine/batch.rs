@@ -331,6 +331,8 @@ struct Seq {
     /// The first choice of its request (OpenAI's `n`), whose computed prompt it waits for.
     after: Option<SeqId>,
     max_tokens: usize,
+    /// End-of-generation tokens do not end it ([`Request::ignore_eos`]).
+    ignore_eos: bool,
     /// Per generated token: whether it was an accepted draft.
     from_draft: Vec<bool>,
     text: TextStream,
@@ -792,6 +794,7 @@ impl Batch {
             cached_tokens: None,
             after,
             max_tokens: req.max_tokens,
+            ignore_eos: req.ignore_eos,
             from_draft: Vec::new(),
             text,
             drafting,
@@ -2325,7 +2328,7 @@ fn push_committed(
                 return Some(FinishReason::Cancelled);
             }
         }
-        if s.text.stopped() || tokenizer.eos_ids().contains(&tok) {
+        if s.text.stopped() || (!s.ignore_eos && tokenizer.eos_ids().contains(&tok)) {
             return Some(FinishReason::Stop);
         }
         if s.generated() >= s.max_tokens {
@@ -2401,6 +2404,7 @@ mod tests {
             cached_tokens: None,
             after: None,
             max_tokens: 100,
+            ignore_eos: false,
             from_draft: Vec::new(),
             text: TextStream::new(&[], &[]),
             drafting: Some(Drafting {

@@ -785,7 +785,7 @@ impl Engine {
         let opts = GenerateOptions {
             max_tokens: req.max_tokens,
             sampling: req.sampling(),
-            stop_tokens: self.prompter.tokenizer.eos_ids().to_vec(),
+            stop_tokens: if req.ignore_eos { Vec::new() } else { self.prompter.tokenizer.eos_ids().to_vec() },
         };
         // (a one-sequence pass uses the pool's first pages as its own)
         self.check_batch_idle("a request runs alone")?;

@@ -53,6 +53,10 @@ pub struct Request {
     pub draft_k: Option<usize>,
     #[serde(default = "default_max_draft_k")]
     pub max_draft_k: usize,
+    /// End-of-generation tokens do not end it (vLLM's `ignore_eos`, for benchmarks of a fixed
+    /// length): it runs to `max_tokens` or a stop string; such a token still gives no text.
+    #[serde(default)]
+    pub ignore_eos: bool,
 }
 
 impl Request {
@@ -70,6 +74,7 @@ impl Request {
             draft: None,
             draft_k: None,
             max_draft_k: default_max_draft_k(),
+            ignore_eos: false,
         }
     }
 

@@ -67,6 +67,8 @@ struct Body {
     draft: Option<DraftKind>,
     draft_k: Option<u64>,
     max_draft_k: Option<u64>,
+    /// vLLM's: end-of-generation tokens do not end it (benchmarks of a fixed length).
+    ignore_eos: Option<bool>,
     presence_penalty: Option<f64>,
     frequency_penalty: Option<f64>,
     logit_bias: Option<Probe>,
@@ -293,6 +295,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
         None => random_u64(),
     };
     request.stop = body.stop.map_or_else(Vec::new, |s| s.0);
+    request.ignore_eos = body.ignore_eos.unwrap_or(false);
     request.draft = body.draft;
     let k_field = |field: &str, k: u64| {
         if k == 0 || k > MAX_DRAFT_K as u64 {
@@ -505,7 +508,8 @@ mod tests {
             "max_completion_tokens": 5, "temperature": 0, "stop": "x", "seed": -1, "user": "u",
             "presence_penalty": 0, "logprobs": false, "stream": true, "stream_options": {"include_usage": true},
             "draft": "ngram", "draft_k": 3, "tools": [], "tool_choice": "auto", "logit_bias": {},
-            "response_format": {"type": "text"}, "parallel_tool_calls": true, "metadata": {"a": [1]}}"#;
+            "response_format": {"type": "text"}, "parallel_tool_calls": true, "metadata": {"a": [1]},
+            "ignore_eos": true}"#;
         let p = parse(Endpoint::Chat, body, &ids()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.max_tokens, Some(("max_completion_tokens", 5)));
         assert!(p.stream && p.include_usage);
@@ -515,6 +519,13 @@ mod tests {
         assert_eq!(p.request.draft, Some(DraftKind::Ngram));
         assert_eq!(p.request.draft_k, Some(3));
         assert_eq!(p.request.temperature, 0.0);
+        assert!(p.request.ignore_eos);
+        assert!(
+            !parse(Endpoint::Chat, br#"{"messages": [{"role": "user", "content": "hi"}]}"#, &[])
+                .unwrap_or_else(|e| panic!("{e}"))
+                .request
+                .ignore_eos
+        );
         // Without model ids (the browser package) any `model` is taken.
         assert!(parse(Endpoint::Chat, body, &[]).is_ok());
         // Text parts are joined by newlines, as vLLM joins them.
@@ -590,6 +601,7 @@ mod tests {
             (b"  [1, 2]", ""),
             (br#"{"prompt": "a", "draft": "hydra"}"#, "draft"),
             (br#"{"prompt": "a", "draft_k": 0}"#, "draft_k"),
+            (br#"{"prompt": "a", "ignore_eos": 1}"#, "ignore_eos"),
             (br#"{}"#, "prompt"),
         ];
         for (body, param) in cases {

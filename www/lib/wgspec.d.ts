@@ -167,6 +167,8 @@ export interface CompletionParamsBase {
   draft?: DraftKind;
   draft_k?: number | null;
   max_draft_k?: number;
+  /** vLLM's: end-of-generation tokens do not end it (it runs to max_tokens or a stop string). */
+  ignore_eos?: boolean;
   /** Aborts: the call rejects with an `AbortError`, or its stream ends (not an OpenAI field). */
   signal?: AbortSignal;
   /** Ignored (the loaded model answers). */
