@@ -431,7 +431,8 @@ impl WebEngine {
             }
         };
         let (parsed, prompt) = self.prepare_openai(endpoint, body_json).map_err(api_err)?;
-        let chunks = Rc::new(RefCell::new(Stream::new(Shape::new(endpoint, model, parsed.include_usage), 1)));
+        let chunks =
+            Rc::new(RefCell::new(Stream::new(Shape::new(endpoint, model, parsed.include_usage, 1), 1)));
         let streamed = parsed.stream;
         let send = move |chunk: Option<&Chunk>| {
             let json = chunk.and_then(|c| serde_json::to_string(c).ok());
@@ -503,6 +504,18 @@ impl WebEngine {
                 openai::MAX_CHOICES
             );
             return Err(ErrorReply::from(&Error::Request { message, param: Some("n".into()), code: None }));
+        }
+        if !parsed.more_prompts.is_empty() {
+            let message = format!(
+                "`prompt` must be one prompt in the browser, not a list of {}; `wgspec serve` answers up to {}",
+                1 + parsed.more_prompts.len(),
+                openai::MAX_PROMPTS
+            );
+            return Err(ErrorReply::from(&Error::Request {
+                message,
+                param: Some("prompt".into()),
+                code: None,
+            }));
         }
         let mut slot = self.slot.borrow_mut();
         let engine = slot.engine().map_err(|e| ErrorReply::from(&e))?;

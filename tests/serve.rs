@@ -1503,3 +1503,61 @@ fn browser_origins_need_allowing_and_get_cors_answers() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--allow-origin \"app.example:5173\""), "{err}");
 }
+
+#[test]
+fn a_list_of_prompts_is_answered_as_each_prompt_alone() {
+    // `/v1/completions` with a list of prompts (LangChain's batches, vLLM's clients): prompt p's
+    // choices are the answer's `p * n ..`, each the text its prompt gets alone (greedy and
+    // sampled with a seed), whole and streamed, batched and with requests one at a time; the
+    // usage counts each prompt once.
+    let dir = temp_dir("prompts");
+    let model = tiny_model(&dir, 256, false);
+    let m = model.to_str().expect("utf8 path");
+    let prompts = ["the cat sat", "on the mat the cat", "a b a b a"];
+    for extra in [&[][..], &["--max-batch", "1"][..]] {
+        let mut args = vec!["serve", "--model", m, "--draft", "ngram"];
+        args.extend_from_slice(extra);
+        let server = Server::start(&args, &[], dir.join("server.log"));
+        for (temperature, n) in [(0.0, 1), (0.9, 2)] {
+            let body = |prompt: Value| json!({"prompt": prompt, "max_tokens": 9, "temperature": temperature, "seed": 3, "n": n});
+            let solo: Vec<Value> = prompts.iter().map(|p| completion(&server, body(json!(p)))).collect();
+            let all = completion(&server, body(json!(prompts)));
+            let what = format!("{extra:?} temperature {temperature} n {n}");
+            let choices = all["choices"].as_array().expect("choices");
+            assert_eq!(choices.len(), prompts.len() * n, "{what}: {all}");
+            for (p, alone) in solo.iter().enumerate() {
+                for i in 0..n {
+                    let c = &choices[p * n + i];
+                    assert_eq!(c["index"], p * n + i, "{what}");
+                    assert_eq!(c["text"], alone["choices"][i]["text"], "{what}: prompt {p} choice {i}");
+                }
+            }
+            let sum =
+                |field: &str| solo.iter().map(|v| v["usage"][field].as_u64().expect("count")).sum::<u64>();
+            assert_eq!(all["usage"]["prompt_tokens"], sum("prompt_tokens"), "{what}");
+            assert_eq!(all["usage"]["completion_tokens"], sum("completion_tokens"), "{what}");
+            // streamed: each choice's chunks by its index add up to its text; the usage last
+            let mut streamed = body(json!(prompts));
+            streamed["stream"] = json!(true);
+            streamed["stream_options"] = json!({"include_usage": true});
+            let reply = server.post("/v1/completions", &streamed);
+            let events = reply.events();
+            let mut texts = vec![String::new(); prompts.len() * n];
+            for e in &events[..events.len() - 2] {
+                let chunk: Value = serde_json::from_str(e).expect("chunk");
+                let index = chunk["choices"][0]["index"].as_u64().expect("index") as usize;
+                texts[index] += chunk["choices"][0]["text"].as_str().expect("text");
+            }
+            let usage: Value = serde_json::from_str(&events[events.len() - 2]).expect("usage chunk");
+            assert_eq!(usage["usage"]["prompt_tokens"], sum("prompt_tokens"), "{what}: streamed");
+            for (i, c) in choices.iter().enumerate() {
+                assert_eq!(c["text"], texts[i], "{what}: streamed choice {i}");
+            }
+        }
+        // A prompt over the context among others refuses the request, naming `prompt`.
+        let long = "the cat ".repeat(200);
+        let r = server.post("/v1/completions", &json!({"prompt": ["a", long], "max_tokens": 4}));
+        check_error(&r, 400, "context_length_exceeded", "a long prompt among others");
+        server.still_answers();
+    }
+}

@@ -13,6 +13,9 @@ use crate::tokenizer::{known_role, ROLES};
 /// The most messages of one chat (a conversation of thousands of turns fills any context long
 /// before; the limit bounds what reading a body builds).
 pub const MAX_MESSAGES: usize = 2048;
+/// The most prompts of one completions request, and the most choices it asks for in all
+/// (prompts × `n`): each choice is a sequence of the server's batch.
+pub const MAX_PROMPTS: usize = 32;
 /// The most stop strings one request may give.
 pub const MAX_STOPS: usize = 16;
 /// The longest stop string, in bytes (the decode loop holds back text that could begin one, and
@@ -252,29 +255,42 @@ impl<'de> Deserialize<'de> for AnyString {
     }
 }
 
-/// A completions `prompt`: a string, or a list holding exactly one string.
-pub struct PromptText(pub String);
+/// A completions `prompt`: a string, or a list of 1 to [`MAX_PROMPTS`] strings (each answered
+/// by its own choices).
+pub struct PromptText(pub Vec<String>);
 
 impl<'de> Deserialize<'de> for PromptText {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<PromptText, D::Error> {
         struct V;
-        const ONE: &str = "must be one string (lists of several prompts and token arrays are not supported)";
         impl<'de> Visitor<'de> for V {
             type Value = PromptText;
             fn expecting(&self, f: &mut fmt::Formatter) -> fmt::Result {
-                f.write_str("a string")
+                f.write_str("a string or a list of strings")
             }
             fn visit_str<E: de::Error>(self, s: &str) -> Result<PromptText, E> {
-                Ok(PromptText(s.to_string()))
+                Ok(PromptText(vec![s.to_string()]))
             }
             fn visit_string<E: de::Error>(self, s: String) -> Result<PromptText, E> {
-                Ok(PromptText(s))
+                Ok(PromptText(vec![s]))
             }
             fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<PromptText, A::Error> {
-                match (seq.next_element::<AnyString>()?, seq.next_element::<IgnoredAny>()?) {
-                    (Some(AnyString::Str(s)), None) => Ok(PromptText(s)),
-                    _ => Err(de::Error::custom(ONE)),
+                const SHAPE: &str = "must be a string or a list of strings (token arrays are not supported)";
+                let mut prompts = Vec::new();
+                while let Some(s) = seq.next_element::<AnyString>()? {
+                    match s {
+                        AnyString::Str(s) if prompts.len() < MAX_PROMPTS => prompts.push(s),
+                        AnyString::Str(_) => {
+                            return Err(de::Error::custom(format!(
+                                "a list of more than {MAX_PROMPTS} prompts"
+                            )))
+                        }
+                        AnyString::Other => return Err(de::Error::custom(SHAPE)),
+                    }
                 }
+                if prompts.is_empty() {
+                    return Err(de::Error::custom("an empty list of prompts"));
+                }
+                Ok(PromptText(prompts))
             }
         }
         d.deserialize_any(V)

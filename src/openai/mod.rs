@@ -16,7 +16,7 @@ use crate::engine::{self, DraftKind};
 use crate::error::{Error, Result};
 use crate::tokenizer::Message;
 use fields::{Messages, Probe, PromptText, Stops};
-pub use fields::{MAX_MESSAGES, MAX_STOPS, MAX_STOP_BYTES};
+pub use fields::{MAX_MESSAGES, MAX_PROMPTS, MAX_STOPS, MAX_STOP_BYTES};
 pub use response::{finish_reason, ErrorReply, Reply, Shape, Stream, Usage, WgspecStats};
 
 /// 400-class refusals, built the way the parser needs them.
@@ -146,11 +146,28 @@ pub struct Parsed {
     pub max_tokens: Option<(&'static str, usize)>,
     pub stream: bool,
     pub include_usage: bool,
-    /// Choices asked for (`n`, 1..=[`MAX_CHOICES`]): choice i samples with seed `seed + i`.
+    /// Choices asked for per prompt (`n`, 1..=[`MAX_CHOICES`]): choice i samples with seed
+    /// `seed + i`.
     pub n: usize,
+    /// A completions request's prompts after the first (`request.prompt`): prompt p's choices
+    /// are the answer's `p * n ..`, as vLLM numbers them.
+    pub more_prompts: Vec<String>,
 }
 
 impl Parsed {
+    /// One request per prompt, in order, each with `n` choices (the request itself when it has
+    /// one prompt).
+    pub fn per_prompt(mut self) -> Vec<Parsed> {
+        let more = std::mem::take(&mut self.more_prompts);
+        let mut all = Vec::with_capacity(1 + more.len());
+        for prompt in more {
+            let request = engine::Request { prompt: Some(prompt), ..self.request.clone() };
+            all.push(Parsed { request, more_prompts: Vec::new(), ..self });
+        }
+        all.insert(0, self);
+        all
+    }
+
     /// The field that holds the prompt: `messages` or `prompt` (what a refusal of it names).
     pub fn prompt_field(&self) -> &'static str {
         if self.request.messages.is_some() {
@@ -222,6 +239,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     };
 
     let mut request = engine::Request::text("", 0);
+    let mut more_prompts = Vec::new();
     match endpoint {
         Endpoint::Chat => {
             let Messages(messages) =
@@ -241,8 +259,19 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
             request.messages = Some(messages);
         }
         Endpoint::Completions => {
-            let prompt = body.prompt.ok_or_else(|| Refusal::field("prompt", "`prompt` is required"))?;
-            request.prompt = Some(prompt.0);
+            let prompts = body.prompt.ok_or_else(|| Refusal::field("prompt", "`prompt` is required"))?;
+            let mut prompts = prompts.0.into_iter();
+            request.prompt = prompts.next();
+            more_prompts = prompts.collect();
+            if (1 + more_prompts.len()) * n > MAX_PROMPTS {
+                return Err(Refusal::field(
+                    "n",
+                    format!(
+                        "{} prompts × n {n} choices: a request asks for at most {MAX_PROMPTS} choices in all",
+                        1 + more_prompts.len()
+                    ),
+                ));
+            }
         }
     }
 
@@ -310,7 +339,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     }
     let stream = body.stream.unwrap_or(false);
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
-    Ok(Parsed { request, max_tokens, stream, include_usage, n })
+    Ok(Parsed { request, max_tokens, stream, include_usage, n, more_prompts })
 }
 
 /// A JSON object body read into `T` field by field, or a 400 naming the field at fault
@@ -593,7 +622,10 @@ mod tests {
             (br#"{"prompt": "a", "stop": 1}"#, "stop"),
             (format!(r#"{{"prompt": "a", "stop": "{}"}}"#, "x".repeat(MAX_STOP_BYTES + 1)).leak().as_bytes(), "stop"),
             (br#"{"prompt": "a", "stop": ["a","a","a","a","a","a","a","a","a","a","a","a","a","a","a","a","a"]}"#, "stop"),
-            (br#"{"prompt": ["a", "b"]}"#, "prompt"),
+            (br#"{"prompt": []}"#, "prompt"),
+            (br#"{"prompt": ["a", [1, 2]]}"#, "prompt"),
+            (format!(r#"{{"prompt": [{}"a"]}}"#, r#""a", "#.repeat(MAX_PROMPTS)).leak().as_bytes(), "prompt"),
+            (br#"{"prompt": ["a", "b", "c", "d", "e"], "n": 7}"#, "n"),
             (br#"{"prompt": "a", "messages": []}"#, "messages"),
             (br#"{"prompt": "a", "tools": [{}]}"#, "tools"),
             (br#"{"prompt": "a", "logit_bias": {"1": 2}}"#, "logit_bias"),
@@ -621,6 +653,29 @@ mod tests {
         );
         let e = parse(Endpoint::Completions, br#"{"prompt": "a", "model": "gpt-4"}"#, &ids()).err();
         assert_eq!(e.map(refusal), Some((Some("model".into()), Some("model_not_found"))));
+    }
+
+    #[test]
+    fn a_list_of_prompts_is_a_request_per_prompt() {
+        let body = br#"{"prompt": ["a", "b", "c"], "n": 2, "seed": 5, "max_tokens": 3, "stream": true}"#;
+        let parsed = parse(Endpoint::Completions, body, &ids()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!(parsed.more_prompts, ["b", "c"]);
+        let each = parsed.per_prompt();
+        let prompts: Vec<_> = each.iter().map(|p| p.request.prompt.as_deref()).collect();
+        assert_eq!(prompts, [Some("a"), Some("b"), Some("c")]);
+        for p in &each {
+            assert_eq!((p.n, p.request.seed, p.max_tokens, p.stream), (2, 5, Some(("max_tokens", 3)), true));
+            assert!(p.more_prompts.is_empty());
+        }
+        // MAX_PROMPTS choices in all, and one prompt in a list as a string
+        let most = format!(r#"{{"prompt": [{}"a"], "n": 1}}"#, r#""a", "#.repeat(MAX_PROMPTS - 1));
+        assert_eq!(
+            parse(Endpoint::Completions, most.as_bytes(), &ids()).map(|p| p.per_prompt().len()).ok(),
+            Some(32)
+        );
+        let one =
+            parse(Endpoint::Completions, br#"{"prompt": ["x"]}"#, &ids()).unwrap_or_else(|e| panic!("{e}"));
+        assert_eq!((one.request.prompt.as_deref(), one.more_prompts.len()), (Some("x"), 0));
     }
 
     #[test]

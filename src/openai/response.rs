@@ -49,11 +49,12 @@ pub struct PromptTokensDetails {
 }
 
 impl Usage {
-    /// A request's usage from its choices' replies: the prompt once (as its first choice found
-    /// it cached), every choice's tokens.
-    pub fn of(replies: &[Reply]) -> Usage {
+    /// A request's usage from its choices' replies, `n` per prompt: each prompt once (as its
+    /// first choice found it cached), every choice's tokens.
+    pub fn of(replies: &[Reply], n: usize) -> Usage {
+        let firsts = replies.iter().step_by(n.max(1));
         let (prompt_tokens, cached_tokens) =
-            replies.first().map_or((0, 0), |r| (r.prompt_tokens, r.cached_tokens));
+            firsts.fold((0, 0), |(p, c), r| (p + r.prompt_tokens, c + r.cached_tokens));
         let completion_tokens = replies.iter().map(|r| r.completion_tokens).sum::<usize>();
         Usage {
             prompt_tokens,
@@ -225,10 +226,12 @@ pub struct Shape {
     pub created: u64,
     pub model: String,
     pub include_usage: bool,
+    /// Choices per prompt (`n`): the usage counts each prompt once.
+    pub n: usize,
 }
 
 impl Shape {
-    pub fn new(endpoint: Endpoint, model: &str, include_usage: bool) -> Shape {
+    pub fn new(endpoint: Endpoint, model: &str, include_usage: bool, n: usize) -> Shape {
         let prefix = match endpoint {
             Endpoint::Chat => "chatcmpl",
             Endpoint::Completions => "cmpl",
@@ -240,11 +243,12 @@ impl Shape {
             created: since.map(|d| d.as_secs()).unwrap_or(0),
             model: model.to_string(),
             include_usage,
+            n,
         }
     }
 
     /// The whole answer of a request without `stream`: its choices' replies, in order (one but
-    /// with `n`).
+    /// with `n` or several prompts).
     pub fn response(&self, replies: &[Reply]) -> Response {
         let wgspec = |r: &Reply| Wgspec { stats: Some(r.stats.clone()), from_draft: r.from_draft.clone() };
         let choices = (replies.iter().enumerate())
@@ -268,7 +272,7 @@ impl Shape {
             created: self.created,
             model: self.model.clone(),
             choices,
-            usage: Usage::of(replies),
+            usage: Usage::of(replies, self.n),
             wgspec: replies.first().map_or(Wgspec { stats: None, from_draft: Vec::new() }, wgspec),
         }
     }
@@ -328,7 +332,7 @@ pub struct Stream {
 }
 
 impl Stream {
-    /// The stream of a request of `n` choices (at least 1).
+    /// The stream of a request of `n` choices in all (at least 1).
     pub fn new(shape: Shape, n: usize) -> Stream {
         let n = n.max(1);
         Stream { shape, from_draft: vec![Vec::new(); n], replies: vec![None; n] }
@@ -371,7 +375,10 @@ impl Stream {
         let mut last = vec![self.shape.chunk(index, String::new(), false, finish, wgspec)];
         if self.ended() && self.shape.include_usage {
             let replies: Vec<Reply> = self.replies.iter().flatten().cloned().collect();
-            last.push(Chunk { usage: Some(Some(Usage::of(&replies))), ..self.shape.chunk_head() });
+            last.push(Chunk {
+                usage: Some(Some(Usage::of(&replies, self.shape.n))),
+                ..self.shape.chunk_head()
+            });
         }
         last
     }
@@ -471,7 +478,7 @@ mod tests {
     use super::*;
 
     fn shape(endpoint: Endpoint, include_usage: bool) -> Shape {
-        Shape::new(endpoint, "m", include_usage)
+        Shape::new(endpoint, "m", include_usage, 1)
     }
 
     fn token(id: Option<u32>, text: &str, from_draft: bool) -> TokenEvent {
@@ -589,17 +596,23 @@ mod tests {
             reply(),
             Reply { text: "xy".into(), completion_tokens: 2, from_draft: vec![false; 2], ..reply() },
         );
-        let whole = to_json(&shape(Endpoint::Completions, false).response(&[a.clone(), b.clone()]));
+        let two = Shape::new(Endpoint::Completions, "m", false, 2);
+        let whole = to_json(&two.response(&[a.clone(), b.clone()]));
         assert_eq!(whole["choices"][1]["index"], 1);
         assert_eq!(whole["choices"][1]["text"], "xy");
         assert_eq!(whole["choices"][1]["wgspec"]["from_draft"], json!([false, false]));
         assert_eq!(whole["choices"][0]["wgspec"]["from_draft"], json!([true, false, true]));
         assert_eq!(whole["usage"]["prompt_tokens"], 5);
         assert_eq!(whole["usage"]["completion_tokens"], 5);
+        // two prompts of one choice each (a completions list): each prompt counted, its cache too
+        let c = Reply { prompt_tokens: 7, cached_tokens: 4, ..b.clone() };
+        let usage = to_json(&shape(Endpoint::Completions, false).response(&[a.clone(), c]))["usage"].clone();
+        assert_eq!((&usage["prompt_tokens"], &usage["total_tokens"]), (&json!(12), &json!(17)), "{usage}");
+        assert_eq!(usage["prompt_tokens_details"]["cached_tokens"], 4 + a.cached_tokens);
         let one = to_json(&shape(Endpoint::Completions, false).response(std::slice::from_ref(&a)));
         assert!(one["choices"][0].get("wgspec").is_none(), "one choice: the answer's wgspec only");
         // a stream: a role chunk per choice, chunks by index, the usage after the last choice
-        let mut s = Stream::new(shape(Endpoint::Chat, true), 2);
+        let mut s = Stream::new(Shape::new(Endpoint::Chat, "m", true, 2), 2);
         let starts: Vec<Value> = s.start().iter().map(to_json).collect();
         assert_eq!(starts.len(), 2);
         assert_eq!(
@@ -620,6 +633,7 @@ mod tests {
         assert_eq!(last[0]["choices"][0]["index"], 0);
         assert_eq!(last[0]["wgspec"]["from_draft"], json!([false]));
         assert_eq!(last[1]["usage"]["completion_tokens"], 5);
+        assert_eq!(last[1]["usage"]["prompt_tokens"], 5);
         assert!(s.token(2, &token(Some(1), "z", false)).is_none(), "no such choice");
     }
 

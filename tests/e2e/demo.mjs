@@ -407,6 +407,7 @@ async function caseGenerate(context, baseUrl, modelUrl, nativeText, requests) {
 
   await caseSameAnswersAsTheServer(page);
   await caseAborts(page);
+  await caseOnePromptInThePage(page);
   await page.close();
   return figures;
 }
@@ -527,8 +528,21 @@ async function caseAborts(page) {
     check(s.name === undefined && s.chunks >= 2 && s.chunks < 40, `an aborted stream: ${show}`);
   }
   check(outcome.next === "length", `the call after the aborted ones: ${show}`);
-  log(`case 1c passed: create(params, { signal }) and stream.controller abort (${outcome.optionSignal.chunks} and ` +
+  log(`case 1a: create(params, { signal }) and stream.controller abort as openai-node's (${outcome.optionSignal.chunks} and ` +
     `${outcome.controller.chunks} chunks)`);
+}
+
+/** A list of several prompts, which `wgspec serve` answers, is refused in the page, naming `prompt`. */
+async function caseOnePromptInThePage(page) {
+  const refused = await page.evaluate(() =>
+    window.wgspec.completions.create({ prompt: ["a", "b"], max_tokens: 2 }).then(
+      (v) => ({ answered: v }),
+      (e) => ({ name: e.name, status: e.status, param: e.param, message: e.message }),
+    ),
+  );
+  check(refused.status === 400 && refused.param === "prompt" && /one prompt in the browser/.test(refused.message),
+    `a list of prompts in the page: ${JSON.stringify(refused)}`);
+  log("case 1a: a list of prompts is refused in the page, naming `prompt`");
 }
 
 /**

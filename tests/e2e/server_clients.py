@@ -115,6 +115,12 @@ def one_replica(args):
         check(got.choices[0].text == want, f"completion {got.choices[0].text!r} != CLI {want!r}")
         check(got.usage.completion_tokens == TOKENS or got.choices[0].finish_reason == "stop", "usage")
         check(got.usage.total_tokens == got.usage.prompt_tokens + got.usage.completion_tokens, "usage adds up")
+        # A list of prompts (LangChain's batches): a choice per prompt, each its prompt's text alone.
+        other = client.completions.create(model=model, prompt=QUESTION, max_tokens=TOKENS, temperature=0)
+        both = client.completions.create(model=model, prompt=[PROMPT, QUESTION], max_tokens=TOKENS, temperature=0)
+        texts = [c.text for c in sorted(both.choices, key=lambda c: c.index)]
+        check(texts == [want, other.choices[0].text], f"a list of prompts: {texts}")
+        check(both.usage.prompt_tokens == got.usage.prompt_tokens + other.usage.prompt_tokens, "usage per prompt")
 
         # Speculation through the request's own field: same text, stats attached.
         spec = client.completions.create(

@@ -194,6 +194,7 @@ export interface ChatCompletionParams extends CompletionParamsBase {
 
 /** `completions.create`'s body. */
 export interface CompletionParams extends CompletionParamsBase {
+  /** One prompt (a list of one: `wgspec serve` answers several, the browser one). */
   prompt: string | string[];
 }
 

@@ -21,7 +21,7 @@ use wgspec::openai::{self, Endpoint, Shape};
 
 use super::error::ApiError;
 use super::metrics::Metrics;
-use super::worker::{Event, Job, Loaded, Refused};
+use super::worker::{Event, Job, Loaded, Part, Refused};
 use super::{App, ModelInfo};
 use wgspec::tokenizer::TextLimit;
 
@@ -300,14 +300,17 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<
     let ids = model.ids.clone();
     let prompter = loaded.prompter.clone();
     let context = loaded.context;
-    let (parsed, prompt) = prepare(&app, "tokenize", move || {
+    let prompts = prepare(&app, "tokenize", move || {
         let parsed = openai::parse(endpoint, &body.bytes, &ids)?;
         drop(body);
-        let prompt = prompter.prompt_tokens_within(&parsed.request, context);
-        Ok::<_, ApiError>((parsed, prompt))
+        let prompts = parsed.per_prompt().into_iter().map(|parsed| {
+            let prompt = prompter.prompt_tokens_within(&parsed.request, context);
+            let prompt = prompt.map_err(|e| ApiError::from(e).with_param_if_none(parsed.prompt_field()));
+            Ok::<_, ApiError>((parsed, prompt?))
+        });
+        prompts.collect::<Result<Vec<_>, _>>()
     })
     .await??;
-    let prompt = prompt.map_err(|e| ApiError::from(e).with_param_if_none(parsed.prompt_field()))?;
     // a draft model or heads (alone or merged with the n-gram) only where the server loaded them
     let server_draft = model.default_draft;
     let missing = |asked: DraftKind| {
@@ -321,10 +324,16 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<
         Some(format!("`draft` \"{}\": this server runs {why}", asked.name()))
     };
     // (the engine reads the ids: the text need not wait in the queue)
-    let wgspec::openai::Parsed { request, stream: streamed, include_usage, n, .. } =
-        parsed.ready(&prompt, loaded.context, server_draft, &missing)?;
+    let (mut parts, mut answer) = (Vec::with_capacity(prompts.len()), None);
+    for (parsed, prompt) in prompts {
+        let parsed = parsed.ready(&prompt, loaded.context, server_draft, &missing)?;
+        answer.get_or_insert((parsed.stream, parsed.include_usage, parsed.n));
+        parts.push(Part { request: parsed.request, prompt });
+    }
+    let (streamed, include_usage, n) = answer.ok_or_else(|| ApiError::internal("a request of no prompt"))?;
+    let choices = parts.len() * n;
     let (events, mut rx) = mpsc::unbounded_channel();
-    let job = Job { request, prompt, n, events };
+    let job = Job { parts, n, events };
     // Dropped when this handler is (its client left): the job leaves the queue with it.
     let _ticket = match model.queue.push(job) {
         Ok(ticket) => ticket,
@@ -347,12 +356,12 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<
         Some(Event::Failed(e)) => return Err(e),
         _ => return Err(ApiError::internal("the GPU worker stopped before the request ran")),
     }
-    let shape = Shape::new(endpoint, &model.ids[0], include_usage);
+    let shape = Shape::new(endpoint, &model.ids[0], include_usage, n);
     let timing = Timing { arrived, last: None, metrics: app.metrics.clone() };
     if streamed {
-        Ok(stream(openai::Stream::new(shape, n), rx, timing))
+        Ok(stream(openai::Stream::new(shape, choices), rx, timing))
     } else {
-        whole(shape, n, rx, timing).await
+        whole(shape, choices, rx, timing).await
     }
 }
 

@@ -63,15 +63,22 @@ pub struct Loaded {
     pub context: usize,
 }
 
-/// One generation waiting in the queue: a request that fits the context.
+/// One request waiting in the queue: its prompts (one but for a completions request's list),
+/// each fitting the context.
 pub struct Job {
-    /// Its `max_tokens` is the one [`wgspec::openai::fit_context`] allowed.
-    pub request: Request,
-    /// The request's prompt, tokenized.
-    pub prompt: Vec<u32>,
-    /// Choices asked for (OpenAI's `n`): choice i samples with seed `seed + i`.
+    pub parts: Vec<Part>,
+    /// Choices asked for per prompt (OpenAI's `n`): choice i of part p is the answer's choice
+    /// `p * n + i` and samples with seed `seed + i`, as a request of that prompt alone would.
     pub n: usize,
     pub events: mpsc::UnboundedSender<Event>,
+}
+
+/// One prompt of a [`Job`] and its request.
+pub struct Part {
+    /// Its `max_tokens` is the one [`wgspec::openai::fit_context`] allowed for this prompt.
+    pub request: Request,
+    /// The prompt, tokenized.
+    pub prompt: Vec<u32>,
 }
 
 /// What the worker tells the handler of a job, in this order: `Started`, then each choice's
@@ -301,28 +308,43 @@ impl Scheduler {
             if job.events.is_closed() {
                 continue;
             }
-            if !(self.batching && self.engine.batchable(&job.request)) {
+            if !(self.batching && job.parts.iter().all(|p| self.engine.batchable(&p.request))) {
                 self.alone = Some(job);
                 return;
             }
-            let Job { request, prompt, n, events } = job;
+            self.submit(job, metrics);
+        }
+    }
+
+    /// Puts a job's choices into the batch, every prompt's or none.
+    fn submit(&mut self, job: Job, metrics: &Metrics) {
+        let Job { parts, n, events } = job;
+        let mut submitted = Vec::new();
+        for (p, Part { request, prompt }) in parts.into_iter().enumerate() {
             let uncounted = Arc::new(AtomicUsize::new(prompt.len()));
             match self.engine.batch_submit_choices(prompt, &request, n) {
                 Ok(ids) => {
-                    let started = events.send(Event::Started).is_ok();
-                    for (choice, id) in ids.into_iter().enumerate() {
-                        if started {
-                            let (events, prompt) = (events.clone(), uncounted.clone());
-                            self.served.insert(id, Served { events, choice, prompt, tokens: 0 });
-                        } else {
-                            self.engine.batch_cancel(id);
-                        }
+                    for (i, id) in ids.into_iter().enumerate() {
+                        let (events, prompt) = (events.clone(), uncounted.clone());
+                        self.served.insert(id, Served { events, choice: p * n + i, prompt, tokens: 0 });
+                        submitted.push(id);
                     }
                 }
                 Err(e) => {
+                    for id in submitted {
+                        self.engine.batch_cancel(id);
+                        self.served.remove(&id);
+                    }
                     metrics.failed_generation();
                     let _ = events.send(Event::Failed(e.into()));
+                    return;
                 }
+            }
+        }
+        if events.send(Event::Started).is_err() {
+            for id in submitted {
+                self.engine.batch_cancel(id);
+                self.served.remove(&id);
             }
         }
     }
@@ -394,22 +416,24 @@ impl Scheduler {
     }
 }
 
-/// Runs one job alone, its choices one after another (choice i with seed `seed + i`, as the
-/// batch seeds them), and counts each generation (a cancelled one too: its tokens were computed).
+/// Runs one job alone, its prompts' choices one after another (choice i of a prompt with seed
+/// `seed + i`, as the batch seeds them), and counts each generation (a cancelled one too: its
+/// tokens were computed).
 fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
-    let Job { request, prompt, n, events } = job;
+    let Job { parts, n, events } = job;
     if events.send(Event::Started).is_err() {
         return;
     }
-    for choice in 0..n {
-        let req = Request { seed: request.seed.wrapping_add(choice as u64), ..request.clone() };
+    let choices = parts.iter().enumerate().flat_map(|(p, part)| (0..n).map(move |i| (p * n + i, i, part)));
+    for (choice, i, Part { request, prompt }) in choices {
+        let req = Request { seed: request.seed.wrapping_add(i as u64), ..request.clone() };
         let result = pollster::block_on(engine.generate_from(prompt.clone(), &req, &mut |ev| {
             events.send(Event::Token(choice, ev.clone())).is_ok()
         }));
         match result {
             Ok(c) => {
-                // (a choice that fails ends the job: the prompt counts with the first)
-                let prompt = if choice == 0 { c.prompt_tokens.len() } else { 0 };
+                // (a choice that fails ends the job: a prompt counts with its first choice)
+                let prompt = if i == 0 { c.prompt_tokens.len() } else { 0 };
                 metrics.generation(&GenerationCounts::of(&c, prompt));
                 // Only a client that went away cancels: nobody is left to tell.
                 if c.finish_reason == FinishReason::Cancelled {
