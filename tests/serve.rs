@@ -1561,3 +1561,31 @@ fn a_list_of_prompts_is_answered_as_each_prompt_alone() {
         server.still_answers();
     }
 }
+
+#[test]
+fn a_model_that_fails_to_load_stops_the_server_with_its_error() {
+    // The path a GPU worker's panic takes too (it stops the server, as vLLM's engine death does):
+    // the error on standard error, a failing exit status, and no hang.
+    let dir = temp_dir("fails");
+    let model = dir.join("broken.gguf");
+    std::fs::write(&model, b"GGUF not really").expect("write");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_wgspec"))
+        .args(["serve", "--model", model.to_str().expect("utf8"), "--port", "0"])
+        .env("XDG_RUNTIME_DIR", std::env::temp_dir())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start wgspec");
+    let deadline = Instant::now() + IO_TIMEOUT;
+    let status = loop {
+        if let Some(status) = child.try_wait().expect("wait") {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not stop");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut err = String::new();
+    child.stderr.take().expect("stderr").read_to_string(&mut err).expect("read");
+    assert!(!status.success(), "{err}");
+    assert!(err.contains("error: unsupported GGUF version"), "{err}");
+}

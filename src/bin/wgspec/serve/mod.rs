@@ -171,7 +171,8 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
         Some(model_cfg) => {
             let queue = worker::Queue::new(cfg.max_queue);
             let (loaded_tx, loaded_rx) = oneshot::channel();
-            worker::spawn(model_cfg.clone(), queue.clone(), metrics.clone(), loaded_tx)
+            let (stopped_tx, stopped_rx) = oneshot::channel();
+            worker::spawn(model_cfg.clone(), queue.clone(), metrics.clone(), loaded_tx, stopped_tx)
                 .map_err(|e| Error::io("the GPU worker thread", e))?;
             let mut ids = vec![model_id(&model_cfg.model)];
             if ids[0] != model_cfg.model {
@@ -179,7 +180,7 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
             }
             let info =
                 ModelInfo { ids, default_draft: model_cfg.default_draft(), loaded: OnceLock::new(), queue };
-            Some((info, loaded_rx))
+            Some((info, (loaded_rx, stopped_rx)))
         }
     };
     let (model, loaded_rx) = match model {
@@ -197,7 +198,7 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
         bodies: Arc::new(Semaphore::new(api::BODY_BUDGET)),
         preparing: Arc::new(Semaphore::new(api::PREPARE_AT_ONCE)),
     });
-    if let Some(rx) = loaded_rx {
+    if let Some((rx, stopped)) = loaded_rx {
         let app = app.clone();
         tokio::spawn(async move {
             match rx.await {
@@ -205,6 +206,10 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
                     eprintln!("ready: context {} tokens", loaded.context);
                     if let Some(m) = &app.model {
                         let _ = m.loaded.set(loaded);
+                    }
+                    // (it runs for as long as the process lives: it stops only on a panic)
+                    if let Ok(why) = stopped.await {
+                        let _ = fatal_tx.send(Error::Gpu(format!("the GPU worker stopped: {why}")));
                     }
                 }
                 Ok(Err(e)) => {
@@ -223,12 +228,9 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
     let slots = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let stop = stop_signal(fatal_rx);
     tokio::pin!(stop);
-    loop {
+    let failure = loop {
         tokio::select! {
-            reason = &mut stop => match reason {
-                Some(e) => return Err(e),
-                None => break,
-            },
+            reason = &mut stop => break reason,
             accepted = listener.accept() => {
                 let stream = match accepted {
                     Ok((stream, _peer)) => stream,
@@ -260,17 +262,18 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
                 });
             }
         }
-    }
+    };
     drop(listener);
     eprintln!("shutting down: {} connection(s) open", graceful.count());
     tokio::select! {
         _ = graceful.shutdown() => {}
         _ = tokio::time::sleep(SHUTDOWN_GRACE) => eprintln!("shutdown: gave up waiting after {SHUTDOWN_GRACE:?}"),
     }
-    Ok(())
+    failure.map_or(Ok(()), Err)
 }
 
-/// Resolves to `None` on SIGTERM or SIGINT, to the error when the models fail to load.
+/// Resolves to `None` on SIGTERM or SIGINT, to the error when the models fail to load or the GPU
+/// worker stops.
 async fn stop_signal(fatal: oneshot::Receiver<Error>) -> Option<Error> {
     let terminate = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {

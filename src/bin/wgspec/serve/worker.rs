@@ -226,12 +226,15 @@ fn load_engine(cfg: &ModelConfig) -> wgspec::Result<Engine> {
 }
 
 /// Starts the worker thread: it loads the models, reports through `loaded`, then runs the jobs
-/// of `queue` for as long as the process lives.
+/// of `queue` for as long as the process lives; should it panic, `stopped` gets the panic's
+/// message (the server then stops, as vLLM's does when its engine dies, so that a supervisor
+/// restarts it).
 pub fn spawn(
     cfg: ModelConfig,
     queue: Arc<Queue>,
     metrics: Arc<Metrics>,
     loaded: oneshot::Sender<wgspec::Result<Loaded>>,
+    stopped: oneshot::Sender<String>,
 ) -> std::io::Result<()> {
     std::thread::Builder::new().name("wgspec-gpu".into()).spawn(move || {
         let _close = CloseOnExit(queue.clone());
@@ -247,10 +250,24 @@ pub fn spawn(
         if loaded.send(Ok(info)).is_err() {
             return;
         }
-        Scheduler { engine, batching: cfg.batch.max_seqs > 1, served: HashMap::new(), alone: None }
-            .run(&queue, &metrics);
+        let scheduler =
+            Scheduler { engine, batching: cfg.batch.max_seqs > 1, served: HashMap::new(), alone: None };
+        report_panic(move || scheduler.run(&queue, &metrics), stopped);
     })?;
     Ok(())
+}
+
+/// Runs `run`; if it panics, sends the panic's message through `stopped` (the default hook has
+/// printed it with its place already).
+fn report_panic(run: impl FnOnce(), stopped: oneshot::Sender<String>) {
+    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
+        let message = match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+            (Some(s), _) => s.to_string(),
+            (None, Some(s)) => s.clone(),
+            (None, None) => "a panic".to_string(),
+        };
+        let _ = stopped.send(message);
+    }
 }
 
 /// A batched request's handler (a choice of one: `choice`) and what it was sent.
@@ -447,5 +464,23 @@ fn run_job(engine: &mut Engine, job: Job, metrics: &Metrics) {
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_is_reported_and_an_end_is_not() {
+        let (tx, mut rx) = oneshot::channel();
+        report_panic(|| panic!("the GPU is gone"), tx);
+        assert_eq!(rx.try_recv().ok().as_deref(), Some("the GPU is gone"));
+        let (tx, mut rx) = oneshot::channel();
+        report_panic(|| std::panic::panic_any(format!("lost {}", 7)), tx);
+        assert_eq!(rx.try_recv().ok().as_deref(), Some("lost 7"));
+        let (tx, mut rx) = oneshot::channel::<String>();
+        report_panic(|| {}, tx);
+        assert!(rx.try_recv().is_err(), "a worker that ends without a panic reports nothing");
     }
 }
