@@ -767,7 +767,8 @@ impl Engine {
 
     /// Generates from `prompt`'s token ids without text (harnesses: the bench), as
     /// [`Engine::generate_from`] does: the draft `req.draft` names (else the default), its K and
-    /// the schedule its kind shares, generation ending at `max_tokens` or an end-of-text token;
+    /// the schedule its kind shares, generation ending at `max_tokens` or an end-of-text token
+    /// (unless `ignore_eos`);
     /// `req`'s `stop` strings are not looked at. The loop's own result: tokens, their
     /// provenance, the stats.
     pub async fn generate_tokens(&mut self, prompt: &[u32], req: &Request) -> Result<SpecGeneration> {

@@ -152,16 +152,20 @@ pub struct Parsed {
     /// A completions request's prompts after the first (`request.prompt`): prompt p's choices
     /// are the answer's `p * n ..`, as vLLM numbers them.
     pub more_prompts: Vec<String>,
+    /// The client gave the `seed` (else it was drawn at random).
+    pub seeded: bool,
 }
 
 impl Parsed {
     /// One request per prompt, in order, each with `n` choices (the request itself when it has
-    /// one prompt).
+    /// one prompt): with the client's `seed` each prompt's (as in vLLM: a prompt given twice is
+    /// answered twice alike), else a seed of its own drawn at random.
     pub fn per_prompt(mut self) -> Vec<Parsed> {
         let more = std::mem::take(&mut self.more_prompts);
         let mut all = Vec::with_capacity(1 + more.len());
         for prompt in more {
-            let request = engine::Request { prompt: Some(prompt), ..self.request.clone() };
+            let seed = if self.seeded { self.request.seed } else { random_u64() };
+            let request = engine::Request { prompt: Some(prompt), seed, ..self.request.clone() };
             all.push(Parsed { request, more_prompts: Vec::new(), ..self });
         }
         all.insert(0, self);
@@ -339,7 +343,7 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
     }
     let stream = body.stream.unwrap_or(false);
     let include_usage = body.stream_options.is_some_and(|o| o.include_usage);
-    Ok(Parsed { request, max_tokens, stream, include_usage, n, more_prompts })
+    Ok(Parsed { request, max_tokens, stream, include_usage, n, more_prompts, seeded: body.seed.is_some() })
 }
 
 /// A JSON object body read into `T` field by field, or a 400 naming the field at fault
@@ -667,6 +671,12 @@ mod tests {
             assert_eq!((p.n, p.request.seed, p.max_tokens, p.stream), (2, 5, Some(("max_tokens", 3)), true));
             assert!(p.more_prompts.is_empty());
         }
+        // without a seed each prompt draws its own: the same prompt twice is sampled twice
+        let unseeded =
+            parse(Endpoint::Completions, br#"{"prompt": ["a", "a", "a"]}"#, &ids()).expect("parse");
+        let seeds: std::collections::HashSet<u64> =
+            unseeded.per_prompt().iter().map(|p| p.request.seed).collect();
+        assert_eq!(seeds.len(), 3, "{seeds:?}");
         // MAX_PROMPTS choices in all, and one prompt in a list as a string
         let most = format!(r#"{{"prompt": [{}"a"], "n": 1}}"#, r#""a", "#.repeat(MAX_PROMPTS - 1));
         assert_eq!(
