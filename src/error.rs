@@ -101,6 +101,10 @@ pub enum Error {
     /// Fetching a model failed (a download, an archive, a checksum).
     #[error("fetch {name}: {message}")]
     Fetch { name: String, message: String },
+
+    /// A model file's problem, with the file named (a target and a draft load side by side).
+    #[error("{path}: {source}")]
+    InFile { path: String, source: Box<Error> },
 }
 
 /// The crate's result type.
@@ -114,6 +118,14 @@ impl Error {
     /// Shorthand for [`Error::Io`].
     pub fn io(path: impl fmt::Display, err: impl fmt::Display) -> Self {
         Error::Io { path: path.to_string(), message: err.to_string() }
+    }
+    /// This error as the problem of the file at `path` ([`Error::InFile`]), unless it names a
+    /// file already ([`Error::Io`], [`Error::InFile`]).
+    pub fn in_file(self, path: impl fmt::Display) -> Self {
+        match self {
+            Error::Io { .. } | Error::InFile { .. } => self,
+            e => Error::InFile { path: printable(&path.to_string()), source: Box::new(e) },
+        }
     }
 }
 
@@ -137,4 +149,20 @@ pub fn printable(text: &str) -> String {
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_files_problem_names_the_file_once() {
+        let e = Error::UnsupportedVersion { format: "GGUF", version: 9 }.in_file("/m/draft.gguf");
+        assert_eq!(e.to_string(), "/m/draft.gguf: unsupported GGUF version 9");
+        assert_eq!(e.in_file("/other").to_string(), "/m/draft.gguf: unsupported GGUF version 9");
+        let io = Error::io("/m/x.gguf", "no such file").in_file("/m/x.gguf");
+        assert_eq!(io.to_string(), "i/o error on /m/x.gguf: no such file");
+        let hostile = Error::corrupt("GGUF", "bad").in_file("a\u{1b}[31m.gguf");
+        assert!(!hostile.to_string().contains('\u{1b}'), "{hostile}");
+    }
 }

@@ -1587,5 +1587,5 @@ fn a_model_that_fails_to_load_stops_the_server_with_its_error() {
     let mut err = String::new();
     child.stderr.take().expect("stderr").read_to_string(&mut err).expect("read");
     assert!(!status.success(), "{err}");
-    assert!(err.contains("error: unsupported GGUF version"), "{err}");
+    assert!(err.contains("broken.gguf: unsupported GGUF version"), "{err}");
 }

@@ -13,9 +13,11 @@ use wgspec::{Error, Result};
 
 use crate::fetch;
 
-/// A model's files from a path or a known name (fetched into the cache when absent).
+/// A model's files from a path or a known name (fetched into the cache when absent); their
+/// problems name the path.
 pub fn open(arg: &str) -> Result<OpenedModel> {
-    wgspec::local::open(&fetch::resolve_model(arg)?)
+    let path = fetch::resolve_model(arg)?;
+    wgspec::local::open(&path).map_err(|e| e.in_file(path.display()))
 }
 
 /// Prints load progress on stderr: about 20 updates per model, whatever its tensor count.
