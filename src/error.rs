@@ -103,8 +103,8 @@ pub enum Error {
     Fetch { name: String, message: String },
 
     /// A model file's problem, with the file named (a target and a draft load side by side).
-    #[error("{path}: {source}")]
-    InFile { path: String, source: Box<Error> },
+    #[error("{path}: {error}")]
+    InFile { path: String, error: Box<Error> },
 }
 
 /// The crate's result type.
@@ -120,11 +120,16 @@ impl Error {
         Error::Io { path: path.to_string(), message: err.to_string() }
     }
     /// This error as the problem of the file at `path` ([`Error::InFile`]), unless it names a
-    /// file already ([`Error::Io`], [`Error::InFile`]).
+    /// file already ([`Error::Io`], [`Error::InFile`], [`Error::Fetch`]) or is the GPU's
+    /// ([`Error::NoGpu`], [`Error::Gpu`]).
     pub fn in_file(self, path: impl fmt::Display) -> Self {
         match self {
-            Error::Io { .. } | Error::InFile { .. } => self,
-            e => Error::InFile { path: printable(&path.to_string()), source: Box::new(e) },
+            Error::Io { .. }
+            | Error::InFile { .. }
+            | Error::Fetch { .. }
+            | Error::NoGpu(_)
+            | Error::Gpu(_) => self,
+            e => Error::InFile { path: printable(&path.to_string()), error: Box::new(e) },
         }
     }
 }

@@ -47,7 +47,8 @@ pub fn load_engine(
     opts: &LoadOptions,
     quiet: bool,
 ) -> Result<Engine> {
-    let mut engine = Engine::load(gpu.clone(), open(model)?, opts, &mut progress_bar(quiet))?;
+    let mut engine = Engine::load(gpu.clone(), open(model)?, opts, &mut progress_bar(quiet))
+        .map_err(|e| e.in_file(model))?;
     attach_draft(&mut engine, draft, quiet)?;
     Ok(engine)
 }
@@ -104,12 +105,12 @@ pub fn attach_draft(engine: &mut Engine, draft: &DraftSpec, quiet: bool) -> Resu
     match draft {
         DraftSpec::None | DraftSpec::Ngram => {}
         DraftSpec::Model { model, tree, .. } => {
-            engine.load_draft(open(model)?, &mut progress)?;
+            engine.load_draft(open(model)?, &mut progress).map_err(|e| e.in_file(model))?;
             engine.set_model_tree(*tree)?;
         }
         DraftSpec::Medusa { path, .. } => {
             let files = wgspec::local::heads_files(&fetch::resolve_head(path)?)?;
-            let heads = engine.load_medusa(files, &mut progress)?;
+            let heads = engine.load_medusa(files, &mut progress).map_err(|e| e.in_file(path))?;
             if !quiet {
                 let c = heads.config;
                 let mb = heads.weight_bytes() as f64 / 1e6;
@@ -118,7 +119,7 @@ pub fn attach_draft(engine: &mut Engine, draft: &DraftSpec, quiet: bool) -> Resu
         }
         DraftSpec::Eagle { path, .. } => {
             let files = wgspec::local::heads_files(&fetch::resolve_head(path)?)?;
-            let head = engine.load_eagle(files, &mut progress)?;
+            let head = engine.load_eagle(files, &mut progress).map_err(|e| e.in_file(path))?;
             if !quiet {
                 eprintln!("EAGLE head: {:.1} MB", head.weight_bytes() as f64 / 1e6);
             }

@@ -56,6 +56,10 @@ const MAX_CONNECTIONS: usize = 1024;
 const WRITE_STALL: Duration = Duration::from_secs(30);
 /// How long SIGTERM / SIGINT waits for in-flight requests before the process exits.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(30);
+/// How long a server whose models failed to load or whose GPU worker stopped waits for its
+/// connections (their requests have had their errors; a client still sending a body has nothing
+/// to wait for).
+const FATAL_GRACE: Duration = Duration::from_secs(5);
 /// The longest request head (request line and headers) a connection may send; a longer one gets
 /// 431. With [`MAX_CONNECTIONS`] open, heads take at most 64 MiB.
 pub const MAX_HEAD: usize = 64 << 10;
@@ -120,7 +124,8 @@ fn model_id(arg: &str) -> String {
 }
 
 /// Runs the server until SIGTERM or SIGINT (then in-flight requests get [`SHUTDOWN_GRACE`] to
-/// finish) or until the models fail to load (an error).
+/// finish), or until the models fail to load or the GPU worker stops (an error, after
+/// [`FATAL_GRACE`] for the connections).
 pub fn run(cfg: ServerConfig) -> wgspec::Result<()> {
     if cfg.max_queue == 0 {
         return Err(Error::InvalidArgument("--max-queue must be at least 1".into()));
@@ -265,9 +270,11 @@ async fn serve(cfg: ServerConfig) -> wgspec::Result<()> {
     };
     drop(listener);
     eprintln!("shutting down: {} connection(s) open", graceful.count());
+    // (a GPU worker that stops during this drain stops nothing more: the process is ending)
+    let grace = if failure.is_some() { FATAL_GRACE } else { SHUTDOWN_GRACE };
     tokio::select! {
         _ = graceful.shutdown() => {}
-        _ = tokio::time::sleep(SHUTDOWN_GRACE) => eprintln!("shutdown: gave up waiting after {SHUTDOWN_GRACE:?}"),
+        _ = tokio::time::sleep(grace) => eprintln!("shutdown: gave up waiting after {grace:?}"),
     }
     failure.map_or(Ok(()), Err)
 }

@@ -225,10 +225,10 @@ fn load_engine(cfg: &ModelConfig) -> wgspec::Result<Engine> {
     Ok(engine)
 }
 
-/// Starts the worker thread: it loads the models, reports through `loaded`, then runs the jobs
-/// of `queue` for as long as the process lives; should it panic, `stopped` gets the panic's
-/// message (the server then stops, as vLLM's does when its engine dies, so that a supervisor
-/// restarts it).
+/// Starts the worker thread: it loads the models, reports through `loaded` (a panic while
+/// loading as its error), then runs the jobs of `queue` for as long as the process lives; should
+/// it panic, its requests fail, the queue closes, and `stopped` gets the panic's message (the
+/// server then stops, as vLLM's does when its engine dies, so that a supervisor restarts it).
 pub fn spawn(
     cfg: ModelConfig,
     queue: Arc<Queue>,
@@ -238,10 +238,15 @@ pub fn spawn(
 ) -> std::io::Result<()> {
     std::thread::Builder::new().name("wgspec-gpu".into()).spawn(move || {
         let _close = CloseOnExit(queue.clone());
-        let engine = match load_engine(&cfg) {
-            Ok(e) => e,
-            Err(e) => {
+        let engine = match caught(|| load_engine(&cfg)) {
+            Ok(Ok(e)) => e,
+            Ok(Err(e)) => {
                 let _ = loaded.send(Err(e));
+                return;
+            }
+            Err(why) => {
+                let _ = loaded
+                    .send(Err(wgspec::Error::Gpu(format!("the GPU worker panicked while loading: {why}"))));
                 return;
             }
         };
@@ -250,24 +255,32 @@ pub fn spawn(
         if loaded.send(Ok(info)).is_err() {
             return;
         }
-        let scheduler =
+        let mut scheduler =
             Scheduler { engine, batching: cfg.batch.max_seqs > 1, served: HashMap::new(), alone: None };
-        report_panic(move || scheduler.run(&queue, &metrics), stopped);
+        if let Err(why) = caught(|| scheduler.run(&queue, &metrics)) {
+            // Its requests' handlers answer and no job waits before the engine is touched again:
+            // dropping it waits for the GPU to be idle, which a GPU that hung never is, and the
+            // process is ending anyway.
+            scheduler.served.clear();
+            scheduler.alone = None;
+            queue.close();
+            let _ = stopped.send(why);
+            std::mem::forget(scheduler);
+        }
     })?;
     Ok(())
 }
 
-/// Runs `run`; if it panics, sends the panic's message through `stopped` (the default hook has
-/// printed it with its place already).
-fn report_panic(run: impl FnOnce(), stopped: oneshot::Sender<String>) {
-    if let Err(payload) = std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)) {
-        let message = match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
+/// `run`'s value, or the message of its panic (the default hook has printed it with its place
+/// already).
+fn caught<T>(run: impl FnOnce() -> T) -> Result<T, String> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(run)).map_err(|payload| {
+        match (payload.downcast_ref::<&str>(), payload.downcast_ref::<String>()) {
             (Some(s), _) => s.to_string(),
             (None, Some(s)) => s.clone(),
             (None, None) => "a panic".to_string(),
-        };
-        let _ = stopped.send(message);
-    }
+        }
+    })
 }
 
 /// A batched request's handler (a choice of one: `choice`) and what it was sent.
@@ -291,7 +304,7 @@ struct Scheduler {
 }
 
 impl Scheduler {
-    fn run(mut self, queue: &Queue, metrics: &Metrics) {
+    fn run(&mut self, queue: &Queue, metrics: &Metrics) {
         loop {
             self.take_jobs(queue, metrics);
             self.drop_left(metrics);
@@ -472,15 +485,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_panic_is_reported_and_an_end_is_not() {
-        let (tx, mut rx) = oneshot::channel();
-        report_panic(|| panic!("the GPU is gone"), tx);
-        assert_eq!(rx.try_recv().ok().as_deref(), Some("the GPU is gone"));
-        let (tx, mut rx) = oneshot::channel();
-        report_panic(|| std::panic::panic_any(format!("lost {}", 7)), tx);
-        assert_eq!(rx.try_recv().ok().as_deref(), Some("lost 7"));
-        let (tx, mut rx) = oneshot::channel::<String>();
-        report_panic(|| {}, tx);
-        assert!(rx.try_recv().is_err(), "a worker that ends without a panic reports nothing");
+    fn a_panic_is_caught_with_its_message() {
+        assert_eq!(caught(|| -> u8 { panic!("the GPU is gone") }), Err("the GPU is gone".to_string()));
+        assert_eq!(
+            caught(|| -> u8 { std::panic::panic_any(format!("lost {}", 7)) }),
+            Err("lost 7".to_string())
+        );
+        assert_eq!(caught(|| -> u8 { std::panic::panic_any(7u8) }), Err("a panic".to_string()));
+        assert_eq!(caught(|| 5), Ok(5), "an end without a panic is its value");
     }
 }
