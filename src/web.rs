@@ -497,25 +497,22 @@ impl WebEngine {
     /// (the server's sequence: [`crate::openai::Parsed::ready`]).
     fn prepare_openai(&self, endpoint: Endpoint, body_json: &str) -> Result<(Parsed, Vec<u32>), ErrorReply> {
         let parsed = openai::parse(endpoint, body_json.as_bytes(), &[]).map_err(|e| ErrorReply::from(&e))?;
+        // (one generation at a time: one choice of one prompt)
+        let refused = |param: &str, message: String| {
+            Err(ErrorReply::from(&Error::Request { message, param: Some(param.into()), code: None }))
+        };
         if parsed.n > 1 {
-            let message = format!(
-                "`n` must be 1 in the browser (one choice), not {}; `wgspec serve` answers up to {}",
-                parsed.n,
-                openai::MAX_CHOICES
+            let (n, most) = (parsed.n, openai::MAX_CHOICES);
+            return refused(
+                "n",
+                format!(
+                    "`n` must be 1 in the browser (one choice), not {n}; `wgspec serve` answers up to {most}"
+                ),
             );
-            return Err(ErrorReply::from(&Error::Request { message, param: Some("n".into()), code: None }));
         }
         if !parsed.more_prompts.is_empty() {
-            let message = format!(
-                "`prompt` must be one prompt in the browser, not a list of {}; `wgspec serve` answers up to {}",
-                1 + parsed.more_prompts.len(),
-                openai::MAX_PROMPTS
-            );
-            return Err(ErrorReply::from(&Error::Request {
-                message,
-                param: Some("prompt".into()),
-                code: None,
-            }));
+            let (count, most) = (1 + parsed.more_prompts.len(), openai::MAX_PROMPTS);
+            return refused("prompt", format!("`prompt` must be one prompt in the browser, not a list of {count}; `wgspec serve` answers up to {most}"));
         }
         let mut slot = self.slot.borrow_mut();
         let engine = slot.engine().map_err(|e| ErrorReply::from(&e))?;

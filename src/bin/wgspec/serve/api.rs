@@ -324,13 +324,14 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<
         Some(format!("`draft` \"{}\": this server runs {why}", asked.name()))
     };
     // (the engine reads the ids: the text need not wait in the queue)
-    let (mut parts, mut answer) = (Vec::with_capacity(prompts.len()), None);
+    // (every prompt's request answers as the first's)
+    let (streamed, include_usage, n) = (prompts.first().map(|(p, _)| (p.stream, p.include_usage, p.n)))
+        .ok_or_else(|| ApiError::internal("a request of no prompt"))?;
+    let mut parts = Vec::with_capacity(prompts.len());
     for (parsed, prompt) in prompts {
         let parsed = parsed.ready(&prompt, loaded.context, server_draft, &missing)?;
-        answer.get_or_insert((parsed.stream, parsed.include_usage, parsed.n));
         parts.push(Part { request: parsed.request, prompt });
     }
-    let (streamed, include_usage, n) = answer.ok_or_else(|| ApiError::internal("a request of no prompt"))?;
     let choices = parts.len() * n;
     let (events, mut rx) = mpsc::unbounded_channel();
     let job = Job { parts, n, events };

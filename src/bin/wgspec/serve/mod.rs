@@ -10,8 +10,9 @@
 //! error answers ([`net`]) and a place under a cap on open connections. A request carries one
 //! `Host`; on a loopback bind it must name a loopback host (DNS rebinding); with `--api-key` the
 //! API wants `Authorization: Bearer KEY`; a browser's request to the API must come from the
-//! server's own origin or one `--allow-origin` names, which get CORS answers ([`origin`]). Every request is counted once, when its answer has
-//! been sent or its client has left ([`metrics`]).
+//! server's own origin or one `--allow-origin` names, which get CORS answers ([`origin`]).
+//! Every request is counted once, when its answer has been sent or its client has left
+//! ([`metrics`]).
 
 mod api;
 mod error;

@@ -42,10 +42,8 @@ impl Origins {
         for value in values {
             if value == "*" {
                 origins.any = true;
-            } else if value == "null" {
-                origins.listed.push(value.clone());
             } else {
-                let origin = normalize(value).ok_or_else(|| {
+                let origin = normalize_or_null(value).ok_or_else(|| {
                     wgspec::Error::InvalidArgument(format!(
                         "--allow-origin {value:?}: an origin is `*`, `null` or SCHEME://HOST[:PORT] \
                          (http(s) for a web page), without a path (as a browser's Origin header gives it)"
@@ -97,13 +95,11 @@ fn same_origin(origin: &str, host: Option<&str>) -> bool {
     let (Some(origin), Some(host)) = (normalize(origin), host) else {
         return false;
     };
-    let (default_port, authority) = match origin.split_once("://") {
-        Some(("http", authority)) => (":80", authority),
-        Some(("https", authority)) => (":443", authority),
-        _ => return false,
-    };
-    let host = host.to_ascii_lowercase();
-    authority == host.strip_suffix(default_port).unwrap_or(&host)
+    // (the Host normalized as an origin of the same scheme: the same default port dropped)
+    match origin.split_once("://") {
+        Some((scheme @ ("http" | "https"), _)) => normalize(&format!("{scheme}://{host}")) == Some(origin),
+        _ => false,
+    }
 }
 
 /// The routes that want the API key, and that only the server's own and allowed origins may call.

@@ -361,10 +361,7 @@ impl Scheduler {
                     }
                 }
                 Err(e) => {
-                    for id in submitted {
-                        self.engine.batch_cancel(id);
-                        self.served.remove(&id);
-                    }
+                    self.withdraw(submitted);
                     metrics.failed_generation();
                     let _ = events.send(Event::Failed(e.into()));
                     return;
@@ -372,10 +369,15 @@ impl Scheduler {
             }
         }
         if events.send(Event::Started).is_err() {
-            for id in submitted {
-                self.engine.batch_cancel(id);
-                self.served.remove(&id);
-            }
+            self.withdraw(submitted);
+        }
+    }
+
+    /// Takes sequences of a job out of the batch before any of them ran.
+    fn withdraw(&mut self, ids: Vec<SeqId>) {
+        for id in ids {
+            self.engine.batch_cancel(id);
+            self.served.remove(&id);
         }
     }
 
