@@ -3,7 +3,9 @@
 //
 // A row's sampling distribution is p_j = exp((l_j - m) / T) / Z over the kept tokens j (all of
 // them, or with 0 < top_k < vocab those ranked at most top_k: larger logits first, equal ones by
-// lower id, -0.0 as +0.0, as top_k.wgsl ranks; then with top_p < 1 the nucleus, see final_cut),
+// lower id, -0.0 as +0.0, as top_k.wgsl ranks; with a min-p only those whose logit is at least
+// the row's largest plus p.min_p_offset, T ln(min_p), added in f32 as src/sampling.rs adds it;
+// then with top_p < 1 the nucleus of those, see final_cut),
 // m their largest logit, Z the sum (reduced in a fixed order) -- the distribution of
 // src/sampling.rs, computed in f32. Per row r of the pass (or only its last row, `last_only`; or,
 // in a pass over several requests, rows seed.row0.. of one request, as many as the op is encoded
@@ -19,14 +21,17 @@
 //
 // No row is searched by one workgroup: a row is cut into slices of SLICE logits (the argmax's),
 // one workgroup each, and the kernel runs in stages, one dispatch each (p.stage):
+//   stage MAXES  (a min-p only, first) each slice's largest finite logit
 //   stages 0-7   (a top-k only) the top_k-th ranked key, by a radix select over the
 //                order-preserving keys, 4 bits a level: each workgroup combines the row's counts
 //                of the level before (each slice's counts of its keys in 16 bins), picks the bin
 //                where the counts from the top reach top_k, as every workgroup of the row does,
 //                then counts its slice under the longer prefix
 //   stage 8      each slice of each row: the top-k's cut (the last level's pick; of the tokens
-//                tied at its key, the lowest ids up to top_k, as the ranking orders them, kept
-//                for the later stages), its largest kept logit m_s and z_s = sum of
+//                tied at its key, the lowest ids up to top_k, as the ranking orders them), or
+//                the min-p's floor (the row's largest logit from the slices'; plus the offset)
+//                where that keeps fewer, kept for the later stages; its largest kept logit m_s
+//                and z_s = sum of
 //                exp((l - m_s) / T) over its kept tokens; with a top-p, its histogram of the
 //                nucleus' first level (below)
 //   stages 9-15  (a top-p only) the nucleus' last value, by a radix select of the same kind
@@ -52,6 +57,7 @@ const LEVELS: u32 = 8u;   // the levels of a 32-bit key
 const NUCLEUS: u32 = 8u;  // the stats' stage, the nucleus' first level (the top-k's before it)
 const DRAW: u32 = 16u;    // the stage that draws
 const FINISH: u32 = 17u;  // the stage that combines the draws
+const MAXES: u32 = 18u;   // a min-p's first stage: the slices' largest logits
 
 @group(0) @binding(0) var<uniform> step: Step;
 @group(0) @binding(1) var<uniform> p: Params;
@@ -66,8 +72,9 @@ const FINISH: u32 = 17u;  // the stage that combines the draws
 //                                        counts, by its parity
 //   state   [2, slots, 2]                the prefix picked so far, the mass (bits; the top-k's:
 //                                        the count) above it
-//   draws   [slots, slices, 2]           the slice's best draw from p (value bits, id)
-//   cut     [slots, 2]                   the top-k's cut (value bits, id)
+//   draws   [slots, slices, 2]           the slice's best draw from p (value bits, id); before
+//                                        stage DRAW, with a min-p: its largest logit, id unused
+//   cut     [slots, 2]                   the top-k's or min-p's cut (value bits, id)
 @group(0) @binding(6) var<storage, read_write> scratch: array<u32>;
 
 var<workgroup> red_v: array<f32, WG>;
@@ -202,10 +209,11 @@ fn all_kept() -> Cut {
     return Cut(LOWEST, NONE, LOWEST, 0.0);
 }
 
-// The top-k's cut of the row in `slot` (every token without a top-k), after stage NUCLEUS.
+// The top-k's or the min-p's cut of the row in `slot` (every token without either), after stage
+// NUCLEUS.
 fn top_cut(slot: u32) -> Cut {
     var c = all_kept();
-    if (p.top_k > 0u) {
+    if (p.top_k > 0u || p.min_p == 1u) {
         c.v = word_f(cut_at(slot));
         c.i = scratch[cut_at(slot) + 1u];
     }
@@ -390,8 +398,9 @@ fn level_stage(t: u32, at: vec3<u32>, level: u32) {
     var cut = all_kept();
     if (level > 0u) {
         cut = top_cut(slot);
-    } else if (p.top_k > 0u) { // (stored for the stages after this one)
-        cut = select_cut(t, r, slot);
+    } else if (p.top_k > 0u || p.min_p == 1u) { // (stored for the stages after this one)
+        if (p.top_k > 0u) { cut = select_cut(t, r, slot); }
+        if (p.min_p == 1u) { cut = min_p_cut(t, slot, cut); }
         if (s == 0u && t == 0u) {
             scratch[cut_at(slot)] = bitcast<u32>(cut.v);
             scratch[cut_at(slot) + 1u] = cut.i;
@@ -433,6 +442,29 @@ fn level_stage(t: u32, at: vec3<u32>, level: u32) {
         scratch[state_at(level, slot) + 1u] = bitcast<u32>(now.above);
     }
     histogram(t, at, level, now.prefix, word_f(stats_at(slot, s)), cut, true);
+}
+
+// Stage MAXES for slice s of row r: its largest finite logit, in its draws' first word.
+fn maxes_stage(t: u32, at: vec3<u32>) {
+    let end = min((at.z + 1u) * SLICE, p.vocab);
+    var m = LOWEST;
+    for (var j = at.z * SLICE + t; j < end; j += WG) {
+        let v = logits[at.x * p.vocab + j];
+        if (finite(v)) { m = max(m, v); }
+    }
+    m = reduce_max(t, m);
+    if (t == 0u) { scratch[draws_at(at.y, at.z)] = bitcast<u32>(m); }
+}
+
+// `top` (a top-k's cut, or every token) narrowed to the min-p's: the tokens whose logits are at
+// least the floor, the row's largest (from the slices' of stage MAXES) plus the offset, where
+// that keeps fewer. Both keep a most likely prefix, so the narrower is their intersection.
+fn min_p_cut(t: u32, slot: u32, top: Cut) -> Cut {
+    var m = LOWEST;
+    for (var s = t; s < p.slices; s += WG) { m = max(m, word_f(draws_at(slot, s))); }
+    let least = reduce_max(t, m) + p.min_p_offset;
+    if (least > top.v) { return Cut(least, NONE, LOWEST, 0.0); }
+    return top;
 }
 
 // The id of the n-th (from 1) kept token of row r at the value vs, in id order: the slice
@@ -580,6 +612,10 @@ fn main(@builtin(local_invocation_id) lid: vec3<u32>, @builtin(workgroup_id) wid
         return;
     }
     let at = vec3<u32>(r, slot, wid.x);
+    if (p.stage == MAXES) {
+        maxes_stage(t, at);
+        return;
+    }
     if (p.stage == DRAW) {
         draw_stage(t, at);
         return;

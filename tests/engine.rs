@@ -1487,7 +1487,8 @@ fn batched_requests_find_their_prefixes_in_the_cache_exactly() {
 #[test]
 fn batched_sampling_draws_each_request_from_its_own_distribution() {
     // 1000 sampled requests (seeds 0..1000), two prompts taking turns, 32 per pass with n-gram
-    // drafts: each prompt's first tokens follow the softmax of its own last row.
+    // drafts: each prompt's first tokens follow the softmax of its own last row (the second's
+    // under a min-p: the tokens at least 0.25 times as likely as the likeliest).
     use wgspec::engine::{BatchEvent, BatchLimits};
     let mut r = rng(45);
     let mut tiny = TinyModel::random(TinySpec::llama(), &mut r);
@@ -1500,13 +1501,15 @@ fn batched_sampling_draws_each_request_from_its_own_distribution() {
     let texts = ["the cat sat", "a b a b"];
     let mut want = Vec::new();
     let mut prompts = Vec::new();
-    for text in texts {
+    for (text, min_p) in texts.into_iter().zip([0.0, 0.25]) {
         let mut req = Request::text(text, 2);
-        (req.temperature, req.draft) = (1.0, Some(DraftKind::Ngram));
+        (req.temperature, req.draft, req.min_p) = (1.0, Some(DraftKind::Ngram), min_p);
         let prompt = engine.prompt_tokens(&req).expect("prompt");
         let logits = pollster::block_on(engine.target_mut().forward_last(&prompt, 0)).expect("logits");
         let max = logits.iter().fold(f32::NEG_INFINITY, |m, &x| m.max(x));
         let e: Vec<f64> = logits.iter().map(|&x| ((x - max) as f64).exp()).collect();
+        let e: Vec<f64> = e.iter().map(|&x| if x >= min_p as f64 { x } else { 0.0 }).collect();
+        assert!(min_p == 0.0 || e.iter().filter(|&&x| x == 0.0).count() > 10, "the min-p cuts");
         let z: f64 = e.iter().sum();
         want.push(e.iter().map(|x| x / z).collect::<Vec<f64>>());
         prompts.push((prompt, req));

@@ -1270,21 +1270,24 @@ fn gpu_draws_follow_the_sampling_distribution() {
     let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
     let dense = |d: &Dist| (0..v as u32).map(|t| d.prob(t)).collect::<Vec<f64>>();
     let mut seeds = Rng::new(5);
-    for (temperature, top_k, top_p, tied) in [
-        (0.7f32, 0usize, 1.0f32, false),
-        (1.3, 5, 1.0, false),
-        (1.1, 0, 0.8, false),
-        (1.2, 5, 0.6, false),
-        (1.0, 0, 0.55, true),
-        (1.0, 6, 0.55, true),
-        (0.9, 40, 1.0, false), // (a top-k above the 16 that top_k.wgsl ranks)
-        (1.0, 40, 0.8, false),
-        (1.0, 3, 1.0, true), // a top-k that ends inside the tied group
+    for (temperature, top_k, top_p, tied, min_p) in [
+        (0.7f32, 0usize, 1.0f32, false, 0.0f32),
+        (1.3, 5, 1.0, false, 0.0),
+        (1.1, 0, 0.8, false, 0.0),
+        (1.2, 5, 0.6, false, 0.0),
+        (1.0, 0, 0.55, true, 0.0),
+        (1.0, 6, 0.55, true, 0.0),
+        (0.9, 40, 1.0, false, 0.0), // (a top-k above the 16 that top_k.wgsl ranks)
+        (1.0, 40, 0.8, false, 0.0),
+        (1.0, 3, 1.0, true, 0.0), // a top-k that ends inside the tied group
         // (the least temperature that samples: its 1 / T is finite on any GPU, its draws the argmax)
-        (wgspec::sampling::MIN_TEMPERATURE, 0, 1.0, false),
+        (wgspec::sampling::MIN_TEMPERATURE, 0, 1.0, false, 0.0),
+        (1.0, 0, 1.0, false, 0.1), // a min-p: the six likely tokens of p_row, or some
+        (1.1, 0, 0.9, false, 0.05),
+        (1.0, 2, 1.0, false, 0.3),
     ] {
-        let params = SamplingParams { temperature, top_k, top_p, seed: 0 };
-        let what = format!("T={temperature} top-k={top_k} top-p={top_p} tied={tied}");
+        let params = SamplingParams { temperature, top_k, top_p, min_p, seed: 0 };
+        let what = format!("T={temperature} top-k={top_k} top-p={top_p} min-p={min_p} tied={tied}");
         let (p_row, p_buf) = if tied { (&tie_row, &tie_buf) } else { (&p_row, &p_buf) };
         let p = Dist::from_logits(p_row, &params);
         assert_eq!(Dist::from_pairs(distribution(p_row, &params)), p);
@@ -1292,7 +1295,15 @@ fn gpu_draws_follow_the_sampling_distribution() {
             let kept: Vec<u32> = p.pairs().iter().map(|&(t, _)| t).collect();
             assert_eq!(kept, [3, 40, 70], "{what}: the cut ends inside the tied group");
         }
-        let cfg = SampleConfig { vocab: v, temperature, top_k, top_p, last_only: None, stream: 3 };
+        let cfg = SampleConfig {
+            vocab: v,
+            temperature,
+            top_k,
+            top_p,
+            min_p_offset: params.min_p_offset(),
+            last_only: None,
+            stream: 3,
+        };
         let ops = gpu.sample(&step, &seed, p_buf, (&out, &status), cfg);
         let mut draws = vec![0usize; v];
         for s in 0..150 {
@@ -1316,7 +1327,15 @@ fn gpu_draws_follow_the_sampling_distribution() {
     let mut bad = p_all.clone();
     bad[3 * v + 17] = f32::NAN;
     let bad = GpuBuffer::<f32>::from_slice(&gpu, "bad", &bad);
-    let cfg = SampleConfig { vocab: v, temperature: 1.0, top_k: 0, top_p: 1.0, last_only: None, stream: 3 };
+    let cfg = SampleConfig {
+        vocab: v,
+        temperature: 1.0,
+        top_k: 0,
+        top_p: 1.0,
+        min_p_offset: None,
+        last_only: None,
+        stream: 3,
+    };
     let ops = gpu.sample(&step, &seed, &bad, (&out, &status), cfg);
     run(&gpu, &step, &ops, rows, 0);
     assert_eq!(read_u32(&gpu, &status.raw, 1), [4], "a NaN logit in row 3");
@@ -1462,7 +1481,15 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
                     "vocab {v} {rows_of} rows T={temperature} top-k={top_k} top-p={top_p} \
                      last_only={last_only:?}"
                 );
-                let cfg = SampleConfig { vocab: v, temperature, top_k, top_p, last_only, stream: 5 };
+                let cfg = SampleConfig {
+                    vocab: v,
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p_offset: None,
+                    last_only,
+                    stream: 5,
+                };
                 let (new_out, old_out) =
                     (GpuBuffer::<u32>::zeros(&gpu, "new", rows), GpuBuffer::<u32>::zeros(&gpu, "old", rows));
                 let ops = gpu.sample(&step, &seed, &p_buf, (&new_out, &status), cfg);
@@ -1518,11 +1545,110 @@ fn gpu_draws_are_the_one_workgroup_kernels_over_many_slices() {
 }
 
 #[test]
+fn a_min_p_draws_as_its_row_with_the_dropped_logits_at_the_lowest() {
+    // A min-p keeps the logits at least the row's largest plus T ln(min_p) (src/sampling.rs's
+    // floor). Its draws are those of the row with every other logit at the lowest f32, drawn
+    // without a min-p (such a logit weighs exp(-huge) = 0): in every row, random and tied (floors
+    // exactly at a tied value), alone and under a top-k or a top-p, over one slice and many; the
+    // CPU distribution alike. And a row's draw does not depend on the rows of its pass.
+    use rand::Rng;
+    use wgspec::gpu::{SampleConfig, SampleSeed};
+    use wgspec::sampling::{distribution, min_p_floor, SamplingParams};
+    let gpu = gpu();
+    let step = gpu.step_buffer();
+    let mut r = rng(91);
+    let (rows, n) = (6, 5);
+    let mut checked = 0;
+    for &v in &[150usize, 4100, 70_000] {
+        // (the floor of T = 1 and min_p = 0.2 under the largest, 2.5, lies on a tied value)
+        let on = SamplingParams { temperature: 1.0, min_p: 0.2, ..SamplingParams::greedy() };
+        let tie = min_p_floor(2.5, on.min_p_offset().expect("a min-p"));
+        let few = [2.5f32, 2.5, tie, tie, 0.0, -0.0, -1.5];
+        for rows_of in ["random", "few values"] {
+            let p_rows: Vec<f32> = match rows_of {
+                "random" => rand_vec(&mut r, rows * v, 3.0),
+                _ => (0..rows * v).map(|_| few[r.gen_range(0..few.len())]).collect(),
+            };
+            let status = GpuBuffer::<u32>::zeros(&gpu, "status", 1);
+            let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
+            let p_buf = GpuBuffer::<f32>::from_slice(&gpu, "p", &p_rows);
+            for (temperature, top_k, top_p, min_p) in [
+                (1.0f32, 0usize, 1.0f32, 0.2f32),
+                (0.7, 0, 1.0, 0.05),
+                (1.3, 0, 1.0, 0.9),
+                (1.0, 0, 1.0, 1.0), // (only the largest logit's tokens)
+                (1.0, 40, 1.0, 0.02),
+                (1.0, 3, 1.0, 0.2), // (a top-k narrower than the min-p, or wider)
+                (1.0, 0, 0.8, 0.1),
+                (1.2, 25, 0.7, 0.01),
+                (0.9, 0, 0.95, 1e-30), // (a floor below every logit: every token kept)
+            ] {
+                let params = SamplingParams { temperature, top_k, top_p, min_p, seed: 0 };
+                let what = format!(
+                    "vocab {v} {rows_of} rows T={temperature} top-k={top_k} top-p={top_p} min-p={min_p}"
+                );
+                let offset = params.min_p_offset();
+                // the rows with the dropped logits at the lowest f32
+                let dropped: Vec<f32> = p_rows
+                    .chunks(v)
+                    .flat_map(|row| {
+                        let max = row.iter().copied().fold(f32::MIN, f32::max);
+                        let least = min_p_floor(max, offset.unwrap_or(f32::MIN));
+                        row.iter().map(move |&l| if l >= least { l } else { f32::MIN }).collect::<Vec<_>>()
+                    })
+                    .collect();
+                let plain = SamplingParams { min_p: 0.0, ..params };
+                for (row, low) in p_rows.chunks(v).zip(dropped.chunks(v)) {
+                    let mut want = distribution(low, &plain);
+                    want.retain(|&(_, p)| p > 0.0);
+                    assert_eq!(distribution(row, &params), want, "{what}: the CPU's distribution");
+                }
+                let d_buf = GpuBuffer::<f32>::from_slice(&gpu, "dropped", &dropped);
+                let cfg = SampleConfig {
+                    vocab: v,
+                    temperature,
+                    top_k,
+                    top_p,
+                    min_p_offset: offset,
+                    last_only: None,
+                    stream: 5,
+                };
+                let (got_out, want_out) =
+                    (GpuBuffer::<u32>::zeros(&gpu, "got", rows), GpuBuffer::<u32>::zeros(&gpu, "want", rows));
+                let ops = gpu.sample(&step, &seed, &p_buf, (&got_out, &status), cfg);
+                let oracle = SampleConfig { min_p_offset: None, ..cfg };
+                let oracle = gpu.sample(&step, &seed, &d_buf, (&want_out, &status), oracle);
+                for s in 0..3u64 {
+                    gpu.queue.write_buffer(
+                        &seed,
+                        0,
+                        bytemuck::bytes_of(&SampleSeed::new(s * 104_729 + v as u64)),
+                    );
+                    run(&gpu, &step, &ops, n, 40);
+                    run(&gpu, &step, &oracle, n, 40);
+                    let got = read_u32(&gpu, &got_out.raw, n);
+                    assert_eq!(got, read_u32(&gpu, &want_out.raw, n), "{what} seed {s}: the draws");
+                    checked += n;
+                    run(&gpu, &step, &ops, 2, 40);
+                    assert_eq!(
+                        read_u32(&gpu, &got_out.raw, 2)[..],
+                        got[..2],
+                        "{what} seed {s}: rows 0-1 alone"
+                    );
+                }
+            }
+            assert_eq!(read_u32(&gpu, &status.raw, 1), [0], "finite logits");
+        }
+    }
+    eprintln!("{checked} rows' min-p draws equal their dropped rows' draws");
+}
+
+#[test]
 fn sampling_spreads_each_row_over_its_slices() {
     // The shape facts of the sampling ops over Qwen2.5's 151,936 logits in a 5-row pass (nothing
     // run): every stage but the last a workgroup per slice of each row, the last one per row
     // reading the slices' 8 bytes; 3 dispatches, 10 with a top-p, 11 with a top-k (of any size),
-    // 18 with both; no invocation walks a row (the one-workgroup kernel walked it 3 to about 110 times
+    // 18 with both, one more with a min-p; no invocation walks a row (the one-workgroup kernel walked it 3 to about 110 times
     // with a stride of 256: 1,800 to 65,000 iterations; top_k.wgsl, which ranked a top-k for it,
     // walks a slice k times).
     use wgspec::gpu::{SampleConfig, SampleSeed};
@@ -1533,21 +1659,42 @@ fn sampling_spreads_each_row_over_its_slices() {
     let words = GpuBuffer::<u32>::zeros(&gpu, "words", rows);
     let seed = gpu.uniform("seed", bytemuck::bytes_of(&SampleSeed::new(0)));
     let step = gpu.step_buffer();
-    for (top_k, top_p) in [(0usize, 1.0f32), (16, 1.0), (0, 0.9), (40, 0.95), (100_000, 1.0), (v, 1.0)] {
-        let cfg = SampleConfig { vocab: v, temperature: 1.0, top_k, top_p, last_only: None, stream: 0 };
+    for (top_k, top_p, min_p) in [
+        (0usize, 1.0f32, None),
+        (16, 1.0, None),
+        (0, 0.9, None),
+        (40, 0.95, None),
+        (100_000, 1.0, None),
+        (v, 1.0, None),
+        (0, 1.0, Some(-3.0f32)),
+        (40, 0.95, Some(-3.0)),
+    ] {
+        let cfg = SampleConfig {
+            vocab: v,
+            temperature: 1.0,
+            top_k,
+            top_p,
+            min_p_offset: min_p,
+            last_only: None,
+            stream: 0,
+        };
         let ops = gpu.sample(&step, &seed, &logits, (&words, &words), cfg);
-        let (cut, nucleus) = (top_k > 0 && top_k < v, top_p < 1.0);
-        assert_eq!(ops.len(), 3 + 8 * cut as usize + 7 * nucleus as usize, "top-k {top_k} top-p {top_p}");
-        // (the stats' stage: the first after the top-k's levels)
-        let stats = 8 * cut as usize;
+        let (cut, nucleus, floor) = (top_k > 0 && top_k < v, top_p < 1.0, min_p.is_some() as usize);
+        assert_eq!(
+            ops.len(),
+            3 + 8 * cut as usize + 7 * nucleus as usize + floor,
+            "top-k {top_k} top-p {top_p} min-p {min_p:?}"
+        );
+        // (the stats' stage: the first after the min-p's maxima and the top-k's levels)
+        let stats = floor + 8 * cut as usize;
         for (i, op) in ops.iter().enumerate() {
             let s = gpu.shape(op, rows, 0).expect("dispatched");
             eprintln!("top-k {top_k} top-p {top_p}: stage {i}: {s:?}");
             assert_eq!(s.invocations, 64, "{s:?}");
             let (want, most) = match ops.len() - i {
-                1 => (rows as u64, 16),                                // the finish: the slices' draws
+                1 => (rows as u64, 16),           // the finish: the slices' draws
                 2 => (slices * rows as u64, 512), // the draws: the cuts (and ties) per workgroup
-                _ if i == stats && cut => (slices * rows as u64, 512), // the top-k's cut
+                _ if i == stats && (cut || floor == 1) => (slices * rows as u64, 512), // the cut
                 _ => (slices * rows as u64, 128),
             };
             assert_eq!(s.workgroups, want, "stage {i}: {s:?}");

@@ -1102,7 +1102,8 @@ fn bad_model_input_gives_typed_errors() {
     }
     let ckpt = Checkpoint::from_gguf(huge.to_gguf(DType::F32, &mut r)).expect("header parses");
     let mut m = Model::load(gpu(), &ckpt, &LoadOptions::default(), &mut |_| {}).expect("finite weights load");
-    let sampling = wgspec::sampling::SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 1 };
+    let sampling =
+        wgspec::sampling::SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 1 };
     let opts = GenerateOptions { max_tokens: 2, sampling, stop_tokens: vec![] };
     let mut go_on = |_, _| true;
     let run = wgspec::speculative::generate(

@@ -235,9 +235,9 @@ fn speculative_sampling_converges_to_the_target_distribution() {
     const V: usize = 8;
     let mut r = rng(100);
     let settings = [
-        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
-        SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9, seed: 0 },
-        SamplingParams { temperature: 1.5, top_k: 4, top_p: 1.0, seed: 0 },
+        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 },
+        SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9, min_p: 0.0, seed: 0 },
+        SamplingParams { temperature: 1.5, top_k: 4, top_p: 1.0, min_p: 0.0, seed: 0 },
     ];
     for (si, params) in settings.iter().enumerate() {
         let target_logits: Vec<Vec<f32>> = (0..V).map(|_| random_logits(&mut r, V, 2.5)).collect();
@@ -349,8 +349,8 @@ fn multi_candidate_tree_sampling_converges_to_the_target_distribution() {
         }
     };
     for (si, params) in [
-        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
-        SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9, seed: 0 },
+        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 },
+        SamplingParams { temperature: 0.7, top_k: 0, top_p: 0.9, min_p: 0.0, seed: 0 },
     ]
     .iter()
     .enumerate()
@@ -415,7 +415,7 @@ fn a_broken_rule_is_caught_by_the_convergence_check() {
     // p instead of the residual max(0, p - q); the other accepts every draft (no correction).
     const V: usize = 8;
     let mut r = rng(101);
-    let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 };
+    let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 };
     let target = Markov { rows: (0..V).map(|_| random_dist(&mut r, V, 2.5)).collect() };
     let draft = ToyDraft::Sampled(Markov { rows: (0..V).map(|_| random_dist(&mut r, V, 2.5)).collect() });
     let from_p = |xs: &[u32], q: &[Dist], p: &[Dist], g: &mut Rng| {
@@ -863,7 +863,7 @@ fn sampled_speculation_is_seeded_and_deterministic() {
         .expect("draft");
     let opts = |seed| GenerateOptions {
         max_tokens: 12,
-        sampling: SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, seed },
+        sampling: SamplingParams { temperature: 0.8, top_k: 40, top_p: 0.95, min_p: 0.0, seed },
         stop_tokens: vec![],
     };
     let a = speculative(&mut target, &mut draft, &[1, 2, 3], &opts(9), KPolicy::Fixed(3));
@@ -927,9 +927,9 @@ fn sampled_speculation_gives_plain_sampling_tokens() {
     // the draft model's GPU-resident cycles, and its CPU-driven ones (calibrating)
     let mut resident = [0usize; 2];
     for params in [
-        SamplingParams { temperature: 0.5, top_k: 0, top_p: 1.0, seed: 0 },
+        SamplingParams { temperature: 0.5, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 },
         // (a top-k above the 16 ids that top_k.wgsl ranks: cut by sample.wgsl's own select)
-        SamplingParams { temperature: 0.9, top_k: 24, top_p: 0.9, seed: 0 },
+        SamplingParams { temperature: 0.9, top_k: 24, top_p: 0.9, min_p: 0.0, seed: 0 },
     ] {
         for seed in 0..3 {
             let opts = GenerateOptions {
@@ -1001,12 +1001,14 @@ fn speculative_sampling_on_the_gpu_has_the_target_distribution() {
     ));
     let prompt = [3u32, 5, 3, 7, 3];
     for params in [
-        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
-        SamplingParams { temperature: 0.6, top_k: 0, top_p: 0.9, seed: 0 },
+        SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 },
+        SamplingParams { temperature: 0.6, top_k: 0, top_p: 0.9, min_p: 0.4, seed: 0 },
     ] {
         // Exact marginals of the first two tokens from the target's logits.
         let first_logits = pollster::block_on(target.forward_last(&prompt, 0)).expect("forward");
         let p1 = Dist::from_logits(&first_logits, &params);
+        let uncut = Dist::from_logits(&first_logits, &SamplingParams { min_p: 0.0, ..params });
+        assert!(params.min_p == 0.0 || uncut.pairs().len() > p1.pairs().len(), "the min-p cuts");
         let mut p2 = vec![0.0; V];
         for &(a, pa) in p1.pairs() {
             let l = pollster::block_on(target.forward_last(&[a], prompt.len())).expect("forward");
@@ -1080,7 +1082,7 @@ fn gpu_sampled_cycles_have_the_target_distribution() {
     let prompt = [3u32, 5, 3, 7, 3];
     let n_past = prompt.len() - 1;
     // plain sampled decoding: one GPU draw per token, one read-back each
-    let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 };
+    let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 };
     let logits = pollster::block_on(target.forward_last(&prompt, 0)).expect("forward");
     let p1: Vec<f64> = (0..V).map(|t| Dist::from_logits(&logits, &params).prob(t as u32)).collect();
     let mut counts = vec![0usize; V];
@@ -1098,12 +1100,14 @@ fn gpu_sampled_cycles_have_the_target_distribution() {
     for (name, dm) in [("good", good), ("bad", bad)] {
         let mut draft = DraftModel::new(dm, &ckpt.config).expect("draft");
         for params in [
-            SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed: 0 },
-            SamplingParams { temperature: 0.7, top_k: 5, top_p: 1.0, seed: 0 },
-            SamplingParams { temperature: 1.2, top_k: 0, top_p: 0.7, seed: 0 },
+            SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed: 0 },
+            SamplingParams { temperature: 0.7, top_k: 5, top_p: 1.0, min_p: 0.0, seed: 0 },
+            SamplingParams { temperature: 1.2, top_k: 0, top_p: 0.9, min_p: 0.5, seed: 0 },
         ] {
             let logits = pollster::block_on(target.forward_last(&prompt, 0)).expect("forward");
             let p1 = Dist::from_logits(&logits, &params);
+            let uncut = Dist::from_logits(&logits, &SamplingParams { min_p: 0.0, ..params });
+            assert!(params.min_p == 0.0 || uncut.pairs().len() > p1.pairs().len(), "the min-p cuts");
             let p1: Vec<f64> = (0..V).map(|t| p1.prob(t as u32)).collect();
             let cycle = SampledCycle::new(&target, Some(draft.model()), &params).expect("cycle");
             let mut seeds = Rng::new(91);
@@ -1149,7 +1153,7 @@ fn gpu_tree_draws_have_the_target_distribution() {
     let mut target = Model::load(own, &ckpt, &opts, &mut |_| {}).expect("load");
     let prompt = [3u32, 5, 3, 7, 3];
     let n_past = prompt.len() - 1;
-    let params = SamplingParams { temperature: 0.9, top_k: 9, top_p: 1.0, seed: 0 };
+    let params = SamplingParams { temperature: 0.9, top_k: 9, top_p: 1.0, min_p: 0.0, seed: 0 };
     let mut dist = |tokens: &[u32], pos: usize| {
         let logits = pollster::block_on(target.forward_last(tokens, pos)).expect("forward");
         Dist::from_logits(&logits, &params)
@@ -1218,7 +1222,7 @@ fn a_sampled_trees_draws_are_plain_samplings_at_each_depth() {
     let prompt = [3u32, 5, 3, 7, 3];
     let n_past = prompt.len() - 1;
     for seed in 0..12 {
-        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, seed };
+        let params = SamplingParams { temperature: 1.0, top_k: 0, top_p: 1.0, min_p: 0.0, seed };
         let opts = GenerateOptions { max_tokens: 3, sampling: params, stop_tokens: vec![] };
         let t = plain(&mut target, &prompt, &opts).tokens;
         // root -> [another, t0] ; t0 -> [another, t1]: the path is rows 0, 2, 4 at depths 0, 1, 2
@@ -1290,7 +1294,7 @@ fn sampling_distribution_selects_what_a_full_sort_does() {
             (100_000, 0.95),
             (200_000, 1.0),
         ] {
-            let params = SamplingParams { temperature: 0.7, top_k, top_p, seed: 0 };
+            let params = SamplingParams { temperature: 0.7, top_k, top_p, min_p: 0.0, seed: 0 };
             let what = format!("{} tokens, top_k {top_k}, top_p {top_p}", row.len());
             let got = sampling::distribution(row, &params);
             let want = distribution_by_full_sort(row, &params);

@@ -40,6 +40,9 @@ pub struct Request {
     pub top_k: usize,
     #[serde(default = "default_top_p")]
     pub top_p: f32,
+    /// 0 = no min-p cut ([`SamplingParams::min_p`]).
+    #[serde(default)]
+    pub min_p: f32,
     #[serde(default)]
     pub seed: u64,
     /// Generation ends when the text contains one of these; the text ends before it.
@@ -69,6 +72,7 @@ impl Request {
             temperature: 0.0,
             top_k: 0,
             top_p: default_top_p(),
+            min_p: 0.0,
             seed: 0,
             stop: Vec::new(),
             draft: None,
@@ -96,8 +100,16 @@ impl Request {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
+            min_p: self.min_p,
             seed: self.seed,
         }
+    }
+
+    /// Sets the sampling fields (the inverse of [`Request::sampling`]).
+    pub fn set_sampling(&mut self, p: SamplingParams) {
+        let SamplingParams { temperature, top_k, top_p, min_p, seed } = p;
+        (self.temperature, self.top_k, self.top_p, self.min_p, self.seed) =
+            (temperature, top_k, top_p, min_p, seed);
     }
 
     pub fn k_policy(&self) -> KPolicy {

@@ -324,8 +324,12 @@ pub struct SampleConfig {
     /// 0 (or the vocabulary's size, or more): every token; else the `top_k` ranked first
     /// (larger logits, equal ones by lower id).
     pub top_k: usize,
-    /// 1: no nucleus; else the smallest most likely set (after the top-k) holding this mass.
+    /// 1: no nucleus; else the smallest most likely set (after the top-k and the min-p)
+    /// holding this mass.
     pub top_p: f32,
+    /// A min-p: the tokens whose logits are at least the row's largest plus this offset
+    /// ([`crate::sampling::SamplingParams::min_p_offset`]); `None`: no min-p cut.
+    pub min_p_offset: Option<f32>,
     /// Only the pass's last row, written to this row of `out` (a draft step's draw).
     pub last_only: Option<usize>,
     /// The op's noise stream (its draws' noise: 2 stream, hashed with the seed, the row's
@@ -351,13 +355,16 @@ gpu_struct! {
         /// The op's noise stream (the verify rows' and their draft model's share one).
         stream: u32,
         /// The dispatch's stage (`shaders/sample.wgsl`: 0 to 7 the top-k's levels, 8 to 15 the
-        /// slices' stats and the nucleus' levels, 16 the draws, 17 their combination).
+        /// slices' stats and the nucleus' levels, 16 the draws, 17 their combination, 18 the
+        /// slices' largest logits for a min-p).
         stage: u32,
         /// ceil(vocab / SLICE): the workgroups of a row's side.
         slices: u32,
         /// Rows the scratch holds (1 for `last_only`).
         slots: u32,
-        _pad: [u32; 2],
+        /// 1: a min-p cut, the logits below the row's largest plus `min_p_offset` dropped.
+        min_p: u32,
+        min_p_offset: f32,
     }
 }
 
@@ -383,11 +390,12 @@ fn sample_scratch(slots: usize, slices: usize) -> usize {
 
 /// [`Gpu::sample`]'s stages (`shaders/sample.wgsl`): the radix levels (of a key: 8 of 4 bits)
 /// of the top-k's select, then from SAMPLE_NUCLEUS the nucleus' (the first also the slices'
-/// stats), the draws, their combination.
+/// stats), the draws, their combination; and the slices' largest logits for a min-p.
 const SAMPLE_LEVELS: u32 = 8;
 const SAMPLE_NUCLEUS: u32 = 8;
 const SAMPLE_DRAW: u32 = 16;
 const SAMPLE_FINISH: u32 = 17;
+const SAMPLE_MAXES: u32 = 18;
 
 gpu_struct! {
     /// The seed of the GPU's draws (a generation's) (`Seed` in `shaders/sample.wgsl`), written
@@ -1266,9 +1274,10 @@ impl Gpu {
     /// where row r holds a logit that is not finite.
     ///
     /// Every stage runs a workgroup per slice of [`REDUCE_SLICE`] logits of each row: with a
-    /// top-k the 8 levels of its radix select, the slices' stats, with a top-p 7 more levels of
-    /// the nucleus' radix select, the draws, then one workgroup per row combining them: 3
-    /// dispatches, 10 with a top-p, 11 with a top-k, 18 with both.
+    /// min-p the slices' largest logits, with a top-k the 8 levels of its radix select, the
+    /// slices' stats, with a top-p 7 more levels of the nucleus' radix select, the draws, then
+    /// one workgroup per row combining them: 3 dispatches, 10 with a top-p, 11 with a top-k, 18
+    /// with both; one more with a min-p.
     pub fn sample(
         &self,
         step: &wgpu::Buffer,
@@ -1310,7 +1319,8 @@ impl Gpu {
                 stage,
                 slices: slices as u32,
                 slots: slots as u32,
-                _pad: [0; 2],
+                min_p: cfg.min_p_offset.is_some() as u32,
+                min_p_offset: cfg.min_p_offset.unwrap_or(0.0),
             };
             let params = self.uniform("sample params", bytemuck::bytes_of(&params));
             self.op_with_uniform(Kernel::Sample, step, &params, seed, &storage, grid)
@@ -1336,12 +1346,17 @@ impl Gpu {
         let ties = (slices as u64).div_ceil(wg) + wg + 2 * scan + wg;
         let nucleus = cfg.top_p < 1.0;
         let mut ops = Vec::new();
+        if cfg.min_p_offset.is_some() {
+            ops.push(slice_op(SAMPLE_MAXES, scan + 6));
+        }
         if top_k > 0 {
             ops.extend(
                 (0..SAMPLE_LEVELS).map(|level| slice_op(level, bins * (level > 0) as u64 + histogram)),
             );
         }
-        let top_cut = if top_k > 0 { bins + ties } else { 0 };
+        // (a min-p's floor: the row's largest logit from its slices')
+        let top_cut =
+            if top_k > 0 { bins + ties } else { 0 } + if cfg.min_p_offset.is_some() { across } else { 0 };
         let levels = if nucleus { SAMPLE_LEVELS } else { 1 };
         ops.extend((0..levels).map(|level| {
             let serial = match level {

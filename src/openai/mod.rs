@@ -59,6 +59,8 @@ struct Body {
     temperature: Option<f64>,
     top_p: Option<f64>,
     top_k: Option<i64>,
+    /// vLLM's (and llama.cpp's): keep tokens at least this fraction as likely as the likeliest.
+    min_p: Option<f64>,
     seed: Option<i64>,
     stop: Option<Stops>,
     stream: Option<bool>,
@@ -71,6 +73,10 @@ struct Body {
     ignore_eos: Option<bool>,
     presence_penalty: Option<f64>,
     frequency_penalty: Option<f64>,
+    /// vLLM's: accepted at 1 (none), as UIs send it.
+    repetition_penalty: Option<f64>,
+    /// vLLM's: accepted at 0 (none).
+    min_tokens: Option<u64>,
     logit_bias: Option<Probe>,
     logprobs: Option<Probe>,
 
@@ -322,6 +328,12 @@ pub fn parse(endpoint: Endpoint, bytes: &[u8], model_ids: &[String]) -> Result<P
             ))
         }
     };
+    if let Some(p) = body.min_p {
+        if !(0.0..=1.0).contains(&p) {
+            return Err(Refusal::field("min_p", format!("`min_p` must be in [0, 1], not {p}")));
+        }
+        request.min_p = p as f32;
+    }
     request.seed = match body.seed {
         // The same bits for negative seeds: any integer is a valid seed.
         Some(s) => s as u64,
@@ -416,6 +428,12 @@ fn check_harmless(b: &Body) -> Result<()> {
         if value.is_some_and(|v| v != 0.0) {
             return Err(Refusal::field(field, format!("`{field}` is not supported (only 0)")));
         }
+    }
+    if b.repetition_penalty.is_some_and(|v| v != 1.0) {
+        return Err(Refusal::field("repetition_penalty", "`repetition_penalty` is not supported (only 1)"));
+    }
+    if b.min_tokens.is_some_and(|n| n != 0) {
+        return Err(Refusal::field("min_tokens", "`min_tokens` is not supported (only 0)"));
     }
     let asks = |p: &Option<Probe>, nothing: &dyn Fn(&Probe) -> bool| p.as_ref().is_some_and(|p| !nothing(p));
     let empty = |p: &Probe| matches!(p, Probe::Null | Probe::Empty);
@@ -542,7 +560,7 @@ mod tests {
             "presence_penalty": 0, "logprobs": false, "stream": true, "stream_options": {"include_usage": true},
             "draft": "ngram", "draft_k": 3, "tools": [], "tool_choice": "auto", "logit_bias": {},
             "response_format": {"type": "text"}, "parallel_tool_calls": true, "metadata": {"a": [1]},
-            "ignore_eos": true}"#;
+            "ignore_eos": true, "min_p": 0.05, "repetition_penalty": 1, "min_tokens": 0}"#;
         let p = parse(Endpoint::Chat, body, &ids()).unwrap_or_else(|e| panic!("{e}"));
         assert_eq!(p.max_tokens, Some(("max_completion_tokens", 5)));
         assert!(p.stream && p.include_usage);
@@ -553,6 +571,7 @@ mod tests {
         assert_eq!(p.request.draft_k, Some(3));
         assert_eq!(p.request.temperature, 0.0);
         assert!(p.request.ignore_eos);
+        assert_eq!(p.request.min_p, 0.05);
         assert!(
             !parse(Endpoint::Chat, br#"{"messages": [{"role": "user", "content": "hi"}]}"#, &[])
                 .unwrap_or_else(|e| panic!("{e}"))
@@ -618,6 +637,10 @@ mod tests {
             (br#"{"prompt": "a", "n": 9}"#, "n"),
             (br#"{"prompt": "a", "n": 0}"#, "n"),
             (br#"{"prompt": "a", "frequency_penalty": 0.5}"#, "frequency_penalty"),
+            (br#"{"prompt": "a", "repetition_penalty": 1.1}"#, "repetition_penalty"),
+            (br#"{"prompt": "a", "min_tokens": 4}"#, "min_tokens"),
+            (br#"{"prompt": "a", "min_p": 1.5}"#, "min_p"),
+            (br#"{"prompt": "a", "min_p": -0.1}"#, "min_p"),
             (br#"{"prompt": "a", "logprobs": 2}"#, "logprobs"),
             (br#"{"prompt": "a", "bogus": 1}"#, "bogus"),
             (br#"{"prompt": "a", "a.b[0]": 1}"#, "a.b[0]"),

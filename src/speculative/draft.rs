@@ -414,10 +414,7 @@ impl DraftModel {
     /// distribution, with the noise the target's row at that position draws with.
     async fn draw(&mut self, tokens: &[u32], pos: usize, sampling: &SamplingParams) -> Result<u32> {
         let gpu = self.model.gpu().clone();
-        let same = |d: &StepDraws| {
-            let (a, b) = (&d.params, sampling);
-            (a.temperature, a.top_k, a.top_p) == (b.temperature, b.top_k, b.top_p)
-        };
+        let same = |d: &StepDraws| d.params.same_distribution(sampling);
         if !self.draws.as_ref().is_some_and(same) {
             let seed = gpu.uniform("draft step seed", bytemuck::bytes_of(&SampleSeed::new(sampling.seed)));
             let ops = DraftDraws::new(&self.model, &seed, sampling);

@@ -60,6 +60,7 @@ pub(crate) fn target_draws(params: &SamplingParams, vocab: usize) -> SampleConfi
         temperature: params.temperature,
         top_k: params.top_k,
         top_p: params.top_p,
+        min_p_offset: params.min_p_offset(),
         last_only: None,
         stream: STREAM_VERIFY,
     }

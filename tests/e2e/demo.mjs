@@ -444,6 +444,8 @@ async function caseSameAnswersAsTheServer(page) {
       ["chat", { ...chat, messages: [{ role: "robot", content: "x" }] }],
       ["completions", { ...text, max_tokens: 1 << 20 }],
       ["completions", { ...text, prompt: "" }],
+      ["completions", { ...text, min_p: 0.2, repetition_penalty: 1, min_tokens: 0 }],
+      ["completions", { ...text, min_p: 2 }],
     ];
     for (const [endpoint, body] of cases) {
       const route = endpoint === "chat" ? "v1/chat/completions" : "v1/completions";
@@ -543,6 +545,21 @@ async function caseOnePromptInThePage(page) {
   check(refused.status === 400 && refused.param === "prompt" && /one prompt in the browser/.test(refused.message),
     `a list of prompts in the page: ${JSON.stringify(refused)}`);
   log("case 1a: a list of prompts is refused in the page, naming `prompt`");
+  // the package's own options: a sampled min-p run past its end tokens to maxTokens; a bad min-p
+  const run = await page.evaluate(async (prompt) => {
+    const finish = async (opts) => {
+      const it = window.wgspec.generate(prompt, opts);
+      let r;
+      while (!(r = await it.next()).done);
+      return r.value;
+    };
+    const done = await finish({ maxTokens: 5, temperature: 0.9, minP: 0.3, seed: 3, ignoreEos: true });
+    const bad = await finish({ maxTokens: 2, minP: 2 }).then(() => "answered", (e) => String(e.message || e));
+    return { tokens: done.tokens.length, finish: done.finish_reason, bad };
+  }, PROMPT);
+  check(run.tokens === 5 && run.finish === "length" && /min_p/.test(run.bad),
+    `generate with minP and ignoreEos: ${JSON.stringify(run)}`);
+  log(`case 1a: generate() takes minP and ignoreEos (${run.tokens} tokens); a min_p of 2 is refused: ${run.bad}`);
 }
 
 /**

@@ -168,6 +168,16 @@ def one_replica(args):
         cached = details.cached_tokens if details is not None else 0
         check(0 < cached < both.usage.prompt_tokens, f"cached tokens: {both.usage}")
 
+        # vLLM's min_p through extra_body (what vLLM's clients send): the CLI's sampled text for
+        # the same seed, min-p and temperature.
+        want_min_p = cli_json(args, "--prompt", PROMPT, "--temperature", "1.2", "--min-p", "0.2", "--seed", "5")["text"]
+        got = client.completions.create(
+            model=model, prompt=PROMPT, max_tokens=TOKENS, temperature=1.2, seed=5, extra_body={"min_p": 0.2}
+        )
+        check(got.choices[0].text == want_min_p, f"min_p {got.choices[0].text!r} != CLI {want_min_p!r}")
+        loose = cli_json(args, "--prompt", PROMPT, "--temperature", "1.2", "--seed", "5")["text"]
+        print(f"min_p 0.2 at T 1.2: {want_min_p!r}; without it: {loose!r}")
+
         # A request the server cannot serve: a clear 400 through the client's own error type.
         try:
             client.chat.completions.create(model=model, messages=messages, max_tokens=TOKENS, n=9)

@@ -94,8 +94,12 @@ export interface GenerateOptions {
   temperature?: number;
   topK?: number;
   topP?: number;
+  /** Keep only tokens at least this fraction as likely as the likeliest (0, the default: all). */
+  minP?: number;
   seed?: number;
   stop?: string | string[];
+  /** End-of-generation tokens do not end it (it runs to maxTokens or a stop string). */
+  ignoreEos?: boolean;
   /** Default: the draft given to load(), else "none". */
   draft?: DraftKind;
   /** A fixed K, or null/undefined for adaptive K. */
@@ -162,6 +166,12 @@ export interface CompletionParamsBase {
   temperature?: number;
   top_p?: number;
   top_k?: number;
+  /** vLLM's: keep only tokens at least this fraction as likely as the likeliest (0: all). */
+  min_p?: number;
+  /** vLLM's; only 1 (none) is accepted. */
+  repetition_penalty?: number;
+  /** vLLM's; only 0 (none) is accepted. */
+  min_tokens?: number;
   seed?: number;
   stop?: string | string[];
   draft?: DraftKind;

@@ -193,11 +193,13 @@ function buildRequest(prompt, opts) {
     temperature: opts.temperature,
     top_k: pick("topK", "top_k"),
     top_p: pick("topP", "top_p"),
+    min_p: pick("minP", "min_p"),
     seed: opts.seed,
     stop: typeof stop === "string" ? [stop] : stop,
     draft: opts.draft,
     draft_k: pick("draftK", "draft_k"),
     max_draft_k: pick("maxDraftK", "max_draft_k"),
+    ignore_eos: pick("ignoreEos", "ignore_eos"),
   });
   for (const key of Object.keys(request)) {
     if (request[key] === undefined) delete request[key];
@@ -361,8 +363,10 @@ export class WgSpec {
    * @property {number} [temperature=0] 0 (or below 1e-5) = greedy
    * @property {number} [topK]
    * @property {number} [topP]
+   * @property {number} [minP] keep only tokens at least this fraction as likely as the likeliest
    * @property {number} [seed]
    * @property {string|string[]} [stop]
+   * @property {boolean} [ignoreEos] end-of-generation tokens do not end it
    * @property {"model"|"ngram"|"model+ngram"|"medusa"|"medusa+ngram"|"eagle"|"eagle+ngram"|"none"} [draft]
    *   default: the draft given to load, else "none" ("X+ngram": the draft's proposal and n-gram
    *   continuations merged into one token tree)

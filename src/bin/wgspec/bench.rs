@@ -12,7 +12,6 @@ use web_time::Instant;
 use wgspec::engine::{BatchLimits, DraftKind, DraftSpec, Engine, FixedCosts, Request};
 use wgspec::gpu::{Gpu, KernelShape};
 use wgspec::model::{synthetic, LoadOptions, Model, Precision, MAX_BATCH};
-use wgspec::sampling::SamplingParams;
 use wgspec::speculative::{KPolicy, SpecStats};
 use wgspec::tokenizer::Message;
 use wgspec::{Error, Result};
@@ -198,8 +197,7 @@ pub async fn run(args: BenchArgs) -> Result<()> {
             req.prompt = None;
             req.messages = Some(vec![Message { role: "user".into(), content: p.prompt.clone() }]);
         }
-        let SamplingParams { temperature, top_k, top_p, seed } = sampling;
-        (req.temperature, req.top_k, req.top_p, req.seed) = (temperature, top_k, top_p, seed);
+        req.set_sampling(sampling);
         (req.draft_k, req.max_draft_k) = (args.k.draft_k, args.k.max_draft_k);
         req
     };

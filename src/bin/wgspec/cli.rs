@@ -58,6 +58,9 @@ pub(crate) struct SamplingArgs {
     pub(crate) top_k: usize,
     #[arg(long, default_value_t = 1.0)]
     pub(crate) top_p: f32,
+    /// Keep only tokens at least this fraction as likely as the most likely one (0 = no cut).
+    #[arg(long, default_value_t = 0.0)]
+    pub(crate) min_p: f32,
     #[arg(long, default_value_t = 0)]
     pub(crate) seed: u64,
 }
@@ -68,6 +71,7 @@ impl SamplingArgs {
             temperature: self.temperature,
             top_k: self.top_k,
             top_p: self.top_p,
+            min_p: self.min_p,
             seed: self.seed,
         }
     }
@@ -417,8 +421,7 @@ async fn generate(args: GenerateArgs) -> Result<()> {
         req.prompt = None;
         req.messages = Some(vec![Message { role: "user".into(), content: prompt }]);
     }
-    let SamplingParams { temperature, top_k, top_p, seed } = args.sampling.params();
-    (req.temperature, req.top_k, req.top_p, req.seed) = (temperature, top_k, top_p, seed);
+    req.set_sampling(args.sampling.params());
     req.stop = args.stop.clone();
     req.draft_k = args.k.draft_k;
     req.max_draft_k = args.k.max_draft_k;
