@@ -1554,10 +1554,21 @@ fn a_list_of_prompts_is_answered_as_each_prompt_alone() {
                 assert_eq!(c["text"], texts[i], "{what}: streamed choice {i}");
             }
         }
-        // A prompt over the context among others refuses the request, naming `prompt`.
+        // A prompt over the context among others refuses the request, naming `prompt` and which;
+        // one whose max_tokens cannot fit too.
         let long = "the cat ".repeat(200);
         let r = server.post("/v1/completions", &json!({"prompt": ["a", long], "max_tokens": 4}));
-        check_error(&r, 400, "context_length_exceeded", "a long prompt among others");
+        let e = check_error(&r, 400, "context_length_exceeded", "a long prompt among others");
+        assert!(e["message"].as_str().is_some_and(|m| m.starts_with("`prompt[1]`: ")), "{e}");
+        assert_eq!(e["param"], "prompt", "{e}");
+        let near = "the cat ".repeat(20);
+        let r = server.post("/v1/completions", &json!({"prompt": ["a", "b", near], "max_tokens": 200}));
+        let e = check_error(&r, 400, "", "a prompt whose max_tokens cannot fit");
+        assert!(e["message"].as_str().is_some_and(|m| m.starts_with("`prompt[2]`: ")), "{e}");
+        // one prompt: its refusal as it was
+        let r = server.post("/v1/completions", &json!({"prompt": long, "max_tokens": 4}));
+        let e = check_error(&r, 400, "context_length_exceeded", "a long prompt alone");
+        assert!(e["message"].as_str().is_some_and(|m| !m.contains("prompt[")), "{e}");
         server.still_answers();
     }
 }

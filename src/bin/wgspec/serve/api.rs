@@ -303,10 +303,12 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<
     let prompts = prepare(&app, "tokenize", move || {
         let parsed = openai::parse(endpoint, &body.bytes, &ids)?;
         drop(body);
-        let prompts = parsed.per_prompt().into_iter().map(|parsed| {
+        let prompts = parsed.per_prompt();
+        let listed = prompts.len() > 1;
+        let prompts = prompts.into_iter().enumerate().map(|(i, parsed)| {
             let prompt = prompter.prompt_tokens_within(&parsed.request, context);
             let prompt = prompt.map_err(|e| ApiError::from(e).with_param_if_none(parsed.prompt_field()));
-            Ok::<_, ApiError>((parsed, prompt?))
+            Ok::<_, ApiError>((parsed, prompt.map_err(|e| e.of_prompt(listed.then_some(i)))?))
         });
         prompts.collect::<Result<Vec<_>, _>>()
     })
@@ -328,8 +330,10 @@ async fn complete(app: Arc<App>, endpoint: Endpoint, body: BodyBytes) -> Result<
     let (streamed, include_usage, n) = (prompts.first().map(|(p, _)| (p.stream, p.include_usage, p.n)))
         .ok_or_else(|| ApiError::internal("a request of no prompt"))?;
     let mut parts = Vec::with_capacity(prompts.len());
-    for (parsed, prompt) in prompts {
-        let parsed = parsed.ready(&prompt, loaded.context, server_draft, &missing)?;
+    let listed = prompts.len() > 1;
+    for (i, (parsed, prompt)) in prompts.into_iter().enumerate() {
+        let parsed = parsed.ready(&prompt, loaded.context, server_draft, &missing);
+        let parsed = parsed.map_err(|e| ApiError::from(e).of_prompt(listed.then_some(i)))?;
         parts.push(Part { request: parsed.request, prompt });
     }
     let choices = parts.len() * n;

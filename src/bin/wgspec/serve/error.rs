@@ -56,6 +56,14 @@ impl ApiError {
         ApiError(self.0.with_param_if_none(param))
     }
 
+    /// A refusal of prompt `index` of a list names it (`prompt[2]: ...`); `None`: as it is.
+    pub fn of_prompt(mut self, index: Option<usize>) -> ApiError {
+        if let Some(i) = index {
+            self.0.message = format!("`prompt[{i}]`: {}", self.0.message);
+        }
+        self
+    }
+
     pub fn with_code(mut self, code: &'static str) -> ApiError {
         self.0.code = Some(code);
         self
