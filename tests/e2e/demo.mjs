@@ -274,6 +274,46 @@ async function caseNoStorage(context, baseUrl, modelUrl) {
   log("case 0b passed");
 }
 
+/**
+ * Case 0d: a download that stops sending bytes but keeps its connection open (a dead network
+ * path) fails the load after `stallSeconds`, naming the file, instead of waiting for ever.
+ */
+async function caseStalledDownload(context, baseUrl) {
+  log("case 0d: a download that stalls fails the load, naming the file");
+  const fileBytes = fs.statSync(MODEL).size;
+  const head = fs.readFileSync(MODEL).subarray(0, 8 << 20);
+  const open = new Set();
+  const stalling = http.createServer((req, res) => {
+    open.add(res);
+    res.writeHead(200, {
+      "content-type": "application/octet-stream",
+      "content-length": String(fileBytes),
+      "access-control-allow-origin": "*",
+    });
+    res.write(head); // then nothing, the connection held open
+  });
+  await new Promise((resolve) => stalling.listen(0, "127.0.0.1", resolve));
+  const url = `http://127.0.0.1:${stalling.address().port}/stalls/${MODEL_FILE}`;
+  const page = await newPage(context, baseUrl);
+  const started = Date.now();
+  let outcome;
+  try {
+    outcome = await loadInPage(page, { target: url, stallSeconds: 3, cache: false });
+  } finally {
+    await page.close();
+    open.forEach((res) => res.destroy());
+    stalling.close();
+  }
+  const seconds = (Date.now() - started) / 1000;
+  log(`stalled: ${outcome.error} (after ${seconds.toFixed(1)} s)`);
+  check(
+    outcome.error?.includes(`download stalled: ${url}: no bytes for 3 s`),
+    `expected the stall named, got ${outcome.error}`,
+  );
+  check(bytesSeen(outcome.events) >= head.length, "the bytes sent arrived first");
+  log("case 0d passed");
+}
+
 async function caseCancelledDownload(context, baseUrl, modelUrl, requests) {
   log("case 0c: a download cut short leaves nothing usable");
   const fileBytes = fs.statSync(MODEL).size;
@@ -824,6 +864,7 @@ async function main() {
     await caseRefusedBeforeDownload(context, server.url, modelUrl, requests);
     await caseNoStorage(context, server.url, modelUrl);
     await caseCancelledDownload(context, server.url, modelUrl, requests);
+    await caseStalledDownload(context, server.url);
     const figures = await caseGenerate(context, server.url, modelUrl, native.text, requests);
     const reload = await caseReload(context, server.url, modelUrl, native.text, requests);
     const eagle = await caseHeads(context, server.url, modelUrl, native.text, "eagle");

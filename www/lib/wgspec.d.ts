@@ -44,6 +44,8 @@ export interface LoadOptions {
   maxMemoryMb?: number;
   /** MB of a weight file read into wasm memory at once while loading (default 8 MiB). */
   readMb?: number;
+  /** A download that gets no bytes for this many seconds fails the load (default 60). */
+  stallSeconds?: number;
   onProgress?: (event: ProgressEvent) => void;
   /**
    * A Worker to use, or the URL of worker.js (default: worker.js next to wgspec.js, which Vite,

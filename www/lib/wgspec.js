@@ -277,6 +277,8 @@ export class WgSpec {
    *   with the bill in the message. No limit by default.
    * @param {number} [options.readMb] MB of a weight file read into wasm memory at once while
    *   loading (default 8 MiB, about 8.4 MB).
+   * @param {number} [options.stallSeconds=60] a download that gets no bytes for this long fails
+   *   the load, naming the file (a dead connection: fetch itself never gives up).
    * @param {(event: {model: "target"|"draft", phase: "download"|"cache"|"upload"|"ready",
    *   file: string|null, loaded: number, total: number|null}) => void} [options.onProgress]
    *   bytes for download/cache (total null when unknown), bytes of the weights for upload (a
@@ -290,7 +292,19 @@ export class WgSpec {
    *   and holds the weights in a JS array outside wasm memory.
    * @returns {Promise<WgSpec>} rejects with the worker's message on any failure.
    */
-  static async load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb, onProgress, worker, cache = true } = {}) {
+  static async load({
+    target,
+    draft,
+    medusa,
+    eagle,
+    context,
+    maxMemoryMb,
+    readMb,
+    stallSeconds,
+    onProgress,
+    worker,
+    cache = true,
+  } = {}) {
     if (!target) throw new TypeError("WgSpec.load: `target` (a model URL) is required");
     const targetUrl = resolveUrl(target);
     const draftUrl = draft ? resolveUrl(draft) : undefined;
@@ -319,7 +333,17 @@ export class WgSpec {
     try {
       const { promise } = client.call(
         "load",
-        { target: targetUrl, draft: draftUrl, medusa: medusaUrl, eagle: eagleUrl, context, maxMemoryMb, readMb, cache },
+        {
+          target: targetUrl,
+          draft: draftUrl,
+          medusa: medusaUrl,
+          eagle: eagleUrl,
+          context,
+          maxMemoryMb,
+          readMb,
+          stallSeconds,
+          cache,
+        },
         onEvent,
       );
       const loaded = await promise;

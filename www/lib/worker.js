@@ -2,7 +2,7 @@
 // files, and runs generations. The page talks to it through `wgspec.js`; see the protocol below.
 //
 // Page -> worker (every message has a numeric `id`, except "abort"):
-//   { id, type: "load", target, draft, context, maxMemoryMb, readMb, cache }
+//   { id, type: "load", target, draft, context, maxMemoryMb, readMb, stallSeconds, cache }
 //                                                        target/draft: absolute URLs (or "ngram")
 //   { id, type: "generate", request, aborted }           request: the engine's request object
 //   { id, type: "generate", openai, aborted }            openai: {endpoint: "chat"|"completions", body, model}
@@ -149,7 +149,10 @@ function errorMessage(err) {
  * downloaded into it first when missing), loads the target, then the draft model if one is given.
  * Weight files are read a batch at a time while loading and closed once their model is loaded.
  */
-async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb, cache: useCache = true }, progress) {
+async function load(
+  { target, draft, medusa, eagle, context, maxMemoryMb, readMb, stallSeconds = 60, cache: useCache = true },
+  progress,
+) {
   if (engine) throw new Error("this worker already holds a model; create a new WgSpec instance");
   if (!self.navigator || !self.navigator.gpu) {
     throw new Error(
@@ -161,6 +164,10 @@ async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb
   if (readMb != null && !(readMb >= 0.001 && readMb <= 4000)) {
     throw new Error(`readMb must be between 0.001 and 4000 (MB read at once while loading), not ${readMb}`);
   }
+  if (!(stallSeconds > 0 && stallSeconds <= 3600)) {
+    throw new Error(`stallSeconds must be in (0, 3600] (a download with no bytes for that long fails), not ${stallSeconds}`);
+  }
+  const stallMs = stallSeconds * 1000;
   await initWasm();
   const created = await WebEngine.create();
   if (readMb != null) created.set_read_bytes(Math.round(readMb * 1e6));
@@ -175,6 +182,7 @@ async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb
       what: targetName,
       stores,
       progress,
+      stallMs,
       gpu: { context, maxMemoryMb },
     });
     const load = (files, what, model, upload) =>
@@ -189,7 +197,8 @@ async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb
       const draftName = `the draft model ${fileName(draft)}`;
       // The engine checks the draft's header as load_draft will: the target's context, what the
       // target left of the budget.
-      const draftFiles = await stageModel(created, draft, { model: "draft", what: draftName, stores, progress, gpu: {} });
+      const draftLoad = { model: "draft", what: draftName, stores, progress, stallMs, gpu: {} };
+      const draftFiles = await stageModel(created, draft, draftLoad);
       draftInfo = await load(draftFiles, draftName, "draft", (onUpload) => created.load_draft(onUpload));
     }
     const heads = { medusa: "the Medusa heads", eagle: "the EAGLE head" };
@@ -197,7 +206,7 @@ async function load({ target, draft, medusa, eagle, context, maxMemoryMb, readMb
     for (const [kind, url] of [["medusa", medusa], ["eagle", eagle]]) {
       if (!url) continue;
       const what = `${heads[kind]} ${fileName(url)}`;
-      const files = await stageHeads(created, url, { model: "draft", what, stores, progress }, kind);
+      const files = await stageHeads(created, url, { model: "draft", what, stores, progress, stallMs }, kind);
       headInfo[kind] = await load(files, what, "draft", (onUpload) =>
         kind === "medusa" ? created.load_medusa(onUpload) : created.load_eagle(onUpload),
       );
@@ -309,6 +318,7 @@ async function openCache() {
  * @property {string} what the model in messages ("the target model x.gguf")
  * @property {{cache: Cache|null, files: FileSystemDirectoryHandle|null}} stores
  * @property {(event: object) => void} progress
+ * @property {number} stallMs a download that gets no bytes for this long fails
  * @property {{context?: number, maxMemoryMb?: number}} gpu what a GGUF target is checked against
  *   (a draft: `{}`, the engine checks it against the target it holds)
  *   before its weights are downloaded
@@ -413,7 +423,7 @@ async function stageWeights(eng, name, url, load, { checkGguf }) {
  * @param {ModelLoad} load
  * @returns {Promise<Uint8Array|null>}
  */
-async function download(url, { model, stores, progress }, { optional = false } = {}) {
+async function download(url, { model, stores, progress, stallMs }, { optional = false } = {}) {
   const file = fileName(url);
   const cache = stores.cache;
   let response = cache ? await cache.match(url).catch(() => undefined) : undefined;
@@ -425,7 +435,7 @@ async function download(url, { model, stores, progress }, { optional = false } =
   const phase = cached ? "cache" : "download";
   const total = contentLength(response);
   const sink = memorySink(total);
-  const loaded = await readBody(response, url, sink, total, (loaded, total) =>
+  const loaded = await readBody(response, url, sink, total, stallMs, (loaded, total) =>
     progress({ model, phase, file, loaded, total }),
   );
   const bytes = sink.bytes(loaded);
@@ -535,7 +545,7 @@ function readHandle(handle, offset, length, file) {
  * longer than a known `total` is an error.
  * @returns {Promise<number>} the bytes read
  */
-async function readBody(response, url, sink, total, onProgress, onChunk = () => {}) {
+async function readBody(response, url, sink, total, stallMs, onProgress, onChunk = () => {}) {
   if (!response.body) {
     const bytes = new Uint8Array(await response.arrayBuffer());
     sink.write(bytes, 0);
@@ -551,8 +561,12 @@ async function readBody(response, url, sink, total, onProgress, onChunk = () => 
     for (;;) {
       let step;
       try {
-        step = await reader.read();
+        step = await within(reader.read(), stallMs);
       } catch (err) {
+        if (err === STALLED) {
+          const of = total === null ? "" : ` of ${total}`;
+          throw new Error(`download stalled: ${url}: no bytes for ${stallMs / 1000} s (${loaded}${of} bytes in)`);
+        }
         throw new Error(`download failed: ${url}: ${errorMessage(err)}`);
       }
       if (step.done) break;
@@ -575,6 +589,20 @@ async function readBody(response, url, sink, total, onProgress, onChunk = () => 
   }
   onProgress(loaded, total ?? loaded);
   return loaded;
+}
+
+/** What {@link within} rejects with when its time is up. */
+const STALLED = Symbol("stalled");
+
+/** `promise`, or a rejection with {@link STALLED} once `ms` have passed without it settling. */
+async function within(promise, ms) {
+  let timer;
+  const late = new Promise((_, reject) => (timer = setTimeout(() => reject(STALLED), ms)));
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -824,6 +852,7 @@ async function openWeights(eng, url, load, { checkGguf }) {
     url,
     sink,
     total,
+    load.stallMs,
     (loaded, total) => progress({ model, phase: "download", file, loaded, total }),
     onChunk,
   ).then(
@@ -831,11 +860,14 @@ async function openWeights(eng, url, load, { checkGguf }) {
       arrival.arrived(loaded);
       arrival.complete();
       try {
-        await entry?.finish(loaded);
+        // (marking it stored must not hold the load up: storage that does not answer is as
+        // storage that failed)
+        if (entry) await within(entry.finish(loaded), load.stallMs);
       } catch (err) {
         // Not storing the file only costs a download next time: the load goes on (still
         // reading the file), and the unmarked entry is deleted by the next load.
-        console.warn(`wgspec: not stored: ${url}: ${errorMessage(err)}`);
+        const why = err === STALLED ? `no answer from storage in ${load.stallMs / 1000} s` : errorMessage(err);
+        console.warn(`wgspec: not stored: ${url}: ${why}`);
       }
       return loaded;
     },
