@@ -112,10 +112,19 @@ pub fn argmax(logits: &[f32]) -> u32 {
     best as u32
 }
 
-/// Most likely first; equal logits by ascending index (a strict total order, so the top k are
-/// one set whatever the algorithm that finds them).
+/// Most likely first; equal logits by ascending index, -0.0 equal to +0.0 as the GPU's kernels
+/// rank them (a strict total order, so the top k are one set whatever the algorithm that finds
+/// them).
 fn likelier(logits: &[f32]) -> impl Fn(&u32, &u32) -> std::cmp::Ordering + '_ {
-    |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b))
+    let at = |i: u32| {
+        let l = logits[i as usize];
+        if l == 0.0 {
+            0.0
+        } else {
+            l
+        }
+    };
+    move |&a, &b| at(b).total_cmp(&at(a)).then(a.cmp(&b))
 }
 
 /// The distribution that sampling with `params` draws from: softmax(logits / T) restricted to
@@ -255,6 +264,16 @@ mod tests {
         // a floor below the lowest f32 is the lowest f32 (no -inf from the GPU's addition)
         let cold = SamplingParams { temperature: 1e38, min_p: 1e-30, ..sampled };
         assert_eq!(cold.min_p_offset(), Some(f32::MIN));
+    }
+
+    #[test]
+    fn zeros_of_either_sign_rank_as_equals() {
+        // (as sample.wgsl and top_k.wgsl rank them: equal logits by lower id)
+        let logits = [-1.0f32, -0.0, 0.0, -0.0, 0.0, -2.0];
+        let sampled = SamplingParams { temperature: 1.0, ..SamplingParams::greedy() };
+        let ids = |p: SamplingParams| kept(&logits, p).iter().map(|d| d.0).collect::<Vec<_>>();
+        assert_eq!(ids(SamplingParams { top_k: 2, ..sampled }), [1, 2]);
+        assert_eq!(ids(SamplingParams { top_p: 0.4, ..sampled }), [1, 2]);
     }
 
     #[test]

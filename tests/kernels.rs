@@ -1559,6 +1559,7 @@ fn a_min_p_draws_as_its_row_with_the_dropped_logits_at_the_lowest() {
     let mut r = rng(91);
     let (rows, n) = (6, 5);
     let mut checked = 0;
+    let mut narrower = 0; // rows whose min-p keeps fewer than their top-k (no top-p)
     for &v in &[150usize, 4100, 70_000] {
         // (the floor of T = 1 and min_p = 0.2 under the largest, 2.5, lies on a tied value)
         let on = SamplingParams { temperature: 1.0, min_p: 0.2, ..SamplingParams::greedy() };
@@ -1578,11 +1579,17 @@ fn a_min_p_draws_as_its_row_with_the_dropped_logits_at_the_lowest() {
                 (1.3, 0, 1.0, 0.9),
                 (1.0, 0, 1.0, 1.0), // (only the largest logit's tokens)
                 (1.0, 40, 1.0, 0.02),
-                (1.0, 3, 1.0, 0.2), // (a top-k narrower than the min-p, or wider)
+                (1.0, 3, 1.0, 0.2),          // (a top-k narrower than the min-p)
+                (1.0, 100, 1.0, 0.5),        // (a min-p narrower than the top-k: 150 random logits)
+                (1.0, 100, 0.9, 0.9),        // (and 4,100; with a top-p)
+                (1.0, usize::MAX, 1.0, 0.2), // (the top-k's cut inside the tied group on the floor)
                 (1.0, 0, 0.8, 0.1),
                 (1.2, 25, 0.7, 0.01),
                 (0.9, 0, 0.95, 1e-30), // (a floor below every logit: every token kept)
             ] {
+                // (of the few values' rows, 2/7 at the largest, 2/7 at `tie`: 3/7 of the row ranked
+                // within the tie)
+                let top_k = if top_k == usize::MAX { 3 * v / 7 } else { top_k };
                 let params = SamplingParams { temperature, top_k, top_p, min_p, seed: 0 };
                 let what = format!(
                     "vocab {v} {rows_of} rows T={temperature} top-k={top_k} top-p={top_p} min-p={min_p}"
@@ -1601,7 +1608,9 @@ fn a_min_p_draws_as_its_row_with_the_dropped_logits_at_the_lowest() {
                 for (row, low) in p_rows.chunks(v).zip(dropped.chunks(v)) {
                     let mut want = distribution(low, &plain);
                     want.retain(|&(_, p)| p > 0.0);
-                    assert_eq!(distribution(row, &params), want, "{what}: the CPU's distribution");
+                    let got = distribution(row, &params);
+                    narrower += (top_k > 0 && top_p == 1.0 && got.len() < top_k.min(v)) as usize;
+                    assert_eq!(got, want, "{what}: the CPU's distribution");
                 }
                 let d_buf = GpuBuffer::<f32>::from_slice(&gpu, "dropped", &dropped);
                 let cfg = SampleConfig {
@@ -1640,7 +1649,8 @@ fn a_min_p_draws_as_its_row_with_the_dropped_logits_at_the_lowest() {
             assert_eq!(read_u32(&gpu, &status.raw, 1), [0], "finite logits");
         }
     }
-    eprintln!("{checked} rows' min-p draws equal their dropped rows' draws");
+    eprintln!("{checked} rows' min-p draws equal their dropped rows' draws; {narrower} rows' min-p narrower than their top-k");
+    assert!(narrower >= 12, "the min-p narrower than a top-k in {narrower} rows");
 }
 
 #[test]

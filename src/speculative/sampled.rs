@@ -24,8 +24,8 @@
 //! [`verify_sampled`](super::verify_sampled) keeps 1 - TV (TV the total variation between p
 //! and q; the Qwen2.5-Coder pair accepted as many either way, BENCHMARKS.md), and its tokens no
 //! longer depend on K: a request's output is the same alone, in a batch, whatever the load.
-//! Every sampling configuration draws this way (any temperature, top-k and top-p: `sample.wgsl`
-//! cuts the top-k itself); the host's rules of [`super::verify`] stay as tested references.
+//! Every sampling configuration draws this way (any temperature, top-k, min-p and top-p:
+//! `sample.wgsl` cuts the top-k and the min-p itself); the host's rules of [`super::verify`] stay as tested references.
 //!
 //! ```text
 //!   token tree   : the tree pass -> sample.wgsl: a draw y_i from p_i at every node i (at its

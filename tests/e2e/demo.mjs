@@ -276,7 +276,8 @@ async function caseNoStorage(context, baseUrl, modelUrl) {
 
 /**
  * Case 0d: a download that stops sending bytes but keeps its connection open (a dead network
- * path) fails the load after `stallSeconds`, naming the file, instead of waiting for ever.
+ * path), or a server that never answers, fails the load after `stallSeconds`, naming the file,
+ * instead of waiting for ever.
  */
 async function caseStalledDownload(context, baseUrl) {
   log("case 0d: a download that stalls fails the load, naming the file");
@@ -285,6 +286,7 @@ async function caseStalledDownload(context, baseUrl) {
   const open = new Set();
   const stalling = http.createServer((req, res) => {
     open.add(res);
+    if (req.url.startsWith("/silent/")) return; // no answer at all
     res.writeHead(200, {
       "content-type": "application/octet-stream",
       "content-length": String(fileBytes),
@@ -296,21 +298,29 @@ async function caseStalledDownload(context, baseUrl) {
   const url = `http://127.0.0.1:${stalling.address().port}/stalls/${MODEL_FILE}`;
   const page = await newPage(context, baseUrl);
   const started = Date.now();
+  const silent = url.replace("/stalls/", "/silent/");
   let outcome;
+  let unanswered;
   try {
     outcome = await loadInPage(page, { target: url, stallSeconds: 3, cache: false });
+    unanswered = await loadInPage(page, { target: silent, stallSeconds: 2 });
   } finally {
     await page.close();
     open.forEach((res) => res.destroy());
     stalling.close();
   }
   const seconds = (Date.now() - started) / 1000;
-  log(`stalled: ${outcome.error} (after ${seconds.toFixed(1)} s)`);
+  log(`stalled: ${outcome.error} (both loads: ${seconds.toFixed(1)} s)`);
   check(
     outcome.error?.includes(`download stalled: ${url}: no bytes for 3 s`),
     `expected the stall named, got ${outcome.error}`,
   );
   check(bytesSeen(outcome.events) >= head.length, "the bytes sent arrived first");
+  log(`unanswered: ${unanswered.error}`);
+  check(
+    unanswered.error?.includes(`download stalled: ${silent}: no answer for 2 s`),
+    `expected the unanswered request named, got ${unanswered.error}`,
+  );
   log("case 0d passed");
 }
 

@@ -150,7 +150,7 @@ function errorMessage(err) {
  * Weight files are read a batch at a time while loading and closed once their model is loaded.
  */
 async function load(
-  { target, draft, medusa, eagle, context, maxMemoryMb, readMb, stallSeconds = 60, cache: useCache = true },
+  { target, draft, medusa, eagle, context, maxMemoryMb, readMb, stallSeconds, cache: useCache = true },
   progress,
 ) {
   if (engine) throw new Error("this worker already holds a model; create a new WgSpec instance");
@@ -164,6 +164,7 @@ async function load(
   if (readMb != null && !(readMb >= 0.001 && readMb <= 4000)) {
     throw new Error(`readMb must be between 0.001 and 4000 (MB read at once while loading), not ${readMb}`);
   }
+  stallSeconds ??= 60;
   if (!(stallSeconds > 0 && stallSeconds <= 3600)) {
     throw new Error(`stallSeconds must be in (0, 3600] (a download with no bytes for that long fails), not ${stallSeconds}`);
   }
@@ -429,7 +430,7 @@ async function download(url, { model, stores, progress, stallMs }, { optional = 
   let response = cache ? await cache.match(url).catch(() => undefined) : undefined;
   const cached = Boolean(response);
   if (!response) {
-    response = await request(url, { optional });
+    response = await request(url, { optional, stallMs });
     if (!response) return null;
   }
   const phase = cached ? "cache" : "download";
@@ -457,11 +458,13 @@ async function download(url, { model, stores, progress, stallMs }, { optional = 
  * stored in OPFS needs no second copy there). `signal`: aborts the request and its body.
  * @returns {Promise<Response|null>}
  */
-async function request(url, { optional = false, noStore = false, signal = undefined } = {}) {
+async function request(url, { optional = false, noStore = false, signal = undefined, stallMs } = {}) {
   let response;
   try {
-    response = await fetch(url, { ...(noStore ? { cache: "no-store" } : {}), signal });
+    response = await within(fetch(url, { ...(noStore ? { cache: "no-store" } : {}), signal }), stallMs);
   } catch (err) {
+    // (a caller with a `signal` stops the request; without one it is left to end by itself)
+    if (err === STALLED) throw new Error(`download stalled: ${url}: no answer for ${stallMs / 1000} s`);
     throw new Error(`download failed: ${url}: ${errorMessage(err)}`);
   }
   if (optional && response.status === 404) return null;
@@ -594,8 +597,12 @@ async function readBody(response, url, sink, total, stallMs, onProgress, onChunk
 /** What {@link within} rejects with when its time is up. */
 const STALLED = Symbol("stalled");
 
-/** `promise`, or a rejection with {@link STALLED} once `ms` have passed without it settling. */
+/**
+ * `promise`, or a rejection with {@link STALLED} once `ms` have passed without it settling (no
+ * limit unless `ms` is positive).
+ */
 async function within(promise, ms) {
+  if (!(ms > 0)) return promise;
   let timer;
   const late = new Promise((_, reject) => (timer = setTimeout(() => reject(STALLED), ms)));
   try {
@@ -803,7 +810,12 @@ async function openWeights(eng, url, load, { checkGguf }) {
   }
 
   const abort = new AbortController();
-  const response = await request(url, { noStore: Boolean(store), signal: abort.signal });
+  const response = await request(url, { noStore: Boolean(store), signal: abort.signal, stallMs: load.stallMs }).catch(
+    (err) => {
+      abort.abort();
+      throw err;
+    },
+  );
   const total = contentLength(response);
   let entry = null;
   if (store) {

@@ -50,7 +50,8 @@ enum Command {
 /// How generate and bench pick tokens.
 #[derive(clap::Args)]
 pub(crate) struct SamplingArgs {
-    /// 0 (or below 1e-5) = greedy; from 1e-5, sampling (drawn on the GPU, any top-k and top-p).
+    /// 0 (or below 1e-5) = greedy; from 1e-5, sampling (drawn on the GPU, any top-k, min-p and
+    /// top-p).
     #[arg(long, default_value_t = 0.0)]
     pub(crate) temperature: f32,
     /// 0 = no top-k cut.
